@@ -1,0 +1,16 @@
+# Warning and optimisation flags shared by every target.
+add_library(fs_flags INTERFACE)
+target_compile_options(fs_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers>)
+# -O2 keeps IEEE semantics (no -ffast-math): the CPU backend is the oracle and must be
+# batch-invariant, so reassociation is never allowed.
+if(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo" OR CMAKE_BUILD_TYPE STREQUAL "Release")
+  target_compile_options(fs_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-O2 -fno-fast-math -ffp-contract=off>)
+endif()
+option(FLASHSEEK_SANITIZE "Build with ASan/UBSan" OFF)
+if(FLASHSEEK_SANITIZE)
+  target_compile_options(fs_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer)
+  target_link_options(fs_flags INTERFACE -fsanitize=address,undefined)
+endif()
+target_compile_definitions(fs_flags INTERFACE
+  FLASHSEEK_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

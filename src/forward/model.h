@@ -1,0 +1,48 @@
+// The engine-facing interface of a loaded model (CPU or CUDA backend). The engine owns
+// sequences and scheduling; the model owns the math and the per-sequence state layout
+// (DESIGN.md §3: window rings, compressed KV / index-key pages, compressor partials, Engram history).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace flashseek::forward {
+
+enum class Numerics {
+  kExact,      // fp32 everywhere on dequantised weights (compared with transformers / official fp32)
+  kReference,  // the official reference's FP8/FP4 simulations and BF16 rounding points
+};
+
+// Everything a sequence needs to continue from its current length. Copyable (snapshot/restore).
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  // Tokens processed so far (the next token gets this position).
+  virtual int64_t length() const = 0;
+  // Deep copy at the current token boundary (snapshot); restoring = keep using the copy.
+  virtual std::unique_ptr<SequenceState> clone() const = 0;
+};
+
+// One sequence's slice of a batched forward call.
+struct BatchItem {
+  SequenceState* state = nullptr;     // advanced by tokens.size()
+  std::span<const int32_t> tokens;    // [T] new token ids at positions state->length() ...
+  bool all_logits = false;            // true: logits for every token; false: only the last one
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual std::unique_ptr<SequenceState> new_sequence() const = 0;
+  // Runs the tokens of every item (a ragged batch: prefill chunks and decode steps mixed) and
+  // appends fp32 logits rows [rows, vocab] to `logits`, items in order, rows per item = T if
+  // all_logits else 1. Results for an item do not depend on the other items (batch invariance).
+  virtual Status forward(std::span<BatchItem> batch, std::vector<float>& logits) = 0;
+};
+
+}  // namespace flashseek::forward
