@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds flashseek into ./build (CUDA on when nvcc is found; archs from
+# FLASHSEEK_CUDA_ARCHS, default 90a). Extra CMake args pass through: bash scripts/build.sh -DFLASHSEEK_CUDA=OFF
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+jobs="${FLASHSEEK_JOBS:-$(nproc)}"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFLASHSEEK_CUDA_ARCHS="${FLASHSEEK_CUDA_ARCHS:-90a}" "$@"
+cmake --build build -j "$jobs"

@@ -1,0 +1,59 @@
+// Small helpers shared by tests: paths of the built binary and of repo data, temp dirs, and
+// running a command while capturing its output.
+#pragma once
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+
+namespace flashseek::testing {
+
+inline std::string flashseek_bin() {
+  if (const char* env = std::getenv("FLASHSEEK_BIN"); env && *env) return env;
+  return FLASHSEEK_BIN_PATH;
+}
+
+inline std::filesystem::path source_dir() { return FLASHSEEK_SOURCE_DIR; }
+
+// A fresh directory under the system temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("flashseek-test-" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `cmd` through the shell, capturing stdout+stderr.
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace flashseek::testing

@@ -1,0 +1,41 @@
+// The CLI contract shared by every command: --help works and exits 0, unknown commands and
+// bad flags exit non-zero with a message.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace flashseek {
+namespace {
+
+using testing::flashseek_bin;
+using testing::run_command;
+
+TEST(Cli, TopLevelHelpListsCommands) {
+  auto r = run_command(flashseek_bin() + " --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Subcommands"), std::string::npos) << r.output;
+}
+
+TEST(Cli, EveryCommandHasHelp) {
+  auto top = run_command(flashseek_bin() + " --help");
+  // Every subcommand named in the top-level help must answer --help with exit 0.
+  int checked = 0;
+  for (const char* cmd : {"inspect", "make-tiny", "tokenize", "run", "serve", "bench"}) {
+    if (top.output.find(std::string("  ") + cmd) == std::string::npos) continue;
+    auto r = run_command(flashseek_bin() + " " + cmd + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << ": " << r.output;
+    ++checked;
+  }
+  EXPECT_GE(checked, 1) << top.output;
+}
+
+TEST(Cli, UnknownCommandFails) {
+  auto r = run_command(flashseek_bin() + " no-such-command");
+  EXPECT_NE(r.exit_code, 0);
+  auto r2 = run_command(flashseek_bin());
+  EXPECT_NE(r2.exit_code, 0) << "no subcommand must be an error";
+}
+
+}  // namespace
+}  // namespace flashseek
