@@ -112,6 +112,14 @@ struct ModelConfig {
   int64_t engram_pad_token_id = 2;
   int64_t engram_compressed_vocab_size = 0;
 
+  // --- V4.1 vision tower (config only; the forward does not use it, its tensors are optional) ---
+  int64_t vision_num_layers = 0;
+  int64_t vision_hidden_size = 0;
+  int64_t vision_num_heads = 0;
+  int64_t vision_intermediate_size = 0;
+  int64_t vision_patch_size = 0;
+  int64_t vision_downsample_ratio = 0;
+
   // Derived (filled by finalize()).
   std::vector<LayerRole> roles;   // num_layers + num_mtp entries
 
@@ -126,5 +134,18 @@ Result<ModelConfig> load_config(const std::string& dir);
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& source);
 // Derives `roles` and checks every invariant (v41 §3.3, v4 §1.2); called by parse_config.
 Status finalize_config(ModelConfig& cfg);
+
+}  // namespace flashseek::model
+
+namespace flashseek::model {
+
+// Serialises a config in the release layouts (used by make-tiny and round-trip tests):
+// V4 -> flat HF `config.json`; V4.1 -> nested HF `config.json` (text_config, vision_config,
+// quantization_config when fp8_weights). `inference/config.json` uses the reference names.
+std::string config_to_hf_json(const ModelConfig& cfg);
+std::string config_to_ref_json(const ModelConfig& cfg);
+
+// Number of decoder + MTP/DSpark layers (= compress_ratios.size() after validation).
+inline int64_t total_layers(const ModelConfig& cfg) { return cfg.num_layers + cfg.num_mtp_layers; }
 
 }  // namespace flashseek::model

@@ -1,0 +1,69 @@
+// A checkpoint directory in the release format: config.json (or inference/config.json) plus
+// safetensors shards (model.safetensors.index.json). Zero-copy tensor views over mmap and
+// dequantisation to float32 of every stored format. Validation against the weight map
+// (weights.h) reports errors naming the tensor and the file, and unexpected tensors as warnings.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace flashseek::model {
+
+struct TensorView {
+  std::string_view name;
+  DType dtype = DType::kF32;
+  Shape shape;                     // as stored (packed FP4: [out, in/2])
+  std::span<const uint8_t> data;   // raw bytes, valid while the Checkpoint lives
+  std::string_view file;           // shard path
+};
+
+struct ValidationReport {
+  std::vector<std::string> errors;    // missing / mis-shaped / wrong-dtype tensors (name + file)
+  std::vector<std::string> warnings;  // unexpected tensors, absent optional tensors
+  bool ok() const { return errors.empty(); }
+};
+
+class Checkpoint {
+ public:
+  // Loads the config and every shard header. With `validate`, a failing validate() is an error
+  // listing the first problems; warnings stay available through validation().
+  static Result<Checkpoint> open(const std::string& dir, bool validate = true);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::string& dir() const { return dir_; }
+  const ShardedSafetensors& shards() const { return shards_; }
+  const ValidationReport& validation() const { return report_; }
+
+  bool has(std::string_view name) const { return shards_.find(name).file != nullptr; }
+  // Not found -> kNotFound naming the tensor and the directory.
+  Result<TensorView> find(std::string_view name) const;
+
+  // Logical (dequantised) shape: packed FP4 [out, in/2] with a scale -> [out, in].
+  Result<Shape> logical_shape(std::string_view name) const;
+  // Whole tensor as float32, row-major in the logical shape. Handles FP8 + `.scale` blocks
+  // (block from the config, or [1, 32] Engram rows), FP4 in I8/U8 + `.scale`, BF16/F16/F32/ints.
+  Result<std::vector<float>> dequant_f32(std::string_view name) const;
+  // Rows [row_begin, row_end) of the logical 2-D view [shape[0], numel/shape[0]] into `out`
+  // (size (row_end-row_begin) * cols): embedding and Engram row gathers.
+  Status dequant_rows(std::string_view name, int64_t row_begin, int64_t row_end, std::span<float> out) const;
+  // Integer tensors (tid2eid: I64 or I32) widened to int64.
+  Result<std::vector<int64_t>> read_ints(std::string_view name) const;
+
+  // Re-runs validation against expected_weights(config()).
+  ValidationReport validate() const;
+
+ private:
+  std::string dir_;
+  ModelConfig cfg_;
+  ShardedSafetensors shards_;
+  ValidationReport report_;
+};
+
+}  // namespace flashseek::model

@@ -1,0 +1,276 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace flashseek::model {
+namespace {
+
+using nlohmann::json;
+
+// Parses one header entry; `data_size` is the size of the data area after the header.
+Result<TensorInfo> parse_entry(const std::string& path, const std::string& name, const json& e,
+                               uint64_t data_start, uint64_t data_size) {
+  if (!e.is_object()) return parse_error("{}: tensor {}: header entry is not an object", path, name);
+  auto dt_it = e.find("dtype");
+  if (dt_it == e.end() || !dt_it->is_string())
+    return parse_error("{}: tensor {}: missing string \"dtype\"", path, name);
+  auto dt = dtype_from_name(dt_it->get<std::string>());
+  if (!dt) return parse_error("{}: tensor {}: unknown dtype \"{}\"", path, name, dt_it->get<std::string>());
+  TensorInfo t;
+  t.name = name;
+  t.dtype = *dt;
+  auto sh = e.find("shape");
+  if (sh == e.end() || !sh->is_array())
+    return parse_error("{}: tensor {}: missing array \"shape\"", path, name);
+  for (const auto& d : *sh) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      return parse_error("{}: tensor {}: bad shape {}", path, name, sh->dump());
+    t.shape.push_back(d.get<int64_t>());
+  }
+  auto off = e.find("data_offsets");
+  if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    return parse_error("{}: tensor {}: \"data_offsets\" must be two non-negative integers", path, name);
+  const uint64_t b = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+  if (b > end || end > data_size)
+    return out_of_range("{}: tensor {}: data_offsets [{}, {}) outside the data area of {} bytes "
+                        "(file truncated?)", path, name, b, end, data_size);
+  // Overflow-safe numel * size.
+  __int128 want = __int128(dtype_size(t.dtype));
+  for (int64_t d : t.shape) want *= d;
+  if (want != __int128(end - b))
+    return parse_error("{}: tensor {}: {} bytes stored but dtype {} x shape {} needs {}", path, name,
+                       end - b, dtype_name(t.dtype), shape_to_string(t.shape), int64_t(want));
+  t.offset = data_start + b;
+  t.nbytes = end - b;
+  return t;
+}
+
+}  // namespace
+
+// ---- MappedFile --------------------------------------------------------------------------------
+
+Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return not_found("{}: no such file", path);
+    return io_error("{}: cannot open: {}", path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return io_error("{}: cannot stat: {}", path, std::strerror(err));
+  }
+  std::shared_ptr<MappedFile> m(new MappedFile());
+  m->path_ = path;
+  m->size_ = uint64_t(st.st_size);
+  if (m->size_ > 0) {
+    void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return io_error("{}: mmap failed: {}", path, std::strerror(err));
+    }
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  return m;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+// ---- SafetensorsFile ---------------------------------------------------------------------------
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  FS_ASSIGN_OR_RETURN(auto map, MappedFile::open(path));
+  if (map->size() < 8)
+    return parse_error("{}: truncated: {} bytes, not even the 8-byte header length", path, map->size());
+  uint64_t hlen = 0;
+  std::memcpy(&hlen, map->data(), 8);  // little-endian host (x86-64 / aarch64)
+  if (hlen > map->size() - 8)
+    return out_of_range("{}: header length {} goes beyond the file size {} (truncated?)", path, hlen,
+                        map->size());
+  const char* hbeg = reinterpret_cast<const char*>(map->data() + 8);
+  json header = json::parse(hbeg, hbeg + hlen, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object())
+    return parse_error("{}: header is not a valid JSON object", path);
+  SafetensorsFile f;
+  const uint64_t data_start = 8 + hlen, data_size = map->size() - data_start;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) return parse_error("{}: __metadata__ is not an object", path);
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) return parse_error("{}: __metadata__.{} is not a string", path, m.key());
+        f.metadata_[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    FS_ASSIGN_OR_RETURN(TensorInfo t, parse_entry(path, it.key(), *it, data_start, data_size));
+    f.tensors_.push_back(std::move(t));
+  }
+  // Overlap check on the sorted byte ranges (empty tensors cannot overlap anything).
+  std::vector<const TensorInfo*> order;
+  for (const auto& t : f.tensors_) if (t.nbytes > 0) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (order[i]->offset < order[i - 1]->offset + order[i - 1]->nbytes)
+      return parse_error("{}: tensors {} and {} overlap", path, order[i - 1]->name, order[i]->name);
+  for (size_t i = 0; i < f.tensors_.size(); ++i) f.by_name_[f.tensors_[i].name] = i;
+  f.map_ = std::move(map);
+  return f;
+}
+
+const TensorInfo* SafetensorsFile::find(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+// ---- ShardedSafetensors ------------------------------------------------------------------------
+
+Status ShardedSafetensors::add_file(SafetensorsFile file) {
+  const size_t fi = files_.size();
+  for (size_t ti = 0; ti < file.tensors().size(); ++ti) {
+    const std::string& name = file.tensors()[ti].name;
+    auto [it, fresh] = index_.emplace(name, std::make_pair(fi, ti));
+    if (!fresh)
+      return invalid_argument("tensor {} is stored twice: in {} and in {}", name,
+                              files_[it->second.first].path(), file.path());
+  }
+  files_.push_back(std::move(file));
+  return {};
+}
+
+Result<ShardedSafetensors> ShardedSafetensors::open_files(const std::vector<std::string>& paths) {
+  ShardedSafetensors s;
+  for (const auto& p : paths) {
+    FS_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(p));
+    FS_RETURN_IF_ERROR(s.add_file(std::move(f)));
+  }
+  return s;
+}
+
+Result<ShardedSafetensors> ShardedSafetensors::open_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(index_path)) {
+    if (fs::exists(fs::path(dir) / "model.safetensors"))
+      return open_files({(fs::path(dir) / "model.safetensors").string()});
+    std::vector<std::string> all;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") all.push_back(e.path().string());
+    if (ec) return io_error("{}: cannot list directory: {}", dir, ec.message());
+    if (all.empty()) return not_found("{}: no model.safetensors.index.json and no *.safetensors file", dir);
+    std::sort(all.begin(), all.end());
+    return open_files(all);
+  }
+  std::ifstream in(index_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string ip = index_path.string();
+  json idx = json::parse(ss.str(), nullptr, false);
+  if (idx.is_discarded() || !idx.is_object()) return parse_error("{}: not valid JSON", ip);
+  auto wm = idx.find("weight_map");
+  if (wm == idx.end() || !wm->is_object()) return parse_error("{}: missing object \"weight_map\"", ip);
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string()) return parse_error("{}: weight_map.{} is not a file name", ip, it.key());
+    by_shard[it->get<std::string>()].push_back(it.key());
+  }
+  ShardedSafetensors s;
+  for (const auto& [shard, names] : by_shard) {
+    const std::string path = (fs::path(dir) / shard).string();
+    auto f = SafetensorsFile::open(path);
+    if (!f.ok()) return f.status().with_context(fmt::format("{} lists shard {}", ip, shard));
+    for (const auto& n : names)
+      if (!f->find(n)) return not_found("{}: tensor {} is listed for {} but that shard does not contain it", ip, n, path);
+    FS_RETURN_IF_ERROR(s.add_file(std::move(f).value()));
+  }
+  // A tensor in a shard but not in the index would be invisible to index-driven loaders.
+  for (const auto& f : s.files_)
+    for (const auto& t : f.tensors())
+      if (!wm->contains(t.name))
+        return invalid_argument("{}: tensor {} is stored in {} but missing from the weight_map", ip, t.name, f.path());
+  return s;
+}
+
+ShardedSafetensors::Ref ShardedSafetensors::find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  if (it == index_.end()) return {};
+  const auto& f = files_[it->second.first];
+  return {&f, &f.tensors()[it->second.second]};
+}
+
+std::vector<std::string> ShardedSafetensors::names() const {
+  std::vector<std::string> out;
+  out.reserve(index_.size());
+  for (const auto& [n, _] : index_) out.push_back(n);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- writer ------------------------------------------------------------------------------------
+
+Status SafetensorsWriter::add(std::string name, DType dtype, Shape shape, std::vector<uint8_t> data) {
+  for (int64_t d : shape)
+    if (d < 0) return invalid_argument("tensor {}: negative dimension in {}", name, shape_to_string(shape));
+  const uint64_t want = uint64_t(shape_numel(shape)) * dtype_size(dtype);
+  if (data.size() != want)
+    return invalid_argument("tensor {}: {} bytes given, dtype {} x shape {} needs {}", name, data.size(),
+                            dtype_name(dtype), shape_to_string(shape), want);
+  data_bytes_ += data.size();
+  entries_.push_back({std::move(name), dtype, std::move(shape), std::move(data)});
+  return {};
+}
+
+Status SafetensorsWriter::write(const std::string& path) const {
+  json header = json::object();
+  header["__metadata__"] = metadata_;
+  uint64_t off = 0;
+  for (const auto& e : entries_) {
+    header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {off, off + e.data.size()}}};
+    off += e.data.size();
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return io_error("{}: cannot create", path);
+  const uint64_t hlen = h.size();
+  out.write(reinterpret_cast<const char*>(&hlen), 8);
+  out.write(h.data(), std::streamsize(h.size()));
+  for (const auto& e : entries_) out.write(reinterpret_cast<const char*>(e.data.data()), std::streamsize(e.data.size()));
+  out.close();
+  if (!out) return io_error("{}: write failed", path);
+  return {};
+}
+
+Status write_safetensors_index(const std::string& dir, const std::map<std::string, std::string>& weight_map,
+                               uint64_t total_size) {
+  json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  const std::string path = (std::filesystem::path(dir) / "model.safetensors.index.json").string();
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return io_error("{}: cannot create", path);
+  out << j.dump(1) << "\n";
+  if (!out) return io_error("{}: write failed", path);
+  return {};
+}
+
+}  // namespace flashseek::model
