@@ -1,0 +1,101 @@
+// The engine: owns the running sequences of one Model and advances them with continuous
+// batching. Clients submit() requests from any thread and read tokens from the returned
+// EventStream; one scheduler thread (start()) or the caller (step()) runs the model.
+//
+// Each step builds ONE ragged batch (batch_planner.h) mixing decode steps of running sequences
+// with prompt chunks of newly admitted ones, so new requests join a running batch at the next
+// step. Sampling is keyed by (seed, position), and the model is batch-invariant, so every
+// request's tokens are the same as when it runs alone.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "engine/batch_planner.h"
+#include "engine/request.h"
+#include "forward/model.h"
+
+namespace flashseek::engine {
+
+struct EngineOptions {
+  int64_t max_batch = 16;   // running sequences (slots) at most; the rest wait in FIFO order
+  int64_t max_waiting = 4096;  // queued requests beyond which submit() fails (kResourceExhausted)
+  StepBudget budget;        // tokens per step and per prompt chunk
+  std::optional<uint64_t> seed;  // picks seeds of unseeded requests; unset: random_device
+};
+
+struct EngineStats {
+  int64_t running = 0;            // sequences holding a slot (cancelled ones excluded)
+  int64_t waiting = 0;
+  int64_t steps = 0;              // forward calls made
+  int64_t prompt_tokens = 0;      // prompt tokens run through the model
+  int64_t generated_tokens = 0;   // tokens sampled
+  int64_t last_batch_items = 0;   // sequences in the latest forward call
+  int64_t last_batch_tokens = 0;  // tokens in the latest forward call
+};
+
+class Engine {
+ public:
+  // `model` must outlive the engine. Fails on bad options.
+  static Result<std::unique_ptr<Engine>> create(forward::Model& model, EngineOptions options);
+  ~Engine();  // stops the scheduler thread; unfinished requests end with kCancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request; errors name the bad field.
+  Result<std::shared_ptr<EventStream>> submit(Request request);
+  // Ends a waiting or running request now: its stream gets a final kCancelled event and its slot
+  // is released (a sequence inside the current forward call is dropped when that call returns,
+  // and no further token is delivered). False if the id is not live.
+  bool cancel(uint64_t request_id);
+
+  // One scheduling step on the calling thread (when no scheduler thread runs). Returns the
+  // forward error, if any (the affected requests end with kError; the engine stays usable).
+  Status step();
+  // Steps until no request is waiting or running.
+  Status run_until_idle();
+  // Background scheduler thread; stop() joins it and cancels what is left.
+  void start();
+  void stop();
+
+  EngineStats stats() const;
+  const model::ModelConfig& config() const { return model_.config(); }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Sequence;
+  Engine(forward::Model& model, EngineOptions options);
+  Status validate(const Request& r) const;  // caller holds mu_
+  void admit();                             // caller holds mu_
+  void finish(Sequence& seq, FinishReason reason, std::string error = {});
+  void emit(Sequence& seq, TokenEvent event);
+  void drop_finished();                     // caller holds mu_
+  Status process_item(Sequence& seq, const struct PlannedItem& item,
+                      std::span<const float> logits);
+  Status sample_next(Sequence& seq, std::span<const float> row);
+  bool has_work() const;                    // caller holds mu_
+  void loop();
+
+  forward::Model& model_;
+  const EngineOptions options_;
+  const int64_t vocab_;
+
+  mutable std::mutex mu_;       // guards everything below
+  std::condition_variable cv_;  // wakes the scheduler thread
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::list<std::unique_ptr<Sequence>> running_;  // admission order
+  EngineStats stats_;
+  Rng seed_rng_;
+  bool stopping_ = false;
+
+  std::mutex step_mu_;  // one step at a time (thread or caller)
+  std::thread thread_;
+};
+
+}  // namespace flashseek::engine

@@ -1,0 +1,26 @@
+// Internal: the engine's record of one request (shared by engine.cpp and engine_step.cpp).
+#pragma once
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace flashseek::engine {
+
+struct Engine::Sequence {
+  Request req;
+  std::shared_ptr<EventStream> stream;
+  std::unique_ptr<forward::SequenceState> state;  // set at admission
+  int64_t prompt_done = 0;             // prompt tokens already in `state`
+  std::vector<int32_t> generated;      // sampled tokens; the last one is fed at the next step
+  std::vector<std::optional<PositionLogprobs>> prompt_lp;  // [P] when prompt_logprobs >= 0
+  bool prompt_lp_sent = false;
+  bool in_flight = false;  // inside the current forward call: its state must not be freed yet
+  bool done = false;       // final event sent; dropped at the next opportunity
+
+  int64_t prompt_len() const { return int64_t(req.prompt.size()); }
+  int64_t pending_prompt() const { return prompt_len() - prompt_done; }
+};
+
+}  // namespace flashseek::engine

@@ -1,0 +1,150 @@
+// Engine::step: admit waiting requests, plan one ragged batch, run the model, then turn each
+// item's logits into prompt logprobs, sampled tokens and events.
+#include <algorithm>
+
+#include "engine/engine.h"
+#include "engine/engine_sequence.h"
+#include "engine/sampler.h"
+
+namespace flashseek::engine {
+
+void Engine::admit() {
+  while (!waiting_.empty() && stats_.running < options_.max_batch) {
+    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
+    waiting_.pop_front();
+    seq->state = seq->req.prefix ? seq->req.prefix->clone() : model_.new_sequence();
+    seq->prompt_done = seq->state->length();
+    if (seq->req.prompt_logprobs >= 0) seq->prompt_lp.assign(seq->req.prompt.size(), std::nullopt);
+    running_.push_back(std::move(seq));
+    ++stats_.running;
+  }
+  stats_.waiting = int64_t(waiting_.size());
+}
+
+Status Engine::step() {
+  std::lock_guard step_lock(step_mu_);
+  std::vector<Sequence*> seqs;       // [items] the sequence of each batch item
+  std::vector<PlannedItem> plan;     // [items]
+  std::vector<forward::BatchItem> items;
+  int64_t rows = 0, tokens = 0;
+  {
+    std::lock_guard lock(mu_);
+    admit();
+    std::vector<Sequence*> live;
+    std::vector<SequenceNeed> needs;
+    for (auto& s : running_) {
+      if (s->done) continue;
+      live.push_back(s.get());
+      needs.push_back({s->pending_prompt(), true});
+    }
+    plan = plan_step(needs, options_.budget);
+    for (const PlannedItem& p : plan) {
+      Sequence* s = live[p.sequence];
+      s->in_flight = true;
+      forward::BatchItem item;
+      item.state = s->state.get();
+      if (p.prefill) {
+        item.tokens = std::span<const int32_t>(s->req.prompt).subspan(size_t(s->prompt_done),
+                                                                      size_t(p.n_tokens));
+        item.all_logits = s->req.prompt_logprobs >= 0;
+      } else {
+        item.tokens = std::span<const int32_t>(&s->generated.back(), 1);
+      }
+      rows += item.all_logits ? p.n_tokens : 1;
+      tokens += p.n_tokens;
+      seqs.push_back(s);
+      items.push_back(item);
+    }
+  }
+  if (items.empty()) return {};
+
+  // The model runs without the lock: submit()/cancel() stay responsive. Nothing the items point
+  // at changes meanwhile (only this step mutates prompts, tokens and states).
+  std::vector<float> logits;
+  Status st = model_.forward(items, logits);
+  if (st.ok() && int64_t(logits.size()) != rows * vocab_)
+    st = internal_error("engine: model returned {} logits, expected {} rows x {} vocab",
+                        logits.size(), rows, vocab_);
+
+  std::lock_guard lock(mu_);
+  ++stats_.steps;
+  stats_.last_batch_items = int64_t(items.size());
+  stats_.last_batch_tokens = tokens;
+  size_t offset = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& s = *seqs[i];
+    s.in_flight = false;
+    const size_t n_rows = items[i].all_logits ? items[i].tokens.size() : 1;
+    if (!st.ok()) {
+      if (!s.done) finish(s, FinishReason::kError, st.message());
+      continue;
+    }
+    if (plan[i].prefill) stats_.prompt_tokens += plan[i].n_tokens;
+    if (!s.done) {
+      auto mine = std::span<const float>(logits).subspan(offset * size_t(vocab_),
+                                                          n_rows * size_t(vocab_));
+      if (Status ps = process_item(s, plan[i], mine); !ps.ok())
+        finish(s, FinishReason::kError, ps.message());
+    }
+    offset += n_rows;
+  }
+  drop_finished();
+  return st;
+}
+
+Status Engine::process_item(Sequence& seq, const PlannedItem& item,
+                            std::span<const float> logits) {
+  const size_t V = size_t(vocab_);
+  auto row = [&](size_t r) { return logits.subspan(r * V, V); };
+  if (!item.prefill) return sample_next(seq, row(0));
+
+  const int64_t start = seq.prompt_done;
+  const int64_t P = seq.prompt_len();
+  if (seq.req.prompt_logprobs >= 0) {
+    // Row j holds the distribution of the token after position start + j.
+    for (int64_t j = 0; j < item.n_tokens && start + j + 1 < P; ++j) {
+      const int32_t actual = seq.req.prompt[size_t(start + j + 1)];
+      FS_ASSIGN_OR_RETURN(PositionLogprobs lp,
+                          position_logprobs(row(size_t(j)), actual, seq.req.prompt_logprobs));
+      seq.prompt_lp[size_t(start + j + 1)] = std::move(lp);
+    }
+  }
+  seq.prompt_done += item.n_tokens;
+  if (seq.prompt_done < P) return {};
+  if (seq.req.max_tokens == 0) {
+    finish(seq, FinishReason::kLength);
+    return {};
+  }
+  const size_t last = seq.req.prompt_logprobs >= 0 ? size_t(item.n_tokens - 1) : 0;
+  return sample_next(seq, row(last));
+}
+
+Status Engine::sample_next(Sequence& seq, std::span<const float> row) {
+  // The sampled token will sit at this position; it keys the seeded draw, so chunking and batch
+  // composition cannot change the result.
+  const int64_t position = seq.state->length();
+  FS_ASSIGN_OR_RETURN(int32_t token, sample_token(row, seq.req.sampling, position));
+  TokenEvent e;
+  e.token = token;
+  e.index = int64_t(seq.generated.size());
+  if (seq.req.logprobs >= 0) {
+    FS_ASSIGN_OR_RETURN(PositionLogprobs lp, position_logprobs(row, token, seq.req.logprobs));
+    e.logprobs = std::move(lp);
+  }
+  seq.generated.push_back(token);
+  ++stats_.generated_tokens;
+
+  const auto& stops = seq.req.stop_ids;
+  const bool is_eos = !seq.req.ignore_eos && token == model_.config().eos_token_id;
+  const int64_t max_pos = model_.config().max_position_embeddings;
+  if (is_eos || std::find(stops.begin(), stops.end(), token) != stops.end())
+    e.finish = FinishReason::kStop;
+  else if (int64_t(seq.generated.size()) >= seq.req.max_tokens)
+    e.finish = FinishReason::kLength;
+  else if (max_pos > 0 && position + 1 >= max_pos)
+    e.finish = FinishReason::kLength;  // the context is full
+  emit(seq, std::move(e));
+  return {};
+}
+
+}  // namespace flashseek::engine
