@@ -1,0 +1,70 @@
+#include "ops/moe.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace flashseek::ops {
+
+namespace {
+// torch softplus (β = 1, threshold 20: returns x above it).
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+}  // namespace
+
+void route(const RouteParams& p) {
+  assert(p.logits && p.sel && p.weight && p.k > 0 && p.k <= p.n_experts);
+  const int64_t E = p.n_experts;
+  std::vector<float> score(static_cast<size_t>(E));
+  if (p.sqrtsoftplus) {
+    for (int64_t e = 0; e < E; ++e) score[e] = std::sqrt(softplus(p.logits[e] / p.gate_temp));
+  } else {
+    float m = p.logits[0] / p.gate_temp;
+    for (int64_t e = 1; e < E; ++e) m = std::max(m, p.logits[e] / p.gate_temp);
+    float s = 0;
+    for (int64_t e = 0; e < E; ++e) s += (score[e] = std::exp(p.logits[e] / p.gate_temp - m));
+    for (int64_t e = 0; e < E; ++e) score[e] /= s;
+  }
+  std::vector<int32_t> sel(static_cast<size_t>(p.k));
+  if (p.hash_ids) {
+    std::copy(p.hash_ids, p.hash_ids + p.k, sel.begin());
+  } else {
+    std::vector<float> key(score);
+    if (p.bias) {
+      for (int64_t e = 0; e < E; ++e) key[e] += p.bias[e];
+    }
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + p.k, order.end(), [&](int32_t a, int32_t b) {
+      return key[a] > key[b] || (key[a] == key[b] && a < b);
+    });
+    std::copy(order.begin(), order.begin() + p.k, sel.begin());
+  }
+  // Ascending expert id: the reference accumulates routed outputs in that order.
+  std::sort(sel.begin(), sel.end());
+  float sum = 0;
+  for (int64_t i = 0; i < p.k; ++i) sum += score[sel[i]];
+  for (int64_t i = 0; i < p.k; ++i) {
+    float w = score[sel[i]];
+    if (p.norm_topk) {
+      if (!p.renorm_eps) w /= sum;
+      else if (p.k > 1) w /= (sum + 1e-20f);
+    }
+    p.sel[i] = sel[i];
+    p.weight[i] = w * p.route_scale;
+  }
+}
+
+void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit, float weight) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i], u = up[i];
+    if (limit > 0) {
+      g = std::min(g, limit);
+      u = std::clamp(u, -limit, limit);
+    }
+    h[i] = (g / (1.0f + std::exp(-g))) * u * weight;
+  }
+}
+
+}  // namespace flashseek::ops

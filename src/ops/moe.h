@@ -1,0 +1,26 @@
+// MoE router and clamped SwiGLU (v4 §3.6, v41 §2 item 7).
+#pragma once
+#include <cstdint>
+
+namespace flashseek::ops {
+
+struct RouteParams {
+  const float* logits = nullptr;     // [n_experts] router logits x · W_gateᵀ (FP32)
+  const float* bias = nullptr;       // [n_experts] selection-only bias, nullable
+  const int32_t* hash_ids = nullptr; // [k] V4 hash routing (tid2eid row), nullable
+  int64_t n_experts = 0, k = 0;
+  float gate_temp = 1.0f;            // logits are divided by it (V4.1)
+  bool sqrtsoftplus = true;          // else softmax scores
+  bool norm_topk = true;             // renormalise the chosen scores
+  bool renorm_eps = false;           // V4.1: divide by (sum + 1e-20) and only when k > 1
+  float route_scale = 1.0f;
+  int32_t* sel = nullptr;            // [k] chosen experts, ascending expert id
+  float* weight = nullptr;           // [k] routing weights, same order as sel
+};
+// Selection ties: lower expert id first.
+void route(const RouteParams& p);
+
+// h[i] = silu(min(gate[i], limit)) · clamp(up[i], ±limit) · weight (limit <= 0: no clamp).
+void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit, float weight);
+
+}  // namespace flashseek::ops

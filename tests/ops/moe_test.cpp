@@ -1,0 +1,70 @@
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "ops/moe.h"
+#include "test_util.h"
+
+namespace flashseek::ops {
+
+namespace {
+double sqsp(double x) { return std::sqrt(std::log1p(std::exp(x))); }
+}
+
+TEST(Router, BiasSelectsButDoesNotWeight) {
+  std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f}, bias = {0, 0, 0, 10};
+  int32_t sel[2];
+  float w[2];
+  RouteParams p{logits.data(), bias.data(), nullptr, 4, 2};
+  p.renorm_eps = true;
+  p.route_scale = 1.5f;
+  p.sel = sel;
+  p.weight = w;
+  route(p);
+  EXPECT_EQ(sel[0], 0);
+  EXPECT_EQ(sel[1], 3);  // chosen only through its bias
+  const double s0 = sqsp(2.0), s3 = sqsp(-1.0);
+  EXPECT_NEAR(w[0], s0 / (s0 + s3) * 1.5, 1e-6);
+  EXPECT_NEAR(w[1], s3 / (s0 + s3) * 1.5, 1e-6);
+}
+
+TEST(Router, TopOneIsNotRenormalisedInV41AndGateTempDivides) {
+  std::vector<float> logits = {0.3f, 4.0f};
+  int32_t sel[1];
+  float w[1];
+  RouteParams p{logits.data(), nullptr, nullptr, 2, 1};
+  p.renorm_eps = true;
+  p.gate_temp = 2.0f;
+  p.route_scale = 1.5f;
+  p.sel = sel;
+  p.weight = w;
+  route(p);
+  EXPECT_EQ(sel[0], 1);
+  EXPECT_NEAR(w[0], sqsp(2.0) * 1.5, 1e-6);  // raw score × scale
+  p.renorm_eps = false;                        // V4 rule: always renormalise → 1 × scale
+  route(p);
+  EXPECT_NEAR(w[0], 1.5, 1e-6);
+}
+
+TEST(Router, HashIdsOverrideSelection) {
+  std::vector<float> logits = {5, 0, 0, 1};
+  int32_t ids[2] = {3, 1}, sel[2];
+  float w[2];
+  RouteParams p{logits.data(), nullptr, ids, 4, 2};
+  p.sel = sel;
+  p.weight = w;
+  route(p);
+  EXPECT_EQ(sel[0], 1);
+  EXPECT_EQ(sel[1], 3);
+  EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
+}
+
+TEST(Swiglu, ClampIsOneSidedOnGate) {
+  std::vector<float> g = {20, -20, 1}, u = {20, -20, 2}, h(3);
+  swiglu(g.data(), u.data(), h.data(), 3, 10, 0.5f);
+  EXPECT_NEAR(h[0], 10 / (1 + std::exp(-10.0)) * 10 * 0.5, 1e-4);
+  EXPECT_NEAR(h[1], -20 / (1 + std::exp(20.0)) * -10 * 0.5, 1e-9);  // gate not clamped below
+  EXPECT_NEAR(h[2], 1 / (1 + std::exp(-1.0)) * 2 * 0.5, 1e-6);
+}
+
+}  // namespace flashseek::ops
