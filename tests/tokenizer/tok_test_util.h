@@ -1,8 +1,12 @@
 // Shared helpers for the tokenizer tests: the real V4.1 tokenizer (loaded once, skipped with a
 // visible message when scripts/fetch_tokenizer.sh has not been run) and file paths.
 #pragma once
+#include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
 
@@ -32,6 +36,23 @@ inline const Tokenizer* real_tokenizer(std::string* why) {
   }
   if (why) *why = error;
   return tok.get();
+}
+
+// The committed parity corpus: one JSON string (a document) per line. Empty on failure.
+inline std::vector<std::string> load_corpus(std::string* error) {
+  const std::string path = source_path("tests/tokenizer/corpus/corpus.jsonl");
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::string> docs;
+  if (!in) {
+    *error = "cannot open " + path;
+    return docs;
+  }
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    docs.push_back(nlohmann::json::parse(line).get<std::string>());
+  }
+  return docs;
 }
 
 }  // namespace flashseek::tok::testing
