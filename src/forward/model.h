@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -44,5 +45,9 @@ class Model {
   // all_logits else 1. Results for an item do not depend on the other items (batch invariance).
   virtual Status forward(std::span<BatchItem> batch, std::vector<float>& logits) = 0;
 };
+
+// Opens a release-format checkpoint directory (V4 or V4.1, detected from its config) on the CPU
+// reference backend (forward/cpu_model.cpp). Errors name the file / tensor / field.
+Result<std::unique_ptr<Model>> load_model(const std::string& ckpt_dir, Numerics numerics);
 
 }  // namespace flashseek::forward

@@ -1,0 +1,66 @@
+// The CPU reference implementation of `Model` for V4.1 and V4 (the oracle of every GPU kernel).
+// One code path: a prefill chunk of T tokens and a decode step (T = 1) run the same functions,
+// and every output element is computed in an order that does not depend on T or on the batch.
+#pragma once
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "forward/model.h"
+#include "forward/state.h"
+#include "forward/weights.h"
+#include "model/checkpoint.h"
+
+namespace flashseek::forward {
+
+// Shared attention data of one forward over one chunk (v41 §3.1): top-k lists published by
+// index sources and the candidate masks of the candidate source, per query row.
+struct ChunkCtx {
+  CpuSequenceState* st = nullptr;
+  std::span<const int32_t> tokens;           // [T]
+  int64_t start = 0, T = 0;
+  std::vector<int64_t> pos;                  // [T]
+  std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][T] compressed rows, ascending
+  std::vector<std::vector<uint8_t>> cand;    // [T] candidate mask over compressed positions
+  std::vector<int64_t> engram_ids;           // [n_engram_layers, T, n_cols]
+};
+
+class CpuModel final : public Model {
+ public:
+  static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics);
+
+  const model::ModelConfig& config() const override { return ck_->config(); }
+  std::unique_ptr<SequenceState> new_sequence() const override;
+  Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
+
+  // Engram row ids [T, n_engram_layers, n_cols] of `tokens` continuing `state` (state unchanged).
+  Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,
+                                               std::span<const int32_t> tokens) const;
+  Numerics numerics() const { return numerics_; }
+
+ private:
+  CpuModel() = default;
+  bool ref() const { return numerics_ == Numerics::kReference; }
+  Status forward_one(CpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
+                     std::vector<float>& logits);
+  void compute_engram_ids(ChunkCtx& ctx) const;
+  void engram(int layer, ChunkCtx& ctx, std::vector<float>& x) const;
+  void attention(int layer, ChunkCtx& ctx, const std::vector<float>& a, std::vector<float>& out);
+  void compress(int layer, ChunkCtx& ctx, const std::vector<float>& a);
+  void index_select(int layer, ChunkCtx& ctx, const std::vector<float>& a,
+                    const std::vector<float>& qlat);
+  void moe(int layer, const ChunkCtx& ctx, const std::vector<float>& m, std::vector<float>& out) const;
+  void linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,
+              std::vector<float>& y, int64_t act_block, bool bf16_out) const;
+
+  std::unique_ptr<model::Checkpoint> ck_;
+  ModelWeights w_;
+  Numerics numerics_ = Numerics::kExact;
+  int64_t act_block_ = 0;   // FP8 activation block of FP8 linears in reference numerics (0: none)
+  int64_t expert_act_block_ = 0;
+};
+
+// Factory used by the engine and tools.
+Result<std::unique_ptr<Model>> load_model(const std::string& ckpt_dir, Numerics numerics);
+
+}  // namespace flashseek::forward

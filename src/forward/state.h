@@ -1,0 +1,43 @@
+// Per-sequence state of the CPU backend (DESIGN.md §3): window rings, append-only compressed KV
+// and index keys (kv-source layers only), compressor partial groups, Engram look-back.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "forward/model.h"
+
+namespace flashseek::forward {
+
+// One compressor's unfinished tokens. Each token keeps its value and gate rows (gate with `ape`
+// already added). V4 ratio 4 also keeps the previous complete window (its first halves feed the
+// next entry, v4 §3.5.5).
+struct CompressorState {
+  std::vector<float> v, z;            // [n_pend, width] tokens of the open group
+  std::vector<float> prev_v, prev_z;  // [ratio, width] previous window (overlap only)
+  int64_t n_pend = 0;
+  bool has_prev = false;
+};
+
+struct LayerState {
+  std::vector<float> ring;            // [ring_size, head_dim] raw window KV, slot = pos % ring_size
+  std::vector<float> ckv;             // [n_entries, head_dim] compressed KV (kv sources only)
+  std::vector<float> ikeys;           // [n_entries, index_head_dim] index keys (index-key owners)
+  CompressorState comp;               // attention compressor
+  CompressorState icomp;              // V4 indexer compressor
+};
+
+class CpuSequenceState final : public SequenceState {
+ public:
+  int64_t length() const override { return len; }
+  std::unique_ptr<SequenceState> clone() const override {
+    return std::make_unique<CpuSequenceState>(*this);
+  }
+
+  int64_t len = 0;
+  int64_t ring_size = 0;               // window + 8 (room for speculative blocks)
+  std::vector<LayerState> layers;      // [num_layers]
+  std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1) positions
+};
+
+}  // namespace flashseek::forward

@@ -1,0 +1,218 @@
+#include "forward/weights.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ops/rope.h"
+
+namespace flashseek::forward {
+namespace {
+
+using model::Checkpoint;
+using model::ModelConfig;
+
+// Loads `name` and checks its element count (errors name the tensor).
+Status get(const Checkpoint& ck, const std::string& name, int64_t numel, Vec& out) {
+  FS_ASSIGN_OR_RETURN(out, ck.dequant_f32(name));
+  if (int64_t(out.size()) != numel)
+    return invalid_argument("tensor {}: expected {} elements, got {}", name, numel, out.size());
+  return {};
+}
+
+Status load_compressor(const Checkpoint& ck, const std::string& p, int64_t rows, int64_t D,
+                       int64_t c, int64_t ape_rows, bool gate, CompressorWeights& w) {
+  FS_RETURN_IF_ERROR(get(ck, p + "wkv.weight", rows * D, w.wkv));
+  if (gate) FS_RETURN_IF_ERROR(get(ck, p + "wgate.weight", rows * D, w.wgate));
+  if (ape_rows > 0) FS_RETURN_IF_ERROR(get(ck, p + "ape", ape_rows * rows, w.ape));
+  return get(ck, p + "norm.weight", c, w.norm);
+}
+
+Status load_attention(const Checkpoint& ck, int layer, AttentionWeights& a) {
+  const ModelConfig& c = ck.config();
+  const auto& role = c.role(layer);
+  const std::string p = fmt::format("layers.{}.attn.", layer);
+  const int64_t D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank;
+  FS_RETURN_IF_ERROR(get(ck, p + "wq_a.weight", Rq * D, a.wq_a));
+  FS_RETURN_IF_ERROR(get(ck, p + "q_norm.weight", Rq, a.q_norm));
+  FS_RETURN_IF_ERROR(get(ck, p + "wq_b.weight", H * Dh * Rq, a.wq_b));
+  FS_RETURN_IF_ERROR(get(ck, p + "wkv.weight", Dh * D, a.wkv));
+  FS_RETURN_IF_ERROR(get(ck, p + "kv_norm.weight", Dh, a.kv_norm));
+  FS_RETURN_IF_ERROR(get(ck, p + "wo_a.weight", c.o_groups * c.o_lora_rank * (H * Dh / c.o_groups), a.wo_a));
+  FS_RETURN_IF_ERROR(get(ck, p + "wo_b.weight", D * c.o_groups * c.o_lora_rank, a.wo_b));
+  FS_RETURN_IF_ERROR(get(ck, p + "attn_sink", H, a.attn_sink));
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  if (c.is_v41()) {
+    a.has_compressor = role.kv_source;
+    if (a.has_compressor)
+      FS_RETURN_IF_ERROR(load_compressor(ck, p + "compressor.", Dh, D, Dh, 0, role.ratio == 2, a.compressor));
+    a.has_indexer = role.index_source;
+    if (a.has_indexer) {
+      FS_RETURN_IF_ERROR(get(ck, p + "indexer.wq_b.weight", nI * dI * Rq, a.idx_wq_b));
+      FS_RETURN_IF_ERROR(get(ck, p + "indexer.weights_proj.weight", nI * D, a.idx_weights_proj));
+      if (role.kv_source) {
+        FS_RETURN_IF_ERROR(get(ck, p + "indexer.wk.weight", dI * Dh, a.idx_wk));
+        FS_RETURN_IF_ERROR(get(ck, p + "indexer.k_norm.weight", dI, a.idx_k_norm));
+      }
+    }
+  } else if (role.ratio > 0) {
+    const int64_t coff = role.ratio == 4 ? 2 : 1;
+    a.has_compressor = true;
+    FS_RETURN_IF_ERROR(load_compressor(ck, p + "compressor.", coff * Dh, D, Dh, role.ratio, true, a.compressor));
+    if (role.ratio == 4) {
+      a.has_indexer = a.has_idx_compressor = true;
+      FS_RETURN_IF_ERROR(get(ck, p + "indexer.wq_b.weight", nI * dI * Rq, a.idx_wq_b));
+      FS_RETURN_IF_ERROR(get(ck, p + "indexer.weights_proj.weight", nI * D, a.idx_weights_proj));
+      FS_RETURN_IF_ERROR(load_compressor(ck, p + "indexer.compressor.", coff * dI, D, dI, role.ratio, true,
+                                         a.idx_compressor));
+    }
+  }
+  ops::RopeSpec rs{c.rope_head_dim, role.rope_theta, role.yarn, c.rope_factor, c.original_seq_len,
+                   c.beta_fast, c.beta_slow};
+  a.rope_inv_freq = ops::rope_inv_freq(rs);
+  return {};
+}
+
+Status load_ffn(const Checkpoint& ck, int layer, FfnWeights& f) {
+  const ModelConfig& c = ck.config();
+  const std::string p = fmt::format("layers.{}.ffn.", layer);
+  const int64_t D = c.hidden_size, E = c.n_routed_experts, I = c.moe_inter_dim;
+  FS_RETURN_IF_ERROR(get(ck, p + "gate.weight", E * D, f.gate));
+  if (c.role(layer).hash_routed) {
+    FS_ASSIGN_OR_RETURN(auto ids, ck.read_ints(p + "gate.tid2eid"));
+    if (int64_t(ids.size()) != c.vocab_size * c.n_experts_per_tok)
+      return invalid_argument("tensor {}gate.tid2eid: expected {} ids, got {}", p,
+                              c.vocab_size * c.n_experts_per_tok, ids.size());
+    for (int64_t v : ids) {
+      if (v < 0 || v >= E) return invalid_argument("tensor {}gate.tid2eid: expert id {} out of range", p, v);
+      f.tid2eid.push_back(int32_t(v));
+    }
+  } else {
+    FS_RETURN_IF_ERROR(get(ck, p + "gate.bias", E, f.bias));
+  }
+  f.w1.resize(size_t(E));
+  f.w2.resize(size_t(E));
+  f.w3.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string q = fmt::format("{}experts.{}.", p, e);
+    FS_RETURN_IF_ERROR(get(ck, q + "w1.weight", I * D, f.w1[e]));
+    FS_RETURN_IF_ERROR(get(ck, q + "w2.weight", D * I, f.w2[e]));
+    FS_RETURN_IF_ERROR(get(ck, q + "w3.weight", I * D, f.w3[e]));
+  }
+  FS_RETURN_IF_ERROR(get(ck, p + "shared_experts.w1.weight", I * D, f.s_w1));
+  FS_RETURN_IF_ERROR(get(ck, p + "shared_experts.w2.weight", D * I, f.s_w2));
+  return get(ck, p + "shared_experts.w3.weight", I * D, f.s_w3);
+}
+
+// Hash multipliers come from numpy PCG64 (v41 §4.4): read them from engram_token_map.json when
+// present, else use the values the spec pins for the release and the §8 tiny layout.
+Result<std::vector<int64_t>> known_multipliers(int layer, int64_t cvocab, int64_t n) {
+  struct Known { int layer; int64_t cvocab; std::vector<int64_t> m; };
+  static const Known kKnown[] = {
+      {1, 99092, {76632096046245, 4839876093313, 35959672319349, 73987337458391}},
+      {14, 99092, {67716810739261, 51510806800915, 30921347202721, 82619226485591}},
+      {1, 256, {29662608052400909, 1873410163432121, 13919202536988139}},
+      {4, 256, {31841131192811251, 1950019090429101, 28509641033320619}}};
+  for (const auto& k : kKnown) {
+    if (k.layer == layer && k.cvocab == cvocab && int64_t(k.m.size()) >= n)
+      return std::vector<int64_t>(k.m.begin(), k.m.begin() + n);
+  }
+  return not_found("engram layer {}: hash multipliers unknown for compressed vocab {} (add "
+                   "\"multipliers\" to engram_token_map.json)", layer, cvocab);
+}
+
+Status load_engram(const Checkpoint& ck, ModelWeights& mw) {
+  const ModelConfig& c = ck.config();
+  const int64_t n_eng = int64_t(c.engram_layer_ids.size());
+  auto layouts = ops::engram_layouts(n_eng, c.engram_max_ngram_size, c.engram_n_heads, c.engram_vocab_size);
+  nlohmann::json tm;
+  const auto path = std::filesystem::path(ck.dir()) / "engram_token_map.json";
+  if (std::filesystem::exists(path)) {
+    try {
+      std::ifstream f(path);
+      tm = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+      return parse_error("{}: {}", path.string(), e.what());
+    }
+  }
+  if (tm.contains("map")) {
+    mw.engram_token_map = tm["map"].get<std::vector<int64_t>>();
+  } else if (c.engram_compressed_vocab_size == c.vocab_size) {
+    for (int64_t i = 0; i < c.vocab_size; ++i) mw.engram_token_map.push_back(i);
+  } else {
+    return not_found("{}: missing (needed: compressed vocab {} != vocab {})", path.string(),
+                     c.engram_compressed_vocab_size, c.vocab_size);
+  }
+  if (int64_t(mw.engram_token_map.size()) != c.vocab_size)
+    return invalid_argument("{}: map has {} entries, vocab is {}", path.string(), mw.engram_token_map.size(),
+                            c.vocab_size);
+  for (int64_t v : mw.engram_token_map)
+    if (v < 0 || v >= c.engram_compressed_vocab_size)
+      return invalid_argument("{}: compressed id {} outside [0, {})", path.string(), v, c.engram_compressed_vocab_size);
+  mw.engram_pad_c = mw.engram_token_map[size_t(c.engram_pad_token_id)];
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  for (int64_t i = 0; i < n_eng; ++i) {
+    const int layer = c.engram_layer_ids[size_t(i)];
+    auto& L = mw.layers[size_t(layer)];
+    L.has_engram = true;
+    EngramWeights& e = L.engram;
+    e.layout = layouts[size_t(i)];
+    if (e.layout.n_rows() != c.engram_num_embeddings[size_t(i)])
+      return invalid_argument("engram_num_embeddings[{}]: {} but the prime layout gives {} rows", i,
+                              c.engram_num_embeddings[size_t(i)], e.layout.n_rows());
+    if (tm.contains("multipliers")) {
+      e.layout.multipliers = tm["multipliers"][size_t(i)].get<std::vector<int64_t>>();
+    } else {
+      FS_ASSIGN_OR_RETURN(e.layout.multipliers,
+                          known_multipliers(layer, c.engram_compressed_vocab_size, c.engram_max_ngram_size));
+    }
+    const std::string p = fmt::format("layers.{}.engram.", layer);
+    e.table = p + "embed.weight";
+    FS_RETURN_IF_ERROR(ck.find(e.table).status());
+    const int64_t in = e.layout.n_cols() * c.engram_head_dim;
+    FS_RETURN_IF_ERROR(get(ck, p + "wkv.weight", (hc + 1) * D * in, e.wkv));
+    Vec q, k;
+    FS_RETURN_IF_ERROR(get(ck, p + "q_weight", hc * D, q));
+    FS_RETURN_IF_ERROR(get(ck, p + "k_weight", hc * D, k));
+    e.wqk.resize(q.size());
+    for (size_t j = 0; j < q.size(); ++j) e.wqk[j] = q[j] * k[j];  // FP32 product, kept FP32
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<ModelWeights> load_weights(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  ModelWeights mw;
+  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, nm = (2 + hc) * hc;
+  FS_RETURN_IF_ERROR(get(ck, "embed.weight", V * D, mw.embed));
+  FS_RETURN_IF_ERROR(get(ck, "head.weight", V * D, mw.head));
+  FS_RETURN_IF_ERROR(get(ck, "norm.weight", D, mw.norm));
+  if (!c.is_v41()) {
+    FS_RETURN_IF_ERROR(get(ck, "hc_head_fn", hc * hc * D, mw.hc_head_fn));
+    FS_RETURN_IF_ERROR(get(ck, "hc_head_base", hc, mw.hc_head_base));
+    FS_RETURN_IF_ERROR(get(ck, "hc_head_scale", 1, mw.hc_head_scale));
+  }
+  mw.layers.resize(size_t(c.num_layers));
+  for (int l = 0; l < int(c.num_layers); ++l) {
+    LayerWeights& L = mw.layers[size_t(l)];
+    const std::string p = fmt::format("layers.{}.", l);
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_fn", nm * hc * D, L.hc_attn_fn));
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_base", nm, L.hc_attn_base));
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_scale", 3, L.hc_attn_scale));
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_fn", nm * hc * D, L.hc_ffn_fn));
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_base", nm, L.hc_ffn_base));
+    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_scale", 3, L.hc_ffn_scale));
+    FS_RETURN_IF_ERROR(get(ck, p + "attn_norm.weight", D, L.attn_norm));
+    FS_RETURN_IF_ERROR(get(ck, p + "ffn_norm.weight", D, L.ffn_norm));
+    FS_RETURN_IF_ERROR(load_attention(ck, l, L.attn));
+    FS_RETURN_IF_ERROR(load_ffn(ck, l, L.ffn));
+  }
+  if (c.is_v41() && !c.engram_layer_ids.empty()) FS_RETURN_IF_ERROR(load_engram(ck, mw));
+  return mw;
+}
+
+}  // namespace flashseek::forward

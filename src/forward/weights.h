@@ -1,0 +1,75 @@
+// The CPU backend's copy of the weights: every matrix dequantised to FP32 at load (the oracle
+// trades memory for simplicity; Engram tables stay in the mmapped checkpoint and are gathered
+// row by row). Names follow the release checkpoints (model-v4.md §2.2, model-v41.md §6).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/checkpoint.h"
+#include "ops/engram.h"
+
+namespace flashseek::forward {
+
+using Vec = std::vector<float>;
+
+struct CompressorWeights {  // v4 §3.5.5 / v41 §2 item 5
+  Vec wkv, wgate;           // [coff·c, D]; wgate empty for V4.1 ratio 1
+  Vec ape;                  // [ratio, coff·c] (V4 only)
+  Vec norm;                 // [c]
+};
+
+struct AttentionWeights {
+  Vec wq_a, q_norm, wq_b;   // [Rq, D], [Rq], [H·Dh, Rq]
+  Vec wkv, kv_norm;         // [Dh, D], [Dh]
+  Vec wo_a, wo_b;           // [G·Ro, H·Dh/G], [D, G·Ro]
+  Vec attn_sink;            // [H]
+  bool has_compressor = false;
+  CompressorWeights compressor;
+  bool has_indexer = false; // own indexer query (index source)
+  Vec idx_wq_b;             // [nI·dI, Rq]
+  Vec idx_weights_proj;     // [nI, D]
+  Vec idx_wk, idx_k_norm;   // V4.1 key path from the compressor latent: [dI, Dh], [dI]
+  bool has_idx_compressor = false;
+  CompressorWeights idx_compressor;  // V4 indexer compressor (c = dI)
+  Vec rope_inv_freq;        // this layer's table
+};
+
+struct FfnWeights {
+  Vec gate;                 // [E, D]
+  Vec bias;                 // [E] (empty on V4 hash layers)
+  std::vector<int32_t> tid2eid;  // [vocab, k] V4 hash layers
+  std::vector<Vec> w1, w2, w3;   // per expert [I, D], [D, I], [I, D]
+  Vec s_w1, s_w2, s_w3;     // shared expert
+};
+
+struct EngramWeights {
+  std::string table;        // tensor name of the row table (gathered through the checkpoint)
+  Vec wkv;                  // [(hc+1)·D, ncol·de]
+  Vec wqk;                  // [hc, D] q_weight ⊙ k_weight in FP32
+  ops::EngramLayout layout;
+};
+
+struct LayerWeights {
+  Vec hc_attn_fn, hc_attn_base, hc_attn_scale;
+  Vec hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  Vec attn_norm, ffn_norm;
+  AttentionWeights attn;
+  FfnWeights ffn;
+  bool has_engram = false;
+  EngramWeights engram;
+};
+
+struct ModelWeights {
+  Vec embed, head, norm;    // [V, D], [V, D], [D]
+  Vec hc_head_fn, hc_head_base, hc_head_scale;  // V4 only
+  std::vector<LayerWeights> layers;             // backbone layers only
+  std::vector<int64_t> engram_token_map;        // [vocab] compressed ids (V4.1)
+  int64_t engram_pad_c = 0;
+};
+
+// Loads every backbone weight of `ck` (MTP / DSpark stages are not loaded).
+Result<ModelWeights> load_weights(const model::Checkpoint& ck);
+
+}  // namespace flashseek::forward
