@@ -122,6 +122,9 @@ struct ModelConfig {
 
   // Derived (filled by finalize()).
   std::vector<LayerRole> roles;   // num_layers + num_mtp entries
+  // Non-fatal findings of finalize_config (e.g. the oracle fixture's candidate budget is 3
+  // positions short of v41 §3.3's strict bound); loaders should log them.
+  std::vector<std::string> warnings;
 
   bool is_v41() const { return family == Family::kV41; }
   const LayerRole& role(int layer) const { return roles.at(size_t(layer)); }

@@ -261,7 +261,8 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   if (j.is_discarded()) return parse_error("{}: not valid JSON", source);
   if (!j.is_object()) return parse_error("{}: top level must be a JSON object", source);
   Result<ModelConfig> r = [&]() -> Result<ModelConfig> {
-    if (j.contains("text_config")) return parse_nested_v41(j, source);
+    // vision_config only appears in the nested layout: without text_config that file is broken.
+    if (j.contains("text_config") || j.contains("vision_config")) return parse_nested_v41(j, source);
     const bool ref = j.contains("dim");
     const std::string mt = j.value("model_type", std::string());
     const bool v41 = mt.rfind("deepseek_v41", 0) == 0 ||

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "model/config.h"
 
 namespace flashseek::model {
@@ -132,7 +134,7 @@ Status derive_v4(ModelConfig& c) {
   return {};
 }
 
-Status check_v41_lists(const ModelConfig& c) {
+Status check_v41_lists(const ModelConfig& c, std::vector<std::string>& warnings) {
   FS_RETURN_IF_ERROR(check_layer_list("kv_source_layer_ids", c.kv_source_layers, c.num_layers));
   FS_RETURN_IF_ERROR(check_layer_list("index_source_layer_ids", c.index_source_layers, c.num_layers));
   FS_RETURN_IF_ERROR(check_layer_list("engram_layer_ids", c.engram_layer_ids, c.num_layers));
@@ -143,11 +145,17 @@ Status check_v41_lists(const ModelConfig& c) {
   if (c.candidate_source_layer >= 0) {
     FS_RETURN_IF_ERROR(positive("candidate_topk_blocks", c.candidate_topk_blocks));
     FS_RETURN_IF_ERROR(positive("candidate_block_size", c.candidate_block_size));
-    // A filtered selection must always find index_topk positions (v41 §3.3).
-    const int64_t reach = c.candidate_topk_blocks * c.candidate_block_size - (c.candidate_block_size - 1);
+    // A filtered selection must find index_topk positions (v41 §3.3). Fewer candidate positions
+    // than index_topk even with a full pinned block is an error; missing only the pinned block's
+    // partial tail (the official fixture: 128*4 - 3 = 509 < 512) is a warning.
+    const int64_t full = c.candidate_topk_blocks * c.candidate_block_size;
+    const int64_t reach = full - (c.candidate_block_size - 1);
+    if (full < c.index_topk)
+      return invalid_argument("candidate_topk_blocks: candidate_topk_blocks*candidate_block_size = {} "
+                              "must be >= index_topk {}", full, c.index_topk);
     if (reach < c.index_topk)
-      return invalid_argument("candidate_topk_blocks: candidate_topk_blocks*candidate_block_size - "
-                              "(candidate_block_size-1) = {} must be >= index_topk {}", reach, c.index_topk);
+      warnings.push_back(fmt::format("candidate_topk_blocks: candidate_topk_blocks*candidate_block_size - "
+                                     "(candidate_block_size-1) = {} < index_topk {} (v41 §3.3)", reach, c.index_topk));
   }
   if (!c.engram_layer_ids.empty()) {
     if (c.engram_num_embeddings.size() != c.engram_layer_ids.size())
@@ -223,7 +231,7 @@ Status check_v41_roles(const ModelConfig& c) {
 }
 
 Status derive_v41(ModelConfig& c) {
-  FS_RETURN_IF_ERROR(check_v41_lists(c));
+  FS_RETURN_IF_ERROR(check_v41_lists(c, c.warnings));
   c.roles.assign(size_t(total_layers(c)), LayerRole{});
   for (int l = 0; l < int(total_layers(c)); ++l) {
     LayerRole& r = c.roles[size_t(l)];
@@ -248,6 +256,7 @@ Status derive_v41(ModelConfig& c) {
 }  // namespace
 
 Status finalize_config(ModelConfig& cfg) {
+  cfg.warnings.clear();
   FS_RETURN_IF_ERROR(check_dims(cfg));
   return cfg.is_v41() ? derive_v41(cfg) : derive_v4(cfg);
 }
