@@ -1,0 +1,81 @@
+// A live HttpServer on a free loopback port, backed by the fakes, for HTTP-level tests.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "fakes.h"
+#include "server/http_server.h"
+
+namespace flashseek::server::testing {
+
+struct LiveServer {
+  FakeCodec codec;
+  FakeChat chat;
+  std::unique_ptr<FakeBackend> backend;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = 0;
+
+  explicit LiveServer(ServerOptions opts = {}, int64_t max_batch = 4, int64_t max_queue = 16,
+                      int step_ms = 2) {
+    backend = std::make_unique<FakeBackend>(max_batch, max_queue, step_ms);
+    opts.host = "127.0.0.1";
+    opts.port = 0;
+    opts.max_batch = max_batch;
+    opts.max_queue = max_queue;
+    if (opts.model_ids.size() == 1) opts.model_ids.push_back("tiny-demo");
+    server = std::make_unique<HttpServer>(ServerDeps{backend.get(), &codec, &chat}, opts);
+    auto bound = server->bind();
+    EXPECT_TRUE(bound.ok()) << bound.status().to_string();
+    port = bound.ok() ? *bound : 0;
+    thread = std::thread([this] { server->run(); });
+  }
+  ~LiveServer() {
+    server->stop();
+    thread.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  // GET /metrics and return the value of one unlabelled sample (-1 if absent).
+  double metric(const std::string& name) const {
+    auto res = client().Get("/metrics");
+    if (!res) return -1;
+    const std::string key = "\n" + name + " ";
+    const size_t at = res->body.find(key);
+    if (at == std::string::npos) return -1;
+    return std::stod(res->body.substr(at + key.size()));
+  }
+};
+
+// Parses the SSE body into the JSON of each "data:" event; sets `done` when [DONE] was seen.
+inline std::vector<nlohmann::json> sse_events(const std::string& body, bool& done) {
+  std::vector<nlohmann::json> out;
+  done = false;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind("data: ", 0) != 0) continue;
+    const std::string payload = ev.substr(6);
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    out.push_back(nlohmann::json::parse(payload));
+  }
+  return out;
+}
+
+}  // namespace flashseek::server::testing
