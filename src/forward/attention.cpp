@@ -60,6 +60,12 @@ void CpuModel::attention(int l, ChunkCtx& ctx, const std::vector<float>& a, std:
   const std::vector<float>* ckv = role.ratio > 0 ? &ctx.st->layers[size_t(role.kv_src)].ckv : nullptr;
   const std::vector<std::vector<int32_t>>* sel = nullptr;
   if (role.ratio > 0 && role.idx_src >= 0) sel = &ctx.topk[size_t(role.idx_src)];
+  if (trace_) {
+    trace_->topk.resize(size_t(c.num_layers));
+    trace_->topk[size_t(l)] = sel ? *sel : std::vector<std::vector<int32_t>>{};
+    trace_->pos = ctx.pos;
+    if (role.candidate_source) trace_->cand = ctx.cand;
+  }
   std::vector<float> o(size_t(T * H * Dh));
   const float scale = 1.0f / std::sqrt(float(Dh));
   ThreadPool::global().parallel_for(T, [&](int64_t t0, int64_t t1) {

@@ -25,6 +25,14 @@ struct ChunkCtx {
   std::vector<int64_t> engram_ids;           // [n_engram_layers, T, n_cols]
 };
 
+// Optional record of the sparse-attention selections of the last forward (tests and debugging):
+// per layer and query row, the compressed rows attended (ascending), and the candidate masks.
+struct ForwardTrace {
+  std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][T] (empty for window-only layers)
+  std::vector<std::vector<uint8_t>> cand;               // [T] candidate masks (V4.1)
+  std::vector<int64_t> pos;                             // [T] positions of the rows
+};
+
 class CpuModel final : public Model {
  public:
   static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics);
@@ -37,6 +45,8 @@ class CpuModel final : public Model {
   Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,
                                                std::span<const int32_t> tokens) const;
   Numerics numerics() const { return numerics_; }
+  // Records selections of subsequent forwards into `trace` (nullptr: off). Not thread-safe.
+  void set_trace(ForwardTrace* trace) { trace_ = trace; }
 
  private:
   CpuModel() = default;
@@ -58,6 +68,7 @@ class CpuModel final : public Model {
   Numerics numerics_ = Numerics::kExact;
   int64_t act_block_ = 0;   // FP8 activation block of FP8 linears in reference numerics (0: none)
   int64_t expert_act_block_ = 0;
+  ForwardTrace* trace_ = nullptr;
 };
 
 // Factory used by the engine and tools.
