@@ -21,10 +21,12 @@ ApiHandlers::ApiHandlers(ServerDeps deps, const ServerOptions& options, Metrics&
                          const std::atomic<bool>& stopping)
     : deps_(deps), options_(options), metrics_(metrics), stopping_(stopping) {}
 
-std::optional<ApiError> ApiHandlers::tokenize(PreparedRequest& p, std::vector<int32_t>& prompt) {
+std::optional<ApiError> ApiHandlers::tokenize(PreparedRequest& p, const std::string& raw_body,
+                                              std::vector<int32_t>& prompt) {
   ParsedRequest& r = p.parsed;
   std::string text;
   if (r.endpoint == Endpoint::kChat) {
+    r.chat.raw_request = raw_body;
     auto rendered = deps_.chat->render(r.messages, r.chat);
     if (!rendered.ok()) return from_status(rendered.status(), "messages");
     text = std::move(*rendered);
@@ -63,7 +65,7 @@ std::optional<ApiError> ApiHandlers::prepare(const httplib::Request& req, Endpoi
     return e;
   }
   GenRequest g;
-  if (auto err = tokenize(p, g.prompt)) return err;
+  if (auto err = tokenize(p, req.body, g.prompt)) return err;
   const int64_t context = deps_.backend->context_length();
   const int64_t n_prompt = int64_t(g.prompt.size());
   if (n_prompt >= context)

@@ -48,7 +48,8 @@ class ApiHandlers {
  private:
   std::optional<ApiError> prepare(const httplib::Request& req, Endpoint endpoint,
                                   PreparedRequest& out);
-  std::optional<ApiError> tokenize(PreparedRequest& p, std::vector<int32_t>& prompt);
+  std::optional<ApiError> tokenize(PreparedRequest& p, const std::string& raw_body,
+                                   std::vector<int32_t>& prompt);
   void respond_once(const httplib::Request& req, httplib::Response& res, PreparedRequest& p);
   void respond_stream(const httplib::Request& req, httplib::Response& res,
                       std::shared_ptr<PreparedRequest> p);

@@ -53,13 +53,20 @@ struct GenEvent {
   std::string error;                         // finish == kError
 };
 
-// Events of one request, produced by the backend's scheduler thread and consumed by one HTTP
-// thread. Thread-safe; the final event (finish != kNone) closes it.
-class EventChannel {
+// Where one request's events are read from (by one HTTP thread). The final event has
+// finish != kNone; after it pop_for returns nullopt.
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  // Waits up to timeout_ms for an event; nullopt on timeout or when drained after the final one.
+  virtual std::optional<GenEvent> pop_for(int64_t timeout_ms) = 0;
+};
+
+// A thread-safe queue source: a producer thread pushes, one consumer pops.
+class EventChannel : public EventSource {
  public:
   void push(GenEvent ev);
-  // Waits up to timeout_ms for an event; nullopt on timeout or when drained after the final one.
-  std::optional<GenEvent> pop_for(int64_t timeout_ms);
+  std::optional<GenEvent> pop_for(int64_t timeout_ms) override;
   bool closed() const;  // the final event was pushed
 
  private:
@@ -80,10 +87,10 @@ struct BackendStats {
 class GenerationBackend {
  public:
   virtual ~GenerationBackend() = default;
-  // Queues the request; events arrive on `out`. kResourceExhausted when the queue is full,
-  // kInvalidArgument for a request the engine cannot run (message names the field).
-  virtual Status submit(GenRequest req, std::shared_ptr<EventChannel> out) = 0;
-  // Stops a request and frees its slot; the channel then gets a final kCancelled event.
+  // Queues the request and returns where its events arrive. kResourceExhausted when the queue
+  // is full, kInvalidArgument for a request the engine cannot run (message names the field).
+  virtual Result<std::shared_ptr<EventSource>> submit(GenRequest req) = 0;
+  // Stops a request and frees its slot; its source then yields a final kCancelled event.
   // Unknown / finished ids are ignored.
   virtual void cancel(uint64_t id) = 0;
   virtual BackendStats stats() const = 0;

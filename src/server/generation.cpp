@@ -26,7 +26,7 @@ Generation::~Generation() {
 }
 
 Status Generation::submit() {
-  FS_RETURN_IF_ERROR(backend_.submit(request_, channel_));
+  FS_ASSIGN_OR_RETURN(channel_, backend_.submit(request_));
   submitted_ = true;
   return {};
 }

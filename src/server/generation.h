@@ -67,7 +67,7 @@ class Generation {
   StopMatcher stops_;
   GenRequest request_;
   Metrics& metrics_;
-  std::shared_ptr<EventChannel> channel_ = std::make_shared<EventChannel>();
+  std::shared_ptr<EventSource> channel_;
   Usage usage_;
   Clock::time_point start_, first_token_, last_token_;
   bool submitted_ = false, finished_ = false, any_token_ = false, any_tool_call_ = false;

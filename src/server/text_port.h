@@ -39,6 +39,9 @@ struct ChatOptions {
   std::string reasoning_effort;  // "" (default), "low", "high", "max", or a number 1-100
   nlohmann::json tools;          // null or the OpenAI tools array
   nlohmann::json tool_choice;    // null, "auto", "none", "required" or {"type":"function",...}
+  // The request body as received: encoders that must keep the client's key order (tool schemas
+  // are rendered as JSON text) re-read it instead of `messages` / `tools`.
+  std::string raw_request;
 };
 
 struct ToolCallDelta {
@@ -67,9 +70,10 @@ class OutputParser {
 class ChatFormat {
  public:
   virtual ~ChatFormat() = default;
-  // OpenAI `messages` -> prompt text (with BOS). Errors name the offending message/field.
+  // OpenAI `messages` -> prompt text (with BOS). Errors name the offending message/field. May
+  // correct `options.thinking` when the encoder decides the mode from fields of its own.
   virtual Result<std::string> render(const nlohmann::json& messages,
-                                     const ChatOptions& options) const = 0;
+                                     ChatOptions& options) const = 0;
   virtual std::unique_ptr<OutputParser> parser(const ChatOptions& options) const = 0;
 };
 

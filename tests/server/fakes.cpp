@@ -79,7 +79,7 @@ std::unique_ptr<StreamDecoder> FakeCodec::stream_decoder() const {
 // ---------------------------------------------------------------- chat
 
 Result<std::string> FakeChat::render(const nlohmann::json& messages,
-                                     const ChatOptions& options) const {
+                                     ChatOptions& options) const {
   std::string out = "<bos>";
   if (options.tools.is_array()) out += "[tools]" + options.tools.dump();
   for (const auto& m : messages) {
@@ -194,18 +194,19 @@ FakeBackend::~FakeBackend() {
   thread_.join();
 }
 
-Status FakeBackend::submit(GenRequest req, std::shared_ptr<EventChannel> out) {
+Result<std::shared_ptr<EventSource>> FakeBackend::submit(GenRequest req) {
   if (req.prompt.empty()) return invalid_argument("prompt: empty");
+  auto out = std::make_shared<EventChannel>();
   std::lock_guard<std::mutex> lock(mu_);
   if (int64_t(queued_.size()) >= max_queue_)
     return Status(StatusCode::kResourceExhausted, "queue full");
-  Live live{std::move(req), std::move(out), {}, 0};
+  Live live{std::move(req), out, {}, 0};
   FakeCodec codec;
   live.reply = *codec.encode(script_(live.req.prompt, live.req));
   live.reply.push_back(kEos);
   queued_.push_back(std::move(live));
   cv_.notify_all();
-  return {};
+  return std::shared_ptr<EventSource>(out);
 }
 
 void FakeBackend::cancel(uint64_t id) {

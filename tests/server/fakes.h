@@ -33,7 +33,7 @@ class FakeCodec : public TextCodec {
 class FakeChat : public ChatFormat {
  public:
   Result<std::string> render(const nlohmann::json& messages,
-                             const ChatOptions& options) const override;
+                             ChatOptions& options) const override;
   std::unique_ptr<OutputParser> parser(const ChatOptions& options) const override;
 };
 
@@ -45,7 +45,7 @@ class FakeBackend : public GenerationBackend {
  public:
   FakeBackend(int64_t max_batch, int64_t max_queue, int step_ms, Script script = default_script);
   ~FakeBackend() override;
-  Status submit(GenRequest req, std::shared_ptr<EventChannel> out) override;
+  Result<std::shared_ptr<EventSource>> submit(GenRequest req) override;
   void cancel(uint64_t id) override;
   BackendStats stats() const override;
   bool ready() const override { return ready_; }
