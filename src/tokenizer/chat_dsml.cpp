@@ -70,7 +70,8 @@ void DsmlCallsParser::emit_args(std::string text, std::vector<ToolCallDelta>& ou
 }
 
 // States whose next input is one of a few fixed tags.
-Status DsmlCallsParser::step_literal(std::string_view block, bool at_end, bool& progressed) {
+Status DsmlCallsParser::step_literal(std::string_view block, bool at_end,
+                                     std::vector<ToolCallDelta>& out, bool& progressed) {
   struct Alt {
     std::string_view lit;
     State next;
@@ -96,6 +97,7 @@ Status DsmlCallsParser::step_literal(std::string_view block, bool at_end, bool& 
     const Match m = match_literal(block, alt.lit);
     if (m == Match::kYes) {
       pos_ += alt.lit.size();
+      if (alt.next == State::kInvokeEnd) emit_args(params_in_call_ == 0 ? "{}" : "}", out);
       state_ = alt.next;
       progressed = true;
       return {};
@@ -202,7 +204,7 @@ Status DsmlCallsParser::advance(std::string_view block, bool at_end,
         FS_RETURN_IF_ERROR(step_param_header(block, at_end, out, progressed));
         break;
       case State::kValue: FS_RETURN_IF_ERROR(step_value(block, at_end, out, progressed)); break;
-      default: FS_RETURN_IF_ERROR(step_literal(block, at_end, progressed)); break;
+      default: FS_RETURN_IF_ERROR(step_literal(block, at_end, out, progressed)); break;
     }
     if (!progressed) break;
   }

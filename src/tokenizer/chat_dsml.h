@@ -48,7 +48,8 @@ class DsmlCallsParser {
   enum class Match { kYes, kNeedMore, kNo };
 
   Match match_literal(std::string_view block, std::string_view lit) const;
-  Status step_literal(std::string_view block, bool at_end, bool& progressed);
+  Status step_literal(std::string_view block, bool at_end, std::vector<ToolCallDelta>& out,
+                      bool& progressed);
   Status step_header(std::string_view block, bool at_end, std::vector<ToolCallDelta>& out,
                      bool& progressed);
   Status step_param_header(std::string_view block, bool at_end, std::vector<ToolCallDelta>& out,
