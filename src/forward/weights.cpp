@@ -170,7 +170,10 @@ Status load_engram(const Checkpoint& ck, ModelWeights& mw) {
     }
     const std::string p = fmt::format("layers.{}.engram.", layer);
     e.table = p + "embed.weight";
-    FS_RETURN_IF_ERROR(ck.find(e.table).status());
+    FS_ASSIGN_OR_RETURN(auto tv, ck.find(e.table));
+    if (tv.shape.size() != 2 || tv.shape[0] != e.layout.n_rows() || tv.shape[1] != c.engram_head_dim)
+      return invalid_argument("tensor {}: expected [{}, {}] rows, got {}", e.table, e.layout.n_rows(),
+                              c.engram_head_dim, shape_to_string(tv.shape));
     const int64_t in = e.layout.n_cols() * c.engram_head_dim;
     FS_RETURN_IF_ERROR(get(ck, p + "wkv.weight", (hc + 1) * D * in, e.wkv));
     Vec q, k;
