@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_locate.h"
 
@@ -36,6 +38,42 @@ inline const Tokenizer* real_tokenizer(std::string* why) {
   }
   if (why) *why = error;
   return tok.get();
+}
+
+// A small tokenizer.json in the DeepSeek layout: the 256 ByteLevel byte tokens (ids 0..255 in
+// byte order), then one token per merge (ids 256..), the DeepSeek pre-tokenizer, and
+// `added` as its added_tokens. Merges are raw-byte pairs, converted to the ByteLevel alphabet.
+inline nlohmann::json tiny_tokenizer_json(
+    const std::vector<std::pair<std::string, std::string>>& byte_merges,
+    const nlohmann::json& added = nlohmann::json::array()) {
+  auto level = [](const std::string& raw) {
+    std::string s;
+    for (unsigned char c : raw) s += byte_to_unicode(c);
+    return s;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_to_unicode(static_cast<uint8_t>(b))] = b;
+  nlohmann::json merges = nlohmann::json::array();
+  int next_id = 256;
+  for (const auto& [l, r] : byte_merges) {
+    merges.push_back(level(l) + " " + level(r));
+    if (!vocab.contains(level(l + r))) vocab[level(l + r)] = next_id++;
+  }
+  nlohmann::json pre = nlohmann::json::array();
+  for (const auto& p : PreTokenizer::deepseek_patterns()) {
+    pre.push_back({{"type", "Split"}, {"pattern", {{"Regex", p}}}, {"behavior", "Isolated"},
+                   {"invert", false}});
+  }
+  pre.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                 {"use_regex", false}});
+  return {{"version", "1.0"},
+          {"added_tokens", added},
+          {"normalizer", {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}}},
+          {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", pre}}},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+            {"byte_fallback", false}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
 // The committed parity corpus: one JSON string (a document) per line. Empty on failure.
