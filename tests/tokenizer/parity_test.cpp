@@ -43,12 +43,12 @@ std::string describe_mismatch(const Tokenizer& tok, size_t doc, const std::vecto
     return s;
   };
   const std::vector<int32_t> prefix(ours.begin(), ours.begin() + static_cast<long>(i));
+  const std::string before = tok.decode(prefix);
+  const std::string tail = before.substr(before.size() > 60 ? before.size() - 60 : 0);
   return fmt::format(
       "doc {}: first mismatch at token {} (ours {} tokens, ref {} tokens) after text ...'{}'\n"
       "  ours: {}\n  ref:  {}",
-      doc, i, ours.size(), ref.size(), show(tok.decode(prefix).substr(
-                                           tok.decode(prefix).size() > 60 ? tok.decode(prefix).size() - 60 : 0)),
-      window(ours), window(ref));
+      doc, i, ours.size(), ref.size(), show(tail), window(ours), window(ref));
 }
 
 TEST(TokenizerParity, RoundTripWholeCorpus) {
