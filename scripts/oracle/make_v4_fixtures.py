@@ -96,98 +96,109 @@ def safetensors_library_check(fdir):
         return f"failed: {e!r}"
 
 
-def run_config(name, out_root, device, checks):
+def make_runners(cfg, deq, device, notes):
+    """-> (hf_logits, spec_logits, model, spec_stats): logits [T, V] (fp64 numpy) of a token list
+    from transformers and from the fp64 spec implementation; spec_stats accumulates the spec's
+    top-k / clamp statistics over every call (worst margin, summed counts)."""
     import torch
     import v4_hf
-    if DRY_RUN:
-        transformers = type("none", (), {"__version__": "dry-run"})
-    else:
-        import transformers
     import v4_spec_ref as spec
-    t0 = time.time()
-    cfg, stored, deq = ckpt.build_tensors(name, SEEDS[name])
-    fdir = os.path.join(out_root, f"v4-tiny-{name}")
-    ckpt.write_checkpoint(fdir, cfg, stored)
-    notes_st = safetensors_library_check(fdir)
-    rng = np.random.default_rng(SEEDS[name] + 1)
-    tokens = rng.integers(3, cfg["vocab_size"], size=T_PREFILL).tolist()
-    notes = {"config": name, "torch": torch.__version__, "transformers": transformers.__version__,
-             "numpy": np.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-             "seed": SEEDS[name], "tf32": False, "float32_matmul_precision": "highest",
-             "safetensors_library_reads_checkpoint": notes_st}
-
     W = {k: torch.from_numpy(v).to(device, torch.int64 if v.dtype == np.int64 else torch.float64)
          for k, v in deq.items()}
-    greedy_stats = {}
+    spec_stats = {}
 
     def spec_logits(seq):
         with torch.no_grad():
             lg, st = spec.forward(W, cfg, torch.tensor(seq, device=device))
-        for k, v in st.items():  # worst case over every call (prefill + greedy steps)
-            greedy_stats[k] = min(greedy_stats.get(k, v), v) if "margin" in k else greedy_stats.get(k, 0) + v
+        for k, v in st.items():
+            spec_stats[k] = min(spec_stats.get(k, v), v) if "margin" in k else spec_stats.get(k, 0) + v
         return lg.cpu().numpy(), st
 
     if DRY_RUN:  # local plumbing test without transformers: the "HF" logits are the spec's
-        model = None
+        return (lambda seq: spec_logits(seq)[0].astype(np.float32).astype(np.float64),
+                spec_logits, None, spec_stats)
+    model = v4_hf.build_model(cfg, deq, device, notes)
+    notes["hf_rope_tables_vs_spec"] = v4_hf.rope_table_check(model, cfg, spec.rope_freqs)
 
-        def hf_logits(seq):
-            return spec_logits(seq)[0].astype(np.float32).astype(np.float64)
-    else:
-        model = v4_hf.build_model(cfg, deq, device, notes)
-        notes["hf_rope_tables_vs_spec"] = v4_hf.rope_table_check(model, cfg, spec.rope_freqs)
-
-        def hf_logits(seq):
-            with torch.no_grad():
-                ids = torch.tensor([seq], device=device)
-                return model(input_ids=ids, use_cache=False).logits[0].double().cpu().numpy()
-
-    lp_hf = hf_logits(tokens)
-    lp_spec, stats = spec_logits(tokens)
-    notes["spec_ref_stats"] = stats
-    notes["hf_vs_spec_prefill"] = pos_stats(lp_hf, lp_spec)
-    notes["logits_std"] = float(lp_hf.std())
-    prompt = tokens[:GREEDY_PROMPT]
-    g_hf, m_hf, rows_hf = greedy(lambda s: hf_logits(s)[-1], prompt)
-    g_spec, _, rows_spec = greedy(lambda s: spec_logits(s)[0][-1], prompt)
-    notes["greedy_min_top2_margin"] = min(m_hf)
-    notes["greedy_distinct_tokens"] = len(set(g_hf))
-    notes["greedy_hf_equals_spec"] = g_hf == g_spec
-    notes["hf_vs_spec_greedy_rows"] = pos_stats(rows_hf, rows_spec) if g_hf == g_spec else None
-    notes["spec_ref_stats_all_calls"] = greedy_stats
-    try:
+    def hf_logits(seq):
         with torch.no_grad():
-            notes["hf_incremental_vs_nocache"] = hf_incremental(model, torch, device, prompt, g_hf, rows_hf)
-    except Exception as e:  # transformers' cache path is not part of the fixture
-        notes["hf_incremental_vs_nocache"] = f"failed: {e!r}"
+            ids = torch.tensor([seq], device=device)
+            return model(input_ids=ids, use_cache=False).logits[0].double().cpu().numpy()
+    return hf_logits, spec_logits, model, spec_stats
 
-    checks[name] = {
-        "logits_std_in_0.5_5": 0.5 < notes["logits_std"] < 5.0,
-        "greedy_not_looping": notes["greedy_distinct_tokens"] >= 5,
-        "hf_matches_spec_p99_below_1e-3": notes["hf_vs_spec_prefill"]["p99"] < 1e-3,
-        "greedy_hf_equals_spec": notes["greedy_hf_equals_spec"],
-        "topk_dropped_entries": stats.get("queries_dropping", 0) > 0,
-        "no_topk_ties_at_cut": greedy_stats.get("topk_ties_at_cut", 0) == 0,
-        "swiglu_clamp_active": stats.get("clamped", 0) > 0,
-    }
-    notes["checks"] = checks[name]
-    expected = {"tokens": tokens, "greedy_prompt": prompt, "greedy_output": g_hf,
-                "greedy_output_spec_ref": g_spec,
-                "thresholds": {"median_max_abs": 1e-3, "p99_max_abs": 5e-2, "greedy_match": GREEDY_STEPS},
-                "reference_tensors": {}}
-    np.save(os.path.join(fdir, "logits_prefill.npy"), lp_hf.astype(np.float32))
-    np.save(os.path.join(fdir, "logits_prefill_spec_ref.npy"), lp_spec.astype(np.float32))
+
+def base_notes(name, device, fdir):
+    import torch
+    version = "dry-run"
+    if not DRY_RUN:
+        import transformers
+        version = transformers.__version__
+    return {"config": name, "torch": torch.__version__, "transformers": version,
+            "numpy": np.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "seed": SEEDS[name], "tf32": False, "float32_matmul_precision": "highest",
+            "safetensors_library_reads_checkpoint": safetensors_library_check(fdir)}
+
+
+def write_fixture(fdir, out_root, name, expected, logits, deq, notes):
+    """logits: {file name: [T, V] array}; saves everything and packs v4-tiny-<name>.tgz."""
+    for fname, arr in logits.items():
+        np.save(os.path.join(fdir, fname), arr.astype(np.float32))
     os.makedirs(os.path.join(fdir, "reference_tensors"), exist_ok=True)
+    expected["reference_tensors"] = {}
     for t in REFERENCE_TENSORS:
         fname = f"reference_tensors/{t}.npy"
         np.save(os.path.join(fdir, fname), deq[t])
         expected["reference_tensors"][t] = fname
-    notes["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(fdir, "expected.json"), "w") as f:
         json.dump(expected, f)
     with open(os.path.join(fdir, "notes.json"), "w") as f:
         json.dump(notes, f, indent=2, default=str)
     with tarfile.open(os.path.join(out_root, f"v4-tiny-{name}.tgz"), "w:gz") as tf:
         tf.add(fdir, arcname=f"v4-tiny-{name}")
+
+
+def run_config(name, out_root, device, checks):
+    import torch
+    t0 = time.time()
+    cfg, stored, deq = ckpt.build_tensors(name, SEEDS[name])
+    fdir = os.path.join(out_root, f"v4-tiny-{name}")
+    ckpt.write_checkpoint(fdir, cfg, stored)
+    tokens = np.random.default_rng(SEEDS[name] + 1).integers(3, cfg["vocab_size"], size=T_PREFILL).tolist()
+    notes = base_notes(name, device, fdir)
+    hf_logits, spec_logits, model, spec_stats = make_runners(cfg, deq, device, notes)
+
+    lp_hf = hf_logits(tokens)
+    lp_spec, stats = spec_logits(tokens)
+    notes.update(spec_ref_stats=stats, hf_vs_spec_prefill=pos_stats(lp_hf, lp_spec),
+                 logits_std=float(lp_hf.std()))
+    prompt = tokens[:GREEDY_PROMPT]
+    g_hf, m_hf, rows_hf = greedy(lambda s: hf_logits(s)[-1], prompt)
+    g_spec, _, rows_spec = greedy(lambda s: spec_logits(s)[0][-1], prompt)
+    notes.update(greedy_min_top2_margin=min(m_hf), greedy_distinct_tokens=len(set(g_hf)),
+                 greedy_hf_equals_spec=g_hf == g_spec,
+                 hf_vs_spec_greedy_rows=pos_stats(rows_hf, rows_spec) if g_hf == g_spec else None,
+                 spec_ref_stats_all_calls=spec_stats)
+    try:
+        with torch.no_grad():
+            notes["hf_incremental_vs_nocache"] = hf_incremental(model, torch, device, prompt, g_hf, rows_hf)
+    except Exception as e:  # transformers' cache path is not part of the fixture
+        notes["hf_incremental_vs_nocache"] = f"failed: {e!r}"
+
+    checks[name] = notes["checks"] = {
+        "logits_std_in_0.5_5": 0.5 < notes["logits_std"] < 5.0,
+        "greedy_not_looping": notes["greedy_distinct_tokens"] >= 5,
+        "hf_matches_spec_p99_below_1e-3": notes["hf_vs_spec_prefill"]["p99"] < 1e-3,
+        "greedy_hf_equals_spec": notes["greedy_hf_equals_spec"],
+        "topk_dropped_entries": stats.get("queries_dropping", 0) > 0,
+        "no_topk_ties_at_cut": spec_stats.get("topk_ties_at_cut", 0) == 0,
+        "swiglu_clamp_active": stats.get("clamped", 0) > 0,
+    }
+    notes["seconds"] = round(time.time() - t0, 1)
+    expected = {"tokens": tokens, "greedy_prompt": prompt, "greedy_output": g_hf,
+                "greedy_output_spec_ref": g_spec,
+                "thresholds": {"median_max_abs": 1e-3, "p99_max_abs": 5e-2, "greedy_match": GREEDY_STEPS}}
+    write_fixture(fdir, out_root, name, expected,
+                  {"logits_prefill.npy": lp_hf, "logits_prefill_spec_ref.npy": lp_spec}, deq, notes)
     print(json.dumps(notes, indent=1, default=str), flush=True)
 
 

@@ -156,6 +156,23 @@ TEST(V4OracleStats, NpyReaderRejectsBadFiles) {
   EXPECT_NE(read_npy(p, n).find("not a .npy"), std::string::npos);
 }
 
+// The fixture script's numpy-only self-check (FP8/FP4/E8M0/BF16 codecs against hand-computed
+// values, safetensors writer, checkpoint layout): needs a python3 with numpy.
+TEST(V4OracleScript, FormatSelfCheckPasses) {
+  std::string py;
+  for (const char* cand : {"python3", "/usr/bin/python3"})
+    if (testing::run_command(std::string(cand) + " -c 'import numpy'").exit_code == 0) {
+      py = cand;
+      break;
+    }
+  if (py.empty()) GTEST_SKIP() << "no python3 with numpy on this machine";
+  const fs::path script = testing::source_dir() / "scripts" / "oracle" / "make_v4_fixtures.py";
+  const auto r = testing::run_command(py + " -B '" + script.string() + "' --selfcheck");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("v4_format selfcheck: ok"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("v4_checkpoint selfcheck: ok"), std::string::npos) << r.output;
+}
+
 // ------------------------------------------------------------------ checkpoint loading
 
 class V4Oracle : public ::testing::TestWithParam<std::string> {
