@@ -105,6 +105,11 @@ void ApiHandlers::handle(const httplib::Request& req, httplib::Response& res, En
   const std::string name = endpoint == Endpoint::kChat ? "chat" : "completions";
   auto p = std::make_shared<PreparedRequest>();
   p->start = std::chrono::steady_clock::now();
+  if (!deps_.backend->ready()) {
+    metrics_.count_request(name, 503);
+    return send_error(res, from_status({StatusCode::kUnavailable,
+                                        "the model is still loading; retry later"}));
+  }
   if (auto err = prepare(req, endpoint, *p)) {
     metrics_.count_request(name, err->http_status);
     return send_error(res, *err);
@@ -138,7 +143,11 @@ void ApiHandlers::log_done(const PreparedRequest& p, const std::string& finish) 
   const double total = p.generation->total_seconds();
   const double ttft = p.generation->ttft_seconds();
   const double decode = total - ttft;
-  const double tps = u.completion_tokens > 1 && decode > 0 ? (u.completion_tokens - 1) / decode : 0;
+  // Decode rate after the first token; when every token arrived at once (a non-streamed
+  // response is read in one go) fall back to the whole request's rate.
+  const double tps = u.completion_tokens > 1 && decode > 1e-3 ? (u.completion_tokens - 1) / decode
+                     : total > 0                              ? u.completion_tokens / total
+                                                              : 0;
   metrics_.add_tokens(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
   metrics_.observe_request(total);
   spdlog::info("request {} {} prompt={} cached={} completion={} ttft={:.3f}s {:.1f} tok/s "

@@ -243,6 +243,9 @@ TEST(Http, ModelsHealthAndReadiness) {
   s.backend->set_ready(false);
   EXPECT_EQ(c.Get("/readyz")->status, 503);
   EXPECT_EQ(c.Get("/healthz")->status, 200);
+  auto res = c.Post("/v1/chat/completions", chat_body("hi").dump(), "application/json");
+  EXPECT_EQ(res->status, 503);  // no generation before the model is ready
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "service_unavailable");
 }
 
 TEST(Http, ApiKeyRequired) {

@@ -1,0 +1,175 @@
+// flashseek serve: the OpenAI-compatible server on the real engine (wiring only: the HTTP layer
+// is src/server, the engine src/engine, the tokenizer and chat format src/tokenizer).
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/engine.h"
+#include "forward/cpu_model.h"
+#include "server/deferred_backend.h"
+#include "server/engine_backend.h"
+#include "server/http_server.h"
+#include "server/tokenizer_adapter.h"
+#include "tokenizer/tokenizer_locate.h"
+#include "tools/command.h"
+
+namespace flashseek::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServeOpts {
+  std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
+  int port = 8000;
+  int64_t max_batch = 8, max_queue = 64;
+  bool thinking = false;
+  std::vector<std::string> extra_names;
+};
+
+// Reads every weight shard once with a progress bar on stderr, so the mmap-based load that
+// follows finds the bytes in the page cache (and the operator sees how far loading got).
+void read_ahead_with_progress(const std::string& dir) {
+  std::vector<fs::path> shards;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") {
+      shards.push_back(e.path());
+      total += e.file_size(ec);
+    }
+  if (total == 0) return;
+  std::vector<char> buf(8 << 20);
+  uint64_t done = 0;
+  int last_pct = -1;
+  for (const auto& shard : shards) {
+    std::ifstream in(shard, std::ios::binary);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+      done += uint64_t(in.gcount());
+      const int pct = int(done * 100 / total);
+      if (pct != last_pct) {
+        const int bar = pct * 30 / 100;
+        std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% (%.1f / %.1f MiB)", bar,
+                     "==============================", 30 - bar, "", pct, done / 1048576.0,
+                     total / 1048576.0);
+        last_pct = pct;
+      }
+    }
+  }
+  std::fprintf(stderr, "\n");
+}
+
+// SIGINT/SIGTERM stop the server from a dedicated thread (no work inside a signal handler).
+std::thread stop_on_signal(server::HttpServer& http) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return std::thread([set, &http] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    http.stop();
+  });
+}
+
+int serve(const ServeOpts& o) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "flashseek serve: error: %s\n", st.message().c_str());
+    return 1;
+  };
+  if (!o.gpus.empty()) spdlog::warn("--gpus {}: this build serves on the CPU backend", o.gpus);
+  auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
+  if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
+
+  server::DeferredBackend deferred;
+  server::TokenizerCodec codec(*tokenizer);
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.api_key = o.api_key;
+  so.max_batch = o.max_batch;
+  so.max_queue = o.max_queue;
+  so.default_thinking = o.thinking;
+  so.model_ids = {"deepseek-v4.1-flash"};
+  const std::string own_name = fs::path(o.ckpt).lexically_normal().filename().string();
+  if (!own_name.empty() && own_name != so.model_ids[0]) so.model_ids.push_back(own_name);
+  for (const auto& n : o.extra_names) so.model_ids.push_back(n);
+
+  // The chat family follows the checkpoint; the server starts before the weights are loaded.
+  auto cfg = model::load_config(o.ckpt);
+  if (!cfg.ok()) return fail(cfg.status().with_context("--ckpt"));
+  tok::ChatRequestOptions chat_opts;
+  chat_opts.family = cfg->is_v41() ? tok::ChatFamily::kV41 : tok::ChatFamily::kV4;
+  chat_opts.thinking_by_default = o.thinking;
+  server::DeepSeekChat chat(chat_opts);
+
+  server::HttpServer http({&deferred, &codec, &chat}, so);
+  auto port = http.bind();
+  if (!port.ok()) return fail(port.status());
+  std::thread signals = stop_on_signal(http);
+  std::thread listener([&http] { http.run(); });
+  spdlog::info("listening on http://{}:{} (readyz: 503 until the model is loaded)", o.host, *port);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  read_ahead_with_progress(o.ckpt);
+  auto model = forward::load_model(o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact
+                                                                 : forward::Numerics::kReference);
+  // Failure after the listener started: stop it and the signal thread before returning.
+  auto abort_with = [&](const Status& st) {
+    http.stop();
+    listener.join();
+    pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
+    return fail(st);
+  };
+  if (!model.ok()) return abort_with(model.status().with_context("loading " + o.ckpt));
+  engine::EngineOptions eo;
+  eo.max_batch = o.max_batch;
+  eo.max_waiting = o.max_queue;
+  auto engine = engine::Engine::create(**model, eo);
+  if (!engine.ok()) return abort_with(engine.status());
+  (*engine)->start();
+  server::EngineBackend backend(**engine);
+  if (Status st = backend.warm_up(); !st.ok()) return abort_with(st);
+  deferred.set(&backend);
+  spdlog::info("ready: {} loaded in {:.1f} s, models: {}", o.ckpt,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               fmt::join(so.model_ids, ", "));
+  listener.join();  // until SIGINT/SIGTERM
+  signals.join();
+  (*engine)->stop();
+  return 0;
+}
+
+std::function<int()> setup(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions)");
+  auto o = std::make_shared<ServeOpts>();
+  cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  cmd->add_option("--gpus", o->gpus, "GPU ids, e.g. 0,1,2,3 (CPU backend in this build)");
+  cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--max-batch", o->max_batch, "sequences per step")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
+  cmd->add_option("--numerics", o->numerics, "exact | reference")
+      ->check(CLI::IsMember({"exact", "reference"}))->capture_default_str();
+  cmd->add_flag("--thinking", o->thinking, "thinking mode when a request does not say");
+  cmd->add_option("--served-model-name", o->extra_names, "extra model ids to accept");
+  return [o] { return serve(*o); };
+}
+
+FS_REGISTER_COMMAND("serve", setup);
+
+}  // namespace
+}  // namespace flashseek::tools
