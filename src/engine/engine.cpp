@@ -35,6 +35,8 @@ Result<std::unique_ptr<Engine>> Engine::create(forward::Model& model, EngineOpti
         "engine: max_step_tokens ({}) must be >= max_batch ({}) so every running sequence can "
         "decode in each step",
         options.budget.max_step_tokens, options.max_batch);
+  if (options.max_context < 0)
+    return invalid_argument("engine: max_context must be >= 0 (got {})", options.max_context);
   if (options.max_waiting < 0)
     return invalid_argument("engine: max_waiting must be >= 0 (got {})", options.max_waiting);
   if (model.config().vocab_size < 1)
@@ -66,7 +68,7 @@ Status Engine::validate(const Request& r) const {
                             id, r.prompt_logprobs);
   if (Status st = validate_sampling(r.sampling); !st.ok())
     return st.with_context(fmt::format("request {}", id));
-  const int64_t max_pos = model_.config().max_position_embeddings;
+  const int64_t max_pos = options_.max_context;
   if (max_pos > 0 && P >= max_pos)
     return out_of_range("request {}: prompt of {} tokens leaves no room in the context of {}", id,
                         P, max_pos);

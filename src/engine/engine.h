@@ -28,6 +28,10 @@ struct EngineOptions {
   int64_t max_waiting = 4096;  // queued requests beyond which submit() fails (kResourceExhausted)
   StepBudget budget;        // tokens per step and per prompt chunk
   std::optional<uint64_t> seed;  // picks seeds of unseeded requests; unset: random_device
+  // Longest sequence (prompt + generated) a request may reach; 0: no limit. Not taken from the
+  // config by default: tiny test configs declare max_position_embeddings 64 yet the oracles run
+  // 300-token sequences through them. A server passes config().max_position_embeddings.
+  int64_t max_context = 0;
 };
 
 struct EngineStats {

@@ -136,7 +136,7 @@ Status Engine::sample_next(Sequence& seq, std::span<const float> row) {
 
   const auto& stops = seq.req.stop_ids;
   const bool is_eos = !seq.req.ignore_eos && token == model_.config().eos_token_id;
-  const int64_t max_pos = model_.config().max_position_embeddings;
+  const int64_t max_pos = options_.max_context;
   if (is_eos || std::find(stops.begin(), stops.end(), token) != stops.end())
     e.finish = FinishReason::kStop;
   else if (int64_t(seq.generated.size()) >= seq.req.max_tokens)

@@ -72,10 +72,16 @@ TEST(Engine, StopIdsEosAndMaxTokens) {
 
 TEST(Engine, ContextLimitEndsWithLength) {
   FakeModel model(40);
-  model.mutable_config().max_position_embeddings = 10;
-  auto res = run_alone(model, make_request(1, {1, 2, 3, 4}, 100));
+  auto engine = testing::make_engine(model, {.max_context = 10});
+  auto s = *engine->submit(make_request(1, {1, 2, 3, 4}, 100));
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  auto res = collect(*s);
   EXPECT_EQ(res.finish, FinishReason::kLength);
   EXPECT_EQ(res.tokens.size(), 6u);  // 4 prompt + 6 generated = 10 positions
+  auto too_long = engine->submit(make_request(2, std::vector<int32_t>(10, 1), 1));
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("context of 10"), std::string::npos);
+  EXPECT_FALSE(Engine::create(model, {.max_context = -1}).ok());
 }
 
 TEST(Engine, LogprobsAndPromptLogprobs) {

@@ -1,0 +1,156 @@
+// flashseek run: one request through the engine on a checkpoint; prints the DESIGN.md §7 JSON
+// (--json) or the decoded text plus a stats line on stderr. Wiring only: the engine does the work.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "engine/run_contract.h"
+#include "forward/model.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_locate.h"
+#include "tools/command.h"
+
+namespace flashseek::tools {
+namespace {
+
+struct RunOpts {
+  std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "off";
+  std::string stop_ids;
+  int64_t max_tokens = 16, top_k = 0, prompt_logprobs = 0, logprobs = 0;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0;
+  uint64_t seed = 0;
+  bool json = false, ignore_eos = false;
+};
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "flashseek run: error: %s\n", message.c_str());
+  return 1;
+}
+
+Status check_options(const RunOpts& o) {
+  if (o.speculative == "on")
+    return Status(StatusCode::kUnimplemented,
+                  "--speculative on: speculative decoding is not available yet (use off)");
+  if (o.prompt_ids.empty() == o.prompt.empty())
+    return invalid_argument("give exactly one of --prompt-ids and --prompt");
+  if (o.max_tokens < 0) return invalid_argument("--max-tokens must be >= 0 (got {})", o.max_tokens);
+  if (o.logprobs < 0) return invalid_argument("--logprobs must be >= 0 (got {})", o.logprobs);
+  if (o.prompt_logprobs < 0)
+    return invalid_argument("--prompt-logprobs must be >= 0 (got {})", o.prompt_logprobs);
+  if (!std::filesystem::is_directory(o.ckpt))
+    return not_found("--ckpt {}: not a directory", o.ckpt);
+  return {};
+}
+
+Result<engine::Request> build_request(const RunOpts& o, const tok::Tokenizer* tokenizer,
+                                      int64_t vocab) {
+  engine::Request r;
+  r.id = 1;
+  if (!o.prompt_ids.empty()) {
+    FS_ASSIGN_OR_RETURN(r.prompt, engine::parse_token_ids(o.prompt_ids));
+  } else {
+    FS_ASSIGN_OR_RETURN(r.prompt, tokenizer->encode_checked(o.prompt));
+    if (r.prompt.empty()) return invalid_argument("--prompt: encodes to no tokens");
+  }
+  FS_RETURN_IF_ERROR(engine::check_token_ids(r.prompt, vocab, "prompt"));
+  if (!o.stop_ids.empty()) {
+    FS_ASSIGN_OR_RETURN(r.stop_ids, engine::parse_token_ids(o.stop_ids));
+    FS_RETURN_IF_ERROR(engine::check_token_ids(r.stop_ids, vocab, "--stop-ids"));
+  }
+  r.max_tokens = o.max_tokens;
+  r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .min_p = o.min_p};
+  r.seed = o.seed;
+  r.ignore_eos = o.ignore_eos;
+  r.logprobs = o.logprobs > 0 ? o.logprobs : -1;
+  r.prompt_logprobs = o.prompt_logprobs > 0 ? o.prompt_logprobs : -1;
+  return r;
+}
+
+int run(const RunOpts& o) {
+  if (Status st = check_options(o); !st.ok()) return fail(st.message());
+  // The tokenizer is needed to encode --prompt and to print text; --json with ids needs none.
+  std::optional<tok::Tokenizer> tokenizer;
+  if (!o.prompt.empty() || !o.json) {
+    auto t = tok::load_v41_tokenizer(o.tokenizer);
+    if (t.ok()) {
+      tokenizer.emplace(std::move(t).value());
+    } else if (!o.prompt.empty()) {
+      return fail("--prompt needs the tokenizer: " + t.status().message());
+    } else {
+      std::fprintf(stderr, "flashseek run: warning: no tokenizer (%s); printing token ids\n",
+                   t.status().message().c_str());
+    }
+  }
+  const auto numerics = o.numerics == "exact" ? forward::Numerics::kExact
+                                              : forward::Numerics::kReference;
+  auto model = forward::load_model(o.ckpt, numerics);
+  if (!model.ok()) return fail(model.status().message());
+  auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
+                               (*model)->config().vocab_size);
+  if (!request.ok()) return fail(request.status().message());
+  const int64_t n_prompt = int64_t(request->prompt.size());
+
+  auto engine = engine::Engine::create(**model, {.max_batch = 1});
+  if (!engine.ok()) return fail(engine.status().message());
+  auto stream = (*engine)->submit(std::move(request).value());
+  if (!stream.ok()) return fail(stream.status().message());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = (*engine)->run_until_idle();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const engine::GenerationResult result = engine::collect(**stream);
+  if (!st.ok() || result.finish == engine::FinishReason::kError)
+    return fail(result.error.empty() ? st.message() : result.error);
+
+  if (o.json) {
+    std::printf("%s\n", engine::run_result_json(result, {.prompt_logprobs = o.prompt_logprobs > 0,
+                                                         .logprobs = o.logprobs > 0})
+                            .c_str());
+  } else if (tokenizer) {
+    std::printf("%s\n", tokenizer->decode(result.tokens).c_str());
+  } else {
+    for (size_t i = 0; i < result.tokens.size(); ++i)
+      std::printf("%s%d", i ? "," : "", result.tokens[i]);
+    std::printf("\n");
+  }
+  std::fprintf(stderr, "prompt %lld tokens, generated %zu tokens (%s) in %.3f s: %.2f tok/s\n",
+               static_cast<long long>(n_prompt), result.tokens.size(),
+               engine::finish_reason_name(result.finish), secs,
+               secs > 0 ? double(result.tokens.size()) / secs : 0.0);
+  return 0;
+}
+
+std::function<int()> setup(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "generate from a prompt with a checkpoint (one request)");
+  auto o = std::make_shared<RunOpts>();
+  cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  cmd->add_option("--prompt-ids", o->prompt_ids, "token ids: 1,2,3 or @file.json (JSON array)");
+  cmd->add_option("--prompt", o->prompt, "prompt text (needs the tokenizer)");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.json (default: $FLASHSEEK_TOKENIZER, models/tokenizer/tokenizer.json)");
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate at most")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "0: off")->capture_default_str();
+  cmd->add_option("--min-p", o->min_p, "0: off")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--stop-ids", o->stop_ids, "extra stop token ids: 5,6");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating after EOS");
+  cmd->add_option("--prompt-logprobs", o->prompt_logprobs, "top-K per prompt position (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--logprobs", o->logprobs, "top-K per generated token (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--numerics", o->numerics, "exact | reference")
+      ->check(CLI::IsMember({"exact", "reference"}))
+      ->capture_default_str();
+  cmd->add_option("--speculative", o->speculative, "on | off (on: not available yet)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");
+  return [o]() -> int { return run(*o); };
+}
+
+FS_REGISTER_COMMAND("run", setup);
+
+}  // namespace
+}  // namespace flashseek::tools
