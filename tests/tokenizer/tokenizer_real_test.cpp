@@ -1,4 +1,7 @@
 // Tests on the real DeepSeek vocabulary (models/tokenizer/tokenizer.json + the V4.1 table).
+#include <atomic>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "tokenizer/tok_test_util.h"
@@ -104,6 +107,37 @@ TEST(TokenizerReal, DecodeCheckedRejectsUnknownIds) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("129280"), std::string::npos);
   EXPECT_EQ(tok->decode(Ids{30594, 129280, -5}), "你好");
+}
+
+}  // namespace
+}  // namespace flashseek::tok
+
+namespace flashseek::tok {
+namespace {
+
+// encode() is shared by server threads: concurrent calls (sharing the word cache and using
+// per-thread PCRE2 state) must give the single-threaded answer.
+TEST(TokenizerReal, ConcurrentEncodeMatchesSerial) {
+  FS_REQUIRE_REAL_TOKENIZER(tok);
+  std::string error;
+  const auto docs = testing::load_corpus(&error);
+  ASSERT_FALSE(docs.empty()) << error;
+  std::vector<std::vector<int32_t>> serial;
+  for (size_t d = 0; d < docs.size(); d += 5) serial.push_back(tok->encode(docs[d]));
+  tok->bpe().clear_cache();
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread walks the documents in a different order.
+      for (size_t k = 0; k < serial.size(); ++k) {
+        const size_t i = (k * (2 * t + 1) + static_cast<size_t>(t) * 13) % serial.size();
+        if (tok->encode(docs[i * 5]) != serial[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace
