@@ -1,5 +1,6 @@
 // Checkpoint validation on deliberately broken copies of a make-tiny checkpoint: every problem
 // is an error naming the tensor and the file; unexpected tensors are warnings.
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -100,7 +101,11 @@ const BrokenCase kBroken[] = {
      [](Tensors& t) { t["layers.0.ffn.gate.bias"].dtype = DType::kI32; }, "layers.0.ffn.gate.bias", "dtype"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, BrokenCheckpoint, ::testing::ValuesIn(kBroken));
+INSTANTIATE_TEST_SUITE_P(Cases, BrokenCheckpoint, ::testing::ValuesIn(kBroken), [](const auto& info) {
+  std::string n;
+  for (const char* c = info.param.what; *c; ++c) n += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
+  return n;
+});
 
 TEST(Checkpoint, UnexpectedTensorIsAWarning) {
   testutil::TempDir d;

@@ -7,6 +7,7 @@
 
 #include "model/checkpoint.h"
 #include "model_test_util.h"
+#include "test_util.h"
 
 namespace flashseek::model {
 namespace {
@@ -16,26 +17,13 @@ struct CmdResult {
   std::string out;
 };
 
+// The built binary (FLASHSEEK_BIN overrides the build path, tests/test_util.h).
 CmdResult run(const std::string& args) {
-  const char* bin = std::getenv("FLASHSEEK_BIN");
-  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  auto r = flashseek::testing::run_command(flashseek::testing::flashseek_bin() + " " + args);
+  return {r.exit_code, r.output};
 }
 
-class CliModel : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!std::getenv("FLASHSEEK_BIN")) GTEST_SKIP() << "FLASHSEEK_BIN not set (run through ctest)";
-  }
-};
-
-TEST_F(CliModel, MakeTinyDemoLoadsAndInspects) {
+TEST(CliModel, MakeTinyDemoLoadsAndInspects) {
   testutil::TempDir d;
   const auto t0 = std::chrono::steady_clock::now();
   CmdResult r = run("make-tiny --config demo --seed 3 --out " + d.path());
@@ -60,7 +48,7 @@ TEST_F(CliModel, MakeTinyDemoLoadsAndInspects) {
   EXPECT_EQ(j["total"]["tensors"], int64_t(ck->shards().size()));
 }
 
-TEST_F(CliModel, MakeTinyFromConfigFileAndBf16) {
+TEST(CliModel, MakeTinyFromConfigFileAndBf16) {
   testutil::TempDir d;
   CmdResult r = run("make-tiny --config " + testutil::fixture_dir() + "/config.json --dtype bf16 --seed 1 --out " + d.path());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -70,7 +58,7 @@ TEST_F(CliModel, MakeTinyFromConfigFileAndBf16) {
   EXPECT_EQ(ck->find("layers.1.engram.embed.weight")->dtype, DType::kF8E4M3);
 }
 
-TEST_F(CliModel, BadInputsFailWithAMessage) {
+TEST(CliModel, BadInputsFailWithAMessage) {
   testutil::TempDir d;
   CmdResult a = run("make-tiny --config no-such-config --out " + d.path());
   EXPECT_NE(a.code, 0);

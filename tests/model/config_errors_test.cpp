@@ -1,4 +1,5 @@
 // Malformed configs: each mutation of a valid config must fail with an error naming the field.
+#include <cctype>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -86,7 +87,15 @@ const Case kCases[] = {
     {"negative eps", [](json& j) { tc(j)["rms_norm_eps"] = -1e-6; }, "rms_norm_eps"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Mutations, ConfigErrors, ::testing::ValuesIn(kCases));
+// Test names from the case description, letters and digits only (ctest-friendly).
+std::string case_name(const char* what) {
+  std::string n;
+  for (const char* c = what; *c; ++c) n += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mutations, ConfigErrors, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return case_name(info.param.what); });
 
 TEST(ConfigErrorsMisc, BadJsonAndWrongTopLevel) {
   auto a = parse_config("{\"text_config\": ", "broken.json");

@@ -8,6 +8,7 @@
 #include "model/counts.h"
 #include "model/make_tiny.h"
 #include "model_test_util.h"
+#include "test_util.h"
 
 namespace flashseek::model {
 namespace {
@@ -97,16 +98,10 @@ TEST(Counts, FixtureValidatesCleanly) {
 
 // The ctest-visible CLI contract: `inspect --config` prints the spec totals.
 TEST(Counts, InspectCliOnRealConfig) {
-  const char* bin = std::getenv("FLASHSEEK_BIN");
-  if (!bin) GTEST_SKIP() << "FLASHSEEK_BIN not set (run through ctest)";
-  const std::string cmd = std::string(bin) + " inspect --json --config " +
-                          testutil::source_path("tests/model/data/v41-flash-config.json") + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  auto r = flashseek::testing::run_command(flashseek::testing::flashseek_bin() + " inspect --json --config " +
+                                           testutil::source_path("tests/model/data/v41-flash-config.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string& out = r.output;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["total"]["tensors"], 96085);
   EXPECT_EQ(j["total"]["params"], 763205315794LL);
