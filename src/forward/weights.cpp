@@ -106,23 +106,6 @@ Status load_ffn(const Checkpoint& ck, int layer, FfnWeights& f) {
   return get(ck, p + "shared_experts.w3.weight", I * D, f.s_w3);
 }
 
-// Hash multipliers come from numpy PCG64 (v41 §4.4): read them from engram_token_map.json when
-// present, else use the values the spec pins for the release and the §8 tiny layout.
-Result<std::vector<int64_t>> known_multipliers(int layer, int64_t cvocab, int64_t n) {
-  struct Known { int layer; int64_t cvocab; std::vector<int64_t> m; };
-  static const Known kKnown[] = {
-      {1, 99092, {76632096046245, 4839876093313, 35959672319349, 73987337458391}},
-      {14, 99092, {67716810739261, 51510806800915, 30921347202721, 82619226485591}},
-      {1, 256, {29662608052400909, 1873410163432121, 13919202536988139}},
-      {4, 256, {31841131192811251, 1950019090429101, 28509641033320619}}};
-  for (const auto& k : kKnown) {
-    if (k.layer == layer && k.cvocab == cvocab && int64_t(k.m.size()) >= n)
-      return std::vector<int64_t>(k.m.begin(), k.m.begin() + n);
-  }
-  return not_found("engram layer {}: hash multipliers unknown for compressed vocab {} (add "
-                   "\"multipliers\" to engram_token_map.json)", layer, cvocab);
-}
-
 Status load_engram(const Checkpoint& ck, ModelWeights& mw) {
   const ModelConfig& c = ck.config();
   const int64_t n_eng = int64_t(c.engram_layer_ids.size());
@@ -164,10 +147,12 @@ Status load_engram(const Checkpoint& ck, ModelWeights& mw) {
                               c.engram_num_embeddings[size_t(i)], e.layout.n_rows());
     if (tm.contains("multipliers")) {
       e.layout.multipliers = tm["multipliers"][size_t(i)].get<std::vector<int64_t>>();
-    } else {
-      FS_ASSIGN_OR_RETURN(e.layout.multipliers,
-                          known_multipliers(layer, c.engram_compressed_vocab_size, c.engram_max_ngram_size));
+    } else {  // numpy PCG64 re-implemented (v41 §4.4); seeded by the layer id
+      e.layout.multipliers = ops::engram_multipliers(layer, c.engram_compressed_vocab_size, c.engram_max_ngram_size);
     }
+    if (int64_t(e.layout.multipliers.size()) != c.engram_max_ngram_size)
+      return invalid_argument("{}: engram layer {} needs {} multipliers, got {}", path.string(), layer,
+                              c.engram_max_ngram_size, e.layout.multipliers.size());
     const std::string p = fmt::format("layers.{}.engram.", layer);
     e.table = p + "embed.weight";
     FS_ASSIGN_OR_RETURN(auto tv, ck.find(e.table));

@@ -22,6 +22,12 @@ struct EngramLayout {
 std::vector<EngramLayout> engram_layouts(int64_t n_layers, int64_t max_ngram, int64_t n_heads,
                                          int64_t vocab_size);
 
+// Hash multipliers of engram layer `layer_id` (v41 §4.4): numpy
+// `default_rng(10007·layer_id).integers(0, bound, size=n)` with
+// bound = floor(floor((2^63−1) / compressed_vocab) / 2), each value v stored as 2v+1.
+// Re-implements numpy's SeedSequence, PCG64 and Lemire bounded sampling exactly.
+std::vector<int64_t> engram_multipliers(int64_t layer_id, int64_t compressed_vocab, int64_t n);
+
 // Hash row ids (v41 §4.5) for `n` positions. `ctx` holds compressed ids (kEngramDead for DEAD)
 // of positions first_pos − n_back … first_pos + n − 1, where n_back = min(first_pos, N − 1);
 // ids_out [n, n_cols] are global row ids (offsets included).

@@ -116,3 +116,21 @@ TEST(Engram, GateMatchesDoubleAndDeadAddsNothing) {
 }
 
 }  // namespace flashseek::ops
+
+namespace flashseek::ops {
+
+// numpy default_rng(10007·L).integers(0, bound, n) · 2 + 1, against the values the spec pins
+// (v41 §4.4 release layout, §8 tiny layout).
+TEST(Engram, MultipliersReproduceNumpyPcg64) {
+  EXPECT_EQ(engram_multipliers(1, 99092, 4),
+            (std::vector<int64_t>{76632096046245, 4839876093313, 35959672319349, 73987337458391}));
+  EXPECT_EQ(engram_multipliers(14, 99092, 4),
+            (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
+  EXPECT_EQ(engram_multipliers(1, 256, 3),
+            (std::vector<int64_t>{29662608052400909, 1873410163432121, 13919202536988139}));
+  EXPECT_EQ(engram_multipliers(4, 256, 3),
+            (std::vector<int64_t>{31841131192811251, 1950019090429101, 28509641033320619}));
+  for (int64_t m : engram_multipliers(7, 129280, 4)) EXPECT_EQ(m % 2, 1);
+}
+
+}  // namespace flashseek::ops
