@@ -1,0 +1,194 @@
+// 10,000+ malformed or adversarial requests on loopback: every answer to a bad request is a
+// 4xx/5xx OpenAI error object, the server stays up, memory stays bounded, and a normal request
+// afterwards still works.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "server_fixture.h"
+
+namespace flashseek::server::testing {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+// A random JSON value of a random type (the wrong type for most fields).
+json random_value(std::mt19937& rng, int depth = 0) {
+  switch (rng() % (depth > 2 ? 7 : 9)) {
+    case 0: return nullptr;
+    case 1: return bool(rng() % 2);
+    case 2: return int64_t(rng()) - int64_t(rng()) * 4096;
+    case 3: return double(rng()) / 1e3 - 1e6;
+    case 4: return "";
+    case 5: return std::string(rng() % 3000, char('a' + rng() % 26));
+    case 6: return -1;
+    case 7: {
+      json a = json::array();
+      for (int i = int(rng() % 4); i > 0; --i) a.push_back(random_value(rng, depth + 1));
+      return a;
+    }
+    default: {
+      json o = json::object();
+      for (int i = int(rng() % 4); i > 0; --i) o["k" + std::to_string(rng() % 5)] = random_value(rng, depth + 1);
+      return o;
+    }
+  }
+}
+
+const char* kFields[] = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens",
+                         "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+                         "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice",
+                         "thinking", "reasoning_effort", "echo", "prompt_logprobs", "user",
+                         "stop_token_ids", "response_format", "chat_template_kwargs"};
+
+json valid_base(bool chat) {
+  json b = {{"model", "deepseek-v4.1-flash"}, {"max_tokens", 2}};
+  if (chat) b["messages"] = json::array({{{"role", "user"}, {"content", "hi"}}});
+  else b["prompt"] = "hi";
+  return b;
+}
+
+// One adversarial body: a valid request with one field replaced by garbage, a message with
+// garbage inside, raw byte noise, truncated JSON, invalid UTF-8 or deep nesting.
+std::string adversarial_body(std::mt19937& rng, bool chat) {
+  json b = valid_base(chat);
+  switch (rng() % 8) {
+    case 0:
+    case 1:
+    case 2: b[kFields[rng() % std::size(kFields)]] = random_value(rng); break;
+    case 3:
+      if (chat) b["messages"][0][rng() % 2 ? "role" : "content"] = random_value(rng);
+      else b["prompt"] = random_value(rng);
+      break;
+    case 4: {
+      std::string s = b.dump();
+      return s.substr(0, rng() % s.size());  // truncated
+    }
+    case 5: {
+      std::string s(rng() % 200, '\0');
+      for (char& c : s) c = char(rng());
+      return s;  // noise
+    }
+    case 6: {
+      std::string s = b.dump();
+      const size_t at = s.find("hi");
+      s.replace(at, 2, std::string(1, char(0x80 | (rng() % 64))) + "\xff\xc0");
+      return s;  // invalid UTF-8 inside a string
+    }
+    default: {
+      const size_t depth = 1 + rng() % 3000;
+      return std::string(depth, '[') + std::string(rng() % 2 ? depth : depth / 2, ']');
+    }
+  }
+  return b.dump();
+}
+
+// A valid response must be a completion; anything else an OpenAI error object.
+void check_response(const httplib::Result& res, const std::string& body, int& ok_count) {
+  ASSERT_TRUE(res) << "no response to: " << body.substr(0, 200);
+  if (res->status == 200 && res->get_header_value("Content-Type") == "text/event-stream") {
+    bool done = false;
+    ASSERT_FALSE(sse_events(res->body, done).empty()) << body.substr(0, 200);
+    ASSERT_TRUE(done) << body.substr(0, 200);
+    ok_count++;
+    return;
+  }
+  json j = json::parse(res->body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << res->status << " non-JSON body for: " << body.substr(0, 200);
+  if (res->status == 200) {
+    ASSERT_TRUE(j.contains("choices")) << body.substr(0, 200);
+    ok_count++;
+    return;
+  }
+  ASSERT_GE(res->status, 400);
+  ASSERT_LT(res->status, 600);
+  ASSERT_TRUE(j["error"]["message"].is_string()) << res->body;
+  ASSERT_TRUE(j["error"]["type"].is_string()) << res->body;
+}
+
+TEST(Fuzz, TenThousandAdversarialRequests) {
+  LiveServer s({}, 8, 64, 1);
+  constexpr int kThreads = 4, kPerThread = 2600;
+  std::atomic<int> ok{0}, sent{0};
+  std::atomic<int64_t> rss_after_warmup{0};
+  auto worker = [&](int t) {
+    std::mt19937 rng(1000 + t);
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(30, 0);
+    int local_ok = 0;
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool chat = rng() % 2;
+      const std::string body = adversarial_body(rng, chat);
+      auto res = c.Post(chat ? "/v1/chat/completions" : "/v1/completions", body, "application/json");
+      check_response(res, body, local_ok);
+      if (::testing::Test::HasFatalFailure()) return;
+      if (++sent == 1000) rss_after_warmup = rss_kib();
+    }
+    ok += local_ok;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(sent.load(), kThreads * kPerThread);
+  // Most mutations must be rejected (a few random values happen to be valid).
+  EXPECT_LT(ok.load(), sent.load() / 4);
+  const int64_t growth = rss_kib() - rss_after_warmup.load();
+  EXPECT_LT(growth, 64 * 1024) << "RSS grew by " << growth << " KiB";
+  // Still serving normal requests.
+  auto res = s.client().Post("/v1/chat/completions", valid_base(true).dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(s.client().Get("/healthz")->status, 200);
+}
+
+// Garbage at the HTTP level (not even a request): the server answers 4xx or closes, never dies.
+TEST(Fuzz, MalformedHttpDoesNotKillTheServer) {
+  LiveServer s;
+  std::mt19937 rng(5);
+  const std::vector<std::string> heads = {
+      "GARBAGE\r\n\r\n",
+      "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+      "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n{}",
+      "POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",
+      "POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{\"a\":",
+      "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n",
+  };
+  for (int i = 0; i < 300; ++i) {
+    std::string msg = heads[size_t(i) % heads.size()];
+    if (i >= int(heads.size())) msg.resize(rng() % (msg.size() + 1));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    (void)!write(fd, msg.data(), msg.size());
+    shutdown(fd, SHUT_WR);
+    char buf[512];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 12) {
+      const int status = std::atoi(buf + 9);  // "HTTP/1.1 400 ..."
+      EXPECT_GE(status, 400) << std::string(buf, size_t(n));
+    }
+    close(fd);
+  }
+  EXPECT_EQ(s.client().Get("/healthz")->status, 200);
+}
+
+}  // namespace
+}  // namespace flashseek::server::testing
