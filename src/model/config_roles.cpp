@@ -36,7 +36,26 @@ int last_at_or_before(const std::vector<int>& ids, int layer) {
   return best;
 }
 
+// Generous upper bounds: a corrupt config must not make the weight map allocate billions of entries.
+Status at_most(const char* field, int64_t v, int64_t limit) {
+  if (v > limit) return invalid_argument("{}: {} exceeds the supported maximum {}", field, v, limit);
+  return {};
+}
+
+Status check_limits(const ModelConfig& c) {
+  FS_RETURN_IF_ERROR(at_most("num_hidden_layers", c.num_layers, 1024));
+  FS_RETURN_IF_ERROR(at_most("num_nextn_predict_layers", c.num_mtp_layers, 64));
+  FS_RETURN_IF_ERROR(at_most("n_routed_experts", c.n_routed_experts, 1 << 16));
+  FS_RETURN_IF_ERROR(at_most("dspark_n_routed_experts", c.dspark_n_routed_experts, 1 << 16));
+  FS_RETURN_IF_ERROR(at_most("hc_mult", c.hc_mult, 64));
+  FS_RETURN_IF_ERROR(at_most("engram_max_ngram_size", c.engram_max_ngram_size, 64));
+  FS_RETURN_IF_ERROR(at_most("engram_n_heads", c.engram_n_heads, 1 << 16));
+  FS_RETURN_IF_ERROR(at_most("vision_config.num_hidden_layers", c.vision_num_layers, 1024));
+  return {};
+}
+
 Status check_dims(const ModelConfig& c) {
+  FS_RETURN_IF_ERROR(check_limits(c));
   FS_RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
   FS_RETURN_IF_ERROR(positive("hidden_size", c.hidden_size));
   FS_RETURN_IF_ERROR(positive("num_hidden_layers", c.num_layers));

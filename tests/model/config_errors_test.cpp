@@ -85,6 +85,9 @@ const Case kCases[] = {
     {"unknown scoring", [](json& j) { tc(j)["scoring_func"] = "tanh"; }, "scoring_func"},
     {"zero window", [](json& j) { tc(j)["sliding_window"] = 0; }, "sliding_window"},
     {"negative eps", [](json& j) { tc(j)["rms_norm_eps"] = -1e-6; }, "rms_norm_eps"},
+    {"absurd expert count", [](json& j) { tc(j)["n_routed_experts"] = 1000000000; }, "n_routed_experts"},
+    {"int too wide for 32 bits", [](json& j) { tc(j)["candidate_source_layer_id"] = 1LL << 40; },
+     "candidate_source_layer_id"},
 };
 
 // Test names from the case description, letters and digits only (ctest-friendly).

@@ -137,6 +137,19 @@ TEST(Config, ReferenceNamesMatchHfNames) {
   }
 }
 
+// The real configs survive a trip through both writers (reference names for inference/config.json).
+TEST(Config, RealConfigsRoundTripThroughReferenceNames) {
+  for (const json& j : {real_v41(), real_v4()}) {
+    ModelConfig c = parse_ok(j.dump(), "real");
+    ModelConfig ref = parse_ok(config_to_ref_json(c), "ref");
+    ModelConfig hf = parse_ok(config_to_hf_json(c), "hf");
+    expect_same_roles(c, ref);
+    expect_same_roles(c, hf);
+    EXPECT_EQ(config_to_hf_json(ref), config_to_hf_json(c));
+    EXPECT_EQ(config_to_hf_json(hf), config_to_hf_json(c));
+  }
+}
+
 TEST(Config, TinyV41RolesPerSpec) {
   auto c = builtin_config("tiny-v41");
   ASSERT_TRUE(c.ok());
