@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "engine/engine.h"
 #include "engine/run_contract.h"
@@ -95,9 +96,17 @@ int run(const RunOpts& o) {
   if (!engine.ok()) return fail(engine.status().message());
   auto stream = (*engine)->submit(std::move(request).value());
   if (!stream.ok()) return fail(stream.status().message());
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = (*engine)->run_until_idle();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Steps on this thread (no scheduler thread): the first token marks the end of the prefill, so
+  // prompt and decode speeds are reported separately.
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  std::optional<Clock::time_point> t_first;
+  Status st;
+  while (st.ok() && !(*stream)->finished()) {
+    st = (*engine)->step();
+    if (!t_first && (*engine)->stats().generated_tokens > 0) t_first = Clock::now();
+  }
+  const auto t_end = Clock::now();
   const engine::GenerationResult result = engine::collect(**stream);
   if (!st.ok() || result.finish == engine::FinishReason::kError)
     return fail(result.error.empty() ? st.message() : result.error);
@@ -113,10 +122,17 @@ int run(const RunOpts& o) {
       std::printf("%s%d", i ? "," : "", result.tokens[i]);
     std::printf("\n");
   }
-  std::fprintf(stderr, "prompt %lld tokens, generated %zu tokens (%s) in %.3f s: %.2f tok/s\n",
-               static_cast<long long>(n_prompt), result.tokens.size(),
-               engine::finish_reason_name(result.finish), secs,
-               secs > 0 ? double(result.tokens.size()) / secs : 0.0);
+  auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  const double total = secs(t_end - t0);
+  const double prefill = t_first ? secs(*t_first - t0) : total;
+  const double decode = total - prefill;
+  const size_t n = result.tokens.size();
+  std::fprintf(stderr,
+               "prompt %lld tokens in %.3f s (%.1f tok/s); generated %zu tokens (%s) in %.3f s; "
+               "decode %.1f tok/s\n",
+               static_cast<long long>(n_prompt), prefill, prefill > 0 ? n_prompt / prefill : 0.0,
+               n, engine::finish_reason_name(result.finish), total,
+               n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
   return 0;
 }
 
