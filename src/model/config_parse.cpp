@@ -156,6 +156,7 @@ Status read_quantization(const JsonFields& top, ModelConfig& c) {
   FS_ASSIGN_OR_RETURN(const json* q, top.opt_object("quantization_config"));
   c.fp8_weights = q != nullptr;
   c.fp4_experts = false;
+  c.weight_block_size = c.is_v41() ? 32 : 128;  // the family's block, should FP8 tensors appear anyway
   if (!q) return read_expert_dtype(top, c);  // V4 writes expert_dtype at the top level
   JsonFields f(*q, top.path("quantization_config."));
   std::string method;

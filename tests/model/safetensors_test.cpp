@@ -70,6 +70,34 @@ TEST(Safetensors, RoundTripEveryDtype) {
   EXPECT_EQ((8 + hlen) % 8, 0u);
 }
 
+// Random byte corruption of a valid file: open() either fails with a Status or yields tensors
+// that all lie inside the file; it never crashes.
+TEST(Safetensors, CorruptedHeadersNeverEscapeTheFile) {
+  testutil::TempDir d;
+  SafetensorsWriter w;
+  ASSERT_TRUE(w.add("a.weight", DType::kBF16, {3, 5}, std::vector<uint8_t>(30, 1)).ok());
+  ASSERT_TRUE(w.add("b", DType::kF8E4M3, {7}, std::vector<uint8_t>(7, 2)).ok());
+  ASSERT_TRUE(w.write(d / "ok.safetensors").ok());
+  const std::string good = testutil::read_file(d / "ok.safetensors");
+  Rng rng(17);
+  int failures = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string bad = good;
+    const int flips = 1 + int(rng.below(3));
+    for (int k = 0; k < flips; ++k) bad[rng.below(std::min<uint64_t>(bad.size(), 120))] = char(rng.below(256));
+    if (rng.below(4) == 0) bad.resize(rng.below(bad.size()));
+    testutil::write_file(d / "bad.safetensors", bad);
+    auto f = SafetensorsFile::open(d / "bad.safetensors");
+    if (!f.ok()) {
+      ++failures;
+      EXPECT_NE(f.status().message().find("bad.safetensors"), std::string::npos) << f.status().message();
+      continue;
+    }
+    for (const auto& t : f->tensors()) EXPECT_LE(t.offset + t.nbytes, bad.size()) << t.name;
+  }
+  EXPECT_GT(failures, 0);
+}
+
 TEST(Safetensors, WriterRejectsSizeMismatch) {
   SafetensorsWriter w;
   Status st = w.add("x", DType::kBF16, {3, 3}, std::vector<uint8_t>(17));
