@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU check: build, run the CUDA tests and `flashseek bench`, write a results table.
+#
+#   scripts/gpu-check.sh            on the GPU box: configure + build (Release, archs 90a, ninja
+#                                   -j16) when the build dependencies are installed there; else
+#                                   run the binaries packed by `pack` (build-cuda/pack).
+#   scripts/gpu-check.sh pack       on a dev machine with the dependencies: build the test and
+#                                   flashseek binaries into build-cuda and copy them with their
+#                                   non-system shared libraries to build-cuda/pack (the GPU image
+#                                   may lack nlohmann-json/fmt/spdlog/GTest/PCRE2...).
+#                                   FLASHSEEK_GPU_PREBUILT=1 skips the build and uses the pack.
+#   scripts/gpu-check.sh archs      compile-only check of the CUDA code for 90a;100a;103a.
+#
+# Results go to $OUT (if set) else build-gpu/results: log, tests.txt, bench.md, results.md.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+export PATH="/usr/local/cuda/bin:$PATH"
+mode="${1:-run}"
+
+if [ "$mode" = pack ]; then
+  set -e
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a >/dev/null
+  ninja -C build-cuda -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda flashseek
+  rm -rf build-cuda/pack && mkdir -p build-cuda/pack/bin build-cuda/pack/lib
+  cp build-cuda/tests/test_ops_cuda build-cuda/bin/flashseek build-cuda/pack/bin/
+  # Shared libraries outside glibc/libstdc++ travel with the binaries.
+  for b in build-cuda/pack/bin/*; do
+    ldd "$b" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux|libgcc_s|libstdc\+\+)[.-]' || true
+  done | sort -u | xargs -r -I{} cp -L {} build-cuda/pack/lib/
+  du -sh build-cuda/pack
+  exit 0
+fi
+
+if [ "$mode" = archs ]; then
+  set -e
+  cmake -S . -B build-cuda-archs -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHSEEK_CUDA_ARCHS="90a;100a;103a" >/dev/null
+  ninja -C build-cuda-archs -j"${FLASHSEEK_JOBS:-2}" fs_ops_cuda
+  echo "archs 90a;100a;103a: fs_ops_cuda compiled"
+  exit 0
+fi
+
+out="${OUT:-$here/build-gpu/results}"
+mkdir -p "$out"
+log="$out/log"
+exec > >(tee -a "$log") 2>&1
+echo "== gpu-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+
+bin_dir=""
+if [ "${FLASHSEEK_GPU_PREBUILT:-0}" = 1 ]; then
+  echo "FLASHSEEK_GPU_PREBUILT=1: skipping the build here"
+elif cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a \
+     >"$out/configure.txt" 2>&1; then
+  if ninja -C build-gpu -j16 test_ops_cuda flashseek >"$out/build.txt" 2>&1; then
+    bin_dir=build-gpu
+    (cd build-gpu && ctest -R 'Cuda' --output-on-failure) 2>&1 | tee "$out/tests.txt"
+    test_rc=${PIPESTATUS[0]}
+    fs_bin=build-gpu/bin/flashseek
+  else
+    echo "build on this machine failed (see build.txt)"; tail -20 "$out/build.txt"
+  fi
+else
+  echo "configure failed here (missing build dependencies?): $(grep -m1 -i 'could not\|error' "$out/configure.txt")"
+fi
+if [ -z "$bin_dir" ]; then
+  pack=build-cuda/pack
+  [ -x "$pack/bin/test_ops_cuda" ] || { echo "no build and no $pack: run 'scripts/gpu-check.sh pack' first"; exit 1; }
+  echo "using packed binaries from $pack"
+  export LD_LIBRARY_PATH="$here/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "$pack/bin/test_ops_cuda" --gtest_color=no 2>&1 | tee "$out/tests.txt"
+  test_rc=${PIPESTATUS[0]}
+  fs_bin="$pack/bin/flashseek"
+fi
+
+"$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
+bench_rc=$?
+{
+  echo "# gpu-check $(date -u +%F) $(git rev-parse --short HEAD 2>/dev/null || true)"
+  echo "tests rc=$test_rc, bench rc=$bench_rc"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/tests.txt" || grep -E 'tests passed|tests failed' "$out/tests.txt"
+  echo
+  cat "$out/bench.md" 2>/dev/null
+} > "$out/results.md"
+cat "$out/results.md"
+[ "$test_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,48 @@
+// CPU twins of the block-scaled linears (ops/linear_quant.h): the straightforward dequantise +
+// FP32 dot that the CUDA kernels are compared against.
+#include "ops/linear_quant.h"
+
+#include <vector>
+
+#include "core/numeric.h"
+#include "ops/linear.h"
+#include "ops/quant.h"
+
+namespace flashseek::ops {
+
+namespace {
+// Dequantised row `r` of an [n, k] weight in either format.
+void dequant_row(const BlockLinearParams& p, int64_t r, float* out) {
+  if (p.format == WeightFormat::kFp8) {
+    const int64_t kb = p.k / p.w_block;
+    const uint8_t* s = p.w_scale + (r / p.w_block) * kb;
+    for (int64_t i = 0; i < p.k; ++i) out[i] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+  } else {
+    const uint8_t* codes = p.w + r * (p.k / 2);
+    const uint8_t* s = p.w_scale + r * (p.k / 32);
+    for (int64_t i = 0; i < p.k; ++i) {
+      const uint8_t byte = codes[i / 2];
+      const uint8_t nib = (i % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      out[i] = e2m1_to_f32(nib) * e8m0_to_f32(s[i / 32]);
+    }
+  }
+}
+}  // namespace
+
+Status block_linear_ref(const BlockLinearParams& p) {
+  FS_RETURN_IF_ERROR(validate(p));
+  std::vector<float> xq(p.x, p.x + p.m * p.k);
+  fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
+  std::vector<float> wrow(static_cast<size_t>(p.k));
+  for (int64_t r = 0; r < p.n; ++r) {
+    dequant_row(p, r, wrow.data());
+    for (int64_t t = 0; t < p.m; ++t) {
+      const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+      if (p.bf16_out) static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
+      else static_cast<float*>(p.y)[t * p.n + r] = v;
+    }
+  }
+  return {};
+}
+
+}  // namespace flashseek::ops

@@ -1,0 +1,59 @@
+// CPU twin of the grouped expert GEMV (ops/moe_quant.h), built on block_linear_ref so both
+// formats share one dequantisation path.
+#include "ops/moe_quant.h"
+
+#include <vector>
+
+#include "ops/moe.h"
+
+namespace flashseek::ops {
+
+namespace {
+Status check_indices(const ExpertGemvParams& p, int64_t x_rows) {
+  if (p.group_start[0] != 0 || p.group_start[p.n_groups] != p.n_pairs)
+    return invalid_argument("expert_gemv: group_start must run from 0 to n_pairs={}", p.n_pairs);
+  for (int64_t g = 0; g < p.n_groups; ++g) {
+    if (p.group_start[g + 1] < p.group_start[g])
+      return invalid_argument("expert_gemv: group_start[{}] decreases", g + 1);
+    if (p.group_expert[g] < 0 || p.group_expert[g] >= p.n_experts)
+      return out_of_range("expert_gemv: group_expert[{}]={} outside [0, {})", g, p.group_expert[g],
+                          p.n_experts);
+  }
+  for (int64_t i = 0; i < p.n_pairs; ++i) {
+    const int64_t row = p.pair_row ? p.pair_row[i] : i;
+    if (row < 0 || row >= x_rows)
+      return out_of_range("expert_gemv: pair_row[{}]={} outside [0, {})", i, row, x_rows);
+  }
+  return {};
+}
+}  // namespace
+
+Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
+  FS_RETURN_IF_ERROR(validate(p));
+  FS_RETURN_IF_ERROR(check_indices(p, x_rows));
+  std::vector<float> g(static_cast<size_t>(p.n)), u(static_cast<size_t>(p.n));
+  for (int64_t grp = 0; grp < p.n_groups; ++grp) {
+    const int64_t e = p.group_expert[grp];
+    for (int64_t i = p.group_start[grp]; i < p.group_start[grp + 1]; ++i) {
+      const int64_t row = p.pair_row ? p.pair_row[i] : i;
+      BlockLinearParams lp;
+      lp.x = p.x + row * p.k;
+      lp.m = 1, lp.n = p.n, lp.k = p.k;
+      lp.format = p.format, lp.w_block = p.w_block, lp.act_block = p.act_block;
+      lp.w = p.w + e * p.expert_stride;
+      lp.w_scale = p.w_scale + e * p.expert_scale_stride;
+      lp.y = p.w_up ? g.data() : p.y + i * p.n;
+      FS_RETURN_IF_ERROR(block_linear_ref(lp));
+      if (!p.w_up) continue;
+      lp.w = p.w_up + e * p.expert_stride;
+      lp.w_scale = p.w_up_scale + e * p.expert_scale_stride;
+      lp.y = u.data();
+      FS_RETURN_IF_ERROR(block_linear_ref(lp));
+      swiglu(g.data(), u.data(), p.y + i * p.n, p.n, p.swiglu_limit,
+             p.pair_weight ? p.pair_weight[i] : 1.0f);
+    }
+  }
+  return {};
+}
+
+}  // namespace flashseek::ops

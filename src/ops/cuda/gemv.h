@@ -1,0 +1,20 @@
+// CUDA launchers of the block-scaled small-M linears (tensor-core GEMV, see gemv.cu). Params and
+// numerics: ops/linear_quant.h and ops/moe_quant.h. All pointers are device pointers; nothing is
+// allocated; work is queued on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "ops/linear_quant.h"
+#include "ops/moe_quant.h"
+
+namespace flashseek::ops::cuda {
+
+// y = quant(x) · Wᵀ. Efficient for m <= 16 (weights read once); larger m loops over 16-token
+// tiles inside each block, re-reading its weight tile.
+Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream);
+
+// Grouped expert GEMV (gate/up fused SwiGLU when p.w_up is set). Groups larger than 16 pairs are
+// handled in 16-pair tiles.
+Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda

@@ -1,0 +1,26 @@
+// Internal interface between gemv.cpp (checks, Status) and gemv.cu (kernels). Kept free of
+// core/status.h: nvcc's host pass cannot compile the fmt headers it pulls in.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+struct GemvArgs {
+  const float* x;
+  const uint8_t *w, *ws, *wu, *wsu;  // wu/wsu: up matrix (gated) or null
+  int64_t e_stride, e_sstride;       // bytes between experts
+  const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens
+  const float* pair_weight;
+  void* y;
+  int64_t m;
+  int n, k, w_block, act_block;
+  bool bf16_out;
+  float limit;
+};
+
+// Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
+cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda::detail

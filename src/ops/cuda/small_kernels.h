@@ -1,0 +1,39 @@
+// Internal interface between the host launchers (.cpp, Status) and the .cu kernels of RMSNorm,
+// RoPE and sparse attention. Free of core/status.h (nvcc cannot compile the fmt headers).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
+                            float eps, bool bf16_out, cudaStream_t stream);
+
+cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int64_t rows,
+                        int64_t n_vec, int64_t vec_dim, int64_t rope_dim, bool inverse,
+                        bool bf16_out, cudaStream_t stream);
+
+struct AttnArgs {
+  const float* q;
+  const uint16_t* kv;
+  const int32_t* idx;
+  const float* sink;
+  float* out;
+  float* ws;  // [m, splits, heads, dim] partial outputs, then [m, splits, heads, 2] (max, sum)
+  int m, n_idx, n_rows, heads, dim, splits;
+  float scale;
+};
+cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda::detail
+
+namespace flashseek::ops::cuda::detail {
+
+// Benchmark/test data made on the GPU (a counter hash, no state): kind 0 = any byte,
+// 1 = e4m3 code without NaN, 2 = e8m0 scale in [2^-8, 2^-4].
+cudaError_t launch_fill_bytes(uint8_t* p, int64_t n, uint64_t seed, int kind, cudaStream_t stream);
+// Uniform floats in [-scale, scale).
+cudaError_t launch_fill_floats(float* p, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,44 @@
+// Block-scaled low-precision linears as the GPU runs them, with one params struct shared by the
+// CUDA launcher (ops/cuda/block_linear.h) and its CPU twin (block_linear_ref), so that the two can
+// be compared on identical inputs.
+//
+// Numerics (reference mode, v41 §1.4): the FP32 input is FP8-E4M3 quantised per `act_block`
+// contiguous elements with a power-of-two (UE8M0) scale, the weight is dequantised with its E8M0
+// block scales, products are accumulated in FP32. FP4 (MXFP4) weights are e2m1 nibbles with one
+// E8M0 scale per 32 inputs of a row.
+#pragma once
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace flashseek::ops {
+
+enum class WeightFormat : uint8_t {
+  kFp8,  // e4m3 codes [n, k] + e8m0 scales [ceil(n/w_block), k/w_block]
+  kFp4,  // packed e2m1 [n, k/2] (low nibble = even k) + e8m0 scales [n, k/32]
+};
+
+struct BlockLinearParams {
+  const float* x = nullptr;        // [m, k] FP32 activations
+  const uint8_t* w = nullptr;      // weight codes, see WeightFormat
+  const uint8_t* w_scale = nullptr;
+  void* y = nullptr;               // [m, n] float, or BF16 bits (uint16_t) when bf16_out
+  int64_t m = 0, n = 0, k = 0;
+  WeightFormat format = WeightFormat::kFp8;
+  int64_t w_block = 32;            // FP8 scale block edge: 32 (V4.1) or 128 (V4); FP4 ignores it
+  int64_t act_block = 32;          // activation quant block: 32 (V4.1) or 128 (V4)
+  bool bf16_out = false;
+};
+
+// Shape rules shared by both backends: k a multiple of 32, of act_block and (FP8) of w_block;
+// act_block in {32, 128}; w_block in {32, 128}; non-null pointers.
+Status validate(const BlockLinearParams& p);
+
+// Bytes of the weight codes and of the scales for one [n, k] matrix of the given format.
+int64_t weight_code_bytes(WeightFormat f, int64_t n, int64_t k);
+int64_t weight_scale_bytes(WeightFormat f, int64_t n, int64_t k, int64_t w_block);
+
+// CPU twin (ops/cpu/linear_quant.cpp): dequantise, quantise x, FP32 dot per output.
+Status block_linear_ref(const BlockLinearParams& p);
+
+}  // namespace flashseek::ops

@@ -1,0 +1,42 @@
+// Grouped expert GEMV for MoE decode: the (token, expert) pairs of a step are grouped by expert
+// so that each expert's weights are read once for all tokens routed to it. One params struct is
+// shared by the CUDA launcher (ops/cuda/expert_gemv.h) and the CPU twin (expert_gemv_ref).
+//
+// Without `w_up`:  y[p] = xq[row(p)] · W[e(p)]ᵀ                       (e.g. w2)
+// With `w_up`:     y[p] = swiglu(xq·W_gateᵀ, xq·W_upᵀ, limit) · weight[p]  (w1 ‖ w3 fused)
+// where xq is the FP8 (act_block) quant-dequant of x and row(p) = pair_row[p] (or p if null).
+#pragma once
+#include <cstdint>
+
+#include "ops/linear_quant.h"
+
+namespace flashseek::ops {
+
+struct ExpertGemvParams {
+  const float* x = nullptr;            // [rows, k] FP32 inputs
+  const uint8_t* w = nullptr;          // [n_experts] matrices [n, k] (gate when w_up is set)
+  const uint8_t* w_scale = nullptr;
+  const uint8_t* w_up = nullptr;       // nullable: same layout as w (fused SwiGLU)
+  const uint8_t* w_up_scale = nullptr;
+  int64_t expert_stride = 0;           // bytes between experts' codes (0: one shared matrix)
+  int64_t expert_scale_stride = 0;     // bytes between experts' scales
+  const int32_t* group_expert = nullptr;  // [n_groups] expert id of each group
+  const int32_t* group_start = nullptr;   // [n_groups + 1] pairs of group g: [start[g], start[g+1])
+  const int32_t* pair_row = nullptr;      // [n_pairs] input row of each pair; null: row = pair
+  const float* pair_weight = nullptr;     // [n_pairs] routing weight (gated only); null: 1
+  float* y = nullptr;                     // [n_pairs, n]
+  int64_t n_groups = 0, n_pairs = 0, n_experts = 0, n = 0, k = 0;
+  WeightFormat format = WeightFormat::kFp4;
+  int64_t w_block = 32;
+  int64_t act_block = 32;
+  float swiglu_limit = 0;              // <= 0: no clamp
+};
+
+// Host-checkable rules (index arrays live on the device and are not read here).
+Status validate(const ExpertGemvParams& p);
+
+// CPU twin (ops/cpu/moe_quant.cpp). All pointers are host pointers here; it also checks the
+// index arrays (group order, expert ids, rows) and reports the first bad entry.
+Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows);
+
+}  // namespace flashseek::ops

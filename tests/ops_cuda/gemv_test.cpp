@@ -1,0 +1,280 @@
+// GPU block-scaled linear and grouped expert GEMV against their CPU twins, on random FP8/FP4
+// weights, odd shapes (tails of rows, tokens beyond one 16-token tile, k not a multiple of 128),
+// and activation blocks with zeros and outliers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/numeric.h"
+#include "gpu_util.h"
+#include "ops/cuda/gemv.h"
+#include "ops/linear_quant.h"
+#include "ops/moe_quant.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct Weights {
+  std::vector<uint8_t> codes, scales;
+};
+
+Weights random_weights(std::mt19937& rng, WeightFormat f, int64_t n, int64_t k, int64_t w_block) {
+  Weights w;
+  w.codes.resize(size_t(weight_code_bytes(f, n, k)));
+  w.scales.resize(size_t(weight_scale_bytes(f, n, k, w_block)));
+  for (auto& c : w.codes) {
+    c = uint8_t(rng());
+    if (f == WeightFormat::kFp8 && (c & 0x7f) == 0x7f) c &= 0xfe;  // no NaN codes
+  }
+  for (auto& s : w.scales) s = uint8_t(127 - 6 + int(rng() % 9));
+  return w;
+}
+
+// Activations with per-block character: normal, all-zero (amax floor), outliers, tiny values.
+std::vector<float> random_x(std::mt19937& rng, int64_t rows, int64_t k) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * k));
+  for (int64_t b = 0; b < rows * k; b += 32) {
+    const int kind = int(rng() % 8);
+    for (int64_t i = b; i < b + 32; ++i) {
+      float v = nd(rng);
+      if (kind == 0) v = 0;
+      if (kind == 1) v *= 1e-6f;
+      if (kind == 2 && i == b + 5) v *= 3000.0f;
+      x[size_t(i)] = v;
+    }
+  }
+  return x;
+}
+
+// |codes|: the sign bits cleared, so the twin on |x|, |W| gives Σ|x_q||w| (the error scale).
+std::vector<uint8_t> abs_codes(std::vector<uint8_t> c, WeightFormat f) {
+  for (auto& b : c) b &= f == WeightFormat::kFp8 ? 0x7f : 0x77;
+  return c;
+}
+
+struct LinCase {
+  WeightFormat f;
+  int64_t m, n, k, w_block, act_block;
+};
+
+void run_linear_case(const LinCase& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " m=" << c.m << " n=" << c.n
+                                    << " k=" << c.k << " wb=" << c.w_block << " ab=" << c.act_block);
+  std::mt19937 rng(seed);
+  const Weights w = random_weights(rng, c.f, c.n, c.k, c.w_block);
+  const std::vector<float> x = random_x(rng, c.m, c.k);
+  BlockLinearParams p;
+  p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
+  std::vector<float> ref(static_cast<size_t>(c.m * c.n)), bound(ref.size());
+  p.x = x.data(), p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = ref.data();
+  FS_ASSERT_OK(block_linear_ref(p));
+  std::vector<float> xa(x);
+  for (auto& v : xa) v = std::fabs(v);
+  const std::vector<uint8_t> wa = abs_codes(w.codes, c.f);
+  p.x = xa.data(), p.w = wa.data(), p.y = bound.data();
+  FS_ASSERT_OK(block_linear_ref(p));
+
+  DeviceBuffer<float> dx(x), dy(ref.size());
+  DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+  p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy.get();
+  FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = dy.to_host();
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written or not finite";
+    const double err = std::fabs(double(got[i]) - ref[i]);
+    worst = std::max(worst, err / (double(bound[i]) + 1e-30));
+    ASSERT_LE(err, 1e-4 * bound[i] + 1e-30) << "output " << i << " gpu " << got[i] << " ref " << ref[i];
+  }
+  ::testing::Test::RecordProperty("worst_rel_to_abs_sum", std::to_string(worst));
+
+  // Same launch again: bitwise identical (fixed reduction order).
+  FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> again = dy.to_host();
+  ASSERT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * sizeof(float)));
+}
+
+TEST(CudaBlockLinear, MatchesCpuTwinOnOddShapes) {
+  FS_REQUIRE_GPU();
+  const LinCase cases[] = {
+      {WeightFormat::kFp8, 1, 1, 32, 32, 32},      {WeightFormat::kFp8, 1, 257, 640, 32, 32},
+      {WeightFormat::kFp8, 3, 33, 96, 32, 32},     {WeightFormat::kFp8, 8, 100, 1280, 32, 32},
+      {WeightFormat::kFp8, 9, 64, 2304, 32, 32},   {WeightFormat::kFp8, 16, 31, 512, 32, 32},
+      {WeightFormat::kFp8, 17, 70, 384, 32, 32},   {WeightFormat::kFp8, 33, 40, 256, 32, 32},
+      {WeightFormat::kFp8, 5, 300, 1024, 128, 128}, {WeightFormat::kFp8, 2, 129, 384, 128, 32},
+      {WeightFormat::kFp4, 1, 45, 2304, 32, 32},   {WeightFormat::kFp4, 7, 96, 160, 32, 32},
+      {WeightFormat::kFp4, 16, 257, 5120, 32, 32},
+  };
+  uint32_t seed = 1;
+  for (const auto& c : cases) run_linear_case(c, seed++);
+}
+
+TEST(CudaBlockLinear, Bf16OutputIsTheRoundedF32Output) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  const int64_t m = 4, n = 77, k = 256;
+  const Weights w = random_weights(rng, WeightFormat::kFp8, n, k, 32);
+  const std::vector<float> x = random_x(rng, m, k);
+  DeviceBuffer<float> dx(x), dyf(size_t(m * n));
+  DeviceBuffer<uint16_t> dyb(size_t(m * n));
+  DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+  BlockLinearParams p;
+  p.m = m, p.n = n, p.k = k;
+  p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dyf.get();
+  FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+  p.y = dyb.get(), p.bf16_out = true;
+  FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto f = dyf.to_host();
+  const auto b = dyb.to_host();
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], f32_to_bf16(f[i])) << i;
+}
+
+TEST(CudaBlockLinear, RejectsBadShapesWithNamedField) {
+  BlockLinearParams p;
+  float dummy = 0;
+  uint8_t b = 0;
+  p.x = &dummy, p.y = &dummy, p.w = &b, p.w_scale = &b, p.m = 1, p.n = 4, p.k = 48;
+  Status s = block_linear_ref(p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("k=48"), std::string::npos) << s.message();
+  p.k = 64, p.act_block = 64;
+  s = validate(p);
+  EXPECT_NE(s.message().find("act_block"), std::string::npos) << s.message();
+  p.act_block = 128;
+  EXPECT_FALSE(validate(p).ok());  // k=64 not a multiple of 128
+}
+
+// Random routing of `tokens` tokens to `topk` distinct experts each, grouped by expert.
+struct Routing {
+  std::vector<int32_t> group_expert, group_start, pair_row;
+  std::vector<float> pair_weight;
+};
+Routing random_routing(std::mt19937& rng, int tokens, int topk, int n_experts) {
+  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(n_experts));
+  std::vector<int32_t> ids(static_cast<size_t>(n_experts));
+  for (int t = 0; t < tokens; ++t) {
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int i = 0; i < topk; ++i) by_expert[size_t(ids[size_t(i)])].push_back(t);
+  }
+  Routing r;
+  r.group_start.push_back(0);
+  std::uniform_real_distribution<float> wd(0.1f, 1.5f);
+  for (int e = 0; e < n_experts; ++e) {
+    if (by_expert[size_t(e)].empty()) continue;
+    r.group_expert.push_back(e);
+    for (int32_t t : by_expert[size_t(e)]) r.pair_row.push_back(t), r.pair_weight.push_back(wd(rng));
+    r.group_start.push_back(int32_t(r.pair_row.size()));
+  }
+  return r;
+}
+
+void run_expert_case(WeightFormat f, int tokens, int topk, int n_experts, int64_t n, int64_t k,
+                     float limit, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "fmt=" << int(f) << " tokens=" << tokens << " topk=" << topk
+                                    << " n=" << n << " k=" << k);
+  std::mt19937 rng(seed);
+  const Routing r = random_routing(rng, tokens, topk, n_experts);
+  const int64_t cb = weight_code_bytes(f, n, k), sb = weight_scale_bytes(f, n, k, 32);
+  const Weights wg = random_weights(rng, f, n * n_experts, k, 32);
+  const Weights wu = random_weights(rng, f, n * n_experts, k, 32);
+  std::vector<float> x = random_x(rng, tokens, k);
+  for (auto& v : x) v *= 0.05f;  // keep gate/up inside the SwiGLU's sensitive range
+  ExpertGemvParams p;
+  p.x = x.data(), p.w = wg.codes.data(), p.w_scale = wg.scales.data();
+  p.w_up = wu.codes.data(), p.w_up_scale = wu.scales.data();
+  p.expert_stride = cb, p.expert_scale_stride = sb;
+  p.group_expert = r.group_expert.data(), p.group_start = r.group_start.data();
+  p.pair_row = r.pair_row.data(), p.pair_weight = r.pair_weight.data();
+  p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = int64_t(r.pair_row.size());
+  p.n_experts = n_experts, p.n = n, p.k = k, p.format = f, p.swiglu_limit = limit;
+  std::vector<float> ref(static_cast<size_t>(p.n_pairs * n));
+  p.y = ref.data();
+  FS_ASSERT_OK(expert_gemv_ref(p, tokens));
+
+  DeviceBuffer<float> dx(x), dy(ref.size()), dpw(r.pair_weight);
+  DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales);
+  DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+  p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
+  p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+  p.pair_weight = dpw.get(), p.y = dy.get();
+  FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = dy.to_host();
+  double mean_abs = 0;
+  for (float v : ref) mean_abs += std::fabs(v);
+  mean_abs /= double(ref.size());
+  ASSERT_GT(mean_abs, 0);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "pair output " << i << " not written";
+    ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-3 * (std::fabs(ref[i]) + mean_abs))
+        << "pair output " << i << " gpu " << got[i] << " ref " << ref[i];
+  }
+}
+
+TEST(CudaExpertGemv, FusedSwigluMatchesCpuTwin) {
+  FS_REQUIRE_GPU();
+  run_expert_case(WeightFormat::kFp4, 1, 6, 11, 96, 512, 7.0f, 11);
+  run_expert_case(WeightFormat::kFp4, 6, 6, 13, 200, 2304, 0.0f, 12);
+  run_expert_case(WeightFormat::kFp4, 20, 2, 3, 45, 160, 7.0f, 13);  // groups of > 16 pairs
+  run_expert_case(WeightFormat::kFp8, 3, 1, 2, 70, 384, 7.0f, 14);   // shared-expert style
+}
+
+TEST(CudaExpertGemv, DownProjectionPerPairRows) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  const int n_experts = 7, tokens = 5, topk = 3;
+  const int64_t n = 130, k = 2304;
+  const Routing r = random_routing(rng, tokens, topk, n_experts);
+  const int64_t pairs = int64_t(r.pair_row.size());
+  const Weights w = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+  const std::vector<float> h = random_x(rng, pairs, k);
+  ExpertGemvParams p;
+  p.x = h.data(), p.w = w.codes.data(), p.w_scale = w.scales.data();
+  p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+  p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+  p.group_expert = r.group_expert.data(), p.group_start = r.group_start.data();
+  p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+  p.n = n, p.k = k;
+  std::vector<float> ref(static_cast<size_t>(pairs * n));
+  p.y = ref.data();
+  FS_ASSERT_OK(expert_gemv_ref(p, pairs));
+  DeviceBuffer<float> dh(h), dy(ref.size());
+  DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+  DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start);
+  p.x = dh.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy.get();
+  p.group_expert = dge.get(), p.group_start = dgs.get();
+  FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = dy.to_host();
+  double scale = 0;
+  for (float v : ref) scale = std::max(scale, double(std::fabs(v)));
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-4 * scale) << i;
+}
+
+TEST(CudaExpertGemv, TwinRejectsBadIndices) {
+  std::vector<float> x(64, 1.0f), y(64);
+  std::vector<uint8_t> w(64 * 32, 0x22), s(64 * 2, 127);
+  std::vector<int32_t> ge = {5}, gs = {0, 1}, pr = {0};
+  ExpertGemvParams p;
+  p.x = x.data(), p.w = w.data(), p.w_scale = s.data(), p.y = y.data();
+  p.group_expert = ge.data(), p.group_start = gs.data(), p.pair_row = pr.data();
+  p.n_groups = 1, p.n_pairs = 1, p.n_experts = 2, p.n = 1, p.k = 64;
+  p.expert_stride = 32, p.expert_scale_stride = 2;
+  const Status st = expert_gemv_ref(p, 1);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("group_expert[0]=5"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda

@@ -1,0 +1,72 @@
+// `flashseek bench`: kernel-level layer-slice benchmark on the GPU (ops/cuda/layer_bench.h).
+// Without a CUDA build or a device it fails with a clear message.
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/command.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include "ops/cuda/layer_bench.h"
+#endif
+
+namespace flashseek::tools {
+namespace {
+
+std::function<int()> setup_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "GPU layer-slice benchmark at V4.1 dimensions");
+  struct Opts {
+    std::string tokens = "1,6,8,32";
+    int reps = 40;
+    int layers = 40;
+    std::string out;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
+  cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
+  cmd->add_option("--layers", o->layers, "layers for the projection");
+  cmd->add_option("--out", o->out, "also write the Markdown tables to this file");
+  return [o]() -> int {
+#if FLASHSEEK_HAVE_CUDA
+    ops::cuda::LayerBenchOptions opt;
+    opt.tokens.clear();
+    std::stringstream ss(o->tokens);
+    for (std::string t; std::getline(ss, t, ',');) {
+      try {
+        opt.tokens.push_back(std::stoi(t));
+      } catch (...) {
+        std::cerr << "bench: --tokens: '" << t << "' is not a number\n";
+        return 2;
+      }
+    }
+    opt.reps = o->reps, opt.layers = o->layers;
+    auto rep = ops::cuda::run_layer_bench(opt);
+    if (!rep.ok()) {
+      std::cerr << "bench: " << rep.status().to_string() << "\n";
+      return 1;
+    }
+    const std::string text = ops::cuda::format_layer_bench(*rep, opt);
+    std::cout << text;
+    if (!o->out.empty()) {
+      std::ofstream f(o->out);
+      if (!(f << text)) {
+        std::cerr << "bench: cannot write --out " << o->out << "\n";
+        return 1;
+      }
+    }
+    return 0;
+#else
+    std::cerr << "bench: this flashseek was built without CUDA (-DFLASHSEEK_CUDA=OFF or no nvcc); "
+                 "the benchmark needs a CUDA build and a GPU\n";
+    return 1;
+#endif
+  };
+}
+
+FS_REGISTER_COMMAND("bench", setup_bench);
+
+}  // namespace
+}  // namespace flashseek::tools
