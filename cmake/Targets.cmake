@@ -13,7 +13,8 @@ function(fs_add_library name dir)
   endif()
 endfunction()
 
-# fs_add_test_dir(DIR LIBS...): one GoogleTest binary test_<dir> from tests/<dir>/*.cpp.
+# fs_add_test_dir(DIR LIBS...): one GoogleTest binary test_<dir> from tests/<dir>/*.cpp; its tests
+# carry the ctest label test_<dir> (ctest -L test_ops_cuda selects the GPU tests).
 include(GoogleTest)
 function(fs_add_test_dir dir)
   file(GLOB _srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/${dir}/*.cpp)
@@ -29,5 +30,5 @@ function(fs_add_test_dir dir)
   add_dependencies(${_name} flashseek)
   gtest_discover_tests(${_name} DISCOVERY_TIMEOUT 60
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "cpu;${dir}" ENVIRONMENT "FLASHSEEK_BIN=$<TARGET_FILE:flashseek>")
+    PROPERTIES LABELS ${_name})
 endfunction()
