@@ -190,6 +190,7 @@ void ApiHandlers::respond_once(const httplib::Request& req, httplib::Response& r
   }
   const Usage& usage = gen.usage();
   json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+  if (p.parsed.return_token_ids) choice["token_ids"] = tokens;
   if (p.parsed.endpoint == Endpoint::kChat) {
     json msg = {{"role", "assistant"}, {"content", all.content}};
     if (!all.reasoning.empty() || p.parsed.chat.thinking) msg["reasoning_content"] = all.reasoning;

@@ -38,6 +38,7 @@ std::vector<json> step_chunks(StreamState& st, Step& step, const TextCodec& code
   PreparedRequest& p = *st.p;
   const bool chat = p.parsed.endpoint == Endpoint::kChat;
   std::vector<json> out;
+  const bool ids_pending = p.parsed.return_token_ids && !step.tokens.empty();
   json logprobs = nullptr;
   if (p.parsed.logprobs >= 0 && !step.tokens.empty()) {
     if (chat) {
@@ -48,17 +49,19 @@ std::vector<json> step_chunks(StreamState& st, Step& step, const TextCodec& code
     }
   }
   if (chat) {
-    if (st.first || !step.delta.empty() || !logprobs.is_null())
+    if (st.first || !step.delta.empty() || !logprobs.is_null() || ids_pending)
       out.push_back(chat_chunk(p.meta, chat_delta_json(step.delta, st.first), "", logprobs));
     if (step.finished && step.error.empty())
       out.push_back(chat_chunk(p.meta, json::object(), step.finish_reason, nullptr));
   } else {
     std::string text = step.text;
     if (st.first) text = p.echo_text + text;
-    if (!text.empty() || !logprobs.is_null() || (step.finished && step.error.empty()))
+    if (!text.empty() || !logprobs.is_null() || ids_pending || (step.finished && step.error.empty()))
       out.push_back(completion_chunk(p.meta, text, step.finished ? step.finish_reason : "",
                                      logprobs));
   }
+  if (p.parsed.return_token_ids && !out.empty())
+    out.front()["choices"][0]["token_ids"] = step.tokens;
   st.first = false;
   return out;
 }

@@ -89,6 +89,7 @@ MaybeError parse_sampling(const json& body, const ParseLimits& limits, ParsedReq
       return bad_request(fmt::format("'{}' other than 0 is not supported", key), key);
   }
   FS_API_TRY(fields::get_bool(body, "ignore_eos", out.ignore_eos));
+  FS_API_TRY(fields::get_bool(body, "return_token_ids", out.return_token_ids));
   FS_API_TRY(fields::get_string(body, "user", out.user));
   std::optional<int64_t> prompt_logprobs;
   FS_API_TRY(fields::get_int(body, "prompt_logprobs", 0, limits.max_logprobs, prompt_logprobs));

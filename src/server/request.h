@@ -43,6 +43,7 @@ struct ParsedRequest {
   bool ignore_eos = false;
   int64_t logprobs = -1;              // -1: off; K: chosen + top-K
   int64_t prompt_logprobs = -1;
+  bool return_token_ids = false;      // vLLM extension: generated ids in each choice
 };
 
 struct ParseLimits {
