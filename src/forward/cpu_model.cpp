@@ -41,6 +41,8 @@ std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   st->ring_size = c.window + 8;
   st->layers.resize(size_t(c.num_layers));
   for (auto& l : st->layers) l.ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
+  if (w_.has_dspark)
+    st->draft_rings.assign(size_t(c.num_mtp_layers), std::vector<float>(size_t(st->ring_size * c.head_dim), 0.0f));
   return st;
 }
 
@@ -87,30 +89,16 @@ Status CpuModel::forward_one(CpuSequenceState& st, std::span<const int32_t> toke
       std::copy_n(w_.embed.data() + int64_t(tokens[t]) * D, D, X.data() + (t * hc + i) * D);
   std::vector<float> pre_in(size_t(T * hc), 0.0f);  // V4.1: one-hot for layer 0
   for (int64_t t = 0; t < T; ++t) pre_in[t * hc] = 1.0f;
-  std::vector<float> pre_a(T * hc), post_a(T * hc), comb_a(T * hc * hc);
-  std::vector<float> pre_f(T * hc), post_f(T * hc), comb_f(T * hc * hc);
-  std::vector<float> u(size_t(T * D)), a(size_t(T * D)), f;
-  const float eps = float(c.rms_norm_eps);
-  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre, float* post, float* comb) {
-    ops::hc_mixes({X.data(), fn.data(), base.data(), scale.data(), T, hc, D, eps, float(c.hc_eps),
-                   c.hc_sinkhorn_iters, pre, post, comb});
-  };
+  std::vector<float> taps;  // [T, n_taps·D] DSpark taps (v41 §5.2)
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerWeights& L = w_.layers[size_t(l)];
     if (L.has_engram) engram(l, ctx, X);
-    mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a.data(), post_a.data(), comb_a.data());
-    // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
-    ops::hc_collapse(X.data(), v41 ? pre_in.data() : pre_a.data(), u.data(), T, hc, D, R);
-    ops::rms_norm({u.data(), L.attn_norm.data(), a.data(), T, D, eps, R});
-    attention(l, ctx, a, f);
-    ops::hc_post(f.data(), X.data(), post_a.data(), comb_a.data(), X.data(), T, hc, D, R);
-    mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f.data(), post_f.data(), comb_f.data());
-    ops::hc_collapse(X.data(), v41 ? pre_a.data() : pre_f.data(), u.data(), T, hc, D, R);
-    ops::rms_norm({u.data(), L.ffn_norm.data(), a.data(), T, D, eps, R});
-    moe(l, ctx, a, f);
-    ops::hc_post(f.data(), X.data(), post_f.data(), comb_f.data(), X.data(), T, hc, D, R);
-    pre_in = pre_f;
+    if (w_.has_dspark) append_tap(l, T, X, taps);
+    block(L, T, X, pre_in, [&](const Vec& a, Vec& f) { attention(l, ctx, a, f); },
+          [&](const Vec& m, Vec& f) { moe(L.ffn, c.n_routed_experts, c.n_experts_per_tok, tokens, m, f); });
   }
+  if (w_.has_dspark) write_draft_rings(ctx, taps);
+  const std::vector<float>& pre_f = pre_in;
   // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
   const int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
   std::vector<float> pre(size_t(nr * hc)), y(size_t(nr * D));
@@ -119,11 +107,12 @@ Status CpuModel::forward_one(CpuSequenceState& st, std::span<const int32_t> toke
     std::copy(pre_f.begin() + r0 * hc, pre_f.end(), pre.begin());
   } else {
     ops::hc_head_pre(Xr, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), pre.data(),
-                     nr, hc, D, eps, float(c.hc_eps));
+                     nr, hc, D, float(c.rms_norm_eps), float(c.hc_eps));
   }
   ops::hc_collapse(Xr, pre.data(), y.data(), nr, hc, D, R);
-  ops::rms_norm({y.data(), w_.norm.data(), y.data(), nr, D, eps, R});
+  ops::rms_norm({y.data(), w_.norm.data(), y.data(), nr, D, float(c.rms_norm_eps), R});
   const size_t off = logits.size();
+  (void)R;
   logits.resize(off + size_t(nr * V));
   ops::linear({y.data(), w_.head.data(), logits.data() + off, nr, D, V});
 
@@ -135,6 +124,32 @@ Status CpuModel::forward_one(CpuSequenceState& st, std::span<const int32_t> toke
   }
   st.len += T;
   return {};
+}
+
+void CpuModel::block(const LayerWeights& L, int64_t T, std::vector<float>& X, std::vector<float>& pre_in,
+                     const SublayerFn& attn, const SublayerFn& ffn) const {
+  const auto& c = config();
+  const bool v41 = c.is_v41(), R = ref();
+  const int64_t hc = c.hc_mult, D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  std::vector<float> pre_a(T * hc), post(T * hc), comb(T * hc * hc), pre_f(T * hc);
+  std::vector<float> u(size_t(T * D)), a(size_t(T * D)), f;
+  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre) {
+    ops::hc_mixes({X.data(), fn.data(), base.data(), scale.data(), T, hc, D, eps, float(c.hc_eps),
+                   c.hc_sinkhorn_iters, pre, post.data(), comb.data()});
+  };
+  mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a.data());
+  // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
+  ops::hc_collapse(X.data(), v41 ? pre_in.data() : pre_a.data(), u.data(), T, hc, D, R);
+  ops::rms_norm({u.data(), L.attn_norm.data(), a.data(), T, D, eps, R});
+  attn(a, f);
+  ops::hc_post(f.data(), X.data(), post.data(), comb.data(), X.data(), T, hc, D, R);
+  mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f.data());
+  ops::hc_collapse(X.data(), v41 ? pre_a.data() : pre_f.data(), u.data(), T, hc, D, R);
+  ops::rms_norm({u.data(), L.ffn_norm.data(), a.data(), T, D, eps, R});
+  ffn(a, f);
+  ops::hc_post(f.data(), X.data(), post.data(), comb.data(), X.data(), T, hc, D, R);
+  pre_in = pre_f;
 }
 
 void CpuModel::compute_engram_ids(ChunkCtx& ctx) const {

@@ -2,6 +2,7 @@
 // One code path: a prefill chunk of T tokens and a decode step (T = 1) run the same functions,
 // and every output element is computed in an order that does not depend on T or on the batch.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -33,6 +34,16 @@ struct ForwardTrace {
   std::vector<int64_t> pos;                             // [T] positions of the rows
 };
 
+// One DSpark proposal (v41 §5.4): block_size draft tokens, their Markov-corrected logits and
+// raw confidence logits.
+struct DraftBlock {
+  std::vector<int32_t> tokens;     // [B]
+  std::vector<float> logits;       // [B, V]
+  std::vector<float> confidence;   // [B]
+};
+// Picks draft token i (1-based) from its logits; default: argmax, lower id at ties.
+using DraftChooser = std::function<int32_t(int64_t i, std::span<const float> logits)>;
+
 class CpuModel final : public Model {
  public:
   static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics);
@@ -45,6 +56,10 @@ class CpuModel final : public Model {
   Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,
                                                std::span<const int32_t> tokens) const;
   Numerics numerics() const { return numerics_; }
+  bool has_draft() const { return w_.has_dspark; }
+  // DSpark proposal after the committed tokens of `state` (last position a = length − 1), with
+  // anchor `x0` (the target's token for position a + 1, not yet fed). State is unchanged.
+  Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const;
   // Records selections of subsequent forwards into `trace` (nullptr: off). Not thread-safe.
   void set_trace(ForwardTrace* trace) { trace_ = trace; }
 
@@ -59,7 +74,23 @@ class CpuModel final : public Model {
   void compress(int layer, ChunkCtx& ctx, const std::vector<float>& a);
   void index_select(int layer, ChunkCtx& ctx, const std::vector<float>& a,
                     const std::vector<float>& qlat);
-  void moe(int layer, const ChunkCtx& ctx, const std::vector<float>& m, std::vector<float>& out) const;
+  using SublayerFn = std::function<void(const Vec& in, Vec& out)>;
+  // One block on X [T, hc, D]: mixes, collapse, attn_norm, attn, post, mixes, collapse, ffn_norm,
+  // ffn, post. pre_in [T, hc] is the incoming pre (V4.1 chaining) and becomes this block's pre_f.
+  void block(const LayerWeights& L, int64_t T, std::vector<float>& X, std::vector<float>& pre_in,
+             const SublayerFn& attn, const SublayerFn& ffn) const;
+  void moe(const FfnWeights& F, int64_t n_experts, int64_t k, std::span<const int32_t> tokens,
+           const std::vector<float>& m, std::vector<float>& out) const;
+  // Query / window-KV projections of an attention (q [T, H, Dh] and kv [T, Dh] RoPE'd at pos).
+  void project_qkv(const AttentionWeights& A, const std::vector<float>& a, const std::vector<int64_t>& pos,
+                   std::vector<float>& qlat, std::vector<float>& q, std::vector<float>& kv) const;
+  // Inverse RoPE of o [T, H, Dh] at pos, grouped wo_a, wo_b → out [T, D].
+  void project_out(const AttentionWeights& A, std::vector<float>& o, const std::vector<int64_t>& pos,
+                   std::vector<float>& out) const;
+  void append_tap(int layer, int64_t T, const std::vector<float>& X, std::vector<float>& taps) const;
+  void write_draft_rings(const ChunkCtx& ctx, const std::vector<float>& taps) const;
+  void draft_attention(int stage, const CpuSequenceState& st, const std::vector<int64_t>& pos,
+                       const std::vector<float>& a, std::vector<float>& out) const;
   void linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,
               std::vector<float>& y, int64_t act_block, bool bf16_out) const;
 

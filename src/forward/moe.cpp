@@ -11,11 +11,11 @@
 
 namespace flashseek::forward {
 
-void CpuModel::moe(int l, const ChunkCtx& ctx, const std::vector<float>& m, std::vector<float>& out) const {
+void CpuModel::moe(const FfnWeights& F, int64_t E, int64_t K, std::span<const int32_t> tokens,
+                   const std::vector<float>& m, std::vector<float>& out) const {
   const auto& c = config();
-  const FfnWeights& F = w_.layers[size_t(l)].ffn;
   const bool R = ref(), v41 = c.is_v41();
-  const int64_t T = ctx.T, D = c.hidden_size, E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size;
   const int64_t I = c.moe_inter_dim;
   const float limit = float(c.swiglu_limit);
 
@@ -25,7 +25,7 @@ void CpuModel::moe(int l, const ChunkCtx& ctx, const std::vector<float>& m, std:
   std::vector<float> wt(size_t(T * K));
   for (int64_t t = 0; t < T; ++t) {
     ops::RouteParams p{logits.data() + t * E, F.bias.empty() ? nullptr : F.bias.data(), nullptr, E, K};
-    if (!F.tid2eid.empty()) p.hash_ids = F.tid2eid.data() + int64_t(ctx.tokens[t]) * K;
+    if (!F.tid2eid.empty()) p.hash_ids = F.tid2eid.data() + int64_t(tokens[t]) * K;
     p.gate_temp = float(c.gate_temp);
     p.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
     p.norm_topk = c.norm_topk_prob;

@@ -38,6 +38,7 @@ class CpuSequenceState final : public SequenceState {
   int64_t ring_size = 0;               // window + 8 (room for speculative blocks)
   std::vector<LayerState> layers;      // [num_layers]
   std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1) positions
+  std::vector<std::vector<float>> draft_rings;  // [stage][ring_size, head_dim] DSpark KV of ctx[p]
 };
 
 }  // namespace flashseek::forward

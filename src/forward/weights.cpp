@@ -30,10 +30,11 @@ Status load_compressor(const Checkpoint& ck, const std::string& p, int64_t rows,
   return get(ck, p + "norm.weight", c, w.norm);
 }
 
-Status load_attention(const Checkpoint& ck, int layer, AttentionWeights& a) {
+// `prefix` is "layers.L." or "mtp.S."; `layer` indexes the roles (num_layers + S for stages).
+Status load_attention(const Checkpoint& ck, const std::string& prefix, int layer, AttentionWeights& a) {
   const ModelConfig& c = ck.config();
   const auto& role = c.role(layer);
-  const std::string p = fmt::format("layers.{}.attn.", layer);
+  const std::string p = prefix + "attn.";
   const int64_t D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank;
   FS_RETURN_IF_ERROR(get(ck, p + "wq_a.weight", Rq * D, a.wq_a));
   FS_RETURN_IF_ERROR(get(ck, p + "q_norm.weight", Rq, a.q_norm));
@@ -75,12 +76,12 @@ Status load_attention(const Checkpoint& ck, int layer, AttentionWeights& a) {
   return {};
 }
 
-Status load_ffn(const Checkpoint& ck, int layer, FfnWeights& f) {
+Status load_ffn(const Checkpoint& ck, const std::string& prefix, bool hash_routed, int64_t E, FfnWeights& f) {
   const ModelConfig& c = ck.config();
-  const std::string p = fmt::format("layers.{}.ffn.", layer);
-  const int64_t D = c.hidden_size, E = c.n_routed_experts, I = c.moe_inter_dim;
+  const std::string p = prefix + "ffn.";
+  const int64_t D = c.hidden_size, I = c.moe_inter_dim;
   FS_RETURN_IF_ERROR(get(ck, p + "gate.weight", E * D, f.gate));
-  if (c.role(layer).hash_routed) {
+  if (hash_routed) {
     FS_ASSIGN_OR_RETURN(auto ids, ck.read_ints(p + "gate.tid2eid"));
     if (int64_t(ids.size()) != c.vocab_size * c.n_experts_per_tok)
       return invalid_argument("tensor {}gate.tid2eid: expected {} ids, got {}", p,
@@ -170,12 +171,45 @@ Status load_engram(const Checkpoint& ck, ModelWeights& mw) {
   return {};
 }
 
+// mHC params, norms, attention and MoE of one decoder layer or draft stage.
+Status load_block(const Checkpoint& ck, const std::string& p, int layer, int64_t n_experts, LayerWeights& L) {
+  const ModelConfig& c = ck.config();
+  const int64_t D = c.hidden_size, hc = c.hc_mult, nm = (2 + hc) * hc;
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_fn", nm * hc * D, L.hc_attn_fn));
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_base", nm, L.hc_attn_base));
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_scale", 3, L.hc_attn_scale));
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_fn", nm * hc * D, L.hc_ffn_fn));
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_base", nm, L.hc_ffn_base));
+  FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_scale", 3, L.hc_ffn_scale));
+  FS_RETURN_IF_ERROR(get(ck, p + "attn_norm.weight", D, L.attn_norm));
+  FS_RETURN_IF_ERROR(get(ck, p + "ffn_norm.weight", D, L.ffn_norm));
+  FS_RETURN_IF_ERROR(load_attention(ck, p, layer, L.attn));
+  return load_ffn(ck, p, c.role(layer).hash_routed, n_experts, L.ffn);
+}
+
+Status load_dspark(const Checkpoint& ck, DSparkWeights& d) {
+  const ModelConfig& c = ck.config();
+  const int64_t D = c.hidden_size, V = c.vocab_size, r = c.dspark_markov_rank;
+  const int64_t n_taps = int64_t(c.dspark_target_layer_ids.size()), last = c.num_mtp_layers - 1;
+  d.stages.resize(size_t(c.num_mtp_layers));
+  for (int s = 0; s < int(c.num_mtp_layers); ++s)
+    FS_RETURN_IF_ERROR(load_block(ck, fmt::format("mtp.{}.", s), int(c.num_layers) + s,
+                                  c.dspark_n_routed_experts, d.stages[size_t(s)]));
+  FS_RETURN_IF_ERROR(get(ck, "mtp.0.main_proj.weight", D * n_taps * D, d.main_proj));
+  FS_RETURN_IF_ERROR(get(ck, "mtp.0.main_norm.weight", D, d.main_norm));
+  const std::string p = fmt::format("mtp.{}.", last);
+  FS_RETURN_IF_ERROR(get(ck, p + "norm.weight", D, d.norm));
+  FS_RETURN_IF_ERROR(get(ck, p + "markov_head.embed.weight", V * r, d.markov_embed));
+  FS_RETURN_IF_ERROR(get(ck, p + "markov_head.head.weight", V * r, d.markov_head));
+  return get(ck, p + "confidence_head.proj.weight", D + r, d.confidence);
+}
+
 }  // namespace
 
 Result<ModelWeights> load_weights(const Checkpoint& ck) {
   const ModelConfig& c = ck.config();
   ModelWeights mw;
-  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, nm = (2 + hc) * hc;
+  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult;
   FS_RETURN_IF_ERROR(get(ck, "embed.weight", V * D, mw.embed));
   FS_RETURN_IF_ERROR(get(ck, "head.weight", V * D, mw.head));
   FS_RETURN_IF_ERROR(get(ck, "norm.weight", D, mw.norm));
@@ -185,21 +219,13 @@ Result<ModelWeights> load_weights(const Checkpoint& ck) {
     FS_RETURN_IF_ERROR(get(ck, "hc_head_scale", 1, mw.hc_head_scale));
   }
   mw.layers.resize(size_t(c.num_layers));
-  for (int l = 0; l < int(c.num_layers); ++l) {
-    LayerWeights& L = mw.layers[size_t(l)];
-    const std::string p = fmt::format("layers.{}.", l);
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_fn", nm * hc * D, L.hc_attn_fn));
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_base", nm, L.hc_attn_base));
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_attn_scale", 3, L.hc_attn_scale));
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_fn", nm * hc * D, L.hc_ffn_fn));
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_base", nm, L.hc_ffn_base));
-    FS_RETURN_IF_ERROR(get(ck, p + "hc_ffn_scale", 3, L.hc_ffn_scale));
-    FS_RETURN_IF_ERROR(get(ck, p + "attn_norm.weight", D, L.attn_norm));
-    FS_RETURN_IF_ERROR(get(ck, p + "ffn_norm.weight", D, L.ffn_norm));
-    FS_RETURN_IF_ERROR(load_attention(ck, l, L.attn));
-    FS_RETURN_IF_ERROR(load_ffn(ck, l, L.ffn));
-  }
+  for (int l = 0; l < int(c.num_layers); ++l)
+    FS_RETURN_IF_ERROR(load_block(ck, fmt::format("layers.{}.", l), l, c.n_routed_experts, mw.layers[size_t(l)]));
   if (c.is_v41() && !c.engram_layer_ids.empty()) FS_RETURN_IF_ERROR(load_engram(ck, mw));
+  if (c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.main_proj.weight")) {
+    mw.has_dspark = true;
+    FS_RETURN_IF_ERROR(load_dspark(ck, mw.dspark));
+  }
   return mw;
 }
 

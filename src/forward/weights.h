@@ -61,15 +61,27 @@ struct LayerWeights {
   EngramWeights engram;
 };
 
+// V4.1 DSpark draft (v41 §5): three window-only V4.1 blocks with their own MoE, the tap
+// projection (stage 0), and the last stage's norm, Markov head and confidence head.
+struct DSparkWeights {
+  std::vector<LayerWeights> stages;
+  Vec main_proj, main_norm;    // [D, n_taps·D], [D]
+  Vec norm;                    // [D] final norm of the last stage
+  Vec markov_embed, markov_head;  // [V, rank] each
+  Vec confidence;              // [D + rank]
+};
+
 struct ModelWeights {
   Vec embed, head, norm;    // [V, D], [V, D], [D]
   Vec hc_head_fn, hc_head_base, hc_head_scale;  // V4 only
   std::vector<LayerWeights> layers;             // backbone layers only
   std::vector<int64_t> engram_token_map;        // [vocab] compressed ids (V4.1)
   int64_t engram_pad_c = 0;
+  bool has_dspark = false;
+  DSparkWeights dspark;
 };
 
-// Loads every backbone weight of `ck` (MTP / DSpark stages are not loaded).
+// Loads every backbone weight of `ck` and, for V4.1, the DSpark draft (V4 MTP is not loaded).
 Result<ModelWeights> load_weights(const model::Checkpoint& ck);
 
 }  // namespace flashseek::forward

@@ -158,6 +158,33 @@ TEST_P(Consistency, BatchEqualsEachSequenceAlone) {
   EXPECT_EQ(together.size(), size_t((23 + 1 + 40) * vocab_));
 }
 
+TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
+  auto* cpu = dynamic_cast<CpuModel*>(model_.get());
+  ASSERT_NE(cpu, nullptr);
+  if (!cpu->has_draft()) GTEST_SKIP() << "no DSpark draft in this checkpoint";
+  const auto toks = random_tokens(45, vocab_, 8);
+  auto a = model_->new_sequence(), b = model_->new_sequence();
+  std::vector<float> logits;
+  BatchItem whole{a.get(), toks, false};
+  ASSERT_TRUE(model_->forward({&whole, 1}, logits).ok());
+  for (size_t i = 0; i < toks.size(); ++i) {
+    BatchItem step{b.get(), std::span<const int32_t>(toks.data() + i, 1), false};
+    ASSERT_TRUE(model_->forward({&step, 1}, logits).ok());
+  }
+  auto da = cpu->propose(*a, 5), db = cpu->propose(*b, 5);
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_EQ(da->tokens, db->tokens);
+  EXPECT_TRUE(bit_equal(da->logits, db->logits));
+  EXPECT_TRUE(bit_equal(da->confidence, db->confidence));
+  EXPECT_EQ(int64_t(da->tokens.size()), model_->config().dspark_block_size);
+  // A chooser decides each token, and the Markov head conditions the next row on it.
+  auto dc = cpu->propose(*a, 5, [](int64_t, std::span<const float>) { return int32_t(3); });
+  ASSERT_TRUE(dc.ok());
+  EXPECT_EQ(dc->tokens, std::vector<int32_t>(da->tokens.size(), 3));
+  EXPECT_TRUE(std::equal(dc->logits.begin(), dc->logits.begin() + vocab_, da->logits.begin()));
+  EXPECT_FALSE(cpu->propose(*model_->new_sequence(), 5).ok());  // nothing committed yet
+}
+
 TEST_P(Consistency, BadInputIsAnError) {
   auto st = model_->new_sequence();
   std::vector<float> logits;

@@ -143,5 +143,43 @@ TEST_F(V41Fixture, EngramHashIdsMatch) {
   EXPECT_EQ(tail.value(), std::vector<int64_t>(all.begin() + int64_t(all.size()) / 2, all.end()));
 }
 
+TEST_F(V41Fixture, DSparkDraftsMatchOfficialLogits) {
+  // Greedy decode from the 20-token prompt; at steps t = 20..59 feed the input token, take the
+  // anchor (target argmax) and propose a block (v41 §5.4); compare with the official drafts.
+  ASSERT_TRUE(model_->has_draft());
+  auto ref = testing::read_npy(fixture_dir() + "/dspark_draft_logits_fixed.npy");
+  ASSERT_TRUE(ref.ok());
+  const auto want = ref->f32();
+  const auto& steps = (*expected_)["oracle"]["dspark"]["fixed"]["steps"];
+  const int64_t V = model_->config().vocab_size, B = model_->config().dspark_block_size;
+  ASSERT_EQ(int64_t(want.size()), int64_t(steps.size()) * B * V);
+  auto prompt = (*expected_)["greedy_prompt"].get<std::vector<int32_t>>();
+  auto st = model_->new_sequence();
+  std::vector<float> logits;
+  BatchItem item{st.get(), prompt, false};
+  ASSERT_TRUE(model_->forward({&item, 1}, logits).ok());
+  int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  double worst = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    EXPECT_EQ(next, steps[k]["input_token"].get<int32_t>()) << "step " << k;
+    EXPECT_EQ(st->length(), steps[k]["pos"].get<int64_t>());
+    logits.clear();
+    BatchItem step{st.get(), std::span<const int32_t>(&next, 1), false};
+    ASSERT_TRUE(model_->forward({&step, 1}, logits).ok());
+    const int32_t anchor = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(anchor, steps[k]["anchor_token"].get<int32_t>());
+    auto draft = model_->propose(*st, anchor);
+    ASSERT_TRUE(draft.ok()) << draft.status().to_string();
+    EXPECT_EQ(draft->tokens, steps[k]["draft_tokens"].get<std::vector<int32_t>>()) << "step " << k;
+    const auto conf = steps[k]["confidence_logits"].get<std::vector<float>>();
+    for (int64_t i = 0; i < B; ++i) EXPECT_NEAR(draft->confidence[size_t(i)], conf[size_t(i)], 1e-3 * std::max(1.0f, std::fabs(conf[size_t(i)])));
+    for (int64_t i = 0; i < B * V; ++i)
+      worst = std::max(worst, std::fabs(double(draft->logits[size_t(i)]) - want[k * B * V + size_t(i)]));
+    next = anchor;
+  }
+  EXPECT_LT(worst, 1e-4);
+  std::printf("dspark_draft_logits_fixed.npy: max |dlogit| = %.3g\n", worst);
+}
+
 }  // namespace
 }  // namespace flashseek::forward
