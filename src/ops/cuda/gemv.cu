@@ -164,7 +164,7 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[2][2][4], i
 }
 
 template <bool kFp4, int kChunk, bool kGated>
-__global__ void __launch_bounds__(kThreads, 1) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a) {
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int row0 = blockIdx.x * kRows;
@@ -239,7 +239,10 @@ template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const dim3 grid((a.n + kRows - 1) / kRows, n_groups);
   // act_block 128 needs the 4-block chunks (k % 128 == 0, checked by the caller).
-  if (a.k % 128 == 0) gemv_kernel<kFp4, 4, kGated><<<grid, kThreads, 0, stream>>>(a);
+  // Two blocks per SM (register cap 128) keep more weight bytes in flight than one fat block:
+  // 2-block chunks fit the cap without spills; act_block 128 (V4) needs 4-block chunks.
+  if (a.act_block == 128) gemv_kernel<kFp4, 4, kGated><<<grid, kThreads, 0, stream>>>(a);
+  else if (a.k % 64 == 0) gemv_kernel<kFp4, 2, kGated><<<grid, kThreads, 0, stream>>>(a);
   else gemv_kernel<kFp4, 1, kGated><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
