@@ -105,7 +105,14 @@ std::vector<int32_t> server_tokens(int port, const json& body, int* status = nul
   return out;
 }
 
+// `flashseek serve` needs the tokenizer (scripts/fetch_tokenizer.sh) even for token-id prompts.
+bool have_tokenizer() {
+  return std::getenv("FLASHSEEK_TOKENIZER") ||
+         std::filesystem::exists(ft::source_dir() / "models/tokenizer/tokenizer.json");
+}
+
 TEST(EngineServe, GreedyThroughServerEqualsEngineRunAndSurvivesLoad) {
+  if (!have_tokenizer()) GTEST_SKIP() << "no tokenizer: run scripts/fetch_tokenizer.sh";
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "tiny").string();
   auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 1 --out " + ckpt);
@@ -138,6 +145,27 @@ TEST(EngineServe, GreedyThroughServerEqualsEngineRunAndSurvivesLoad) {
   for (int i = 0; i < kClients; i += 37)
     EXPECT_EQ(got[size_t(i)], server_tokens(serve.port(), completion(serve.port(), prompt_of(i), 4, false)))
         << "client " << i;
+}
+
+// The openai SDK against the real stack on the full-vocabulary demo checkpoint.
+TEST(EngineServe, OpenAiSdkAgainstDemoCheckpoint) {
+  if (!have_tokenizer()) GTEST_SKIP() << "no tokenizer: run scripts/fetch_tokenizer.sh";
+  const auto js = ft::source_dir() / "tests/server/js";
+  if (ft::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is not installed";
+  if (!std::filesystem::exists(js / "node_modules/openai/package.json"))
+    GTEST_SKIP() << "openai SDK missing: run npm ci --prefix tests/server/js";
+  ft::TempDir dir;
+  const std::string ckpt = (dir.path() / "demo").string();
+  auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config demo --seed 1 --out " + ckpt);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ServeProcess serve(ckpt, dir.path() / "serve.log");
+  ASSERT_GT(serve.port(), 0);
+  ASSERT_TRUE(serve.wait_ready());
+  const auto r = ft::run_command("cd '" + js.string() + "' && FLASHSEEK_URL=http://127.0.0.1:" +
+                                 std::to_string(serve.port()) +
+                                 " timeout 120 node --test real_model.test.mjs");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# pass 6"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ TEST(OpenAiSdk, NodeTestsPassAgainstLiveServer) {
     GTEST_SKIP() << "openai SDK missing: run npm ci --prefix tests/server/js";
   LiveServer s;
   const auto r = flashseek::testing::run_command("cd '" + js.string() + "' && FLASHSEEK_URL=" +
-                                                 s.url() + " timeout 120 node --test");
+                                                 s.url() + " timeout 120 node --test fake_backend.test.mjs");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("# fail 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("# pass 8"), std::string::npos) << r.output;  // every test ran

@@ -1,6 +1,7 @@
 // The official `openai` SDK against a live flashseek server (FLASHSEEK_URL). Started by
 // tests/server/js_test.cpp with the deterministic fake backend (tests/server/fakes.h), whose
-// replies are scripted by keywords in the prompt (CALLTOOL, THINK).
+// replies are scripted by keywords in the prompt (CALLTOOL, THINK). real_model.test.mjs drives
+// the real engine instead.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
