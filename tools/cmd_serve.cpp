@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 struct ServeOpts {
   std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
   int port = 8000;
-  int64_t max_batch = 8, max_queue = 64;
+  int64_t max_batch = 8, max_queue = 64, max_context = 0;
   bool thinking = false;
   std::vector<std::string> extra_names;
 };
@@ -134,6 +134,7 @@ int serve(const ServeOpts& o) {
   engine::EngineOptions eo;
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
+  eo.max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return abort_with(engine.status());
   (*engine)->start();
@@ -161,6 +162,9 @@ std::function<int()> setup(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
+  cmd->add_option("--max-context", o->max_context,
+                  "longest prompt + completion (default: the config's max_position_embeddings)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
   cmd->add_option("--numerics", o->numerics, "exact | reference")
       ->check(CLI::IsMember({"exact", "reference"}))->capture_default_str();

@@ -85,6 +85,7 @@ BackendStats EngineBackend::stats() const {
 }
 
 int64_t EngineBackend::context_length() const {
+  if (engine_.options().max_context > 0) return engine_.options().max_context;
   const int64_t n = engine_.config().max_position_embeddings;
   return n > 0 ? n : 4096;
 }
