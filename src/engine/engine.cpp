@@ -140,6 +140,18 @@ void Engine::emit(Sequence& seq, TokenEvent event) {
     seq.prompt_lp_sent = true;
   }
   if (event.finish != FinishReason::kNone) seq.done = true;
+  // Snapshot sink (Request::on_snapshot): prompt complete (first token) or a normal end. The
+  // state holds the prompt then the generated tokens fed back so far (not the newest one).
+  const bool first_token = event.index == 0 && event.token >= 0;
+  const bool ended = event.finish == FinishReason::kStop || event.finish == FinishReason::kLength;
+  if (seq.req.on_snapshot && seq.state && (first_token || ended)) {
+    const int64_t n = seq.state->length(), P = seq.prompt_len();
+    if (n >= P && n <= P + int64_t(seq.generated.size())) {
+      std::vector<int32_t> tokens(seq.req.prompt);
+      tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.begin() + (n - P));
+      seq.req.on_snapshot(tokens, *seq.state);
+    }
+  }
   seq.stream->push(std::move(event));
 }
 

@@ -74,13 +74,24 @@ class Engine {
 
  private:
   struct Sequence;
+  // One forward call's worth of work: [items] sequences, plan entries and batch items.
+  struct StepBatch {
+    std::vector<Sequence*> seqs;
+    std::vector<PlannedItem> plan;
+    std::vector<forward::BatchItem> items;
+    int64_t rows = 0;    // logits rows the model must return
+    int64_t tokens = 0;  // tokens in the call
+  };
   Engine(forward::Model& model, EngineOptions options);
   Status validate(const Request& r) const;  // caller holds mu_
   void admit();                             // caller holds mu_
+  StepBatch build_batch();                  // caller holds mu_
+  void apply_results(const StepBatch& batch, const Status& st,
+                     const std::vector<float>& logits);  // caller holds mu_
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void emit(Sequence& seq, TokenEvent event);
   void drop_finished();                     // caller holds mu_
-  Status process_item(Sequence& seq, const struct PlannedItem& item,
+  Status process_item(Sequence& seq, const PlannedItem& item,
                       std::span<const float> logits);
   Status sample_next(Sequence& seq, std::span<const float> row);
   bool has_work() const;                    // caller holds mu_

@@ -21,75 +21,83 @@ void Engine::admit() {
   stats_.waiting = int64_t(waiting_.size());
 }
 
+Engine::StepBatch Engine::build_batch() {
+  StepBatch b;
+  std::vector<Sequence*> live;
+  std::vector<SequenceNeed> needs;
+  for (auto& s : running_) {
+    if (s->done) continue;
+    live.push_back(s.get());
+    needs.push_back({s->pending_prompt(), true});
+  }
+  b.plan = plan_step(needs, options_.budget);
+  for (const PlannedItem& p : b.plan) {
+    Sequence* s = live[p.sequence];
+    s->in_flight = true;
+    forward::BatchItem item;
+    item.state = s->state.get();
+    if (p.prefill) {
+      item.tokens = std::span<const int32_t>(s->req.prompt).subspan(size_t(s->prompt_done),
+                                                                    size_t(p.n_tokens));
+      item.all_logits = s->req.prompt_logprobs >= 0;
+    } else {
+      item.tokens = std::span<const int32_t>(&s->generated.back(), 1);
+    }
+    b.rows += item.all_logits ? p.n_tokens : 1;
+    b.tokens += p.n_tokens;
+    b.seqs.push_back(s);
+    b.items.push_back(item);
+  }
+  return b;
+}
+
 Status Engine::step() {
   std::lock_guard step_lock(step_mu_);
-  std::vector<Sequence*> seqs;       // [items] the sequence of each batch item
-  std::vector<PlannedItem> plan;     // [items]
-  std::vector<forward::BatchItem> items;
-  int64_t rows = 0, tokens = 0;
+  StepBatch batch;
   {
     std::lock_guard lock(mu_);
     admit();
-    std::vector<Sequence*> live;
-    std::vector<SequenceNeed> needs;
-    for (auto& s : running_) {
-      if (s->done) continue;
-      live.push_back(s.get());
-      needs.push_back({s->pending_prompt(), true});
-    }
-    plan = plan_step(needs, options_.budget);
-    for (const PlannedItem& p : plan) {
-      Sequence* s = live[p.sequence];
-      s->in_flight = true;
-      forward::BatchItem item;
-      item.state = s->state.get();
-      if (p.prefill) {
-        item.tokens = std::span<const int32_t>(s->req.prompt).subspan(size_t(s->prompt_done),
-                                                                      size_t(p.n_tokens));
-        item.all_logits = s->req.prompt_logprobs >= 0;
-      } else {
-        item.tokens = std::span<const int32_t>(&s->generated.back(), 1);
-      }
-      rows += item.all_logits ? p.n_tokens : 1;
-      tokens += p.n_tokens;
-      seqs.push_back(s);
-      items.push_back(item);
-    }
+    batch = build_batch();
   }
-  if (items.empty()) return {};
+  if (batch.items.empty()) return {};
 
   // The model runs without the lock: submit()/cancel() stay responsive. Nothing the items point
-  // at changes meanwhile (only this step mutates prompts, tokens and states).
+  // at changes meanwhile (only this step mutates prompts, tokens and states; a cancelled
+  // sequence keeps its state until apply_results clears in_flight).
   std::vector<float> logits;
-  Status st = model_.forward(items, logits);
-  if (st.ok() && int64_t(logits.size()) != rows * vocab_)
+  Status st = model_.forward(batch.items, logits);
+  if (st.ok() && int64_t(logits.size()) != batch.rows * vocab_)
     st = internal_error("engine: model returned {} logits, expected {} rows x {} vocab",
-                        logits.size(), rows, vocab_);
-
+                        logits.size(), batch.rows, vocab_);
   std::lock_guard lock(mu_);
+  apply_results(batch, st, logits);
+  return st;
+}
+
+void Engine::apply_results(const StepBatch& batch, const Status& st,
+                           const std::vector<float>& logits) {
   ++stats_.steps;
-  stats_.last_batch_items = int64_t(items.size());
-  stats_.last_batch_tokens = tokens;
-  size_t offset = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    Sequence& s = *seqs[i];
+  stats_.last_batch_items = int64_t(batch.items.size());
+  stats_.last_batch_tokens = batch.tokens;
+  size_t offset = 0;  // in rows
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    Sequence& s = *batch.seqs[i];
     s.in_flight = false;
-    const size_t n_rows = items[i].all_logits ? items[i].tokens.size() : 1;
+    const size_t n_rows = batch.items[i].all_logits ? batch.items[i].tokens.size() : 1;
     if (!st.ok()) {
       if (!s.done) finish(s, FinishReason::kError, st.message());
       continue;
     }
-    if (plan[i].prefill) stats_.prompt_tokens += plan[i].n_tokens;
+    if (batch.plan[i].prefill) stats_.prompt_tokens += batch.plan[i].n_tokens;
     if (!s.done) {
       auto mine = std::span<const float>(logits).subspan(offset * size_t(vocab_),
                                                           n_rows * size_t(vocab_));
-      if (Status ps = process_item(s, plan[i], mine); !ps.ok())
+      if (Status ps = process_item(s, batch.plan[i], mine); !ps.ok())
         finish(s, FinishReason::kError, ps.message());
     }
     offset += n_rows;
   }
   drop_finished();
-  return st;
 }
 
 Status Engine::process_item(Sequence& seq, const PlannedItem& item,

@@ -4,9 +4,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,12 @@ struct Request {
   // clones it and prefills only the rest. Must be shorter than the prompt (the last prompt
   // token's logits are needed), and cannot be combined with prompt_logprobs.
   std::shared_ptr<const forward::SequenceState> prefix;
+  // Snapshot sink (issue 6, engine/state_cache.h): called on the scheduler thread with the
+  // engine lock held when the prompt is complete (first token) and when the request ends with
+  // stop/length; `tokens` are the ids the state holds (size == state.length()). The callee must
+  // copy what it keeps (clone()) and return quickly.
+  std::function<void(std::span<const int32_t> tokens, const forward::SequenceState& state)>
+      on_snapshot;
 };
 
 struct TokenEvent {

@@ -1,0 +1,268 @@
+#include "engine/state_cache.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+#include "forward/state_io.h"
+
+namespace flashseek::engine {
+
+namespace fs = std::filesystem;
+
+uint64_t chain_start(uint64_t tenant) { return XXH64(&tenant, sizeof(tenant), 0x66737374617465); }
+uint64_t chain_next(uint64_t h, int32_t token) { return XXH64(&token, sizeof(token), h); }
+
+std::vector<uint64_t> prefix_hashes(uint64_t tenant, std::span<const int32_t> tokens) {
+  std::vector<uint64_t> h(tokens.size() + 1);
+  h[0] = chain_start(tenant);
+  for (size_t i = 0; i < tokens.size(); ++i) h[i + 1] = chain_next(h[i], tokens[i]);
+  return h;
+}
+
+
+namespace {
+
+Result<std::vector<uint8_t>> read_file(const fs::path& p, size_t limit = SIZE_MAX) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return io_error("state cache: cannot open {}", p.string());
+  std::error_code ec;
+  const size_t size = std::min<size_t>(size_t(fs::file_size(p, ec)), limit);
+  if (ec) return io_error("state cache: cannot stat {}", p.string());
+  std::vector<uint8_t> buf(size);
+  in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(size));
+  if (size_t(in.gcount()) != size) return io_error("state cache: short read of {}", p.string());
+  return buf;
+}
+
+Status write_file_atomic(const fs::path& p, const std::vector<uint8_t>& data) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+    if (!out) return io_error("state cache: cannot write {}", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  if (ec) return io_error("state cache: cannot rename {}: {}", tmp.string(), ec.message());
+  return {};
+}
+
+}  // namespace
+
+StateCache::StateCache(StateCacheOptions options) : options_(std::move(options)) {}
+
+Result<std::unique_ptr<StateCache>> StateCache::open(StateCacheOptions options) {
+  if (options.host_bytes < 0)
+    return invalid_argument("state cache: host_bytes must be >= 0 (got {})", options.host_bytes);
+  if (options.min_tokens < 1)
+    return invalid_argument("state cache: min_tokens must be >= 1 (got {})", options.min_tokens);
+  std::unique_ptr<StateCache> c(new StateCache(std::move(options)));
+  if (!c->options_.dir.empty()) FS_RETURN_IF_ERROR(c->scan_dir());
+  c->thread_ = std::thread([p = c.get()] { p->worker(); });
+  return c;
+}
+
+StateCache::~StateCache() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string StateCache::path_of(uint64_t hash) const {
+  return (fs::path(options_.dir) / fmt::format("{:016x}.fss", hash)).string();
+}
+
+Status StateCache::scan_dir() {
+  std::error_code ec;
+  fs::create_directories(options_.dir, ec);
+  if (ec) return io_error("--cache-dir {}: {}", options_.dir, ec.message());
+  for (const auto& e : fs::directory_iterator(options_.dir, ec)) {
+    const fs::path& p = e.path();
+    if (p.extension() == ".tmp") {  // a write interrupted by a crash
+      fs::remove(p, ec);
+      continue;
+    }
+    if (p.extension() != ".fss") continue;
+    auto head = read_file(p, forward::kSnapshotHeaderBytes);
+    auto h = head.ok() ? forward::peek_snapshot_header(*head) : Result<forward::SnapshotHeader>(head.status());
+    if (!h.ok() || p.filename().string() != fmt::format("{:016x}.fss", h->prefix_hash)) {
+      spdlog::warn("state cache: removing unreadable snapshot {}", p.string());
+      fs::remove(p, ec);
+      ++stats_.corrupt;
+      continue;
+    }
+    if (h->fingerprint != options_.fingerprint) continue;  // another model's snapshot: left alone
+    auto entry = std::make_unique<Entry>();
+    entry->tenant = h->tenant;
+    entry->n_tokens = h->n_tokens;
+    entry->bytes = int64_t(fs::file_size(p, ec));
+    entry->on_disk = true;
+    ++stats_.disk_entries;
+    stats_.disk_bytes += entry->bytes;
+    index_[h->prefix_hash] = std::move(entry);
+  }
+  if (ec) return io_error("--cache-dir {}: {}", options_.dir, ec.message());
+  return {};
+}
+
+void StateCache::set_remote(RemoteTier* remote) {
+  std::lock_guard lock(mu_);
+  remote_ = remote;
+}
+
+StateCacheStats StateCache::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void StateCache::put(uint64_t tenant, std::span<const int32_t> tokens,
+                     const forward::SequenceState& state) {
+  if (int64_t(tokens.size()) < options_.min_tokens) return;
+  if (options_.host_bytes == 0 && options_.dir.empty()) return;
+  const uint64_t hash = prefix_hashes(tenant, tokens).back();
+  std::lock_guard lock(mu_);
+  if (stopping_ || index_.count(hash)) return;
+  for (const auto& p : queue_)
+    if (p.hash == hash) return;
+  queue_.push_back({tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), state.clone()});
+  cv_.notify_all();
+}
+
+void StateCache::flush() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+void StateCache::worker() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    Pending p = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    forward::SnapshotHeader h{options_.fingerprint, p.tenant, p.hash, int64_t(p.tokens.size()), 0};
+    auto blob = forward::serialize_snapshot(*p.state, p.tokens, h);
+    p.state.reset();
+    if (blob.ok()) store(std::move(*blob), p.hash, p.tenant, int64_t(p.tokens.size()));
+    else spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant,
+                       int64_t n_tokens) {
+  bool on_disk = false;
+  if (!options_.dir.empty()) {
+    Status st = write_file_atomic(path_of(hash), blob);
+    if (st.ok()) on_disk = true;
+    else spdlog::warn("{}", st.message());
+  }
+  const int64_t bytes = int64_t(blob.size());
+  RemoteTier* remote = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (index_.count(hash)) drop(hash, false);
+    auto e = std::make_unique<Entry>();
+    e->tenant = tenant;
+    e->n_tokens = n_tokens;
+    e->bytes = bytes;
+    e->on_disk = on_disk;
+    if (on_disk) {
+      ++stats_.disk_entries;
+      stats_.disk_bytes += bytes;
+    }
+    Entry& ref = *e;
+    index_[hash] = std::move(e);
+    if (options_.host_bytes > 0) {
+      ref.blob = std::make_shared<const std::vector<uint8_t>>(std::move(blob));
+      lru_.push_front(hash);
+      ref.lru_it = lru_.begin();
+      ++stats_.host_entries;
+      stats_.host_bytes += bytes;
+    }
+    ++stats_.puts;
+    evict_host();
+    if (index_.count(hash)) remote = remote_;
+  }
+  if (remote) remote->on_stored(hash, tenant, n_tokens, bytes);
+}
+
+void StateCache::touch(Entry& e) {
+  lru_.splice(lru_.begin(), lru_, e.lru_it);
+}
+
+void StateCache::evict_host() {
+  while (stats_.host_bytes > options_.host_bytes && !lru_.empty()) {
+    const uint64_t hash = lru_.back();
+    Entry& e = *index_.at(hash);
+    lru_.pop_back();
+    e.blob.reset();
+    --stats_.host_entries;
+    stats_.host_bytes -= e.bytes;
+    ++stats_.evictions;
+    if (!e.on_disk) {
+      index_.erase(hash);
+      if (remote_) remote_->on_dropped(hash);
+    }
+  }
+}
+
+void StateCache::drop(uint64_t hash, bool count_corrupt) {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return;
+  Entry& e = *it->second;
+  if (e.blob) {
+    lru_.erase(e.lru_it);
+    --stats_.host_entries;
+    stats_.host_bytes -= e.bytes;
+  }
+  if (e.on_disk) {
+    std::error_code ec;
+    fs::remove(path_of(hash), ec);
+    --stats_.disk_entries;
+    stats_.disk_bytes -= e.bytes;
+  }
+  if (count_corrupt) ++stats_.corrupt;
+  index_.erase(it);
+  if (remote_) remote_->on_dropped(hash);
+}
+
+void StateCache::erase(uint64_t hash) {
+  std::lock_guard lock(mu_);
+  drop(hash, false);
+}
+
+std::vector<uint64_t> StateCache::hottest(size_t n) const {
+  std::lock_guard lock(mu_);
+  std::vector<uint64_t> out;
+  for (auto it = lru_.begin(); it != lru_.end() && out.size() < n; ++it) out.push_back(*it);
+  return out;
+}
+
+std::shared_ptr<const std::vector<uint8_t>> StateCache::blob(uint64_t hash) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = index_.find(hash);
+    if (it == index_.end()) return nullptr;
+    if (it->second->blob) return it->second->blob;
+    if (!it->second->on_disk) return nullptr;
+  }
+  auto data = read_file(path_of(hash));
+  if (!data.ok()) return nullptr;
+  return std::make_shared<const std::vector<uint8_t>>(std::move(*data));
+}
+
+}  // namespace flashseek::engine

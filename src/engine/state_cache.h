@@ -1,0 +1,152 @@
+// The conversation state cache (DESIGN.md §3, issue 6): snapshots of sequence states keyed by a
+// hash chain over (tenant, token prefix), so a request whose prompt extends an earlier prompt or
+// response restores the longest cached prefix and prefills only the rest.
+//
+// Tiers: host memory (serialised blobs, LRU under a byte budget) → optional directory on disk
+// (write-through, survives restarts; every file is verified by checksum, fingerprint, tenant and
+// token ids when used, and a bad one is removed, never used) → optional remote tier (kvshare).
+// v1 keeps whole-state snapshots (forward/state_io.h); the byte counts are the blob sizes.
+//
+// Threads: lookup() from any thread; put() from the engine's scheduler thread (it only queues a
+// clone); one worker thread serialises and writes. flush() waits for the worker (tests).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "forward/model.h"
+
+namespace flashseek::engine {
+
+// Hash chain: h(empty) = chain_start(tenant); h(t[0..i]) = chain_next(h(t[0..i-1]), t[i]).
+uint64_t chain_start(uint64_t tenant);
+uint64_t chain_next(uint64_t h, int32_t token);
+// [tokens.size() + 1] hashes of every prefix length 0..n.
+std::vector<uint64_t> prefix_hashes(uint64_t tenant, std::span<const int32_t> tokens);
+
+enum class CacheTier { kHost, kDisk, kRemote };
+
+struct StateCacheOptions {
+  uint64_t fingerprint = 0;   // model identity (forward::checkpoint_fingerprint)
+  int64_t host_bytes = int64_t(1) << 30;  // host-tier budget; 0 keeps nothing in memory
+  std::string dir;            // disk tier directory (created); empty: none
+  int64_t min_tokens = 2;     // shorter states are not worth a snapshot
+};
+
+struct StateCacheStats {
+  int64_t host_entries = 0, host_bytes = 0;  // blobs held in memory
+  int64_t disk_entries = 0, disk_bytes = 0;  // files in the cache directory
+  int64_t puts = 0;             // snapshots stored
+  int64_t evictions = 0;        // blobs dropped from the host tier
+  int64_t hits_host = 0, hits_disk = 0, hits_remote = 0, misses = 0;
+  int64_t hit_tokens_local = 0, hit_tokens_remote = 0;  // prompt tokens restored from cache
+  int64_t corrupt = 0;          // blobs/files that failed verification (discarded)
+  int64_t remote_bytes = 0;     // bytes fetched from peers
+  double remote_seconds = 0;    // time spent fetching from peers
+};
+
+struct CacheHit {
+  std::shared_ptr<const forward::SequenceState> state;  // holds tokens[0, n_tokens)
+  int64_t n_tokens = 0;
+  CacheTier tier = CacheTier::kHost;
+};
+
+// Where snapshots of other servers come from (kvshare implements it). `hashes` are the prefix
+// hashes of the prompt, longest first; returns the blob of the longest one it can fetch.
+class RemoteTier {
+ public:
+  virtual ~RemoteTier() = default;
+  virtual std::optional<std::vector<uint8_t>> fetch_longest(uint64_t tenant,
+                                                            std::span<const uint64_t> hashes) = 0;
+  // A snapshot was stored / dropped locally (registry announcements).
+  virtual void on_stored(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) = 0;
+  virtual void on_dropped(uint64_t hash) = 0;
+};
+
+class StateCache {
+ public:
+  // Opens the tiers; with a directory, indexes the snapshot files already there (headers only).
+  static Result<std::unique_ptr<StateCache>> open(StateCacheOptions options);
+  ~StateCache();
+  StateCache(const StateCache&) = delete;
+  StateCache& operator=(const StateCache&) = delete;
+
+  // Longest cached prefix of tokens[0, max_len] for this tenant (local tiers, then the remote
+  // tier for longer prefixes); nullopt when none verifies.
+  std::optional<CacheHit> lookup(uint64_t tenant, std::span<const int32_t> tokens,
+                                 int64_t max_len);
+  // Queues a snapshot of `state` (holding `tokens`) unless one with that key exists already.
+  void put(uint64_t tenant, std::span<const int32_t> tokens, const forward::SequenceState& state);
+  // Waits until every queued put is stored.
+  void flush();
+
+  // The blob of a snapshot by key (host tier, else disk); for serving peers.
+  std::shared_ptr<const std::vector<uint8_t>> blob(uint64_t hash);
+  // Stores a blob fetched from elsewhere after full verification (checksum, fingerprint).
+  Status insert_blob(std::vector<uint8_t> blob);
+  // Drops a snapshot from every local tier (ownership moved away).
+  void erase(uint64_t hash);
+  // Keys of the host-tier snapshots, most recently used first (drain hands these over).
+  std::vector<uint64_t> hottest(size_t n) const;
+
+  void set_remote(RemoteTier* remote);
+  StateCacheStats stats() const;
+  uint64_t fingerprint() const { return options_.fingerprint; }
+
+ private:
+  struct Entry {
+    uint64_t tenant = 0;
+    int64_t n_tokens = 0;
+    int64_t bytes = 0;
+    std::shared_ptr<const std::vector<uint8_t>> blob;  // set while in the host tier
+    bool on_disk = false;
+    std::list<uint64_t>::iterator lru_it;              // valid while blob is set
+  };
+  struct Pending {
+    uint64_t tenant, hash;
+    std::vector<int32_t> tokens;
+    std::unique_ptr<forward::SequenceState> state;
+  };
+  explicit StateCache(StateCacheOptions options);
+  Status scan_dir();
+  void worker();
+  void store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant, int64_t n_tokens);
+  void touch(Entry& e);                 // caller holds mu_
+  void evict_host();                    // caller holds mu_
+  void drop(uint64_t hash, bool count_corrupt);  // caller holds mu_
+  std::string path_of(uint64_t hash) const;
+  std::optional<CacheHit> try_local(uint64_t tenant, std::span<const int32_t> tokens,
+                                    uint64_t hash, int64_t n);
+  std::optional<CacheHit> try_remote(uint64_t tenant, std::span<const int32_t> tokens,
+                                     std::span<const uint64_t> hashes, int64_t longer_than);
+
+  const StateCacheOptions options_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Entry>> index_;
+  std::list<uint64_t> lru_;             // host-tier keys, most recent first
+  StateCacheStats stats_;
+  RemoteTier* remote_ = nullptr;
+
+  std::condition_variable cv_;          // worker wake-up / flush
+  std::deque<Pending> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::thread thread_;
+};
+
+// Wires a request to the cache: restores the longest cached prefix of its prompt (unless it asks
+// for prompt logprobs) and installs the snapshot sink. Returns the prompt tokens served from
+// cache (0 on a miss).
+int64_t attach_state_cache(StateCache& cache, uint64_t tenant, Request& request);
+
+}  // namespace flashseek::engine
