@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
