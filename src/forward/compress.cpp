@@ -31,6 +31,14 @@ void pool_groups(CompressorState& cs, const std::vector<float>& v, const std::ve
   for (int64_t t = 0; t < T; ++t) {
     cs.v.insert(cs.v.end(), v.begin() + t * width, v.begin() + (t + 1) * width);
     cs.z.insert(cs.z.end(), z.begin() + t * width, z.begin() + (t + 1) * width);
+    cs.hist_v.insert(cs.hist_v.end(), v.begin() + t * width, v.begin() + (t + 1) * width);
+    cs.hist_z.insert(cs.hist_z.end(), z.begin() + t * width, z.begin() + (t + 1) * width);
+    const int64_t keep = 2 * ratio + kMaxRollback, n_hist = int64_t(cs.hist_v.size()) / width;
+    if (n_hist > keep) {
+      cs.hist_v.erase(cs.hist_v.begin(), cs.hist_v.begin() + (n_hist - keep) * width);
+      cs.hist_z.erase(cs.hist_z.begin(), cs.hist_z.begin() + (n_hist - keep) * width);
+    }
+    cs.hist_first = pos[t] + 1 - std::min(n_hist, keep);
     if (++cs.n_pend < ratio) continue;
     std::vector<const float*> vs, zs;
     if (overlap) {

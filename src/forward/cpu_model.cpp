@@ -38,7 +38,7 @@ Result<std::unique_ptr<Model>> load_model(const std::string& ckpt_dir, Numerics 
 std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   const auto& c = config();
   auto st = std::make_unique<CpuSequenceState>();
-  st->ring_size = c.window + 8;
+  st->ring_size = c.window + kMaxRollback;
   st->layers.resize(size_t(c.num_layers));
   for (auto& l : st->layers) l.ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
   if (w_.has_dspark)
@@ -119,7 +119,7 @@ Status CpuModel::forward_one(CpuSequenceState& st, std::span<const int32_t> toke
   // Advance the sequence: Engram look-back keeps the last N−1 compressed ids.
   if (v41 && !c.engram_layer_ids.empty()) {
     for (int32_t t : tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);
-    const size_t keep = size_t(c.engram_max_ngram_size - 1);
+    const size_t keep = size_t(c.engram_max_ngram_size - 1 + kMaxRollback);
     if (st.engram_hist.size() > keep) st.engram_hist.erase(st.engram_hist.begin(), st.engram_hist.end() - keep);
   }
   st.len += T;
@@ -154,8 +154,9 @@ void CpuModel::block(const LayerWeights& L, int64_t T, std::vector<float>& X, st
 
 void CpuModel::compute_engram_ids(ChunkCtx& ctx) const {
   const auto& c = config();
-  const int64_t T = ctx.T, n_back = int64_t(ctx.st->engram_hist.size());
-  std::vector<int64_t> cids(ctx.st->engram_hist);
+  const auto& hist = ctx.st->engram_hist;
+  const int64_t T = ctx.T, n_back = std::min<int64_t>(int64_t(hist.size()), c.engram_max_ngram_size - 1);
+  std::vector<int64_t> cids(hist.end() - n_back, hist.end());
   for (int32_t t : ctx.tokens) cids.push_back(w_.engram_token_map[size_t(t)]);
   ctx.engram_ids.clear();
   for (int layer : c.engram_layer_ids) {

@@ -51,6 +51,8 @@ class CpuModel final : public Model {
   const model::ModelConfig& config() const override { return ck_->config(); }
   std::unique_ptr<SequenceState> new_sequence() const override;
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
+  // Up to kMaxRollback tokens (src/forward/rollback.cpp).
+  Status rollback(SequenceState& state, int64_t new_length) const override;
 
   // Engram row ids [T, n_engram_layers, n_cols] of `tokens` continuing `state` (state unchanged).
   Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,

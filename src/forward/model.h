@@ -44,6 +44,11 @@ class Model {
   // appends fp32 logits rows [rows, vocab] to `logits`, items in order, rows per item = T if
   // all_logits else 1. Results for an item do not depend on the other items (batch invariance).
   virtual Status forward(std::span<BatchItem> batch, std::vector<float>& logits) = 0;
+  // Discards the last state.length() − new_length tokens (rejected speculative drafts) so that the
+  // state equals one that never saw them. Backends may bound how far back this reaches.
+  virtual Status rollback(SequenceState& state, int64_t new_length) const {
+    return {StatusCode::kUnimplemented, "rollback: not supported by this model"};
+  }
 };
 
 // Opens a release-format checkpoint directory (V4 or V4.1, detected from its config) on the CPU

@@ -17,7 +17,14 @@ struct CompressorState {
   std::vector<float> prev_v, prev_z;  // [ratio, width] previous window (overlap only)
   int64_t n_pend = 0;
   bool has_prev = false;
+  // Projections of the most recent tokens (positions hist_first …, at most 2·ratio +
+  // kMaxRollback rows) so that a rollback can rebuild the open group and previous window.
+  std::vector<float> hist_v, hist_z;  // [n_hist, width]
+  int64_t hist_first = 0;
 };
+
+// Most tokens a rollback may discard: the window rings have this many spare slots.
+inline constexpr int64_t kMaxRollback = 8;
 
 struct LayerState {
   std::vector<float> ring;            // [ring_size, head_dim] raw window KV, slot = pos % ring_size
@@ -35,9 +42,9 @@ class CpuSequenceState final : public SequenceState {
   }
 
   int64_t len = 0;
-  int64_t ring_size = 0;               // window + 8 (room for speculative blocks)
+  int64_t ring_size = 0;               // window + kMaxRollback (room for speculative blocks)
   std::vector<LayerState> layers;      // [num_layers]
-  std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1) positions
+  std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1+kMaxRollback) positions
   std::vector<std::vector<float>> draft_rings;  // [stage][ring_size, head_dim] DSpark KV of ctx[p]
 };
 
