@@ -84,3 +84,26 @@ TEST(Mhc, PostUsesTransposedComb) {
 }
 
 }  // namespace flashseek::ops
+
+namespace flashseek::ops {
+
+TEST(Mhc, HeadPreMatchesDouble) {
+  Rng rng(15);
+  const int64_t hc = 4, dim = 21, rows = 3;
+  auto x = testing::randn(rng, rows * hc * dim, 2.0), fn = testing::randn(rng, hc * hc * dim, 0.1);
+  auto base = testing::randn(rng, hc), scale = testing::randn(rng, 1);
+  std::vector<float> pre(rows * hc);
+  hc_head_pre(x.data(), fn.data(), base.data(), scale.data(), pre.data(), rows, hc, dim, 1e-6f, 1e-6f);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < hc * dim; ++i) ss += double(x[r * hc * dim + i]) * x[r * hc * dim + i];
+    const double rs = 1 / std::sqrt(ss / (hc * dim) + 1e-6);
+    for (int64_t i = 0; i < hc; ++i) {
+      double mu = 0;
+      for (int64_t j = 0; j < hc * dim; ++j) mu += double(fn[i * hc * dim + j]) * x[r * hc * dim + j];
+      EXPECT_NEAR(pre[r * hc + i], 1 / (1 + std::exp(-(mu * rs * scale[0] + base[i]))) + 1e-6, 1e-5);
+    }
+  }
+}
+
+}  // namespace flashseek::ops

@@ -92,3 +92,22 @@ TEST(Linear, ActQuantEqualsQuantisingTheInputFirst) {
 }
 
 }  // namespace flashseek::ops
+
+namespace flashseek::ops {
+
+TEST(RmsNorm, Bf16HeadNormIsBf16AndCloseToFp32) {
+  Rng rng(16);
+  const int64_t rows = 5, dim = 96;
+  auto x = testing::randn(rng, rows * dim, 3.0);
+  for (auto& v : x) v = round_bf16(v);  // the reference's q is BF16
+  auto y = x;
+  rms_norm_bf16_heads(y.data(), rows, dim, 1e-6f);
+  std::vector<float> z(x.size());
+  rms_norm({x.data(), nullptr, z.data(), rows, dim, 1e-6f, false});
+  for (size_t i = 0; i < y.size(); ++i) {
+    EXPECT_EQ(y[i], round_bf16(y[i]));
+    EXPECT_NEAR(y[i], z[i], 0.02 * std::fabs(z[i]) + 1e-3);
+  }
+}
+
+}  // namespace flashseek::ops
