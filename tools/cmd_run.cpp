@@ -143,8 +143,10 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--prompt-ids", o->prompt_ids, "token ids: 1,2,3 or @file.json (JSON array)");
   cmd->add_option("--prompt", o->prompt, "prompt text (needs the tokenizer)");
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "tokenizer.json (default: $FLASHSEEK_TOKENIZER, models/tokenizer/tokenizer.json)");
-  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate at most")->capture_default_str();
+                  "tokenizer.json (default: $FLASHSEEK_TOKENIZER, then "
+                  "models/tokenizer/tokenizer.json)");
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate at most")
+      ->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "0: off")->capture_default_str();

@@ -48,7 +48,9 @@ TEST_F(CliRun, JsonContractAndGreedyEqualsEngine) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
   ASSERT_EQ(j.size(), 3u);
-  ASSERT_TRUE(j["prompt_logprobs"].is_array() && j["tokens"].is_array() && j["logprobs"].is_array());
+  ASSERT_TRUE(j["prompt_logprobs"].is_array());
+  ASSERT_TRUE(j["tokens"].is_array());
+  ASSERT_TRUE(j["logprobs"].is_array());
   ASSERT_EQ(j["prompt_logprobs"].size(), prompt.size());
   EXPECT_TRUE(j["prompt_logprobs"][0].is_null());
   for (size_t i = 1; i < prompt.size(); ++i) {

@@ -21,7 +21,8 @@ std::map<int32_t, double> reference_probs(const std::vector<float>& logits, doub
   for (size_t v = 0; v < logits.size(); ++v)
     if (keep.empty() || keep.count(int32_t(v))) mx = std::max(mx, logits[v] / t);
   for (size_t v = 0; v < logits.size(); ++v)
-    if (keep.empty() || keep.count(int32_t(v))) sum += (p[int32_t(v)] = std::exp(logits[v] / t - mx));
+    if (keep.empty() || keep.count(int32_t(v)))
+      sum += (p[int32_t(v)] = std::exp(logits[v] / t - mx));
   for (auto& [id, q] : p) q /= sum;
   return p;
 }
