@@ -223,5 +223,37 @@ TEST(Engine, PrefixStateSkipsItsTokens) {
   EXPECT_FALSE(engine->submit(with_lp).ok());
 }
 
+TEST(Engine, UnseededRequestsFollowTheEngineSeed) {
+  FakeModel model(80);
+  auto sample = [&](uint64_t engine_seed) {
+    auto engine = testing::make_engine(model, {.seed = engine_seed});
+    Request r = make_request(1, {1, 2, 3}, 10);
+    r.sampling.temperature = 1.0;  // no Request::seed: the engine picks one
+    auto s = *engine->submit(r);
+    EXPECT_TRUE(engine->run_until_idle().ok());
+    return collect(*s).tokens;
+  };
+  EXPECT_EQ(sample(5), sample(5));
+  EXPECT_NE(sample(5), sample(6));
+}
+
+TEST(EventStream, FinalEventClosesTheStream) {
+  EventStream s(3);
+  EXPECT_FALSE(s.try_pop().has_value());
+  EXPECT_FALSE(s.pop_for(10).has_value());  // times out
+  TokenEvent tok;
+  tok.token = 4;
+  s.push(tok);
+  TokenEvent fin;
+  fin.finish = FinishReason::kCancelled;
+  s.push(fin);
+  s.push(tok);  // after the final event: dropped
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(s.pop()->token, 4);
+  EXPECT_EQ(s.pop()->finish, FinishReason::kCancelled);
+  EXPECT_FALSE(s.pop().has_value());  // exhausted: returns at once instead of blocking
+  EXPECT_FALSE(s.pop_for(1000).has_value());
+}
+
 }  // namespace
 }  // namespace flashseek::engine
