@@ -41,6 +41,7 @@ std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   st->ring_size = c.window + kMaxRollback;
   st->layers.resize(size_t(c.num_layers));
   for (auto& l : st->layers) l.ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
+  if (w_.has_mtp) st->mtp_ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
   if (w_.has_dspark)
     st->draft_rings.assign(size_t(c.num_mtp_layers), std::vector<float>(size_t(st->ring_size * c.head_dim), 0.0f));
   return st;
@@ -116,6 +117,7 @@ Status CpuModel::forward_one(CpuSequenceState& st, std::span<const int32_t> toke
   logits.resize(off + size_t(nr * V));
   ops::linear({y.data(), w_.head.data(), logits.data() + off, nr, D, V});
 
+  if (w_.has_mtp) mtp_advance(st, ctx, X);
   // Advance the sequence: Engram look-back keeps the last N−1 compressed ids.
   if (v41 && !c.engram_layer_ids.empty()) {
     for (int32_t t : tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);

@@ -59,6 +59,9 @@ class CpuModel final : public Model {
                                                std::span<const int32_t> tokens) const;
   Numerics numerics() const { return numerics_; }
   bool has_draft() const { return w_.has_dspark; }
+  bool has_mtp() const { return w_.has_mtp; }
+  // V4 MTP logits [V] for token a+2 at the last committed position a, given token a+1.
+  Result<std::vector<float>> mtp_logits(const SequenceState& state, int32_t next_token) const;
   // DSpark proposal after the committed tokens of `state` (last position a = length − 1), with
   // anchor `x0` (the target's token for position a + 1, not yet fed). State is unchanged.
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const;
@@ -91,6 +94,11 @@ class CpuModel final : public Model {
                    std::vector<float>& out) const;
   void append_tap(int layer, int64_t T, const std::vector<float>& X, std::vector<float>& taps) const;
   void write_draft_rings(const ChunkCtx& ctx, const std::vector<float>& taps) const;
+  // MTP block over pairs (X_p [n, hc, D], token p+1, position p); returns the rows' window KV
+  // [n, Dh] and, with `logits`, appends their MTP logits.
+  void mtp_block(const CpuSequenceState& st, const std::vector<float>& xmain, std::span<const int32_t> next,
+                 const std::vector<int64_t>& pos, std::vector<float>& kv_rows, std::vector<float>* logits) const;
+  void mtp_advance(CpuSequenceState& st, const ChunkCtx& ctx, const std::vector<float>& X) const;
   void draft_attention(int stage, const CpuSequenceState& st, const std::vector<int64_t>& pos,
                        const std::vector<float>& a, std::vector<float>& out) const;
   void linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,

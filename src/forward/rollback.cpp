@@ -64,6 +64,11 @@ Status CpuModel::rollback(SequenceState& state, int64_t L) const {
   }
   const size_t drop_hist = std::min(next.engram_hist.size(), size_t(drop));
   next.engram_hist.resize(next.engram_hist.size() - drop_hist);
+  if (!next.mtp_hist_x.empty()) {  // MTP: final streams of the kept positions
+    const size_t row = size_t(c.hc_mult * c.hidden_size), n = next.mtp_hist_x.size() / row;
+    next.mtp_hist_x.resize((n - std::min(n, size_t(drop))) * row);
+    if (next.mtp_hist_x.empty() && L > 0) return out_of_range("rollback: MTP history too short");
+  }
   next.len = L;
   *st = std::move(next);
   return {};

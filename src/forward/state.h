@@ -45,6 +45,8 @@ class CpuSequenceState final : public SequenceState {
   int64_t ring_size = 0;               // window + kMaxRollback (room for speculative blocks)
   std::vector<LayerState> layers;      // [num_layers]
   std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1+kMaxRollback) positions
+  std::vector<float> mtp_ring;          // [ring_size, head_dim] V4 MTP window KV (row p needs token p+1)
+  std::vector<float> mtp_hist_x;        // [n, hc, hidden] final streams of the last n ≤ 1+kMaxRollback positions
   std::vector<std::vector<float>> draft_rings;  // [stage][ring_size, head_dim] DSpark KV of ctx[p]
 };
 

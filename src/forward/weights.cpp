@@ -222,6 +222,19 @@ Result<ModelWeights> load_weights(const Checkpoint& ck) {
   for (int l = 0; l < int(c.num_layers); ++l)
     FS_RETURN_IF_ERROR(load_block(ck, fmt::format("layers.{}.", l), l, c.n_routed_experts, mw.layers[size_t(l)]));
   if (c.is_v41() && !c.engram_layer_ids.empty()) FS_RETURN_IF_ERROR(load_engram(ck, mw));
+  if (!c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.e_proj.weight")) {
+    mw.has_mtp = true;
+    MtpWeights& m = mw.mtp;
+    FS_RETURN_IF_ERROR(load_block(ck, "mtp.0.", int(c.num_layers), c.n_routed_experts, m.block));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.enorm.weight", D, m.enorm));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.hnorm.weight", D, m.hnorm));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.e_proj.weight", D * D, m.e_proj));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.h_proj.weight", D * D, m.h_proj));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.norm.weight", D, m.norm));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.hc_head_fn", hc * hc * D, m.hc_head_fn));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.hc_head_base", hc, m.hc_head_base));
+    FS_RETURN_IF_ERROR(get(ck, "mtp.0.hc_head_scale", 1, m.hc_head_scale));
+  }
   if (c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.main_proj.weight")) {
     mw.has_dspark = true;
     FS_RETURN_IF_ERROR(load_dspark(ck, mw.dspark));

@@ -71,17 +71,27 @@ struct DSparkWeights {
   Vec confidence;              // [D + rank]
 };
 
+// V4 MTP block `mtp.0.` (v4 §3.8): a window-only decoder block fed by e_proj/h_proj, with its own
+// hc_head and norm; embedding and head are shared with the backbone.
+struct MtpWeights {
+  LayerWeights block;
+  Vec enorm, hnorm, e_proj, h_proj, norm;      // [D], [D], [D, D], [D, D], [D]
+  Vec hc_head_fn, hc_head_base, hc_head_scale;  // [hc, hc·D], [hc], [1]
+};
+
 struct ModelWeights {
   Vec embed, head, norm;    // [V, D], [V, D], [D]
   Vec hc_head_fn, hc_head_base, hc_head_scale;  // V4 only
   std::vector<LayerWeights> layers;             // backbone layers only
   std::vector<int64_t> engram_token_map;        // [vocab] compressed ids (V4.1)
   int64_t engram_pad_c = 0;
+  bool has_mtp = false;
+  MtpWeights mtp;
   bool has_dspark = false;
   DSparkWeights dspark;
 };
 
-// Loads every backbone weight of `ck` and, for V4.1, the DSpark draft (V4 MTP is not loaded).
+// Loads every backbone weight of `ck`, the V4.1 DSpark draft or the V4 MTP block when present.
 Result<ModelWeights> load_weights(const model::Checkpoint& ck);
 
 }  // namespace flashseek::forward

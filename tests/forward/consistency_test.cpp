@@ -185,6 +185,29 @@ TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
   EXPECT_FALSE(cpu->propose(*model_->new_sequence(), 5).ok());  // nothing committed yet
 }
 
+TEST_P(Consistency, MtpLogitsIndependentOfHowTheStateWasBuilt) {
+  auto* cpu = dynamic_cast<CpuModel*>(model_.get());
+  ASSERT_NE(cpu, nullptr);
+  if (!cpu->has_mtp()) GTEST_SKIP() << "no V4 MTP block in this checkpoint";
+  const auto toks = random_tokens(141, vocab_, 10);
+  auto a = model_->new_sequence(), b = model_->new_sequence();
+  std::vector<float> logits;
+  BatchItem whole{a.get(), toks, false};
+  ASSERT_TRUE(model_->forward({&whole, 1}, logits).ok());
+  for (size_t i = 0; i < toks.size(); i += 7) {
+    BatchItem step{b.get(), std::span<const int32_t>(toks.data() + i, std::min<size_t>(7, toks.size() - i)), false};
+    ASSERT_TRUE(model_->forward({&step, 1}, logits).ok());
+  }
+  auto la = cpu->mtp_logits(*a, 11), lb = cpu->mtp_logits(*b, 11), lc = cpu->mtp_logits(*a, 12);
+  ASSERT_TRUE(la.ok() && lb.ok() && lc.ok()) << la.status().to_string();
+  ASSERT_EQ(int64_t(la->size()), vocab_);
+  EXPECT_TRUE(bit_equal(la.value(), lb.value()));
+  EXPECT_FALSE(bit_equal(la.value(), lc.value()));  // conditioned on the next token
+  for (float v : la.value()) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_FALSE(cpu->mtp_logits(*model_->new_sequence(), 11).ok());
+  EXPECT_FALSE(cpu->mtp_logits(*a, int32_t(vocab_)).ok());
+}
+
 TEST_P(Consistency, BadInputIsAnError) {
   auto st = model_->new_sequence();
   std::vector<float> logits;

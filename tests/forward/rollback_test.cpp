@@ -70,6 +70,11 @@ TEST_P(Rollback, ContinuingAfterRollbackEqualsNeverSeeingTheDrafts) {
       const auto got = feed(*st, cont, false);
       ASSERT_EQ(got.size(), want.size());
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "prefix " << prefix << " drop " << drop;
+      if (model_->has_mtp()) {
+        auto m1 = model_->mtp_logits(*st, 4), m2 = model_->mtp_logits(*clean, 4);
+        ASSERT_TRUE(m1.ok() && m2.ok());
+        EXPECT_EQ(m1.value(), m2.value()) << "MTP after rollback, prefix " << prefix << " drop " << drop;
+      }
     }
   }
 }
