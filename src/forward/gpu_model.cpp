@@ -1,0 +1,332 @@
+// Model-level flow of the CUDA backend (mirrors cpu_model.cpp step for step): weight upload,
+// sequence state, embedding, the per-layer mHC data flow, Engram, the final collapse/norm/head.
+#include "forward/gpu_model.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <algorithm>
+
+#include "forward/gpu_impl.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/small_kernels.h"
+#include "ops/engram.h"
+
+namespace flashseek::forward {
+
+bool gpu_backend_built() { return true; }
+
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string& dir, Numerics numerics, int device) {
+  FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, device));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+namespace gpu {
+namespace cd = ops::cuda::detail;
+
+std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
+  auto c = std::make_unique<GpuSequenceState>();
+  c->len = len;
+  c->ring_size = ring_size;
+  c->engram_hist = engram_hist;
+  c->error = error;
+  c->layers.resize(layers.size());
+  auto copy_comp = [&](const GpuCompState& s, GpuCompState& d) -> Status {
+    d.n_pend = s.n_pend;
+    d.has_prev = s.has_prev;
+    FS_RETURN_IF_ERROR(d.v.copy_from(s.v));
+    FS_RETURN_IF_ERROR(d.z.copy_from(s.z));
+    FS_RETURN_IF_ERROR(d.prev_v.copy_from(s.prev_v));
+    return d.prev_z.copy_from(s.prev_z);
+  };
+  for (size_t l = 0; l < layers.size() && c->error.ok(); ++l) {
+    const GpuLayerState& s = layers[l];
+    GpuLayerState& d = c->layers[l];
+    d.n_ckv = s.n_ckv;
+    d.n_ikeys = s.n_ikeys;
+    Status st = d.ring.copy_from(s.ring);
+    if (st.ok()) st = d.ckv.copy_from(s.ckv);
+    if (st.ok()) st = d.ikeys.copy_from(s.ikeys);
+    if (st.ok()) st = copy_comp(s.comp, d.comp);
+    if (st.ok()) st = copy_comp(s.icomp, d.icomp);
+    if (!st.ok()) c->error = st;
+  }
+  return c;
+}
+
+Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device) {
+  std::string why;
+  if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
+  int n = 0;
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&n));
+  if (device < 0 || device >= n) return invalid_argument("--gpus {}: this machine has {} CUDA device(s)", device, n);
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
+  std::unique_ptr<GpuModel> m(new GpuModel());
+  m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
+  FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_));
+  m->numerics_ = numerics;
+  m->device_ = device;
+  const auto& c = m->config();
+  const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
+  if (numerics == Numerics::kReference) {
+    m->act_block_ = c.fp8_weights ? blk : 0;
+    m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
+  }
+  FS_RETURN_IF_ERROR(m->upload_weights());
+  return m;
+}
+
+Status GpuModel::up(Vec& v) {
+  if (v.empty()) return {};
+  DevArray<float> a;
+  FS_RETURN_IF_ERROR(a.upload(v.data(), v.size()));
+  dev_.emplace(&v, std::move(a));
+  Vec().swap(v);  // the device copy is the only one from now on
+  return {};
+}
+
+const float* GpuModel::d(const Vec& v) const {
+  const auto it = dev_.find(&v);
+  return it == dev_.end() ? nullptr : it->second.get();
+}
+
+Status GpuModel::upload_weights() {
+  auto comp = [&](CompressorWeights& w) -> Status {
+    for (Vec* v : {&w.wkv, &w.wgate, &w.ape, &w.norm}) FS_RETURN_IF_ERROR(up(*v));
+    return {};
+  };
+  auto stack = [&](std::vector<Vec>& ws, DevArray<float>& out) -> Status {
+    const size_t each = ws.empty() ? 0 : ws[0].size();
+    FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
+    for (size_t e = 0; e < ws.size(); ++e) {
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
+      Vec().swap(ws[e]);
+    }
+    return {};
+  };
+  for (Vec* v : {&w_.embed, &w_.head, &w_.norm, &w_.hc_head_fn, &w_.hc_head_base, &w_.hc_head_scale})
+    FS_RETURN_IF_ERROR(up(*v));
+  const size_t nl = w_.layers.size();
+  w1_.resize(nl), w2_.resize(nl), w3_.resize(nl), tid2eid_.resize(nl);
+  for (size_t l = 0; l < nl; ++l) {
+    LayerWeights& L = w_.layers[l];
+    for (Vec* v : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base,
+                   &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
+      FS_RETURN_IF_ERROR(up(*v));
+    AttentionWeights& A = L.attn;
+    for (Vec* v : {&A.wq_a, &A.q_norm, &A.wq_b, &A.wkv, &A.kv_norm, &A.wo_a, &A.wo_b, &A.attn_sink, &A.idx_wq_b,
+                   &A.idx_weights_proj, &A.idx_wk, &A.idx_k_norm, &A.rope_inv_freq})
+      FS_RETURN_IF_ERROR(up(*v));
+    FS_RETURN_IF_ERROR(comp(A.compressor));
+    FS_RETURN_IF_ERROR(comp(A.idx_compressor));
+    FfnWeights& F = L.ffn;
+    for (Vec* v : {&F.gate, &F.bias, &F.s_w1, &F.s_w2, &F.s_w3}) FS_RETURN_IF_ERROR(up(*v));
+    FS_RETURN_IF_ERROR(stack(F.w1, w1_[l]));
+    FS_RETURN_IF_ERROR(stack(F.w2, w2_[l]));
+    FS_RETURN_IF_ERROR(stack(F.w3, w3_[l]));
+    if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
+    for (Vec* v : {&L.engram.wkv, &L.engram.wqk}) FS_RETURN_IF_ERROR(up(*v));
+  }
+  return {};
+}
+
+template <typename T>
+Result<T*> GpuModel::scratch(const std::string& name, int64_t n) {
+  auto& a = scratch_[name];
+  FS_RETURN_IF_ERROR(a.reserve(std::max<size_t>(16, size_t(n) * sizeof(T)), false));
+  return reinterpret_cast<T*>(a.get());
+}
+template Result<float*> GpuModel::scratch<float>(const std::string&, int64_t);
+template Result<int32_t*> GpuModel::scratch<int32_t>(const std::string&, int64_t);
+template Result<int64_t*> GpuModel::scratch<int64_t>(const std::string&, int64_t);
+template Result<uint8_t*> GpuModel::scratch<uint8_t>(const std::string&, int64_t);
+template Result<const float**> GpuModel::scratch<const float*>(const std::string&, int64_t);
+
+Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
+                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div) {
+  if (!w) return internal_error("gpu linear: missing weight ({}x{})", out, in);
+  if (act_block > 0 || bf16_in) {
+    if (act_block > 0 && in % act_block != 0)
+      return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
+    const int64_t xr = (rows + x_row_div - 1) / x_row_div;
+    FS_ASSIGN_OR_RETURN(float* xq, scratch<float>("linear_xq", xr * in));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xq, x, size_t(xr * in) * 4, cudaMemcpyDeviceToDevice, 0));
+    if (bf16_in) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, 1, cd::QuantSim::kBf16, 0));
+    if (act_block > 0) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, act_block, cd::QuantSim::kFp8, 0));
+    x = xq;
+  }
+  cd::LinearArgs a;
+  a.x = x, a.w = w, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
+  a.bf16_out = bf16_out;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, 0));
+  return {};
+}
+
+std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
+  const auto& c = config();
+  auto st = std::make_unique<GpuSequenceState>();
+  st->ring_size = c.window + 8;
+  st->layers.resize(size_t(c.num_layers));
+  if (Status s = ops::cuda::cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) st->error = s;
+  for (auto& l : st->layers) {
+    if (!st->error.ok()) break;
+    if (Status s = l.ring.zeros(size_t(st->ring_size * c.head_dim)); !s.ok()) st->error = s;
+  }
+  return st;
+}
+
+Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  for (auto& item : batch) {  // items one after the other: batch invariance by construction
+    auto* st = dynamic_cast<GpuSequenceState*>(item.state);
+    if (!st) return invalid_argument("forward: batch item has no GPU sequence state");
+    if (!st->error.ok()) return st->error;
+    FS_RETURN_IF_ERROR(forward_one(*st, item.tokens, item.all_logits, logits));
+  }
+  return {};
+}
+
+Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
+                             std::vector<float>& logits) {
+  const auto& c = config();
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+  if (T == 0) return invalid_argument("forward: a batch item has no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= V) return invalid_argument("forward: token id {} outside the vocabulary [0, {})", t, V);
+  const bool v41 = c.is_v41(), R = ref();
+  GpuChunk ctx;
+  ctx.st = &st;
+  ctx.tokens = tokens;
+  ctx.start = st.len;
+  ctx.T = T;
+  for (int64_t t = 0; t < T; ++t) ctx.pos.push_back(st.len + t);
+  ctx.topk.assign(size_t(c.num_layers), nullptr);
+  ctx.topk_n.assign(size_t(c.num_layers), nullptr);
+  FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("tokens", T));
+  FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("pos", T));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tok, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos, ctx.pos.data(), size_t(T) * 8, cudaMemcpyHostToDevice));
+  ctx.d_tokens = d_tok;
+  ctx.d_pos = d_pos;
+  FS_ASSIGN_OR_RETURN(ctx.cand, scratch<uint8_t>("cand", T * (ctx.start + T)));
+  if (v41 && !c.engram_layer_ids.empty()) {  // hash ids on the host (CpuModel::compute_engram_ids)
+    std::vector<int64_t> cids(st.engram_hist);
+    for (int32_t t : tokens) cids.push_back(w_.engram_token_map[size_t(t)]);
+    for (int layer : c.engram_layer_ids) {
+      const auto& lay = w_.layers[size_t(layer)].engram.layout;
+      std::vector<int64_t> ids(size_t(T * lay.n_cols()));
+      ops::engram_hash(lay, cids.data(), int64_t(st.engram_hist.size()), T, ctx.start, w_.engram_pad_c, ids.data());
+      ctx.engram_ids.insert(ctx.engram_ids.end(), ids.begin(), ids.end());
+    }
+  }
+  FS_ASSIGN_OR_RETURN(float* X, scratch<float>("X", T * hc * D));  // [T, hc, D]
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, T, hc, D, 0));
+  std::vector<float> pre_h(size_t(T * hc), 0.0f);  // V4.1: one-hot for layer 0
+  for (int64_t t = 0; t < T; ++t) pre_h[size_t(t * hc)] = 1.0f;
+  FS_ASSIGN_OR_RETURN(float* pre_in, scratch<float>("pre_in", T * hc));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pre_in, pre_h.data(), pre_h.size() * 4, cudaMemcpyHostToDevice));
+  for (int l = 0; l < int(c.num_layers); ++l) {
+    if (w_.layers[size_t(l)].has_engram) FS_RETURN_IF_ERROR(engram(l, ctx, X));
+    FS_RETURN_IF_ERROR(block(l, ctx, X, pre_in));
+  }
+  // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
+  const int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
+  const float* Xr = X + r0 * hc * D;
+  const float* pre = pre_in + r0 * hc;
+  const float eps = float(c.rms_norm_eps);
+  if (!v41) {
+    FS_ASSIGN_OR_RETURN(float* ph, scratch<float>("pre_head", nr * hc));
+    cd::HcMixArgs a;
+    a.x = Xr, a.fn = d(w_.hc_head_fn), a.base = d(w_.hc_head_base), a.scale = d(w_.hc_head_scale);
+    a.rows = nr, a.hc = hc, a.dim = D, a.norm_eps = eps, a.hc_eps = float(c.hc_eps), a.head_only = true, a.pre = ph;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(a, 0));
+    pre = ph;
+  }
+  FS_ASSIGN_OR_RETURN(float* y, scratch<float>("final_y", nr * D));
+  FS_ASSIGN_OR_RETURN(float* lg, scratch<float>("logits", nr * V));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, 0));
+  FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, V, lg, 0, false));
+  const size_t off = logits.size();
+  logits.resize(off + size_t(nr * V));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data() + off, lg, size_t(nr * V) * 4, cudaMemcpyDeviceToHost));
+  FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+
+  if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back keeps the last N−1 compressed ids
+    for (int32_t t : tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);
+    const size_t keep = size_t(c.engram_max_ngram_size - 1);
+    if (st.engram_hist.size() > keep) st.engram_hist.erase(st.engram_hist.begin(), st.engram_hist.end() - keep);
+  }
+  st.len += T;
+  return {};
+}
+
+Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
+  const auto& c = config();
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const bool v41 = c.is_v41(), R = ref();
+  const int64_t T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>("pre_a", T * hc));
+  FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>("pre_f", T * hc));
+  FS_ASSIGN_OR_RETURN(float* post, scratch<float>("post", T * hc));
+  FS_ASSIGN_OR_RETURN(float* comb, scratch<float>("comb", T * hc * hc));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("u", T * D));
+  FS_ASSIGN_OR_RETURN(float* a, scratch<float>("a", T * D));
+  FS_ASSIGN_OR_RETURN(float* f, scratch<float>("f", T * D));
+  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre) -> Status {
+    cd::HcMixArgs m;
+    m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
+    m.norm_eps = eps, m.hc_eps = float(c.hc_eps), m.sinkhorn_iters = c.hc_sinkhorn_iters;
+    m.pre = pre, m.post = post, m.comb = comb;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, 0));
+    return {};
+  };
+  FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
+  // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, 0));
+  FS_RETURN_IF_ERROR(attention(l, ctx, a, f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, 0));
+  FS_RETURN_IF_ERROR(moe(l, ctx, a, f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, 0));
+  return {};
+}
+
+Status GpuModel::engram(int layer, GpuChunk& ctx, float* X) {
+  const auto& c = config();
+  const EngramWeights& E = w_.layers[size_t(layer)].engram;
+  const int64_t T = ctx.T, D = c.hidden_size, hc = c.hc_mult, de = c.engram_head_dim, nc = E.layout.n_cols();
+  int64_t li = 0;
+  while (c.engram_layer_ids[size_t(li)] != layer) ++li;
+  const int64_t* ids = ctx.engram_ids.data() + li * T * nc;
+  // Rows gathered on the host from the checkpoint (tables stay out of GPU memory), then uploaded.
+  std::vector<float> e(size_t(T * nc * de));
+  for (int64_t i = 0; i < T * nc; ++i)
+    FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[i], ids[i] + 1, std::span<float>(e.data() + i * de, size_t(de))));
+  FS_ASSIGN_OR_RETURN(float* de_rows, scratch<float>("engram_e", T * nc * de));
+  FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("engram_kv", T * (hc + 1) * D));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(de_rows, e.data(), e.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(linear(de_rows, d(E.wkv), T, nc * de, (hc + 1) * D, kv, act_block_, ref()));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_engram_gate(X, kv, d(E.wqk), T, hc, D, float(c.rms_norm_eps), ref(), 0));
+  return {};
+}
+
+}  // namespace gpu
+}  // namespace flashseek::forward
+
+#else  // no CUDA in this build
+
+namespace flashseek::forward {
+bool gpu_backend_built() { return false; }
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string&, Numerics, int device) {
+  return Status(StatusCode::kUnimplemented,
+                fmt::format("--gpus {}: this build has no CUDA backend (configure with nvcc found)", device));
+}
+}  // namespace flashseek::forward
+
+#endif

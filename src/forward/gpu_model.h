@@ -1,0 +1,23 @@
+// The CUDA backend of `forward::Model` (`--gpus N`): the same math as the CPU reference backend
+// (cpu_model.h), with the weights and every sequence's state (window rings, compressed KV, index
+// keys, compressor partial groups) in GPU memory and every op a GPU kernel (ops/cuda/
+// model_kernels.h). Engram tables stay in the checkpoint (host) and only the rows a chunk needs
+// are copied up. Available when the build has CUDA (FLASHSEEK_HAVE_CUDA); otherwise the factory
+// returns an error.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "forward/model.h"
+
+namespace flashseek::forward {
+
+// True when this build contains the CUDA backend.
+bool gpu_backend_built();
+
+// Opens a release-format checkpoint on CUDA device `device` (numerics as load_model). Errors name
+// the file / tensor / device (no device, out of memory, ...).
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device);
+
+}  // namespace flashseek::forward

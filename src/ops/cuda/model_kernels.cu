@@ -1,0 +1,394 @@
+// Elementwise, linear, mHC, Engram and MoE kernels of the whole-model GPU forward (declared in
+// model_kernels.h). Written for exactness against the CPU twins, not speed: one warp per output
+// of a linear, one block per row of a mix; the decode-speed kernels are gemv.cu / sparse_attn.cu.
+#include <cfloat>
+
+#include "ops/cuda/model_device.cuh"
+#include "ops/cuda/model_kernels.h"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+// One thread per block of `block` elements (serial inside, as the CPU does).
+__global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                                 QuantSim kind) {
+  const int64_t per_row = qdim / block;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * per_row) return;
+  float* b = x + (id / per_row) * stride + (id % per_row) * block;
+  if (kind == QuantSim::kBf16) {
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_bf16(b[i]);
+    return;
+  }
+  float amax = 0;
+  for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(b[i]));
+  if (kind == QuantSim::kFp8) {
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    return;
+  }
+  float sc;
+  if (kind == QuantSim::kFp4E8m0) sc = dev_pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * (1.0f / 6.0f));
+  else sc = dev_round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+  for (int64_t i = 0; i < block; ++i)
+    b[i] = dev_round_bf16(dev_round_e2m1(fminf(fmaxf(b[i] / sc, -6.0f), 6.0f)) * sc);
+}
+
+__global__ void hadamard_kernel(float* x, int64_t rows, int64_t dim) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* v = x + r * dim;
+  for (int64_t h = 1; h < dim; h *= 2)
+    for (int64_t i = 0; i < dim; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const float norm = 1.0f / sqrtf(float(dim));
+  for (int64_t i = 0; i < dim; ++i) v[i] *= norm;
+}
+
+__global__ void rms_bf16_heads_kernel(float* x, int64_t rows, int64_t dim, float eps) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* v = x + r * dim;
+  float ss = 0;
+  for (int64_t i = 0; i < dim; ++i) ss += dev_round_bf16(v[i] * v[i]);
+  const float mean = dev_round_bf16(ss / float(dim));
+  const float var = dev_round_bf16(mean + dev_round_bf16(eps));
+  const float rs = dev_round_bf16(1.0f / sqrtf(var));
+  for (int64_t i = 0; i < dim; ++i) v[i] = dev_round_bf16(v[i] * rs);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float scale, bool bf16) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = bf16 ? dev_round_bf16(x[i] * scale) : x[i] * scale;
+}
+
+// grid (ceil(out / 128), rows): one thread per output, ops::dot_f32's exact summation order.
+__global__ void linear_kernel(LinearArgs a) {
+  const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
+  if (o >= a.out) return;
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const float* w = a.w + (a.sel ? int64_t(a.sel[r]) * a.out * a.in : 0) + o * a.in;
+  const float acc = dev_dot_f32(x, w, a.in);
+  a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// ops::rms_norm: sum of squares in double in index order (thread 0), FP32 scaling.
+__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
+  __shared__ float r_inv;
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float* yr = y + int64_t(blockIdx.x) * dim;
+  if (threadIdx.x == 0) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
+    r_inv = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = __fmul_rn(xr[i], r_inv);
+    if (w) v = __fmul_rn(v, w[i]);
+    yr[i] = bf16 ? dev_round_bf16(v) : v;
+  }
+}
+
+// One block per row: scalar rsqrt over the flattened streams (double sum, as the CPU), one warp
+// per mix dot, then thread 0 forms pre/post/comb and runs Sinkhorn serially.
+__global__ void hc_mixes_kernel(HcMixArgs a) {
+  extern __shared__ float mu[];
+  const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
+  const float* x = a.x + int64_t(blockIdx.x) * flat;
+  __shared__ float rs;
+  if (threadIdx.x == 0) {
+    double ss = 0;
+    for (int64_t i = 0; i < flat; ++i) ss += double(x[i]) * double(x[i]);
+    rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  }
+  __syncthreads();
+  for (int64_t m = threadIdx.x; m < n_mix; m += blockDim.x) mu[m] = __fmul_rn(dev_dot_f32(a.fn + m * flat, x, flat), rs);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int64_t r = blockIdx.x;
+  auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
+  for (int64_t i = 0; i < hc; ++i) {
+    a.pre[r * hc + i] = sigm(mul_add(mu[i], a.scale[0], a.base[i])) + a.hc_eps;
+    if (!a.head_only) a.post[r * hc + i] = 2.0f * sigm(mul_add(mu[hc + i], a.scale[1], a.base[hc + i]));
+  }
+  if (a.head_only) return;
+  float* P = a.comb + r * hc * hc;
+  for (int64_t i = 0; i < hc * hc; ++i) P[i] = mul_add(mu[2 * hc + i], a.scale[2], a.base[2 * hc + i]);
+  const float eps = a.hc_eps;
+  for (int64_t j = 0; j < hc; ++j) {
+    float* row = P + j * hc;
+    float m = row[0];
+    for (int64_t k = 1; k < hc; ++k) m = fmaxf(m, row[k]);
+    float s = 0;
+    for (int64_t k = 0; k < hc; ++k) s += (row[k] = dev_exp(row[k] - m));
+    for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / s + eps;
+  }
+  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+    if (it > 0) {
+      for (int64_t j = 0; j < hc; ++j) {
+        float s = 0;
+        for (int64_t k = 0; k < hc; ++k) s += P[j * hc + k];
+        for (int64_t k = 0; k < hc; ++k) P[j * hc + k] /= (s + eps);
+      }
+    }
+    for (int64_t k = 0; k < hc; ++k) {
+      float s = 0;
+      for (int64_t j = 0; j < hc; ++j) s += P[j * hc + k];
+      for (int64_t j = 0; j < hc; ++j) P[j * hc + k] /= (s + eps);
+    }
+  }
+}
+
+__global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                                   int64_t dim, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * dim) return;
+  const int64_t r = id / dim, d = id % dim;
+  float s = 0;
+  for (int64_t i = 0; i < hc; ++i) s = mul_add(pre[r * hc + i], x[(r * hc + i) * dim + d], s);
+  u[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+constexpr int kMaxHc = 16;
+__global__ void hc_post_kernel(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                               int64_t hc, int64_t dim, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * dim) return;
+  const int64_t r = id / dim, d = id % dim;
+  float xs[kMaxHc], out[kMaxHc];
+  for (int64_t j = 0; j < hc; ++j) xs[j] = x[(r * hc + j) * dim + d];
+  const float* P = comb + r * hc * hc;
+  for (int64_t k = 0; k < hc; ++k) {
+    float s = __fmul_rn(post[r * hc + k], f[r * dim + d]);
+    for (int64_t j = 0; j < hc; ++j) s = mul_add(P[j * hc + k], xs[j], s);
+    out[k] = bf16 ? dev_round_bf16(s) : s;
+  }
+  for (int64_t k = 0; k < hc; ++k) x[(r * hc + k) * dim + d] = out[k];
+}
+
+__global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                             int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * hc * dim) return;
+  const int64_t t = id / (hc * dim), d = id % dim;
+  X[id] = embed[int64_t(tokens[t]) * dim + d];
+}
+
+// One block per (row, stream): sums in index order by thread 0 (as the CPU), then the update.
+__global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
+                                   float eps, bool bf16) {
+  __shared__ float gate;
+  const int64_t r = blockIdx.x / hc, c = blockIdx.x % hc;
+  float* x = xall + (r * hc + c) * dim;
+  const float* kv = kvall + r * (hc + 1) * dim;
+  const float* key = kv + c * dim;
+  const float* w = wqk + c * dim;
+  if (threadIdx.x == 0) {
+    double sxx = 0, skk = 0;
+    float dotv = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      sxx += double(x[i]) * x[i];
+      skk += double(key[i]) * key[i];
+      dotv = mul_add(__fmul_rn(x[i], w[i]), key[i], dotv);
+    }
+    const float rx = 1.0f / sqrtf(__fadd_rn(float(sxx / double(dim)), eps));
+    const float rk = 1.0f / sqrtf(__fadd_rn(float(skk / double(dim)), eps));
+    const float z = __fmul_rn(__fmul_rn(dotv, rx), rk) / sqrtf(float(dim));
+    const float sq = copysignf(sqrtf(fmaxf(fabsf(z), 1e-6f)), z);
+    gate = 1.0f / (1.0f + dev_exp(-sq));
+  }
+  __syncthreads();
+  const float* value = kv + hc * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = mul_add(gate, value[i], x[i]);
+    x[i] = bf16 ? dev_round_bf16(v) : v;
+  }
+}
+
+__global__ void ring_write_kernel(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                                  int64_t ring_size, int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= (T - t0) * dim) return;
+  const int64_t t = t0 + id / dim, d = id % dim;
+  ring[(pos[t] % ring_size) * dim + d] = kv[t * dim + d];
+}
+
+__global__ void add_ape_kernel(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                               int64_t ratio) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * width) return;
+  const int64_t t = id / width, j = id % width;
+  z[id] += ape[(pos[t] % ratio) * width + j];
+}
+
+__global__ void softmax_pool_kernel(const float* const* v, const float* const* z, int64_t n_slots, int64_t dim,
+                                    float* out) {
+  const int64_t g = blockIdx.y, d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  const float* const* vs = v + g * n_slots;
+  const float* const* zs = z + g * n_slots;
+  float m = -INFINITY;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) m = fmaxf(m, zs[s][d]);
+  float den = 0;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) den += dev_exp(zs[s][d] - m);
+  float acc = 0;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) acc = mul_add(dev_exp(zs[s][d] - m) / den, vs[s][d], acc);
+  out[g * dim + d] = acc;
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                              int64_t n, float limit, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * n) return;
+  float gv = g[id], uv = u[id];
+  if (limit > 0) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+  }
+  const float v = __fmul_rn(__fmul_rn(gv / (1.0f + dev_exp(-gv)), uv), weight ? weight[id / n] : 1.0f);
+  h[id] = bf16 ? dev_round_bf16(v) : v;
+}
+
+__global__ void moe_combine_kernel(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                                   int64_t dim, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * dim) return;
+  const int64_t t = id / dim, d = id % dim;
+  float s = 0;
+  for (int64_t k = 0; k < K; ++k) s += y[(t * K + k) * dim + d];
+  s += ys[id];
+  out[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+}  // namespace
+
+cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                             QuantSim kind, cudaStream_t s) {
+  if (kind == QuantSim::kBf16) block = 1;
+  if (block <= 0 || qdim % block != 0 || qdim > stride) return cudaErrorInvalidValue;
+  const int64_t n = rows * (qdim / block);
+  if (n == 0) return cudaSuccess;
+  quant_sim_kernel<<<blocks_for(n, 128), 128, 0, s>>>(x, rows, stride, qdim, block, kind);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s) {
+  if (dim <= 0 || (dim & (dim - 1)) != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  hadamard_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(x, rows, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  rms_bf16_heads_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(x, rows, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, scale, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
+  LinearArgs a = a0;
+  if (a.x_stride == 0) a.x_stride = a.in;
+  if (a.y_stride == 0) a.y_stride = a.out;
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  linear_kernel<<<dim3(blocks_for(a.out, 128), unsigned(a.rows)), 128, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                                  bool bf16, cudaStream_t s) {
+  if (dim <= 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  rms_norm_kernel<<<unsigned(rows), 128, 0, s>>>(x, w, y, dim, eps, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
+  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc;
+  hc_mixes_kernel<<<unsigned(a.rows), 256, size_t(n_mix) * sizeof(float), s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                               int64_t dim, bool bf16, cudaStream_t s) {
+  if (rows * dim == 0) return cudaSuccess;
+  hc_collapse_kernel<<<blocks_for(rows * dim, 256), 256, 0, s>>>(x, pre, u, rows, hc, dim, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                           int64_t hc, int64_t dim, bool bf16, cudaStream_t s) {
+  if (hc > kMaxHc) return cudaErrorInvalidValue;
+  if (rows * dim == 0) return cudaSuccess;
+  hc_post_kernel<<<blocks_for(rows * dim, 256), 256, 0, s>>>(f, x, post, comb, rows, hc, dim, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                         int64_t dim, cudaStream_t s) {
+  if (T * hc * dim == 0) return cudaSuccess;
+  embed_kernel<<<blocks_for(T * hc * dim, 256), 256, 0, s>>>(embed, tokens, X, T, hc, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
+                               int64_t dim, float eps, bool bf16, cudaStream_t s) {
+  if (rows * hc == 0) return cudaSuccess;
+  engram_gate_kernel<<<unsigned(rows * hc), 128, 0, s>>>(x, kv, wqk, hc, dim, eps, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                              int64_t ring_size, int64_t dim, cudaStream_t s) {
+  if (T <= t0) return cudaSuccess;
+  ring_write_kernel<<<blocks_for((T - t0) * dim, 256), 256, 0, s>>>(ring, kv, pos, t0, T, ring_size, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_ape(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                           int64_t ratio, cudaStream_t s) {
+  if (T * width == 0) return cudaSuccess;
+  add_ape_kernel<<<blocks_for(T * width, 256), 256, 0, s>>>(z, ape, pos, T, width, ratio);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, int64_t n_groups,
+                                int64_t n_slots, int64_t dim, float* out, cudaStream_t s) {
+  if (n_groups == 0) return cudaSuccess;
+  softmax_pool_kernel<<<dim3(blocks_for(dim, 128), unsigned(n_groups)), 128, 0, s>>>(v, z, n_slots, dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                          int64_t n, float limit, bool bf16, cudaStream_t s) {
+  if (rows * n == 0) return cudaSuccess;
+  swiglu_kernel<<<blocks_for(rows * n, 256), 256, 0, s>>>(g, u, h, weight, rows, n, limit, bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                               int64_t dim, bool bf16, cudaStream_t s) {
+  if (T * dim == 0) return cudaSuccess;
+  moe_combine_kernel<<<blocks_for(T * dim, 256), 256, 0, s>>>(y, ys, out, T, K, dim, bf16);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail

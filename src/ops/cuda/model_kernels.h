@@ -1,0 +1,141 @@
+// Kernels of the whole-model GPU forward (forward/gpu_*.cpp), each the GPU twin of a CPU
+// reference op (ops/*.h): same inputs, same rounding points, FP32 weights (the dequantised values
+// the CPU backend uses). Plain `cudaError_t` launchers (nvcc cannot compile core/status.h); the
+// host orchestration wraps every call in FS_CUDA_RETURN_IF_ERROR. Nothing here allocates.
+// Shapes are outermost-first; all pointers are device pointers unless stated.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+// ---- quantisation simulations (ops/quant.h), in place ----------------------------------------
+enum class QuantSim { kBf16, kFp8, kFp4E8m0, kFp4E4m3 };
+// x [rows, stride]: the first `qdim` elements of each row, in blocks of `block` (kBf16: per element).
+cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                             QuantSim kind, cudaStream_t s);
+// ops::rms_norm bit for bit (double sum of squares in index order); y may alias x.
+cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                                  bool bf16, cudaStream_t s);
+cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s);  // ops::hadamard_inplace
+cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+// x[i] = bf16?(x[i] · scale)
+cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s);
+
+// ---- linear (ops::linear on pre-quantised x): y[r] = x[r / x_row_div] · W_sel[r]ᵀ -----------
+struct LinearArgs {
+  const float* x = nullptr;       // rows of `in` values, row stride x_stride
+  const float* w = nullptr;       // [out, in]; with sel: stacked [E, out, in]
+  float* y = nullptr;             // rows of `out` values, row stride y_stride
+  const int32_t* sel = nullptr;   // [rows] matrix of each output row (nullptr: w)
+  int64_t rows = 0, in = 0, out = 0;
+  int64_t x_stride = 0, y_stride = 0;  // 0: in / out
+  int64_t x_row_div = 1;          // output row r reads input row r / x_row_div
+  bool bf16_out = false;
+};
+cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
+
+// ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
+struct HcMixArgs {
+  const float* x = nullptr;       // [rows, hc, dim]
+  const float* fn = nullptr;      // [n_mix, hc·dim]
+  const float* base = nullptr;    // [n_mix]
+  const float* scale = nullptr;   // [3]
+  int64_t rows = 0, hc = 4, dim = 0, sinkhorn_iters = 20;
+  float norm_eps = 0, hc_eps = 0;
+  bool head_only = false;         // hc_head_pre: only the hc pre mixes
+  float* pre = nullptr;           // [rows, hc]
+  float* post = nullptr;          // [rows, hc]
+  float* comb = nullptr;          // [rows, hc, hc]
+};
+cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
+cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                               int64_t dim, bool bf16, cudaStream_t s);
+// x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
+cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                           int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
+
+// ---- embedding, Engram gate, ring write, compressor ape --------------------------------------
+cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                         int64_t dim, cudaStream_t s);
+// ops::engram_gate for every row: x [rows, hc, dim], kv [rows, (hc+1)·dim], wqk [hc, dim].
+cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
+                               int64_t dim, float eps, bool bf16, cudaStream_t s);
+// ring[pos[t] % ring_size] = kv[t] for t in [t0, T).
+cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                              int64_t ring_size, int64_t dim, cudaStream_t s);
+// z[t, j] += ape[(pos[t] % ratio), j]
+cudaError_t launch_add_ape(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                           int64_t ratio, cudaStream_t s);
+// ops::softmax_pool per group: v/z are [n_groups, n_slots] device tables of row pointers (nullptr:
+// empty slot); out [n_groups, dim].
+cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, int64_t n_groups,
+                                int64_t n_slots, int64_t dim, float* out, cudaStream_t s);
+
+// ---- MoE (ops/moe.h) ---------------------------------------------------------------------------
+struct RouteArgs {
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] or nullptr
+  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
+  const int32_t* tokens = nullptr;   // [T]
+  float* scratch = nullptr;       // [T, 2E]
+  int64_t T = 0, E = 0, K = 0;
+  float gate_temp = 1, route_scale = 1;
+  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
+  int32_t* sel = nullptr;         // [T, K] ascending expert ids
+  float* weight = nullptr;        // [T, K]
+};
+cudaError_t launch_route(const RouteArgs& a, cudaStream_t s);
+// h[r] = bf16?(swiglu(g[r], u[r]) · weight[r]) (weight nullptr: 1).
+cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                          int64_t n, float limit, bool bf16, cudaStream_t s);
+// out[t] = bf16?(Σ_k y[t, k] + ys[t]) in slot order.
+cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                               int64_t dim, bool bf16, cudaStream_t s);
+
+// ---- attention and indexer (model_attn.cu) -----------------------------------------------------
+// One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
+// (ops::sparse_attention). Window key s: kv_chunk[s − start] if s >= start else ring[s % ring].
+struct ModelAttnArgs {
+  const float* q = nullptr;        // [T, H, Dh]
+  const float* kv_chunk = nullptr; // [T, Dh]
+  const float* ring = nullptr;     // [ring_size, Dh]
+  const float* ckv = nullptr;      // [n_entries, Dh] compressed rows (nullptr: window only)
+  const int32_t* topk = nullptr;   // [T, topk_stride] selected rows, ascending (nullptr: all)
+  const int32_t* topk_n = nullptr; // [T] counts
+  int64_t topk_stride = 0, ratio = 0;  // ratio > 0 without topk: every visible entry (V4 HCA)
+  const float* sink = nullptr;     // [H]
+  float* out = nullptr;            // [T, H, Dh]
+  int64_t T = 0, H = 0, Dh = 0, window = 0, ring_size = 0, start = 0, max_keys = 0;
+  float scale = 0;
+  bool bf16 = false;               // BF16 probabilities and output
+};
+cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
+
+// ops::index_scores for every query row: clen(t) = (start + t + 1) / ratio visible keys.
+struct IndexScoreArgs {
+  const float* q = nullptr;        // [T, nI, dI]
+  const float* w = nullptr;        // [T, nI]
+  const float* keys = nullptr;     // [n, dI]
+  float* scores = nullptr;         // [T, stride]
+  int64_t T = 0, nI = 0, dI = 0, start = 0, ratio = 1, stride = 0;
+  bool bf16 = false;
+};
+cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
+
+// Per query row: mode 1 publishes the candidate mask (ops::candidate_mask), mode 2 filters the
+// scores by it, then top-k (ops::topk_indices: finite scores, lower index at ties, ascending).
+struct IndexTopkArgs {
+  float* scores = nullptr;         // [T, stride] (modified)
+  uint8_t* cand = nullptr;         // [T, stride]
+  float* block_scratch = nullptr;  // [T, stride]
+  uint8_t* taken = nullptr;        // [T, stride]
+  int32_t* out = nullptr;          // [T, k]
+  int32_t* out_n = nullptr;        // [T]
+  int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
+  int mode = 0;
+};
+cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s);
+
+}  // namespace flashseek::ops::cuda::detail

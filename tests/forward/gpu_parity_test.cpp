@@ -1,0 +1,189 @@
+// Whole-model parity of the CUDA backend (forward/gpu_model.h) with the CPU reference backend on
+// make-tiny checkpoints over 410 tokens: tie-free variants (index top-k covering every compressed
+// position, every expert active, every candidate block kept) must agree to max|Δlogit| < 2e-2 at
+// every position; the standard tiny configs (where routing / top-k near-ties may flip under the
+// simulations) must agree on the teacher-forced argmax at >= 90% of positions. The same criteria
+// hold for GPU prefill (one chunk) vs GPU decode (one token per step) and odd chunk sizes.
+// Skips visibly without a CUDA device.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "forward/cpu_model.h"
+#include "forward/gpu_model.h"
+#include "model/make_tiny.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include "ops/cuda/cuda_check.h"
+#endif
+
+namespace flashseek::forward {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int64_t kTokens = 410;
+
+bool have_gpu(std::string* why) {
+#if FLASHSEEK_HAVE_CUDA
+  return ops::cuda::cuda_device_available(why);
+#else
+  *why = "this build has no CUDA backend";
+  return false;
+#endif
+}
+
+#define REQUIRE_GPU()                                          \
+  do {                                                         \
+    std::string why;                                           \
+    if (!have_gpu(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
+  } while (0)
+
+// A make-tiny checkpoint of `name`; tie_free widens every selection so that nothing is dropped.
+std::string make_ckpt(const std::string& name, bool tie_free) {
+  static std::vector<std::unique_ptr<fs::path>> keep;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("fs_gpu_" + name + (tie_free ? "_tf_" : "_std_") + std::to_string(::getpid()));
+  if (fs::exists(dir / "config.json")) return dir.string();
+  auto cfg = model::builtin_config(name);
+  EXPECT_TRUE(cfg.ok());
+  model::ModelConfig c = cfg.value();
+  if (tie_free) {
+    c.index_topk = 4096;
+    c.n_experts_per_tok = c.n_routed_experts;
+    c.candidate_topk_blocks = 4096;
+    EXPECT_TRUE(model::finalize_config(c).ok());
+  }
+  model::MakeTinyOptions opt;
+  opt.seed = 11;
+  EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
+  return dir.string();
+}
+
+std::vector<int32_t> tokens_for(int64_t vocab) {
+  Rng rng(1234);
+  std::vector<int32_t> t(kTokens);
+  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
+  return t;
+}
+
+// All logits [n, V] of `tokens` fed in chunks of `chunk` tokens through a fresh sequence.
+std::vector<float> run(Model& m, const std::vector<int32_t>& tokens, int64_t chunk) {
+  auto st = m.new_sequence();
+  std::vector<float> out;
+  for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
+    const size_t n = std::min(tokens.size() - i, size_t(chunk));
+    BatchItem item{st.get(), std::span<const int32_t>(tokens.data() + i, n), true};
+    const Status s = m.forward({&item, 1}, out);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    if (!s.ok()) break;
+  }
+  return out;
+}
+
+struct Cmp {
+  double max_abs = 0;
+  double argmax_agree = 0;  // fraction of positions with the same argmax
+};
+Cmp compare(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  Cmp r;
+  EXPECT_EQ(a.size(), b.size());
+  if (a.size() != b.size() || a.empty()) return r;
+  const int64_t n = int64_t(a.size()) / V;
+  int64_t agree = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const float* x = a.data() + p * V;
+    const float* y = b.data() + p * V;
+    for (int64_t v = 0; v < V; ++v) r.max_abs = std::max(r.max_abs, std::fabs(double(x[v]) - y[v]));
+    agree += (std::max_element(x, x + V) - x) == (std::max_element(y, y + V) - y);
+  }
+  r.argmax_agree = double(agree) / double(n);
+  return r;
+}
+
+struct Param {
+  const char* config;
+  bool tie_free;
+  Numerics numerics;
+};
+
+class GpuParity : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuParity, MatchesCpuAndDecodeMatchesPrefill) {
+  REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config, p.tie_free);
+  auto cpu = load_model(dir, p.numerics);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  auto gpu = load_model_gpu(dir, p.numerics, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  const int64_t V = cpu.value()->config().vocab_size;
+  const auto tokens = tokens_for(V);
+  const auto ref = run(*cpu.value(), tokens, kTokens);
+  const auto g_prefill = run(*gpu.value(), tokens, kTokens);
+  const auto g_decode = run(*gpu.value(), tokens, 1);
+  const auto g_chunks = run(*gpu.value(), tokens, 129);
+  ASSERT_EQ(ref.size(), size_t(kTokens * V));
+  const Cmp vs_cpu = compare(ref, g_prefill, V), pd = compare(g_prefill, g_decode, V),
+            pc = compare(g_prefill, g_chunks, V);
+  std::printf("[gpu parity] %s %s %s: cpu-gpu max|d| %.3g argmax %.4f; prefill-decode %.3g / %.4f; "
+              "prefill-chunk129 %.3g / %.4f\n",
+              p.config, p.tie_free ? "tie-free" : "standard",
+              p.numerics == Numerics::kExact ? "exact" : "reference", vs_cpu.max_abs, vs_cpu.argmax_agree,
+              pd.max_abs, pd.argmax_agree, pc.max_abs, pc.argmax_agree);
+  if (p.tie_free) {
+    EXPECT_LT(vs_cpu.max_abs, 2e-2);
+    EXPECT_LT(pd.max_abs, 2e-2);
+    EXPECT_LT(pc.max_abs, 2e-2);
+  }
+  EXPECT_GE(vs_cpu.argmax_agree, 0.9);
+  EXPECT_GE(pd.argmax_agree, 0.9);
+  EXPECT_GE(pc.argmax_agree, 0.9);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiny, GpuParity,
+    ::testing::Values(Param{"tiny-v41", true, Numerics::kReference}, Param{"tiny-v4", true, Numerics::kReference},
+                      Param{"tiny-v41", true, Numerics::kExact}, Param{"tiny-v4", true, Numerics::kExact},
+                      Param{"tiny-v41", false, Numerics::kReference}, Param{"tiny-v4", false, Numerics::kReference}),
+    [](const ::testing::TestParamInfo<Param>& info) {
+      return std::string(std::string(info.param.config) == "tiny-v41" ? "v41" : "v4") +
+             (info.param.tie_free ? "_tiefree_" : "_standard_") +
+             (info.param.numerics == Numerics::kExact ? "exact" : "reference");
+    });
+
+// A snapshot (clone) continues exactly like the original; state of one sequence does not leak
+// into another; bad input is an error, not a crash.
+TEST(GpuModel, CloneContinuesAndErrorsAreValues) {
+  REQUIRE_GPU();
+  const std::string dir = make_ckpt("tiny-v41", false);
+  auto gpu = load_model_gpu(dir, Numerics::kReference, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  Model& m = *gpu.value();
+  const auto tokens = tokens_for(m.config().vocab_size);
+  auto a = m.new_sequence();
+  std::vector<float> sink;
+  BatchItem first{a.get(), std::span<const int32_t>(tokens.data(), 77), false};
+  ASSERT_TRUE(m.forward({&first, 1}, sink).ok());
+  auto b = a->clone();
+  EXPECT_EQ(b->length(), 77);
+  std::vector<float> la, lb;
+  BatchItem ia{a.get(), std::span<const int32_t>(tokens.data() + 77, 40), true};
+  BatchItem ib{b.get(), std::span<const int32_t>(tokens.data() + 77, 40), true};
+  ASSERT_TRUE(m.forward({&ia, 1}, la).ok());
+  ASSERT_TRUE(m.forward({&ib, 1}, lb).ok());
+  EXPECT_EQ(la, lb);
+  const int32_t bad = int32_t(m.config().vocab_size);
+  BatchItem ibad{a.get(), std::span<const int32_t>(&bad, 1), false};
+  const Status s = m.forward({&ibad, 1}, la);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("vocabulary"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(load_model_gpu(dir, Numerics::kReference, 999).ok());
+  EXPECT_FALSE(load_model_gpu("/nonexistent/ckpt", Numerics::kReference, 0).ok());
+}
+
+}  // namespace
+}  // namespace flashseek::forward
