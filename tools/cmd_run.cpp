@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "engine/run_contract.h"
+#include "forward/gpu_model.h"
 #include "forward/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_locate.h"
@@ -18,6 +19,7 @@ namespace {
 struct RunOpts {
   std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "off";
   std::string stop_ids;
+  std::string gpus;  // "" = CPU backend, "N" = CUDA device N (forward/gpu_model.h)
   int64_t max_tokens = 16, top_k = 0, prompt_logprobs = 0, logprobs = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
@@ -85,7 +87,7 @@ int run(const RunOpts& o) {
   }
   const auto numerics = o.numerics == "exact" ? forward::Numerics::kExact
                                               : forward::Numerics::kReference;
-  auto model = forward::load_model(o.ckpt, numerics);
+  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus);
   if (!model.ok()) return fail(model.status().message());
   auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
                                (*model)->config().vocab_size);
@@ -140,6 +142,7 @@ std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "generate from a prompt with a checkpoint (one request)");
   auto o = std::make_shared<RunOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  cmd->add_option("--gpus", o->gpus, "CUDA device id, e.g. 0 (default: the CPU backend)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "token ids: 1,2,3 or @file.json (JSON array)");
   cmd->add_option("--prompt", o->prompt, "prompt text (needs the tokenizer)");
   cmd->add_option("--tokenizer", o->tokenizer,

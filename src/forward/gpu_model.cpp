@@ -2,6 +2,24 @@
 // sequence state, embedding, the per-layer mHC data flow, Engram, the final collapse/norm/head.
 #include "forward/gpu_model.h"
 
+#include <charconv>
+
+namespace flashseek::forward {
+
+Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus) {
+  if (gpus.empty()) return load_model(dir, numerics);
+  int device = -1;
+  const auto [end, ec] = std::from_chars(gpus.data(), gpus.data() + gpus.size(), device);
+  if (ec != std::errc() || end != gpus.data() + gpus.size() || device < 0) {
+    if (gpus.find(',') != std::string::npos)
+      return Status(StatusCode::kUnimplemented, fmt::format("--gpus {}: one device only in this build", gpus));
+    return invalid_argument("--gpus {}: expected a device number such as 0", gpus);
+  }
+  return load_model_gpu(dir, numerics, device);
+}
+
+}  // namespace flashseek::forward
+
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 

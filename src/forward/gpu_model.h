@@ -20,4 +20,9 @@ bool gpu_backend_built();
 // the file / tensor / device (no device, out of memory, ...).
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device);
 
+// The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
+// device N. Lists of several devices are refused (multi-GPU is not implemented yet).
+Result<std::unique_ptr<Model>> load_model_for(const std::string& ckpt_dir, Numerics numerics,
+                                              const std::string& gpus);
+
 }  // namespace flashseek::forward
