@@ -77,6 +77,7 @@ void CpuModel::attention(int l, ChunkCtx& ctx, const std::vector<float>& a, std:
   std::vector<float> qlat, q, kv;
   project_qkv(A, a, ctx.pos, qlat, q, kv);
   if (A.has_compressor) compress(l, ctx, a);
+  if (A.has_idx_compressor) compress_v4_index(l, ctx, a);
   if (A.has_indexer) index_select(l, ctx, a, qlat);
 
   // Key list of each query: window (oldest first) then compressed rows (ascending).

@@ -66,6 +66,39 @@ void pool_groups(CompressorState& cs, const std::vector<float>& v, const std::ve
   }
 }
 
+// Compressor projections in FP32 (the reference promotes compressor weights; V4.1 ratio 1 is a
+// BF16 GEMM): v = wkv·a [T, width], z = wgate·a + ape[pos mod ratio] (no gate: z stays empty).
+void project(const std::vector<float>& a, const CompressorWeights& cw, const std::vector<int64_t>& pos,
+             int64_t ratio, int64_t D, int64_t width, bool bf16_v, std::vector<float>& v, std::vector<float>& z) {
+  const int64_t T = int64_t(pos.size());
+  v.resize(size_t(T * width));
+  ops::LinearParams pv{a.data(), cw.wkv.data(), v.data(), T, D, width};
+  pv.bf16_out = bf16_v;
+  ops::linear(pv);
+  if (cw.wgate.empty()) return;
+  z.resize(size_t(T * width));
+  ops::linear({a.data(), cw.wgate.data(), z.data(), T, D, width});
+  if (cw.ape.empty()) return;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < width; ++j) z[t * width + j] += cw.ape[(pos[t] % ratio) * width + j];
+}
+
+// V4.1 index keys from the pre-RoPE latents [n, Dh]: k_norm(wk(latent)), RoPE at the group's first
+// token, FP4 with UE8M0 group-32 scales (reference).
+std::vector<float> v41_index_keys(const AttentionWeights& A, const std::vector<float>& latent,
+                                  const std::vector<int64_t>& gpos, int64_t Dh, int64_t dI, int64_t Dr,
+                                  float eps, bool R) {
+  const int64_t n = int64_t(gpos.size());
+  std::vector<float> k(static_cast<size_t>(n * dI));
+  ops::LinearParams p{latent.data(), A.idx_wk.data(), k.data(), n, Dh, dI};
+  p.bf16_in = p.bf16_out = R;
+  ops::linear(p);
+  ops::rms_norm({k.data(), A.idx_k_norm.data(), k.data(), n, dI, eps, R});
+  ops::apply_rope({k.data(), gpos.data(), A.rope_inv_freq.data(), n, 1, dI, Dr, false, R});
+  if (R) ops::fp4_quant_dequant_e8m0(k.data(), n, dI, 32);
+  return k;
+}
+
 }  // namespace
 
 void CpuModel::compress(int l, ChunkCtx& ctx, const std::vector<float>& a) {
@@ -80,18 +113,9 @@ void CpuModel::compress(int l, ChunkCtx& ctx, const std::vector<float>& a) {
   const bool overlap = !v41 && ratio == 4;
   const int64_t coff = overlap ? 2 : 1;
 
-  // Projections in FP32 (the reference promotes compressor weights; V4.1 ratio 1 is a BF16 GEMM).
-  auto project = [&](const CompressorWeights& cw, int64_t width, std::vector<float>& v, std::vector<float>& z) {
-    linear(a, cw.wkv, T, D, width, v, 0, R && v41 && ratio == 1);
-    if (cw.wgate.empty()) return;
-    linear(a, cw.wgate, T, D, width, z, 0, false);
-    if (!cw.ape.empty())
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < width; ++j) z[t * width + j] += cw.ape[(ctx.pos[t] % ratio) * width + j];
-  };
   std::vector<float> v, z, entries;
   std::vector<int64_t> groups;
-  project(A.compressor, coff * Dh, v, z);
+  project(a, A.compressor, ctx.pos, ratio, D, coff * Dh, R && v41 && ratio == 1, v, z);
   if (v41 && ratio == 1) {
     entries = v;
     groups = ctx.pos;
@@ -99,36 +123,34 @@ void CpuModel::compress(int l, ChunkCtx& ctx, const std::vector<float>& a) {
     pool_groups(LS.comp, v, z, ctx.pos, ratio, Dh, overlap, entries, groups);
   }
   const int64_t n = int64_t(groups.size());
-  if (n == 0 && !(A.has_idx_compressor)) return;
+  if (n == 0) return;
   std::vector<int64_t> gpos(groups.size());
   for (int64_t i = 0; i < n; ++i) gpos[i] = groups[i] * ratio;  // RoPE at the group's first token
   if (R) ops::round_bf16_inplace(entries.data(), n * Dh);
   ops::rms_norm({entries.data(), A.compressor.norm.data(), entries.data(), n, Dh, eps, R});
-  if (v41 && !A.idx_wk.empty() && n > 0) {
-    // Index keys from the pre-RoPE latent: k_norm(wk(latent)), RoPE, FP4 (reference).
-    std::vector<float> k;
-    ops::LinearParams p{entries.data(), A.idx_wk.data(), nullptr, n, Dh, dI};
-    k.resize(size_t(n * dI));
-    p.y = k.data();
-    p.bf16_in = p.bf16_out = R;
-    ops::linear(p);
-    ops::rms_norm({k.data(), A.idx_k_norm.data(), k.data(), n, dI, eps, R});
-    ops::apply_rope({k.data(), gpos.data(), A.rope_inv_freq.data(), n, 1, dI, Dr, false, R});
-    if (R) ops::fp4_quant_dequant_e8m0(k.data(), n, dI, 32);
+  if (v41 && !A.idx_wk.empty()) {
+    const auto k = v41_index_keys(A, entries, gpos, Dh, dI, Dr, eps, R);
     LS.ikeys.insert(LS.ikeys.end(), k.begin(), k.end());
   }
-  if (n > 0) {
-    ops::apply_rope({entries.data(), gpos.data(), A.rope_inv_freq.data(), n, 1, Dh, Dr, false, R});
-    if (R && v41) ops::fp4_quant_dequant_e4m3(entries.data(), n, Dh, 16);
-    if (R && !v41)
-      for (int64_t i = 0; i < n; ++i) ops::fp8_quant_dequant(entries.data() + i * Dh, 1, Dh - Dr, 64);
-    LS.ckv.insert(LS.ckv.end(), entries.begin(), entries.end());
-  }
-  if (!A.has_idx_compressor) return;
-  // V4 indexer compressor (c = dI): same pooling, then Hadamard + FP4 in reference numerics.
+  ops::apply_rope({entries.data(), gpos.data(), A.rope_inv_freq.data(), n, 1, Dh, Dr, false, R});
+  if (R && v41) ops::fp4_quant_dequant_e4m3(entries.data(), n, Dh, 16);
+  if (R && !v41)
+    for (int64_t i = 0; i < n; ++i) ops::fp8_quant_dequant(entries.data() + i * Dh, 1, Dh - Dr, 64);
+  LS.ckv.insert(LS.ckv.end(), entries.begin(), entries.end());
+}
+
+void CpuModel::compress_v4_index(int l, ChunkCtx& ctx, const std::vector<float>& a) {
+  // V4 indexer compressor (c = dI): the attention compressor's pooling, then Hadamard + FP4 in
+  // reference numerics (v4 §3.5.6).
+  const auto& c = config();
+  const int64_t ratio = c.role(l).ratio, D = c.hidden_size, dI = c.index_head_dim, Dr = c.rope_head_dim;
+  const AttentionWeights& A = w_.layers[size_t(l)].attn;
+  LayerState& LS = ctx.st->layers[size_t(l)];
+  const bool R = ref(), overlap = ratio == 4;
+  const float eps = float(c.rms_norm_eps);
   std::vector<float> iv, iz, ient;
   std::vector<int64_t> igroups;
-  project(A.idx_compressor, coff * dI, iv, iz);
+  project(a, A.idx_compressor, ctx.pos, ratio, D, (overlap ? 2 : 1) * dI, false, iv, iz);
   pool_groups(LS.icomp, iv, iz, ctx.pos, ratio, dI, overlap, ient, igroups);
   const int64_t ni = int64_t(igroups.size());
   if (ni == 0) return;

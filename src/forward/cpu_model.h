@@ -77,6 +77,7 @@ class CpuModel final : public Model {
   void engram(int layer, ChunkCtx& ctx, std::vector<float>& x) const;
   void attention(int layer, ChunkCtx& ctx, const std::vector<float>& a, std::vector<float>& out);
   void compress(int layer, ChunkCtx& ctx, const std::vector<float>& a);
+  void compress_v4_index(int layer, ChunkCtx& ctx, const std::vector<float>& a);
   void index_select(int layer, ChunkCtx& ctx, const std::vector<float>& a,
                     const std::vector<float>& qlat);
   using SublayerFn = std::function<void(const Vec& in, Vec& out)>;
