@@ -12,6 +12,8 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/engine.h"
+#include "engine/state_cache.h"
+#include "forward/state_io.h"
 #include "forward/cpu_model.h"
 #include "server/deferred_backend.h"
 #include "server/engine_backend.h"
@@ -29,6 +31,8 @@ struct ServeOpts {
   std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
   int port = 8000;
   int64_t max_batch = 8, max_queue = 64, max_context = 0;
+  int64_t host_cache_bytes = int64_t(1) << 30;  // state cache, host tier (issue 6)
+  std::string cache_dir;                         // state cache, disk tier (empty: none)
   bool thinking = false;
   std::vector<std::string> extra_names;
 };
@@ -131,6 +135,11 @@ int serve(const ServeOpts& o) {
     return fail(st);
   };
   if (!model.ok()) return abort_with(model.status().with_context("loading " + o.ckpt));
+  // The state cache outlives the engine (snapshot callbacks point at it).
+  auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
+  if (!fingerprint.ok()) return abort_with(fingerprint.status());
+  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir});
+  if (!cache.ok()) return abort_with(cache.status());
   engine::EngineOptions eo;
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
@@ -139,6 +148,7 @@ int serve(const ServeOpts& o) {
   if (!engine.ok()) return abort_with(engine.status());
   (*engine)->start();
   server::EngineBackend backend(**engine);
+  backend.set_state_cache(cache->get());
   if (Status st = backend.warm_up(); !st.ok()) return abort_with(st);
   deferred.set(&backend);
   spdlog::info("ready: {} loaded in {:.1f} s, models: {}", o.ckpt,
@@ -165,6 +175,11 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--max-context", o->max_context,
                   "longest prompt + completion (default: the config's max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  cmd->add_option("--host-cache-bytes", o->host_cache_bytes,
+                  "state cache: host-memory budget for conversation snapshots (0: none)")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 50));
+  cmd->add_option("--cache-dir", o->cache_dir,
+                  "state cache: directory for snapshots that survive restarts");
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
   cmd->add_option("--numerics", o->numerics, "exact | reference")
       ->check(CLI::IsMember({"exact", "reference"}))->capture_default_str();

@@ -72,6 +72,8 @@ class RemoteTier {
   // A snapshot was stored / dropped locally (registry announcements).
   virtual void on_stored(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) = 0;
   virtual void on_dropped(uint64_t hash) = 0;
+  // Prometheus text of the remote tier's own counters (transfers, fallbacks, registry state).
+  virtual std::string metrics() const { return {}; }
 };
 
 class StateCache {
@@ -102,6 +104,8 @@ class StateCache {
 
   void set_remote(RemoteTier* remote);
   StateCacheStats stats() const;
+  // Prometheus text: the stats above plus the remote tier's metrics().
+  std::string metrics_text() const;
   uint64_t fingerprint() const { return options_.fingerprint; }
 
  private:
@@ -148,5 +152,8 @@ class StateCache {
 // for prompt logprobs) and installs the snapshot sink. Returns the prompt tokens served from
 // cache (0 on a miss).
 int64_t attach_state_cache(StateCache& cache, uint64_t tenant, Request& request);
+
+// Prometheus text of a cache's counters (flashseek_state_cache_*).
+std::string state_cache_metrics(const StateCacheStats& s);
 
 }  // namespace flashseek::engine

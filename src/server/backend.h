@@ -82,6 +82,7 @@ struct BackendStats {
   int64_t max_batch = 0;
   int64_t cache_hit_tokens = 0;  // prompt tokens served from cache since start
   int64_t steps = 0;        // scheduler steps since start
+  std::string extra_metrics;  // Prometheus text appended to /metrics (state cache, kvshare)
 };
 
 class GenerationBackend {

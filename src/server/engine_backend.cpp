@@ -33,7 +33,7 @@ GenEvent to_gen_event(const engine::TokenEvent& ev) {
   out.prompt_logprobs.reserve(ev.prompt_logprobs.size());
   for (const auto& p : ev.prompt_logprobs)
     out.prompt_logprobs.push_back(p ? std::optional<PositionLogprobs>(convert(*p)) : std::nullopt);
-  // The engine has no prefix cache yet: nothing of the prompt is ever served from cache.
+  // Cache hits are known to the backend, not the event: EngineEvents overwrites this.
   if (ev.index == 0) out.cached_tokens = 0;
   out.finish = convert(ev.finish);
   out.error = ev.error;
@@ -45,15 +45,21 @@ EngineBackend::EngineBackend(engine::Engine& engine) : engine_(engine) {}
 namespace {
 class EngineEvents : public EventSource {
  public:
-  explicit EngineEvents(std::shared_ptr<engine::EventStream> s) : stream_(std::move(s)) {}
+  EngineEvents(std::shared_ptr<engine::EventStream> s, int64_t cached)
+      : stream_(std::move(s)), cached_(cached) {}
   std::optional<GenEvent> pop_for(int64_t timeout_ms) override {
     auto ev = stream_->pop_for(timeout_ms);
     if (!ev) return std::nullopt;
-    return to_gen_event(*ev);
+    GenEvent out = to_gen_event(*ev);
+    if (first_) out.cached_tokens = cached_;  // prompt tokens restored from the state cache
+    first_ = false;
+    return out;
   }
 
  private:
   std::shared_ptr<engine::EventStream> stream_;
+  const int64_t cached_;
+  bool first_ = true;
 };
 }  // namespace
 
@@ -70,8 +76,9 @@ Result<std::shared_ptr<EventSource>> EngineBackend::submit(GenRequest req) {
   r.ignore_eos = req.ignore_eos;
   r.logprobs = req.logprobs;
   r.prompt_logprobs = req.prompt_logprobs;
+  const int64_t cached = cache_ ? engine::attach_state_cache(*cache_, req.tenant, r) : 0;
   FS_ASSIGN_OR_RETURN(auto stream, engine_.submit(std::move(r)));
-  return std::shared_ptr<EventSource>(std::make_shared<EngineEvents>(std::move(stream)));
+  return std::shared_ptr<EventSource>(std::make_shared<EngineEvents>(std::move(stream), cached));
 }
 
 BackendStats EngineBackend::stats() const {
@@ -81,6 +88,11 @@ BackendStats EngineBackend::stats() const {
   out.running = s.running;
   out.max_batch = engine_.options().max_batch;
   out.steps = s.steps;
+  if (cache_) {
+    const engine::StateCacheStats c = cache_->stats();
+    out.cache_hit_tokens = c.hit_tokens_local + c.hit_tokens_remote;
+    out.extra_metrics = cache_->metrics_text();
+  }
   return out;
 }
 

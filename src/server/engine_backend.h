@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "engine/engine.h"
+#include "engine/state_cache.h"
 #include "server/backend.h"
 
 namespace flashseek::server {
@@ -24,9 +25,14 @@ class EngineBackend : public GenerationBackend {
   // Runs one short greedy request through the model and marks the backend ready.
   Status warm_up();
   void set_ready(bool ready) { ready_ = ready; }
+  // Conversation state cache (issue 6): prompts restore their longest cached prefix (scoped by
+  // GenRequest::tenant) and snapshots are taken at the end of every prompt and response.
+  // Set before serving; `cache` must outlive this object.
+  void set_state_cache(engine::StateCache* cache) { cache_ = cache; }
 
  private:
   engine::Engine& engine_;
+  engine::StateCache* cache_ = nullptr;
   std::atomic<bool> ready_{false};
 };
 

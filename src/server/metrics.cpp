@@ -88,6 +88,7 @@ std::string Metrics::render(const BackendStats& stats) const {
   inter_token_.render("flashseek_inter_token_seconds", out);
   header(out, "flashseek_request_seconds", "histogram", "Request latency, end to end.");
   e2e_.render("flashseek_request_seconds", out);
+  out += stats.extra_metrics;
   return out;
 }
 

@@ -1,0 +1,249 @@
+#include "forward/state_io.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace flashseek::forward {
+
+namespace {
+
+constexpr char kMagic[8] = {'F', 'S', 'S', 'N', 'A', 'P', '0', '1'};
+constexpr uint32_t kVersion = 1;
+// A field added to the state must be added to write_state/read_state too: these sizes are the
+// layouts the (de)serialiser was written for (vector = 24 B, CompressorState = 6 vectors + 3).
+static_assert(sizeof(CompressorState) == 6 * 24 + 3 * 8, "CompressorState changed: update state_io");
+static_assert(sizeof(LayerState) == 3 * 24 + 2 * sizeof(CompressorState), "LayerState changed: update state_io");
+static_assert(sizeof(CpuSequenceState) == 8 + 2 * 8 + 5 * 24, "CpuSequenceState changed: update state_io");
+
+// Guards against absurd counts in a corrupt blob before anything is allocated.
+constexpr uint64_t kMaxLayers = 4096;
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  template <typename T>
+  void pod(T v) { raw(&v, sizeof(T)); }
+  void floats(const std::vector<float>& v) {
+    pod<uint64_t>(v.size());
+    raw(v.data(), v.size() * sizeof(float));
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  bool raw(void* p, size_t n) {
+    if (n > in_.size() - pos_) return false;
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  template <typename T>
+  bool pod(T& v) { return raw(&v, sizeof(T)); }
+  bool floats(std::vector<float>& v) {
+    uint64_t n = 0;
+    if (!pod(n) || n > (in_.size() - pos_) / sizeof(float)) return false;
+    v.resize(size_t(n));
+    return raw(v.data(), size_t(n) * sizeof(float));
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+};
+
+void write_comp(Writer& w, const CompressorState& c) {
+  w.floats(c.v);
+  w.floats(c.z);
+  w.floats(c.prev_v);
+  w.floats(c.prev_z);
+  w.pod<int64_t>(c.n_pend);
+  w.pod<uint8_t>(c.has_prev ? 1 : 0);
+  w.floats(c.hist_v);
+  w.floats(c.hist_z);
+  w.pod<int64_t>(c.hist_first);
+}
+
+bool read_comp(Reader& r, CompressorState& c) {
+  uint8_t has_prev = 0;
+  if (!(r.floats(c.v) && r.floats(c.z) && r.floats(c.prev_v) && r.floats(c.prev_z) &&
+        r.pod(c.n_pend) && r.pod(has_prev) && r.floats(c.hist_v) && r.floats(c.hist_z) &&
+        r.pod(c.hist_first)))
+    return false;
+  c.has_prev = has_prev != 0;
+  return true;
+}
+
+void write_state(Writer& w, const CpuSequenceState& s) {
+  w.pod<int64_t>(s.len);
+  w.pod<int64_t>(s.ring_size);
+  w.pod<uint64_t>(s.layers.size());
+  for (const auto& l : s.layers) {
+    w.floats(l.ring);
+    w.floats(l.ckv);
+    w.floats(l.ikeys);
+    write_comp(w, l.comp);
+    write_comp(w, l.icomp);
+  }
+  w.pod<uint64_t>(s.engram_hist.size());
+  w.raw(s.engram_hist.data(), s.engram_hist.size() * sizeof(int64_t));
+  w.floats(s.mtp_ring);
+  w.floats(s.mtp_hist_x);
+  w.pod<uint64_t>(s.draft_rings.size());
+  for (const auto& d : s.draft_rings) w.floats(d);
+}
+
+bool read_state(Reader& r, CpuSequenceState& s, size_t remaining) {
+  uint64_t n_layers = 0, n_hist = 0, n_draft = 0;
+  if (!(r.pod(s.len) && r.pod(s.ring_size) && r.pod(n_layers)) || n_layers > kMaxLayers)
+    return false;
+  s.layers.resize(size_t(n_layers));
+  for (auto& l : s.layers)
+    if (!(r.floats(l.ring) && r.floats(l.ckv) && r.floats(l.ikeys) && read_comp(r, l.comp) &&
+          read_comp(r, l.icomp)))
+      return false;
+  if (!r.pod(n_hist) || n_hist > remaining / sizeof(int64_t)) return false;
+  s.engram_hist.resize(size_t(n_hist));
+  if (!r.raw(s.engram_hist.data(), size_t(n_hist) * sizeof(int64_t))) return false;
+  if (!r.floats(s.mtp_ring) || !r.floats(s.mtp_hist_x)) return false;
+  if (!r.pod(n_draft) || n_draft > kMaxLayers) return false;
+  s.draft_rings.resize(size_t(n_draft));
+  for (auto& d : s.draft_rings)
+    if (!r.floats(d)) return false;
+  return true;
+}
+
+bool read_header(Reader& r, SnapshotHeader& h, uint32_t& version) {
+  char magic[8];
+  uint32_t reserved = 0;
+  if (!r.raw(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return false;
+  return r.pod(version) && r.pod(reserved) && r.pod(h.fingerprint) && r.pod(h.tenant) &&
+         r.pod(h.prefix_hash) && r.pod(h.n_tokens) && r.pod(h.payload_bytes);
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> serialize_snapshot(const SequenceState& state,
+                                                std::span<const int32_t> tokens,
+                                                const SnapshotHeader& header) {
+  const auto* s = dynamic_cast<const CpuSequenceState*>(&state);
+  if (!s) return invalid_argument("snapshot: only CPU sequence states can be serialised");
+  if (s->len != int64_t(tokens.size()))
+    return invalid_argument("snapshot: state holds {} tokens but {} token ids were given", s->len,
+                            tokens.size());
+  std::vector<uint8_t> payload;
+  Writer pw(payload);
+  write_state(pw, *s);
+
+  std::vector<uint8_t> out;
+  out.reserve(kSnapshotHeaderBytes + tokens.size_bytes() + payload.size() + 8);
+  Writer w(out);
+  w.raw(kMagic, 8);
+  w.pod<uint32_t>(kVersion);
+  w.pod<uint32_t>(0);
+  w.pod(header.fingerprint);
+  w.pod(header.tenant);
+  w.pod(header.prefix_hash);
+  w.pod<int64_t>(int64_t(tokens.size()));
+  w.pod<uint64_t>(payload.size());
+  w.raw(tokens.data(), tokens.size_bytes());
+  w.raw(payload.data(), payload.size());
+  w.pod<uint64_t>(XXH64(out.data(), out.size(), 0));
+  return out;
+}
+
+Result<SnapshotHeader> peek_snapshot_header(std::span<const uint8_t> blob) {
+  Reader r(blob);
+  SnapshotHeader h;
+  uint32_t version = 0;
+  if (!read_header(r, h, version)) return parse_error("snapshot: bad or truncated header");
+  if (version != kVersion)
+    return parse_error("snapshot: version {} (this build reads {})", version, kVersion);
+  return h;
+}
+
+Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
+                                             uint64_t expected_fingerprint) {
+  FS_ASSIGN_OR_RETURN(SnapshotHeader h, peek_snapshot_header(blob));
+  if (h.n_tokens < 0 || uint64_t(h.n_tokens) > blob.size() / 4 || h.payload_bytes > blob.size())
+    return parse_error("snapshot: token count {} / payload {} B exceed the blob ({} B)",
+                       h.n_tokens, h.payload_bytes, blob.size());
+  const uint64_t want = kSnapshotHeaderBytes + uint64_t(h.n_tokens) * 4 + h.payload_bytes + 8;
+  if (blob.size() != want)
+    return parse_error("snapshot: size {} B, header says {} B", blob.size(), want);
+  uint64_t stored = 0;
+  std::memcpy(&stored, blob.data() + blob.size() - 8, 8);
+  if (XXH64(blob.data(), blob.size() - 8, 0) != stored)
+    return parse_error("snapshot: checksum mismatch (corrupt data)");
+  if (h.fingerprint != expected_fingerprint)
+    return invalid_argument("snapshot: model fingerprint {:016x} differs from this model's {:016x}",
+                            h.fingerprint, expected_fingerprint);
+  DecodedSnapshot d;
+  d.header = h;
+  d.tokens.resize(size_t(h.n_tokens));
+  std::memcpy(d.tokens.data(), blob.data() + kSnapshotHeaderBytes, d.tokens.size() * 4);
+  const size_t payload_at = kSnapshotHeaderBytes + d.tokens.size() * 4;
+  Reader r(blob.subspan(payload_at, size_t(h.payload_bytes)));
+  d.state = std::make_unique<CpuSequenceState>();
+  if (!read_state(r, *d.state, size_t(h.payload_bytes)) || r.pos() != h.payload_bytes)
+    return parse_error("snapshot: payload does not decode as a sequence state");
+  if (d.state->len != h.n_tokens)
+    return parse_error("snapshot: state length {} differs from its {} tokens", d.state->len,
+                       h.n_tokens);
+  return d;
+}
+
+Result<uint64_t> checkpoint_fingerprint(const std::string& ckpt_dir, const std::string& numerics) {
+  namespace fs = std::filesystem;
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0x5eedf00d);
+  auto add_file_part = [&](const fs::path& p, uint64_t off, uint64_t n) -> Status {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return io_error("fingerprint: cannot open {}", p.string());
+    std::vector<char> buf(static_cast<size_t>(n));
+    in.seekg(std::streamoff(off));
+    in.read(buf.data(), std::streamsize(n));
+    if (in.gcount() != std::streamsize(n)) return io_error("fingerprint: short read of {}", p.string());
+    XXH64_update(st, buf.data(), buf.size());
+    return {};
+  };
+  Status status;
+  std::error_code ec;
+  const fs::path cfg = fs::path(ckpt_dir) / "config.json";
+  const uint64_t cfg_size = fs::file_size(cfg, ec);
+  if (ec) status = not_found("fingerprint: {} is missing", cfg.string());
+  if (status.ok()) status = add_file_part(cfg, 0, cfg_size);
+  XXH64_update(st, numerics.data(), numerics.size());
+  std::vector<fs::path> shards;
+  for (const auto& e : fs::directory_iterator(ckpt_dir, ec))
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  std::sort(shards.begin(), shards.end());
+  for (const auto& p : shards) {
+    if (!status.ok()) break;
+    const uint64_t size = fs::file_size(p, ec);
+    const std::string name = p.filename().string();
+    XXH64_update(st, name.data(), name.size());
+    XXH64_update(st, &size, sizeof(size));
+    const uint64_t n = std::min<uint64_t>(size, 1 << 20);
+    status = add_file_part(p, 0, n);
+    if (status.ok() && size > n) status = add_file_part(p, size - n, n);
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  if (!status.ok()) return status;
+  return h;
+}
+
+}  // namespace flashseek::forward
