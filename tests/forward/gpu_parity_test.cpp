@@ -16,6 +16,7 @@
 #include "forward/cpu_model.h"
 #include "forward/gpu_model.h"
 #include "model/make_tiny.h"
+#include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/cuda_check.h"
@@ -183,6 +184,33 @@ TEST(GpuModel, CloneContinuesAndErrorsAreValues) {
   EXPECT_NE(s.to_string().find("vocabulary"), std::string::npos) << s.to_string();
   EXPECT_FALSE(load_model_gpu(dir, Numerics::kReference, 999).ok());
   EXPECT_FALSE(load_model_gpu("/nonexistent/ckpt", Numerics::kReference, 0).ok());
+}
+
+}  // namespace
+}  // namespace flashseek::forward
+
+namespace flashseek::forward {
+namespace {
+
+// `flashseek run --gpus 0` generates the same greedy continuation as the CPU backend.
+TEST(GpuModel, CliRunOnGpuEqualsCpu) {
+  REQUIRE_GPU();
+  const std::string dir = make_ckpt("tiny-v41", true);
+  const std::string base = flashseek::testing::flashseek_bin() + " run --ckpt " + dir +
+                           " --prompt-ids 5,17,99,3,250,7 --max-tokens 24 --json";
+  const auto cpu = flashseek::testing::run_command(base);
+  const auto gpu = flashseek::testing::run_command(base + " --gpus 0");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  const auto tokens_of = [](const std::string& out) {  // the JSON "tokens" array, not the timings
+    const auto p = out.find("\"tokens\"");
+    return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
+  };
+  EXPECT_FALSE(tokens_of(cpu.output).empty()) << cpu.output;
+  EXPECT_EQ(tokens_of(cpu.output), tokens_of(gpu.output)) << cpu.output << "\n" << gpu.output;
+  const auto bad = flashseek::testing::run_command(base + " --gpus 0,1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--gpus"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -1,0 +1,281 @@
+// The whole-model GPU kernels (ops/cuda/model_kernels.h) against their CPU twins (ops/*.h) on
+// random data with odd sizes, ties, zero / tiny / outlier blocks and empty slots. The kernels are
+// written to reproduce the CPU's operation order and rounding, so most comparisons are bitwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/rng.h"
+#include "gpu_util.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/indexer.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
+#include "ops/quant.h"
+#include "ops/cuda/model_kernels.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+using testing::DeviceBuffer;
+namespace cd = detail;
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(r.normal()) * scale;
+  return v;
+}
+
+void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && ++bad <= 3) ADD_FAILURE() << what << " [" << i << "] " << a[i] << " vs " << b[i];
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+TEST(CudaModelOps, QuantSimsMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t rows = 7, dim = 160;
+  auto x = randn(static_cast<size_t>(rows * dim), 1, 3.0f);
+  for (int64_t i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0;          // an all-zero block
+  for (int64_t i = 32; i < 64; ++i) x[static_cast<size_t>(i)] *= 1e-30f;   // tiny block
+  x[100] = 3e4f;                                              // outlier
+  for (int kind = 0; kind < 4; ++kind) {
+    std::vector<float> ref = x;
+    const auto k = cd::QuantSim(kind);
+    int64_t block = 32;
+    if (k == cd::QuantSim::kBf16) round_bf16_inplace(ref.data(), rows * dim);
+    if (k == cd::QuantSim::kFp8) fp8_quant_dequant(ref.data(), rows, dim, block);
+    if (k == cd::QuantSim::kFp4E8m0) fp4_quant_dequant_e8m0(ref.data(), rows, dim, block);
+    if (k == cd::QuantSim::kFp4E4m3) block = 16, fp4_quant_dequant_e4m3(ref.data(), rows, dim, block);
+    DeviceBuffer<float> d(x);
+    FS_ASSERT_OK(cuda_status(cd::launch_quant_sim(d.get(), rows, dim, dim, block, k, 0), "quant"));
+    expect_bitwise(d.to_host(), ref, "quant sim");
+  }
+  // Partial rows (V4 window KV: the first Dh − Dr dims in blocks of 64) leave the tail alone.
+  std::vector<float> ref = x;
+  for (int64_t r = 0; r < rows; ++r) fp8_quant_dequant(ref.data() + r * dim, 1, 128, 64);
+  DeviceBuffer<float> d(x);
+  FS_ASSERT_OK(cuda_status(cd::launch_quant_sim(d.get(), rows, dim, 128, 64, cd::QuantSim::kFp8, 0), "quant"));
+  expect_bitwise(d.to_host(), ref, "partial fp8");
+  EXPECT_NE(cd::launch_quant_sim(d.get(), rows, dim, 100, 64, cd::QuantSim::kFp8, 0), cudaSuccess);
+}
+
+TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 5, K = 3, in = 203, out = 37, E = 4;
+  const auto x = randn(static_cast<size_t>(T * in), 2), w = randn(static_cast<size_t>(E * out * in), 3, 0.1f);
+  std::vector<int32_t> sel(static_cast<size_t>(T * K));
+  Rng r(4);
+  for (auto& s : sel) s = int32_t(r.below(E));
+  std::vector<float> ref(static_cast<size_t>(T * K * out));
+  for (int64_t i = 0; i < T * K; ++i)
+    linear({x.data() + (i / K) * in, w.data() + int64_t(sel[static_cast<size_t>(i)]) * out * in, ref.data() + i * out, 1, in, out,
+            0, false, true});
+  DeviceBuffer<float> dx(x), dw(w), dy(ref.size());
+  DeviceBuffer<int32_t> ds(sel);
+  cd::LinearArgs a;
+  a.x = dx.get(), a.w = dw.get(), a.y = dy.get(), a.sel = ds.get(), a.rows = T * K, a.in = in, a.out = out;
+  a.x_row_div = K, a.bf16_out = true;
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "linear"));
+  expect_bitwise(dy.to_host(), ref, "stacked linear");
+
+  const auto g = randn(static_cast<size_t>(in), 5);
+  std::vector<float> nref(x.size());
+  rms_norm({x.data(), g.data(), nref.data(), T, in, 1e-6f, false});
+  DeviceBuffer<float> dg(g), dn(x.size());
+  FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx.get(), dg.get(), dn.get(), T, in, 1e-6f, false, 0), "norm"));
+  expect_bitwise(dn.to_host(), nref, "rms_norm");
+}
+
+TEST(CudaModelOps, HcMixesCollapsePostMatchCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t rows = 3, hc = 4, dim = 96, n_mix = (2 + hc) * hc;
+  const auto x = randn(static_cast<size_t>(rows * hc * dim), 6), fn = randn(static_cast<size_t>(n_mix * hc * dim), 7, 0.05f);
+  const auto base = randn(static_cast<size_t>(n_mix), 8), f = randn(static_cast<size_t>(rows * dim), 9);
+  const std::vector<float> scale = {0.7f, 1.3f, 2.1f};
+  std::vector<float> pre(static_cast<size_t>(rows * hc)), post(pre.size()), comb(static_cast<size_t>(rows * hc * hc));
+  hc_mixes({x.data(), fn.data(), base.data(), scale.data(), rows, hc, dim, 1e-6f, 1e-6f, 20, pre.data(), post.data(),
+            comb.data()});
+  std::vector<float> u(static_cast<size_t>(rows * dim)), xo(x.size());
+  hc_collapse(x.data(), pre.data(), u.data(), rows, hc, dim, true);
+  hc_post(f.data(), x.data(), post.data(), comb.data(), xo.data(), rows, hc, dim, true);
+
+  DeviceBuffer<float> dx(x), dfn(fn), db(base), ds(scale), df(f), dpre(pre.size()), dpost(post.size()),
+      dcomb(comb.size()), du(u.size());
+  cd::HcMixArgs a;
+  a.x = dx.get(), a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
+  a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.pre = dpre.get(), a.post = dpost.get(), a.comb = dcomb.get();
+  FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
+  expect_bitwise(dpre.to_host(), pre, "pre");
+  expect_bitwise(dpost.to_host(), post, "post");
+  expect_bitwise(dcomb.to_host(), comb, "comb (Sinkhorn)");
+  // Collapse / post from the CPU's mixes so each op is checked on its own.
+  DeviceBuffer<float> cpre(pre), cpost(post), ccomb(comb);
+  FS_ASSERT_OK(cuda_status(cd::launch_hc_collapse(dx.get(), cpre.get(), du.get(), rows, hc, dim, true, 0), "collapse"));
+  expect_bitwise(du.to_host(), u, "collapse");
+  FS_ASSERT_OK(cuda_status(cd::launch_hc_post(df.get(), dx.get(), cpost.get(), ccomb.get(), rows, hc, dim, true, 0), "post"));
+  expect_bitwise(dx.to_host(), xo, "hc_post in place");
+}
+
+// Index scores, candidate mask and top-k with quantised (tied) scores and masked entries.
+TEST(CudaModelOps, IndexerSelectionMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 9, start = 50, ratio = 2, nI = 3, dI = 64, k = 7, cblock = 4, ctop = 3;
+  const int64_t stride = start + T, n_keys = (start + T) / ratio;
+  const auto q = randn(static_cast<size_t>(T * nI * dI), 10), keys = randn(static_cast<size_t>(n_keys * dI), 11), w = randn(static_cast<size_t>(T * nI), 12);
+  DeviceBuffer<float> dq(q), dk(keys), dw(w), dsc(static_cast<size_t>(T * stride)), dbs(static_cast<size_t>(T * stride));
+  DeviceBuffer<uint8_t> dcand(static_cast<size_t>(T * stride)), dtaken(static_cast<size_t>(T * stride));
+  DeviceBuffer<int32_t> dout(static_cast<size_t>(T * k)), dn(static_cast<size_t>(T));
+  cd::IndexScoreArgs s;
+  s.q = dq.get(), s.w = dw.get(), s.keys = dk.get(), s.scores = dsc.get(), s.T = T, s.nI = nI, s.dI = dI;
+  s.start = start, s.ratio = ratio, s.stride = stride, s.bf16 = true;
+  FS_ASSERT_OK(cuda_status(cd::launch_index_scores(s, 0), "scores"));
+  const auto gsc = dsc.to_host();
+  for (int mode : {1, 2, 0}) {
+    // Same scores on both sides: coarse rounding forces ties; a few -inf entries.
+    std::vector<float> sc = gsc;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t clen = (start + t + 1) / ratio;
+      std::vector<float> ref(static_cast<size_t>(clen));
+      ops::index_scores({q.data() + t * nI * dI, w.data() + t * nI, keys.data(), clen, nI, dI, true, ref.data()});
+      for (int64_t i = 0; i < clen; ++i) {
+        ASSERT_EQ(ref[static_cast<size_t>(i)], gsc[static_cast<size_t>(t * stride + i)]) << "score t=" << t << " i=" << i;
+        sc[static_cast<size_t>(t * stride + i)] = std::round(ref[static_cast<size_t>(i)] * 2.0f) / 2.0f;
+      }
+      sc[static_cast<size_t>(t * stride + 3)] = -std::numeric_limits<float>::infinity();
+    }
+    std::vector<uint8_t> cand_h(static_cast<size_t>(T * stride), 1);
+    if (mode == 2) {  // a mask from a previous mode-1 pass, as the model chains them
+      for (size_t i = 0; i < cand_h.size(); ++i) cand_h[i] = uint8_t((i * 7) % 3 != 0);
+      DeviceBuffer<uint8_t> tmp(cand_h);
+      cudaMemcpy(dcand.get(), tmp.get(), cand_h.size(), cudaMemcpyDeviceToDevice);
+    }
+    DeviceBuffer<float> dsc2(sc);
+    cd::IndexTopkArgs a;
+    a.scores = dsc2.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
+    a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = ratio, a.stride = stride, a.k = k;
+    a.cand_block = cblock, a.cand_top = ctop, a.mode = mode;
+    FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
+    const auto out = dout.to_host(), n = dn.to_host();
+    const auto gcand = dcand.to_host();
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t clen = (start + t + 1) / ratio;
+      std::vector<float> row(sc.begin() + t * stride, sc.begin() + t * stride + clen);
+      if (mode == 1) {
+        std::vector<uint8_t> m(static_cast<size_t>(clen));
+        candidate_mask(row.data(), clen, clen, cblock, ctop, m.data());
+        for (int64_t i = 0; i < clen; ++i) ASSERT_EQ(m[static_cast<size_t>(i)], gcand[static_cast<size_t>(t * stride + i)]) << "cand t=" << t;
+      }
+      if (mode == 2)
+        for (int64_t i = 0; i < clen; ++i)
+          if (!cand_h[static_cast<size_t>(t * stride + i)]) row[static_cast<size_t>(i)] = -std::numeric_limits<float>::infinity();
+      const auto ref = topk_indices(row.data(), clen, k);
+      ASSERT_EQ(int64_t(ref.size()), n[static_cast<size_t>(t)]) << "mode " << mode << " t " << t;
+      for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(ref[i], out[static_cast<size_t>(t * k) + i]) << "mode " << mode << " t " << t;
+    }
+  }
+}
+
+TEST(CudaModelOps, RouteMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 11, E = 37, K = 5;
+  auto logits = randn(static_cast<size_t>(T * E), 13);
+  for (int64_t e = 0; e < E; e += 3) logits[static_cast<size_t>(E + e)] = 0.5f;  // ties in one token
+  const auto bias = randn(static_cast<size_t>(E), 14, 0.01f);
+  for (bool softplus : {true, false}) {
+    DeviceBuffer<float> dl(logits), db(bias), dscr(static_cast<size_t>(T * 2 * E)), dw(static_cast<size_t>(T * K));
+    DeviceBuffer<int32_t> dsel(static_cast<size_t>(T * K));
+    cd::RouteArgs a;
+    a.logits = dl.get(), a.bias = softplus ? db.get() : nullptr, a.scratch = dscr.get(), a.T = T, a.E = E, a.K = K;
+    a.gate_temp = 1.5f, a.route_scale = 2.5f, a.sqrtsoftplus = softplus, a.norm_topk = true, a.renorm_eps = softplus;
+    a.sel = dsel.get(), a.weight = dw.get();
+    FS_ASSERT_OK(cuda_status(cd::launch_route(a, 0), "route"));
+    const auto sel = dsel.to_host();
+    const auto wt = dw.to_host();
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> rs(static_cast<size_t>(K));
+      std::vector<float> rw(static_cast<size_t>(K));
+      RouteParams p{logits.data() + t * E, softplus ? bias.data() : nullptr, nullptr, E, K};
+      p.gate_temp = 1.5f, p.route_scale = 2.5f, p.sqrtsoftplus = softplus, p.norm_topk = true;
+      p.renorm_eps = softplus, p.sel = rs.data(), p.weight = rw.data();
+      route(p);
+      for (int64_t i = 0; i < K; ++i) {
+        EXPECT_EQ(rs[static_cast<size_t>(i)], sel[static_cast<size_t>(t * K + i)]) << "t " << t;
+        EXPECT_NEAR(rw[static_cast<size_t>(i)], wt[static_cast<size_t>(t * K + i)], 1e-6f * std::fabs(rw[static_cast<size_t>(i)]) + 1e-12f);
+      }
+    }
+  }
+}
+
+// Attention over [window from ring + chunk ‖ selected compressed rows] vs ops::sparse_attention.
+TEST(CudaModelOps, ModelAttentionMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 6, H = 3, Dh = 72, W = 5, ring = W + 8, start = 9, n_ckv = 8, k = 4;
+  const auto q = randn(static_cast<size_t>(T * H * Dh), 15), kv = randn(static_cast<size_t>(T * Dh), 16), rg = randn(static_cast<size_t>(ring * Dh), 17);
+  const auto ckv = randn(static_cast<size_t>(n_ckv * Dh), 18), sink = randn(static_cast<size_t>(H), 19);
+  std::vector<int32_t> topk(static_cast<size_t>(T * k), 0), tn(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    tn[static_cast<size_t>(t)] = int32_t(t % (k + 1));  // 0..k rows, ascending
+    for (int64_t i = 0; i < tn[static_cast<size_t>(t)]; ++i) topk[static_cast<size_t>(t * k + i)] = int32_t(2 * i + t % 2);
+  }
+  for (bool bf16 : {false, true}) {
+    DeviceBuffer<float> dq(q), dkv(kv), drg(rg), dckv(ckv), dsink(sink), dout(static_cast<size_t>(T * H * Dh));
+    DeviceBuffer<int32_t> dtk(topk), dtn(tn);
+    cd::ModelAttnArgs a;
+    a.q = dq.get(), a.kv_chunk = dkv.get(), a.ring = drg.get(), a.ckv = dckv.get(), a.topk = dtk.get();
+    a.topk_n = dtn.get(), a.topk_stride = k, a.ratio = 2, a.sink = dsink.get(), a.out = dout.get();
+    a.T = T, a.H = H, a.Dh = Dh, a.window = W, a.ring_size = ring, a.start = start, a.max_keys = W + k;
+    a.scale = 1.0f / std::sqrt(float(Dh)), a.bf16 = bf16;
+    FS_ASSERT_OK(cuda_status(cd::launch_model_attention(a, 0), "attention"));
+    const auto got = dout.to_host();
+    std::vector<float> ref(got.size());
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = start + t;
+      std::vector<const float*> keys;
+      for (int64_t s = std::max<int64_t>(0, p - W + 1); s <= p; ++s)
+        keys.push_back(s >= start ? kv.data() + (s - start) * Dh : rg.data() + (s % ring) * Dh);
+      for (int64_t i = 0; i < tn[static_cast<size_t>(t)]; ++i) keys.push_back(ckv.data() + int64_t(topk[static_cast<size_t>(t * k + i)]) * Dh);
+      sparse_attention({q.data() + t * H * Dh, keys.data(), int64_t(keys.size()), H, Dh, sink.data(), a.scale, bf16,
+                        ref.data() + t * H * Dh});
+      if (bf16) round_bf16_inplace(ref.data() + t * H * Dh, H * Dh);
+    }
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], got[i], 1e-6f * (1 + std::fabs(ref[i]))) << i;
+  }
+}
+
+TEST(CudaModelOps, SoftmaxPoolWithEmptySlotsMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t groups = 3, slots = 8, dim = 130;
+  const auto v = randn(static_cast<size_t>(groups * slots * dim), 20), z = randn(static_cast<size_t>(groups * slots * dim), 21, 4.0f);
+  DeviceBuffer<float> dv(v), dz(z), dout(static_cast<size_t>(groups * dim));
+  std::vector<const float*> tab_h, href_v, href_z;
+  std::vector<float> ref(static_cast<size_t>(groups * dim));
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<const float*> hv, hz;
+    for (int64_t s = 0; s < slots; ++s) {
+      const bool empty = g == 1 && s < 4;  // the first window's missing previous half
+      const int64_t off = (g * slots + s) * dim;
+      hv.push_back(empty ? nullptr : v.data() + off), hz.push_back(empty ? nullptr : z.data() + off);
+      tab_h.push_back(empty ? nullptr : dv.get() + off);
+    }
+    softmax_pool({hv.data(), hz.data(), slots, dim, ref.data() + g * dim});
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t s = 0; s < slots; ++s) {
+      const bool empty = g == 1 && s < 4;
+      tab_h.push_back(empty ? nullptr : dz.get() + (g * slots + s) * dim);
+    }
+  DeviceBuffer<const float*> dtab(tab_h);
+  FS_ASSERT_OK(cuda_status(cd::launch_softmax_pool(dtab.get(), dtab.get() + groups * slots, groups, slots, dim,
+                                                   dout.get(), 0), "pool"));
+  expect_bitwise(dout.to_host(), ref, "softmax_pool");
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda
