@@ -17,7 +17,7 @@ struct RouteParams {
   int32_t* sel = nullptr;            // [k] chosen experts, ascending expert id
   float* weight = nullptr;           // [k] routing weights, same order as sel
 };
-// Selection ties: lower expert id first.
+// Selection ties: lower expert id first. A repeated V4 hash id gets weight 0 after its first copy.
 void route(const RouteParams& p);
 
 // h[i] = silu(min(gate[i], limit)) · clamp(up[i], ±limit) · weight (limit <= 0: no clamp).

@@ -59,6 +59,23 @@ TEST(Router, HashIdsOverrideSelection) {
   EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
 }
 
+TEST(Router, RepeatedHashIdContributesOnce) {
+  std::vector<float> logits = {1, 2, 3};
+  int32_t ids[3] = {2, 0, 2}, sel[3];
+  float w[3];
+  RouteParams p{logits.data(), nullptr, ids, 3, 3};
+  p.sel = sel;
+  p.weight = w;
+  route(p);
+  EXPECT_EQ(sel[0], 0);
+  EXPECT_EQ(sel[1], 2);
+  EXPECT_EQ(sel[2], 2);
+  const double s0 = sqsp(1), s2 = sqsp(3), den = s0 + 2 * s2;  // duplicates stay in the sum
+  EXPECT_NEAR(w[0], s0 / den, 1e-6);
+  EXPECT_NEAR(w[1], s2 / den, 1e-6);
+  EXPECT_EQ(w[2], 0.0f);
+}
+
 TEST(Swiglu, ClampIsOneSidedOnGate) {
   std::vector<float> g = {20, -20, 1}, u = {20, -20, 2}, h(3);
   swiglu(g.data(), u.data(), h.data(), 3, 10, 0.5f);

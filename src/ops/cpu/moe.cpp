@@ -53,6 +53,9 @@ void route(const RouteParams& p) {
     }
     p.sel[i] = sel[i];
     p.weight[i] = w * p.route_scale;
+    // A repeated hash id counts in the denominator but contributes once: the reference's scatter
+    // keeps one copy (v4 §3.6 step 7).
+    if (i > 0 && sel[i] == sel[i - 1]) p.weight[i] = 0.0f;
   }
 }
 
