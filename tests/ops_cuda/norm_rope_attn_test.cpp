@@ -114,7 +114,10 @@ void run_attn_case(const AttnCase& c, uint32_t seed) {
   const auto got = dout.to_host();
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written";
-    ASSERT_LE(std::fabs(got[i] - ref[i]), 2e-5f * (1.0f + std::fabs(ref[i]))) << "output " << i;
+    // BF16 probabilities are rounded relative to the running max of each 16-key tile on the GPU
+    // (the reference kernel's running-max scheme) and to the global max in the twin: up to one
+    // BF16 ulp per term, so a 2^-8 relative bound; a wrong key or head is off by O(1).
+    ASSERT_LE(std::fabs(got[i] - ref[i]), 4e-3f * (1.0f + std::fabs(ref[i]))) << "output " << i;
   }
 }
 
@@ -126,6 +129,10 @@ TEST(CudaSparseAttention, MatchesCpuWithSplitsAndPadding) {
       {2, 16, 10, 64, 512, 1, 0.0},      // one split
       {2, 40, 30, 8, 64, 8, 1.0},        // every key padding: zero output
       {1, 1, 1, 1, 2, 1, 0.0},           // smallest
+      {2, 100, 300, 16, 64, 3, 0.2},     // tensor-core path: one head group, partial tiles
+      {1, 33, 100, 48, 192, 2, 0.5},     // tensor-core path: 3 head groups, dim 192
+      {1, 40, 30, 32, 128, 4, 1.0},      // tensor-core path: all padding
+      {8, 640, 4000, 64, 512, 33, 0.05}, // decode batch of 8 with the auto split count
   };
   uint32_t seed = 100;
   for (const auto& c : cases) run_attn_case(c, seed++);

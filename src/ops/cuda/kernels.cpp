@@ -29,8 +29,9 @@ Status apply_rope_cuda(const RopeParams& p, cudaStream_t stream) {
 }
 
 int64_t sparse_attn_auto_splits(int64_t m, int64_t n_idx, int sm_count) {
-  const int64_t by_keys = std::max<int64_t>(1, n_idx / 32);
-  const int64_t by_sms = std::max<int64_t>(1, (sm_count + m - 1) / std::max<int64_t>(1, m));
+  // >= one 16-key tile per split, about two blocks per multiprocessor.
+  const int64_t by_keys = std::max<int64_t>(1, n_idx / 16);
+  const int64_t by_sms = std::max<int64_t>(1, (2 * sm_count + m - 1) / std::max<int64_t>(1, m));
   return std::clamp<int64_t>(std::min(by_keys, by_sms), 1, 1024);
 }
 

@@ -25,6 +25,8 @@ struct AttnArgs {
   float scale;
 };
 cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream);
+// True when (heads, dim) take the tensor-core path (16-head MMA tiles, dims in quarters of 8·k).
+bool sparse_attn_uses_mma(int heads, int dim);
 
 }  // namespace flashseek::ops::cuda::detail
 

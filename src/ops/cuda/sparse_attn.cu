@@ -1,4 +1,7 @@
-// Split-KV sparse MQA decode attention with sinks (CUDA cores). One block per (query, split):
+// Split-KV sparse MQA decode attention with sinks: a BF16 tensor-core path (attn_mma_kernel, the
+// V4/V4.1 shapes) and a CUDA-core fallback for other head counts / dims. Both use BF16 q and BF16
+// probabilities for P·V (the reference's numerics), FP32 softmax statistics.
+// Fallback: one block per (query, split):
 // the block holds the query's heads in shared memory, walks its slice of the index list in tiles
 // of 16 keys (each BF16 row read once for all heads: K = V is shared by every head), keeps an
 // online softmax per head and writes unnormalised partials; a combine kernel merges the splits
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_split_kernel(AttnArgs a) {
   const int per = (a.n_idx + a.splits - 1) / a.splits;
   const int k_begin = split * per, k_end = min(a.n_idx, k_begin + per);
   for (int i = threadIdx.x; i < a.heads * a.dim; i += kThreads)
-    q_s[i] = a.q[int64_t(t) * a.heads * a.dim + i];
+    q_s[i] = __bfloat162float(__float2bfloat16_rn(a.q[int64_t(t) * a.heads * a.dim + i]));
   float m_run = -INFINITY, l_run = 0;  // meaningful in threads < heads
   const int d0 = threadIdx.x * 2;      // this thread's two output dims
   float acc[kMaxHeads][2];
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_split_kernel(AttnArgs a) {
 #pragma unroll
         for (int h = 0; h < kMaxHeads; ++h) {
           if (h < a.heads) {
-            const float p = p_s[h * kTile + j];
+            const float p = __bfloat162float(__float2bfloat16_rn(p_s[h * kTile + j]));
             acc[h][0] = fmaf(p, kx, acc[h][0]);
             acc[h][1] = fmaf(p, ky, acc[h][1]);
           }
@@ -152,12 +155,171 @@ __global__ void attn_combine_kernel(AttnArgs a) {
   }
 }
 
+// ---- Tensor-core path (heads % 16 == 0, heads <= 64, dim % 64 == 0, dim <= 512) -------------
+// One block per (query, split), 16 warps: warp w owns heads [16·(w % HG), +16) (HG = heads / 16)
+// and output dims [dq·dim/4, +dim/4) with dq = w / HG (warps beyond 4·HG idle). Per tile of 16
+// keys: S = Q·Kᵀ with mma.m16n8k16 BF16 (fp32 accumulate; every dim quarter recomputes the same
+// S, cheaper than a shared-memory exchange), online softmax on the accumulator fragments, then
+// O += P·V with P re-packed from the S fragments as the A operand (FlashAttention-2 layout).
+constexpr int kMmaWarps = 16;
+constexpr int kPad = 8;  // bf16 row padding: rows land 4 banks apart (conflict-free fragments)
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a) {
+  extern __shared__ uint16_t sm16[];
+  __shared__ int key_row[kTile];
+  const int ld = a.dim + kPad;
+  uint16_t* q_s = sm16;                // [heads][ld]
+  uint16_t* k_s = q_s + a.heads * ld;  // [kTile][ld]
+  const int t = blockIdx.x, split = blockIdx.y;
+  const int per = (a.n_idx + a.splits - 1) / a.splits;
+  const int k_begin = split * per, k_end = min(a.n_idx, k_begin + per);
+  const int nthreads = kMmaWarps * 32;
+  for (int i = threadIdx.x; i < a.heads * a.dim; i += nthreads) {
+    const int h = i / a.dim, d = i % a.dim;
+    const __nv_bfloat16 v = __float2bfloat16_rn(a.q[int64_t(t) * a.heads * a.dim + i]);
+    q_s[h * ld + d] = *reinterpret_cast<const uint16_t*>(&v);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int hg_n = a.heads / 16, hg = warp % hg_n, dq = warp / hg_n;
+  const bool active = dq < 4;
+  const int dim_w = a.dim / 4, n_nt = dim_w / 8, h0 = hg * 16, d_base = dq * dim_w;
+  float o[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0, 0};
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
+  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
+    __syncthreads();  // previous tile consumed (and q_s written, first time)
+    if (threadIdx.x < kTile) {
+      const int s = k0 + threadIdx.x;
+      const int r = s < k_end ? a.idx[int64_t(t) * a.n_idx + s] : -1;
+      key_row[threadIdx.x] = (r >= 0 && r < a.n_rows) ? r : -1;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTile * (a.dim / 8); i += nthreads) {  // 16-byte row chunks
+      const int j = i / (a.dim / 8), ch = i % (a.dim / 8), r = key_row[j];
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r >= 0) v = *reinterpret_cast<const uint4*>(a.kv + int64_t(r) * a.dim + ch * 8);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(k_s + j * ld + ch * 8);
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
+    __syncthreads();
+    if (!active) continue;
+    float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    for (int kk = 0; kk < a.dim; kk += 16) {
+      uint32_t af[4];
+      af[0] = q32[((h0 + g) * ld + kk + 2 * c) / 2];
+      af[1] = q32[((h0 + g + 8) * ld + kk + 2 * c) / 2];
+      af[2] = q32[((h0 + g) * ld + kk + 2 * c + 8) / 2];
+      af[3] = q32[((h0 + g + 8) * ld + kk + 2 * c + 8) / 2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t bf[2];
+        bf[0] = k32[((nt * 8 + g) * ld + kk + 2 * c) / 2];
+        bf[1] = k32[((nt * 8 + g) * ld + kk + 2 * c + 8) / 2];
+        mma_bf16(s[nt], af, bf);
+      }
+    }
+    // Scaled logits; absent keys −inf. Row r = 0 (head h0+g) uses s[.][0..1], r = 1 (g+8) s[.][2..3].
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = nt * 8 + 2 * c + (e & 1);
+        s[nt][e] = key_row[j] >= 0 ? s[nt][e] * a.scale : -INFINITY;
+        mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
+      }
+    float f[2], sum[2] = {0, 0};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      const float m_new = fmaxf(m_run[r], mt[r]);
+      f[r] = m_new == -INFINITY ? 1.0f : expf(m_run[r] - m_new);
+      m_run[r] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        s[nt][e] = m_run[r] == -INFINITY ? 0.0f : expf(s[nt][e] - m_run[r]);
+        sum[r] += s[nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l_run[r] = l_run[r] * f[r] + sum[r];
+    }
+    uint32_t pf[4];  // P as the A operand: BF16 probabilities (the denominator keeps FP32)
+    pf[0] = pack_bf16(s[0][0], s[0][1]);
+    pf[1] = pack_bf16(s[0][2], s[0][3]);
+    pf[2] = pack_bf16(s[1][0], s[1][1]);
+    pf[3] = pack_bf16(s[1][2], s[1][3]);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      if (nt >= n_nt) break;
+      o[nt][0] *= f[0], o[nt][1] *= f[0], o[nt][2] *= f[1], o[nt][3] *= f[1];
+      const int n = d_base + nt * 8 + g;
+      uint32_t bf[2];
+      bf[0] = uint32_t(k_s[(2 * c) * ld + n]) | (uint32_t(k_s[(2 * c + 1) * ld + n]) << 16);
+      bf[1] = uint32_t(k_s[(2 * c + 8) * ld + n]) | (uint32_t(k_s[(2 * c + 9) * ld + n]) << 16);
+      mma_bf16(o[nt], pf, bf);
+    }
+  }
+  if (!active) return;
+  const int64_t base = (int64_t(t) * a.splits + split) * a.heads;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    if (nt >= n_nt) break;
+    const int d = d_base + nt * 8 + 2 * c;
+    float* o0 = a.ws + (base + h0 + g) * a.dim + d;
+    float* o1 = a.ws + (base + h0 + g + 8) * a.dim + d;
+    o0[0] = o[nt][0], o0[1] = o[nt][1], o1[0] = o[nt][2], o1[1] = o[nt][3];
+  }
+  if (dq == 0 && c == 0) {
+    float* ml = a.ws + int64_t(a.m) * a.splits * a.heads * a.dim;
+    ml[(base + h0 + g) * 2] = m_run[0], ml[(base + h0 + g) * 2 + 1] = l_run[0];
+    ml[(base + h0 + g + 8) * 2] = m_run[1], ml[(base + h0 + g + 8) * 2 + 1] = l_run[1];
+  }
+}
+
 }  // namespace
 
+bool sparse_attn_uses_mma(int heads, int dim) {
+  return heads % 16 == 0 && heads <= 64 && dim % 64 == 0 && dim <= 512;
+}
+
 cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
+  cudaError_t e;
+  if (sparse_attn_uses_mma(a.heads, a.dim)) {
+    const size_t smem16 = sizeof(uint16_t) * size_t(a.heads + kTile) * size_t(a.dim + kPad);
+    e = cudaFuncSetAttribute(attn_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem16));
+    if (e != cudaSuccess) return e;
+    attn_mma_kernel<<<dim3(a.m, a.splits), kMmaWarps * 32, smem16, stream>>>(a);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    attn_combine_kernel<<<dim3(a.m, a.heads), 128, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   const size_t smem = sizeof(float) * (size_t(a.heads) * a.dim + size_t(kTile) * a.dim +
                                        size_t(a.heads) * kTile + a.heads);
-  cudaError_t e = cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  e = cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(smem));
   if (e != cudaSuccess) return e;
   attn_split_kernel<<<dim3(a.m, a.splits), kThreads, smem, stream>>>(a);
