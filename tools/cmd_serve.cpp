@@ -21,6 +21,7 @@
 #include "server/tokenizer_adapter.h"
 #include "tokenizer/tokenizer_locate.h"
 #include "tools/command.h"
+#include "tools/serve_cluster.h"
 
 namespace flashseek::tools {
 namespace {
@@ -33,6 +34,7 @@ struct ServeOpts {
   int64_t max_batch = 8, max_queue = 64, max_context = 0;
   int64_t host_cache_bytes = int64_t(1) << 30;  // state cache, host tier (issue 6)
   std::string cache_dir;                         // state cache, disk tier (empty: none)
+  ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
   bool thinking = false;
   std::vector<std::string> extra_names;
 };
@@ -140,6 +142,8 @@ int serve(const ServeOpts& o) {
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
   auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir});
   if (!cache.ok()) return abort_with(cache.status());
+  auto cluster = start_cluster(**cache, o.cluster, o.host);
+  if (!cluster.ok()) return abort_with(cluster.status());
   engine::EngineOptions eo;
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
@@ -156,6 +160,7 @@ int serve(const ServeOpts& o) {
                fmt::join(so.model_ids, ", "));
   listener.join();  // until SIGINT/SIGTERM
   signals.join();
+  drain(**engine, **cache, cluster->get(), o.cluster.drain_snapshots);
   (*engine)->stop();
   return 0;
 }
@@ -180,6 +185,7 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   cmd->add_option("--cache-dir", o->cache_dir,
                   "state cache: directory for snapshots that survive restarts");
+  add_cluster_options(cmd, o->cluster);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
   cmd->add_option("--numerics", o->numerics, "exact | reference")
       ->check(CLI::IsMember({"exact", "reference"}))->capture_default_str();

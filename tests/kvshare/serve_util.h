@@ -50,6 +50,11 @@ class Serve {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     pid_ = -1;
   }
+  // SIGKILL: no drain, no goodbye to the registry (its heartbeat key just expires).
+  void kill_hard() {
+    if (pid_ > 0) kill(pid_, SIGKILL);
+    pid_ = -1;
+  }
   int port() const { return port_; }
   std::string log_text() const {
     std::ifstream in(log_);

@@ -1,0 +1,107 @@
+#include "kvshare/cluster.h"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace flashseek::kvshare {
+
+Cluster::Cluster(engine::StateCache& cache, ClusterOptions options)
+    : cache_(cache), options_(std::move(options)) {}
+
+Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, ClusterOptions o) {
+  if (o.secret.empty())
+    return invalid_argument("--cluster-secret (or FLASHSEEK_CLUSTER_SECRET) is required with --redis");
+  FS_RETURN_IF_ERROR(parse_redis_url(o.redis_url).status());
+  if (o.server_id.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    o.server_id = fmt::format("{}-{}", host, getpid());
+  }
+  if (o.advertise_host.empty()) o.advertise_host = o.kv_host;
+  std::unique_ptr<Cluster> c(new Cluster(cache, o));
+  c->server_ = std::make_unique<SnapshotServer>(cache, o.secret, o.timeout_ms);
+  FS_ASSIGN_OR_RETURN(c->kv_port_, c->server_->start(o.kv_host, o.kv_port));
+  RegistryOptions ro;
+  ro.url = o.redis_url;
+  ro.server_id = o.server_id;
+  ro.advertise = fmt::format("{}:{}", o.advertise_host, c->kv_port_);
+  c->registry_ = std::make_unique<Registry>(ro);
+  cache.set_remote(c.get());
+  spdlog::info("kvshare: server {} serves snapshots on {}, registry {}", o.server_id, ro.advertise,
+               o.redis_url);
+  return c;
+}
+
+Cluster::~Cluster() {
+  cache_.set_remote(nullptr);
+  server_->stop();
+  registry_.reset();
+}
+
+std::optional<std::vector<uint8_t>> Cluster::fetch_longest(uint64_t tenant,
+                                                           std::span<const uint64_t> hashes) {
+  auto loc = registry_->find(hashes);
+  if (!loc) return std::nullopt;
+  ++fetches_;
+  auto blob = fetch_snapshot(loc->address, options_.secret, loc->hash, tenant, options_.timeout_ms);
+  if (!blob.ok()) {
+    ++fetch_failures_;
+    spdlog::warn("kvshare: fetching {:016x} from {} failed, recomputing: {}", loc->hash,
+                 loc->owner, blob.status().message());
+    return std::nullopt;
+  }
+  return std::move(*blob);
+}
+
+void Cluster::on_stored(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) {
+  registry_->announce(hash, tenant, tokens, bytes);
+}
+
+void Cluster::on_dropped(uint64_t hash) { registry_->withdraw(hash); }
+
+int64_t Cluster::hand_over(size_t n) {
+  const auto peers = registry_->peers();
+  if (peers.empty()) return 0;
+  int64_t done = 0;
+  auto peer = peers.begin();
+  for (uint64_t hash : cache_.hottest(n)) {
+    auto blob = cache_.blob(hash);
+    if (!blob) continue;
+    for (size_t tries = 0; tries < peers.size(); ++tries) {
+      const auto& [id, address] = *peer;
+      if (++peer == peers.end()) peer = peers.begin();
+      Status st = push_snapshot(address, options_.secret, *blob, options_.timeout_ms);
+      if (st.ok()) {
+        ++done;
+        break;
+      }
+      spdlog::warn("kvshare: hand-over of {:016x} to {} failed: {}", hash, id, st.message());
+    }
+  }
+  handed_over_ += done;
+  return done;
+}
+
+std::string Cluster::metrics() const {
+  std::string out;
+  auto line = [&](const char* name, const char* type, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  line("flashseek_kvshare_registry_up", "gauge", "1 while connected to Redis.",
+       registry_->connected() ? 1 : 0);
+  line("flashseek_kvshare_fetches_total", "counter", "Snapshot fetches from peers attempted.",
+       double(fetches_));
+  line("flashseek_kvshare_recompute_fallbacks_total", "counter",
+       "Peer fetches that failed (the prefix was recomputed).", double(fetch_failures_));
+  line("flashseek_kvshare_served_total", "counter", "Snapshots sent to peers.",
+       double(server_->served()));
+  line("flashseek_kvshare_auth_rejected_total", "counter",
+       "Peer connections refused: wrong cluster secret.", double(server_->rejected()));
+  line("flashseek_kvshare_handed_over_total", "counter", "Snapshots pushed to peers on drain.",
+       double(handed_over_));
+  return out;
+}
+
+}  // namespace flashseek::kvshare

@@ -1,0 +1,67 @@
+#include "tools/serve_cluster.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace flashseek::tools {
+
+namespace {
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+}  // namespace
+
+void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
+  cmd->add_option("--redis", c.redis,
+                  "registry for cross-server state sharing, redis://host:port "
+                  "(env FLASHSEEK_REDIS_URL or DSUF_REDIS_URL)");
+  cmd->add_option("--cluster-secret", c.secret,
+                  "secret peers must prove to fetch snapshots (env FLASHSEEK_CLUSTER_SECRET)");
+  cmd->add_option("--kv-host", c.kv_host, "snapshot endpoint address (default: --host)");
+  cmd->add_option("--kv-port", c.kv_port, "snapshot endpoint port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--server-id", c.server_id, "id in the registry (default: hostname-pid)");
+  cmd->add_option("--advertise-host", c.advertise_host,
+                  "address peers use to reach the snapshot endpoint (default: --kv-host)");
+  cmd->add_option("--drain-snapshots", c.drain_snapshots,
+                  "hottest snapshots handed to peers on SIGTERM")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+}
+
+Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,
+                                                        const ClusterCli& c,
+                                                        const std::string& http_host) {
+  kvshare::ClusterOptions o;
+  o.redis_url = !c.redis.empty() ? c.redis : env("FLASHSEEK_REDIS_URL");
+  if (o.redis_url.empty()) o.redis_url = env("DSUF_REDIS_URL");
+  if (o.redis_url.empty()) return std::unique_ptr<kvshare::Cluster>();
+  o.secret = !c.secret.empty() ? c.secret : env("FLASHSEEK_CLUSTER_SECRET");
+  o.server_id = c.server_id;
+  o.kv_host = !c.kv_host.empty() ? c.kv_host : (http_host == "0.0.0.0" ? "0.0.0.0" : http_host);
+  o.kv_port = c.kv_port;
+  o.advertise_host = c.advertise_host;
+  if (o.advertise_host.empty() && o.kv_host == "0.0.0.0")
+    return invalid_argument("--advertise-host is required when the snapshot endpoint listens on "
+                            "0.0.0.0 (peers need a reachable address)");
+  return kvshare::Cluster::start(cache, std::move(o));
+}
+
+void drain(engine::Engine& engine, engine::StateCache& cache, kvshare::Cluster* cluster,
+           int64_t n_snapshots) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto s = engine.stats();
+    if (s.running == 0 && s.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  cache.flush();
+  if (!cluster || n_snapshots <= 0) return;
+  const int64_t n = cluster->hand_over(size_t(n_snapshots));
+  spdlog::info("drain: handed {} snapshot(s) to peers", n);
+}
+
+}  // namespace flashseek::tools

@@ -1,0 +1,35 @@
+// `flashseek serve` options and steps for cross-server snapshot sharing (issue 6), kept out of
+// cmd_serve.cpp: --redis / --cluster-secret / --kv-host / --kv-port / --server-id /
+// --advertise-host / --drain-snapshots, the cluster start-up, and the SIGTERM drain.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/state_cache.h"
+#include "kvshare/cluster.h"
+
+namespace flashseek::tools {
+
+struct ClusterCli {
+  std::string redis, secret, kv_host, server_id, advertise_host;
+  int kv_port = 0;
+  int64_t drain_snapshots = 32;
+};
+
+void add_cluster_options(CLI::App* cmd, ClusterCli& c);
+
+// nullptr (and no error) when no Redis URL is given by flag or environment.
+Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,
+                                                        const ClusterCli& c,
+                                                        const std::string& http_host);
+
+// After the HTTP listener stopped: waits (bounded) for running requests to finish, stores the
+// pending snapshots, and hands the hottest ones to live peers.
+void drain(engine::Engine& engine, engine::StateCache& cache, kvshare::Cluster* cluster,
+           int64_t n_snapshots);
+
+}  // namespace flashseek::tools
