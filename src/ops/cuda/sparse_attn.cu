@@ -128,32 +128,58 @@ __global__ void __launch_bounds__(kThreads, 1) attn_split_kernel(AttnArgs a) {
   }
 }
 
-// One block per (query, head): merges the splits, adds the sink to the denominator.
-__global__ void attn_combine_kernel(AttnArgs a) {
+constexpr int kCombineThreads = 256;
+constexpr int kMaxSplits = 1024;
+
+// Block-wide max (op 0) or sum (op 1) of one value per thread; every thread gets the result.
+__device__ float block_reduce(float v, int op, float* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = op == 0 ? fmaxf(v, w) : v + w;
+  }
+  __syncthreads();  // red reused between calls
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = op == 0 ? -INFINITY : 0.0f;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) r = op == 0 ? fmaxf(r, red[i]) : r + red[i];
+  return r;
+}
+
+// One block per (query, head): merges the splits, adds the sink to the denominator. The split
+// weights exp(m_s − max) are computed once into shared memory; the output pass then has
+// independent loads per split (unrolled), instead of a latency-bound chain.
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs a) {
+  __shared__ float w_s[kMaxSplits];
+  __shared__ float red[32];
   const int t = blockIdx.x, h = blockIdx.y;
   const float* ml = a.ws + int64_t(a.m) * a.splits * a.heads * a.dim;
+  auto row = [&](int s) { return (int64_t(t) * a.splits + s) * a.heads + h; };
   float mx = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, ml[((int64_t(t) * a.splits + s) * a.heads + h) * 2]);
+  for (int s = threadIdx.x; s < a.splits; s += blockDim.x) mx = fmaxf(mx, ml[row(s) * 2]);
+  mx = block_reduce(mx, 0, red);
   float* out = a.out + (int64_t(t) * a.heads + h) * a.dim;
   if (mx == -INFINITY) {  // no valid key: zero output, as the CPU reference
     for (int d = threadIdx.x; d < a.dim; d += blockDim.x) out[d] = 0;
     return;
   }
-  float denom = expf(a.sink[h] - mx);
-  for (int s = 0; s < a.splits; ++s) {
-    const float* e = ml + ((int64_t(t) * a.splits + s) * a.heads + h) * 2;
-    if (e[0] != -INFINITY) denom += e[1] * expf(e[0] - mx);
+  float part = 0;
+  for (int s = threadIdx.x; s < a.splits; s += blockDim.x) {
+    const float ms = ml[row(s) * 2];
+    const float w = ms == -INFINITY ? 0.0f : expf(ms - mx);
+    w_s[s] = w;
+    part += w == 0.0f ? 0.0f : ml[row(s) * 2 + 1] * w;
   }
+  const float denom = block_reduce(part, 1, red) + expf(a.sink[h] - mx);  // syncs w_s too
+  const float* base = a.ws + row(0) * a.dim;
+  const int64_t stride = int64_t(a.heads) * a.dim;  // between splits of one (query, head)
   for (int d = threadIdx.x; d < a.dim; d += blockDim.x) {
     float o = 0;
-    for (int s = 0; s < a.splits; ++s) {
-      const int64_t b = (int64_t(t) * a.splits + s) * a.heads + h;
-      const float ms = ml[b * 2];
-      if (ms != -INFINITY) o += a.ws[b * a.dim + d] * expf(ms - mx);
-    }
+#pragma unroll 8
+    for (int s = 0; s < a.splits; ++s) o = fmaf(base[s * stride + d], w_s[s], o);
     out[d] = o / denom;
   }
 }
+
 
 // ---- Tensor-core path (heads % 16 == 0, heads <= 64, dim % 64 == 0, dim <= 512) -------------
 // One block per (query, split), 16 warps: warp w owns heads [16·(w % HG), +16) (HG = heads / 16)
@@ -307,6 +333,7 @@ bool sparse_attn_uses_mma(int heads, int dim) {
 }
 
 cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
+  if (a.splits < 1 || a.splits > kMaxSplits) return cudaErrorInvalidValue;
   cudaError_t e;
   if (sparse_attn_uses_mma(a.heads, a.dim)) {
     const size_t smem16 = sizeof(uint16_t) * size_t(a.heads + kTile) * size_t(a.dim + kPad);
@@ -314,7 +341,7 @@ cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     attn_mma_kernel<<<dim3(a.m, a.splits), kMmaWarps * 32, smem16, stream>>>(a);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    attn_combine_kernel<<<dim3(a.m, a.heads), 128, 0, stream>>>(a);
+    attn_combine_kernel<<<dim3(a.m, a.heads), kCombineThreads, 0, stream>>>(a);
     return cudaGetLastError();
   }
   const size_t smem = sizeof(float) * (size_t(a.heads) * a.dim + size_t(kTile) * a.dim +
@@ -324,7 +351,7 @@ cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   attn_split_kernel<<<dim3(a.m, a.splits), kThreads, smem, stream>>>(a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  attn_combine_kernel<<<dim3(a.m, a.heads), 128, 0, stream>>>(a);
+  attn_combine_kernel<<<dim3(a.m, a.heads), kCombineThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
