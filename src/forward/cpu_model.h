@@ -34,16 +34,6 @@ struct ForwardTrace {
   std::vector<int64_t> pos;                             // [T] positions of the rows
 };
 
-// One DSpark proposal (v41 §5.4): block_size draft tokens, their Markov-corrected logits and
-// raw confidence logits.
-struct DraftBlock {
-  std::vector<int32_t> tokens;     // [B]
-  std::vector<float> logits;       // [B, V]
-  std::vector<float> confidence;   // [B]
-};
-// Picks draft token i (1-based) from its logits; default: argmax, lower id at ties.
-using DraftChooser = std::function<int32_t(int64_t i, std::span<const float> logits)>;
-
 class CpuModel final : public Model {
  public:
   static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics);
@@ -58,13 +48,14 @@ class CpuModel final : public Model {
   Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,
                                                std::span<const int32_t> tokens) const;
   Numerics numerics() const { return numerics_; }
-  bool has_draft() const { return w_.has_dspark; }
+  bool has_draft() const override { return w_.has_dspark; }
   bool has_mtp() const { return w_.has_mtp; }
   // V4 MTP logits [V] for token a+2 at the last committed position a, given token a+1.
   Result<std::vector<float>> mtp_logits(const SequenceState& state, int32_t next_token) const;
   // DSpark proposal after the committed tokens of `state` (last position a = length − 1), with
   // anchor `x0` (the target's token for position a + 1, not yet fed). State is unchanged.
-  Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const;
+  Result<DraftBlock> propose(const SequenceState& state, int32_t x0,
+                             const DraftChooser& choose = {}) const override;
   // Records selections of subsequent forwards into `trace` (nullptr: off). Not thread-safe.
   void set_trace(ForwardTrace* trace) { trace_ = trace; }
 

@@ -3,6 +3,7 @@
 // (DESIGN.md §3: window rings, compressed KV / index-key pages, compressor partials, Engram history).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,16 @@ struct BatchItem {
   bool all_logits = false;            // true: logits for every token; false: only the last one
 };
 
+// One DSpark proposal (v41 §5.4): block_size draft tokens, their Markov-corrected logits and
+// raw confidence logits.
+struct DraftBlock {
+  std::vector<int32_t> tokens;     // [B]
+  std::vector<float> logits;       // [B, V]
+  std::vector<float> confidence;   // [B]
+};
+// Picks draft token i (1-based) from its logits; default: argmax, lower id at ties.
+using DraftChooser = std::function<int32_t(int64_t i, std::span<const float> logits)>;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -48,6 +59,14 @@ class Model {
   // state equals one that never saw them. Backends may bound how far back this reaches.
   virtual Status rollback(SequenceState& state, int64_t new_length) const {
     return {StatusCode::kUnimplemented, "rollback: not supported by this model"};
+  }
+  // DSpark speculative decoding (v41 §5). has_draft(): the checkpoint carries draft weights and
+  // this backend can propose. propose(): one block of dspark_block_size drafts after the
+  // committed tokens of `state` with anchor `x0` (not yet fed); the state is unchanged.
+  virtual bool has_draft() const { return false; }
+  virtual Result<DraftBlock> propose(const SequenceState& state, int32_t x0,
+                                     const DraftChooser& choose = {}) const {
+    return Status{StatusCode::kUnimplemented, "propose: this model backend has no DSpark draft"};
   }
 };
 
