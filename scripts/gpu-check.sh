@@ -21,9 +21,9 @@ mode="${1:-run}"
 if [ "$mode" = pack ]; then
   set -e
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a >/dev/null
-  ninja -C build-cuda -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda flashseek
+  ninja -C build-cuda -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda test_forward flashseek
   rm -rf build-cuda/pack && mkdir -p build-cuda/pack/bin build-cuda/pack/lib
-  cp build-cuda/tests/test_ops_cuda build-cuda/bin/flashseek build-cuda/pack/bin/
+  cp build-cuda/tests/test_ops_cuda build-cuda/tests/test_forward build-cuda/bin/flashseek build-cuda/pack/bin/
   # Shared libraries outside glibc/libstdc++ travel with the binaries.
   for b in build-cuda/pack/bin/*; do
     ldd "$b" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux|libgcc_s|libstdc\+\+)[.-]' || true
@@ -53,9 +53,10 @@ if [ "${FLASHSEEK_GPU_PREBUILT:-0}" = 1 ]; then
   echo "FLASHSEEK_GPU_PREBUILT=1: skipping the build here"
 elif cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a \
      >"$out/configure.txt" 2>&1; then
-  if ninja -C build-gpu -j16 test_ops_cuda flashseek >"$out/build.txt" 2>&1; then
+  if ninja -C build-gpu -j16 test_ops_cuda test_forward flashseek >"$out/build.txt" 2>&1; then
     bin_dir=build-gpu
-    (cd build-gpu && ctest -R 'Cuda' --output-on-failure) 2>&1 | tee "$out/tests.txt"
+    # Kernel tests (Cuda*) and the whole-model GPU parity tests (GpuParity*, GpuModel*).
+    (cd build-gpu && ctest -R 'Cuda|GpuParity|GpuModel' --output-on-failure) 2>&1 | tee "$out/tests.txt"
     test_rc=${PIPESTATUS[0]}
     fs_bin=build-gpu/bin/flashseek
   else
@@ -71,6 +72,9 @@ if [ -z "$bin_dir" ]; then
   export LD_LIBRARY_PATH="$here/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   "$pack/bin/test_ops_cuda" --gtest_color=no 2>&1 | tee "$out/tests.txt"
   test_rc=${PIPESTATUS[0]}
+  FLASHSEEK_BIN="$here/$pack/bin/flashseek" "$pack/bin/test_forward" --gtest_color=no \
+    --gtest_filter='*GpuParity*:*GpuModel*' 2>&1 | tee -a "$out/tests.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || test_rc=1
   fs_bin="$pack/bin/flashseek"
 fi
 
