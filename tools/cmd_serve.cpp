@@ -34,6 +34,7 @@ struct ServeOpts {
   int64_t max_batch = 8, max_queue = 64, max_context = 0;
   int64_t host_cache_bytes = int64_t(1) << 30;  // state cache, host tier (issue 6)
   std::string cache_dir;                         // state cache, disk tier (empty: none)
+  int64_t snapshot_every = 2048;                 // state cache: snapshots inside long prefills
   ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
   bool thinking = false;
   std::vector<std::string> extra_names;
@@ -140,7 +141,7 @@ int serve(const ServeOpts& o) {
   // The state cache outlives the engine (snapshot callbacks point at it).
   auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
-  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir});
+  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every});
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);
   if (!cluster.ok()) return abort_with(cluster.status());
@@ -185,6 +186,9 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   cmd->add_option("--cache-dir", o->cache_dir,
                   "state cache: directory for snapshots that survive restarts");
+  cmd->add_option("--snapshot-every", o->snapshot_every,
+                  "state cache: also snapshot long prefills every N prompt tokens (0: off)")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   add_cluster_options(cmd, o->cluster);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
   cmd->add_option("--numerics", o->numerics, "exact | reference")

@@ -59,6 +59,7 @@ Status Engine::step() {
     admit();
     batch = build_batch();
   }
+  prepare_speculation(batch);  // drafts outside the lock (spec_step.cpp)
   if (batch.items.empty()) return {};
 
   // The model runs without the lock: submit()/cancel() stay responsive. Nothing the items point
@@ -104,7 +105,7 @@ Status Engine::process_item(Sequence& seq, const PlannedItem& item,
                             std::span<const float> logits) {
   const size_t V = size_t(vocab_);
   auto row = [&](size_t r) { return logits.subspan(r * V, V); };
-  if (!item.prefill) return sample_next(seq, row(0));
+  if (!item.prefill) return seq.verify_tokens.empty() ? sample_next(seq, row(0)) : verify_block(seq, logits);
 
   const int64_t start = seq.prompt_done;
   const int64_t P = seq.prompt_len();
@@ -118,6 +119,13 @@ Status Engine::process_item(Sequence& seq, const PlannedItem& item,
     }
   }
   seq.prompt_done += item.n_tokens;
+  // Long prefills also leave snapshots behind (at the chunk end that crosses each multiple of
+  // snapshot_every), so a later prompt sharing only part of this one still finds a prefix.
+  const int64_t every = seq.req.snapshot_every;
+  if (every > 0 && seq.req.on_snapshot && seq.prompt_done < P &&
+      seq.prompt_done / every > start / every)
+    seq.req.on_snapshot(std::span<const int32_t>(seq.req.prompt).first(size_t(seq.prompt_done)),
+                        *seq.state);
   if (seq.prompt_done < P) return {};
   if (seq.req.max_tokens == 0) {
     finish(seq, FinishReason::kLength);

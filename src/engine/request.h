@@ -42,6 +42,9 @@ struct Request {
   // copy what it keeps (clone()) and return quickly.
   std::function<void(std::span<const int32_t> tokens, const forward::SequenceState& state)>
       on_snapshot;
+  // Also call on_snapshot during a long prefill, at the end of the chunk that crosses each
+  // multiple of this many prompt tokens (0: only at the end of prompt / response).
+  int64_t snapshot_every = 0;
 };
 
 struct TokenEvent {

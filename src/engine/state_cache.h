@@ -42,6 +42,7 @@ struct StateCacheOptions {
   int64_t host_bytes = int64_t(1) << 30;  // host-tier budget; 0 keeps nothing in memory
   std::string dir;            // disk tier directory (created); empty: none
   int64_t min_tokens = 2;     // shorter states are not worth a snapshot
+  int64_t snapshot_every = 0; // also snapshot long prefills every N prompt tokens (0: off)
 };
 
 struct StateCacheStats {
@@ -107,6 +108,7 @@ class StateCache {
   // Prometheus text: the stats above plus the remote tier's metrics().
   std::string metrics_text() const;
   uint64_t fingerprint() const { return options_.fingerprint; }
+  const StateCacheOptions& options() const { return options_; }
 
  private:
   struct Entry {

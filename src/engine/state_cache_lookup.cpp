@@ -154,6 +154,7 @@ int64_t attach_state_cache(StateCache& cache, uint64_t tenant, Request& request)
       cached = hit->n_tokens;
     }
   }
+  request.snapshot_every = cache.options().snapshot_every;
   request.on_snapshot = [&cache, tenant](std::span<const int32_t> tokens,
                                          const forward::SequenceState& state) {
     cache.put(tenant, tokens, state);

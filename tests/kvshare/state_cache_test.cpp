@@ -213,3 +213,38 @@ TEST_F(Cache, SecondTurnPrefillsOnlyNewTokens) {
 
 }  // namespace
 }  // namespace flashseek::kvtest
+
+namespace flashseek::kvtest {
+namespace {
+
+// A long prefill in small chunks leaves snapshots every N prompt tokens (at chunk ends), and a
+// prompt that shares only the first part of it restores the deepest one below the divergence.
+TEST_F(Cache, LongPrefillSnapshotsEveryNTokens) {
+  auto c = StateCache::open({fingerprint_, int64_t(1) << 30, {}, 2, /*snapshot_every=*/20});
+  ASSERT_TRUE(c.ok());
+  auto eng = engine::Engine::create(*model_, {.budget = {.max_step_tokens = 16, .max_prefill_chunk = 16}});
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
+  Rng rng(9);
+  engine::Request r;
+  r.id = 1;
+  r.prompt = random_tokens(rng, 75);
+  r.max_tokens = 1;
+  r.sampling.temperature = 0;
+  engine::attach_state_cache(**c, 5, r);
+  const auto prompt = r.prompt;
+  auto s = (*eng)->submit(std::move(r));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*eng)->run_until_idle().ok());
+  (*c)->flush();
+  // Chunks end at 16, 32, 48, 64, 75: multiples of 20 are crossed at 32, 48, 64; plus the end.
+  EXPECT_EQ((*c)->stats().puts, 4);
+  auto other = prompt;
+  other[55] = (other[55] + 1) % int32_t(model_->config().vocab_size);
+  auto hit = (*c)->lookup(5, other, 74);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->n_tokens, 48);
+  expect_continues(*hit, other);
+}
+
+}  // namespace
+}  // namespace flashseek::kvtest
