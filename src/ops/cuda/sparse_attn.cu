@@ -8,6 +8,7 @@
 // and adds the sink to the denominator (v4 §3.5.7).
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "ops/cuda/small_kernels.h"
@@ -213,10 +214,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
   const int per = (a.n_idx + a.splits - 1) / a.splits;
   const int k_begin = split * per, k_end = min(a.n_idx, k_begin + per);
   const int nthreads = kMmaWarps * 32;
-  for (int i = threadIdx.x; i < a.heads * a.dim; i += nthreads) {
-    const int h = i / a.dim, d = i % a.dim;
-    const __nv_bfloat16 v = __float2bfloat16_rn(a.q[int64_t(t) * a.heads * a.dim + i]);
-    q_s[h * ld + d] = *reinterpret_cast<const uint16_t*>(&v);
+  {  // Q → BF16 shared: all of this thread's float4 loads first (one round trip, not 64)
+    const float4* q4 = reinterpret_cast<const float4*>(a.q + int64_t(t) * a.heads * a.dim);
+    const int n4 = a.heads * a.dim / 4;  // <= 16 per thread (64 heads x 512 / 4 / 512 threads)
+    float4 buf[16];
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      const int i = threadIdx.x + u * nthreads;
+      if (i < n4) buf[u] = q4[i];
+    }
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      const int i = threadIdx.x + u * nthreads;
+      if (i >= n4) break;
+      const int e = i * 4, h = e / a.dim, d = e % a.dim;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * ld + d);
+      dst[0] = pack_bf16(buf[u].x, buf[u].y);
+      dst[1] = pack_bf16(buf[u].z, buf[u].w);
+    }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int hg_n = a.heads / 16, hg = warp % hg_n, dq = warp / hg_n;
@@ -328,6 +343,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
 
 }  // namespace
 
+// Raises a kernel's dynamic shared-memory limit to `bytes` once per device: the driver call
+// costs more than the whole decode attention, so it must not run on every launch.
+cudaError_t ensure_smem_limit(const void* fn, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  if ((e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)) != cudaSuccess) return e;
+  done.fetch_or(bit, std::memory_order_release);
+  return cudaSuccess;
+}
+std::atomic<uint64_t> g_mma_attr{0}, g_split_attr{0};
+
 bool sparse_attn_uses_mma(int heads, int dim) {
   return heads % 16 == 0 && heads <= 64 && dim % 64 == 0 && dim <= 512;
 }
@@ -337,7 +366,9 @@ cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
   cudaError_t e;
   if (sparse_attn_uses_mma(a.heads, a.dim)) {
     const size_t smem16 = sizeof(uint16_t) * size_t(a.heads + kTile) * size_t(a.dim + kPad);
-    e = cudaFuncSetAttribute(attn_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem16));
+    // The largest shape this path takes (64 heads x 512) sets the limit once.
+    e = ensure_smem_limit(reinterpret_cast<const void*>(attn_mma_kernel),
+                          int(sizeof(uint16_t) * (kMaxHeads + kTile) * (512 + kPad)), g_mma_attr);
     if (e != cudaSuccess) return e;
     attn_mma_kernel<<<dim3(a.m, a.splits), kMmaWarps * 32, smem16, stream>>>(a);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -346,8 +377,9 @@ cudaError_t launch_sparse_attn(const AttnArgs& a, cudaStream_t stream) {
   }
   const size_t smem = sizeof(float) * (size_t(a.heads) * a.dim + size_t(kTile) * a.dim +
                                        size_t(a.heads) * kTile + a.heads);
-  e = cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(smem));
+  e = ensure_smem_limit(reinterpret_cast<const void*>(attn_split_kernel),
+                        int(sizeof(float) * (kMaxHeads * 512 + kTile * 512 + kMaxHeads * kTile + kMaxHeads)),
+                        g_split_attr);
   if (e != cudaSuccess) return e;
   attn_split_kernel<<<dim3(a.m, a.splits), kThreads, smem, stream>>>(a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
