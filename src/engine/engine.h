@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/status.h"
@@ -32,6 +33,10 @@ struct EngineOptions {
   // config by default: tiny test configs declare max_position_embeddings 64 yet the oracles run
   // 300-token sequences through them. A server passes config().max_position_embeddings.
   int64_t max_context = 0;
+  // DSpark speculative decoding (v41 §5, spec_step.cpp) when the model has a draft
+  // (Model::has_draft). Off by default in the library so that seeded sampling draws stay those of
+  // plain decoding; the CLI and server turn it on (greedy output is identical either way).
+  bool speculative = false;
 };
 
 struct EngineStats {
@@ -42,6 +47,14 @@ struct EngineStats {
   int64_t generated_tokens = 0;   // tokens sampled
   int64_t last_batch_items = 0;   // sequences in the latest forward call
   int64_t last_batch_tokens = 0;  // tokens in the latest forward call
+  // Speculative decoding: verification steps (one per sequence and step), drafts proposed,
+  // drafts accepted, tokens emitted by them (accepted + bonus, after stop/length truncation),
+  // and accepted_at[i]: steps whose draft i+1 was accepted ([dspark_block_size]).
+  int64_t spec_steps = 0;
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
+  int64_t spec_emitted = 0;
+  std::vector<int64_t> spec_accepted_at;
 };
 
 class Engine {
@@ -95,6 +108,12 @@ class Engine {
                       std::span<const float> logits);
   Status sample_next(Sequence& seq, std::span<const float> row);
   bool has_work() const;                    // caller holds mu_
+  // Speculative decoding (spec_step.cpp).
+  bool speculate(const Sequence& seq) const;
+  void prepare_speculation(StepBatch& batch);  // without mu_: runs the draft
+  Status verify_block(Sequence& seq, std::span<const float> logits);
+  Status emit_token(Sequence& seq, int32_t token, std::span<const float> row, int64_t position,
+                    bool& finished);
   void loop();
 
   forward::Model& model_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/sampler.h"
 
 namespace flashseek::engine {
 
@@ -18,6 +19,11 @@ struct Engine::Sequence {
   bool prompt_lp_sent = false;
   bool in_flight = false;  // inside the current forward call: its state must not be freed yet
   bool done = false;       // final event sent; dropped at the next opportunity
+  // Speculative block verified in the current step (spec_step.cpp): [1 + B] tokens x0, y_1 … y_B
+  // and, for sampling requests, the distributions q_i the drafts were drawn from. Empty: a plain
+  // decode step.
+  std::vector<int32_t> verify_tokens;
+  std::vector<SamplingDistribution> verify_q;
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   int64_t pending_prompt() const { return prompt_len() - prompt_done; }
