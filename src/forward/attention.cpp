@@ -83,7 +83,7 @@ void CpuModel::attention(int l, ChunkCtx& ctx, const std::vector<float>& a, std:
   // Key list of each query: window (oldest first) then compressed rows (ascending).
   LayerState& LS = ctx.st->layers[size_t(l)];
   const int64_t ring = ctx.st->ring_size;
-  const std::vector<float>* ckv = role.ratio > 0 ? &ctx.st->layers[size_t(role.kv_src)].ckv : nullptr;
+  const PagedRows* ckv = role.ratio > 0 ? &ctx.st->layers[size_t(role.kv_src)].ckv : nullptr;
   const std::vector<std::vector<int32_t>>* sel = nullptr;
   if (role.ratio > 0 && role.idx_src >= 0) sel = &ctx.topk[size_t(role.idx_src)];
   if (trace_) {
@@ -102,9 +102,9 @@ void CpuModel::attention(int l, ChunkCtx& ctx, const std::vector<float>& a, std:
       for (int64_t s = std::max<int64_t>(0, p - W + 1); s <= p; ++s)
         keys.push_back(s >= ctx.start ? kv.data() + (s - ctx.start) * Dh : LS.ring.data() + (s % ring) * Dh);
       if (sel) {
-        for (int32_t i : (*sel)[t]) keys.push_back(ckv->data() + int64_t(i) * Dh);
+        for (int32_t i : (*sel)[t]) keys.push_back(ckv->row(i));
       } else if (ckv) {  // V4 HCA: every visible compressed entry
-        for (int64_t i = 0; i < (p + 1) / role.ratio; ++i) keys.push_back(ckv->data() + i * Dh);
+        for (int64_t i = 0; i < (p + 1) / role.ratio; ++i) keys.push_back(ckv->row(i));
       }
       ops::sparse_attention({q.data() + t * H * Dh, keys.data(), int64_t(keys.size()), H, Dh,
                              A.attn_sink.data(), scale, R, o.data() + t * H * Dh});

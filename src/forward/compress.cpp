@@ -130,13 +130,13 @@ void CpuModel::compress(int l, ChunkCtx& ctx, const std::vector<float>& a) {
   ops::rms_norm({entries.data(), A.compressor.norm.data(), entries.data(), n, Dh, eps, R});
   if (v41 && !A.idx_wk.empty()) {
     const auto k = v41_index_keys(A, entries, gpos, Dh, dI, Dr, eps, R);
-    LS.ikeys.insert(LS.ikeys.end(), k.begin(), k.end());
+    LS.ikeys.append(k);
   }
   ops::apply_rope({entries.data(), gpos.data(), A.rope_inv_freq.data(), n, 1, Dh, Dr, false, R});
   if (R && v41) ops::fp4_quant_dequant_e4m3(entries.data(), n, Dh, 16);
   if (R && !v41)
     for (int64_t i = 0; i < n; ++i) ops::fp8_quant_dequant(entries.data() + i * Dh, 1, Dh - Dr, 64);
-  LS.ckv.insert(LS.ckv.end(), entries.begin(), entries.end());
+  LS.ckv.append(entries);
 }
 
 void CpuModel::compress_v4_index(int l, ChunkCtx& ctx, const std::vector<float>& a) {
@@ -164,7 +164,7 @@ void CpuModel::compress_v4_index(int l, ChunkCtx& ctx, const std::vector<float>&
     ops::round_bf16_inplace(ient.data(), ni * dI);
     ops::fp4_quant_dequant_e8m0(ient.data(), ni, dI, 32);
   }
-  LS.ikeys.insert(LS.ikeys.end(), ient.begin(), ient.end());
+  LS.ikeys.append(ient);
 }
 
 void CpuModel::index_select(int l, ChunkCtx& ctx, const std::vector<float>& a, const std::vector<float>& qlat) {
@@ -189,7 +189,7 @@ void CpuModel::index_select(int l, ChunkCtx& ctx, const std::vector<float>& a, c
   for (auto& x : wts) x = R ? round_bf16(x * wscale) : x * wscale;
 
   // Each index source scores the keys of its own kv source, in prefill and decode (v41 §9.x).
-  const std::vector<float>& keys = ctx.st->layers[size_t(role.kv_src)].ikeys;
+  const PagedRows& keys = ctx.st->layers[size_t(role.kv_src)].ikeys;
   auto& out = ctx.topk[size_t(l)];
   out.assign(size_t(T), {});
   if (role.candidate_source) ctx.cand.assign(size_t(T), {});
@@ -199,7 +199,9 @@ void CpuModel::index_select(int l, ChunkCtx& ctx, const std::vector<float>& a, c
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t clen = (ctx.pos[t] + 1) / ratio;  // visible compressed positions
       s.assign(size_t(clen), 0.0f);
-      ops::index_scores({iq.data() + t * nI * dI, wts.data() + t * nI, keys.data(), clen, nI, dI, R, s.data()});
+      keys.for_each_run(0, clen, [&](int64_t first, const float* k, int64_t n) {  // page by page
+        ops::index_scores({iq.data() + t * nI * dI, wts.data() + t * nI, k, n, nI, dI, R, s.data() + first});
+      });
       if (role.candidate_source) {
         ctx.cand[t].resize(size_t(clen));
         ops::candidate_mask(s.data(), clen, clen, c.candidate_block_size, c.candidate_topk_blocks,

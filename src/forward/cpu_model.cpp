@@ -40,7 +40,11 @@ std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   auto st = std::make_unique<CpuSequenceState>();
   st->ring_size = c.window + kMaxRollback;
   st->layers.resize(size_t(c.num_layers));
-  for (auto& l : st->layers) l.ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
+  for (auto& l : st->layers) {
+    l.ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
+    l.ckv.reset(c.head_dim);
+    l.ikeys.reset(c.index_head_dim);
+  }
   if (w_.has_mtp) st->mtp_ring.assign(size_t(st->ring_size * c.head_dim), 0.0f);
   if (w_.has_dspark)
     st->draft_rings.assign(size_t(c.num_mtp_layers), std::vector<float>(size_t(st->ring_size * c.head_dim), 0.0f));

@@ -56,8 +56,8 @@ Status CpuModel::rollback(SequenceState& state, int64_t L) const {
     const int64_t ratio = role.ratio, groups = L / ratio;
     const bool overlap = !v41 && ratio == 4;
     const int64_t coff = overlap ? 2 : 1;
-    LS.ckv.resize(std::min(LS.ckv.size(), size_t(groups * Dh)));
-    LS.ikeys.resize(std::min(LS.ikeys.size(), size_t(groups * dI)));
+    LS.ckv.truncate(groups);  // pages before the cut stay shared
+    LS.ikeys.truncate(groups);
     if (v41 && ratio == 1) continue;  // no partial state
     FS_RETURN_IF_ERROR(restore(LS.comp, ratio, coff * Dh, overlap, L, l));
     if (A.has_idx_compressor) FS_RETURN_IF_ERROR(restore(LS.icomp, ratio, coff * dI, overlap, L, l));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "forward/model.h"
+#include "forward/paged_rows.h"
 
 namespace flashseek::forward {
 
@@ -28,8 +29,8 @@ inline constexpr int64_t kMaxRollback = 8;
 
 struct LayerState {
   std::vector<float> ring;            // [ring_size, head_dim] raw window KV, slot = pos % ring_size
-  std::vector<float> ckv;             // [n_entries, head_dim] compressed KV (kv sources only)
-  std::vector<float> ikeys;           // [n_entries, index_head_dim] index keys (index-key owners)
+  PagedRows ckv;                      // [n_entries, head_dim] compressed KV (kv sources only)
+  PagedRows ikeys;                    // [n_entries, index_head_dim] index keys (index-key owners)
   CompressorState comp;               // attention compressor
   CompressorState icomp;              // V4 indexer compressor
 };

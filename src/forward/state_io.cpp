@@ -12,15 +12,20 @@ namespace flashseek::forward {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'S', 'S', 'N', 'A', 'P', '0', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // v2: paged rows carry width + rows_per_page
 // A field added to the state must be added to write_state/read_state too: these sizes are the
-// layouts the (de)serialiser was written for (vector = 24 B, CompressorState = 6 vectors + 3).
+// layouts the (de)serialiser was written for (vector = 24 B, CompressorState = 6 vectors + 3,
+// PagedRows = 2 i64 + 2 vectors).
 static_assert(sizeof(CompressorState) == 6 * 24 + 3 * 8, "CompressorState changed: update state_io");
-static_assert(sizeof(LayerState) == 3 * 24 + 2 * sizeof(CompressorState), "LayerState changed: update state_io");
+static_assert(sizeof(PagedRows) == 2 * 8 + 2 * 24, "PagedRows changed: update state_io");
+static_assert(sizeof(LayerState) == 24 + 2 * sizeof(PagedRows) + 2 * sizeof(CompressorState),
+              "LayerState changed: update state_io");
 static_assert(sizeof(CpuSequenceState) == 8 + 2 * 8 + 5 * 24, "CpuSequenceState changed: update state_io");
 
 // Guards against absurd counts in a corrupt blob before anything is allocated.
 constexpr uint64_t kMaxLayers = 4096;
+// Bounds a corrupt paged-rows geometry (one page is rows_per_page · width floats).
+constexpr uint64_t kMaxPageFloats = uint64_t(1) << 24;
 
 class Writer {
  public:
@@ -34,6 +39,12 @@ class Writer {
   void floats(const std::vector<float>& v) {
     pod<uint64_t>(v.size());
     raw(v.data(), v.size() * sizeof(float));
+  }
+  // Paged rows as width, rows_per_page, then all rows flat (pages are not shared on disk yet).
+  void rows(const PagedRows& p) {
+    pod<uint64_t>(uint64_t(p.width()));
+    pod<uint64_t>(uint64_t(p.rows_per_page()));
+    floats(p.to_vector());
   }
 
  private:
@@ -56,6 +67,15 @@ class Reader {
     if (!pod(n) || n > (in_.size() - pos_) / sizeof(float)) return false;
     v.resize(size_t(n));
     return raw(v.data(), size_t(n) * sizeof(float));
+  }
+  bool rows(PagedRows& p) {
+    uint64_t width = 0, rpp = 0;
+    std::vector<float> flat;
+    if (!(pod(width) && pod(rpp) && floats(flat))) return false;
+    if (width == 0 || rpp == 0 || rpp > kMaxPageFloats / width || flat.size() % width != 0) return false;
+    p.reset(int64_t(width), int64_t(rpp));
+    p.append(flat);
+    return true;
   }
   size_t pos() const { return pos_; }
 
@@ -92,8 +112,8 @@ void write_state(Writer& w, const CpuSequenceState& s) {
   w.pod<uint64_t>(s.layers.size());
   for (const auto& l : s.layers) {
     w.floats(l.ring);
-    w.floats(l.ckv);
-    w.floats(l.ikeys);
+    w.rows(l.ckv);
+    w.rows(l.ikeys);
     write_comp(w, l.comp);
     write_comp(w, l.icomp);
   }
@@ -111,7 +131,7 @@ bool read_state(Reader& r, CpuSequenceState& s, size_t remaining) {
     return false;
   s.layers.resize(size_t(n_layers));
   for (auto& l : s.layers)
-    if (!(r.floats(l.ring) && r.floats(l.ckv) && r.floats(l.ikeys) && read_comp(r, l.comp) &&
+    if (!(r.floats(l.ring) && r.rows(l.ckv) && r.rows(l.ikeys) && read_comp(r, l.comp) &&
           read_comp(r, l.icomp)))
       return false;
   if (!r.pod(n_hist) || n_hist > remaining / sizeof(int64_t)) return false;

@@ -7,8 +7,8 @@
 //   tokens  : [n_tokens] i32 token ids the state holds (lets a reader re-check the key)
 //   payload : the CpuSequenceState (len, ring_size, per-layer vectors, Engram history, rings)
 //   trailer : u64 xxHash64 of everything before it
-// v1 stores the WHOLE state per snapshot (no shared pages yet): the blob size is what a
-// snapshot really costs in host memory, on disk and on the wire.
+// v2 stores the WHOLE state per snapshot (paged rows flattened, no shared pages yet): the blob
+// size is what a snapshot really costs in host memory, on disk and on the wire.
 #pragma once
 #include <cstdint>
 #include <memory>

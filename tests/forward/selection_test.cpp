@@ -126,9 +126,9 @@ TEST_F(Selection, ReindexUsesItsOwnQueryWithTheSourceKeys) {
   // token at ratio 1, one per pair at ratio 2; nothing is stored for reuse / REINDEX layers.
   const auto& s = dynamic_cast<const CpuSequenceState&>(*st);
   const auto& c = model_->config();
-  EXPECT_EQ(int64_t(s.layers[3].ikeys.size()), 48 * c.index_head_dim);
-  EXPECT_EQ(int64_t(s.layers[3].ckv.size()), 48 * c.head_dim);
-  EXPECT_EQ(int64_t(s.layers[1].ckv.size()), 24 * c.head_dim);
+  EXPECT_EQ(s.layers[3].ikeys.size() * s.layers[3].ikeys.width(), 48 * c.index_head_dim);
+  EXPECT_EQ(s.layers[3].ckv.size() * s.layers[3].ckv.width(), 48 * c.head_dim);
+  EXPECT_EQ(s.layers[1].ckv.size() * s.layers[1].ckv.width(), 24 * c.head_dim);
   for (int l : {0, 2, 4, 5, 6}) {
     EXPECT_TRUE(s.layers[size_t(l)].ikeys.empty()) << l;
     EXPECT_TRUE(s.layers[size_t(l)].ckv.empty()) << l;
