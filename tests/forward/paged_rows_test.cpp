@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "forward/cpu_model.h"
 #include "forward/state.h"
+#include "forward/state_io.h"
 #include "model/make_tiny.h"
 
 namespace flashseek::forward {
@@ -245,6 +246,32 @@ TEST_P(PagedForward, ClonedStateSharesPagesAndDivergesSafely) {
   const auto ref = run_paged(**m, full, 3, nullptr);
   ASSERT_EQ(la.size(), size_t(xa.size()) * size_t(V));
   EXPECT_EQ(std::memcmp(la.data(), ref.data() + (ref.size() - la.size()), la.size() * 4), 0);
+}
+
+TEST_P(PagedForward, SnapshotKeepsRowsAndPageGeometry) {
+  auto m = CpuModel::load(tiny_dir(GetParam()), Numerics::kReference);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const auto toks = tokens_for(97, (*m)->config().vocab_size, 4);
+  std::unique_ptr<SequenceState> st;
+  run_paged(**m, toks, 5, &st);
+  SnapshotHeader h;
+  h.fingerprint = 77;
+  h.n_tokens = int64_t(toks.size());
+  auto blob = serialize_snapshot(*st, toks, h);
+  ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+  auto back = deserialize_snapshot(*blob, 77);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  const auto& a = dynamic_cast<const CpuSequenceState&>(*st);
+  const auto& b = *back->state;
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    for (auto pr : {&LayerState::ckv, &LayerState::ikeys}) {
+      const PagedRows &pa = a.layers[l].*pr, &pb = b.layers[l].*pr;
+      EXPECT_EQ(pb.width(), pa.width()) << l;
+      EXPECT_EQ(pb.rows_per_page(), 5) << l;
+      EXPECT_EQ(pb.to_vector(), pa.to_vector()) << l;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, PagedForward, ::testing::Values("tiny-v41", "tiny-v4"),
