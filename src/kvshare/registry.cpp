@@ -187,9 +187,15 @@ bool Registry::owners_of(std::span<const uint64_t> hashes, std::vector<std::stri
 
 std::optional<SnapshotLocation> Registry::find(std::span<const uint64_t> hashes) {
   std::lock_guard rlock(redis_mu_);
-  // While Redis is known to be down the background loop does the reconnecting (no connect
-  // timeout on the request path); a connection that broke since its last use is retried once.
-  if (hashes.empty() || !ctx_) return std::nullopt;
+  // While Redis is down the request path tries to reconnect at most once a second (the
+  // background loop also does); a connection that broke since its last use is retried once.
+  if (hashes.empty()) return std::nullopt;
+  if (!ctx_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_request_connect_ < std::chrono::seconds(1)) return std::nullopt;
+    last_request_connect_ = now;
+    if (!ensure_connected()) return std::nullopt;
+  }
   std::vector<std::string> owners;
   if (!owners_of(hashes, owners) && !(ensure_connected() && owners_of(hashes, owners)))
     return std::nullopt;

@@ -8,6 +8,7 @@
 // Redis comes back and then re-announces everything this server owns.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -78,6 +79,7 @@ class Registry {
   std::atomic<bool> connected_{false};
   std::atomic<int64_t> reconnects_{0};
   bool need_reannounce_ = false;
+  std::chrono::steady_clock::time_point last_request_connect_{};  // find()'s last reconnect try
 
   std::mutex mu_;                // guards ops_, owned_, stopping_
   std::condition_variable cv_;

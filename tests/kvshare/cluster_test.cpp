@@ -80,6 +80,8 @@ TEST_F(Cluster2, TurnTwoOnPeerOutageRecoveryAndDeadOwner) {
   redis_->start();
   ASSERT_TRUE(redis_->wait_for("HGET " + snap_key(r1, u1.tokens) + " owner", "A"))
       << a->log_text();
+  for (int i = 0; i < 160 && !redis_->query("GET fs:server:B"); ++i)  // B is back too
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto r2 = cat(r1, u1.tokens, ids(rng, 4));
   const auto u2 = complete(b->port(), r2, 5);
   ASSERT_EQ(u2.status, 200);
