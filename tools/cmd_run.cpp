@@ -17,7 +17,7 @@ namespace flashseek::tools {
 namespace {
 
 struct RunOpts {
-  std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "off";
+  std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "auto";
   std::string stop_ids;
   std::string gpus;  // "" = CPU backend, "N" = CUDA device N (forward/gpu_model.h)
   int64_t max_tokens = 16, top_k = 0, prompt_logprobs = 0, logprobs = 0;
@@ -32,9 +32,6 @@ int fail(const std::string& message) {
 }
 
 Status check_options(const RunOpts& o) {
-  if (o.speculative == "on")
-    return Status(StatusCode::kUnimplemented,
-                  "--speculative on: speculative decoding is not available yet (use off)");
   if (o.prompt_ids.empty() == o.prompt.empty())
     return invalid_argument("give exactly one of --prompt-ids and --prompt");
   if (o.max_tokens < 0) return invalid_argument("--max-tokens must be >= 0 (got {})", o.max_tokens);
@@ -94,7 +91,12 @@ int run(const RunOpts& o) {
   if (!request.ok()) return fail(request.status().message());
   const int64_t n_prompt = int64_t(request->prompt.size());
 
-  auto engine = engine::Engine::create(**model, {.max_batch = 1});
+  // DSpark speculative decoding (engine/spec_step.cpp): auto = whenever the backend has a draft.
+  const bool has_draft = (*model)->has_draft();
+  if (o.speculative == "on" && !has_draft)
+    return fail("--speculative on: the model has no DSpark draft on this backend (checkpoint without "
+                "mtp.* draft weights, or the CUDA backend, whose draft is not implemented yet)");
+  auto engine = engine::Engine::create(**model, {.max_batch = 1, .speculative = o.speculative != "off"});
   if (!engine.ok()) return fail(engine.status().message());
   auto stream = (*engine)->submit(std::move(request).value());
   if (!stream.ok()) return fail(stream.status().message());
@@ -135,6 +137,14 @@ int run(const RunOpts& o) {
                static_cast<long long>(n_prompt), prefill, prefill > 0 ? n_prompt / prefill : 0.0,
                n, engine::finish_reason_name(result.finish), total,
                n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
+  const engine::EngineStats es = (*engine)->stats();
+  if (es.spec_steps > 0) {
+    std::string per;
+    for (int64_t a : es.spec_accepted_at) per += (per.empty() ? "" : "/") + std::to_string(a);
+    std::fprintf(stderr, "speculative: %lld verify steps, %.3f tokens/step, accepted per draft position %s\n",
+                 static_cast<long long>(es.spec_steps), double(es.spec_emitted) / double(es.spec_steps),
+                 per.c_str());
+  }
   return 0;
 }
 
@@ -164,8 +174,9 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--numerics", o->numerics, "exact | reference")
       ->check(CLI::IsMember({"exact", "reference"}))
       ->capture_default_str();
-  cmd->add_option("--speculative", o->speculative, "on | off (on: not available yet)")
-      ->check(CLI::IsMember({"on", "off"}))
+  cmd->add_option("--speculative", o->speculative,
+                  "DSpark speculative decoding: auto (when the model has a draft) | on | off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");
   return [o]() -> int { return run(*o); };
