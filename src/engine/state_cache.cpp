@@ -129,11 +129,18 @@ void StateCache::put(uint64_t tenant, std::span<const int32_t> tokens,
   if (int64_t(tokens.size()) < options_.min_tokens) return;
   if (options_.host_bytes == 0 && options_.dir.empty()) return;
   const uint64_t hash = prefix_hashes(tenant, tokens).back();
+  auto queued = [&] {
+    return index_.count(hash) > 0 ||
+           std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.hash == hash; });
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || queued()) return;
+  }
+  auto copy = state.clone();  // outside the lock: a long state takes a while to copy
   std::lock_guard lock(mu_);
-  if (stopping_ || index_.count(hash)) return;
-  for (const auto& p : queue_)
-    if (p.hash == hash) return;
-  queue_.push_back({tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), state.clone()});
+  if (stopping_ || queued()) return;
+  queue_.push_back({tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy)});
   cv_.notify_all();
 }
 
@@ -171,6 +178,7 @@ void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant
     else spdlog::warn("{}", st.message());
   }
   const int64_t bytes = int64_t(blob.size());
+  if (!on_disk && options_.host_bytes == 0) return;  // no tier can hold it
   RemoteTier* remote = nullptr;
   {
     std::lock_guard lock(mu_);
