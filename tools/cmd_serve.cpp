@@ -37,6 +37,7 @@ struct ServeOpts {
   int64_t snapshot_every = 2048;                 // state cache: snapshots inside long prefills
   ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
   bool thinking = false;
+  std::string speculative = "auto";              // DSpark: auto (when the model has a draft) | on | off
   std::vector<std::string> extra_names;
 };
 
@@ -149,6 +150,10 @@ int serve(const ServeOpts& o) {
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
   eo.max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
+  if (o.speculative == "on" && !(*model)->has_draft())
+    return abort_with(invalid_argument("--speculative on: the model has no DSpark draft on this backend"));
+  eo.speculative = o.speculative != "off" && (*model)->has_draft();
+  spdlog::info("speculative decoding: {}", eo.speculative ? "on (DSpark)" : "off");
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return abort_with(engine.status());
   (*engine)->start();
@@ -178,6 +183,10 @@ std::function<int()> setup(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
+  cmd->add_option("--speculative", o->speculative,
+                  "DSpark speculative decoding: auto (when the model has a draft) | on | off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--max-context", o->max_context,
                   "longest prompt + completion (default: the config's max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));

@@ -139,7 +139,10 @@ void Engine::emit(Sequence& seq, TokenEvent event) {
     event.prompt_logprobs = std::move(seq.prompt_lp);
     seq.prompt_lp_sent = true;
   }
-  if (event.finish != FinishReason::kNone) seq.done = true;
+  if (event.finish != FinishReason::kNone) {
+    seq.done = true;
+    if (seq.spec_steps > 0) event.spec_steps = seq.spec_steps, event.spec_tokens = seq.spec_tokens;
+  }
   // Snapshot sink (Request::on_snapshot): prompt complete (first token) or a normal end. The
   // state holds the prompt then the generated tokens fed back so far (not the newest one).
   const bool first_token = event.index == 0 && event.token >= 0;

@@ -24,6 +24,7 @@ struct Engine::Sequence {
   // decode step.
   std::vector<int32_t> verify_tokens;
   std::vector<SamplingDistribution> verify_q;
+  int64_t spec_steps = 0, spec_tokens = 0;  // verification steps run and tokens they emitted
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   int64_t pending_prompt() const { return prompt_len() - prompt_done; }

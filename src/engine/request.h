@@ -57,6 +57,10 @@ struct TokenEvent {
   std::vector<std::optional<PositionLogprobs>> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;  // set on the last event of a request
   std::string error;                          // finish == kError: what went wrong
+  // Last event only: speculative verification steps this request ran (-1: it never speculated)
+  // and the tokens those steps emitted (accepted drafts + bonus tokens).
+  int64_t spec_steps = -1;
+  int64_t spec_tokens = 0;
 };
 
 // Single-producer (scheduler) / single-consumer (client) event queue; safe from any threads.

@@ -93,6 +93,8 @@ Status Engine::verify_block(Sequence& seq, std::span<const float> logits) {
   stats_.spec_drafted += B;
   stats_.spec_accepted += v.accepted;
   stats_.spec_emitted += int64_t(keep);
+  ++seq.spec_steps;
+  seq.spec_tokens += int64_t(keep);
   seq.verify_tokens.clear();
   seq.verify_q.clear();
 

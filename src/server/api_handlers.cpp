@@ -150,9 +150,11 @@ void ApiHandlers::log_done(const PreparedRequest& p, const std::string& finish) 
                                                               : 0;
   metrics_.add_tokens(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
   metrics_.observe_request(total);
+  const std::string spec =
+      u.spec_steps > 0 ? fmt::format(" spec={:.2f} tok/step", double(u.spec_tokens) / double(u.spec_steps)) : "";
   spdlog::info("request {} {} prompt={} cached={} completion={} ttft={:.3f}s {:.1f} tok/s "
-               "total={:.3f}s finish={}", p.meta.id, p.parsed.stream ? "stream" : "once",
-               u.prompt_tokens, u.cached_tokens, u.completion_tokens, ttft, tps, total, finish);
+               "total={:.3f}s finish={}{}", p.meta.id, p.parsed.stream ? "stream" : "once",
+               u.prompt_tokens, u.cached_tokens, u.completion_tokens, ttft, tps, total, finish, spec);
 }
 
 void ApiHandlers::respond_once(const httplib::Request& req, httplib::Response& res,

@@ -51,6 +51,8 @@ struct GenEvent {
   int64_t cached_tokens = -1;                // first event only: prompt tokens served from cache
   Finish finish = Finish::kNone;             // set on the last event of a request
   std::string error;                         // finish == kError
+  int64_t spec_steps = -1;                   // last event: speculative verify steps (-1: none)
+  int64_t spec_tokens = 0;                   // last event: tokens those steps emitted
 };
 
 // Where one request's events are read from (by one HTTP thread). The final event has

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/spec_metrics.h"
+
 namespace flashseek::server {
 
 namespace {
@@ -37,6 +39,8 @@ GenEvent to_gen_event(const engine::TokenEvent& ev) {
   if (ev.index == 0) out.cached_tokens = 0;
   out.finish = convert(ev.finish);
   out.error = ev.error;
+  out.spec_steps = ev.spec_steps;
+  out.spec_tokens = ev.spec_tokens;
   return out;
 }
 
@@ -93,6 +97,7 @@ BackendStats EngineBackend::stats() const {
     out.cache_hit_tokens = c.hit_tokens_local + c.hit_tokens_remote;
     out.extra_metrics = cache_->metrics_text();
   }
+  out.extra_metrics += engine::spec_metrics_text(s);
   return out;
 }
 

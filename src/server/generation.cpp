@@ -63,6 +63,7 @@ std::optional<Step> Generation::next(int64_t timeout_ms) {
 void Generation::apply_event(GenEvent& ev, Step& step) {
   if (!ev.prompt_logprobs.empty()) step.prompt_logprobs = std::move(ev.prompt_logprobs);
   if (ev.cached_tokens >= 0) usage_.cached_tokens = ev.cached_tokens;
+  if (ev.spec_steps >= 0) usage_.spec_steps = ev.spec_steps, usage_.spec_tokens = ev.spec_tokens;
   if (ev.token >= 0) {
     const auto now = Clock::now();
     if (!any_token_) {

@@ -31,6 +31,8 @@ struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  int64_t spec_steps = -1;   // speculative verify steps (-1: the request never speculated)
+  int64_t spec_tokens = 0;   // tokens emitted by them
 };
 
 class Generation {

@@ -7,10 +7,16 @@ namespace flashseek::server {
 using json = nlohmann::json;
 
 json usage_json(const Usage& usage) {
-  return {{"prompt_tokens", usage.prompt_tokens},
-          {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+  json u = {{"prompt_tokens", usage.prompt_tokens},
+            {"completion_tokens", usage.completion_tokens},
+            {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+  // flashseek extension (docs/speculative.md): only when the request ran speculative steps.
+  if (usage.spec_steps > 0)
+    u["speculative"] = {{"verify_steps", usage.spec_steps},
+                        {"tokens", usage.spec_tokens},
+                        {"mean_tokens_per_step", double(usage.spec_tokens) / double(usage.spec_steps)}};
+  return u;
 }
 
 namespace {

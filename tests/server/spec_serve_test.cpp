@@ -1,0 +1,69 @@
+// `flashseek serve` with DSpark speculative decoding (default auto on a tiny-v41 checkpoint,
+// which has draft weights): same greedy tokens as --speculative off, the `usage.speculative`
+// extension, per-position acceptance counters in /metrics and the tok/step field in the log line.
+#include <gtest/gtest.h>
+
+#include "kvshare/serve_util.h"
+
+namespace flashseek::kvtest {
+namespace {
+
+json completion_json(int port, const std::vector<int32_t>& prompt, int max_tokens) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  const json body = {{"model", "deepseek-v4.1-flash"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+                     {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  auto res = c.Post("/v1/completions", body.dump(), "application/json");
+  if (!res || res->status != 200) return json();
+  return json::parse(res->body);
+}
+
+TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
+  ft::TempDir dir;
+  const std::string ckpt = (dir.path() / "tiny").string();
+  ASSERT_EQ(ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 4 --out " + ckpt).exit_code, 0);
+  const std::vector<int32_t> prompt = {5, 9, 200, 17, 3, 3, 41};
+  json on_json, off_json;
+  {
+    Serve s(ckpt, dir.path() / "on.log", "--max-batch 4");
+    ASSERT_TRUE(s.wait_ready()) << s.log_text();
+    on_json = completion_json(s.port(), prompt, 40);
+    ASSERT_FALSE(on_json.is_null()) << s.log_text();
+    EXPECT_GT(metric(s.port(), "flashseek_spec_verify_steps_total"), 0);
+    EXPECT_GE(metric(s.port(), "flashseek_spec_mean_tokens_per_step"), 1.0);
+    httplib::Client c("127.0.0.1", s.port());
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_NE(m->body.find("flashseek_spec_accepted_at_position_total{position=\"1\"}"), std::string::npos);
+    s.stop();
+    EXPECT_NE(s.log_text().find(" tok/step"), std::string::npos) << s.log_text();
+    EXPECT_NE(s.log_text().find("speculative decoding: on"), std::string::npos);
+  }
+  {
+    Serve s(ckpt, dir.path() / "off.log", "--max-batch 4 --speculative off");
+    ASSERT_TRUE(s.wait_ready()) << s.log_text();
+    off_json = completion_json(s.port(), prompt, 40);
+    ASSERT_FALSE(off_json.is_null()) << s.log_text();
+    EXPECT_EQ(metric(s.port(), "flashseek_spec_verify_steps_total"), -1);
+  }
+  EXPECT_EQ(on_json["choices"][0]["token_ids"], off_json["choices"][0]["token_ids"]);
+  const json& spec = on_json["usage"]["speculative"];
+  ASSERT_TRUE(spec.is_object()) << on_json["usage"].dump();
+  EXPECT_GT(spec["verify_steps"].get<int64_t>(), 0);
+  EXPECT_LE(spec["tokens"].get<int64_t>(), 40);
+  EXPECT_GE(spec["mean_tokens_per_step"].get<double>(), 1.0);
+  EXPECT_FALSE(off_json["usage"].contains("speculative"));
+}
+
+TEST(SpecServe, OnWithoutADraftFailsAtStartup) {
+  ft::TempDir dir;
+  const std::string ckpt = (dir.path() / "v4").string();
+  ASSERT_EQ(ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v4 --seed 4 --out " + ckpt).exit_code, 0);
+  auto r = ft::run_command("timeout 60 " + ft::flashseek_bin() + " serve --ckpt " + ckpt +
+                           " --port 0 --speculative on");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no DSpark draft"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace flashseek::kvtest
