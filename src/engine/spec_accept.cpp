@@ -27,7 +27,8 @@ uint64_t spec_draft_seed(uint64_t seed) { return derive(seed, 0x5350454344524146
 uint64_t spec_accept_seed(uint64_t seed) { return derive(seed, 0x5350454341434350ull); }
 uint64_t spec_residual_seed(uint64_t seed) { return derive(seed, 0x5350454352455344ull); }
 
-Result<DraftPick> pick_draft(std::span<const float> logits, const SamplingParams& params, int64_t position) {
+Result<DraftPick> pick_draft(std::span<const float> logits, const SamplingParams& params,
+                             int64_t position) {
   DraftPick pick;
   if (params.greedy()) {
     FS_ASSIGN_OR_RETURN(pick.token, argmax_token(logits));
@@ -38,8 +39,8 @@ Result<DraftPick> pick_draft(std::span<const float> logits, const SamplingParams
   return pick;
 }
 
-SamplingDistribution residual_distribution(const SamplingDistribution& p, const SamplingDistribution& q,
-                                           int64_t vocab) {
+SamplingDistribution residual_distribution(const SamplingDistribution& p,
+                                           const SamplingDistribution& q, int64_t vocab) {
   const std::vector<double> dp = dense(p, vocab), dq = dense(q, vocab);
   SamplingDistribution r;
   double total = 0;
@@ -56,13 +57,15 @@ SamplingDistribution residual_distribution(const SamplingDistribution& p, const 
   return r;
 }
 
-Result<SpecVerdict> accept_block(std::span<const int32_t> drafts, std::span<const SamplingDistribution> q,
-                                 std::span<const float> target, int64_t vocab, const SamplingParams& params,
-                                 int64_t first_position) {
+Result<SpecVerdict> accept_block(std::span<const int32_t> drafts,
+                                 std::span<const SamplingDistribution> q,
+                                 std::span<const float> target, int64_t vocab,
+                                 const SamplingParams& params, int64_t first_position) {
   const size_t B = drafts.size(), V = size_t(vocab);
   if (target.size() != (B + 1) * V)
-    return invalid_argument("speculative: target logits hold {} values, expected {} rows x {} vocab",
-                            target.size(), B + 1, V);
+    return invalid_argument(
+        "speculative: target logits hold {} values, expected {} rows x {} vocab", target.size(),
+        B + 1, V);
   const bool greedy = params.greedy();
   if (!greedy && q.size() != B)
     return invalid_argument("speculative: {} draft distributions for {} drafts", q.size(), B);
@@ -71,10 +74,14 @@ Result<SpecVerdict> accept_block(std::span<const int32_t> drafts, std::span<cons
   for (size_t i = 0; i < B; ++i) {
     const int64_t pos = first_position + int64_t(i);
     const int32_t y = drafts[i];
-    if (y < 0 || size_t(y) >= V) return invalid_argument("speculative: draft token {} outside [0, {})", y, V);
+    if (y < 0 || size_t(y) >= V)
+      return invalid_argument("speculative: draft token {} outside [0, {})", y, V);
     if (greedy) {
       FS_ASSIGN_OR_RETURN(int32_t t, sample_token(row(i), params, pos));
-      if (t == y) { ++v.accepted; continue; }
+      if (t == y) {
+        ++v.accepted;
+        continue;
+      }
       v.bonus = t;
       return v;
     }

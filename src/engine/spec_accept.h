@@ -30,7 +30,8 @@ struct DraftPick {
 
 // Picks draft token at `position` from the draft's logits [V]: argmax for greedy params, else a
 // draw from sampling_distribution(logits, params) keyed by (spec_draft_seed, position).
-Result<DraftPick> pick_draft(std::span<const float> logits, const SamplingParams& params, int64_t position);
+Result<DraftPick> pick_draft(std::span<const float> logits, const SamplingParams& params,
+                             int64_t position);
 
 struct SpecVerdict {
   int64_t accepted = 0;  // n: drafts y_1 … y_n accepted
@@ -45,13 +46,14 @@ struct SpecVerdict {
 // Greedy: y_i is accepted while it equals the target's sample_token(); z = sample_token(row n).
 // Sampling: accept y_i with probability min(1, p_i(y_i)/q_i(y_i)); on the first rejection draw z
 // from normalise(max(p_i − q_i, 0)); after B acceptances z = sample_token(row B).
-Result<SpecVerdict> accept_block(std::span<const int32_t> drafts, std::span<const SamplingDistribution> q,
-                                 std::span<const float> target, int64_t vocab, const SamplingParams& params,
-                                 int64_t first_position);
+Result<SpecVerdict> accept_block(std::span<const int32_t> drafts,
+                                 std::span<const SamplingDistribution> q,
+                                 std::span<const float> target, int64_t vocab,
+                                 const SamplingParams& params, int64_t first_position);
 
 // The residual distribution normalise(max(p − q, 0)) over ascending token ids; falls back to p
 // when the difference has no mass (p == q up to rounding). Exposed for tests.
-SamplingDistribution residual_distribution(const SamplingDistribution& p, const SamplingDistribution& q,
-                                           int64_t vocab);
+SamplingDistribution residual_distribution(const SamplingDistribution& p,
+                                           const SamplingDistribution& q, int64_t vocab);
 
 }  // namespace flashseek::engine

@@ -10,9 +10,9 @@
 
 #include "engine/engine.h"
 #include "engine/engine_sequence.h"
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/spec_accept.h"
-#include "engine/logprobs.h"
 
 namespace flashseek::engine {
 
@@ -55,7 +55,8 @@ void Engine::prepare_speculation(StepBatch& batch) {
     s.verify_tokens.insert(s.verify_tokens.end(), block->tokens.begin(), block->tokens.end());
     if (!params.greedy()) s.verify_q = std::move(q);
     forward::BatchItem& item = batch.items[i];
-    batch.rows += int64_t(s.verify_tokens.size()) - (item.all_logits ? int64_t(item.tokens.size()) : 1);
+    batch.rows +=
+        int64_t(s.verify_tokens.size()) - (item.all_logits ? int64_t(item.tokens.size()) : 1);
     batch.tokens += int64_t(s.verify_tokens.size() - item.tokens.size());
     item.tokens = s.verify_tokens;
     item.all_logits = true;
@@ -68,7 +69,8 @@ Status Engine::verify_block(Sequence& seq, std::span<const float> logits) {
   const int64_t B = int64_t(seq.verify_tokens.size()) - 1;
   const int64_t base = seq.state->length() - (B + 1);  // position of x0
   const std::span<const int32_t> drafts = std::span<const int32_t>(seq.verify_tokens).subspan(1);
-  FS_ASSIGN_OR_RETURN(SpecVerdict v, accept_block(drafts, seq.verify_q, logits, vocab_, seq.req.sampling, base + 1));
+  FS_ASSIGN_OR_RETURN(SpecVerdict v, accept_block(drafts, seq.verify_q, logits, vocab_,
+                                                  seq.req.sampling, base + 1));
 
   // Tokens to emit: y_1 … y_n then z, cut at the first one that ends the request.
   std::vector<int32_t> out(drafts.begin(), drafts.begin() + v.accepted);
@@ -100,13 +102,14 @@ Status Engine::verify_block(Sequence& seq, std::span<const float> logits) {
 
   bool finished = false;
   for (size_t k = 0; k < keep && !finished; ++k)
-    FS_RETURN_IF_ERROR(emit_token(seq, out[k], logits.subspan(k * V, V), base + 1 + int64_t(k), finished));
+    FS_RETURN_IF_ERROR(
+        emit_token(seq, out[k], logits.subspan(k * V, V), base + 1 + int64_t(k), finished));
   return {};
 }
 
 // Emits `token` sampled from `row` for `position`, like Engine::sample_next after its draw.
-Status Engine::emit_token(Sequence& seq, int32_t token, std::span<const float> row, int64_t position,
-                          bool& finished) {
+Status Engine::emit_token(Sequence& seq, int32_t token, std::span<const float> row,
+                          int64_t position, bool& finished) {
   TokenEvent e;
   e.token = token;
   e.index = int64_t(seq.generated.size());

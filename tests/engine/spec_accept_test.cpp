@@ -1,12 +1,12 @@
 // The acceptance rule of speculative decoding (v41 §5.6) on scripted draft and target
 // distributions: greedy prefixes of every length and the bonus token, and for sampling that the
 // emitted tokens follow the target distribution (chi-square) whatever the draft.
+#include "engine/spec_accept.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-
-#include "engine/spec_accept.h"
 
 namespace flashseek::engine {
 namespace {
@@ -38,13 +38,15 @@ TEST(SpecAccept, GreedyAcceptsTheMatchingPrefixThenTheTargetToken) {
     auto v = accept_block(drafts, {}, target, kV, greedy, 10);
     ASSERT_TRUE(v.ok()) << v.status().to_string();
     EXPECT_EQ(v->accepted, n);
-    EXPECT_EQ(v->bonus, target_top[size_t(n)]) << "the bonus is the target's token after the prefix";
+    EXPECT_EQ(v->bonus, target_top[size_t(n)])
+        << "the bonus is the target's token after the prefix";
   }
 }
 
 TEST(SpecAccept, GreedyLaterMatchesDoNotCountAfterAMismatch) {
   const std::vector<float> target = concat({peaked(1), peaked(2), peaked(3)});
-  auto v = accept_block(std::vector<int32_t>{0, 2}, {}, target, kV, SamplingParams{.temperature = 0}, 0);
+  auto v =
+      accept_block(std::vector<int32_t>{0, 2}, {}, target, kV, SamplingParams{.temperature = 0}, 0);
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v->accepted, 0);
   EXPECT_EQ(v->bonus, 1);
@@ -53,8 +55,10 @@ TEST(SpecAccept, GreedyLaterMatchesDoNotCountAfterAMismatch) {
 TEST(SpecAccept, BadShapesAndTokensAreErrors) {
   const std::vector<float> target = concat({peaked(1), peaked(2)});
   SamplingParams greedy{.temperature = 0};
-  EXPECT_FALSE(accept_block(std::vector<int32_t>{1, 2}, {}, target, kV, greedy, 0).ok());  // 3 rows needed
-  EXPECT_FALSE(accept_block(std::vector<int32_t>{kV}, {}, target, kV, greedy, 0).ok());    // outside vocab
+  EXPECT_FALSE(
+      accept_block(std::vector<int32_t>{1, 2}, {}, target, kV, greedy, 0).ok());  // 3 rows needed
+  EXPECT_FALSE(
+      accept_block(std::vector<int32_t>{kV}, {}, target, kV, greedy, 0).ok());  // outside vocab
   SamplingParams hot{.temperature = 1.0, .seed = 1};
   EXPECT_FALSE(accept_block(std::vector<int32_t>{1}, {}, target, kV, hot, 0).ok());  // q missing
 }
@@ -119,8 +123,10 @@ TEST_P(SpecSampling, EmittedTokensFollowTheTargetDistribution) {
   std::vector<double> dp(size_t(kV), 0.0);
   for (size_t i = 0; i < p->ids.size(); ++i) dp[size_t(p->ids[i])] = p->probs[i];
   double overlap = 0;
-  for (size_t i = 0; i < q->ids.size(); ++i) overlap += std::min(q->probs[i], dp[size_t(q->ids[i])]);
-  const double rate = double(accepted) / double(n), sigma = std::sqrt(overlap * (1 - overlap) / double(n));
+  for (size_t i = 0; i < q->ids.size(); ++i)
+    overlap += std::min(q->probs[i], dp[size_t(q->ids[i])]);
+  const double rate = double(accepted) / double(n),
+               sigma = std::sqrt(overlap * (1 - overlap) / double(n));
   EXPECT_NEAR(rate, overlap, 5 * sigma + 1e-12);
   EXPECT_LT(overlap, 0.9) << "the scripted draft should differ from the target";
 }

@@ -16,7 +16,8 @@ class SpecCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new flashseek::testing::TempDir();
     for (const char* c : {"tiny-v41", "tiny-v4"}) {
-      auto r = run_command(flashseek_bin() + " make-tiny --config " + c + " --seed 2 --out " + ckpt(c));
+      auto r =
+          run_command(flashseek_bin() + " make-tiny --config " + c + " --seed 2 --out " + ckpt(c));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
   }
@@ -31,8 +32,9 @@ class SpecCli : public ::testing::Test {
 flashseek::testing::TempDir* SpecCli::dir_ = nullptr;
 
 TEST_F(SpecCli, GreedyOutputIsTheSameOnOffAndAuto) {
-  const std::string args = "--ckpt " + ckpt("tiny-v41") +
-                           " --prompt-ids 9,8,7,6,5 --max-tokens 60 --ignore-eos --logprobs 2 --json";
+  const std::string args =
+      "--ckpt " + ckpt("tiny-v41") +
+      " --prompt-ids 9,8,7,6,5 --max-tokens 60 --ignore-eos --logprobs 2 --json";
   auto off = run_stdout(args + " --speculative off");
   auto on = run_stdout(args + " --speculative on");
   auto def = run_stdout(args);
@@ -51,7 +53,8 @@ TEST_F(SpecCli, OnWithoutADraftIsAnError) {
   auto on = run_command(flashseek_bin() + " run " + args + " --speculative on");
   EXPECT_NE(on.exit_code, 0);
   EXPECT_NE(on.output.find("no DSpark draft"), std::string::npos) << on.output;
-  EXPECT_EQ(run_command(flashseek_bin() + " run " + args).exit_code, 0) << "auto falls back to plain";
+  EXPECT_EQ(run_command(flashseek_bin() + " run " + args).exit_code, 0)
+      << "auto falls back to plain";
 }
 
 }  // namespace

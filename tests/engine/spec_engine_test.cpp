@@ -22,11 +22,15 @@ class OracleDraft final : public forward::Model {
  public:
   explicit OracleDraft(forward::Model& inner) : inner_(inner) {}
   const model::ModelConfig& config() const override { return inner_.config(); }
-  std::unique_ptr<forward::SequenceState> new_sequence() const override { return inner_.new_sequence(); }
+  std::unique_ptr<forward::SequenceState> new_sequence() const override {
+    return inner_.new_sequence();
+  }
   Status forward(std::span<forward::BatchItem> batch, std::vector<float>& logits) override {
     return inner_.forward(batch, logits);
   }
-  Status rollback(forward::SequenceState& s, int64_t n) const override { return inner_.rollback(s, n); }
+  Status rollback(forward::SequenceState& s, int64_t n) const override {
+    return inner_.rollback(s, n);
+  }
   bool has_draft() const override { return true; }
   Result<forward::DraftBlock> propose(const forward::SequenceState& state, int32_t x0,
                                       const forward::DraftChooser& choose) const override {
@@ -38,8 +42,10 @@ class OracleDraft final : public forward::Model {
       std::vector<float> row;
       forward::BatchItem item{st.get(), std::span<const int32_t>(&feed, 1), false};
       FS_RETURN_IF_ERROR(inner_.forward(std::span<forward::BatchItem>(&item, 1), row));
-      int32_t y = choose ? choose(i, row) : int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-      if (mix64(uint64_t(state.length() + i)) % 4 == 0) y = (y + 1) % int32_t(V);  // logits stay the target's
+      int32_t y =
+          choose ? choose(i, row) : int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      if (mix64(uint64_t(state.length() + i)) % 4 == 0)
+        y = (y + 1) % int32_t(V);  // logits stay the target's
       out.logits.insert(out.logits.end(), row.begin(), row.end());
       out.tokens.push_back(y);
       out.confidence.push_back(0.0f);
@@ -66,8 +72,8 @@ class SpecEngine : public ::testing::Test {
     ASSERT_TRUE(model_->has_draft()) << "tiny-v41 should carry DSpark weights";
   }
   // Runs `reqs` in one engine (max_batch 3, small budget so prompts chunk) and returns results.
-  std::vector<GenerationResult> run(forward::Model& model, const std::vector<Request>& reqs, bool spec,
-                                    EngineStats* stats = nullptr) {
+  std::vector<GenerationResult> run(forward::Model& model, const std::vector<Request>& reqs,
+                                    bool spec, EngineStats* stats = nullptr) {
     auto engine = make_engine(model, {.max_batch = 3, .budget = {32, 16}, .speculative = spec});
     std::vector<std::shared_ptr<EventStream>> streams;
     for (const Request& r : reqs) {
@@ -99,9 +105,11 @@ class SpecEngine : public ::testing::Test {
 void log_stats(const char* what, const EngineStats& s) {
   std::string per;
   for (int64_t a : s.spec_accepted_at) per += " " + std::to_string(a);
-  std::printf("[spec] %s: %lld verify steps, %lld drafted, %lld accepted (per position:%s), %.3f tokens/step\n",
-              what, (long long)s.spec_steps, (long long)s.spec_drafted, (long long)s.spec_accepted, per.c_str(),
-              s.spec_steps ? double(s.spec_emitted) / double(s.spec_steps) : 0.0);
+  std::printf(
+      "[spec] %s: %lld verify steps, %lld drafted, %lld accepted (per position:%s), %.3f "
+      "tokens/step\n",
+      what, (long long)s.spec_steps, (long long)s.spec_drafted, (long long)s.spec_accepted,
+      per.c_str(), s.spec_steps ? double(s.spec_emitted) / double(s.spec_steps) : 0.0);
 }
 
 TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithTheRealDraft) {
@@ -132,7 +140,9 @@ TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithEveryAcceptanceLength) {
   EXPECT_LT(st.spec_accepted_at[0], st.spec_steps);
   for (int64_t i = 0; i < B; ++i) {
     EXPECT_GT(st.spec_accepted_at[size_t(i)], 0) << "position " << i + 1;
-    if (i > 0) EXPECT_LT(st.spec_accepted_at[size_t(i)], st.spec_accepted_at[size_t(i - 1)]) << "position " << i + 1;
+    if (i > 0)
+      EXPECT_LT(st.spec_accepted_at[size_t(i)], st.spec_accepted_at[size_t(i - 1)])
+          << "position " << i + 1;
   }
   EXPECT_GT(double(st.spec_emitted) / double(st.spec_steps), 1.5);
   EXPECT_LT(st.steps, 510 / 2) << "speculation should cut the number of forward calls";
@@ -142,7 +152,8 @@ TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithEveryAcceptanceLength) {
 TEST_F(SpecEngine, BatchedGreedyAndSampledRequests) {
   OracleDraft oracle(*model_);
   std::vector<Request> reqs;
-  for (uint64_t i = 0; i < 5; ++i) reqs.push_back(greedy_request(10 + i, 3 + int64_t(i) * 7, 40 + int64_t(i) * 9));
+  for (uint64_t i = 0; i < 5; ++i)
+    reqs.push_back(greedy_request(10 + i, 3 + int64_t(i) * 7, 40 + int64_t(i) * 9));
   reqs[1].sampling = {.temperature = 0.9, .top_k = 50};
   reqs[1].seed = 77;
   reqs[3].sampling = {.temperature = 1.1, .top_p = 0.9};

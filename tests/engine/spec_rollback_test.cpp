@@ -11,7 +11,8 @@
 namespace flashseek::engine {
 namespace {
 
-std::vector<float> run(forward::Model& m, forward::SequenceState& st, std::span<const int32_t> toks, bool all) {
+std::vector<float> run(forward::Model& m, forward::SequenceState& st, std::span<const int32_t> toks,
+                       bool all) {
   std::vector<float> logits;
   forward::BatchItem item{&st, toks, all};
   EXPECT_TRUE(m.forward(std::span<forward::BatchItem>(&item, 1), logits).ok());
@@ -43,17 +44,20 @@ TEST(SpecRollback, EveryPartialAcceptanceEqualsThePlainState) {
     // Plain side: feed the anchor and the n accepted tokens one by one (extending g as needed).
     auto ref = spec->clone();
     for (int64_t k = 0; k <= n; ++k) {
-      const int32_t next = argmax(run(m, *ref, std::span<const int32_t>(&g[size_t(i + k)], 1), false));
+      const int32_t next =
+          argmax(run(m, *ref, std::span<const int32_t>(&g[size_t(i + k)], 1), false));
       if (int64_t(g.size()) == i + k + 1) g.push_back(next);
       ASSERT_EQ(g[size_t(i + k + 1)], next);
     }
     // Spec side: block [g_i, g_{i+1} … g_{i+n}, wrong …], then rollback to the accepted length.
     std::vector<int32_t> block(g.begin() + i, g.begin() + i + n + 1);
-    while (int64_t(block.size()) < B + 1) block.push_back(int32_t((g[size_t(i + n + 1)] + 1 + block.size()) % V));
+    while (int64_t(block.size()) < B + 1)
+      block.push_back(int32_t((g[size_t(i + n + 1)] + 1 + block.size()) % V));
     const int64_t base = spec->length();
     auto rows = run(m, *spec, block, true);
     for (int64_t k = 0; k <= n; ++k)  // the accepted rows are the target's own greedy tokens
-      ASSERT_EQ(argmax(std::span<const float>(rows).subspan(size_t(k * V), size_t(V))), g[size_t(i + k + 1)]);
+      ASSERT_EQ(argmax(std::span<const float>(rows).subspan(size_t(k * V), size_t(V))),
+                g[size_t(i + k + 1)]);
     ASSERT_TRUE(m.rollback(*spec, base + n + 1).ok());
     ASSERT_EQ(spec->length(), ref->length());
     // Same draft proposal from both states, and same logits for a 4-token continuation.
@@ -65,7 +69,8 @@ TEST(SpecRollback, EveryPartialAcceptanceEqualsThePlainState) {
     EXPECT_EQ(da->confidence, db->confidence) << "step " << i;
     const std::vector<int32_t> probe_toks = {anchor, int32_t((anchor + 3) % V), 7, 1};
     auto pa = spec->clone(), pb = ref->clone();
-    ASSERT_EQ(run(m, *pa, probe_toks, true), run(m, *pb, probe_toks, true)) << "step " << i << " n " << n;
+    ASSERT_EQ(run(m, *pa, probe_toks, true), run(m, *pb, probe_toks, true))
+        << "step " << i << " n " << n;
     // Continue from the plain state on the spec side too (it must be equivalent anyway).
     spec = std::move(pa);
     ASSERT_TRUE(m.rollback(*spec, base + n + 1).ok());

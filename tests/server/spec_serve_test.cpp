@@ -11,8 +11,12 @@ namespace {
 json completion_json(int port, const std::vector<int32_t>& prompt, int max_tokens) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
-  const json body = {{"model", "deepseek-v4.1-flash"}, {"prompt", prompt}, {"max_tokens", max_tokens},
-                     {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  const json body = {{"model", "deepseek-v4.1-flash"},
+                     {"prompt", prompt},
+                     {"max_tokens", max_tokens},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_token_ids", true}};
   auto res = c.Post("/v1/completions", body.dump(), "application/json");
   if (!res || res->status != 200) return json();
   return json::parse(res->body);
@@ -21,7 +25,10 @@ json completion_json(int port, const std::vector<int32_t>& prompt, int max_token
 TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "tiny").string();
-  ASSERT_EQ(ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 4 --out " + ckpt).exit_code, 0);
+  ASSERT_EQ(
+      ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 4 --out " + ckpt)
+          .exit_code,
+      0);
   const std::vector<int32_t> prompt = {5, 9, 200, 17, 3, 3, 41};
   json on_json, off_json;
   {
@@ -34,7 +41,8 @@ TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
     httplib::Client c("127.0.0.1", s.port());
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
-    EXPECT_NE(m->body.find("flashseek_spec_accepted_at_position_total{position=\"1\"}"), std::string::npos);
+    EXPECT_NE(m->body.find("flashseek_spec_accepted_at_position_total{position=\"1\"}"),
+              std::string::npos);
     s.stop();
     EXPECT_NE(s.log_text().find(" tok/step"), std::string::npos) << s.log_text();
     EXPECT_NE(s.log_text().find("speculative decoding: on"), std::string::npos);
@@ -58,7 +66,10 @@ TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
 TEST(SpecServe, OnWithoutADraftFailsAtStartup) {
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "v4").string();
-  ASSERT_EQ(ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v4 --seed 4 --out " + ckpt).exit_code, 0);
+  ASSERT_EQ(
+      ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v4 --seed 4 --out " + ckpt)
+          .exit_code,
+      0);
   auto r = ft::run_command("timeout 60 " + ft::flashseek_bin() + " serve --ckpt " + ckpt +
                            " --port 0 --speculative on");
   EXPECT_NE(r.exit_code, 0);
