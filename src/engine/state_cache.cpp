@@ -129,10 +129,7 @@ void StateCache::put(uint64_t tenant, std::span<const int32_t> tokens,
   if (int64_t(tokens.size()) < options_.min_tokens) return;
   if (options_.host_bytes == 0 && options_.dir.empty()) return;
   const uint64_t hash = prefix_hashes(tenant, tokens).back();
-  auto queued = [&] {
-    return index_.count(hash) > 0 ||
-           std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.hash == hash; });
-  };
+  auto queued = [&] { return index_.count(hash) > 0 || pending_.count(hash) > 0; };
   {
     std::lock_guard lock(mu_);
     if (stopping_ || queued()) return;
@@ -140,7 +137,9 @@ void StateCache::put(uint64_t tenant, std::span<const int32_t> tokens,
   auto copy = state.clone();  // outside the lock: a long state takes a while to copy
   std::lock_guard lock(mu_);
   if (stopping_ || queued()) return;
-  queue_.push_back({tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy)});
+  pending_[hash] = std::make_shared<const Pending>(
+      Pending{tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy)});
+  queue_.push_back(hash);
   cv_.notify_all();
 }
 
@@ -154,16 +153,16 @@ void StateCache::worker() {
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    Pending p = std::move(queue_.front());
+    const std::shared_ptr<const Pending> p = pending_.at(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    forward::SnapshotHeader h{options_.fingerprint, p.tenant, p.hash, int64_t(p.tokens.size()), 0};
-    auto blob = forward::serialize_snapshot(*p.state, p.tokens, h);
-    p.state.reset();
-    if (blob.ok()) store(std::move(*blob), p.hash, p.tenant, int64_t(p.tokens.size()));
+    forward::SnapshotHeader h{options_.fingerprint, p->tenant, p->hash, int64_t(p->tokens.size()), 0};
+    auto blob = forward::serialize_snapshot(*p->state, p->tokens, h);
+    if (blob.ok()) store(std::move(*blob), p->hash, p->tenant, int64_t(p->tokens.size()));
     else spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());
     lock.lock();
+    pending_.erase(p->hash);  // indexed now (or dropped): lookups go through the tiers
     busy_ = false;
     cv_.notify_all();
   }

@@ -119,10 +119,12 @@ class StateCache {
     bool on_disk = false;
     std::list<uint64_t>::iterator lru_it;              // valid while blob is set
   };
+  // A snapshot queued for (or being) serialised: lookups already use its state, so a turn that
+  // follows its predecessor's response immediately still finds it.
   struct Pending {
     uint64_t tenant, hash;
     std::vector<int32_t> tokens;
-    std::unique_ptr<forward::SequenceState> state;
+    std::shared_ptr<const forward::SequenceState> state;
   };
   explicit StateCache(StateCacheOptions options);
   Status scan_dir();
@@ -132,6 +134,8 @@ class StateCache {
   void evict_host();                    // caller holds mu_
   void drop(uint64_t hash, bool count_corrupt);  // caller holds mu_
   std::string path_of(uint64_t hash) const;
+  std::optional<CacheHit> try_pending(uint64_t tenant, std::span<const int32_t> tokens,
+                                      uint64_t hash, int64_t n);
   std::optional<CacheHit> try_local(uint64_t tenant, std::span<const int32_t> tokens,
                                     uint64_t hash, int64_t n);
   std::optional<CacheHit> try_remote(uint64_t tenant, std::span<const int32_t> tokens,
@@ -145,7 +149,8 @@ class StateCache {
   RemoteTier* remote_ = nullptr;
 
   std::condition_variable cv_;          // worker wake-up / flush
-  std::deque<Pending> queue_;
+  std::deque<uint64_t> queue_;                          // keys waiting for the worker
+  std::unordered_map<uint64_t, std::shared_ptr<const Pending>> pending_;  // queued or in progress
   bool busy_ = false, stopping_ = false;
   std::thread thread_;
 };

@@ -28,6 +28,20 @@ Result<std::unique_ptr<forward::CpuSequenceState>> verify(std::span<const uint8_
 
 }  // namespace
 
+std::optional<CacheHit> StateCache::try_pending(uint64_t tenant, std::span<const int32_t> tokens,
+                                                uint64_t hash, int64_t n) {
+  std::lock_guard lock(mu_);
+  auto it = pending_.find(hash);
+  if (it == pending_.end()) return std::nullopt;
+  const Pending& p = *it->second;
+  if (p.tenant != tenant || int64_t(p.tokens.size()) != n ||
+      !std::equal(p.tokens.begin(), p.tokens.end(), tokens.begin()))
+    return std::nullopt;
+  ++stats_.hits_host;
+  stats_.hit_tokens_local += n;
+  return CacheHit{p.state, n, CacheTier::kHost};
+}
+
 std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const int32_t> tokens,
                                               uint64_t hash, int64_t n) {
   std::shared_ptr<const std::vector<uint8_t>> blob;
@@ -124,12 +138,15 @@ std::optional<CacheHit> StateCache::lookup(uint64_t tenant, std::span<const int3
   {
     std::lock_guard lock(mu_);
     for (int64_t n = max_len; n >= options_.min_tokens; --n)
-      if (index_.count(hashes[size_t(n)])) candidates.push_back(n);
+      if (index_.count(hashes[size_t(n)]) || pending_.count(hashes[size_t(n)]))
+        candidates.push_back(n);
   }
   const int64_t best_local = candidates.empty() ? 0 : candidates.front();
   if (auto hit = try_remote(tenant, tokens, hashes, best_local)) return hit;
-  for (int64_t n : candidates)
+  for (int64_t n : candidates) {
+    if (auto hit = try_pending(tenant, tokens, hashes[size_t(n)], n)) return hit;
     if (auto hit = try_local(tenant, tokens, hashes[size_t(n)], n)) return hit;
+  }
   std::lock_guard lock(mu_);
   ++stats_.misses;
   return std::nullopt;

@@ -248,3 +248,30 @@ TEST_F(Cache, LongPrefillSnapshotsEveryNTokens) {
 
 }  // namespace
 }  // namespace flashseek::kvtest
+
+namespace flashseek::kvtest {
+namespace {
+
+// A snapshot is usable the moment put() returns (while it is still being serialised): turn 2
+// arriving right after turn 1's response must not miss it.
+TEST_F(Cache, SnapshotUsableBeforeItIsStored) {
+  auto c = open(int64_t(1) << 30);
+  Rng rng(13);
+  for (int i = 0; i < 5; ++i) {
+    const auto t = random_tokens(rng, 40 + i);
+    auto st = run(t);
+    c->put(6, t, *st);  // no flush
+    auto seq = t;
+    seq.push_back(1);
+    auto hit = c->lookup(6, seq, int64_t(t.size()));
+    ASSERT_TRUE(hit) << i;
+    EXPECT_EQ(hit->n_tokens, int64_t(t.size()));
+    expect_continues(*hit, seq);
+    EXPECT_FALSE(c->lookup(7, seq, int64_t(t.size())));
+  }
+  c->flush();
+  EXPECT_EQ(c->stats().puts, 5);
+}
+
+}  // namespace
+}  // namespace flashseek::kvtest
