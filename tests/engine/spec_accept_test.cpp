@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 
 namespace flashseek::engine {
 namespace {
@@ -97,6 +98,8 @@ struct Case {
   const char* name;
   SamplingParams params;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class SpecSampling : public ::testing::TestWithParam<Case> {};
 
