@@ -176,5 +176,32 @@ TEST_F(SpecEngine, BatchedGreedyAndSampledRequests) {
   }
 }
 
+TEST_F(SpecEngine, StopIdsAndMaxTokensCutAnAcceptedBlockLikePlainDecoding) {
+  OracleDraft oracle(*model_);
+  const Request base = greedy_request(30, 6, 60);
+  const auto plain = run(*model_, {base}, false);
+  ASSERT_EQ(plain[0].tokens.size(), 60u);
+  // A stop id that first occurs mid-output (wherever that falls inside a verified block).
+  for (size_t at : {size_t(7), size_t(20), size_t(33)}) {
+    Request r = base;
+    r.stop_ids = {plain[0].tokens[at]};
+    const auto want = run(*model_, {r}, false);
+    const auto got = run(oracle, {r}, true);
+    SCOPED_TRACE(at);
+    testing::expect_same_result(got[0], want[0]);
+    EXPECT_EQ(got[0].finish, FinishReason::kStop);
+  }
+  // Every max_tokens from 1 to 12 ends exactly there.
+  for (int64_t n = 1; n <= 12; ++n) {
+    Request r = base;
+    r.max_tokens = n;
+    const auto got = run(oracle, {r}, true);
+    SCOPED_TRACE(n);
+    ASSERT_EQ(int64_t(got[0].tokens.size()), n);
+    EXPECT_TRUE(std::equal(got[0].tokens.begin(), got[0].tokens.end(), plain[0].tokens.begin()));
+    EXPECT_EQ(got[0].finish, FinishReason::kLength);
+  }
+}
+
 }  // namespace
 }  // namespace flashseek::engine
