@@ -15,6 +15,7 @@
 #include "engine/state_cache.h"
 #include "forward/state_io.h"
 #include "forward/cpu_model.h"
+#include "forward/gpu_model.h"
 #include "server/deferred_backend.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
@@ -93,7 +94,6 @@ int serve(const ServeOpts& o) {
     std::fprintf(stderr, "flashseek serve: error: %s\n", st.message().c_str());
     return 1;
   };
-  if (!o.gpus.empty()) spdlog::warn("--gpus {}: this build serves on the CPU backend", o.gpus);
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 
@@ -128,8 +128,9 @@ int serve(const ServeOpts& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   read_ahead_with_progress(o.ckpt);
-  auto model = forward::load_model(o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact
-                                                                 : forward::Numerics::kReference);
+  auto model = forward::load_model_for(
+      o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
+      o.gpus);
   // Failure after the listener started: stop it and the signal thread before returning.
   auto abort_with = [&](const Status& st) {
     http.stop();
@@ -175,7 +176,7 @@ std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions)");
   auto o = std::make_shared<ServeOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
-  cmd->add_option("--gpus", o->gpus, "GPU ids, e.g. 0,1,2,3 (CPU backend in this build)");
+  cmd->add_option("--gpus", o->gpus, "GPU id to serve on (one GPU for now; empty: CPU backend)");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
