@@ -30,5 +30,5 @@ function(fs_add_test_dir dir)
   add_dependencies(${_name} flashseek)
   gtest_discover_tests(${_name} DISCOVERY_TIMEOUT 60
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS ${_name})
+    PROPERTIES LABELS ${_name} TIMEOUT 300)
 endfunction()

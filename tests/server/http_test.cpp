@@ -270,11 +270,18 @@ TEST(Http, QueueFullGives503WithRetryAfter) {
   // 1 slot + 1 queued; a slow backend (20 ms per step) keeps them busy.
   LiveServer s({}, 1, 1, 20);
   json body = chat_body("LONG");
-  body["max_tokens"] = 25;
+  body["max_tokens"] = 100;  // 2 s per request: both stay in flight even on a loaded machine
   std::vector<std::thread> hold;
   for (int i = 0; i < 2; ++i)
     hold.emplace_back([&] { s.client().Post("/v1/chat/completions", body.dump(), "application/json"); });
-  while (s.metric("flashseek_requests_in_flight") < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Bounded wait: a slow machine must fail the test, never hang it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (s.metric("flashseek_requests_in_flight") < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (s.metric("flashseek_requests_in_flight") < 2) {
+    for (auto& t : hold) t.join();
+    FAIL() << "the two holding requests were never in flight together";
+  }
   auto res = s.client().Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 503);
