@@ -140,27 +140,8 @@ Status Engine::sample_next(Sequence& seq, std::span<const float> row) {
   // composition cannot change the result.
   const int64_t position = seq.state->length();
   FS_ASSIGN_OR_RETURN(int32_t token, sample_token(row, seq.req.sampling, position));
-  TokenEvent e;
-  e.token = token;
-  e.index = int64_t(seq.generated.size());
-  if (seq.req.logprobs >= 0) {
-    FS_ASSIGN_OR_RETURN(PositionLogprobs lp, position_logprobs(row, token, seq.req.logprobs));
-    e.logprobs = std::move(lp);
-  }
-  seq.generated.push_back(token);
-  ++stats_.generated_tokens;
-
-  const auto& stops = seq.req.stop_ids;
-  const bool is_eos = !seq.req.ignore_eos && token == model_.config().eos_token_id;
-  const int64_t max_pos = options_.max_context;
-  if (is_eos || std::find(stops.begin(), stops.end(), token) != stops.end())
-    e.finish = FinishReason::kStop;
-  else if (int64_t(seq.generated.size()) >= seq.req.max_tokens)
-    e.finish = FinishReason::kLength;
-  else if (max_pos > 0 && position + 1 >= max_pos)
-    e.finish = FinishReason::kLength;  // the context is full
-  emit(seq, std::move(e));
-  return {};
+  bool finished = false;
+  return emit_token(seq, token, row, position, finished);
 }
 
 }  // namespace flashseek::engine
