@@ -272,12 +272,18 @@ TEST(Http, QueueFullGives503WithRetryAfter) {
   json body = chat_body("LONG");
   body["max_tokens"] = 100;  // 2 s per request: both stay in flight even on a loaded machine
   std::vector<std::thread> hold;
-  for (int i = 0; i < 2; ++i)
-    hold.emplace_back([&] { s.client().Post("/v1/chat/completions", body.dump(), "application/json"); });
-  // Bounded wait: a slow machine must fail the test, never hang it.
+  // Bounded waits: a slow machine must fail the test, never hang it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (s.metric("flashseek_requests_in_flight") < 2 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto wait_for = [&](const char* metric, int64_t value) {
+    while (s.metric(metric) < value && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  // The first request must own the slot before the second queues, or the second would find the
+  // one-entry queue still occupied by the first and be rejected itself.
+  hold.emplace_back([&] { s.client().Post("/v1/chat/completions", body.dump(), "application/json"); });
+  wait_for("flashseek_batch_size", 1);
+  hold.emplace_back([&] { s.client().Post("/v1/chat/completions", body.dump(), "application/json"); });
+  wait_for("flashseek_requests_in_flight", 2);
   if (s.metric("flashseek_requests_in_flight") < 2) {
     for (auto& t : hold) t.join();
     FAIL() << "the two holding requests were never in flight together";
