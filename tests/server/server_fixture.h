@@ -55,6 +55,17 @@ struct LiveServer {
     if (at == std::string::npos) return -1;
     return std::stod(res->body.substr(at + key.size()));
   }
+  // A gauge settles a moment after the client saw the last byte (the handler returns after the
+  // write): polls until it is <= `value` or 5 s pass, and returns the last reading.
+  double settled_metric(const std::string& name, double value) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    double v = metric(name);
+    while (v > value && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      v = metric(name);
+    }
+    return v;
+  }
 };
 
 // Parses the SSE body into the JSON of each "data:" event; sets `done` when [DONE] was seen.
