@@ -18,19 +18,33 @@ cd "$here"
 export PATH="/usr/local/cuda/bin:$PATH"
 mode="${1:-run}"
 
+# FLASHSEEK_CUDA_BUILD: the build directory of `pack` (default build-cuda); the pack is
+# <build>/pack. FLASHSEEK_PACK_TARGETS: extra ninja targets whose binaries join the pack.
+bdir="${FLASHSEEK_CUDA_BUILD:-build-cuda}"
 if [ "$mode" = pack ]; then
   set -e
-  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a >/dev/null
-  ninja -C build-cuda -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda test_forward flashseek
-  rm -rf build-cuda/pack && mkdir -p build-cuda/pack/bin build-cuda/pack/lib
-  cp build-cuda/tests/test_ops_cuda build-cuda/tests/test_forward build-cuda/bin/flashseek build-cuda/pack/bin/
-  # Shared libraries outside glibc/libstdc++ travel with the binaries.
-  for b in build-cuda/pack/bin/*; do
-    ldd "$b" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux|libgcc_s|libstdc\+\+)[.-]' || true
-  done | sort -u | xargs -r -I{} cp -L {} build-cuda/pack/lib/
-  du -sh build-cuda/pack
+  cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a >/dev/null
+  ninja -C "$bdir" -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda test_forward flashseek ${FLASHSEEK_PACK_TARGETS:-}
+  rm -rf "$bdir/pack" && mkdir -p "$bdir/pack/bin" "$bdir/pack/lib"
+  cp "$bdir/tests/test_ops_cuda" "$bdir/tests/test_forward" "$bdir/bin/flashseek" "$bdir/pack/bin/"
+  for t in ${FLASHSEEK_PACK_TARGETS:-}; do
+    f=$(find "$bdir/tests" "$bdir/bin" "$bdir/bench" -maxdepth 1 -type f -name "$t" 2>/dev/null | head -1)
+    [ -n "$f" ] && cp "$f" "$bdir/pack/bin/"
+  done
+  # Shared libraries outside glibc/libstdc++ travel with the binaries; NCCL is not packed (too
+  # large): the GPU image has it in python's nvidia-nccl package (see nccl_libdir below).
+  for b in "$bdir"/pack/bin/*; do
+    ldd "$b" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux|libgcc_s|libstdc\+\+|libnccl)[.-]' || true
+  done | sort -u | xargs -r -I{} cp -L {} "$bdir/pack/lib/"
+  du -sh "$bdir/pack"
   exit 0
 fi
+# On the GPU box: where libnccl.so.2 lives (CUDA toolkit or python's nvidia-nccl-cu13).
+nccl_libdir() {
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -e "$d/libnccl.so.2" ] && { echo "$d"; return; }; done
+  python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null
+}
+export NCCL_NVLS_ENABLE=0
 
 if [ "$mode" = archs ]; then
   set -e
@@ -66,10 +80,10 @@ else
   echo "configure failed here (missing build dependencies?): $(grep -m1 -i 'could not\|error' "$out/configure.txt")"
 fi
 if [ -z "$bin_dir" ]; then
-  pack=build-cuda/pack
+  pack="$bdir/pack"
   [ -x "$pack/bin/test_ops_cuda" ] || { echo "no build and no $pack: run 'scripts/gpu-check.sh pack' first"; exit 1; }
   echo "using packed binaries from $pack"
-  export LD_LIBRARY_PATH="$here/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$here/$pack/lib:$(nccl_libdir)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   "$pack/bin/test_ops_cuda" --gtest_color=no 2>&1 | tee "$out/tests.txt"
   test_rc=${PIPESTATUS[0]}
   FLASHSEEK_BIN="$here/$pack/bin/flashseek" "$pack/bin/test_forward" --gtest_color=no \
