@@ -27,6 +27,10 @@ void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
   cmd->add_option("--server-id", c.server_id, "id in the registry (default: hostname-pid)");
   cmd->add_option("--advertise-host", c.advertise_host,
                   "address peers use to reach the snapshot endpoint (default: --kv-host)");
+  cmd->add_option("--kv-transport", c.kv_transport,
+                  "how snapshots are fetched from peers: ucx (one-sided GET of registered memory) "
+                  "or tcp (default: ucx when built with UCX; set UCX_TLS to pick UCX transports)")
+      ->check(CLI::IsMember({"ucx", "tcp"}));
   cmd->add_option("--drain-snapshots", c.drain_snapshots,
                   "hottest snapshots handed to peers on SIGTERM")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 20));
@@ -44,6 +48,9 @@ Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cach
   o.kv_host = !c.kv_host.empty() ? c.kv_host : (http_host == "0.0.0.0" ? "0.0.0.0" : http_host);
   o.kv_port = c.kv_port;
   o.advertise_host = c.advertise_host;
+  if (!c.kv_transport.empty()) {
+    FS_ASSIGN_OR_RETURN(o.transport, kvshare::parse_transport(c.kv_transport));
+  }
   if (o.advertise_host.empty() && o.kv_host == "0.0.0.0")
     return invalid_argument("--advertise-host is required when the snapshot endpoint listens on "
                             "0.0.0.0 (peers need a reachable address)");

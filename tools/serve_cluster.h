@@ -1,6 +1,6 @@
 // `flashseek serve` options and steps for cross-server snapshot sharing (issue 6), kept out of
 // cmd_serve.cpp: --redis / --cluster-secret / --kv-host / --kv-port / --server-id /
-// --advertise-host / --drain-snapshots, the cluster start-up, and the SIGTERM drain.
+// --advertise-host / --drain-snapshots / --kv-transport, the cluster start-up, and the SIGTERM drain.
 #pragma once
 #include <memory>
 #include <string>
@@ -16,6 +16,7 @@ namespace flashseek::tools {
 
 struct ClusterCli {
   std::string redis, secret, kv_host, server_id, advertise_host;
+  std::string kv_transport;  // ucx | tcp (empty: ucx when built with UCX)
   int kv_port = 0;
   int64_t drain_snapshots = 32;
 };

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <chrono>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -21,7 +23,16 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
   }
   if (o.advertise_host.empty()) o.advertise_host = o.kv_host;
   std::unique_ptr<Cluster> c(new Cluster(cache, o));
-  c->server_ = std::make_unique<SnapshotServer>(cache, o.secret, o.timeout_ms);
+  c->server_ = std::make_unique<SnapshotServer>(cache, o.secret, o.timeout_ms, ucx_built());
+  if (o.transport == Transport::kUcx) {
+    auto node = UcxNode::create();
+    if (node.ok()) {
+      c->ucx_ = std::move(*node);
+      c->transport_ = Transport::kUcx;
+    } else {
+      spdlog::warn("kvshare: {}; fetching over TCP", node.status().message());
+    }
+  }
   FS_ASSIGN_OR_RETURN(c->kv_port_, c->server_->start(o.kv_host, o.kv_port));
   RegistryOptions ro;
   ro.url = o.redis_url;
@@ -29,8 +40,9 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
   ro.advertise = fmt::format("{}:{}", o.advertise_host, c->kv_port_);
   c->registry_ = std::make_unique<Registry>(ro);
   cache.set_remote(c.get());
-  spdlog::info("kvshare: server {} serves snapshots on {}, registry {}", o.server_id, ro.advertise,
-               o.redis_url);
+  spdlog::info("kvshare: server {} serves snapshots on {} (UCX {}), fetches over {}, registry {}",
+               o.server_id, ro.advertise, c->server_->ucx_enabled() ? "on" : "off",
+               transport_name(c->transport_), o.redis_url);
   return c;
 }
 
@@ -45,8 +57,24 @@ std::optional<std::vector<uint8_t>> Cluster::fetch_longest(uint64_t tenant,
   auto loc = registry_->find(hashes);
   if (!loc) return std::nullopt;
   ++fetches_;
-  auto blob = fetch_snapshot(loc->address, options_.secret, loc->hash, tenant, options_.timeout_ms);
-  if (!blob.ok()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Transport used = transport_;
+  auto blob = used == Transport::kUcx
+                  ? fetch_snapshot_ucx(loc->address, options_.secret, loc->hash, tenant,
+                                       options_.timeout_ms, *ucx_)
+                  : fetch_snapshot(loc->address, options_.secret, loc->hash, tenant,
+                                   options_.timeout_ms);
+  if (!blob.ok() && blob.status().code() == StatusCode::kUnimplemented) {  // peer without UCX
+    used = Transport::kTcp;
+    blob = fetch_snapshot(loc->address, options_.secret, loc->hash, tenant, options_.timeout_ms);
+  }
+  if (blob.ok()) {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::steady_clock::now() - t0).count();
+    ++transfers_[int(used)];
+    transfer_bytes_[int(used)] += int64_t(blob->size());
+    transfer_us_[int(used)] += us;
+  } else {
     ++fetch_failures_;
     spdlog::warn("kvshare: fetching {:016x} from {} failed, recomputing: {}", loc->hash,
                  loc->owner, blob.status().message());
@@ -101,6 +129,21 @@ std::string Cluster::metrics() const {
        "Peer connections refused: wrong cluster secret.", double(server_->rejected()));
   line("flashseek_kvshare_handed_over_total", "counter", "Snapshots pushed to peers on drain.",
        double(handed_over_));
+  line("flashseek_kvshare_served_ucx_total", "counter", "Of the snapshots sent, read by peers over UCX.",
+       double(server_->served_ucx()));
+  auto per_transport = [&](const char* name, const char* help, const std::atomic<int64_t>* v,
+                           double scale) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, help, name);
+    for (Transport t : {Transport::kUcx, Transport::kTcp})
+      out += fmt::format("{}{{transport=\"{}\"}} {}\n", name, transport_name(t),
+                         double(v[int(t)]) * scale);
+  };
+  per_transport("flashseek_kvshare_transfers_total", "Snapshots fetched from peers, by transport.",
+                transfers_, 1);
+  per_transport("flashseek_kvshare_transfer_bytes_total", "Snapshot bytes fetched, by transport.",
+                transfer_bytes_, 1);
+  per_transport("flashseek_kvshare_transfer_seconds_total",
+                "Time of successful fetches (control + data), by transport.", transfer_us_, 1e-6);
   return out;
 }
 

@@ -22,6 +22,7 @@ struct ClusterOptions {
   int kv_port = 0;             // 0: any free port
   std::string advertise_host;  // how peers reach us (empty: kv_host)
   int timeout_ms = 2000;       // per transfer
+  Transport transport = default_transport();  // how this server fetches (it serves both)
 };
 
 class Cluster final : public engine::RemoteTier {
@@ -40,6 +41,7 @@ class Cluster final : public engine::RemoteTier {
   // many a peer accepted.
   int64_t hand_over(size_t n);
   int kv_port() const { return kv_port_; }
+  Transport transport() const { return transport_; }
   Registry& registry() { return *registry_; }
 
  private:
@@ -50,7 +52,11 @@ class Cluster final : public engine::RemoteTier {
   std::unique_ptr<SnapshotServer> server_;
   std::unique_ptr<Registry> registry_;
   int kv_port_ = 0;
+  Transport transport_ = Transport::kTcp;  // ucx only when the fetch node started
+  std::unique_ptr<UcxNode> ucx_;           // the fetching side's worker
   std::atomic<int64_t> fetches_{0}, fetch_failures_{0}, handed_over_{0};
+  // Completed transfers per transport (index: Transport): count, bytes, seconds (in µs).
+  std::atomic<int64_t> transfers_[2] = {}, transfer_bytes_[2] = {}, transfer_us_[2] = {};
 };
 
 }  // namespace flashseek::kvshare

@@ -11,6 +11,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -24,6 +25,9 @@ namespace {
 constexpr char kHello[4] = {'F', 'S', 'K', 'V'};
 constexpr size_t kNonce = 32;
 constexpr uint64_t kMaxBlob = uint64_t(1) << 36;  // 64 GiB: larger is a protocol error
+constexpr uint32_t kMaxUcxBlob = 1 << 20;           // rkey / worker address: larger is an error
+// Replies to U.
+constexpr uint8_t kUcxMissing = 0, kUcxOffer = 1, kUcxUnsupported = 2;
 
 bool send_all(int fd, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -89,10 +93,41 @@ Result<int> connect_peer(const std::string& address, const std::string& secret, 
   return fd;
 }
 
+bool send_bytes(int fd, const std::vector<uint8_t>& v) {
+  const uint32_t n = uint32_t(v.size());
+  return send_all(fd, &n, 4) && send_all(fd, v.data(), v.size());
+}
+
+bool recv_bytes(int fd, std::vector<uint8_t>& v) {
+  uint32_t n = 0;
+  if (!recv_all(fd, &n, 4) || n == 0 || n > kMaxUcxBlob) return false;
+  v.resize(n);
+  return recv_all(fd, v.data(), n);
+}
+
 }  // namespace
 
-SnapshotServer::SnapshotServer(engine::StateCache& cache, std::string secret, int timeout_ms)
-    : cache_(cache), secret_(std::move(secret)), timeout_ms_(timeout_ms) {}
+Result<Transport> parse_transport(const std::string& name) {
+  if (name == "ucx") {
+    if (!ucx_built()) return invalid_argument("--kv-transport ucx: this build has no UCX");
+    return Transport::kUcx;
+  }
+  if (name == "tcp") return Transport::kTcp;
+  return invalid_argument("--kv-transport {}: expected ucx or tcp", name);
+}
+
+const char* transport_name(Transport t) { return t == Transport::kUcx ? "ucx" : "tcp"; }
+
+Transport default_transport() { return ucx_built() ? Transport::kUcx : Transport::kTcp; }
+
+SnapshotServer::SnapshotServer(engine::StateCache& cache, std::string secret, int timeout_ms,
+                               bool enable_ucx)
+    : cache_(cache), secret_(std::move(secret)), timeout_ms_(timeout_ms) {
+  if (!enable_ucx) return;
+  auto node = UcxNode::create();
+  if (node.ok()) ucx_ = std::move(*node);
+  else spdlog::warn("kvshare: UCX unavailable, serving snapshots over TCP only: {}", node.status().message());
+}
 
 SnapshotServer::~SnapshotServer() { stop(); }
 
@@ -119,6 +154,7 @@ void SnapshotServer::stop() {
   if (thread_.joinable()) thread_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
+  registered_.clear();  // regions unregister before the node goes
 }
 
 void SnapshotServer::loop() {
@@ -148,13 +184,12 @@ void SnapshotServer::handle(int fd) {
   if (op == 'G') {
     uint64_t req[2];  // hash, tenant
     if (!recv_all(fd, req, sizeof(req))) return;
-    auto blob = cache_.blob(req[0]);
-    if (blob) {  // serve only the requesting tenant's snapshot
-      auto h = forward::peek_snapshot_header(*blob);
-      if (!h.ok() || h->tenant != req[1]) blob.reset();
-    }
+    auto blob = tenant_blob(req[0], req[1]);
     const uint64_t n = blob ? blob->size() : 0;
     if (send_all(fd, &n, 8) && blob && send_all(fd, blob->data(), blob->size())) ++served_;
+  } else if (op == 'U') {
+    uint64_t req[2];  // hash, tenant
+    if (recv_all(fd, req, sizeof(req))) serve_ucx(fd, req[0], req[1]);
   } else if (op == 'P') {
     uint64_t n = 0;
     if (!recv_all(fd, &n, 8) || n > kMaxBlob) return;
@@ -164,6 +199,61 @@ void SnapshotServer::handle(int fd) {
     if (!st.ok()) spdlog::warn("kvshare: pushed snapshot rejected: {}", st.message());
     const uint8_t ok = st.ok() ? 1 : 0;
     send_all(fd, &ok, 1);
+  }
+}
+
+std::shared_ptr<const std::vector<uint8_t>> SnapshotServer::tenant_blob(uint64_t hash,
+                                                                        uint64_t tenant) {
+  auto blob = cache_.blob(hash);
+  if (blob) {  // serve only the requesting tenant's snapshot
+    auto h = forward::peek_snapshot_header(*blob);
+    if (!h.ok() || h->tenant != tenant) blob.reset();
+  }
+  return blob;
+}
+
+void SnapshotServer::serve_ucx(int fd, uint64_t hash, uint64_t tenant) {
+  // Registrations of blobs the cache dropped (we hold the last reference) go first.
+  std::erase_if(registered_, [](const auto& kv) { return kv.second.blob.use_count() == 1; });
+  if (!ucx_) {
+    send_all(fd, &kUcxUnsupported, 1);
+    return;
+  }
+  auto blob = tenant_blob(hash, tenant);
+  if (!blob) {
+    send_all(fd, &kUcxMissing, 1);
+    return;
+  }
+  auto it = registered_.find(hash);
+  if (it == registered_.end() || it->second.blob != blob) {
+    auto region = ucx_->map(blob->data(), blob->size());
+    if (!region.ok()) {
+      spdlog::warn("kvshare: {}", region.status().message());
+      send_all(fd, &kUcxUnsupported, 1);
+      return;
+    }
+    it = registered_.insert_or_assign(hash, Registered{blob, std::move(*region)}).first;
+  }
+  const UcxRegion& r = *it->second.region;
+  const uint64_t where[2] = {r.size(), r.address()};
+  if (!send_all(fd, &kUcxOffer, 1) || !send_all(fd, where, sizeof(where)) ||
+      !send_bytes(fd, r.rkey()) || !send_bytes(fd, ucx_->address()))
+    return;
+  // The fetcher reads by itself; we progress our worker (software RMA over TCP needs it) until
+  // it reports completion on the socket, or the timeout passes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  int idle = 0;
+  while (std::chrono::steady_clock::now() < deadline && !stopping_) {
+    idle = ucx_->progress() ? 0 : idle + 1;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, idle > 1000 ? 1 : 0) > 0) {
+      uint8_t ok = 0;
+      if (recv_all(fd, &ok, 1) && ok == 1) {
+        ++served_;
+        ++served_ucx_;
+      }
+      break;
+    }
   }
 }
 
@@ -182,6 +272,42 @@ Result<std::vector<uint8_t>> fetch_snapshot(const std::string& address, const st
   if (!ok) return Status(StatusCode::kUnavailable, fmt::format("peer {}: transfer failed", address));
   if (n == 0 || n > kMaxBlob)
     return not_found("peer {}: snapshot {:016x} not available", address, hash);
+  return blob;
+}
+
+Result<std::vector<uint8_t>> fetch_snapshot_ucx(const std::string& address,
+                                                const std::string& secret, uint64_t hash,
+                                                uint64_t tenant, int timeout_ms, UcxNode& node) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FS_ASSIGN_OR_RETURN(int fd, connect_peer(address, secret, timeout_ms));
+  const uint64_t req[2] = {hash, tenant};
+  uint8_t reply = 0;
+  uint64_t where[2] = {0, 0};  // size, address
+  std::vector<uint8_t> rkey, worker;
+  if (!send_all(fd, "U", 1) || !send_all(fd, req, sizeof(req)) || !recv_all(fd, &reply, 1)) {
+    ::close(fd);
+    return Status(StatusCode::kUnavailable, fmt::format("peer {}: request failed", address));
+  }
+  if (reply != kUcxOffer) {
+    ::close(fd);
+    if (reply == kUcxMissing) return not_found("peer {}: snapshot {:016x} not available", address, hash);
+    return Status(StatusCode::kUnimplemented, fmt::format("peer {}: serves no UCX", address));
+  }
+  if (!recv_all(fd, where, sizeof(where)) || where[0] == 0 || where[0] > kMaxBlob ||
+      !recv_bytes(fd, rkey) || !recv_bytes(fd, worker)) {
+    ::close(fd);
+    return Status(StatusCode::kUnavailable, fmt::format("peer {}: bad UCX offer", address));
+  }
+  std::vector<uint8_t> blob(static_cast<size_t>(where[0]));
+  const int spent = int(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0).count());
+  Status st = node.get(worker, where[1], rkey, blob.data(), blob.size(),
+                       std::max(1, timeout_ms - spent));
+  const uint8_t done = st.ok() ? 1 : 0;
+  send_all(fd, &done, 1);
+  ::close(fd);
+  if (!st.ok())
+    return Status(StatusCode::kUnavailable, fmt::format("peer {}: {}", address, st.message()));
   return blob;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/rng.h"
 #include "engine/state_cache.h"
+#include "kvshare/ucx.h"
 #include "redis_util.h"
 #include "serve_util.h"
 #include "server/http_server.h"
@@ -36,15 +37,17 @@ class Cluster2 : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_tokenizer() || !have_redis()) GTEST_SKIP() << "needs the tokenizer and redis-server";
+    setenv("UCX_TLS", "tcp", /*overwrite=*/0);  // as in CI: UCX over TCP sockets on loopback
     ckpt_ = (dir_.path() / "tiny").string();
     auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 2 --out " + ckpt_);
     ASSERT_EQ(made.exit_code, 0) << made.output;
     redis_ = std::make_unique<RedisServer>(free_port());
   }
-  std::unique_ptr<Serve> serve(const std::string& id, const std::string& secret = "s3cret") {
+  std::unique_ptr<Serve> serve(const std::string& id, const std::string& secret = "s3cret",
+                               const std::string& extra = "") {
     auto s = std::make_unique<Serve>(ckpt_, dir_.path() / (id + ".log"),
                                      "--redis " + redis_->url() + " --cluster-secret " + secret +
-                                         " --server-id " + id);
+                                         " --server-id " + id + " " + extra);
     EXPECT_TRUE(s->wait_ready()) << s->log_text();
     return s;
   }
@@ -68,6 +71,11 @@ TEST_F(Cluster2, TurnTwoOnPeerOutageRecoveryAndDeadOwner) {
   EXPECT_EQ(t2.tokens, run_tokens(ckpt_, p2, 6));
   EXPECT_EQ(metric(b->port(), "flashseek_state_cache_hit_tokens_total{source=\"remote\"}"), 35);
   EXPECT_GT(metric(b->port(), "flashseek_state_cache_remote_bytes_total"), 0);
+  // Default transport: a one-sided UCX GET when built with UCX.
+  const std::string used = kvshare::ucx_built() ? "ucx" : "tcp";
+  EXPECT_EQ(metric(b->port(), "flashseek_kvshare_transfers_total{transport=\"" + used + "\"}"), 1);
+  EXPECT_GT(metric(b->port(), "flashseek_kvshare_transfer_bytes_total{transport=\"" + used + "\"}"), 0);
+  if (kvshare::ucx_built()) EXPECT_EQ(metric(a->port(), "flashseek_kvshare_served_ucx_total"), 1);
   EXPECT_TRUE(redis_->wait_for("HGET " + snap_key(p1, t1.tokens) + " owner", "B"));  // moved
 
   // Redis down: both keep answering (local only); a snapshot made meanwhile is announced once
