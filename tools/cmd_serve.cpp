@@ -35,6 +35,7 @@ struct ServeOpts {
   int64_t max_batch = 8, max_queue = 64, max_context = 0;
   int64_t host_cache_bytes = int64_t(1) << 30;  // state cache, host tier (issue 6)
   std::string cache_dir;                         // state cache, disk tier (empty: none)
+  int64_t cache_dir_bytes = 0;                   // state cache: disk-tier budget (0: none)
   int64_t snapshot_every = 2048;                 // state cache: snapshots inside long prefills
   ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
   bool thinking = false;
@@ -143,7 +144,8 @@ int serve(const ServeOpts& o) {
   // The state cache outlives the engine (snapshot callbacks point at it).
   auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
-  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every});
+  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every,
+                                        o.cache_dir_bytes});
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);
   if (!cluster.ok()) return abort_with(cluster.status());
@@ -196,6 +198,10 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   cmd->add_option("--cache-dir", o->cache_dir,
                   "state cache: directory for snapshots that survive restarts");
+  cmd->add_option("--cache-dir-bytes", o->cache_dir_bytes,
+                  "state cache: byte budget of --cache-dir, least recently used files are "
+                  "removed first (0: no limit)")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 56));
   cmd->add_option("--snapshot-every", o->snapshot_every,
                   "state cache: also snapshot long prefills every N prompt tokens (0: off)")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 40));

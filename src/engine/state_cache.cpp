@@ -60,6 +60,8 @@ StateCache::StateCache(StateCacheOptions options) : options_(std::move(options))
 Result<std::unique_ptr<StateCache>> StateCache::open(StateCacheOptions options) {
   if (options.host_bytes < 0)
     return invalid_argument("state cache: host_bytes must be >= 0 (got {})", options.host_bytes);
+  if (options.dir_bytes < 0)
+    return invalid_argument("state cache: dir_bytes must be >= 0 (got {})", options.dir_bytes);
   if (options.min_tokens < 1)
     return invalid_argument("state cache: min_tokens must be >= 1 (got {})", options.min_tokens);
   std::unique_ptr<StateCache> c(new StateCache(std::move(options)));
@@ -85,6 +87,7 @@ Status StateCache::scan_dir() {
   std::error_code ec;
   fs::create_directories(options_.dir, ec);
   if (ec) return io_error("--cache-dir {}: {}", options_.dir, ec.message());
+  std::vector<std::pair<fs::file_time_type, uint64_t>> by_age;
   for (const auto& e : fs::directory_iterator(options_.dir, ec)) {
     const fs::path& p = e.path();
     if (p.extension() == ".tmp") {  // a write interrupted by a crash
@@ -92,6 +95,7 @@ Status StateCache::scan_dir() {
       continue;
     }
     if (p.extension() != ".fss") continue;
+    const auto mtime = fs::last_write_time(p, ec);
     auto head = read_file(p, forward::kSnapshotHeaderBytes);
     auto h = head.ok() ? forward::peek_snapshot_header(*head) : Result<forward::SnapshotHeader>(head.status());
     if (!h.ok() || p.filename().string() != fmt::format("{:016x}.fss", h->prefix_hash)) {
@@ -109,14 +113,29 @@ Status StateCache::scan_dir() {
     ++stats_.disk_entries;
     stats_.disk_bytes += entry->bytes;
     index_[h->prefix_hash] = std::move(entry);
+    by_age.emplace_back(mtime, h->prefix_hash);
   }
   if (ec) return io_error("--cache-dir {}: {}", options_.dir, ec.message());
+  // Disk LRU order from the files' modification times (newest first), then the budget.
+  std::sort(by_age.begin(), by_age.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [t, hash] : by_age) {
+    disk_lru_.push_back(hash);
+    index_.at(hash)->disk_it = std::prev(disk_lru_.end());
+  }
+  evict_disk();
   return {};
 }
 
 void StateCache::set_remote(RemoteTier* remote) {
-  std::lock_guard lock(mu_);
-  remote_ = remote;
+  struct Held { uint64_t hash, tenant; int64_t tokens, bytes; };
+  std::vector<Held> held;
+  {
+    std::lock_guard lock(mu_);
+    remote_ = remote;
+    if (remote)
+      for (const auto& [hash, e] : index_) held.push_back({hash, e->tenant, e->n_tokens, e->bytes});
+  }
+  for (const Held& h : held) remote->on_stored(h.hash, h.tenant, h.tokens, h.bytes);
 }
 
 StateCacheStats StateCache::stats() const {
@@ -171,6 +190,10 @@ void StateCache::worker() {
 void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant,
                        int64_t n_tokens) {
   bool on_disk = false;
+  {
+    std::lock_guard lock(mu_);  // a stored copy of this key goes first (its file too)
+    if (index_.count(hash)) drop(hash, false);
+  }
   if (!options_.dir.empty()) {
     Status st = write_file_atomic(path_of(hash), blob);
     if (st.ok()) on_disk = true;
@@ -190,6 +213,8 @@ void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant
     if (on_disk) {
       ++stats_.disk_entries;
       stats_.disk_bytes += bytes;
+      disk_lru_.push_front(hash);
+      e->disk_it = disk_lru_.begin();
     }
     Entry& ref = *e;
     index_[hash] = std::move(e);
@@ -202,6 +227,7 @@ void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant
     }
     ++stats_.puts;
     evict_host();
+    evict_disk();
     if (index_.count(hash)) remote = remote_;
   }
   if (remote) remote->on_stored(hash, tenant, n_tokens, bytes);
@@ -227,6 +253,33 @@ void StateCache::evict_host() {
   }
 }
 
+void StateCache::touch_disk(Entry& e) {
+  if (!e.on_disk) return;
+  disk_lru_.splice(disk_lru_.begin(), disk_lru_, e.disk_it);
+  // The file's mtime carries the recency across restarts (scan_dir orders by it).
+  std::error_code ec;
+  fs::last_write_time(path_of(*e.disk_it), fs::file_time_type::clock::now(), ec);
+}
+
+void StateCache::evict_disk() {
+  if (options_.dir_bytes <= 0) return;
+  while (stats_.disk_bytes > options_.dir_bytes && !disk_lru_.empty()) {
+    const uint64_t hash = disk_lru_.back();
+    Entry& e = *index_.at(hash);
+    disk_lru_.pop_back();
+    std::error_code ec;
+    fs::remove(path_of(hash), ec);
+    e.on_disk = false;
+    --stats_.disk_entries;
+    stats_.disk_bytes -= e.bytes;
+    ++stats_.disk_evictions;
+    if (!e.blob) {  // in no tier any more: peers learn it is gone
+      index_.erase(hash);
+      if (remote_) remote_->on_dropped(hash);
+    }
+  }
+}
+
 void StateCache::drop(uint64_t hash, bool count_corrupt) {
   auto it = index_.find(hash);
   if (it == index_.end()) return;
@@ -239,6 +292,7 @@ void StateCache::drop(uint64_t hash, bool count_corrupt) {
   if (e.on_disk) {
     std::error_code ec;
     fs::remove(path_of(hash), ec);
+    disk_lru_.erase(e.disk_it);
     --stats_.disk_entries;
     stats_.disk_bytes -= e.bytes;
   }

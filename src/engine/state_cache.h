@@ -3,7 +3,7 @@
 // response restores the longest cached prefix and prefills only the rest.
 //
 // Tiers: host memory (serialised blobs, LRU under a byte budget) → optional directory on disk
-// (write-through, survives restarts; every file is verified by checksum, fingerprint, tenant and
+// (write-through, LRU under an optional byte budget, survives restarts; every file is verified by checksum, fingerprint, tenant and
 // token ids when used, and a bad one is removed, never used) → optional remote tier (kvshare).
 // v1 keeps whole-state snapshots (forward/state_io.h); the byte counts are the blob sizes.
 //
@@ -43,6 +43,7 @@ struct StateCacheOptions {
   std::string dir;            // disk tier directory (created); empty: none
   int64_t min_tokens = 2;     // shorter states are not worth a snapshot
   int64_t snapshot_every = 0; // also snapshot long prefills every N prompt tokens (0: off)
+  int64_t dir_bytes = 0;      // disk-tier budget: least recently used files go first (0: none)
 };
 
 struct StateCacheStats {
@@ -50,6 +51,7 @@ struct StateCacheStats {
   int64_t disk_entries = 0, disk_bytes = 0;  // files in the cache directory
   int64_t puts = 0;             // snapshots stored
   int64_t evictions = 0;        // blobs dropped from the host tier
+  int64_t disk_evictions = 0;   // files removed to keep the disk tier under its budget
   int64_t hits_host = 0, hits_disk = 0, hits_remote = 0, misses = 0;
   int64_t hit_tokens_local = 0, hit_tokens_remote = 0;  // prompt tokens restored from cache
   int64_t corrupt = 0;          // blobs/files that failed verification (discarded)
@@ -103,6 +105,8 @@ class StateCache {
   // Keys of the host-tier snapshots, most recently used first (drain hands these over).
   std::vector<uint64_t> hottest(size_t n) const;
 
+  // Attaches the remote tier and announces every snapshot already held (e.g. indexed from the
+  // cache directory at start) through it.
   void set_remote(RemoteTier* remote);
   StateCacheStats stats() const;
   // Prometheus text: the stats above plus the remote tier's metrics().
@@ -118,6 +122,7 @@ class StateCache {
     std::shared_ptr<const std::vector<uint8_t>> blob;  // set while in the host tier
     bool on_disk = false;
     std::list<uint64_t>::iterator lru_it;              // valid while blob is set
+    std::list<uint64_t>::iterator disk_it;             // valid while on_disk
   };
   // A snapshot queued for (or being) serialised: lookups already use its state, so a turn that
   // follows its predecessor's response immediately still finds it.
@@ -132,6 +137,8 @@ class StateCache {
   void store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant, int64_t n_tokens);
   void touch(Entry& e);                 // caller holds mu_
   void evict_host();                    // caller holds mu_
+  void evict_disk();                    // caller holds mu_
+  void touch_disk(Entry& e);            // caller holds mu_
   void drop(uint64_t hash, bool count_corrupt);  // caller holds mu_
   std::string path_of(uint64_t hash) const;
   std::optional<CacheHit> try_pending(uint64_t tenant, std::span<const int32_t> tokens,
@@ -145,6 +152,7 @@ class StateCache {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<Entry>> index_;
   std::list<uint64_t> lru_;             // host-tier keys, most recent first
+  std::list<uint64_t> disk_lru_;        // disk-tier keys, most recent first
   StateCacheStats stats_;
   RemoteTier* remote_ = nullptr;
 

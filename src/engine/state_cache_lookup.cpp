@@ -69,6 +69,7 @@ std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const i
   auto it = index_.find(hash);
   if (it != index_.end()) {
     Entry& e = *it->second;
+    touch_disk(e);
     if (e.blob) {
       touch(e);
     } else if (options_.host_bytes > 0) {  // promote the disk hit into the host tier

@@ -35,6 +35,9 @@ std::string state_cache_metrics(const StateCacheStats& s) {
   out += fmt::format("flashseek_state_cache_snapshots_total {}\n", s.puts);
   header(out, "flashseek_state_cache_evictions_total", "counter", "Snapshots evicted from host memory.");
   out += fmt::format("flashseek_state_cache_evictions_total {}\n", s.evictions);
+  header(out, "flashseek_state_cache_disk_evictions_total", "counter",
+         "Snapshot files removed to keep the cache directory under --cache-dir-bytes.");
+  out += fmt::format("flashseek_state_cache_disk_evictions_total {}\n", s.disk_evictions);
   header(out, "flashseek_state_cache_corrupt_total", "counter",
          "Snapshots that failed verification and were discarded.");
   out += fmt::format("flashseek_state_cache_corrupt_total {}\n", s.corrupt);

@@ -119,6 +119,16 @@ std::string Cluster::metrics() const {
   };
   line("flashseek_kvshare_registry_up", "gauge", "1 while connected to Redis.",
        registry_->connected() ? 1 : 0);
+  line("flashseek_kvshare_events_subscribed", "gauge", "1 while subscribed to fs:events.",
+       registry_->subscribed() ? 1 : 0);
+  line("flashseek_kvshare_events_total", "counter", "fs:events messages received.",
+       double(registry_->events()));
+  line("flashseek_kvshare_stale_owners_skipped_total", "counter",
+       "Registry candidates skipped because their owner announced the eviction.",
+       double(registry_->stale_skipped()));
+  line("flashseek_kvshare_remote_view_snapshots", "gauge",
+       "Snapshots of live peers known from fs:events since subscribing.",
+       double(registry_->view_size()));
   line("flashseek_kvshare_fetches_total", "counter", "Snapshot fetches from peers attempted.",
        double(fetches_));
   line("flashseek_kvshare_recompute_fallbacks_total", "counter",

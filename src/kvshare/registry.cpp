@@ -1,8 +1,10 @@
 #include "kvshare/registry.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 
 #include <chrono>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -61,6 +63,7 @@ Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
     spdlog::warn("kvshare: {}; running local only", hp.status().message());
   }
   thread_ = std::thread([this] { loop(); });
+  listener_ = std::thread([this] { listen_loop(); });
 }
 
 Registry::~Registry() {
@@ -70,6 +73,7 @@ Registry::~Registry() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (listener_.joinable()) listener_.join();
   std::lock_guard lock(redis_mu_);
   if (ctx_) {
     freeReplyObject(command(ctx_, "DEL %s", server_key(options_.server_id).c_str()));
@@ -111,6 +115,7 @@ void Registry::announce(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t 
 void Registry::withdraw(uint64_t hash) {
   std::lock_guard lock(mu_);
   owned_.erase(hash);
+  lost_withdrawals_.erase(hash);
   ops_.push_back({false, hash, {}});
   cv_.notify_all();
 }
@@ -136,11 +141,15 @@ void Registry::apply(const Op& op) {
 
 void Registry::reannounce_all() {
   std::map<uint64_t, Owned> owned;
+  std::unordered_set<uint64_t> withdrawn;
   {
     std::lock_guard lock(mu_);
     owned = owned_;
+    withdrawn.swap(lost_withdrawals_);
   }
   for (const auto& [hash, meta] : owned) apply({true, hash, meta});
+  for (uint64_t hash : withdrawn)
+    if (!owned.count(hash)) apply({false, hash, {}});
   need_reannounce_ = ctx_ == nullptr || ctx_->err != 0;
 }
 
@@ -164,12 +173,106 @@ void Registry::loop() {
           if (need_reannounce_) reannounce_all();  // after a (re)connect: Redis may be empty
         }
       }
-      // Ops made while Redis is away are dropped: owned_ holds the truth, re-announced later.
-      if (ensure_connected())
+      // Announcements made while Redis is away are dropped: owned_ holds the truth and is
+      // re-announced later; withdrawals are remembered and replayed then.
+      if (ensure_connected()) {
         for (const Op& op : ops) apply(op);
+      } else {
+        std::lock_guard lock2(mu_);
+        for (const Op& op : ops)
+          if (!op.add && !owned_.count(op.hash)) lost_withdrawals_.insert(op.hash);
+      }
     }
     lock.lock();
   }
+}
+
+size_t Registry::view_size() const {
+  std::lock_guard lock(view_mu_);
+  return view_.size();
+}
+
+void Registry::on_event(const std::string& message) {
+  std::istringstream in(message);
+  std::string kind, hex, owner;
+  if (!(in >> kind >> hex >> owner)) return;
+  uint64_t hash = 0;
+  try {
+    hash = std::stoull(hex, nullptr, 16);
+  } catch (...) {
+    return;
+  }
+  ++events_;
+  constexpr size_t kMaxView = size_t(1) << 20;  // bounds memory; the registry stays the truth
+  std::lock_guard lock(view_mu_);
+  if (kind == "own") {
+    evicted_.erase(hash);
+    if (view_.size() >= kMaxView) view_.clear();
+    view_[hash] = owner;
+  } else if (kind == "evict") {
+    if (auto it = view_.find(hash); it != view_.end() && it->second == owner) view_.erase(it);
+    if (evicted_.size() >= kMaxView) evicted_.clear();
+    evicted_[hash] = owner;
+  }
+}
+
+void Registry::listen_loop() {
+  redisContext* sub = nullptr;
+  auto wait_a_bit = [&](int ms) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_; });
+    return !stopping_;
+  };
+  auto drop = [&] {
+    if (sub) redisFree(sub);
+    sub = nullptr;
+    subscribed_ = false;
+  };
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) break;
+    }
+    if (!sub) {
+      if (port_ == 0) {
+        if (!wait_a_bit(1000)) break;
+        continue;
+      }
+      const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
+      sub = redisConnectWithTimeout(host_.c_str(), port_, tv);
+      ReplyGuard r{sub && !sub->err ? command(sub, "SUBSCRIBE fs:events") : nullptr};
+      if (!r.r || r.r->type != REDIS_REPLY_ARRAY) {
+        drop();
+        if (!wait_a_bit(500)) break;
+        continue;
+      }
+      {
+        // Events may have been missed while unsubscribed: forget what the view knew.
+        std::lock_guard lock(view_mu_);
+        view_.clear();
+        evicted_.clear();
+      }
+      subscribed_ = true;
+    }
+    pollfd p{sub->fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 200);
+    if (ready == 0) continue;
+    if (ready < 0 || redisBufferRead(sub) != REDIS_OK) {
+      spdlog::warn("kvshare: lost the fs:events subscription; resubscribing");
+      drop();
+      continue;
+    }
+    void* raw = nullptr;
+    while (redisGetReplyFromReader(sub, &raw) == REDIS_OK && raw) {
+      ReplyGuard m{static_cast<redisReply*>(raw)};
+      raw = nullptr;
+      if (m.r->type == REDIS_REPLY_ARRAY && m.r->elements == 3 &&
+          m.r->element[2]->type == REDIS_REPLY_STRING &&
+          std::string(m.r->element[0]->str) == "message")
+        on_event(m.r->element[2]->str);
+    }
+  }
+  drop();
 }
 
 bool Registry::owners_of(std::span<const uint64_t> hashes, std::vector<std::string>& owners) {
@@ -201,6 +304,14 @@ std::optional<SnapshotLocation> Registry::find(std::span<const uint64_t> hashes)
     return std::nullopt;
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (owners[i].empty() || owners[i] == options_.server_id) continue;
+    {
+      std::lock_guard lock(view_mu_);
+      auto it = evicted_.find(hashes[i]);
+      if (it != evicted_.end() && it->second == owners[i]) {  // stale entry: owner dropped it
+        ++stale_skipped_;
+        continue;
+      }
+    }
     ReplyGuard a{command(ctx_, "GET %s", server_key(owners[i]).c_str())};
     if (!a.r) return std::nullopt;
     if (a.r->type != REDIS_REPLY_STRING) continue;  // owner is dead (heartbeat expired)

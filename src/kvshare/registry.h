@@ -5,7 +5,10 @@
 //   channel fs:events: "own <hash> <id>" / "evict <hash> <id>"
 // Every call is bounded by a short timeout and never throws: without Redis the server runs local
 // only. A background thread sends the heartbeat, drains queued announcements, reconnects when
-// Redis comes back and then re-announces everything this server owns.
+// Redis comes back and then re-announces everything this server owns (and replays withdrawals
+// made while it was away). A listener thread subscribes to fs:events (resubscribing after Redis
+// restarts) and keeps a local view of remote owners: a snapshot whose owner announced its
+// eviction is skipped by find() even if its registry entry is still there, so no fetch is tried.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -18,6 +21,8 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/status.h"
@@ -60,6 +65,11 @@ class Registry {
   std::map<std::string, std::string> peers();
   bool connected() const { return connected_; }
   int64_t reconnects() const { return reconnects_; }
+  bool subscribed() const { return subscribed_; }
+  int64_t events() const { return events_; }                // fs:events messages received
+  int64_t stale_skipped() const { return stale_skipped_; }  // find() candidates skipped: evicted
+  // Remote snapshots in the local view (announced by a peer, not evicted since subscribing).
+  size_t view_size() const;
   const RegistryOptions& options() const { return options_; }
 
  private:
@@ -70,6 +80,8 @@ class Registry {
   void loop();
   void apply(const Op& op);  // caller holds redis_mu_
   void reannounce_all();     // caller holds redis_mu_
+  void listen_loop();
+  void on_event(const std::string& message);
 
   const RegistryOptions options_;
   std::string host_;
@@ -85,8 +97,17 @@ class Registry {
   std::condition_variable cv_;
   std::deque<Op> ops_;
   std::map<uint64_t, Owned> owned_;
+  std::unordered_set<uint64_t> lost_withdrawals_;  // made while Redis was away: replayed
   bool stopping_ = false;
   std::thread thread_;
+
+  // fs:events view (listener thread writes, find() reads).
+  mutable std::mutex view_mu_;
+  std::unordered_map<uint64_t, std::string> view_;     // hash → owner of the latest "own"
+  std::unordered_map<uint64_t, std::string> evicted_;  // hash → owner that announced eviction
+  std::atomic<bool> subscribed_{false};
+  std::atomic<int64_t> events_{0}, stale_skipped_{0};
+  std::thread listener_;
 };
 
 }  // namespace flashseek::kvshare
