@@ -1,0 +1,46 @@
+// CPU twin of the large-M FP8 GEMM (ops/gemm_fp8.h): quantise (or dequantise the given codes),
+// dequantise W, FP32 dot per output. Same numbers as block_linear_ref for FP32 inputs.
+#include "ops/gemm_fp8.h"
+
+#include <vector>
+
+#include "core/numeric.h"
+#include "ops/linear.h"
+#include "ops/quant.h"
+
+namespace flashseek::ops {
+
+Status gemm_fp8_ref(const GemmFp8Params& p) {
+  FS_RETURN_IF_ERROR(validate(p));
+  const size_t mk = static_cast<size_t>(p.m * p.k);
+  std::vector<float> xq(mk);
+  if (p.x) {
+    if (p.x_dtype == ActDtype::kBf16) {
+      const auto* xb = static_cast<const uint16_t*>(p.x);
+      for (size_t i = 0; i < mk; ++i) xq[i] = bf16_to_f32(xb[i]);
+    } else {
+      const auto* xf = static_cast<const float*>(p.x);
+      xq.assign(xf, xf + mk);
+    }
+    fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
+  } else {
+    for (size_t i = 0; i < mk; ++i) xq[i] = e4m3_to_f32(p.xq[i]) * p.xs[i / 32];
+  }
+  std::vector<float> wrow(static_cast<size_t>(p.k));
+  const int64_t kbw = p.k / p.w_block;
+  for (int64_t r = 0; r < p.n; ++r) {
+    const uint8_t* s = p.w_scale + (r / p.w_block) * kbw;
+    for (int64_t i = 0; i < p.k; ++i)
+      wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+    for (int64_t t = 0; t < p.m; ++t) {
+      const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+      if (p.bf16_out)
+        static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
+      else
+        static_cast<float*>(p.y)[t * p.n + r] = v;
+    }
+  }
+  return {};
+}
+
+}  // namespace flashseek::ops

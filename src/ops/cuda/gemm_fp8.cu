@@ -1,0 +1,435 @@
+// Large-M FP8 block-scaled GEMM on sm_90a tensor cores (wgmma e4m3 · e4m3 → f32).
+//
+// Y[m, n] = Σ_kb (Xq[m, kb] · Wq[n, kb]ᵀ) · sx[m, kb] · sw[n/wb, kb·32/wb], kb over 32-deep blocks.
+//
+// Tile: kWG·64 tokens × 128 outputs per block of kWG warpgroups (kWG = 2 or 3), each owning 64
+// token rows × 128 outputs. K advances in stages of 128 (four 32-blocks); a stage is kWG·8 KB of
+// X codes + 16 KB of W codes + the X scales (kWG·64 × 4 FP32) + the W scales (4 × 4 FP32),
+// filled by cp.async (zero-filled past m / n) into a 5-slot ring, loads running 4 stages ahead.
+//
+// Scale promotion: each 32-block is one wgmma m64n128k32 into a scratch accumulator (scale-d = 0,
+// so it holds exactly that block's dot products), then acc += scratch · (sx · sw) in FP32 on the
+// CUDA cores: DeepGEMM's promotion at V4.1's 32-element scale granularity (with V4's 128-element
+// scales the numbers are the same). With 2 warpgroups, two scratch accumulators take two 32-blocks
+// per wgmma batch (commit, wait, promote both); with 3 (register limit) one. Reading a scratch
+// accumulator while another wgmma is in flight makes ptxas serialise every wgmma (C7514), so
+// tensor-core work overlaps promotion only across the warpgroups of a block.
+//
+// Shared-memory layouts of an operand tile [rows][128 k-bytes] (FP8 wgmma takes both operands
+// k-major, which is how X [m, k] and W [n, k] are stored):
+// * kSw128 (default kernels 3, 4): 128-byte swizzle, row r at r·128 with its 16-byte chunk c at
+//   position c ^ (r % 8); descriptor swizzle mode 1, stride byte offset 1024 (8-row groups), the
+//   k-slice selected by advancing the start address 32 bytes per 32-block.
+// * kInterleave (kernels 1, 2): unswizzled "core matrices" of 8 rows × 16 bytes stored as 128
+//   contiguous bytes, (row group rg, k chunk kc) at rg·1024 + kc·128; leading byte offset (next
+//   core matrix along k) 128, stride byte offset (next 8-row group) 1024. 1.3-1.5x slower on an
+//   H200 (bank conflicts); kPadded (kernel 5) puts the row groups 1040 bytes apart: no better.
+//
+// Without sm_90a (e.g. a 100a build) the kernel body is empty and the host launcher refuses.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "ops/cuda/gemm_fp8_kernels.h"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+// Tile: kWG warpgroups × 64 token rows, 128 outputs, k stages of 128 bytes in a 5-slot ring.
+constexpr int kBN = 128, kBK = 128, kStages = 5;
+static_assert(kBK == 128, "a k stage is four 32-blocks of one 128-byte (swizzle-width) row");
+constexpr int kSwFloats = 16;  // W scales per stage: 4 row groups of 32 × 4 k-blocks
+constexpr int kGroupM = 8;     // block rasterisation: 8 m-tiles per group
+static_assert(kGroupM > 0, "");
+// Operand tile layouts in shared memory (see the file comment).
+enum Layout : int { kInterleave = 0, kSw128 = 1, kPadded = 2 };
+template <int kWG, int kLayout = kInterleave>
+struct Tile {
+  static constexpr int kBM = 64 * kWG, kThreads = 128 * kWG;
+  // Distance between 8-row groups: 1024 bytes, or 1040 when padded (spreads the groups over the
+  // shared-memory banks).
+  static constexpr int kGroupBytes = kLayout == kPadded ? 1040 : 1024;
+  static constexpr int kABytes = kBM / 8 * kGroupBytes, kBBytes = kBN / 8 * kGroupBytes;
+  static constexpr int kSxFloats = kBM * 4;
+  // + 1 KB: the base is rounded up to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
+  static constexpr int kSmemBytes =
+      kStages * (kABytes + kBBytes + (kSxFloats + kSwFloats) * 4) + 1024;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FS_GEMM_FP8_SM90 1
+#endif
+
+#ifdef FS_GEMM_FP8_SM90
+__device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads/writes of accumulator registers across wgmma fences and
+// waits (the asm statements do not name them).
+__device__ __forceinline__ void fence_regs(float (&r)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D = A · B (scale-d = 0): one m64n128k32 e4m3 wgmma, A and B from shared memory, both k-major.
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
+#define FS_R8(i)                                                                              \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
+      : "l"(da), "l"(db), "r"(0));
+#undef FS_R8
+}
+
+// Shared-memory matrix descriptor: start address, leading (k) and stride (m/n) byte offsets, each
+// in 16-byte units, swizzle mode in bits 62-63 (0 none, 1 = 128-byte).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                              uint32_t swz) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(swz) << 62);
+}
+#endif  // FS_GEMM_FP8_SM90
+
+// kWG consumer warpgroups (tile kWG·64 × 128); kBatch 32-blocks per wgmma batch (one scratch
+// accumulator each): 2 × 2 (128×128 tile, 235 registers) or 3 × 1 (192×128, ≤ 168 registers).
+// kLayout: kInterleave = unswizzled core-matrix order; kPadded = the same with 8-row groups
+// 1040 bytes apart; kSw128 = 128-byte swizzled rows (row r of a tile at r·128, its 16-byte chunk
+// c at position c ^ (r % 8); descriptor: 128B swizzle, stride byte offset 1024 between 8-row
+// groups, the k-slice selected by advancing the start address 32 bytes).
+template <int kWG, int kBatch, int kLayout>
+__global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kernel(GemmFp8Args a) {
+#ifdef FS_GEMM_FP8_SM90
+  using T = Tile<kWG, kLayout>;
+  constexpr bool kSw128 = kLayout == Layout::kSw128;
+  constexpr int kGB = T::kGroupBytes;
+  constexpr int kBM = T::kBM, kThreads = T::kThreads;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* sa = smem;                         // [slot][kBM rows][128] core-matrix order
+  uint8_t* sb = smem + kStages * T::kABytes;  // [slot][128 rows][128]
+  float* ssx = reinterpret_cast<float*>(sb + kStages * T::kBBytes);  // [slot][kBM][4]
+  float* ssw = ssx + kStages * T::kSxFloats;                         // [slot][group*4 + kb]
+
+  // Grouped rasterisation: consecutive blocks walk n inside a group of kGroupM m-tiles, so the
+  // X rows of a group and the W tiles they meet stay in L2.
+  const int tiles_m = (a.m + kBM - 1) / kBM, tiles_n = (a.n + kBN - 1) / kBN;
+  const int pid = blockIdx.x;
+  const int in_group = kGroupM * tiles_n;
+  const int first_m = (pid / in_group) * kGroupM;
+  const int gsz = min(tiles_m - first_m, kGroupM);
+  const int tm = first_m + (pid % in_group) % gsz, tn = (pid % in_group) / gsz;
+  const int m0 = tm * kBM, n0 = tn * kBN;
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2;
+  const int nst = a.k / kBK, nkb = a.k / 32;
+  const int wkb = a.k / a.w_block;
+
+  const uint32_t sa_u = uint32_t(__cvta_generic_to_shared(sa));
+  const uint32_t sb_u = uint32_t(__cvta_generic_to_shared(sb));
+  const uint32_t ssx_u = uint32_t(__cvta_generic_to_shared(ssx));
+
+  // One 16-byte chunk c of a [rows][128] operand tile: a warp covers 8 rows × 4 chunks, so each
+  // group of 8 lanes fills one 128-byte core matrix (no bank conflicts) and each row reads 64
+  // contiguous bytes.
+  auto copy_chunk = [&](uint32_t dst_base, const uint8_t* src, int r0, int rows_valid, int c,
+                        int k0) {
+    const int wc = c >> 5, l = c & 31, rr = l & 7, j = l >> 3;
+    const int rg = wc >> 1, kc = (wc & 1) * 4 + j, row = rg * 8 + rr;
+    const bool ok = r0 + row < rows_valid;
+    const uint8_t* p = src + int64_t(ok ? r0 + row : 0) * a.k + k0 + kc * 16;
+    const uint32_t off =
+        kSw128 ? uint32_t(row * 128 + ((kc ^ rr) << 4)) : uint32_t(rg * kGB + kc * 128 + rr * 16);
+    cp_async16(dst_base + off, p, ok ? 16 : 0);
+  };
+  // Issues the cp.async copies of stage s into ring slot s % kStages (nothing past the end) and
+  // commits a group either way, so that group counting stays uniform.
+  auto load_stage = [&](int s) {
+    if (s < nst) {
+      const int slot = s % kStages, k0 = s * kBK;
+#pragma unroll
+      for (int c = tid; c < kBM * 8; c += kThreads)
+        copy_chunk(sa_u + uint32_t(slot * T::kABytes), a.xq, m0, a.m, c, k0);
+#pragma unroll
+      for (int c = tid; c < kBN * 8; c += kThreads)
+        copy_chunk(sb_u + uint32_t(slot * T::kBBytes), a.w, n0, a.n, c, k0);
+      if (tid < kBM) {
+        const int gm = m0 + tid;
+        const float* src = a.xs + int64_t(gm < a.m ? gm : 0) * nkb + s * 4;
+        cp_async16(ssx_u + uint32_t((slot * T::kSxFloats + tid * 4) * 4), src, gm < a.m ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+  // W scale of (32-row group grp, 32-block i) of stage s: one value per thread tid 128..143.
+  const int swi = tid - 128;
+  // Returns the raw E8M0 byte: converted only when stored, so that the load of the next stages'
+  // scales does not stall the warp where it is issued.
+  auto w_scale = [&](int s) -> uint32_t {
+    const int grp = swi >> 2, i = swi & 3;
+    const int n = min(n0 + grp * 32, a.n - 1);
+    const int kk = s * kBK + i * 32;
+    return __ldg(a.ws + int64_t(n / a.w_block) * wkb + kk / a.w_block);
+  };
+  const bool sw_thread = swi >= 0 && swi < kSwFloats;
+
+  // Prologue: stages 0 .. kStages-2 in flight (the ring's last slot is filled at stage 0).
+#pragma unroll 1
+  for (int s = 0; s < kStages - 1; ++s) {
+    load_stage(s);
+    if (sw_thread && s < nst) ssw[s * kSwFloats + swi] = e8m0f(uint8_t(w_scale(s)));
+  }
+  uint32_t sw_pending = 127;
+
+  float acc[64], t[kBatch][64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc[i] = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) t[b][i] = 0.0f;
+  }
+
+  const uint32_t lbo = kSw128 ? 16u : (a.desc_swap ? uint32_t(kGB) : 128u);
+  const uint32_t sbo = kSw128 ? 1024u : (a.desc_swap ? 128u : uint32_t(kGB));
+  const uint32_t swz = kSw128 ? 1u : 0u;
+  const uint32_t kstep = kSw128 ? 32u : 256u;  // start-address advance per 32-deep k-slice
+  const int lr0 = wg * 64 + warp * 16 + g;     // this thread's tile rows lr0 and lr0 + 8
+
+  // acc += P · (sx · sw) for 32-block kb (P = that block's scratch accumulator). Accumulator
+  // element 4·nt + e sits at row lr0 + 8·(e/2), column 8·nt + 2·(lane%4) + e%2.
+  auto promote = [&](const float(&p)[64], int kb) {
+    const int slot = (kb >> 2) % kStages, i = kb & 3;
+    const float sx0 = ssx[slot * T::kSxFloats + lr0 * 4 + i];
+    const float sx1 = ssx[slot * T::kSxFloats + (lr0 + 8) * 4 + i];
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const float sw = ssw[slot * kSwFloats + grp * 4 + i];
+      const float s0 = sx0 * sw, s1 = sx1 * sw;
+#pragma unroll
+      for (int nt = grp * 4; nt < grp * 4 + 4; ++nt) {
+        acc[nt * 4 + 0] = fmaf(p[nt * 4 + 0], s0, acc[nt * 4 + 0]);
+        acc[nt * 4 + 1] = fmaf(p[nt * 4 + 1], s0, acc[nt * 4 + 1]);
+        acc[nt * 4 + 2] = fmaf(p[nt * 4 + 2], s1, acc[nt * 4 + 2]);
+        acc[nt * 4 + 3] = fmaf(p[nt * 4 + 3], s1, acc[nt * 4 + 3]);
+      }
+    }
+  };
+
+  // At the start of stage s: wait for stage s, then refill the slot stage s-1 used (free: every
+  // thread has finished stage s-1 when it reaches the barrier) with stage s+kStages-1, and
+  // publish the W scales of stage s+kStages-2, fetched into a register one stage ago (its slot
+  // was last read at stage s-3).
+  auto stage_start = [&](int s) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of stage s have landed
+    fence_proxy_async();           // ... visible to the tensor cores' async proxy
+    __syncthreads();               // ... for every thread; all work on stage s-1 is done
+    if (sw_thread && s > 0 && s - 1 + kStages - 1 < nst)
+      ssw[((s - 1 + kStages - 1) % kStages) * kSwFloats + swi] = e8m0f(uint8_t(sw_pending));
+    load_stage(s + kStages - 1);  // into slot (s-1) % kStages
+    if (sw_thread && s + kStages - 1 < nst) sw_pending = w_scale(s + kStages - 1);
+  };
+  auto issue = [&](int kb, float(&d)[64]) {
+    const int slot = (kb >> 2) % kStages, i = kb & 3;
+    const uint64_t da =
+        smem_desc(sa_u + uint32_t(slot * T::kABytes + wg * 8 * kGB) + i * kstep, lbo, sbo, swz);
+    const uint64_t db = smem_desc(sb_u + uint32_t(slot * T::kBBytes) + i * kstep, lbo, sbo, swz);
+    wgmma_m64n128k32(d, da, db);
+  };
+
+#pragma unroll 1
+  for (int kb = 0; kb < nkb; kb += kBatch) {
+    if ((kb & 3) == 0) stage_start(kb >> 2);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) fence_regs(t[b]);
+    wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) issue(kb + b, t[b]);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) fence_regs(t[b]);
+    if (!a.skip_promote) {  // skip_promote: timing diagnostic only (wrong results)
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) promote(t[b], kb + b);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
+  const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
+  const bool pair_ok = (a.n & 1) == 0;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int c = n0 + nt * 8 + 2 * q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h ? r1 : r0;
+      if (r >= a.m || c >= a.n) continue;
+      const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+      const int64_t o = int64_t(r) * a.n + c;
+      if (a.bf16_out) {
+        auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
+        if (pair_ok) {
+          *reinterpret_cast<__nv_bfloat162*>(y + o) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          y[o] = __float2bfloat16_rn(v0);
+          if (c + 1 < a.n) y[o + 1] = __float2bfloat16_rn(v1);
+        }
+      } else {
+        auto* y = reinterpret_cast<float*>(a.y);
+        if (pair_ok) {
+          *reinterpret_cast<float2*>(y + o) = make_float2(v0, v1);
+        } else {
+          y[o] = v0;
+          if (c + 1 < a.n) y[o + 1] = v1;
+        }
+      }
+    }
+  }
+#endif  // FS_GEMM_FP8_SM90
+}
+
+// Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
+// Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
+__global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
+                                                           int act_block, uint8_t* xq, float* xs) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
+    const bool live = t < total8;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    if (live) {
+      if (bf16) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(x) + t);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[2 * i] = __uint_as_float(w[i] << 16);
+          v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+      } else {
+        const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
+        const float4 lo = __ldg(p), hi = __ldg(p + 1);
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+        v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+      }
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (act_block == 128) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    }
+    uint32_t u = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;  // round up to a power of two
+    const float s = __uint_as_float(u), inv = 1.0f / s;      // exact: s is a power of two
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv),
+                                           __NV_SATFINITE, __NV_E4M3);
+    if (live) {
+      *reinterpret_cast<uint2*>(xq + t * 8) =
+          make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      if ((t & 3) == 0) xs[t >> 2] = s;
+    }
+  }
+}
+
+}  // namespace
+
+int gemm_fp8_smem_bytes(int variant) {
+  switch (variant) {
+    case 2:
+      return Tile<3>::kSmemBytes;
+    case 4:
+      return Tile<3, kSw128>::kSmemBytes;
+    case 5:
+      return Tile<2, kPadded>::kSmemBytes;
+    default:
+      return Tile<2>::kSmemBytes;
+  }
+}
+
+namespace {
+template <int kWG, int kBatch, int kLayout>
+cudaError_t launch_variant(const GemmFp8Args& a, cudaStream_t stream) {
+  using T = Tile<kWG, kLayout>;
+  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
+  if (!attr_set) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemm_fp8_kernel<kWG, kBatch, kLayout>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const int tiles = ((a.m + T::kBM - 1) / T::kBM) * ((a.n + kBN - 1) / kBN);
+  gemm_fp8_kernel<kWG, kBatch, kLayout><<<tiles, T::kThreads, T::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
+  switch (a.variant) {
+    case 1:
+      return launch_variant<2, 2, kInterleave>(a, stream);
+    case 2:
+      return launch_variant<3, 1, kInterleave>(a, stream);
+    case 3:
+      return launch_variant<2, 2, kSw128>(a, stream);
+    case 4:
+      return launch_variant<3, 1, kSw128>(a, stream);
+    case 5:
+      return launch_variant<2, 2, kPadded>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
+                                uint8_t* xq, float* xs, cudaStream_t stream) {
+  const int64_t total8 = m * k / 8;
+  const int64_t want = (total8 + 255) / 256;
+  const int blocks = int(want < 132 * 16 ? want : 132 * 16);
+  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail

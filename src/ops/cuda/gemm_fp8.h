@@ -1,0 +1,37 @@
+// CUDA launchers of the large-M FP8 block-scaled GEMM (prefill linears). Params and numerics:
+// ops/gemm_fp8.h; CPU twin gemm_fp8_ref. All pointers are device pointers; nothing is allocated;
+// work is queued on `stream`.
+//
+// Kernel (gemm_fp8.cu): sm_90a wgmma m64n128k32 e4m3·e4m3 → FP32; output tile 192×128 (3 math
+// warpgroups, default for m >= 1024) or 128×128 (2, default below); 128-byte swizzled operand
+// tiles filled by cp.async in a 5-slot ring over k stages of 128; every 32-deep wgmma promoted
+// into FP32 registers with its own scale (x block scale × W block scale), i.e. DeepGEMM-style
+// promotion at the 32-element granularity of V4.1 (V4's 128 blocks give the same numbers).
+// Measured on an H200 (bench/RESULTS.md): ~300-350 TFLOP/s at m = 8192 on the V4.1 linears,
+// 24-30 % of torch._scaled_mm per-tensor FP8 on the same shapes.
+// Accuracy: the tensor core sums each 32-block of products with ~13 bits below its largest
+// product: |Y - twin| <= 2^-8 · Σ|x_q·w| (worst seen 7.8e-4 · Σ, mean 5e-5 · Σ). Deterministic.
+//
+// Meant for m > 16; for m <= 16 use block_linear_cuda (gemv.h), built for that range.
+// Requirements beyond validate(): a compute capability 9.0 device (else kUnimplemented),
+// 16-byte aligned x / xq / xs / w / workspace.
+//
+// Typical prefill use (one quantisation feeding several GEMMs that share the input):
+//   gemm_fp8_quantize_cuda(x, ActDtype::kBf16, m, k, act_block, xq, xs, stream);
+//   GemmFp8Params p; p.xq = xq; p.xs = xs; p.w = ...; p.y = ...; gemm_fp8_cuda(p, stream);
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "ops/gemm_fp8.h"
+
+namespace flashseek::ops::cuda {
+
+// Y = fq8(X) · Wᵀ. With p.x set, X is first quantised into p.workspace (one extra launch).
+Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
+
+// X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales
+// (per act_block; repeated over the 32-blocks of a 128-block). k a multiple of 128.
+Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
+                              int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda

@@ -1,0 +1,33 @@
+// Internal interface between gemm_fp8.cpp (checks, Status) and gemm_fp8.cu (kernels). Kept free
+// of core/status.h: nvcc's host pass cannot compile the fmt headers it pulls in.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+struct GemmFp8Args {
+  const uint8_t* xq;  // [m, k] e4m3
+  const float* xs;    // [m, k/32]
+  const uint8_t* w;   // [n, k] e4m3
+  const uint8_t* ws;  // [ceil(n/w_block), k/w_block] e8m0
+  void* y;            // [m, n]
+  int m, n, k, w_block;
+  bool bf16_out;
+  int variant;       // 1/2: 128×128 tile (2 warpgroups) / 192×128 (3), unswizzled operand
+                     // tiles; 3/4: the same with 128-byte swizzled tiles; 5: as 1 with padded
+                     // (1040-byte) 8-row groups
+  int desc_swap;     // test hook (unswizzled variants): swap the descriptor's byte offsets
+  int skip_promote;  // timing diagnostic: skip the FP32 promotion (results are wrong)
+};
+
+// Dynamic shared memory of a GEMM kernel variant (bytes).
+int gemm_fp8_smem_bytes(int variant);
+
+cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream);
+
+cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
+                                uint8_t* xq, float* xs, cudaStream_t stream);
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,77 @@
+// Large-M FP8 block-scaled GEMM (prefill linears): params shared by the CUDA launcher
+// (ops/cuda/gemm_fp8.h, wgmma on sm_90a) and its CPU twin (gemm_fp8_ref, ops/cpu/gemm_fp8.cpp).
+//
+//   Y[m, n] = fq8(X)[m, k] · dq(W)[n, k]ᵀ
+//
+// Numerics are those of block_linear_ref (ops/linear_quant.h, v41 §1.4): X (FP32 or BF16) is
+// quantised to e4m3 per `act_block` contiguous inputs with a power-of-two (UE8M0) scale; W holds
+// e4m3 codes with one E8M0 scale per w_block × w_block block; products are summed in FP32.
+// The activation may instead come pre-quantised (xq codes + one FP32 scale per 32 inputs, the
+// layout gemm_fp8_quantize_cuda writes), so that one quantisation serves several GEMMs.
+#pragma once
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace flashseek::ops {
+
+enum class ActDtype : uint8_t { kF32, kBf16 };
+
+struct GemmFp8Params {
+  // Activations, one of:
+  const void* x = nullptr;  // [m, k] FP32 or BF16 bits (x_dtype), quantised by the op
+  ActDtype x_dtype = ActDtype::kF32;
+  const uint8_t* xq = nullptr;  // [m, k] e4m3 codes, pre-quantised (x == nullptr)
+  const float* xs = nullptr;    // [m, k/32] power-of-two scale per 32 inputs (per act_block,
+                                //   repeated over its 32-blocks when act_block = 128)
+  // Weights: e4m3 codes [n, k] + E8M0 scales [ceil(n/w_block), k/w_block].
+  const uint8_t* w = nullptr;
+  const uint8_t* w_scale = nullptr;
+  void* y = nullptr;  // [m, n] FP32, or BF16 bits when bf16_out
+  bool bf16_out = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t w_block = 32;    // 32 (V4.1) or 128 (V4)
+  int64_t act_block = 32;  // 32 (V4.1) or 128 (V4)
+  // CUDA kernel choice: 0 = default; 1 / 2 = 128×128 tile (2 warpgroups) / 192×128 (3) with
+  // unswizzled shared-memory tiles; 3 / 4 = the same with 128-byte swizzled tiles; 5 = as 1 with
+  // padded row groups.
+  int kernel = 0;
+  // CUDA only, when x is given: scratch for the quantised activations, at least
+  // gemm_fp8_workspace_bytes(m, k) bytes, 16-byte aligned.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+// Bytes of the quantised activations: codes [m, k] then scales [m, k/32] FP32 (16-byte aligned).
+inline int64_t gemm_fp8_workspace_bytes(int64_t m, int64_t k) {
+  const int64_t codes = (m * k + 15) / 16 * 16;
+  return codes + m * (k / 32) * 4;
+}
+
+// Shape rules of both backends: k a positive multiple of 128 (the GEMM's k stage), w_block and
+// act_block in {32, 128}, m >= 1, n >= 1, exactly one activation source, non-null pointers.
+inline Status validate(const GemmFp8Params& p) {
+  if (!p.w || !p.w_scale || !p.y) return invalid_argument("gemm_fp8: w, w_scale and y must be set");
+  if (bool(p.x) == bool(p.xq))
+    return invalid_argument("gemm_fp8: give either x or the pre-quantised xq/xs, not {}",
+                            p.x ? "both" : "neither");
+  if (p.xq && !p.xs) return invalid_argument("gemm_fp8: xq needs its scales xs");
+  if (p.m <= 0 || p.n <= 0)
+    return invalid_argument("gemm_fp8: m={} and n={} must be positive", p.m, p.n);
+  if (p.k <= 0 || p.k % 128 != 0)
+    return invalid_argument("gemm_fp8: k={} must be a positive multiple of 128", p.k);
+  if (p.w_block != 32 && p.w_block != 128)
+    return invalid_argument("gemm_fp8: w_block={} must be 32 or 128", p.w_block);
+  if (p.act_block != 32 && p.act_block != 128)
+    return invalid_argument("gemm_fp8: act_block={} must be 32 or 128", p.act_block);
+  if (p.kernel < 0 || p.kernel > 5)
+    return invalid_argument("gemm_fp8: kernel={} must be in 0..5", p.kernel);
+  if (p.m >= (int64_t(1) << 31) / 128 || p.n >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30))
+    return out_of_range("gemm_fp8: m={}, n={} or k={} too large", p.m, p.n, p.k);
+  return {};
+}
+
+// CPU twin: quantise x exactly like the GPU (or dequantise xq·xs), dequantise W, FP32 dots.
+Status gemm_fp8_ref(const GemmFp8Params& p);
+
+}  // namespace flashseek::ops

@@ -1,0 +1,409 @@
+// Large-M FP8 block-scaled GEMM (wgmma, sm_90a) against its CPU twin on random FP8 weights,
+// awkward shapes (m = 1, 7, 129, 8192; n not a multiple of the 128 tile, odd n), both scale
+// granularities, FP32/BF16 inputs and outputs, and the pre-quantised input path.
+//
+// Tolerance. Every product x_q·w is exact in FP32 (e4m3 · e4m3, power-of-two scales). The twin
+// adds them in one FP32 dot: error ≤ (k/8 + 3) · 2^-24 · Σ|x_q·w| (< 2e-5 · Σ here). The GPU adds
+// each 32-block inside the tensor core, whose FP8 accumulation keeps only about 13-14 bits below
+// the block's largest product (DeepSeek-V3 report §3.3.2; measured on an H200: up to 7.8e-4 · Σ,
+// mean 5e-5 · Σ), i.e. ≤ 32 · 2^-13 · max ≤ 2^-8 · Σ_block|x_q·w|, then promotes in
+// FP32. Outputs must therefore agree within 2^-8 · Σ|x_q·w| per element (Σ computed by the twin
+// on |x|, |W|), and on average within 2^-11 · Σ (the typical error is far below the worst case).
+//
+// FLASHSEEK_GEMM_BENCH=1 turns on CudaGemmFp8Bench (V4.1 prefill shapes at m = 8192, TFLOP/s);
+// it is skipped (visibly) otherwise and asserts nothing about time.
+#include "ops/cuda/gemm_fp8.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.h"
+#include "gpu_util.h"
+#include "ops/cuda/gemm_fp8_kernels.h"
+#include "ops/gemm_fp8.h"
+#include "ops/quant.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct Case {
+  int64_t m, n, k, w_block, act_block;
+  bool bf16_in, bf16_out;
+};
+
+std::vector<uint8_t> random_codes(std::mt19937& rng, size_t n) {
+  std::vector<uint8_t> c(n);
+  for (auto& b : c) {
+    b = uint8_t(rng());
+    if ((b & 0x7f) == 0x7f) b &= 0xfe;  // no NaN codes
+  }
+  return c;
+}
+
+std::vector<uint8_t> random_scales(std::mt19937& rng, size_t n) {
+  std::vector<uint8_t> s(n);
+  for (auto& v : s) v = uint8_t(127 - 6 + int(rng() % 9));
+  return s;
+}
+
+// Activations with per-block character: normal, all-zero (amax floor), tiny, outliers.
+std::vector<float> random_x(std::mt19937& rng, int64_t rows, int64_t k) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * k));
+  for (int64_t b = 0; b < rows * k; b += 32) {
+    const int kind = int(rng() % 8);
+    for (int64_t i = b; i < b + 32; ++i) {
+      float v = nd(rng);
+      if (kind == 0) v = 0;
+      if (kind == 1) v *= 1e-6f;
+      if (kind == 2 && i == b + 5) v *= 3000.0f;
+      x[size_t(i)] = v;
+    }
+  }
+  return x;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = f32_to_bf16(x[i]);
+  return b;
+}
+
+std::vector<float> output_as_f32(const DeviceBuffer<float>& yf, const DeviceBuffer<uint16_t>& yb,
+                                 bool bf16) {
+  if (!bf16) return yf.to_host();
+  const std::vector<uint16_t> b = yb.to_host();
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
+  return f;
+}
+
+void run_case(const Case& c, uint32_t seed, int kernel) {
+  SCOPED_TRACE(::testing::Message() << "kernel=" << kernel << " m=" << c.m << " n=" << c.n
+                                    << " k=" << c.k << " wb=" << c.w_block << " ab=" << c.act_block
+                                    << " bf16_in=" << c.bf16_in << " bf16_out=" << c.bf16_out);
+  std::mt19937 rng(seed);
+  const size_t ns = size_t((c.n + c.w_block - 1) / c.w_block * (c.k / c.w_block));
+  const std::vector<uint8_t> w = random_codes(rng, size_t(c.n * c.k)), ws = random_scales(rng, ns);
+  std::vector<float> x = random_x(rng, c.m, c.k);
+  const std::vector<uint16_t> xb = to_bf16(x);
+  if (c.bf16_in)
+    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(xb[i]);  // the twin sees the same
+
+  GemmFp8Params p;
+  p.m = c.m, p.n = c.n, p.k = c.k, p.w_block = c.w_block, p.act_block = c.act_block;
+  std::vector<float> ref(size_t(c.m * c.n)), bound(ref.size());
+  p.x = x.data(), p.w = w.data(), p.w_scale = ws.data(), p.y = ref.data();
+  FS_ASSERT_OK(gemm_fp8_ref(p));
+  std::vector<float> xa(x);
+  for (auto& v : xa) v = std::fabs(v);
+  std::vector<uint8_t> wa(w);
+  for (auto& b : wa) b &= 0x7f;
+  p.x = xa.data(), p.w = wa.data(), p.y = bound.data();
+  FS_ASSERT_OK(gemm_fp8_ref(p));
+  if (c.bf16_out)
+    for (auto& v : ref) v = round_bf16(v);
+
+  DeviceBuffer<float> dxf(x), dyf(ref.size());
+  DeviceBuffer<uint16_t> dxb(xb), dyb(ref.size());
+  DeviceBuffer<uint8_t> dw(w), dws(ws), work(size_t(gemm_fp8_workspace_bytes(c.m, c.k)));
+  ASSERT_TRUE(dxf.ok() && dyf.ok() && dxb.ok() && dyb.ok() && dw.ok() && dws.ok() && work.ok());
+  p.x = c.bf16_in ? static_cast<const void*>(dxb.get()) : dxf.get();
+  p.x_dtype = c.bf16_in ? ActDtype::kBf16 : ActDtype::kF32;
+  p.w = dw.get(), p.w_scale = dws.get();
+  p.y = c.bf16_out ? static_cast<void*>(dyb.get()) : dyf.get();
+  p.bf16_out = c.bf16_out;
+  p.workspace = work.get(), p.workspace_bytes = gemm_fp8_workspace_bytes(c.m, c.k);
+  p.kernel = kernel;
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = output_as_f32(dyf, dyb, c.bf16_out);
+  double worst = 0, mean = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written or not finite";
+    const double err = std::fabs(double(got[i]) - ref[i]);
+    // BF16 outputs: the two FP32 sums may round to neighbouring BF16 values.
+    const double tol =
+        std::ldexp(double(bound[i]), -8) + (c.bf16_out ? std::fabs(ref[i]) / 128 : 0.0) + 1e-30;
+    const double rel = err / (double(bound[i]) + 1e-30);
+    worst = std::max(worst, rel);
+    mean += rel / double(ref.size());
+    ASSERT_LE(err, tol) << "output " << i << " (row " << i / c.n << ", col " << i % c.n << ") gpu "
+                        << got[i] << " ref " << ref[i];
+  }
+  if (!c.bf16_out) {
+    EXPECT_LE(mean, std::ldexp(1.0, -11)) << "mean |error| / Σ|x_q·w|";
+  }
+  std::printf("kernel %d m=%lld n=%lld k=%lld: |err| / Σ|x_q·w| worst %.2e mean %.2e\n", kernel,
+              (long long)c.m, (long long)c.n, (long long)c.k, worst, mean);
+
+  // Same launch again: bitwise identical (no atomics, fixed order).
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> again = output_as_f32(dyf, dyb, c.bf16_out);
+  ASSERT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * sizeof(float)));
+}
+
+TEST(CudaGemmFp8, MatchesCpuTwinOnOddShapes) {
+  FS_REQUIRE_GPU();
+  const Case cases[] = {
+      {1, 128, 128, 32, 32, false, false},       {7, 256, 256, 32, 32, false, false},
+      {129, 384, 640, 32, 32, false, false},     {8192, 128, 256, 32, 32, false, false},
+      {65, 200, 512, 32, 32, false, false},      {33, 129, 384, 32, 32, false, false},
+      {300, 1280, 1024, 128, 128, false, false}, {130, 256, 512, 128, 32, false, false},
+      {250, 512, 2304, 32, 32, true, false},     {96, 320, 1280, 32, 32, true, true},
+      {17, 131, 256, 32, 32, false, true},
+  };
+  for (int kernel = 1; kernel <= 5; ++kernel) {
+    uint32_t seed = 11;
+    for (const auto& c : cases) run_case(c, seed++, kernel);
+  }
+}
+
+// The quantisation kernel writes exactly the codes and scales of the reference quantiser, and
+// the GEMM on those pre-quantised operands equals the one-call path bit for bit.
+TEST(CudaGemmFp8, QuantizeKernelAndPrequantisedPath) {
+  FS_REQUIRE_GPU();
+  for (const int64_t ab : {32, 128}) {
+    SCOPED_TRACE(::testing::Message() << "act_block=" << ab);
+    std::mt19937 rng{uint32_t(ab)};
+    const int64_t m = 37, n = 256, k = 640;
+    const std::vector<float> x = random_x(rng, m, k);
+    const std::vector<uint8_t> w = random_codes(rng, size_t(n * k));
+    const std::vector<uint8_t> ws = random_scales(rng, size_t(n / 32 * (k / 32)));
+    DeviceBuffer<float> dx(x), dy1(size_t(m * n)), dy2(size_t(m * n));
+    DeviceBuffer<uint8_t> dxq(size_t(m * k)), dw(w), dws(ws),
+        work(size_t(gemm_fp8_workspace_bytes(m, k)));
+    DeviceBuffer<float> dxs(size_t(m * k / 32));
+    FS_ASSERT_OK(
+        gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, m, k, ab, dxq.get(), dxs.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint8_t> q = dxq.to_host();
+    const std::vector<float> s = dxs.to_host();
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t b = 0; b < k; b += ab) {
+        float amax = 0;
+        for (int64_t i = b; i < b + ab; ++i) amax = std::max(amax, std::fabs(x[size_t(r * k + i)]));
+        const float want_s = pow2_ceil(std::max(amax, 1e-4f) / 448.0f);
+        for (int64_t i = b; i < b + ab; ++i) {
+          ASSERT_EQ(s[size_t((r * k + i) / 32)], want_s) << "row " << r << " input " << i;
+          const float v = std::clamp(x[size_t(r * k + i)] / want_s, -448.0f, 448.0f);
+          ASSERT_EQ(e4m3_to_f32(q[size_t(r * k + i)]), round_e4m3(v))
+              << "row " << r << " input " << i;
+        }
+      }
+    }
+    GemmFp8Params p;
+    p.m = m, p.n = n, p.k = k, p.act_block = ab, p.w = dw.get(), p.w_scale = dws.get();
+    p.x = dx.get(), p.workspace = work.get(), p.workspace_bytes = gemm_fp8_workspace_bytes(m, k);
+    p.y = dy1.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    p.x = nullptr, p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy2.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto y1 = dy1.to_host(), y2 = dy2.to_host();
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)));
+  }
+}
+
+TEST(CudaGemmFp8, RejectsBadInputWithClearErrors) {
+  // Runs without a GPU: every check below fires before any device call.
+  alignas(16) uint8_t b[64] = {};
+  alignas(16) float f[16] = {};
+  GemmFp8Params p;
+  p.x = f, p.w = b, p.w_scale = b, p.y = f, p.m = 1, p.n = 4, p.k = 96;
+  Status s = gemm_fp8_cuda(p, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("k=96"), std::string::npos) << s.message();
+  p.k = 128;
+  p.xq = b, p.xs = f;
+  s = validate(p);
+  EXPECT_NE(s.message().find("both"), std::string::npos) << s.message();
+  p.xq = nullptr, p.xs = nullptr, p.w_block = 64;
+  s = gemm_fp8_ref(p);
+  EXPECT_NE(s.message().find("w_block=64"), std::string::npos) << s.message();
+  p.w_block = 32, p.m = 0;
+  EXPECT_FALSE(validate(p).ok());
+  p.m = 1, p.w = b + 1;  // misaligned weights
+  s = gemm_fp8_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("aligned"), std::string::npos) << s.message();
+  p.w = b;
+  if (cuda_device_available()) {  // missing workspace is caught after the device check
+    s = gemm_fp8_cuda(p, nullptr);
+    EXPECT_FALSE(s.ok());
+  }
+  s = gemm_fp8_quantize_cuda(f, ActDtype::kF32, 1, 128, 64, b, f, nullptr);
+  EXPECT_NE(s.message().find("act_block=64"), std::string::npos) << s.message();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark (opt-in): V4.1 linears at an 8k prefill chunk.
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+struct BenchShape {
+  const char* name;
+  int64_t m, n, k;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+double time_us(F&& f, int reps) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms * 1000.0);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+TEST(CudaGemmFp8Bench, V41PrefillShapes) {
+  FS_REQUIRE_GPU();
+  const char* on = std::getenv("FLASHSEEK_GEMM_BENCH");
+  if (!on || std::string(on) != "1")
+    GTEST_SKIP() << "benchmark skipped: set FLASHSEEK_GEMM_BENCH=1";
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+
+  // Variant probe (diagnostic): relative Frobenius error of every kernel variant against the
+  // twin on one 128×128×256 case; the unswizzled variant also with its descriptor byte offsets
+  // swapped (must be far off: shows the probe can fail).
+  {
+    std::mt19937 rng(5);
+    const int64_t m = 128, n = 128, k = 256;
+    const std::vector<uint8_t> w = random_codes(rng, size_t(n * k)), ws = random_scales(rng, 4 * 8);
+    const std::vector<float> x = random_x(rng, m, k);
+    std::vector<float> ref(size_t(m * n));
+    GemmFp8Params p;
+    p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w = w.data(), p.w_scale = ws.data(),
+    p.y = ref.data();
+    FS_ASSERT_OK(gemm_fp8_ref(p));
+    DeviceBuffer<float> dx(x), dy(ref.size()), dxs(size_t(m * k / 32));
+    DeviceBuffer<uint8_t> dw(w), dws(ws), dxq(size_t(m * k));
+    FS_ASSERT_OK(
+        gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, m, k, 32, dxq.get(), dxs.get(), nullptr));
+    for (int variant = 1; variant <= 6; ++variant) {
+      detail::GemmFp8Args a{};
+      a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
+      a.m = int(m), a.n = int(n), a.k = int(k), a.w_block = 32;
+      a.variant = variant == 6 ? 1 : variant, a.desc_swap = variant == 6;
+      ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dy.to_host();
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = double(got[i]) - ref[i];
+        num += std::isfinite(d) ? d * d : 1e30;
+        den += double(ref[i]) * ref[i];
+      }
+      std::printf("probe: variant %d%s rel. Frobenius error %.3g\n", a.variant,
+                  a.desc_swap ? " (descriptor offsets swapped)" : "", std::sqrt(num / den));
+      if (!a.desc_swap) {
+        EXPECT_LT(std::sqrt(num / den), 1e-3) << "variant " << a.variant;
+      }
+    }
+  }
+
+  const BenchShape shapes[] = {
+      {"wq_a+wkv [1792,5120]", 8192, 1792, 5120},
+      {"wq_b [32768,1280]", 8192, 32768, 1280},
+      {"wo_b [5120,8192]", 8192, 5120, 8192},
+      {"shared gate+up [4608,5120]", 8192, 4608, 5120},
+      {"shared down [5120,2304]", 8192, 5120, 2304},
+      {"routed gate+up, 1 expert (m=128)", 128, 4608, 5120},
+      {"routed down, 1 expert (m=128)", 128, 5120, 2304},
+      {"routed gate+up, all pairs dense proxy", 49152, 4608, 5120},
+      {"square 8192^3", 8192, 8192, 8192},
+  };
+  // Columns: TFLOP/s of kernels 1..5 (GEMM only, pre-quantised input), the two swizzled kernels
+  // without promotion (diagnostic: the cost of the FP32 promotion), the quantisation kernel.
+  std::string md =
+      "| shape | m | n | k | k1 | k2 | k3 | k4 | k5 | k3 no-promote | k4 no-promote | best GEMM us "
+      "| "
+      "quant us (bf16 in) | best GEMM+quant TFLOP/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& s : shapes) {
+    uint64_t seed = 0x1234 + uint64_t(s.n) * 31 + uint64_t(s.k);
+    std::vector<uint8_t> w(size_t(s.n * s.k));
+    for (size_t i = 0; i < w.size(); i += 8) {
+      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;  // no NaN codes, |v| <= 240
+      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
+    }
+    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
+    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+    std::vector<uint16_t> xb(size_t(s.m * s.k));
+    for (auto& v : xb) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
+    DeviceBuffer<uint16_t> dx(xb), dy(size_t(s.m * s.n));
+    DeviceBuffer<uint8_t> dw(w), dws(ws), dxq(size_t(s.m * s.k));
+    DeviceBuffer<float> dxs(size_t(s.m * s.k / 32));
+    ASSERT_TRUE(dx.ok() && dy.ok() && dw.ok() && dws.ok() && dxq.ok() && dxs.ok()) << s.name;
+    FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kBf16, s.m, s.k, 32, dxq.get(),
+                                        dxs.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << s.name;
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    const int reps = flop > 1e12 ? 10 : 30;
+    double tf[7], best_us = 1e30;
+    for (int v = 0; v < 7; ++v) {
+      detail::GemmFp8Args a{};
+      a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
+      a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.bf16_out = true;
+      a.variant = v < 5 ? v + 1 : v - 2, a.skip_promote = v >= 5;
+      ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess) << s.name;
+      const double us = time_us([&] { (void)detail::launch_gemm_fp8(a, nullptr); }, reps);
+      tf[v] = flop / us * 1e-6;
+      if (v < 5) best_us = std::min(best_us, us);
+    }
+    const double qus = time_us(
+        [&] {
+          (void)gemm_fp8_quantize_cuda(dx.get(), ActDtype::kBf16, s.m, s.k, 32, dxq.get(),
+                                       dxs.get(), nullptr);
+        },
+        reps);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << s.name;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "| %s | %lld | %lld | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | "
+                  "%.1f | %.1f | %.0f |\n",
+                  s.name, (long long)s.m, (long long)s.n, (long long)s.k, tf[0], tf[1], tf[2],
+                  tf[3], tf[4], tf[5], tf[6], best_us, qus, flop / (best_us + qus) * 1e-6);
+    md += line;
+    std::printf("%s", line);
+    std::fflush(stdout);
+  }
+  std::printf("\ndevice: %s (%d SMs)\n%s", prop.name, prop.multiProcessorCount, md.c_str());
+  if (const char* out = std::getenv("FLASHSEEK_GEMM_BENCH_OUT")) std::ofstream(out) << md;
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda
