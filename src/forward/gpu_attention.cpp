@@ -20,7 +20,8 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   const auto& role = c.role(l);
   const AttentionWeights& A = w_.layers[size_t(l)].attn;
   const bool R = ref(), v41 = c.is_v41();
-  const int64_t T = ctx.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, Dr = c.rope_head_dim;
+  // H (and G below): this rank's heads / output groups (all of them on one GPU, gpu_tp.h).
+  const int64_t T = ctx.T, D = c.hidden_size, H = shard_.heads, Dh = c.head_dim, Dr = c.rope_head_dim;
   const int64_t Rq = c.q_lora_rank, W = c.window;
   const float eps = float(c.rms_norm_eps);
   const float* inv_freq = d(A.rope_inv_freq);
@@ -71,7 +72,7 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
 
   // Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference), wo_b.
   FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, T, H, Dh, Dr, true, R, 0));
-  const int64_t G = c.o_groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
+  const int64_t G = shard_.groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
   FS_ASSIGN_OR_RETURN(float* z, scratch<float>("attn_z", T * G * Ro));
   if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, 0));
   for (int64_t g = 0; g < G; ++g) {
@@ -80,7 +81,9 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
     la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = T, la.in = in_g, la.out = Ro, la.bf16_out = R;
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, 0));
   }
-  FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R));
+  // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
+  FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R && !shard_.split()));
+  FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   // Only now publish this chunk's window rows (the queries above read older ones from the ring).
   FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(LS.ring.get(), kv, ctx.d_pos, std::max<int64_t>(0, T - ctx.st->ring_size),
                                                 T, ctx.st->ring_size, Dh, 0));

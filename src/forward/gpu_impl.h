@@ -11,9 +11,14 @@
 #include <vector>
 
 #include "forward/gpu_model.h"
+#include "forward/gpu_tp.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 #include "ops/cuda/cuda_check.h"
+
+namespace flashseek::ops::cuda {
+class Communicator;
+}
 
 namespace flashseek::forward::gpu {
 
@@ -109,7 +114,11 @@ struct GpuChunk {
 
 class GpuModel final : public Model {
  public:
-  static Result<std::unique_ptr<GpuModel>> load(const std::string& dir, Numerics numerics, int device);
+  // With `shard` (gpu_tp.h): one rank of a multi-GPU model, holding only its slice of the weights;
+  // its partial sums go through `comm` (all ranks call forward together).
+  static Result<std::unique_ptr<GpuModel>> load(const std::string& dir, Numerics numerics, int device,
+                                                const TpShard* shard = nullptr,
+                                                ops::cuda::Communicator* comm = nullptr);
   const model::ModelConfig& config() const override { return ck_->config(); }
   std::unique_ptr<SequenceState> new_sequence() const override;
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
@@ -139,6 +148,10 @@ class GpuModel final : public Model {
               std::vector<int64_t>& groups, const std::string& tag);
   Status index_select(int layer, GpuChunk& ctx, const float* a, const float* qlat);
   Status moe(int layer, GpuChunk& ctx, const float* m, float* out);
+  // Multi-GPU (gpu_tp.cpp): x[0, n) ← Σ over ranks, then BF16 rounding when `bf16`; no-op on one
+  // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
+  Status tp_allreduce(float* x, int64_t n, bool bf16);
+  Status tp_remap_experts(int32_t* sel, float* weight, int64_t n);
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)
@@ -147,6 +160,8 @@ class GpuModel final : public Model {
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
   std::unordered_map<std::string, DevArray<char>> scratch_;
   Numerics numerics_ = Numerics::kExact;
+  TpShard shard_;  // this rank's heads / groups / experts / vocabulary (everything on one GPU)
+  ops::cuda::Communicator* comm_ = nullptr;
   int device_ = 0;
   int64_t act_block_ = 0, expert_act_block_ = 0;
 };

@@ -4,17 +4,20 @@
 
 #include <charconv>
 
+#include "forward/gpu_tp.h"
+
 namespace flashseek::forward {
 
 Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus) {
   if (gpus.empty()) return load_model(dir, numerics);
+  if (gpus.find(',') != std::string::npos) {  // several devices: tensor + expert parallel (gpu_tp.h)
+    FS_ASSIGN_OR_RETURN(std::vector<int> devices, parse_gpu_list(gpus));
+    return load_model_tp(dir, numerics, devices);
+  }
   int device = -1;
   const auto [end, ec] = std::from_chars(gpus.data(), gpus.data() + gpus.size(), device);
-  if (ec != std::errc() || end != gpus.data() + gpus.size() || device < 0) {
-    if (gpus.find(',') != std::string::npos)
-      return Status(StatusCode::kUnimplemented, fmt::format("--gpus {}: one device only in this build", gpus));
-    return invalid_argument("--gpus {}: expected a device number such as 0", gpus);
-  }
+  if (ec != std::errc() || end != gpus.data() + gpus.size() || device < 0)
+    return invalid_argument("--gpus {}: expected a device number such as 0 (or a list such as 0,1)", gpus);
   return load_model_gpu(dir, numerics, device);
 }
 
@@ -71,7 +74,8 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
   return c;
 }
 
-Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device) {
+Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
+                                                 const TpShard* shard, ops::cuda::Communicator* comm) {
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;
@@ -89,6 +93,13 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   if (numerics == Numerics::kReference) {
     m->act_block_ = c.fp8_weights ? blk : 0;
     m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
+  }
+  if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
+    m->shard_ = *shard;
+    m->comm_ = comm;
+    FS_RETURN_IF_ERROR(shard_weights(m->w_, c, *shard));
+  } else {
+    FS_ASSIGN_OR_RETURN(m->shard_, make_tp_shard(c, numerics, 0, 1));
   }
   FS_RETURN_IF_ERROR(m->upload_weights());
   return m;
@@ -261,13 +272,14 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
     pre = ph;
   }
   FS_ASSIGN_OR_RETURN(float* y, scratch<float>("final_y", nr * D));
-  FS_ASSIGN_OR_RETURN(float* lg, scratch<float>("logits", nr * V));
+  const int64_t Vr = shard_.vocab;  // this rank's vocabulary rows (all of them on one GPU)
+  FS_ASSIGN_OR_RETURN(float* lg, scratch<float>("logits", nr * Vr));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, 0));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, 0));
-  FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, V, lg, 0, false));
+  FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, Vr, lg, 0, false));
   const size_t off = logits.size();
-  logits.resize(off + size_t(nr * V));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data() + off, lg, size_t(nr * V) * 4, cudaMemcpyDeviceToHost));
+  logits.resize(off + size_t(nr * Vr));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data() + off, lg, size_t(nr * Vr) * 4, cudaMemcpyDeviceToHost));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back keeps the last N−1 compressed ids

@@ -32,6 +32,7 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   r.renorm_eps = c.is_v41();
   r.sel = sel, r.weight = wt;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, 0));
+  FS_RETURN_IF_ERROR(tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
 
   // One SwiGLU expert pass over `rows` rows: stacked weights + sel, or a single matrix.
   FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
@@ -48,8 +49,14 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("moe_ys", T * D));
   const size_t li = size_t(l);
   FS_RETURN_IF_ERROR(expert(TK, w1_[li].get(), w3_[li].get(), w2_[li].get(), sel, K, wt, expert_act_block_, ybuf));
-  FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R, 0));
+  if (d(F.s_w1)) {
+    FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
+  } else {  // the shared expert lives on another rank (gpu_tp.h)
+    FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ys, 0, size_t(T * D) * 4, 0));
+  }
+  // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), 0));
+  FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   return {};
 }
 

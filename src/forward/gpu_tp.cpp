@@ -1,0 +1,286 @@
+// Tensor/expert-parallel model over several GPUs (gpu_tp.h): shard math, weight slicing, and the
+// TpModel that runs one GpuModel rank per host thread and joins their vocabulary slices.
+#include "forward/gpu_tp.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <thread>
+
+namespace flashseek::forward {
+
+Result<TpShard> make_tp_shard(const model::ModelConfig& c, Numerics numerics, int rank, int world) {
+  if (world < 1) return invalid_argument("tensor parallel: world size {} < 1", world);
+  if (rank < 0 || rank >= world) return invalid_argument("tensor parallel: rank {} outside [0, {})", rank, world);
+  const int64_t H = c.num_heads, G = c.o_groups, E = c.n_routed_experts, V = c.vocab_size;
+  if (H % world != 0) return invalid_argument("tensor parallel over {} GPUs: num_heads {} is not divisible by {}", world, H, world);
+  if (G % world != 0) return invalid_argument("tensor parallel over {} GPUs: o_groups {} is not divisible by {}", world, G, world);
+  if (E % world != 0)
+    return invalid_argument("expert parallel over {} GPUs: n_routed_experts {} is not divisible by {}", world, E, world);
+  if (V < world) return invalid_argument("tensor parallel over {} GPUs: vocab_size {} is smaller than that", world, V);
+  // Reference numerics quantise wo_b's input [G·Ro] in FP8 blocks (as GpuModel::load): a rank's
+  // columns must start on a block boundary or its blocks would differ from the unsplit ones.
+  const int64_t blk = c.is_v41() ? 32 : 128;
+  const int64_t act_block = numerics == Numerics::kReference && c.fp8_weights ? blk : 0;
+  const int64_t cols = G / world * c.o_lora_rank;
+  if (world > 1 && act_block > 0 && cols % act_block != 0)
+    return invalid_argument("tensor parallel over {} GPUs: {} wo_b input columns per rank are not a multiple of the "
+                            "FP8 activation block {}", world, cols, act_block);
+  TpShard s;
+  s.rank = rank, s.world = world;
+  s.heads = H / world, s.head0 = rank * s.heads;
+  s.groups = G / world, s.group0 = rank * s.groups;
+  s.experts = E / world, s.expert0 = rank * s.experts;
+  const int64_t base = V / world, rem = V % world;
+  s.vocab = base + (rank < rem ? 1 : 0);
+  s.vocab0 = rank * base + std::min<int64_t>(rank, rem);
+  s.shared_expert = rank == 0;
+  return s;
+}
+
+namespace {
+
+// Rows [r0, r0 + n) of a row-major [rows, cols] matrix.
+Status keep_rows(Vec& m, int64_t rows, int64_t cols, int64_t r0, int64_t n, const char* what) {
+  if (m.empty()) return {};
+  if (int64_t(m.size()) != rows * cols)
+    return internal_error("tensor parallel: {} has {} values, expected {}x{}", what, m.size(), rows, cols);
+  Vec out(m.begin() + r0 * cols, m.begin() + (r0 + n) * cols);
+  m.swap(out);
+  return {};
+}
+
+// Columns [c0, c0 + n) of a row-major [rows, cols] matrix.
+Status keep_cols(Vec& m, int64_t rows, int64_t cols, int64_t c0, int64_t n, const char* what) {
+  if (m.empty()) return {};
+  if (int64_t(m.size()) != rows * cols)
+    return internal_error("tensor parallel: {} has {} values, expected {}x{}", what, m.size(), rows, cols);
+  Vec out(size_t(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(m.begin() + r * cols + c0, m.begin() + r * cols + c0 + n, out.begin() + r * n);
+  m.swap(out);
+  return {};
+}
+
+}  // namespace
+
+Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard& s) {
+  const int64_t H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank, G = c.o_groups, Ro = c.o_lora_rank;
+  const int64_t D = c.hidden_size, V = c.vocab_size, E = c.n_routed_experts;
+  const int64_t in_g = H * Dh / G;
+  for (auto& L : w.layers) {
+    AttentionWeights& A = L.attn;
+    FS_RETURN_IF_ERROR(keep_rows(A.wq_b, H * Dh, Rq, s.head0 * Dh, s.heads * Dh, "wq_b"));
+    FS_RETURN_IF_ERROR(keep_rows(A.attn_sink, H, 1, s.head0, s.heads, "attn_sink"));
+    FS_RETURN_IF_ERROR(keep_rows(A.wo_a, G * Ro, in_g, s.group0 * Ro, s.groups * Ro, "wo_a"));
+    FS_RETURN_IF_ERROR(keep_cols(A.wo_b, D, G * Ro, s.group0 * Ro, s.groups * Ro, "wo_b"));
+    FfnWeights& F = L.ffn;
+    if (!F.w1.empty()) {
+      if (int64_t(F.w1.size()) != E || F.w2.size() != F.w1.size() || F.w3.size() != F.w1.size())
+        return internal_error("tensor parallel: {} routed experts in the weights, config says {}", F.w1.size(), E);
+      for (auto* ws : {&F.w1, &F.w2, &F.w3}) {
+        std::vector<Vec> keep(std::make_move_iterator(ws->begin() + s.expert0),
+                              std::make_move_iterator(ws->begin() + s.expert0 + s.experts));
+        ws->swap(keep);
+      }
+    }
+    if (!s.shared_expert) Vec().swap(F.s_w1), Vec().swap(F.s_w2), Vec().swap(F.s_w3);
+  }
+  return keep_rows(w.head, V, D, s.vocab0, s.vocab, "head");
+}
+
+Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (true) {
+    const size_t j = std::min(gpus.find(',', i), gpus.size());
+    int d = -1;
+    const auto [end, ec] = std::from_chars(gpus.data() + i, gpus.data() + j, d);
+    if (i == j || ec != std::errc() || end != gpus.data() + j || d < 0)
+      return invalid_argument("--gpus {}: expected device numbers separated by commas, such as 0,1", gpus);
+    out.push_back(d);
+    if (j == gpus.size()) break;
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace flashseek::forward
+
+#if FLASHSEEK_HAVE_CUDA
+#include "forward/gpu_impl.h"
+#include "ops/cuda/comm.h"
+#include "ops/cuda/model_kernels.h"
+
+namespace flashseek::forward {
+namespace gpu {
+
+Status GpuModel::tp_allreduce(float* x, int64_t n, bool bf16) {
+  if (!comm_ || !shard_.split()) return {};
+  FS_RETURN_IF_ERROR(comm_->allreduce_sum(x, n, 0));
+  if (bf16) FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_quant_sim(x, 1, n, n, 1, ops::cuda::detail::QuantSim::kBf16, 0));
+  return {};
+}
+
+Status GpuModel::tp_remap_experts(int32_t* sel, float* weight, int64_t n) {
+  if (!shard_.split()) return {};
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_tp_remap_experts(sel, weight, n, int32_t(shard_.expert0),
+                                                                     int32_t(shard_.experts), 0));
+  return {};
+}
+
+}  // namespace gpu
+
+namespace {
+
+class TpSequenceState final : public SequenceState {
+ public:
+  int64_t length() const override { return ranks.empty() ? 0 : ranks[0]->length(); }
+  std::unique_ptr<SequenceState> clone() const override {
+    auto c = std::make_unique<TpSequenceState>();
+    c->devices = devices;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      cudaSetDevice(devices[r]);  // the copies live on the rank's device (a failure shows in the clone's error)
+      c->ranks.push_back(ranks[r]->clone());
+    }
+    return c;
+  }
+  std::vector<std::unique_ptr<SequenceState>> ranks;  // one GpuSequenceState per rank
+  std::vector<int> devices;
+};
+
+class TpModel final : public Model {
+ public:
+  TpModel(std::vector<std::unique_ptr<gpu::GpuModel>> ranks, std::vector<std::unique_ptr<ops::cuda::Communicator>> comms,
+          std::vector<TpShard> shards, std::vector<int> devices)
+      : ranks_(std::move(ranks)), comms_(std::move(comms)), shards_(std::move(shards)), devices_(std::move(devices)) {}
+
+  const model::ModelConfig& config() const override { return ranks_[0]->config(); }
+
+  std::unique_ptr<SequenceState> new_sequence() const override {
+    auto st = std::make_unique<TpSequenceState>();
+    st->devices = devices_;
+    for (auto& r : ranks_) st->ranks.push_back(r->new_sequence());  // each sets its own device
+    return st;
+  }
+
+  Status rollback(SequenceState& state, int64_t new_length) const override {
+    auto* st = dynamic_cast<TpSequenceState*>(&state);
+    if (!st || st->ranks.size() != ranks_.size()) return invalid_argument("rollback: not a multi-GPU sequence state");
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[r]));
+      FS_RETURN_IF_ERROR(ranks_[r]->rollback(*st->ranks[r], new_length));
+    }
+    return {};
+  }
+
+  Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override {
+    const size_t W = ranks_.size();
+    const int64_t V = config().vocab_size;
+    // Input checks here, before any rank starts (a rank failing alone would strand the others).
+    std::vector<std::vector<BatchItem>> items(W);
+    for (auto& it : batch) {
+      auto* st = dynamic_cast<TpSequenceState*>(it.state);
+      if (!st || st->ranks.size() != W) return invalid_argument("forward: batch item has no multi-GPU sequence state");
+      if (it.tokens.empty()) return invalid_argument("forward: a batch item has no tokens");
+      for (int32_t t : it.tokens)
+        if (t < 0 || t >= V) return invalid_argument("forward: token id {} outside the vocabulary [0, {})", t, V);
+      for (size_t r = 0; r < W; ++r) items[r].push_back(BatchItem{st->ranks[r].get(), it.tokens, it.all_logits});
+    }
+    std::vector<std::vector<float>> out(W);
+    std::vector<Status> status(W);
+    auto work = [&](size_t r) {
+      status[r] = ranks_[r]->forward(items[r], out[r]);
+      if (!status[r].ok()) comms_[r]->abort();
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
+    work(0);
+    for (auto& t : threads) t.join();
+    Status first;
+    for (auto& s : status)  // the rank that failed first, not the ones woken by its abort
+      if (!s.ok() && (first.ok() || first.code() == StatusCode::kCancelled)) first = s;
+    if (!first.ok()) {
+      for (auto& c : comms_) c->recover();  // every rank has returned: the next step may run
+      return first;
+    }
+    const size_t rows = out[0].size() / size_t(shards_[0].vocab);
+    for (size_t r = 0; r < W; ++r)
+      if (out[r].size() != rows * size_t(shards_[r].vocab))
+        return internal_error("multi-GPU forward: rank {} returned {} logits, expected {} rows of {}", r, out[r].size(),
+                              rows, shards_[r].vocab);
+    const size_t off = logits.size();
+    logits.resize(off + rows * size_t(V));
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t r = 0; r < W; ++r) {
+        const size_t n = size_t(shards_[r].vocab);
+        std::copy_n(out[r].data() + i * n, n, logits.data() + off + i * size_t(V) + size_t(shards_[r].vocab0));
+      }
+    return {};
+  }
+
+ private:
+  std::vector<std::unique_ptr<gpu::GpuModel>> ranks_;
+  std::vector<std::unique_ptr<ops::cuda::Communicator>> comms_;
+  std::vector<TpShard> shards_;
+  std::vector<int> devices_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics numerics, const std::vector<int>& devices,
+                                             TpComm comm) {
+  const int W = int(devices.size());
+  if (W < 1) return invalid_argument("--gpus: no device given");
+  std::string why;
+  if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus: {}", why));
+  int have = 0;
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&have));
+  bool repeated = false;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] >= have) return invalid_argument("--gpus: device {} does not exist (this machine has {} CUDA device(s))", devices[i], have);
+    for (size_t j = 0; j < i; ++j) repeated = repeated || devices[j] == devices[i];
+  }
+  if (const char* e = std::getenv("FLASHSEEK_TP_COMM"); e && comm == TpComm::kAuto) {
+    const std::string v = e;
+    if (v == "host") comm = TpComm::kHost;
+    else if (v == "nccl") comm = TpComm::kNccl;
+    else if (!v.empty() && v != "auto") return invalid_argument("FLASHSEEK_TP_COMM={}: expected host, nccl or auto", v);
+  }
+  if (comm == TpComm::kAuto) comm = repeated ? TpComm::kHost : TpComm::kNccl;
+  if (comm == TpComm::kNccl && repeated)
+    return invalid_argument("--gpus: NCCL needs distinct devices (a device is listed twice); host staging allows it");
+  FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
+  std::vector<TpShard> shards;
+  for (int r = 0; r < W; ++r) {
+    FS_ASSIGN_OR_RETURN(TpShard s, make_tp_shard(ck.config(), numerics, r, W));
+    shards.push_back(s);
+  }
+  std::vector<std::unique_ptr<ops::cuda::Communicator>> comms;
+  if (comm == TpComm::kNccl) {
+    FS_ASSIGN_OR_RETURN(comms, ops::cuda::make_nccl_comms(devices));
+  } else {
+    FS_ASSIGN_OR_RETURN(comms, ops::cuda::make_host_comms(W));
+  }
+  std::vector<std::unique_ptr<gpu::GpuModel>> ranks;
+  for (int r = 0; r < W; ++r) {
+    FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, devices[size_t(r)], &shards[size_t(r)],
+                                                    comms[size_t(r)].get()));
+    ranks.push_back(std::move(m));
+  }
+  return std::unique_ptr<Model>(
+      std::make_unique<TpModel>(std::move(ranks), std::move(comms), std::move(shards), devices));
+}
+
+}  // namespace flashseek::forward
+
+#else  // no CUDA in this build
+
+namespace flashseek::forward {
+Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices, TpComm) {
+  return Status(StatusCode::kUnimplemented,
+                fmt::format("--gpus: {} GPUs requested but this build has no CUDA backend", devices.size()));
+}
+}  // namespace flashseek::forward
+
+#endif

@@ -1,0 +1,56 @@
+// Multi-GPU tensor + expert parallel model (`--gpus 0,1,...`, docs/multigpu.md). One rank = one
+// GpuModel on one device holding a slice of the weights:
+//  - attention: heads [head0, head0 + heads) (wq_b rows, attn_sink) and output groups
+//    [group0, group0 + groups) (wo_a rows, wo_b input columns); the rank's wo_b output is a
+//    partial sum, all-reduced. KV, compressors, indexer, mHC and norms are replicated.
+//  - MoE: routing replicated; routed experts [expert0, expert0 + experts) (expert parallel, slots
+//    routed elsewhere contribute zero); the shared expert on rank 0; the combine is all-reduced.
+//  - LM head: vocabulary rows [vocab0, vocab0 + vocab); the slices are gathered on the host.
+// Engram tables stay host-resident (every rank gathers its rows from the checkpoint).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "forward/model.h"
+#include "forward/weights.h"
+#include "model/config.h"
+
+namespace flashseek::forward {
+
+// What one rank of a tensor/expert-parallel model owns.
+struct TpShard {
+  int rank = 0, world = 1;
+  int64_t head0 = 0, heads = 0;      // attention heads
+  int64_t group0 = 0, groups = 0;    // output projection groups (o_groups)
+  int64_t expert0 = 0, experts = 0;  // routed experts
+  int64_t vocab0 = 0, vocab = 0;     // LM head rows (the last ranks may hold one row fewer)
+  bool shared_expert = true;         // rank 0 computes the shared expert
+  bool split() const { return world > 1; }
+};
+
+// Rank `rank` of `world`. Heads, output groups and routed experts must divide evenly, and in
+// reference numerics the FP8 activation blocks of wo_b's input must not straddle two ranks; the
+// vocabulary may split unevenly. Errors name the field and the sizes.
+Result<TpShard> make_tp_shard(const model::ModelConfig& c, Numerics numerics, int rank, int world);
+
+// Cuts the backbone weights down to `s` (host arrays, before upload): wq_b rows, attn_sink,
+// wo_a rows, wo_b columns, routed experts, the shared expert (dropped on ranks > 0), head rows.
+Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard& s);
+
+// "0,1" → {0, 1}. Errors for empty items, non-numbers, negative ids.
+Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
+
+enum class TpComm {
+  kAuto,  // NCCL when every device is distinct, host-staged when a device repeats
+  kNccl,
+  kHost,  // host-staged: works with several ranks on one GPU (tests), slow
+};
+
+// Loads one rank per entry of `devices` and returns the combined model (rank 0's config; logits
+// of the full vocabulary). FLASHSEEK_TP_COMM=host|nccl in the environment overrides kAuto.
+Result<std::unique_ptr<Model>> load_model_tp(const std::string& ckpt_dir, Numerics numerics,
+                                             const std::vector<int>& devices, TpComm comm = TpComm::kAuto);
+
+}  // namespace flashseek::forward

@@ -1,0 +1,205 @@
+// Communicators of the tensor/expert-parallel model: host-staged (any devices) and NCCL.
+#include "ops/cuda/comm.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include "ops/cuda/cuda_check.h"
+
+#if FLASHSEEK_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace flashseek::ops::cuda {
+namespace {
+
+// A reusable barrier that can be aborted (std::barrier cannot wake its waiters with an error).
+class AbortableBarrier {
+ public:
+  explicit AbortableBarrier(int n) : n_(n) {}
+  Status arrive_and_wait() {
+    std::unique_lock lk(mu_);
+    if (aborted_) return aborted();
+    const uint64_t gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return {};
+    }
+    cv_.wait(lk, [&] { return gen_ != gen || aborted_; });
+    return gen_ != gen ? Status{} : aborted();
+  }
+  void abort() {
+    std::lock_guard lk(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+  void recover() {
+    std::lock_guard lk(mu_);
+    aborted_ = false;
+    arrived_ = 0;
+    ++gen_;
+  }
+
+ private:
+  static Status aborted() { return Status(StatusCode::kCancelled, "collective aborted: another rank failed"); }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  uint64_t gen_ = 0;
+  bool aborted_ = false;
+};
+
+struct HostGroup {
+  explicit HostGroup(int w) : world(w), barrier(w), bufs(size_t(w)) {}
+  const int world;
+  AbortableBarrier barrier;
+  std::vector<std::vector<float>> bufs;  // [rank] staged values
+};
+
+class HostComm final : public Communicator {
+ public:
+  HostComm(std::shared_ptr<HostGroup> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return g_->world; }
+  std::string kind() const override { return "host"; }
+
+  Status allreduce_sum(float* x, int64_t n, cudaStream_t s) override {
+    if (n < 0) return invalid_argument("allreduce_sum: negative size {}", n);
+    FS_RETURN_IF_ERROR(stage_in(x, n, s));
+    // Every rank sums the staged rows in rank order (identical results everywhere).
+    sum_.assign(size_t(n), 0.0f);
+    for (int r = 0; r < g_->world; ++r) {
+      const auto& b = g_->bufs[size_t(r)];
+      if (b.size() != size_t(n)) return internal_error("allreduce_sum: rank {} sent {} values, rank {} {}", r, b.size(), rank_, n);
+      if (r == 0) {
+        std::copy(b.begin(), b.end(), sum_.begin());
+      } else {
+        for (size_t i = 0; i < size_t(n); ++i) sum_[i] += b[i];
+      }
+    }
+    FS_RETURN_IF_ERROR(g_->barrier.arrive_and_wait());  // nobody rewrites a buffer still being read
+    if (n) FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x, sum_.data(), size_t(n) * 4, cudaMemcpyHostToDevice, s));
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));  // sum_ is reused by the next call
+    return {};
+  }
+
+  Status allgather(const float* send, int64_t n, float* recv, cudaStream_t s) override {
+    if (n < 0) return invalid_argument("allgather: negative size {}", n);
+    FS_RETURN_IF_ERROR(stage_in(send, n, s));
+    for (int r = 0; r < g_->world; ++r) {
+      const auto& b = g_->bufs[size_t(r)];
+      if (b.size() != size_t(n)) return internal_error("allgather: rank {} sent {} values, rank {} {}", r, b.size(), rank_, n);
+      if (n) FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv + r * n, b.data(), size_t(n) * 4, cudaMemcpyHostToDevice, s));
+    }
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return g_->barrier.arrive_and_wait();
+  }
+
+  void abort() override { g_->barrier.abort(); }
+  void recover() override { g_->barrier.recover(); }
+
+ private:
+  // Copies this rank's n values to its host buffer and waits until every rank has done so.
+  Status stage_in(const float* x, int64_t n, cudaStream_t s) {
+    auto& b = g_->bufs[size_t(rank_)];
+    b.resize(size_t(n));
+    if (n) FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), x, size_t(n) * 4, cudaMemcpyDeviceToHost, s));
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return g_->barrier.arrive_and_wait();
+  }
+
+  std::shared_ptr<HostGroup> g_;
+  const int rank_;
+  std::vector<float> sum_;
+};
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<Communicator>>> make_host_comms(int world) {
+  if (world < 1) return invalid_argument("host communicator: world size {} < 1", world);
+  auto g = std::make_shared<HostGroup>(world);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < world; ++r) out.push_back(std::make_unique<HostComm>(g, r));
+  return out;
+}
+
+#if FLASHSEEK_HAVE_NCCL
+namespace {
+
+Status nccl_status(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return {};
+  return Status(StatusCode::kInternal, fmt::format("{}: {}", what, ncclGetErrorString(r)));
+}
+#define FS_NCCL_RETURN_IF_ERROR(expr) FS_RETURN_IF_ERROR(nccl_status((expr), #expr))
+
+class NcclComm final : public Communicator {
+ public:
+  NcclComm(ncclComm_t c, int rank, int world, int device) : c_(c), rank_(rank), world_(world), device_(device) {}
+  ~NcclComm() override {
+    if (c_) ncclCommDestroy(c_);
+  }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  std::string kind() const override { return "nccl"; }
+  Status allreduce_sum(float* x, int64_t n, cudaStream_t s) override {
+    if (n < 0) return invalid_argument("allreduce_sum: negative size {}", n);
+    if (aborted_) return Status(StatusCode::kCancelled, "collective aborted: another rank failed");
+    FS_NCCL_RETURN_IF_ERROR(ncclAllReduce(x, x, size_t(n), ncclFloat, ncclSum, c_, s));
+    return {};
+  }
+  Status allgather(const float* send, int64_t n, float* recv, cudaStream_t s) override {
+    if (n < 0) return invalid_argument("allgather: negative size {}", n);
+    if (aborted_) return Status(StatusCode::kCancelled, "collective aborted: another rank failed");
+    FS_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, size_t(n), ncclFloat, c_, s));
+    return {};
+  }
+  // Later calls fail; ranks already waiting inside an NCCL kernel are not woken (rank failures
+  // before the first collective of a step are the same on every rank: input checks).
+  void abort() override { aborted_ = true; }
+  void recover() override { aborted_ = false; }
+
+ private:
+  ncclComm_t c_;
+  const int rank_, world_, device_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+bool nccl_built() { return true; }
+
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_comms(const std::vector<int>& devices) {
+  const int n = int(devices.size());
+  if (n < 1) return invalid_argument("NCCL communicator: no devices");
+  int have = 0;
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&have));
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] >= have)
+      return invalid_argument("NCCL communicator: device {} does not exist (this machine has {})", devices[i], have);
+    for (size_t j = 0; j < i; ++j)
+      if (devices[j] == devices[i])
+        return invalid_argument("NCCL communicator: device {} listed twice (NCCL needs one rank per GPU)", devices[i]);
+  }
+  // NVLink multicast (NVLS) stays off on the lent machines, whatever the environment says.
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  std::vector<ncclComm_t> comms(size_t(n), nullptr);
+  FS_NCCL_RETURN_IF_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclComm>(comms[size_t(r)], r, n, devices[size_t(r)]));
+  return out;
+}
+#else
+bool nccl_built() { return false; }
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_comms(const std::vector<int>& devices) {
+  return Status(StatusCode::kUnimplemented,
+                fmt::format("{} GPUs: this build has no NCCL (multi-GPU needs nccl.h and libnccl at configure time)",
+                            devices.size()));
+}
+#endif
+
+}  // namespace flashseek::ops::cuda
