@@ -183,6 +183,7 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   };
   float *v = nullptr, *z = nullptr;
   FS_RETURN_IF_ERROR(project(A.compressor, coff * Dh, "cmp", v, z));
+  if (!(v41 && ratio == 1)) FS_RETURN_IF_ERROR(record_history(LS.comp, v, z, ctx, coff * Dh, ratio));  // rollback
   std::vector<int64_t> groups;
   if (v41 && ratio == 1) {
     groups = ctx.pos;
@@ -215,6 +216,7 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   // V4 indexer compressor (c = dI): same pooling, then Hadamard + FP4 in reference numerics.
   float *iv = nullptr, *iz = nullptr;
   FS_RETURN_IF_ERROR(project(A.idx_compressor, coff * dI, "icmp", iv, iz));
+  FS_RETURN_IF_ERROR(record_history(LS.icomp, iv, iz, ctx, coff * dI, ratio));  // rollback
   std::vector<int64_t> igroups;
   FS_RETURN_IF_ERROR(pool(LS.icomp, iv, iz, ctx.pos, ratio, dI, overlap, LS.ikeys, LS.n_ikeys, igroups, "icmp"));
   const int64_t ni = int64_t(igroups.size());

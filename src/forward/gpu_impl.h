@@ -12,6 +12,7 @@
 
 #include "forward/gpu_model.h"
 #include "forward/gpu_tp.h"
+#include "forward/state.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 #include "ops/cuda/cuda_check.h"
@@ -78,6 +79,10 @@ struct GpuCompState {
   DevArray<float> v, z, prev_v, prev_z;
   int64_t n_pend = 0;
   bool has_prev = false;
+  // Projections of recent positions for rollback (CompressorState::hist_* on the CPU): a ring of
+  // 2·ratio + kMaxRollback rows, row of position p at slot p % rows; positions >= hist_lo valid.
+  DevArray<float> hist_v, hist_z;
+  int64_t hist_lo = 0;
 };
 
 struct GpuLayerState {
@@ -95,7 +100,8 @@ class GpuSequenceState final : public SequenceState {
 
   int64_t len = 0, ring_size = 0;
   std::vector<GpuLayerState> layers;
-  std::vector<int64_t> engram_hist;
+  std::vector<int64_t> engram_hist;           // last N−1+kMaxRollback compressed ids
+  std::vector<DevArray<float>> draft_rings;   // [stage] DSpark KV [ring_size, Dh] (gpu_draft.cpp)
   Status error;  // an allocation failure in new_sequence/clone, reported by the next forward
 };
 
@@ -122,6 +128,11 @@ class GpuModel final : public Model {
   const model::ModelConfig& config() const override { return ck_->config(); }
   std::unique_ptr<SequenceState> new_sequence() const override;
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
+  // Speculative decoding (gpu_rollback.cpp, gpu_draft.cpp): same contracts as CpuModel.
+  Status rollback(SequenceState& state, int64_t new_length) const override;
+  // One GPU only: a tensor-parallel rank holds a vocabulary slice of the LM head (gpu_tp.h).
+  bool has_draft() const override { return w_.has_dspark && !shard_.split(); }
+  Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
 
  private:
   GpuModel() = default;
@@ -152,12 +163,25 @@ class GpuModel final : public Model {
   // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
   Status tp_allreduce(float* x, int64_t n, bool bf16);
   Status tp_remap_experts(int32_t* sel, float* weight, int64_t n);
+  // Rollback history of a compressor: rows v/z [T, width] of the chunk's positions.
+  Status record_history(GpuCompState& cs, const float* v, const float* z, const GpuChunk& ctx, int64_t width,
+                        int64_t ratio);
+  // DSpark (gpu_draft.cpp): weights, taps [n_taps, T, D] of the target forward, draft rings.
+  Status upload_draft_weights();
+  Status append_tap(int layer, GpuChunk& ctx, const float* X, float* taps);
+  Status write_draft_rings(GpuChunk& ctx, const float* taps);
+  Result<DraftBlock> propose_impl(const GpuSequenceState& st, int32_t x0, const DraftChooser& choose);
+  Status draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in);
+  Status draft_attention(int stage, GpuChunk& ctx, const float* a, float* out);
+  Status draft_moe(int stage, GpuChunk& ctx, const float* m, float* out);
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)
   std::unordered_map<const Vec*, DevArray<float>> dev_;
   std::vector<DevArray<float>> w1_, w2_, w3_;  // [layer] stacked experts [E, out, in]
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
+  std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark stacked experts
+  std::vector<DevArray<int32_t>> dtid2eid_;       // [stage] hash routing (if any)
   std::unordered_map<std::string, DevArray<char>> scratch_;
   Numerics numerics_ = Numerics::kExact;
   TpShard shard_;  // this rank's heads / groups / experts / vocabulary (everything on one GPU)

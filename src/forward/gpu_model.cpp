@@ -54,6 +54,9 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
   auto copy_comp = [&](const GpuCompState& s, GpuCompState& d) -> Status {
     d.n_pend = s.n_pend;
     d.has_prev = s.has_prev;
+    d.hist_lo = s.hist_lo;
+    FS_RETURN_IF_ERROR(d.hist_v.copy_from(s.hist_v));
+    FS_RETURN_IF_ERROR(d.hist_z.copy_from(s.hist_z));
     FS_RETURN_IF_ERROR(d.v.copy_from(s.v));
     FS_RETURN_IF_ERROR(d.z.copy_from(s.z));
     FS_RETURN_IF_ERROR(d.prev_v.copy_from(s.prev_v));
@@ -71,6 +74,9 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
     if (st.ok()) st = copy_comp(s.icomp, d.icomp);
     if (!st.ok()) c->error = st;
   }
+  c->draft_rings.resize(draft_rings.size());
+  for (size_t i = 0; i < draft_rings.size() && c->error.ok(); ++i)
+    if (Status st = c->draft_rings[i].copy_from(draft_rings[i]); !st.ok()) c->error = st;
   return c;
 }
 
@@ -156,6 +162,7 @@ Status GpuModel::upload_weights() {
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
     for (Vec* v : {&L.engram.wkv, &L.engram.wqk}) FS_RETURN_IF_ERROR(up(*v));
   }
+  if (has_draft()) FS_RETURN_IF_ERROR(upload_draft_weights());
   return {};
 }
 
@@ -194,13 +201,16 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
 std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
   const auto& c = config();
   auto st = std::make_unique<GpuSequenceState>();
-  st->ring_size = c.window + 8;
+  st->ring_size = c.window + kMaxRollback;  // spare slots: rolled-back rows never overwrite live ones
   st->layers.resize(size_t(c.num_layers));
   if (Status s = ops::cuda::cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) st->error = s;
   for (auto& l : st->layers) {
     if (!st->error.ok()) break;
     if (Status s = l.ring.zeros(size_t(st->ring_size * c.head_dim)); !s.ok()) st->error = s;
   }
+  if (has_draft()) st->draft_rings.resize(size_t(c.num_mtp_layers));
+  for (auto& r : st->draft_rings)
+    if (Status s = r.zeros(size_t(st->ring_size * c.head_dim)); st->error.ok() && !s.ok()) st->error = s;
   return st;
 }
 
@@ -239,12 +249,13 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   ctx.d_pos = d_pos;
   FS_ASSIGN_OR_RETURN(ctx.cand, scratch<uint8_t>("cand", T * (ctx.start + T)));
   if (v41 && !c.engram_layer_ids.empty()) {  // hash ids on the host (CpuModel::compute_engram_ids)
-    std::vector<int64_t> cids(st.engram_hist);
+    const size_t n_back = std::min(st.engram_hist.size(), size_t(c.engram_max_ngram_size - 1));
+    std::vector<int64_t> cids(st.engram_hist.end() - int64_t(n_back), st.engram_hist.end());
     for (int32_t t : tokens) cids.push_back(w_.engram_token_map[size_t(t)]);
     for (int layer : c.engram_layer_ids) {
       const auto& lay = w_.layers[size_t(layer)].engram.layout;
       std::vector<int64_t> ids(size_t(T * lay.n_cols()));
-      ops::engram_hash(lay, cids.data(), int64_t(st.engram_hist.size()), T, ctx.start, w_.engram_pad_c, ids.data());
+      ops::engram_hash(lay, cids.data(), int64_t(n_back), T, ctx.start, w_.engram_pad_c, ids.data());
       ctx.engram_ids.insert(ctx.engram_ids.end(), ids.begin(), ids.end());
     }
   }
@@ -254,10 +265,16 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   for (int64_t t = 0; t < T; ++t) pre_h[size_t(t * hc)] = 1.0f;
   FS_ASSIGN_OR_RETURN(float* pre_in, scratch<float>("pre_in", T * hc));
   FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pre_in, pre_h.data(), pre_h.size() * 4, cudaMemcpyHostToDevice));
+  float* taps = nullptr;  // DSpark taps [n_taps, T, D] (v41 §5.2)
+  if (has_draft()) {
+    FS_ASSIGN_OR_RETURN(taps, scratch<float>("dspark_taps", int64_t(c.dspark_target_layer_ids.size()) * T * D));
+  }
   for (int l = 0; l < int(c.num_layers); ++l) {
     if (w_.layers[size_t(l)].has_engram) FS_RETURN_IF_ERROR(engram(l, ctx, X));
+    if (taps) FS_RETURN_IF_ERROR(append_tap(l, ctx, X, taps));
     FS_RETURN_IF_ERROR(block(l, ctx, X, pre_in));
   }
+  if (taps) FS_RETURN_IF_ERROR(write_draft_rings(ctx, taps));
   // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
   const int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
   const float* Xr = X + r0 * hc * D;
@@ -282,9 +299,9 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data() + off, lg, size_t(nr * Vr) * 4, cudaMemcpyDeviceToHost));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
-  if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back keeps the last N−1 compressed ids
+  if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back: last N−1 ids (+ rollback reserve)
     for (int32_t t : tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);
-    const size_t keep = size_t(c.engram_max_ngram_size - 1);
+    const size_t keep = size_t(c.engram_max_ngram_size - 1 + kMaxRollback);
     if (st.engram_hist.size() > keep) st.engram_hist.erase(st.engram_hist.begin(), st.engram_hist.end() - keep);
   }
   st.len += T;

@@ -1,0 +1,322 @@
+// V4.1 DSpark draft on the GPU (the CUDA twin of draft.cpp, v41 §5): taps of the target forward
+// and the per-stage draft rings (written by every target forward), and the block proposal: three
+// window-only V4.1 blocks (window attention over the stage's draft ring plus bidirectional
+// attention inside the block, their own MoE, mHC), final collapse/norm and the FP32 head on the
+// device. The sequential Markov head and the confidence head run on the host on the downloaded
+// [B, V] head logits and [B, D] hidden rows (B = dspark_block_size; the chooser needs host rows
+// anyway), with the same ops as the CPU backend, so that part matches it exactly.
+#include "forward/gpu_model.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+
+#include "forward/gpu_impl.h"
+#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/small_kernels.h"
+#include "ops/linear.h"
+
+namespace flashseek::forward::gpu {
+namespace cd = ops::cuda::detail;
+
+Status GpuModel::upload_draft_weights() {
+  DSparkWeights& W = w_.dspark;
+  const size_t ns = W.stages.size();
+  dw1_.resize(ns), dw2_.resize(ns), dw3_.resize(ns), dtid2eid_.resize(ns);
+  auto stack = [&](std::vector<Vec>& ws, DevArray<float>& out) -> Status {
+    const size_t each = ws.empty() ? 0 : ws[0].size();
+    FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
+    for (size_t e = 0; e < ws.size(); ++e) {
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
+      Vec().swap(ws[e]);
+    }
+    return {};
+  };
+  for (size_t s = 0; s < ns; ++s) {
+    LayerWeights& L = W.stages[s];
+    for (Vec* v : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base,
+                   &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
+      FS_RETURN_IF_ERROR(up(*v));
+    AttentionWeights& A = L.attn;
+    if (A.has_compressor || A.has_indexer) return internal_error("DSpark stage {}: expected a window-only block", s);
+    for (Vec* v : {&A.wq_a, &A.q_norm, &A.wq_b, &A.wkv, &A.kv_norm, &A.wo_a, &A.wo_b, &A.attn_sink, &A.rope_inv_freq})
+      FS_RETURN_IF_ERROR(up(*v));
+    FfnWeights& F = L.ffn;
+    for (Vec* v : {&F.gate, &F.bias, &F.s_w1, &F.s_w2, &F.s_w3}) FS_RETURN_IF_ERROR(up(*v));
+    FS_RETURN_IF_ERROR(stack(F.w1, dw1_[s]));
+    FS_RETURN_IF_ERROR(stack(F.w2, dw2_[s]));
+    FS_RETURN_IF_ERROR(stack(F.w3, dw3_[s]));
+    if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(dtid2eid_[s].upload(F.tid2eid.data(), F.tid2eid.size()));
+  }
+  // The Markov embedding/head and the confidence vector stay on the host (propose's host loop).
+  for (Vec* v : {&W.main_proj, &W.main_norm, &W.norm}) FS_RETURN_IF_ERROR(up(*v));
+  return {};
+}
+
+// Tap k (layer = dspark_target_layer_ids[k]): the plain mean of the streams entering the block
+// (after its Engram), BF16 in reference numerics; taps [n_taps, T, D]. The mean is an hc collapse
+// with weights 1/hc (exactly the CPU's sum / hc when hc is a power of two).
+Status GpuModel::append_tap(int layer, GpuChunk& ctx, const float* X, float* taps) {
+  const auto& c = config();
+  const auto& ids = c.dspark_target_layer_ids;
+  const auto it = std::find(ids.begin(), ids.end(), layer);
+  if (it == ids.end()) return {};
+  const int64_t k = it - ids.begin(), T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
+  FS_ASSIGN_OR_RETURN(float* w, scratch<float>("dspark_tap_w", T * hc));
+  const std::vector<float> mean(size_t(T * hc), 1.0f / float(hc));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(w, mean.data(), mean.size() * 4, cudaMemcpyHostToDevice));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, w, taps + k * T * D, T, hc, D, ref(), 0));
+  return {};
+}
+
+// ctx = rms_norm(main_proj · [taps of a position]); per stage: kv_norm(wkv ctx), RoPE, FP8 (ref),
+// written to the stage's ring at the position (draft.cpp write_draft_rings).
+Status GpuModel::write_draft_rings(GpuChunk& ctx, const float* taps) {
+  const auto& c = config();
+  const DSparkWeights& W = w_.dspark;
+  const bool R = ref();
+  const int64_t T = ctx.T, D = c.hidden_size, Dh = c.head_dim, nt = int64_t(c.dspark_target_layer_ids.size());
+  const float eps = float(c.rms_norm_eps);
+  GpuSequenceState& st = *ctx.st;
+  if (st.draft_rings.size() != W.stages.size()) return internal_error("GPU state has no DSpark draft rings");
+  FS_ASSIGN_OR_RETURN(float* tin, scratch<float>("dspark_tin", T * nt * D));
+  FS_ASSIGN_OR_RETURN(float* cx, scratch<float>("dspark_cx", T * D));
+  FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("dspark_kv", T * Dh));
+  // [n_taps, T, D] → [T, n_taps·D]
+  for (int64_t k = 0; k < nt; ++k)
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(tin + k * D, size_t(nt * D) * 4, taps + k * T * D, size_t(D) * 4,
+                                              size_t(D) * 4, size_t(T), cudaMemcpyDeviceToDevice, 0));
+  FS_RETURN_IF_ERROR(linear(tin, d(W.main_proj), T, nt * D, D, cx, act_block_, R));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(cx, d(W.main_norm), cx, T, D, eps, R, 0));
+  for (size_t s = 0; s < W.stages.size(); ++s) {
+    const AttentionWeights& A = W.stages[s].attn;
+    FS_RETURN_IF_ERROR(linear(cx, d(A.wkv), T, D, Dh, kv, act_block_, R));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, d(A.rope_inv_freq), T, 1, Dh, c.rope_head_dim, false, R, 0));
+    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st.draft_rings[s].get(), kv, ctx.d_pos,
+                                                  std::max<int64_t>(0, T - st.ring_size), T, st.ring_size, Dh, 0));
+  }
+  return {};
+}
+
+// One stage's attention over B block rows (positions a+1 … a+B, a = last committed): keys are
+// the ring rows max(0, a−W+1) … a then every block row (no causal mask), as the CPU. Runs the
+// model attention kernel with a one-key "window" (the oldest ring row, replicated per query row)
+// and the remaining keys as a gathered "compressed" list selected in full.
+Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float* out) {
+  const auto& c = config();
+  const AttentionWeights& A = w_.dspark.stages[size_t(stage)].attn;
+  const bool R = ref();
+  const int64_t B = ctx.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, Dr = c.rope_head_dim;
+  const int64_t Rq = c.q_lora_rank, ring = ctx.st->ring_size, last = ctx.start - 1;
+  const float eps = float(c.rms_norm_eps);
+  const float* inv_freq = d(A.rope_inv_freq);
+  FS_ASSIGN_OR_RETURN(float* qlat, scratch<float>("dr_qlat", B * Rq));
+  FS_ASSIGN_OR_RETURN(float* q, scratch<float>("dr_q", B * H * Dh));
+  FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("dr_kv", B * Dh));
+  FS_RETURN_IF_ERROR(linear(a, d(A.wq_a), B, D, Rq, qlat, act_block_, R));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(qlat, d(A.q_norm), qlat, B, Rq, eps, R, 0));
+  FS_RETURN_IF_ERROR(linear(qlat, d(A.wq_b), B, Rq, H * Dh, q, act_block_, R));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(q, ctx.d_pos, inv_freq, B, H, Dh, Dr, false, R, 0));
+  FS_RETURN_IF_ERROR(linear(a, d(A.wkv), B, D, Dh, kv, act_block_, R));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, B, Dh, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, inv_freq, B, 1, Dh, Dr, false, R, 0));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, B, Dh, Dh, 32, cd::QuantSim::kFp8, 0));
+
+  const int64_t nw = std::min(last + 1, c.window), first = last - nw + 1, n = nw + B;
+  const float* rg = ctx.st->draft_rings[size_t(stage)].get();
+  FS_ASSIGN_OR_RETURN(float* keys, scratch<float>("dr_keys", n * Dh));     // ring rows first+1 … a, block rows
+  FS_ASSIGN_OR_RETURN(float* k0, scratch<float>("dr_k0", B * Dh));         // ring row `first`, per query row
+  FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_sel", B * n));
+  FS_ASSIGN_OR_RETURN(int32_t* sel_n, scratch<int32_t>("dr_sel_n", B));
+  for (int64_t j = 0; j < B; ++j)
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, 0));
+  for (int64_t p = first + 1; p <= last;) {  // at most two contiguous runs of the ring
+    const int64_t slot = p % ring, cnt = std::min(last + 1 - p, ring - slot);
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (p - first - 1) * Dh, rg + slot * Dh, size_t(cnt * Dh) * 4,
+                                            cudaMemcpyDeviceToDevice, 0));
+    p += cnt;
+  }
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (nw - 1) * Dh, kv, size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, 0));
+  std::vector<int32_t> hsel(size_t(B * (n - 1))), hn(size_t(B), int32_t(n - 1));
+  for (int64_t j = 0; j < B; ++j)
+    for (int64_t i = 0; i < n - 1; ++i) hsel[size_t(j * (n - 1) + i)] = int32_t(i);
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(sel, hsel.data(), hsel.size() * 4, cudaMemcpyHostToDevice));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(sel_n, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
+
+  FS_ASSIGN_OR_RETURN(float* o, scratch<float>("dr_o", B * H * Dh));
+  cd::ModelAttnArgs p;
+  p.q = q, p.kv_chunk = k0, p.ring = k0, p.ckv = keys, p.topk = sel, p.topk_n = sel_n, p.topk_stride = n - 1;
+  p.ratio = 1, p.sink = d(A.attn_sink), p.out = o;
+  p.T = B, p.H = H, p.Dh = Dh, p.window = 1, p.ring_size = B, p.start = ctx.start, p.max_keys = n;
+  p.scale = 1.0f / std::sqrt(float(Dh));
+  p.bf16 = R;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, 0));
+
+  // Inverse RoPE, grouped wo_a (BF16 GEMM in the reference), wo_b (gpu_attention.cpp).
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, B, H, Dh, Dr, true, R, 0));
+  const int64_t G = c.o_groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
+  FS_ASSIGN_OR_RETURN(float* z, scratch<float>("dr_z", B * G * Ro));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, B, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, 0));
+  for (int64_t g = 0; g < G; ++g) {
+    cd::LinearArgs la;
+    la.x = o + g * in_g, la.x_stride = H * Dh, la.w = d(A.wo_a) + g * Ro * in_g;
+    la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = B, la.in = in_g, la.out = Ro, la.bf16_out = R;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, 0));
+  }
+  return linear(z, d(A.wo_b), B, G * Ro, D, out, act_block_, R);
+}
+
+// The stage's MoE (gpu_moe.cpp with the draft's expert count and top-k).
+Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out) {
+  const auto& c = config();
+  const FfnWeights& F = w_.dspark.stages[size_t(stage)].ffn;
+  const bool R = ref();
+  const int64_t T = ctx.T, D = c.hidden_size, I = c.moe_inter_dim;
+  const int64_t E = c.dspark_n_routed_experts, K = c.dspark_n_experts_per_tok, TK = T * K;
+  const size_t s = size_t(stage);
+  FS_ASSIGN_OR_RETURN(float* logits, scratch<float>("dr_moe_logits", T * E));
+  FS_ASSIGN_OR_RETURN(float* rs, scratch<float>("dr_moe_route", T * 2 * E));
+  FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_moe_sel", TK));
+  FS_ASSIGN_OR_RETURN(float* wt, scratch<float>("dr_moe_wt", TK));
+  FS_RETURN_IF_ERROR(linear(m, d(F.gate), T, D, E, logits, 0, false));
+  cd::RouteArgs r;
+  r.logits = logits, r.bias = d(F.bias), r.scratch = rs, r.T = T, r.E = E, r.K = K;
+  if (dtid2eid_[s].get()) r.tid2eid = dtid2eid_[s].get(), r.tokens = ctx.d_tokens;
+  r.gate_temp = float(c.gate_temp), r.route_scale = float(c.route_scale);
+  r.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
+  r.norm_topk = c.norm_topk_prob;
+  r.renorm_eps = c.is_v41();
+  r.sel = sel, r.weight = wt;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, 0));
+  FS_ASSIGN_OR_RETURN(float* g, scratch<float>("dr_moe_g", TK * I));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("dr_moe_u", TK * I));
+  FS_ASSIGN_OR_RETURN(float* h, scratch<float>("dr_moe_h", TK * I));
+  auto expert = [&](int64_t rows, const float* w1, const float* w3, const float* w2, const int32_t* sl, int64_t div,
+                    const float* weights, int64_t act, float* y) -> Status {
+    FS_RETURN_IF_ERROR(linear(m, w1, rows, D, I, g, act, R, false, sl, div));
+    FS_RETURN_IF_ERROR(linear(m, w3, rows, D, I, u, act, R, false, sl, div));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, weights, rows, I, float(c.swiglu_limit), R, 0));
+    return linear(h, w2, rows, I, D, y, act, R, false, sl, 1);
+  };
+  FS_ASSIGN_OR_RETURN(float* ybuf, scratch<float>("dr_moe_y", TK * D));
+  FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("dr_moe_ys", T * D));
+  FS_RETURN_IF_ERROR(expert(TK, dw1_[s].get(), dw3_[s].get(), dw2_[s].get(), sel, K, wt, expert_act_block_, ybuf));
+  FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R, 0));
+  return {};
+}
+
+// One V4.1 block of a draft stage on X [B, hc, D] (GpuModel::block with the stage's weights).
+Status GpuModel::draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in) {
+  const auto& c = config();
+  const LayerWeights& L = w_.dspark.stages[size_t(stage)];
+  const bool R = ref();
+  const int64_t T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>("dr_pre_a", T * hc));
+  FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>("dr_pre_f", T * hc));
+  FS_ASSIGN_OR_RETURN(float* post, scratch<float>("dr_post", T * hc));
+  FS_ASSIGN_OR_RETURN(float* comb, scratch<float>("dr_comb", T * hc * hc));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("dr_u", T * D));
+  FS_ASSIGN_OR_RETURN(float* a, scratch<float>("dr_a", T * D));
+  FS_ASSIGN_OR_RETURN(float* f, scratch<float>("dr_f", T * D));
+  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre) -> Status {
+    cd::HcMixArgs m;
+    m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
+    m.norm_eps = eps, m.hc_eps = float(c.hc_eps), m.sinkhorn_iters = c.hc_sinkhorn_iters;
+    m.pre = pre, m.post = post, m.comb = comb;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, 0));
+    return {};
+  };
+  FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_in, u, T, hc, D, R, 0));  // V4.1 chaining
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, 0));
+  FS_RETURN_IF_ERROR(draft_attention(stage, ctx, a, f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_a, u, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, 0));
+  FS_RETURN_IF_ERROR(draft_moe(stage, ctx, a, f));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, 0));
+  return {};
+}
+
+Result<DraftBlock> GpuModel::propose(const SequenceState& state, int32_t x0, const DraftChooser& choose) const {
+  const auto* st = dynamic_cast<const GpuSequenceState*>(&state);
+  if (!st) return invalid_argument("propose: not a GPU sequence state");
+  if (!w_.has_dspark) return invalid_argument("propose: the checkpoint has no DSpark draft (mtp.*)");
+  if (!has_draft()) return Status(StatusCode::kUnimplemented, "propose: not on a tensor-parallel rank");
+  if (!st->error.ok()) return st->error;
+  if (st->len < 1) return invalid_argument("propose: the sequence has no committed token yet");
+  if (x0 < 0 || x0 >= config().vocab_size)
+    return invalid_argument("propose: anchor token {} outside [0, {})", x0, config().vocab_size);
+  // Scratch buffers are model-owned (like forward, propose is not thread-safe); the state is
+  // only read.
+  return const_cast<GpuModel*>(this)->propose_impl(*st, x0, choose);
+}
+
+Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0, const DraftChooser& choose) {
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const auto& c = config();
+  const int64_t V = c.vocab_size, D = c.hidden_size, hc = c.hc_mult, B = c.dspark_block_size;
+  const int64_t r = c.dspark_markov_rank;
+  const DSparkWeights& W = w_.dspark;
+  std::vector<int32_t> ids(size_t(B), int32_t(c.dspark_noise_token_id));
+  ids[0] = x0;
+  GpuChunk ctx;
+  ctx.st = const_cast<GpuSequenceState*>(&st);  // draft_attention reads the draft rings only
+  ctx.tokens = ids;
+  ctx.start = st.len;
+  ctx.T = B;
+  for (int64_t j = 0; j < B; ++j) ctx.pos.push_back(st.len + j);
+  FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("dr_tokens", B));
+  FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("dr_pos", B));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tok, ids.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos, ctx.pos.data(), size_t(B) * 8, cudaMemcpyHostToDevice));
+  ctx.d_tokens = d_tok;
+  ctx.d_pos = d_pos;
+  FS_ASSIGN_OR_RETURN(float* X, scratch<float>("dr_X", B * hc * D));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, B, hc, D, 0));
+  std::vector<float> pre_h(size_t(B * hc), 0.0f);
+  for (int64_t j = 0; j < B; ++j) pre_h[size_t(j * hc)] = 1.0f;
+  FS_ASSIGN_OR_RETURN(float* pre, scratch<float>("dr_pre_in", B * hc));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pre, pre_h.data(), pre_h.size() * 4, cudaMemcpyHostToDevice));
+  for (int s = 0; s < int(W.stages.size()); ++s) FS_RETURN_IF_ERROR(draft_block(s, ctx, X, pre));
+  FS_ASSIGN_OR_RETURN(float* hf, scratch<float>("dr_hf", B * D));
+  FS_ASSIGN_OR_RETURN(float* y, scratch<float>("dr_y", B * D));
+  FS_ASSIGN_OR_RETURN(float* U, scratch<float>("dr_U", B * V));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre, hf, B, hc, D, ref(), 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(hf, d(W.norm), y, B, D, float(c.rms_norm_eps), ref(), 0));
+  FS_RETURN_IF_ERROR(linear(y, d(w_.head), B, D, V, U, 0, false));
+  std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hU.data(), U, hU.size() * 4, cudaMemcpyDeviceToHost));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost));
+  FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+
+  // Sequential Markov correction on the host: ℓ_i = U_{i−1} + Hm · E[y_{i−1}]; confidence on
+  // [hf_{i−1} ‖ e_i] (draft.cpp).
+  DraftBlock out;
+  out.logits.resize(size_t(B * V));
+  int32_t prev = x0;
+  std::vector<float> cin(size_t(D + r));
+  for (int64_t i = 1; i <= B; ++i) {
+    const float* e = W.markov_embed.data() + int64_t(prev) * r;
+    float* l = out.logits.data() + (i - 1) * V;
+    ops::linear({e, W.markov_head.data(), l, 1, r, V});
+    for (int64_t v = 0; v < V; ++v) l[v] += hU[size_t((i - 1) * V + v)];
+    std::copy_n(hhf.data() + (i - 1) * D, D, cin.data());
+    std::copy_n(e, r, cin.data() + D);
+    out.confidence.push_back(ops::dot_f32(W.confidence.data(), cin.data(), D + r));
+    const std::span<const float> row(l, size_t(V));
+    prev = choose ? choose(i, row) : int32_t(std::max_element(l, l + V) - l);
+    if (prev < 0 || prev >= V) return invalid_argument("propose: chooser returned token {} outside [0, {})", prev, V);
+    out.tokens.push_back(prev);
+  }
+  return out;
+}
+
+}  // namespace flashseek::forward::gpu
+#endif

@@ -1,0 +1,117 @@
+// Rollback of a GPU sequence state by up to kMaxRollback tokens (the CUDA twin of rollback.cpp,
+// v41 §5.7): compressed KV and index-key counts drop to the kept groups, open compressor groups
+// (and V4's previous windows) are rebuilt from the device history of recent projections, Engram
+// look-back is trimmed. Window rings and DSpark draft rings need nothing: kMaxRollback spare
+// slots mean a discarded position never overwrote a row a later window reads.
+#include "forward/gpu_model.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <algorithm>
+
+#include "forward/gpu_impl.h"
+#include "ops/cuda/model_kernels.h"
+
+namespace flashseek::forward::gpu {
+namespace cd = ops::cuda::detail;
+
+namespace {
+
+int64_t hist_rows(int64_t ratio) { return 2 * ratio + kMaxRollback; }
+
+// Copies history rows of positions [from, to) into dst rows 0 … (contiguous in at most two runs).
+Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t to, int64_t width, float* dst) {
+  for (int64_t p = from; p < to;) {
+    const int64_t slot = p % cap, n = std::min(to - p, cap - slot);
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + (p - from) * width, hist.get() + slot * width,
+                                            size_t(n * width) * 4, cudaMemcpyDeviceToDevice, 0));
+    p += n;
+  }
+  return {};
+}
+
+// Rebuilds `cs` for a sequence of length L: the open group [g·ratio, L) and, with overlap, the
+// previous window [(g−1)·ratio, g·ratio).
+Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int64_t L, int layer) {
+  const int64_t g = L / ratio, open = g * ratio, cap = hist_rows(ratio);
+  const int64_t need = overlap && g >= 1 ? open - ratio : open;
+  if (need < L && (need < cs.hist_lo || !cs.hist_v.get()))
+    return out_of_range("rollback: layer {} compressor history starts at position {}, needs {}", layer, cs.hist_lo,
+                        need);
+  FS_RETURN_IF_ERROR(cs.v.reserve(size_t(ratio * width), true));
+  FS_RETURN_IF_ERROR(cs.z.reserve(size_t(ratio * width), true));
+  FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open, L, width, cs.v.get()));
+  FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open, L, width, cs.z.get()));
+  cs.n_pend = L - open;
+  if (overlap) {
+    cs.has_prev = g >= 1;
+    if (cs.has_prev) {
+      FS_RETURN_IF_ERROR(cs.prev_v.reserve(size_t(ratio * width), true));
+      FS_RETURN_IF_ERROR(cs.prev_z.reserve(size_t(ratio * width), true));
+      FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open - ratio, open, width, cs.prev_v.get()));
+      FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open - ratio, open, width, cs.prev_z.get()));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z, const GpuChunk& ctx, int64_t width,
+                                int64_t ratio) {
+  const int64_t cap = hist_rows(ratio), T = ctx.T;
+  FS_RETURN_IF_ERROR(cs.hist_v.reserve(size_t(cap * width), true));
+  FS_RETURN_IF_ERROR(cs.hist_z.reserve(size_t(cap * width), true));
+  const int64_t t0 = std::max<int64_t>(0, T - cap);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_v.get(), v, ctx.d_pos, t0, T, cap, width, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_z.get(), z, ctx.d_pos, t0, T, cap, width, 0));
+  cs.hist_lo = std::max(cs.hist_lo, ctx.start + T - cap);
+  return {};
+}
+
+Status GpuModel::rollback(SequenceState& state, int64_t L) const {
+  auto* st = dynamic_cast<GpuSequenceState*>(&state);
+  if (!st) return invalid_argument("rollback: not a GPU sequence state");
+  if (!st->error.ok()) return st->error;
+  const auto& c = config();
+  const int64_t drop = st->len - L;
+  if (drop < 0 || L < 0) return invalid_argument("rollback: new length {} outside [0, {}]", L, st->len);
+  if (drop > st->ring_size - c.window)
+    return out_of_range("rollback: {} tokens requested, at most {} supported", drop, st->ring_size - c.window);
+  if (drop == 0) return {};
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const bool v41 = c.is_v41();
+  const int64_t Dh = c.head_dim, dI = c.index_head_dim;
+  // Validate every history first (all-or-nothing), then rewrite the partial groups.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int l = 0; l < int(c.num_layers); ++l) {
+      const AttentionWeights& A = w_.layers[size_t(l)].attn;
+      if (!A.has_compressor) continue;
+      GpuLayerState& LS = st->layers[size_t(l)];
+      const int64_t ratio = c.role(l).ratio, groups = L / ratio;
+      const bool overlap = !v41 && ratio == 4;
+      const int64_t coff = overlap ? 2 : 1, g = groups, open = g * ratio;
+      if (pass == 0) {
+        if (v41 && ratio == 1) continue;
+        const int64_t need = overlap && g >= 1 ? open - ratio : open;
+        for (const GpuCompState* cs : {&LS.comp, A.has_idx_compressor ? &LS.icomp : nullptr})
+          if (cs && need < L && need < cs->hist_lo)
+            return out_of_range("rollback: layer {} compressor history starts at position {}, needs {}", l,
+                                cs->hist_lo, need);
+        continue;
+      }
+      LS.n_ckv = std::min(LS.n_ckv, groups);
+      LS.n_ikeys = std::min(LS.n_ikeys, groups);
+      if (v41 && ratio == 1) continue;  // no partial state
+      FS_RETURN_IF_ERROR(restore(LS.comp, ratio, coff * Dh, overlap, L, l));
+      if (A.has_idx_compressor) FS_RETURN_IF_ERROR(restore(LS.icomp, ratio, coff * dI, overlap, L, l));
+    }
+  }
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(0));
+  const size_t drop_hist = std::min(st->engram_hist.size(), size_t(drop));
+  st->engram_hist.resize(st->engram_hist.size() - drop_hist);
+  st->len = L;
+  return {};
+}
+
+}  // namespace flashseek::forward::gpu
+#endif
