@@ -167,6 +167,15 @@ void StateCache::flush() {
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
 }
 
+namespace {
+
+// Page-store key: contents hashed with the tenant as seed (pages are never shared across tenants).
+uint64_t page_key(uint64_t tenant, const forward::PagedRows::Page& p) {
+  return XXH64(p.data.data(), p.data.size() * sizeof(float), tenant ^ 0x7061676573ull);
+}
+
+}  // namespace
+
 void StateCache::worker() {
   std::unique_lock lock(mu_);
   while (true) {
@@ -176,10 +185,7 @@ void StateCache::worker() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    forward::SnapshotHeader h{options_.fingerprint, p->tenant, p->hash, int64_t(p->tokens.size()), 0};
-    auto blob = forward::serialize_snapshot(*p->state, p->tokens, h);
-    if (blob.ok()) store(std::move(*blob), p->hash, p->tenant, int64_t(p->tokens.size()));
-    else spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());
+    serialize_and_store(*p);
     lock.lock();
     pending_.erase(p->hash);  // indexed now (or dropped): lookups go through the tiers
     busy_ = false;
@@ -187,19 +193,64 @@ void StateCache::worker() {
   }
 }
 
-void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant,
-                       int64_t n_tokens) {
+void StateCache::serialize_and_store(const Pending& p) {
+  const int64_t n = int64_t(p.tokens.size());
+  const forward::SnapshotHeader h{options_.fingerprint, p.tenant, p.hash, n, 0};
+  // Host tier: a thin blob whose sealed pages are references into the page store.
+  std::vector<uint8_t> thin;
+  PageList pages;
+  int64_t ref_extra = 0;  // bytes the references save against the self-contained blob
+  if (options_.host_bytes > 0) {
+    const forward::PageSink sink = [&](const forward::PagePtr& page) -> std::optional<uint64_t> {
+      const uint64_t key = page_key(p.tenant, *page);
+      pages.emplace_back(key, page);
+      ref_extra += int64_t(page->data.size() * sizeof(float)) - 8;
+      return key;
+    };
+    auto blob = forward::serialize_snapshot(*p.state, p.tokens, h, &sink);
+    if (!blob.ok()) {
+      spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());
+      return;
+    }
+    thin = std::move(*blob);
+    // A key already held for different contents (a hash collision) cannot be shared: this
+    // snapshot then stays self-contained in memory.
+    std::lock_guard lock(mu_);
+    for (const auto& [key, page] : pages) {
+      auto it = pages_.find(key);
+      if (it != pages_.end() && it->second.page != page && it->second.page->data != page->data) {
+        spdlog::warn("state cache: page key collision {:016x}; snapshot kept unshared", key);
+        thin.clear();
+        pages.clear();
+        break;
+      }
+    }
+  }
+  std::vector<uint8_t> full;
+  if (!options_.dir.empty() || thin.empty()) {
+    auto blob = forward::serialize_snapshot(*p.state, p.tokens, h);
+    if (!blob.ok()) {
+      spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());
+      return;
+    }
+    full = std::move(*blob);
+  }
+  const int64_t bytes = full.empty() ? int64_t(thin.size()) + ref_extra : int64_t(full.size());
+  store(std::move(full), std::move(thin), pages, p.hash, p.tenant, n, bytes);
+}
+
+void StateCache::store(std::vector<uint8_t> full, std::vector<uint8_t> thin, const PageList& pages,
+                       uint64_t hash, uint64_t tenant, int64_t n_tokens, int64_t bytes) {
   bool on_disk = false;
   {
     std::lock_guard lock(mu_);  // a stored copy of this key goes first (its file too)
     if (index_.count(hash)) drop(hash, false);
   }
-  if (!options_.dir.empty()) {
-    Status st = write_file_atomic(path_of(hash), blob);
+  if (!options_.dir.empty() && !full.empty()) {
+    Status st = write_file_atomic(path_of(hash), full);
     if (st.ok()) on_disk = true;
     else spdlog::warn("{}", st.message());
   }
-  const int64_t bytes = int64_t(blob.size());
   if (!on_disk && options_.host_bytes == 0) return;  // no tier can hold it
   RemoteTier* remote = nullptr;
   {
@@ -219,11 +270,10 @@ void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant
     Entry& ref = *e;
     index_[hash] = std::move(e);
     if (options_.host_bytes > 0) {
-      ref.blob = std::make_shared<const std::vector<uint8_t>>(std::move(blob));
-      lru_.push_front(hash);
-      ref.lru_it = lru_.begin();
-      ++stats_.host_entries;
-      stats_.host_bytes += bytes;
+      const bool use_thin = !thin.empty();
+      hold_host(ref, hash,
+                std::make_shared<const std::vector<uint8_t>>(std::move(use_thin ? thin : full)),
+                use_thin ? pages : PageList{});
     }
     ++stats_.puts;
     evict_host();
@@ -231,6 +281,56 @@ void StateCache::store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant
     if (index_.count(hash)) remote = remote_;
   }
   if (remote) remote->on_stored(hash, tenant, n_tokens, bytes);
+}
+
+void StateCache::hold_host(Entry& e, uint64_t hash,
+                           std::shared_ptr<const std::vector<uint8_t>> blob,
+                           const PageList& pages) {
+  e.host_bytes = int64_t(blob->size());
+  e.blob = std::move(blob);
+  lru_.push_front(hash);
+  e.lru_it = lru_.begin();
+  ++stats_.host_entries;
+  stats_.host_bytes += e.host_bytes;
+  e.page_keys.clear();
+  for (const auto& [key, page] : pages) {
+    StoredPage& sp = pages_[key];
+    if (sp.refs++ == 0) {
+      sp.page = page;
+      const int64_t b = int64_t(page->data.size() * sizeof(float));
+      ++stats_.host_pages;
+      stats_.host_page_bytes += b;
+      stats_.host_bytes += b;
+    }
+    e.page_keys.push_back(key);
+  }
+}
+
+void StateCache::release_host(Entry& e) {
+  if (!e.blob) return;
+  lru_.erase(e.lru_it);
+  e.blob.reset();
+  --stats_.host_entries;
+  stats_.host_bytes -= e.host_bytes;
+  e.host_bytes = 0;
+  for (uint64_t key : e.page_keys) {
+    auto it = pages_.find(key);
+    if (it == pages_.end() || --it->second.refs > 0) continue;
+    const int64_t b = int64_t(it->second.page->data.size() * sizeof(float));
+    --stats_.host_pages;
+    stats_.host_page_bytes -= b;
+    stats_.host_bytes -= b;
+    pages_.erase(it);
+  }
+  e.page_keys.clear();
+}
+
+std::shared_ptr<const std::unordered_map<uint64_t, forward::PagePtr>> StateCache::pages_of(
+    const Entry& e) const {
+  auto out = std::make_shared<std::unordered_map<uint64_t, forward::PagePtr>>();
+  for (uint64_t key : e.page_keys)
+    if (auto it = pages_.find(key); it != pages_.end()) (*out)[key] = it->second.page;
+  return out;
 }
 
 void StateCache::touch(Entry& e) {
@@ -241,10 +341,7 @@ void StateCache::evict_host() {
   while (stats_.host_bytes > options_.host_bytes && !lru_.empty()) {
     const uint64_t hash = lru_.back();
     Entry& e = *index_.at(hash);
-    lru_.pop_back();
-    e.blob.reset();
-    --stats_.host_entries;
-    stats_.host_bytes -= e.bytes;
+    release_host(e);
     ++stats_.evictions;
     if (!e.on_disk) {
       index_.erase(hash);
@@ -284,11 +381,7 @@ void StateCache::drop(uint64_t hash, bool count_corrupt) {
   auto it = index_.find(hash);
   if (it == index_.end()) return;
   Entry& e = *it->second;
-  if (e.blob) {
-    lru_.erase(e.lru_it);
-    --stats_.host_entries;
-    stats_.host_bytes -= e.bytes;
-  }
+  release_host(e);
   if (e.on_disk) {
     std::error_code ec;
     fs::remove(path_of(hash), ec);
@@ -314,12 +407,31 @@ std::vector<uint64_t> StateCache::hottest(size_t n) const {
 }
 
 std::shared_ptr<const std::vector<uint8_t>> StateCache::blob(uint64_t hash) {
+  std::shared_ptr<const std::vector<uint8_t>> thin;
+  std::shared_ptr<const std::unordered_map<uint64_t, forward::PagePtr>> pages;
   {
     std::lock_guard lock(mu_);
     auto it = index_.find(hash);
     if (it == index_.end()) return nullptr;
-    if (it->second->blob) return it->second->blob;
-    if (!it->second->on_disk) return nullptr;
+    const Entry& e = *it->second;
+    if (e.blob && e.page_keys.empty()) return e.blob;
+    if (e.blob) {
+      thin = e.blob;
+      pages = pages_of(e);
+    } else if (!e.on_disk) {
+      return nullptr;
+    }
+  }
+  if (thin) {  // make it self-contained: the pages go inline
+    const forward::PageSource source = [&](uint64_t key) -> const forward::PagedRows::Page* {
+      auto it = pages->find(key);
+      return it == pages->end() ? nullptr : it->second.get();
+    };
+    auto d = forward::deserialize_snapshot(*thin, options_.fingerprint, &source);
+    if (!d.ok()) return nullptr;
+    auto full = forward::serialize_snapshot(*d->state, d->tokens, d->header);
+    if (!full.ok()) return nullptr;
+    return std::make_shared<const std::vector<uint8_t>>(std::move(*full));
   }
   auto data = read_file(path_of(hash));
   if (!data.ok()) return nullptr;

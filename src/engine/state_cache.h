@@ -5,7 +5,11 @@
 // Tiers: host memory (serialised blobs, LRU under a byte budget) → optional directory on disk
 // (write-through, LRU under an optional byte budget, survives restarts; every file is verified by checksum, fingerprint, tenant and
 // token ids when used, and a bad one is removed, never used) → optional remote tier (kvshare).
-// v1 keeps whole-state snapshots (forward/state_io.h); the byte counts are the blob sizes.
+// Pages shared between snapshots: in the host tier a snapshot is a "thin" blob whose sealed pages
+// of compressed KV / index keys (forward::PagedRows) are references into a page store keyed by
+// xxHash64(tenant, page contents); every snapshot of a conversation references the same pages,
+// and the tier's byte count holds each page once. Disk files and blobs sent to peers are
+// self-contained (forward/state_io.h).
 //
 // Threads: lookup() from any thread; put() from the engine's scheduler thread (it only queues a
 // clone); one worker thread serialises and writes. flush() waits for the worker (tests).
@@ -26,6 +30,7 @@
 #include "core/status.h"
 #include "engine/request.h"
 #include "forward/model.h"
+#include "forward/state_io.h"
 
 namespace flashseek::engine {
 
@@ -47,7 +52,8 @@ struct StateCacheOptions {
 };
 
 struct StateCacheStats {
-  int64_t host_entries = 0, host_bytes = 0;  // blobs held in memory
+  int64_t host_entries = 0, host_bytes = 0;  // blobs held in memory, pages included (once)
+  int64_t host_pages = 0, host_page_bytes = 0;  // of those: distinct shared pages
   int64_t disk_entries = 0, disk_bytes = 0;  // files in the cache directory
   int64_t puts = 0;             // snapshots stored
   int64_t evictions = 0;        // blobs dropped from the host tier
@@ -96,7 +102,7 @@ class StateCache {
   // Waits until every queued put is stored.
   void flush();
 
-  // The blob of a snapshot by key (host tier, else disk); for serving peers.
+  // The self-contained blob of a snapshot by key (host tier, else disk); for serving peers.
   std::shared_ptr<const std::vector<uint8_t>> blob(uint64_t hash);
   // Stores a blob fetched from elsewhere after full verification (checksum, fingerprint).
   Status insert_blob(std::vector<uint8_t> blob);
@@ -118,8 +124,10 @@ class StateCache {
   struct Entry {
     uint64_t tenant = 0;
     int64_t n_tokens = 0;
-    int64_t bytes = 0;
+    int64_t bytes = 0;                                 // self-contained size (disk, wire)
     std::shared_ptr<const std::vector<uint8_t>> blob;  // set while in the host tier
+    int64_t host_bytes = 0;                            // size of `blob` (thin: pages apart)
+    std::vector<uint64_t> page_keys;                   // pages `blob` references
     bool on_disk = false;
     std::list<uint64_t>::iterator lru_it;              // valid while blob is set
     std::list<uint64_t>::iterator disk_it;             // valid while on_disk
@@ -134,7 +142,23 @@ class StateCache {
   explicit StateCache(StateCacheOptions options);
   Status scan_dir();
   void worker();
-  void store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant, int64_t n_tokens);
+  void serialize_and_store(const Pending& p);
+  using PageList = std::vector<std::pair<uint64_t, forward::PagePtr>>;
+  // Indexes a snapshot: `full` (self-contained) goes to disk; the host tier keeps `thin` (whose
+  // references are `pages`) or, when thin is empty, `full`. `bytes` = self-contained size.
+  void store(std::vector<uint8_t> full, std::vector<uint8_t> thin, const PageList& pages,
+             uint64_t hash, uint64_t tenant, int64_t n_tokens, int64_t bytes);
+  void store(std::vector<uint8_t> blob, uint64_t hash, uint64_t tenant, int64_t n_tokens) {
+    const int64_t bytes = int64_t(blob.size());
+    store(std::move(blob), {}, {}, hash, tenant, n_tokens, bytes);
+  }
+  // Host-tier membership of an entry's blob and its pages; caller holds mu_.
+  void hold_host(Entry& e, uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> blob,
+                 const PageList& pages);
+  void release_host(Entry& e);
+  // The pages an entry references (kept alive while a caller decodes outside the lock).
+  std::shared_ptr<const std::unordered_map<uint64_t, forward::PagePtr>> pages_of(
+      const Entry& e) const;  // caller holds mu_
   void touch(Entry& e);                 // caller holds mu_
   void evict_host();                    // caller holds mu_
   void evict_disk();                    // caller holds mu_
@@ -153,6 +177,11 @@ class StateCache {
   std::unordered_map<uint64_t, std::unique_ptr<Entry>> index_;
   std::list<uint64_t> lru_;             // host-tier keys, most recent first
   std::list<uint64_t> disk_lru_;        // disk-tier keys, most recent first
+  struct StoredPage {
+    forward::PagePtr page;
+    int64_t refs = 0;                   // references from host-tier thin blobs
+  };
+  std::unordered_map<uint64_t, StoredPage> pages_;  // the host tier's shared pages
   StateCacheStats stats_;
   RemoteTier* remote_ = nullptr;
 

@@ -15,10 +15,10 @@ namespace flashseek::engine {
 namespace {
 
 // Decodes and checks that the blob is the snapshot of exactly tokens[0, n) for this tenant.
-Result<std::unique_ptr<forward::CpuSequenceState>> verify(std::span<const uint8_t> blob,
-                                                          uint64_t fingerprint, uint64_t tenant,
-                                                          std::span<const int32_t> tokens) {
-  FS_ASSIGN_OR_RETURN(auto d, forward::deserialize_snapshot(blob, fingerprint));
+Result<std::unique_ptr<forward::CpuSequenceState>> verify(
+    std::span<const uint8_t> blob, uint64_t fingerprint, uint64_t tenant,
+    std::span<const int32_t> tokens, const forward::PageSource* source = nullptr) {
+  FS_ASSIGN_OR_RETURN(auto d, forward::deserialize_snapshot(blob, fingerprint, source));
   if (d.header.tenant != tenant) return invalid_argument("snapshot: belongs to another tenant");
   if (d.tokens.size() > tokens.size() ||
       !std::equal(d.tokens.begin(), d.tokens.end(), tokens.begin()))
@@ -45,6 +45,7 @@ std::optional<CacheHit> StateCache::try_pending(uint64_t tenant, std::span<const
 std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const int32_t> tokens,
                                               uint64_t hash, int64_t n) {
   std::shared_ptr<const std::vector<uint8_t>> blob;
+  std::shared_ptr<const std::unordered_map<uint64_t, forward::PagePtr>> pages;  // thin blob's
   bool from_disk = false;
   {
     std::lock_guard lock(mu_);
@@ -53,13 +54,19 @@ std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const i
       return std::nullopt;
     blob = it->second->blob;
     from_disk = !blob;
+    if (blob && !it->second->page_keys.empty()) pages = pages_of(*it->second);
   }
   if (from_disk) {
     std::ifstream in(path_of(hash), std::ios::binary);
     std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     blob = std::make_shared<const std::vector<uint8_t>>(std::move(data));
   }
-  auto state = verify(*blob, options_.fingerprint, tenant, tokens.first(size_t(n)));
+  const forward::PageSource source = [&](uint64_t key) -> const forward::PagedRows::Page* {
+    auto it = pages->find(key);
+    return it == pages->end() ? nullptr : it->second.get();
+  };
+  auto state = verify(*blob, options_.fingerprint, tenant, tokens.first(size_t(n)),
+                      pages ? &source : nullptr);
   std::lock_guard lock(mu_);
   if (!state.ok()) {
     spdlog::warn("state cache: discarding snapshot {:016x}: {}", hash, state.status().message());
@@ -73,11 +80,7 @@ std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const i
     if (e.blob) {
       touch(e);
     } else if (options_.host_bytes > 0) {  // promote the disk hit into the host tier
-      e.blob = blob;
-      lru_.push_front(hash);
-      e.lru_it = lru_.begin();
-      ++stats_.host_entries;
-      stats_.host_bytes += e.bytes;
+      hold_host(e, hash, blob, {});
       evict_host();
     }
   }

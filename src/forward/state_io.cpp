@@ -12,7 +12,9 @@ namespace flashseek::forward {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'S', 'S', 'N', 'A', 'P', '0', '1'};
-constexpr uint32_t kVersion = 2;  // v2: paged rows carry width + rows_per_page
+constexpr uint32_t kVersion = 3;  // v3: paged rows page by page (inline or referenced)
+constexpr uint32_t kOldestVersion = 2;  // v2: paged rows flat (width, rows_per_page, floats)
+constexpr uint8_t kPageInline = 0, kPageRef = 1;
 // A field added to the state must be added to write_state/read_state too: these sizes are the
 // layouts the (de)serialiser was written for (vector = 24 B, CompressorState = 6 vectors + 3,
 // PagedRows = 2 i64 + 2 vectors).
@@ -29,7 +31,8 @@ constexpr uint64_t kMaxPageFloats = uint64_t(1) << 24;
 
 class Writer {
  public:
-  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  explicit Writer(std::vector<uint8_t>& out, const PageSink* sink = nullptr)
+      : out_(out), sink_(sink) {}
   void raw(const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     out_.insert(out_.end(), b, b + n);
@@ -40,20 +43,38 @@ class Writer {
     pod<uint64_t>(v.size());
     raw(v.data(), v.size() * sizeof(float));
   }
-  // Paged rows as width, rows_per_page, then all rows flat (pages are not shared on disk yet).
+  // Paged rows (v3): width, rows_per_page, number of sealed pages, each page as a kind byte and
+  // either its rows_per_page·width floats or a u64 key from the sink, then the tail floats.
   void rows(const PagedRows& p) {
     pod<uint64_t>(uint64_t(p.width()));
     pod<uint64_t>(uint64_t(p.rows_per_page()));
-    floats(p.to_vector());
+    const auto view = p.pages();
+    pod<uint64_t>(view.full.size());
+    for (const PagePtr& page : view.full) {
+      const std::optional<uint64_t> key = sink_ ? (*sink_)(page) : std::nullopt;
+      if (key) {
+        pod<uint8_t>(kPageRef);
+        pod<uint64_t>(*key);
+      } else {
+        pod<uint8_t>(kPageInline);
+        raw(page->data.data(), page->data.size() * sizeof(float));
+      }
+    }
+    pod<uint64_t>(view.tail.size());
+    raw(view.tail.data(), view.tail.size() * sizeof(float));
   }
 
  private:
   std::vector<uint8_t>& out_;
+  const PageSink* sink_;
 };
 
 class Reader {
  public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  // version: the blob's format; source resolves page references (v3); refs collects their keys.
+  Reader(std::span<const uint8_t> in, uint32_t version = kVersion,
+         const PageSource* source = nullptr, std::vector<uint64_t>* refs = nullptr)
+      : in_(in), version_(version), source_(source), refs_(refs) {}
   bool raw(void* p, size_t n) {
     if (n > in_.size() - pos_) return false;
     std::memcpy(p, in_.data() + pos_, n);
@@ -70,10 +91,39 @@ class Reader {
   }
   bool rows(PagedRows& p) {
     uint64_t width = 0, rpp = 0;
-    std::vector<float> flat;
-    if (!(pod(width) && pod(rpp) && floats(flat))) return false;
-    if (width == 0 || rpp == 0 || rpp > kMaxPageFloats / width || flat.size() % width != 0) return false;
+    if (!(pod(width) && pod(rpp))) return false;
+    if (width == 0 || rpp == 0 || rpp > kMaxPageFloats / width) return false;
     p.reset(int64_t(width), int64_t(rpp));
+    std::vector<float> flat;
+    if (version_ == 2) {
+      if (!floats(flat) || flat.size() % width != 0) return false;
+      p.append(flat);
+      return true;
+    }
+    const size_t page_floats = size_t(width * rpp);
+    uint64_t n_pages = 0;
+    if (!pod(n_pages) || n_pages > (in_.size() - pos_) / 9) return false;  // ≥ 9 B per page
+    for (uint64_t i = 0; i < n_pages; ++i) {
+      uint8_t kind = 0;
+      if (!pod(kind)) return false;
+      if (kind == kPageInline) {
+        page_.resize(page_floats);  // aligned copy: the page sits after a kind byte
+        if (!raw(page_.data(), page_floats * sizeof(float))) return false;
+        p.append(page_.data(), int64_t(rpp));
+      } else if (kind == kPageRef) {
+        uint64_t key = 0;
+        if (!pod(key)) return false;
+        if (refs_) refs_->push_back(key);
+        if (!refs_) {
+          const PagedRows::Page* page = source_ ? (*source_)(key) : nullptr;
+          if (!page || page->data.size() != page_floats) return false;
+          p.append(page->data.data(), int64_t(rpp));
+        }
+      } else {
+        return false;
+      }
+    }
+    if (!floats(flat) || flat.size() % width != 0 || flat.size() >= page_floats) return false;
     p.append(flat);
     return true;
   }
@@ -82,6 +132,10 @@ class Reader {
  private:
   std::span<const uint8_t> in_;
   size_t pos_ = 0;
+  uint32_t version_;
+  const PageSource* source_;
+  std::vector<uint64_t>* refs_;  // collecting keys only: references are not resolved
+  std::vector<float> page_;
 };
 
 void write_comp(Writer& w, const CompressorState& c) {
@@ -157,14 +211,15 @@ bool read_header(Reader& r, SnapshotHeader& h, uint32_t& version) {
 
 Result<std::vector<uint8_t>> serialize_snapshot(const SequenceState& state,
                                                 std::span<const int32_t> tokens,
-                                                const SnapshotHeader& header) {
+                                                const SnapshotHeader& header,
+                                                const PageSink* sink) {
   const auto* s = dynamic_cast<const CpuSequenceState*>(&state);
   if (!s) return invalid_argument("snapshot: only CPU sequence states can be serialised");
   if (s->len != int64_t(tokens.size()))
     return invalid_argument("snapshot: state holds {} tokens but {} token ids were given", s->len,
                             tokens.size());
   std::vector<uint8_t> payload;
-  Writer pw(payload);
+  Writer pw(payload, sink);
   write_state(pw, *s);
 
   std::vector<uint8_t> out;
@@ -189,14 +244,17 @@ Result<SnapshotHeader> peek_snapshot_header(std::span<const uint8_t> blob) {
   SnapshotHeader h;
   uint32_t version = 0;
   if (!read_header(r, h, version)) return parse_error("snapshot: bad or truncated header");
-  if (version != kVersion)
-    return parse_error("snapshot: version {} (this build reads {})", version, kVersion);
+  if (version < kOldestVersion || version > kVersion)
+    return parse_error("snapshot: version {} (this build reads {}..{})", version, kOldestVersion,
+                       kVersion);
   return h;
 }
 
-Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
-                                             uint64_t expected_fingerprint) {
-  FS_ASSIGN_OR_RETURN(SnapshotHeader h, peek_snapshot_header(blob));
+namespace {
+
+// Checks the framing and checksum; the payload's version and offset.
+Result<std::pair<uint32_t, size_t>> check_blob(std::span<const uint8_t> blob,
+                                               const SnapshotHeader& h) {
   if (h.n_tokens < 0 || uint64_t(h.n_tokens) > blob.size() / 4 || h.payload_bytes > blob.size())
     return parse_error("snapshot: token count {} / payload {} B exceed the blob ({} B)",
                        h.n_tokens, h.payload_bytes, blob.size());
@@ -207,6 +265,29 @@ Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
   std::memcpy(&stored, blob.data() + blob.size() - 8, 8);
   if (XXH64(blob.data(), blob.size() - 8, 0) != stored)
     return parse_error("snapshot: checksum mismatch (corrupt data)");
+  uint32_t version = 0;
+  std::memcpy(&version, blob.data() + 8, 4);
+  return std::make_pair(version, size_t(kSnapshotHeaderBytes + uint64_t(h.n_tokens) * 4));
+}
+
+}  // namespace
+
+Result<std::vector<uint64_t>> snapshot_page_refs(std::span<const uint8_t> blob) {
+  FS_ASSIGN_OR_RETURN(SnapshotHeader h, peek_snapshot_header(blob));
+  FS_ASSIGN_OR_RETURN(auto vp, check_blob(blob, h));
+  std::vector<uint64_t> refs;
+  Reader r(blob.subspan(vp.second, size_t(h.payload_bytes)), vp.first, nullptr, &refs);
+  CpuSequenceState st;
+  if (!read_state(r, st, size_t(h.payload_bytes)) || r.pos() != h.payload_bytes)
+    return parse_error("snapshot: payload does not decode as a sequence state");
+  return refs;
+}
+
+Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
+                                             uint64_t expected_fingerprint,
+                                             const PageSource* source) {
+  FS_ASSIGN_OR_RETURN(SnapshotHeader h, peek_snapshot_header(blob));
+  FS_ASSIGN_OR_RETURN(auto vp, check_blob(blob, h));
   if (h.fingerprint != expected_fingerprint)
     return invalid_argument("snapshot: model fingerprint {:016x} differs from this model's {:016x}",
                             h.fingerprint, expected_fingerprint);
@@ -214,11 +295,12 @@ Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
   d.header = h;
   d.tokens.resize(size_t(h.n_tokens));
   std::memcpy(d.tokens.data(), blob.data() + kSnapshotHeaderBytes, d.tokens.size() * 4);
-  const size_t payload_at = kSnapshotHeaderBytes + d.tokens.size() * 4;
-  Reader r(blob.subspan(payload_at, size_t(h.payload_bytes)));
+  const size_t payload_at = vp.second;
+  Reader r(blob.subspan(payload_at, size_t(h.payload_bytes)), vp.first, source);
   d.state = std::make_unique<CpuSequenceState>();
   if (!read_state(r, *d.state, size_t(h.payload_bytes)) || r.pos() != h.payload_bytes)
-    return parse_error("snapshot: payload does not decode as a sequence state");
+    return parse_error("snapshot: payload does not decode as a sequence state (or references "
+                       "pages that are not available)");
   if (d.state->len != h.n_tokens)
     return parse_error("snapshot: state length {} differs from its {} tokens", d.state->len,
                        h.n_tokens);

@@ -7,16 +7,22 @@
 //   tokens  : [n_tokens] i32 token ids the state holds (lets a reader re-check the key)
 //   payload : the CpuSequenceState (len, ring_size, per-layer vectors, Engram history, rings)
 //   trailer : u64 xxHash64 of everything before it
-// v2 stores the WHOLE state per snapshot (paged rows flattened, no shared pages yet): the blob
-// size is what a snapshot really costs in host memory, on disk and on the wire.
+// v3 writes paged rows (compressed KV, index keys) page by page: each sealed page is either
+// inline or a reference (u64 key) to a page stored once elsewhere, then the private tail. A blob
+// with references is "thin": only the state cache's host tier keeps such blobs (the pages live
+// in its page store, shared by every snapshot of a conversation); blobs on disk and on the wire
+// are self-contained (every page inline). v2 blobs (rows flattened) are still read.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "forward/paged_rows.h"
 #include "forward/state.h"
 
 namespace flashseek::forward {
@@ -31,10 +37,19 @@ struct SnapshotHeader {
 
 constexpr size_t kSnapshotHeaderBytes = 8 + 4 + 4 + 8 * 5;
 
-// Serialises `state` (must be a CpuSequenceState holding exactly tokens.size() tokens).
+using PagePtr = std::shared_ptr<const PagedRows::Page>;
+// Called for each sealed page while serialising: the key to reference it by (the callee keeps
+// the page), or nullopt to write it inline.
+using PageSink = std::function<std::optional<uint64_t>(const PagePtr& page)>;
+// Resolves a reference while decoding; nullptr when the key is unknown (the blob is unusable).
+using PageSource = std::function<const PagedRows::Page*(uint64_t key)>;
+
+// Serialises `state` (must be a CpuSequenceState holding exactly tokens.size() tokens). Without
+// a sink every page is inline (self-contained blob).
 Result<std::vector<uint8_t>> serialize_snapshot(const SequenceState& state,
                                                 std::span<const int32_t> tokens,
-                                                const SnapshotHeader& header);
+                                                const SnapshotHeader& header,
+                                                const PageSink* sink = nullptr);
 
 // Reads only the header (no checksum check): cheap index rebuild from a cache directory.
 Result<SnapshotHeader> peek_snapshot_header(std::span<const uint8_t> blob);
@@ -46,9 +61,15 @@ struct DecodedSnapshot {
 };
 
 // Verifies size, checksum and fingerprint, then rebuilds the state. Any mismatch is an error
-// naming what differs; nothing partially decoded is returned.
+// naming what differs; nothing partially decoded is returned. Page references need `source`
+// (without one, or for an unknown key, the blob is an error).
 Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
-                                             uint64_t expected_fingerprint);
+                                             uint64_t expected_fingerprint,
+                                             const PageSource* source = nullptr);
+
+// Keys of the pages a blob references (empty for self-contained blobs); error if it does not
+// decode.
+Result<std::vector<uint64_t>> snapshot_page_refs(std::span<const uint8_t> blob);
 
 // Identity of a loaded model for snapshot compatibility: xxHash64 over config.json, the numerics
 // mode, and per *.safetensors shard (sorted): name, size and its first and last MiB (distinguishes

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "forward/paged_rows.h"
 #include "forward/state.h"
 
 namespace flashseek::kvshare {
@@ -20,12 +21,15 @@ SnapshotSize snapshot_size(const model::ModelConfig& c) {
     const auto& r = c.role(l);
     if (!r.kv_source || r.ratio <= 0) continue;
     ++s.kv_source_layers;
-    double width = double(c.head_dim);
+    double width = double(c.head_dim), paged = 1;
     if (has_ikeys[size_t(l)]) {
       ++s.index_key_layers;
       width += double(c.index_head_dim);
+      paged = 2;
     }
-    per_token += width * 4.0 / double(r.ratio);
+    // Rows, plus one page-kind byte per sealed page of each paged-rows object (state_io v3).
+    per_token += width * 4.0 / double(r.ratio) +
+                 paged / double(r.ratio * forward::kDefaultRowsPerPage);
   }
   s.bytes_per_1k_tokens = per_token * 1000.0;
   s.fixed_bytes = L * ring * c.head_dim * 4 + c.num_mtp_layers * ring * c.head_dim * 4;

@@ -1,5 +1,5 @@
-// What a snapshot costs (v1 whole-state blobs, forward/state_io.h, fp32 rows as the CPU state
-// keeps them), computed from a config: the fixed part (window rings of every layer, DSpark / MTP
+// What a self-contained snapshot costs (forward/state_io.h v3, fp32 rows as the CPU state keeps
+// them; in the host tier, later snapshots of a conversation share the sealed pages), computed from a config: the fixed part (window rings of every layer, DSpark / MTP
 // rings) and the growth per 1,000 tokens (compressed KV and index keys of the kv-source layers,
 // plus the 4-byte token ids the blob carries). Used for capacity planning (--host-cache-bytes)
 // and checked against real blobs in tests/kvshare.

@@ -75,7 +75,11 @@ TEST_F(Cluster2, TurnTwoOnPeerOutageRecoveryAndDeadOwner) {
   const std::string used = kvshare::ucx_built() ? "ucx" : "tcp";
   EXPECT_EQ(metric(b->port(), "flashseek_kvshare_transfers_total{transport=\"" + used + "\"}"), 1);
   EXPECT_GT(metric(b->port(), "flashseek_kvshare_transfer_bytes_total{transport=\"" + used + "\"}"), 0);
-  if (kvshare::ucx_built()) EXPECT_EQ(metric(a->port(), "flashseek_kvshare_served_ucx_total"), 1);
+  if (kvshare::ucx_built()) {  // counted when B's completion message arrives: poll briefly
+    for (int i = 0; i < 100 && metric(a->port(), "flashseek_kvshare_served_ucx_total") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(metric(a->port(), "flashseek_kvshare_served_ucx_total"), 1);
+  }
   EXPECT_TRUE(redis_->wait_for("HGET " + snap_key(p1, t1.tokens) + " owner", "B"));  // moved
 
   // Redis down: both keep answering (local only); a snapshot made meanwhile is announced once

@@ -1,5 +1,6 @@
 // The computed snapshot size (kvshare/snapshot_size.h) matches real blobs: growth between two
-// context lengths (both multiples of every compress ratio) is exactly the per-token formula, and
+// context lengths (both multiples of every compress ratio) is the per-token formula up to one
+// page-kind byte per paged-rows object, and
 // the fixed part bounds what a short state costs.
 #include <gtest/gtest.h>
 
@@ -24,8 +25,10 @@ TEST_F(SnapshotSizeTest, FormulaMatchesRealBlobs) {
     return blob.ok() ? int64_t(blob->size()) : 0;
   };
   const int64_t a = blob_bytes(64), b = blob_bytes(128), c = blob_bytes(160);
-  EXPECT_EQ(b - a, int64_t(s.bytes_per_1k_tokens * 64 / 1000));
-  EXPECT_EQ(c - b, int64_t(s.bytes_per_1k_tokens * 32 / 1000));
+  // Exact up to the page-kind bytes (one per sealed page, spread evenly by the formula).
+  const double slack = double(s.kv_source_layers + s.index_key_layers);
+  EXPECT_NEAR(double(b - a), s.bytes_per_1k_tokens * 64 / 1000, slack);
+  EXPECT_NEAR(double(c - b), s.bytes_per_1k_tokens * 32 / 1000, slack);
   // Fixed part: rings are most of a short state; compressor partials and headers add a little.
   EXPECT_GE(a, s.bytes_at(64));
   EXPECT_LE(a, s.bytes_at(64) + s.fixed_bytes / 2);
