@@ -11,6 +11,7 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/layer_bench.h"
+#include "ops/cuda/spec_bench.h"
 #endif
 
 namespace flashseek::tools {
@@ -23,14 +24,34 @@ std::function<int()> setup_bench(CLI::App& app) {
     int reps = 40;
     int layers = 40;
     std::string out;
+    bool spec = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
   cmd->add_option("--out", o->out, "also write the Markdown tables to this file");
+  cmd->add_flag("--spec", o->spec,
+                "DSpark cost model: 1-token vs verify-block layer time, draft cost, projected tok/s "
+                "(ops/cuda/spec_bench.h)");
   return [o]() -> int {
 #if FLASHSEEK_HAVE_CUDA
+    if (o->spec) {  // ops/cuda/spec_bench.h
+      ops::cuda::SpecBenchOptions so;
+      so.reps = o->reps, so.layers = o->layers;
+      auto rep = ops::cuda::run_spec_bench(so);
+      if (!rep.ok()) {
+        std::cerr << "bench: " << rep.status().to_string() << "\n";
+        return 1;
+      }
+      const std::string text = ops::cuda::format_spec_bench(*rep, so);
+      std::cout << text;
+      if (!o->out.empty() && !(std::ofstream(o->out) << text)) {
+        std::cerr << "bench: cannot write --out " << o->out << "\n";
+        return 1;
+      }
+      return 0;
+    }
     ops::cuda::LayerBenchOptions opt;
     opt.tokens.clear();
     std::stringstream ss(o->tokens);
