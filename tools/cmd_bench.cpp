@@ -11,6 +11,7 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/layer_bench.h"
+#include "ops/cuda/tp_bench.h"
 #include "ops/cuda/spec_bench.h"
 #endif
 
@@ -25,6 +26,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     int layers = 40;
     std::string out;
     bool spec = false;
+    int tp = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -34,6 +36,9 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_flag("--spec", o->spec,
                 "DSpark cost model: 1-token vs verify-block layer time, draft cost, projected tok/s "
                 "(ops/cuda/spec_bench.h)");
+  cmd->add_option("--tp", o->tp,
+                  "multi-GPU mode: NCCL collectives on N GPUs + tensor/expert-parallel step projection "
+                  "(--tokens: all-reduce rows, default 1,6,8192)");
   return [o]() -> int {
 #if FLASHSEEK_HAVE_CUDA
     if (o->spec) {  // ops/cuda/spec_bench.h
@@ -64,6 +69,23 @@ std::function<int()> setup_bench(CLI::App& app) {
       }
     }
     opt.reps = o->reps, opt.layers = o->layers;
+    if (o->tp != 0) {  // ops/cuda/tp_bench.h
+      ops::cuda::TpBenchOptions to;
+      to.world = o->tp, to.reps = o->reps, to.layers = o->layers;
+      if (o->tokens != "1,6,8,32") to.tokens = opt.tokens;
+      auto rep = ops::cuda::run_tp_bench(to);
+      if (!rep.ok()) {
+        std::cerr << "bench: " << rep.status().to_string() << "\n";
+        return 1;
+      }
+      const std::string text = ops::cuda::format_tp_bench(*rep, to);
+      std::cout << text;
+      if (!o->out.empty() && !(std::ofstream(o->out) << text)) {
+        std::cerr << "bench: cannot write --out " << o->out << "\n";
+        return 1;
+      }
+      return 0;
+    }
     auto rep = ops::cuda::run_layer_bench(opt);
     if (!rep.ok()) {
       std::cerr << "bench: " << rep.status().to_string() << "\n";

@@ -208,7 +208,12 @@ TEST(GpuModel, CliRunOnGpuEqualsCpu) {
   };
   EXPECT_FALSE(tokens_of(cpu.output).empty()) << cpu.output;
   EXPECT_EQ(tokens_of(cpu.output), tokens_of(gpu.output)) << cpu.output << "\n" << gpu.output;
-  const auto bad = flashseek::testing::run_command(base + " --gpus 0,1");
+  // A device list is the multi-GPU model (forward/gpu_tp.h): a repeated device runs two
+  // host-staged ranks on GPU 0 and must give the same greedy tokens; a missing device is an error.
+  const auto tp = flashseek::testing::run_command(base + " --gpus 0,0");
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  EXPECT_EQ(tokens_of(cpu.output), tokens_of(tp.output)) << cpu.output << "\n" << tp.output;
+  const auto bad = flashseek::testing::run_command(base + " --gpus 0,99");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--gpus"), std::string::npos) << bad.output;
 }

@@ -15,6 +15,7 @@
 #include "forward/gpu_model.h"
 #include "forward/gpu_tp.h"
 #include "model/make_tiny.h"
+#include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/comm.h"
@@ -331,6 +332,28 @@ TEST(GpuTpCli, GpusListSelectsTheMultiGpuModel) {
   auto missing = load_model_for(dir, Numerics::kExact, "0,99");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("99"), std::string::npos);
+}
+
+TEST(GpuTpCli, RunOnTwoGpusEqualsOneGpu) {
+  std::string why;
+  const int n = gpu_count(&why);
+  if (n < 2) GTEST_SKIP() << "CLI --gpus 0,1 test skipped: needs 2 GPUs, this machine has " << n;
+#if FLASHSEEK_HAVE_CUDA
+  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "CLI --gpus 0,1 test skipped: this build has no NCCL";
+#endif
+  const std::string dir = make_ckpt("tiny-v41", true);
+  const std::string base = flashseek::testing::flashseek_bin() + " run --ckpt " + dir +
+                           " --prompt-ids 5,17,99,3,250,7 --max-tokens 24 --json --speculative off";
+  const auto one = flashseek::testing::run_command(base + " --gpus 0");
+  const auto two = flashseek::testing::run_command(base + " --gpus 0,1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto tokens_of = [](const std::string& out) {  // the JSON "tokens" array, not the timings
+    const auto p = out.find("\"tokens\"");
+    return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
+  };
+  EXPECT_FALSE(tokens_of(one.output).empty()) << one.output;
+  EXPECT_EQ(tokens_of(one.output), tokens_of(two.output)) << one.output << "\n" << two.output;
 }
 
 }  // namespace
