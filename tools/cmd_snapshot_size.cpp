@@ -25,7 +25,7 @@ int run(const Opts& o) {
   std::printf("%s: %lld layers, %lld own compressed KV (%lld with index keys)\n", o.config.c_str(),
               (long long)cfg->num_layers, (long long)s.kv_source_layers,
               (long long)s.index_key_layers);
-  std::printf("fixed: %.2f MiB; growth: %.1f KiB per 1k tokens (fp32 rows, whole-state v1 blobs)\n",
+  std::printf("fixed: %.2f MiB; growth: %.1f KiB per 1k tokens (fp32 rows, self-contained blobs)\n",
               s.fixed_bytes / 1048576.0, s.bytes_per_1k_tokens / 1024.0);
   for (int64_t t : o.tokens)
     std::printf("  %8lld tokens: %10.2f MiB\n", (long long)t, s.bytes_at(t) / 1048576.0);

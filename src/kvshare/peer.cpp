@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -55,6 +56,10 @@ void set_timeouts(int fd, int timeout_ms) {
   const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  // Control messages are small and answered at once: without this, Nagle's algorithm and the
+  // peer's delayed ACK add ~40 ms to a request/offer exchange.
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 std::vector<uint8_t> mac(const std::string& secret, const uint8_t* nonce) {
@@ -91,11 +96,6 @@ Result<int> connect_peer(const std::string& address, const std::string& secret, 
     return Status(StatusCode::kUnavailable, fmt::format("peer {}: handshake failed", address));
   }
   return fd;
-}
-
-bool send_bytes(int fd, const std::vector<uint8_t>& v) {
-  const uint32_t n = uint32_t(v.size());
-  return send_all(fd, &n, 4) && send_all(fd, v.data(), v.size());
 }
 
 bool recv_bytes(int fd, std::vector<uint8_t>& v) {
@@ -236,9 +236,15 @@ void SnapshotServer::serve_ucx(int fd, uint64_t hash, uint64_t tenant) {
   }
   const UcxRegion& r = *it->second.region;
   const uint64_t where[2] = {r.size(), r.address()};
-  if (!send_all(fd, &kUcxOffer, 1) || !send_all(fd, where, sizeof(where)) ||
-      !send_bytes(fd, r.rkey()) || !send_bytes(fd, ucx_->address()))
-    return;
+  std::vector<uint8_t> offer(1 + sizeof(where));  // one write: offer, size, address, rkey, worker
+  offer[0] = kUcxOffer;
+  std::memcpy(offer.data() + 1, where, sizeof(where));
+  for (const std::vector<uint8_t>* v : {&r.rkey(), &ucx_->address()}) {
+    const uint32_t n = uint32_t(v->size());
+    offer.insert(offer.end(), reinterpret_cast<const uint8_t*>(&n), reinterpret_cast<const uint8_t*>(&n) + 4);
+    offer.insert(offer.end(), v->begin(), v->end());
+  }
+  if (!send_all(fd, offer.data(), offer.size())) return;
   // The fetcher reads by itself; we progress our worker (software RMA over TCP needs it) until
   // it reports completion on the socket, or the timeout passes.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
@@ -284,7 +290,9 @@ Result<std::vector<uint8_t>> fetch_snapshot_ucx(const std::string& address,
   uint8_t reply = 0;
   uint64_t where[2] = {0, 0};  // size, address
   std::vector<uint8_t> rkey, worker;
-  if (!send_all(fd, "U", 1) || !send_all(fd, req, sizeof(req)) || !recv_all(fd, &reply, 1)) {
+  uint8_t msg[1 + sizeof(req)] = {'U'};
+  std::memcpy(msg + 1, req, sizeof(req));
+  if (!send_all(fd, msg, sizeof(msg)) || !recv_all(fd, &reply, 1)) {
     ::close(fd);
     return Status(StatusCode::kUnavailable, fmt::format("peer {}: request failed", address));
   }

@@ -96,6 +96,7 @@ Result<std::unique_ptr<UcxNode>> UcxNode::create() {
 }
 
 UcxNode::~UcxNode() {
+  while (!peers_.empty()) drop_peer(peers_.begin()->second.get());
   if (worker_) ucp_worker_destroy(static_cast<ucp_worker_h>(worker_));
   if (context_) ucp_cleanup(static_cast<ucp_context_h>(context_));
 }
@@ -137,6 +138,36 @@ bool UcxNode::progress() {
   return ucp_worker_progress(static_cast<ucp_worker_h>(worker_)) != 0;
 }
 
+Result<UcxNode::Peer*> UcxNode::peer(std::span<const uint8_t> address) {
+  std::vector<uint8_t> key(address.begin(), address.end());
+  if (auto it = peers_.find(key); it != peers_.end()) {
+    if (!it->second->failed) return it->second.get();
+    drop_peer(it->second.get());
+  }
+  if (peers_.size() >= kMaxPeers) drop_peer(peers_.begin()->second.get());
+  auto p = std::make_unique<Peer>();
+  p->address = key;
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(p->address.data());
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep_params.err_handler.cb = on_ep_error;
+  ep_params.err_handler.arg = &p->failed;
+  ucp_ep_h ep = nullptr;
+  const ucs_status_t st = ucp_ep_create(static_cast<ucp_worker_h>(worker_), &ep_params, &ep);
+  if (st != UCS_OK) return ucx_error("endpoint", st);
+  p->ep = ep;
+  Peer* raw = p.get();
+  peers_[std::move(key)] = std::move(p);
+  return raw;
+}
+
+void UcxNode::drop_peer(Peer* p) {
+  close_ep(static_cast<ucp_worker_h>(worker_), static_cast<ucp_ep_h>(p->ep), /*force=*/true, 2000);
+  peers_.erase(p->address);
+}
+
 Status UcxNode::get(std::span<const uint8_t> peer_address, uint64_t remote_address,
                     std::span<const uint8_t> rkey, void* dst, size_t n, int timeout_ms) {
   if (peer_address.empty() || rkey.empty()) return invalid_argument("ucx: empty peer address or rkey");
@@ -144,39 +175,32 @@ Status UcxNode::get(std::span<const uint8_t> peer_address, uint64_t remote_addre
   std::lock_guard lock(mu_);
   auto w = static_cast<ucp_worker_h>(worker_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool ep_failed = false;
-  ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
-  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep_params.err_handler.cb = on_ep_error;
-  ep_params.err_handler.arg = &ep_failed;
-  ucp_ep_h ep = nullptr;
-  ucs_status_t st = ucp_ep_create(w, &ep_params, &ep);
-  if (st != UCS_OK) return ucx_error("endpoint", st);
+  // Endpoints are kept per peer worker (wire-up costs a few ms); a failed one is replaced.
+  FS_ASSIGN_OR_RETURN(Peer * p, peer(peer_address));
+  auto ep = static_cast<ucp_ep_h>(p->ep);
   ucp_rkey_h rk = nullptr;
-  st = ucp_ep_rkey_unpack(ep, rkey.data(), &rk);
+  ucs_status_t st = ucp_ep_rkey_unpack(ep, rkey.data(), &rk);
   if (st == UCS_OK) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-    p.memh = static_cast<ucp_mem_h>(dst_region->memh_);
-    ucs_status_ptr_t req = ucp_get_nbx(ep, dst, n, remote_address, rk, &p);
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+    prm.memh = static_cast<ucp_mem_h>(dst_region->memh_);
+    ucs_status_ptr_t req = ucp_get_nbx(ep, dst, n, remote_address, rk, &prm);
     st = wait(w, req, deadline);
     if (st == UCS_ERR_TIMED_OUT) {
       // Force-close first: that completes the cancelled GET before dst can be released.
-      close_ep(w, ep, /*force=*/true, 2000);
-      reap(w, req);
       ucp_rkey_destroy(rk);
+      drop_peer(p);
+      reap(w, req);
       return Status(StatusCode::kUnavailable,
                     fmt::format("ucx: GET of {} B timed out after {} ms", n, timeout_ms));
     }
     ucp_rkey_destroy(rk);
   }
-  const ucs_status_t result = ep_failed && st == UCS_OK ? UCS_ERR_ENDPOINT_TIMEOUT : st;
-  // Flush-close while the owner still progresses (it waits for our completion message).
-  close_ep(w, ep, /*force=*/result != UCS_OK, 500);
-  if (result != UCS_OK) return ucx_error("GET", result);
+  const ucs_status_t result = p->failed && st == UCS_OK ? UCS_ERR_ENDPOINT_TIMEOUT : st;
+  if (result != UCS_OK) {
+    drop_peer(p);
+    return ucx_error("GET", result);
+  }
   return {};
 }
 

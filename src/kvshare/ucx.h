@@ -10,6 +10,7 @@
 // Built without UCX (no libucx-dev), create() returns an error and callers use TCP.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,19 +61,29 @@ class UcxNode {
   bool progress();
   // One-sided GET of the peer's [remote_address, +n) (registered there, `rkey` packed by it) into
   // dst (n bytes, registered here by this call). Bounded by timeout_ms; on timeout or a peer
-  // failure the operation is cancelled and an error returned.
+  // failure the operation is cancelled, the peer's endpoint closed, and an error returned.
+  // Endpoints are kept per peer worker address between calls (at most kMaxPeers).
   Status get(std::span<const uint8_t> peer_address, uint64_t remote_address,
              std::span<const uint8_t> rkey, void* dst, size_t n, int timeout_ms);
 
  private:
   friend class UcxRegion;
+  struct Peer {
+    std::vector<uint8_t> address;
+    void* ep = nullptr;
+    bool failed = false;  // set by UCX's error callback
+  };
+  static constexpr size_t kMaxPeers = 64;
   UcxNode() = default;
   void unmap(void* memh);
+  Result<Peer*> peer(std::span<const uint8_t> address);  // caller holds mu_
+  void drop_peer(Peer* p);                               // caller holds mu_
 
   std::mutex mu_;  // one caller at a time on the worker
   void* context_ = nullptr;
   void* worker_ = nullptr;
   std::vector<uint8_t> address_;
+  std::map<std::vector<uint8_t>, std::unique_ptr<Peer>> peers_;
 };
 
 }  // namespace flashseek::kvshare
