@@ -21,7 +21,7 @@ bool gpu_backend_built();
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device);
 
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
-// device N. Lists of several devices are refused (multi-GPU is not implemented yet).
+// device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
 Result<std::unique_ptr<Model>> load_model_for(const std::string& ckpt_dir, Numerics numerics,
                                               const std::string& gpus);
 
