@@ -94,12 +94,20 @@ fi
 
 "$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
 bench_rc=$?
+# Baseline in the same run: transformers' DeepseekV4ForCausalLM (or the torch bf16 layer when
+# this transformers lacks it), decode step per layer at 4k context -> baseline.md.
+# FLASHSEEK_BASELINE=0 skips it.
+if [ "${FLASHSEEK_BASELINE:-1}" = 1 ]; then
+  python3 scripts/bench_transformers.py --out "$out" ${FLASHSEEK_BASELINE_ARGS:-} || echo "baseline failed (rc=$?)"
+fi
 {
   echo "# gpu-check $(date -u +%F) $(git rev-parse --short HEAD 2>/dev/null || true)"
   echo "tests rc=$test_rc, bench rc=$bench_rc"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/tests.txt" || grep -E 'tests passed|tests failed' "$out/tests.txt"
   echo
   cat "$out/bench.md" 2>/dev/null
+  echo
+  cat "$out/baseline.md" 2>/dev/null
 } > "$out/results.md"
 cat "$out/results.md"
 [ "$test_rc" = 0 ] && [ "$bench_rc" = 0 ]

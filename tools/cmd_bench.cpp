@@ -11,8 +11,8 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/layer_bench.h"
-#include "ops/cuda/tp_bench.h"
 #include "ops/cuda/spec_bench.h"
+#include "ops/cuda/tp_bench.h"
 #endif
 
 namespace flashseek::tools {
@@ -26,6 +26,9 @@ std::function<int()> setup_bench(CLI::App& app) {
     int layers = 40;
     std::string out;
     bool spec = false;
+    std::string contexts = "4096,131072";
+    int graph_layers = 8;
+    bool gemv_sweep = false;
     int tp = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -36,6 +39,9 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_flag("--spec", o->spec,
                 "DSpark cost model: 1-token vs verify-block layer time, draft cost, projected tok/s "
                 "(ops/cuda/spec_bench.h)");
+  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths for the indexer");
+  cmd->add_option("--graph-layers", o->graph_layers, "decode layers per captured CUDA graph (0: no graph)");
+  cmd->add_flag("--gemv-sweep", o->gemv_sweep, "also time the GEMVs at every forced k split");
   cmd->add_option("--tp", o->tp,
                   "multi-GPU mode: NCCL collectives on N GPUs + tensor/expert-parallel step projection "
                   "(--tokens: all-reduce rows, default 1,6,8192)");
@@ -58,17 +64,20 @@ std::function<int()> setup_bench(CLI::App& app) {
       return 0;
     }
     ops::cuda::LayerBenchOptions opt;
-    opt.tokens.clear();
-    std::stringstream ss(o->tokens);
-    for (std::string t; std::getline(ss, t, ',');) {
-      try {
-        opt.tokens.push_back(std::stoi(t));
-      } catch (...) {
-        std::cerr << "bench: --tokens: '" << t << "' is not a number\n";
-        return 2;
+    auto parse = [](const std::string& list, const char* flag, std::vector<int>& dst) {
+      dst.clear();
+      std::stringstream ss(list);
+      for (std::string t; std::getline(ss, t, ',');) {
+        try {
+          dst.push_back(std::stoi(t));
+        } catch (...) {
+          std::cerr << "bench: " << flag << ": '" << t << "' is not a number\n";
+          return false;
+        }
       }
-    }
-    opt.reps = o->reps, opt.layers = o->layers;
+      return true;
+    };
+    if (!parse(o->tokens, "--tokens", opt.tokens) || !parse(o->contexts, "--contexts", opt.contexts)) return 2;
     if (o->tp != 0) {  // ops/cuda/tp_bench.h
       ops::cuda::TpBenchOptions to;
       to.world = o->tp, to.reps = o->reps, to.layers = o->layers;
@@ -86,6 +95,8 @@ std::function<int()> setup_bench(CLI::App& app) {
       }
       return 0;
     }
+    opt.reps = o->reps, opt.layers = o->layers;
+    opt.graph_layers = o->graph_layers, opt.gemv_sweep = o->gemv_sweep;
     auto rep = ops::cuda::run_layer_bench(opt);
     if (!rep.ok()) {
       std::cerr << "bench: " << rep.status().to_string() << "\n";

@@ -11,6 +11,7 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 
@@ -260,6 +261,41 @@ TEST(CudaExpertGemv, DownProjectionPerPairRows) {
   for (float v : ref) scale = std::max(scale, double(std::fabs(v)));
   for (size_t i = 0; i < ref.size(); ++i)
     ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-4 * scale) << i;
+}
+
+// Every forced k split (cluster of 1..8 CTAs summing disjoint k ranges through distributed
+// shared memory) and every k-chunk width gives the twin's result, uneven splits included.
+TEST(CudaBlockLinear, EveryKSplitAndChunkMatchesTwin) {
+  FS_REQUIRE_GPU();
+  const LinCase cases[] = {
+      {WeightFormat::kFp8, 1, 70, 2304, 32, 32},  // 72 blocks: uneven splits for 5, 7
+      {WeightFormat::kFp8, 6, 45, 1280, 32, 32},
+      {WeightFormat::kFp4, 3, 33, 2304, 32, 32},
+      {WeightFormat::kFp8, 12, 40, 1024, 128, 128},  // V4 blocks: chunk stays 4
+  };
+  uint32_t seed = 100;
+  for (int split = 1; split <= 8; ++split) {
+    for (int chunk : {1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "split=" << split << " chunk=" << chunk);
+      detail::set_gemv_tuning(split, chunk);
+      for (const auto& c : cases) run_linear_case(c, seed++);
+    }
+  }
+  detail::set_gemv_tuning(0, 0);
+}
+
+TEST(CudaExpertGemv, FusedSwigluEveryKSplit) {
+  FS_REQUIRE_GPU();
+  for (int split : {1, 2, 3, 8}) {
+    for (int chunk : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "split=" << split << " chunk=" << chunk);
+      detail::set_gemv_tuning(split, chunk);
+      run_expert_case(WeightFormat::kFp4, 6, 6, 13, 200, 2304, 7.0f, 40 + split);
+      run_expert_case(WeightFormat::kFp8, 3, 1, 2, 70, 384, 7.0f, 50 + split);
+      run_expert_case(WeightFormat::kFp4, 20, 2, 3, 45, 160, 7.0f, 60 + split);  // groups of > 8 pairs
+    }
+  }
+  detail::set_gemv_tuning(0, 0);
 }
 
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {

@@ -32,7 +32,7 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.wu = p.w_up, a.wsu = p.w_up_scale;
   a.e_stride = p.expert_stride, a.e_sstride = p.expert_scale_stride;
   a.group_expert = p.group_expert, a.group_start = p.group_start, a.pair_row = p.pair_row;
-  a.pair_weight = p.pair_weight, a.y = p.y;
+  a.pair_weight = p.pair_weight, a.y = p.y, a.m = p.n_pairs;
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
   a.limit = p.swiglu_limit;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),

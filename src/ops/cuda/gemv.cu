@@ -12,8 +12,19 @@
 // shared memory in a fixed order (deterministic). A thread (group g = lane/4, q = lane%4) feeds
 // k offsets q*8 .. q*8+7 of each block: the same permutation of k for weights and activations,
 // which lets it load 8 contiguous FP8 bytes (4 FP4 bytes) per row and block.
+//
+// Decode speed (M <= 8) is set by weight bytes in flight, not by arithmetic: a warp iteration is
+// one dependent round trip (weights + x, quantise, MMA), so (a) a warp loads `kChunk` blocks per
+// iteration (FP4 kept packed until the MMA so 4 blocks fit the 128-register cap), and (b) small
+// grids are split along k over a thread-block cluster (sm_90): the CTAs of a cluster sum disjoint
+// k ranges and CTA rank 0 adds the partials from distributed shared memory in rank order, so the
+// result stays deterministic and needs no workspace. The split is used only while all CTAs
+// still fit in one wave (pick_tuning below).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
 
 #include "ops/cuda/gemv_kernels.h"
 
@@ -23,7 +34,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 32;  // output rows per block
-constexpr int kToks = 16;  // tokens per tile
 
 
 __device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
@@ -45,34 +55,48 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// A fragments and per-row scales of one matrix for rows row0 + mt*16 + {g, g+8}, blocks kb0...
+// Raw weight words and per-row scales of one matrix for rows row0 + mt*16 + {g, g+8}, blocks
+// kb0...: FP8 keeps two words per (row, block) (A fragment regs h and h+2), FP4 one packed word
+// (expanded right before the MMA, which halves the registers that hold loads in flight).
+template <bool kFp4>
+struct WRaw {
+  static constexpr int kWords = kFp4 ? 1 : 2;
+};
+
 template <bool kFp4, int kChunk>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
-                                       uint32_t (&A)[2][kChunk][4], float (&sc)[2][2][kChunk]) {
+                                       uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                       uint32_t (&sc)[2][2]) {
+  static_assert(kChunk <= 4, "scale exponents are packed 4 per register");
   const int nkb = a.k / 32;
+  uint32_t sc8 = 0;
+  if constexpr (!kFp4) {  // one scale row per 32-row tile (w_block 32 or 128, row0 % 32 == 0)
+    const int kbw = a.k / a.w_block;
+    const uint8_t* srow = ws + int64_t(row0 / a.w_block) * kbw;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) sc8 |= uint32_t(srow[((kb0 + j) * 32) / a.w_block]) << (8 * j);
+  }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);  // tail rows: loaded, never stored
+      uint32_t packed = sc8;
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
         const int kb = kb0 + j;
         if constexpr (kFp4) {
-          const uint32_t u = __ldcs(reinterpret_cast<const unsigned int*>(
+          A[mt][j][h][0] = __ldcs(reinterpret_cast<const unsigned int*>(
               w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4));
-          A[mt][j][h] = fp4x4_to_e4m3x4(u & 0xffffu);
-          A[mt][j][h + 2] = fp4x4_to_e4m3x4(u >> 16);
-          sc[mt][h][j] = e8m0f(ws[int64_t(row) * nkb + kb]);
+          packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
         } else {
           const uint2 u = __ldcs(reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8));
-          A[mt][j][h] = u.x;
-          A[mt][j][h + 2] = u.y;
-          const int kbw = a.k / a.w_block;
-          sc[mt][h][j] = e8m0f(ws[int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block]);
+          A[mt][j][h][0] = u.x;
+          A[mt][j][h][1] = u.y;
         }
       }
+      sc[mt][h] = packed;
     }
   }
 }
@@ -127,9 +151,9 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
   }
 }
 
-template <int kChunk>
-__device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][4],
-                                               const float (&sc)[2][2][kChunk],
+template <bool kFp4, int kChunk>
+__device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                               const uint32_t (&sc)[2][2],
                                                const uint32_t (&B)[kChunk][2],
                                                const float (&xs)[kChunk], int q,
                                                float (&acc)[2][4]) {
@@ -139,20 +163,30 @@ __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][4]
     const float s1 = __shfl_sync(0xffffffffu, xs[j], (q * 2 + 1) * 4);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
+      uint32_t af[4];
+      if constexpr (kFp4) {
+        af[0] = fp4x4_to_e4m3x4(A[mt][j][0][0] & 0xffffu), af[2] = fp4x4_to_e4m3x4(A[mt][j][0][0] >> 16);
+        af[1] = fp4x4_to_e4m3x4(A[mt][j][1][0] & 0xffffu), af[3] = fp4x4_to_e4m3x4(A[mt][j][1][0] >> 16);
+      } else {
+        af[0] = A[mt][j][0][0], af[2] = A[mt][j][0][1], af[1] = A[mt][j][1][0], af[3] = A[mt][j][1][1];
+      }
       float d[4];
-      mma_e4m3(d, A[mt][j], B[j][0], B[j][1]);
-      acc[mt][0] += d[0] * (sc[mt][0][j] * s0);
-      acc[mt][1] += d[1] * (sc[mt][0][j] * s1);
-      acc[mt][2] += d[2] * (sc[mt][1][j] * s0);
-      acc[mt][3] += d[3] * (sc[mt][1][j] * s1);
+      mma_e4m3(d, af, B[j][0], B[j][1]);
+      const float w0 = e8m0f(uint8_t(sc[mt][0] >> (8 * j))), w1 = e8m0f(uint8_t(sc[mt][1] >> (8 * j)));
+      acc[mt][0] += d[0] * (w0 * s0);
+      acc[mt][1] += d[1] * (w0 * s1);
+      acc[mt][2] += d[2] * (w1 * s0);
+      acc[mt][3] += d[3] * (w1 * s1);
     }
   }
 }
 
-// Writes a thread's accumulators into its warp's slice of `red` ([kRows][kToks] per warp).
-__device__ __forceinline__ void stash(float* red, const float (&acc)[2][2][4], int g, int q) {
+// Writes a thread's accumulators into its warp's slice of `red` ([kRows][8·kNt] per warp).
+template <int kNt>
+__device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4], int g, int q) {
+  constexpr int kToks = 8 * kNt;
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -163,11 +197,15 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[2][2][4], i
       }
 }
 
-template <bool kFp4, int kChunk, bool kGated>
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a) {
+// Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
+// kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
+  constexpr int kToks = 8 * kNt;
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int row0 = blockIdx.x * kRows;
+  const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
+  const int row0 = tile * kRows;
   int64_t start = 0, count = a.m;
   const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
   if (a.group_start) {
@@ -178,11 +216,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a) {
     if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
   }
   const int n_chunks = a.k / 32 / kChunk;
+  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
+  constexpr int kMats = kGated ? 2 : 1;
   for (int64_t tt = 0; tt < count; tt += kToks) {
     const int ntok = count - tt < kToks ? int(count - tt) : kToks;
-    const float* xrow[2];
+    const float* xrow[kNt];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNt; ++nt) {
       const int slot = nt * 8 + g;
       xrow[nt] = nullptr;
       if (slot < ntok) {
@@ -191,63 +231,170 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a) {
         xrow[nt] = a.x + row * a.k;
       }
     }
-    float acc[2][2][4] = {}, accu[2][2][4] = {};
-    for (int c = warp; c < n_chunks; c += kWarps) {
-      const int kb0 = c * kChunk;
-      uint32_t A[2][kChunk][4], AU[2][kChunk][4];
-      float sc[2][2][kChunk], scu[2][2][kChunk];
-      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+    float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
+    using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
+    auto compute = [&](int kb0, const Words& A, const uint32_t (&sc)[2][2], const Words& AU,
+                       const uint32_t (&scu)[2][2]) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt) {
         if (nt == 1 && ntok <= 8) break;  // warp-uniform
         uint32_t B[kChunk][2];
         float xs[kChunk];
         quant_x<kChunk>(xrow[nt], kb0, q, a.act_block, B, xs);
-        mma_accumulate<kChunk>(A, sc, B, xs, q, acc[nt]);
-        if constexpr (kGated) mma_accumulate<kChunk>(AU, scu, B, xs, q, accu[nt]);
+        mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
+        if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
+    };
+    for (int c = c_begin + warp; c < c_end; c += kWarps) {
+      const int kb0 = c * kChunk;
+      Words A, AU;
+      uint32_t sc[2][2], scu[2][2];
+      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+      compute(kb0, A, sc, AU, scu);
     }
-    stash(red[0][warp], acc, g, q);
-    if constexpr (kGated) stash(red[kGated ? 1 : 0][warp], accu, g, q);
+    stash<kNt>(red[0][warp], acc, g, q);
+    if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
     __syncthreads();
+    // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
     for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-      const int r = o / kToks, t = o % kToks, row = row0 + r;
-      if (row >= a.n || t >= ntok) continue;
-      float v = 0, u = 0;
 #pragma unroll
-      for (int wi = 0; wi < kWarps; ++wi) v += red[0][wi][o];
-      const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-      if constexpr (kGated) {
+      for (int mi = 0; mi < kMats; ++mi) {
+        float v = 0;
 #pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) u += red[kGated ? 1 : 0][wi][o];
-        if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
-        const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
-        v = (v / (1.0f + expf(-v))) * u * pw;
-      }
-      if (a.bf16_out) {
-        reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
-      } else {
-        reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
+        for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
+        red[mi][0][o] = v;
       }
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
+#endif
+    if (rank == 0) {
+      for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
+        const int r = o / kToks, t = o % kToks, row = row0 + r;
+        if (row >= a.n || t >= ntok) continue;
+        float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
+          const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
+          v += rem[o];
+          if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
+        }
+#endif
+        const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+        if constexpr (kGated) {
+          if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
+          const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
+          v = (v / (1.0f + expf(-v))) * u * pw;
+        }
+        if (a.bf16_out) {
+          reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
+        } else {
+          reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
+        }
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
+      continue;
+    }
+#endif
     __syncthreads();
   }
 }
 
+// Tuning, from the split / chunk sweep of `flashseek bench --gemv-sweep` on an H200 (RESULTS.md,
+// 2026-11-29 H4b). Under ncu the kernels read exactly the counted bytes from DRAM; they are
+// latency-bound (16 warps per SM at the 128-register cap, long-scoreboard stalls), so:
+// * k split over a cluster pays only while all CTAs fit in one wave (2 per SM): a CTA has a
+//   fixed cost of a few µs (ramp, reduction, epilogue), and more, shorter CTAs lose as soon as
+//   they spill into a second wave. Split = min(8, 2·SMs / tiles), at least 1.
+// * k blocks per warp iteration: 4 for one FP8 matrix and one token tile when each warp still
+//   gets >= 2 iterations (wo_a, wo_b), else 2 (4 blocks spill with two matrices, two token
+//   tiles or FP4). V4's act_block 128 needs exactly 4. A variant that prefetched the next
+//   chunk into a second register set measured 5-15 % slower and was dropped.
+int g_split_override = 0, g_chunk_override = 0;
+
+struct Tuning {
+  int chunk = 1, split = 1;
+};
+
+struct DeviceInfo {
+  int sms = 0, major = 0;
+};
+
+DeviceInfo device_info() {
+  static DeviceInfo cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {};
+  DeviceInfo& d = cache[dev];
+  if (d.sms == 0) {
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+  }
+  return d;
+}
+
+Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tiles, const DeviceInfo& d) {
+  Tuning t;
+  const int nkb = a.k / 32;
+  if (d.major >= 9 && d.sms > 0) {
+    t.split = int(std::min<int64_t>(8, std::max<int64_t>(1, 2 * int64_t(d.sms) / std::max<int64_t>(tiles, 1))));
+  }
+  if (g_split_override > 0) t.split = g_split_override;
+  if (d.major < 9) t.split = 1;
+  int want = 2;
+  if (a.act_block == 128) want = 4;
+  else if (g_chunk_override > 0) want = g_chunk_override;
+  else if (!fp4 && !gated && nt == 1 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
+  while (want > 1 && nkb % want != 0) want /= 2;
+  t.chunk = want;
+  t.split = std::max(1, std::min({t.split, nkb / t.chunk, 8}));
+  return t;
+}
+
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
+  const int tiles = (a.n + kRows - 1) / kRows;
+  const dim3 grid(tiles * split, n_groups);
+  if (split == 1) {
+    gemv_kernel<kFp4, kChunk, kGated, kNt><<<grid, kThreads, 0, stream>>>(a, 1);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(split), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, gemv_kernel<kFp4, kChunk, kGated, kNt>, a, split);
+}
+
+template <bool kFp4, bool kGated, int kNt>
+cudaError_t launch_nt(const GemvArgs& a, int n_groups, cudaStream_t stream) {
+  const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * n_groups;
+  const Tuning t = pick_tuning(a, kFp4, kGated, kNt, tiles, device_info());
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+}
+
+// One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
+// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes.
 template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
-  const dim3 grid((a.n + kRows - 1) / kRows, n_groups);
-  // act_block 128 needs the 4-block chunks (k % 128 == 0, checked by the caller).
-  // Two blocks per SM (register cap 128) keep more weight bytes in flight than one fat block:
-  // 2-block chunks fit the cap without spills; act_block 128 (V4) needs 4-block chunks.
-  if (a.act_block == 128) gemv_kernel<kFp4, 4, kGated><<<grid, kThreads, 0, stream>>>(a);
-  else if (a.k % 64 == 0) gemv_kernel<kFp4, 2, kGated><<<grid, kThreads, 0, stream>>>(a);
-  else gemv_kernel<kFp4, 1, kGated><<<grid, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
+  return small ? launch_nt<kFp4, kGated, 1>(a, n_groups, stream) : launch_nt<kFp4, kGated, 2>(a, n_groups, stream);
 }
 
 }  // namespace
+
+void set_gemv_tuning(int split, int chunk) {
+  g_split_override = split;
+  g_chunk_override = chunk == 1 || chunk == 2 || chunk == 4 ? chunk : 0;
+}
 
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {
   const bool gated = a.wu != nullptr;

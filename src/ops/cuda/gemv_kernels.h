@@ -23,4 +23,9 @@ struct GemvArgs {
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream);
 
+// Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
+// per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
+// automatic choice. Process-wide, not thread-safe.
+void set_gemv_tuning(int split, int chunk);
+
 }  // namespace flashseek::ops::cuda::detail

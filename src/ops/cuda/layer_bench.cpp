@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -13,7 +14,9 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv_kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/model_kernels.h"
 #include "ops/cuda/small_kernels.h"
 
 namespace flashseek::ops::cuda {
@@ -22,6 +25,14 @@ namespace {
 constexpr int64_t kHidden = 5120, kQLora = 1280, kKv = 512, kHeads = 64, kHeadDim = 512;
 constexpr int64_t kOGroups = 8, kORank = 1024, kInter = 2304, kExperts = 384, kTopK = 6;
 constexpr int64_t kWindow = 128, kTopIdx = 512, kPoolRows = 1 << 16;
+constexpr int64_t kHc = 4, kMix = (2 + kHc) * kHc, kIdxHeads = 32, kIdxDim = 128;
+constexpr int64_t kCompOut = 2 * kKv;  // compressor wkv + wgate rows (ratio-2 source)
+constexpr int64_t kEngramOut = 25600, kEngramIn = 6144, kEngramRows = 24, kEngramRowBytes = 264;
+constexpr int kSweepCols = 10;  // GEMV sweep columns: splits 1..8, then chunk 2 and 4
+constexpr int kFullSources = 4, kIndexSources = 8, kEngramLayers = 2;  // per 40-layer step
+
+// Every timed launch goes to this stream (capturable into a graph; the legacy stream is not).
+cudaStream_t g_st = nullptr;
 
 // Device memory owned by the benchmark; freed at scope exit.
 class Arena {
@@ -58,6 +69,14 @@ Status make_fp8(Arena& ar, Fp8Mat& m, int64_t n, int64_t k, int copies, uint64_t
   return {};
 }
 
+// FP32 weights (the exactness-first model kernels' format) in rotating copies.
+struct F32Mat {
+  std::vector<float*> w;
+  int64_t n = 0, k = 0;
+  double bytes() const { return 4.0 * double(n * k); }
+  const float* at(int r) const { return w[size_t(r) % w.size()]; }
+};
+
 // Copies so that one rotation covers >= 3x the L2 (at least 2).
 int copies_for(double bytes, double l2_bytes) {
   return int(std::clamp(std::ceil(3 * l2_bytes / bytes), 2.0, 64.0));
@@ -79,9 +98,9 @@ Status time_op(const std::function<Status(int)>& fn, int reps, double* med, doub
   std::vector<double> us;
   int call = 3;
   for (int i = 0; i < reps; ++i) {
-    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.a, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.a, g_st));
     for (int b = 0; b < batch; ++b) FS_RETURN_IF_ERROR(fn(call++));
-    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.b, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.b, g_st));
     FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t.b));
     float ms = 0;
     FS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, t.a, t.b));
@@ -101,7 +120,7 @@ Status measure_copy(double* gbps) {
   FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(src, bytes, 5, 0, nullptr));
   double med = 0, mn = 0;
   FS_RETURN_IF_ERROR(time_op(
-      [&](int) { return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "memcpy"); },
+      [&](int) { return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_st), "memcpy"); },
       10, &med, &mn, 1));
   *gbps = 2.0 * double(bytes) / (med * 1e-6) / 1e9;
   return {};
@@ -147,8 +166,17 @@ Status make_routings(Arena& ar, Routings& r, int m, int count, uint64_t seed) {
 }
 
 // Every weight of one decode layer (FP8 dense parts in rotating copies, all FP4 experts once).
+struct PinnedHost {
+  void* p = nullptr;
+  ~PinnedHost() { if (p) cudaFreeHost(p); }
+};
+
 struct Slice {
-  Fp8Mat wqa_wkv, wq_b, wo, wo_b, sh_gate, sh_up, sh_down;
+  Fp8Mat wqa_wkv, wq_b, wo, wo_b, sh_gate, sh_up, sh_down, idx_wq_b, engram_wkv;
+  F32Mat router, hc_fn, comp, idx_wproj;
+  float *hc_base = nullptr, *hc_scale = nullptr;
+  uint8_t* engram_host = nullptr;  // pinned host rows (freed by the Arena's owner below)
+  int64_t engram_host_rows = 0;
   uint8_t *eg = nullptr, *egs = nullptr, *eu = nullptr, *eus = nullptr, *ed = nullptr, *eds = nullptr;
   uint16_t* pool = nullptr;  // BF16 latent rows for attention
   float *norm_w = nullptr, *inv_freq = nullptr, *sink = nullptr;
@@ -166,6 +194,26 @@ Status make_slice(Arena& ar, Slice& sl, double l2) {
   FS_RETURN_IF_ERROR(fp8(sl.sh_gate, kInter, kHidden, 500));
   FS_RETURN_IF_ERROR(fp8(sl.sh_up, kInter, kHidden, 600));
   FS_RETURN_IF_ERROR(fp8(sl.sh_down, kHidden, kInter, 700));
+  FS_RETURN_IF_ERROR(fp8(sl.idx_wq_b, kIdxHeads * kIdxDim, kQLora, 800));
+  FS_RETURN_IF_ERROR(fp8(sl.engram_wkv, kEngramOut, kEngramIn, 850));
+  auto f32 = [&](F32Mat& m, int64_t n, int64_t k, uint64_t seed, float scale) -> Status {
+    m.n = n, m.k = k;
+    const int copies = copies_for(4.0 * double(n * k), l2);
+    for (int c = 0; c < copies; ++c) {
+      FS_ASSIGN_OR_RETURN(float* w, ar.alloc<float>(n * k));
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(w, n * k, seed + uint64_t(c) * 131, scale, nullptr));
+      m.w.push_back(w);
+    }
+    return {};
+  };
+  FS_RETURN_IF_ERROR(f32(sl.router, kExperts, kHidden, 1000, 0.02f));
+  FS_RETURN_IF_ERROR(f32(sl.hc_fn, kMix, kHc * kHidden, 1100, 0.01f));
+  FS_RETURN_IF_ERROR(f32(sl.comp, kCompOut, kHidden, 1200, 0.02f));
+  FS_RETURN_IF_ERROR(f32(sl.idx_wproj, kIdxHeads, kHidden, 1300, 0.02f));
+  FS_ASSIGN_OR_RETURN(sl.hc_base, ar.alloc<float>(kMix));
+  FS_ASSIGN_OR_RETURN(sl.hc_scale, ar.alloc<float>(3));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(sl.hc_base, kMix, 1400, 0.5f, nullptr));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(sl.hc_scale, 3, 1401, 1.0f, nullptr));
   const int64_t up_b = kExperts * kInter * kHidden / 2, up_s = kExperts * kInter * kHidden / 32;
   uint8_t** bufs[6] = {&sl.eg, &sl.egs, &sl.eu, &sl.eus, &sl.ed, &sl.eds};
   for (int i = 0; i < 6; ++i) {
@@ -229,34 +277,103 @@ Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m) {
   BlockLinearParams p;
   const int c = copy % int(w.w.size());
   p.x = x, p.w = w.w[c], p.w_scale = w.s[c], p.y = y, p.m = m, p.n = w.n, p.k = w.k;
-  return block_linear_cuda(p, nullptr);
+  return block_linear_cuda(p, g_st);
 }
 
+// Extra activations of the roles beyond the PR-1 slice (mHC, router, compressor, indexer, Engram).
+struct ExtraActs {
+  float *X, *pre, *post, *comb, *u, *logits, *rscratch, *rweight, *comp, *iq, *iw, *eo, *erows;
+  int32_t* rsel;
+};
+
+Status make_extra(Arena& ar, ExtraActs& e, int m) {
+  float** fs[] = {&e.X, &e.pre, &e.post, &e.comb, &e.u, &e.logits, &e.rscratch, &e.rweight,
+                  &e.comp, &e.iq, &e.iw, &e.eo, &e.erows};
+  const int64_t sizes[] = {m * kHc * kHidden, m * kHc, m * kHc, m * kHc * kHc, m * kHidden,
+                           m * kExperts, m * 2 * kExperts, m * kTopK, m * kCompOut,
+                           m * kIdxHeads * kIdxDim, m * kIdxHeads, m * kEngramOut,
+                           (m * kEngramRows * kEngramRowBytes + 3) / 4};
+  for (int i = 0; i < 13; ++i) {
+    FS_ASSIGN_OR_RETURN(*fs[i], ar.alloc<float>(sizes[i]));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(*fs[i], sizes[i], 50 + i, 0.5f, nullptr));
+  }
+  FS_ASSIGN_OR_RETURN(e.rsel, ar.alloc<int32_t>(m * kTopK));
+  return {};
+}
+
+// Indexer state for one context: FP32 keys (the exact kernels' format), score rows, top-k.
+struct IndexActs {
+  float *keys = nullptr, *scores = nullptr, *blocks = nullptr;
+  uint8_t *cand = nullptr, *taken = nullptr;
+  int32_t *out = nullptr, *out_n = nullptr;
+};
+
 Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int m,
-                    std::vector<KernelTiming>& out) {
+                    LayerBenchReport& rep) {
+  std::vector<KernelTiming>& out = rep.kernels;
   Arena ar;
   Acts a{};
   FS_RETURN_IF_ERROR(make_acts(ar, a, m, sms));
+  ExtraActs e{};
+  FS_RETURN_IF_ERROR(make_extra(ar, e, m));
   Routings rt;
   const int n_rout = 64;  // routings cycled by the timed launches
   FS_RETURN_IF_ERROR(make_routings(ar, rt, m, n_rout, 1234 + m));
   const double act = 4.0 * m;  // bytes per activation element across the tokens
   const double exp_bytes = double(kInter) * kHidden / 2 * 1.0625;  // one FP4 matrix + scales
-  auto add = [&](const std::string& name, double bytes, double flops, const std::function<Status(int)>& fn) -> Status {
+  std::vector<std::function<Status(int)>> layer;  // every-layer kernels in order (graph)
+  double layer_sum = 0;
+  auto add_k = [&](const std::string& name, double bytes, double flops, const std::function<Status(int)>& fn,
+                   const std::string& role, double per_step, int ctx) -> Status {
     KernelTiming k;
     k.name = name, k.tokens = m, k.bytes = bytes, k.flops = flops;
-    FS_RETURN_IF_ERROR(time_op(fn, opt.reps, &k.median_us, &k.min_us));
-    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    k.role = role, k.per_step = per_step, k.context = ctx;
+    k.reference = name.find("FP32") != std::string::npos || name.find("indexer scores") == 0 ||
+                  name.find("indexer top") == 0;
+    // Slow kernels (the exactness-first indexer top-k at 128k takes tens of ms) get single
+    // launches and fewer samples, so the whole bench stays within a couple of minutes.
+    double probe = 0, probe_min = 0;
+    FS_RETURN_IF_ERROR(time_op(fn, 1, &probe, &probe_min, 1));
+    if (probe > 2000) {
+      FS_RETURN_IF_ERROR(time_op(fn, std::min(opt.reps, 5), &k.median_us, &k.min_us, 1));
+    } else {
+      FS_RETURN_IF_ERROR(time_op(fn, opt.reps, &k.median_us, &k.min_us));
+    }
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g_st));
+    if (role.empty()) layer.push_back(fn), layer_sum += k.median_us;
     out.push_back(k);
     return {};
+  };
+  auto add = [&](const std::string& name, double bytes, double flops, const std::function<Status(int)>& fn) {
+    return add_k(name, bytes, flops, fn, "", 0, 0);
   };
   auto norm = [&](float* x, int64_t dim) {
     RmsNormParams p;
     p.x = x, p.w = sl.norm_w, p.y = x, p.rows = m, p.dim = dim, p.eps = 1e-20f;
-    return rms_norm_cuda(p, nullptr);
+    return rms_norm_cuda(p, g_st);
   };
   auto fl = [&](const Fp8Mat& w) { return 2.0 * m * w.n * w.k; };
   auto wb = [&](const Fp8Mat& w) { return w.bytes() + act * (w.n + w.k); };
+  auto f32lin = [&](const F32Mat& w, int r, const float* x, float* y) {
+    detail::LinearArgs la;
+    la.x = x, la.w = w.at(r), la.y = y, la.rows = m, la.in = w.k, la.out = w.n;
+    return cuda_status(detail::launch_linear(la, g_st), "linear");
+  };
+  auto f32b = [&](const F32Mat& w) { return w.bytes() + act * (w.n + w.k); };
+  // mHC around a sublayer: mixes (RMS over the 4x5120 state, 24 mixes, sinkhorn) + collapse; post.
+  auto hc_pre = [&](int r) -> Status {
+    detail::HcMixArgs h;
+    h.x = e.X, h.fn = sl.hc_fn.at(r), h.base = sl.hc_base, h.scale = sl.hc_scale, h.rows = m;
+    h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f;
+    h.pre = e.pre, h.post = e.post, h.comb = e.comb;
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_hc_mixes(h, g_st));
+    return cuda_status(detail::launch_hc_collapse(e.X, e.pre, a.x, m, kHc, kHidden, false, g_st), "hc collapse");
+  };
+  auto hc_post = [&](int) {
+    return cuda_status(detail::launch_hc_post(a.y, e.X, e.post, e.comb, m, kHc, kHidden, false, g_st), "hc post");
+  };
+  const double hc_bytes = sl.hc_fn.bytes() + act * kHc * kHidden * 2 + act * kHidden;
+  FS_RETURN_IF_ERROR(add("mHC pre, attn (FP32 mixes+sinkhorn+collapse)", hc_bytes, 2.0 * m * kMix * kHc * kHidden, hc_pre));
   FS_RETURN_IF_ERROR(add("attn_norm", act * 2 * kHidden, 0, [&](int) { return norm(a.x, kHidden); }));
   FS_RETURN_IF_ERROR(add("wq_a+wkv (FP8)", wb(sl.wqa_wkv), fl(sl.wqa_wkv), [&](int r) { return lin(sl.wqa_wkv, r, a.x, a.qa, m); }));
   FS_RETURN_IF_ERROR(add("q_norm", act * 2 * kQLora, 0, [&](int) { return norm(a.qa, kQLora); }));
@@ -265,7 +382,7 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
     RopeParams p;
     p.x = a.q, p.pos = a.pos, p.inv_freq = sl.inv_freq, p.rows = m, p.n_vec = kHeads;
     p.vec_dim = kHeadDim, p.rope_dim = 64;
-    return apply_rope_cuda(p, nullptr);
+    return apply_rope_cuda(p, g_st);
   }));
   const double keys = double(kWindow + kTopIdx);
   FS_RETURN_IF_ERROR(add("sparse attn (BF16 rows)", m * keys * kHeadDim * 2 + act * 2 * kHeads * kHeadDim,
@@ -274,11 +391,22 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
     p.q = a.q, p.kv = sl.pool, p.idx = a.idx, p.sink = sl.sink, p.out = a.o, p.m = m;
     p.n_idx = int64_t(keys), p.n_rows = kPoolRows, p.n_heads = kHeads, p.head_dim = kHeadDim;
     p.scale = 1.0f / std::sqrt(float(kHeadDim)), p.n_splits = a.splits, p.workspace = a.ws;
-    return sparse_attention_pool_cuda(p, nullptr);
+    return sparse_attention_pool_cuda(p, g_st);
   }));
   FS_RETURN_IF_ERROR(add("wo_a as FP8 [8192,4096]", wb(sl.wo), fl(sl.wo), [&](int r) { return lin(sl.wo, r, a.o, a.q, m); }));
   FS_RETURN_IF_ERROR(add("wo_b (FP8)", wb(sl.wo_b), fl(sl.wo_b), [&](int r) { return lin(sl.wo_b, r, a.q, a.y, m); }));
+  FS_RETURN_IF_ERROR(add("mHC post, attn", act * kHc * kHidden * 2 + act * kHidden, 0, hc_post));
+  FS_RETURN_IF_ERROR(add("mHC pre, ffn (FP32 mixes+sinkhorn+collapse)", hc_bytes, 2.0 * m * kMix * kHc * kHidden,
+                         [&](int r) { return hc_pre(r + 1); }));
   FS_RETURN_IF_ERROR(add("ffn_norm", act * 2 * kHidden, 0, [&](int) { return norm(a.y, kHidden); }));
+  FS_RETURN_IF_ERROR(add("router (FP32 linear [384,5120] + sqrtsoftplus top-6)", f32b(sl.router),
+                         2.0 * m * kExperts * kHidden, [&](int r) -> Status {
+    FS_RETURN_IF_ERROR(f32lin(sl.router, r, a.y, e.logits));
+    detail::RouteArgs ra;
+    ra.logits = e.logits, ra.scratch = e.rscratch, ra.T = m, ra.E = kExperts, ra.K = kTopK;
+    ra.sqrtsoftplus = true, ra.norm_topk = true, ra.route_scale = 1.5f, ra.sel = e.rsel, ra.weight = e.rweight;
+    return cuda_status(detail::launch_route(ra, g_st), "route");
+  }));
   auto experts = [&](const uint8_t* w, const uint8_t* ws, const uint8_t* wu, const uint8_t* wus,
                      int64_t n, int64_t k, const float* x, float* y, int r, bool shared) {
     ExpertGemvParams p;
@@ -294,26 +422,130 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
       p.group_expert = rt.ge[c], p.group_start = rt.gs[c], p.n_groups = rt.n_groups[c];
       p.pair_row = wu ? rt.pr[c] : nullptr, p.pair_weight = wu ? rt.pair_weight : nullptr;
     }
-    return expert_gemv_cuda(p, nullptr);
+    return expert_gemv_cuda(p, g_st);
   };
-  FS_RETURN_IF_ERROR(add("shared gate+up+swiglu (FP8)", wb(sl.sh_gate) * 2, fl(sl.sh_gate) * 2, [&](int r) {
+  auto shared_gu = [&](int r) {
     const int c = r % int(sl.sh_gate.w.size());
     return experts(sl.sh_gate.w[c], sl.sh_gate.s[c], sl.sh_up.w[c], sl.sh_up.s[c], kInter, kHidden,
                    a.y, a.h, r, true);
-  }));
+  };
+  auto routed_gu = [&](int r) { return experts(sl.eg, sl.egs, sl.eu, sl.eus, kInter, kHidden, a.y, a.h, r, false); };
+  auto routed_d = [&](int r) { return experts(sl.ed, sl.eds, nullptr, nullptr, kHidden, kInter, a.h, a.hp, r, false); };
+  FS_RETURN_IF_ERROR(add("shared gate+up+swiglu (FP8)", wb(sl.sh_gate) * 2, fl(sl.sh_gate) * 2, shared_gu));
   FS_RETURN_IF_ERROR(add("shared down (FP8)", wb(sl.sh_down), fl(sl.sh_down), [&](int r) { return lin(sl.sh_down, r, a.h, a.x, m); }));
   const double dist = rt.mean_distinct;
-  FS_RETURN_IF_ERROR(add(fmt::format("routed gate+up+swiglu (FP4, {:.1f} experts)", dist),
-                         2 * dist * exp_bytes + act * (kHidden + kTopK * kInter),
-                         4.0 * m * kTopK * kInter * kHidden, [&](int r) {
-    return experts(sl.eg, sl.egs, sl.eu, sl.eus, kInter, kHidden, a.y, a.h, r, false);
-  }));
-  FS_RETURN_IF_ERROR(add(fmt::format("routed down (FP4, {:.1f} experts)", dist),
-                         dist * exp_bytes + act * kTopK * (kHidden + kInter),
-                         2.0 * m * kTopK * kInter * kHidden, [&](int r) {
-    return experts(sl.ed, sl.eds, nullptr, nullptr, kHidden, kInter, a.h, a.hp, r, false);
-  }));
-  return {};
+  const double rgu_bytes = 2 * dist * exp_bytes + act * (kHidden + kTopK * kInter);
+  const double rd_bytes = dist * exp_bytes + act * kTopK * (kHidden + kInter);
+  FS_RETURN_IF_ERROR(add(fmt::format("routed gate+up+swiglu (FP4, {:.1f} experts)", dist), rgu_bytes,
+                         4.0 * m * kTopK * kInter * kHidden, routed_gu));
+  FS_RETURN_IF_ERROR(add(fmt::format("routed down (FP4, {:.1f} experts)", dist), rd_bytes,
+                         2.0 * m * kTopK * kInter * kHidden, routed_d));
+  FS_RETURN_IF_ERROR(add("mHC post, ffn", act * kHc * kHidden * 2 + act * kHidden, 0, hc_post));
+
+  // CUDA graph of `graph_layers` layers: layer i launches every kernel with rep index i, so the
+  // weight copies and routings rotate across the captured layers as in the timed loops.
+  if (opt.graph_layers > 0) {
+    GraphTiming gt;
+    gt.tokens = m, gt.layers = opt.graph_layers, gt.kernel_sum_us = layer_sum;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(g_st, cudaStreamCaptureModeRelaxed));
+    Status cap;
+    for (int i = 0; i < opt.graph_layers && cap.ok(); ++i)
+      for (auto& fn : layer) {
+        cap = fn(i);
+        if (!cap.ok()) break;
+      }
+    const cudaError_t end = cudaStreamEndCapture(g_st, &graph);
+    FS_RETURN_IF_ERROR(cap);
+    FS_CUDA_RETURN_IF_ERROR(end);
+    FS_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    double med = 0, mn = 0;
+    Status st = time_op([&](int) { return cuda_status(cudaGraphLaunch(exec, g_st), "graph launch"); },
+                        std::max(10, opt.reps / 2), &med, &mn, 2);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    FS_RETURN_IF_ERROR(st);
+    gt.replay_us_per_layer = med / opt.graph_layers, gt.replay_min_us_per_layer = mn / opt.graph_layers;
+    rep.graphs.push_back(gt);
+  }
+
+  // Role extras (not in every layer): compressor, indexer query/scores/top-k, Engram.
+  FS_RETURN_IF_ERROR(add_k("compressor wkv+wgate (FP32 linear [1024,5120])", f32b(sl.comp), 2.0 * m * kCompOut * kHidden,
+                           [&](int r) { return f32lin(sl.comp, r, a.x, e.comp); }, "FULL source", kFullSources, 0));
+  FS_RETURN_IF_ERROR(add_k("indexer wq_b (FP8 [4096,1280])", wb(sl.idx_wq_b), fl(sl.idx_wq_b),
+                           [&](int r) { return lin(sl.idx_wq_b, r, a.qa, e.iq, m); }, "index source", kIndexSources, 0));
+  FS_RETURN_IF_ERROR(add_k("indexer weights_proj (FP32 linear [32,5120])", f32b(sl.idx_wproj), 2.0 * m * kIdxHeads * kHidden,
+                           [&](int r) { return f32lin(sl.idx_wproj, r, a.x, e.iw); }, "index source", kIndexSources, 0));
+  for (int ctx : opt.contexts) {
+    if (ctx < m) continue;
+    Arena ia;
+    IndexActs ix;
+    const int64_t n = ctx;  // ratio 1: one compressed entry per position
+    FS_ASSIGN_OR_RETURN(ix.keys, ia.alloc<float>(n * kIdxDim));
+    FS_ASSIGN_OR_RETURN(ix.scores, ia.alloc<float>(m * n));
+    FS_ASSIGN_OR_RETURN(ix.blocks, ia.alloc<float>(m * n));
+    FS_ASSIGN_OR_RETURN(ix.cand, ia.alloc<uint8_t>(m * n));
+    FS_ASSIGN_OR_RETURN(ix.taken, ia.alloc<uint8_t>(m * n));
+    FS_ASSIGN_OR_RETURN(ix.out, ia.alloc<int32_t>(m * kTopIdx));
+    FS_ASSIGN_OR_RETURN(ix.out_n, ia.alloc<int32_t>(m));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(ix.keys, n * kIdxDim, 60 + ctx, 1.0f, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemset(ix.cand, 1, size_t(m * n)));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    detail::IndexScoreArgs sa;
+    sa.q = e.iq, sa.w = e.iw, sa.keys = ix.keys, sa.scores = ix.scores, sa.T = m, sa.nI = kIdxHeads;
+    sa.dI = kIdxDim, sa.start = ctx - m, sa.ratio = 1, sa.stride = ctx;
+    FS_RETURN_IF_ERROR(add_k(fmt::format("indexer scores ({} keys, FP32 rows)", n),
+                             4.0 * n * kIdxDim + act * n + act * kIdxHeads * (kIdxDim + 1),
+                             2.0 * m * n * kIdxHeads * (kIdxDim + 1),
+                             [&](int) { return cuda_status(detail::launch_index_scores(sa, g_st), "index scores"); },
+                             "index source", kIndexSources, ctx));
+    detail::IndexTopkArgs ta;
+    ta.scores = ix.scores, ta.cand = ix.cand, ta.block_scratch = ix.blocks, ta.taken = ix.taken;
+    ta.out = ix.out, ta.out_n = ix.out_n, ta.T = m, ta.start = ctx - m, ta.ratio = 1, ta.stride = ctx;
+    ta.k = kTopIdx, ta.cand_block = 8, ta.cand_top = 2048, ta.mode = 0;
+    FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}", n), act * n + 2.0 * m * n, 0,
+                             [&](int) { return cuda_status(detail::launch_index_topk(ta, g_st), "index topk"); },
+                             "index source", kIndexSources, ctx));
+  }
+  FS_RETURN_IF_ERROR(add_k("Engram wkv (FP8 [25600,6144])", wb(sl.engram_wkv), fl(sl.engram_wkv),
+                           [&](int r) { return lin(sl.engram_wkv, r, e.X, e.eo, m); }, "Engram", kEngramLayers, 0));
+  const int64_t ebytes = m * kEngramRows * kEngramRowBytes;
+  FS_RETURN_IF_ERROR(add_k(fmt::format("Engram rows H2D (pinned, {}x24x264 B, one copy)", m), double(ebytes), 0,
+                           [&](int r) {
+    const int64_t row = (int64_t(r) * 7919 * kEngramRows) % (sl.engram_host_rows - m * kEngramRows);
+    return cuda_status(cudaMemcpyAsync(e.erows, sl.engram_host + row * kEngramRowBytes, size_t(ebytes),
+                                       cudaMemcpyHostToDevice, g_st), "engram copy");
+  }, "Engram", kEngramLayers, 0));
+
+  if (opt.gemv_sweep && (m == 1 || m == 6)) {
+    struct Case { const char* name; double bytes; std::function<Status(int)> fn; };
+    const Case cases[] = {
+        {"wq_a+wkv (FP8)", wb(sl.wqa_wkv), [&](int r) { return lin(sl.wqa_wkv, r, a.x, a.qa, m); }},
+        {"wq_b (FP8)", wb(sl.wq_b), [&](int r) { return lin(sl.wq_b, r, a.qa, a.q, m); }},
+        {"wo_a as FP8", wb(sl.wo), [&](int r) { return lin(sl.wo, r, a.o, a.q, m); }},
+        {"wo_b (FP8)", wb(sl.wo_b), [&](int r) { return lin(sl.wo_b, r, a.q, a.y, m); }},
+        {"shared gate+up (FP8)", wb(sl.sh_gate) * 2, shared_gu},
+        {"shared down (FP8)", wb(sl.sh_down), [&](int r) { return lin(sl.sh_down, r, a.h, a.x, m); }},
+        {"routed gate+up (FP4)", rgu_bytes, routed_gu},
+        {"routed down (FP4)", rd_bytes, routed_d},
+    };
+    for (const auto& c : cases) {
+      // Splits 1..8 (automatic chunk), then chunk 2 / 4 with the automatic split.
+      for (int s = 1; s <= kSweepCols; ++s) {
+        if (s <= 8) detail::set_gemv_tuning(s, 0);
+        else detail::set_gemv_tuning(0, s == 9 ? 2 : 4);
+        SweepTiming t;
+        t.name = c.name, t.tokens = m, t.split = s, t.bytes = c.bytes;
+        double mn = 0;
+        const Status st = time_op(c.fn, std::max(10, opt.reps / 2), &t.median_us, &mn);
+        detail::set_gemv_tuning(0, 0);
+        FS_RETURN_IF_ERROR(st);
+        rep.sweep.push_back(t);
+      }
+    }
+  }
+  return cuda_status(cudaStreamSynchronize(g_st), "bench sync");
 }
 
 }  // namespace
@@ -325,35 +557,99 @@ Result<LayerBenchReport> run_layer_bench(const LayerBenchOptions& opt) {
     if (m <= 0 || m > 256) return invalid_argument("bench: tokens={} must be in 1..256", m);
   }
   if (opt.reps <= 0) return invalid_argument("bench: reps={} must be positive", opt.reps);
+  for (int c : opt.contexts) {
+    if (c <= 0 || c > (1 << 20)) return invalid_argument("bench: context={} must be in 1..1048576", c);
+  }
+  if (opt.graph_layers < 0 || opt.graph_layers > 64)
+    return invalid_argument("bench: graph_layers={} must be in 0..64", opt.graph_layers);
   LayerBenchReport rep;
   cudaDeviceProp prop{};
   FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   rep.device = prop.name, rep.sm_count = prop.multiProcessorCount, rep.l2_mb = prop.l2CacheSize / 1e6;
+  struct StreamGuard {
+    ~StreamGuard() { if (g_st) cudaStreamDestroy(g_st); g_st = nullptr; }
+  } guard;
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&g_st));
   FS_RETURN_IF_ERROR(measure_copy(&rep.copy_gbps));
   Arena ar;
   Slice sl;
   FS_RETURN_IF_ERROR(make_slice(ar, sl, double(prop.l2CacheSize)));
-  for (int m : opt.tokens) FS_RETURN_IF_ERROR(bench_tokens(sl, opt, rep.sm_count, m, rep.kernels));
+  PinnedHost host;
+  sl.engram_host_rows = int64_t(1) << 18;
+  FS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host.p, size_t(sl.engram_host_rows * kEngramRowBytes)));
+  std::memset(host.p, 0x3c, size_t(sl.engram_host_rows * kEngramRowBytes));
+  sl.engram_host = static_cast<uint8_t*>(host.p);
+  for (int m : opt.tokens) FS_RETURN_IF_ERROR(bench_tokens(sl, opt, rep.sm_count, m, rep));
   return rep;
 }
 
 std::string format_layer_bench(const LayerBenchReport& r, const LayerBenchOptions& opt) {
   std::string s = fmt::format("device: {} ({} SMs, L2 {:.0f} MB); copy bandwidth (D2D memcpy, read+write): {:.0f} GB/s\n\n",
                               r.device, r.sm_count, r.l2_mb, r.copy_gbps);
-  s += "| M | kernel | median us | min us | MB moved | GB/s | % of copy BW |\n|---|---|---|---|---|---|---|\n";
+  s += "| M | kernel | role (layers/step) | median us | min us | MB moved | GB/s | % of copy BW | TFLOP/s |\n"
+       "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& k : r.kernels) {
     const double gbps = k.bytes / (k.median_us * 1e-6) / 1e9;
-    s += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.0f} | {:.0f}% |\n", k.tokens, k.name,
-                     k.median_us, k.min_us, k.bytes / 1e6, gbps, 100.0 * gbps / r.copy_gbps);
+    const std::string role = k.role.empty() ? "every" : fmt::format("{} ({:.0f})", k.role, k.per_step);
+    s += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.0f} | {:.0f}% | {:.2f} |\n", k.tokens, k.name, role,
+                     k.median_us, k.min_us, k.bytes / 1e6, gbps, 100.0 * gbps / r.copy_gbps,
+                     k.flops / (k.median_us * 1e-6) / 1e12);
   }
-  s += fmt::format("\n| M | layer sum us | layer MB | layer GB/s | % of copy BW | x{} layers ms |\n|---|---|---|---|---|---|\n", opt.layers);
+  s += fmt::format("\nEvery-layer kernels (one decode layer, no role extras). Graph: {} layers captured, "
+                   "replayed; per layer = replay / {}. Reference-numerics kernels: the whole-model path's "
+                   "exactness-first FP32 kernels (mHC mixes, router, compressor, indexer).\n\n",
+                   opt.graph_layers, opt.graph_layers);
+  s += fmt::format("| M | kernel sum us | graph replay us/layer | graph/sum | layer MB | % of copy BW (graph) | x{} layers ms (graph) "
+                   "| sum without reference-numerics kernels us | its % of copy BW |\n|---|---|---|---|---|---|---|---|---|\n",
+                   opt.layers);
   for (int m : opt.tokens) {
-    double us = 0, bytes = 0;
+    double us = 0, bytes = 0, fus = 0, fbytes = 0;
+    for (const auto& k : r.kernels) {
+      if (k.tokens != m || !k.role.empty()) continue;
+      us += k.median_us, bytes += k.bytes;
+      if (!k.reference) fus += k.median_us, fbytes += k.bytes;
+    }
+    double g = us;
+    for (const auto& gt : r.graphs)
+      if (gt.tokens == m) g = gt.replay_us_per_layer;
+    const double gbps = bytes / (g * 1e-6) / 1e9, fgbps = fbytes / (fus * 1e-6) / 1e9;
+    s += fmt::format("| {} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.0f}% | {:.2f} | {:.1f} | {:.0f}% |\n", m, us, g, g / us,
+                     bytes / 1e6, 100.0 * gbps / r.copy_gbps, g * opt.layers / 1000.0, fus, 100.0 * fgbps / r.copy_gbps);
+  }
+  s += fmt::format("\nStep projection: {} x (graph layer) + role extras x their layer count (FULL source {}, index "
+                   "source {}, Engram {}); LM head not included.\n\n", opt.layers, kFullSources, kIndexSources, kEngramLayers);
+  s += "| M | context | step ms | step MB | % of copy BW | ms per token |\n|---|---|---|---|---|---|\n";
+  for (int m : opt.tokens) {
+    double lus = 0, lbytes = 0;
     for (const auto& k : r.kernels)
-      if (k.tokens == m) us += k.median_us, bytes += k.bytes;
-    const double gbps = bytes / (us * 1e-6) / 1e9;
-    s += fmt::format("| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} |\n", m, us, bytes / 1e6, gbps,
-                     100.0 * gbps / r.copy_gbps, us * opt.layers / 1000.0);
+      if (k.tokens == m && k.role.empty()) lus += k.median_us, lbytes += k.bytes;
+    for (const auto& gt : r.graphs)
+      if (gt.tokens == m) lus = gt.replay_us_per_layer;
+    for (int ctx : opt.contexts) {
+      double us = lus * opt.layers, bytes = lbytes * opt.layers;
+      for (const auto& k : r.kernels)
+        if (k.tokens == m && !k.role.empty() && (k.context == 0 || k.context == ctx))
+          us += k.median_us * k.per_step, bytes += k.bytes * k.per_step;
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      s += fmt::format("| {} | {} | {:.2f} | {:.0f} | {:.0f}% | {:.3f} |\n", m, ctx, us / 1000.0, bytes / 1e6,
+                       100.0 * gbps / r.copy_gbps, us / 1000.0 / m);
+    }
+  }
+  if (!r.sweep.empty()) {
+    s += "\nGEMV sweep: forced k split s (cluster size, automatic chunk), then forced k blocks per warp "
+         "iteration c (automatic split)\n\n| M | kernel |";
+    for (int sp = 1; sp <= 8; ++sp) s += fmt::format(" s={} |", sp);
+    s += " c=2 | c=4 |\n|---|---|";
+    for (int sp = 1; sp <= kSweepCols; ++sp) s += "---|";
+    s += "\n";
+    for (size_t i = 0; i < r.sweep.size(); i += kSweepCols) {
+      s += fmt::format("| {} | {} |", r.sweep[i].tokens, r.sweep[i].name);
+      for (size_t j = i; j < i + kSweepCols && j < r.sweep.size(); ++j) {
+        const double gbps = r.sweep[j].bytes / (r.sweep[j].median_us * 1e-6) / 1e9;
+        s += fmt::format(" {:.1f} us {:.0f}% |", r.sweep[j].median_us, 100.0 * gbps / r.copy_gbps);
+      }
+      s += "\n";
+    }
   }
   return s;
 }
