@@ -185,7 +185,7 @@ void StateCache::worker() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    serialize_and_store(*p);
+    serialize_and_store(*p, p->full ? *p->full : std::vector<uint8_t>{});
     lock.lock();
     pending_.erase(p->hash);  // indexed now (or dropped): lookups go through the tiers
     busy_ = false;
@@ -193,7 +193,7 @@ void StateCache::worker() {
   }
 }
 
-void StateCache::serialize_and_store(const Pending& p) {
+void StateCache::serialize_and_store(const Pending& p, std::vector<uint8_t> full) {
   const int64_t n = int64_t(p.tokens.size());
   const forward::SnapshotHeader h{options_.fingerprint, p.tenant, p.hash, n, 0};
   // Host tier: a thin blob whose sealed pages are references into the page store.
@@ -226,8 +226,7 @@ void StateCache::serialize_and_store(const Pending& p) {
       }
     }
   }
-  std::vector<uint8_t> full;
-  if (!options_.dir.empty() || thin.empty()) {
+  if (full.empty() && (!options_.dir.empty() || thin.empty())) {
     auto blob = forward::serialize_snapshot(*p.state, p.tokens, h);
     if (!blob.ok()) {
       spdlog::warn("state cache: snapshot not stored: {}", blob.status().message());

@@ -138,11 +138,14 @@ class StateCache {
     uint64_t tenant, hash;
     std::vector<int32_t> tokens;
     std::shared_ptr<const forward::SequenceState> state;
+    std::shared_ptr<const std::vector<uint8_t>> full;  // self-contained blob, if known (fetched)
   };
   explicit StateCache(StateCacheOptions options);
   Status scan_dir();
   void worker();
-  void serialize_and_store(const Pending& p);
+  // Serialises a snapshot (thin for the host tier, self-contained for disk unless `full` is
+  // given already) and stores it.
+  void serialize_and_store(const Pending& p, std::vector<uint8_t> full = {});
   using PageList = std::vector<std::pair<uint64_t, forward::PagePtr>>;
   // Indexes a snapshot: `full` (self-contained) goes to disk; the host tier keeps `thin` (whose
   // references are `pages`) or, when thin is empty, `full`. `bytes` = self-contained size.

@@ -125,7 +125,19 @@ std::optional<CacheHit> StateCache::try_remote(uint64_t tenant, std::span<const 
     stats_.remote_seconds += secs;
   }
   std::shared_ptr<const forward::SequenceState> out = std::move(*state);
-  store(std::move(*blob), hashes[size_t(n)], tenant, n);  // ownership moves here
+  // Ownership moves here: stored by the worker (off the request path); in host memory the
+  // snapshot joins the page store, so later snapshots of this conversation share its pages.
+  {
+    const uint64_t hash = hashes[size_t(n)];
+    std::lock_guard lock(mu_);
+    if (!stopping_ && !pending_.count(hash)) {
+      pending_[hash] = std::make_shared<const Pending>(
+          Pending{tenant, hash, {tokens.begin(), tokens.begin() + n}, out,
+                  std::make_shared<const std::vector<uint8_t>>(std::move(*blob))});
+      queue_.push_back(hash);
+      cv_.notify_all();
+    }
+  }
   return CacheHit{std::move(out), n, CacheTier::kRemote};
 }
 
@@ -161,7 +173,9 @@ Status StateCache::insert_blob(std::vector<uint8_t> blob) {
   if (prefix_hashes(d.header.tenant, d.tokens).back() != d.header.prefix_hash)
     return invalid_argument("snapshot: key {:016x} does not match its tokens",
                             d.header.prefix_hash);
-  store(std::move(blob), d.header.prefix_hash, d.header.tenant, d.header.n_tokens);
+  std::shared_ptr<const forward::SequenceState> state = std::move(d.state);
+  serialize_and_store(Pending{d.header.tenant, d.header.prefix_hash, std::move(d.tokens), state},
+                      std::move(blob));
   return {};
 }
 

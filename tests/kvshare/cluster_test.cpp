@@ -1,6 +1,6 @@
 // Two `flashseek serve` processes sharing conversation state through a real redis-server on
-// loopback: turn 2 on B is fetched from A (B prefills only the new tokens) and answers like the
-// engine alone; Redis stopped mid-run: both keep answering, sharing resumes after it restarts;
+// loopback (UCX_TLS=tcp): turn 2 on B is fetched from A (B prefills only the new tokens; UCX GET
+// by default, TCP with --kv-transport tcp) and answers like the engine alone; Redis stopped mid-run: both keep answering, sharing resumes after it restarts;
 // owner killed before turn 2: B recomputes with the same answer; SIGTERM drain hands snapshots
 // to a live peer.
 #include <gtest/gtest.h>
@@ -99,6 +99,23 @@ TEST_F(Cluster2, TurnTwoOnPeerOutageRecoveryAndDeadOwner) {
   ASSERT_EQ(u2.status, 200);
   EXPECT_EQ(u2.cached_tokens, 25 + 5 - 1);
   EXPECT_EQ(u2.tokens, run_tokens(ckpt_, r2, 5));
+
+  // A server fetching over TCP (--kv-transport tcp) gets the same hit from the same owner.
+  auto t = serve("T", "s3cret", "--kv-transport tcp");
+  for (int i = 0; i < 100 && !redis_->query("GET fs:server:T"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto w1 = ids(rng, 22);
+  const auto x1 = complete(a->port(), w1, 4);
+  ASSERT_EQ(x1.status, 200);
+  ASSERT_TRUE(redis_->wait_for("HGET " + snap_key(w1, x1.tokens) + " owner", "A"));
+  const auto w2 = cat(w1, x1.tokens, ids(rng, 5));
+  const auto x2 = complete(t->port(), w2, 4);
+  ASSERT_EQ(x2.status, 200) << t->log_text();
+  EXPECT_EQ(x2.cached_tokens, 22 + 4 - 1);
+  EXPECT_EQ(x2.tokens, run_tokens(ckpt_, w2, 4));
+  EXPECT_EQ(metric(t->port(), "flashseek_kvshare_transfers_total{transport=\"tcp\"}"), 1);
+  EXPECT_EQ(metric(t->port(), "flashseek_kvshare_transfers_total{transport=\"ucx\"}"), 0);
+  t->stop();
 
   // Owner killed before turn 2: B's fetch fails, it recomputes; same answer, no error.
   const auto q1 = ids(rng, 20);

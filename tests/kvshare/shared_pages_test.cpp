@@ -75,6 +75,51 @@ TEST_F(SharedPages, TwoTurnsShareTheirPagesAndBothRestoreExactly) {
   EXPECT_EQ((*cache)->stats().host_bytes, 0);
 }
 
+// Serves one blob as the "peer" for every lookup.
+class OnePeer final : public engine::RemoteTier {
+ public:
+  explicit OnePeer(std::vector<uint8_t> blob) : blob_(std::move(blob)) {}
+  std::optional<std::vector<uint8_t>> fetch_longest(uint64_t, std::span<const uint64_t>) override {
+    return blob_;
+  }
+  void on_stored(uint64_t, uint64_t, int64_t, int64_t) override {}
+  void on_dropped(uint64_t) override {}
+
+ private:
+  std::vector<uint8_t> blob_;
+};
+
+TEST_F(SharedPages, FetchedSnapshotJoinsThePageStore) {
+  Rng rng(23);
+  const auto turn2 = random_tokens(rng, 700);
+  const std::vector<int32_t> turn1(turn2.begin(), turn2.begin() + 600);
+  auto st1 = run(turn1);
+  const uint64_t k1 = engine::prefix_hashes(1, turn1).back();
+  auto full1 = forward::serialize_snapshot(*st1, turn1, {fingerprint_, 1, k1, 600, 0});
+  ASSERT_TRUE(full1.ok());
+  auto cache = engine::StateCache::open({fingerprint_, int64_t(1) << 30, {}, 2});
+  ASSERT_TRUE(cache.ok());
+  OnePeer peer(*full1);
+  (*cache)->set_remote(&peer);
+  auto hit = (*cache)->lookup(1, turn2, 650);  // turn 2 arrives here; turn 1 lives on the peer
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->tier, engine::CacheTier::kRemote);
+  EXPECT_EQ(hit->n_tokens, 600);
+  (*cache)->flush();
+  const auto one = (*cache)->stats();
+  EXPECT_GT(one.host_pages, 0);  // stored thin, its pages in the store
+  EXPECT_EQ(*(*cache)->blob(k1), *full1);
+  auto st2 = hit->state->clone();  // the conversation continues from the fetched state
+  advance(*st2, std::span<const int32_t>(turn2).subspan(600));
+  (*cache)->put(1, turn2, *st2);
+  (*cache)->flush();
+  const auto two = (*cache)->stats();
+  auto full2 = forward::serialize_snapshot(*st2, turn2, {fingerprint_, 1, 0, 700, 0});
+  ASSERT_TRUE(full2.ok());
+  EXPECT_LT(two.host_bytes - one.host_bytes, int64_t(full2->size()) - one.host_page_bytes / 2);
+  (*cache)->set_remote(nullptr);
+}
+
 TEST_F(SharedPages, ThinBlobsNeedTheirPages) {
   Rng rng(22);
   const auto t = random_tokens(rng, 300);
