@@ -34,7 +34,8 @@ struct GemmFp8Params {
   int64_t act_block = 32;  // 32 (V4.1) or 128 (V4)
   // CUDA kernel choice: 0 = default; 1 / 2 = 128×128 tile (2 warpgroups) / 192×128 (3) with
   // unswizzled shared-memory tiles; 3 / 4 = the same with 128-byte swizzled tiles; 5 = as 1 with
-  // padded row groups.
+  // padded row groups; 6..9 = TMA producer warp + 2 consumer warpgroups, 128×128 tile (see
+  // ops/cuda/gemm_fp8.h).
   int kernel = 0;
   // CUDA only, when x is given: scratch for the quantised activations, at least
   // gemm_fp8_workspace_bytes(m, k) bytes, 16-byte aligned.
@@ -64,8 +65,8 @@ inline Status validate(const GemmFp8Params& p) {
     return invalid_argument("gemm_fp8: w_block={} must be 32 or 128", p.w_block);
   if (p.act_block != 32 && p.act_block != 128)
     return invalid_argument("gemm_fp8: act_block={} must be 32 or 128", p.act_block);
-  if (p.kernel < 0 || p.kernel > 5)
-    return invalid_argument("gemm_fp8: kernel={} must be in 0..5", p.kernel);
+  if (p.kernel < 0 || p.kernel > 9)
+    return invalid_argument("gemm_fp8: kernel={} must be in 0..9", p.kernel);
   if (p.m >= (int64_t(1) << 31) / 128 || p.n >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30))
     return out_of_range("gemm_fp8: m={}, n={} or k={} too large", p.m, p.n, p.k);
   return {};

@@ -11,7 +11,8 @@
 // on |x|, |W|), and on average within 2^-11 · Σ (the typical error is far below the worst case).
 //
 // FLASHSEEK_GEMM_BENCH=1 turns on CudaGemmFp8Bench (V4.1 prefill shapes at m = 8192, TFLOP/s);
-// it is skipped (visibly) otherwise and asserts nothing about time.
+// it is skipped (visibly) otherwise and asserts nothing about time (FLASHSEEK_GEMM_BENCH_SKIP
+// leaves kernels out, 0 TFLOP/s in the table).
 #include "ops/cuda/gemm_fp8.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,8 @@ namespace flashseek::ops::cuda {
 namespace {
 
 using testing::DeviceBuffer;
+
+constexpr int kLastKernel = 9;  // kernels 1..9 (GemmFp8Params::kernel)
 
 struct Case {
   int64_t m, n, k, w_block, act_block;
@@ -89,9 +92,15 @@ std::vector<float> output_as_f32(const DeviceBuffer<float>& yf, const DeviceBuff
   return f;
 }
 
-void run_case(const Case& c, uint32_t seed, int kernel) {
-  SCOPED_TRACE(::testing::Message() << "kernel=" << kernel << " m=" << c.m << " n=" << c.n
-                                    << " k=" << c.k << " wb=" << c.w_block << " ab=" << c.act_block
+void check_kernel(const Case& c, const GemmFp8Params& p, const std::vector<float>& ref,
+                  const std::vector<float>& bound, DeviceBuffer<float>& dyf,
+                  DeviceBuffer<uint16_t>& dyb);
+
+// One random case, the twin computed once, then every kernel 1..kLastKernel on it (the output
+// poisoned with NaN before each launch, so an element a kernel leaves unwritten fails).
+void run_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
+                                    << " wb=" << c.w_block << " ab=" << c.act_block
                                     << " bf16_in=" << c.bf16_in << " bf16_out=" << c.bf16_out);
   std::mt19937 rng(seed);
   const size_t ns = size_t((c.n + c.w_block - 1) / c.w_block * (c.k / c.w_block));
@@ -125,7 +134,20 @@ void run_case(const Case& c, uint32_t seed, int kernel) {
   p.y = c.bf16_out ? static_cast<void*>(dyb.get()) : dyf.get();
   p.bf16_out = c.bf16_out;
   p.workspace = work.get(), p.workspace_bytes = gemm_fp8_workspace_bytes(c.m, c.k);
-  p.kernel = kernel;
+  for (int kernel = 1; kernel <= kLastKernel; ++kernel) {
+    SCOPED_TRACE(::testing::Message() << "kernel=" << kernel);
+    p.kernel = kernel;
+    check_kernel(c, p, ref, bound, dyf, dyb);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+void check_kernel(const Case& c, const GemmFp8Params& p, const std::vector<float>& ref,
+                  const std::vector<float>& bound, DeviceBuffer<float>& dyf,
+                  DeviceBuffer<uint16_t>& dyb) {
+  const int kernel = p.kernel;
+  ASSERT_EQ(cudaMemset(dyf.get(), 0xff, ref.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dyb.get(), 0xff, ref.size() * sizeof(uint16_t)), cudaSuccess);
   FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> got = output_as_f32(dyf, dyb, c.bf16_out);
@@ -164,10 +186,14 @@ TEST(CudaGemmFp8, MatchesCpuTwinOnOddShapes) {
       {300, 1280, 1024, 128, 128, false, false}, {130, 256, 512, 128, 32, false, false},
       {250, 512, 2304, 32, 32, true, false},     {96, 320, 1280, 32, 32, true, true},
       {17, 131, 256, 32, 32, false, true},
+      // More tiles than an H200 has SMs (132): the persistent kernels 6/7 walk several tiles
+      // per block, their stage ring wrapping at a different slot in each tile (k/128 = 1, 5).
+      {1100, 1920, 128, 32, 32, false, false},   {1030, 2100, 640, 32, 32, true, true},
   };
-  for (int kernel = 1; kernel <= 5; ++kernel) {
-    uint32_t seed = 11;
-    for (const auto& c : cases) run_case(c, seed++, kernel);
+  uint32_t seed = 11;
+  for (const auto& c : cases) {
+    run_case(c, seed++);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -288,6 +314,12 @@ double time_us(F&& f, int reps) {
   return median(t);
 }
 
+// FLASHSEEK_GEMM_BENCH_SKIP: kernel numbers (digits) the benchmark leaves out, e.g. "67".
+bool skipped(int kernel) {
+  const char* s = std::getenv("FLASHSEEK_GEMM_BENCH_SKIP");
+  return s && std::strchr(s, '0' + kernel) != nullptr;
+}
+
 TEST(CudaGemmFp8Bench, V41PrefillShapes) {
   FS_REQUIRE_GPU();
   const char* on = std::getenv("FLASHSEEK_GEMM_BENCH");
@@ -313,11 +345,13 @@ TEST(CudaGemmFp8Bench, V41PrefillShapes) {
     DeviceBuffer<uint8_t> dw(w), dws(ws), dxq(size_t(m * k));
     FS_ASSERT_OK(
         gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, m, k, 32, dxq.get(), dxs.get(), nullptr));
-    for (int variant = 1; variant <= 6; ++variant) {
+    for (int variant = 1; variant <= kLastKernel + 1; ++variant) {
+      if (variant <= kLastKernel && skipped(variant)) continue;
       detail::GemmFp8Args a{};
       a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
       a.m = int(m), a.n = int(n), a.k = int(k), a.w_block = 32;
-      a.variant = variant == 6 ? 1 : variant, a.desc_swap = variant == 6;
+      const bool swap = variant == kLastKernel + 1;
+      a.variant = swap ? 1 : variant, a.desc_swap = swap;
       ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto got = dy.to_host();
@@ -346,13 +380,16 @@ TEST(CudaGemmFp8Bench, V41PrefillShapes) {
       {"routed gate+up, all pairs dense proxy", 49152, 4608, 5120},
       {"square 8192^3", 8192, 8192, 8192},
   };
-  // Columns: TFLOP/s of kernels 1..5 (GEMM only, pre-quantised input), the two swizzled kernels
+  // Columns: TFLOP/s of kernels 1..9 (GEMM only, pre-quantised input), then kernels 4, 6 and 7
   // without promotion (diagnostic: the cost of the FP32 promotion), the quantisation kernel.
-  std::string md =
-      "| shape | m | n | k | k1 | k2 | k3 | k4 | k5 | k3 no-promote | k4 no-promote | best GEMM us "
-      "| "
-      "quant us (bf16 in) | best GEMM+quant TFLOP/s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  constexpr int kNoPromote[] = {4, 6, 7};
+  constexpr int kCols = kLastKernel + 3;
+  std::string md = "| shape | m | n | k |";
+  for (int v = 1; v <= kLastKernel; ++v) md += " k" + std::to_string(v) + " |";
+  for (int v : kNoPromote) md += " k" + std::to_string(v) + " no-promote |";
+  md += " best GEMM | best GEMM us | quant us (bf16 in) | best GEMM+quant TFLOP/s |\n|";
+  for (int i = 0; i < 4 + kCols + 4; ++i) md += "---|";
+  md += "\n";
   for (const auto& s : shapes) {
     uint64_t seed = 0x1234 + uint64_t(s.n) * 31 + uint64_t(s.k);
     std::vector<uint8_t> w(size_t(s.n * s.k));
@@ -373,16 +410,22 @@ TEST(CudaGemmFp8Bench, V41PrefillShapes) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << s.name;
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
     const int reps = flop > 1e12 ? 10 : 30;
-    double tf[7], best_us = 1e30;
-    for (int v = 0; v < 7; ++v) {
+    double tf[kCols], best_us = 1e30;
+    int best = 0;
+    for (int v = 0; v < kCols; ++v) {
       detail::GemmFp8Args a{};
       a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
       a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.bf16_out = true;
-      a.variant = v < 5 ? v + 1 : v - 2, a.skip_promote = v >= 5;
+      a.variant = v < kLastKernel ? v + 1 : kNoPromote[v - kLastKernel];
+      a.skip_promote = v >= kLastKernel;
+      if (skipped(a.variant)) {
+        tf[v] = 0;
+        continue;
+      }
       ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess) << s.name;
       const double us = time_us([&] { (void)detail::launch_gemm_fp8(a, nullptr); }, reps);
       tf[v] = flop / us * 1e-6;
-      if (v < 5) best_us = std::min(best_us, us);
+      if (v < kLastKernel && us < best_us) best_us = us, best = v + 1;
     }
     const double qus = time_us(
         [&] {
@@ -392,13 +435,18 @@ TEST(CudaGemmFp8Bench, V41PrefillShapes) {
         reps);
     ASSERT_EQ(cudaGetLastError(), cudaSuccess) << s.name;
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "| %s | %lld | %lld | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | "
-                  "%.1f | %.1f | %.0f |\n",
-                  s.name, (long long)s.m, (long long)s.n, (long long)s.k, tf[0], tf[1], tf[2],
-                  tf[3], tf[4], tf[5], tf[6], best_us, qus, flop / (best_us + qus) * 1e-6);
-    md += line;
-    std::printf("%s", line);
+    std::snprintf(line, sizeof line, "| %s | %lld | %lld | %lld |", s.name, (long long)s.m,
+                  (long long)s.n, (long long)s.k);
+    std::string row = line;
+    for (int v = 0; v < kCols; ++v) {
+      std::snprintf(line, sizeof line, " %.0f |", tf[v]);
+      row += line;
+    }
+    std::snprintf(line, sizeof line, " k%d | %.1f | %.1f | %.0f |\n", best, best_us, qus,
+                  flop / (best_us + qus) * 1e-6);
+    row += line;
+    md += row;
+    std::printf("%s", row.c_str());
     std::fflush(stdout);
   }
   std::printf("\ndevice: %s (%d SMs)\n%s", prop.name, prop.multiProcessorCount, md.c_str());

@@ -10,10 +10,11 @@
 namespace flashseek::ops::cuda {
 
 namespace {
-// Default kernel (bench/RESULTS.md, gemm_fp8 section, H200): the 128-byte swizzled tiles are
-// 1.3-1.5x faster than the unswizzled ones; the 192-row tile (kernel 4) wins by 3-10 % once the
-// grid fills the GPU (m = 8192), the 128-row tile (kernel 3) by 30 % at m = 128.
-int default_kernel(int64_t m) { return m >= 1024 ? 4 : 3; }
+// Default kernel (bench/RESULTS.md, gemm_fp8 sections, H200): kernel 6 (TMA producer warp,
+// overlapped promotion, persistent) is the fastest at every benchmarked shape: 514-633 TFLOP/s
+// at m = 8192 (1.7-1.9x kernel 4) and 118-138 at m = 128 (1.6-1.8x kernel 3); kernel 8 (the
+// same without persistence) ties it at m = 128.
+int default_kernel(int64_t /*m*/) { return 6; }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 

@@ -25,7 +25,21 @@
 //   core matrix along k) 128, stride byte offset (next 8-row group) 1024. 1.3-1.5x slower on an
 //   H200 (bank conflicts); kPadded (kernel 5) puts the row groups 1040 bytes apart: no better.
 //
+// Kernels 6-9 (gemm_fp8_ws_kernel): warp-specialised. One producer warp (its warpgroup gives
+// registers back with setmaxnreg) fills a 6-slot ring with the bulk tensor copy engine (TMA, the
+// 128-byte swizzle done by the copy, rows past m / n zero-filled) plus the X scales of the stage
+// (TMA too) and its 16 W scales (lanes 0-15, ordinary stores); "full" mbarriers complete on the
+// bytes, "empty" ones on one arrival per consumer warp. Two consumer warpgroups (232 registers
+// each) own 64 rows × 128 columns of a 128×128 tile: no block barrier, no load instructions in
+// the math warps. 6 / 8: two scratch accumulators, the wgmma of block i+1 in flight while block i
+// is promoted (three of a stage's four promotions overlap its own tensor-core work; ptxas keeps
+// the wgmmas pipelined, no C7514, because nothing is in flight across loop iterations). 7 / 9:
+// two blocks per batch, wait, promote both (overlap only across the two warpgroups). 6 / 7 are
+// persistent (one block per SM walks the tiles, the producer runs ahead into the next tile
+// during the epilogue), 8 / 9 launch a block per tile.
+//
 // Without sm_90a (e.g. a 100a build) the kernel body is empty and the host launcher refuses.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -373,6 +387,297 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Kernels 6-9: warp-specialised, TMA-fed (see the file comment).
+constexpr int kWsStages = 6, kWsBM = 128, kWsBN = 128, kWsThreads = 384;
+constexpr int kWsABytes = kWsBM * 128, kWsBBytes = kWsBN * 128, kWsSxBytes = kWsBM * 16;
+constexpr int kWsTxBytes = kWsABytes + kWsBBytes + kWsSxBytes;  // TMA bytes per stage
+constexpr int kWsSmemBytes =
+    kWsStages * (kWsABytes + kWsBBytes + kWsSxBytes + 16 * 4) + 2 * kWsStages * 8 + 1024;
+// Full barrier: the 16 lanes that publish a stage's W scales + the TMA issuer's expect_tx.
+constexpr int kWsFullArrivals = 17, kWsEmptyArrivals = 8;  // empty: one per consumer warp
+
+struct WsParams {
+  CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
+  CUtensorMap tb;   // W codes [n, k] u8, box 128 × 128, 128-byte swizzle
+  CUtensorMap tsx;  // X scales [m, k/32] f32, box 128 rows × 4
+  GemmFp8Args a;
+};
+
+#ifdef FS_GEMM_FP8_SM90
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif  // FS_GEMM_FP8_SM90
+
+// kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
+// while kb is promoted; else two 32-blocks per batch, waited for, then promoted (the schedule of
+// kernel 3 on the TMA/producer pipeline). kPersist: one block per SM walks the tiles (the
+// producer runs ahead into the next tile while the consumers write the last one out); else one
+// block per tile.
+template <bool kPipe2, bool kPersist>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
+#ifdef FS_GEMM_FP8_SM90
+  const GemmFp8Args& a = P.a;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* sa = smem;                              // [slot][128 rows][128] swizzled
+  uint8_t* sb = sa + kWsStages * kWsABytes;        // [slot][128 rows][128] swizzled
+  float* ssx = reinterpret_cast<float*>(sb + kWsStages * kWsBBytes);  // [slot][128][4]
+  float* ssw = ssx + kWsStages * kWsBM * 4;                           // [slot][kb 4][grp 4]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(ssw + kWsStages * 16);  // full[S], empty[S]
+  const uint32_t sa_u = uint32_t(__cvta_generic_to_shared(sa));
+  const uint32_t sb_u = uint32_t(__cvta_generic_to_shared(sb));
+  const uint32_t ssx_u = uint32_t(__cvta_generic_to_shared(ssx));
+  const uint32_t bar_u = uint32_t(__cvta_generic_to_shared(bars));
+  auto full_bar = [&](int slot) { return bar_u + uint32_t(slot * 8); };
+  auto empty_bar = [&](int slot) { return bar_u + uint32_t((kWsStages + slot) * 8); };
+
+  // Grouped rasterisation (as in gemm_fp8_kernel): tile index → (m0, n0).
+  const int tiles_m = (a.m + kWsBM - 1) / kWsBM, tiles_n = (a.n + kWsBN - 1) / kWsBN;
+  const int tiles = tiles_m * tiles_n;
+  const int tile_step = kPersist ? int(gridDim.x) : tiles;
+  auto tile_origin = [&](int pid, int& m0, int& n0) {
+    const int in_group = kGroupM * tiles_n;
+    const int first_m = (pid / in_group) * kGroupM;
+    const int gsz = min(tiles_m - first_m, kGroupM);
+    m0 = (first_m + (pid % in_group) % gsz) * kWsBM;
+    n0 = ((pid % in_group) / gsz) * kWsBN;
+  };
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int nst = a.k / kBK;
+
+  if (tid == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      mbar_init(full_bar(s), kWsFullArrivals);
+      mbar_init(empty_bar(s), kWsEmptyArrivals);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer warpgroup: warp 0 feeds the ring, the other three leave.
+    setmaxnreg_dec<40>();
+    if (warp != 0) return;
+    // Lane l < 16 publishes the W scale of (k-block l/4, 32-row group l%4) of each stage.
+    const int wkb = a.k / a.w_block;
+    int it = 0;  // stages issued so far (all tiles): ring slot it % S, round it / S
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+      int m0, n0;
+      tile_origin(tile, m0, n0);
+      const int wn = min(n0 + (lane & 3) * 32, a.n - 1) / a.w_block;
+#pragma unroll 1
+      for (int s = 0; s < nst; ++s, ++it) {
+        const int slot = it % kWsStages, round = it / kWsStages;
+        // Issued before the wait: its latency hides behind it.
+        const uint32_t swv =
+            lane < 16 ? __ldg(a.ws + int64_t(wn) * wkb + (s * kBK + (lane >> 2) * 32) / a.w_block)
+                      : 0u;
+        if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
+        if (lane < 16) {
+          ssw[slot * 16 + lane] = e8m0f(uint8_t(swv));
+          mbar_arrive(full_bar(slot));
+        }
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWsTxBytes));
+          tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * kBK, m0);
+          tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * kBK, n0);
+          tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * 4, m0);
+        }
+        __syncwarp();
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroups 1 and 2: rows (wg-1)·64 .. +63 of the tile, all 128 columns.
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;
+  const int g = lane >> 2;
+  const int lr0 = cw * 64 + warp * 16 + g;  // this thread's tile rows lr0 and lr0 + 8
+  float acc[64], t0[64], t1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) t0[i] = 0.0f, t1[i] = 0.0f;
+
+  auto issue = [&](int slot, int i, float(&d)[64]) {
+    const uint64_t da =
+        smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192 + i * 32), 16u, 1024u, 1u);
+    const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes + i * 32), 16u, 1024u, 1u);
+    wgmma_m64n128k32(d, da, db);
+  };
+  // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
+  auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
+    if (a.skip_promote) return;  // timing diagnostic only (wrong results)
+    const float4 sw = *reinterpret_cast<const float4*>(ssw + slot * 16 + i * 4);
+    const float swg[4] = {sw.x, sw.y, sw.z, sw.w};
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const float s0 = sx0 * swg[grp], s1 = sx1 * swg[grp];
+#pragma unroll
+      for (int nt = grp * 4; nt < grp * 4 + 4; ++nt) {
+        acc[nt * 4 + 0] = fmaf(p[nt * 4 + 0], s0, acc[nt * 4 + 0]);
+        acc[nt * 4 + 1] = fmaf(p[nt * 4 + 1], s0, acc[nt * 4 + 1]);
+        acc[nt * 4 + 2] = fmaf(p[nt * 4 + 2], s1, acc[nt * 4 + 2]);
+        acc[nt * 4 + 3] = fmaf(p[nt * 4 + 3], s1, acc[nt * 4 + 3]);
+      }
+    }
+  };
+  auto load_sx = [&](int slot, float4& x0, float4& x1) {
+    const float4* p = reinterpret_cast<const float4*>(ssx + slot * kWsBM * 4);
+    x0 = p[lr0];
+    x1 = p[lr0 + 8];
+  };
+  auto release = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(slot));
+  };
+
+  int it = 0;  // stages consumed so far (all tiles), in the producer's order
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+    int m0, n0;
+    tile_origin(tile, m0, n0);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll 1
+    for (int s = 0; s < nst; ++s, ++it) {
+      const int slot = it % kWsStages;
+      mbar_wait(full_bar(slot), uint32_t((it / kWsStages) & 1));
+      float4 x0, x1;
+      load_sx(slot, x0, x1);
+      if constexpr (kPipe2) {
+        // Blocks 0 and 1 issued; then each wait<1> retires the older block, which is promoted
+        // while the next one runs; the stage's last block is promoted after wait<0> (keeping
+        // the in-flight set inside one iteration lets ptxas pipeline the wgmmas: no C7514).
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 0, t0);
+        wgmma_commit();
+        issue(slot, 1, t1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t0);
+        promote(t0, slot, 0, x0.x, x1.x);
+        fence_regs(t0);
+        wgmma_fence();
+        issue(slot, 2, t0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t1);
+        promote(t1, slot, 1, x0.y, x1.y);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 3, t1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t0);
+        promote(t0, slot, 2, x0.z, x1.z);
+        wgmma_wait<0>();
+        fence_regs(t1);
+        promote(t1, slot, 3, x0.w, x1.w);
+      } else {
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 0, t0);
+        issue(slot, 1, t1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t0);
+        fence_regs(t1);
+        promote(t0, slot, 0, x0.x, x1.x);
+        promote(t1, slot, 1, x0.y, x1.y);
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 2, t0);
+        issue(slot, 3, t1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t0);
+        fence_regs(t1);
+        promote(t0, slot, 2, x0.z, x1.z);
+        promote(t1, slot, 3, x0.w, x1.w);
+      }
+      release(slot);
+    }
+
+    // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
+    const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
+    const bool pair_ok = (a.n & 1) == 0;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int c = n0 + nt * 8 + 2 * q;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        if (r >= a.m || c >= a.n) continue;
+        const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+        const int64_t o = int64_t(r) * a.n + c;
+        if (a.bf16_out) {
+          auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
+          if (pair_ok) {
+            *reinterpret_cast<__nv_bfloat162*>(y + o) = __floats2bfloat162_rn(v0, v1);
+          } else {
+            y[o] = __float2bfloat16_rn(v0);
+            if (c + 1 < a.n) y[o + 1] = __float2bfloat16_rn(v1);
+          }
+        } else {
+          auto* y = reinterpret_cast<float*>(a.y);
+          if (pair_ok) {
+            *reinterpret_cast<float2*>(y + o) = make_float2(v0, v1);
+          } else {
+            y[o] = v0;
+            if (c + 1 < a.n) y[o + 1] = v1;
+          }
+        }
+      }
+    }
+  }
+#endif  // FS_GEMM_FP8_SM90
+}
+
 }  // namespace
 
 int gemm_fp8_smem_bytes(int variant) {
@@ -383,6 +688,11 @@ int gemm_fp8_smem_bytes(int variant) {
       return Tile<3, kSw128>::kSmemBytes;
     case 5:
       return Tile<2, kPadded>::kSmemBytes;
+    case 6:
+    case 7:
+    case 8:
+    case 9:
+      return kWsSmemBytes;
     default:
       return Tile<2>::kSmemBytes;
   }
@@ -404,6 +714,75 @@ cudaError_t launch_variant(const GemmFp8Args& a, cudaStream_t stream) {
   gemm_fp8_kernel<kWG, kBatch, kLayout><<<tiles, T::kThreads, T::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
+
+// cuTensorMapEncodeTiled through the runtime (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled_fn() {
+  static EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// 2-D tensor map over a row-major [rows, cols] matrix (cols contiguous), box [box_rows, box_cols].
+bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dt, int elem_bytes,
+              uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols, bool swizzle) {
+  EncodeTiledFn fn = encode_tiled_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * uint64_t(elem_bytes)};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, dt, 2, const_cast<void*>(base), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    return v;
+  }();
+  return n;
+}
+
+template <bool kPipe2, bool kPersist>
+cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
+  WsParams P;
+  P.a = a;
+  if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k),
+                kWsBM, 128, true) ||
+      !make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.n), uint64_t(a.k), kWsBN,
+                128, true) ||
+      !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
+                uint64_t(a.k / 32), kWsBM, 4, false))
+    return cudaErrorInvalidValue;
+  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
+  if (!attr_set) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemm_fp8_ws_kernel<kPipe2, kPersist>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const int tiles = ((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
+  const int grid = kPersist ? (tiles < sm_count() ? tiles : sm_count()) : tiles;
+  gemm_fp8_ws_kernel<kPipe2, kPersist><<<grid, kWsThreads, kWsSmemBytes, stream>>>(P);
+  return cudaGetLastError();
+}
 }  // namespace
 
 cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
@@ -418,6 +797,14 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
       return launch_variant<3, 1, kSw128>(a, stream);
     case 5:
       return launch_variant<2, 2, kPadded>(a, stream);
+    case 6:
+      return launch_ws<true, true>(a, stream);
+    case 7:
+      return launch_ws<false, true>(a, stream);
+    case 8:
+      return launch_ws<true, false>(a, stream);
+    case 9:
+      return launch_ws<false, false>(a, stream);
     default:
       return cudaErrorInvalidValue;
   }

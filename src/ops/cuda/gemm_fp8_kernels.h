@@ -17,7 +17,9 @@ struct GemmFp8Args {
   bool bf16_out;
   int variant;       // 1/2: 128×128 tile (2 warpgroups) / 192×128 (3), unswizzled operand
                      // tiles; 3/4: the same with 128-byte swizzled tiles; 5: as 1 with padded
-                     // (1040-byte) 8-row groups
+                     // (1040-byte) 8-row groups; 6-9: TMA producer warp + 2 consumer
+                     // warpgroups, 128×128 tile (6/8 overlapped promotion, 7/9 batched;
+                     // 6/7 persistent)
   int desc_swap;     // test hook (unswizzled variants): swap the descriptor's byte offsets
   int skip_promote;  // timing diagnostic: skip the FP32 promotion (results are wrong)
 };
