@@ -396,6 +396,8 @@ constexpr int kWsSmemBytes =
     kWsStages * (kWsABytes + kWsBBytes + kWsSxBytes + 16 * 4) + 2 * kWsStages * 8 + 1024;
 // Full barrier: the 16 lanes that publish a stage's W scales + the TMA issuer's expect_tx.
 constexpr int kWsFullArrivals = 17, kWsEmptyArrivals = 8;  // empty: one per consumer warp
+static_assert(kWsTxBytes < (1 << 20), "an mbarrier's transaction count is below 2^20");
+static_assert(kWsFullArrivals == 16 + 1 && kWsEmptyArrivals == 2 * 4, "see the comment above");
 
 struct WsParams {
   CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
