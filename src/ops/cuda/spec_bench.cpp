@@ -139,6 +139,7 @@ Result<SpecBenchReport> run_spec_bench(const SpecBenchOptions& opt) {
   // Per-layer sums; the draft stage from the M = block layer.
   double floor_us = 1e30, routed_b = 0, dense_b = 0, dist_b = 0;
   for (const auto& k : r.layer.kernels) {
+    if (!k.role.empty()) continue;  // role extras (compressor, indexer, Engram) run in some layers only
     if (k.tokens == 1) r.layer_us_1 += k.median_us, floor_us = std::min(floor_us, k.median_us);
     if (k.tokens == M) r.layer_us_verify += k.median_us;
     if (k.tokens == B) {
@@ -159,6 +160,7 @@ Result<SpecBenchReport> run_spec_bench(const SpecBenchOptions& opt) {
   auto split = [&](double us) { return n > 1 ? std::max(us / n, floor_us) : us; };
   double l1 = 0, lv = 0, stage = 0;
   for (const auto& k : r.layer.kernels) {
+    if (!k.role.empty()) continue;
     if (k.tokens == 1) l1 += split(k.median_us);
     if (k.tokens == M) lv += split(k.median_us);
     if (k.tokens == B) stage += split(is_routed(k) ? k.median_us * r.draft_routed_scale : k.median_us);
