@@ -324,12 +324,23 @@ std::map<std::string, std::string> Registry::peers() {
   std::map<std::string, std::string> out;
   std::lock_guard rlock(redis_mu_);
   if (!ctx_ || ctx_->err) return out;
-  ReplyGuard keys{command(ctx_, "KEYS fs:server:*")};
-  if (!keys.r || keys.r->type != REDIS_REPLY_ARRAY) return out;
-  for (size_t i = 0; i < keys.r->elements; ++i) {
-    const std::string k = keys.r->element[i]->str;
+  // SCAN (not KEYS): never blocks Redis for long, whatever the number of keys.
+  std::vector<std::string> keys;
+  std::string cursor = "0";
+  for (int rounds = 0; rounds < 10000; ++rounds) {
+    ReplyGuard r{command(ctx_, "SCAN %s MATCH fs:server:* COUNT 1000", cursor.c_str())};
+    if (!r.r || r.r->type != REDIS_REPLY_ARRAY || r.r->elements != 2 ||
+        r.r->element[0]->type != REDIS_REPLY_STRING || r.r->element[1]->type != REDIS_REPLY_ARRAY)
+      return out;
+    for (size_t i = 0; i < r.r->element[1]->elements; ++i)
+      if (r.r->element[1]->element[i]->type == REDIS_REPLY_STRING)
+        keys.push_back(r.r->element[1]->element[i]->str);
+    cursor = r.r->element[0]->str;
+    if (cursor == "0") break;
+  }
+  for (const std::string& k : keys) {
     const std::string id = k.substr(10);
-    if (id == options_.server_id) continue;
+    if (id == options_.server_id || out.count(id)) continue;  // SCAN may repeat a key
     ReplyGuard v{command(ctx_, "GET %s", k.c_str())};
     if (v.r && v.r->type == REDIS_REPLY_STRING) out[id] = v.r->str;
   }

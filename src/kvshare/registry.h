@@ -61,7 +61,7 @@ class Registry {
   void withdraw(uint64_t hash);
   // Blocking (bounded by the timeout): the first of `hashes` owned by a live peer (not us).
   std::optional<SnapshotLocation> find(std::span<const uint64_t> hashes);
-  // Live peers (id → address), ourselves excluded.
+  // Live peers (id → address), ourselves excluded (SCAN over fs:server:*).
   std::map<std::string, std::string> peers();
   bool connected() const { return connected_; }
   int64_t reconnects() const { return reconnects_; }
