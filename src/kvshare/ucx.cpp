@@ -49,16 +49,19 @@ void reap(ucp_worker_h w, ucs_status_ptr_t req) {
 }
 
 // Closes an endpoint (force: without flushing); waits at most timeout_ms for the close.
-void close_ep(ucp_worker_h w, ucp_ep_h ep, bool force, int timeout_ms) {
+// Returns whether the close completed (after that UCX no longer calls the error handler).
+bool close_ep(ucp_worker_h w, ucp_ep_h ep, bool force, int timeout_ms) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) return true;
   const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
   while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until)
     ucp_worker_progress(w);
+  const bool done = ucp_request_check_status(req) != UCS_INPROGRESS;
   ucp_request_free(req);
+  return done;
 }
 
 }  // namespace
@@ -164,8 +167,12 @@ Result<UcxNode::Peer*> UcxNode::peer(std::span<const uint8_t> address) {
 }
 
 void UcxNode::drop_peer(Peer* p) {
-  close_ep(static_cast<ucp_worker_h>(worker_), static_cast<ucp_ep_h>(p->ep), /*force=*/true, 2000);
-  peers_.erase(p->address);
+  const bool closed =
+      close_ep(static_cast<ucp_worker_h>(worker_), static_cast<ucp_ep_h>(p->ep), /*force=*/true, 2000);
+  auto it = peers_.find(p->address);
+  // A close still in flight may yet report an error through &p->failed: keep that memory.
+  if (!closed) (void)it->second.release();
+  peers_.erase(it);
 }
 
 Status UcxNode::get(std::span<const uint8_t> peer_address, uint64_t remote_address,
