@@ -261,6 +261,9 @@ void SnapshotServer::serve_ucx(int fd, uint64_t hash, uint64_t tenant) {
       break;
     }
   }
+  // A blob made for this GET only (pages inlined from a thin host blob) is unregistered now.
+  blob.reset();
+  std::erase_if(registered_, [](const auto& kv) { return kv.second.blob.use_count() == 1; });
 }
 
 Result<std::vector<uint8_t>> fetch_snapshot(const std::string& address, const std::string& secret,

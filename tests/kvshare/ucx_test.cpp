@@ -2,7 +2,8 @@
 // UCX_TLS=tcp on loopback, as CI runs it: the bytes equal the owner's blob; a wrong secret never
 // gets an rkey; another tenant's or an unknown snapshot is not found; a peer without UCX says so
 // (the caller falls back to TCP); a peer that hands out an offer and then never progresses
-// (hung / dead) costs at most the timeout, and the fetching node still works afterwards.
+// (hung / dead) costs at most the timeout, and the fetching node still works afterwards; a
+// snapshot held thin (shared pages) is served self-contained.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <openssl/hmac.h>
@@ -74,7 +75,20 @@ TEST_F(UcxPeerTest, GetIsAuthenticatedTenantScopedAndExact) {
   auto missing = kvshare::fetch_snapshot_ucx(addr, "right", key ^ 1, 7, 2000, **node);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(served_ucx_soon(server, 3), 2);  // nothing more was served
+  EXPECT_EQ(served_ucx_soon(server, 3), 2);  // nothing more was served (yet)
+
+  // A snapshot with sealed pages lives thin in the owner's memory: it is made self-contained for
+  // the GET (and unregistered after it); the bytes equal a direct serialisation.
+  const auto long_t = random_tokens(rng, 320);
+  auto long_st = run(long_t);
+  (*src)->put(7, long_t, *long_st);
+  (*src)->flush();
+  ASSERT_GT((*src)->stats().host_pages, 0);
+  const uint64_t long_key = engine::prefix_hashes(7, long_t).back();
+  auto thin = kvshare::fetch_snapshot_ucx(addr, "right", long_key, 7, 2000, **node);
+  ASSERT_TRUE(thin.ok()) << thin.status().to_string();
+  EXPECT_EQ(*thin, *forward::serialize_snapshot(*long_st, long_t, {fingerprint_, 7, long_key, 320, 0}));
+  EXPECT_EQ(served_ucx_soon(server, 3), 3);
 
   // An owner without UCX answers "unsupported"; its TCP path still serves the same bytes.
   kvshare::SnapshotServer tcp_only(**src, "right", 2000, /*enable_ucx=*/false);
