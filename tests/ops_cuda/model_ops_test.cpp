@@ -277,5 +277,155 @@ TEST(CudaModelOps, SoftmaxPoolWithEmptySlotsMatchesCpu) {
   expect_bitwise(dout.to_host(), ref, "softmax_pool");
 }
 
+// The chunked summation order (ops/cpu/sum_order.h) on the warp-parallel kernels: lengths around
+// the 1024 chunk, n = 1, odd n (unaligned rows: the scalar-load path), full V4.1 widths.
+TEST(CudaModelOps, ChunkedLinearAndNormMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 3, out = 13, E = 3;
+  for (int64_t in : {1, 9, 1023, 1024, 1025, 2051, 4096, 5120}) {
+    SCOPED_TRACE(in);
+    const auto x = randn(static_cast<size_t>(T * in), 30 + in), w = randn(static_cast<size_t>(E * out * in), 31 + in, 0.1f);
+    std::vector<int32_t> sel = {2, 0, 2};
+    for (bool stacked : {false, true}) {
+      std::vector<float> ref(static_cast<size_t>(T * out));
+      for (int64_t r = 0; r < T; ++r)
+        linear({x.data() + r * in, w.data() + (stacked ? int64_t(sel[static_cast<size_t>(r)]) : 0) * out * in,
+                ref.data() + r * out, 1, in, out, 0, false, stacked});
+      DeviceBuffer<float> dx(x), dw(w), dy(ref.size());
+      DeviceBuffer<int32_t> ds(sel);
+      cd::LinearArgs a;
+      a.x = dx.get(), a.w = dw.get(), a.y = dy.get(), a.sel = stacked ? ds.get() : nullptr, a.rows = T;
+      a.in = in, a.out = out, a.bf16_out = stacked;
+      FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "linear"));
+      expect_bitwise(dy.to_host(), ref, stacked ? "stacked chunked linear" : "chunked linear");
+      // One row alone: the same bits (batch invariance).
+      DeviceBuffer<float> dy1(static_cast<size_t>(out));
+      a.x = dx.get() + 2 * in, a.y = dy1.get(), a.sel = stacked ? ds.get() + 2 : nullptr, a.rows = 1;
+      FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "linear row"));
+      expect_bitwise(dy1.to_host(), std::vector<float>(ref.begin() + 2 * out, ref.end()), "linear row 2 alone");
+    }
+    const auto g = randn(static_cast<size_t>(in), 32);
+    std::vector<float> nref(x.size());
+    rms_norm({x.data(), g.data(), nref.data(), T, in, 1e-6f, false});
+    DeviceBuffer<float> dx(x), dg(g), dn(x.size());
+    FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx.get(), dg.get(), dn.get(), T, in, 1e-6f, false, 0), "norm"));
+    expect_bitwise(dn.to_host(), nref, "chunked rms_norm");
+  }
+}
+
+// mHC mixes at full width (4 x 5120: 20 chunks), a ragged last chunk (4 x 257) and exactly one
+// chunk (4 x 256); head-only mixes against ops::hc_head_pre.
+TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t rows = 2, hc = 4, n_mix = (2 + hc) * hc;
+  for (int64_t dim : {256, 257, 5120}) {
+    SCOPED_TRACE(dim);
+    const auto x = randn(static_cast<size_t>(rows * hc * dim), 40, 2.0f), fn = randn(static_cast<size_t>(n_mix * hc * dim), 41, 0.02f);
+    const auto base = randn(static_cast<size_t>(n_mix), 42);
+    const std::vector<float> scale = {0.7f, 1.3f, 2.1f};
+    std::vector<float> pre(static_cast<size_t>(rows * hc)), post(pre.size()), comb(static_cast<size_t>(rows * hc * hc)), hpre(pre.size());
+    hc_mixes({x.data(), fn.data(), base.data(), scale.data(), rows, hc, dim, 1e-6f, 1e-6f, 20, pre.data(), post.data(),
+              comb.data()});
+    hc_head_pre(x.data(), fn.data(), base.data(), scale.data(), hpre.data(), rows, hc, dim, 1e-6f, 1e-6f);
+    DeviceBuffer<float> dx(x), dfn(fn), db(base), ds(scale), dpre(pre.size()), dpost(post.size()), dcomb(comb.size());
+    cd::HcMixArgs a;
+    a.x = dx.get(), a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
+    a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.pre = dpre.get(), a.post = dpost.get(), a.comb = dcomb.get();
+    FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
+    expect_bitwise(dpre.to_host(), pre, "pre");
+    expect_bitwise(dpost.to_host(), post, "post");
+    expect_bitwise(dcomb.to_host(), comb, "comb (Sinkhorn)");
+    a.head_only = true;
+    FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "head mixes"));
+    expect_bitwise(dpre.to_host(), hpre, "head pre");
+  }
+}
+
+// Radix-select top-k on 128k+ candidates with heavy ties (a few distinct values, -0 and +0),
+// non-finite entries, k larger than the candidates, and the block-candidate mode over 16k blocks.
+TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case { int64_t n, k, mode, cblock, ctop; };
+  for (const Case c : {Case{131072 + 37, 512, 0, 8, 0}, Case{262144, 512, 1, 8, 2048}, Case{300, 600, 0, 8, 0},
+                       Case{5000, 512, 2, 8, 0}, Case{1, 512, 1, 4, 3}, Case{4096, 1, 0, 8, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " mode " << c.mode);
+    const int64_t T = 2, start = c.n - 1, stride = start + T;  // ratio 1: row t has n + t candidates
+    auto sc = randn(static_cast<size_t>(T * stride), 50 + c.n);
+    Rng r(51);
+    for (auto& v : sc) {
+      v = std::round(v * 3.0f) / 3.0f;  // ~20 distinct values: ties everywhere
+      if (v == 0.0f && r.below(2)) v = -0.0f;
+      const uint64_t u = r.below(1000);
+      if (u == 0) v = -inf;
+      else if (u == 1) v = std::numeric_limits<float>::quiet_NaN();
+      else if (u == 2) v = inf;
+    }
+    std::vector<uint8_t> cand_h(static_cast<size_t>(T * stride));
+    for (size_t i = 0; i < cand_h.size(); ++i) cand_h[i] = uint8_t((i * 7) % 5 != 0);
+    DeviceBuffer<float> dsc(sc), dbs(sc.size());
+    DeviceBuffer<uint8_t> dcand(cand_h), dtaken(cand_h.size());
+    DeviceBuffer<int32_t> dout(static_cast<size_t>(T * c.k)), dn(static_cast<size_t>(T));
+    cd::IndexTopkArgs a;
+    a.scores = dsc.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
+    a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = 1, a.stride = stride, a.k = c.k;
+    a.cand_block = c.cblock, a.cand_top = c.ctop, a.mode = int(c.mode);
+    FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
+    const auto out = dout.to_host(), n = dn.to_host();
+    const auto gcand = dcand.to_host();
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t clen = start + t + 1;
+      std::vector<float> row(sc.begin() + t * stride, sc.begin() + t * stride + clen);
+      if (c.mode == 1) {
+        std::vector<uint8_t> m(static_cast<size_t>(clen));
+        candidate_mask(row.data(), clen, clen, c.cblock, c.ctop, m.data());
+        size_t bad = 0;
+        for (int64_t i = 0; i < clen; ++i) bad += m[static_cast<size_t>(i)] != gcand[static_cast<size_t>(t * stride + i)];
+        ASSERT_EQ(bad, 0u) << "candidate mask t=" << t;
+      }
+      if (c.mode == 2)
+        for (int64_t i = 0; i < clen; ++i)
+          if (!cand_h[static_cast<size_t>(t * stride + i)]) row[static_cast<size_t>(i)] = -inf;
+      const auto ref = topk_indices(row.data(), clen, c.k);
+      ASSERT_EQ(int64_t(ref.size()), n[static_cast<size_t>(t)]) << "t " << t;
+      size_t bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != out[static_cast<size_t>(t * c.k) + i];
+      EXPECT_EQ(bad, 0u) << "t " << t;
+    }
+  }
+}
+
+// The warp-per-token router at V4.1 width (384 experts, top-6) with tied scores.
+TEST(CudaModelOps, RouteWideMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 7, E = 384, K = 6;
+  auto logits = randn(static_cast<size_t>(T * E), 60);
+  for (int64_t e = 0; e < E; e += 5) logits[static_cast<size_t>(E + e)] = 2.5f;   // many equal maxima
+  for (int64_t e = 0; e < E; ++e) logits[static_cast<size_t>(2 * E + e)] = 0.25f; // all equal
+  for (bool softplus : {true, false}) {
+    DeviceBuffer<float> dl(logits), dscr(static_cast<size_t>(T * 2 * E)), dw(static_cast<size_t>(T * K));
+    DeviceBuffer<int32_t> dsel(static_cast<size_t>(T * K));
+    cd::RouteArgs a;
+    a.logits = dl.get(), a.scratch = dscr.get(), a.T = T, a.E = E, a.K = K;
+    a.gate_temp = 1.0f, a.route_scale = 1.5f, a.sqrtsoftplus = softplus, a.norm_topk = true, a.renorm_eps = softplus;
+    a.sel = dsel.get(), a.weight = dw.get();
+    FS_ASSERT_OK(cuda_status(cd::launch_route(a, 0), "route"));
+    const auto sel = dsel.to_host();
+    const auto wt = dw.to_host();
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> rs(static_cast<size_t>(K));
+      std::vector<float> rw(static_cast<size_t>(K));
+      RouteParams p{logits.data() + t * E, nullptr, nullptr, E, K};
+      p.gate_temp = 1.0f, p.route_scale = 1.5f, p.sqrtsoftplus = softplus, p.norm_topk = true;
+      p.renorm_eps = softplus, p.sel = rs.data(), p.weight = rw.data();
+      route(p);
+      for (int64_t i = 0; i < K; ++i) {
+        EXPECT_EQ(rs[static_cast<size_t>(i)], sel[static_cast<size_t>(t * K + i)]) << "t " << t;
+        EXPECT_NEAR(rw[static_cast<size_t>(i)], wt[static_cast<size_t>(t * K + i)], 1e-6f * std::fabs(rw[static_cast<size_t>(i)]) + 1e-12f) << "t " << t;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda

@@ -5,13 +5,17 @@
 
 #include "core/numeric.h"
 #include "core/thread_pool.h"
+#include "ops/cpu/sum_order.h"
 #include "ops/quant.h"
 
 namespace flashseek::ops {
 
 float dot_f32(const float* a, const float* b, int64_t n) {
   // Eight interleaved partial sums, combined in a fixed tree: vectorisable without
-  // -ffast-math and identical for every call with the same n.
+  // -ffast-math and identical for every call with the same n. Longer dots use the chunked order
+  // of ops/cpu/sum_order.h (128 partials per 1024-element chunk, chunk sums in a fixed tree),
+  // which a GPU spreads over many warps.
+  if (n > detail::kSumChunk) return detail::dot_chunked(a, b, n);
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "ops/cpu/sum_order.h"
 #include "ops/linear.h"
 
 namespace flashseek::ops {
@@ -12,10 +13,10 @@ namespace flashseek::ops {
 namespace {
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
-// rsqrt(mean(x²) + eps) over the flattened streams (one scalar), eps added in FP32.
+// rsqrt(mean(x²) + eps) over the flattened streams (one scalar), eps added in FP32; the double
+// sum of squares in the order of ops/cpu/sum_order.h.
 float flat_rsqrt(const float* x, int64_t n, float eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  const double ss = detail::sumsq_f64(x, n);
   return 1.0f / std::sqrt(float(ss / double(n)) + eps);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/numeric.h"
+#include "ops/cpu/sum_order.h"
 
 namespace flashseek::ops {
 
@@ -13,9 +14,9 @@ void rms_norm(const RmsNormParams& p) {
     const float* x = p.x + r * p.dim;
     float* y = p.y + r * p.dim;
     // Sum of squares in double: a fixed order that is at least as accurate as the reference's
-    // FP32 tree reduction; the mean is then an FP32 value to which eps is added in FP32.
-    double ss = 0;
-    for (int64_t i = 0; i < p.dim; ++i) ss += double(x[i]) * double(x[i]);
+    // FP32 tree reduction (index order up to 1024 values, then the chunked order of
+    // ops/cpu/sum_order.h); the mean is then an FP32 value to which eps is added in FP32.
+    const double ss = detail::sumsq_f64(x, p.dim);
     const float mean = float(ss / double(p.dim));
     const float r_inv = 1.0f / std::sqrt(mean + p.eps);
     for (int64_t i = 0; i < p.dim; ++i) {

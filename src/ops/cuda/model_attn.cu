@@ -74,115 +74,211 @@ __global__ void index_scores_kernel(IndexScoreArgs a) {
   a.scores[t * a.stride + i] = a.bf16 ? dev_round_bf16(s) : s;
 }
 
-constexpr int kTopkThreads = 256;
+constexpr int kTopkThreads = 1024;
 
-// Block-wide argmax over v[0, n) among entries with ok(v) (value desc, index asc); -1 if none.
-template <typename Ok>
-__device__ int64_t block_argmax(const float* v, int64_t n, Ok ok, float* sv, int64_t* si) {
-  float bv = 0;
-  int64_t bi = -1;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float x = v[i];
-    if (!ok(x)) continue;
-    if (bi < 0 || x > bv) bv = x, bi = i;  // ascending scan: equal values keep the lower index
-  }
-  sv[threadIdx.x] = bv;
-  si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (int(threadIdx.x) < w) {
-      const float ov = sv[threadIdx.x + w];
-      const int64_t oi = si[threadIdx.x + w];
-      const int64_t ci = si[threadIdx.x];
-      if (oi >= 0 && (ci < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < ci)))
-        sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+// Exact top-k selection by radix select, one block per row. Keys are the float bits mapped to an
+// order-preserving uint32 (-0 folded onto +0, so equal floats have equal keys); 4 histogram passes
+// of 8 bits find the k-th largest key, then the elements above it and the lowest-index ones equal
+// to it are emitted in ascending index order: the set of ops::topk_indices (value desc, lower
+// index first at ties) for any number of candidates.
+struct SelectShared {
+  unsigned hist[256];
+  unsigned wgt[32], weq[32];
+  unsigned prefix, remaining, total;
+};
+
+__device__ __forceinline__ uint32_t order_key(float x) {
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Finds the threshold key of the k largest valid keys (key_of(i) < 0: not a candidate). Leaves
+// sh.prefix = threshold, sh.remaining = how many of the elements equal to it are taken, or
+// sh.total <= k: every valid element is taken.
+template <typename KeyOf>
+__device__ void block_radix_select(KeyOf key_of, int64_t n, int64_t k, SelectShared& sh) {
+  const int lane = int(threadIdx.x & 31);
+  if (threadIdx.x == 0) sh.prefix = 0, sh.remaining = unsigned(k), sh.total = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    const uint32_t hi_mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = sh.prefix;
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      const int64_t kk = i < n ? key_of(i) : -1;
+      const bool in = kk >= 0 && (uint32_t(kk) & hi_mask) == prefix;
+      const int bin = in ? int((uint32_t(kk) >> shift) & 255u) : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], unsigned(__popc(peers)));
     }
     __syncthreads();
+    if (threadIdx.x < 32) {  // lane l owns bins 8l..8l+7; find the bin where the count from the top reaches remaining
+      const unsigned rem = sh.remaining;
+      __syncwarp();
+      unsigned cnt = 0;
+      for (int b = 0; b < 8; ++b) cnt += sh.hist[8 * lane + b];
+      unsigned suffix = cnt;  // lanes lane..31
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned t = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += t;
+      }
+      const unsigned total = __shfl_sync(0xffffffffu, suffix, 0);
+      if (pass == 0 && lane == 0) sh.total = total;
+      const unsigned above = suffix - cnt;
+      if (!(pass == 0 && total <= unsigned(k)) && above < rem && above + cnt >= rem) {
+        unsigned c = above;
+        for (int b = 7; b >= 0; --b) {
+          const unsigned h = sh.hist[8 * lane + b];
+          if (c + h >= rem) {
+            sh.prefix = prefix | (uint32_t(8 * lane + b) << shift);
+            sh.remaining = rem - c;
+            break;
+          }
+          c += h;
+        }
+      }
+    }
+    __syncthreads();
+    if (sh.total <= unsigned(k)) return;
   }
-  const int64_t r = si[0];
+}
+
+// Emits the selection of block_radix_select in ascending index order: emit(i, position). Each
+// warp owns a contiguous segment; per-warp counts give every warp its output offset.
+template <typename KeyOf, typename Emit>
+__device__ void block_select_gather(KeyOf key_of, int64_t n, int64_t k, SelectShared& sh, Emit emit) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x / 32), n_warps = int(blockDim.x / 32);
+  const bool all = sh.total <= unsigned(k);
+  const uint32_t thr = sh.prefix;
+  const unsigned need = all ? 0u : sh.remaining;
+  const int64_t seg = ((n + n_warps - 1) / n_warps + 31) / 32 * 32;
+  const int64_t lo = warp * seg, hi = lo + seg < n ? lo + seg : n;
+  const unsigned lt = (1u << lane) - 1u;
+  auto flags = [&](int64_t i, bool& gt, bool& eq) {
+    const int64_t kk = i < hi ? key_of(i) : -1;
+    gt = kk >= 0 && (all || uint32_t(kk) > thr);
+    eq = kk >= 0 && !all && uint32_t(kk) == thr;
+  };
+  unsigned ngt = 0, neq = 0;
+  for (int64_t base = lo; base < hi; base += 32) {
+    bool gt, eq;
+    flags(base + lane, gt, eq);
+    ngt += unsigned(__popc(__ballot_sync(0xffffffffu, gt)));
+    neq += unsigned(__popc(__ballot_sync(0xffffffffu, eq)));
+  }
+  if (lane == 0) sh.wgt[warp] = ngt, sh.weq[warp] = neq;
   __syncthreads();
-  return r;
+  unsigned eq_off = 0, sel_off = 0;
+  for (int w = 0; w < warp; ++w) {
+    const unsigned take = need > eq_off ? min(need - eq_off, sh.weq[w]) : 0u;
+    sel_off += sh.wgt[w] + take;
+    eq_off += sh.weq[w];
+  }
+  for (int64_t base = lo; base < hi; base += 32) {
+    bool gt, eq;
+    flags(base + lane, gt, eq);
+    const unsigned beq = __ballot_sync(0xffffffffu, eq);
+    const bool sel = gt || (eq && eq_off + unsigned(__popc(beq & lt)) < need);
+    const unsigned bsel = __ballot_sync(0xffffffffu, sel);
+    if (sel) emit(base + lane, int64_t(sel_off + unsigned(__popc(bsel & lt))));
+    eq_off += unsigned(__popc(beq));
+    sel_off += unsigned(__popc(bsel));
+  }
+  __syncthreads();
 }
 
 __global__ void index_topk_kernel(IndexTopkArgs a) {
-  __shared__ float sv[kTopkThreads];
-  __shared__ int64_t si[kTopkThreads];
+  __shared__ SelectShared sh;
   const int64_t t = blockIdx.x, clen = (a.start + t + 1) / a.ratio;
   float* s = a.scores + t * a.stride;
   uint8_t* cand = a.cand + t * a.stride;
-  uint8_t* taken = a.taken + t * a.stride;
-  for (int64_t i = threadIdx.x; i < clen; i += blockDim.x) taken[i] = 0;
   if (a.mode == 1) {  // candidate mask: best blocks by max score, the last (partial) block pinned
     float* b = a.block_scratch + t * a.stride;
+    uint8_t* kept = a.taken + t * a.stride;
     const int64_t nb = (clen + a.cand_block - 1) / a.cand_block;
     for (int64_t j = threadIdx.x; j < nb; j += blockDim.x) {
       float m = -INFINITY;
       for (int64_t i = j * a.cand_block; i < clen && i < (j + 1) * a.cand_block; ++i) m = fmaxf(m, s[i]);
       b[j] = j == (clen - 1) / a.cand_block ? INFINITY : m;
+      kept[j] = 0;
     }
-    for (int64_t i = threadIdx.x; i < clen; i += blockDim.x) cand[i] = 0;
     __syncthreads();
-    for (int64_t it = 0; it < a.cand_top && it < nb; ++it) {
-      const int64_t j = block_argmax(b, nb, [](float x) { return x > -INFINITY; }, sv, si);
-      if (j < 0) break;
-      if (threadIdx.x == 0) b[j] = -INFINITY;
-      for (int64_t i = j * a.cand_block + threadIdx.x; i < clen && i < (j + 1) * a.cand_block; i += blockDim.x)
-        cand[i] = 1;
-      __syncthreads();
+    auto bkey = [b](int64_t j) -> int64_t { return b[j] > -INFINITY ? int64_t(order_key(b[j])) : -1; };
+    if (a.cand_top > 0) {
+      block_radix_select(bkey, nb, a.cand_top, sh);
+      block_select_gather(bkey, nb, a.cand_top, sh, [kept](int64_t j, int64_t) { kept[j] = 1; });
     }
+    for (int64_t i = threadIdx.x; i < clen; i += blockDim.x) cand[i] = kept[i / a.cand_block];
   } else if (a.mode == 2) {
     for (int64_t i = threadIdx.x; i < clen; i += blockDim.x)
       if (!cand[i]) s[i] = -INFINITY;
   }
   __syncthreads();
-  for (int64_t it = 0; it < a.k; ++it) {
-    const int64_t i = block_argmax(s, clen, [](float x) { return isfinite(x); }, sv, si);
-    if (i < 0) break;
-    if (threadIdx.x == 0) taken[i] = 1, s[i] = -INFINITY;
-    __syncthreads();
-  }
-  if (threadIdx.x != 0) return;
-  int32_t n = 0;
-  for (int64_t i = 0; i < clen; ++i)
-    if (taken[i]) a.out[t * a.k + n++] = int32_t(i);
-  a.out_n[t] = n;
+  auto skey = [s](int64_t i) -> int64_t { const float x = s[i]; return isfinite(x) ? int64_t(order_key(x)) : -1; };
+  block_radix_select(skey, clen, a.k, sh);
+  int32_t* out = a.out + t * a.k;
+  block_select_gather(skey, clen, a.k, sh, [out](int64_t i, int64_t pos) { out[pos] = int32_t(i); });
+  if (threadIdx.x == 0) a.out_n[t] = int32_t(sh.total <= unsigned(a.k) ? sh.total : unsigned(a.k));
 }
 
-// One thread per token (ops::route).
+// One warp per token (ops::route): scores in parallel, the softmax denominator in index order by
+// lane 0, top-K by K warp argmaxes (value desc, lower expert id first), the weights by lane 0.
+constexpr int kRouteThreads = 128;
 __global__ void route_kernel(RouteArgs a) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= a.T) return;
+  const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x & 31);
+  if (t >= a.T) return;  // whole warps leave together
   const int64_t E = a.E, K = a.K;
   const float* lg = a.logits + t * E;
   float* score = a.scratch + t * 2 * E;
   float* key = score + E;
   if (a.sqrtsoftplus) {
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = lane; e < E; e += 32) {
       const float x = lg[e] / a.gate_temp;
       score[e] = sqrtf(x > 20.0f ? x : dev_log1p(dev_exp(x)));
     }
   } else {
     float m = lg[0] / a.gate_temp;
-    for (int64_t e = 1; e < E; ++e) m = fmaxf(m, lg[e] / a.gate_temp);
+    for (int64_t e = 1 + lane; e < E; e += 32) m = fmaxf(m, lg[e] / a.gate_temp);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int64_t e = lane; e < E; e += 32) score[e] = dev_exp(lg[e] / a.gate_temp - m);
+    __syncwarp();
     float s = 0;
-    for (int64_t e = 0; e < E; ++e) s += (score[e] = dev_exp(lg[e] / a.gate_temp - m));
-    for (int64_t e = 0; e < E; ++e) score[e] /= s;
+    if (lane == 0)
+      for (int64_t e = 0; e < E; ++e) s += score[e];
+    s = __shfl_sync(0xffffffffu, s, 0);
+    for (int64_t e = lane; e < E; e += 32) score[e] /= s;
   }
+  __syncwarp();
   int32_t* sel = a.sel + t * K;
   if (a.tid2eid) {
-    for (int64_t i = 0; i < K; ++i) sel[i] = a.tid2eid[int64_t(a.tokens[t]) * K + i];
+    for (int64_t i = lane; i < K; i += 32) sel[i] = a.tid2eid[int64_t(a.tokens[t]) * K + i];
   } else {
-    for (int64_t e = 0; e < E; ++e) key[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
+    for (int64_t e = lane; e < E; e += 32) key[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
+    __syncwarp();
     for (int64_t i = 0; i < K; ++i) {
+      float bv = 0;
       int64_t bi = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        if (isnan(key[e])) continue;  // taken
-        if (bi < 0 || key[e] > key[bi]) bi = e;
+      for (int64_t e = lane; e < E; e += 32) {
+        const float x = key[e];
+        if (isnan(x)) continue;  // taken
+        if (bi < 0 || x > bv) bv = x, bi = e;
       }
-      sel[i] = int32_t(bi);
-      key[bi] = NAN;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+      }
+      if (lane == 0) sel[i] = int32_t(bi);
+      if (bi >= 0 && lane == int(bi & 31)) key[bi] = NAN;
+      __syncwarp();
     }
   }
+  __syncwarp();
+  if (lane != 0) return;
   for (int64_t i = 1; i < K; ++i)  // ascending expert id
     for (int64_t j = i; j > 0 && sel[j] < sel[j - 1]; --j) {
       const int32_t x = sel[j];
@@ -224,7 +320,8 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
 
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
-  if (a.ratio <= 0 || a.k <= 0 || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
+  if (a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
+  if (a.stride > INT32_MAX) return cudaErrorInvalidValue;
   index_topk_kernel<<<unsigned(a.T), kTopkThreads, 0, s>>>(a);
   return cudaGetLastError();
 }
@@ -232,7 +329,8 @@ cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.K <= 0 || a.K > a.E) return cudaErrorInvalidValue;
-  route_kernel<<<unsigned((a.T + 63) / 64), 64, 0, s>>>(a);
+  const int64_t per_block = kRouteThreads / 32;
+  route_kernel<<<unsigned((a.T + per_block - 1) / per_block), kRouteThreads, 0, s>>>(a);
   return cudaGetLastError();
 }
 

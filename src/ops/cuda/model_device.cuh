@@ -63,8 +63,53 @@ __device__ __forceinline__ float dev_log1p(float x) { return float(log1p(double(
 // a·b + c without FMA contraction (the CPU backend is built with -ffp-contract=off).
 __device__ __forceinline__ float mul_add(float a, float b, float c) { return __fadd_rn(__fmul_rn(a, b), c); }
 
-// ops::dot_f32 bit for bit: eight interleaved partial sums combined in the same fixed tree.
+// The fixed summation orders of ops/cpu/sum_order.h (read it first): n <= kSumChunk keeps the
+// short orders, longer sums go by 1024-element chunks (128 partials, a 32-lane halving tree) whose
+// sums are combined by stride doubling.
+constexpr int64_t kSumChunk = 1024;
+
+// Stride-doubling tree over c[0, m) (in place), one thread.
+template <typename Acc>
+__device__ __forceinline__ Acc dev_chunk_tree(Acc* c, int64_t m) {
+  for (int64_t st = 1; st < m; st *= 2)
+    for (int64_t i = 0; i + st < m; i += 2 * st) c[i] = c[i] + c[i + st];
+  return c[0];
+}
+
+// One chunk (len <= kSumChunk) of the chunked dot by one thread: lane l's four partials, then the
+// 32-lane halving tree.
+__device__ __forceinline__ float dev_dot_chunk_serial(const float* a, const float* b, int64_t len) {
+  float v[32];
+  for (int l = 0; l < 32; ++l) {
+    float p[4] = {0, 0, 0, 0};
+    for (int64_t i = 4 * l; i < len; i += 128)
+      for (int c = 0; c < 4 && i + c < len; ++c) p[c] = mul_add(a[i + c], b[i + c], p[c]);
+    v[l] = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+  }
+  for (int off = 16; off >= 1; off /= 2)
+    for (int l = 0; l < off; ++l) v[l] = __fadd_rn(v[l], v[l + off]);
+  return v[0];
+}
+
+// ops::dot_f32 bit for bit, one thread: eight interleaved partial sums combined in the same fixed
+// tree; n > kSumChunk: the chunked order, chunk sums folded on a stack of complete subtrees
+// (the same additions as the stride-doubling tree: complete 2^L blocks merge left + right, the
+// ragged right edge folds right to left).
 __device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int64_t n) {
+  if (n > kSumChunk) {
+    float val[48];
+    int64_t size[48];
+    int top = 0;
+    for (int64_t o = 0; o < n; o += kSumChunk) {
+      float v = dev_dot_chunk_serial(a + o, b + o, n - o < kSumChunk ? n - o : kSumChunk);
+      int64_t sz = 1;
+      while (top > 0 && size[top - 1] == sz) v = __fadd_rn(val[--top], v), sz *= 2;
+      val[top] = v, size[top++] = sz;
+    }
+    float acc = val[--top];
+    while (top > 0) acc = __fadd_rn(val[--top], acc);
+    return acc;
+  }
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -73,6 +118,77 @@ __device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int
   for (int j = 0; i < n; ++i, ++j) s[j] = mul_add(a[i], b[i], s[j]);
   return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
                    __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
+}
+
+// One chunk of the chunked dot by a whole warp (every lane returns the chunk sum): lane l holds
+// partials 4l..4l+3 (16-byte loads when a and b are 16-byte aligned), then the xor butterfly.
+__device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, int64_t len) {
+  const int lane = int(threadIdx.x & 31);
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  if (len == kSumChunk && ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0) {
+    float4 av[8], bv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      av[i] = __ldg(reinterpret_cast<const float4*>(a + 128 * i + 4 * lane));
+      bv[i] = __ldg(reinterpret_cast<const float4*>(b + 128 * i + 4 * lane));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      p0 = mul_add(av[i].x, bv[i].x, p0), p1 = mul_add(av[i].y, bv[i].y, p1);
+      p2 = mul_add(av[i].z, bv[i].z, p2), p3 = mul_add(av[i].w, bv[i].w, p3);
+    }
+  } else {
+    for (int64_t i = 4 * lane; i < len; i += 128) {
+      p0 = mul_add(a[i], b[i], p0);
+      if (i + 1 < len) p1 = mul_add(a[i + 1], b[i + 1], p1);
+      if (i + 2 < len) p2 = mul_add(a[i + 2], b[i + 2], p2);
+      if (i + 3 < len) p3 = mul_add(a[i + 3], b[i + 3], p3);
+    }
+  }
+  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The same for the double sum of squares of one chunk.
+__device__ __forceinline__ double warp_sumsq_chunk(const float* x, int64_t len) {
+  const int lane = int(threadIdx.x & 31);
+  double p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  auto sq = [](float v) { return __dmul_rn(double(v), double(v)); };
+  if (len == kSumChunk && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    float4 xv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x + 128 * i + 4 * lane));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      p0 = __dadd_rn(p0, sq(xv[i].x)), p1 = __dadd_rn(p1, sq(xv[i].y));
+      p2 = __dadd_rn(p2, sq(xv[i].z)), p3 = __dadd_rn(p3, sq(xv[i].w));
+    }
+  } else {
+    for (int64_t i = 4 * lane; i < len; i += 128) {
+      p0 = __dadd_rn(p0, sq(x[i]));
+      if (i + 1 < len) p1 = __dadd_rn(p1, sq(x[i + 1]));
+      if (i + 2 < len) p2 = __dadd_rn(p2, sq(x[i + 2]));
+      if (i + 3 < len) p3 = __dadd_rn(p3, sq(x[i + 3]));
+    }
+  }
+  double v = __dadd_rn(__dadd_rn(p0, p1), __dadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The short dot order by 8 consecutive lanes of a warp (lane j of the group sums elements
+// i % 8 == j); every lane of the group returns the result. All 32 lanes must call it.
+__device__ __forceinline__ float group8_dot(const float* a, const float* b, int64_t n) {
+  const int j = int(threadIdx.x & 7);
+  float s = 0;
+  for (int64_t i = j; i < n; i += 8) s = mul_add(a[i], b[i], s);
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+  return s;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,6 +1,7 @@
 // Elementwise, linear, mHC, Engram and MoE kernels of the whole-model GPU forward (declared in
-// model_kernels.h). Written for exactness against the CPU twins, not speed: one warp per output
-// of a linear, one block per row of a mix; the decode-speed kernels are gemv.cu / sparse_attn.cu.
+// model_kernels.h). Written for exactness against the CPU twins: the FP32 linears, RMS norms and
+// mHC mixes follow the summation orders of ops/cpu/sum_order.h, spread over warps (a chunk of
+// 1024 values per warp); the FP8/FP4 decode kernels are gemv.cu / sparse_attn.cu.
 #include <cfloat>
 
 #include "ops/cuda/model_device.cuh"
@@ -68,24 +69,63 @@ __global__ void scale_kernel(float* x, int64_t n, float scale, bool bf16) {
   if (i < n) x[i] = bf16 ? dev_round_bf16(x[i] * scale) : x[i] * scale;
 }
 
-// grid (ceil(out / 128), rows): one thread per output, ops::dot_f32's exact summation order.
-__global__ void linear_kernel(LinearArgs a) {
-  const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
-  if (o >= a.out) return;
+// Linear, in <= kSumChunk: 8 lanes per output (the short dot order), 16 outputs of one row per
+// 128-thread block; grid ceil(out / 16) x rows, flattened (row fastest: blocks reading the same
+// weight rows run together).
+constexpr int kLinThreads = 128;
+__device__ __forceinline__ const float* linear_w(const LinearArgs& a, int64_t r, int64_t o) {
+  return a.w + (a.sel ? int64_t(a.sel[r]) * a.out * a.in : 0) + o * a.in;
+}
+
+__global__ void linear_short_kernel(LinearArgs a) {
+  const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
+  const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
+  const bool ok = o < a.out;
   const float* x = a.x + (r / a.x_row_div) * a.x_stride;
-  const float* w = a.w + (a.sel ? int64_t(a.sel[r]) * a.out * a.in : 0) + o * a.in;
-  const float acc = dev_dot_f32(x, w, a.in);
+  const float acc = group8_dot(x, linear_w(a, r, ok ? o : 0), ok ? a.in : 0);
+  if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// Linear, in > kSumChunk: one 128-thread block per (row, output); warp w sums chunks w, w + 4...
+// into shared memory, thread 0 combines them in the fixed tree.
+__global__ void linear_chunked_kernel(LinearArgs a) {
+  extern __shared__ float csum[];
+  const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const float* w = linear_w(a, r, o);
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
+  for (int64_t c = threadIdx.x / 32; c < m; c += kLinThreads / 32) {
+    const int64_t off = c * kSumChunk;
+    const float v = warp_dot_chunk(x + off, w + off, a.in - off < kSumChunk ? a.in - off : kSumChunk);
+    if ((threadIdx.x & 31) == 0) csum[c] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float acc = dev_chunk_tree(csum, m);
   a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
 }
 
-// ops::rms_norm: sum of squares in double in index order (thread 0), FP32 scaling.
+// ops::rms_norm: double sum of squares in the sum_order.h order (index order by thread 0 up to
+// kSumChunk values; else one warp per chunk and the chunk tree), FP32 scaling.
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
+  extern __shared__ double csq[];
   __shared__ float r_inv;
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  if (dim > kSumChunk) {
+    for (int64_t c = threadIdx.x / 32; c < m; c += blockDim.x / 32) {
+      const int64_t off = c * kSumChunk;
+      const double v = warp_sumsq_chunk(xr + off, dim - off < kSumChunk ? dim - off : kSumChunk);
+      if ((threadIdx.x & 31) == 0) csq[c] = v;
+    }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
+    if (dim > kSumChunk) ss = dev_chunk_tree(csq, m);
+    else
+      for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
     r_inv = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
   }
   __syncthreads();
@@ -96,54 +136,102 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
   }
 }
 
-// One block per row: scalar rsqrt over the flattened streams (double sum, as the CPU), one warp
-// per mix dot, then thread 0 forms pre/post/comb and runs Sinkhorn serially.
+// One block (kMixThreads) per row. flat = hc·dim > kSumChunk: the (n_mix + 1) x chunks work items
+// (the flat sum of squares and every mix dot, one chunk each) are spread over the warps, partials
+// go to shared memory and are combined in the fixed trees; else thread 0 sums the squares in
+// index order and 8-lane groups take one mix dot each. Then the pre/post mixes (hc threads) and
+// the row softmax + Sinkhorn (one thread per comb entry, each sum in the CPU's order, recomputed
+// identically by the threads that need it).
+constexpr int kMixThreads = 512;
 __global__ void hc_mixes_kernel(HcMixArgs a) {
-  extern __shared__ float mu[];
+  extern __shared__ double hsm[];
   const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
-  const float* x = a.x + int64_t(blockIdx.x) * flat;
+  const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
+  double* sq = hsm;                                   // [m]
+  float* part = reinterpret_cast<float*>(hsm + m);    // [n_mix, m]
+  float* mu = part + n_mix * m;                       // [n_mix]
+  float* P = mu + n_mix;                              // [hc, hc]
   __shared__ float rs;
+  const float* x = a.x + int64_t(blockIdx.x) * flat;
+  const int warp = int(threadIdx.x / 32), n_warps = int(blockDim.x / 32);
+  if (flat > kSumChunk) {
+    for (int64_t item = warp; item < (n_mix + 1) * m; item += n_warps) {
+      const int64_t mix = item / m - 1, c = item % m, off = c * kSumChunk;
+      const int64_t len = flat - off < kSumChunk ? flat - off : kSumChunk;
+      if (mix < 0) {
+        const double v = warp_sumsq_chunk(x + off, len);
+        if ((threadIdx.x & 31) == 0) sq[c] = v;
+      } else {
+        const float v = warp_dot_chunk(a.fn + mix * flat + off, x + off, len);
+        if ((threadIdx.x & 31) == 0) part[mix * m + c] = v;
+      }
+    }
+  } else {
+    if (threadIdx.x == 0) {
+      double ss = 0;
+      for (int64_t i = 0; i < flat; ++i) ss += double(x[i]) * double(x[i]);
+      sq[0] = ss;
+    }
+    const int64_t groups = blockDim.x / 8;
+    for (int64_t base = 0; base < n_mix; base += groups) {
+      const int64_t mix = base + threadIdx.x / 8;
+      const bool ok = mix < n_mix;
+      const float v = group8_dot(a.fn + (ok ? mix : 0) * flat, x, ok ? flat : 0);
+      if (ok && (threadIdx.x & 7) == 0) part[mix] = v;
+    }
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    double ss = 0;
-    for (int64_t i = 0; i < flat; ++i) ss += double(x[i]) * double(x[i]);
+    const double ss = m > 1 ? dev_chunk_tree(sq, m) : sq[0];
     rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
   }
   __syncthreads();
-  for (int64_t m = threadIdx.x; m < n_mix; m += blockDim.x) mu[m] = __fmul_rn(dev_dot_f32(a.fn + m * flat, x, flat), rs);
+  for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
+    mu[i] = __fmul_rn(m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
   __syncthreads();
-  if (threadIdx.x != 0) return;
   const int64_t r = blockIdx.x;
   auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
-  for (int64_t i = 0; i < hc; ++i) {
+  if (threadIdx.x < hc) {
+    const int64_t i = threadIdx.x;
     a.pre[r * hc + i] = sigm(mul_add(mu[i], a.scale[0], a.base[i])) + a.hc_eps;
     if (!a.head_only) a.post[r * hc + i] = 2.0f * sigm(mul_add(mu[hc + i], a.scale[1], a.base[hc + i]));
   }
   if (a.head_only) return;
-  float* P = a.comb + r * hc * hc;
-  for (int64_t i = 0; i < hc * hc; ++i) P[i] = mul_add(mu[2 * hc + i], a.scale[2], a.base[2 * hc + i]);
   const float eps = a.hc_eps;
-  for (int64_t j = 0; j < hc; ++j) {
-    float* row = P + j * hc;
-    float m = row[0];
-    for (int64_t k = 1; k < hc; ++k) m = fmaxf(m, row[k]);
-    float s = 0;
-    for (int64_t k = 0; k < hc; ++k) s += (row[k] = dev_exp(row[k] - m));
-    for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / s + eps;
+  const bool own = threadIdx.x < hc * hc;
+  const int64_t j = own ? threadIdx.x / hc : 0, k = own ? threadIdx.x % hc : 0;
+  float* row = P + j * hc;
+  float pv = 0;
+  if (own) {  // row softmax, then + eps (every thread of row j recomputes the row's sum)
+    float mx = mul_add(mu[2 * hc + j * hc], a.scale[2], a.base[2 * hc + j * hc]);
+    for (int64_t q = 1; q < hc; ++q) mx = fmaxf(mx, mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]));
+    float s = 0, mine = 0;
+    for (int64_t q = 0; q < hc; ++q) {
+      const float e = dev_exp(mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]) - mx);
+      s += e;
+      if (q == k) mine = e;
+    }
+    pv = mine / s + eps;
+    row[k] = pv;
   }
+  __syncthreads();
   for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
     if (it > 0) {
-      for (int64_t j = 0; j < hc; ++j) {
-        float s = 0;
-        for (int64_t k = 0; k < hc; ++k) s += P[j * hc + k];
-        for (int64_t k = 0; k < hc; ++k) P[j * hc + k] /= (s + eps);
-      }
-    }
-    for (int64_t k = 0; k < hc; ++k) {
       float s = 0;
-      for (int64_t j = 0; j < hc; ++j) s += P[j * hc + k];
-      for (int64_t j = 0; j < hc; ++j) P[j * hc + k] /= (s + eps);
+      if (own)
+        for (int64_t q = 0; q < hc; ++q) s += row[q];
+      __syncthreads();
+      if (own) row[k] = pv = pv / (s + eps);
+      __syncthreads();
     }
+    float s = 0;
+    if (own)
+      for (int64_t q = 0; q < hc; ++q) s += P[q * hc + k];
+    __syncthreads();
+    if (own) row[k] = pv = pv / (s + eps);
+    __syncthreads();
   }
+  if (own) a.comb[r * hc * hc + j * hc + k] = pv;
 }
 
 __global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
@@ -307,7 +395,15 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (a.y_stride == 0) a.y_stride = a.out;
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
-  linear_kernel<<<dim3(blocks_for(a.out, 128), unsigned(a.rows)), 128, 0, s>>>(a);
+  if (a.in <= kSumChunk) {
+    const int64_t blocks = (a.out + kLinThreads / 8 - 1) / (kLinThreads / 8) * a.rows;
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    linear_short_kernel<<<unsigned(blocks), kLinThreads, 0, s>>>(a);
+    return cudaGetLastError();
+  }
+  const size_t smem = size_t((a.in + kSumChunk - 1) / kSumChunk) * sizeof(float);
+  if (smem > 48 * 1024 || a.out * a.rows > INT32_MAX) return cudaErrorInvalidValue;
+  linear_chunked_kernel<<<unsigned(a.out * a.rows), kLinThreads, smem, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -315,15 +411,23 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
                                   bool bf16, cudaStream_t s) {
   if (dim <= 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  rms_norm_kernel<<<unsigned(rows), 128, 0, s>>>(x, w, y, dim, eps, bf16);
+  const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double) : 0;
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  rms_norm_kernel<<<unsigned(rows), 256, smem, s>>>(x, w, y, dim, eps, bf16);
   return cudaGetLastError();
 }
 
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
   if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
-  const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc;
-  hc_mixes_kernel<<<unsigned(a.rows), 256, size_t(n_mix) * sizeof(float), s>>>(a);
+  const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc, flat = a.hc * a.dim;
+  const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
+  const size_t smem = size_t(m) * sizeof(double) + size_t(n_mix * m + n_mix + a.hc * a.hc) * sizeof(float);
+  if (smem > 200 * 1024) return cudaErrorInvalidValue;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(hc_mixes_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    return cudaGetLastError();
+  hc_mixes_kernel<<<unsigned(a.rows), kMixThreads, smem, s>>>(a);
   return cudaGetLastError();
 }
 

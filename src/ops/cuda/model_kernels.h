@@ -34,6 +34,8 @@ struct LinearArgs {
   int64_t x_row_div = 1;          // output row r reads input row r / x_row_div
   bool bf16_out = false;
 };
+// Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
+// rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
 
 // ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
@@ -49,6 +51,8 @@ struct HcMixArgs {
   float* post = nullptr;          // [rows, hc]
   float* comb = nullptr;          // [rows, hc, hc]
 };
+// One block per row; the flat sum of squares and the mix dots in the sum_order.h orders, one warp
+// per 1024-value chunk, Sinkhorn with one thread per comb entry.
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
@@ -126,11 +130,12 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
 
 // Per query row: mode 1 publishes the candidate mask (ops::candidate_mask), mode 2 filters the
 // scores by it, then top-k (ops::topk_indices: finite scores, lower index at ties, ascending).
+// One block per row, radix select on the score bits (any candidate count up to the stride).
 struct IndexTopkArgs {
-  float* scores = nullptr;         // [T, stride] (modified)
+  float* scores = nullptr;         // [T, stride] (mode 2 sets the masked-out entries to -inf)
   uint8_t* cand = nullptr;         // [T, stride]
-  float* block_scratch = nullptr;  // [T, stride]
-  uint8_t* taken = nullptr;        // [T, stride]
+  float* block_scratch = nullptr;  // [T, stride] mode 1: block maxima
+  uint8_t* taken = nullptr;        // [T, stride] mode 1: kept-block flags
   int32_t* out = nullptr;          // [T, k]
   int32_t* out_n = nullptr;        // [T]
   int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
