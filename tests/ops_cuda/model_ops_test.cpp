@@ -314,7 +314,7 @@ TEST(CudaModelOps, ChunkedLinearAndNormMatchCpuBitwise) {
 }
 
 // mHC mixes at full width (4 x 5120: 20 chunks), a ragged last chunk (4 x 257) and exactly one
-// chunk (4 x 256); head-only mixes against ops::hc_head_pre.
+// chunk (4 x 256); head-only mixes against ops::hc_head_pre; 1, 3 and 8 blocks per row.
 TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   const int64_t rows = 2, hc = 4, n_mix = (2 + hc) * hc;
@@ -331,13 +331,19 @@ TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
     cd::HcMixArgs a;
     a.x = dx.get(), a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
     a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.pre = dpre.get(), a.post = dpost.get(), a.comb = dcomb.get();
-    FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
-    expect_bitwise(dpre.to_host(), pre, "pre");
-    expect_bitwise(dpost.to_host(), post, "post");
-    expect_bitwise(dcomb.to_host(), comb, "comb (Sinkhorn)");
-    a.head_only = true;
-    FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "head mixes"));
-    expect_bitwise(dpre.to_host(), hpre, "head pre");
+    for (int cluster : {1, 3, 0}) {  // one block, 3 and the default 8 blocks per row: same bits
+      SCOPED_TRACE(cluster);
+      a.cluster = cluster, a.head_only = false;
+      FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
+      expect_bitwise(dpre.to_host(), pre, "pre");
+      expect_bitwise(dpost.to_host(), post, "post");
+      expect_bitwise(dcomb.to_host(), comb, "comb (Sinkhorn)");
+      a.head_only = true;
+      FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "head mixes"));
+      expect_bitwise(dpre.to_host(), hpre, "head pre");
+    }
+    a.cluster = 9;
+    EXPECT_NE(cd::launch_hc_mixes(a, 0), cudaSuccess);
   }
 }
 

@@ -75,6 +75,7 @@ __global__ void index_scores_kernel(IndexScoreArgs a) {
 }
 
 constexpr int kTopkThreads = 1024;
+constexpr int kSelUnroll = 4;  // keys loaded per thread before they are counted
 
 // Exact top-k selection by radix select, one block per row. Keys are the float bits mapped to an
 // order-preserving uint32 (-0 folded onto +0, so equal floats have equal keys); 4 histogram passes
@@ -106,13 +107,20 @@ __device__ void block_radix_select(KeyOf key_of, int64_t n, int64_t k, SelectSha
     for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
     __syncthreads();
     const uint32_t prefix = sh.prefix;
-    for (int64_t base = 0; base < n; base += blockDim.x) {
-      const int64_t i = base + threadIdx.x;
-      const int64_t kk = i < n ? key_of(i) : -1;
-      const bool in = kk >= 0 && (uint32_t(kk) & hi_mask) == prefix;
-      const int bin = in ? int((uint32_t(kk) >> shift) & 255u) : -1;
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], unsigned(__popc(peers)));
+    for (int64_t base = 0; base < n; base += int64_t(kSelUnroll) * blockDim.x) {
+      int64_t kk[kSelUnroll];  // loads first, then the counting
+#pragma unroll
+      for (int u = 0; u < kSelUnroll; ++u) {
+        const int64_t i = base + int64_t(u) * blockDim.x + threadIdx.x;
+        kk[u] = i < n ? key_of(i) : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kSelUnroll; ++u) {
+        const bool in = kk[u] >= 0 && (uint32_t(kk[u]) & hi_mask) == prefix;
+        const int bin = in ? int((uint32_t(kk[u]) >> shift) & 255u) : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);  // one atomic per distinct bin
+        if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], unsigned(__popc(peers)));
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {  // lane l owns bins 8l..8l+7; find the bin where the count from the top reaches remaining
@@ -154,20 +162,27 @@ __device__ void block_select_gather(KeyOf key_of, int64_t n, int64_t k, SelectSh
   const bool all = sh.total <= unsigned(k);
   const uint32_t thr = sh.prefix;
   const unsigned need = all ? 0u : sh.remaining;
-  const int64_t seg = ((n + n_warps - 1) / n_warps + 31) / 32 * 32;
+  const int64_t seg = ((n + n_warps - 1) / n_warps + 31) / 32 * 32;  // multiple of 32: whole steps
   const int64_t lo = warp * seg, hi = lo + seg < n ? lo + seg : n;
   const unsigned lt = (1u << lane) - 1u;
-  auto flags = [&](int64_t i, bool& gt, bool& eq) {
-    const int64_t kk = i < hi ? key_of(i) : -1;
-    gt = kk >= 0 && (all || uint32_t(kk) > thr);
-    eq = kk >= 0 && !all && uint32_t(kk) == thr;
+  auto keys = [&](int64_t base, int64_t* kk) {  // 32 x kSelUnroll keys from base, lane-interleaved
+#pragma unroll
+    for (int u = 0; u < kSelUnroll; ++u) {
+      const int64_t i = base + 32 * u + lane;
+      kk[u] = i < hi ? key_of(i) : -1;
+    }
   };
+  auto gt_of = [&](int64_t kk) { return kk >= 0 && (all || uint32_t(kk) > thr); };
+  auto eq_of = [&](int64_t kk) { return kk >= 0 && !all && uint32_t(kk) == thr; };
   unsigned ngt = 0, neq = 0;
-  for (int64_t base = lo; base < hi; base += 32) {
-    bool gt, eq;
-    flags(base + lane, gt, eq);
-    ngt += unsigned(__popc(__ballot_sync(0xffffffffu, gt)));
-    neq += unsigned(__popc(__ballot_sync(0xffffffffu, eq)));
+  for (int64_t base = lo; base < hi; base += 32 * kSelUnroll) {
+    int64_t kk[kSelUnroll];
+    keys(base, kk);
+#pragma unroll
+    for (int u = 0; u < kSelUnroll; ++u) {
+      ngt += unsigned(__popc(__ballot_sync(0xffffffffu, gt_of(kk[u]))));
+      neq += unsigned(__popc(__ballot_sync(0xffffffffu, eq_of(kk[u]))));
+    }
   }
   if (lane == 0) sh.wgt[warp] = ngt, sh.weq[warp] = neq;
   __syncthreads();
@@ -177,20 +192,24 @@ __device__ void block_select_gather(KeyOf key_of, int64_t n, int64_t k, SelectSh
     sel_off += sh.wgt[w] + take;
     eq_off += sh.weq[w];
   }
-  for (int64_t base = lo; base < hi; base += 32) {
-    bool gt, eq;
-    flags(base + lane, gt, eq);
-    const unsigned beq = __ballot_sync(0xffffffffu, eq);
-    const bool sel = gt || (eq && eq_off + unsigned(__popc(beq & lt)) < need);
-    const unsigned bsel = __ballot_sync(0xffffffffu, sel);
-    if (sel) emit(base + lane, int64_t(sel_off + unsigned(__popc(bsel & lt))));
-    eq_off += unsigned(__popc(beq));
-    sel_off += unsigned(__popc(bsel));
+  for (int64_t base = lo; base < hi; base += 32 * kSelUnroll) {
+    int64_t kk[kSelUnroll];
+    keys(base, kk);
+#pragma unroll
+    for (int u = 0; u < kSelUnroll; ++u) {
+      const bool eq = eq_of(kk[u]);
+      const unsigned beq = __ballot_sync(0xffffffffu, eq);
+      const bool sel = gt_of(kk[u]) || (eq && eq_off + unsigned(__popc(beq & lt)) < need);
+      const unsigned bsel = __ballot_sync(0xffffffffu, sel);
+      if (sel) emit(base + 32 * u + lane, int64_t(sel_off + unsigned(__popc(bsel & lt))));
+      eq_off += unsigned(__popc(beq));
+      sel_off += unsigned(__popc(bsel));
+    }
   }
   __syncthreads();
 }
 
-__global__ void index_topk_kernel(IndexTopkArgs a) {
+__global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs a) {
   __shared__ SelectShared sh;
   const int64_t t = blockIdx.x, clen = (a.start + t + 1) / a.ratio;
   float* s = a.scores + t * a.stride;

@@ -2,6 +2,8 @@
 // model_kernels.h). Written for exactness against the CPU twins: the FP32 linears, RMS norms and
 // mHC mixes follow the summation orders of ops/cpu/sum_order.h, spread over warps (a chunk of
 // 1024 values per warp); the FP8/FP4 decode kernels are gemv.cu / sparse_attn.cu.
+#include <cooperative_groups.h>
+
 #include <cfloat>
 
 #include "ops/cuda/model_device.cuh"
@@ -136,14 +138,16 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
   }
 }
 
-// One block (kMixThreads) per row. flat = hc·dim > kSumChunk: the (n_mix + 1) x chunks work items
-// (the flat sum of squares and every mix dot, one chunk each) are spread over the warps, partials
-// go to shared memory and are combined in the fixed trees; else thread 0 sums the squares in
-// index order and 8-lane groups take one mix dot each. Then the pre/post mixes (hc threads) and
-// the row softmax + Sinkhorn (one thread per comb entry, each sum in the CPU's order, recomputed
-// identically by the threads that need it).
+// A cluster of `csize` blocks (kMixThreads each) per row. flat = hc·dim > kSumChunk: the
+// (n_mix + 1) x chunks work items (the flat sum of squares and every mix dot, one chunk each) are
+// spread over the cluster's warps, each partial lands in its block's shared memory and rank 0
+// gathers them (distributed shared memory) and combines them in the fixed trees; else (csize 1)
+// thread 0 sums the squares in index order and 8-lane groups take one mix dot each. Then rank 0
+// forms the pre/post mixes (hc threads) and the row softmax + Sinkhorn (one thread per comb entry,
+// each sum in the CPU's order, recomputed identically by the threads that need it).
 constexpr int kMixThreads = 512;
-__global__ void hc_mixes_kernel(HcMixArgs a) {
+constexpr int kMixCluster = 8;  // blocks per row when hc·dim > kSumChunk
+__global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int csize) {
   extern __shared__ double hsm[];
   const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
   const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
@@ -152,10 +156,13 @@ __global__ void hc_mixes_kernel(HcMixArgs a) {
   float* mu = part + n_mix * m;                       // [n_mix]
   float* P = mu + n_mix;                              // [hc, hc]
   __shared__ float rs;
-  const float* x = a.x + int64_t(blockIdx.x) * flat;
+  const int64_t row = blockIdx.x / csize;
+  const int rank = int(blockIdx.x % csize);
+  const float* x = a.x + row * flat;
   const int warp = int(threadIdx.x / 32), n_warps = int(blockDim.x / 32);
   if (flat > kSumChunk) {
-    for (int64_t item = warp; item < (n_mix + 1) * m; item += n_warps) {
+    const int64_t items = (n_mix + 1) * m, all_warps = int64_t(n_warps) * csize;
+    for (int64_t item = int64_t(rank) * n_warps + warp; item < items; item += all_warps) {
       const int64_t mix = item / m - 1, c = item % m, off = c * kSumChunk;
       const int64_t len = flat - off < kSumChunk ? flat - off : kSumChunk;
       if (mix < 0) {
@@ -165,6 +172,21 @@ __global__ void hc_mixes_kernel(HcMixArgs a) {
         const float v = warp_dot_chunk(a.fn + mix * flat + off, x + off, len);
         if ((threadIdx.x & 31) == 0) part[mix * m + c] = v;
       }
+    }
+    if (csize > 1) {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // every rank's partials are in its shared memory
+      if (rank == 0)
+        for (int64_t item = threadIdx.x; item < items; item += blockDim.x) {
+          const int owner = int((item % all_warps) / n_warps);
+          if (owner == 0) continue;
+          const int64_t mix = item / m - 1, c = item % m;
+          if (mix < 0) sq[c] = *cluster.map_shared_rank(sq + c, owner);
+          else part[mix * m + c] = *cluster.map_shared_rank(part + mix * m + c, owner);
+        }
+      cluster.sync();  // rank 0 has read them before the other blocks exit
+      if (rank != 0) return;
     }
   } else {
     if (threadIdx.x == 0) {
@@ -189,7 +211,7 @@ __global__ void hc_mixes_kernel(HcMixArgs a) {
   for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
     mu[i] = __fmul_rn(m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
   __syncthreads();
-  const int64_t r = blockIdx.x;
+  const int64_t r = row;
   auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
   if (threadIdx.x < hc) {
     const int64_t i = threadIdx.x;
@@ -200,7 +222,7 @@ __global__ void hc_mixes_kernel(HcMixArgs a) {
   const float eps = a.hc_eps;
   const bool own = threadIdx.x < hc * hc;
   const int64_t j = own ? threadIdx.x / hc : 0, k = own ? threadIdx.x % hc : 0;
-  float* row = P + j * hc;
+  float* prow = P + j * hc;
   float pv = 0;
   if (own) {  // row softmax, then + eps (every thread of row j recomputes the row's sum)
     float mx = mul_add(mu[2 * hc + j * hc], a.scale[2], a.base[2 * hc + j * hc]);
@@ -212,23 +234,23 @@ __global__ void hc_mixes_kernel(HcMixArgs a) {
       if (q == k) mine = e;
     }
     pv = mine / s + eps;
-    row[k] = pv;
+    prow[k] = pv;
   }
   __syncthreads();
   for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
     if (it > 0) {
       float s = 0;
       if (own)
-        for (int64_t q = 0; q < hc; ++q) s += row[q];
+        for (int64_t q = 0; q < hc; ++q) s += prow[q];
       __syncthreads();
-      if (own) row[k] = pv = pv / (s + eps);
+      if (own) prow[k] = pv = pv / (s + eps);
       __syncthreads();
     }
     float s = 0;
     if (own)
       for (int64_t q = 0; q < hc; ++q) s += P[q * hc + k];
     __syncthreads();
-    if (own) row[k] = pv = pv / (s + eps);
+    if (own) prow[k] = pv = pv / (s + eps);
     __syncthreads();
   }
   if (own) a.comb[r * hc * hc + j * hc + k] = pv;
@@ -418,17 +440,28 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
 }
 
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
-  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0) return cudaErrorInvalidValue;
+  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0 || a.cluster < 0 || a.cluster > 8) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc, flat = a.hc * a.dim;
   const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
   const size_t smem = size_t(m) * sizeof(double) + size_t(n_mix * m + n_mix + a.hc * a.hc) * sizeof(float);
-  if (smem > 200 * 1024) return cudaErrorInvalidValue;
+  if (smem > 200 * 1024 || a.rows * 8 > INT32_MAX) return cudaErrorInvalidValue;
   if (smem > 48 * 1024 &&
       cudaFuncSetAttribute(hc_mixes_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     return cudaGetLastError();
-  hc_mixes_kernel<<<unsigned(a.rows), kMixThreads, smem, s>>>(a);
-  return cudaGetLastError();
+  const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? a.cluster : kMixCluster;
+  if (csize == 1) {
+    hc_mixes_kernel<<<unsigned(a.rows), kMixThreads, smem, s>>>(a, 1);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(a.rows * csize)), cfg.blockDim = dim3(kMixThreads), cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(csize), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, hc_mixes_kernel, a, csize);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,

@@ -47,12 +47,13 @@ struct HcMixArgs {
   int64_t rows = 0, hc = 4, dim = 0, sinkhorn_iters = 20;
   float norm_eps = 0, hc_eps = 0;
   bool head_only = false;         // hc_head_pre: only the hc pre mixes
+  int cluster = 0;                // blocks per row, 1..8 (0: 8 when hc·dim > 1024; same bits for any)
   float* pre = nullptr;           // [rows, hc]
   float* post = nullptr;          // [rows, hc]
   float* comb = nullptr;          // [rows, hc, hc]
 };
-// One block per row; the flat sum of squares and the mix dots in the sum_order.h orders, one warp
-// per 1024-value chunk, Sinkhorn with one thread per comb entry.
+// A thread-block cluster per row; the flat sum of squares and the mix dots in the sum_order.h
+// orders, one warp per 1024-value chunk, Sinkhorn with one thread per comb entry.
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
