@@ -16,6 +16,7 @@
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda {
 class Communicator;
@@ -118,13 +119,25 @@ struct GpuChunk {
   std::vector<int64_t> engram_ids; // [n_engram_layers, T, n_cols] (host)
 };
 
+// A matrix kept on the device in the checkpoint's block-scaled format (native weights): FP8 e4m3
+// codes [n, k] + E8M0 scales [ceil(n/w_block), k/w_block], or, for routed experts, FP4 packed
+// [n, k/2] + E8M0 [n, k/32] (ops/linear_quant.h). Routed experts: `count` matrices back to back;
+// a layer whose experts are not native has an empty NativeMatrix (codes.get() == nullptr).
+struct NativeMatrix {
+  DevArray<uint8_t> codes, scales;
+  ops::WeightFormat format = ops::WeightFormat::kFp8;
+  int64_t n = 0, k = 0, w_block = 32, act_block = 32, count = 1;
+  int64_t code_bytes = 0, scale_bytes = 0;  // of one matrix
+};
+
 class GpuModel final : public Model {
  public:
   // With `shard` (gpu_tp.h): one rank of a multi-GPU model, holding only its slice of the weights;
   // its partial sums go through `comm` (all ranks call forward together).
   static Result<std::unique_ptr<GpuModel>> load(const std::string& dir, Numerics numerics, int device,
                                                 const TpShard* shard = nullptr,
-                                                ops::cuda::Communicator* comm = nullptr);
+                                                ops::cuda::Communicator* comm = nullptr,
+                                                const GpuLoadOptions& opts = {});
   const model::ModelConfig& config() const override { return ck_->config(); }
   std::unique_ptr<SequenceState> new_sequence() const override;
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
@@ -133,6 +146,10 @@ class GpuModel final : public Model {
   // One GPU only: a tensor-parallel rank holds a vocabulary slice of the LM head (gpu_tp.h).
   bool has_draft() const override { return w_.has_dspark && !shard_.split(); }
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
+  // Device bytes of the weights (FP32 copies + native codes and scales) and how many matrices
+  // (routed experts: one per expert) are kept native.
+  int64_t weight_bytes() const;
+  int64_t native_matrices() const { return n_native_; }
 
  private:
   GpuModel() = default;
@@ -143,6 +160,16 @@ class GpuModel final : public Model {
   const float* d(const Vec& v) const;
   template <typename T>
   Result<T*> scratch(const std::string& name, int64_t n);
+  // Native weights: keeps `v` (tensor `name`) on the device in its stored FP8 format when the
+  // kernels can run it with activation block `act_block`; false (and a one-time log line naming
+  // the reason) leaves it for the FP32 path.
+  Result<bool> up_native(Vec& v, const std::string& name, int64_t act_block);
+  // Routed experts of layer `l` as stored (FP4 or FP8); false: FP32 stacks.
+  Result<bool> up_native_experts(int l, FfnWeights& F);
+  void log_fallback(const std::string& what, const std::string& why);
+  Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
+                       int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
+  Status moe_native(int l, const GpuChunk& ctx, const float* m, const int32_t* sel, const float* wt, float* ybuf);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
   Status linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
@@ -179,6 +206,13 @@ class GpuModel final : public Model {
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)
   std::unordered_map<const Vec*, DevArray<float>> dev_;
   std::vector<DevArray<float>> w1_, w2_, w3_;  // [layer] stacked experts [E, out, in]
+  // Native weights: key = the codes' device address (what d() returns for such a Vec).
+  bool native_ = false;
+  std::unordered_map<const Vec*, const float*> native_key_;
+  std::unordered_map<const float*, NativeMatrix> native_w_;
+  std::vector<NativeMatrix> nw1_, nw2_, nw3_;  // [layer] routed experts (no codes: FP32 stacks)
+  int64_t n_native_ = 0;
+  std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
   std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark stacked experts
   std::vector<DevArray<int32_t>> dtid2eid_;       // [stage] hash routing (if any)

@@ -25,8 +25,13 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
 
 #include "forward/gpu_impl.h"
+#include "model/weights.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/model_kernels.h"
 #include "ops/cuda/small_kernels.h"
@@ -36,8 +41,9 @@ namespace flashseek::forward {
 
 bool gpu_backend_built() { return true; }
 
-Result<std::unique_ptr<Model>> load_model_gpu(const std::string& dir, Numerics numerics, int device) {
-  FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, device));
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string& dir, Numerics numerics, int device,
+                                              const GpuLoadOptions& opts) {
+  FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, device, nullptr, nullptr, opts));
   return std::unique_ptr<Model>(std::move(m));
 }
 
@@ -80,8 +86,66 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
   return c;
 }
 
+namespace {
+
+// Native weights when the options or FLASHSEEK_GPU_WEIGHTS ask for them (opt-in for now).
+Result<bool> native_weights_wanted(const GpuLoadOptions& o) {
+  if (o.native_weights) return *o.native_weights;
+  const char* e = std::getenv("FLASHSEEK_GPU_WEIGHTS");
+  if (!e || !*e) return false;
+  const std::string v(e);
+  if (v == "native") return true;
+  if (v == "fp32") return false;
+  return invalid_argument("FLASHSEEK_GPU_WEIGHTS={}: expected native or fp32", v);
+}
+
+// Whether tensor `name` can stay in its stored format for the block-scaled kernels with
+// activation block `act`: fills m's shape/format and the stored codes and scales; otherwise the
+// reason (the matrix then takes the FP32 path).
+std::string plan_native(const model::Checkpoint& ck, const std::string& name, bool expert, int64_t act,
+                        NativeMatrix& m, std::span<const uint8_t>& codes, std::span<const uint8_t>& scales) {
+  auto t = ck.find(name);
+  if (!t.ok()) return "not in the checkpoint";
+  const model::TensorView& tv = t.value();
+  const bool fp8 = tv.dtype == DType::kF8E4M3;
+  const bool fp4 = expert && (tv.dtype == DType::kI8 || tv.dtype == DType::kU8);
+  if (!fp8 && !fp4) return fmt::format("stored as {}", dtype_name(tv.dtype));
+  if (tv.shape.size() != 2) return fmt::format("shape {} is not 2-D", shape_to_string(tv.shape));
+  const std::string sname = model::scale_name_for(name);
+  if (!ck.has(sname)) return "no block scale";
+  auto s = ck.find(sname);
+  if (!s.ok()) return "no block scale";
+  const model::TensorView& sv = s.value();
+  if (sv.dtype != DType::kF8E8M0 || sv.shape.size() != 2) return "scale is not a 2-D E8M0 tensor";
+  m.format = fp4 ? ops::WeightFormat::kFp4 : ops::WeightFormat::kFp8;
+  m.n = tv.shape[0];
+  m.k = fp4 ? 2 * tv.shape[1] : tv.shape[1];
+  m.w_block = fp4 ? 32 : ck.config().weight_block_size;
+  m.act_block = act;
+  if (fp8 && (sv.shape[0] != (m.n + m.w_block - 1) / m.w_block || sv.shape[1] != (m.k + m.w_block - 1) / m.w_block))
+    return fmt::format("scale {} is not {}x{} blocks", shape_to_string(sv.shape), m.w_block, m.w_block);
+  if (fp4 && (sv.shape[0] != m.n || sv.shape[1] * 32 != m.k))
+    return fmt::format("FP4 scale {} is not one per 32 inputs", shape_to_string(sv.shape));
+  ops::BlockLinearParams bp;  // the kernels' shape rules (k multiple of 32, act_block, w_block)
+  float dummy = 0;
+  bp.x = &dummy, bp.w = tv.data.data(), bp.w_scale = sv.data.data(), bp.y = &dummy;
+  bp.m = 1, bp.n = m.n, bp.k = m.k, bp.format = m.format, bp.w_block = m.w_block, bp.act_block = act;
+  if (Status st = ops::validate(bp); !st.ok()) return st.message();
+  m.code_bytes = ops::weight_code_bytes(m.format, m.n, m.k);
+  m.scale_bytes = ops::weight_scale_bytes(m.format, m.n, m.k, m.w_block);
+  if (int64_t(tv.data.size()) != m.code_bytes || int64_t(sv.data.size()) != m.scale_bytes)
+    return "stored byte sizes do not match the kernel layout";
+  codes = tv.data;
+  scales = sv.data;
+  return {};
+}
+
+}  // namespace
+
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
-                                                 const TpShard* shard, ops::cuda::Communicator* comm) {
+                                                 const TpShard* shard, ops::cuda::Communicator* comm,
+                                                 const GpuLoadOptions& opts) {
+  FS_ASSIGN_OR_RETURN(const bool native, native_weights_wanted(opts));
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;
@@ -100,6 +164,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     m->act_block_ = c.fp8_weights ? blk : 0;
     m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
   }
+  // Native weights (reference numerics, one GPU): FP8 linears and FP4 experts stay as stored.
+  // Multi-GPU ranks slice the FP32 copies (gpu_tp.cpp) and keep the FP32 path.
+  m->native_ = native && numerics == Numerics::kReference && !shard;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
     m->shard_ = *shard;
     m->comm_ = comm;
@@ -122,7 +189,101 @@ Status GpuModel::up(Vec& v) {
 
 const float* GpuModel::d(const Vec& v) const {
   const auto it = dev_.find(&v);
-  return it == dev_.end() ? nullptr : it->second.get();
+  if (it != dev_.end()) return it->second.get();
+  const auto nt = native_key_.find(&v);  // native matrix: its key for linear()
+  return nt == native_key_.end() ? nullptr : nt->second;
+}
+
+void GpuModel::log_fallback(const std::string& what, const std::string& why) {
+  std::string kind;  // the tensor name without layer / expert numbers: one line per kind and reason
+  for (char ch : what) kind += std::isdigit(static_cast<unsigned char>(ch)) ? 'N' : ch;
+  const std::string key = kind + ": " + why;
+  if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
+  logged_.push_back(key);
+  std::fprintf(stderr, "flashseek gpu: %s: %s; kept as FP32 on the device\n", kind.c_str(), why.c_str());
+}
+
+Result<bool> GpuModel::up_native(Vec& v, const std::string& name, int64_t act_block) {
+  if (!native_ || v.empty()) return false;
+  if (act_block <= 0) {
+    log_fallback(name, "no FP8 activation quantisation in this configuration");
+    return false;
+  }
+  NativeMatrix m;
+  std::span<const uint8_t> codes, scales;
+  const std::string why = plan_native(*ck_, name, false, act_block, m, codes, scales);
+  if (!why.empty() || int64_t(v.size()) != m.n * m.k) {
+    log_fallback(name, why.empty() ? "shape differs from the loaded matrix" : why);
+    return false;
+  }
+  FS_RETURN_IF_ERROR(m.codes.upload(codes.data(), codes.size()));
+  FS_RETURN_IF_ERROR(m.scales.upload(scales.data(), scales.size()));
+  const float* key = reinterpret_cast<const float*>(m.codes.get());
+  native_key_[&v] = key;
+  native_w_.emplace(key, std::move(m));
+  ++n_native_;
+  Vec().swap(v);
+  return true;
+}
+
+Result<bool> GpuModel::up_native_experts(int l, FfnWeights& F) {
+  if (!native_ || F.w1.empty()) return false;
+  const std::string p = fmt::format("layers.{}.ffn.experts.", l);
+  if (expert_act_block_ <= 0) {
+    log_fallback(p + "0.w1.weight", "no FP8 activation quantisation in this configuration");
+    return false;
+  }
+  const int64_t E = int64_t(F.w1.size());
+  std::vector<NativeMatrix>* dst[3] = {&nw1_, &nw2_, &nw3_};
+  std::vector<Vec>* src[3] = {&F.w1, &F.w2, &F.w3};
+  const char* proj[3] = {"w1", "w2", "w3"};
+  NativeMatrix mats[3];
+  std::vector<uint8_t> codes[3], scales[3];
+  for (int j = 0; j < 3; ++j) {  // every expert of a projection: one format and shape
+    for (int64_t e = 0; e < E; ++e) {
+      NativeMatrix m;
+      std::span<const uint8_t> c, s;
+      const std::string name = fmt::format("{}{}.{}.weight", p, e, proj[j]);
+      std::string why = plan_native(*ck_, name, true, expert_act_block_, m, c, s);
+      if (why.empty() && int64_t((*src[j])[size_t(e)].size()) != m.n * m.k) why = "shape differs from the loaded matrix";
+      if (why.empty() && e > 0 && (m.format != mats[j].format || m.n != mats[j].n || m.k != mats[j].k))
+        why = "experts differ in format or shape";
+      if (!why.empty()) {
+        log_fallback(name, why);
+        return false;
+      }
+      if (e == 0) {
+        mats[j] = std::move(m);
+        codes[j].reserve(size_t(mats[j].code_bytes * E));
+        scales[j].reserve(size_t(mats[j].scale_bytes * E));
+      }
+      codes[j].insert(codes[j].end(), c.begin(), c.end());
+      scales[j].insert(scales[j].end(), s.begin(), s.end());
+    }
+  }
+  for (int j = 0; j < 3; ++j) {
+    NativeMatrix& m = mats[j];
+    m.count = E;
+    FS_RETURN_IF_ERROR(m.codes.upload(codes[j].data(), codes[j].size()));
+    FS_RETURN_IF_ERROR(m.scales.upload(scales[j].data(), scales[j].size()));
+    (*dst[j])[size_t(l)] = std::move(m);
+    for (Vec& v : *src[j]) Vec().swap(v);
+  }
+  n_native_ += 3 * E;
+  return true;
+}
+
+int64_t GpuModel::weight_bytes() const {
+  int64_t b = 0;
+  for (const auto& [v, a] : dev_) b += int64_t(a.capacity() * sizeof(float));
+  for (const auto* s : {&w1_, &w2_, &w3_, &dw1_, &dw2_, &dw3_})
+    for (const auto& a : *s) b += int64_t(a.capacity() * sizeof(float));
+  for (const auto* s : {&tid2eid_, &dtid2eid_})
+    for (const auto& a : *s) b += int64_t(a.capacity() * sizeof(int32_t));
+  for (const auto& [k, m] : native_w_) b += int64_t(m.codes.capacity() + m.scales.capacity());
+  for (const auto* s : {&nw1_, &nw2_, &nw3_})
+    for (const auto& m : *s) b += int64_t(m.codes.capacity() + m.scales.capacity());
+  return b;
 }
 
 Status GpuModel::upload_weights() {
@@ -143,8 +304,20 @@ Status GpuModel::upload_weights() {
     FS_RETURN_IF_ERROR(up(*v));
   const size_t nl = w_.layers.size();
   w1_.resize(nl), w2_.resize(nl), w3_.resize(nl), tid2eid_.resize(nl);
+  nw1_.resize(nl), nw2_.resize(nl), nw3_.resize(nl);
   for (size_t l = 0; l < nl; ++l) {
     LayerWeights& L = w_.layers[l];
+    // Native weights first: the FP8 linears that always run with FP8 activations (act_block_);
+    // what stays in `w_` afterwards goes up as FP32 below (up() skips emptied matrices).
+    const std::string p = fmt::format("layers.{}.", l);
+    const std::pair<Vec*, const char*> fp8_linears[] = {
+        {&L.attn.wq_a, "attn.wq_a.weight"},       {&L.attn.wq_b, "attn.wq_b.weight"},
+        {&L.attn.wkv, "attn.wkv.weight"},         {&L.attn.wo_b, "attn.wo_b.weight"},
+        {&L.attn.idx_wq_b, "attn.indexer.wq_b.weight"}, {&L.ffn.s_w1, "ffn.shared_experts.w1.weight"},
+        {&L.ffn.s_w2, "ffn.shared_experts.w2.weight"},  {&L.ffn.s_w3, "ffn.shared_experts.w3.weight"},
+        {&L.engram.wkv, "engram.wkv.weight"}};
+    for (const auto& [v, name] : fp8_linears) FS_RETURN_IF_ERROR(up_native(*v, p + name, act_block_).status());
+    FS_ASSIGN_OR_RETURN(const bool native_experts, up_native_experts(int(l), L.ffn));
     for (Vec* v : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base,
                    &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
       FS_RETURN_IF_ERROR(up(*v));
@@ -156,9 +329,11 @@ Status GpuModel::upload_weights() {
     FS_RETURN_IF_ERROR(comp(A.idx_compressor));
     FfnWeights& F = L.ffn;
     for (Vec* v : {&F.gate, &F.bias, &F.s_w1, &F.s_w2, &F.s_w3}) FS_RETURN_IF_ERROR(up(*v));
-    FS_RETURN_IF_ERROR(stack(F.w1, w1_[l]));
-    FS_RETURN_IF_ERROR(stack(F.w2, w2_[l]));
-    FS_RETURN_IF_ERROR(stack(F.w3, w3_[l]));
+    if (!native_experts) {
+      FS_RETURN_IF_ERROR(stack(F.w1, w1_[l]));
+      FS_RETURN_IF_ERROR(stack(F.w2, w2_[l]));
+      FS_RETURN_IF_ERROR(stack(F.w3, w3_[l]));
+    }
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
     for (Vec* v : {&L.engram.wkv, &L.engram.wqk}) FS_RETURN_IF_ERROR(up(*v));
   }
@@ -181,6 +356,8 @@ template Result<const float**> GpuModel::scratch<const float*>(const std::string
 Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                         int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div) {
   if (!w) return internal_error("gpu linear: missing weight ({}x{})", out, in);
+  if (const auto it = native_w_.find(w); it != native_w_.end())
+    return linear_native(it->second, x, rows, in, out, y, act_block, bf16_out, bf16_in, sel, x_row_div);
   if (act_block > 0 || bf16_in) {
     if (act_block > 0 && in % act_block != 0)
       return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
@@ -195,6 +372,28 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
   a.x = x, a.w = w, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
   a.bf16_out = bf16_out;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, 0));
+  return {};
+}
+
+// A native FP8 matrix: y = fq8(bf16?(x)) · dq(W)ᵀ by the block-scaled GEMV kernel (ops/cuda/gemv.h),
+// the numerics of the FP32 path's quant_sim + FP32 dot (only the summation order differs).
+Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out,
+                               float* y, int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel,
+                               int64_t x_row_div) {
+  if (sel || x_row_div != 1 || in != nw.k || out != nw.n || act_block != nw.act_block)
+    return internal_error("gpu linear: native {}x{} matrix (act block {}) used as {}x{} (act block {}{})", nw.n,
+                          nw.k, nw.act_block, out, in, act_block, sel ? ", selected rows" : "");
+  if (bf16_in) {
+    FS_ASSIGN_OR_RETURN(float* xb, scratch<float>("linear_xq", rows * in));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xb, rows, in, in, 1, cd::QuantSim::kBf16, 0));
+    x = xb;
+  }
+  ops::BlockLinearParams p;
+  p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
+  p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
+  FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, 0));
+  if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, 0));
   return {};
 }
 
@@ -370,7 +569,7 @@ Status GpuModel::engram(int layer, GpuChunk& ctx, float* X) {
 
 namespace flashseek::forward {
 bool gpu_backend_built() { return false; }
-Result<std::unique_ptr<Model>> load_model_gpu(const std::string&, Numerics, int device) {
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string&, Numerics, int device, const GpuLoadOptions&) {
   return Status(StatusCode::kUnimplemented,
                 fmt::format("--gpus {}: this build has no CUDA backend (configure with nvcc found)", device));
 }

@@ -6,6 +6,7 @@
 // returns an error.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -16,9 +17,20 @@ namespace flashseek::forward {
 // True when this build contains the CUDA backend.
 bool gpu_backend_built();
 
+// How the CUDA backend keeps the weights (docs/cuda.md, "Weights on the device").
+struct GpuLoadOptions {
+  // Reference numerics: keep FP8 linears and FP4/FP8 routed experts in the checkpoint's format and
+  // run the block-scaled kernels (true), or dequantise every matrix to FP32 (false). Unset: the
+  // environment FLASHSEEK_GPU_WEIGHTS=native|fp32, else FP32 (native is opt-in until it meets
+  // the parity criteria on a GPU, see docs/cuda.md). Exact numerics and multi-GPU ranks always
+  // use FP32.
+  std::optional<bool> native_weights;
+};
+
 // Opens a release-format checkpoint on CUDA device `device` (numerics as load_model). Errors name
 // the file / tensor / device (no device, out of memory, ...).
-Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device);
+Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device,
+                                              const GpuLoadOptions& opts = {});
 
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
 // device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
