@@ -12,8 +12,8 @@ __global__ void remap_experts_kernel(int32_t* sel, float* weight, int64_t n, int
   const int32_t e = sel[i] - e0;
   if (e >= 0 && e < n_local) {
     sel[i] = e;
-  } else {
-    sel[i] = 0;
+  } else {  // dispatch by masking: the expert linears skip sel < 0 (they write zeros)
+    sel[i] = -1;
     weight[i] = 0.0f;
   }
 }

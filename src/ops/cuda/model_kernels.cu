@@ -83,6 +83,10 @@ __global__ void linear_short_kernel(LinearArgs a) {
   const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
   const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
   const bool ok = o < a.out;
+  if (a.sel && a.sel[r] < 0) {  // a (token, slot) pair routed to another rank's expert: not computed
+    if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
   const float* x = a.x + (r / a.x_row_div) * a.x_stride;
   const float acc = group8_dot(x, linear_w(a, r, ok ? o : 0), ok ? a.in : 0);
   if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
@@ -93,6 +97,10 @@ __global__ void linear_short_kernel(LinearArgs a) {
 __global__ void linear_chunked_kernel(LinearArgs a) {
   extern __shared__ float csum[];
   const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
+  if (a.sel && a.sel[r] < 0) {  // another rank's expert (expert parallel): not computed
+    if (threadIdx.x == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
   const float* x = a.x + (r / a.x_row_div) * a.x_stride;
   const float* w = linear_w(a, r, o);
   const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
