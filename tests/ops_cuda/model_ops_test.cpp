@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/rng.h"
@@ -179,6 +180,137 @@ TEST(CudaModelOps, IndexerSelectionMatchesCpu) {
       ASSERT_EQ(int64_t(ref.size()), n[static_cast<size_t>(t)]) << "mode " << mode << " t " << t;
       for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(ref[i], out[static_cast<size_t>(t * k) + i]) << "mode " << mode << " t " << t;
     }
+  }
+}
+
+// Index scores of every kernel (1: thread per key, 2/3: key tiles in shared memory with 1/2 keys
+// per thread) against ops::index_scores, bitwise: causal rows (clen differs per row), odd key
+// counts and dims (zero-padded to 32 in the tiles), head counts below / above one 32-head block,
+// V4.1 / V4 real dims, several key tiles with rows split over blocks or looped in one block, BF16
+// on and off, NaN / inf / -0 in keys and queries. Entries past clen must stay unwritten.
+TEST(CudaModelOps, IndexScoresAllKernelsMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  struct Case { int64_t T, start, ratio, nI, dI; };
+  const Case cases[] = {
+      {5, 40, 1, 2, 32},       // tiny config dims, clen 41..45 (part of one tile)
+      {3, 90, 3, 3, 37},       // odd dI (not a multiple of 4: scalar loads), 3 heads
+      {6, 1290, 4, 4, 128},    // V4.1 tiny: 4 heads x 128, clen 322..324 over 3-6 tiles
+      {6, 2001, 4, 32, 128},   // V4.1 real dims, odd clen
+      {2, 700, 2, 64, 128},    // V4 real dims: 2 head blocks
+      {4, 13, 1, 33, 100},     // 33 heads: a padded second head block, dI 100
+      {3, 69998, 2, 2, 32},    // 35k keys: > 2 tiles per SM, every row looped in one block
+      {9, 0, 4, 5, 64},        // rows 0-2 see no key (clen 0), then 1 and 2 keys
+      {2, 20, 1, 3, 1000},     // tile over the shared-memory limit: the thread-per-key kernel
+      {2, 10, 1, 2, 1100},     // dI > 1024 (chunked dot order): the thread-per-key kernel
+  };
+  uint64_t seed = 300;
+  for (const Case& c : cases) {
+    const int64_t stride = c.start + c.T, n_keys = (c.start + c.T) / c.ratio;
+    auto q = randn(static_cast<size_t>(c.T * c.nI * c.dI), ++seed);
+    auto keys = randn(static_cast<size_t>(n_keys * c.dI), ++seed);
+    const auto w = randn(static_cast<size_t>(c.T * c.nI), ++seed);
+    if (n_keys > 6) {  // special values in a few keys and one query head
+      keys[static_cast<size_t>(1 * c.dI)] = std::numeric_limits<float>::quiet_NaN();
+      keys[static_cast<size_t>(2 * c.dI + c.dI - 1)] = std::numeric_limits<float>::infinity();
+      for (int64_t d = 0; d < c.dI; ++d) keys[static_cast<size_t>(3 * c.dI + d)] = -0.0f;
+      for (int64_t d = 0; d < c.dI; ++d) keys[static_cast<size_t>(4 * c.dI + d)] = 0.0f;
+      q[static_cast<size_t>(c.dI / 2)] = -std::numeric_limits<float>::infinity();
+    }
+    for (bool bf16 : {false, true}) {
+      // CPU reference per row over its own clen.
+      std::vector<std::vector<float>> ref(static_cast<size_t>(c.T));
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int64_t clen = (c.start + t + 1) / c.ratio;
+        ref[static_cast<size_t>(t)].resize(static_cast<size_t>(clen));
+        ops::index_scores({q.data() + t * c.nI * c.dI, w.data() + t * c.nI, keys.data(), clen, c.nI, c.dI, bf16,
+                           ref[static_cast<size_t>(t)].data()});
+      }
+      for (int kernel : {1, 2, 3}) {
+        DeviceBuffer<float> dq(q), dk(keys), dw(w), dsc(static_cast<size_t>(c.T * stride));  // poisoned
+        cd::IndexScoreArgs s;
+        s.q = dq.get(), s.w = dw.get(), s.keys = dk.get(), s.scores = dsc.get(), s.T = c.T, s.nI = c.nI, s.dI = c.dI;
+        s.start = c.start, s.ratio = c.ratio, s.stride = stride, s.bf16 = bf16, s.kernel = kernel;
+        FS_ASSERT_OK(cuda_status(cd::launch_index_scores(s, 0), "scores"));
+        FS_ASSERT_OK(cuda_status(cudaDeviceSynchronize(), "sync"));
+        const auto got = dsc.to_host();
+        size_t bad = 0;
+        for (int64_t t = 0; t < c.T; ++t) {
+          const auto& r = ref[static_cast<size_t>(t)];
+          for (int64_t i = 0; i < stride; ++i) {
+            const float g = got[static_cast<size_t>(t * stride + i)];
+            uint32_t gb;
+            std::memcpy(&gb, &g, 4);
+            bool ok;
+            if (i >= int64_t(r.size())) ok = gb == 0xFFFFFFFFu;  // past clen: the poison is intact
+            else if (std::isnan(r[static_cast<size_t>(i)])) ok = std::isnan(g);  // NaN payloads differ by platform
+            else ok = std::memcmp(&g, &r[static_cast<size_t>(i)], 4) == 0;
+            if (!ok && ++bad <= 3)
+              ADD_FAILURE() << "kernel " << kernel << " T=" << c.T << " nI=" << c.nI << " dI=" << c.dI << " bf16=" << bf16
+                            << " t=" << t << " i=" << i << ": " << g << " vs "
+                            << (i < int64_t(r.size()) ? r[static_cast<size_t>(i)] : 0.0f);
+          }
+        }
+        EXPECT_EQ(bad, 0u) << "kernel " << kernel << " nI=" << c.nI << " dI=" << c.dI << " bf16=" << bf16;
+      }
+    }
+  }
+}
+
+// Bad index-score arguments are refused, not run.
+TEST(CudaModelOps, IndexScoresRejectBadArgs) {
+  FS_REQUIRE_GPU();
+  cd::IndexScoreArgs s;
+  s.T = 1, s.nI = 1, s.dI = 8, s.stride = 4, s.ratio = 0;
+  EXPECT_EQ(cd::launch_index_scores(s, 0), cudaErrorInvalidValue);
+  s.ratio = 1, s.kernel = 4;
+  EXPECT_EQ(cd::launch_index_scores(s, 0), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+// V4 hash routing (tid2eid): a repeated expert id keeps its score in the denominator but gets
+// weight 0 after its first copy, like ops::route.
+TEST(CudaModelOps, RouteHashRepeatedIdMatchesCpu) {
+  FS_REQUIRE_GPU();
+  const int64_t T = 4, E = 16, K = 6, vocab = 5;
+  const auto logits = randn(static_cast<size_t>(T * E), 70);
+  const std::vector<int32_t> tid2eid = {
+      0, 3, 5, 7, 9, 11,    // distinct
+      4, 4, 2, 9, 1, 15,    // one id twice
+      6, 6, 6, 6, 6, 6,     // one id six times
+      12, 1, 12, 8, 1, 0,   // two ids twice, unsorted
+      15, 14, 13, 12, 11, 10};
+  ASSERT_EQ(int64_t(tid2eid.size()), vocab * K);
+  const std::vector<int32_t> tokens = {3, 1, 2, 0};
+  for (bool softplus : {true, false}) {
+    DeviceBuffer<float> dl(logits), dscr(static_cast<size_t>(T * 2 * E)), dw(static_cast<size_t>(T * K));
+    DeviceBuffer<int32_t> dsel(static_cast<size_t>(T * K)), dtid(tid2eid), dtok(tokens);
+    cd::RouteArgs a;
+    a.logits = dl.get(), a.tid2eid = dtid.get(), a.tokens = dtok.get(), a.scratch = dscr.get(), a.T = T, a.E = E, a.K = K;
+    a.gate_temp = 1.0f, a.route_scale = 1.5f, a.sqrtsoftplus = softplus, a.norm_topk = true, a.renorm_eps = !softplus;
+    a.sel = dsel.get(), a.weight = dw.get();
+    FS_ASSERT_OK(cuda_status(cd::launch_route(a, 0), "route"));
+    const auto sel = dsel.to_host();
+    const auto wt = dw.to_host();
+    int zeros = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> rs(static_cast<size_t>(K));
+      std::vector<float> rw(static_cast<size_t>(K));
+      RouteParams p{logits.data() + t * E, nullptr, tid2eid.data() + tokens[static_cast<size_t>(t)] * K, E, K};
+      p.gate_temp = 1.0f, p.route_scale = 1.5f, p.sqrtsoftplus = softplus, p.norm_topk = true;
+      p.renorm_eps = !softplus, p.sel = rs.data(), p.weight = rw.data();
+      route(p);
+      for (int64_t i = 0; i < K; ++i) {
+        const size_t gi = static_cast<size_t>(t * K + i);
+        EXPECT_EQ(rs[static_cast<size_t>(i)], sel[gi]) << "t " << t;
+        if (rw[static_cast<size_t>(i)] == 0.0f) {
+          ++zeros;
+          EXPECT_EQ(wt[gi], 0.0f) << "repeated id keeps a weight: t " << t << " slot " << i;
+        } else {
+          EXPECT_NEAR(rw[static_cast<size_t>(i)], wt[gi], 1e-6f * std::fabs(rw[static_cast<size_t>(i)])) << "t " << t;
+        }
+      }
+    }
+    EXPECT_EQ(zeros, 1 + 5 + 2);  // the repeats of rows 1, 2, 3 (token order 3, 1, 2, 0)
   }
 }
 

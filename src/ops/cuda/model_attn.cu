@@ -3,6 +3,8 @@
 // ops::candidate_mask + ops::topk_indices and ops::route. Serial parts (softmax denominators,
 // selections) run in the CPU's order so that ties and sums resolve the same way.
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/model_device.cuh"
 #include "ops/cuda/model_kernels.h"
@@ -57,7 +59,11 @@ __global__ void model_attn_kernel(ModelAttnArgs a) {
   }
 }
 
-// grid (T, ceil(stride / 128)), one thread per key (ops::index_scores order).
+// ops::index_scores relu: std::max(d, 0.0f) keeps d unless d < 0 (a NaN dot stays NaN).
+__device__ __forceinline__ float relu_cpu(float d) { return d < 0.0f ? 0.0f : d; }
+
+// grid (T, ceil(stride / 128)), one thread per key (ops::index_scores order). The reference
+// kernel: kept for dI > kSumChunk (chunked dot order) and tiles that do not fit shared memory.
 __global__ void index_scores_kernel(IndexScoreArgs a) {
   const int64_t t = blockIdx.x, i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t clen = (a.start + t + 1) / a.ratio;
@@ -67,11 +73,193 @@ __global__ void index_scores_kernel(IndexScoreArgs a) {
   for (int64_t h = 0; h < a.nI; ++h) {
     float d = dev_dot_f32(a.q + (t * a.nI + h) * a.dI, k, a.dI);
     if (a.bf16) d = dev_round_bf16(d);
-    float v = __fmul_rn(fmaxf(d, 0.0f), a.w[t * a.nI + h]);
+    float v = __fmul_rn(relu_cpu(d), a.w[t * a.nI + h]);
     if (a.bf16) v = dev_round_bf16(v);
     s = __fadd_rn(s, v);
   }
   a.scores[t * a.stride + i] = a.bf16 ? dev_round_bf16(s) : s;
+}
+
+// Tiled index scores (dI <= kSumChunk: the short dot order, element i into partial s[i % 8],
+// combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)); then relu, x w, head sum h = 0..nI-1 serially).
+// A block owns a tile of keys and loops over its query rows (blockIdx.y, +gridDim.y, ...), so each
+// key tile is read from device memory once per launch. Shared memory holds the key tile and one
+// row's queries with each vector permuted to [partial j][m] (element 8m + j at j*M + m, M = Dp/8,
+// Dp = dI rounded up to 32 with zeros: a +0 product leaves a partial unchanged, partials are never
+// -0), rows padded by 4 floats so 8 distinct 16-byte reads hit distinct banks.
+// Lane l of a warp: key slot kq = l % 8, head group g = l / 8. A thread computes KPT keys (kq + 8k)
+// x kIsHG heads (head block hb: heads hb*32 + g*8 + hh) for two partials at a time (j, j + 4) with
+// float4 reads: per 16-byte step 2*KPT key reads (8 distinct addresses) and 2*kIsHG query reads
+// (4 distinct) for 16*KPT*kIsHG FP32 instructions. The head sum runs through the 4 groups in
+// order (group g adds its 8 heads, then hands the running sum to group g + 1 by shuffle).
+constexpr int kIsHG = 8;                  // heads per thread per head block
+constexpr int kIsHB = 4 * kIsHG;          // heads per head block (4 lane groups)
+constexpr int kIsWarps = 8;
+constexpr int kIsThreads = 32 * kIsWarps;
+
+__host__ __device__ constexpr int64_t is_tile(int kpt) { return int64_t(kIsWarps) * 8 * kpt; }
+__host__ __device__ inline int64_t is_dp(int64_t dI) { return (dI + 31) / 32 * 32; }
+__host__ __device__ inline int64_t is_nip(int64_t nI) { return (nI + kIsHB - 1) / kIsHB * kIsHB; }
+inline size_t is_smem_bytes(int kpt, int64_t nI, int64_t dI) {
+  const int64_t S = is_dp(dI) + 4, nIp = is_nip(nI);
+  return size_t((is_tile(kpt) * S + nIp * S + nIp) * int64_t(sizeof(float)));
+}
+
+// Copies rows [n_rows, dI] (row r at src + r * dI, r >= valid_rows: zeros) into shared rows of
+// stride S in the [partial][m] order (dims dI..Dp zero), shared row of r = row_of(r). Loads go in
+// batches of kIsBatch 16-byte reads per thread before any store, so that they overlap.
+template <int kIsBatch, typename RowOf>
+__device__ __forceinline__ void is_stage_rows(float* dst, const float* src, int n_rows, int64_t valid_rows, int dI,
+                                              int Dp, int S, RowOf row_of) {
+  const int M = Dp / 8, c4n = Dp / 4, total = n_rows * c4n;
+  const bool vec = (dI % 4) == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  for (int base = int(threadIdx.x); base < total; base += kIsBatch * kIsThreads) {
+    float4 v[kIsBatch];
+#pragma unroll
+    for (int u = 0; u < kIsBatch; ++u) {
+      const int idx = base + u * kIsThreads, r = idx / c4n, d0 = 4 * (idx % c4n);
+      v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (idx < total && r < valid_rows && d0 < dI) {
+        const float* p = src + int64_t(r) * dI + d0;
+        if (vec) {
+          v[u] = __ldg(reinterpret_cast<const float4*>(p));
+        } else {
+          v[u].x = __ldg(p);
+          if (d0 + 1 < dI) v[u].y = __ldg(p + 1);
+          if (d0 + 2 < dI) v[u].z = __ldg(p + 2);
+          if (d0 + 3 < dI) v[u].w = __ldg(p + 3);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kIsBatch; ++u) {
+      const int idx = base + u * kIsThreads;
+      if (idx >= total) break;
+      const int r = idx / c4n, d0 = 4 * (idx % c4n);
+      float* row = dst + row_of(r) * S + (d0 / 8);
+      const int j0 = d0 % 8;  // 0 or 4
+      row[(j0 + 0) * M] = v[u].x, row[(j0 + 1) * M] = v[u].y, row[(j0 + 2) * M] = v[u].z, row[(j0 + 3) * M] = v[u].w;
+    }
+  }
+}
+
+// KPT keys per thread; DP: dI rounded up to 32 when known at compile time (128: V4 / V4.1), else 0.
+template <int KPT, int DP>
+__global__ void __launch_bounds__(kIsThreads, KPT == 1 ? 3 : 2) index_scores_tiled_kernel(IndexScoreArgs a) {
+  extern __shared__ float4 is_smem4[];
+  constexpr int tile = int(is_tile(KPT));
+  const int dI = int(a.dI), nI = int(a.nI);
+  const int Dp = DP ? DP : int(is_dp(a.dI)), M = Dp / 8, S = Dp + 4, nIp = int(is_nip(a.nI));
+  constexpr int batch = KPT == 2 && DP ? 8 : 4;  // as many loads in flight as registers allow (no spills)
+  float* ks = reinterpret_cast<float*>(is_smem4);  // [tile][S]
+  float* qs = ks + tile * S;                        // [nIp][S]: head h = hb*32 + g*8 + hh at row hb*32 + hh*4 + g
+  float* ws = qs + nIp * S;                         // [nIp]
+  const int tid = int(threadIdx.x);
+  const int64_t k0 = int64_t(blockIdx.x) * tile;
+  const int64_t clen_max = (a.start + a.T) / a.ratio;  // clen of the last row (clen grows with t)
+  if (int64_t(blockIdx.y) >= a.T || clen_max <= k0) return;
+
+  for (int i = tid; i < nIp * S + nIp; i += kIsThreads) qs[i] = 0.0f;  // padded heads stay 0
+  is_stage_rows<batch>(ks, a.keys + k0 * a.dI, tile, clen_max - k0, dI, Dp, S, [](int r) { return r; });
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 8, kq = lane % 8;
+  const float* krow[KPT];
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) krow[k] = ks + (warp * 8 * KPT + kq + 8 * k) * S;
+
+  for (int64_t t = blockIdx.y; t < a.T; t += gridDim.y) {
+    const int64_t clen = (a.start + t + 1) / a.ratio;
+    if (clen <= k0) continue;  // block-uniform
+    __syncthreads();  // previous row's reads of qs / ws done (first row: zeroing and key tile done)
+    is_stage_rows<batch>(qs, a.q + t * a.nI * a.dI, nI, nI, dI, Dp, S, [](int h) {
+      const int hi = h % kIsHB;
+      return h - hi + (hi % kIsHG) * 4 + hi / kIsHG;
+    });
+    for (int h = tid; h < nI; h += kIsThreads) ws[h] = a.w[t * a.nI + h];
+    __syncthreads();
+
+    float srun[KPT];
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) srun[k] = 0.0f;
+    for (int hb = 0; hb < nIp / kIsHB; ++hb) {
+      const float* qrow = qs + (hb * kIsHB + g) * S;  // head hh of this lane: qrow + hh * 4 * S
+      float ab[KPT][kIsHG], c[KPT][kIsHG];
+#pragma unroll 1
+      for (int jj = 0; jj < 4; ++jj) {
+        const int jp = (jj & 1) * 2 + (jj >> 1);  // partial pairs (jp, jp + 4) in the order 0, 2, 1, 3
+        float s0[KPT][kIsHG], s4[KPT][kIsHG];
+#pragma unroll
+        for (int k = 0; k < KPT; ++k)
+#pragma unroll
+          for (int hh = 0; hh < kIsHG; ++hh) s0[k][hh] = 0.0f, s4[k][hh] = 0.0f;
+        const int o0 = jp * M, o4 = (jp + 4) * M;
+#pragma unroll
+        for (int f = 0; f < M; f += 4) {
+          float4 kv0[KPT], kv4[KPT];
+#pragma unroll
+          for (int k = 0; k < KPT; ++k) {
+            kv0[k] = *reinterpret_cast<const float4*>(krow[k] + o0 + f);
+            kv4[k] = *reinterpret_cast<const float4*>(krow[k] + o4 + f);
+          }
+#pragma unroll
+          for (int hh = 0; hh < kIsHG; ++hh) {
+            const float4 q0 = *reinterpret_cast<const float4*>(qrow + hh * 4 * S + o0 + f);
+            const float4 q4 = *reinterpret_cast<const float4*>(qrow + hh * 4 * S + o4 + f);
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) {  // elements in index order within each partial
+              float x0 = s0[k][hh], x4 = s4[k][hh];
+              x0 = mul_add(q0.x, kv0[k].x, x0), x4 = mul_add(q4.x, kv4[k].x, x4);
+              x0 = mul_add(q0.y, kv0[k].y, x0), x4 = mul_add(q4.y, kv4[k].y, x4);
+              x0 = mul_add(q0.z, kv0[k].z, x0), x4 = mul_add(q4.z, kv4[k].z, x4);
+              x0 = mul_add(q0.w, kv0[k].w, x0), x4 = mul_add(q4.w, kv4[k].w, x4);
+              s0[k][hh] = x0, s4[k][hh] = x4;
+            }
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < KPT; ++k)
+#pragma unroll
+          for (int hh = 0; hh < kIsHG; ++hh) {
+            const float p = __fadd_rn(s0[k][hh], s4[k][hh]);
+            if (jj == 0) ab[k][hh] = p;                                      // s0 + s4
+            else if (jj == 1) ab[k][hh] = __fadd_rn(ab[k][hh], p);           // + (s2 + s6)
+            else if (jj == 2) c[k][hh] = p;                                  // s1 + s5
+            else ab[k][hh] = __fadd_rn(ab[k][hh], __fadd_rn(c[k][hh], p));  // + ((s1+s5)+(s3+s7))
+          }
+      }
+      const int hbase = hb * kIsHB + g * kIsHG;
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        float v[kIsHG];
+#pragma unroll
+        for (int hh = 0; hh < kIsHG; ++hh) {
+          float d = ab[k][hh];
+          if (a.bf16) d = dev_round_bf16(d);
+          float x = __fmul_rn(relu_cpu(d), ws[hbase + hh]);
+          if (a.bf16) x = dev_round_bf16(x);
+          v[hh] = x;
+        }
+        float s = srun[k];
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {  // group step adds its heads, then hands s on
+          if (g == step) {
+#pragma unroll
+            for (int hh = 0; hh < kIsHG; ++hh)
+              if (hbase + hh < nI) s = __fadd_rn(s, v[hh]);
+          }
+          s = __shfl_sync(0xffffffffu, s, kq + 8 * step);
+        }
+        srun[k] = s;
+      }
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        const int64_t key = k0 + warp * 8 * KPT + kq + 8 * k;
+        if (key < clen) a.scores[t * a.stride + key] = a.bf16 ? dev_round_bf16(srun[k]) : srun[k];
+      }
+    }
+  }
 }
 
 constexpr int kTopkThreads = 1024;
@@ -312,7 +500,8 @@ __global__ void route_kernel(RouteArgs a) {
       if (!a.renorm_eps) w /= sum;
       else if (K > 1) w /= (sum + 1e-20f);
     }
-    a.weight[t * K + i] = w * a.route_scale;
+    // A repeated hash id (tid2eid) counts in the denominator but contributes once (ops::route).
+    a.weight[t * K + i] = i > 0 && sel[i] == sel[i - 1] ? 0.0f : w * a.route_scale;
   }
 }
 
@@ -330,9 +519,57 @@ cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+namespace {
+// IndexScoreArgs::kernel 0: FLASHSEEK_INDEX_SCORES (old | tiled1 | tiled2 | auto) if set, else old.
+int default_index_kernel() {
+  static const int k = [] {
+    const char* e = std::getenv("FLASHSEEK_INDEX_SCORES");
+    if (e && std::strcmp(e, "old") == 0) return 1;
+    if (e && std::strcmp(e, "tiled1") == 0) return 2;
+    if (e && std::strcmp(e, "tiled2") == 0) return 3;
+    if (e && std::strcmp(e, "auto") == 0) return 0;
+    return 1;  // the tiled kernels are opt-in until they have run on a GPU
+  }();
+  return k;
+}
+
+template <int KPT, int DP>
+cudaError_t launch_index_scores_tiled(const IndexScoreArgs& a, size_t smem, int sms, cudaStream_t s) {
+  const int64_t clen_max = (a.start + a.T) / a.ratio;
+  if (clen_max <= 0) return cudaSuccess;
+  const int64_t tiles = (clen_max + is_tile(KPT) - 1) / is_tile(KPT);
+  // Few key tiles (short contexts): rows are spread over blockIdx.y until ~2 blocks per SM.
+  int64_t splits = (2 * int64_t(sms) + tiles - 1) / tiles;
+  splits = splits < 1 ? 1 : splits > a.T ? a.T : splits;
+  if (splits > 65535) splits = 65535;
+  if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(index_scores_tiled_kernel<KPT, DP>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    return cudaGetLastError();
+  index_scores_tiled_kernel<KPT, DP><<<dim3(unsigned(tiles), unsigned(splits)), kIsThreads, smem, s>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.stride == 0) return cudaSuccess;
-  if (a.ratio <= 0 || a.T > 65535 * 1024) return cudaErrorInvalidValue;
+  if (a.ratio <= 0 || a.T > 65535 * 1024 || a.kernel < 0 || a.kernel > 3) return cudaErrorInvalidValue;
+  int kind = a.kernel ? a.kernel : default_index_kernel();
+  if (kind != 1 && a.nI > 0 && a.dI > 0 && a.dI <= kSumChunk) {
+    int dev = 0, optin = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return cudaGetLastError();
+    // Auto: 2 keys per thread (fewer shared-memory reads per FLOP) once there are at least as
+    // many 128-key tiles as SMs, else 1 key per thread (64-key tiles: more blocks).
+    if (kind == 0) kind = (a.start + a.T) / a.ratio >= is_tile(2) * sms ? 3 : 2;
+    const size_t smem = is_smem_bytes(kind == 2 ? 1 : 2, a.nI, a.dI);
+    if (smem <= size_t(optin) && is_dp(a.dI) == 128)  // V4 / V4.1: dims known at compile time
+      return kind == 2 ? launch_index_scores_tiled<1, 128>(a, smem, sms, s) : launch_index_scores_tiled<2, 128>(a, smem, sms, s);
+    if (smem <= size_t(optin))
+      return kind == 2 ? launch_index_scores_tiled<1, 0>(a, smem, sms, s) : launch_index_scores_tiled<2, 0>(a, smem, sms, s);
+  }  // else the reference kernel
   index_scores_kernel<<<dim3(unsigned(a.T), unsigned((a.stride + 127) / 128)), 128, 0, s>>>(a);
   return cudaGetLastError();
 }
