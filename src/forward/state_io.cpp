@@ -77,6 +77,7 @@ class Reader {
       : in_(in), version_(version), source_(source), refs_(refs) {}
   bool raw(void* p, size_t n) {
     if (n > in_.size() - pos_) return false;
+    if (n == 0) return true;  // p may be null (an empty vector's data())
     std::memcpy(p, in_.data() + pos_, n);
     pos_ += n;
     return true;
