@@ -2,9 +2,9 @@
 // and the per-stage draft rings (written by every target forward), and the block proposal: three
 // window-only V4.1 blocks (window attention over the stage's draft ring plus bidirectional
 // attention inside the block, their own MoE, mHC), final collapse/norm and the FP32 head on the
-// device. The sequential Markov head and the confidence head run on the host on the downloaded
-// [B, V] head logits and [B, D] hidden rows (B = dspark_block_size; the chooser needs host rows
-// anyway), with the same ops as the CPU backend, so that part matches it exactly.
+// device. The sequential Markov head: its [V, r] GEMV runs on the device per draft token (same dot
+// order as the CPU), the row comes to the host for the chooser (which needs host rows anyway) and
+// the add of the head logits; the confidence dot runs on the host on the [B, D] hidden rows.
 #include "forward/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -48,8 +48,11 @@ Status GpuModel::upload_draft_weights() {
     FS_RETURN_IF_ERROR(stack(F.w3, dw3_[s]));
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(dtid2eid_[s].upload(F.tid2eid.data(), F.tid2eid.size()));
   }
-  // The Markov embedding/head and the confidence vector stay on the host (propose's host loop).
+  // The Markov embedding/head run on the device (one [V, r] GEMV per draft token); the host keeps
+  // copies of the embedding rows and the confidence vector for the confidence dot.
   for (Vec* v : {&W.main_proj, &W.main_norm, &W.norm}) FS_RETURN_IF_ERROR(up(*v));
+  FS_RETURN_IF_ERROR(markov_embed_.upload(W.markov_embed.data(), W.markov_embed.size()));
+  FS_RETURN_IF_ERROR(markov_head_.upload(W.markov_head.data(), W.markov_head.size()));
   return {};
 }
 
@@ -296,16 +299,19 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
-  // Sequential Markov correction on the host: ℓ_i = U_{i−1} + Hm · E[y_{i−1}]; confidence on
+  // Sequential Markov correction: ℓ_i = U_{i−1} + Hm · E[y_{i−1}] (the GEMV on the device, the
+  // same dot order as ops::linear; the chooser needs the row on the host anyway); confidence on
   // [hf_{i−1} ‖ e_i] (draft.cpp).
   DraftBlock out;
   out.logits.resize(size_t(B * V));
   int32_t prev = x0;
   std::vector<float> cin(size_t(D + r));
+  FS_ASSIGN_OR_RETURN(float* ml, scratch<float>("dr_markov", V));
   for (int64_t i = 1; i <= B; ++i) {
     const float* e = W.markov_embed.data() + int64_t(prev) * r;
     float* l = out.logits.data() + (i - 1) * V;
-    ops::linear({e, W.markov_head.data(), l, 1, r, V});
+    FS_RETURN_IF_ERROR(linear(markov_embed_.get() + int64_t(prev) * r, markov_head_.get(), 1, r, V, ml, 0, false));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost));
     for (int64_t v = 0; v < V; ++v) l[v] += hU[size_t((i - 1) * V + v)];
     std::copy_n(hhf.data() + (i - 1) * D, D, cin.data());
     std::copy_n(e, r, cin.data() + D);

@@ -215,6 +215,7 @@ class GpuModel final : public Model {
   std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
   std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark stacked experts
+  DevArray<float> markov_embed_, markov_head_;    // DSpark Markov head [V, r] rows and [V, r] head
   std::vector<DevArray<int32_t>> dtid2eid_;       // [stage] hash routing (if any)
   std::unordered_map<std::string, DevArray<char>> scratch_;
   Numerics numerics_ = Numerics::kExact;
