@@ -25,6 +25,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/gemv_kernels.h"
 
@@ -53,6 +54,120 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       "{%8,%9}, {%10,%10,%10,%10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// cp.async (sm_80+): global -> shared without registers. 4/8-byte copies go through L1 (.ca),
+// 16-byte ones bypass it (.cg); `src_bytes` 0 zero-fills the 16 bytes (absent token rows).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16z(void* dst, const void* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pipelined variant (kPipe): every warp owns a ring of `stages` shared-memory slots; a slot holds
+// one warp iteration's inputs (weight words, FP4 per-row scales, the raw FP32 activations) and
+// each thread copies exactly the bytes it later reads (no barrier between copy and use, only
+// cp.async.wait_group). Slot layout: entries x 32 lanes (lane fastest: conflict-free reads).
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+struct PipeLayout {
+  static constexpr int kMats = kGated ? 2 : 1;
+  static constexpr int kWEntry = kFp4 ? 4 : 8;                   // bytes per (mt, j, h) entry
+  static constexpr int kWBytes = 2 * kChunk * 2 * 32 * kWEntry;  // one matrix's words
+  static constexpr int kSBytes = kFp4 ? 2 * 2 * 32 * 4 : 0;      // FP4 scale words (mt, h)
+  static constexpr int kMatBytes = kWBytes + kSBytes;
+  static constexpr int kXBytes = kNt * kChunk * 2 * 32 * 16;     // float4 halves per token tile
+  static constexpr int kSlotBytes = kMats * kMatBytes + kXBytes;
+};
+
+// Queues the copies of one warp iteration (blocks kb0 .. kb0 + kChunk - 1) into `slot`.
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+__device__ __forceinline__ void issue_slot(const GemvArgs& a, const uint8_t* const (&wm)[2],
+                                           const uint8_t* const (&wsm)[2], const float* const (&xrow)[kNt],
+                                           int row0, int kb0, int g, int q, int lane, uint8_t* slot) {
+  using L = PipeLayout<kFp4, kChunk, kGated, kNt>;
+  const int nkb = a.k / 32;
+#pragma unroll
+  for (int mi = 0; mi < L::kMats; ++mi) {
+    uint8_t* ms = slot + mi * L::kMatBytes;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+          const int e = (mt * kChunk + j) * 2 + h;
+          if constexpr (kFp4) {
+            cp_async4(ms + (e * 32 + lane) * 4, wm[mi] + int64_t(row) * (a.k / 2) + (kb0 + j) * 16 + q * 4);
+          } else {
+            cp_async8(ms + (e * 32 + lane) * 8, wm[mi] + int64_t(row) * a.k + (kb0 + j) * 32 + q * 8);
+          }
+        }
+        if constexpr (kFp4)  // the aligned word holding blocks kb0 .. kb0 + kChunk - 1 (nkb % 4 == 0)
+          cp_async4(ms + L::kWBytes + ((mt * 2 + h) * 32 + lane) * 4,
+                    wsm[mi] + int64_t(row) * nkb + (kb0 & ~3));
+      }
+    }
+  }
+  uint8_t* xs = slot + L::kMats * L::kMatBytes;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float* src = xrow[nt] ? xrow[nt] + (kb0 + j) * 32 + q * 8 + hf * 4 : a.x;
+        cp_async16z(xs + (((nt * kChunk + j) * 2 + hf) * 32 + lane) * 16, src, xrow[nt] ? 16 : 0);
+      }
+}
+
+// Reads one matrix's words and scales of a landed slot (same registers as load_w).
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+__device__ __forceinline__ void read_w(const GemvArgs& a, const uint8_t* ws, const uint8_t* ms, int row0,
+                                       int kb0, int lane, uint32_t (&A)[2][kChunk][2][kFp4 ? 1 : 2],
+                                       uint32_t (&sc)[2][2]) {
+  using L = PipeLayout<kFp4, kChunk, kGated, kNt>;
+  uint32_t sc8 = 0;
+  if constexpr (!kFp4) {
+    const int kbw = a.k / a.w_block;
+    const uint8_t* srow = ws + int64_t(row0 / a.w_block) * kbw;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) sc8 |= uint32_t(__ldg(srow + ((kb0 + j) * 32) / a.w_block)) << (8 * j);
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const int e = (mt * kChunk + j) * 2 + h;
+        if constexpr (kFp4) {
+          A[mt][j][h][0] = *reinterpret_cast<const uint32_t*>(ms + (e * 32 + lane) * 4);
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(ms + (e * 32 + lane) * 8);
+          A[mt][j][h][0] = u.x;
+          A[mt][j][h][1] = u.y;
+        }
+      }
+      if constexpr (kFp4) {
+        const uint32_t wd = *reinterpret_cast<const uint32_t*>(ms + L::kWBytes + ((mt * 2 + h) * 32 + lane) * 4);
+        sc[mt][h] = kChunk == 4 ? wd : (wd >> (8 * (kb0 & 3))) & (kChunk == 2 ? 0xffffu : 0xffu);
+      } else {
+        sc[mt][h] = sc8;
+      }
+    }
 }
 
 // Raw weight words and per-row scales of one matrix for rows row0 + mt*16 + {g, g+8}, blocks
@@ -104,10 +219,13 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
 // Loads and FP8-quantises this thread's 8 values of each block for one token row (nullptr =
 // absent token: zero codes, zero scale). Matches ops::fp8_quant_dequant bit for bit.
 template <int kChunk>
+__device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
+                                           uint32_t (&B)[kChunk][2], float (&xs)[kChunk]);
+
+template <int kChunk>
 __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block,
                                         uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
   float v[kChunk][8];
-  float amax[kChunk];
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
     float4 lo = make_float4(0, 0, 0, 0), hi = lo;
@@ -118,6 +236,32 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
     }
     v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
     v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
+  }
+  quant_vals<kChunk>(v, xrow != nullptr, act_block, B, xs);
+}
+
+// Same from a landed pipeline slot: `xs_slot` = the token tile's [kChunk][2 halves][32 lanes]
+// float4s (zero-filled for absent tokens).
+template <int kChunk>
+__device__ __forceinline__ void quant_x_smem(const uint8_t* xs_slot, int lane, bool present, int act_block,
+                                             uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+  float v[kChunk][8];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    const float4 lo = *reinterpret_cast<const float4*>(xs_slot + ((j * 2 + 0) * 32 + lane) * 16);
+    const float4 hi = *reinterpret_cast<const float4*>(xs_slot + ((j * 2 + 1) * 32 + lane) * 16);
+    v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
+    v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
+  }
+  quant_vals<kChunk>(v, present, act_block, B, xs);
+}
+
+template <int kChunk>
+__device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
+                                           uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+  float amax[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
     float m = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[j][i]));
@@ -147,7 +291,7 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
     }
     B[j][0] = packed[0] | (packed[1] << 16);
     B[j][1] = packed[2] | (packed[3] << 16);
-    xs[j] = xrow ? s : 0.0f;
+    xs[j] = present ? s : 0.0f;
   }
 }
 
@@ -199,10 +343,22 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
-template <bool kFp4, int kChunk, bool kGated, int kNt>
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
+// kPipe: weights, FP4 scales and activations come through the per-warp cp.async ring of
+// `stages` slots in dynamic shared memory (issue_slot), which afterwards holds `red`; the
+// arithmetic and its order are those of the direct-load variant (same bits).
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPipe>
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split, int stages) {
   constexpr int kToks = 8 * kNt;
-  __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
+  using Red = float[kGated ? 2 : 1][kWarps][kRows * kToks];
+  extern __shared__ __align__(16) uint8_t dyn_smem[];
+  Red* red_p;
+  if constexpr (kPipe) {
+    red_p = reinterpret_cast<Red*>(dyn_smem);
+  } else {
+    __shared__ Red red_static;
+    red_p = &red_static;
+  }
+  Red& red = *red_p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
   const int row0 = tile * kRows;
@@ -234,24 +390,62 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
     using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
     auto compute = [&](int kb0, const Words& A, const uint32_t (&sc)[2][2], const Words& AU,
-                       const uint32_t (&scu)[2][2]) {
+                       const uint32_t (&scu)[2][2], const uint8_t* xslot) {
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
         if (nt == 1 && ntok <= 8) break;  // warp-uniform
         uint32_t B[kChunk][2];
         float xs[kChunk];
-        quant_x<kChunk>(xrow[nt], kb0, q, a.act_block, B, xs);
+        if constexpr (kPipe)
+          quant_x_smem<kChunk>(xslot + nt * kChunk * 2 * 32 * 16, lane, xrow[nt] != nullptr, a.act_block, B, xs);
+        else
+          quant_x<kChunk>(xrow[nt], kb0, q, a.act_block, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
     };
-    for (int c = c_begin + warp; c < c_end; c += kWarps) {
-      const int kb0 = c * kChunk;
-      Words A, AU;
-      uint32_t sc[2][2], scu[2][2];
-      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
-      compute(kb0, A, sc, AU, scu);
+    if constexpr (kPipe) {
+      using L = PipeLayout<kFp4, kChunk, kGated, kNt>;
+      uint8_t* ring = dyn_smem + warp * stages * L::kSlotBytes;
+      const uint8_t* const wm[2] = {w, wu};
+      const uint8_t* const wsm[2] = {ws, wsu};
+      int c_next = c_begin + warp;
+      for (int s = 0; s + 1 < stages; ++s, c_next += kWarps) {  // prologue: stages - 1 slots
+        if (c_next < c_end)
+          issue_slot<kFp4, kChunk, kGated, kNt>(a, wm, wsm, xrow, row0, c_next * kChunk, g, q, lane,
+                                                 ring + s * L::kSlotBytes);
+        cp_async_commit();
+      }
+      int slot = 0;
+      for (int c = c_begin + warp; c < c_end; c += kWarps, c_next += kWarps) {
+        const int fill = slot == 0 ? stages - 1 : slot - 1;  // the slot read last iteration
+        if (c_next < c_end)
+          issue_slot<kFp4, kChunk, kGated, kNt>(a, wm, wsm, xrow, row0, c_next * kChunk, g, q, lane,
+                                                 ring + fill * L::kSlotBytes);
+        cp_async_commit();
+        if (stages == 2) cp_async_wait<1>();  // this iteration's group has landed
+        else if (stages == 3) cp_async_wait<2>();
+        else cp_async_wait<3>();
+        const uint8_t* ms = ring + slot * L::kSlotBytes;
+        const int kb0 = c * kChunk;
+        Words A, AU;
+        uint32_t sc[2][2], scu[2][2];
+        read_w<kFp4, kChunk, kGated, kNt>(a, ws, ms, row0, kb0, lane, A, sc);
+        if constexpr (kGated) read_w<kFp4, kChunk, kGated, kNt>(a, wsu, ms + L::kMatBytes, row0, kb0, lane, AU, scu);
+        compute(kb0, A, sc, AU, scu, ms + L::kMats * L::kMatBytes);
+        slot = slot + 1 == stages ? 0 : slot + 1;
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // every warp is done with its ring: `red` reuses the memory
+    } else {
+      for (int c = c_begin + warp; c < c_end; c += kWarps) {
+        const int kb0 = c * kChunk;
+        Words A, AU;
+        uint32_t sc[2][2], scu[2][2];
+        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+        compute(kb0, A, sc, AU, scu, nullptr);
+      }
     }
     stash<kNt>(red[0][warp], acc, g, q);
     if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
@@ -315,14 +509,41 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 //   gets >= 2 iterations (wo_a, wo_b), else 2 (4 blocks spill with two matrices, two token
 //   tiles or FP4). V4's act_block 128 needs exactly 4. A variant that prefetched the next
 //   chunk into a second register set measured 5-15 % slower and was dropped.
-int g_split_override = 0, g_chunk_override = 0;
+// * Pipelined loads (kPipe, opt-in: FLASHSEEK_GEMV_PIPE=1 or set_gemv_pipeline(2)): see the
+//   kernel; `stages` slots per warp, as many (2..4) as keep two CTAs per SM in shared memory.
+//   Same bits as direct loads, but measured SLOWER on an H200 (RESULTS.md, H4f: every GEMV,
+//   M = 6 layer kernels 694 -> 826 us; 4 stages slower still), so direct loads stay the default.
+//   Shapes the ring cannot serve (misaligned pointers, FP4 with k/32 not a multiple of 4, chunk
+//   1, pre-sm_80, ring beyond the shared-memory opt-in) always take direct loads.
+int g_split_override = 0, g_chunk_override = 0, g_pipe_override = 0;
+
+bool pipe_enabled() {
+  if (g_pipe_override != 0) return g_pipe_override == 2;
+  static const bool env_on = [] {
+    const char* e = std::getenv("FLASHSEEK_GEMV_PIPE");
+    return e && e[0] == '1';
+  }();
+  return env_on;
+}
+
+// FLASHSEEK_GEMV_STAGES=2..4 forces the ring depth (benchmarking; shapes whose ring would not fit
+// the device's shared memory still fall back).
+int stages_override() {
+  static const int v = [] {
+    const char* e = std::getenv("FLASHSEEK_GEMV_STAGES");
+    const int s = e ? std::atoi(e) : 0;
+    return s >= 2 && s <= 4 ? s : 0;
+  }();
+  return v;
+}
 
 struct Tuning {
   int chunk = 1, split = 1;
+  bool pipe = false;
 };
 
 struct DeviceInfo {
-  int sms = 0, major = 0;
+  int sms = 0, major = 0, smem_optin = 0;
 };
 
 DeviceInfo device_info() {
@@ -333,12 +554,26 @@ DeviceInfo device_info() {
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   }
   return d;
 }
 
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
+
+bool pipe_ok(const GemvArgs& a, bool fp4, bool gated, const DeviceInfo& d) {
+  if (d.major < 8 || !pipe_enabled()) return false;
+  const uintptr_t wal = fp4 ? 4 : 8;
+  if (!aligned(a.x, 16) || !aligned(a.w, wal) || a.e_stride % int64_t(wal) != 0) return false;
+  if (gated && !aligned(a.wu, wal)) return false;
+  if (fp4 && ((a.k / 32) % 4 != 0 || !aligned(a.ws, 4) || a.e_sstride % 4 != 0 || (gated && !aligned(a.wsu, 4))))
+    return false;
+  return true;
+}
+
 Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tiles, const DeviceInfo& d) {
   Tuning t;
+  t.pipe = pipe_ok(a, fp4, gated, d);
   const int nkb = a.k / 32;
   if (d.major >= 9 && d.sms > 0) {
     t.split = int(std::min<int64_t>(8, std::max<int64_t>(1, 2 * int64_t(d.sms) / std::max<int64_t>(tiles, 1))));
@@ -348,37 +583,55 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tile
   int want = 2;
   if (a.act_block == 128) want = 4;
   else if (g_chunk_override > 0) want = g_chunk_override;
-  else if (!fp4 && !gated && nt == 1 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
+  else if (!t.pipe && !fp4 && !gated && nt == 1 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
   while (want > 1 && nkb % want != 0) want /= 2;
   t.chunk = want;
+  if (t.chunk == 1) t.pipe = false;
   t.split = std::max(1, std::min({t.split, nkb / t.chunk, 8}));
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPipe>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kPipe>;
+  int stages = 0;
+  size_t smem = 0;
+  if constexpr (kPipe) {
+    // As many slots (2..4) as keep two CTAs per SM within ~110 KB each; `red` reuses the ring.
+    constexpr int kSlotCta = kWarps * PipeLayout<kFp4, kChunk, kGated, kNt>::kSlotBytes;
+    stages = std::max(2, std::min(4, (110 * 1024) / kSlotCta));
+    if (stages_override() > 0) stages = stages_override();
+    constexpr size_t kRed = sizeof(float) * (kGated ? 2 : 1) * kWarps * kRows * 8 * kNt;
+    smem = std::max(size_t(stages) * kSlotCta, kRed);
+    if (smem > size_t(device_info().smem_optin))  // e.g. gated FP8, 4-block chunks, 16 tokens
+      return launch_k<kFp4, kChunk, kGated, kNt, false>(a, n_groups, split, stream);
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
   if (split == 1) {
-    gemv_kernel<kFp4, kChunk, kGated, kNt><<<grid, kThreads, 0, stream>>>(a, 1);
+    kernel<<<grid, kThreads, smem, stream>>>(a, 1, stages);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+  cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(split), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr, cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, gemv_kernel<kFp4, kChunk, kGated, kNt>, a, split);
+  return cudaLaunchKernelEx(&cfg, kernel, a, split, stages);
 }
 
 template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * n_groups;
   const Tuning t = pick_tuning(a, kFp4, kGated, kNt, tiles, device_info());
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
-  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.pipe && t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, true>(a, n_groups, t.split, stream);
+  if (t.pipe && t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, true>(a, n_groups, t.split, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, false>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, false>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt, false>(a, n_groups, t.split, stream);
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
@@ -390,6 +643,8 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void set_gemv_pipeline(int mode) { g_pipe_override = mode == 1 || mode == 2 ? mode : 0; }
 
 void set_gemv_tuning(int split, int chunk) {
   g_split_override = split;

@@ -28,4 +28,9 @@ cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t 
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
 
+// Benchmarking and tests only: 1 = direct register loads, 2 = the cp.async shared-memory pipeline
+// (where the shape allows it), 0 = the default (direct loads unless FLASHSEEK_GEMV_PIPE=1).
+// Process-wide, not thread-safe.
+void set_gemv_pipeline(int mode);
+
 }  // namespace flashseek::ops::cuda::detail
