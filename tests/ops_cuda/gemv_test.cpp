@@ -300,10 +300,11 @@ TEST(CudaExpertGemv, FusedSwigluEveryKSplit) {
   detail::set_gemv_tuning(0, 0);
 }
 
-// The cp.async shared-memory pipeline (set_gemv_pipeline(2)) reads the same bytes and does the
-// same arithmetic in the same order as the direct-load kernel: outputs are bitwise equal, and both
-// match the twin, for m = 1..16, odd n, k of 1..72 blocks (FP4 with k/32 not a multiple of 4 falls
-// back to direct loads), forced splits, and grouped experts with absent token slots.
+// The cp.async shared-memory weight pipeline (set_gemv_pipeline(2 / 3): .cg / .ca 16-byte copies,
+// automatic or forced ring depth) reads the same bytes and does the same arithmetic in the same
+// order as the direct-load kernel: outputs are bitwise equal, and both match the twin, for
+// m = 1..16, odd n, k of 1..72 blocks (FP4 with k/32 not a multiple of 4 falls back to direct
+// loads), forced splits, and grouped experts with absent token slots.
 TEST(CudaGemvPipeline, SameBitsAsDirectLoads) {
   FS_REQUIRE_GPU();
   struct Restore {
@@ -313,11 +314,16 @@ TEST(CudaGemvPipeline, SameBitsAsDirectLoads) {
     std::vector<float> direct, piped;
     detail::set_gemv_pipeline(1);
     run(&direct);
-    detail::set_gemv_pipeline(2);
-    run(&piped);
-    ASSERT_EQ(direct.size(), piped.size());
     ASSERT_FALSE(direct.empty());
-    ASSERT_EQ(0, std::memcmp(direct.data(), piped.data(), direct.size() * sizeof(float)));
+    const int variants[][2] = {{2, 0}, {3, 0}, {2, 2}, {3, 5}};  // {mode, stages}
+    for (const auto& v : variants) {
+      SCOPED_TRACE(::testing::Message() << "pipeline mode=" << v[0] << " stages=" << v[1]);
+      detail::set_gemv_pipeline(v[0], v[1]);
+      piped.clear();
+      run(&piped);
+      ASSERT_EQ(direct.size(), piped.size());
+      ASSERT_EQ(0, std::memcmp(direct.data(), piped.data(), direct.size() * sizeof(float)));
+    }
   };
   uint32_t seed = 300;
   for (int64_t m = 1; m <= 16; ++m) {
