@@ -152,7 +152,7 @@ std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "generate from a prompt with a checkpoint (one request)");
   auto o = std::make_shared<RunOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
-  cmd->add_option("--gpus", o->gpus, "CUDA device id, e.g. 0 (default: the CPU backend)");
+  cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); default: the CPU backend");
   cmd->add_option("--prompt-ids", o->prompt_ids, "token ids: 1,2,3 or @file.json (JSON array)");
   cmd->add_option("--prompt", o->prompt, "prompt text (needs the tokenizer)");
   cmd->add_option("--tokenizer", o->tokenizer,

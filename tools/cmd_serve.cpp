@@ -178,7 +178,7 @@ std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions)");
   auto o = std::make_shared<ServeOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
-  cmd->add_option("--gpus", o->gpus, "GPU id to serve on (one GPU for now; empty: CPU backend)");
+  cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
