@@ -16,6 +16,7 @@
 #include "forward/cpu_model.h"
 #include "forward/gpu_model.h"
 #include "model/make_tiny.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -25,43 +26,18 @@
 namespace flashseek::forward {
 namespace {
 namespace fs = std::filesystem;
+using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
+#define REQUIRE_GPU() FS_REQUIRE_GPU()
 
 constexpr int64_t kTokens = 410;
 
-bool have_gpu(std::string* why) {
-#if FLASHSEEK_HAVE_CUDA
-  return ops::cuda::cuda_device_available(why);
-#else
-  *why = "this build has no CUDA backend";
-  return false;
-#endif
-}
-
-#define REQUIRE_GPU()                                          \
-  do {                                                         \
-    std::string why;                                           \
-    if (!have_gpu(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
-
 // A make-tiny checkpoint of `name`; tie_free widens every selection so that nothing is dropped.
 std::string make_ckpt(const std::string& name, bool tie_free) {
-  static std::vector<std::unique_ptr<fs::path>> keep;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("fs_gpu_" + name + (tie_free ? "_tf_" : "_std_") + std::to_string(::getpid()));
-  if (fs::exists(dir / "config.json")) return dir.string();
   auto cfg = model::builtin_config(name);
   EXPECT_TRUE(cfg.ok());
   model::ModelConfig c = cfg.value();
-  if (tie_free) {
-    c.index_topk = 4096;
-    c.n_experts_per_tok = c.n_routed_experts;
-    c.candidate_topk_blocks = 4096;
-    EXPECT_TRUE(model::finalize_config(c).ok());
-  }
-  model::MakeTinyOptions opt;
-  opt.seed = 11;
-  EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
-  return dir.string();
+  if (tie_free) widen_selections(c);
+  return tiny_checkpoint("fs_gpu_" + name + (tie_free ? "_tf" : "_std"), c, 11);
 }
 
 std::vector<int32_t> tokens_for(int64_t vocab) {
@@ -69,40 +45,6 @@ std::vector<int32_t> tokens_for(int64_t vocab) {
   std::vector<int32_t> t(kTokens);
   for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
   return t;
-}
-
-// All logits [n, V] of `tokens` fed in chunks of `chunk` tokens through a fresh sequence.
-std::vector<float> run(Model& m, const std::vector<int32_t>& tokens, int64_t chunk) {
-  auto st = m.new_sequence();
-  std::vector<float> out;
-  for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
-    const size_t n = std::min(tokens.size() - i, size_t(chunk));
-    BatchItem item{st.get(), std::span<const int32_t>(tokens.data() + i, n), true};
-    const Status s = m.forward({&item, 1}, out);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    if (!s.ok()) break;
-  }
-  return out;
-}
-
-struct Cmp {
-  double max_abs = 0;
-  double argmax_agree = 0;  // fraction of positions with the same argmax
-};
-Cmp compare(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  Cmp r;
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || a.empty()) return r;
-  const int64_t n = int64_t(a.size()) / V;
-  int64_t agree = 0;
-  for (int64_t p = 0; p < n; ++p) {
-    const float* x = a.data() + p * V;
-    const float* y = b.data() + p * V;
-    for (int64_t v = 0; v < V; ++v) r.max_abs = std::max(r.max_abs, std::fabs(double(x[v]) - y[v]));
-    agree += (std::max_element(x, x + V) - x) == (std::max_element(y, y + V) - y);
-  }
-  r.argmax_agree = double(agree) / double(n);
-  return r;
 }
 
 struct Param {
@@ -123,13 +65,13 @@ TEST_P(GpuParity, MatchesCpuAndDecodeMatchesPrefill) {
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   const int64_t V = cpu.value()->config().vocab_size;
   const auto tokens = tokens_for(V);
-  const auto ref = run(*cpu.value(), tokens, kTokens);
-  const auto g_prefill = run(*gpu.value(), tokens, kTokens);
-  const auto g_decode = run(*gpu.value(), tokens, 1);
-  const auto g_chunks = run(*gpu.value(), tokens, 129);
+  const auto ref = run_chunked(*cpu.value(), tokens, kTokens);
+  const auto g_prefill = run_chunked(*gpu.value(), tokens, kTokens);
+  const auto g_decode = run_chunked(*gpu.value(), tokens, 1);
+  const auto g_chunks = run_chunked(*gpu.value(), tokens, 129);
   ASSERT_EQ(ref.size(), size_t(kTokens * V));
-  const Cmp vs_cpu = compare(ref, g_prefill, V), pd = compare(g_prefill, g_decode, V),
-            pc = compare(g_prefill, g_chunks, V);
+  const Cmp vs_cpu = compare_logits(ref, g_prefill, V), pd = compare_logits(g_prefill, g_decode, V),
+            pc = compare_logits(g_prefill, g_chunks, V);
   std::printf("[gpu parity] %s %s %s: cpu-gpu max|d| %.3g argmax %.4f; prefill-decode %.3g / %.4f; "
               "prefill-chunk129 %.3g / %.4f\n",
               p.config, p.tie_free ? "tie-free" : "standard",

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "forward/cpu_model.h"
 #include "forward/gpu_model.h"
+#include "gpu_test_util.h"
 #include "forward/state.h"
 #include "model/make_tiny.h"
 
@@ -28,42 +29,17 @@
 namespace flashseek::forward {
 namespace {
 namespace fs = std::filesystem;
-
-bool have_gpu(std::string* why) {
-#if FLASHSEEK_HAVE_CUDA
-  return ops::cuda::cuda_device_available(why);
-#else
-  *why = "this build has no CUDA backend";
-  return false;
-#endif
-}
-
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!have_gpu(&why)) GTEST_SKIP() << "GPU test skipped: " << why;   \
-  } while (0)
+using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
+#define REQUIRE_GPU() FS_REQUIRE_GPU()
 
 // A make-tiny tiny-v41 checkpoint; tie_free widens every selection (index top-k, experts of the
 // backbone and of the draft, candidate blocks) so that no near-tie can flip a choice.
 std::string make_ckpt(bool tie_free) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("fs_gpuspec_" + std::string(tie_free ? "tf_" : "std_") + std::to_string(::getpid()));
-  if (fs::exists(dir / "config.json")) return dir.string();
   auto cfg = model::builtin_config("tiny-v41");
   EXPECT_TRUE(cfg.ok());
   model::ModelConfig c = cfg.value();
-  if (tie_free) {
-    c.index_topk = 4096;
-    c.n_experts_per_tok = c.n_routed_experts;
-    c.dspark_n_experts_per_tok = c.dspark_n_routed_experts;
-    c.candidate_topk_blocks = 4096;
-    EXPECT_TRUE(model::finalize_config(c).ok());
-  }
-  model::MakeTinyOptions opt;
-  opt.seed = 11;
-  EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
-  return dir.string();
+  if (tie_free) widen_selections(c, /*draft=*/true);
+  return tiny_checkpoint(std::string("fs_gpuspec_") + (tie_free ? "tf" : "std"), c, 11);
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {

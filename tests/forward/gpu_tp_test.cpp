@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "forward/gpu_model.h"
 #include "forward/gpu_tp.h"
+#include "gpu_test_util.h"
 #include "model/make_tiny.h"
 #include "test_util.h"
 
@@ -183,20 +184,9 @@ TEST(TpShard, DeviceListWithoutGpusIsAClearError) {
 // ---- TP=N vs TP=1 on the GPU -----------------------------------------------------------------
 
 std::string make_ckpt(const std::string& name, bool tie_free) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("fs_tp_" + name + (tie_free ? "_tf_" : "_std_") + std::to_string(::getpid()));
-  if (fs::exists(dir / "config.json")) return dir.string();
   model::ModelConfig c = config(name.c_str());
-  if (tie_free) {  // every expert active, every compressed entry selected: no discrete flips
-    c.index_topk = 4096;
-    c.n_experts_per_tok = c.n_routed_experts;
-    c.candidate_topk_blocks = 4096;
-    EXPECT_TRUE(model::finalize_config(c).ok());
-  }
-  model::MakeTinyOptions opt;
-  opt.seed = 11;
-  EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
-  return dir.string();
+  if (tie_free) gpu_test::widen_selections(c);  // every expert active, every entry selected: no discrete flips
+  return gpu_test::tiny_checkpoint("fs_tp_" + name + (tie_free ? "_tf" : "_std"), c, 11);
 }
 
 constexpr int64_t kTokens = 96, kPrefill = 48;

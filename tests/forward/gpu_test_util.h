@@ -1,0 +1,96 @@
+// Helpers shared by the whole-model GPU tests (gpu_parity_test, gpu_spec_test, gpu_native_test,
+// gpu_tp_test): the visible GPU skip, tie-free tiny checkpoints, chunked runs and logit
+// comparisons.
+#pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forward/model.h"
+#include "model/config.h"
+#include "model/make_tiny.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include "ops/cuda/cuda_check.h"
+#endif
+
+namespace flashseek::forward::gpu_test {
+
+inline bool have_gpu(std::string* why) {
+#if FLASHSEEK_HAVE_CUDA
+  return ops::cuda::cuda_device_available(why);
+#else
+  *why = "this build has no CUDA backend";
+  return false;
+#endif
+}
+
+#define FS_REQUIRE_GPU()                                                                   \
+  do {                                                                                     \
+    std::string why_;                                                                      \
+    if (!::flashseek::forward::gpu_test::have_gpu(&why_)) GTEST_SKIP() << "GPU test skipped: " << why_; \
+  } while (0)
+
+// Widens every selection (index top-k over every compressed position, every routed expert active,
+// every candidate block kept; with `draft` also every DSpark expert) so that no near-tie can flip
+// a discrete choice between backends.
+inline void widen_selections(model::ModelConfig& c, bool draft = false) {
+  c.index_topk = 4096;
+  c.n_experts_per_tok = c.n_routed_experts;
+  if (draft) c.dspark_n_experts_per_tok = c.dspark_n_routed_experts;
+  c.candidate_topk_blocks = 4096;
+  EXPECT_TRUE(model::finalize_config(c).ok());
+}
+
+// Writes a make-tiny checkpoint of `c` once per process under <tmp>/<tag>_<pid>; returns its dir.
+inline std::string tiny_checkpoint(const std::string& tag, const model::ModelConfig& c, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / (tag + "_" + std::to_string(::getpid()));
+  if (fs::exists(dir / "config.json")) return dir.string();
+  model::MakeTinyOptions opt;
+  opt.seed = seed;
+  EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
+  return dir.string();
+}
+
+// All logits [n, V] of `tokens` fed in chunks of `chunk` tokens through a fresh sequence.
+inline std::vector<float> run_chunked(Model& m, const std::vector<int32_t>& tokens, int64_t chunk) {
+  auto st = m.new_sequence();
+  std::vector<float> out;
+  for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
+    const size_t n = std::min(tokens.size() - i, size_t(chunk));
+    BatchItem item{st.get(), std::span<const int32_t>(tokens.data() + i, n), true};
+    const Status s = m.forward({&item, 1}, out);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    if (!s.ok()) break;
+  }
+  return out;
+}
+
+struct Cmp {
+  double max_abs = 0;
+  double argmax_agree = 0;  // fraction of positions with the same argmax
+};
+inline Cmp compare_logits(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  Cmp r;
+  EXPECT_EQ(a.size(), b.size());
+  if (a.size() != b.size() || a.empty()) return r;
+  const int64_t n = int64_t(a.size()) / V;
+  int64_t agree = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const float* x = a.data() + p * V;
+    const float* y = b.data() + p * V;
+    for (int64_t v = 0; v < V; ++v) r.max_abs = std::max(r.max_abs, std::fabs(double(x[v]) - y[v]));
+    agree += (std::max_element(x, x + V) - x) == (std::max_element(y, y + V) - y);
+  }
+  r.argmax_agree = double(agree) / double(n);
+  return r;
+}
+
+}  // namespace flashseek::forward::gpu_test
