@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/cuda/bench_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_kernels.h"
@@ -21,6 +22,7 @@
 
 namespace flashseek::ops::cuda {
 namespace {
+using namespace bench;  // Arena, Fp8Mat, time_op, g_st, ... (bench_util.h)
 
 constexpr int64_t kHidden = 5120, kQLora = 1280, kKv = 512, kHeads = 64, kHeadDim = 512;
 constexpr int64_t kOGroups = 8, kORank = 1024, kInter = 2304, kExperts = 384, kTopK = 6;
@@ -30,140 +32,6 @@ constexpr int64_t kCompOut = 2 * kKv;  // compressor wkv + wgate rows (ratio-2 s
 constexpr int64_t kEngramOut = 25600, kEngramIn = 6144, kEngramRows = 24, kEngramRowBytes = 264;
 constexpr int kSweepCols = 10;  // GEMV sweep columns: splits 1..8, then chunk 2 and 4
 constexpr int kFullSources = 4, kIndexSources = 8, kEngramLayers = 2;  // per 40-layer step
-
-// Every timed launch goes to this stream (capturable into a graph; the legacy stream is not).
-cudaStream_t g_st = nullptr;
-
-// Device memory owned by the benchmark; freed at scope exit.
-class Arena {
- public:
-  ~Arena() { for (void* p : ptrs_) cudaFree(p); }
-  template <typename T>
-  Result<T*> alloc(int64_t n) {
-    void* p = nullptr;
-    FS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, size_t(std::max<int64_t>(n, 1)) * sizeof(T)));
-    ptrs_.push_back(p);
-    return static_cast<T*>(p);
-  }
-
- private:
-  std::vector<void*> ptrs_;
-};
-
-struct Fp8Mat {
-  std::vector<uint8_t*> w, s;  // per copy
-  int64_t n = 0, k = 0;
-  double bytes() const { return double(n * k + weight_scale_bytes(WeightFormat::kFp8, n, k, 32)); }
-};
-
-Status make_fp8(Arena& ar, Fp8Mat& m, int64_t n, int64_t k, int copies, uint64_t seed) {
-  m.n = n, m.k = k;
-  for (int c = 0; c < copies; ++c) {
-    FS_ASSIGN_OR_RETURN(uint8_t* w, ar.alloc<uint8_t>(n * k));
-    const int64_t sb = weight_scale_bytes(WeightFormat::kFp8, n, k, 32);
-    FS_ASSIGN_OR_RETURN(uint8_t* s, ar.alloc<uint8_t>(sb));
-    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(w, n * k, seed + c * 7919, 1, nullptr));
-    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(s, sb, seed + c * 7919 + 1, 2, nullptr));
-    m.w.push_back(w), m.s.push_back(s);
-  }
-  return {};
-}
-
-// FP32 weights (the exactness-first model kernels' format) in rotating copies.
-struct F32Mat {
-  std::vector<float*> w;
-  int64_t n = 0, k = 0;
-  double bytes() const { return 4.0 * double(n * k); }
-  const float* at(int r) const { return w[size_t(r) % w.size()]; }
-};
-
-// Copies so that one rotation covers >= 3x the L2 (at least 2).
-int copies_for(double bytes, double l2_bytes) {
-  return int(std::clamp(std::ceil(3 * l2_bytes / bytes), 2.0, 64.0));
-}
-
-struct Timer {
-  cudaEvent_t a = nullptr, b = nullptr;
-  ~Timer() { if (a) cudaEventDestroy(a); if (b) cudaEventDestroy(b); }
-};
-
-// Median / min over `reps` samples after 3 warm-ups; a sample times `batch` back-to-back
-// launches (each on the next weight copy) between two events and divides, so host launch latency
-// and event overhead do not count, but the gaps between dependent kernels in a stream do.
-Status time_op(const std::function<Status(int)>& fn, int reps, double* med, double* mn, int batch = 10) {
-  Timer t;
-  FS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&t.a));
-  FS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&t.b));
-  for (int i = 0; i < 3; ++i) FS_RETURN_IF_ERROR(fn(i));
-  std::vector<double> us;
-  int call = 3;
-  for (int i = 0; i < reps; ++i) {
-    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.a, g_st));
-    for (int b = 0; b < batch; ++b) FS_RETURN_IF_ERROR(fn(call++));
-    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.b, g_st));
-    FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t.b));
-    float ms = 0;
-    FS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, t.a, t.b));
-    us.push_back(ms * 1000.0 / batch);
-  }
-  std::sort(us.begin(), us.end());
-  *med = us[us.size() / 2];
-  *mn = us.front();
-  return {};
-}
-
-Status measure_copy(double* gbps) {
-  const int64_t bytes = int64_t(2) << 30;
-  Arena ar;
-  FS_ASSIGN_OR_RETURN(uint8_t* src, ar.alloc<uint8_t>(bytes));
-  FS_ASSIGN_OR_RETURN(uint8_t* dst, ar.alloc<uint8_t>(bytes));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(src, bytes, 5, 0, nullptr));
-  double med = 0, mn = 0;
-  FS_RETURN_IF_ERROR(time_op(
-      [&](int) { return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_st), "memcpy"); },
-      10, &med, &mn, 1));
-  *gbps = 2.0 * double(bytes) / (med * 1e-6) / 1e9;
-  return {};
-}
-
-// Per-rep routings of `m` tokens (top-6 of 384, uniform), grouped by expert, on the device.
-struct Routings {
-  std::vector<int32_t*> ge, gs, pr;
-  std::vector<int64_t> n_groups;
-  float* pair_weight = nullptr;
-  double mean_distinct = 0;
-};
-
-Status make_routings(Arena& ar, Routings& r, int m, int count, uint64_t seed) {
-  std::mt19937 rng{uint32_t(seed)};
-  std::vector<int32_t> ids(kExperts);
-  for (int c = 0; c < count; ++c) {
-    std::vector<std::vector<int32_t>> by(kExperts);
-    for (int t = 0; t < m; ++t) {
-      std::iota(ids.begin(), ids.end(), 0);
-      for (int i = 0; i < kTopK; ++i) {
-        std::swap(ids[i], ids[i + rng() % (kExperts - i)]);
-        by[ids[i]].push_back(t);
-      }
-    }
-    std::vector<int32_t> ge, gs{0}, pr;
-    for (int e = 0; e < kExperts; ++e) {
-      if (by[e].empty()) continue;
-      ge.push_back(e);
-      pr.insert(pr.end(), by[e].begin(), by[e].end());
-      gs.push_back(int32_t(pr.size()));
-    }
-    r.mean_distinct += double(ge.size()) / count;
-    for (auto* v : {&ge, &gs, &pr}) {
-      FS_ASSIGN_OR_RETURN(int32_t* d, ar.alloc<int32_t>(int64_t(v->size())));
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, v->data(), v->size() * 4, cudaMemcpyHostToDevice));
-      (v == &ge ? r.ge : v == &gs ? r.gs : r.pr).push_back(d);
-    }
-    r.n_groups.push_back(int64_t(ge.size()));
-  }
-  FS_ASSIGN_OR_RETURN(r.pair_weight, ar.alloc<float>(m * kTopK));
-  return cuda_status(detail::launch_fill_floats(r.pair_weight, m * kTopK, seed, 1.0f, nullptr), "fill");
-}
 
 // Every weight of one decode layer (FP8 dense parts in rotating copies, all FP4 experts once).
 struct PinnedHost {
@@ -271,13 +139,6 @@ Status make_acts(Arena& ar, Acts& a, int m, int sms) {
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(*dst, src->data(), src->size() * 4, cudaMemcpyHostToDevice));
   }
   return cuda_status(cudaMemcpy(a.idx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice), "idx");
-}
-
-Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m) {
-  BlockLinearParams p;
-  const int c = copy % int(w.w.size());
-  p.x = x, p.w = w.w[c], p.w_scale = w.s[c], p.y = y, p.m = m, p.n = w.n, p.k = w.k;
-  return block_linear_cuda(p, g_st);
 }
 
 // Extra activations of the roles beyond the PR-1 slice (mHC, router, compressor, indexer, Engram).
