@@ -11,6 +11,7 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "ops/cuda/layer_bench.h"
+#include "ops/cuda/prefill_bench.h"
 #include "ops/cuda/spec_bench.h"
 #include "ops/cuda/tp_bench.h"
 #endif
@@ -30,6 +31,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     int graph_layers = 8;
     bool gemv_sweep = false;
     int tp = 0;
+    int prefill = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -45,6 +47,9 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--tp", o->tp,
                   "multi-GPU mode: NCCL collectives on N GPUs + tensor/expert-parallel step projection "
                   "(--tokens: all-reduce rows, default 1,6,8192)");
+  cmd->add_option("--prefill", o->prefill,
+                  "prefill mode: one layer of an N-token chunk (e.g. 8192), every kernel timed, 40-layer and "
+                  "1M-token projection per --contexts (ops/cuda/prefill_bench.h)");
   return [o]() -> int {
 #if FLASHSEEK_HAVE_CUDA
     if (o->spec) {  // ops/cuda/spec_bench.h
@@ -78,6 +83,22 @@ std::function<int()> setup_bench(CLI::App& app) {
       return true;
     };
     if (!parse(o->tokens, "--tokens", opt.tokens) || !parse(o->contexts, "--contexts", opt.contexts)) return 2;
+    if (o->prefill != 0) {  // ops/cuda/prefill_bench.h
+      ops::cuda::PrefillBenchOptions po;
+      po.tokens = o->prefill, po.reps = o->reps, po.layers = o->layers, po.contexts = opt.contexts;
+      auto rep = ops::cuda::run_prefill_bench(po);
+      if (!rep.ok()) {
+        std::cerr << "bench: " << rep.status().to_string() << "\n";
+        return 1;
+      }
+      const std::string text = ops::cuda::format_prefill_bench(*rep, po);
+      std::cout << text;
+      if (!o->out.empty() && !(std::ofstream(o->out) << text)) {
+        std::cerr << "bench: cannot write --out " << o->out << "\n";
+        return 1;
+      }
+      return 0;
+    }
     if (o->tp != 0) {  // ops/cuda/tp_bench.h
       ops::cuda::TpBenchOptions to;
       to.world = o->tp, to.reps = o->reps, to.layers = o->layers;
