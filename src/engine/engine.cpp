@@ -3,7 +3,9 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -13,6 +15,11 @@
 namespace flashseek::engine {
 
 namespace {
+bool device_sampling_on(const forward::Model& model, const EngineOptions& o) {
+  const char* env = std::getenv("FLASHSEEK_DEVICE_SAMPLING");
+  return o.device_sampling && model.samples_on_device() && !(env && std::string_view(env) == "0");
+}
+
 uint64_t initial_seed(const EngineOptions& o) {
   if (o.seed) return *o.seed;
   std::random_device rd;
@@ -24,6 +31,7 @@ Engine::Engine(forward::Model& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
       vocab_(model.config().vocab_size),
+      device_sampling_(device_sampling_on(model, options_)),
       seed_rng_(initial_seed(options_)) {}
 
 Result<std::unique_ptr<Engine>> Engine::create(forward::Model& model, EngineOptions options) {

@@ -37,6 +37,12 @@ struct EngineOptions {
   // (Model::has_draft). Off by default in the library so that seeded sampling draws stay those of
   // plain decoding; the CLI and server turn it on (greedy output is identical either way).
   bool speculative = false;
+  // Sample on the model's device when it can (Model::samples_on_device) and the item needs no
+  // logits on the host (no logprobs, no prompt logprobs, not a speculative verification): the
+  // engine passes an ops::SampleSpec per item and gets one token back instead of a [vocab] row.
+  // Same tokens either way (the device op follows the engine's rule). The environment variable
+  // FLASHSEEK_DEVICE_SAMPLING=0 turns it off as well.
+  bool device_sampling = true;
 };
 
 struct EngineStats {
@@ -92,6 +98,7 @@ class Engine {
     std::vector<Sequence*> seqs;
     std::vector<PlannedItem> plan;
     std::vector<forward::BatchItem> items;
+    std::vector<ops::SampleSpec> specs;  // [items] device-sampling specs (items[i].sample)
     int64_t rows = 0;    // logits rows the model must return
     int64_t tokens = 0;  // tokens in the call
   };
@@ -104,9 +111,12 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void emit(Sequence& seq, TokenEvent event);
   void drop_finished();                     // caller holds mu_
-  Status process_item(Sequence& seq, const PlannedItem& item,
+  // Items whose next token the model samples itself (EngineOptions::device_sampling).
+  void plan_device_sampling(StepBatch& batch) const;
+  Status process_item(Sequence& seq, const PlannedItem& item, const forward::BatchItem& bi,
                       std::span<const float> logits);
-  Status sample_next(Sequence& seq, std::span<const float> row);
+  // Samples from `row`, or takes the token the model sampled for `bi` (then `row` is empty).
+  Status sample_next(Sequence& seq, std::span<const float> row, const forward::BatchItem& bi);
   bool has_work() const;                    // caller holds mu_
   // Speculative decoding (spec_step.cpp).
   bool speculate(const Sequence& seq) const;
@@ -119,6 +129,7 @@ class Engine {
   forward::Model& model_;
   const EngineOptions options_;
   const int64_t vocab_;
+  const bool device_sampling_;  // options_.device_sampling, the env switch and the model agree
 
   mutable std::mutex mu_;       // guards everything below
   std::condition_variable cv_;  // wakes the scheduler thread

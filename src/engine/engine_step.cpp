@@ -61,6 +61,7 @@ Status Engine::step() {
   }
   prepare_speculation(batch);  // drafts outside the lock (spec_step.cpp)
   if (batch.items.empty()) return {};
+  plan_device_sampling(batch);
 
   // The model runs without the lock: submit()/cancel() stay responsive. Nothing the items point
   // at changes meanwhile (only this step mutates prompts, tokens and states; a cancelled
@@ -75,6 +76,25 @@ Status Engine::step() {
   return st;
 }
 
+void Engine::plan_device_sampling(StepBatch& batch) const {
+  if (!device_sampling_) return;
+  batch.specs.assign(batch.items.size(), {});
+  for (size_t i = 0; i < batch.items.size(); ++i) {
+    const Sequence& s = *batch.seqs[i];
+    forward::BatchItem& item = batch.items[i];
+    // Rows the host needs: every row (prompt logprobs, verification) or the sampled row's
+    // logprobs. A prefill chunk samples only when it completes the prompt.
+    if (item.all_logits || s.req.logprobs >= 0 || !s.verify_tokens.empty()) continue;
+    if (batch.plan[i].prefill &&
+        (s.prompt_done + batch.plan[i].n_tokens < s.prompt_len() || s.req.max_tokens == 0))
+      continue;
+    // The token will sit at the state's length after this item (Engine::sample_next).
+    batch.specs[i] = sample_spec(s.req.sampling, s.state->length() + int64_t(item.tokens.size()));
+    item.sample = &batch.specs[i];
+    --batch.rows;
+  }
+}
+
 void Engine::apply_results(const StepBatch& batch, const Status& st,
                            const std::vector<float>& logits) {
   ++stats_.steps;
@@ -84,7 +104,8 @@ void Engine::apply_results(const StepBatch& batch, const Status& st,
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     Sequence& s = *batch.seqs[i];
     s.in_flight = false;
-    const size_t n_rows = batch.items[i].all_logits ? batch.items[i].tokens.size() : 1;
+    const forward::BatchItem& bi = batch.items[i];
+    const size_t n_rows = bi.all_logits ? bi.tokens.size() : bi.sample ? 0 : 1;
     if (!st.ok()) {
       if (!s.done) finish(s, FinishReason::kError, st.message());
       continue;
@@ -93,7 +114,7 @@ void Engine::apply_results(const StepBatch& batch, const Status& st,
     if (!s.done) {
       auto mine = std::span<const float>(logits).subspan(offset * size_t(vocab_),
                                                           n_rows * size_t(vocab_));
-      if (Status ps = process_item(s, batch.plan[i], mine); !ps.ok())
+      if (Status ps = process_item(s, batch.plan[i], bi, mine); !ps.ok())
         finish(s, FinishReason::kError, ps.message());
     }
     offset += n_rows;
@@ -101,11 +122,13 @@ void Engine::apply_results(const StepBatch& batch, const Status& st,
   drop_finished();
 }
 
-Status Engine::process_item(Sequence& seq, const PlannedItem& item,
+Status Engine::process_item(Sequence& seq, const PlannedItem& item, const forward::BatchItem& bi,
                             std::span<const float> logits) {
   const size_t V = size_t(vocab_);
-  auto row = [&](size_t r) { return logits.subspan(r * V, V); };
-  if (!item.prefill) return seq.verify_tokens.empty() ? sample_next(seq, row(0)) : verify_block(seq, logits);
+  // A device-sampled item has no row (bi.sample; sample_next takes bi.sampled).
+  auto row = [&](size_t r) { return bi.sample ? logits.first(0) : logits.subspan(r * V, V); };
+  if (!item.prefill)
+    return seq.verify_tokens.empty() ? sample_next(seq, row(0), bi) : verify_block(seq, logits);
 
   const int64_t start = seq.prompt_done;
   const int64_t P = seq.prompt_len();
@@ -132,14 +155,21 @@ Status Engine::process_item(Sequence& seq, const PlannedItem& item,
     return {};
   }
   const size_t last = seq.req.prompt_logprobs >= 0 ? size_t(item.n_tokens - 1) : 0;
-  return sample_next(seq, row(last));
+  return sample_next(seq, row(last), bi);
 }
 
-Status Engine::sample_next(Sequence& seq, std::span<const float> row) {
+Status Engine::sample_next(Sequence& seq, std::span<const float> row, const forward::BatchItem& bi) {
   // The sampled token will sit at this position; it keys the seeded draw, so chunking and batch
   // composition cannot change the result.
   const int64_t position = seq.state->length();
-  FS_ASSIGN_OR_RETURN(int32_t token, sample_token(row, seq.req.sampling, position));
+  int32_t token = bi.sampled;
+  if (!bi.sample) {
+    FS_ASSIGN_OR_RETURN(token, sample_token(row, seq.req.sampling, position));
+  } else if (token < 0 || token >= vocab_) {
+    return token == -1 ? invalid_argument("sampling: no finite logit in a row of {} values (sampled on "
+                                          "the device)", vocab_)
+                       : internal_error("engine: the model sampled token {} outside [0, {})", token, vocab_);
+  }
   bool finished = false;
   return emit_token(seq, token, row, position, finished);
 }

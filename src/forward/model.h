@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "ops/sample.h"
 
 namespace flashseek::forward {
 
@@ -34,6 +35,12 @@ struct BatchItem {
   SequenceState* state = nullptr;     // advanced by tokens.size()
   std::span<const int32_t> tokens;    // [T] new token ids at positions state->length() ...
   bool all_logits = false;            // true: logits for every token; false: only the last one
+  // Sampling on the model's device (samples_on_device()): with `sample` set (never together with
+  // all_logits) the backend draws the token after the item's last row by the rule of
+  // ops/sample.h, writes it to `sampled` (-1: the row had no finite logit) and appends no
+  // logits row for the item.
+  const ops::SampleSpec* sample = nullptr;
+  int32_t sampled = -1;
 };
 
 // One DSpark proposal (v41 §5.4): block_size draft tokens, their Markov-corrected logits and
@@ -53,8 +60,11 @@ class Model {
   virtual std::unique_ptr<SequenceState> new_sequence() const = 0;
   // Runs the tokens of every item (a ragged batch: prefill chunks and decode steps mixed) and
   // appends fp32 logits rows [rows, vocab] to `logits`, items in order, rows per item = T if
-  // all_logits else 1. Results for an item do not depend on the other items (batch invariance).
+  // all_logits else 1 (0 for an item sampled on the device). Results for an item do not depend
+  // on the other items (batch invariance).
   virtual Status forward(std::span<BatchItem> batch, std::vector<float>& logits) = 0;
+  // True when forward() honours BatchItem::sample (the last row never leaves the device).
+  virtual bool samples_on_device() const { return false; }
   // Discards the last state.length() − new_length tokens (rejected speculative drafts) so that the
   // state equals one that never saw them. Backends may bound how far back this reaches.
   virtual Status rollback(SequenceState& state, int64_t new_length) const {
