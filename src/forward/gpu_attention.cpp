@@ -30,19 +30,19 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("kv", T * Dh));
   // Query: RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE).
   FS_RETURN_IF_ERROR(linear(a, d(A.wq_a), T, D, Rq, qlat, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(qlat, d(A.q_norm), qlat, T, Rq, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(qlat, d(A.q_norm), qlat, T, Rq, eps, R, stream_));
   FS_RETURN_IF_ERROR(linear(qlat, d(A.wq_b), T, Rq, H * Dh, q, act_block_, R));
   if (!v41) {
-    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_rms_norm_bf16_heads(q, T * H, Dh, eps, 0));
-    else FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(q, nullptr, q, T * H, Dh, eps, false, 0));
+    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_rms_norm_bf16_heads(q, T * H, Dh, eps, stream_));
+    else FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(q, nullptr, q, T * H, Dh, eps, false, stream_));
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(q, ctx.d_pos, inv_freq, T, H, Dh, Dr, false, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(q, ctx.d_pos, inv_freq, T, H, Dh, Dr, false, R, stream_));
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation.
   FS_RETURN_IF_ERROR(linear(a, d(A.wkv), T, D, Dh, kv, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, inv_freq, T, 1, Dh, Dr, false, R, 0));
-  if (R && v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, 0));
-  if (R && !v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh - Dr, 64, cd::QuantSim::kFp8, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, inv_freq, T, 1, Dh, Dr, false, R, stream_));
+  if (R && v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, stream_));
+  if (R && !v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh - Dr, 64, cd::QuantSim::kFp8, stream_));
   if (A.has_compressor) FS_RETURN_IF_ERROR(compress(l, ctx, a));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
 
@@ -68,25 +68,25 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
     }
     if (!p.ckv) p.ckv = kv;  // nothing compressed yet: never read (every count is 0)
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
 
   // Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference), wo_b.
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, T, H, Dh, Dr, true, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, T, H, Dh, Dr, true, R, stream_));
   const int64_t G = shard_.groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
   FS_ASSIGN_OR_RETURN(float* z, scratch<float>("attn_z", T * G * Ro));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, 0));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
   for (int64_t g = 0; g < G; ++g) {
     cd::LinearArgs la;
     la.x = o + g * in_g, la.x_stride = H * Dh, la.w = d(A.wo_a) + g * Ro * in_g;
     la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = T, la.in = in_g, la.out = Ro, la.bf16_out = R;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
   // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R && !shard_.split()));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   // Only now publish this chunk's window rows (the queries above read older ones from the ring).
   FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(LS.ring.get(), kv, ctx.d_pos, std::max<int64_t>(0, T - ctx.st->ring_size),
-                                                T, ctx.st->ring_size, Dh, 0));
+                                                T, ctx.st->ring_size, Dh, stream_));
   return {};
 }
 
@@ -130,21 +130,21 @@ Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const st
     FS_RETURN_IF_ERROR(dst.reserve(size_t((n_dst + n) * c), true));
     FS_ASSIGN_OR_RETURN(const float** tv, scratch<const float*>(tag + "_tab", 2 * n * n_slots));
     tab_v.insert(tab_v.end(), tab_z.begin(), tab_z.end());
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tv, tab_v.data(), tab_v.size() * sizeof(void*), cudaMemcpyHostToDevice));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst.get() + n_dst * c, 0));
+    FS_RETURN_IF_ERROR(upload(tv, tab_v.data(), tab_v.size() * sizeof(void*)));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst.get() + n_dst * c, stream_));
   }
   // State update, stream-ordered after the pool kernel: previous window first (its rows may sit in
   // the pending buffer), then the open group's rows.
   const size_t row_bytes = size_t(width) * 4;
   if (new_prev)
     for (int64_t s = 0; s < ratio; ++s) {
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, 0));
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, 0));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
     }
   for (size_t i = 0; i < cur_v.size(); ++i) {
     if (cur_v[i] == cs.v.get() + i * width) continue;  // an old pending row already in place
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, 0));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   cs.n_pend = int64_t(cur_v.size());
   cs.has_prev = cs.has_prev || new_prev;
@@ -171,14 +171,14 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
     FS_RETURN_IF_ERROR(linear(a, d(cw.wkv), T, D, width, v, 0, R && v41 && ratio == 1));
     if (!d(cw.wgate)) return {};
     FS_RETURN_IF_ERROR(linear(a, d(cw.wgate), T, D, width, z, 0, false));
-    if (d(cw.ape)) FS_CUDA_RETURN_IF_ERROR(cd::launch_add_ape(z, d(cw.ape), ctx.d_pos, T, width, ratio, 0));
+    if (d(cw.ape)) FS_CUDA_RETURN_IF_ERROR(cd::launch_add_ape(z, d(cw.ape), ctx.d_pos, T, width, ratio, stream_));
     return {};
   };
   auto upload_pos = [&](const std::vector<int64_t>& groups, const std::string& tag) -> Result<int64_t*> {
     std::vector<int64_t> gp(groups.size());
     for (size_t i = 0; i < groups.size(); ++i) gp[i] = groups[i] * ratio;  // RoPE at the group's first token
     FS_ASSIGN_OR_RETURN(int64_t* p, scratch<int64_t>(tag, int64_t(gp.size())));
-    if (!gp.empty()) FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(p, gp.data(), gp.size() * 8, cudaMemcpyHostToDevice));
+    if (!gp.empty()) FS_RETURN_IF_ERROR(upload(p, gp.data(), gp.size() * 8));
     return p;
   };
   float *v = nullptr, *z = nullptr;
@@ -188,7 +188,7 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   if (v41 && ratio == 1) {
     groups = ctx.pos;
     FS_RETURN_IF_ERROR(LS.ckv.reserve(size_t((LS.n_ckv + T) * Dh), true));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(LS.ckv.get() + LS.n_ckv * Dh, v, size_t(T * Dh) * 4, cudaMemcpyDeviceToDevice, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(LS.ckv.get() + LS.n_ckv * Dh, v, size_t(T * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   } else {
     FS_RETURN_IF_ERROR(pool(LS.comp, v, z, ctx.pos, ratio, Dh, overlap, LS.ckv, LS.n_ckv, groups, "cmp"));
   }
@@ -196,20 +196,20 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   if (n > 0) {
     float* e = LS.ckv.get() + LS.n_ckv * Dh;  // the new entries, processed in place
     FS_ASSIGN_OR_RETURN(int64_t* gpos, upload_pos(groups, "cmp_gpos"));
-    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh, 1, cd::QuantSim::kBf16, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(e, d(A.compressor.norm), e, n, Dh, eps, R, 0));
+    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh, 1, cd::QuantSim::kBf16, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(e, d(A.compressor.norm), e, n, Dh, eps, R, stream_));
     if (v41 && d(A.idx_wk)) {  // index keys from the pre-RoPE latent: k_norm(wk(latent)), RoPE, FP4
       FS_RETURN_IF_ERROR(LS.ikeys.reserve(size_t((LS.n_ikeys + n) * dI), true));
       float* k = LS.ikeys.get() + LS.n_ikeys * dI;
       FS_RETURN_IF_ERROR(linear(e, d(A.idx_wk), n, Dh, dI, k, 0, R, R));
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(k, d(A.idx_k_norm), k, n, dI, eps, R, 0));
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(k, gpos, inv_freq, n, 1, dI, Dr, false, R, 0));
-      if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, n, dI, dI, 32, cd::QuantSim::kFp4E8m0, 0));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(k, d(A.idx_k_norm), k, n, dI, eps, R, stream_));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(k, gpos, inv_freq, n, 1, dI, Dr, false, R, stream_));
+      if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, n, dI, dI, 32, cd::QuantSim::kFp4E8m0, stream_));
       LS.n_ikeys += n;
     }
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(e, gpos, inv_freq, n, 1, Dh, Dr, false, R, 0));
-    if (R && v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh, 16, cd::QuantSim::kFp4E4m3, 0));
-    if (R && !v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh - Dr, 64, cd::QuantSim::kFp8, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(e, gpos, inv_freq, n, 1, Dh, Dr, false, R, stream_));
+    if (R && v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh, 16, cd::QuantSim::kFp4E4m3, stream_));
+    if (R && !v41) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(e, n, Dh, Dh - Dr, 64, cd::QuantSim::kFp8, stream_));
     LS.n_ckv += n;
   }
   if (!A.has_idx_compressor) return {};
@@ -223,13 +223,13 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   if (ni == 0) return {};
   float* k = LS.ikeys.get() + LS.n_ikeys * dI;
   FS_ASSIGN_OR_RETURN(int64_t* ipos, upload_pos(igroups, "icmp_gpos"));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 1, cd::QuantSim::kBf16, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(k, d(A.idx_compressor.norm), k, ni, dI, eps, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(k, ipos, inv_freq, ni, 1, dI, Dr, false, R, 0));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 1, cd::QuantSim::kBf16, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(k, d(A.idx_compressor.norm), k, ni, dI, eps, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(k, ipos, inv_freq, ni, 1, dI, Dr, false, R, stream_));
   if (R) {
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(k, ni, dI, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 1, cd::QuantSim::kBf16, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 32, cd::QuantSim::kFp4E8m0, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(k, ni, dI, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 1, cd::QuantSim::kBf16, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(k, ni, dI, dI, 32, cd::QuantSim::kFp4E8m0, stream_));
   }
   LS.n_ikeys += ni;
   return {};
@@ -245,16 +245,16 @@ Status GpuModel::index_select(int l, GpuChunk& ctx, const float* a, const float*
   FS_ASSIGN_OR_RETURN(float* iq, scratch<float>("idx_q", T * nI * dI));
   FS_ASSIGN_OR_RETURN(float* wts, scratch<float>("idx_w", T * nI));
   FS_RETURN_IF_ERROR(linear(qlat, d(A.idx_wq_b), T, Rq, nI * dI, iq, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(iq, ctx.d_pos, d(A.rope_inv_freq), T, nI, dI, Dr, false, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(iq, ctx.d_pos, d(A.rope_inv_freq), T, nI, dI, Dr, false, R, stream_));
   if (R) {
     if (!v41) {
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(iq, T * nI, dI, 0));
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(iq, T * nI, dI, dI, 1, cd::QuantSim::kBf16, 0));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(iq, T * nI, dI, stream_));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(iq, T * nI, dI, dI, 1, cd::QuantSim::kBf16, stream_));
     }
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(iq, T * nI, dI, dI, 32, cd::QuantSim::kFp4E8m0, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(iq, T * nI, dI, dI, 32, cd::QuantSim::kFp4E8m0, stream_));
   }
   FS_RETURN_IF_ERROR(linear(a, d(A.idx_weights_proj), T, D, nI, wts, 0, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_scale(wts, T * nI, 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI)), R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_scale(wts, T * nI, 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI)), R, stream_));
 
   // Scores over the keys of this layer's own kv source (v41 §9.x); rows strided by start + T.
   const int64_t stride = ctx.start + T;
@@ -266,13 +266,13 @@ Status GpuModel::index_select(int l, GpuChunk& ctx, const float* a, const float*
   cd::IndexScoreArgs s;
   s.q = iq, s.w = wts, s.keys = ctx.st->layers[size_t(role.kv_src)].ikeys.get(), s.scores = sc;
   s.T = T, s.nI = nI, s.dI = dI, s.start = ctx.start, s.ratio = role.ratio, s.stride = stride, s.bf16 = R;
-  if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, 0));
+  if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
   cd::IndexTopkArgs t;
   t.scores = sc, t.cand = ctx.cand, t.block_scratch = bs, t.taken = taken, t.out = out, t.out_n = out_n;
   t.T = T, t.start = ctx.start, t.ratio = role.ratio, t.stride = stride, t.k = K;
   t.cand_block = c.candidate_block_size, t.cand_top = c.candidate_topk_blocks;
   t.mode = role.candidate_source ? 1 : role.candidate_filtered ? 2 : 0;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, stream_));
   ctx.topk[size_t(l)] = out;
   ctx.topk_n[size_t(l)] = out_n;
   return {};

@@ -67,8 +67,8 @@ Status GpuModel::append_tap(int layer, GpuChunk& ctx, const float* X, float* tap
   const int64_t k = it - ids.begin(), T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
   FS_ASSIGN_OR_RETURN(float* w, scratch<float>("dspark_tap_w", T * hc));
   const std::vector<float> mean(size_t(T * hc), 1.0f / float(hc));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(w, mean.data(), mean.size() * 4, cudaMemcpyHostToDevice));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, w, taps + k * T * D, T, hc, D, ref(), 0));
+  FS_RETURN_IF_ERROR(upload(w, mean.data(), mean.size() * 4));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, w, taps + k * T * D, T, hc, D, ref(), stream_));
   return {};
 }
 
@@ -88,17 +88,17 @@ Status GpuModel::write_draft_rings(GpuChunk& ctx, const float* taps) {
   // [n_taps, T, D] → [T, n_taps·D]
   for (int64_t k = 0; k < nt; ++k)
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(tin + k * D, size_t(nt * D) * 4, taps + k * T * D, size_t(D) * 4,
-                                              size_t(D) * 4, size_t(T), cudaMemcpyDeviceToDevice, 0));
+                                              size_t(D) * 4, size_t(T), cudaMemcpyDeviceToDevice, stream_));
   FS_RETURN_IF_ERROR(linear(tin, d(W.main_proj), T, nt * D, D, cx, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(cx, d(W.main_norm), cx, T, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(cx, d(W.main_norm), cx, T, D, eps, R, stream_));
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
     FS_RETURN_IF_ERROR(linear(cx, d(A.wkv), T, D, Dh, kv, act_block_, R));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, d(A.rope_inv_freq), T, 1, Dh, c.rope_head_dim, false, R, 0));
-    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, d(A.rope_inv_freq), T, 1, Dh, c.rope_head_dim, false, R, stream_));
+    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, stream_));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st.draft_rings[s].get(), kv, ctx.d_pos,
-                                                  std::max<int64_t>(0, T - st.ring_size), T, st.ring_size, Dh, 0));
+                                                  std::max<int64_t>(0, T - st.ring_size), T, st.ring_size, Dh, stream_));
   }
   return {};
 }
@@ -119,13 +119,13 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   FS_ASSIGN_OR_RETURN(float* q, scratch<float>("dr_q", B * H * Dh));
   FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("dr_kv", B * Dh));
   FS_RETURN_IF_ERROR(linear(a, d(A.wq_a), B, D, Rq, qlat, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(qlat, d(A.q_norm), qlat, B, Rq, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(qlat, d(A.q_norm), qlat, B, Rq, eps, R, stream_));
   FS_RETURN_IF_ERROR(linear(qlat, d(A.wq_b), B, Rq, H * Dh, q, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(q, ctx.d_pos, inv_freq, B, H, Dh, Dr, false, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(q, ctx.d_pos, inv_freq, B, H, Dh, Dr, false, R, stream_));
   FS_RETURN_IF_ERROR(linear(a, d(A.wkv), B, D, Dh, kv, act_block_, R));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, B, Dh, eps, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, inv_freq, B, 1, Dh, Dr, false, R, 0));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, B, Dh, Dh, 32, cd::QuantSim::kFp8, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, B, Dh, eps, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, inv_freq, B, 1, Dh, Dr, false, R, stream_));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, B, Dh, Dh, 32, cd::QuantSim::kFp8, stream_));
 
   const int64_t nw = std::min(last + 1, c.window), first = last - nw + 1, n = nw + B;
   const float* rg = ctx.st->draft_rings[size_t(stage)].get();
@@ -134,19 +134,19 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_sel", B * n));
   FS_ASSIGN_OR_RETURN(int32_t* sel_n, scratch<int32_t>("dr_sel_n", B));
   for (int64_t j = 0; j < B; ++j)
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   for (int64_t p = first + 1; p <= last;) {  // at most two contiguous runs of the ring
     const int64_t slot = p % ring, cnt = std::min(last + 1 - p, ring - slot);
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (p - first - 1) * Dh, rg + slot * Dh, size_t(cnt * Dh) * 4,
-                                            cudaMemcpyDeviceToDevice, 0));
+                                            cudaMemcpyDeviceToDevice, stream_));
     p += cnt;
   }
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (nw - 1) * Dh, kv, size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, 0));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (nw - 1) * Dh, kv, size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   std::vector<int32_t> hsel(size_t(B * (n - 1))), hn(size_t(B), int32_t(n - 1));
   for (int64_t j = 0; j < B; ++j)
     for (int64_t i = 0; i < n - 1; ++i) hsel[size_t(j * (n - 1) + i)] = int32_t(i);
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(sel, hsel.data(), hsel.size() * 4, cudaMemcpyHostToDevice));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(sel_n, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(sel, hsel.data(), hsel.size() * 4));
+  FS_RETURN_IF_ERROR(upload(sel_n, hn.data(), hn.size() * 4));
 
   FS_ASSIGN_OR_RETURN(float* o, scratch<float>("dr_o", B * H * Dh));
   cd::ModelAttnArgs p;
@@ -155,18 +155,18 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   p.T = B, p.H = H, p.Dh = Dh, p.window = 1, p.ring_size = B, p.start = ctx.start, p.max_keys = n;
   p.scale = 1.0f / std::sqrt(float(Dh));
   p.bf16 = R;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
 
   // Inverse RoPE, grouped wo_a (BF16 GEMM in the reference), wo_b (gpu_attention.cpp).
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, B, H, Dh, Dr, true, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, B, H, Dh, Dr, true, R, stream_));
   const int64_t G = c.o_groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
   FS_ASSIGN_OR_RETURN(float* z, scratch<float>("dr_z", B * G * Ro));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, B, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, 0));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, B, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
   for (int64_t g = 0; g < G; ++g) {
     cd::LinearArgs la;
     la.x = o + g * in_g, la.x_stride = H * Dh, la.w = d(A.wo_a) + g * Ro * in_g;
     la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = B, la.in = in_g, la.out = Ro, la.bf16_out = R;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
   return linear(z, d(A.wo_b), B, G * Ro, D, out, act_block_, R);
 }
@@ -192,7 +192,7 @@ Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out)
   r.norm_topk = c.norm_topk_prob;
   r.renorm_eps = c.is_v41();
   r.sel = sel, r.weight = wt;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
   FS_ASSIGN_OR_RETURN(float* g, scratch<float>("dr_moe_g", TK * I));
   FS_ASSIGN_OR_RETURN(float* u, scratch<float>("dr_moe_u", TK * I));
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("dr_moe_h", TK * I));
@@ -200,14 +200,14 @@ Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out)
                     const float* weights, int64_t act, float* y) -> Status {
     FS_RETURN_IF_ERROR(linear(m, w1, rows, D, I, g, act, R, false, sl, div));
     FS_RETURN_IF_ERROR(linear(m, w3, rows, D, I, u, act, R, false, sl, div));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, weights, rows, I, float(c.swiglu_limit), R, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, weights, rows, I, float(c.swiglu_limit), R, stream_));
     return linear(h, w2, rows, I, D, y, act, R, false, sl, 1);
   };
   FS_ASSIGN_OR_RETURN(float* ybuf, scratch<float>("dr_moe_y", TK * D));
   FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("dr_moe_ys", T * D));
   FS_RETURN_IF_ERROR(expert(TK, dw1_[s].get(), dw3_[s].get(), dw2_[s].get(), sel, K, wt, expert_act_block_, ybuf));
   FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R, stream_));
   return {};
 }
 
@@ -230,20 +230,20 @@ Status GpuModel::draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in) 
     m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
     m.norm_eps = eps, m.hc_eps = float(c.hc_eps), m.sinkhorn_iters = c.hc_sinkhorn_iters;
     m.pre = pre, m.post = post, m.comb = comb;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, stream_));
     return {};
   };
   FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_in, u, T, hc, D, R, 0));  // V4.1 chaining
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_in, u, T, hc, D, R, stream_));  // V4.1 chaining
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(draft_attention(stage, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
   FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_a, u, T, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_a, u, T, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(draft_moe(stage, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
   return {};
 }
 
@@ -277,27 +277,29 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   for (int64_t j = 0; j < B; ++j) ctx.pos.push_back(st.len + j);
   FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("dr_tokens", B));
   FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("dr_pos", B));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tok, ids.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos, ctx.pos.data(), size_t(B) * 8, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(d_tok, ids.data(), size_t(B) * 4));
+  FS_RETURN_IF_ERROR(upload(d_pos, ctx.pos.data(), size_t(B) * 8));
   ctx.d_tokens = d_tok;
   ctx.d_pos = d_pos;
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("dr_X", B * hc * D));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, B, hc, D, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, B, hc, D, stream_));
   std::vector<float> pre_h(size_t(B * hc), 0.0f);
   for (int64_t j = 0; j < B; ++j) pre_h[size_t(j * hc)] = 1.0f;
   FS_ASSIGN_OR_RETURN(float* pre, scratch<float>("dr_pre_in", B * hc));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pre, pre_h.data(), pre_h.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(pre, pre_h.data(), pre_h.size() * 4));
   for (int s = 0; s < int(W.stages.size()); ++s) FS_RETURN_IF_ERROR(draft_block(s, ctx, X, pre));
   FS_ASSIGN_OR_RETURN(float* hf, scratch<float>("dr_hf", B * D));
   FS_ASSIGN_OR_RETURN(float* y, scratch<float>("dr_y", B * D));
   FS_ASSIGN_OR_RETURN(float* U, scratch<float>("dr_U", B * V));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre, hf, B, hc, D, ref(), 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(hf, d(W.norm), y, B, D, float(c.rms_norm_eps), ref(), 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre, hf, B, hc, D, ref(), stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(hf, d(W.norm), y, B, D, float(c.rms_norm_eps), ref(), stream_));
   FS_RETURN_IF_ERROR(linear(y, d(w_.head), B, D, V, U, 0, false));
   std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hU.data(), U, hU.size() * 4, cudaMemcpyDeviceToHost));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hU.data(), U, hU.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  FS_RETURN_IF_ERROR(staging_.rewind());  // the uploads above have completed
 
   // Sequential Markov correction: ℓ_i = U_{i−1} + Hm · E[y_{i−1}] (the GEMV on the device, the
   // same dot order as ops::linear; the chooser needs the row on the host anyway); confidence on
@@ -311,7 +313,8 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
     const float* e = W.markov_embed.data() + int64_t(prev) * r;
     float* l = out.logits.data() + (i - 1) * V;
     FS_RETURN_IF_ERROR(linear(markov_embed_.get() + int64_t(prev) * r, markov_head_.get(), 1, r, V, ml, 0, false));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (int64_t v = 0; v < V; ++v) l[v] += hU[size_t((i - 1) * V + v)];
     std::copy_n(hhf.data() + (i - 1) * D, D, cin.data());
     std::copy_n(e, r, cin.data() + D);

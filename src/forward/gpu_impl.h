@@ -3,6 +3,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,7 +27,23 @@ class Communicator;
 
 namespace flashseek::forward::gpu {
 
-// Owning device array that grows (never shrinks); `keep` preserves the old contents.
+// While a forward is being captured into a CUDA graph on this thread (gpu_graph.cpp), buffers
+// may not grow (cudaMalloc/cudaFree and legacy-stream copies would break the capture): a growth
+// is deferred instead (the capture is then discarded, the deferred growths run, and the step is
+// captured again). Thread-local: each tensor-parallel rank captures on its own thread.
+struct CaptureGuard {
+  bool active = false;
+  std::vector<std::function<Status()>> deferred;
+};
+inline CaptureGuard& capture_guard() {
+  thread_local CaptureGuard g;
+  return g;
+}
+
+// Owning device array that grows (never shrinks); `keep` preserves the old contents. Growth is at
+// least geometric (×2) when `keep` or `geometric` is set, so that arrays growing step by step
+// reallocate rarely. Allocation and the keep copy use the legacy stream, which orders with the
+// model's blocking stream (GpuModel::stream_).
 template <typename T>
 class DevArray {
  public:
@@ -40,9 +59,13 @@ class DevArray {
   ~DevArray() {
     if (p_) cudaFree(p_);
   }
-  Status reserve(size_t n, bool keep) {
+  Status reserve(size_t n, bool keep, bool geometric = false) {
     if (n <= cap_) return {};
-    const size_t nc = keep ? std::max(n, cap_ * 2) : n;
+    if (CaptureGuard& g = capture_guard(); g.active) {  // no allocation under capture: later
+      g.deferred.push_back([this, n, keep, geometric] { return reserve(n, keep, geometric); });
+      return {};
+    }
+    const size_t nc = keep || geometric ? std::max(n, cap_ * 2) : n;
     T* np = nullptr;
     FS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&np), nc * sizeof(T)));
     if (keep && p_) FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(np, p_, cap_ * sizeof(T), cudaMemcpyDeviceToDevice));
@@ -72,6 +95,65 @@ class DevArray {
  private:
   T* p_ = nullptr;
   size_t cap_ = 0;
+};
+
+// Pinned host staging for the host → device data of a forward (tokens, positions, pool pointer
+// tables, Engram rows, ...) and the device → host logits: bump-allocated per forward, rewound once
+// the forward has synchronised. Grows by whole chunks (never moving a live one); rewind merges
+// them into one. Under graph capture a full arena defers its growth (CaptureGuard) and alloc fails.
+class PinnedArena {
+ public:
+  PinnedArena() = default;
+  PinnedArena(const PinnedArena&) = delete;
+  PinnedArena& operator=(const PinnedArena&) = delete;
+  ~PinnedArena() { release(); }
+  // `bytes` of pinned host memory (64-byte aligned), valid until rewind().
+  Result<void*> alloc(size_t bytes) {
+    bytes = (bytes + 63) & ~size_t(63);
+    if (!chunks_.empty() && used_ + bytes <= chunks_.back().cap) {
+      void* p = chunks_.back().p + used_;
+      used_ += bytes;
+      return p;
+    }
+    const size_t want = std::max({bytes, total_ * 2, size_t(1) << 20});
+    if (CaptureGuard& g = capture_guard(); g.active) {
+      g.deferred.push_back([this, want] { return add_chunk(want); });
+      return Status(StatusCode::kResourceExhausted, "pinned staging full under graph capture");
+    }
+    FS_RETURN_IF_ERROR(add_chunk(want));
+    used_ = bytes;
+    return static_cast<void*>(chunks_.back().p);
+  }
+  // Every copy from or to the arena has completed: start over (one chunk of the total size).
+  Status rewind() {
+    used_ = 0;
+    if (chunks_.size() <= 1) return {};
+    const size_t total = total_;
+    release();
+    return add_chunk(total);
+  }
+
+ private:
+  struct Chunk {
+    char* p;
+    size_t cap;
+  };
+  Status add_chunk(size_t cap) {
+    void* p = nullptr;
+    FS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, cap));
+    chunks_.push_back({static_cast<char*>(p), cap});
+    total_ += cap;
+    used_ = 0;
+    return {};
+  }
+  void release() {
+    for (const Chunk& c : chunks_) cudaFreeHost(c.p);
+    chunks_.clear();
+    total_ = 0;
+    used_ = 0;
+  }
+  std::vector<Chunk> chunks_;
+  size_t used_ = 0, total_ = 0;  // bytes used in the last chunk; capacity of all chunks
 };
 
 // A compressor's open group on the device: pending rows [ratio, width] and (V4 ratio 4) the
@@ -150,9 +232,34 @@ class GpuModel final : public Model {
   // (routed experts: one per expert) are kept native.
   int64_t weight_bytes() const;
   int64_t native_matrices() const { return n_native_; }
+  ~GpuModel() override;
+  // CUDA graph counters since load (gpu_graph.cpp).
+  const GpuGraphStats& graph_stats() const { return gstats_; }
+  bool graphs_enabled() const { return graphs_; }
 
  private:
   GpuModel() = default;
+  // The items one after the other on stream_ (eager or under capture); logits are queued for
+  // download (finish_forward copies them out).
+  Status run_items(std::span<BatchItem> batch, std::vector<float>& logits);
+  // Decode-sized forward through a CUDA graph; `ran` false: nothing ran (run it eagerly).
+  Status forward_graph(std::span<BatchItem> batch, std::vector<float>& logits, bool& ran);
+  // Applies the recorded graph `g` (owned from here on) to the executable of `key` and launches it.
+  Status launch_graph(const std::vector<int64_t>& key, cudaGraph_t g);
+  // Waits for stream_, copies the queued logits into `logits`, rewinds the staging arena.
+  Status finish_forward(std::vector<float>& logits);
+  // Host → device through the pinned staging arena, ordered on stream_ (never a synchronous copy).
+  Status upload(void* dst, const void* src, size_t bytes);
+  // A pinned staging buffer the host fills before upload_staged (e.g. Engram rows).
+  template <typename T>
+  Result<T*> staging(int64_t n) {
+    FS_ASSIGN_OR_RETURN(void* p, staging_.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T)));
+    return static_cast<T*>(p);
+  }
+  Status upload_staged(void* dst, const void* staged, size_t bytes);
+  // Queues the device → host copy of n logits [at the end of `logits`] (the spot where a device
+  // sampler would consume them instead).
+  Status download_logits(const float* d_logits, int64_t n, std::vector<float>& logits);
   bool ref() const { return numerics_ == Numerics::kReference; }
   Status upload_weights();
   Status up(Vec& v);
@@ -223,6 +330,30 @@ class GpuModel final : public Model {
   ops::cuda::Communicator* comm_ = nullptr;
   int device_ = 0;
   int64_t act_block_ = 0, expert_act_block_ = 0;
+  // Every op of this model runs on stream_ (a blocking stream: it orders with the legacy-stream
+  // copies of DevArray growth and GpuSequenceState::clone).
+  cudaStream_t stream_ = nullptr;
+  PinnedArena staging_;
+  struct PendingCopy {
+    size_t off;          // into the caller's logits
+    const float* src;    // pinned staging
+    size_t n;
+  };
+  std::vector<PendingCopy> pending_logits_;
+  // CUDA graphs: executables keyed by the items' (T, all_logits) and the graph's node count and
+  // shape.
+  struct GraphExec {
+    std::vector<int64_t> key;
+    size_t nodes = 0;
+    uint64_t shape = 0;  // node types and kernel functions in order (gpu_graph.cpp graph_shape)
+    cudaGraphExec_t exec = nullptr;
+    cudaGraph_t graph = nullptr;  // the graph last applied (keeps its user objects, e.g. NCCL's, alive)
+    uint64_t used = 0;
+  };
+  bool graphs_ = false;  // FLASHSEEK_GPU_GRAPHS=1 (gpu_model.h)
+  std::vector<GraphExec> execs_;
+  uint64_t exec_clock_ = 0;
+  GpuGraphStats gstats_;
 };
 
 }  // namespace flashseek::forward::gpu

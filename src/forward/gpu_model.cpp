@@ -28,9 +28,11 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "forward/gpu_impl.h"
 #include "model/weights.h"
+#include "ops/cuda/comm.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/model_kernels.h"
@@ -158,6 +160,13 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_));
   m->numerics_ = numerics;
   m->device_ = device;
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
+  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS"); e && *e) {
+    const std::string v(e);
+    if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPHS={}: expected 0 or 1", v);
+    m->graphs_ = v == "1";
+  }
+  if (comm && comm->kind() != "nccl") m->graphs_ = false;  // host-staged collectives synchronise
   const auto& c = m->config();
   const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
   if (numerics == Numerics::kReference) {
@@ -344,7 +353,7 @@ Status GpuModel::upload_weights() {
 template <typename T>
 Result<T*> GpuModel::scratch(const std::string& name, int64_t n) {
   auto& a = scratch_[name];
-  FS_RETURN_IF_ERROR(a.reserve(std::max<size_t>(16, size_t(n) * sizeof(T)), false));
+  FS_RETURN_IF_ERROR(a.reserve(std::max<size_t>(16, size_t(n) * sizeof(T)), false, /*geometric=*/true));
   return reinterpret_cast<T*>(a.get());
 }
 template Result<float*> GpuModel::scratch<float>(const std::string&, int64_t);
@@ -363,15 +372,15 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
       return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
     const int64_t xr = (rows + x_row_div - 1) / x_row_div;
     FS_ASSIGN_OR_RETURN(float* xq, scratch<float>("linear_xq", xr * in));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xq, x, size_t(xr * in) * 4, cudaMemcpyDeviceToDevice, 0));
-    if (bf16_in) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, 1, cd::QuantSim::kBf16, 0));
-    if (act_block > 0) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, act_block, cd::QuantSim::kFp8, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xq, x, size_t(xr * in) * 4, cudaMemcpyDeviceToDevice, stream_));
+    if (bf16_in) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, 1, cd::QuantSim::kBf16, stream_));
+    if (act_block > 0) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, act_block, cd::QuantSim::kFp8, stream_));
     x = xq;
   }
   cd::LinearArgs a;
   a.x = x, a.w = w, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
   a.bf16_out = bf16_out;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
   return {};
 }
 
@@ -385,15 +394,15 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
                           nw.k, nw.act_block, out, in, act_block, sel ? ", selected rows" : "");
   if (bf16_in) {
     FS_ASSIGN_OR_RETURN(float* xb, scratch<float>("linear_xq", rows * in));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xb, rows, in, in, 1, cd::QuantSim::kBf16, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xb, rows, in, in, 1, cd::QuantSim::kBf16, stream_));
     x = xb;
   }
   ops::BlockLinearParams p;
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
-  FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, 0));
-  if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, 0));
+  FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
+  if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, stream_));
   return {};
 }
 
@@ -415,13 +424,74 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
 
 Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  for (auto& item : batch) {  // items one after the other: batch invariance by construction
+  const int64_t V = config().vocab_size;
+  bool small = graphs_ && !batch.empty();
+  for (auto& item : batch) {  // checks first: a capture never starts on bad input
     auto* st = dynamic_cast<GpuSequenceState*>(item.state);
     if (!st) return invalid_argument("forward: batch item has no GPU sequence state");
     if (!st->error.ok()) return st->error;
-    FS_RETURN_IF_ERROR(forward_one(*st, item.tokens, item.all_logits, logits));
+    if (item.tokens.empty()) return invalid_argument("forward: a batch item has no tokens");
+    for (int32_t t : item.tokens)
+      if (t < 0 || t >= V) return invalid_argument("forward: token id {} outside the vocabulary [0, {})", t, V);
+    small = small && int64_t(item.tokens.size()) <= kGpuGraphMaxTokens;
+  }
+  ++gstats_.forwards;
+  const size_t off0 = logits.size();
+  if (small) {
+    ++gstats_.eligible;
+    bool ran = false;
+    Status s = forward_graph(batch, logits, ran);
+    if (ran || !s.ok()) return s;
+    ++gstats_.eager_fallbacks;
+  }
+  Status s = run_items(batch, logits);
+  Status f = finish_forward(logits);  // always: waits for what was queued, rewinds the staging
+  if (!s.ok() || !f.ok()) {
+    logits.resize(off0);
+    return s.ok() ? f : s;
   }
   return {};
+}
+
+Status GpuModel::run_items(std::span<BatchItem> batch, std::vector<float>& logits) {
+  for (auto& item : batch)  // items one after the other: batch invariance by construction
+    FS_RETURN_IF_ERROR(forward_one(*static_cast<GpuSequenceState*>(item.state), item.tokens, item.all_logits, logits));
+  return {};
+}
+
+Status GpuModel::upload_staged(void* dst, const void* staged, size_t bytes) {
+  if (bytes) FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  return {};
+}
+
+Status GpuModel::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return {};
+  FS_ASSIGN_OR_RETURN(void* h, staging_.alloc(bytes));
+  std::memcpy(h, src, bytes);
+  return upload_staged(dst, h, bytes);
+}
+
+Status GpuModel::download_logits(const float* d_logits, int64_t n, std::vector<float>& logits) {
+  const size_t off = logits.size(), bytes = size_t(n) * 4;
+  logits.resize(off + size_t(n));
+  constexpr size_t kDirect = size_t(64) << 20;  // huge (prefill, all rows): straight into the vector
+  if (bytes > kDirect && !capture_guard().active) {
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + off, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
+    return {};  // pageable destination: the copy has completed when the call returns
+  }
+  FS_ASSIGN_OR_RETURN(float* h, staging<float>(n));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
+  pending_logits_.push_back({off, h, size_t(n)});
+  return {};
+}
+
+Status GpuModel::finish_forward(std::vector<float>& logits) {
+  Status s = ops::cuda::cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (s.ok())
+    for (const PendingCopy& p : pending_logits_) std::memcpy(logits.data() + p.off, p.src, p.n * 4);
+  pending_logits_.clear();
+  Status r = staging_.rewind();
+  return s.ok() ? r : s;
 }
 
 Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
@@ -442,8 +512,8 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   ctx.topk_n.assign(size_t(c.num_layers), nullptr);
   FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("tokens", T));
   FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("pos", T));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tok, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos, ctx.pos.data(), size_t(T) * 8, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(d_tok, tokens.data(), size_t(T) * 4));
+  FS_RETURN_IF_ERROR(upload(d_pos, ctx.pos.data(), size_t(T) * 8));
   ctx.d_tokens = d_tok;
   ctx.d_pos = d_pos;
   FS_ASSIGN_OR_RETURN(ctx.cand, scratch<uint8_t>("cand", T * (ctx.start + T)));
@@ -459,11 +529,11 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
     }
   }
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("X", T * hc * D));  // [T, hc, D]
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, T, hc, D, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, T, hc, D, stream_));
   std::vector<float> pre_h(size_t(T * hc), 0.0f);  // V4.1: one-hot for layer 0
   for (int64_t t = 0; t < T; ++t) pre_h[size_t(t * hc)] = 1.0f;
   FS_ASSIGN_OR_RETURN(float* pre_in, scratch<float>("pre_in", T * hc));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pre_in, pre_h.data(), pre_h.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(pre_in, pre_h.data(), pre_h.size() * 4));
   float* taps = nullptr;  // DSpark taps [n_taps, T, D] (v41 §5.2)
   if (has_draft()) {
     FS_ASSIGN_OR_RETURN(taps, scratch<float>("dspark_taps", int64_t(c.dspark_target_layer_ids.size()) * T * D));
@@ -484,18 +554,17 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
     cd::HcMixArgs a;
     a.x = Xr, a.fn = d(w_.hc_head_fn), a.base = d(w_.hc_head_base), a.scale = d(w_.hc_head_scale);
     a.rows = nr, a.hc = hc, a.dim = D, a.norm_eps = eps, a.hc_eps = float(c.hc_eps), a.head_only = true, a.pre = ph;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(a, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(a, stream_));
     pre = ph;
   }
   FS_ASSIGN_OR_RETURN(float* y, scratch<float>("final_y", nr * D));
   const int64_t Vr = shard_.vocab;  // this rank's vocabulary rows (all of them on one GPU)
   FS_ASSIGN_OR_RETURN(float* lg, scratch<float>("logits", nr * Vr));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, Vr, lg, 0, false));
-  const size_t off = logits.size();
-  logits.resize(off + size_t(nr * Vr));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(logits.data() + off, lg, size_t(nr * Vr) * 4, cudaMemcpyDeviceToHost));
+  // The logits leave the device here (a device-side sampler would take `lg` at this point).
+  FS_RETURN_IF_ERROR(download_logits(lg, nr * Vr, logits));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back: last N−1 ids (+ rollback reserve)
@@ -525,21 +594,21 @@ Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
     m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
     m.norm_eps = eps, m.hc_eps = float(c.hc_eps), m.sinkhorn_iters = c.hc_sinkhorn_iters;
     m.pre = pre, m.post = post, m.comb = comb;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, stream_));
     return {};
   };
   FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
   // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(attention(l, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
   FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(moe(l, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, 0));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
   return {};
 }
 
@@ -550,15 +619,17 @@ Status GpuModel::engram(int layer, GpuChunk& ctx, float* X) {
   int64_t li = 0;
   while (c.engram_layer_ids[size_t(li)] != layer) ++li;
   const int64_t* ids = ctx.engram_ids.data() + li * T * nc;
-  // Rows gathered on the host from the checkpoint (tables stay out of GPU memory), then uploaded.
-  std::vector<float> e(size_t(T * nc * de));
+  // Rows gathered on the host from the checkpoint (tables stay out of GPU memory) straight into
+  // pinned staging, then uploaded on the stream (under graph capture the gather runs at capture
+  // time and the graph's copy node reads the staged rows when it is launched).
+  FS_ASSIGN_OR_RETURN(float* e, staging<float>(T * nc * de));
   for (int64_t i = 0; i < T * nc; ++i)
-    FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[i], ids[i] + 1, std::span<float>(e.data() + i * de, size_t(de))));
+    FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[i], ids[i] + 1, std::span<float>(e + i * de, size_t(de))));
   FS_ASSIGN_OR_RETURN(float* de_rows, scratch<float>("engram_e", T * nc * de));
   FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("engram_kv", T * (hc + 1) * D));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(de_rows, e.data(), e.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload_staged(de_rows, e, size_t(T * nc * de) * 4));
   FS_RETURN_IF_ERROR(linear(de_rows, d(E.wkv), T, nc * de, (hc + 1) * D, kv, act_block_, ref()));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_engram_gate(X, kv, d(E.wqk), T, hc, D, float(c.rms_norm_eps), ref(), 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_engram_gate(X, kv, d(E.wqk), T, hc, D, float(c.rms_norm_eps), ref(), stream_));
   return {};
 }
 

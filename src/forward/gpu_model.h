@@ -27,6 +27,27 @@ struct GpuLoadOptions {
   std::optional<bool> native_weights;
 };
 
+// CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
+// whose items all have at most kGpuGraphMaxTokens tokens is captured into a graph on the model's
+// stream and launched through a cached executable (updated in place when the shape matches).
+// Opt-in: FLASHSEEK_GPU_GRAPHS=1 at load time (0 or unset: eager), because the graph is recorded
+// again every step and that costs more host time than the launches it saves (measured on H200,
+// docs/cuda.md). Multi-GPU ranks with the host-staged communicator never use them. Counters
+// since load (a multi-GPU model: summed over its ranks).
+inline constexpr int64_t kGpuGraphMaxTokens = 8;
+struct GpuGraphStats {
+  int64_t forwards = 0;        // GpuModel::forward calls
+  int64_t eligible = 0;        // of which decode-sized with graphs on
+  int64_t launches = 0;        // graph launches (one per eligible forward that did not fall back)
+  int64_t instantiations = 0;  // new executables (first use of a key, or a topology change)
+  int64_t updates = 0;         // executables updated in place (cudaGraphExecUpdate)
+  int64_t update_failures = 0; // updates refused (counted in instantiations as well)
+  int64_t recaptures = 0;      // captures discarded because a buffer had to grow first
+  int64_t eager_fallbacks = 0; // eligible forwards that ran without a graph
+};
+// The counters of a CUDA model (one GPU or tensor-parallel); an error for other models.
+Result<GpuGraphStats> gpu_graph_stats(const Model& m);
+
 // Opens a release-format checkpoint on CUDA device `device` (numerics as load_model). Errors name
 // the file / tensor / device (no device, out of memory, ...).
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device,

@@ -35,7 +35,7 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   r.norm_topk = c.norm_topk_prob;
   r.renorm_eps = c.is_v41();
   r.sel = sel, r.weight = wt;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
   FS_RETURN_IF_ERROR(tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
 
   // One SwiGLU expert pass over `rows` rows: stacked weights + sel, or a single matrix.
@@ -46,7 +46,7 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
                     int64_t div, const float* weights, int64_t act, float* y) -> Status {
     FS_RETURN_IF_ERROR(linear(m, w1, rows, D, I, g, act, R, false, s, div));
     FS_RETURN_IF_ERROR(linear(m, w3, rows, D, I, u, act, R, false, s, div));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, weights, rows, I, limit, R, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, weights, rows, I, limit, R, stream_));
     return linear(h, w2, rows, I, D, y, act, R, false, s, 1);
   };
   FS_ASSIGN_OR_RETURN(float* ybuf, scratch<float>("moe_y", TK * D));
@@ -60,10 +60,10 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   if (d(F.s_w1)) {
     FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
   } else {  // the shared expert lives on another rank (gpu_tp.h)
-    FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ys, 0, size_t(T * D) * 4, 0));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ys, 0, size_t(T * D) * 4, stream_));
   }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), stream_));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   return {};
 }
@@ -86,8 +86,8 @@ Status GpuModel::moe_native(int l, const GpuChunk& ctx, const float* m, const in
   for (int64_t i = 0; i < TK; ++i) prow[size_t(i)] = int32_t(i / K);
   FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_nat_gstart", int64_t(gstart.size())));
   FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_nat_prow", TK));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_gstart, gstart.data(), gstart.size() * 4, cudaMemcpyHostToDevice));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_prow, prow.data(), prow.size() * 4, cudaMemcpyHostToDevice));
+  FS_RETURN_IF_ERROR(upload(d_gstart, gstart.data(), gstart.size() * 4));
+  FS_RETURN_IF_ERROR(upload(d_prow, prow.data(), prow.size() * 4));
   FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
   FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
@@ -104,17 +104,17 @@ Status GpuModel::moe_native(int l, const GpuChunk& ctx, const float* m, const in
       q.n_groups = n, q.n_pairs = n, q.n_experts = E, q.n = n_out, q.k = k;
       q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
       if (!rows) q.x = x + p0 * k;  // inputs already in pair order
-      FS_RETURN_IF_ERROR(ops::cuda::expert_gemv_cuda(q, 0));
+      FS_RETURN_IF_ERROR(ops::cuda::expert_gemv_cuda(q, stream_));
     }
     return {};
   };
   FS_RETURN_IF_ERROR(run(n1, m, d_prow, I, D, g));
   FS_RETURN_IF_ERROR(run(n3, m, d_prow, I, D, u));
   if (R) {
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, 0));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, 0));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, wt, TK, I, float(c.swiglu_limit), R, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, wt, TK, I, float(c.swiglu_limit), R, stream_));
   return run(n2, h, nullptr, D, I, ybuf);
 }
 

@@ -19,11 +19,12 @@ namespace {
 int64_t hist_rows(int64_t ratio) { return 2 * ratio + kMaxRollback; }
 
 // Copies history rows of positions [from, to) into dst rows 0 … (contiguous in at most two runs).
-Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t to, int64_t width, float* dst) {
+Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t to, int64_t width, float* dst,
+                 cudaStream_t s) {
   for (int64_t p = from; p < to;) {
     const int64_t slot = p % cap, n = std::min(to - p, cap - slot);
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + (p - from) * width, hist.get() + slot * width,
-                                            size_t(n * width) * 4, cudaMemcpyDeviceToDevice, 0));
+                                            size_t(n * width) * 4, cudaMemcpyDeviceToDevice, s));
     p += n;
   }
   return {};
@@ -31,7 +32,7 @@ Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t
 
 // Rebuilds `cs` for a sequence of length L: the open group [g·ratio, L) and, with overlap, the
 // previous window [(g−1)·ratio, g·ratio).
-Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int64_t L, int layer) {
+Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int64_t L, int layer, cudaStream_t s) {
   const int64_t g = L / ratio, open = g * ratio, cap = hist_rows(ratio);
   const int64_t need = overlap && g >= 1 ? open - ratio : open;
   if (need < L && (need < cs.hist_lo || !cs.hist_v.get()))
@@ -39,16 +40,16 @@ Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int
                         need);
   FS_RETURN_IF_ERROR(cs.v.reserve(size_t(ratio * width), true));
   FS_RETURN_IF_ERROR(cs.z.reserve(size_t(ratio * width), true));
-  FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open, L, width, cs.v.get()));
-  FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open, L, width, cs.z.get()));
+  FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open, L, width, cs.v.get(), s));
+  FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open, L, width, cs.z.get(), s));
   cs.n_pend = L - open;
   if (overlap) {
     cs.has_prev = g >= 1;
     if (cs.has_prev) {
       FS_RETURN_IF_ERROR(cs.prev_v.reserve(size_t(ratio * width), true));
       FS_RETURN_IF_ERROR(cs.prev_z.reserve(size_t(ratio * width), true));
-      FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open - ratio, open, width, cs.prev_v.get()));
-      FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open - ratio, open, width, cs.prev_z.get()));
+      FS_RETURN_IF_ERROR(copy_hist(cs.hist_v, cap, open - ratio, open, width, cs.prev_v.get(), s));
+      FS_RETURN_IF_ERROR(copy_hist(cs.hist_z, cap, open - ratio, open, width, cs.prev_z.get(), s));
     }
   }
   return {};
@@ -62,8 +63,8 @@ Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z
   FS_RETURN_IF_ERROR(cs.hist_v.reserve(size_t(cap * width), true));
   FS_RETURN_IF_ERROR(cs.hist_z.reserve(size_t(cap * width), true));
   const int64_t t0 = std::max<int64_t>(0, T - cap);
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_v.get(), v, ctx.d_pos, t0, T, cap, width, 0));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_z.get(), z, ctx.d_pos, t0, T, cap, width, 0));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_v.get(), v, ctx.d_pos, t0, T, cap, width, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_z.get(), z, ctx.d_pos, t0, T, cap, width, stream_));
   cs.hist_lo = std::max(cs.hist_lo, ctx.start + T - cap);
   return {};
 }
@@ -102,11 +103,11 @@ Status GpuModel::rollback(SequenceState& state, int64_t L) const {
       LS.n_ckv = std::min(LS.n_ckv, groups);
       LS.n_ikeys = std::min(LS.n_ikeys, groups);
       if (v41 && ratio == 1) continue;  // no partial state
-      FS_RETURN_IF_ERROR(restore(LS.comp, ratio, coff * Dh, overlap, L, l));
-      if (A.has_idx_compressor) FS_RETURN_IF_ERROR(restore(LS.icomp, ratio, coff * dI, overlap, L, l));
+      FS_RETURN_IF_ERROR(restore(LS.comp, ratio, coff * Dh, overlap, L, l, stream_));
+      if (A.has_idx_compressor) FS_RETURN_IF_ERROR(restore(LS.icomp, ratio, coff * dI, overlap, L, l, stream_));
     }
   }
-  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(0));
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   const size_t drop_hist = std::min(st->engram_hist.size(), size_t(drop));
   st->engram_hist.resize(st->engram_hist.size() - drop_hist);
   st->len = L;

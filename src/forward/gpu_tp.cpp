@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "forward/gpu_model.h"
+
 namespace flashseek::forward {
 
 Result<TpShard> make_tp_shard(const model::ModelConfig& c, Numerics numerics, int rank, int world) {
@@ -117,15 +119,15 @@ namespace gpu {
 
 Status GpuModel::tp_allreduce(float* x, int64_t n, bool bf16) {
   if (!comm_ || !shard_.split()) return {};
-  FS_RETURN_IF_ERROR(comm_->allreduce_sum(x, n, 0));
-  if (bf16) FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_quant_sim(x, 1, n, n, 1, ops::cuda::detail::QuantSim::kBf16, 0));
+  FS_RETURN_IF_ERROR(comm_->allreduce_sum(x, n, stream_));
+  if (bf16) FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_quant_sim(x, 1, n, n, 1, ops::cuda::detail::QuantSim::kBf16, stream_));
   return {};
 }
 
 Status GpuModel::tp_remap_experts(int32_t* sel, float* weight, int64_t n) {
   if (!shard_.split()) return {};
   FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_tp_remap_experts(sel, weight, n, int32_t(shard_.expert0),
-                                                                     int32_t(shard_.experts), 0));
+                                                                     int32_t(shard_.experts), stream_));
   return {};
 }
 
@@ -154,6 +156,20 @@ class TpModel final : public Model {
   TpModel(std::vector<std::unique_ptr<gpu::GpuModel>> ranks, std::vector<std::unique_ptr<ops::cuda::Communicator>> comms,
           std::vector<TpShard> shards, std::vector<int> devices)
       : ranks_(std::move(ranks)), comms_(std::move(comms)), shards_(std::move(shards)), devices_(std::move(devices)) {}
+  // The ranks (and their CUDA graphs, which hold NCCL work) go before the communicators.
+  ~TpModel() override { ranks_.clear(); }
+
+  GpuGraphStats graph_stats() const {
+    GpuGraphStats t;
+    for (const auto& r : ranks_) {
+      const GpuGraphStats& s = r->graph_stats();
+      t.forwards += s.forwards, t.eligible += s.eligible, t.launches += s.launches;
+      t.instantiations += s.instantiations, t.updates += s.updates, t.recaptures += s.recaptures;
+      t.update_failures += s.update_failures;
+      t.eager_fallbacks += s.eager_fallbacks;
+    }
+    return t;
+  }
 
   const model::ModelConfig& config() const override { return ranks_[0]->config(); }
 
@@ -228,6 +244,12 @@ class TpModel final : public Model {
 
 }  // namespace
 
+Result<GpuGraphStats> gpu_graph_stats(const Model& m) {
+  if (const auto* g = dynamic_cast<const gpu::GpuModel*>(&m)) return g->graph_stats();
+  if (const auto* t = dynamic_cast<const TpModel*>(&m)) return t->graph_stats();
+  return invalid_argument("CUDA graph counters: not a CUDA model");
+}
+
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics numerics, const std::vector<int>& devices,
                                              TpComm comm) {
   const int W = int(devices.size());
@@ -277,6 +299,9 @@ Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics nu
 #else  // no CUDA in this build
 
 namespace flashseek::forward {
+Result<GpuGraphStats> gpu_graph_stats(const Model&) {
+  return Status(StatusCode::kUnimplemented, "CUDA graph counters: this build has no CUDA backend");
+}
 Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices, TpComm) {
   return Status(StatusCode::kUnimplemented,
                 fmt::format("--gpus: {} GPUs requested but this build has no CUDA backend", devices.size()));

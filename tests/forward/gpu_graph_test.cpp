@@ -1,0 +1,227 @@
+// CUDA graphs of decode-sized forwards (gpu_graph.cpp): with graphs on (FLASHSEEK_GPU_GRAPHS=1),
+// the logits are BITWISE those of the eager path (=0) over 400+ one-token decode steps of a batch of
+// two sequences (tiny-v41 and tiny-v4, exact and reference numerics), and over DSpark-style verify
+// blocks of 6 tokens with rollbacks; the counters prove that the graph path ran; TP=2 over NCCL
+// with graphs on equals graphs off. Prints (does not assert) the host wall time per decode step.
+// Skips visibly without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "core/rng.h"
+#include "forward/gpu_model.h"
+#include "forward/gpu_tp.h"
+#include "gpu_test_util.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/comm.h"
+#endif
+
+namespace flashseek::forward {
+namespace {
+using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
+
+// FLASHSEEK_GPU_GRAPHS for the models loaded while it lives (read at load time).
+class GraphsEnv {
+ public:
+  explicit GraphsEnv(bool on) { ::setenv("FLASHSEEK_GPU_GRAPHS", on ? "1" : "0", 1); }
+  ~GraphsEnv() { ::unsetenv("FLASHSEEK_GPU_GRAPHS"); }
+};
+
+struct Param {
+  const char* config;
+  Numerics numerics;
+};
+std::string param_name(const ::testing::TestParamInfo<Param>& i) {
+  std::string n = std::string(i.param.config) + (i.param.numerics == Numerics::kExact ? "_exact" : "_ref");
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+std::string make_ckpt(const std::string& config) {
+  auto cfg = model::builtin_config(config);
+  EXPECT_TRUE(cfg.ok());
+  return tiny_checkpoint("fs_gpugraph_" + config, cfg.value(), 23);
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
+  return t;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::unique_ptr<Model> load(const std::string& dir, Numerics n, bool graphs) {
+  GraphsEnv env(graphs);
+  auto m = load_model_gpu(dir, n, 0);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+GpuGraphStats stats(const Model& m) {
+  auto s = gpu_graph_stats(m);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? s.value() : GpuGraphStats{};
+}
+
+void print_stats(const char* what, const GpuGraphStats& s) {
+  std::printf("[gpu graph] %s: forwards %lld, decode-sized %lld, launches %lld, instantiations %lld, updates %lld "
+              "(failed %lld), recaptures %lld, eager fallbacks %lld\n",
+              what, (long long)s.forwards, (long long)s.eligible, (long long)s.launches, (long long)s.instantiations,
+              (long long)s.updates, (long long)s.update_failures, (long long)s.recaptures,
+              (long long)s.eager_fallbacks);
+}
+
+constexpr int64_t kPrompt = 37, kSteps = 420;
+
+// Two sequences: prefills of different lengths (eager), then kSteps decode steps of one token each
+// as one batch of two items (teacher-forced random tokens). Returns every decode step's logits;
+// `seconds` gets the host wall time of the decode loop.
+std::vector<float> decode_run(Model& m, uint64_t seed, double* seconds) {
+  const int64_t V = m.config().vocab_size;
+  auto a = m.new_sequence(), b = m.new_sequence();
+  const auto pa = random_tokens(kPrompt, V, seed), pb = random_tokens(kPrompt + 5, V, seed + 1);
+  const auto da = random_tokens(kSteps, V, seed + 2), db = random_tokens(kSteps, V, seed + 3);
+  std::vector<float> pre, out;
+  BatchItem p[2] = {{a.get(), pa, false}, {b.get(), pb, false}};
+  Status s = m.forward(p, pre);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < kSteps && s.ok(); ++i) {
+    BatchItem it[2] = {{a.get(), std::span<const int32_t>(&da[size_t(i)], 1), false},
+                       {b.get(), std::span<const int32_t>(&db[size_t(i)], 1), false}};
+    s = m.forward(it, out);
+    EXPECT_TRUE(s.ok()) << "step " << i << ": " << s.to_string();
+  }
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(out.size(), size_t(2 * kSteps * V));
+  return out;
+}
+
+class GpuGraphDecode : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuGraphDecode, GraphsOnEqualGraphsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto on = load(dir, p.numerics, true), off = load(dir, p.numerics, false);
+  ASSERT_TRUE(on && off);
+  double t_on = 0, t_off = 0;
+  const auto a = decode_run(*off, 5, &t_off);
+  const auto b = decode_run(*on, 5, &t_on);
+  EXPECT_TRUE(bitwise_equal(a, b)) << "graph logits differ from eager: max|d| "
+                                   << compare_logits(a, b, on->config().vocab_size).max_abs;
+  const GpuGraphStats so = stats(*on), sf = stats(*off);
+  print_stats("on", so);
+  print_stats("off", sf);
+  std::printf("[gpu graph] %s %s: host wall per decode step (batch of 2): graphs on %.1f us, off %.1f us\n",
+              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", 1e6 * t_on / kSteps,
+              1e6 * t_off / kSteps);
+  EXPECT_EQ(so.forwards, kSteps + 1);
+  EXPECT_EQ(so.eligible, kSteps);  // the prefill has more than kGpuGraphMaxTokens tokens
+  EXPECT_GE(so.launches, so.eligible * 9 / 10);
+  EXPECT_EQ(so.launches + so.eager_fallbacks, so.eligible);
+  EXPECT_GE(so.updates, 1);
+  EXPECT_EQ(sf.launches, 0);
+  EXPECT_EQ(sf.eligible, 0);
+}
+
+// Verify blocks of 6 tokens (all logits) each followed by a rollback of 0..5 of them, as DSpark
+// speculation does; graphs on and off agree bitwise, and so do the logits of a final decode.
+TEST_P(GpuGraphDecode, VerifyBlocksWithRollbackBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto on = load(dir, p.numerics, true), off = load(dir, p.numerics, false);
+  ASSERT_TRUE(on && off);
+  const int64_t V = on->config().vocab_size, kBlocks = 80, B = 6;
+  auto run = [&](Model& m) {
+    auto st = m.new_sequence();
+    const auto prompt = random_tokens(kPrompt, V, 77);
+    const auto toks = random_tokens(kBlocks * B, V, 78);
+    std::vector<float> out;
+    BatchItem pi{st.get(), prompt, false};
+    EXPECT_TRUE(m.forward({&pi, 1}, out).ok());
+    for (int64_t k = 0; k < kBlocks; ++k) {
+      BatchItem it{st.get(), std::span<const int32_t>(toks.data() + k * B, size_t(B)), true};
+      const Status s = m.forward({&it, 1}, out);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      if (!s.ok()) break;
+      const int64_t drop = k % B;  // accepted 6 - drop of the block
+      const Status r = m.rollback(*st, st->length() - drop);
+      EXPECT_TRUE(r.ok()) << r.to_string();
+    }
+    return out;
+  };
+  const auto a = run(*off), b = run(*on);
+  EXPECT_TRUE(bitwise_equal(a, b)) << "graph logits differ from eager: max|d| " << compare_logits(a, b, V).max_abs;
+  const GpuGraphStats so = stats(*on);
+  print_stats("verify blocks, on", so);
+  EXPECT_EQ(so.eligible, kBlocks);
+  EXPECT_GE(so.launches, so.eligible * 9 / 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GpuGraphDecode,
+                         ::testing::Values(Param{"tiny-v41", Numerics::kExact}, Param{"tiny-v41", Numerics::kReference},
+                                           Param{"tiny-v4", Numerics::kExact}, Param{"tiny-v4", Numerics::kReference}),
+                         param_name);
+
+TEST(GpuGraph, BadSwitchValueIsAClearError) {
+  FS_REQUIRE_GPU();
+  const std::string dir = make_ckpt("tiny-v41");
+  ::setenv("FLASHSEEK_GPU_GRAPHS", "maybe", 1);
+  auto m = load_model_gpu(dir, Numerics::kExact, 0);
+  ::unsetenv("FLASHSEEK_GPU_GRAPHS");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("FLASHSEEK_GPU_GRAPHS"), std::string::npos) << m.status().to_string();
+}
+
+// TP=2 over NCCL: each rank's thread captures its own forward including its all-reduces.
+TEST(GpuGraph, NcclTp2GraphsOnEqualGraphsOffBitwise) {
+  FS_REQUIRE_GPU();
+#if FLASHSEEK_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (n < 2) GTEST_SKIP() << "NCCL TP=2 graph test skipped: needs 2 GPUs, this machine has " << n;
+  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "NCCL TP=2 graph test skipped: this build has no NCCL";
+  for (const char* config : {"tiny-v41", "tiny-v4"}) {
+    const std::string dir = make_ckpt(config);
+    std::unique_ptr<Model> on, off;
+    {
+      GraphsEnv env(true);
+      auto m = load_model_tp(dir, Numerics::kExact, {0, 1}, TpComm::kNccl);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      on = std::move(m).value();
+    }
+    {
+      GraphsEnv env(false);
+      auto m = load_model_tp(dir, Numerics::kExact, {0, 1}, TpComm::kNccl);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      off = std::move(m).value();
+    }
+    double t_on = 0, t_off = 0;
+    const auto a = decode_run(*off, 9, &t_off);
+    const auto b = decode_run(*on, 9, &t_on);
+    EXPECT_TRUE(bitwise_equal(a, b)) << config << ": max|d| " << compare_logits(a, b, on->config().vocab_size).max_abs;
+    const GpuGraphStats so = stats(*on);
+    print_stats(config, so);
+    std::printf("[gpu graph] %s TP=2 nccl: host wall per decode step: graphs on %.1f us, off %.1f us\n", config,
+                1e6 * t_on / kSteps, 1e6 * t_off / kSteps);
+    EXPECT_EQ(so.eligible, 2 * kSteps);  // summed over the two ranks
+    EXPECT_GE(so.launches, so.eligible * 9 / 10);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace flashseek::forward
