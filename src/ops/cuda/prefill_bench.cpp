@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -306,7 +307,7 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   for (const auto& r : routes) rep.mean_distinct += double(r.distinct) / double(routes.size());
   rep.rows_per_expert = double(m * kTopK) / rep.mean_distinct;
   Streams ss;
-  const int n_streams = std::max(opt.expert_streams, 8);
+  const int n_streams = std::max(opt.expert_streams, 16);
   for (int i = 0; i < n_streams; ++i) {
     cudaStream_t s = nullptr;
     FS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -418,16 +419,51 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
     FS_RETURN_IF_ERROR(norm(q, nullptr, m * kHeads, kHeadDim));
     return rope(q, kHeads, kHeadDim, false);
   }));
-  FS_RETURN_IF_ERROR(add(every(fmt::format("sparse attention + sinks ({} keys: window {} + top-{}, BF16 rows, {} splits)",
-                                           n_keys, kWindow, kTopIdx, splits),
-                               double(m) * n_keys * kHeadDim * 2 + f4 * kQ * 2, 4.0 * double(m) * n_keys * kHeads * kHeadDim),
-                         [&](int) {
+  const double attn_bytes = double(m) * n_keys * kHeadDim * 2 + f4 * kQ * 2;
+  const double attn_flops = 4.0 * double(m) * n_keys * kHeads * kHeadDim;
+  auto attn_pool = [&](float* out) {
     SparseAttnPoolParams p;
-    p.q = q, p.kv = pool, p.idx = didx, p.sink = sink, p.out = o, p.m = m, p.n_idx = n_keys, p.n_rows = kPoolRows;
+    p.q = q, p.kv = pool, p.idx = didx, p.sink = sink, p.out = out, p.m = m, p.n_idx = n_keys, p.n_rows = kPoolRows;
     p.n_heads = kHeads, p.head_dim = kHeadDim, p.scale = 1.0f / std::sqrt(float(kHeadDim));
     p.n_splits = splits, p.workspace = attn_ws;
     return sparse_attention_pool_cuda(p, g_st);
-  }));
+  };
+  auto attn_prefill = [&](float* out) {
+    detail::PrefillAttnArgs p;
+    p.q = q, p.kv = pool, p.idx = didx, p.sink = sink, p.out = out, p.m = m, p.n_idx = int(n_keys);
+    p.n_rows = int(kPoolRows), p.heads = int(kHeads), p.dim = int(kHeadDim), p.scale = 1.0f / std::sqrt(float(kHeadDim));
+    return cuda_status(detail::launch_prefill_attn(p, g_st), "prefill attention");
+  };
+  // Default: the layer uses the prefill attention kernel (prefill_attn.cu) and the indexer the
+  // tensor-core scores (prefill_index.cu), each checked against the existing kernel on its first
+  // rows; the existing kernels become info rows. FLASHSEEK_PREFILL_NEW=0: the existing kernels only.
+  const char* pa_env = std::getenv("FLASHSEEK_PREFILL_NEW");
+  const bool new_attn = !(pa_env && std::string(pa_env) == "0");
+  const std::string pool_name = fmt::format("sparse attention + sinks, decode kernel ({} keys: window {} + top-{}, BF16 rows, {} splits)",
+                                            n_keys, kWindow, kTopIdx, splits);
+  const std::string new_name = fmt::format("sparse attention + sinks, prefill kernel ({} keys, 32-key cp.async tiles, 1 block/query)", n_keys);
+  if (new_attn) {
+    FS_ASSIGN_OR_RETURN(float* o2, ar.alloc<float>(m * kQ));
+    FS_RETURN_IF_ERROR(attn_pool(o));
+    FS_RETURN_IF_ERROR(attn_prefill(o2));
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g_st));
+    const int64_t nq = std::min<int64_t>(64, m) * kQ;
+    std::vector<float> h1(static_cast<size_t>(nq)), h2(static_cast<size_t>(nq));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h1.data(), o, size_t(nq) * 4, cudaMemcpyDeviceToHost));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h2.data(), o2, size_t(nq) * 4, cudaMemcpyDeviceToHost));
+    double dmax = 0, amax = 0;
+    int64_t bad = 0;
+    for (size_t i = 0; i < h1.size(); ++i) {
+      if (!std::isfinite(h2[i]) || !std::isfinite(h1[i])) ++bad;
+      dmax = std::max(dmax, double(std::fabs(h1[i] - h2[i])));
+      amax = std::max(amax, double(std::fabs(h1[i])));
+    }
+    rep.attn_check = fmt::format("prefill attention kernel vs sparse_attention_pool_cuda, first {} queries: max |diff| = "
+                                 "{:.3g}, max |out| = {:.3g}, non-finite {}", std::min<int64_t>(64, m), dmax, amax, bad);
+    FS_RETURN_IF_ERROR(add(every(new_name, attn_bytes, attn_flops), [&](int) { return attn_prefill(o); }));
+  } else {
+    FS_RETURN_IF_ERROR(add(every(pool_name, attn_bytes, attn_flops), [&](int) { return attn_pool(o); }));
+  }
   FS_RETURN_IF_ERROR(add(every("inverse RoPE o", f4 * 2 * kHeads * 64, 0), [&](int) { return rope(o, kHeads, kHeadDim, true); }));
   FS_RETURN_IF_ERROR(add(every("quantise o [M,32768]", f4 * kQ + qbytes(m, kQ), 0),
                          [&](int) { return quant(o, m * kOGroups, kOIn, qo, g_st); }));
@@ -500,8 +536,20 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
     return {};
   }, opt.reps, &rep.layer_seq_us, &rep.layer_seq_min_us, 1));
 
+  // mHC mixes at other cluster sizes (blocks per row; same bits for any): is 8 right at M = 8192?
+  for (int cl : {1, 2, 4}) {
+    FS_RETURN_IF_ERROR(add(extra(fmt::format("mHC pre with {} block{} per row (default 8)", cl, cl == 1 ? "" : "s"), "info", 0, 0,
+                                 hc_bytes, hc_flops), [&, cl](int r) -> Status {
+      detail::HcMixArgs h;
+      h.x = X, h.fn = hc_fn[size_t(r) % hc_fn.size()], h.base = hc_base, h.scale = hc_scale, h.rows = m;
+      h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.cluster = cl;
+      h.pre = pre, h.post = post, h.comb = comb;
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_hc_mixes(h, g_st));
+      return cuda_status(detail::launch_hc_collapse(X, pre, x, m, kHc, kHidden, false, g_st), "hc collapse");
+    }));
+  }
   // Expert GEMMs on other stream counts (information: how much the streams buy).
-  for (int alt : {1, 4, 8}) {
+  for (int alt : {1, 4, 8, 16}) {
     if (alt == ns) continue;
     FS_RETURN_IF_ERROR(add(extra(fmt::format("routed gate+up on {} stream{}", alt, alt == 1 ? "" : "s"), "info", 0, 0,
                                  e_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
@@ -510,6 +558,9 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   FS_RETURN_IF_ERROR(add(extra("routed gate+up as ONE dense GEMM [M*6 rows] (no per-expert split; bound)", "info", 0, 0,
                                double(gu_w) + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
                          [&](int) { return gemm(qperm.q, qperm.s, e_gu, e_gus, rgu, m * kTopK, 2 * kInter, kHidden, g_st); }));
+
+  if (new_attn)
+    FS_RETURN_IF_ERROR(add(extra(pool_name, "info", 0, 0, attn_bytes, attn_flops), [&](int) { return attn_pool(o); }));
 
   // ---- role extras -----------------------------------------------------------------------------
   FS_RETURN_IF_ERROR(add(extra("compressor wkv+wgate GEMM [1024,5120] (FP8 stand-in for FP32)", "ratio-2 kv source", kRatio2Sources, 0,
@@ -550,7 +601,58 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
                                role, per_step, ctx, 4.0 * n * kIdxDim + (4.0 * rows * n + 4.0 * rows * kIdxHeads * (kIdxDim + 1)) * scale,
                                2.0 * double(m) * vis * kIdxHeads * (kIdxDim + 1));
       ks.scaled = scale;
+      if (new_attn) {
+        detail::IndexScoreMmaArgs ma;
+        ma.q = iq, ma.w = iw, ma.keys = keys, ma.scores = scores, ma.T = rows, ma.start = start, ma.ratio = ratio;
+        ma.stride = n;
+        const int64_t cr = std::min<int64_t>(16, rows);
+        std::vector<float> h1(static_cast<size_t>(cr * n)), h2(static_cast<size_t>(cr * n));
+        FS_CUDA_RETURN_IF_ERROR(detail::launch_index_scores(sa, g_st));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h1.data(), scores, h1.size() * 4, cudaMemcpyDeviceToHost, g_st));
+        FS_CUDA_RETURN_IF_ERROR(detail::launch_index_scores_mma(ma, g_st));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h2.data(), scores, h2.size() * 4, cudaMemcpyDeviceToHost, g_st));
+        FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g_st));
+        // Compared on the keys each row can reach (the FP32 kernel leaves the others unwritten).
+        double dmax = 0, amax = 0;
+        int64_t bad = 0, past = 0;
+        for (int64_t i = 0; i < cr; ++i) {
+          const int64_t vis = std::min<int64_t>(n, (start + i + 1) / ratio);
+          for (int64_t k = 0; k < n; ++k) {
+            const float a1 = h1[size_t(i * n + k)], a2 = h2[size_t(i * n + k)];
+            if (k >= vis) {
+              past += a2 != -INFINITY;
+              continue;
+            }
+            if (!std::isfinite(a1) || !std::isfinite(a2)) {
+              ++bad;
+              continue;
+            }
+            dmax = std::max(dmax, double(std::fabs(a1 - a2)));
+            amax = std::max(amax, double(std::fabs(a1)));
+          }
+        }
+        rep.attn_check += fmt::format("{}tensor-core indexer scores vs the FP32 kernel (ctx {}, ratio {}, first {} rows x {} keys): "
+                                      "max |diff| = {:.3g}, max |score| = {:.3g} over reachable keys; non-finite there {}, "
+                                      "unreachable keys not -inf {}",
+                                      rep.attn_check.empty() ? "" : "; ", ctx, ratio, cr, n, dmax, amax, bad, past);
+        PrefillKernel km = ks;
+        km.name = fmt::format("indexer scores, ratio {} ({} keys at the chunk end; BF16 tensor cores, {} rows x {:.0f})", ratio, n,
+                              rows, scale);
+        FS_RETURN_IF_ERROR(add(km, [&, ma](int) { return cuda_status(detail::launch_index_scores_mma(ma, g_st), "index scores mma"); }));
+        ks.role = "info";
+      }
       FS_RETURN_IF_ERROR(add(ks, [&](int) { return cuda_status(detail::launch_index_scores(sa, g_st), "index scores"); }));
+      if (ctx == opt.contexts.front() && ratio == 1) {
+        for (int kern : {1, 2, 3}) {  // forced scores kernel (same bits): 1 thread/key, tiled 1 or 2 keys/thread
+          PrefillKernel kv = ks;
+          kv.name = fmt::format("indexer scores kernel {} forced ({} keys)", kern, n), kv.role = "info";
+          FS_RETURN_IF_ERROR(add(kv, [&, kern](int) {
+            detail::IndexScoreArgs sk = sa;
+            sk.kernel = kern;
+            return cuda_status(detail::launch_index_scores(sk, g_st), "index scores");
+          }));
+        }
+      }
       detail::IndexTopkArgs ta;
       ta.scores = scores, ta.cand = cand, ta.block_scratch = blocks, ta.taken = taken, ta.out = out, ta.out_n = out_n;
       ta.T = rows, ta.start = start, ta.ratio = ratio, ta.stride = n, ta.k = kTopIdx, ta.cand_block = 8;
@@ -585,6 +687,7 @@ std::string format_prefill_bench(const PrefillBenchReport& r, const PrefillBench
       r.device, r.sm_count, r.copy_gbps, ceil, spec_ceil);
   s += fmt::format("Prefill chunk M = {} tokens; routed experts: {:.1f} distinct of 384 per layer, ~{:.0f} rows each.\n\n",
                    opt.tokens, r.mean_distinct, r.rows_per_expert);
+  if (!r.attn_check.empty()) s += r.attn_check + "\n\n";
   s += "| kernel | role (layers/step) | context | median us | min us | MB moved | % of copy BW | TFLOP/s | % ceil | % torch |\n"
        "|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& k : r.kernels) {
@@ -664,6 +767,7 @@ std::string format_prefill_bench(const PrefillBenchReport& r, const PrefillBench
     const double chunks = std::ceil(opt.prompt_tokens / opt.tokens);
     const double mean_ctx = (chunks - 1) / 2.0 * opt.tokens;
     const double total_s = chunks * (a + b * mean_ctx) * 1e-6;
+    const double layers_s = chunks * layer_us * opt.layers * 1e-6;
     s += fmt::format(
         "\nProjection for a {:.0f}-token prompt ({:.0f} chunks, mean context before a chunk {:.0f}; step time fitted "
         "linearly in the context through the measured contexts: {:.1f} ms + {:.3f} ms per 1k context):\n"
@@ -671,6 +775,11 @@ std::string format_prefill_bench(const PrefillBenchReport& r, const PrefillBench
         "pipeline bubbles): **{:.2f} s** vs the mission anchor {:.1f} s ({:.1f}x).\n",
         opt.prompt_tokens, chunks, mean_ctx, a / 1000.0, b * 1.024, total_s, opt.prompt_tokens / total_s, opt.gpus, opt.gpus,
         total_s / opt.gpus, opt.anchor_s, total_s / opt.gpus / opt.anchor_s);
+    s += fmt::format(
+        "Of the 1-GPU time: {} x the every-layer kernels {:.1f} s ({:.2f} s on {} GPUs), role extras (compressor, "
+        "indexer query / scores / top-k, Engram) {:.1f} s. No CED layer skipping (perf-budget §4.2) and no "
+        "overlap between layers assumed.\n",
+        opt.layers, layers_s, layers_s / opt.gpus, opt.gpus, total_s - layers_s);
   }
   return s;
 }

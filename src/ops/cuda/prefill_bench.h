@@ -3,7 +3,9 @@
 // (mHC, norms, the dense linears as FP8 block-scaled GEMMs with one activation quantisation per
 // shared input, RoPE, sparse attention with sinks over window + top-512 rows, router, the shared
 // expert and the 384 routed experts as row-permuted per-expert GEMMs on several streams), plus the
-// role extras (compressor, indexer query / scores / top-512 per context, Engram). Reports per
+// role extras (compressor, indexer query / scores / top-512 per context, Engram). Attention and
+// indexer scores use the prefill kernels of prefill_attn.cu / prefill_index.cu (checked against
+// the existing kernels in the run; FLASHSEEK_PREFILL_NEW=0: the existing kernels). Reports per
 // kernel time, bytes, % of copy bandwidth, TFLOP/s and % of an FP8 GEMM ceiling measured in the
 // same run, the 40-layer projection per chunk and the projected time for a long prompt.
 // `flashseek bench --prefill 8192 [--contexts ...]`. Not used by the model.
@@ -46,6 +48,7 @@ struct PrefillBenchReport {
   double layer_seq_us = 0, layer_seq_min_us = 0;  // every-layer kernels back to back
   double mean_distinct = 0, rows_per_expert = 0;
   std::vector<PrefillKernel> kernels;
+  std::string attn_check;  // new prefill kernels vs the existing ones (outputs on their first rows)
 };
 
 Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt);
