@@ -119,12 +119,17 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
     for (auto it = snaps.rbegin(); it != snaps.rend(); ++it) restore(*it);  // a state twice: first wins
     logits.resize(off0);
     pending_logits_.clear();
+    pending_bytes_.clear();
     return staging_.rewind();
   };
   for (int attempt = 0; attempt < kMaxCaptures; ++attempt) {
     pending_logits_.clear();
+    pending_bytes_.clear();
     guard.deferred.clear();
-    FS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {};  // no capture: the step runs eagerly
+    }
     guard.active = true;
     const Status s = run_items(batch, logits);
     guard.active = false;

@@ -260,6 +260,9 @@ class GpuModel final : public Model {
   // Queues the device → host copy of n logits [at the end of `logits`] (the spot where a device
   // sampler would consume them instead).
   Status download_logits(const float* d_logits, int64_t n, std::vector<float>& logits);
+  // Queues a device → host copy of `bytes` to `host_dst` (an address that stays valid until the
+  // forward returns, e.g. a BatchItem field); done by finish_forward, graph capture included.
+  Status queue_download(void* host_dst, const void* d_src, size_t bytes);
   bool ref() const { return numerics_ == Numerics::kReference; }
   Status upload_weights();
   Status up(Vec& v);
@@ -340,6 +343,12 @@ class GpuModel final : public Model {
     size_t n;
   };
   std::vector<PendingCopy> pending_logits_;
+  struct PendingBytes {
+    void* dst;
+    const void* src;  // pinned staging
+    size_t bytes;
+  };
+  std::vector<PendingBytes> pending_bytes_;
   // CUDA graphs: executables keyed by the items' (T, all_logits) and the graph's node count and
   // shape.
   struct GraphExec {

@@ -485,11 +485,22 @@ Status GpuModel::download_logits(const float* d_logits, int64_t n, std::vector<f
   return {};
 }
 
+Status GpuModel::queue_download(void* host_dst, const void* d_src, size_t bytes) {
+  if (!bytes) return {};
+  FS_ASSIGN_OR_RETURN(void* h, staging_.alloc(bytes));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d_src, bytes, cudaMemcpyDeviceToHost, stream_));
+  pending_bytes_.push_back({host_dst, h, bytes});
+  return {};
+}
+
 Status GpuModel::finish_forward(std::vector<float>& logits) {
   Status s = ops::cuda::cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  if (s.ok())
+  if (s.ok()) {
     for (const PendingCopy& p : pending_logits_) std::memcpy(logits.data() + p.off, p.src, p.n * 4);
+    for (const PendingBytes& p : pending_bytes_) std::memcpy(p.dst, p.src, p.bytes);
+  }
   pending_logits_.clear();
+  pending_bytes_.clear();
   Status r = staging_.rewind();
   return s.ok() ? r : s;
 }
