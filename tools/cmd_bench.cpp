@@ -45,7 +45,8 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--graph-layers", o->graph_layers, "decode layers per captured CUDA graph (0: no graph)");
   cmd->add_flag("--gemv-sweep", o->gemv_sweep, "also time the GEMVs at every forced k split");
   cmd->add_option("--tp", o->tp,
-                  "multi-GPU mode: NCCL collectives on N GPUs + tensor/expert-parallel step projection "
+                  "multi-GPU mode: measured tensor/expert-parallel layer slice on 1, 2, 4.. N GPUs (eager and "
+                  "CUDA graphs with the NCCL all-reduces), NCCL collectives on N GPUs, 8-GPU step projection "
                   "(--tokens: all-reduce rows, default 1,6,8192)");
   cmd->add_option("--prefill", o->prefill,
                   "prefill mode: one layer of an N-token chunk (e.g. 8192), every kernel timed, 40-layer and "
