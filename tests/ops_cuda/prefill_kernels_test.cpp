@@ -1,0 +1,234 @@
+// Prefill benchmark kernels (ops/cuda/prefill_kernels.h) against CPU references: the prefill
+// attention against sparse_attention_pool_ref, the tensor-core indexer scores against a double
+// reference on BF16-rounded operands, and the MoE glue (row gather, SwiGLU + FP8 quantise,
+// combine). Without a GPU every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu_util.h"
+#include "ops/attention_pool.h"
+#include "ops/cuda/prefill_kernels.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+using testing::DeviceBuffer;
+
+std::vector<float> randn(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+uint16_t bf16_bits(float f) {  // round to nearest even (finite inputs)
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+float bf16_round(float f) {
+  const uint32_t u = uint32_t(bf16_bits(f)) << 16;
+  float r = 0;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+float e4m3_value(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const float v = e == 0 ? std::ldexp(float(m) / 8.0f, -6) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return s ? -v : v;
+}
+
+struct AttnCase {
+  int m, n_idx, n_rows;
+  double pad_frac;
+};
+
+TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
+  FS_REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {3, 640, 2000, 0.1},  // V4.1 prefill shape: 128 window + 512 selected, 20 full tiles
+      {2, 37, 50, 0.3},     // partial second tile
+      {2, 40, 30, 1.0},     // every key padding: zero output
+      {1, 1, 1, 0.0},       // one key
+      {4, 100, 300, 0.5},
+  };
+  uint32_t seed = 7;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n_idx=" << c.n_idx << " pad=" << c.pad_frac);
+    constexpr int kH = 64, kD = 512;
+    std::mt19937 rng(seed++);
+    const auto q = randn(rng, size_t(c.m) * kH * kD, 0.3f);
+    const auto kvf = randn(rng, size_t(c.n_rows) * kD);
+    std::vector<uint16_t> kv(kvf.size());
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
+    const auto sink = randn(rng, kH, 2.0f);
+    std::vector<int32_t> idx(size_t(c.m) * size_t(c.n_idx));
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& v : idx) {
+      v = int32_t(rng() % uint32_t(c.n_rows));
+      if (u(rng) < c.pad_frac) v = (rng() % 4 == 0) ? c.n_rows + 3 : -1;
+    }
+    SparseAttnPoolParams p;
+    p.q = q.data(), p.kv = kv.data(), p.idx = idx.data(), p.sink = sink.data();
+    p.m = c.m, p.n_idx = c.n_idx, p.n_rows = c.n_rows, p.n_heads = kH, p.head_dim = kD;
+    p.scale = 1.0f / std::sqrt(float(kD)), p.n_splits = 1;
+    std::vector<float> ref(q.size());
+    p.out = ref.data();
+    FS_ASSERT_OK(sparse_attention_pool_ref(p));
+    DeviceBuffer<float> dq(q), dsink(sink), dout(q.size());
+    DeviceBuffer<uint16_t> dkv(kv);
+    DeviceBuffer<int32_t> didx(idx);
+    detail::PrefillAttnArgs a;
+    a.q = dq.get(), a.kv = dkv.get(), a.idx = didx.get(), a.sink = dsink.get(), a.out = dout.get();
+    a.m = c.m, a.n_idx = c.n_idx, a.n_rows = c.n_rows, a.heads = kH, a.dim = kD, a.scale = p.scale;
+    ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dout.to_host();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written";
+      // BF16 probabilities relative to a running max (GPU) vs the global max (twin): up to one BF16
+      // ulp per term; a wrong key or head is off by O(1).
+      ASSERT_LE(std::fabs(got[i] - ref[i]), 4e-3f * (1.0f + std::fabs(ref[i]))) << "output " << i;
+    }
+  }
+  detail::PrefillAttnArgs bad;
+  bad.heads = 32, bad.dim = 512, bad.m = 1;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "only 64 x 512 is supported";
+}
+
+TEST(CudaPrefillIndexScores, MatchesBf16ReferenceAndMasksUnreachableKeys) {
+  FS_REQUIRE_GPU();
+  struct Case { int64_t T, start, ratio, stride; };
+  const Case cases[] = {
+      {20, 0, 2, 12},        // first rows reach 0 keys; partial query block
+      {17, 2100, 1, 2120},   // two key ranges, partial tile
+      {33, 4000, 2, 2100},   // rows past the end of the keys: clamp to stride
+      {16, 1000, 1, 4500},   // key ranges no row reaches: -inf only
+  };
+  uint32_t seed = 11;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " start=" << c.start << " ratio=" << c.ratio
+                                      << " stride=" << c.stride);
+    constexpr int kNh = 32, kDi = 128;
+    std::mt19937 rng(seed++);
+    const auto q = randn(rng, size_t(c.T) * kNh * kDi);
+    const auto w = randn(rng, size_t(c.T) * kNh, 0.2f);
+    const auto keys = randn(rng, size_t(c.stride) * kDi);
+    DeviceBuffer<float> dq(q), dw(w), dk(keys), ds(size_t(c.T * c.stride));
+    detail::IndexScoreMmaArgs a;
+    a.q = dq.get(), a.w = dw.get(), a.keys = dk.get(), a.scores = ds.get();
+    a.T = c.T, a.start = c.start, a.ratio = c.ratio, a.stride = c.stride;
+    ASSERT_EQ(detail::launch_index_scores_mma(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = ds.to_host();
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t vis = std::min(c.stride, (c.start + t + 1) / c.ratio);
+      for (int64_t s = 0; s < c.stride; ++s) {
+        const float g = got[size_t(t * c.stride + s)];
+        if (s >= vis) {
+          ASSERT_EQ(g, -INFINITY) << "t=" << t << " s=" << s << " is unreachable";
+          continue;
+        }
+        double ref = 0, mag = 0;
+        for (int h = 0; h < kNh; ++h) {
+          double dot = 0, dmag = 0;
+          for (int d = 0; d < kDi; ++d) {
+            const double pr = double(bf16_round(q[size_t((t * kNh + h) * kDi + d)])) *
+                              double(bf16_round(keys[size_t(s * kDi + d)]));
+            dot += pr, dmag += std::fabs(pr);
+          }
+          const double wv = w[size_t(t * kNh + h)];
+          ref += wv * std::max(dot, 0.0);
+          mag += std::fabs(wv) * dmag;
+        }
+        // Exact BF16 products summed in FP32 (tensor-core order): 1e-4 of the magnitudes covers
+        // it; a wrong key, head or weight is off by O(magnitude).
+        ASSERT_LE(std::fabs(double(g) - ref), 1e-4 * mag + 1e-6) << "t=" << t << " s=" << s;
+      }
+    }
+  }
+}
+
+TEST(CudaPrefillMoeGlue, GatherSwigluQuantCombine) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  // Gather: codes + scales of rows in a permuted order (repeats allowed).
+  const int64_t rows = 9, k = 256, n_out = 14;
+  std::vector<uint8_t> codes(size_t(rows * k));
+  for (auto& b : codes) b = uint8_t(rng());
+  const auto scales = randn(rng, size_t(rows * k / 32));
+  std::vector<int32_t> perm(n_out);
+  for (auto& p : perm) p = int32_t(rng() % rows);
+  DeviceBuffer<uint8_t> dc(codes), dgc(size_t(n_out * k));
+  DeviceBuffer<float> dsc(scales), dgs(size_t(n_out * k / 32));
+  DeviceBuffer<int32_t> dperm(perm);
+  ASSERT_EQ(detail::launch_gather_fp8_rows(dc.get(), dsc.get(), dperm.get(), n_out, k, dgc.get(), dgs.get(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto gc = dgc.to_host();
+  const auto gs = dgs.to_host();
+  for (int64_t p = 0; p < n_out; ++p) {
+    ASSERT_EQ(0, std::memcmp(gc.data() + p * k, codes.data() + perm[size_t(p)] * k, size_t(k))) << "row " << p;
+    ASSERT_EQ(0, std::memcmp(gs.data() + p * (k / 32), scales.data() + perm[size_t(p)] * (k / 32), size_t(k / 32) * 4));
+  }
+  EXPECT_EQ(detail::launch_gather_fp8_rows(dc.get(), dsc.get(), dperm.get(), 1, 100, dgc.get(), dgs.get(), nullptr),
+            cudaErrorInvalidValue);
+
+  // SwiGLU x weight, quantised: the decoded value is within half an e4m3 step of the FP32 value.
+  const int64_t r2 = 7, n = 96;
+  auto gu = randn(rng, size_t(r2 * 2 * n), 3.0f);
+  gu[5] = 40.0f, gu[size_t(n) + 6] = -40.0f;  // clamped by the limit
+  for (int64_t i = 0; i < n; ++i) gu[size_t(2 * n + i)] = 0.0f;  // an all-zero gate row: h = 0
+  const auto wt = randn(rng, size_t(r2));
+  DeviceBuffer<float> dgu(gu), dwt(wt), dxs(size_t(r2 * n / 32));
+  DeviceBuffer<uint8_t> dxq(size_t(r2 * n));
+  const float limit = 10.0f;
+  ASSERT_EQ(detail::launch_swiglu_quant_fp8(dgu.get(), dwt.get(), r2, n, limit, dxq.get(), dxs.get(), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto xq = dxq.to_host();
+  const auto xs = dxs.to_host();
+  for (int64_t r = 0; r < r2; ++r)
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float h[32], amax = 0;
+      for (int i = 0; i < 32; ++i) {
+        float g = gu[size_t(r * 2 * n + b * 32 + i)], u = gu[size_t(r * 2 * n + n + b * 32 + i)];
+        g = std::min(g, limit), u = std::min(std::max(u, -limit), limit);
+        h[i] = g / (1.0f + std::exp(-g)) * u * wt[size_t(r)];
+        amax = std::max(amax, std::fabs(h[i]));
+      }
+      const float s = xs[size_t(r * (n / 32) + b)];
+      const float want_s = std::exp2(std::ceil(std::log2(std::max(amax, 1e-4f) / 448.0f)));
+      ASSERT_NEAR(s, want_s, want_s * 1e-6f) << "row " << r << " block " << b;  // a power of two >= amax/448
+      for (int i = 0; i < 32; ++i) {
+        const float v = e4m3_value(xq[size_t(r * n + b * 32 + i)]) * s;
+        ASSERT_LE(std::fabs(v - h[i]), std::fabs(h[i]) / 16.0f + s / 256.0f + 1e-5f * amax)
+            << "row " << r << " col " << b * 32 + i;
+      }
+    }
+
+  // Combine: out[t] = ys[t] + sum of the rows inv[t*k + j].
+  const int64_t T = 5, K = 3, dim = 8;
+  const auto y = randn(rng, size_t(T * K * dim));
+  const auto ys = randn(rng, size_t(T * dim));
+  std::vector<int32_t> inv(size_t(T * K));
+  for (size_t i = 0; i < inv.size(); ++i) inv[i] = int32_t((i * 7) % inv.size());
+  DeviceBuffer<float> dy(y), dys(ys), dout(size_t(T * dim));
+  DeviceBuffer<int32_t> dinv(inv);
+  ASSERT_EQ(detail::launch_combine_rows(dy.get(), dinv.get(), dys.get(), T, K, dim, dout.get(), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto out = dout.to_host();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < dim; ++d) {
+      float want = ys[size_t(t * dim + d)];
+      for (int64_t j = 0; j < K; ++j) want += y[size_t(inv[size_t(t * K + j)] * dim + d)];
+      ASSERT_NEAR(out[size_t(t * dim + d)], want, 1e-5f * (1.0f + std::fabs(want))) << "t=" << t << " d=" << d;
+    }
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda
