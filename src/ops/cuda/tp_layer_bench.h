@@ -54,6 +54,7 @@ struct TpLayerReport {
   std::string device, nccl_version;
   std::vector<TpLayerTiming> rows;
   std::vector<TpPrefillComm> prefill;
+  std::string error;  // a world size that failed (the rows before it are kept); "" when all ran
 };
 
 Result<TpLayerReport> run_tp_layer_bench(const TpLayerOptions& opt);
