@@ -138,13 +138,13 @@ Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const st
   const size_t row_bytes = size_t(width) * 4;
   if (new_prev)
     for (int64_t s = 0; s < ratio; ++s) {
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
     }
   for (size_t i = 0; i < cur_v.size(); ++i) {
     if (cur_v[i] == cs.v.get() + i * width) continue;  // an old pending row already in place
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   cs.n_pend = int64_t(cur_v.size());
   cs.has_prev = cs.has_prev || new_prev;
@@ -188,7 +188,7 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   if (v41 && ratio == 1) {
     groups = ctx.pos;
     FS_RETURN_IF_ERROR(LS.ckv.reserve(size_t((LS.n_ckv + T) * Dh), true));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(LS.ckv.get() + LS.n_ckv * Dh, v, size_t(T * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(LS.ckv.get() + LS.n_ckv * Dh, v, size_t(T * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   } else {
     FS_RETURN_IF_ERROR(pool(LS.comp, v, z, ctx.pos, ratio, Dh, overlap, LS.ckv, LS.n_ckv, groups, "cmp"));
   }

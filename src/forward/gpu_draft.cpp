@@ -134,14 +134,14 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_sel", B * n));
   FS_ASSIGN_OR_RETURN(int32_t* sel_n, scratch<int32_t>("dr_sel_n", B));
   for (int64_t j = 0; j < B; ++j)
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   for (int64_t p = first + 1; p <= last;) {  // at most two contiguous runs of the ring
     const int64_t slot = p % ring, cnt = std::min(last + 1 - p, ring - slot);
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (p - first - 1) * Dh, rg + slot * Dh, size_t(cnt * Dh) * 4,
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(keys + (p - first - 1) * Dh, rg + slot * Dh, size_t(cnt * Dh) * 4,
                                             cudaMemcpyDeviceToDevice, stream_));
     p += cnt;
   }
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(keys + (nw - 1) * Dh, kv, size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(keys + (nw - 1) * Dh, kv, size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
   std::vector<int32_t> hsel(size_t(B * (n - 1))), hn(size_t(B), int32_t(n - 1));
   for (int64_t j = 0; j < B; ++j)
     for (int64_t i = 0; i < n - 1; ++i) hsel[size_t(j * (n - 1) + i)] = int32_t(i);
@@ -243,7 +243,7 @@ Status GpuModel::draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in) 
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(draft_moe(stage, ctx, a, f));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
   return {};
 }
 
@@ -295,8 +295,8 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(hf, d(W.norm), y, B, D, float(c.rms_norm_eps), ref(), stream_));
   FS_RETURN_IF_ERROR(linear(y, d(w_.head), B, D, V, U, 0, false));
   std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hU.data(), U, hU.size() * 4, cudaMemcpyDeviceToHost, stream_));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(hU.data(), U, hU.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(hhf.data(), hf, hhf.size() * 4, cudaMemcpyDeviceToHost, stream_));
   FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   FS_RETURN_IF_ERROR(staging_.rewind());  // the uploads above have completed
@@ -313,7 +313,7 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
     const float* e = W.markov_embed.data() + int64_t(prev) * r;
     float* l = out.logits.data() + (i - 1) * V;
     FS_RETURN_IF_ERROR(linear(markov_embed_.get() + int64_t(prev) * r, markov_head_.get(), 1, r, V, ml, 0, false));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
     FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (int64_t v = 0; v < V; ++v) l[v] += hU[size_t((i - 1) * V + v)];
     std::copy_n(hhf.data() + (i - 1) * D, D, cin.data());

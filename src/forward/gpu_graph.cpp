@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "forward/gpu_impl.h"
+#include "ops/cuda/launch.cuh"
 
 namespace flashseek::forward::gpu {
 namespace {
@@ -68,6 +69,8 @@ void restore(const Snapshot& s) {
 
 constexpr int kMaxCaptures = 4;     // recordings of one step (each after growing buffers)
 constexpr size_t kMaxExecs = 32;    // cached executables per model (least recently used go)
+constexpr int kPatchMissRun = 8;     // patch misses in a row that pause patching ...
+constexpr int kPatchBackoff = 16;    // ... for this many decode-sized steps
 
 // The shape of a recorded graph: its node types and kernel functions in node order. Steps of one
 // key differ in shape when a compressor group completes in one item and not in another (with two
@@ -106,6 +109,120 @@ uint64_t graph_shape(cudaGraph_t g, size_t n) {
 
 }  // namespace
 
+// Replays the step from a cached executable without recording it: the forward's host code runs
+// with the launch tape in patch mode (ops/cuda/launch.cuh: every kernel, copy and memset is
+// appended, nothing is queued), inside an empty capture of stream_ that catches any work that
+// bypasses the tape. If the tape matches an executable recorded from the same key and op sequence,
+// only the nodes whose parameters changed are set, and the executable is launched. `done` false:
+// nothing ran and every host counter is as before (the caller records the step).
+Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem> batch, std::vector<float>& logits,
+                            const std::function<Status()>& discard, bool& done) {
+  done = false;
+  CaptureGuard& guard = capture_guard();
+  ops::cuda::LaunchTape& tape = ops::cuda::launch_tape();
+  pending_logits_.clear();
+  pending_bytes_.clear();
+  guard.deferred.clear();
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  tape.start(ops::cuda::LaunchTape::kPatch, stream_);
+  guard.active = true;
+  const Status s = run_items(batch, logits);
+  guard.active = false;
+  tape.mode = ops::cuda::LaunchTape::kOff;
+  cudaGraph_t g = nullptr;
+  const cudaError_t ec = cudaStreamEndCapture(stream_, &g);
+  size_t stray = 0;  // nodes captured beside the tape (work that bypassed it)
+  if (g) {
+    if (cudaGraphGetNodes(g, nullptr, &stray) != cudaSuccess) stray = 1;
+    cudaGraphDestroy(g);
+  }
+  (void)cudaGetLastError();
+  GraphExec* x = nullptr;
+  if (s.ok() && ec == cudaSuccess && stray == 0 && guard.deferred.empty() && !tape.failed) {
+    for (GraphExec& c : execs_)
+      if (c.patchable && c.exec && c.shape == tape.shape && c.nodes == tape.ops.size() && c.key == key) x = &c;
+  }
+  if (x) {
+    int64_t set = 0;
+    if (apply_tape(*x, set)) {
+      x->used = ++exec_clock_;
+      if (cudaGraphLaunch(x->exec, stream_) == cudaSuccess) {
+        done = true;
+        patch_miss_run_ = 0;
+        ++gstats_.launches;
+        ++gstats_.patched;
+        gstats_.patched_nodes += set;
+        return {};
+      }
+    }
+    // Partly patched or not launched: this executable is no longer what its tape says.
+    (void)cudaGetLastError();
+    cudaGraphExecDestroy(x->exec);
+    if (x->graph) cudaGraphDestroy(x->graph);
+    execs_.erase(execs_.begin() + (x - execs_.data()));
+  }
+  ++gstats_.patch_misses;
+  if (++patch_miss_run_ >= kPatchMissRun) {  // record the next steps directly (they fill the cache)
+    patch_miss_run_ = 0;
+    patch_backoff_ = kPatchBackoff;
+  }
+  FS_RETURN_IF_ERROR(discard());
+  std::vector<std::function<Status()>> grow;
+  grow.swap(guard.deferred);
+  for (auto& f : grow) FS_RETURN_IF_ERROR(f());  // the recording then needs no retry for these
+  return {};
+}
+
+// Sets the nodes of `x` whose op on this thread's tape differs from the op it was recorded or last
+// patched with; then the tape becomes the executable's. False: an op that cannot be patched (the
+// executable may be partly patched).
+bool GpuModel::apply_tape(GraphExec& x, int64_t& set) {
+  ops::cuda::LaunchTape& t = ops::cuda::launch_tape();
+  ops::cuda::LaunchTape& o = x.tape;
+  using Op = ops::cuda::TapeOp;
+  if (t.ops.size() != o.ops.size()) return false;
+  for (size_t i = 0; i < t.ops.size(); ++i) {  // the same ops in the same order (the hash may collide)
+    const Op &a = o.ops[i], &b = t.ops[i];
+    if (a.kind != b.kind || a.func != b.func || a.cluster != b.cluster || a.nbytes != b.nbytes) return false;
+  }
+  std::vector<void*> argv;
+  auto same_dim = [](const dim3& p, const dim3& q) { return p.x == q.x && p.y == q.y && p.z == q.z; };
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const Op& a = o.ops[i];
+    Op& b = t.ops[i];
+    b.node = a.node;
+    if (b.kind == Op::kKernel) {
+      if (same_dim(a.grid, b.grid) && same_dim(a.block, b.block) && a.smem == b.smem &&
+          std::memcmp(o.bytes.data() + a.byte0, t.bytes.data() + b.byte0, b.nbytes) == 0)
+        continue;
+      cudaKernelNodeParams p{};
+      p.func = const_cast<void*>(b.func);
+      p.gridDim = b.grid, p.blockDim = b.block, p.sharedMemBytes = b.smem;
+      t.arg_ptrs(b, argv);
+      p.kernelParams = argv.data();
+      if (cudaGraphExecKernelNodeSetParams(x.exec, b.node, &p) != cudaSuccess) return false;
+      ++set;
+    } else if (b.kind == Op::kMemcpy) {
+      if (a.dst == b.dst && a.src == b.src && a.count == b.count && a.aux == b.aux) continue;
+      if (a.aux != b.aux ||
+          cudaGraphExecMemcpyNodeSetParams1D(x.exec, b.node, b.dst, b.src, b.count, cudaMemcpyKind(b.aux)) !=
+              cudaSuccess)
+        return false;
+      ++set;
+    } else if (a.dst != b.dst || a.count != b.count || a.aux != b.aux) {
+      return false;  // a memset that moved: record the step again
+    }
+  }
+  std::swap(o.ops, t.ops);
+  std::swap(o.bytes, t.bytes);
+  std::swap(o.arg_offs, t.arg_offs);
+  o.shape = t.shape;
+  return true;
+}
+
 Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& logits, bool& ran) {
   ran = false;
   std::vector<int64_t> key;  // the batch bucket and block sizes
@@ -114,14 +231,29 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
   for (const auto& it : batch) snaps.push_back(take(*static_cast<GpuSequenceState*>(it.state)));
   const size_t off0 = logits.size();
   CaptureGuard& guard = capture_guard();
+  ops::cuda::LaunchTape& tape = ops::cuda::launch_tape();
   // Undo an unlaunched recording: counters, logits, staging (nothing of it ran on the device).
-  auto discard = [&]() -> Status {
+  std::function<Status()> discard = [&]() -> Status {
     for (auto it = snaps.rbegin(); it != snaps.rend(); ++it) restore(*it);  // a state twice: first wins
     logits.resize(off0);
     pending_logits_.clear();
     pending_bytes_.clear();
     return staging_.rewind();
   };
+  if (patch_ && patch_backoff_ > 0) {
+    --patch_backoff_;
+  } else if (patch_) {
+    bool done = false;
+    FS_RETURN_IF_ERROR(patch_step(key, batch, logits, discard, done));
+    if (done) {
+      ran = true;
+      if (Status f = finish_forward(logits); !f.ok()) {
+        logits.resize(off0);
+        return f;
+      }
+      return {};
+    }
+  }
   for (int attempt = 0; attempt < kMaxCaptures; ++attempt) {
     pending_logits_.clear();
     pending_bytes_.clear();
@@ -130,13 +262,17 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
       (void)cudaGetLastError();
       return {};  // no capture: the step runs eagerly
     }
+    // With patching on, the tape records every op with its node (the executable's patch map).
+    tape.start(patch_ ? ops::cuda::LaunchTape::kRecord : ops::cuda::LaunchTape::kOff, stream_);
     guard.active = true;
     const Status s = run_items(batch, logits);
     guard.active = false;
+    const bool taped = tape.mode == ops::cuda::LaunchTape::kRecord && !tape.failed;
+    tape.mode = ops::cuda::LaunchTape::kOff;
     cudaGraph_t g = nullptr;
     const cudaError_t ec = cudaStreamEndCapture(stream_, &g);
     if (s.ok() && ec == cudaSuccess && g && guard.deferred.empty()) {
-      if (Status ls = launch_graph(key, g); !ls.ok()) {  // not launched: the step runs eagerly
+      if (Status ls = launch_graph(key, g, taped); !ls.ok()) {  // not launched: the step runs eagerly
         (void)cudaGetLastError();
         FS_RETURN_IF_ERROR(discard());
         return {};
@@ -161,17 +297,25 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
   return {};
 }
 
-Status GpuModel::launch_graph(const std::vector<int64_t>& key, cudaGraph_t g) {
+Status GpuModel::launch_graph(const std::vector<int64_t>& key, cudaGraph_t g, bool taped) {
   size_t nodes = 0;
   if (cudaError_t e = cudaGraphGetNodes(g, nullptr, &nodes); e != cudaSuccess) {
     cudaGraphDestroy(g);
     return ops::cuda::cuda_status(e, "cudaGraphGetNodes");
   }
-  const uint64_t shape = graph_shape(g, nodes);
+  ops::cuda::LaunchTape& tape = ops::cuda::launch_tape();
+  // Patchable: every node of the graph is an op of the tape (nothing bypassed it).
+  const bool patchable = taped && nodes == tape.ops.size();
+  const uint64_t shape = patchable ? tape.shape : graph_shape(g, nodes);
   GraphExec* x = nullptr;
   for (GraphExec& c : execs_)
-    if (c.nodes == nodes && c.shape == shape && c.key == key) x = &c;
-  if (x) {
+    if (c.patchable == patchable && c.nodes == nodes && c.shape == shape && c.key == key) x = &c;
+  if (x && patchable) {  // the patch path missed it (e.g. a memset moved): a fresh executable whose
+    if (x->exec) cudaGraphExecDestroy(x->exec);  // nodes are those of `g`
+    if (x->graph) cudaGraphDestroy(x->graph);
+    x->exec = nullptr;
+    x->graph = nullptr;
+  } else if (x) {
     cudaGraphExecUpdateResultInfo info;
     if (cudaGraphExecUpdate(x->exec, g, &info) == cudaSuccess) {
       ++gstats_.updates;
@@ -193,8 +337,9 @@ Status GpuModel::launch_graph(const std::vector<int64_t>& key, cudaGraph_t g) {
       cudaGraphDestroy(lru->graph);
       execs_.erase(lru);
     }
-    execs_.push_back(GraphExec{key, nodes, shape, nullptr, nullptr, 0});
+    execs_.emplace_back();
     x = &execs_.back();
+    x->key = key, x->nodes = nodes, x->shape = shape, x->patchable = patchable;
   }
   if (!x->exec) {
     if (cudaError_t e = cudaGraphInstantiate(&x->exec, g, 0); e != cudaSuccess) {
@@ -204,6 +349,12 @@ Status GpuModel::launch_graph(const std::vector<int64_t>& key, cudaGraph_t g) {
     }
     ++gstats_.instantiations;
     x->graph = g;
+    if (patchable) {  // the tape (ops, argument bytes and node handles of `g`) is the patch map
+      std::swap(x->tape.ops, tape.ops);
+      std::swap(x->tape.bytes, tape.bytes);
+      std::swap(x->tape.arg_offs, tape.arg_offs);
+      x->tape.shape = tape.shape;
+    }
   }
   x->used = ++exec_clock_;
   FS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(x->exec, stream_));
@@ -221,9 +372,11 @@ GpuModel::~GpuModel() {
     const GpuGraphStats& s = gstats_;
     std::fprintf(stderr,
                  "flashseek gpu %d: graphs %s; forwards %lld, decode-sized %lld, graph launches %lld, "
-                 "instantiations %lld, updates %lld (failed %lld), recaptures %lld, eager fallbacks %lld\n",
+                 "patched %lld (%lld nodes set, %lld misses), instantiations %lld, updates %lld (failed %lld), "
+                 "recaptures %lld, eager fallbacks %lld\n",
                  device_, graphs_ ? "on" : "off", (long long)s.forwards, (long long)s.eligible,
-                 (long long)s.launches, (long long)s.instantiations, (long long)s.updates,
+                 (long long)s.launches, (long long)s.patched, (long long)s.patched_nodes, (long long)s.patch_misses,
+                 (long long)s.instantiations, (long long)s.updates,
                  (long long)s.update_failures, (long long)s.recaptures, (long long)s.eager_fallbacks);
   }
   if (stream_) cudaStreamDestroy(stream_);

@@ -19,6 +19,7 @@
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda {
@@ -244,8 +245,14 @@ class GpuModel final : public Model {
   Status run_items(std::span<BatchItem> batch, std::vector<float>& logits);
   // Decode-sized forward through a CUDA graph; `ran` false: nothing ran (run it eagerly).
   Status forward_graph(std::span<BatchItem> batch, std::vector<float>& logits, bool& ran);
-  // Applies the recorded graph `g` (owned from here on) to the executable of `key` and launches it.
-  Status launch_graph(const std::vector<int64_t>& key, cudaGraph_t g);
+  // Applies the recorded graph `g` (owned from here on) to the executable of `key` and launches it;
+  // `taped`: this thread's launch tape recorded every op of `g` with its node (a patchable graph).
+  Status launch_graph(const std::vector<int64_t>& key, cudaGraph_t g, bool taped);
+  struct GraphExec;
+  // The step from a cached executable by patching changed nodes, without recording (gpu_graph.cpp).
+  Status patch_step(const std::vector<int64_t>& key, std::span<BatchItem> batch, std::vector<float>& logits,
+                    const std::function<Status()>& discard, bool& done);
+  bool apply_tape(GraphExec& x, int64_t& set);
   // Waits for stream_, copies the queued logits into `logits`, rewinds the staging arena.
   Status finish_forward(std::vector<float>& logits);
   // Host → device through the pinned staging arena, ordered on stream_ (never a synchronous copy).
@@ -354,12 +361,21 @@ class GpuModel final : public Model {
   struct GraphExec {
     std::vector<int64_t> key;
     size_t nodes = 0;
-    uint64_t shape = 0;  // node types and kernel functions in order (gpu_graph.cpp graph_shape)
+    // Patchable: the launch tape's op hash; else node types and kernel functions in order
+    // (gpu_graph.cpp graph_shape).
+    uint64_t shape = 0;
     cudaGraphExec_t exec = nullptr;
     cudaGraph_t graph = nullptr;  // the graph last applied (keeps its user objects, e.g. NCCL's, alive)
     uint64_t used = 0;
+    bool patchable = false;       // every node is an op of `tape`, which holds its current parameters
+    ops::cuda::LaunchTape tape;
   };
-  bool graphs_ = false;  // FLASHSEEK_GPU_GRAPHS=1 (gpu_model.h)
+  bool graphs_ = false;  // FLASHSEEK_GPU_GRAPHS (gpu_model.h)
+  // Steps replayed by patching nodes (one GPU; FLASHSEEK_GPU_GRAPH_PATCH=0: recorded every step).
+  bool patch_ = false;
+  // Consecutive patch misses, and eligible steps left that skip the patch attempt (after
+  // kPatchMissRun misses in a row: e.g. work that bypasses the tape in every step).
+  int patch_miss_run_ = 0, patch_backoff_ = 0;
   std::vector<GraphExec> execs_;
   uint64_t exec_clock_ = 0;
   GpuGraphStats gstats_;

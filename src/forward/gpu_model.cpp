@@ -167,6 +167,13 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     m->graphs_ = v == "1";
   }
   if (comm && comm->kind() != "nccl") m->graphs_ = false;  // host-staged collectives synchronise
+  // Replay by patching (gpu_graph.cpp) needs every op on the launch tape: not NCCL's all-reduces.
+  m->patch_ = m->graphs_ && !comm;
+  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPH_PATCH"); e && *e) {
+    const std::string v(e);
+    if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPH_PATCH={}: expected 0 or 1", v);
+    if (v == "0") m->patch_ = false;
+  }
   const auto& c = m->config();
   const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
   if (numerics == Numerics::kReference) {
@@ -372,7 +379,7 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
       return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
     const int64_t xr = (rows + x_row_div - 1) / x_row_div;
     FS_ASSIGN_OR_RETURN(float* xq, scratch<float>("linear_xq", xr * in));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xq, x, size_t(xr * in) * 4, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(xq, x, size_t(xr * in) * 4, cudaMemcpyDeviceToDevice, stream_));
     if (bf16_in) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, 1, cd::QuantSim::kBf16, stream_));
     if (act_block > 0) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xq, xr, in, in, act_block, cd::QuantSim::kFp8, stream_));
     x = xq;
@@ -394,7 +401,7 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
                           nw.k, nw.act_block, out, in, act_block, sel ? ", selected rows" : "");
   if (bf16_in) {
     FS_ASSIGN_OR_RETURN(float* xb, scratch<float>("linear_xq", rows * in));
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, stream_));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xb, rows, in, in, 1, cd::QuantSim::kBf16, stream_));
     x = xb;
   }
@@ -460,7 +467,7 @@ Status GpuModel::run_items(std::span<BatchItem> batch, std::vector<float>& logit
 }
 
 Status GpuModel::upload_staged(void* dst, const void* staged, size_t bytes) {
-  if (bytes) FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  if (bytes) FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(dst, staged, bytes, cudaMemcpyHostToDevice, stream_));
   return {};
 }
 
@@ -476,11 +483,11 @@ Status GpuModel::download_logits(const float* d_logits, int64_t n, std::vector<f
   logits.resize(off + size_t(n));
   constexpr size_t kDirect = size_t(64) << 20;  // huge (prefill, all rows): straight into the vector
   if (bytes > kDirect && !capture_guard().active) {
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data() + off, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(logits.data() + off, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
     return {};  // pageable destination: the copy has completed when the call returns
   }
   FS_ASSIGN_OR_RETURN(float* h, staging<float>(n));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(h, d_logits, bytes, cudaMemcpyDeviceToHost, stream_));
   pending_logits_.push_back({off, h, size_t(n)});
   return {};
 }
@@ -488,7 +495,7 @@ Status GpuModel::download_logits(const float* d_logits, int64_t n, std::vector<f
 Status GpuModel::queue_download(void* host_dst, const void* d_src, size_t bytes) {
   if (!bytes) return {};
   FS_ASSIGN_OR_RETURN(void* h, staging_.alloc(bytes));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d_src, bytes, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(h, d_src, bytes, cudaMemcpyDeviceToHost, stream_));
   pending_bytes_.push_back({host_dst, h, bytes});
   return {};
 }
@@ -619,7 +626,7 @@ Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(moe(l, ctx, a, f));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
-  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
   return {};
 }
 

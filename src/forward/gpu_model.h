@@ -39,6 +39,9 @@ struct GpuGraphStats {
   int64_t forwards = 0;        // GpuModel::forward calls
   int64_t eligible = 0;        // of which decode-sized with graphs on
   int64_t launches = 0;        // graph launches (one per eligible forward that did not fall back)
+  int64_t patched = 0;         // of which replayed by patching changed nodes, without recording
+  int64_t patched_nodes = 0;   // node parameters set by those patches
+  int64_t patch_misses = 0;    // patch attempts that found no matching executable (then recorded)
   int64_t instantiations = 0;  // new executables (first use of a key, or a topology change)
   int64_t updates = 0;         // executables updated in place (cudaGraphExecUpdate)
   int64_t update_failures = 0; // updates refused (counted in instantiations as well)

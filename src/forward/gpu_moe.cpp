@@ -60,7 +60,7 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   if (d(F.s_w1)) {
     FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
   } else {  // the shared expert lives on another rank (gpu_tp.h)
-    FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ys, 0, size_t(T * D) * 4, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memset_async(ys, 0, size_t(T * D) * 4, stream_));
   }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
   FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), stream_));

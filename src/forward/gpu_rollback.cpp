@@ -23,7 +23,7 @@ Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t
                  cudaStream_t s) {
   for (int64_t p = from; p < to;) {
     const int64_t slot = p % cap, n = std::min(to - p, cap - slot);
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + (p - from) * width, hist.get() + slot * width,
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(dst + (p - from) * width, hist.get() + slot * width,
                                             size_t(n * width) * 4, cudaMemcpyDeviceToDevice, s));
     p += n;
   }

@@ -166,6 +166,7 @@ class TpModel final : public Model {
       t.forwards += s.forwards, t.eligible += s.eligible, t.launches += s.launches;
       t.instantiations += s.instantiations, t.updates += s.updates, t.recaptures += s.recaptures;
       t.update_failures += s.update_failures;
+      t.patched += s.patched, t.patched_nodes += s.patched_nodes, t.patch_misses += s.patch_misses;
       t.eager_fallbacks += s.eager_fallbacks;
     }
     return t;

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/launch.cuh"
+
 namespace flashseek::ops::cuda::detail {
 namespace {
 
@@ -24,8 +26,7 @@ cudaError_t launch_tp_remap_experts(int32_t* sel, float* weight, int64_t n, int3
                                     cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   const int threads = 256;
-  remap_experts_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, s>>>(sel, weight, n, e0, n_local);
-  return cudaGetLastError();
+  return launch_kernel(remap_experts_kernel, unsigned((n + threads - 1) / threads), threads, 0, s, sel, weight, n, e0, n_local);
 }
 
 }  // namespace flashseek::ops::cuda::detail

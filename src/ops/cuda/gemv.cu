@@ -28,6 +28,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/gemv_kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -598,16 +599,9 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, int pipe, cudaS
     if (e != cudaSuccess) return e;
   }
   if (split == 1) {
-    kernel<<<grid, kThreads, smem, stream>>>(a, 1, stages, int(pipe == 2));
-    return cudaGetLastError();
+    return launch_kernel(kernel, grid, kThreads, smem, stream, a, 1, stages, int(pipe == 2));
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(split), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a, split, stages, int(pipe == 2));
+  return launch_kernel_cluster(kernel, grid, kThreads, smem, stream, unsigned(split), a, split, stages, int(pipe == 2));
 }
 
 template <bool kFp4, bool kGated, int kNt>

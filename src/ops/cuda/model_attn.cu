@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/model_device.cuh"
 #include "ops/cuda/model_kernels.h"
 
@@ -515,8 +516,7 @@ cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
   if (smem > 48 * 1024 &&
       cudaFuncSetAttribute(model_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     return cudaGetLastError();
-  model_attn_kernel<<<unsigned(a.T * a.H), 128, smem, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(model_attn_kernel, unsigned(a.T * a.H), 128, smem, s, a);
 }
 
 namespace {
@@ -545,8 +545,7 @@ cudaError_t launch_index_scores_tiled(const IndexScoreArgs& a, size_t smem, int 
   if (smem > 48 * 1024 && cudaFuncSetAttribute(index_scores_tiled_kernel<KPT, DP>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     return cudaGetLastError();
-  index_scores_tiled_kernel<KPT, DP><<<dim3(unsigned(tiles), unsigned(splits)), kIsThreads, smem, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(index_scores_tiled_kernel<KPT, DP>, dim3(unsigned(tiles), unsigned(splits)), kIsThreads, smem, s, a);
 }
 }  // namespace
 
@@ -573,24 +572,21 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
     if (smem <= size_t(optin))
       return kind == 2 ? launch_index_scores_tiled<1, 0>(a, smem, sms, s) : launch_index_scores_tiled<2, 0>(a, smem, sms, s);
   }  // else the reference kernel
-  index_scores_kernel<<<dim3(unsigned(a.T), unsigned((a.stride + 127) / 128)), 128, 0, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(index_scores_kernel, dim3(unsigned(a.T), unsigned((a.stride + 127) / 128)), 128, 0, s, a);
 }
 
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
   if (a.stride > INT32_MAX) return cudaErrorInvalidValue;
-  index_topk_kernel<<<unsigned(a.T), kTopkThreads, 0, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
 }
 
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.K <= 0 || a.K > a.E) return cudaErrorInvalidValue;
   const int64_t per_block = kRouteThreads / 32;
-  route_kernel<<<unsigned((a.T + per_block - 1) / per_block), kRouteThreads, 0, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(route_kernel, unsigned((a.T + per_block - 1) / per_block), kRouteThreads, 0, s, a);
 }
 
 }  // namespace flashseek::ops::cuda::detail

@@ -6,6 +6,7 @@
 
 #include <cfloat>
 
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/model_device.cuh"
 #include "ops/cuda/model_kernels.h"
 
@@ -396,27 +397,23 @@ cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdi
   if (block <= 0 || qdim % block != 0 || qdim > stride) return cudaErrorInvalidValue;
   const int64_t n = rows * (qdim / block);
   if (n == 0) return cudaSuccess;
-  quant_sim_kernel<<<blocks_for(n, 128), 128, 0, s>>>(x, rows, stride, qdim, block, kind);
-  return cudaGetLastError();
+  return launch_kernel(quant_sim_kernel, blocks_for(n, 128), 128, 0, s, x, rows, stride, qdim, block, kind);
 }
 
 cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s) {
   if (dim <= 0 || (dim & (dim - 1)) != 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  hadamard_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(x, rows, dim);
-  return cudaGetLastError();
+  return launch_kernel(hadamard_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim);
 }
 
 cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  rms_bf16_heads_kernel<<<blocks_for(rows, 64), 64, 0, s>>>(x, rows, dim, eps);
-  return cudaGetLastError();
+  return launch_kernel(rms_bf16_heads_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim, eps);
 }
 
 cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, scale, bf16);
-  return cudaGetLastError();
+  return launch_kernel(scale_kernel, blocks_for(n, 256), 256, 0, s, x, n, scale, bf16);
 }
 
 cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
@@ -428,13 +425,11 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (a.in <= kSumChunk) {
     const int64_t blocks = (a.out + kLinThreads / 8 - 1) / (kLinThreads / 8) * a.rows;
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-    linear_short_kernel<<<unsigned(blocks), kLinThreads, 0, s>>>(a);
-    return cudaGetLastError();
+    return launch_kernel(linear_short_kernel, unsigned(blocks), kLinThreads, 0, s, a);
   }
   const size_t smem = size_t((a.in + kSumChunk - 1) / kSumChunk) * sizeof(float);
   if (smem > 48 * 1024 || a.out * a.rows > INT32_MAX) return cudaErrorInvalidValue;
-  linear_chunked_kernel<<<unsigned(a.out * a.rows), kLinThreads, smem, s>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(linear_chunked_kernel, unsigned(a.out * a.rows), kLinThreads, smem, s, a);
 }
 
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
@@ -443,8 +438,7 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
   if (rows == 0) return cudaSuccess;
   const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double) : 0;
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  rms_norm_kernel<<<unsigned(rows), 256, smem, s>>>(x, w, y, dim, eps, bf16);
-  return cudaGetLastError();
+  return launch_kernel(rms_norm_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
 }
 
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
@@ -459,81 +453,64 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
     return cudaGetLastError();
   const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? a.cluster : kMixCluster;
   if (csize == 1) {
-    hc_mixes_kernel<<<unsigned(a.rows), kMixThreads, smem, s>>>(a, 1);
-    return cudaGetLastError();
+    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1);
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(a.rows * csize)), cfg.blockDim = dim3(kMixThreads), cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(csize), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, hc_mixes_kernel, a, csize);
+  return launch_kernel_cluster(hc_mixes_kernel, unsigned(a.rows * csize), kMixThreads, smem, s, unsigned(csize), a, csize);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s) {
   if (rows * dim == 0) return cudaSuccess;
-  hc_collapse_kernel<<<blocks_for(rows * dim, 256), 256, 0, s>>>(x, pre, u, rows, hc, dim, bf16);
-  return cudaGetLastError();
+  return launch_kernel(hc_collapse_kernel, blocks_for(rows * dim, 256), 256, 0, s, x, pre, u, rows, hc, dim, bf16);
 }
 
 cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s) {
   if (hc > kMaxHc) return cudaErrorInvalidValue;
   if (rows * dim == 0) return cudaSuccess;
-  hc_post_kernel<<<blocks_for(rows * dim, 256), 256, 0, s>>>(f, x, post, comb, rows, hc, dim, bf16);
-  return cudaGetLastError();
+  return launch_kernel(hc_post_kernel, blocks_for(rows * dim, 256), 256, 0, s, f, x, post, comb, rows, hc, dim, bf16);
 }
 
 cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                          int64_t dim, cudaStream_t s) {
   if (T * hc * dim == 0) return cudaSuccess;
-  embed_kernel<<<blocks_for(T * hc * dim, 256), 256, 0, s>>>(embed, tokens, X, T, hc, dim);
-  return cudaGetLastError();
+  return launch_kernel(embed_kernel, blocks_for(T * hc * dim, 256), 256, 0, s, embed, tokens, X, T, hc, dim);
 }
 
 cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
                                int64_t dim, float eps, bool bf16, cudaStream_t s) {
   if (rows * hc == 0) return cudaSuccess;
-  engram_gate_kernel<<<unsigned(rows * hc), 128, 0, s>>>(x, kv, wqk, hc, dim, eps, bf16);
-  return cudaGetLastError();
+  return launch_kernel(engram_gate_kernel, unsigned(rows * hc), 128, 0, s, x, kv, wqk, hc, dim, eps, bf16);
 }
 
 cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
                               int64_t ring_size, int64_t dim, cudaStream_t s) {
   if (T <= t0) return cudaSuccess;
-  ring_write_kernel<<<blocks_for((T - t0) * dim, 256), 256, 0, s>>>(ring, kv, pos, t0, T, ring_size, dim);
-  return cudaGetLastError();
+  return launch_kernel(ring_write_kernel, blocks_for((T - t0) * dim, 256), 256, 0, s, ring, kv, pos, t0, T, ring_size, dim);
 }
 
 cudaError_t launch_add_ape(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
                            int64_t ratio, cudaStream_t s) {
   if (T * width == 0) return cudaSuccess;
-  add_ape_kernel<<<blocks_for(T * width, 256), 256, 0, s>>>(z, ape, pos, T, width, ratio);
-  return cudaGetLastError();
+  return launch_kernel(add_ape_kernel, blocks_for(T * width, 256), 256, 0, s, z, ape, pos, T, width, ratio);
 }
 
 cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, int64_t n_groups,
                                 int64_t n_slots, int64_t dim, float* out, cudaStream_t s) {
   if (n_groups == 0) return cudaSuccess;
-  softmax_pool_kernel<<<dim3(blocks_for(dim, 128), unsigned(n_groups)), 128, 0, s>>>(v, z, n_slots, dim, out);
-  return cudaGetLastError();
+  return launch_kernel(softmax_pool_kernel, dim3(blocks_for(dim, 128), unsigned(n_groups)), 128, 0, s, v, z, n_slots, dim, out);
 }
 
 cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
                           int64_t n, float limit, bool bf16, cudaStream_t s) {
   if (rows * n == 0) return cudaSuccess;
-  swiglu_kernel<<<blocks_for(rows * n, 256), 256, 0, s>>>(g, u, h, weight, rows, n, limit, bf16);
-  return cudaGetLastError();
+  return launch_kernel(swiglu_kernel, blocks_for(rows * n, 256), 256, 0, s, g, u, h, weight, rows, n, limit, bf16);
 }
 
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s) {
   if (T * dim == 0) return cudaSuccess;
-  moe_combine_kernel<<<blocks_for(T * dim, 256), 256, 0, s>>>(y, ys, out, T, K, dim, bf16);
-  return cudaGetLastError();
+  return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16);
 }
 
 }  // namespace flashseek::ops::cuda::detail

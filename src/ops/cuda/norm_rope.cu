@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/small_kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -65,8 +66,7 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                             float eps, bool bf16_out, cudaStream_t stream) {
   const int threads = dim >= 1024 ? 512 : 128;
-  rms_norm_kernel<<<unsigned(rows), threads, 0, stream>>>(x, w, y, dim, eps, bf16_out);
-  return cudaGetLastError();
+  return launch_kernel(rms_norm_kernel, unsigned(rows), threads, 0, stream, x, w, y, dim, eps, bf16_out);
 }
 
 cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int64_t rows,
@@ -74,9 +74,8 @@ cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int
                         bool bf16_out, cudaStream_t stream) {
   const int64_t total = rows * n_vec * (rope_dim / 2);
   const int threads = 256;
-  rope_kernel<<<unsigned((total + threads - 1) / threads), threads, 0, stream>>>(
+  return launch_kernel(rope_kernel, unsigned((total + threads - 1) / threads), threads, 0, stream,
       x, pos, inv_freq, rows, n_vec, vec_dim, rope_dim, inverse, bf16_out);
-  return cudaGetLastError();
 }
 
 }  // namespace flashseek::ops::cuda::detail

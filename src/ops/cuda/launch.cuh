@@ -1,0 +1,151 @@
+// One entry point for the stream work of the GPU model (kernel launches, async copies and
+// memsets), so that a decode step can be replayed from a cached CUDA graph by patching only the
+// node parameters that changed instead of recording the whole step again (forward/gpu_graph.cpp,
+// docs/cuda.md "CUDA graphs").
+//
+// Each thread has a LaunchTape with a mode:
+//   kOff     launch as usual (the default: one TLS read more per launch);
+//   kRecord  launch (the stream is being captured) and append the op with its captured graph node;
+//   kPatch   do not launch: only append the op (function, grid, block, shared memory, a copy of the
+//            argument bytes; or the copy / memset parameters). No CUDA call.
+// Work that cannot be put on the tape (a library call such as CUB or NCCL) calls
+// launch_tape_unpatchable() so that the caller falls back to recording the step.
+// C++17 (included by .cu files); the launch templates need nvcc, the tape itself does not.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace flashseek::ops::cuda {
+
+struct TapeOp {
+  enum Kind : uint8_t { kKernel = 0, kMemcpy = 1, kMemset = 2 };
+  Kind kind = kKernel;
+  const void* func = nullptr;  // kernel function
+  dim3 grid, block;
+  unsigned smem = 0, cluster = 1;  // cluster: blocks per cluster along x (1: none)
+  uint32_t byte0 = 0, nbytes = 0;  // argument bytes [byte0, byte0 + nbytes) of LaunchTape::bytes
+  uint32_t arg0 = 0, nargs = 0;    // argument offsets (from byte0): LaunchTape::arg_offs[arg0, +nargs)
+  void* dst = nullptr;             // memcpy / memset
+  const void* src = nullptr;       // memcpy
+  size_t count = 0;                // bytes
+  int aux = 0;                     // memcpy: cudaMemcpyKind; memset: the byte value
+  cudaGraphNode_t node = nullptr;  // kRecord: the node the capture created for this op
+};
+
+struct LaunchTape {
+  enum Mode { kOff = 0, kRecord = 1, kPatch = 2 };
+  Mode mode = kOff;
+  cudaStream_t stream = nullptr;  // the only stream the tape accepts
+  bool failed = false;            // an op the tape could not hold: the step cannot be patched
+  uint64_t shape = 0;             // hash of the op kinds and functions in order
+  std::vector<TapeOp> ops;
+  std::vector<unsigned char> bytes;
+  std::vector<uint32_t> arg_offs;
+
+  void start(Mode m, cudaStream_t s) {
+    mode = m;
+    stream = s;
+    failed = false;
+    shape = 1469598103934665603ull;
+    ops.clear();
+    bytes.clear();
+    arg_offs.clear();
+  }
+  void mix(uint64_t v) {
+    shape ^= v;
+    shape *= 1099511628211ull;
+  }
+  // Kernel arguments of op i as the pointer array cudaKernelNodeParams::kernelParams wants.
+  void arg_ptrs(const TapeOp& op, std::vector<void*>& out) {
+    out.resize(op.nargs);
+    for (uint32_t i = 0; i < op.nargs; ++i) out[i] = bytes.data() + op.byte0 + arg_offs[op.arg0 + i];
+  }
+};
+
+// This thread's tape.
+LaunchTape& launch_tape();
+
+// A call that bypasses the tape (CUB, NCCL, ...) is about to queue work: a tape in use fails.
+inline void launch_tape_unpatchable() {
+  LaunchTape& t = launch_tape();
+  if (t.mode != LaunchTape::kOff) t.failed = true;
+}
+
+// Appends a finished op (kRecord: looks up its captured node on `s`). Defined in launch.cpp.
+void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s);
+
+// cudaMemcpyAsync / cudaMemsetAsync through the tape (1-D copies; host memory must be pinned
+// when the step may be captured).
+cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t memset_async(void* dst, int value, size_t bytes, cudaStream_t s);
+
+namespace launch_detail {
+template <typename T>
+void put_arg(LaunchTape& t, const TapeOp& op, const T& v) {
+  static_assert(std::is_trivially_copyable_v<T>, "kernel arguments must be trivially copyable");
+  size_t off = t.bytes.size() - op.byte0;
+  off = (off + alignof(T) - 1) / alignof(T) * alignof(T);
+  t.bytes.resize(op.byte0 + off + sizeof(T));
+  std::memcpy(t.bytes.data() + op.byte0 + off, &v, sizeof(T));
+  t.arg_offs.push_back(uint32_t(off));
+}
+
+template <typename... P, typename... A>
+void tape_kernel(LaunchTape& t, void (*k)(P...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
+                 cudaStream_t s, A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "argument count does not match the kernel");
+  TapeOp op;
+  op.kind = TapeOp::kKernel;
+  op.func = reinterpret_cast<const void*>(k);
+  op.grid = grid, op.block = block, op.smem = unsigned(smem), op.cluster = cluster;
+  t.bytes.resize((t.bytes.size() + 15) & ~size_t(15));
+  op.byte0 = uint32_t(t.bytes.size());
+  op.arg0 = uint32_t(t.arg_offs.size());
+  (put_arg<std::decay_t<P>>(t, op, static_cast<std::decay_t<P>>(std::forward<A>(args))), ...);
+  op.nbytes = uint32_t(t.bytes.size() - op.byte0);
+  op.nargs = uint32_t(t.arg_offs.size() - op.arg0);
+  tape_push(t, op, s);
+}
+}  // namespace launch_detail
+
+#ifdef __CUDACC__
+// k<<<grid, block, smem, s>>>(args...), returning the launch error (cudaGetLastError).
+template <typename... P, typename... A>
+cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
+  LaunchTape& t = launch_tape();
+  if (t.mode != LaunchTape::kPatch) {
+    k<<<grid, block, smem, s>>>(args...);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || t.mode == LaunchTape::kOff) return e;
+  }
+  launch_detail::tape_kernel(t, k, grid, block, smem, 1, s, std::forward<A>(args)...);
+  return cudaSuccess;
+}
+
+// The same with a thread-block cluster of `cluster` blocks along x (cudaLaunchKernelEx).
+template <typename... P, typename... A>
+cudaError_t launch_kernel_cluster(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster,
+                                   A&&... args) {
+  LaunchTape& t = launch_tape();
+  if (t.mode != LaunchTape::kPatch) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    if (e != cudaSuccess || t.mode == LaunchTape::kOff) return e;
+  }
+  launch_detail::tape_kernel(t, k, grid, block, smem, cluster, s, std::forward<A>(args)...);
+  return cudaSuccess;
+}
+#endif
+
+}  // namespace flashseek::ops::cuda
