@@ -87,8 +87,9 @@ Status GpuModel::write_draft_rings(GpuChunk& ctx, const float* taps) {
   FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("dspark_kv", T * Dh));
   // [n_taps, T, D] → [T, n_taps·D]
   for (int64_t k = 0; k < nt; ++k)
-    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(tin + k * D, size_t(nt * D) * 4, taps + k * T * D, size_t(D) * 4,
-                                              size_t(D) * 4, size_t(T), cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy2d_async(tin + k * D, size_t(nt * D) * 4, taps + k * T * D,
+                                                      size_t(D) * 4, size_t(D) * 4, size_t(T),
+                                                      cudaMemcpyDeviceToDevice, stream_));
   FS_RETURN_IF_ERROR(linear(tin, d(W.main_proj), T, nt * D, D, cx, act_block_, R));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(cx, d(W.main_norm), cx, T, D, eps, R, stream_));
   for (size_t s = 0; s < W.stages.size(); ++s) {

@@ -1,15 +1,20 @@
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"). A GpuModel::forward call
-// whose items all have at most kGpuGraphMaxTokens tokens is recorded on stream_ in one capture
-// (every item in order; the host work of the step, such as the Engram gather, the compressor
-// pointer tables and the sequence counters, runs while recording), then applied to a cached
-// executable with cudaGraphExecUpdate (a new one is instantiated when the topology differs, e.g.
-// when a compressor group completes and adds pooling kernels) and launched. The kernels take
-// positions and counts as arguments, so the graph is re-recorded every step; what it saves is the
-// per-kernel launch work, not the recording.
+// whose items all have at most kGpuGraphMaxTokens tokens runs as one graph on stream_.
 //
-// Buffers may not grow under capture (CaptureGuard, gpu_impl.h): a growth is deferred, the capture
-// discarded, every host counter it advanced restored, the growths applied, and the step recorded
-// again. A step that still cannot be recorded runs eagerly (counted as a fallback).
+// Patch path (one GPU): the step's host code runs with the launch tape in patch mode
+// (ops/cuda/launch.cuh): every kernel, copy and memset is appended to the tape instead of being
+// queued, the host work (Engram gather into pinned staging, pool tables, sequence counters) happens
+// as usual. If an executable recorded from the same key (the items' T and all_logits) and the same
+// op sequence is cached, the nodes whose parameters differ from its tape are set and it is
+// launched: no recording, no instantiation.
+//
+// Record path (a new op sequence, e.g. the first step in which a compressor group completes; every
+// step on NCCL ranks, whose all-reduces are not on the tape): the step is captured whole, the
+// tape noting each op's node, and applied to a cached executable (cudaGraphExecUpdate, or a new
+// instantiation; a taped recording is always instantiated afresh so that its nodes are the
+// executable's). Buffers may not grow under capture (CaptureGuard, gpu_impl.h): a growth is
+// deferred, the capture discarded, every host counter it advanced restored, the growths applied,
+// and the step recorded again. A step that still cannot be recorded runs eagerly (a fallback).
 #include "forward/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -212,8 +217,9 @@ bool GpuModel::apply_tape(GraphExec& x, int64_t& set) {
               cudaSuccess)
         return false;
       ++set;
-    } else if (a.dst != b.dst || a.count != b.count || a.aux != b.aux) {
-      return false;  // a memset that moved: record the step again
+    } else if (a.dst != b.dst || a.src != b.src || a.count != b.count || a.aux != b.aux || a.dpitch != b.dpitch ||
+               a.spitch != b.spitch || a.height != b.height) {
+      return false;  // a memset or 2-D copy that moved: record the step again
     }
   }
   std::swap(o.ops, t.ops);

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -376,6 +377,8 @@ class GpuModel final : public Model {
   // Consecutive patch misses, and eligible steps left that skip the patch attempt (after
   // kPatchMissRun misses in a row: e.g. work that bypasses the tape in every step).
   int patch_miss_run_ = 0, patch_backoff_ = 0;
+  bool timed_ = false;  // this forward is decode-sized: finish_forward adds its times to gstats_
+  std::chrono::steady_clock::time_point fwd_t0_;
   std::vector<GraphExec> execs_;
   uint64_t exec_clock_ = 0;
   GpuGraphStats gstats_;

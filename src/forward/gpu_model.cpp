@@ -25,6 +25,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -161,6 +162,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->numerics_ = numerics;
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
+  // CUDA graphs (gpu_graph.cpp): on by default on one GPU, where decode steps replay a cached
+  // executable by patching; a multi-GPU rank records every step (slower than eager): opt-in there.
+  m->graphs_ = !comm;
   if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS"); e && *e) {
     const std::string v(e);
     if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPHS={}: expected 0 or 1", v);
@@ -443,6 +447,9 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
     small = small && int64_t(item.tokens.size()) <= kGpuGraphMaxTokens;
   }
   ++gstats_.forwards;
+  timed_ = true;  // decode-sized (host and wait time accumulated by finish_forward)
+  for (auto& item : batch) timed_ = timed_ && int64_t(item.tokens.size()) <= kGpuGraphMaxTokens;
+  fwd_t0_ = std::chrono::steady_clock::now();
   const size_t off0 = logits.size();
   if (small) {
     ++gstats_.eligible;
@@ -501,7 +508,15 @@ Status GpuModel::queue_download(void* host_dst, const void* d_src, size_t bytes)
 }
 
 Status GpuModel::finish_forward(std::vector<float>& logits) {
+  const auto t1 = std::chrono::steady_clock::now();
   Status s = ops::cuda::cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (timed_) {
+    const auto t2 = std::chrono::steady_clock::now();
+    ++gstats_.timed;
+    gstats_.host_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - fwd_t0_).count();
+    gstats_.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+    timed_ = false;
+  }
   if (s.ok()) {
     for (const PendingCopy& p : pending_logits_) std::memcpy(logits.data() + p.off, p.src, p.n * 4);
     for (const PendingBytes& p : pending_bytes_) std::memcpy(p.dst, p.src, p.bytes);

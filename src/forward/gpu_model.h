@@ -28,12 +28,14 @@ struct GpuLoadOptions {
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
-// whose items all have at most kGpuGraphMaxTokens tokens is captured into a graph on the model's
-// stream and launched through a cached executable (updated in place when the shape matches).
-// Opt-in: FLASHSEEK_GPU_GRAPHS=1 at load time (0 or unset: eager), because the graph is recorded
-// again every step and that costs more host time than the launches it saves (measured on H200,
-// docs/cuda.md). Multi-GPU ranks with the host-staged communicator never use them. Counters
-// since load (a multi-GPU model: summed over its ranks).
+// whose items all have at most kGpuGraphMaxTokens tokens runs as a CUDA graph on the model's
+// stream. On one GPU a step replays a cached executable of the same op sequence, with only the
+// changed node parameters patched (ops/cuda/launch.cuh launch tape); a new op sequence is recorded
+// once. On by default on one GPU (FLASHSEEK_GPU_GRAPHS=0 at load time: eager;
+// FLASHSEEK_GPU_GRAPH_PATCH=0: record every step). Multi-GPU NCCL ranks record every step (their
+// all-reduces are not on the tape), which costs more than eager: there graphs are opt-in
+// (FLASHSEEK_GPU_GRAPHS=1); the host-staged communicator never uses them. Counters since load
+// (a multi-GPU model: summed over its ranks).
 inline constexpr int64_t kGpuGraphMaxTokens = 8;
 struct GpuGraphStats {
   int64_t forwards = 0;        // GpuModel::forward calls
@@ -47,6 +49,9 @@ struct GpuGraphStats {
   int64_t update_failures = 0; // updates refused (counted in instantiations as well)
   int64_t recaptures = 0;      // captures discarded because a buffer had to grow first
   int64_t eager_fallbacks = 0; // eligible forwards that ran without a graph
+  // Decode-sized forwards (graphs on or off): how many, host time until the final stream sync
+  // (host code, launches or recording or patching) and time waiting in that sync, in ns.
+  int64_t timed = 0, host_ns = 0, wait_ns = 0;
 };
 // The counters of a CUDA model (one GPU or tensor-parallel); an error for other models.
 Result<GpuGraphStats> gpu_graph_stats(const Model& m);

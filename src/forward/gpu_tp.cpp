@@ -167,6 +167,7 @@ class TpModel final : public Model {
       t.instantiations += s.instantiations, t.updates += s.updates, t.recaptures += s.recaptures;
       t.update_failures += s.update_failures;
       t.patched += s.patched, t.patched_nodes += s.patched_nodes, t.patch_misses += s.patch_misses;
+      t.timed += s.timed, t.host_ns += s.host_ns, t.wait_ns += s.wait_ns;
       t.eager_fallbacks += s.eager_fallbacks;
     }
     return t;

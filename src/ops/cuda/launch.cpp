@@ -55,4 +55,20 @@ cudaError_t memset_async(void* dst, int value, size_t bytes, cudaStream_t s) {
   return cudaSuccess;
 }
 
+cudaError_t memcpy2d_async(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                           cudaMemcpyKind kind, cudaStream_t s) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  LaunchTape& t = launch_tape();
+  if (t.mode != LaunchTape::kPatch) {
+    const cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s);
+    if (e != cudaSuccess || t.mode == LaunchTape::kOff) return e;
+  }
+  TapeOp op;
+  op.kind = TapeOp::kMemcpy2D;
+  op.dst = dst, op.src = src, op.count = width, op.aux = int(kind);
+  op.dpitch = dpitch, op.spitch = spitch, op.height = height;
+  tape_push(t, op, s);
+  return cudaSuccess;
+}
+
 }  // namespace flashseek::ops::cuda

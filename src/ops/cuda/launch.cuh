@@ -24,7 +24,7 @@
 namespace flashseek::ops::cuda {
 
 struct TapeOp {
-  enum Kind : uint8_t { kKernel = 0, kMemcpy = 1, kMemset = 2 };
+  enum Kind : uint8_t { kKernel = 0, kMemcpy = 1, kMemset = 2, kMemcpy2D = 3 };
   Kind kind = kKernel;
   const void* func = nullptr;  // kernel function
   dim3 grid, block;
@@ -33,7 +33,8 @@ struct TapeOp {
   uint32_t arg0 = 0, nargs = 0;    // argument offsets (from byte0): LaunchTape::arg_offs[arg0, +nargs)
   void* dst = nullptr;             // memcpy / memset
   const void* src = nullptr;       // memcpy
-  size_t count = 0;                // bytes
+  size_t count = 0;                // bytes (2-D copy: of a row)
+  size_t dpitch = 0, spitch = 0, height = 0;  // 2-D copy
   int aux = 0;                     // memcpy: cudaMemcpyKind; memset: the byte value
   cudaGraphNode_t node = nullptr;  // kRecord: the node the capture created for this op
 };
@@ -84,6 +85,9 @@ void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s);
 // when the step may be captured).
 cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t memset_async(void* dst, int value, size_t bytes, cudaStream_t s);
+// cudaMemcpy2DAsync through the tape (a moved 2-D copy is not patched: the step is recorded).
+cudaError_t memcpy2d_async(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                           cudaMemcpyKind kind, cudaStream_t s);
 
 namespace launch_detail {
 template <typename T>
