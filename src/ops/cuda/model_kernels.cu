@@ -156,7 +156,18 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
 // each sum in the CPU's order, recomputed identically by the threads that need it).
 constexpr int kMixThreads = 512;
 constexpr int kMixCluster = 8;  // blocks per row when hc·dim > kSumChunk
-__global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int csize) {
+// The slot that holds mix `mix` of row r between the row-tile dots and hc_mixes_kernel (dots_ready):
+// the outputs themselves (n_mix = 2hc + hc² = |pre| + |post| + |comb| per row; head-only: |pre|).
+__device__ __forceinline__ float* hc_dot_slot(const HcMixArgs& a, int64_t r, int64_t mix) {
+  const int64_t hc = a.hc;
+  if (mix < hc) return a.pre + r * hc + mix;
+  if (mix < 2 * hc) return a.post + r * hc + mix - hc;
+  return a.comb + r * hc * hc + mix - 2 * hc;
+}
+
+// dots_ready: the row-tile kernel below has left each mix dot (the full chunked sum) in its
+// hc_dot_slot; only the sum of squares is computed here (csize 1).
+__global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int csize, bool dots_ready) {
   extern __shared__ double hsm[];
   const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
   const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
@@ -170,7 +181,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
   const float* x = a.x + row * flat;
   const int warp = int(threadIdx.x / 32), n_warps = int(blockDim.x / 32);
   if (flat > kSumChunk) {
-    const int64_t items = (n_mix + 1) * m, all_warps = int64_t(n_warps) * csize;
+    const int64_t items = (dots_ready ? 1 : n_mix + 1) * m, all_warps = int64_t(n_warps) * csize;
     for (int64_t item = int64_t(rank) * n_warps + warp; item < items; item += all_warps) {
       const int64_t mix = item / m - 1, c = item % m, off = c * kSumChunk;
       const int64_t len = flat - off < kSumChunk ? flat - off : kSumChunk;
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
-    mu[i] = __fmul_rn(m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
+    mu[i] = __fmul_rn(dots_ready ? *hc_dot_slot(a, row, i) : m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
   __syncthreads();
   const int64_t r = row;
   auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
@@ -263,6 +274,146 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
     __syncthreads();
   }
   if (own) a.comb[r * hc * hc + j * hc + k] = pv;
+}
+
+// Row tiles (large M): the mix dots as a small FP32 GEMM [rows, flat] x [n_mix, flat]ᵀ in the
+// exact chunked order of ops::dot_f32 (flat > kSumChunk), so that fn is read once per 16 rows
+// instead of once per row. A 256-thread block owns 16 rows x 12 mixes; warp w computes rows
+// 4(w % 4).. x mixes 6(w / 4).. with lane l holding partials 4l..4l+3 of a chunk (one float4
+// column of each 128-wide slice, the 8 slices of a chunk in index order), so a chunk sum is
+// warp_dot_chunk's (p0+p1)+(p2+p3) and xor butterfly. kSlices 128-column slices of the 16 x rows
+// and 12 fn rows form one stage of a cp.async ring (one block barrier per stage); columns past
+// flat are zero on both sides (a +0 product leaves a partial, never -0, unchanged). Chunk sums go
+// to shared memory, the stride-doubling tree per (row, mix) follows, and the dot lands in its
+// hc_dot_slot.
+constexpr int kTileRows = 16, kTileMix = 12, kTileThreads = 256;
+constexpr int kTileSlots = kTileRows + kTileMix;  // staged rows of one 128-column slice
+constexpr int kTileSliceF4 = kTileSlots * 32;     // float4 per staged slice
+constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 64;
+template <int kSlices>
+struct HcTile {
+  static constexpr int kStages = kSlices >= 4 ? 3 : 4;
+  static constexpr int kStageF4 = kSlices * kTileSliceF4;
+  static constexpr size_t kRingBytes = size_t(kStages) * kStageF4 * sizeof(float4);
+  static constexpr int kItems = (kStageF4 + kTileThreads - 1) / kTileThreads;  // copies per thread
+};
+
+__device__ __forceinline__ void hc_cp_async16(float4* dst, const float* src) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
+template <int kSlices>
+__global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMixArgs a, int n_mix, int mix_blocks) {
+  using T = HcTile<kSlices>;
+  extern __shared__ float4 tsm[];
+  __shared__ const float* slot_src[kTileSlots];  // row of each staged slot (nullptr: zeros)
+  float4* ring = tsm;                                                // [stages][slices][slots][32]
+  float* csum = reinterpret_cast<float*>(tsm + T::kStages * T::kStageF4);  // [16 x 12][m]
+  const int64_t flat = a.hc * a.dim, m = (flat + kSumChunk - 1) / kSumChunk;
+  const int64_t stages = m * (8 / kSlices);
+  const int64_t row0 = int64_t(blockIdx.x / unsigned(mix_blocks)) * kTileRows;
+  const int mix0 = int(blockIdx.x % unsigned(mix_blocks)) * kTileMix;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid & 31;
+  const int wr = (warp % 4) * 4, wm = (warp / 4) * 6;
+  if (tid < kTileSlots) {
+    const float* src = nullptr;
+    if (tid < kTileRows) {
+      if (row0 + tid < a.rows) src = a.x + (row0 + tid) * flat;
+    } else if (mix0 + tid - kTileRows < n_mix) {
+      src = a.fn + int64_t(mix0 + tid - kTileRows) * flat;
+    }
+    slot_src[tid] = src;
+  }
+  __syncthreads();
+  auto load = [&](int64_t st) {  // stage st: slices st·kSlices.. (chunk st·kSlices / 8) into its slot
+    if (st < stages) {
+      const int64_t col0 = (st * kSlices / 8) * kSumChunk + (st * kSlices % 8) * 128;
+      float4* buf = ring + (st % T::kStages) * T::kStageF4;
+#pragma unroll
+      for (int k = 0; k < T::kItems; ++k) {
+        const int i = tid + k * kTileThreads;  // [slice][slot][32]
+        if (T::kStageF4 % kTileThreads == 0 || i < T::kStageF4) {
+          const int in_slice = i % kTileSliceF4;
+          const float* src = slot_src[in_slice / 32];
+          const int64_t col = col0 + (i / kTileSliceF4) * 128 + 4 * (in_slice % 32);
+          if (src && col < flat) hc_cp_async16(buf + i, src + col);
+          else buf[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  float acc[4][6][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 6; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  for (int st = 0; st < T::kStages - 1; ++st) load(st);
+  for (int64_t c = 0; c < m; ++c) {
+#pragma unroll 1
+    for (int64_t st = c * (8 / kSlices); st < (c + 1) * (8 / kSlices); ++st) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(T::kStages - 2));
+      __syncthreads();  // stage st is in; every warp is done with stage st - 1, whose slot is refilled
+      load(st + T::kStages - 1);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) {  // the stage's slices in index order
+        const float4* buf = ring + (st % T::kStages) * T::kStageF4 + sl * kTileSliceF4 + lane;
+        float4 xv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = buf[(wr + i) * 32];
+#pragma unroll
+        for (int j = 0; j < 6; ++j) {
+          const float4 f = buf[(kTileRows + wm + j) * 32];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[i][j][0] = mul_add(f.x, xv[i].x, acc[i][j][0]);
+            acc[i][j][1] = mul_add(f.y, xv[i].y, acc[i][j][1]);
+            acc[i][j][2] = mul_add(f.z, xv[i].z, acc[i][j][2]);
+            acc[i][j][3] = mul_add(f.w, xv[i].w, acc[i][j][3]);
+          }
+        }
+      }
+    }
+    // Chunk c complete: lane values, butterfly, chunk sum to shared memory.
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 6; ++j) {
+        float v = __fadd_rn(__fadd_rn(acc[i][j][0], acc[i][j][1]), __fadd_rn(acc[i][j][2], acc[i][j][3]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) csum[((wr + i) * kTileMix + wm + j) * m + c] = v;
+        acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+      }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  for (int o = tid; o < kTileRows * kTileMix; o += kTileThreads) {
+    const int64_t r = row0 + o / kTileMix;
+    const int mix = mix0 + o % kTileMix;
+    if (r < a.rows && mix < n_mix) *hc_dot_slot(a, r, mix) = dev_chunk_tree(csum + int64_t(o) * m, m);
+  }
+}
+
+template <int kSlices>
+cudaError_t launch_hc_mix_dots_tiled(const HcMixArgs& a, int64_t n_mix, int64_t m, cudaStream_t s) {
+  const int mix_blocks = int((n_mix + kTileMix - 1) / kTileMix);
+  const int64_t blocks = (a.rows + kTileRows - 1) / kTileRows * mix_blocks;
+  const size_t smem = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * m) * sizeof(float);
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
+  if (!attr_set) {
+    const size_t most = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * kTileMaxChunks) * sizeof(float);
+    const cudaError_t e = cudaFuncSetAttribute(hc_mix_dots_tiled_kernel<kSlices>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  return launch_kernel(hc_mix_dots_tiled_kernel<kSlices>, unsigned(blocks), kTileThreads, smem, s, a, int(n_mix),
+                       mix_blocks);
 }
 
 __global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
@@ -451,11 +602,24 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
   if (smem > 48 * 1024 &&
       cudaFuncSetAttribute(hc_mixes_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     return cudaGetLastError();
+  // Row tiles: flat > kSumChunk, 16-byte aligned rows, at most kTileMaxChunks chunks; automatic
+  // from kHcTileMinRows rows (the row kernel re-reads the whole fn matrix for every row).
+  const bool tiles_ok = flat > kSumChunk && m <= kTileMaxChunks && flat % 4 == 0 &&
+                        ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.fn)) & 15) == 0;
+  if (tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= kHcTileMinRows))) {
+    const int slices = a.tiled == 1 || a.tiled == 4 ? a.tiled : 2;  // 128-column slices per ring stage
+    const cudaError_t e = slices == 1   ? launch_hc_mix_dots_tiled<1>(a, n_mix, m, s)
+                          : slices == 4 ? launch_hc_mix_dots_tiled<4>(a, n_mix, m, s)
+                                        : launch_hc_mix_dots_tiled<2>(a, n_mix, m, s);
+    if (e != cudaSuccess) return e;
+    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, true);
+  }
   const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? a.cluster : kMixCluster;
   if (csize == 1) {
-    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1);
+    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, false);
   }
-  return launch_kernel_cluster(hc_mixes_kernel, unsigned(a.rows * csize), kMixThreads, smem, s, unsigned(csize), a, csize);
+  return launch_kernel_cluster(hc_mixes_kernel, unsigned(a.rows * csize), kMixThreads, smem, s, unsigned(csize), a, csize,
+                               false);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,

@@ -48,12 +48,18 @@ struct HcMixArgs {
   float norm_eps = 0, hc_eps = 0;
   bool head_only = false;         // hc_head_pre: only the hc pre mixes
   int cluster = 0;                // blocks per row, 1..8 (0: 8 when hc·dim > 1024; same bits for any)
+  int tiled = -1;                 // row tiles (16 rows share each fn slice): -1 from 64 rows, 0 never,
+                                  // 1 / 2 / 4 always, staging 1 / 2 / 4 128-column slices per ring
+                                  // stage (-1: 2); only where hc·dim > 1024, hc·dim % 4 == 0, x and fn
+                                  // 16-byte aligned and hc·dim <= 64 chunks (else the row kernel); same bits
   float* pre = nullptr;           // [rows, hc]
   float* post = nullptr;          // [rows, hc]
   float* comb = nullptr;          // [rows, hc, hc]
 };
 // A thread-block cluster per row; the flat sum of squares and the mix dots in the sum_order.h
-// orders, one warp per 1024-value chunk, Sinkhorn with one thread per comb entry.
+// orders, one warp per 1024-value chunk, Sinkhorn with one thread per comb entry. Row tiles
+// (`tiled`): the mix dots by a row-tiled kernel (same order), then a block per row for the sum
+// of squares, the scaling and Sinkhorn.
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
