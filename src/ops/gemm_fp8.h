@@ -75,4 +75,42 @@ inline Status validate(const GemmFp8Params& p) {
 // CPU twin: quantise x exactly like the GPU (or dequantise xq·xs), dequantise W, FP32 dots.
 Status gemm_fp8_ref(const GemmFp8Params& p);
 
+// Grouped FP8 GEMM (the routed experts of a prefill chunk in one launch): `groups` problems that
+// share n, k and w_block. The activations come pre-quantised and stacked by group: group g owns
+// rows [row_start[g], row_start[g+1]) of xq / xs / y (row_start[0] = 0, non-decreasing,
+// row_start[groups] = rows; empty groups allowed) and the weights w + g·n·k (codes [n, k]) with
+// scales w_scale + g·ceil(n/w_block)·(k/w_block):
+//   Y[rows of g] = (xq·xs)[rows of g] · dq(W_g)ᵀ
+// Same numbers per group as gemm_fp8 on that group's rows. row_start: a device array for the
+// CUDA op (the launch needs no host knowledge of the group sizes), a host array for the twin.
+struct GemmFp8GroupedParams {
+  const uint8_t* xq = nullptr;  // [rows, k] e4m3
+  const float* xs = nullptr;    // [rows, k/32]
+  const uint8_t* w = nullptr;   // [groups, n, k] e4m3
+  const uint8_t* w_scale = nullptr;  // [groups, ceil(n/w_block), k/w_block] e8m0
+  const int32_t* row_start = nullptr;  // [groups + 1]
+  void* y = nullptr;            // [rows, n] FP32, or BF16 bits when bf16_out
+  bool bf16_out = false;
+  int64_t groups = 0, rows = 0, n = 0, k = 0;
+  int64_t w_block = 32;
+};
+
+inline Status validate(const GemmFp8GroupedParams& p) {
+  if (!p.xq || !p.xs || !p.w || !p.w_scale || !p.row_start || !p.y)
+    return invalid_argument("gemm_fp8_grouped: xq, xs, w, w_scale, row_start and y must be set");
+  if (p.groups <= 0 || p.groups > 1024)
+    return invalid_argument("gemm_fp8_grouped: groups={} must be in 1..1024", p.groups);
+  if (p.rows < 0 || p.n <= 0) return invalid_argument("gemm_fp8_grouped: rows={}, n={}", p.rows, p.n);
+  if (p.k <= 0 || p.k % 128 != 0)
+    return invalid_argument("gemm_fp8_grouped: k={} must be a positive multiple of 128", p.k);
+  if (p.w_block != 32 && p.w_block != 128)
+    return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
+  if (p.rows >= (int64_t(1) << 31) / 128 || p.n * p.groups >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30))
+    return out_of_range("gemm_fp8_grouped: rows={}, groups·n={} or k={} too large", p.rows, p.n * p.groups, p.k);
+  return {};
+}
+
+// CPU twin: gemm_fp8_ref per non-empty group (row_start on the host, checked).
+Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p);
+
 }  // namespace flashseek::ops

@@ -273,6 +273,121 @@ TEST(CudaGemmFp8, RejectsBadInputWithClearErrors) {
   EXPECT_NE(s.message().find("act_block=64"), std::string::npos) << s.message();
 }
 
+// Grouped GEMM (routed experts): group sizes 0, 1, 127, 129, 128, 300... (empty groups first,
+// middle and last), n not a multiple of the 128 tile (the last n-tile of a group reads the next
+// group's weight rows: must not leak), 384 small groups (the in-kernel tile prefix over 12
+// 32-group scans, several tiles per block). Bitwise equal to kernel 6 launched per group on the
+// group's rows, and within the GEMM tolerance of the CPU twin gemm_fp8_grouped_ref.
+struct GroupedCase {
+  std::vector<int32_t> sizes;
+  int64_t n, k, w_block;
+  bool bf16_out;
+};
+
+void run_grouped(const GroupedCase& c, uint32_t seed) {
+  const int64_t G = int64_t(c.sizes.size()), n = c.n, k = c.k, wb = c.w_block;
+  SCOPED_TRACE(::testing::Message() << "groups=" << G << " n=" << n << " k=" << k << " wb=" << wb
+                                    << " bf16_out=" << c.bf16_out);
+  std::vector<int32_t> starts(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + c.sizes[size_t(g)];
+  const int64_t rows = starts[size_t(G)];
+  std::mt19937 rng(seed);
+  const int64_t nsb = (n + wb - 1) / wb, kbw = k / wb;
+  const std::vector<uint8_t> w = random_codes(rng, size_t(G * n * k)), ws = random_scales(rng, size_t(G * nsb * kbw));
+  const std::vector<float> x = random_x(rng, rows, k);
+  DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n));
+  DeviceBuffer<uint8_t> dxq(size_t(rows * k)), dw(w), dws(ws);
+  DeviceBuffer<int32_t> dstarts(starts);
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, dxq.get(), dxs.get(), nullptr));
+  const size_t ob = c.bf16_out ? 2 : 4;
+  ASSERT_EQ(cudaMemset(dy1.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy2.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  GemmFp8GroupedParams gp;
+  gp.xq = dxq.get(), gp.xs = dxs.get(), gp.w = dw.get(), gp.w_scale = dws.get(), gp.row_start = dstarts.get();
+  gp.y = dy1.get(), gp.bf16_out = c.bf16_out, gp.groups = G, gp.rows = rows, gp.n = n, gp.k = k, gp.w_block = wb;
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gp, nullptr));
+  for (int64_t g = 0; g < G; ++g) {  // kernel 6 on each group alone
+    const int64_t r0 = starts[size_t(g)], r1 = starts[size_t(g + 1)];
+    if (r1 == r0) continue;
+    GemmFp8Params p;
+    p.xq = dxq.get() + r0 * k, p.xs = dxs.get() + r0 * (k / 32);
+    p.w = dw.get() + g * n * k, p.w_scale = dws.get() + g * nsb * kbw;
+    p.y = reinterpret_cast<uint8_t*>(dy2.get()) + size_t(r0 * n) * ob, p.bf16_out = c.bf16_out;
+    p.m = r1 - r0, p.n = n, p.k = k, p.w_block = wb, p.kernel = 6;
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host();
+  const size_t bytes = size_t(rows * n) * ob;
+  ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), bytes)) << "grouped != per-group kernel 6";
+
+  // The CPU twin on the same codes; the bound from |codes| (sign bit cleared).
+  std::vector<uint8_t> xq = dxq.to_host(), xqa(xq), wa(w);
+  const std::vector<float> xs = dxs.to_host();
+  for (auto& b : xqa) b &= 0x7f;
+  for (auto& b : wa) b &= 0x7f;
+  std::vector<float> ref(size_t(rows * n)), bound(ref.size());
+  GemmFp8GroupedParams hp = gp;
+  hp.xq = xq.data(), hp.xs = xs.data(), hp.w = w.data(), hp.w_scale = ws.data(), hp.row_start = starts.data();
+  hp.y = ref.data(), hp.bf16_out = false;
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(hp));
+  hp.xq = xqa.data(), hp.w = wa.data(), hp.y = bound.data();
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(hp));
+  for (int64_t i = 0; i < rows * n; ++i) {
+    float got;
+    if (c.bf16_out) got = bf16_to_f32(reinterpret_cast<const uint16_t*>(y1.data())[i]);
+    else got = y1[size_t(i)];
+    ASSERT_TRUE(std::isfinite(got)) << "output " << i << " not written or not finite";
+    const double tol = std::ldexp(double(bound[size_t(i)]), -8) + (c.bf16_out ? std::fabs(ref[size_t(i)]) / 128 : 0.0) + 1e-30;
+    ASSERT_LE(std::fabs(double(got) - ref[size_t(i)]), tol) << "row " << i / n << " col " << i % n;
+  }
+}
+
+TEST(CudaGemmFp8, GroupedMatchesPerGroupKernelAndCpuTwin) {
+  FS_REQUIRE_GPU();
+  std::vector<GroupedCase> cases = {
+      {{0, 1, 127, 129, 0, 300, 5, 128, 0}, 200, 384, 32, false},
+      {{129, 0, 1, 127, 64}, 256, 640, 128, true},
+  };
+  std::mt19937 rng(5);
+  GroupedCase many{{}, 128, 256, 32, false};
+  for (int g = 0; g < 384; ++g) many.sizes.push_back(int32_t(rng() % 5 == 0 ? 0 : rng() % 41));
+  cases.push_back(many);
+  uint32_t seed = 70;
+  for (const auto& c : cases) {
+    run_grouped(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaGemmFp8, GroupedRejectsBadInput) {
+  // Runs without a GPU: every check fires before any device call.
+  alignas(16) uint8_t b[256] = {};
+  alignas(16) float f[64] = {};
+  int32_t starts[3] = {0, 1, 2};
+  GemmFp8GroupedParams p;
+  p.xq = b, p.xs = f, p.w = b, p.w_scale = b, p.row_start = starts, p.y = f;
+  p.groups = 2, p.rows = 2, p.n = 1, p.k = 128;
+  EXPECT_TRUE(validate(p).ok()) << validate(p).message();
+  p.groups = 0;
+  Status s = gemm_fp8_grouped_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("groups=0"), std::string::npos) << s.message();
+  p.groups = 2, p.row_start = nullptr;
+  EXPECT_FALSE(gemm_fp8_grouped_ref(p).ok());
+  p.row_start = starts, p.k = 100;
+  s = gemm_fp8_grouped_ref(p);
+  EXPECT_NE(s.message().find("k=100"), std::string::npos) << s.message();
+  p.k = 128;
+  starts[1] = 3;  // decreasing
+  s = gemm_fp8_grouped_ref(p);
+  EXPECT_NE(s.message().find("decreases"), std::string::npos) << s.message();
+  starts[1] = 1, starts[2] = 5;  // does not end at rows
+  EXPECT_FALSE(gemm_fp8_grouped_ref(p).ok());
+  starts[2] = 2, p.xq = b + 1;
+  s = gemm_fp8_grouped_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("aligned"), std::string::npos) << s.message();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Benchmark (opt-in): V4.1 linears at an 8k prefill chunk.
 

@@ -43,4 +43,27 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
   return {};
 }
 
+Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
+  FS_RETURN_IF_ERROR(validate(p));
+  if (p.row_start[0] != 0 || p.row_start[p.groups] != p.rows)
+    return invalid_argument("gemm_fp8_grouped: row_start[0]={} must be 0 and row_start[{}]={} the rows {}",
+                            p.row_start[0], p.groups, p.row_start[p.groups], p.rows);
+  for (int64_t g = 0; g < p.groups; ++g)
+    if (p.row_start[g + 1] < p.row_start[g])
+      return invalid_argument("gemm_fp8_grouped: row_start decreases at group {}", g);
+  const int64_t kbw = p.k / p.w_block, nsb = (p.n + p.w_block - 1) / p.w_block;
+  const size_t out_bytes = p.bf16_out ? 2 : 4;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
+    if (r1 == r0) continue;
+    GemmFp8Params q;
+    q.xq = p.xq + r0 * p.k, q.xs = p.xs + r0 * (p.k / 32);
+    q.w = p.w + g * p.n * p.k, q.w_scale = p.w_scale + g * nsb * kbw;
+    q.y = static_cast<uint8_t*>(p.y) + size_t(r0 * p.n) * out_bytes;
+    q.bf16_out = p.bf16_out, q.m = r1 - r0, q.n = p.n, q.k = p.k, q.w_block = p.w_block;
+    FS_RETURN_IF_ERROR(gemm_fp8_ref(q));
+  }
+  return {};
+}
+
 }  // namespace flashseek::ops

@@ -75,4 +75,18 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8 kernel launch");
 }
 
+Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream) {
+  FS_RETURN_IF_ERROR(validate(p));
+  if (!aligned16(p.xq) || !aligned16(p.xs) || !aligned16(p.w))
+    return invalid_argument("gemm_fp8_grouped: xq, xs and w must be 16-byte aligned");
+  FS_RETURN_IF_ERROR(check_device());
+  if (p.rows == 0) return {};
+  detail::GemmFp8Args a{};
+  a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
+  a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
+  a.bf16_out = p.bf16_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
+  a.row_start = p.row_start, a.groups = int(p.groups);
+  return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
+}
+
 }  // namespace flashseek::ops::cuda

@@ -394,6 +394,8 @@ constexpr int kWsABytes = kWsBM * 128, kWsBBytes = kWsBN * 128, kWsSxBytes = kWs
 constexpr int kWsTxBytes = kWsABytes + kWsBBytes + kWsSxBytes;  // TMA bytes per stage
 constexpr int kWsSmemBytes =
     kWsStages * (kWsABytes + kWsBBytes + kWsSxBytes + 16 * 4) + 2 * kWsStages * 8 + 1024;
+// Grouped: + the per-group tile prefix and row starts (ints) after the barriers.
+constexpr int kWsGroupedSmemBytes = kWsSmemBytes + 2 * (kGemmFp8MaxGroups + 1) * 4;
 // Full barrier: the 16 lanes that publish a stage's W scales + the TMA issuer's expect_tx.
 constexpr int kWsFullArrivals = 17, kWsEmptyArrivals = 8;  // empty: one per consumer warp
 static_assert(kWsTxBytes < (1 << 20), "an mbarrier's transaction count is below 2^20");
@@ -451,10 +453,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // while kb is promoted; else two 32-blocks per batch, waited for, then promoted (the schedule of
 // kernel 3 on the TMA/producer pipeline). kPersist: one block per SM walks the tiles (the
 // producer runs ahead into the next tile while the consumers write the last one out); else one
-// block per tile.
-template <bool kPipe2, bool kPersist>
+// block per tile. kGrouped (with kPersist): the tiles of all groups (GemmFp8Args::groups).
+template <bool kPipe2, bool kPersist, bool kGrouped = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
+  static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
 #ifdef FS_GEMM_FP8_SM90
   const GemmFp8Args& a = P.a;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -471,20 +474,66 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t bar_u = uint32_t(__cvta_generic_to_shared(bars));
   auto full_bar = [&](int slot) { return bar_u + uint32_t(slot * 8); };
   auto empty_bar = [&](int slot) { return bar_u + uint32_t((kWsStages + slot) * 8); };
-
-  // Grouped rasterisation (as in gemm_fp8_kernel): tile index → (m0, n0).
-  const int tiles_m = (a.m + kWsBM - 1) / kWsBM, tiles_n = (a.n + kWsBN - 1) / kWsBN;
-  const int tiles = tiles_m * tiles_n;
-  const int tile_step = kPersist ? int(gridDim.x) : tiles;
-  auto tile_origin = [&](int pid, int& m0, int& n0) {
-    const int in_group = kGroupM * tiles_n;
-    const int first_m = (pid / in_group) * kGroupM;
-    const int gsz = min(tiles_m - first_m, kGroupM);
-    m0 = (first_m + (pid % in_group) % gsz) * kWsBM;
-    n0 = ((pid % in_group) / gsz) * kWsBN;
-  };
+  int* tile_pref = reinterpret_cast<int*>(bars + 2 * kWsStages);  // grouped: [groups + 1]
+  int* row_pref = tile_pref + kGemmFp8MaxGroups + 1;             // grouped: [groups + 1]
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int nst = a.k / kBK;
+  const int tiles_m = (a.m + kWsBM - 1) / kWsBM, tiles_n = (a.n + kWsBN - 1) / kWsBN;
+  if constexpr (kGrouped) {
+    // Warp 1: row starts and the prefix of the groups' tile counts (ceil(rows/128) · tiles_n)
+    // into shared memory, a 32-wide inclusive scan per 32 groups.
+    if (tid >> 5 == 1) {
+      int carry = 0;
+      if (lane == 0) tile_pref[0] = 0;
+      for (int base = 0; base <= a.groups; base += 32) {
+        const int g = base + lane;
+        int cnt = 0;
+        if (g <= a.groups) {
+          const int rs = min(max(a.row_start[g], 0), a.m);
+          row_pref[g] = rs;
+          if (g < a.groups) {
+            const int re = min(max(a.row_start[g + 1], rs), a.m);
+            cnt = (re - rs + kWsBM - 1) / kWsBM * tiles_n;
+          }
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, cnt, o);
+          if (lane >= o) cnt += v;
+        }
+        if (g < a.groups) tile_pref[g + 1] = carry + cnt;
+        carry += __shfl_sync(0xffffffffu, cnt, 31);
+      }
+    }
+  }
+
+  // Grouped rasterisation (as in gemm_fp8_kernel): tile index → (m0, n0). Grouped GEMM: tile →
+  // group g (binary search in the prefix), then m-tile fastest within the group (the m-tiles of
+  // one weight n-tile run together); rows below m_end are the group's.
+  const int tile_step = kPersist ? int(gridDim.x) : tiles_m * tiles_n;
+  auto tile_origin = [&](int pid, int& m0, int& n0, int& g, int& m_end) {
+    if constexpr (kGrouped) {
+      int lo = 0, hi = a.groups;  // tile_pref[lo] <= pid < tile_pref[hi]
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_pref[mid] <= pid) lo = mid;
+        else hi = mid;
+      }
+      g = lo;
+      const int rs = row_pref[g];
+      m_end = max(min(row_pref[g + 1], a.m), rs);
+      const int tm = (m_end - rs + kWsBM - 1) / kWsBM, local = pid - tile_pref[g];
+      m0 = rs + (local % tm) * kWsBM;
+      n0 = (local / tm) * kWsBN;
+    } else {
+      const int in_group = kGroupM * tiles_n;
+      const int first_m = (pid / in_group) * kGroupM;
+      const int gsz = min(tiles_m - first_m, kGroupM);
+      m0 = (first_m + (pid % in_group) % gsz) * kWsBM;
+      n0 = ((pid % in_group) / gsz) * kWsBN;
+      g = 0, m_end = a.m;
+    }
+  };
 
   if (tid == 0) {
     for (int s = 0; s < kWsStages; ++s) {
@@ -495,19 +544,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     fence_proxy_async();
   }
   __syncthreads();
+  const int tiles = kGrouped ? tile_pref[a.groups] : tiles_m * tiles_n;
 
   if (wg == 0) {
     // Producer warpgroup: warp 0 feeds the ring, the other three leave.
     setmaxnreg_dec<40>();
     if (warp != 0) return;
     // Lane l < 16 publishes the W scale of (k-block l/4, 32-row group l%4) of each stage.
-    const int wkb = a.k / a.w_block;
+    const int wkb = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
     int it = 0;  // stages issued so far (all tiles): ring slot it % S, round it / S
 #pragma unroll 1
     for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
-      int m0, n0;
-      tile_origin(tile, m0, n0);
-      const int wn = min(n0 + (lane & 3) * 32, a.n - 1) / a.w_block;
+      int m0, n0, g, m_end;
+      tile_origin(tile, m0, n0, g, m_end);
+      const int wn = g * nsb + min(n0 + (lane & 3) * 32, a.n - 1) / a.w_block;
 #pragma unroll 1
       for (int s = 0; s < nst; ++s, ++it) {
         const int slot = it % kWsStages, round = it / kWsStages;
@@ -523,7 +573,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (lane == 0) {
           mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWsTxBytes));
           tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * kBK, m0);
-          tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * kBK, n0);
+          tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * kBK, g * a.n + n0);
           tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * 4, m0);
         }
         __syncwarp();
@@ -577,14 +627,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   int it = 0;  // stages consumed so far (all tiles), in the producer's order
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
-    int m0, n0;
-    tile_origin(tile, m0, n0);
+    int m0, n0, g, m_end;
+    tile_origin(tile, m0, n0, g, m_end);
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    // Grouped: a warpgroup whose 64 rows all lie past the group's end (the tail m-tile of a
+    // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
+    // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
+    const bool idle = kGrouped && m0 + cw * 64 >= m_end;
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % kWsStages;
       mbar_wait(full_bar(slot), uint32_t((it / kWsStages) & 1));
+      if (idle) {
+        release(slot);
+        continue;
+      }
       float4 x0, x1;
       load_sx(slot, x0, x1);
       if constexpr (kPipe2) {
@@ -654,7 +712,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = h ? r1 : r0;
-        if (r >= a.m || c >= a.n) continue;
+        if (r >= m_end || c >= a.n) continue;
         const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
         const int64_t o = int64_t(r) * a.n + c;
         if (a.bf16_out) {
@@ -761,33 +819,44 @@ int sm_count() {
   return n;
 }
 
-template <bool kPipe2, bool kPersist>
+template <bool kPipe2, bool kPersist, bool kGrouped = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
+  // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n).
+  const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
   if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k),
                 kWsBM, 128, true) ||
-      !make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.n), uint64_t(a.k), kWsBN,
+      !make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows, uint64_t(a.k), kWsBN,
                 128, true) ||
       !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
                 uint64_t(a.k / 32), kWsBM, 4, false))
     return cudaErrorInvalidValue;
+  constexpr int smem = kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static bool attr_set = false;  // benign race: concurrent writers set the same attribute
   if (!attr_set) {
     const cudaError_t e =
-        cudaFuncSetAttribute(gemm_fp8_ws_kernel<kPipe2, kPersist>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+        cudaFuncSetAttribute(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  const int tiles = ((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
-  const int grid = kPersist ? (tiles < sm_count() ? tiles : sm_count()) : tiles;
-  gemm_fp8_ws_kernel<kPipe2, kPersist><<<grid, kWsThreads, kWsSmemBytes, stream>>>(P);
+  // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
+  // per 128 rows · n-tile.
+  const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
+                                 : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
+  const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
 
 cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
+  if (a.groups != 0) {
+    if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
+      return cudaErrorInvalidValue;
+    return launch_ws<true, true, true>(a, stream);
+  }
   switch (a.variant) {
     case 1:
       return launch_variant<2, 2, kInterleave>(a, stream);

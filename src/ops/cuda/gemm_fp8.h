@@ -33,6 +33,11 @@ namespace flashseek::ops::cuda {
 // Y = fq8(X) · Wᵀ. With p.x set, X is first quantised into p.workspace (one extra launch).
 Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 
+// Grouped GEMM (ops/gemm_fp8.h), one persistent launch of kernel 6 over the tiles of all groups;
+// p.row_start is a DEVICE array read by the kernel (no host sync on the group sizes). Each
+// group's rows are bitwise what gemm_fp8_cuda (kernel 6) gives on that group alone.
+Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
+
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales
 // (per act_block; repeated over the 32-blocks of a 128-block). k a multiple of 128.
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,

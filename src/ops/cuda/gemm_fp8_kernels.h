@@ -22,7 +22,16 @@ struct GemmFp8Args {
                      // 6/7 persistent)
   int desc_swap;     // test hook (unswizzled variants): swap the descriptor's byte offsets
   int skip_promote;  // timing diagnostic: skip the FP32 promotion (results are wrong)
+  // Grouped (variant 6 only; groups > 0): `groups` problems sharing n, k and w_block; group g
+  // owns rows [row_start[g], row_start[g+1]) of xq / xs / y (device array, non-decreasing, m =
+  // the total rows) and the weights w + g·n·k, ws + g·ceil(n/w_block)·(k/w_block). The persistent
+  // tile loop walks (group, n-tile, m-tile) over all groups; rows past a group's end are loaded
+  // (they belong to the next group) but not stored.
+  const int32_t* row_start;
+  int groups;
 };
+
+constexpr int kGemmFp8MaxGroups = 1024;
 
 // Dynamic shared memory of a GEMM kernel variant (bytes).
 int gemm_fp8_smem_bytes(int variant);
