@@ -10,6 +10,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -55,6 +56,7 @@ struct Routing {
   std::vector<int64_t> start, count;  // per expert, into the grouped pair rows
   int32_t* pair_row = nullptr;        // [M·6] token of each grouped pair
   int32_t* inv = nullptr;             // [M·6] grouped position of pair (t, slot)
+  int32_t* row_start = nullptr;       // [experts + 1] device: start ‖ M·6 (the grouped GEMM's table)
   int64_t distinct = 0;
 };
 
@@ -79,6 +81,10 @@ Status make_routing(Arena& ar, Routing& r, int64_t m, uint64_t seed) {
       rows.push_back(p / int32_t(kTopK));
     }
   }
+  std::vector<int32_t> starts(r.start.begin(), r.start.end());
+  starts.push_back(int32_t(rows.size()));
+  FS_ASSIGN_OR_RETURN(r.row_start, ar.alloc<int32_t>(kExperts + 1));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.row_start, starts.data(), starts.size() * 4, cudaMemcpyHostToDevice));
   FS_ASSIGN_OR_RETURN(r.pair_row, ar.alloc<int32_t>(m * kTopK));
   FS_ASSIGN_OR_RETURN(r.inv, ar.alloc<int32_t>(m * kTopK));
   FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.pair_row, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
@@ -394,13 +400,71 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
     }
     return {};
   };
+  // All experts' GEMMs as ONE grouped GEMM (gemm_fp8_grouped_cuda: kernel 6 persistent over every
+  // expert's tiles, the routing's row_start table read on the device).
+  auto expert_grouped = [&](const Routing& rt, bool up) -> Status {
+    GemmFp8GroupedParams gp;
+    gp.xq = up ? qperm.q : qrh.q, gp.xs = up ? qperm.s : qrh.s;
+    gp.w = up ? e_gu : e_dn, gp.w_scale = up ? e_gus : e_dns, gp.row_start = rt.row_start;
+    gp.y = up ? rgu : ry, gp.groups = kExperts, gp.rows = m * kTopK;
+    gp.n = up ? 2 * kInter : kHidden, gp.k = up ? kHidden : kInter;
+    return gemm_fp8_grouped_cuda(gp, g_st);
+  };
   auto route_of = [&](int r) -> const Routing& { return routes[size_t(r) % routes.size()]; };
   const int ns = opt.expert_streams;
+  // FLASHSEEK_PREFILL_GROUPED=0: the layer times the per-expert GEMMs on `ns` streams instead.
+  const char* gr_env = std::getenv("FLASHSEEK_PREFILL_GROUPED");
+  const bool grouped = !(gr_env && std::string(gr_env) == "0");
+  {  // the grouped GEMM against the per-expert GEMMs (routing 0), bitwise, first and last 4096 rows
+    std::string line;
+    for (const bool up : {true, false}) {
+      const int64_t P = m * kTopK, n = up ? 2 * kInter : kHidden, cmp = std::min<int64_t>(4096, P);
+      float* out = up ? rgu : ry;
+      std::vector<float> a(size_t(2 * cmp * n)), b(a.size());
+      auto grab = [&](std::vector<float>& h) -> Status {
+        FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g_st));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), out, size_t(cmp * n) * 4, cudaMemcpyDeviceToHost));
+        return cuda_status(cudaMemcpy(h.data() + cmp * n, out + (P - cmp) * n, size_t(cmp * n) * 4, cudaMemcpyDeviceToHost),
+                           "grouped check copy");
+      };
+      FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out, 0xff, size_t(P * n) * 4, g_st));
+      FS_RETURN_IF_ERROR(expert_gemms(routes[0], up, ns));
+      FS_RETURN_IF_ERROR(grab(a));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out, 0xff, size_t(P * n) * 4, g_st));
+      FS_RETURN_IF_ERROR(expert_grouped(routes[0], up));
+      FS_RETURN_IF_ERROR(grab(b));
+      int64_t diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], 4) != 0;
+      line += fmt::format("{}grouped {} GEMM vs {} per-expert GEMMs, rows [0, {}) and [{}, {}): {} of {} outputs differ "
+                          "(bitwise)", line.empty() ? "" : "; ", up ? "gate+up" : "down", routes[0].distinct, cmp, P - cmp, P,
+                          diff, a.size());
+    }
+    rep.attn_check += (rep.attn_check.empty() ? "" : "; ") + line;
+  }
+  {  // row-tiled mHC mixes (automatic at this M) against the row kernel, bitwise, all rows
+    std::vector<float> h[2];
+    for (int t = 0; t < 2; ++t) {
+      detail::HcMixArgs hm;
+      hm.x = X, hm.fn = hc_fn[0], hm.base = hc_base, hm.scale = hc_scale, hm.rows = m, hm.hc = kHc, hm.dim = kHidden;
+      hm.sinkhorn_iters = 20, hm.norm_eps = 1e-6f, hm.hc_eps = 1e-6f, hm.pre = pre, hm.post = post, hm.comb = comb;
+      hm.tiled = t;
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_hc_mixes(hm, g_st));
+      FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(g_st));
+      h[t].resize(size_t(m * (2 * kHc + kHc * kHc)));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h[t].data(), pre, size_t(m * kHc) * 4, cudaMemcpyDeviceToHost));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h[t].data() + m * kHc, post, size_t(m * kHc) * 4, cudaMemcpyDeviceToHost));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h[t].data() + 2 * m * kHc, comb, size_t(m * kHc * kHc) * 4, cudaMemcpyDeviceToHost));
+    }
+    int64_t diff = 0;
+    for (size_t i = 0; i < h[0].size(); ++i) diff += std::memcmp(&h[0][i], &h[1][i], 4) != 0;
+    rep.attn_check += fmt::format("; row-tiled mHC mixes vs the row kernel (8 blocks per row), all {} rows: {} of {} "
+                                  "pre/post/comb values differ (bitwise)", m, diff, h[0].size());
+  }
   const double pairs = double(m * kTopK);
   const double hc_bytes = 4.0 * kMix * kHc * kHidden + f4 * kHc * kHidden + f4 * kHidden;
   const double hc_flops = 2.0 * double(m) * kMix * kHc * kHidden;
 
-  FS_RETURN_IF_ERROR(add(every("mHC pre, attn (FP32 model kernels: mixes + Sinkhorn + collapse)", hc_bytes, hc_flops), hc_pre));
+  FS_RETURN_IF_ERROR(add(every("mHC pre, attn (FP32 model kernels: row-tiled mixes + Sinkhorn + collapse)", hc_bytes, hc_flops), hc_pre));
   FS_RETURN_IF_ERROR(add(every("attn_norm", f4 * 2 * kHidden, 0), [&](int) { return norm(x, norm_w, m, kHidden); }));
   FS_RETURN_IF_ERROR(add(every("quantise x [M,5120] (shared: wq_a+wkv, compressor, weights_proj)", f4 * kHidden + qbytes(m, kHidden), 0),
                          [&](int) { return quant(x, m, kHidden, qx, g_st); }));
@@ -458,8 +522,8 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
       dmax = std::max(dmax, double(std::fabs(h1[i] - h2[i])));
       amax = std::max(amax, double(std::fabs(h1[i])));
     }
-    rep.attn_check = fmt::format("prefill attention kernel vs sparse_attention_pool_cuda, first {} queries: max |diff| = "
-                                 "{:.3g}, max |out| = {:.3g}, non-finite {}", std::min<int64_t>(64, m), dmax, amax, bad);
+    rep.attn_check += fmt::format("; prefill attention kernel vs sparse_attention_pool_cuda, first {} queries: max |diff| = "
+                                  "{:.3g}, max |out| = {:.3g}, non-finite {}", std::min<int64_t>(64, m), dmax, amax, bad);
     FS_RETURN_IF_ERROR(add(every(new_name, attn_bytes, attn_flops), [&](int) { return attn_prefill(o); }));
   } else {
     FS_RETURN_IF_ERROR(add(every(pool_name, attn_bytes, attn_flops), [&](int) { return attn_pool(o); }));
@@ -485,7 +549,7 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   FS_RETURN_IF_ERROR(add(every("wo_b GEMM [5120,8192]", gemm_bytes(wo_b, m), gemm_flops(wo_b, m), true),
                          [&](int r) { return gemm(qwa_t, wo_b, r, y, m); }));
   FS_RETURN_IF_ERROR(add(every("mHC post, attn", f4 * kHc * kHidden * 2 + f4 * kHidden, 0), hc_post));
-  FS_RETURN_IF_ERROR(add(every("mHC pre, ffn (FP32 model kernels)", hc_bytes, hc_flops), [&](int r) { return hc_pre(r + 1); }));
+  FS_RETURN_IF_ERROR(add(every("mHC pre, ffn (FP32 model kernels, row-tiled mixes)", hc_bytes, hc_flops), [&](int r) { return hc_pre(r + 1); }));
   FS_RETURN_IF_ERROR(add(every("ffn_norm", f4 * 2 * kHidden, 0), [&](int) { return norm(x, norm_w, m, kHidden); }));
   FS_RETURN_IF_ERROR(add(every("quantise ffn x [M,5120] (shared: router, shared + routed experts)", f4 * kHidden + qbytes(m, kHidden), 0),
                          [&](int) { return quant(x, m, kHidden, qf, g_st); }));
@@ -513,17 +577,20 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   const double e_gu_bytes = rep.mean_distinct * (double(gu_w) + double(gu_s));
   const double e_dn_bytes = rep.mean_distinct * (double(dn_w) + double(dn_s));
   const double r_gu_flops = 2.0 * pairs * 2 * kInter * kHidden, r_dn_flops = 2.0 * pairs * kHidden * kInter;
-  FS_RETURN_IF_ERROR(add(every(fmt::format("routed gate+up: {:.0f} per-expert GEMMs [4608,5120] (FP8 copies of FP4), ~{:.0f} rows each, {} streams",
-                                           rep.mean_distinct, rep.rows_per_expert, ns),
-                               e_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
-                         [&](int r) { return expert_gemms(route_of(r), true, ns); }));
+  const std::string gu_per = fmt::format("routed gate+up: {:.0f} per-expert GEMMs [4608,5120] (FP8 copies of FP4), ~{:.0f} rows each, {} streams",
+                                         rep.mean_distinct, rep.rows_per_expert, ns);
+  const std::string gu_grp = fmt::format("routed gate+up: ONE grouped GEMM over {} experts [4608,5120] (FP8 copies of FP4), ~{:.0f} rows each",
+                                         kExperts, rep.rows_per_expert);
+  const std::string dn_per = fmt::format("routed down: {:.0f} per-expert GEMMs [5120,2304], {} streams", rep.mean_distinct, ns);
+  const std::string dn_grp = fmt::format("routed down: ONE grouped GEMM over {} experts [5120,2304]", kExperts);
+  FS_RETURN_IF_ERROR(add(every(grouped ? gu_grp : gu_per, e_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
+                         [&](int r) { return grouped ? expert_grouped(route_of(r), true) : expert_gemms(route_of(r), true, ns); }));
   FS_RETURN_IF_ERROR(add(every("routed SwiGLU x pair weight + quantise [M*6,2304]", 4.0 * pairs * 2 * kInter + qbytes(m * kTopK, kInter), 0),
                          [&](int) {
     return cuda_status(detail::launch_swiglu_quant_fp8(rgu, pw, m * kTopK, kInter, 10.0f, qrh.q, qrh.s, g_st), "swiglu quant");
   }));
-  FS_RETURN_IF_ERROR(add(every(fmt::format("routed down: {:.0f} per-expert GEMMs [5120,2304], {} streams", rep.mean_distinct, ns),
-                               e_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
-                         [&](int r) { return expert_gemms(route_of(r), false, ns); }));
+  FS_RETURN_IF_ERROR(add(every(grouped ? dn_grp : dn_per, e_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
+                         [&](int r) { return grouped ? expert_grouped(route_of(r), false) : expert_gemms(route_of(r), false, ns); }));
   FS_RETURN_IF_ERROR(add(every("routed combine (un-permute, sum 6 slots + shared)", 4.0 * pairs * kHidden + 2 * f4 * kHidden, 0),
                          [&](int r) {
     return cuda_status(detail::launch_combine_rows(ry, route_of(r).inv, ys, m, kTopK, kHidden, y, g_st), "combine");
@@ -536,21 +603,43 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
     return {};
   }, opt.reps, &rep.layer_seq_us, &rep.layer_seq_min_us, 1));
 
-  // mHC mixes at other cluster sizes (blocks per row; same bits for any): is 8 right at M = 8192?
-  for (int cl : {1, 2, 4}) {
-    FS_RETURN_IF_ERROR(add(extra(fmt::format("mHC pre with {} block{} per row (default 8)", cl, cl == 1 ? "" : "s"), "info", 0, 0,
-                                 hc_bytes, hc_flops), [&, cl](int r) -> Status {
+  // mHC pre with the row kernel (no row tiles) at 1 and 8 (its default) blocks per row, and row
+  // tiles staging 1 / 4 slices per ring stage (the layer: 2); same bits for all.
+  for (const auto& [cl, tl] : {std::pair{1, 0}, std::pair{8, 0}, std::pair{0, 1}, std::pair{0, 4}}) {
+    const std::string hname = tl == 0 ? fmt::format("mHC pre, row kernel (no row tiles) with {} block{} per row", cl, cl == 1 ? "" : "s")
+                                      : fmt::format("mHC pre, row tiles with {} slice{} per ring stage (layer: 2)", tl, tl == 1 ? "" : "s");
+    FS_RETURN_IF_ERROR(add(extra(hname, "info", 0, 0, hc_bytes, hc_flops), [&, cl = cl, tl = tl](int r) -> Status {
       detail::HcMixArgs h;
       h.x = X, h.fn = hc_fn[size_t(r) % hc_fn.size()], h.base = hc_base, h.scale = hc_scale, h.rows = m;
-      h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.cluster = cl;
+      h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.cluster = cl, h.tiled = tl;
       h.pre = pre, h.post = post, h.comb = comb;
       FS_CUDA_RETURN_IF_ERROR(detail::launch_hc_mixes(h, g_st));
       return cuda_status(detail::launch_hc_collapse(X, pre, x, m, kHc, kHidden, false, g_st), "hc collapse");
     }));
   }
-  // Expert GEMMs on other stream counts (information: how much the streams buy).
+  // The parts of mHC pre: the mixes alone (row tiles, 2 slices: dots + per-row sum of squares,
+  // scaling and Sinkhorn) and the collapse alone.
+  FS_RETURN_IF_ERROR(add(extra("mHC pre part: mixes only (row tiles + per-row Sinkhorn)", "info", 0, 0, 4.0 * kMix * kHc * kHidden + f4 * kHc * kHidden, hc_flops),
+                         [&](int r) -> Status {
+    detail::HcMixArgs h;
+    h.x = X, h.fn = hc_fn[size_t(r) % hc_fn.size()], h.base = hc_base, h.scale = hc_scale, h.rows = m;
+    h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.tiled = 2;
+    h.pre = pre, h.post = post, h.comb = comb;
+    return cuda_status(detail::launch_hc_mixes(h, g_st), "hc mixes");
+  }));
+  FS_RETURN_IF_ERROR(add(extra("mHC pre part: collapse only", "info", 0, 0, f4 * kHc * kHidden + f4 * kHidden, 0), [&](int) {
+    return cuda_status(detail::launch_hc_collapse(X, pre, x, m, kHc, kHidden, false, g_st), "hc collapse");
+  }));
+  // Expert GEMMs on other stream counts (information: how much the streams buy); with the grouped
+  // GEMM in the layer, the per-expert GEMMs on `ns` streams too (gate+up and down).
+  if (grouped)
+    FS_RETURN_IF_ERROR(add(extra(dn_per, "info", 0, 0, e_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
+                           [&](int r) { return expert_gemms(route_of(r), false, ns); }));
+  else
+    FS_RETURN_IF_ERROR(add(extra(dn_grp, "info", 0, 0, e_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
+                           [&](int r) { return expert_grouped(route_of(r), false); }));
   for (int alt : {1, 4, 8, 16}) {
-    if (alt == ns) continue;
+    if (alt == ns && !grouped) continue;
     FS_RETURN_IF_ERROR(add(extra(fmt::format("routed gate+up on {} stream{}", alt, alt == 1 ? "" : "s"), "info", 0, 0,
                                  e_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
                            [&](int r) { return expert_gemms(route_of(r), true, alt); }));
