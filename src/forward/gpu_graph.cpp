@@ -76,6 +76,9 @@ constexpr int kMaxCaptures = 4;     // recordings of one step (each after growin
 constexpr size_t kMaxExecs = 32;    // cached executables per model (least recently used go)
 constexpr int kPatchMissRun = 8;     // patch misses in a row that pause patching ...
 constexpr int kPatchBackoff = 16;    // ... for this many decode-sized steps
+// Steps whose work bypasses the tape (e.g. a CUB sort) run eagerly; after kPatchMissRun of them in
+// a row, patching pauses for kEagerBackoff steps (doubling up to kEagerBackoffMax while it recurs).
+constexpr int kEagerBackoff = 64, kEagerBackoffMax = 4096;
 
 // The shape of a recorded graph: its node types and kernel functions in node order. Steps of one
 // key differ in shape when a compressor group completes in one item and not in another (with two
@@ -119,10 +122,12 @@ uint64_t graph_shape(cudaGraph_t g, size_t n) {
 // appended, nothing is queued), inside an empty capture of stream_ that catches any work that
 // bypasses the tape. If the tape matches an executable recorded from the same key and op sequence,
 // only the nodes whose parameters changed are set, and the executable is launched. `done` false:
-// nothing ran and every host counter is as before (the caller records the step).
+// nothing ran and every host counter is as before (the caller records the step, or with
+// `off_tape` — work bypassed the tape, so a recording could not be patched either — runs it eagerly).
 Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem> batch, std::vector<float>& logits,
-                            const std::function<Status()>& discard, bool& done) {
+                            const std::function<Status()>& discard, bool& done, bool& off_tape) {
   done = false;
+  off_tape = false;
   CaptureGuard& guard = capture_guard();
   ops::cuda::LaunchTape& tape = ops::cuda::launch_tape();
   pending_logits_.clear();
@@ -145,6 +150,7 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
     cudaGraphDestroy(g);
   }
   (void)cudaGetLastError();
+  off_tape = s.ok() && (stray > 0 || tape.failed);
   GraphExec* x = nullptr;
   if (s.ok() && ec == cudaSuccess && stray == 0 && guard.deferred.empty() && !tape.failed) {
     for (GraphExec& c : execs_)
@@ -157,6 +163,8 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
       if (cudaGraphLaunch(x->exec, stream_) == cudaSuccess) {
         done = true;
         patch_miss_run_ = 0;
+        off_tape_run_ = 0;
+        eager_backoff_len_ = kEagerBackoff;
         ++gstats_.launches;
         ++gstats_.patched;
         gstats_.patched_nodes += set;
@@ -170,7 +178,12 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
     execs_.erase(execs_.begin() + (x - execs_.data()));
   }
   ++gstats_.patch_misses;
-  if (++patch_miss_run_ >= kPatchMissRun) {  // record the next steps directly (they fill the cache)
+  if (off_tape && ++off_tape_run_ >= kPatchMissRun) {  // e.g. a CUB sort every step: eager for a while
+    off_tape_run_ = 0;
+    eager_backoff_ = eager_backoff_len_;
+    eager_backoff_len_ = std::min(2 * eager_backoff_len_, kEagerBackoffMax);
+  }
+  if (!off_tape && ++patch_miss_run_ >= kPatchMissRun) {  // record the next steps directly (they fill the cache)
     patch_miss_run_ = 0;
     patch_backoff_ = kPatchBackoff;
   }
@@ -246,11 +259,16 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
     pending_bytes_.clear();
     return staging_.rewind();
   };
+  if (patch_ && eager_backoff_ > 0) {  // recent steps queued work off the tape: eager is cheapest
+    --eager_backoff_;
+    return {};
+  }
   if (patch_ && patch_backoff_ > 0) {
     --patch_backoff_;
   } else if (patch_) {
-    bool done = false;
-    FS_RETURN_IF_ERROR(patch_step(key, batch, logits, discard, done));
+    bool done = false, off_tape = false;
+    FS_RETURN_IF_ERROR(patch_step(key, batch, logits, discard, done, off_tape));
+    if (off_tape) return {};  // its recording could not be patched and costs more than eager
     if (done) {
       ran = true;
       if (Status f = finish_forward(logits); !f.ok()) {

@@ -252,7 +252,7 @@ class GpuModel final : public Model {
   struct GraphExec;
   // The step from a cached executable by patching changed nodes, without recording (gpu_graph.cpp).
   Status patch_step(const std::vector<int64_t>& key, std::span<BatchItem> batch, std::vector<float>& logits,
-                    const std::function<Status()>& discard, bool& done);
+                    const std::function<Status()>& discard, bool& done, bool& off_tape);
   bool apply_tape(GraphExec& x, int64_t& set);
   // Waits for stream_, copies the queued logits into `logits`, rewinds the staging arena.
   Status finish_forward(std::vector<float>& logits);
@@ -377,6 +377,9 @@ class GpuModel final : public Model {
   // Consecutive patch misses, and eligible steps left that skip the patch attempt (after
   // kPatchMissRun misses in a row: e.g. work that bypasses the tape in every step).
   int patch_miss_run_ = 0, patch_backoff_ = 0;
+  // Steps in a row whose work bypassed the tape, eligible steps left to run eagerly, and the next
+  // such pause (gpu_graph.cpp kEagerBackoff).
+  int off_tape_run_ = 0, eager_backoff_ = 0, eager_backoff_len_ = 64;
   bool timed_ = false;  // this forward is decode-sized: finish_forward adds its times to gstats_
   std::chrono::steady_clock::time_point fwd_t0_;
   std::vector<GraphExec> execs_;
