@@ -16,12 +16,17 @@
 // GEMV); greedy is one pass, an ascending draw 2-3, a sorted draw the sort (~4 passes over 1 MB of
 // pairs) plus 2-4 passes over the sorted keys. FLOPs are negligible (one double exp per element
 // and pass).
+//
+// Launches go through the launch tape (launch.cuh), so greedy and ascending draws can be replayed
+// from a patched CUDA graph; the CUB sort cannot be taped, so a step with a sorted draw is recorded
+// (kRecord) or, in patch mode, marked unpatchable without queuing anything.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/sample_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
@@ -343,20 +348,26 @@ cudaError_t launch_sample_rows(const float* logits, int rows, int vocab, const S
     const SampleRowSpec& s = specs[r];
     const bool greedy = s.temperature <= 0.0 || s.top_k == 1;
     const bool sorted = (s.top_k > 0 && s.top_k < vocab) || s.top_p < 1.0;
+    cudaError_t e = cudaSuccess;
     if (greedy) {
-      argmax_kernel<<<1, kThreads, 0, stream>>>(row, vocab, out + r);
+      e = launch_kernel(argmax_kernel, 1, kThreads, 0, stream, row, vocab, out + r);
     } else if (!sorted) {
-      ascending_kernel<<<1, kThreads, 0, stream>>>(row, vocab, s, out + r);
+      e = launch_kernel(ascending_kernel, 1, kThreads, 0, stream, row, vocab, s, out + r);
     } else {
-      sort_input_kernel<<<(vocab + 255) / 256, 256, 0, stream>>>(row, vocab, keys_in, ids_in);
-      cudaError_t e = cudaGetLastError();
+      e = launch_kernel(sort_input_kernel, unsigned((vocab + 255) / 256), 256, 0, stream, row, vocab, keys_in, ids_in);
       if (e != cudaSuccess) return e;
-      e = cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, keys_in, keys_out, ids_in, ids_out,
-                                                    vocab, 0, 32, stream);
-      if (e != cudaSuccess) return e;
-      sorted_kernel<<<1, kThreads, 0, stream>>>(row, vocab, keys_out, ids_out, s, out + r);
+      LaunchTape& tape = launch_tape();
+      if (tape.mode == LaunchTape::kPatch) {
+        tape.failed = true;  // CUB is not on the tape: the step gets recorded instead
+      } else {
+        launch_tape_unpatchable();
+        e = cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, keys_in, keys_out, ids_in, ids_out,
+                                                      vocab, 0, 32, stream);
+        if (e != cudaSuccess) return e;
+      }
+      e = launch_kernel(sorted_kernel, 1, kThreads, 0, stream, row, vocab, static_cast<const uint32_t*>(keys_out),
+                        static_cast<const int32_t*>(ids_out), s, out + r);
     }
-    const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
