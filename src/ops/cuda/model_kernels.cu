@@ -404,14 +404,10 @@ cudaError_t launch_hc_mix_dots_tiled(const HcMixArgs& a, int64_t n_mix, int64_t 
   const int64_t blocks = (a.rows + kTileRows - 1) / kTileRows * mix_blocks;
   const size_t smem = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * m) * sizeof(float);
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
-  if (!attr_set) {
-    const size_t most = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * kTileMaxChunks) * sizeof(float);
-    const cudaError_t e = cudaFuncSetAttribute(hc_mix_dots_tiled_kernel<kSlices>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
-    if (e != cudaSuccess) return e;
-    attr_set = true;
-  }
+  // Set on every launch: the attribute belongs to the current device (TP ranks run on several).
+  const cudaError_t e = cudaFuncSetAttribute(hc_mix_dots_tiled_kernel<kSlices>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
   return launch_kernel(hc_mix_dots_tiled_kernel<kSlices>, unsigned(blocks), kTileThreads, smem, s, a, int(n_mix),
                        mix_blocks);
 }
