@@ -44,6 +44,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/gemm_fp8_kernels.h"
+#include "ops/cuda/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -762,14 +763,11 @@ namespace {
 template <int kWG, int kBatch, int kLayout>
 cudaError_t launch_variant(const GemmFp8Args& a, cudaStream_t stream) {
   using T = Tile<kWG, kLayout>;
-  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
-  if (!attr_set) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(gemm_fp8_kernel<kWG, kBatch, kLayout>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    if (e != cudaSuccess) return e;
-    attr_set = true;
-  }
+  static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(gemm_fp8_kernel<kWG, kBatch, kLayout>),
+                                              T::kSmemBytes, attr_set);
+      e != cudaSuccess)
+    return e;
   const int tiles = ((a.m + T::kBM - 1) / T::kBM) * ((a.n + kBN - 1) / kBN);
   gemm_fp8_kernel<kWG, kBatch, kLayout><<<tiles, T::kThreads, T::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
@@ -833,14 +831,11 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                 uint64_t(a.k / 32), kWsBM, 4, false))
     return cudaErrorInvalidValue;
   constexpr int smem = kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
-  static bool attr_set = false;  // benign race: concurrent writers set the same attribute
-  if (!attr_set) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    attr_set = true;
-  }
+  static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped>), smem, attr_set);
+      e != cudaSuccess)
+    return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
   // per 128 rows · n-tile.
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/prefill_kernels.h"
+#include "ops/cuda/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -182,13 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   if (a.heads != kH || a.dim != kD || a.m < 0 || a.n_idx < 0) return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
-  static bool attr = false;  // benign race: concurrent writers set the same value
-  if (!attr) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(prefill_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    attr = true;
-  }
+  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(prefill_attn_kernel), kSmem, attr);
+      e != cudaSuccess)
+    return e;
   prefill_attn_kernel<<<unsigned(a.m), kThreads, kSmem, s>>>(a);
   return cudaGetLastError();
 }

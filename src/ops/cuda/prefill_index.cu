@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/prefill_kernels.h"
+#include "ops/cuda/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -152,13 +153,10 @@ cudaError_t launch_index_scores_mma(const IndexScoreMmaArgs& a, cudaStream_t s) 
   if (a.T < 0 || a.stride < 0 || a.ratio < 1 || a.start < 0) return cudaErrorInvalidValue;
   if (a.T == 0 || a.stride == 0) return cudaSuccess;
   if ((a.T + kQb - 1) / kQb > 65535) return cudaErrorInvalidValue;
-  static bool attr = false;  // benign race: concurrent writers set the same value
-  if (!attr) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(index_scores_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return e;
-    attr = true;
-  }
+  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(index_scores_mma_kernel), kSmem, attr);
+      e != cudaSuccess)
+    return e;
   const dim3 grid(unsigned((a.stride + kRange - 1) / kRange), unsigned((a.T + kQb - 1) / kQb));
   index_scores_mma_kernel<<<grid, kThreads, kSmem, s>>>(a);
   return cudaGetLastError();

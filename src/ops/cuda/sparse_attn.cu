@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "ops/cuda/small_kernels.h"
+#include "ops/cuda/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -343,18 +344,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
 
 }  // namespace
 
-// Raises a kernel's dynamic shared-memory limit to `bytes` once per device: the driver call
-// costs more than the whole decode attention, so it must not run on every launch.
-cudaError_t ensure_smem_limit(const void* fn, int bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  if ((e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)) != cudaSuccess) return e;
-  done.fetch_or(bit, std::memory_order_release);
-  return cudaSuccess;
-}
 std::atomic<uint64_t> g_mma_attr{0}, g_split_attr{0};
 
 bool sparse_attn_uses_mma(int heads, int dim) {
