@@ -229,6 +229,8 @@ class GpuModel final : public Model {
   Status rollback(SequenceState& state, int64_t new_length) const override;
   // One GPU only: a tensor-parallel rank holds a vocabulary slice of the LM head (gpu_tp.h).
   bool has_draft() const override { return w_.has_dspark && !shard_.split(); }
+  // BatchItem::sample (gpu_sample.cpp): one GPU only (a TP rank holds a vocabulary slice).
+  bool samples_on_device() const override { return !shard_.split(); }
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
   // Device bytes of the weights (FP32 copies + native codes and scales) and how many matrices
   // (routed experts: one per expert) are kept native.
@@ -294,7 +296,11 @@ class GpuModel final : public Model {
                 int64_t x_row_div = 1);
 
   Status forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
-                     std::vector<float>& logits);
+                     std::vector<float>& logits, const ops::SampleSpec* sample = nullptr,
+                     int32_t* sampled = nullptr);
+  // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
+  // its download to `out` (written at the forward's sync).
+  Status sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out);
   Status block(int layer, GpuChunk& ctx, float* X, float* pre_in);
   Status engram(int layer, GpuChunk& ctx, float* X);
   Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
@@ -330,6 +336,7 @@ class GpuModel final : public Model {
   std::unordered_map<const float*, NativeMatrix> native_w_;
   std::vector<NativeMatrix> nw1_, nw2_, nw3_;  // [layer] routed experts (no codes: FP32 stacks)
   int64_t n_native_ = 0;
+  size_t sample_ws_bytes_ = 0;  // device sampling workspace (gpu_sample.cpp)
   std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
   std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark stacked experts

@@ -468,8 +468,11 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
 }
 
 Status GpuModel::run_items(std::span<BatchItem> batch, std::vector<float>& logits) {
-  for (auto& item : batch)  // items one after the other: batch invariance by construction
-    FS_RETURN_IF_ERROR(forward_one(*static_cast<GpuSequenceState*>(item.state), item.tokens, item.all_logits, logits));
+  for (auto& item : batch) {  // items one after the other: batch invariance by construction
+    if (item.sample && item.all_logits) return invalid_argument("forward: an item cannot ask for all logits and a sample");
+    FS_RETURN_IF_ERROR(forward_one(*static_cast<GpuSequenceState*>(item.state), item.tokens, item.all_logits, logits,
+                                   item.sample, &item.sampled));
+  }
   return {};
 }
 
@@ -528,7 +531,7 @@ Status GpuModel::finish_forward(std::vector<float>& logits) {
 }
 
 Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
-                             std::vector<float>& logits) {
+                             std::vector<float>& logits, const ops::SampleSpec* sample, int32_t* sampled) {
   const auto& c = config();
   const int64_t T = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   if (T == 0) return invalid_argument("forward: a batch item has no tokens");
@@ -596,8 +599,9 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, stream_));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, Vr, lg, 0, false));
-  // The logits leave the device here (a device-side sampler would take `lg` at this point).
-  FS_RETURN_IF_ERROR(download_logits(lg, nr * Vr, logits));
+  // The logits leave the device here, or only the token sampled from the last row (BatchItem::sample).
+  if (sample) FS_RETURN_IF_ERROR(sample_last_row(lg + (nr - 1) * Vr, *sample, sampled));
+  else FS_RETURN_IF_ERROR(download_logits(lg, nr * Vr, logits));
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back: last N−1 ids (+ rollback reserve)
