@@ -23,6 +23,7 @@
 #include <cstdlib>
 
 #include "forward/gpu_impl.h"
+#include "ops/cuda/comm.h"
 #include "ops/cuda/launch.cuh"
 
 namespace flashseek::forward::gpu {
@@ -115,6 +116,36 @@ uint64_t graph_shape(cudaGraph_t g, size_t n) {
   return h;
 }
 
+bool is_collective(const ops::cuda::TapeOp& op) { return uint8_t(op.kind) == ops::cuda::kTapeCollective; }
+
+// Whether the tape `t` of this step can be applied to an executable recorded (or last patched) with
+// tape `o` (host-side checks only: the same ops in the same order, and none that moved which a
+// node update cannot move: memsets, 2-D copies, a copy's direction, NCCL collectives).
+bool tape_matches(const ops::cuda::LaunchTape& o, const ops::cuda::LaunchTape& t) {
+  using Op = ops::cuda::TapeOp;
+  if (t.ops.size() != o.ops.size()) return false;
+  for (size_t i = 0; i < t.ops.size(); ++i) {  // the hash may collide
+    const Op &a = o.ops[i], &b = t.ops[i];
+    if (a.kind != b.kind || a.func != b.func || a.cluster != b.cluster || a.nbytes != b.nbytes) return false;
+    if (b.kind == Op::kKernel) continue;
+    if (b.kind == Op::kMemcpy) {
+      if (a.aux != b.aux) return false;
+      continue;
+    }
+    if (a.dst != b.dst || a.src != b.src || a.count != b.count || a.aux != b.aux || a.dpitch != b.dpitch ||
+        a.spitch != b.spitch || a.height != b.height)
+      return false;
+  }
+  return true;
+}
+
+// Graph nodes of a recording whose tape is `t`: one per op, a collective's those NCCL added.
+size_t taped_nodes(const ops::cuda::LaunchTape& t) {
+  size_t n = 0;
+  for (const auto& op : t.ops) n += is_collective(op) ? op.grid.x : 1;
+  return n;
+}
+
 }  // namespace
 
 // Replays the step from a cached executable without recording it: the forward's host code runs
@@ -133,9 +164,14 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
   pending_logits_.clear();
   pending_bytes_.clear();
   guard.deferred.clear();
+  // NCCL ranks vote (host-side, below) so that all of them patch or all record: a rank recording
+  // (or running eagerly) while another replays would deadlock in the collectives.
+  const bool multi = comm_ && shard_.split();
   if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     (void)cudaGetLastError();
-    return {};
+    if (!multi) return {};
+    bool all = false, any = false;  // record the step, as the others will
+    return comm_->vote(all, any);
   }
   tape.start(ops::cuda::LaunchTape::kPatch, stream_);
   guard.active = true;
@@ -154,7 +190,17 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
   GraphExec* x = nullptr;
   if (s.ok() && ec == cudaSuccess && stray == 0 && guard.deferred.empty() && !tape.failed) {
     for (GraphExec& c : execs_)
-      if (c.patchable && c.exec && c.shape == tape.shape && c.nodes == tape.ops.size() && c.key == key) x = &c;
+      if (c.patchable && c.exec && c.shape == tape.shape && c.tape.ops.size() == tape.ops.size() && c.key == key) x = &c;
+  }
+  if (x && !tape_matches(x->tape, tape)) x = nullptr;  // the step is recorded (its executable replaced)
+  if (multi) {
+    bool all = x != nullptr, any = off_tape;
+    if (Status v = comm_->vote(all, any); !v.ok()) {
+      (void)discard();
+      return v;
+    }
+    if (!all) x = nullptr;
+    off_tape = any;
   }
   if (x) {
     int64_t set = 0;
@@ -201,11 +247,7 @@ bool GpuModel::apply_tape(GraphExec& x, int64_t& set) {
   ops::cuda::LaunchTape& t = ops::cuda::launch_tape();
   ops::cuda::LaunchTape& o = x.tape;
   using Op = ops::cuda::TapeOp;
-  if (t.ops.size() != o.ops.size()) return false;
-  for (size_t i = 0; i < t.ops.size(); ++i) {  // the same ops in the same order (the hash may collide)
-    const Op &a = o.ops[i], &b = t.ops[i];
-    if (a.kind != b.kind || a.func != b.func || a.cluster != b.cluster || a.nbytes != b.nbytes) return false;
-  }
+  if (!tape_matches(o, t)) return false;
   std::vector<void*> argv;
   auto same_dim = [](const dim3& p, const dim3& q) { return p.x == q.x && p.y == q.y && p.z == q.z; };
   for (size_t i = 0; i < t.ops.size(); ++i) {
@@ -230,10 +272,9 @@ bool GpuModel::apply_tape(GraphExec& x, int64_t& set) {
               cudaSuccess)
         return false;
       ++set;
-    } else if (a.dst != b.dst || a.src != b.src || a.count != b.count || a.aux != b.aux || a.dpitch != b.dpitch ||
-               a.spitch != b.spitch || a.height != b.height) {
-      return false;  // a memset or 2-D copy that moved: record the step again
-    }
+    } else if (is_collective(b)) {
+      b.grid = a.grid;  // the nodes NCCL added when it was recorded (never patched)
+    }  // memsets and 2-D copies: unchanged (tape_matches)
   }
   std::swap(o.ops, t.ops);
   std::swap(o.bytes, t.bytes);
@@ -329,7 +370,7 @@ Status GpuModel::launch_graph(const std::vector<int64_t>& key, cudaGraph_t g, bo
   }
   ops::cuda::LaunchTape& tape = ops::cuda::launch_tape();
   // Patchable: every node of the graph is an op of the tape (nothing bypassed it).
-  const bool patchable = taped && nodes == tape.ops.size();
+  const bool patchable = taped && nodes == taped_nodes(tape);
   const uint64_t shape = patchable ? tape.shape : graph_shape(g, nodes);
   GraphExec* x = nullptr;
   for (GraphExec& c : execs_)

@@ -159,6 +159,12 @@ class TpModel final : public Model {
   // The ranks (and their CUDA graphs, which hold NCCL work) go before the communicators.
   ~TpModel() override { ranks_.clear(); }
 
+  std::vector<GpuGraphStats> rank_stats() const {
+    std::vector<GpuGraphStats> v;
+    for (const auto& r : ranks_) v.push_back(r->graph_stats());
+    return v;
+  }
+
   GpuGraphStats graph_stats() const {
     GpuGraphStats t;
     for (const auto& r : ranks_) {
@@ -252,6 +258,12 @@ Result<GpuGraphStats> gpu_graph_stats(const Model& m) {
   return invalid_argument("CUDA graph counters: not a CUDA model");
 }
 
+Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model& m) {
+  if (const auto* g = dynamic_cast<const gpu::GpuModel*>(&m)) return std::vector<GpuGraphStats>{g->graph_stats()};
+  if (const auto* t = dynamic_cast<const TpModel*>(&m)) return t->rank_stats();
+  return invalid_argument("CUDA graph counters: not a CUDA model");
+}
+
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics numerics, const std::vector<int>& devices,
                                              TpComm comm) {
   const int W = int(devices.size());
@@ -302,6 +314,9 @@ Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics nu
 
 namespace flashseek::forward {
 Result<GpuGraphStats> gpu_graph_stats(const Model&) {
+  return Status(StatusCode::kUnimplemented, "CUDA graph counters: this build has no CUDA backend");
+}
+Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model&) {
   return Status(StatusCode::kUnimplemented, "CUDA graph counters: this build has no CUDA backend");
 }
 Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices, TpComm) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "core/rng.h"
 #include "forward/gpu_model.h"
@@ -226,41 +227,127 @@ TEST(GpuGraph, BadSwitchValueIsAClearError) {
   EXPECT_NE(m2.status().message().find("FLASHSEEK_GPU_GRAPH_PATCH"), std::string::npos) << m2.status().to_string();
 }
 
-// TP=2 over NCCL: each rank's thread captures its own forward including its all-reduces.
-TEST(GpuGraph, NcclTp2GraphsOnEqualGraphsOffBitwise) {
-  FS_REQUIRE_GPU();
+// TP over NCCL (2 GPUs, and 4 when present: configs whose o_groups split): each rank's thread runs
+// its own forward. Patched replay (FLASHSEEK_GPU_GRAPH_PATCH=1: the all-reduces stay as NCCL
+// captured them, the ranks vote each step), every step recorded (FLASHSEEK_GPU_GRAPH_PATCH=0) and eager give bitwise the same logits; every rank
+// replays most decode steps by patching, and all ranks took the same decisions (equal counters).
+void nccl_tp_graphs(int world) {
 #if FLASHSEEK_HAVE_CUDA
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (n < 2) GTEST_SKIP() << "NCCL TP=2 graph test skipped: needs 2 GPUs, this machine has " << n;
-  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "NCCL TP=2 graph test skipped: this build has no NCCL";
+  if (n < world) GTEST_SKIP() << "NCCL TP=" << world << " graph test skipped: needs " << world << " GPUs, this machine has " << n;
+  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "NCCL TP graph test skipped: this build has no NCCL";
+  std::vector<int> devices(static_cast<size_t>(world));
+  std::iota(devices.begin(), devices.end(), 0);
   for (const char* config : {"tiny-v41", "tiny-v4"}) {
+    if (auto cfg = model::builtin_config(config); cfg.ok() && cfg.value().o_groups % world != 0) {
+      std::printf("[gpu graph] %s TP=%d: skipped (o_groups %lld)\n", config, world, (long long)cfg.value().o_groups);
+      continue;
+    }
     const std::string dir = make_ckpt(config);
-    std::unique_ptr<Model> on, off;
-    {
-      GraphsEnv env(true);
-      auto m = load_model_tp(dir, Numerics::kExact, {0, 1}, TpComm::kNccl);
-      ASSERT_TRUE(m.ok()) << m.status().to_string();
-      on = std::move(m).value();
-    }
-    {
-      GraphsEnv env(false);
-      auto m = load_model_tp(dir, Numerics::kExact, {0, 1}, TpComm::kNccl);
-      ASSERT_TRUE(m.ok()) << m.status().to_string();
-      off = std::move(m).value();
-    }
-    double t_on = 0, t_off = 0;
+    auto load_tp = [&](bool graphs, bool patch) -> std::unique_ptr<Model> {
+      GraphsEnv env(graphs, patch);
+      auto m = load_model_tp(dir, Numerics::kExact, devices, TpComm::kNccl);
+      EXPECT_TRUE(m.ok()) << m.status().to_string();
+      return m.ok() ? std::move(m).value() : nullptr;
+    };
+    auto on = load_tp(true, true), rec = load_tp(true, false), off = load_tp(false, true);
+    ASSERT_TRUE(on && rec && off);
+    double t_on = 0, t_rec = 0, t_off = 0;
     const auto a = decode_run(*off, 9, &t_off);
     const auto b = decode_run(*on, 9, &t_on);
-    EXPECT_TRUE(bitwise_equal(a, b)) << config << ": max|d| " << compare_logits(a, b, on->config().vocab_size).max_abs;
-    const GpuGraphStats so = stats(*on);
-    print_stats(config, so);
-    std::printf("[gpu graph] %s TP=2 nccl: host wall per decode step: graphs on %.1f us, off %.1f us\n", config,
-                1e6 * t_on / kSteps, 1e6 * t_off / kSteps);
-    EXPECT_EQ(so.eligible, 2 * kSteps);  // summed over the two ranks
-    EXPECT_GE(so.launches, so.eligible * 9 / 10);
+    const auto c = decode_run(*rec, 9, &t_rec);
+    const int64_t V = on->config().vocab_size;
+    EXPECT_TRUE(bitwise_equal(a, b)) << config << " TP=" << world << ": patched graphs differ from eager: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << config << " TP=" << world << ": recorded graphs differ from eager: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+    const std::string tag = std::string(config) + " TP=" + std::to_string(world) + " nccl";
+    print_stats((tag + " patch").c_str(), stats(*on));
+    print_stats((tag + " record").c_str(), stats(*rec));
+    std::printf("[gpu graph] %s: host wall per decode step: eager %.1f us, graphs patched %.1f us, graphs recorded "
+                "%.1f us\n",
+                tag.c_str(), 1e6 * t_off / kSteps, 1e6 * t_on / kSteps, 1e6 * t_rec / kSteps);
+    auto ranks = gpu_graph_rank_stats(*on);
+    ASSERT_TRUE(ranks.ok()) << ranks.status().to_string();
+    ASSERT_EQ(ranks.value().size(), size_t(world));
+    for (size_t r = 0; r < ranks.value().size(); ++r) {
+      const GpuGraphStats& s = ranks.value()[r];
+      EXPECT_EQ(s.eligible, kSteps) << "rank " << r;
+      EXPECT_EQ(s.launches + s.eager_fallbacks, s.eligible) << "rank " << r;
+      EXPECT_GE(s.patched, s.eligible * 8 / 10) << "rank " << r << " patched " << s.patched;
+      EXPECT_GE(s.patched_nodes, 1) << "rank " << r;
+      const GpuGraphStats& s0 = ranks.value()[0];  // the ranks vote: the same path every step
+      EXPECT_EQ(s.patched, s0.patched) << "rank " << r;
+      EXPECT_EQ(s.patch_misses, s0.patch_misses) << "rank " << r;
+      EXPECT_EQ(s.launches, s0.launches) << "rank " << r;
+    }
+    const GpuGraphStats so = stats(*off);
+    EXPECT_EQ(so.launches, 0);
   }
+#else
+  (void)world;
 #endif
+}
+
+// The ranks' host-side vote (Communicator::vote, how NCCL ranks agree to patch or record a step):
+// AND / OR over the ranks in every round, rounds back to back (the two vote slots alternate), and
+// an abort wakes a rank waiting for the others with an error. No GPU needed (host communicator).
+TEST(GpuGraph, RanksVoteAndOr) {
+#if FLASHSEEK_HAVE_CUDA
+  constexpr int kW = 3, kRounds = 200;
+  auto comms = ops::cuda::make_host_comms(kW);
+  ASSERT_TRUE(comms.ok()) << comms.status().to_string();
+  // Round i: rank r votes all = (i % (kW + 1) != r), any = (i % 5 == r).
+  std::vector<std::vector<int>> got(kW, std::vector<int>(kRounds, -1));
+  std::vector<std::thread> th;
+  for (int r = 0; r < kW; ++r)
+    th.emplace_back([&, r] {
+      for (int i = 0; i < kRounds; ++i) {
+        bool all = i % (kW + 1) != r, any = i % 5 == r;
+        if (!comms.value()[size_t(r)]->vote(all, any).ok()) return;
+        got[size_t(r)][size_t(i)] = (all ? 1 : 0) | (any ? 2 : 0);
+      }
+    });
+  for (auto& t : th) t.join();
+  for (int r = 0; r < kW; ++r)
+    for (int i = 0; i < kRounds; ++i) {
+      const int want = (i % (kW + 1) >= kW ? 1 : 0) | (i % 5 < kW ? 2 : 0);
+      ASSERT_EQ(got[size_t(r)][size_t(i)], want) << "rank " << r << " round " << i;
+    }
+  // Rank 0 waits for the others; rank 1 fails and aborts the group: rank 0 gets an error.
+  Status waited;
+  std::thread w([&] {
+    bool all = true, any = false;
+    waited = comms.value()[0]->vote(all, any);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  comms.value()[1]->abort();
+  w.join();
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited.to_string();
+  for (auto& c : comms.value()) c->recover();
+  std::vector<std::thread> again;  // usable again
+  std::vector<int> ok(kW, 0);
+  for (int r = 0; r < kW; ++r)
+    again.emplace_back([&, r] {
+      bool all = true, any = r == 2;
+      ok[size_t(r)] = comms.value()[size_t(r)]->vote(all, any).ok() && all && any;
+    });
+  for (auto& t : again) t.join();
+  EXPECT_EQ(ok, std::vector<int>(kW, 1));
+#else
+  GTEST_SKIP() << "vote test skipped: this build has no CUDA backend (no communicators)";
+#endif
+}
+
+TEST(GpuGraph, NcclTp2PatchedEqualsEagerBitwise) {
+  FS_REQUIRE_GPU();
+  nccl_tp_graphs(2);
+}
+
+TEST(GpuGraph, NcclTp4PatchedEqualsEagerBitwise) {
+  FS_REQUIRE_GPU();
+  nccl_tp_graphs(4);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 
 #if FLASHSEEK_HAVE_NCCL
 #include <nccl.h>
@@ -54,11 +55,34 @@ class AbortableBarrier {
   bool aborted_ = false;
 };
 
+// Host-side votes of a group (Communicator::vote): rank r writes its bits to slot[call % 2][r],
+// waits for the others, reads every rank's bits. A rank writes slot k % 2 again at call k + 2, after
+// every rank has passed call k + 1's barrier, i.e. has read call k's bits.
+struct VoteBoard {
+  explicit VoteBoard(int w) : barrier(w) {
+    for (auto& v : slot) v.assign(size_t(w), 0);
+  }
+  Status vote(int rank, uint64_t& calls, bool& all, bool& any) {
+    std::vector<uint8_t>& v = slot[calls & 1];
+    v[size_t(rank)] = uint8_t((all ? 1 : 0) | (any ? 2 : 0));
+    FS_RETURN_IF_ERROR(barrier.arrive_and_wait());
+    ++calls;  // only when every rank voted (an aborted vote is not counted anywhere)
+    for (uint8_t b : v) {
+      all = all && (b & 1);
+      any = any || (b & 2);
+    }
+    return {};
+  }
+  AbortableBarrier barrier;
+  std::vector<uint8_t> slot[2];
+};
+
 struct HostGroup {
-  explicit HostGroup(int w) : world(w), barrier(w), bufs(size_t(w)) {}
+  explicit HostGroup(int w) : world(w), barrier(w), bufs(size_t(w)), votes(w) {}
   const int world;
   AbortableBarrier barrier;
   std::vector<std::vector<float>> bufs;  // [rank] staged values
+  VoteBoard votes;
 };
 
 class HostComm final : public Communicator {
@@ -100,8 +124,16 @@ class HostComm final : public Communicator {
     return g_->barrier.arrive_and_wait();
   }
 
-  void abort() override { g_->barrier.abort(); }
-  void recover() override { g_->barrier.recover(); }
+  Status vote(bool& all, bool& any) override { return g_->votes.vote(rank_, votes_, all, any); }
+
+  void abort() override {
+    g_->barrier.abort();
+    g_->votes.barrier.abort();
+  }
+  void recover() override {
+    g_->barrier.recover();
+    g_->votes.barrier.recover();
+  }
 
  private:
   // Copies this rank's n values to its host buffer and waits until every rank has done so.
@@ -116,6 +148,7 @@ class HostComm final : public Communicator {
   std::shared_ptr<HostGroup> g_;
   const int rank_;
   std::vector<float> sum_;
+  uint64_t votes_ = 0;
 };
 
 }  // namespace
@@ -137,9 +170,22 @@ Status nccl_status(ncclResult_t r, const char* what) {
 }
 #define FS_NCCL_RETURN_IF_ERROR(expr) FS_RETURN_IF_ERROR(nccl_status((expr), #expr))
 
+// Nodes of the graph that stream `s` is being captured into (false: not captured).
+bool capture_nodes(cudaStream_t s, size_t& n) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaGraph_t g = nullptr;
+  if (cudaStreamGetCaptureInfo(s, &cs, nullptr, &g, nullptr, nullptr, nullptr) != cudaSuccess ||
+      cs != cudaStreamCaptureStatusActive || !g || cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 class NcclComm final : public Communicator {
  public:
-  NcclComm(ncclComm_t c, int rank, int world, int device) : c_(c), rank_(rank), world_(world), device_(device) {}
+  NcclComm(ncclComm_t c, int rank, int world, int device, std::shared_ptr<VoteBoard> votes)
+      : c_(c), rank_(rank), world_(world), device_(device), votes_(std::move(votes)) {}
   ~NcclComm() override {
     if (c_) ncclCommDestroy(c_);
   }
@@ -149,24 +195,58 @@ class NcclComm final : public Communicator {
   Status allreduce_sum(float* x, int64_t n, cudaStream_t s) override {
     if (n < 0) return invalid_argument("allreduce_sum: negative size {}", n);
     if (aborted_) return Status(StatusCode::kCancelled, "collective aborted: another rank failed");
-    FS_NCCL_RETURN_IF_ERROR(ncclAllReduce(x, x, size_t(n), ncclFloat, ncclSum, c_, s));
-    return {};
+    return taped(x, x, n, kAllReduceSum, s, [&] { return ncclAllReduce(x, x, size_t(n), ncclFloat, ncclSum, c_, s); });
   }
   Status allgather(const float* send, int64_t n, float* recv, cudaStream_t s) override {
     if (n < 0) return invalid_argument("allgather: negative size {}", n);
     if (aborted_) return Status(StatusCode::kCancelled, "collective aborted: another rank failed");
-    FS_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, size_t(n), ncclFloat, c_, s));
-    return {};
+    return taped(recv, send, n, kAllGather, s, [&] { return ncclAllGather(send, recv, size_t(n), ncclFloat, c_, s); });
   }
   // Later calls fail; ranks already waiting inside an NCCL kernel are not woken (rank failures
   // before the first collective of a step are the same on every rank: input checks).
-  void abort() override { aborted_ = true; }
-  void recover() override { aborted_ = false; }
+  Status vote(bool& all, bool& any) override { return votes_->vote(rank_, vote_calls_, all, any); }
+  void abort() override {
+    aborted_ = true;
+    votes_->barrier.abort();
+  }
+  void recover() override {
+    aborted_ = false;
+    votes_->barrier.recover();
+  }
 
  private:
+  enum : int { kAllReduceSum = 1, kAllGather = 2 };
+  // Queues the collective through this thread's launch tape (comm.h kTapeCollective): patch mode
+  // appends the op without calling NCCL; record mode lets NCCL capture its nodes and notes how many.
+  template <typename F>
+  Status taped(void* dst, const void* src, int64_t n, int what, cudaStream_t s, F&& call) {
+    LaunchTape& t = launch_tape();
+    size_t before = 0;
+    if (t.mode == LaunchTape::kRecord && !capture_nodes(s, before)) t.failed = true;
+    if (t.mode != LaunchTape::kPatch) {
+      FS_NCCL_RETURN_IF_ERROR(call());
+      if (t.mode == LaunchTape::kOff) return {};
+    }
+    TapeOp op;
+    op.kind = TapeOp::Kind(kTapeCollective);
+    op.dst = dst, op.src = src, op.count = size_t(n), op.aux = what;
+    op.dpitch = size_t(reinterpret_cast<uintptr_t>(c_));
+    size_t after = 0;
+    if (t.mode == LaunchTape::kRecord) {
+      if (!capture_nodes(s, after) || after < before) t.failed = true;
+      op.grid.x = unsigned(after - before);  // the nodes NCCL added (none of them on the tape)
+    }
+    if (s != t.stream) t.failed = true;
+    t.mix(uint64_t(kTapeCollective) * 0x9E3779B97F4A7C15ull ^ uint64_t(what));
+    t.ops.push_back(op);
+    return {};
+  }
+
   ncclComm_t c_;
   const int rank_, world_, device_;
   std::atomic<bool> aborted_{false};
+  std::shared_ptr<VoteBoard> votes_;
+  uint64_t vote_calls_ = 0;
 };
 
 }  // namespace
@@ -190,7 +270,9 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_comms(const std::ve
   std::vector<ncclComm_t> comms(size_t(n), nullptr);
   FS_NCCL_RETURN_IF_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
   std::vector<std::unique_ptr<Communicator>> out;
-  for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclComm>(comms[size_t(r)], r, n, devices[size_t(r)]));
+  auto votes = std::make_shared<VoteBoard>(n);
+  for (int r = 0; r < n; ++r)
+    out.push_back(std::make_unique<NcclComm>(comms[size_t(r)], r, n, devices[size_t(r)], votes));
   return out;
 }
 #else

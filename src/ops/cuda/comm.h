@@ -29,12 +29,23 @@ class Communicator {
   virtual Status allreduce_sum(float* x, int64_t n, cudaStream_t s) = 0;
   // recv [world, n] ← every rank's send [n] (device pointers, ordered on stream s).
   virtual Status allgather(const float* send, int64_t n, float* recv, cudaStream_t s) = 0;
+  // Host-side vote (no device work; collective like the others): `all` becomes the AND and `any`
+  // the OR of the ranks' values, so that every rank takes the same decision (e.g. replay a patched
+  // CUDA graph or record the step: ranks that disagree would deadlock in NCCL).
+  virtual Status vote(bool& all, bool& any) = 0;
   // Wakes every rank blocked in a collective of this group with an error (a failed rank calls it
   // so that the others do not wait forever); the group is unusable afterwards.
   virtual void abort() = 0;
   // After every rank has returned from an aborted step: makes the group usable again.
   virtual void recover() = 0;
 };
+
+// The launch-tape op (ops/cuda/launch.cuh TapeOp::kind) of an NCCL collective queued while the
+// tape is on. Patch mode: the communicator appends it instead of calling NCCL (the collective's
+// nodes in the recorded graph stay as captured, never patched); record mode: NCCL is captured and
+// the op notes how many graph nodes it added (TapeOp::grid.x). Its dst / src / count / aux (the
+// collective) / dpitch (the communicator) must equal the recorded ones for the graph to be replayed.
+inline constexpr uint8_t kTapeCollective = 4;
 
 // A host-staged group of `world` ranks (threads of this process; devices may repeat).
 Result<std::vector<std::unique_ptr<Communicator>>> make_host_comms(int world);
