@@ -267,8 +267,38 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_comms(const std::ve
   }
   // NVLink multicast (NVLS) stays off on the lent machines, whatever the environment says.
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  // Peers connect at init, not lazily at the first collective: a first collective inside a CUDA
+  // graph capture (a decode step of a multi-GPU model with graphs on) faulted on 2 H200s. A value
+  // set by the user wins.
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   std::vector<ncclComm_t> comms(size_t(n), nullptr);
   FS_NCCL_RETURN_IF_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
+  {  // ... and one eager all-reduce on every rank, so no collective is ever a process's first under capture.
+    int prev = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&prev));
+    std::vector<float*> one(size_t(n), nullptr);
+    Status st;
+    for (int r = 0; r < n && st.ok(); ++r) {
+      st = cuda_status(cudaSetDevice(devices[size_t(r)]), "cudaSetDevice");
+      if (st.ok()) st = cuda_status(cudaMalloc(reinterpret_cast<void**>(&one[size_t(r)]), sizeof(float)), "cudaMalloc");
+      if (st.ok()) st = cuda_status(cudaMemset(one[size_t(r)], 0, sizeof(float)), "cudaMemset");
+    }
+    if (st.ok()) st = nccl_status(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < n && st.ok(); ++r)
+      st = nccl_status(ncclAllReduce(one[size_t(r)], one[size_t(r)], 1, ncclFloat, ncclSum, comms[size_t(r)], nullptr),
+                       "ncclAllReduce (warm-up)");
+    if (st.ok()) st = nccl_status(ncclGroupEnd(), "ncclGroupEnd");
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(devices[size_t(r)]);
+      if (st.ok()) st = cuda_status(cudaDeviceSynchronize(), "NCCL warm-up");
+      if (one[size_t(r)]) cudaFree(one[size_t(r)]);
+    }
+    cudaSetDevice(prev);
+    if (!st.ok()) {
+      for (ncclComm_t c : comms) ncclCommDestroy(c);
+      return st;
+    }
+  }
   std::vector<std::unique_ptr<Communicator>> out;
   auto votes = std::make_shared<VoteBoard>(n);
   for (int r = 0; r < n; ++r)
