@@ -162,20 +162,19 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->numerics_ = numerics;
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
-  // CUDA graphs (gpu_graph.cpp): on by default on one GPU, where decode steps replay a cached
-  // executable by patching; opt-in on multi-GPU ranks (FLASHSEEK_GPU_GRAPHS=1).
-  m->graphs_ = !comm;
+  // CUDA graphs (gpu_graph.cpp): on by default, decode steps replay a cached executable by
+  // patching (FLASHSEEK_GPU_GRAPHS=0: eager; FLASHSEEK_GPU_GRAPH_PATCH=0: record every step).
+  m->graphs_ = true;
   if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS"); e && *e) {
     const std::string v(e);
     if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPHS={}: expected 0 or 1", v);
     m->graphs_ = v == "1";
   }
   if (comm && comm->kind() != "nccl") m->graphs_ = false;  // host-staged collectives synchronise
-  // NCCL ranks with graphs on record every step unless FLASHSEEK_GPU_GRAPH_PATCH=1: patched replay
-  // (their all-reduces stay as NCCL captured them; the ranks vote each step) is bitwise equal to
-  // eager and faster in the TP=2 graph test, but `run --gpus 0,1` with graphs on hit an illegal
-  // address not yet explained (docs/cuda.md).
-  m->patch_ = m->graphs_ && !comm;
+  // NCCL ranks patch too: their all-reduces stay as NCCL captured them and the ranks vote each
+  // step (patch / record / eager together). Measured on 2 and 4 H200s (bench/RESULTS.md, lead's
+  // final check): bitwise equal to eager, every TP and CLI test passing, slightly faster.
+  m->patch_ = m->graphs_;
   if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPH_PATCH"); e && *e) {
     const std::string v(e);
     if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPH_PATCH={}: expected 0 or 1", v);

@@ -31,10 +31,9 @@ struct GpuLoadOptions {
 // whose items all have at most kGpuGraphMaxTokens tokens runs as a CUDA graph on the model's
 // stream. On one GPU a step replays a cached executable of the same op sequence, with only the
 // changed node parameters patched (ops/cuda/launch.cuh launch tape); a new op sequence is recorded
-// once. On by default on one GPU (FLASHSEEK_GPU_GRAPHS=0 at load time: eager;
-// FLASHSEEK_GPU_GRAPH_PATCH=0: record every step). Multi-GPU NCCL ranks record every step (their
-// all-reduces are not on the tape), which costs more than eager: there graphs are opt-in
-// (FLASHSEEK_GPU_GRAPHS=1); the host-staged communicator never uses them. Counters since load
+// once. On by default (FLASHSEEK_GPU_GRAPHS=0 at load time: eager; FLASHSEEK_GPU_GRAPH_PATCH=0:
+// record every step), on one GPU and on multi-GPU NCCL ranks (their all-reduces are tape markers,
+// never patched; the ranks vote each step); the host-staged communicator never uses them. Counters since load
 // (a multi-GPU model: summed over its ranks).
 inline constexpr int64_t kGpuGraphMaxTokens = 8;
 struct GpuGraphStats {
