@@ -212,40 +212,13 @@ Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out)
   return {};
 }
 
-// One V4.1 block of a draft stage on X [B, hc, D] (GpuModel::block with the stage's weights).
+// A draft stage is a V4.1 mHC block (the draft only exists in V4.1 checkpoints) with the draft's
+// attention and MoE.
 Status GpuModel::draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in) {
-  const auto& c = config();
-  const LayerWeights& L = w_.dspark.stages[size_t(stage)];
-  const bool R = ref();
-  const int64_t T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
-  const float eps = float(c.rms_norm_eps);
-  FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>("dr_pre_a", T * hc));
-  FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>("dr_pre_f", T * hc));
-  FS_ASSIGN_OR_RETURN(float* post, scratch<float>("dr_post", T * hc));
-  FS_ASSIGN_OR_RETURN(float* comb, scratch<float>("dr_comb", T * hc * hc));
-  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("dr_u", T * D));
-  FS_ASSIGN_OR_RETURN(float* a, scratch<float>("dr_a", T * D));
-  FS_ASSIGN_OR_RETURN(float* f, scratch<float>("dr_f", T * D));
-  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre) -> Status {
-    cd::HcMixArgs m;
-    m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
-    m.norm_eps = eps, m.hc_eps = float(c.hc_eps), m.sinkhorn_iters = c.hc_sinkhorn_iters;
-    m.pre = pre, m.post = post, m.comb = comb;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, stream_));
-    return {};
-  };
-  FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_in, u, T, hc, D, R, stream_));  // V4.1 chaining
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, stream_));
-  FS_RETURN_IF_ERROR(draft_attention(stage, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
-  FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, pre_a, u, T, hc, D, R, stream_));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
-  FS_RETURN_IF_ERROR(draft_moe(stage, ctx, a, f));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
-  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
-  return {};
+  return mhc_block(
+      w_.dspark.stages[size_t(stage)], "dr_", ctx, X, pre_in,
+      [&](const float* a, float* f) { return draft_attention(stage, ctx, a, f); },
+      [&](const float* a, float* f) { return draft_moe(stage, ctx, a, f); });
 }
 
 Result<DraftBlock> GpuModel::propose(const SequenceState& state, int32_t x0, const DraftChooser& choose) const {

@@ -302,6 +302,12 @@ class GpuModel final : public Model {
   // its download to `out` (written at the forward's sync).
   Status sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out);
   Status block(int layer, GpuChunk& ctx, float* X, float* pre_in);
+  // One mHC block around two sublayers (attention, then FFN): the data flow shared by the
+  // backbone layers (block) and the DSpark draft stages (draft_block), as CpuModel::block does on
+  // the CPU. `tag` prefixes the scratch buffer names (the draft keeps its own buffers).
+  using Sublayer = std::function<Status(const float* a, float* out)>;
+  Status mhc_block(const LayerWeights& L, const std::string& tag, GpuChunk& ctx, float* X, float* pre_in,
+                   const Sublayer& attn, const Sublayer& ffn);
   Status engram(int layer, GpuChunk& ctx, float* X);
   Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
   Status compress(int layer, GpuChunk& ctx, const float* a);

@@ -616,18 +616,24 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
 }
 
 Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
+  return mhc_block(
+      w_.layers[size_t(l)], "", ctx, X, pre_in, [&](const float* a, float* f) { return attention(l, ctx, a, f); },
+      [&](const float* a, float* f) { return moe(l, ctx, a, f); });
+}
+
+Status GpuModel::mhc_block(const LayerWeights& L, const std::string& tag, GpuChunk& ctx, float* X, float* pre_in,
+                           const Sublayer& attn, const Sublayer& ffn) {
   const auto& c = config();
-  const LayerWeights& L = w_.layers[size_t(l)];
   const bool v41 = c.is_v41(), R = ref();
   const int64_t T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
-  FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>("pre_a", T * hc));
-  FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>("pre_f", T * hc));
-  FS_ASSIGN_OR_RETURN(float* post, scratch<float>("post", T * hc));
-  FS_ASSIGN_OR_RETURN(float* comb, scratch<float>("comb", T * hc * hc));
-  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("u", T * D));
-  FS_ASSIGN_OR_RETURN(float* a, scratch<float>("a", T * D));
-  FS_ASSIGN_OR_RETURN(float* f, scratch<float>("f", T * D));
+  FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>(tag + "pre_a", T * hc));
+  FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>(tag + "pre_f", T * hc));
+  FS_ASSIGN_OR_RETURN(float* post, scratch<float>(tag + "post", T * hc));
+  FS_ASSIGN_OR_RETURN(float* comb, scratch<float>(tag + "comb", T * hc * hc));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>(tag + "u", T * D));
+  FS_ASSIGN_OR_RETURN(float* a, scratch<float>(tag + "a", T * D));
+  FS_ASSIGN_OR_RETURN(float* f, scratch<float>(tag + "f", T * D));
   auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, float* pre) -> Status {
     cd::HcMixArgs m;
     m.x = X, m.fn = d(fn), m.base = d(base), m.scale = d(scale), m.rows = T, m.hc = hc, m.dim = D;
@@ -640,12 +646,12 @@ Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
   // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R, stream_));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.attn_norm), a, T, D, eps, R, stream_));
-  FS_RETURN_IF_ERROR(attention(l, ctx, a, f));
+  FS_RETURN_IF_ERROR(attn(a, f));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
   FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R, stream_));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(u, d(L.ffn_norm), a, T, D, eps, R, stream_));
-  FS_RETURN_IF_ERROR(moe(l, ctx, a, f));
+  FS_RETURN_IF_ERROR(ffn(a, f));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post(f, X, post, comb, T, hc, D, R, stream_));
   FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(pre_in, pre_f, size_t(T * hc) * 4, cudaMemcpyDeviceToDevice, stream_));
   return {};
