@@ -15,6 +15,7 @@ namespace {
 using testing::FakeModel;
 using testing::make_engine;
 using testing::random_prompt;
+using testing::random_sampling;
 
 // FakeModel whose forward samples items with `sample` set (no row appended), and checks the
 // contract: never with all_logits.
@@ -48,15 +49,7 @@ Request random_request(Rng& rng, uint64_t id, int64_t vocab, bool logprobs) {
   r.prompt = random_prompt(rng, 1 + int64_t(rng.below(rng.uniform() < 0.3 ? 200 : 30)), vocab);
   r.max_tokens = int64_t(rng.below(40));
   r.ignore_eos = rng.uniform() < 0.5;
-  if (rng.uniform() < 0.3) {
-    r.sampling.temperature = 0;
-  } else {
-    r.sampling.temperature = 0.3 + rng.uniform();
-    r.sampling.top_k = int64_t(rng.below(uint64_t(vocab)));
-    r.sampling.top_p = rng.uniform() < 0.5 ? 1.0 : 0.5 + 0.5 * rng.uniform();
-    r.sampling.min_p = rng.uniform() < 0.7 ? 0.0 : 0.05;
-    r.seed = rng.next_u64();
-  }
+  random_sampling(rng, vocab, r);
   if (logprobs && rng.uniform() < 0.3) r.logprobs = int64_t(rng.below(4));
   if (logprobs && rng.uniform() < 0.2) r.prompt_logprobs = int64_t(rng.below(3));
   return r;

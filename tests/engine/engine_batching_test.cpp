@@ -13,6 +13,7 @@ namespace {
 using testing::FakeModel;
 using testing::make_engine;
 using testing::random_prompt;
+using testing::random_sampling;
 using testing::run_alone;
 
 // A random request: odd prompt lengths (some longer than a chunk), greedy or seeded sampling
@@ -23,15 +24,7 @@ Request random_request(Rng& rng, uint64_t id, int64_t vocab) {
   r.prompt = random_prompt(rng, 1 + int64_t(rng.below(rng.uniform() < 0.3 ? 400 : 40)), vocab);
   r.max_tokens = int64_t(rng.below(30));
   r.ignore_eos = rng.uniform() < 0.5;
-  if (rng.uniform() < 0.3) {
-    r.sampling.temperature = 0;
-  } else {
-    r.sampling.temperature = 0.3 + rng.uniform();
-    r.sampling.top_k = int64_t(rng.below(uint64_t(vocab)));
-    r.sampling.top_p = rng.uniform() < 0.5 ? 1.0 : 0.5 + 0.5 * rng.uniform();
-    r.sampling.min_p = rng.uniform() < 0.7 ? 0.0 : 0.05;
-    r.seed = rng.next_u64();
-  }
+  random_sampling(rng, vocab, r);
   if (rng.uniform() < 0.3) r.stop_ids = {int32_t(rng.below(uint64_t(vocab)))};
   if (rng.uniform() < 0.4) r.logprobs = int64_t(rng.below(5));
   if (rng.uniform() < 0.3) r.prompt_logprobs = int64_t(rng.below(4));

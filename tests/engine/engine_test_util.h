@@ -54,6 +54,20 @@ inline std::vector<int32_t> random_prompt(Rng& rng, int64_t len, int64_t vocab) 
   return p;
 }
 
+// Random sampling parameters for `r`: greedy (30 %) or seeded sampling with random temperature,
+// top-k, top-p and min-p filters.
+inline void random_sampling(Rng& rng, int64_t vocab, Request& r) {
+  if (rng.uniform() < 0.3) {
+    r.sampling.temperature = 0;
+  } else {
+    r.sampling.temperature = 0.3 + rng.uniform();
+    r.sampling.top_k = int64_t(rng.below(uint64_t(vocab)));
+    r.sampling.top_p = rng.uniform() < 0.5 ? 1.0 : 0.5 + 0.5 * rng.uniform();
+    r.sampling.min_p = rng.uniform() < 0.7 ? 0.0 : 0.05;
+    r.seed = rng.next_u64();
+  }
+}
+
 inline void expect_same_logprobs(const PositionLogprobs& a, const PositionLogprobs& b) {
   EXPECT_EQ(a.chosen.id, b.chosen.id);
   EXPECT_EQ(a.chosen.logprob, b.chosen.logprob);

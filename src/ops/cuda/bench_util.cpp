@@ -25,6 +25,16 @@ Status make_fp8(Arena& ar, Fp8Mat& m, int64_t n, int64_t k, int copies, uint64_t
   return {};
 }
 
+Status make_f32(Arena& ar, F32Mat& m, int64_t n, int64_t k, int copies, uint64_t seed, float scale) {
+  m.n = n, m.k = k;
+  for (int c = 0; c < copies; ++c) {
+    FS_ASSIGN_OR_RETURN(float* w, ar.alloc<float>(n * k));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(w, n * k, seed + uint64_t(c) * 131, scale, nullptr));
+    m.w.push_back(w);
+  }
+  return {};
+}
+
 int copies_for(double bytes, double l2_bytes) {
   return int(std::clamp(std::ceil(3 * l2_bytes / bytes), 2.0, 64.0));
 }

@@ -54,6 +54,9 @@ struct F32Mat {
   const float* at(int r) const { return w[size_t(r) % w.size()]; }
 };
 
+// `copies` copies of random FP32 weights [n, k] (uniform in ±scale, copy c seeded seed + 131·c).
+Status make_f32(Arena& ar, F32Mat& m, int64_t n, int64_t k, int copies, uint64_t seed, float scale);
+
 // Copies so that one rotation covers >= 3x the L2 (at least 2).
 int copies_for(double bytes, double l2_bytes);
 

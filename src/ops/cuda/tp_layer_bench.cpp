@@ -81,15 +81,8 @@ Status make_rank_slice(Arena& ar, RankSlice& s, double l2) {
     FS_RETURN_IF_ERROR(fp8(s.sh_up, kInter, kHidden, 600));
     FS_RETURN_IF_ERROR(fp8(s.sh_down, kHidden, kInter, 700));
   }
-  auto f32 = [&](F32Mat& m, int64_t n, int64_t k, uint64_t seed, float scale) -> Status {
-    m.n = n, m.k = k;
-    const int copies = copies_for(4.0 * double(n * k), l2);
-    for (int c = 0; c < copies; ++c) {
-      FS_ASSIGN_OR_RETURN(float* w, ar.alloc<float>(n * k));
-      FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(w, n * k, seed + uint64_t(c) * 131, scale, nullptr));
-      m.w.push_back(w);
-    }
-    return {};
+  auto f32 = [&](F32Mat& m, int64_t n, int64_t k, uint64_t seed, float scale) {
+    return make_f32(ar, m, n, k, copies_for(4.0 * double(n * k), l2), seed, scale);
   };
   FS_RETURN_IF_ERROR(f32(s.router, kExperts, kHidden, 1000, 0.02f));
   FS_RETURN_IF_ERROR(f32(s.hc_fn, kMix, kHc * kHidden, 1100, 0.01f));
