@@ -12,5 +12,8 @@ if(FLASHSEEK_SANITIZE)
   target_compile_options(fs_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer)
   target_link_options(fs_flags INTERFACE -fsanitize=address,undefined)
 endif()
-target_compile_definitions(fs_flags INTERFACE
-  FLASHSEEK_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# The checkout's path is compiled only into the files that look things up in it (tests, the
+# tokenizer locator, benchmarks), so that library objects are identical across checkouts and a
+# compiler cache shared between them hits.
+add_library(fs_source_dir INTERFACE)
+target_compile_definitions(fs_source_dir INTERFACE FLASHSEEK_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

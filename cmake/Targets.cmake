@@ -24,7 +24,7 @@ function(fs_add_test_dir dir)
   string(REPLACE "/" "_" _name "test_${dir}")
   add_executable(${_name} ${_srcs})
   target_include_directories(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(${_name} PRIVATE ${ARGN} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_link_libraries(${_name} PRIVATE ${ARGN} fs_source_dir GTest::gtest GTest::gtest_main GTest::gmock)
   # Tests that drive the CLI find the binary through FLASHSEEK_BIN (env overrides the build path).
   target_compile_definitions(${_name} PRIVATE FLASHSEEK_BIN_PATH="$<TARGET_FILE:flashseek>")
   add_dependencies(${_name} flashseek)
