@@ -557,15 +557,24 @@ TEST(CudaModelOps, HcMixesRowTilesMatchRowKernelBitwise) {
 TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
   FS_REQUIRE_GPU();
   const float inf = std::numeric_limits<float>::infinity();
-  struct Case { int64_t n, k, mode, cblock, ctop; };
-  for (const Case c : {Case{131072 + 37, 512, 0, 8, 0}, Case{262144, 512, 1, 8, 2048}, Case{300, 600, 0, 8, 0},
-                       Case{5000, 512, 2, 8, 0}, Case{1, 512, 1, 4, 3}, Case{4096, 1, 0, 8, 0}}) {
-    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " mode " << c.mode);
-    const int64_t T = 2, start = c.n - 1, stride = start + T;  // ratio 1: row t has n + t candidates
+  // coarse: scores rounded to ~20 distinct values (ties everywhere: the multi-block path breaks
+  // them by a second select on the index, or falls back to one block when the threshold bin holds
+  // more keys than its scratch); else distinct values. all_equal: every score 1 (fallback).
+  struct Case { int64_t T, n, k, mode, cblock, ctop; bool coarse, all_equal; };
+  for (const Case c : {Case{2, 131072 + 37, 512, 0, 8, 0, true, false}, Case{2, 262144, 512, 1, 8, 2048, true, false},
+                       Case{2, 300, 600, 0, 8, 0, true, false}, Case{2, 5000, 512, 2, 8, 0, true, false},
+                       Case{2, 1, 512, 1, 4, 3, true, false}, Case{2, 4096, 1, 0, 8, 0, true, false},
+                       Case{6, 139264 - 6, 512, 0, 8, 0, false, false}, Case{6, 69632 - 6, 512, 2, 8, 0, false, false},
+                       Case{3, 9000, 2048, 0, 8, 0, false, false}, Case{3, 20011, 777, 2, 8, 0, true, false},
+                       Case{2, 40000, 512, 0, 8, 0, false, true}, Case{1, 8192, 8192, 0, 8, 0, false, false},
+                       Case{6, 139264 - 6, 512, 1, 8, 2048, false, false}, Case{2, 30000, 300, 1, 8, 1500, true, false},
+                       Case{2, 20000, 512, 1, 8, 2048, false, true}}) {
+    const int64_t T = c.T, start = c.n - 1, stride = start + T;  // ratio 1: row t has n + t candidates
     auto sc = randn(static_cast<size_t>(T * stride), 50 + c.n);
     Rng r(51);
     for (auto& v : sc) {
-      v = std::round(v * 3.0f) / 3.0f;  // ~20 distinct values: ties everywhere
+      if (c.all_equal) { v = 1.0f; continue; }
+      if (c.coarse) v = std::round(v * 3.0f) / 3.0f;
       if (v == 0.0f && r.below(2)) v = -0.0f;
       const uint64_t u = r.below(1000);
       if (u == 0) v = -inf;
@@ -574,36 +583,47 @@ TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
     }
     std::vector<uint8_t> cand_h(static_cast<size_t>(T * stride));
     for (size_t i = 0; i < cand_h.size(); ++i) cand_h[i] = uint8_t((i * 7) % 5 != 0);
-    DeviceBuffer<float> dsc(sc), dbs(sc.size());
-    DeviceBuffer<uint8_t> dcand(cand_h), dtaken(cand_h.size());
-    DeviceBuffer<int32_t> dout(static_cast<size_t>(T * c.k)), dn(static_cast<size_t>(T));
-    cd::IndexTopkArgs a;
-    a.scores = dsc.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
-    a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = 1, a.stride = stride, a.k = c.k;
-    a.cand_block = c.cblock, a.cand_top = c.ctop, a.mode = int(c.mode);
-    FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
-    const auto out = dout.to_host(), n = dn.to_host();
-    const auto gcand = dcand.to_host();
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t clen = start + t + 1;
-      std::vector<float> row(sc.begin() + t * stride, sc.begin() + t * stride + clen);
-      if (c.mode == 1) {
-        std::vector<uint8_t> m(static_cast<size_t>(clen));
-        candidate_mask(row.data(), clen, clen, c.cblock, c.ctop, m.data());
+    for (int path : {1, 2}) {
+      const int64_t nb = c.mode == 1 ? (stride + c.cblock - 1) / c.cblock : 0;
+      if (path == 2 && (c.k > 2048 || stride <= 2056 + 2 * nb)) continue;  // not a multi-block case
+      SCOPED_TRACE(::testing::Message() << "T " << T << " n " << c.n << " k " << c.k << " mode " << c.mode
+                                        << " path " << path);
+      DeviceBuffer<float> dsc(sc), dbs(sc.size());
+      DeviceBuffer<uint8_t> dcand(cand_h), dtaken(cand_h.size());
+      DeviceBuffer<int32_t> dout(static_cast<size_t>(T * c.k)), dn(static_cast<size_t>(T));
+      cd::IndexTopkArgs a;
+      a.scores = dsc.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
+      a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = 1, a.stride = stride, a.k = c.k;
+      a.cand_block = c.cblock, a.cand_top = c.ctop, a.mode = int(c.mode), a.path = path;
+      FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
+      const auto out = dout.to_host(), n = dn.to_host();
+      const auto gcand = dcand.to_host();
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t clen = start + t + 1;
+        std::vector<float> row(sc.begin() + t * stride, sc.begin() + t * stride + clen);
+        if (c.mode == 1) {
+          std::vector<uint8_t> m(static_cast<size_t>(clen));
+          candidate_mask(row.data(), clen, clen, c.cblock, c.ctop, m.data());
+          size_t bad = 0;
+          for (int64_t i = 0; i < clen; ++i) bad += m[static_cast<size_t>(i)] != gcand[static_cast<size_t>(t * stride + i)];
+          ASSERT_EQ(bad, 0u) << "candidate mask t=" << t;
+        }
+        if (c.mode == 2)
+          for (int64_t i = 0; i < clen; ++i)
+            if (!cand_h[static_cast<size_t>(t * stride + i)]) row[static_cast<size_t>(i)] = -inf;
+        const auto ref = topk_indices(row.data(), clen, c.k);
+        ASSERT_EQ(int64_t(ref.size()), n[static_cast<size_t>(t)]) << "t " << t;
         size_t bad = 0;
-        for (int64_t i = 0; i < clen; ++i) bad += m[static_cast<size_t>(i)] != gcand[static_cast<size_t>(t * stride + i)];
-        ASSERT_EQ(bad, 0u) << "candidate mask t=" << t;
+        for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != out[static_cast<size_t>(t * c.k) + i];
+        EXPECT_EQ(bad, 0u) << "t " << t;
       }
-      if (c.mode == 2)
-        for (int64_t i = 0; i < clen; ++i)
-          if (!cand_h[static_cast<size_t>(t * stride + i)]) row[static_cast<size_t>(i)] = -inf;
-      const auto ref = topk_indices(row.data(), clen, c.k);
-      ASSERT_EQ(int64_t(ref.size()), n[static_cast<size_t>(t)]) << "t " << t;
-      size_t bad = 0;
-      for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != out[static_cast<size_t>(t * c.k) + i];
-      EXPECT_EQ(bad, 0u) << "t " << t;
     }
   }
+  cd::IndexTopkArgs bad;  // the multi-block path refuses what it cannot do
+  bad.T = 1, bad.start = 9999, bad.stride = 10000, bad.k = 4096, bad.path = 2;
+  float dummy = 0;
+  bad.block_scratch = &dummy;
+  EXPECT_EQ(cd::launch_index_topk(bad, 0), cudaErrorInvalidValue);
 }
 
 // The warp-per-token router at V4.1 width (384 experts, top-6) with tied scores.

@@ -361,6 +361,11 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
     FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}", n), act * n + 2.0 * m * n, 0,
                              [&](int) { return cuda_status(detail::launch_index_topk(ta, g_st), "index topk"); },
                              "index source", kIndexSources, ctx));
+    detail::IndexTopkArgs t1 = ta;  // the one-block-per-row kernel, for comparison
+    t1.path = 1;
+    FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}, one block per row", n), act * n + 2.0 * m * n, 0,
+                             [&](int) { return cuda_status(detail::launch_index_topk(t1, g_st), "index topk"); },
+                             "index source (info)", 0, ctx));
   }
   FS_RETURN_IF_ERROR(add_k("Engram wkv (FP8 [25600,6144])", wb(sl.engram_wkv), fl(sl.engram_wkv),
                            [&](int r) { return lin(sl.engram_wkv, r, e.X, e.eo, m); }, "Engram", kEngramLayers, 0));

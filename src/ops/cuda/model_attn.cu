@@ -432,6 +432,258 @@ __global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs 
   if (threadIdx.x == 0) a.out_n[t] = int32_t(sh.total <= unsigned(a.k) ? sh.total : unsigned(a.k));
 }
 
+// Multi-block top-k for long rows (decode and verify steps: a few rows of up to ~10^6 keys, where
+// one block per row leaves the other SMs idle). Same results as index_topk_kernel:
+//   zero:   clears the row's header (histogram + counters) at the start of block_scratch;
+//   hist:   blocks over key chunks count the top 11 bits of the order keys (mode 2 first writes -inf
+//           to masked-out entries, as the one-block kernel does);
+//   part:   every block finds the bin b1 holding the k-th largest key from the histogram; keys in
+//           bins above b1 are selected at once (fewer than k), keys in b1 become candidates;
+//   finish: one block per row selects the remaining keys among the candidates (value, then lower
+//           index at ties: a second radix select on the index breaks ties) and sorts the k indices
+//           ascending. A row with at most k valid keys, or more candidates than the scratch holds,
+//           is done by the one-block algorithm over the whole row instead.
+// Mode 1 runs the same select first over the candidate blocks (kBlk: keys are the block maxima,
+// the pinned last block +inf, k = cand_top, the result is the kept flags in `taken`), writes the
+// mask, then selects over the unfiltered scores.
+// block_scratch row layout (4-byte words): [0, 2048) histogram, then n_sel, n_cand, b1, above,
+// total; candidates (int32 indices) from kMbHeader on; mode 1 keeps the block maxima in the last
+// nb_max words of the row (the block select's candidates stop before them).
+constexpr int kMbThreads = 256;
+constexpr int kMbBins = 2048;
+constexpr int kMbShift = 21;  // 32 - 11 bits
+constexpr int64_t kMbChunk = 2048;
+constexpr int64_t kMbHeader = kMbBins + 8;
+constexpr int64_t kMbMaxK = 2048;     // the finish block orders k indices in shared memory
+constexpr int64_t kMbMinKeys = 8192;  // shorter rows: one block per row is as fast
+
+struct MbRow {
+  unsigned* g;       // header
+  int32_t* cands;
+  int64_t n, k, cap;  // keys in this row, how many to select, candidate capacity
+};
+__device__ __forceinline__ int64_t mb_clen(const IndexTopkArgs& a, int64_t t) { return (a.start + t + 1) / a.ratio; }
+__device__ __forceinline__ int64_t mb_nb_max(const IndexTopkArgs& a) {
+  return ((a.start + a.T) / a.ratio + a.cand_block - 1) / a.cand_block;
+}
+__device__ __forceinline__ float* mb_bmax(const IndexTopkArgs& a, int64_t t) {
+  return a.block_scratch + t * a.stride + (a.stride - mb_nb_max(a));
+}
+template <bool kBlk>
+__device__ __forceinline__ MbRow mb_row(const IndexTopkArgs& a, int64_t t) {
+  unsigned* g = reinterpret_cast<unsigned*>(a.block_scratch + t * a.stride);
+  const int64_t clen = mb_clen(a, t);
+  if constexpr (kBlk)
+    return {g, reinterpret_cast<int32_t*>(g + kMbHeader), (clen + a.cand_block - 1) / a.cand_block, a.cand_top,
+            a.stride - kMbHeader - mb_nb_max(a)};
+  else
+    return {g, reinterpret_cast<int32_t*>(g + kMbHeader), clen, a.k, a.stride - kMbHeader};
+}
+// Order key of element i of row t, or -1 when it is not a candidate (non-finite score; a block
+// whose maximum is -inf).
+template <bool kBlk>
+__device__ __forceinline__ int64_t mb_key(const IndexTopkArgs& a, int64_t t, int64_t i) {
+  if constexpr (kBlk) {
+    const float x = mb_bmax(a, t)[i];
+    return x > -INFINITY ? int64_t(order_key(x)) : -1;
+  } else {
+    const float x = a.scores[t * a.stride + i];
+    return isfinite(x) ? int64_t(order_key(x)) : -1;
+  }
+}
+
+__global__ void topk_mb_zero_kernel(IndexTopkArgs a) {
+  unsigned* h = reinterpret_cast<unsigned*>(a.block_scratch + blockIdx.x * a.stride);
+  for (int64_t i = threadIdx.x; i < kMbHeader; i += blockDim.x) h[i] = 0;
+}
+
+// Adds the lanes with `pred` to `*ctr` with one atomic per warp; returns this lane's slot.
+__device__ __forceinline__ unsigned warp_append(unsigned* ctr, bool pred) {
+  const unsigned m = __ballot_sync(0xffffffffu, pred);
+  const int lane = int(threadIdx.x & 31), leader = __ffs(m) - 1;
+  unsigned base = 0;
+  if (m && lane == leader) base = atomicAdd(ctr, unsigned(__popc(m)));
+  base = __shfl_sync(0xffffffffu, base, leader < 0 ? 0 : leader);
+  return base + unsigned(__popc(m & ((1u << lane) - 1u)));
+}
+
+// kBlk: first computes this chunk's block maxima (pinned last block +inf) and clears their kept
+// flags.
+template <bool kBlk>
+__global__ void __launch_bounds__(kMbThreads) topk_mb_hist_kernel(IndexTopkArgs a) {
+  __shared__ unsigned hist[kMbBins];
+  const int64_t t = blockIdx.y;
+  const MbRow r = mb_row<kBlk>(a, t);
+  const int64_t lo = int64_t(blockIdx.x) * kMbChunk;
+  if (lo >= r.n) return;
+  const int64_t hi = lo + kMbChunk < r.n ? lo + kMbChunk : r.n;
+  for (int i = threadIdx.x; i < kMbBins; i += blockDim.x) hist[i] = 0;
+  float* s = a.scores + t * a.stride;
+  if constexpr (kBlk) {
+    const int64_t clen = mb_clen(a, t), cb = a.cand_block;
+    float* bm = mb_bmax(a, t);
+    for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      float m = -INFINITY;
+      for (int64_t i = j * cb; i < clen && i < (j + 1) * cb; ++i) m = fmaxf(m, s[i]);
+      bm[j] = j == (clen - 1) / cb ? INFINITY : m;
+      a.taken[t * a.stride + j] = 0;
+    }
+  } else if (a.mode == 2) {
+    const uint8_t* cand = a.cand + t * a.stride;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+      if (!cand[i]) s[i] = -INFINITY;
+  }
+  __syncthreads();
+  const int lane = int(threadIdx.x & 31);
+  for (int64_t base = lo; base < hi; base += blockDim.x) {  // whole warps iterate together
+    const int64_t i = base + threadIdx.x;
+    const int64_t key = i < hi ? mb_key<kBlk>(a, t, i) : -1;
+    const int bin = key >= 0 ? int(uint32_t(key) >> kMbShift) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);  // one atomic per distinct bin
+    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], unsigned(__popc(peers)));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kMbBins; i += blockDim.x)
+    if (hist[i]) atomicAdd(&r.g[i], hist[i]);
+}
+
+// The bin of the k-th largest key: b1, the count in bins above it, and the total (whole block).
+struct MbSplit {
+  unsigned b1, above, total;
+};
+__device__ MbSplit mb_find_split(const unsigned* g, int64_t k) {
+  __shared__ unsigned part[kMbThreads];
+  __shared__ MbSplit res;
+  constexpr int kPer = kMbBins / kMbThreads;  // thread j owns bins [kPer j, kPer j + kPer)
+  unsigned cnt = 0;
+  for (int b = 0; b < kPer; ++b) cnt += g[kPer * threadIdx.x + b];
+  part[threadIdx.x] = cnt;
+  __syncthreads();
+  for (int o = 1; o < kMbThreads; o <<= 1) {  // suffix sums: part[j] = sum over threads >= j
+    const unsigned add = threadIdx.x + o < kMbThreads ? part[threadIdx.x + o] : 0u;
+    __syncthreads();
+    part[threadIdx.x] += add;
+    __syncthreads();
+  }
+  const unsigned total = part[0];
+  if (threadIdx.x == 0) res = {0u, 0u, total};
+  __syncthreads();
+  const unsigned above = part[threadIdx.x] - cnt;
+  if (total > unsigned(k) && above < unsigned(k) && above + cnt >= unsigned(k)) {
+    unsigned c = above;
+    for (int b = kPer - 1; b >= 0; --b) {
+      const unsigned h = g[kPer * threadIdx.x + b];
+      if (c + h >= unsigned(k)) {
+        res = {unsigned(kPer * threadIdx.x + b), c, total};
+        break;
+      }
+      c += h;
+    }
+  }
+  __syncthreads();
+  return res;
+}
+
+template <bool kBlk>
+__global__ void __launch_bounds__(kMbThreads) topk_mb_part_kernel(IndexTopkArgs a) {
+  const int64_t t = blockIdx.y;
+  const MbRow r = mb_row<kBlk>(a, t);
+  const int64_t lo = int64_t(blockIdx.x) * kMbChunk;
+  if (lo >= r.n) return;
+  const MbSplit sp = mb_find_split(r.g, r.k);
+  if (blockIdx.x == 0 && threadIdx.x == 0) r.g[kMbBins + 2] = sp.b1, r.g[kMbBins + 3] = sp.above, r.g[kMbBins + 4] = sp.total;
+  if (sp.total <= unsigned(r.k)) return;  // the finish kernel takes every valid key
+  const int64_t hi = lo + kMbChunk < r.n ? lo + kMbChunk : r.n;
+  int32_t* out = a.out + t * a.k;
+  for (int64_t base = lo; base < hi; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const int64_t key = i < hi ? mb_key<kBlk>(a, t, i) : -1;
+    const int bin = key >= 0 ? int(uint32_t(key) >> kMbShift) : -1;
+    const unsigned sel = warp_append(&r.g[kMbBins], bin > int(sp.b1));
+    if (bin > int(sp.b1)) {
+      if constexpr (kBlk) a.taken[t * a.stride + i] = 1;
+      else out[sel] = int32_t(i);
+    }
+    const unsigned c = warp_append(&r.g[kMbBins + 1], bin == int(sp.b1));
+    if (bin == int(sp.b1) && int64_t(c) < r.cap) r.cands[c] = int32_t(i);
+  }
+}
+
+template <bool kBlk>
+__global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkArgs a) {
+  __shared__ SelectShared sh;
+  __shared__ int32_t sorted[kBlk ? 1 : kMbMaxK];
+  __shared__ unsigned pos, eq_total;
+  const int64_t t = blockIdx.x;
+  const MbRow r = mb_row<kBlk>(a, t);
+  int32_t* out = a.out + t * a.k;
+  uint8_t* kept = a.taken + t * a.stride;
+  auto emit = [&](int64_t i, unsigned p) {
+    if constexpr (kBlk) kept[i] = 1;
+    else out[p] = int32_t(i);
+  };
+  auto key = [&](int64_t i) { return mb_key<kBlk>(a, t, i); };
+  const unsigned total = r.n > 0 ? r.g[kMbBins + 4] : 0u, above = r.g[kMbBins + 3], m = r.g[kMbBins + 1];
+  if (total <= unsigned(r.k) || int64_t(m) > r.cap) {  // one block over the row
+    block_radix_select(key, r.n, r.k, sh);
+    block_select_gather(key, r.n, r.k, sh, [&](int64_t i, int64_t p) { emit(i, unsigned(p)); });
+    if (!kBlk && threadIdx.x == 0) a.out_n[t] = int32_t(sh.total <= unsigned(a.k) ? sh.total : unsigned(a.k));
+    return;
+  }
+  const unsigned need = unsigned(r.k) - above;  // >= 1: the k-th key is in bin b1
+  if (threadIdx.x == 0) pos = above, eq_total = 0;
+  auto ckey = [&](int64_t j) -> int64_t { return key(r.cands[j]); };  // valid: the candidates are in b1
+  block_radix_select(ckey, m, need, sh);  // ends with a barrier
+  const bool all = sh.total <= need;
+  const uint32_t thr = sh.prefix;
+  const unsigned take_eq = sh.remaining;
+  unsigned n_eq = 0;
+  for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+    const uint32_t kj = uint32_t(ckey(j));
+    if (all || kj > thr) emit(r.cands[j], atomicAdd(&pos, 1u));
+    else n_eq += kj == thr;
+  }
+  if (!all) {  // the equal keys: the take_eq lowest indices (all of them when no more are equal)
+    if (n_eq) atomicAdd(&eq_total, n_eq);
+    __syncthreads();
+    if (eq_total == take_eq) {
+      for (int64_t j = threadIdx.x; j < m; j += blockDim.x)
+        if (uint32_t(ckey(j)) == thr) emit(r.cands[j], atomicAdd(&pos, 1u));
+    } else {
+      auto ikey = [&](int64_t j) -> int64_t {
+        return uint32_t(ckey(j)) == thr ? int64_t(0x7fffffff - r.cands[j]) : int64_t(-1);
+      };
+      block_radix_select(ikey, m, take_eq, sh);
+      const uint32_t ithr = sh.prefix;  // indices are distinct: keys >= ithr are exactly take_eq
+      for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+        const int64_t ik = ikey(j);
+        if (ik >= 0 && uint32_t(ik) >= ithr) emit(r.cands[j], atomicAdd(&pos, 1u));
+      }
+    }
+  }
+  if constexpr (!kBlk) {
+    __syncthreads();
+    // Ascending order: the indices are distinct, so each one's position is the count of smaller
+    // ones (every thread reads the same shared word at once: broadcasts, two barriers in all).
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) sorted[i] = out[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
+      const int32_t x = sorted[i];
+      int rank = 0;
+      for (int j = 0; j < a.k; ++j) rank += sorted[j] < x;
+      out[rank] = x;
+    }
+    if (threadIdx.x == 0) a.out_n[t] = int32_t(a.k);
+  }
+}
+
+// Mode 1: the published candidate mask from the kept blocks.
+__global__ void topk_mb_mask_kernel(IndexTopkArgs a) {
+  const int64_t t = blockIdx.y, clen = mb_clen(a, t);
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < clen) a.cand[t * a.stride + i] = a.taken[t * a.stride + i / a.cand_block];
+}
+
 // One warp per token (ops::route): scores in parallel, the softmax denominator in index order by
 // lane 0, top-K by K warp argmaxes (value desc, lower expert id first), the weights by lane 0.
 constexpr int kRouteThreads = 128;
@@ -578,8 +830,34 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
-  if (a.stride > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
+  if (a.stride > INT32_MAX || a.path < 0 || a.path > 2) return cudaErrorInvalidValue;
+  const int64_t clen_max = (a.start + a.T) / a.ratio;
+  // Mode 1 keeps the block maxima at the end of each scratch row, after the header and room for
+  // as many block candidates.
+  const int64_t nb_max = a.mode == 1 ? (clen_max + a.cand_block - 1) / a.cand_block : 0;
+  const bool mb_ok = a.k <= kMbMaxK && a.block_scratch && a.stride > kMbHeader + 2 * nb_max && a.T <= 65535 &&
+                     (a.mode != 1 || (a.taken && a.cand_top > 0 && a.cand_top <= INT32_MAX));
+  if (a.path == 2 && !mb_ok) return cudaErrorInvalidValue;
+  if (!(a.path == 2 || (a.path == 0 && mb_ok && clen_max >= kMbMinKeys)))
+    return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
+  const auto chunks = [](int64_t n) { return unsigned(n > 0 ? (n + kMbChunk - 1) / kMbChunk : 1); };
+  const dim3 grid(chunks(clen_max), unsigned(a.T));
+  cudaError_t e = cudaSuccess;
+  if (a.mode == 1) {
+    const dim3 bgrid(chunks(nb_max), unsigned(a.T));
+    e = launch_kernel(topk_mb_zero_kernel, unsigned(a.T), kMbThreads, 0, s, a);
+    if (e == cudaSuccess) e = launch_kernel(topk_mb_hist_kernel<true>, bgrid, kMbThreads, 0, s, a);
+    if (e == cudaSuccess) e = launch_kernel(topk_mb_part_kernel<true>, bgrid, kMbThreads, 0, s, a);
+    if (e == cudaSuccess) e = launch_kernel(topk_mb_finish_kernel<true>, unsigned(a.T), kTopkThreads, 0, s, a);
+    if (e == cudaSuccess)
+      e = launch_kernel(topk_mb_mask_kernel, dim3(unsigned((clen_max + 255) / 256 > 0 ? (clen_max + 255) / 256 : 1), unsigned(a.T)),
+                        256, 0, s, a);
+  }
+  if (e == cudaSuccess) e = launch_kernel(topk_mb_zero_kernel, unsigned(a.T), kMbThreads, 0, s, a);
+  if (e == cudaSuccess) e = launch_kernel(topk_mb_hist_kernel<false>, grid, kMbThreads, 0, s, a);
+  if (e == cudaSuccess) e = launch_kernel(topk_mb_part_kernel<false>, grid, kMbThreads, 0, s, a);
+  if (e == cudaSuccess) e = launch_kernel(topk_mb_finish_kernel<false>, unsigned(a.T), kTopkThreads, 0, s, a);
+  return e;
 }
 
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t s) {

@@ -141,7 +141,10 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
 
 // Per query row: mode 1 publishes the candidate mask (ops::candidate_mask), mode 2 filters the
 // scores by it, then top-k (ops::topk_indices: finite scores, lower index at ties, ascending).
-// One block per row, radix select on the score bits (any candidate count up to the stride).
+// Radix select on the score bits (any candidate count up to the stride): one block per row, or
+// (k <= 2048, rows of 8192+ keys, stride > 2056 + 2 * blocks in mode 1) a histogram and
+// partition over blocks of key chunks and one block per row for the candidates of the threshold
+// bin (mode 1: the same for the candidate blocks first); block_scratch is its workspace then.
 struct IndexTopkArgs {
   float* scores = nullptr;         // [T, stride] (mode 2 sets the masked-out entries to -inf)
   uint8_t* cand = nullptr;         // [T, stride]
@@ -151,6 +154,8 @@ struct IndexTopkArgs {
   int32_t* out_n = nullptr;        // [T]
   int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
   int mode = 0;
+  // 0: by row length; 1: one block per row; 2: over blocks (error if the args do not allow it).
+  int path = 0;
 };
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s);
 
