@@ -74,7 +74,7 @@ serve() {
   local name=$1 log=$TMP/$1.log port="" i
   "$FS" serve --ckpt "$CKPT" "${BACKEND[@]}" --port 0 --max-context 16384 \
     --redis "redis://127.0.0.1:$RPORT" --cluster-secret gpu-kvshare-check --server-id "$name" \
-    --kv-transport "$TRANSPORT" >"$log" 2>&1 &
+    --kv-transport "$TRANSPORT" --drain-snapshots 0 >"$log" 2>&1 &
   PIDS+=($!)
   for i in $(seq 3000); do
     port=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$log" | head -1)
