@@ -170,11 +170,14 @@ Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceS
     FS_RETURN_IF_ERROR(upload_rows(g.z.get(), h.z.data(), int64_t(h.z.size())));
     FS_RETURN_IF_ERROR(upload_rows(g.prev_v.get(), h.prev_v.data(), int64_t(h.prev_v.size())));
     FS_RETURN_IF_ERROR(upload_rows(g.prev_z.get(), h.prev_z.data(), int64_t(h.prev_z.size())));
-    const int64_t n_hist = int64_t(h.hist_v.size()) / width;  // == len − hist_first ≤ cap (checked)
-    for (int64_t i = 0; i < n_hist; ++i) {
-      const int64_t slot = (h.hist_first + i) % cap;
-      FS_RETURN_IF_ERROR(upload_rows(g.hist_v.get() + slot * width, h.hist_v.data() + i * width, width));
-      FS_RETURN_IF_ERROR(upload_rows(g.hist_z.get() + slot * width, h.hist_z.data() + i * width, width));
+    // History rows of positions [hist_first, len) (≤ cap, checked) into their ring slots p % cap:
+    // at most two contiguous runs.
+    const int64_t first = h.hist_first, end = first + int64_t(h.hist_v.size()) / width;
+    for (int64_t p = first; p < end;) {
+      const int64_t slot = p % cap, n = std::min(end - p, cap - slot);
+      FS_RETURN_IF_ERROR(upload_rows(g.hist_v.get() + slot * width, h.hist_v.data() + (p - first) * width, n * width));
+      FS_RETURN_IF_ERROR(upload_rows(g.hist_z.get() + slot * width, h.hist_z.data() + (p - first) * width, n * width));
+      p += n;
     }
     g.n_pend = h.n_pend;
     g.has_prev = h.has_prev;
