@@ -16,6 +16,7 @@
 #include "forward/state_io.h"
 #include "forward/cpu_model.h"
 #include "forward/gpu_model.h"
+#include "forward/state_convert.h"
 #include "server/deferred_backend.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
@@ -144,7 +145,10 @@ int serve(const ServeOpts& o) {
   // The state cache outlives the engine (snapshot callbacks point at it).
   auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
-  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every,
+  // The backend kind enters the snapshot fingerprint: CPU and GPU states of one checkpoint differ
+  // in the last bits, so a snapshot of the other backend is a miss, never a restore.
+  const uint64_t state_fp = forward::state_fingerprint(*fingerprint, (*model)->backend_kind());
+  auto cache = engine::StateCache::open({state_fp, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every,
                                         o.cache_dir_bytes});
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);

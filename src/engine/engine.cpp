@@ -11,6 +11,7 @@
 
 #include "engine/engine_sequence.h"
 #include "engine/sampler.h"
+#include "forward/state.h"
 
 namespace flashseek::engine {
 
@@ -160,10 +161,38 @@ void Engine::emit(Sequence& seq, TokenEvent event) {
     if (n >= P && n <= P + int64_t(seq.generated.size())) {
       std::vector<int32_t> tokens(seq.req.prompt);
       tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.begin() + (n - P));
-      seq.req.on_snapshot(tokens, *seq.state);
+      hand_snapshot(seq, tokens);
     }
   }
   seq.stream->push(std::move(event));
+}
+
+void Engine::hand_snapshot(Sequence& seq, std::span<const int32_t> tokens) {
+  // The sink sees the canonical host format (forward/state.h): a CPU state as it is, any other
+  // backend's state through Model::export_state (e.g. a device → host copy on the GPU backend).
+  if (const auto* host = dynamic_cast<const forward::CpuSequenceState*>(seq.state.get())) {
+    seq.req.on_snapshot(tokens, *host);
+    return;
+  }
+  auto host = model_.export_state(*seq.state);
+  if (!host.ok()) {  // e.g. tensor-parallel states: no snapshot (logged once per engine)
+    if (!snapshot_warned_) spdlog::warn("engine: snapshots skipped: {}", host.status().message());
+    snapshot_warned_ = true;
+    return;
+  }
+  seq.req.on_snapshot(tokens, **host);
+}
+
+std::unique_ptr<forward::SequenceState> Engine::restore_prefix(const Request& r) {
+  const auto* host = dynamic_cast<const forward::CpuSequenceState*>(r.prefix.get());
+  if (!host) return r.prefix->clone();  // a state of this backend (the caller's own snapshot)
+  // A snapshot in the canonical format (state cache, peers): the backend checks its geometry
+  // and builds its own state. A refused one costs a full prefill, never the request.
+  auto st = model_.import_state(*host);
+  if (st.ok()) return std::move(*st);
+  spdlog::warn("engine: request {}: cached prefix of {} tokens not restored ({}); prefilling the whole prompt",
+               r.id, host->length(), st.status().message());
+  return model_.new_sequence();
 }
 
 void Engine::drop_finished() {

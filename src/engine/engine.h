@@ -110,6 +110,12 @@ class Engine {
                      const std::vector<float>& logits);  // caller holds mu_
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void emit(Sequence& seq, TokenEvent event);
+  // Hands seq's state (holding `tokens`) to Request::on_snapshot in the canonical host format
+  // (Model::export_state for non-CPU states); a backend that cannot export skips it.
+  void hand_snapshot(Sequence& seq, std::span<const int32_t> tokens);
+  // The sequence state for Request::prefix: Model::import_state of a canonical (host) snapshot,
+  // a clone of a backend state; a snapshot the model refuses means a full prefill (logged).
+  std::unique_ptr<forward::SequenceState> restore_prefix(const Request& r);
   void drop_finished();                     // caller holds mu_
   // Items whose next token the model samples itself (EngineOptions::device_sampling).
   void plan_device_sampling(StepBatch& batch) const;
@@ -138,6 +144,7 @@ class Engine {
   EngineStats stats_;
   Rng seed_rng_;
   bool stopping_ = false;
+  bool snapshot_warned_ = false;  // hand_snapshot logged a refused export
 
   std::mutex step_mu_;  // one step at a time (thread or caller)
   std::thread thread_;

@@ -12,7 +12,7 @@ void Engine::admit() {
   while (!waiting_.empty() && stats_.running < options_.max_batch) {
     std::unique_ptr<Sequence> seq = std::move(waiting_.front());
     waiting_.pop_front();
-    seq->state = seq->req.prefix ? seq->req.prefix->clone() : model_.new_sequence();
+    seq->state = seq->req.prefix ? restore_prefix(seq->req) : model_.new_sequence();
     seq->prompt_done = seq->state->length();
     if (seq->req.prompt_logprobs >= 0) seq->prompt_lp.assign(seq->req.prompt.size(), std::nullopt);
     running_.push_back(std::move(seq));
@@ -147,8 +147,7 @@ Status Engine::process_item(Sequence& seq, const PlannedItem& item, const forwar
   const int64_t every = seq.req.snapshot_every;
   if (every > 0 && seq.req.on_snapshot && seq.prompt_done < P &&
       seq.prompt_done / every > start / every)
-    seq.req.on_snapshot(std::span<const int32_t>(seq.req.prompt).first(size_t(seq.prompt_done)),
-                        *seq.state);
+    hand_snapshot(seq, std::span<const int32_t>(seq.req.prompt).first(size_t(seq.prompt_done)));
   if (seq.prompt_done < P) return {};
   if (seq.req.max_tokens == 0) {
     finish(seq, FinishReason::kLength);

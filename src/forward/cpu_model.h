@@ -9,6 +9,7 @@
 
 #include "forward/model.h"
 #include "forward/state.h"
+#include "forward/state_convert.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 
@@ -56,6 +57,12 @@ class CpuModel final : public Model {
   // anchor `x0` (the target's token for position a + 1, not yet fed). State is unchanged.
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0,
                              const DraftChooser& choose = {}) const override;
+  // Snapshots (state_convert.cpp): export = a copy (sealed pages shared); import = the geometry
+  // check of state_convert.h, then a copy.
+  Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const override;
+  Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const override;
+  // What this checkpoint's states hold beyond the config (DSpark rings, MTP, Engram ids).
+  StateGeometry state_geometry() const;
   // Records selections of subsequent forwards into `trace` (nullptr: off). Not thread-safe.
   void set_trace(ForwardTrace* trace) { trace_ = trace; }
 

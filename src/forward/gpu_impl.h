@@ -17,6 +17,7 @@
 #include "forward/gpu_model.h"
 #include "forward/gpu_tp.h"
 #include "forward/state.h"
+#include "forward/state_convert.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
 #include "ops/cuda/cuda_check.h"
@@ -158,6 +159,9 @@ class PinnedArena {
   size_t used_ = 0, total_ = 0;  // bytes used in the last chunk; capacity of all chunks
 };
 
+// Rows of a compressor's rollback history ring on the device (GpuCompState::hist_*).
+inline int64_t gpu_hist_rows(int64_t ratio) { return 2 * ratio + kMaxRollback; }
+
 // A compressor's open group on the device: pending rows [ratio, width] and (V4 ratio 4) the
 // previous complete window; the counts live on the host (they follow from the positions).
 struct GpuCompState {
@@ -232,6 +236,12 @@ class GpuModel final : public Model {
   // BatchItem::sample (gpu_sample.cpp): one GPU only (a TP rank holds a vocabulary slice).
   bool samples_on_device() const override { return !shard_.split(); }
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
+  // Snapshots (gpu_state_io.cpp): device state ↔ the canonical host format, one GPU only (a
+  // tensor-parallel rank refuses: kUnimplemented).
+  Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const override;
+  Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const override;
+  std::string backend_kind() const override;
+  StateGeometry state_geometry() const;
   // Device bytes of the weights (FP32 copies + native codes and scales) and how many matrices
   // (routed experts: one per expert) are kept native.
   int64_t weight_bytes() const;

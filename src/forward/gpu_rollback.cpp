@@ -16,8 +16,6 @@ namespace cd = ops::cuda::detail;
 
 namespace {
 
-int64_t hist_rows(int64_t ratio) { return 2 * ratio + kMaxRollback; }
-
 // Copies history rows of positions [from, to) into dst rows 0 … (contiguous in at most two runs).
 Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t to, int64_t width, float* dst,
                  cudaStream_t s) {
@@ -33,7 +31,7 @@ Status copy_hist(const DevArray<float>& hist, int64_t cap, int64_t from, int64_t
 // Rebuilds `cs` for a sequence of length L: the open group [g·ratio, L) and, with overlap, the
 // previous window [(g−1)·ratio, g·ratio).
 Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int64_t L, int layer, cudaStream_t s) {
-  const int64_t g = L / ratio, open = g * ratio, cap = hist_rows(ratio);
+  const int64_t g = L / ratio, open = g * ratio, cap = gpu_hist_rows(ratio);
   const int64_t need = overlap && g >= 1 ? open - ratio : open;
   if (need < L && (need < cs.hist_lo || !cs.hist_v.get()))
     return out_of_range("rollback: layer {} compressor history starts at position {}, needs {}", layer, cs.hist_lo,
@@ -59,7 +57,7 @@ Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int
 
 Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z, const GpuChunk& ctx, int64_t width,
                                 int64_t ratio) {
-  const int64_t cap = hist_rows(ratio), T = ctx.T;
+  const int64_t cap = gpu_hist_rows(ratio), T = ctx.T;
   FS_RETURN_IF_ERROR(cs.hist_v.reserve(size_t(cap * width), true));
   FS_RETURN_IF_ERROR(cs.hist_z.reserve(size_t(cap * width), true));
   const int64_t t0 = std::max<int64_t>(0, T - cap);

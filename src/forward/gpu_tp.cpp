@@ -188,6 +188,15 @@ class TpModel final : public Model {
     return st;
   }
 
+  // A sharded state has no canonical host form yet: the engine skips such snapshots (one log line).
+  Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState&) const override {
+    return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
+  }
+  Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState&) const override {
+    return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
+  }
+  std::string backend_kind() const override { return "cuda-tp"; }
+
   Status rollback(SequenceState& state, int64_t new_length) const override {
     auto* st = dynamic_cast<TpSequenceState*>(&state);
     if (!st || st->ranks.size() != ranks_.size()) return invalid_argument("rollback: not a multi-GPU sequence state");

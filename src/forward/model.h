@@ -15,6 +15,8 @@
 
 namespace flashseek::forward {
 
+class CpuSequenceState;  // forward/state.h: the canonical host format of a sequence state
+
 enum class Numerics {
   kExact,      // fp32 everywhere on dequantised weights (compared with transformers / official fp32)
   kReference,  // the official reference's FP8/FP4 simulations and BF16 rounding points
@@ -78,6 +80,19 @@ class Model {
                                      const DraftChooser& choose = {}) const {
     return Status{StatusCode::kUnimplemented, "propose: this model backend has no DSpark draft"};
   }
+  // Snapshots (state cache, kvshare; docs/kvshare.md "Backends"): the canonical host format of a
+  // sequence state is CpuSequenceState (forward/state.h), whatever the backend. export_state
+  // copies `state` (a state of this model) into it; import_state validates the geometry of
+  // `state` against this model (forward/state_convert.h) before copying anything, then builds a
+  // sequence state of this backend that continues exactly like the exported one. Both leave
+  // their argument unchanged. Defaults (state_convert.cpp): kUnimplemented.
+  virtual Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const;
+  virtual Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const;
+  // Which backend numerics produce this model's states: "cpu" (the CPU reference), "cuda" (one
+  // GPU, FP32 weights), "cuda-native" (one GPU, block-scaled weights), "cuda-tp". States of one
+  // checkpoint are not bit-identical across kinds, so the kind enters the snapshot fingerprint
+  // (state_fingerprint).
+  virtual std::string backend_kind() const { return "cpu"; }
 };
 
 // Opens a release-format checkpoint directory (V4 or V4.1, detected from its config) on the CPU

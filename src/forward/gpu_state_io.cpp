@@ -1,0 +1,208 @@
+// Snapshots of GPU sequence states (Model::export_state / import_state on the CUDA backend): a
+// GpuSequenceState is copied to the canonical host format (CpuSequenceState, forward/state.h)
+// and back, so that the state cache and kvshare work with `--gpus N` exactly as on the CPU.
+// Layout mapping (gpu_impl.h ↔ state.h):
+//   window ring [ring_size, Dh]            ↔ LayerState::ring (same slots, pos % ring_size)
+//   ckv [n_ckv, Dh], ikeys [n_ikeys, dI]   ↔ PagedRows ckv / ikeys (the first n rows)
+//   open group v/z [n_pend, width]         ↔ CompressorState::v/z; prev_v/z [ratio, width] when has_prev
+//   history ring, position p at slot p % (2·ratio + kMaxRollback), positions [hist_lo, len) valid
+//                                          ↔ hist_v/z rows of positions [hist_first, len), hist_first = hist_lo
+//   engram_hist                            ↔ engram_hist (host on both sides)
+//   DSpark draft rings [ring_size, Dh]     ↔ draft_rings
+// The GPU backend keeps no V4 MTP state: an export has none, an import ignores it.
+#include "forward/gpu_model.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <algorithm>
+
+#include "forward/gpu_impl.h"
+#include "forward/state_convert.h"
+
+namespace flashseek::forward::gpu {
+
+namespace {
+
+Status tp_refusal() {
+  return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
+}
+
+// Queues the download of `n` floats at `src` (a device array holding at least n) into `dst`.
+Status download(std::vector<float>& dst, const DevArray<float>& src, int64_t n, cudaStream_t s, const char* what) {
+  dst.resize(size_t(n));
+  if (n == 0) return {};
+  if (!src.get() || src.capacity() < size_t(n))
+    return internal_error("export_state: {} holds {} floats on the device, {} expected", what, src.capacity(), n);
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), src.get(), size_t(n) * 4, cudaMemcpyDeviceToHost, s));
+  return {};
+}
+
+// Rows of positions [from, to) of a history ring of `cap` rows (slot p % cap) → dst rows 0 … .
+Status download_hist(std::vector<float>& dst, const DevArray<float>& ring, int64_t cap, int64_t from, int64_t to,
+                     int64_t width, cudaStream_t s) {
+  dst.resize(size_t((to - from) * width));
+  if (to == from) return {};
+  if (!ring.get() || ring.capacity() < size_t(cap * width))
+    return internal_error("export_state: compressor history ring holds {} floats, {} expected", ring.capacity(),
+                          cap * width);
+  for (int64_t p = from; p < to;) {
+    const int64_t slot = p % cap, n = std::min(to - p, cap - slot);
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data() + (p - from) * width, ring.get() + slot * width,
+                                            size_t(n * width) * 4, cudaMemcpyDeviceToHost, s));
+    p += n;
+  }
+  return {};
+}
+
+// Host → device (synchronous: the legacy-stream copy orders with the model's blocking stream).
+Status upload_rows(float* dst, const float* src, int64_t n) {
+  if (n > 0) FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, size_t(n) * 4, cudaMemcpyHostToDevice));
+  return {};
+}
+
+}  // namespace
+
+std::string GpuModel::backend_kind() const {
+  if (shard_.split()) return "cuda-tp";
+  return n_native_ > 0 ? "cuda-native" : "cuda";
+}
+
+StateGeometry GpuModel::state_geometry() const {
+  const auto& c = config();
+  StateGeometry g;
+  g.draft = has_draft();
+  g.ignore_mtp = true;  // no MTP on this backend
+  if (c.is_v41() && !c.engram_layer_ids.empty() && !w_.engram_token_map.empty())
+    g.max_engram_id = *std::max_element(w_.engram_token_map.begin(), w_.engram_token_map.end());
+  return g;
+}
+
+Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceState& state) const {
+  if (shard_.split()) return tp_refusal();
+  const auto* st = dynamic_cast<const GpuSequenceState*>(&state);
+  if (!st) return invalid_argument("export_state: not a GPU sequence state");
+  if (!st->error.ok()) return st->error;
+  const auto& c = config();
+  const int64_t Dh = c.head_dim, dI = c.index_head_dim, len = st->len, ring = st->ring_size;
+  if (int64_t(st->layers.size()) != c.num_layers || ring != c.window + kMaxRollback)
+    return internal_error("export_state: GPU state has {} layers / ring {}, the model {} / {}", st->layers.size(), ring,
+                          c.num_layers, c.window + kMaxRollback);
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  auto out = std::make_unique<CpuSequenceState>();
+  out->len = len;
+  out->ring_size = ring;
+  out->engram_hist = st->engram_hist;
+  out->layers.resize(st->layers.size());
+  // Every copy is queued on stream_ (after the forwards that wrote the state), then one sync.
+  std::vector<std::vector<float>> ckv(st->layers.size()), ikeys(st->layers.size());
+  auto comp = [&](const GpuCompState& g, CompressorState& h, const StateLayerShape& ls, int64_t width) -> Status {
+    if (!ls.pooled) return {};
+    const int64_t cap = gpu_hist_rows(ls.ratio);
+    if (g.n_pend < 0 || g.n_pend >= ls.ratio || g.hist_lo < 0 || g.hist_lo > len || len - g.hist_lo > cap)
+      return internal_error("export_state: compressor with {} pending rows, history from {} (length {})", g.n_pend,
+                            g.hist_lo, len);
+    h.n_pend = g.n_pend;
+    h.has_prev = g.has_prev;
+    h.hist_first = g.hist_lo;
+    FS_RETURN_IF_ERROR(download(h.v, g.v, g.n_pend * width, stream_, "open group"));
+    FS_RETURN_IF_ERROR(download(h.z, g.z, g.n_pend * width, stream_, "open group gates"));
+    FS_RETURN_IF_ERROR(download(h.prev_v, g.prev_v, g.has_prev ? ls.ratio * width : 0, stream_, "previous window"));
+    FS_RETURN_IF_ERROR(download(h.prev_z, g.prev_z, g.has_prev ? ls.ratio * width : 0, stream_, "previous window"));
+    FS_RETURN_IF_ERROR(download_hist(h.hist_v, g.hist_v, cap, g.hist_lo, len, width, stream_));
+    return download_hist(h.hist_z, g.hist_z, cap, g.hist_lo, len, width, stream_);
+  };
+  for (size_t l = 0; l < st->layers.size(); ++l) {
+    const GpuLayerState& g = st->layers[l];
+    LayerState& h = out->layers[l];
+    const StateLayerShape ls = state_layer_shape(c, int(l));
+    const int64_t coff = ls.overlap ? 2 : 1;
+    FS_RETURN_IF_ERROR(download(h.ring, g.ring, ring * Dh, stream_, "window ring"));
+    FS_RETURN_IF_ERROR(download(ckv[l], g.ckv, g.n_ckv * Dh, stream_, "compressed KV"));
+    FS_RETURN_IF_ERROR(download(ikeys[l], g.ikeys, g.n_ikeys * dI, stream_, "index keys"));
+    FS_RETURN_IF_ERROR(comp(g.comp, h.comp, ls, coff * Dh));
+    StateLayerShape il = ls;
+    il.pooled = ls.icomp;
+    FS_RETURN_IF_ERROR(comp(g.icomp, h.icomp, il, coff * dI));
+  }
+  out->draft_rings.resize(st->draft_rings.size());
+  for (size_t i = 0; i < st->draft_rings.size(); ++i)
+    FS_RETURN_IF_ERROR(download(out->draft_rings[i], st->draft_rings[i], ring * Dh, stream_, "DSpark draft ring"));
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (size_t l = 0; l < st->layers.size(); ++l) {  // paged rows as CpuModel::new_sequence lays them out
+    out->layers[l].ckv.reset(Dh);
+    out->layers[l].ckv.append(ckv[l]);
+    out->layers[l].ikeys.reset(dI);
+    out->layers[l].ikeys.append(ikeys[l]);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceState& s) const {
+  if (shard_.split()) return tp_refusal();
+  const auto& c = config();
+  FS_RETURN_IF_ERROR(check_state_geometry(s, c, state_geometry()));  // before anything reaches the device
+  std::unique_ptr<SequenceState> base = new_sequence();              // rings zeroed, draft rings if any
+  auto* st = static_cast<GpuSequenceState*>(base.get());
+  if (!st->error.ok()) return st->error;
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const int64_t Dh = c.head_dim, dI = c.index_head_dim, ring = st->ring_size;
+  // Paged rows → the first rows of a device array sized for them (forward grows it as it appends).
+  auto rows = [](DevArray<float>& dst, const PagedRows& src, int64_t& n_dst) -> Status {
+    n_dst = src.size();
+    if (n_dst == 0) return {};
+    FS_RETURN_IF_ERROR(dst.reserve(size_t(n_dst * src.width()), false));
+    Status status;
+    src.for_each_run(0, n_dst, [&](int64_t first, const float* p, int64_t n) {
+      if (status.ok()) status = upload_rows(dst.get() + first * src.width(), p, n * src.width());
+    });
+    return status;
+  };
+  auto comp = [&](const CompressorState& h, GpuCompState& g, const StateLayerShape& ls, int64_t width) -> Status {
+    if (!ls.pooled) return {};
+    const int64_t ratio = ls.ratio, cap = gpu_hist_rows(ratio);
+    // The sizes GpuModel::pool and record_history reserve.
+    FS_RETURN_IF_ERROR(g.v.zeros(size_t(ratio * width)));
+    FS_RETURN_IF_ERROR(g.z.zeros(size_t(ratio * width)));
+    FS_RETURN_IF_ERROR(g.prev_v.zeros(size_t(ratio * width)));
+    FS_RETURN_IF_ERROR(g.prev_z.zeros(size_t(ratio * width)));
+    FS_RETURN_IF_ERROR(g.hist_v.zeros(size_t(cap * width)));
+    FS_RETURN_IF_ERROR(g.hist_z.zeros(size_t(cap * width)));
+    FS_RETURN_IF_ERROR(upload_rows(g.v.get(), h.v.data(), int64_t(h.v.size())));
+    FS_RETURN_IF_ERROR(upload_rows(g.z.get(), h.z.data(), int64_t(h.z.size())));
+    FS_RETURN_IF_ERROR(upload_rows(g.prev_v.get(), h.prev_v.data(), int64_t(h.prev_v.size())));
+    FS_RETURN_IF_ERROR(upload_rows(g.prev_z.get(), h.prev_z.data(), int64_t(h.prev_z.size())));
+    // History rows of positions [hist_first, len) (≤ cap, checked) into their ring slots p % cap:
+    // at most two contiguous runs.
+    const int64_t first = h.hist_first, end = first + int64_t(h.hist_v.size()) / width;
+    for (int64_t p = first; p < end;) {
+      const int64_t slot = p % cap, n = std::min(end - p, cap - slot);
+      FS_RETURN_IF_ERROR(upload_rows(g.hist_v.get() + slot * width, h.hist_v.data() + (p - first) * width, n * width));
+      FS_RETURN_IF_ERROR(upload_rows(g.hist_z.get() + slot * width, h.hist_z.data() + (p - first) * width, n * width));
+      p += n;
+    }
+    g.n_pend = h.n_pend;
+    g.has_prev = h.has_prev;
+    g.hist_lo = h.hist_first;
+    return {};
+  };
+  for (size_t l = 0; l < st->layers.size(); ++l) {
+    const LayerState& h = s.layers[l];
+    GpuLayerState& g = st->layers[l];
+    const StateLayerShape ls = state_layer_shape(c, int(l));
+    const int64_t coff = ls.overlap ? 2 : 1;
+    FS_RETURN_IF_ERROR(upload_rows(g.ring.get(), h.ring.data(), ring * Dh));
+    FS_RETURN_IF_ERROR(rows(g.ckv, h.ckv, g.n_ckv));
+    FS_RETURN_IF_ERROR(rows(g.ikeys, h.ikeys, g.n_ikeys));
+    FS_RETURN_IF_ERROR(comp(h.comp, g.comp, ls, coff * Dh));
+    StateLayerShape il = ls;
+    il.pooled = ls.icomp;
+    FS_RETURN_IF_ERROR(comp(h.icomp, g.icomp, il, coff * dI));
+  }
+  for (size_t i = 0; i < st->draft_rings.size(); ++i)
+    FS_RETURN_IF_ERROR(upload_rows(st->draft_rings[i].get(), s.draft_rings[i].data(), ring * Dh));
+  st->engram_hist = s.engram_hist;
+  st->len = s.len;
+  return base;
+}
+
+}  // namespace flashseek::forward::gpu
+#endif
