@@ -49,7 +49,8 @@ try:
     procs.append(subprocess.Popen(["redis-server", "--port", str(rport), "--save", "", "--appendonly", "no"],
                                   stdout=subprocess.DEVNULL))
     time.sleep(0.5)
-    common = ["--redis", f"redis://127.0.0.1:{rport}", "--cluster-secret", "bench"]
+    common = ["--redis", f"redis://127.0.0.1:{rport}", "--cluster-secret", "bench",
+              "--shared-cache"]  # no API keys here: opt in to reuse across requests
     a = serve("A", common + ["--server-id", "A"])
     plain = serve("C", ["--host-cache-bytes", "0"])
     rnd = random.Random(1)

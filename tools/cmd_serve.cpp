@@ -32,6 +32,9 @@ namespace fs = std::filesystem;
 
 struct ServeOpts {
   std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
+  std::string api_key_file;                      // `KEY [TENANT]` lines (server/tenants.h)
+  std::string cache_scope = "tenant";            // state-cache sharing: tenant | user | request | shared
+  bool shared_cache = false;                     // shorthand for --cache-scope shared
   int port = 8000;
   int64_t max_batch = 8, max_queue = 64, max_context = 0;
   int64_t host_cache_bytes = int64_t(1) << 30;  // state cache, host tier (issue 6)
@@ -91,11 +94,45 @@ std::thread stop_on_signal(server::HttpServer& http) {
   });
 }
 
+// API keys from --api-key, --api-key-file and the FLASHSEEK_API_KEYS environment variable (same
+// syntax as the file, entries also separated by commas), and the cache scope.
+Status configure_tenants(const ServeOpts& o, server::Tenants& tenants) {
+  if (!o.api_key.empty()) {
+    FS_RETURN_IF_ERROR(tenants.add_key(o.api_key, "").with_context("--api-key"));
+    spdlog::warn("--api-key is visible in the process list: prefer --api-key-file or "
+                 "FLASHSEEK_API_KEYS");
+  }
+  if (!o.api_key_file.empty()) {
+    FS_ASSIGN_OR_RETURN(auto entries, server::read_api_key_file(o.api_key_file));
+    FS_RETURN_IF_ERROR(tenants.add_keys(entries).with_context("--api-key-file " + o.api_key_file));
+  }
+  if (const char* env = std::getenv("FLASHSEEK_API_KEYS"); env && *env) {
+    FS_ASSIGN_OR_RETURN(auto entries,
+                        server::parse_api_keys(env, "FLASHSEEK_API_KEYS", /*comma_separates=*/true));
+    if (entries.empty()) return invalid_argument("FLASHSEEK_API_KEYS is set but holds no API key");
+    FS_RETURN_IF_ERROR(tenants.add_keys(entries).with_context("FLASHSEEK_API_KEYS"));
+  }
+  FS_ASSIGN_OR_RETURN(const server::CacheScope scope,
+                      server::parse_cache_scope(o.shared_cache ? "shared" : o.cache_scope));
+  tenants.set_cache_scope(scope);
+  if (tenants.keys_required())
+    spdlog::info("API keys: {} for {} tenant(s); state cache scope: {}", tenants.key_count(),
+                 tenants.tenant_count(), server::cache_scope_name(scope));
+  else if (scope == server::CacheScope::kTenant)
+    spdlog::info("no API keys: every request is isolated (no state-cache reuse across requests); "
+                 "API keys, --cache-scope user or --cache-scope shared enable reuse");
+  else
+    spdlog::info("no API keys; state cache scope: {}", server::cache_scope_name(scope));
+  return {};
+}
+
 int serve(const ServeOpts& o) {
   auto fail = [](const Status& st) {
     std::fprintf(stderr, "flashseek serve: error: %s\n", st.message().c_str());
     return 1;
   };
+  server::Tenants tenants;  // first: a bad key file fails before anything is loaded
+  if (Status st = configure_tenants(o, tenants); !st.ok()) return fail(st);
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 
@@ -104,7 +141,7 @@ int serve(const ServeOpts& o) {
   server::ServerOptions so;
   so.host = o.host;
   so.port = o.port;
-  so.api_key = o.api_key;
+  so.tenants = std::move(tenants);
   so.max_batch = o.max_batch;
   so.max_queue = o.max_queue;
   so.default_thinking = o.thinking;
@@ -185,7 +222,22 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
-  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--api-key", o->api_key,
+                  "require 'Authorization: Bearer KEY' on /v1/* (KEY is its own tenant; visible "
+                  "in the process list: prefer --api-key-file or FLASHSEEK_API_KEYS)");
+  cmd->add_option("--api-key-file", o->api_key_file,
+                  "API keys, one 'KEY [TENANT]' per line (TENANT defaults to KEY; blank lines and "
+                  "'#' lines skipped); keys of one tenant share its state cache. Also read: "
+                  "FLASHSEEK_API_KEYS (same entries, separated by newlines or commas)");
+  auto* scope = cmd->add_option(
+      "--cache-scope", o->cache_scope,
+      "who shares conversation-state cache hits: tenant (one cache per tenant; without API keys "
+      "every request is isolated) | user (per tenant and request 'user' field; no 'user': "
+      "isolated) | request (no reuse) | shared (every caller: hits reveal others' prompts)")
+      ->check(CLI::IsMember({"tenant", "user", "request", "shared"}))->capture_default_str();
+  cmd->add_flag("--shared-cache", o->shared_cache,
+                "same as --cache-scope shared (for a single trusted client or a trusted front end)")
+      ->excludes(scope);
   cmd->add_option("--max-batch", o->max_batch, "sequences per step")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")

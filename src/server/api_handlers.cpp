@@ -89,7 +89,7 @@ std::optional<ApiError> ApiHandlers::prepare(const httplib::Request& req, Endpoi
   g.prompt_logprobs = r.prompt_logprobs;
   // Echo with logprobs reports the prompt tokens' logprobs too (OpenAI completions).
   if (r.echo && r.logprobs >= 0) g.prompt_logprobs = std::max(g.prompt_logprobs, r.logprobs);
-  g.tenant = tenant_of(options_.api_key);
+  g.tenant = options_.tenants.request_scope(req.get_header_value("Authorization"), r.user);
   g.id = next_id_++;
   p.meta.id = fmt::format("{}-{:016x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl", g.id);
   p.meta.model = r.model;

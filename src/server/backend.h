@@ -30,7 +30,9 @@ struct PositionLogprobs {
 
 struct GenRequest {
   uint64_t id = 0;                 // unique among live requests (the server assigns it)
-  uint64_t tenant = 0;             // cache scope: xxHash of the API key (0 without a key)
+  // State-cache scope (server/tenants.h); nullopt: isolated, the request neither restores nor
+  // leaves cached state.
+  std::optional<uint64_t> tenant;
   std::vector<int32_t> prompt;     // [P] token ids, P >= 1
   double temperature = 1.0;        // <= 0: greedy
   double top_p = 1.0;

@@ -80,7 +80,9 @@ Result<std::shared_ptr<EventSource>> EngineBackend::submit(GenRequest req) {
   r.ignore_eos = req.ignore_eos;
   r.logprobs = req.logprobs;
   r.prompt_logprobs = req.prompt_logprobs;
-  const int64_t cached = cache_ ? engine::attach_state_cache(*cache_, req.tenant, r) : 0;
+  // An isolated request (no tenant scope) neither looks up nor leaves snapshots.
+  const int64_t cached =
+      cache_ && req.tenant ? engine::attach_state_cache(*cache_, *req.tenant, r) : 0;
   FS_ASSIGN_OR_RETURN(auto stream, engine_.submit(std::move(r)));
   return std::shared_ptr<EventSource>(std::make_shared<EngineEvents>(std::move(stream), cached));
 }

@@ -2,7 +2,6 @@
 
 #include <signal.h>
 #include <sys/socket.h>
-#include <xxhash.h>
 
 #include <algorithm>
 
@@ -14,11 +13,6 @@
 namespace flashseek::server {
 
 using json = nlohmann::json;
-
-uint64_t tenant_of(const std::string& api_key) {
-  if (api_key.empty()) return 0;
-  return XXH64(api_key.data(), api_key.size(), /*seed=*/0x666c617368736b);
-}
 
 namespace {
 
@@ -32,13 +26,6 @@ class BacklogServer : public httplib::Server {
   }
 };
 
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 struct HttpServer::Impl {
@@ -48,13 +35,10 @@ struct HttpServer::Impl {
   std::atomic<bool> stopping{false};
   BacklogServer http;
   std::unique_ptr<ApiHandlers> api;
+  Status config_error;  // returned by bind()
 
   bool authorized(const httplib::Request& req) const {
-    if (options.api_key.empty()) return true;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.size() <= prefix.size() || auth.compare(0, prefix.size(), prefix) != 0) return false;
-    return constant_time_equal(auth.substr(prefix.size()), options.api_key);
+    return options.tenants.authenticate(req.get_header_value("Authorization")).has_value();
   }
 
   void routes();
@@ -127,6 +111,9 @@ void HttpServer::Impl::routes() {
 HttpServer::HttpServer(ServerDeps deps, ServerOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->deps = deps;
   impl_->options = std::move(options);
+  if (!impl_->options.api_key.empty())  // a key that cannot be added stops bind(): fail closed
+    impl_->config_error =
+        impl_->options.tenants.add_key(impl_->options.api_key, "").with_context("api_key");
   impl_->api = std::make_unique<ApiHandlers>(deps, impl_->options, impl_->metrics,
                                              impl_->stopping);
   const ServerOptions& o = impl_->options;
@@ -149,6 +136,7 @@ Result<int> HttpServer::bind() {
   // A client that disconnects mid-write must not kill the process (the packaged httplib sends
   // without MSG_NOSIGNAL).
   ::signal(SIGPIPE, SIG_IGN);
+  if (!impl_->config_error.ok()) return impl_->config_error;
   const auto& o = impl_->options;
   int port = o.port;
   if (o.port == 0) {

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "server/backend.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 #include "server/text_port.h"
 
 namespace flashseek::server {
@@ -17,7 +18,10 @@ namespace flashseek::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                 // 0: any free port (see HttpServer::bind)
-  std::string api_key;             // non-empty: /v1/* need "Authorization: Bearer <key>"
+  // API keys, their tenants and the cache scope (server/tenants.h). With keys, /v1/* need
+  // "Authorization: Bearer <key>".
+  Tenants tenants;
+  std::string api_key;             // non-empty: one more key, its own tenant (added to `tenants`)
   std::vector<std::string> model_ids = {"deepseek-v4.1-flash"};  // first is reported as owner
   int64_t max_batch = 8;           // backend slots (reported; the backend enforces them)
   int64_t max_queue = 64;          // admitted requests beyond max_batch before 503
@@ -50,8 +54,5 @@ class HttpServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Tenant id of an API key (xxHash64; 0 for no key): scopes caches per key.
-uint64_t tenant_of(const std::string& api_key);
 
 }  // namespace flashseek::server

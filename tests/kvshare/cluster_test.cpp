@@ -26,7 +26,8 @@ std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b,
   a.insert(a.end(), c.begin(), c.end());
   return a;
 }
-// Registry key of the end-of-response snapshot of (prompt, answer).
+// Registry key of the end-of-response snapshot of (prompt, answer); these servers have no API
+// keys and opt in to one shared cache (--shared-cache), tenant scopes: cluster_tenants_test.cpp.
 std::string snap_key(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer) {
   auto t = prompt;
   t.insert(t.end(), answer.begin(), answer.end() - 1);
@@ -47,7 +48,7 @@ class Cluster2 : public ::testing::Test {
                                const std::string& extra = "") {
     auto s = std::make_unique<Serve>(ckpt_, dir_.path() / (id + ".log"),
                                      "--redis " + redis_->url() + " --cluster-secret " + secret +
-                                         " --server-id " + id + " " + extra);
+                                         " --server-id " + id + " --shared-cache " + extra);
     EXPECT_TRUE(s->wait_ready()) << s->log_text();
     return s;
   }
