@@ -1,5 +1,5 @@
-// Small helpers shared by tests: paths of the built binary and of repo data, temp dirs, and
-// running a command while capturing its output.
+// Small helpers shared by tests: paths of the built binary and of repo data, temp dirs, running
+// a command while capturing its output, and skipping for a missing dependency (a failure in CI).
 #pragma once
 #include <array>
 #include <cstdio>
@@ -9,6 +9,25 @@
 #include <string>
 
 namespace flashseek::testing {
+
+// True when the environment variable CI is "true" (.ci/run exports it). CI installs every tool,
+// service and data file the suite needs (scripts/setup.sh: redis-server, node + npm modules, the
+// tokenizer, UCX, python3-numpy), so there a missing one means a broken setup, not a reason to skip.
+inline bool in_ci() {
+  const char* v = std::getenv("CI");
+  return v != nullptr && std::string(v) == "true";
+}
+
+// FS_SKIP_UNLESS_CI(message): for a dependency that is missing on this machine. Skips the test
+// (visibly, with the message) on a developer machine; fails it under CI=true. Like GTEST_SKIP it
+// returns from the enclosing void function (a test body or SetUp). `message` may be a << chain.
+#define FS_SKIP_UNLESS_CI(message)                                                              \
+  do {                                                                                          \
+    if (::flashseek::testing::in_ci())                                                          \
+      GTEST_FAIL() << message << " (CI=true: .ci/run installs this, so it must be present)";     \
+    else                                                                                        \
+      GTEST_SKIP() << message;                                                                  \
+  } while (0)
 
 inline std::string flashseek_bin() {
   if (const char* env = std::getenv("FLASHSEEK_BIN"); env && *env) return env;

@@ -10,6 +10,7 @@
 #include "tools/command.h"
 
 #if FLASHSEEK_HAVE_CUDA
+#include "ops/cuda/kernel_bench.h"
 #include "ops/cuda/layer_bench.h"
 #include "ops/cuda/prefill_bench.h"
 #include "ops/cuda/spec_bench.h"
@@ -32,6 +33,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     bool gemv_sweep = false;
     int tp = 0;
     int prefill = 0;
+    std::string kernels;
+    std::string skip_variants;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -51,8 +54,33 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--prefill", o->prefill,
                   "prefill mode: one layer of an N-token chunk (e.g. 8192), every kernel timed, 40-layer and "
                   "1M-token projection per --contexts (ops/cuda/prefill_bench.h)");
+  cmd->add_option("--kernels", o->kernels,
+                  "kernel micro-benchmarks instead of the layer slice, comma-separated: sampling (device "
+                  "sampling vs copy + host sampler, V = 129,280), gemm (every FP8 GEMM kernel variant on the "
+                  "V4.1 prefill shapes) (ops/cuda/kernel_bench.h)");
+  cmd->add_option("--skip-variants", o->skip_variants,
+                  "--kernels gemm: variant digits to leave out of the table, e.g. 67");
   return [o]() -> int {
 #if FLASHSEEK_HAVE_CUDA
+    if (!o->kernels.empty()) {  // ops/cuda/kernel_bench.h
+      ops::cuda::KernelBenchOptions ko;
+      ko.kernels.clear();
+      std::stringstream ss(o->kernels);
+      for (std::string k; std::getline(ss, k, ',');) ko.kernels.push_back(k);
+      ko.reps = o->reps;
+      ko.skip_variants = o->skip_variants;
+      auto text = ops::cuda::run_kernel_bench(ko);
+      if (!text.ok()) {
+        std::cerr << "bench: " << text.status().to_string() << "\n";
+        return 1;
+      }
+      std::cout << *text;
+      if (!o->out.empty() && !(std::ofstream(o->out) << *text)) {
+        std::cerr << "bench: cannot write --out " << o->out << "\n";
+        return 1;
+      }
+      return 0;
+    }
     if (o->spec) {  // ops/cuda/spec_bench.h
       ops::cuda::SpecBenchOptions so;
       so.reps = o->reps, so.layers = o->layers;

@@ -3,7 +3,8 @@
 
 Usage: make_v4_reference_cases.py --encoder PATH/encoding_dsv4.py --seed N --out cases.json
 (the release's `encoding/encoding_dsv4.py`; not part of this repository). Then run
-  FLASHSEEK_DSV4_CASES=cases.json build/tests/test_tokenizer --gtest_filter='ChatGoldenV4.*'
+  FLASHSEEK_DSV4_CASES=cases.json build/tests/test_tokenizer --gtest_also_run_disabled_tests
+    --gtest_filter='ChatGoldenV4.DISABLED_RandomReferenceCases'
 Encode cases: random conversations (all roles, tools, tool calls, tool results, tasks, effort,
 drop_thinking) with the reference's prompt or error. Parse cases: rendered assistant turns,
 some truncated or corrupted, with the reference's parse result or error.

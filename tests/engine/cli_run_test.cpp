@@ -2,6 +2,7 @@
 // seeded `run` == the engine's own result, and clear errors on bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -56,12 +57,22 @@ TEST_F(CliRun, JsonContractAndGreedyEqualsEngine) {
   for (size_t i = 1; i < prompt.size(); ++i) {
     const auto& pos = j["prompt_logprobs"][i];
     ASSERT_TRUE(pos.size() == 3 || pos.size() == 4) << pos;
-    bool has_actual = false;
+    // The top 3, plus the prompt's own token as a fourth entry only when it is not among them
+    // (then it is no more likely than any of the three).
+    int actual = 0;
+    double actual_lp = 0, min_other = 0;
     for (const auto& e : pos) {
-      EXPECT_LE(e["logprob"].get<double>(), 0.0);
-      has_actual |= e["id"] == prompt[i];
+      const double lp = e["logprob"].get<double>();
+      EXPECT_LE(lp, 0.0);
+      if (e["id"] == prompt[i]) {
+        ++actual;
+        actual_lp = lp;
+      } else {
+        min_other = std::min(min_other, lp);
+      }
     }
-    EXPECT_TRUE(has_actual) << "position " << i;
+    EXPECT_EQ(actual, 1) << "position " << i << ": " << pos;
+    if (pos.size() == 4) EXPECT_LE(actual_lp, min_other) << "position " << i << ": " << pos;
   }
   ASSERT_EQ(j["tokens"].size(), 6u);
   ASSERT_EQ(j["logprobs"].size(), 6u);

@@ -48,7 +48,7 @@ TEST(CliRunText, MissingTokenizer) {
 }
 
 TEST(CliRunText, PromptTextEqualsTokenizedIds) {
-  if (!tokenizer_available()) GTEST_SKIP() << "no tokenizer.json (scripts/fetch_tokenizer.sh)";
+  if (!tokenizer_available()) FS_SKIP_UNLESS_CI("no tokenizer.json (scripts/fetch_tokenizer.sh)");
   flashseek::testing::TempDir dir;
   const std::string ck = (dir.path() / "demo").string();
   // The demo config has the full vocabulary, so real text fits.

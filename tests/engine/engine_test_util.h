@@ -2,6 +2,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <optional>
+
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "fake_model.h"
@@ -13,6 +16,33 @@ inline std::unique_ptr<Engine> make_engine(forward::Model& model, EngineOptions 
   auto engine = Engine::create(model, std::move(options));
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+// engine::collect for a stream fed by the threaded scheduler: waits at most `limit` for the
+// final event, so a scheduler that stops producing fails the test instead of hanging it.
+inline GenerationResult collect_within(EventStream& stream,
+                                       std::chrono::seconds limit = std::chrono::seconds(60)) {
+  GenerationResult r;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto e = left.count() > 0 ? stream.pop_for(left.count()) : std::nullopt;
+    if (!e) {
+      ADD_FAILURE() << "request " << stream.request_id() << ": no final event within " << limit.count() << " s";
+      return r;
+    }
+    if (!e->prompt_logprobs.empty()) r.prompt_logprobs = std::move(e->prompt_logprobs);
+    if (e->token >= 0) {
+      r.tokens.push_back(e->token);
+      if (e->logprobs) r.logprobs.push_back(std::move(*e->logprobs));
+    }
+    if (e->finish != FinishReason::kNone) {
+      r.finish = e->finish;
+      r.error = e->error;
+      return r;
+    }
+  }
 }
 
 // Runs `r` in a fresh engine with default options, on the calling thread.

@@ -3,6 +3,8 @@
 // the stats line reports the verify steps.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace flashseek::engine {
@@ -40,6 +42,17 @@ TEST_F(SpecCli, GreedyOutputIsTheSameOnOffAndAuto) {
   auto def = run_stdout(args);
   ASSERT_EQ(off.exit_code, 0) << off.output;
   ASSERT_EQ(on.exit_code, 0) << on.output;
+  ASSERT_EQ(def.exit_code, 0) << def.output;
+  // Equal outputs only mean something when there is output: each run printed the JSON of 60
+  // tokens (--ignore-eos) with their logprobs.
+  for (const auto* r : {&off, &on, &def}) {
+    const auto j = nlohmann::json::parse(r->output, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not JSON: " << r->output;
+    ASSERT_TRUE(j.contains("tokens") && j["tokens"].is_array()) << r->output;
+    EXPECT_EQ(j["tokens"].size(), 60u) << r->output;
+    ASSERT_TRUE(j.contains("logprobs") && j["logprobs"].is_array()) << r->output;
+    EXPECT_EQ(j["logprobs"].size(), 60u) << r->output;
+  }
   EXPECT_EQ(on.output, off.output);
   EXPECT_EQ(def.output, off.output);
   auto with_stats = run_command(flashseek_bin() + " run " + args + " --speculative on");

@@ -1,11 +1,11 @@
 // Sampling on the device through the engine (issue 4): the engine on the CUDA model with device
 // sampling on (BatchItem::sample, one int32 per item comes back) and off (the [vocab] row comes
 // back and the host samples) gives the same tokens, greedy and seeded, with and without DSpark
-// speculation, on make-tiny tiny-v41; the per-step host time of both is printed (not asserted),
-// also for the full 129,280-token vocabulary ("demo" config).
+// speculation, on make-tiny tiny-v41, also for the full 129,280-token vocabulary ("demo" config).
+// Timing is not a test's business: `flashseek run --gpus 0 ...` prints decode tok/s with
+// FLASHSEEK_DEVICE_SAMPLING=0 / 1, `flashseek bench --kernels sampling` the per-row op.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 
 #include "core/rng.h"
@@ -26,8 +26,6 @@ std::string make_ckpt(const std::string& config) {
 
 struct Outcome {
   std::vector<std::vector<int32_t>> tokens;  // per request
-  int64_t steps = 0;
-  double ms = 0;
 };
 
 // Two requests with the same sampling params (different prompts and seeds) through one engine.
@@ -55,10 +53,7 @@ Outcome generate(Model& m, const engine::SamplingParams& sp, int64_t n, bool dev
     if (!s.ok()) return run;
     streams.push_back(*s);
   }
-  const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE((*eng)->run_until_idle().ok());
-  run.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  run.steps = (*eng)->stats().steps;
   for (auto& s : streams) run.tokens.push_back(engine::collect(*s).tokens);
   return run;
 }
@@ -82,13 +77,6 @@ std::vector<Case> cases() {
   return c;
 }
 
-void print(const char* cfg, const char* what, const Outcome& on, const Outcome& off) {
-  std::printf("[gpu sample] %s %-24s device sampling on: %.3f ms/step, off: %.3f ms/step (%lld / %lld steps), "
-              "host time saved %.3f ms/step\n",
-              cfg, what, on.ms / double(on.steps), off.ms / double(off.steps), (long long)on.steps,
-              (long long)off.steps, off.ms / double(off.steps) - on.ms / double(on.steps));
-}
-
 TEST(GpuSampling, EngineOnEqualsOffOver240TokensTinyV41) {
   FS_REQUIRE_GPU();
   auto gpu = load_model_gpu(make_ckpt("tiny-v41"), Numerics::kReference, 0);
@@ -104,7 +92,6 @@ TEST(GpuSampling, EngineOnEqualsOffOver240TokensTinyV41) {
       ASSERT_EQ(on.tokens[r].size(), 240u) << c.name;
       ASSERT_EQ(on.tokens[r], off.tokens[r]) << c.name << ", request " << r;
     }
-    print("tiny-v41", c.name, on, off);
   }
   if (auto g = gpu_graph_stats(G); g.ok())
     std::printf("[gpu sample] tiny-v41 graph counters: %lld forwards, %lld eligible, %lld launches (%lld patched), "
@@ -119,17 +106,21 @@ TEST(GpuSampling, SpeculativeOnEqualsOffTinyV41) {
   auto gpu = load_model_gpu(make_ckpt("tiny-v41"), Numerics::kReference, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Model& G = *gpu.value();
-  if (!G.has_draft()) GTEST_SKIP() << "tiny-v41 checkpoint without a DSpark draft";
+  ASSERT_TRUE(G.has_draft()) << "make-tiny tiny-v41 writes a DSpark draft; the GPU loader lost it";
   for (const Case& c : {cases()[0], cases()[2]}) {
     const Outcome on = generate(G, c.sp, 200, true, true);
     const Outcome off = generate(G, c.sp, 200, false, true);
-    for (size_t r = 0; r < 2; ++r) ASSERT_EQ(on.tokens[r], off.tokens[r]) << c.name << ", request " << r;
-    print("tiny-v41 spec", c.name, on, off);
+    ASSERT_EQ(on.tokens.size(), 2u);
+    ASSERT_EQ(off.tokens.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(on.tokens[r].size(), 200u) << c.name;
+      ASSERT_EQ(on.tokens[r], off.tokens[r]) << c.name << ", request " << r;
+    }
   }
 }
 
 // The full vocabulary: where copying and sampling a [129,280] row on the host costs the most.
-TEST(GpuSampling, FullVocabularyOnEqualsOffWithTimes) {
+TEST(GpuSampling, FullVocabularyOnEqualsOff) {
   FS_REQUIRE_GPU();
   auto gpu = load_model_gpu(make_ckpt("demo"), Numerics::kReference, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
@@ -139,8 +130,12 @@ TEST(GpuSampling, FullVocabularyOnEqualsOffWithTimes) {
     generate(G, c.sp, 4, true, false);  // warm-up (buffers, graphs)
     const Outcome on = generate(G, c.sp, 64, true, false);
     const Outcome off = generate(G, c.sp, 64, false, false);
-    for (size_t r = 0; r < 2; ++r) ASSERT_EQ(on.tokens[r], off.tokens[r]) << c.name << ", request " << r;
-    print("demo (V=129280)", c.name, on, off);
+    ASSERT_EQ(on.tokens.size(), 2u);
+    ASSERT_EQ(off.tokens.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(on.tokens[r].size(), 64u) << c.name;
+      ASSERT_EQ(on.tokens[r], off.tokens[r]) << c.name << ", request " << r;
+    }
   }
 }
 

@@ -37,7 +37,8 @@ std::string snap_key(const std::vector<int32_t>& prompt, const std::vector<int32
 class Cluster2 : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_tokenizer() || !have_redis()) GTEST_SKIP() << "needs the tokenizer and redis-server";
+    if (!have_tokenizer()) FS_SKIP_UNLESS_CI("needs the tokenizer (scripts/fetch_tokenizer.sh)");
+    if (!have_redis()) FS_SKIP_UNLESS_CI("needs /usr/bin/redis-server");
     setenv("UCX_TLS", "tcp", /*overwrite=*/0);  // as in CI: UCX over TCP sockets on loopback
     ckpt_ = (dir_.path() / "tiny").string();
     auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 2 --out " + ckpt_);

@@ -28,7 +28,7 @@ std::vector<int32_t> random_ids(Rng& rng, int n) {
 }
 
 TEST(ServeCache, TurnTwoFromCacheAcrossRestartTenantsAndCorruption) {
-  if (!have_tokenizer()) GTEST_SKIP() << "no tokenizer: run scripts/fetch_tokenizer.sh";
+  if (!have_tokenizer()) FS_SKIP_UNLESS_CI("no tokenizer: run scripts/fetch_tokenizer.sh");
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "tiny").string(), cache = (dir.path() / "cache").string();
   auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 1 --out " + ckpt);

@@ -37,7 +37,7 @@ void use_tcp_ucx() { setenv("UCX_TLS", "tcp", /*overwrite=*/0); }
 class UcxPeerTest : public TinyModel {
  protected:
   void SetUp() override {
-    if (!kvshare::ucx_built()) GTEST_SKIP() << "this build has no UCX (libucx-dev)";
+    if (!kvshare::ucx_built()) FS_SKIP_UNLESS_CI("this build has no UCX (libucx-dev)");
     use_tcp_ucx();
     TinyModel::SetUp();
   }
@@ -127,6 +127,7 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
   socklen_t len = sizeof(a);
   getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
   const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  int reported = -1;  // the fetcher's completion byte, as the hung owner received it
   std::thread fake([&] {
     const int fd = ::accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
@@ -147,19 +148,19 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
     ::send(fd, &wn, 4, 0);
     ::send(fd, worker.data(), wn, 0);
     uint8_t done = 0;
-    ::recv(fd, &done, 1, MSG_WAITALL);  // the fetcher reports its failure, then hangs up
+    // The fetcher reports its failure, then hangs up. The owner keeps the connection open until
+    // then, so a fetch that returns did give up by itself (its GET deadline), not on a socket error.
+    if (::recv(fd, &done, 1, MSG_WAITALL) == 1) reported = done;
     ::close(fd);
   });
   auto node = kvshare::UcxNode::create();
   ASSERT_TRUE(node.ok());
-  const auto t0 = std::chrono::steady_clock::now();
   auto got = kvshare::fetch_snapshot_ucx(addr, "any", 1, 1, 800, **node);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fake.join();
   ::close(lfd);
   ASSERT_FALSE(got.ok());
-  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
-  EXPECT_LT(secs, 0.8 + 3.0) << "a hung owner must cost about the timeout, not hang the request";
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().to_string();
+  EXPECT_EQ(reported, 0) << "the fetcher must give up on its own and report the failed GET";
 
   // The fetching node is still usable: a real owner serves it afterwards.
   auto src = engine::StateCache::open({fingerprint_, 1 << 24, {}, 2});

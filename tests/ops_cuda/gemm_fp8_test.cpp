@@ -10,9 +10,8 @@
 // FP32. Outputs must therefore agree within 2^-8 · Σ|x_q·w| per element (Σ computed by the twin
 // on |x|, |W|), and on average within 2^-11 · Σ (the typical error is far below the worst case).
 //
-// FLASHSEEK_GEMM_BENCH=1 turns on CudaGemmFp8Bench (V4.1 prefill shapes at m = 8192, TFLOP/s);
-// it is skipped (visibly) otherwise and asserts nothing about time (FLASHSEEK_GEMM_BENCH_SKIP
-// leaves kernels out, 0 TFLOP/s in the table).
+// Timing of every kernel variant on the V4.1 prefill shapes: `flashseek bench --kernels gemm`
+// (src/ops/cuda/kernel_bench.cpp).
 #include "ops/cuda/gemm_fp8.h"
 
 #include <gtest/gtest.h>
@@ -22,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -386,186 +384,6 @@ TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   starts[2] = 2, p.xq = b + 1;
   s = gemm_fp8_grouped_cuda(p, nullptr);
   EXPECT_NE(s.message().find("aligned"), std::string::npos) << s.message();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Benchmark (opt-in): V4.1 linears at an 8k prefill chunk.
-
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-struct BenchShape {
-  const char* name;
-  int64_t m, n, k;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename F>
-double time_us(F&& f, int reps) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms * 1000.0);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return median(t);
-}
-
-// FLASHSEEK_GEMM_BENCH_SKIP: kernel numbers (digits) the benchmark leaves out, e.g. "67".
-bool skipped(int kernel) {
-  const char* s = std::getenv("FLASHSEEK_GEMM_BENCH_SKIP");
-  return s && std::strchr(s, '0' + kernel) != nullptr;
-}
-
-TEST(CudaGemmFp8Bench, V41PrefillShapes) {
-  FS_REQUIRE_GPU();
-  const char* on = std::getenv("FLASHSEEK_GEMM_BENCH");
-  if (!on || std::string(on) != "1")
-    GTEST_SKIP() << "benchmark skipped: set FLASHSEEK_GEMM_BENCH=1";
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-
-  // Variant probe (diagnostic): relative Frobenius error of every kernel variant against the
-  // twin on one 128×128×256 case; the unswizzled variant also with its descriptor byte offsets
-  // swapped (must be far off: shows the probe can fail).
-  {
-    std::mt19937 rng(5);
-    const int64_t m = 128, n = 128, k = 256;
-    const std::vector<uint8_t> w = random_codes(rng, size_t(n * k)), ws = random_scales(rng, 4 * 8);
-    const std::vector<float> x = random_x(rng, m, k);
-    std::vector<float> ref(size_t(m * n));
-    GemmFp8Params p;
-    p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w = w.data(), p.w_scale = ws.data(),
-    p.y = ref.data();
-    FS_ASSERT_OK(gemm_fp8_ref(p));
-    DeviceBuffer<float> dx(x), dy(ref.size()), dxs(size_t(m * k / 32));
-    DeviceBuffer<uint8_t> dw(w), dws(ws), dxq(size_t(m * k));
-    FS_ASSERT_OK(
-        gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, m, k, 32, dxq.get(), dxs.get(), nullptr));
-    for (int variant = 1; variant <= kLastKernel + 1; ++variant) {
-      if (variant <= kLastKernel && skipped(variant)) continue;
-      detail::GemmFp8Args a{};
-      a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
-      a.m = int(m), a.n = int(n), a.k = int(k), a.w_block = 32;
-      const bool swap = variant == kLastKernel + 1;
-      a.variant = swap ? 1 : variant, a.desc_swap = swap;
-      ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = dy.to_host();
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = double(got[i]) - ref[i];
-        num += std::isfinite(d) ? d * d : 1e30;
-        den += double(ref[i]) * ref[i];
-      }
-      std::printf("probe: variant %d%s rel. Frobenius error %.3g\n", a.variant,
-                  a.desc_swap ? " (descriptor offsets swapped)" : "", std::sqrt(num / den));
-      if (!a.desc_swap) {
-        EXPECT_LT(std::sqrt(num / den), 1e-3) << "variant " << a.variant;
-      }
-    }
-  }
-
-  const BenchShape shapes[] = {
-      {"wq_a+wkv [1792,5120]", 8192, 1792, 5120},
-      {"wq_b [32768,1280]", 8192, 32768, 1280},
-      {"wo_b [5120,8192]", 8192, 5120, 8192},
-      {"shared gate+up [4608,5120]", 8192, 4608, 5120},
-      {"shared down [5120,2304]", 8192, 5120, 2304},
-      {"routed gate+up, 1 expert (m=128)", 128, 4608, 5120},
-      {"routed down, 1 expert (m=128)", 128, 5120, 2304},
-      {"routed gate+up, all pairs dense proxy", 49152, 4608, 5120},
-      {"square 8192^3", 8192, 8192, 8192},
-  };
-  // Columns: TFLOP/s of kernels 1..9 (GEMM only, pre-quantised input), then kernels 4, 6 and 7
-  // without promotion (diagnostic: the cost of the FP32 promotion), the quantisation kernel.
-  constexpr int kNoPromote[] = {4, 6, 7};
-  constexpr int kCols = kLastKernel + 3;
-  std::string md = "| shape | m | n | k |";
-  for (int v = 1; v <= kLastKernel; ++v) md += " k" + std::to_string(v) + " |";
-  for (int v : kNoPromote) md += " k" + std::to_string(v) + " no-promote |";
-  md += " best GEMM | best GEMM us | quant us (bf16 in) | best GEMM+quant TFLOP/s |\n|";
-  for (int i = 0; i < 4 + kCols + 4; ++i) md += "---|";
-  md += "\n";
-  for (const auto& s : shapes) {
-    uint64_t seed = 0x1234 + uint64_t(s.n) * 31 + uint64_t(s.k);
-    std::vector<uint8_t> w(size_t(s.n * s.k));
-    for (size_t i = 0; i < w.size(); i += 8) {
-      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;  // no NaN codes, |v| <= 240
-      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
-    }
-    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
-    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
-    std::vector<uint16_t> xb(size_t(s.m * s.k));
-    for (auto& v : xb) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
-    DeviceBuffer<uint16_t> dx(xb), dy(size_t(s.m * s.n));
-    DeviceBuffer<uint8_t> dw(w), dws(ws), dxq(size_t(s.m * s.k));
-    DeviceBuffer<float> dxs(size_t(s.m * s.k / 32));
-    ASSERT_TRUE(dx.ok() && dy.ok() && dw.ok() && dws.ok() && dxq.ok() && dxs.ok()) << s.name;
-    FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kBf16, s.m, s.k, 32, dxq.get(),
-                                        dxs.get(), nullptr));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << s.name;
-    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
-    const int reps = flop > 1e12 ? 10 : 30;
-    double tf[kCols], best_us = 1e30;
-    int best = 0;
-    for (int v = 0; v < kCols; ++v) {
-      detail::GemmFp8Args a{};
-      a.xq = dxq.get(), a.xs = dxs.get(), a.w = dw.get(), a.ws = dws.get(), a.y = dy.get();
-      a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.bf16_out = true;
-      a.variant = v < kLastKernel ? v + 1 : kNoPromote[v - kLastKernel];
-      a.skip_promote = v >= kLastKernel;
-      if (skipped(a.variant)) {
-        tf[v] = 0;
-        continue;
-      }
-      ASSERT_EQ(detail::launch_gemm_fp8(a, nullptr), cudaSuccess) << s.name;
-      const double us = time_us([&] { (void)detail::launch_gemm_fp8(a, nullptr); }, reps);
-      tf[v] = flop / us * 1e-6;
-      if (v < kLastKernel && us < best_us) best_us = us, best = v + 1;
-    }
-    const double qus = time_us(
-        [&] {
-          (void)gemm_fp8_quantize_cuda(dx.get(), ActDtype::kBf16, s.m, s.k, 32, dxq.get(),
-                                       dxs.get(), nullptr);
-        },
-        reps);
-    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << s.name;
-    char line[512];
-    std::snprintf(line, sizeof line, "| %s | %lld | %lld | %lld |", s.name, (long long)s.m,
-                  (long long)s.n, (long long)s.k);
-    std::string row = line;
-    for (int v = 0; v < kCols; ++v) {
-      std::snprintf(line, sizeof line, " %.0f |", tf[v]);
-      row += line;
-    }
-    std::snprintf(line, sizeof line, " k%d | %.1f | %.1f | %.0f |\n", best, best_us, qus,
-                  flop / (best_us + qus) * 1e-6);
-    row += line;
-    md += row;
-    std::printf("%s", row.c_str());
-    std::fflush(stdout);
-  }
-  std::printf("\ndevice: %s (%d SMs)\n%s", prop.name, prop.multiProcessorCount, md.c_str());
-  if (const char* out = std::getenv("FLASHSEEK_GEMM_BENCH_OUT")) std::ofstream(out) << md;
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -215,70 +214,6 @@ TEST(CudaSample, RejectsBadWorkspaceAndSpecs) {
   st = sample_rows_cuda(g, 0);
   EXPECT_NE(st.message().find("top_p"), std::string::npos) << st.message();
   EXPECT_FALSE(sample_rows_workspace_bytes(0).ok());
-}
-
-// Not a test of speed (nothing asserted): per-row device time of each path at V = 129,280, next to
-// what the host path pays (copy the row down + the twin).
-TEST(CudaSample, TimingPrint) {
-  FS_REQUIRE_GPU();
-  const int64_t V = 129280;
-  Rng rng(5);
-  const std::vector<float> row = random_row(rng, size_t(V), 0);
-  const std::vector<float> flat_row = random_row(rng, size_t(V), 1);
-  auto ws_bytes = sample_rows_workspace_bytes(V);
-  ASSERT_TRUE(ws_bytes.ok());
-  DeviceBuffer<float> d_row(row), d_flat(flat_row);
-  DeviceBuffer<int32_t> d_out(1);
-  DeviceBuffer<char> ws(*ws_bytes);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  struct Case {
-    const char* name;
-    SampleSpec s;
-    bool flat;
-  };
-  std::vector<Case> cases(6);
-  cases[0] = {"greedy", {}, false};
-  cases[0].s.temperature = 0;
-  cases[1] = {"temperature 0.8", {}, false};
-  cases[1].s.temperature = 0.8;
-  cases[2] = {"top-k 50", {}, false};
-  cases[2].s.top_k = 50;
-  cases[3] = {"top-p 0.9 peaked", {}, false};
-  cases[3].s.top_p = 0.9;
-  cases[4] = {"top-p 0.9 flat", {}, true};
-  cases[4].s.top_p = 0.9;
-  cases[5] = {"min-p 0.05", {}, false};
-  cases[5].s.min_p = 0.05;
-  const int reps = 50;
-  for (Case& c : cases) {
-    c.s.u = 0.37;
-    SampleRowsParams g;
-    g.logits = c.flat ? d_flat.get() : d_row.get(), g.rows = 1, g.vocab = V, g.specs = &c.s;
-    g.out = d_out.get(), g.workspace = ws.get(), g.workspace_bytes = *ws_bytes;
-    FS_ASSERT_OK(sample_rows_cuda(g, 0));  // warm-up
-    cudaEventRecord(a, 0);
-    for (int i = 0; i < reps; ++i) FS_ASSERT_OK(sample_rows_cuda(g, 0));
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    // Host path: copy the row to pageable memory and run the twin.
-    std::vector<float> h(static_cast<size_t>(V));
-    const auto t0 = std::chrono::steady_clock::now();
-    int32_t tok = 0;
-    for (int i = 0; i < 5; ++i) {
-      cudaMemcpy(h.data(), g.logits, size_t(V) * 4, cudaMemcpyDeviceToHost);
-      tok = *sample_row(h, c.s);
-    }
-    const double host_us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 5;
-    std::printf("[ sample ] V %lld %-18s device %7.1f us/row (launch included)   host copy+twin %8.1f us (token %d)\n",
-                (long long)V, c.name, 1000.0 * ms / reps, host_us, tok);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ bool have_tokenizer() {
 }
 
 TEST(EngineServe, GreedyThroughServerEqualsEngineRunAndSurvivesLoad) {
-  if (!have_tokenizer()) GTEST_SKIP() << "no tokenizer: run scripts/fetch_tokenizer.sh";
+  if (!have_tokenizer()) FS_SKIP_UNLESS_CI("no tokenizer: run scripts/fetch_tokenizer.sh");
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "tiny").string();
   auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 1 --out " + ckpt);
@@ -149,11 +149,11 @@ TEST(EngineServe, GreedyThroughServerEqualsEngineRunAndSurvivesLoad) {
 
 // The openai SDK against the real stack on the full-vocabulary demo checkpoint.
 TEST(EngineServe, OpenAiSdkAgainstDemoCheckpoint) {
-  if (!have_tokenizer()) GTEST_SKIP() << "no tokenizer: run scripts/fetch_tokenizer.sh";
+  if (!have_tokenizer()) FS_SKIP_UNLESS_CI("no tokenizer: run scripts/fetch_tokenizer.sh");
   const auto js = ft::source_dir() / "tests/server/js";
-  if (ft::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is not installed";
+  if (ft::run_command("node --version").exit_code != 0) FS_SKIP_UNLESS_CI("node is not installed");
   if (!std::filesystem::exists(js / "node_modules/openai/package.json"))
-    GTEST_SKIP() << "openai SDK missing: run npm ci --prefix tests/server/js";
+    FS_SKIP_UNLESS_CI("openai SDK missing: run npm ci --prefix tests/server/js");
   ft::TempDir dir;
   const std::string ckpt = (dir.path() / "demo").string();
   auto made = ft::run_command(ft::flashseek_bin() + " make-tiny --config demo --seed 1 --out " + ckpt);

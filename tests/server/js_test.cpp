@@ -13,9 +13,9 @@ namespace {
 TEST(OpenAiSdk, NodeTestsPassAgainstLiveServer) {
   const auto js = flashseek::testing::source_dir() / "tests/server/js";
   if (flashseek::testing::run_command("node --version").exit_code != 0)
-    GTEST_SKIP() << "node is not installed";
+    FS_SKIP_UNLESS_CI("node is not installed");
   if (!std::filesystem::exists(js / "node_modules/openai/package.json"))
-    GTEST_SKIP() << "openai SDK missing: run npm ci --prefix tests/server/js";
+    FS_SKIP_UNLESS_CI("openai SDK missing: run npm ci --prefix tests/server/js");
   LiveServer s;
   const auto r = flashseek::testing::run_command("cd '" + js.string() + "' && FLASHSEEK_URL=" +
                                                  s.url() + " timeout 120 node --test fake_backend.test.mjs");

@@ -30,9 +30,9 @@ class CmdTokenize : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string bin = ::flashseek::testing::flashseek_bin();
-    if (!std::filesystem::exists(bin)) GTEST_SKIP() << "flashseek binary missing: " << bin;
+    if (!std::filesystem::exists(bin)) FS_SKIP_UNLESS_CI("flashseek binary missing: " << bin);
     std::string why;
-    if (testing::real_tokenizer(&why) == nullptr) GTEST_SKIP() << "tokenizer data missing: " << why;
+    if (testing::real_tokenizer(&why) == nullptr) FS_SKIP_UNLESS_CI("tokenizer data missing: " << why);
   }
 };
 

@@ -73,10 +73,10 @@ TEST(TokenizerParity, MatchesHuggingFaceTokenizersJs) {
   FS_REQUIRE_REAL_TOKENIZER(tok);
   namespace fs = std::filesystem;
   if (std::system("command -v node >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "node not found: parity with @huggingface/tokenizers not checked";
+    FS_SKIP_UNLESS_CI("node not found: parity with @huggingface/tokenizers not checked");
   }
   if (!fs::exists(source_path("node_modules/@huggingface/tokenizers/package.json"))) {
-    GTEST_SKIP() << "npm module @huggingface/tokenizers missing (run scripts/fetch_tokenizer.sh)";
+    FS_SKIP_UNLESS_CI("npm module @huggingface/tokenizers missing (run scripts/fetch_tokenizer.sh)");
   }
   const fs::path out = fs::temp_directory_path() /
                        fmt::format("fs_tok_parity_{}.jsonl", static_cast<long>(::getpid()));

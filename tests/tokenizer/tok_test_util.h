@@ -1,5 +1,6 @@
 // Shared helpers for the tokenizer tests: the real V4.1 tokenizer (loaded once, skipped with a
-// visible message when scripts/fetch_tokenizer.sh has not been run) and file paths.
+// visible message when scripts/fetch_tokenizer.sh has not been run, a failure under CI=true) and
+// file paths.
 #pragma once
 #include <fstream>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"  // FS_SKIP_UNLESS_CI
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
@@ -95,8 +97,8 @@ inline std::vector<std::string> load_corpus(std::string* error) {
 
 }  // namespace flashseek::tok::testing
 
-// Skips the test (visibly) when models/tokenizer/tokenizer.json is absent.
+// Skips the test (visibly) when models/tokenizer/tokenizer.json is absent; fails it under CI=true.
 #define FS_REQUIRE_REAL_TOKENIZER(var)                                                    \
   std::string _fs_why;                                                                    \
   const ::flashseek::tok::Tokenizer* var = ::flashseek::tok::testing::real_tokenizer(&_fs_why); \
-  if (var == nullptr) GTEST_SKIP() << "tokenizer data missing (run scripts/fetch_tokenizer.sh): " << _fs_why
+  if (var == nullptr) FS_SKIP_UNLESS_CI("tokenizer data missing (run scripts/fetch_tokenizer.sh): " << _fs_why)

@@ -1,0 +1,30 @@
+// Kernel micro-benchmarks (moved out of the test suite: timing belongs in benchmarks, tests assert
+// properties). `flashseek bench --kernels sampling,gemm`:
+//   sampling: one 129,280-wide row per sampler (greedy, temperature, top-k, top-p on a peaked and
+//     a flat row, min-p), device sample_rows_cuda per row (launch included) next to the host path
+//     the engine would otherwise take (copy the row to host memory + the CPU sampler).
+//   gemm: every FP8 block-scaled GEMM kernel variant (1..9, and 4/6/7 without the FP32 promotion,
+//     a diagnostic of its cost; their results are wrong) on the V4.1 prefill linears at m = 8192,
+//     TFLOP/s, the activation quantisation, best GEMM + quantisation. Before timing, each variant
+//     is probed against the CPU twin on one 128x128x256 case (relative Frobenius error > 1e-3 is
+//     an error: a wrong kernel is not timed), and the unswizzled variant with its descriptor byte
+//     offsets swapped is shown to fail the probe. Correctness proper: tests/ops_cuda.
+// Not used by the model.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace flashseek::ops::cuda {
+
+struct KernelBenchOptions {
+  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm"
+  int reps = 40;                                     // sampling: launches per timed sample
+  std::string skip_variants;  // gemm: variant digits left out of the table (0 TFLOP/s), e.g. "67"
+};
+
+// Runs the selected benchmarks on device 0; returns their Markdown tables.
+Result<std::string> run_kernel_bench(const KernelBenchOptions& opt);
+
+}  // namespace flashseek::ops::cuda
