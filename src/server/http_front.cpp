@@ -93,6 +93,14 @@ class ConnStream : public httplib::Stream {
   // The head is parsed: from here on reads are body bytes.
   void head_done(const httplib::Request& req) {
     c_.enter(Phase::kBody);
+    // The library reads bodies of POST / PUT / PATCH / DELETE only: another method's body would
+    // be parsed as the next request, so its connection is closed after the answer instead.
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") &&
+                           req.get_header_value("Content-Length") != "0");
+    const bool body_read = req.method == "POST" || req.method == "PUT" ||
+                           req.method == "PATCH" || req.method == "DELETE";
+    if (has_body && !body_read) c_.close_after = true;
     // A declared length over the limit is refused before a byte of it is read (httplib then
     // answers 413 from its own check of the same limit).
     if (req.has_header("Content-Length")) {
@@ -258,18 +266,21 @@ void HttpFront::Impl::serve(const std::shared_ptr<Conn>& c) {
   }
   c->enter(Phase::kDone);
   tl_conn = nullptr;
-  // Lingering close: stop sending, then read what the client still sends for a moment, so an
-  // early answer (413 while the body is still coming) is not destroyed by a reset.
-  ::shutdown(c->fd, SHUT_WR);
-  char sink[4096];
-  const auto until = Clock::now() + std::chrono::milliseconds(500);
-  size_t drained = 0;
-  while (drained < (1u << 20)) {
-    pollfd p{c->fd, POLLIN, 0};
-    if (::poll(&p, 1, remaining_ms(until)) <= 0) break;
-    const ssize_t got = ::recv(c->fd, sink, sizeof(sink), 0);
-    if (got <= 0) break;
-    drained += size_t(got);
+  // Lingering close after an early answer (413, 431, 408, 415 while the client may still be
+  // sending): stop sending, then read what the client still sends for a moment, so the answer
+  // is not destroyed by the reset that closing with unread data causes.
+  if (c->close_after && !c->evicted) {
+    ::shutdown(c->fd, SHUT_WR);
+    char sink[4096];
+    const auto until = Clock::now() + std::chrono::milliseconds(500);
+    size_t drained = 0;
+    while (drained < (1u << 20)) {
+      pollfd p{c->fd, POLLIN, 0};
+      if (::poll(&p, 1, remaining_ms(until)) <= 0) break;
+      const ssize_t got = ::recv(c->fd, sink, sizeof(sink), 0);
+      if (got <= 0) break;
+      drained += size_t(got);
+    }
   }
   ::close(c->fd);
   std::lock_guard<std::mutex> lock(mu);
@@ -290,15 +301,17 @@ void HttpFront::Impl::worker_loop() {
   }
 }
 
-// Registers a new connection; at the cap, first closes the oldest idle keep-alive connection,
-// else the oldest one still sending its request; with neither, the new one is refused.
+// Registers a new connection; at the cap, first closes the oldest connection that is finished
+// (lingering) or idle in keep-alive, else the oldest one still sending its request; with none
+// of those (every connection is being handled), the new one is refused.
 void HttpFront::Impl::admit(int fd) {
   std::lock_guard<std::mutex> lock(mu);
   size_t open = 0;
   for (const auto& c : live) open += !c->evicted;
   if (open >= o.max_connections) {
     std::shared_ptr<Conn> victim;
-    for (const Phase want : {Phase::kIdle, Phase::kHead, Phase::kBody}) {
+    // kDone: answered and lingering before the close; kIdle: between requests.
+    for (const Phase want : {Phase::kDone, Phase::kIdle, Phase::kHead, Phase::kBody}) {
       for (const auto& c : live)
         if (!c->evicted && c->phase == want && (!victim || c->since < victim->since)) victim = c;
       if (victim) break;
@@ -379,6 +392,7 @@ Result<int> HttpFront::bind() {
 void HttpFront::run() {
   Impl& m = *impl_;
   if (m.listen_fd < 0) return;
+  if (!m.stopping) m.router.set_serving(m.listen_fd);
   const size_t threads = std::max<size_t>(1, m.o.max_connections);
   for (size_t i = 0; i < threads; ++i) m.workers.emplace_back([&m] { m.worker_loop(); });
   while (!m.stopping) {
@@ -410,6 +424,7 @@ void HttpFront::run() {
 
 void HttpFront::stop() {
   impl_->stopping = true;
+  impl_->router.set_serving(-1);  // running streams end
   if (impl_->wake[1] >= 0) (void)!::write(impl_->wake[1], "x", 1);
   impl_->cv.notify_all();
   impl_->close_all_idle();

@@ -45,6 +45,9 @@ class RoutingServer : public httplib::Server {
                      const std::function<void(httplib::Request&)>& setup) {
     return process_request(strm, close_connection, connection_closed, setup);
   }
+  // The library ends a streamed (content-provider) response early when its listening socket
+  // is gone; ours is not the library's, so this tells it whether we are serving.
+  void set_serving(int listen_fd) { svr_sock_ = listen_fd >= 0 ? listen_fd : INVALID_SOCKET; }
 };
 
 // What the handlers of the request running on this thread may ask about its connection.
