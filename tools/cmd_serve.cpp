@@ -45,6 +45,7 @@ struct ServeOpts {
   bool thinking = false;
   std::string speculative = "auto";              // DSpark: auto (when the model has a draft) | on | off
   std::vector<std::string> extra_names;
+  server::ServerOptions limits;                  // connection and request limits (defaults there)
 };
 
 // Reads every weight shard once with a progress bar on stderr, so the mmap-based load that
@@ -126,6 +127,38 @@ Status configure_tenants(const ServeOpts& o, server::Tenants& tenants) {
   return {};
 }
 
+// Connection and request-size limits of the HTTP layer (docs/server.md "Connections and limits").
+void add_limit_options(CLI::App* cmd, server::ServerOptions& l) {
+  cmd->add_option("--max-connections", l.max_connections,
+                  "open connections (one thread each); 0: max-batch + max-queue + 128")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 16));
+  cmd->add_option("--head-timeout-ms", l.head_timeout_ms,
+                  "a request line and headers must arrive within this")
+      ->capture_default_str()->check(CLI::Range(100, 3'600'000));
+  cmd->add_option("--request-timeout-ms", l.request_timeout_ms,
+                  "a whole request (head + body) must arrive within this")
+      ->capture_default_str()->check(CLI::Range(100, 3'600'000));
+  cmd->add_option("--keep-alive-timeout-ms", l.keep_alive_timeout_ms,
+                  "idle time allowed between requests on one connection")
+      ->capture_default_str()->check(CLI::Range(1, 3'600'000));
+  cmd->add_option("--max-header-count", l.max_header_count, "header lines per request")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(10'000)));
+  cmd->add_option("--max-body-bytes", l.max_body_bytes, "request body bytes (413 beyond)")
+      ->capture_default_str()->check(CLI::Range(size_t(1024), size_t(1) << 32));
+  cmd->add_option("--max-json-depth", l.max_json_depth,
+                  "JSON nesting in a request body or tool-call arguments")
+      ->capture_default_str()->check(CLI::Range(size_t(2), size_t(512)));
+  cmd->add_option("--max-json-values", l.max_json_values, "JSON values in a request body")
+      ->capture_default_str()->check(CLI::Range(size_t(16), size_t(1) << 28));
+  cmd->add_option("--max-messages", l.max_messages, "messages per chat request")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 24));
+  cmd->add_option("--max-tools", l.max_tools, "tools per request, tool calls per message")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 20));
+  cmd->add_option("--max-prompt-bytes", l.max_prompt_bytes,
+                  "text to tokenize per request: the prompt or all message text (413 beyond)")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 32));
+}
+
 int serve(const ServeOpts& o) {
   auto fail = [](const Status& st) {
     std::fprintf(stderr, "flashseek serve: error: %s\n", st.message().c_str());
@@ -138,7 +171,7 @@ int serve(const ServeOpts& o) {
 
   server::DeferredBackend deferred;
   server::TokenizerCodec codec(*tokenizer);
-  server::ServerOptions so;
+  server::ServerOptions so = o.limits;
   so.host = o.host;
   so.port = o.port;
   so.tenants = std::move(tenants);
@@ -267,6 +300,7 @@ std::function<int()> setup(CLI::App& app) {
       ->check(CLI::IsMember({"exact", "reference"}))->capture_default_str();
   cmd->add_flag("--thinking", o->thinking, "thinking mode when a request does not say");
   cmd->add_option("--served-model-name", o->extra_names, "extra model ids to accept");
+  add_limit_options(cmd, o->limits);
   return [o] { return serve(*o); };
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "server/connection_watch.h"
+#include "server/http_front.h"
+#include "server/json_limits.h"
 
 namespace flashseek::server {
 
@@ -30,6 +32,14 @@ std::optional<ApiError> ApiHandlers::tokenize(PreparedRequest& p, const std::str
     auto rendered = deps_.chat->render(r.messages, r.chat);
     if (!rendered.ok()) return from_status(rendered.status(), "messages");
     text = std::move(*rendered);
+    // Tool schemas and the chat template add to the message text: bound what is tokenized.
+    if (text.size() > options_.max_prompt_bytes) {
+      ApiError e = bad_request(fmt::format("the rendered prompt has {} bytes, over the limit of "
+                                           "{}", text.size(), options_.max_prompt_bytes),
+                               "messages", "prompt_too_large");
+      e.http_status = 413;
+      return e;
+    }
   } else if (r.prompt_text) {
     text = *r.prompt_text;
   }
@@ -47,15 +57,81 @@ std::optional<ApiError> ApiHandlers::tokenize(PreparedRequest& p, const std::str
   return std::nullopt;
 }
 
-std::optional<ApiError> ApiHandlers::prepare(const httplib::Request& req, Endpoint endpoint,
-                                             PreparedRequest& p) {
-  json body = json::parse(req.body, nullptr, false);  // also rejects invalid UTF-8
-  if (body.is_discarded()) return bad_request("the request body is not valid JSON (UTF-8)");
+namespace {
+
+// "application/json", any case, optionally followed by parameters ("; charset=utf-8").
+bool is_json_media_type(const std::string& value) {
+  std::string type = value.substr(0, value.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  size_t start = 0;
+  while (start < type.size() && (type[start] == ' ' || type[start] == '\t')) ++start;
+  type = type.substr(start);
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  return type == "application/json";
+}
+
+}  // namespace
+
+std::optional<ApiError> ApiHandlers::read_body(const httplib::Request& req,
+                                               const httplib::ContentReader& reader,
+                                               std::string& body) {
+  // Browsers send cross-site "simple" requests (text/plain, forms) without a preflight; only
+  // application/json needs one, so requiring it keeps other sites' pages off a local server.
+  if (!is_json_media_type(req.get_header_value("Content-Type"))) {
+    mark_handling(/*close_after=*/true);  // the body is not read: the connection cannot be reused
+    ApiError e = bad_request("Content-Type must be application/json", "", "unsupported_media_type");
+    e.http_status = 415;
+    return e;
+  }
+  bool too_large = false;
+  const size_t limit = options_.max_body_bytes;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (n > limit - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  const ConnectionInfo* conn = current_connection();
+  if (too_large || (conn && conn->body_too_large)) {
+    mark_handling(true);
+    ApiError e = bad_request(fmt::format("request body over {} bytes", limit), "",
+                             "request_too_large");
+    e.http_status = 413;
+    return e;
+  }
+  if (!ok) {
+    mark_handling(true);
+    ApiError e = bad_request(conn && conn->timed_out ? "request body not received in time"
+                                                     : "request body could not be read");
+    if (conn && conn->timed_out) e.http_status = 408;
+    return e;
+  }
+  mark_handling();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ApiHandlers::validate(const std::string& body, Endpoint endpoint,
+                                              PreparedRequest& p) {
+  JsonLimits jl;
+  jl.max_depth = options_.max_json_depth;
+  jl.max_values = options_.max_json_values;
+  if (JsonScan scan = scan_json(body, jl); scan != JsonScan::kOk)
+    return bad_request("the request body is " + describe(scan, jl), "", "json_too_complex");
+  json parsed = json::parse(body, nullptr, false);  // also rejects invalid UTF-8
+  if (parsed.is_discarded()) return bad_request("the request body is not valid JSON (UTF-8)");
   ParseLimits limits;
   limits.vocab_size = deps_.backend->vocab_size();
   limits.default_thinking = options_.default_thinking;
-  if (auto err = parse_request(body, endpoint, limits, p.parsed)) return err;
-  ParsedRequest& r = p.parsed;
+  limits.max_json_depth = options_.max_json_depth;
+  limits.max_messages = options_.max_messages;
+  limits.max_tools = options_.max_tools;
+  limits.max_prompt_bytes = options_.max_prompt_bytes;
+  limits.max_prompt_ids = size_t(std::max<int64_t>(0, deps_.backend->context_length()));
+  if (auto err = parse_request(parsed, endpoint, limits, p.parsed)) return err;
+  const ParsedRequest& r = p.parsed;
   if (std::find(options_.model_ids.begin(), options_.model_ids.end(), r.model) ==
       options_.model_ids.end()) {
     ApiError e = bad_request(fmt::format("The model '{}' does not exist", r.model), "model",
@@ -64,8 +140,14 @@ std::optional<ApiError> ApiHandlers::prepare(const httplib::Request& req, Endpoi
     e.type = "not_found_error";
     return e;
   }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ApiHandlers::prepare(const std::string& body, Endpoint endpoint,
+                                             PreparedRequest& p) {
+  ParsedRequest& r = p.parsed;
   GenRequest g;
-  if (auto err = tokenize(p, req.body, g.prompt)) return err;
+  if (auto err = tokenize(p, body, g.prompt)) return err;
   const int64_t context = deps_.backend->context_length();
   const int64_t n_prompt = int64_t(g.prompt.size());
   if (n_prompt >= context)
@@ -101,21 +183,22 @@ std::optional<ApiError> ApiHandlers::prepare(const httplib::Request& req, Endpoi
   return std::nullopt;
 }
 
-void ApiHandlers::handle(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void ApiHandlers::handle(const httplib::Request& req, httplib::Response& res,
+                         const httplib::ContentReader& reader, Endpoint endpoint) {
   const std::string name = endpoint == Endpoint::kChat ? "chat" : "completions";
   auto p = std::make_shared<PreparedRequest>();
   p->start = std::chrono::steady_clock::now();
-  if (!deps_.backend->ready()) {
-    metrics_.count_request(name, 503);
-    return send_error(res, from_status({StatusCode::kUnavailable,
-                                        "the model is still loading; retry later"}));
-  }
-  if (auto err = prepare(req, endpoint, *p)) {
-    metrics_.count_request(name, err->http_status);
-    return send_error(res, *err);
-  }
-  // Admission: at most max_batch running + max_queue waiting, counted here so that a full
-  // server answers at once instead of piling up connections.
+  auto fail = [&](const ApiError& e) {
+    metrics_.count_request(name, e.http_status);
+    send_error(res, e);
+  };
+  std::string body;
+  if (auto err = read_body(req, reader, body)) return fail(*err);
+  if (!deps_.backend->ready())
+    return fail(from_status({StatusCode::kUnavailable, "the model is still loading; retry later"}));
+  if (auto err = validate(body, endpoint, *p)) return fail(*err);
+  // Admission: at most max_batch running + max_queue waiting, counted before the prompt is
+  // rendered and tokenized so that a full server answers at once and spends nothing on it.
   const int64_t limit = options_.max_batch + options_.max_queue;
   if (++metrics_.in_flight > limit) {
     metrics_.in_flight--;
@@ -127,6 +210,7 @@ void ApiHandlers::handle(const httplib::Request& req, httplib::Response& res, En
     return send_error(res, e);
   }
   p->ticket = std::make_unique<AdmissionTicket>(metrics_.in_flight);
+  if (auto err = prepare(body, endpoint, *p)) return fail(*err);
   if (Status st = p->generation->submit(); !st.ok()) {
     ApiError e = from_status(st);
     metrics_.count_request(name, e.http_status);
@@ -159,7 +243,9 @@ void ApiHandlers::log_done(const PreparedRequest& p, const std::string& finish) 
 
 void ApiHandlers::respond_once(const httplib::Request& req, httplib::Response& res,
                                PreparedRequest& p) {
-  ConnectionWatch watch(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  ConnectionWatch watch = ConnectionWatch::current();
+  const bool http11 = req.version == "HTTP/1.1";
+  auto probe = [&] { return send_interim_continue(watch.fd(), http11); };
   Generation& gen = *p.generation;
   ChatDelta all;
   json tool_calls = json::array();
@@ -169,7 +255,7 @@ void ApiHandlers::respond_once(const httplib::Request& req, httplib::Response& r
   std::vector<std::optional<PositionLogprobs>> prompt_lps;
   std::string finish, error;
   while (!gen.finished()) {
-    if (watch.gone() || stopping_) {
+    if (watch.gone(probe) || stopping_) {
       gen.cancel();
       log_done(p, "client_gone");
       return;  // nobody to answer

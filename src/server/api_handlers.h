@@ -1,5 +1,7 @@
-// POST /v1/chat/completions and /v1/completions: validate -> tokenize -> admit -> generate ->
-// respond (one JSON object, or SSE chunks ending with "data: [DONE]").
+// POST /v1/chat/completions and /v1/completions: content type -> bounded body -> bounded JSON
+// -> validate -> admit -> render + tokenize -> generate -> respond (one JSON object, or SSE
+// chunks ending with "data: [DONE]"). Admission comes before tokenization so that a full server
+// spends no CPU on prompts it will not run.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -43,10 +45,15 @@ class ApiHandlers {
  public:
   ApiHandlers(ServerDeps deps, const ServerOptions& options, Metrics& metrics,
               const std::atomic<bool>& stopping);
-  void handle(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void handle(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader, Endpoint endpoint);
 
  private:
-  std::optional<ApiError> prepare(const httplib::Request& req, Endpoint endpoint,
+  std::optional<ApiError> read_body(const httplib::Request& req,
+                                    const httplib::ContentReader& reader, std::string& body);
+  std::optional<ApiError> validate(const std::string& body, Endpoint endpoint,
+                                   PreparedRequest& out);
+  std::optional<ApiError> prepare(const std::string& body, Endpoint endpoint,
                                   PreparedRequest& out);
   std::optional<ApiError> tokenize(PreparedRequest& p, const std::string& raw_body,
                                    std::vector<int32_t>& prompt);

@@ -72,12 +72,18 @@ void ApiHandlers::respond_stream(const httplib::Request& req, httplib::Response&
                                  std::shared_ptr<PreparedRequest> p) {
   auto st = std::make_shared<StreamState>();
   st->p = std::move(p);
-  st->watch = ConnectionWatch(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  (void)req;
+  st->watch = ConnectionWatch::current();
   res.set_header("Cache-Control", "no-cache");
   auto provider = [this, st](size_t, httplib::DataSink& sink) -> bool {
     Generation& gen = *st->p->generation;
     for (;;) {
-      if (st->watch.gone() || stopping_) {
+      // The probe is an SSE comment, which clients ignore.
+      auto probe = [&sink] {
+        static const std::string kComment = ": keep-alive\n\n";
+        return sink.write(kComment.data(), kComment.size());
+      };
+      if (st->watch.gone(probe) || stopping_) {
         gen.cancel();
         log_done(*st->p, "client_gone");
         st->done = true;

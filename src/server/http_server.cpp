@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/api_handlers.h"
+#include "server/http_front.h"
 
 namespace flashseek::server {
 
@@ -16,15 +17,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// httplib's Server with a deeper accept backlog: the packaged library listens with a backlog
-// of 5, which makes bursts of concurrent clients wait for SYN retries.
-class BacklogServer : public httplib::Server {
- public:
-  void deepen_backlog(int backlog) {
-    const auto sock = svr_sock_.load();
-    if (sock != INVALID_SOCKET) ::listen(sock, backlog);  // re-listen updates the backlog
-  }
-};
 
 }  // namespace
 
@@ -33,7 +25,8 @@ struct HttpServer::Impl {
   ServerOptions options;
   Metrics metrics;
   std::atomic<bool> stopping{false};
-  BacklogServer http;
+  RoutingServer http;
+  std::unique_ptr<HttpFront> front;
   std::unique_ptr<ApiHandlers> api;
   Status config_error;  // returned by bind()
 
@@ -75,18 +68,34 @@ void HttpServer::Impl::routes() {
                       {"max_model_len", deps.backend->context_length()}});
     res.set_content(dump_json({{"object", "list"}, {"data", data}}), "application/json");
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    api->handle(req, res, Endpoint::kChat);
+  // The body is read by the handler (ApiHandlers::read_body) so that its decoded size is
+  // bounded for chunked requests too.
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& reader) {
+    api->handle(req, res, reader, Endpoint::kChat);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    api->handle(req, res, Endpoint::kCompletions);
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
+    api->handle(req, res, reader, Endpoint::kCompletions);
   });
-  // Unknown routes and httplib-level failures (e.g. body too large) still get OpenAI errors.
+  // Unknown routes and httplib-level failures (oversized head or body, deadlines) still get
+  // OpenAI errors; the connection layer says which limit was hit.
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    ApiError e = bad_request(res.status == 404 ? "no route for " + req.method + " " + req.path
-                                               : "request failed: HTTP " +
-                                                     std::to_string(res.status));
+    if (const ConnectionInfo* conn = current_connection()) {
+      if (conn->head_too_large) res.status = 431;
+      else if (conn->body_too_large) res.status = 413;
+      else if (conn->timed_out) res.status = 408;
+    }
+    std::string message = "request failed: HTTP " + std::to_string(res.status);
+    if (res.status == 404) message = "no route for " + req.method + " " + req.path;
+    if (res.status == 431)
+      message = fmt::format("request head over {} header lines or {} bytes",
+                            options.max_header_count, options.max_head_bytes);
+    if (res.status == 413)
+      message = fmt::format("request body over {} bytes", options.max_body_bytes);
+    if (res.status == 408) message = "request not received in time";
+    ApiError e = bad_request(message);
     e.http_status = res.status;
     if (res.status == 404) e.type = "not_found_error";
     metrics.count_request("other", res.status);
@@ -117,14 +126,21 @@ HttpServer::HttpServer(ServerDeps deps, ServerOptions options) : impl_(std::make
   impl_->api = std::make_unique<ApiHandlers>(deps, impl_->options, impl_->metrics,
                                              impl_->stopping);
   const ServerOptions& o = impl_->options;
-  const int threads = o.http_threads > 0
-                          ? o.http_threads
-                          : int(std::clamp<int64_t>(o.max_batch + o.max_queue + 16, 8, 2048));
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  FrontOptions fo;
+  fo.host = o.host;
+  fo.port = o.port;
+  fo.max_connections = size_t(o.max_connections > 0
+                                  ? o.max_connections
+                                  : std::clamp<int64_t>(o.max_batch + o.max_queue + 128, 64, 8192));
+  fo.head_timeout_ms = o.head_timeout_ms;
+  fo.request_timeout_ms = o.request_timeout_ms;
+  fo.keep_alive_timeout_ms = o.keep_alive_timeout_ms;
+  fo.max_header_count = o.max_header_count;
+  fo.max_head_bytes = o.max_head_bytes;
+  fo.max_body_bytes = o.max_body_bytes;
+  impl_->front = std::make_unique<HttpFront>(impl_->http, fo);
   impl_->http.set_payload_max_length(o.max_body_bytes);
-  impl_->http.set_keep_alive_timeout(2);
-  impl_->http.set_read_timeout(30, 0);
-  impl_->http.set_write_timeout(30, 0);
+  impl_->http.set_keep_alive_timeout(std::max(1, o.keep_alive_timeout_ms / 1000));
   impl_->routes();
 }
 
@@ -133,29 +149,18 @@ HttpServer::~HttpServer() { stop(); }
 Metrics& HttpServer::metrics() { return impl_->metrics; }
 
 Result<int> HttpServer::bind() {
-  // A client that disconnects mid-write must not kill the process (the packaged httplib sends
-  // without MSG_NOSIGNAL).
+  // A client that disconnects mid-write must not kill the process (writes use MSG_NOSIGNAL;
+  // this also covers anything else in the process that writes to a socket).
   ::signal(SIGPIPE, SIG_IGN);
   if (!impl_->config_error.ok()) return impl_->config_error;
-  const auto& o = impl_->options;
-  int port = o.port;
-  if (o.port == 0) {
-    port = impl_->http.bind_to_any_port(o.host);
-  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
-    port = -1;
-  }
-  if (port <= 0)
-    return Status(StatusCode::kUnavailable,
-                  fmt::format("cannot listen on {}:{} (in use or not allowed)", o.host, o.port));
-  impl_->http.deepen_backlog(1024);
-  return port;
+  return impl_->front->bind();
 }
 
-void HttpServer::run() { impl_->http.listen_after_bind(); }
+void HttpServer::run() { impl_->front->run(); }
 
 void HttpServer::stop() {
   impl_->stopping = true;
-  impl_->http.stop();
+  impl_->front->stop();
 }
 
 }  // namespace flashseek::server

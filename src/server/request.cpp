@@ -14,6 +14,12 @@ using fields::present;
 
 MaybeError parse_chat_fields(const json& body, const ParseLimits& limits, ParsedRequest& out);
 
+ApiError too_large(std::string message, std::string param) {
+  ApiError e = bad_request(std::move(message), std::move(param), "prompt_too_large");
+  e.http_status = 413;
+  return e;
+}
+
 namespace {
 
 MaybeError parse_token_id(const json& v, const char* field, const ParseLimits& limits,
@@ -39,6 +45,9 @@ MaybeError parse_stops(const json& body, const ParseLimits& limits, ParsedReques
       if (s.is_string()) {
         if (s.get_ref<const std::string&>().empty())
           return bad_request("'stop' strings must not be empty", "stop");
+        if (s.get_ref<const std::string&>().size() > limits.max_stop_bytes)
+          return bad_request(fmt::format("'stop' strings must be at most {} bytes",
+                                         limits.max_stop_bytes), "stop");
         out.stop_strings.push_back(s.get<std::string>());
       } else if (s.is_number_integer()) {
         int32_t id = 0;
@@ -120,12 +129,21 @@ MaybeError parse_prompt(const json& body, const ParseLimits& limits, ParsedReque
   if (prompt.is_string()) {
     if (prompt.get_ref<const std::string&>().empty())
       return bad_request("'prompt' must not be empty", "prompt");
+    if (prompt.get_ref<const std::string&>().size() > limits.max_prompt_bytes)
+      return too_large(fmt::format("'prompt' has more than {} bytes", limits.max_prompt_bytes),
+                       "prompt");
     out.prompt_text = prompt.get<std::string>();
     return std::nullopt;
   }
   if (!prompt.is_array() || prompt.empty())
     return bad_request("'prompt' must be a string or a non-empty array of token ids (one prompt)",
                        "prompt");
+  if (prompt.size() > limits.max_prompt_ids) {
+    ApiError e = bad_request(fmt::format("'prompt' has {} token ids; the context holds {}",
+                                         prompt.size(), limits.max_prompt_ids),
+                             "prompt", "context_length_exceeded");
+    return e;
+  }
   std::vector<int32_t> ids;
   ids.reserve(prompt.size());
   for (const json& v : prompt) {

@@ -51,6 +51,12 @@ struct ParseLimits {
   bool default_thinking = false;      // thinking mode when the request does not say
   int64_t max_logprobs = 20;
   size_t max_stops = 16;
+  size_t max_stop_bytes = 1024;            // one stop string
+  size_t max_json_depth = 64;              // JSON inside strings (tool-call arguments)
+  size_t max_messages = 2048;              // messages, and content parts of one message
+  size_t max_tools = 256;                  // tools, and tool calls of one message
+  size_t max_prompt_bytes = 8u << 20;      // prompt text / all message text (413 beyond)
+  size_t max_prompt_ids = size_t(1) << 24; // token-id prompts (the context length)
 };
 
 // `body` is the parsed JSON; returns an error naming the field, or nullopt on success.

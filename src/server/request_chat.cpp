@@ -3,6 +3,9 @@
 // plain strings; anything it could not render is rejected here with the message index.
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "server/json_limits.h"
 #include "server/request.h"
 #include "server/request_fields.h"
 
@@ -12,14 +15,18 @@ using json = nlohmann::json;
 using fields::MaybeError;
 using fields::present;
 
+ApiError too_large(std::string message, std::string param);
+
 namespace {
 
 // content: string | null | [{"type":"text","text":...}, ...] -> string (parts joined by "\n").
-MaybeError normalise_content(json& msg, size_t i) {
+MaybeError normalise_content(json& msg, size_t i, const ParseLimits& limits) {
   const std::string param = fmt::format("messages[{}].content", i);
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null() || it->is_string()) return std::nullopt;
   if (!it->is_array()) return bad_request(param + " must be a string or an array of parts", param);
+  if (it->size() > limits.max_messages)
+    return bad_request(fmt::format("{} has more than {} parts", param, limits.max_messages), param);
   std::string text;
   for (size_t p = 0; p < it->size(); ++p) {
     const json& part = (*it)[p];
@@ -32,16 +39,22 @@ MaybeError normalise_content(json& msg, size_t i) {
     if (!part.contains("text") || !part["text"].is_string())
       return bad_request(fmt::format("{}[{}].text must be a string", param, p), param);
     if (p) text += "\n";
-    text += part["text"].get_ref<const std::string&>();
+    const std::string& t = part["text"].get_ref<const std::string&>();
+    if (t.size() > limits.max_prompt_bytes - std::min(text.size(), limits.max_prompt_bytes))
+      return too_large(fmt::format("{} has more than {} bytes", param, limits.max_prompt_bytes),
+                       param);
+    text += t;
   }
   *it = text;
   return std::nullopt;
 }
 
-MaybeError check_tool_calls(const json& msg, size_t i) {
+MaybeError check_tool_calls(const json& msg, size_t i, const ParseLimits& limits) {
   const std::string param = fmt::format("messages[{}].tool_calls", i);
   const json& calls = msg["tool_calls"];
   if (!calls.is_array()) return bad_request(param + " must be an array", param);
+  if (calls.size() > limits.max_tools)
+    return bad_request(fmt::format("{} has more than {} entries", param, limits.max_tools), param);
   for (const json& call : calls) {
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
       return bad_request(param + " entries must be objects with a 'function'", param);
@@ -50,19 +63,48 @@ MaybeError check_tool_calls(const json& msg, size_t i) {
       return bad_request(param + ": function.name must be a string", param);
     if (!fn.contains("arguments") || !fn["arguments"].is_string())
       return bad_request(param + ": function.arguments must be a JSON string", param);
-    json args = json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+    // The arguments are JSON inside a string: bounded like the body before a tree is built.
+    const std::string& text = fn["arguments"].get_ref<const std::string&>();
+    JsonLimits jl;
+    jl.max_depth = limits.max_json_depth;
+    if (JsonScan scan = scan_json(text, jl); scan != JsonScan::kOk)
+      return bad_request(param + ": function.arguments is " + describe(scan, jl), param);
+    json args = json::parse(text, nullptr, false);
     if (args.is_discarded() || !args.is_object())
       return bad_request(param + ": function.arguments must encode a JSON object", param);
   }
   return std::nullopt;
 }
 
-MaybeError parse_messages(const json& body, json& out) {
+// Bytes of the text fields that the chat template renders (before the template's own text).
+size_t message_text_bytes(const json& msg) {
+  size_t n = 0;
+  for (const char* key : {"content", "reasoning_content", "name", "tool_call_id"}) {
+    auto it = msg.find(key);
+    if (it != msg.end() && it->is_string()) n += it->get_ref<const std::string&>().size();
+  }
+  auto calls = msg.find("tool_calls");
+  if (calls != msg.end() && calls->is_array())
+    for (const json& call : *calls)
+      if (call.is_object() && call.contains("function") && call["function"].is_object())
+        for (const char* key : {"name", "arguments"}) {
+          auto it = call["function"].find(key);
+          if (it != call["function"].end() && it->is_string())
+            n += it->get_ref<const std::string&>().size();
+        }
+  return n;
+}
+
+MaybeError parse_messages(const json& body, const ParseLimits& limits, json& out) {
   if (!present(body, "messages")) return bad_request("'messages' is required", "messages");
   const json& messages = body["messages"];
   if (!messages.is_array() || messages.empty())
     return bad_request("'messages' must be a non-empty array", "messages");
+  if (messages.size() > limits.max_messages)
+    return bad_request(fmt::format("'messages' has {} entries, more than the limit of {}",
+                                   messages.size(), limits.max_messages), "messages");
   out = messages;
+  size_t text_bytes = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     json& msg = out[i];
     const std::string param = fmt::format("messages[{}]", i);
@@ -74,9 +116,13 @@ MaybeError parse_messages(const json& body, json& out) {
         role != "developer")
       return bad_request(fmt::format("{}.role '{}' is not one of system, user, assistant, tool, "
                                      "developer", param, role), param + ".role");
-    FS_API_TRY(normalise_content(msg, i));
+    FS_API_TRY(normalise_content(msg, i, limits));
     const bool has_calls = present(msg, "tool_calls");
-    if (has_calls) FS_API_TRY(check_tool_calls(msg, i));
+    if (has_calls) FS_API_TRY(check_tool_calls(msg, i, limits));
+    text_bytes += message_text_bytes(msg);
+    if (text_bytes > limits.max_prompt_bytes)
+      return too_large(fmt::format("the messages hold more than {} bytes of text",
+                                   limits.max_prompt_bytes), "messages");
     const bool has_content = msg.contains("content") && msg["content"].is_string();
     if (!has_content && !(role == "assistant" && has_calls))
       return bad_request(param + ".content is required", param + ".content");
@@ -89,10 +135,13 @@ MaybeError parse_messages(const json& body, json& out) {
   return std::nullopt;
 }
 
-MaybeError parse_tools(const json& body, ChatOptions& chat) {
+MaybeError parse_tools(const json& body, const ParseLimits& limits, ChatOptions& chat) {
   if (present(body, "tools")) {
     const json& tools = body["tools"];
     if (!tools.is_array()) return bad_request("'tools' must be an array", "tools");
+    if (tools.size() > limits.max_tools)
+      return bad_request(fmt::format("'tools' has more than {} entries", limits.max_tools),
+                         "tools");
     for (size_t i = 0; i < tools.size(); ++i) {
       const json& t = tools[i];
       const std::string param = fmt::format("tools[{}]", i);
@@ -186,8 +235,8 @@ MaybeError parse_chat_logprobs(const json& body, const ParseLimits& limits, Pars
 }  // namespace
 
 MaybeError parse_chat_fields(const json& body, const ParseLimits& limits, ParsedRequest& out) {
-  FS_API_TRY(parse_messages(body, out.messages));
-  FS_API_TRY(parse_tools(body, out.chat));
+  FS_API_TRY(parse_messages(body, limits, out.messages));
+  FS_API_TRY(parse_tools(body, limits, out.chat));
   FS_API_TRY(parse_thinking(body, limits, out.chat));
   FS_API_TRY(parse_chat_logprobs(body, limits, out));
   if (present(body, "response_format")) {

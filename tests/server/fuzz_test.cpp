@@ -1,6 +1,8 @@
-// 10,000+ malformed or adversarial requests on loopback: every answer to a bad request is a
-// 4xx/5xx OpenAI error object, the server stays up, memory stays bounded, and a normal request
-// afterwards still works.
+// 10,000+ malformed or adversarial requests on loopback against the real tokenizer and chat
+// encoder: every answer to a bad request is a 4xx OpenAI error object (a 5xx is a failure), the
+// server stays up, memory stays bounded, and a normal request afterwards still works. Besides
+// wrong types and noise, the mutations nest JSON 100k+ levels deep inside the fields that hold
+// JSON, send large strings and many messages.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -62,11 +64,44 @@ json valid_base(bool chat) {
   return b;
 }
 
+// `inner` wrapped in `depth` arrays (as text: a tree this deep is what the server must refuse).
+std::string deep_array(size_t depth, const std::string& inner = "") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+// A body whose JSON is 100k+ levels deep inside one of the fields that hold JSON: stop,
+// messages[i], messages[i].content, prompt, tools[].function.parameters, or (as a string) a
+// tool call's arguments.
+std::string deeply_nested_body(std::mt19937& rng, bool chat) {
+  const size_t depth = 100'000 + rng() % 200'000;
+  const std::string deep = deep_array(depth, rng() % 2 ? "1" : "{\"a\":[]}");
+  const std::string head = "{\"model\":\"deepseek-v4.1-flash\",\"max_tokens\":2,";
+  const std::string user = "{\"role\":\"user\",\"content\":\"hi\"}";
+  if (!chat) return head + "\"prompt\":" + deep + "}";
+  switch (rng() % 5) {
+    case 0: return head + "\"messages\":[" + user + "],\"stop\":" + deep + "}";
+    case 1: return head + "\"messages\":[" + user + "," + deep + "]}";
+    case 2: return head + "\"messages\":[{\"role\":\"user\",\"content\":" + deep + "}]}";
+    case 3:
+      return head + "\"messages\":[" + user + "],\"tools\":[{\"type\":\"function\",\"function\":"
+             "{\"name\":\"f\",\"parameters\":{\"p\":" + deep + "}}}]}";
+    default: {
+      json b = valid_base(true);
+      b["messages"].push_back(
+          {{"role", "assistant"}, {"content", nullptr},
+           {"tool_calls", json::array({{{"id", "c"}, {"type", "function"},
+                                        {"function", {{"name", "f"}, {"arguments", "{\"a\":" + deep + "}"}}}}})}});
+      return b.dump();
+    }
+  }
+}
+
 // One adversarial body: a valid request with one field replaced by garbage, a message with
-// garbage inside, raw byte noise, truncated JSON, invalid UTF-8 or deep nesting.
+// garbage inside, raw byte noise, truncated JSON, invalid UTF-8, deep nesting (at the top level
+// or inside a field), a large string, or many messages.
 std::string adversarial_body(std::mt19937& rng, bool chat) {
   json b = valid_base(chat);
-  switch (rng() % 8) {
+  switch (rng() % 11) {
     case 0:
     case 1:
     case 2: b[kFields[rng() % std::size(kFields)]] = random_value(rng); break;
@@ -89,9 +124,32 @@ std::string adversarial_body(std::mt19937& rng, bool chat) {
       s.replace(at, 2, std::string(1, char(0x80 | (rng() % 64))) + "\xff\xc0");
       return s;  // invalid UTF-8 inside a string
     }
-    default: {
+    case 7: {
       const size_t depth = 1 + rng() % 3000;
       return std::string(depth, '[') + std::string(rng() % 2 ? depth : depth / 2, ']');
+    }
+    case 8:
+      return deeply_nested_body(rng, chat);
+    case 9: {
+      // A large string (up to 2 MiB; a few pass all limits and are tokenized for real) in a
+      // field, or spread over many messages.
+      if (rng() % 8) return adversarial_body(rng, chat);  // keep the big ones rare (time)
+      std::string big(size_t(64u << 10) + rng() % (2u << 20), char('a' + rng() % 26));
+      const char* fields[] = {"user", "model", "stop", "content"};
+      const std::string field = fields[rng() % 4];
+      if (field == "content" && chat) b["messages"][0]["content"] = big;
+      else if (field == "content") b["prompt"] = big;
+      else b[field] = big;
+      return b.dump();
+    }
+    default: {
+      if (!chat) return adversarial_body(rng, chat);
+      // Many messages: around the 2048 limit, some entries not even objects.
+      const size_t n = 1500 + rng() % 1000;
+      for (size_t i = 0; i < n; ++i)
+        b["messages"].push_back(rng() % 50 ? json{{"role", i % 2 ? "user" : "assistant"}, {"content", "m"}}
+                                           : random_value(rng));
+      return b.dump();
     }
   }
   return b.dump();
@@ -114,14 +172,14 @@ void check_response(const httplib::Result& res, const std::string& body, int& ok
     ok_count++;
     return;
   }
-  ASSERT_GE(res->status, 400);
-  ASSERT_LT(res->status, 600);
+  ASSERT_GE(res->status, 400) << body.substr(0, 200);
+  ASSERT_LT(res->status, 500) << res->body << " for: " << body.substr(0, 200);
   ASSERT_TRUE(j["error"]["message"].is_string()) << res->body;
   ASSERT_TRUE(j["error"]["type"].is_string()) << res->body;
 }
 
 TEST(Fuzz, TenThousandAdversarialRequests) {
-  LiveServer s({}, 8, 64, 1);
+  LiveServer s({}, 8, 64, 1, Text::kReal);
   constexpr int kThreads = 4, kPerThread = 3200;
   std::atomic<int> ok{0}, sent{0};
   std::atomic<int64_t> rss_after_warmup{0};
@@ -161,7 +219,7 @@ TEST(Fuzz, TenThousandAdversarialRequests) {
 
 // Garbage at the HTTP level (not even a request): the server answers 4xx or closes, never dies.
 TEST(Fuzz, MalformedHttpDoesNotKillTheServer) {
-  LiveServer s;
+  LiveServer s({}, 4, 16, 2, Text::kReal);
   std::mt19937 rng(5);
   const std::vector<std::string> heads = {
       "GARBAGE\r\n\r\n",

@@ -11,8 +11,40 @@
 
 #include "fakes.h"
 #include "server/http_server.h"
+#include "server/tokenizer_adapter.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer_locate.h"
 
 namespace flashseek::server::testing {
+
+// The real V4.1 tokenizer and chat encoder (loaded once per test binary); a missing tokenizer is
+// a test failure (scripts/setup.sh installs it).
+struct RealText {
+  static const RealText& get() {
+    static RealText text;
+    return text;
+  }
+  const tok::Tokenizer* tokenizer = nullptr;
+  std::unique_ptr<TokenizerCodec> codec;
+  std::unique_ptr<DeepSeekChat> chat;
+
+ private:
+  RealText() {
+    static auto loaded =
+        tok::load_v41_tokenizer((flashseek::testing::source_dir() / "models/tokenizer/tokenizer.json").string(),
+                                (flashseek::testing::source_dir() / "data/tokenizer/v41_added_tokens.json").string());
+    EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+    if (!loaded.ok()) return;
+    tokenizer = &*loaded;
+    codec = std::make_unique<TokenizerCodec>(*tokenizer);
+    tok::ChatRequestOptions opts;
+    opts.family = tok::ChatFamily::kV41;
+    chat = std::make_unique<DeepSeekChat>(opts);
+  }
+};
+
+// Which text ports a LiveServer uses: the small fakes, or the real tokenizer + chat encoder.
+enum class Text { kFake, kReal };
 
 struct LiveServer {
   FakeCodec codec;
@@ -23,14 +55,23 @@ struct LiveServer {
   int port = 0;
 
   explicit LiveServer(ServerOptions opts = {}, int64_t max_batch = 4, int64_t max_queue = 16,
-                      int step_ms = 2) {
-    backend = std::make_unique<FakeBackend>(max_batch, max_queue, step_ms);
+                      int step_ms = 2, Text text = Text::kFake,
+                      const TextCodec* codec_override = nullptr,
+                      Script script = default_script) {
+    backend = std::make_unique<FakeBackend>(max_batch, max_queue, step_ms, std::move(script));
     opts.host = "127.0.0.1";
     opts.port = 0;
     opts.max_batch = max_batch;
     opts.max_queue = max_queue;
     if (opts.model_ids.size() == 1) opts.model_ids.push_back("tiny-demo");
-    server = std::make_unique<HttpServer>(ServerDeps{backend.get(), &codec, &chat}, opts);
+    const TextCodec* use_codec = &codec;
+    const ChatFormat* use_chat = &chat;
+    if (text == Text::kReal) {
+      const RealText& real = RealText::get();
+      if (real.codec) use_codec = real.codec.get(), use_chat = real.chat.get();
+    }
+    if (codec_override) use_codec = codec_override;
+    server = std::make_unique<HttpServer>(ServerDeps{backend.get(), use_codec, use_chat}, opts);
     auto bound = server->bind();
     EXPECT_TRUE(bound.ok()) << bound.status().to_string();
     port = bound.ok() ? *bound : 0;
