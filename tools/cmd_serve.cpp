@@ -144,8 +144,15 @@ int serve(const ServeOpts& o) {
   // The state cache outlives the engine (snapshot callbacks point at it).
   auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
-  auto cache = engine::StateCache::open({*fingerprint, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every,
-                                        o.cache_dir_bytes});
+  // Every snapshot (disk, peers, memory) is checked against this model's state geometry, and no
+  // blob larger than a state of the serving context is read or allocated.
+  const int64_t max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
+  auto geometry = forward::checkpoint_snapshot_geometry(o.ckpt, max_context);
+  if (!geometry.ok()) return abort_with(geometry.status());
+  engine::StateCacheOptions cache_options{*fingerprint, o.host_cache_bytes, o.cache_dir, 2,
+                                          o.snapshot_every, o.cache_dir_bytes};
+  cache_options.geometry = std::move(*geometry);
+  auto cache = engine::StateCache::open(std::move(cache_options));
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);
   if (!cluster.ok()) return abort_with(cluster.status());
