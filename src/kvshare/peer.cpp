@@ -311,8 +311,9 @@ Result<Session> connect_peer(const PeerAddress& peer, const PeerAuth& auth, int 
   if (!ok || !recv_all(fd, ns, kNonce, s.deadline))
     return fail(StatusCode::kUnavailable, "handshake failed");
   if (server_id == auth.id || (!peer.id.empty() && server_id != peer.id))
-    return fail(StatusCode::kInvalidArgument,
-                fmt::format("answers as server '{}', expected '{}'", server_id, peer.id));
+    return fail(StatusCode::kInvalidArgument,  // the id it sent is not echoed: peer bytes
+                server_id == auth.id ? "answers with our own server id (reflection)"
+                                     : fmt::format("answers as another server than '{}'", peer.id));
   if (RAND_bytes(nc, kNonce) != 1) return fail(StatusCode::kInternal, "no random bytes");
   const auto t = transcript(server_id, auth.id, address, ns, nc);
   Buf answer;

@@ -114,7 +114,8 @@ Result<forward::DecodedSnapshot> reencoded(const forward::SequenceState& st,
 // writes in the forward pass.
 TEST_F(StateIo, ValidChecksumWithWrongGeometryIsRejected) {
   Rng rng(7);
-  const auto prompt = random_tokens(rng, 150);  // sealed pages, full windows, Engram, DSpark
+  // Sealed pages, full windows, Engram, DSpark; odd, so ratio-2 compressors hold an open group.
+  const auto prompt = random_tokens(rng, 151);
   auto st = run(prompt);
   using S = forward::CpuSequenceState;
   using T = std::vector<int32_t>;
@@ -122,10 +123,17 @@ TEST_F(StateIo, ValidChecksumWithWrongGeometryIsRejected) {
   ASSERT_TRUE(reencoded(*st, prompt, fingerprint_, geometry_, [](S&, T&) {}).ok());
   int kv = -1;  // a layer with compressed rows and a compressor with an open group
   for (int l = 0; l < int(geometry_.layers.size()); ++l)
-    if (geometry_.layers[size_t(l)].ckv.ratio > 1 && geometry_.layers[size_t(l)].comp.ratio > 1 &&
-        geometry_.layers[size_t(l)].ikeys.ratio > 0)
+    if (geometry_.layers[size_t(l)].ckv.ratio > 1 && geometry_.layers[size_t(l)].comp.ratio > 1)
       kv = l;
+  int ik = -1;  // a layer with index keys
+  for (int l = 0; l < int(geometry_.layers.size()); ++l)
+    if (geometry_.layers[size_t(l)].ikeys.ratio > 0) ik = l;
+  ASSERT_GE(ik, 0);
   ASSERT_GE(kv, 0);
+  int plain = -1;  // a layer that never holds compressed rows
+  for (int l = 0; l < int(geometry_.layers.size()); ++l)
+    if (geometry_.layers[size_t(l)].ckv.ratio == 0) plain = l;
+  ASSERT_GE(plain, 0);
   ASSERT_GT(geometry_.engram_keep, 0);
   ASSERT_GT(geometry_.draft_stages, 0);
   const std::vector<std::pair<std::string, std::function<void(S&, T&)>>> cases = {
@@ -139,14 +147,10 @@ TEST_F(StateIo, ValidChecksumWithWrongGeometryIsRejected) {
          s.layers[size_t(kv)].ckv.reset(s.layers[size_t(kv)].ckv.width() / 2);
          s.layers[size_t(kv)].ckv.append(rows);
        }},
-      {"index keys", [&](S& s, T&) { s.layers[size_t(kv)].ikeys.clear(); }},
+      {"index keys", [&](S& s, T&) { s.layers[size_t(ik)].ikeys.clear(); }},
       {"rows on a layer without any", [&](S& s, T&) {
-         for (auto& l : s.layers)
-           if (l.ckv.size() == 0) {
-             std::vector<float> row(size_t(l.ckv.width()), 1.0f);
-             l.ckv.append(row);
-             return;
-           }
+         auto& l = s.layers[size_t(plain)];
+         l.ckv.append(std::vector<float>(size_t(l.ckv.width()), 1.0f));
        }},
       {"pending count", [&](S& s, T&) { s.layers[size_t(kv)].comp.n_pend += 1; }},
       {"open group", [&](S& s, T&) { s.layers[size_t(kv)].comp.v.push_back(1.0f); }},
@@ -170,7 +174,7 @@ TEST_F(StateIo, ValidChecksumWithWrongGeometryIsRejected) {
   auto small = geometry_;
   small.max_tokens = 100;
   EXPECT_FALSE(reencoded(*st, prompt, fingerprint_, small, [](S&, T&) {}).ok());
-  auto blob = forward::serialize_snapshot(*st, prompt, {fingerprint_, 1, 2, 150, 0});
+  auto blob = forward::serialize_snapshot(*st, prompt, {fingerprint_, 1, 2, 151, 0});
   ASSERT_TRUE(blob.ok());
   EXPECT_LE(blob->size(), forward::max_snapshot_bytes(geometry_));
 }

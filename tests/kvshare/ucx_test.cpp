@@ -6,7 +6,7 @@
 // snapshot held thin (shared pages) is served self-contained.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <openssl/hmac.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -183,6 +183,79 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
                                         (*src)->max_snapshot_bytes(), **node);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(*ok, *(*src)->blob(key));
+}
+
+// A fake owner (it holds the secret) offers a registered region whose bytes no longer match the
+// MAC it announced (changed in memory after the MAC was taken), or a region far larger than this
+// model's largest snapshot: the first is refused after the GET as a MAC failure, the second before
+// any buffer is allocated.
+TEST_F(UcxPeerTest, ChangedOrOversizeOffersAreRefused) {
+  auto owner = kvshare::UcxNode::create();
+  ASSERT_TRUE(owner.ok()) << owner.status().to_string();
+  std::vector<uint8_t> data(4096, 0x5a);
+  auto region = (*owner)->map(data.data(), data.size(), kvshare::UcxAccess::kRemoteRead);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  const auto tag = kvshare::snapshot_mac("k", data);
+  data[100] ^= 1;  // changed after the MAC
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto serve_once = [&](uint64_t size) {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    kvshare::PeerSession s;
+    s.fd = fd;
+    s.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::vector<uint8_t> request, done;
+    if (kvshare::accept_peer(s, {"k", "owner"}, addr).ok() && s.recv(request)) {
+      std::vector<uint8_t> offer = {1};
+      auto put = [&](const void* p, size_t n) {
+        offer.insert(offer.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+      };
+      const uint64_t where[2] = {size, (*region)->address()};
+      put(where, sizeof(where));
+      put(tag.data(), tag.size());
+      for (const std::vector<uint8_t>* v : {&(*region)->rkey(), &(*owner)->address()}) {
+        const uint32_t n = uint32_t(v->size());
+        put(&n, 4);
+        put(v->data(), n);
+      }
+      s.send(offer);
+      // Progress our worker (software RMA) until the fetcher reports, or hangs up.
+      while (std::chrono::steady_clock::now() < s.deadline) {
+        (*owner)->progress();
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) break;
+      }
+      s.recv(done, 1);
+    }
+    ::close(fd);
+  };
+  auto node = kvshare::UcxNode::create();
+  ASSERT_TRUE(node.ok());
+  {
+    std::thread fake([&] { serve_once(data.size()); });
+    auto got = kvshare::fetch_snapshot_ucx({addr, "owner"}, {"k", "fetcher"}, 1, 1, 3000,
+                                           1 << 20, **node);
+    fake.join();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kParseError) << got.status().to_string();
+  }
+  {
+    std::thread fake([&] { serve_once(uint64_t(1) << 36); });
+    auto got = kvshare::fetch_snapshot_ucx({addr, "owner"}, {"k", "fetcher"}, 1, 1, 3000,
+                                           1 << 20, **node);
+    fake.join();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kOutOfRange) << got.status().to_string();
+  }
+  ::close(lfd);
 }
 
 TEST(Transport, ParsesNames) {
