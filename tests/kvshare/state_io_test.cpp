@@ -197,7 +197,7 @@ TEST(StateGeometry, RealStatesOfBothFamiliesFit) {
     auto st = (*m)->new_sequence();
     int64_t len = 0;
     for (int64_t step : {1, 2, 5, 130, 3, 1, 140}) {
-      std::vector<int32_t> t(size_t(step));
+      std::vector<int32_t> t(static_cast<size_t>(step));
       for (auto& x : t) x = int32_t(rng.below(uint64_t(cfg->vocab_size)));
       forward::BatchItem item{st.get(), t, false};
       std::vector<float> logits;
