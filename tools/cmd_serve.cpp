@@ -95,6 +95,8 @@ int serve(const ServeOpts& o) {
     std::fprintf(stderr, "flashseek serve: error: %s\n", st.message().c_str());
     return 1;
   };
+  // Cluster flags are checked before anything is loaded (a bad --redis URL fails at once).
+  if (Status st = check_cluster_options(o.cluster); !st.ok()) return fail(st);
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 

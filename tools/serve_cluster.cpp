@@ -45,6 +45,16 @@ void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 20));
 }
 
+Status check_cluster_options(const ClusterCli& c) {
+  std::string url = !c.redis.empty() ? c.redis : env("FLASHSEEK_REDIS_URL");
+  if (url.empty()) url = env("DSUF_REDIS_URL");
+  if (url.empty()) return {};
+  FS_RETURN_IF_ERROR(kvshare::parse_redis_url(url).status());
+  if (c.secret.empty() && env("FLASHSEEK_CLUSTER_SECRET").empty())
+    return invalid_argument("--cluster-secret (or FLASHSEEK_CLUSTER_SECRET) is required with --redis");
+  return {};
+}
+
 Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,
                                                         const ClusterCli& c,
                                                         const std::string& http_host) {

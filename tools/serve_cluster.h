@@ -24,6 +24,9 @@ struct ClusterCli {
 
 void add_cluster_options(CLI::App* cmd, ClusterCli& c);
 
+// The Redis URL (flag or environment) parses and the cluster secret is set when it is given.
+Status check_cluster_options(const ClusterCli& c);
+
 // nullptr (and no error) when no Redis URL is given by flag or environment.
 Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,
                                                         const ClusterCli& c,

@@ -58,6 +58,17 @@ TEST(RegistryAuth, TlsUrlIsRefusedClearly) {
   EXPECT_NE(r.status().message().find("rediss://"), std::string::npos);
 }
 
+// `serve` refuses a bad cluster URL before it loads anything (the checkpoint here does not even
+// exist: the URL error comes first), with the reason and a non-zero exit.
+TEST(RegistryAuth, ServeRefusesTlsUrlsAtOnce) {
+  const auto r = flashseek::testing::run_command(
+      flashseek::testing::flashseek_bin() +
+      " serve --ckpt /nonexistent --redis rediss://cache:6380 --cluster-secret s");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rediss://"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("config.json"), std::string::npos) << r.output;
+}
+
 // A tiny fake Redis: answers the subscription with malformed pushes (then one valid event) and
 // every other command with replies of unexpected types.
 class FakeRedis {
