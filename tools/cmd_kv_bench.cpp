@@ -25,14 +25,27 @@ struct Opts {
 Result<std::vector<uint8_t>> synthetic_blob(uint64_t fingerprint, uint64_t tenant, size_t bytes) {
   forward::CpuSequenceState st;
   st.len = 2;
+  st.ring_size = int64_t(bytes / sizeof(float));
   st.layers.resize(1);
   st.layers[0].ckv.reset(1);
   st.layers[0].ikeys.reset(1);
   st.layers[0].ring.assign(bytes / sizeof(float), 0.5f);
   for (size_t i = 0; i < st.layers[0].ring.size(); i += 1024) st.layers[0].ring[i] = float(i);
-  const std::vector<int32_t> tokens = {11, 12};
+  const std::vector<int32_t> tokens = {11, 12};  // < synthetic_geometry's vocabulary
   const uint64_t hash = engine::prefix_hashes(tenant, tokens).back();
   return forward::serialize_snapshot(st, tokens, {fingerprint, tenant, hash, 2, 0});
+}
+
+// The geometry of those blobs: one layer whose ring holds `bytes` (one float per slot).
+forward::SnapshotGeometry synthetic_geometry(size_t bytes) {
+  forward::SnapshotGeometry g;
+  g.vocab_size = 16;
+  g.max_tokens = 2;
+  g.ring_size = int64_t(bytes / sizeof(float));
+  g.ring_width = 1;
+  g.layers.resize(1);
+  g.layers[0].ckv.width = g.layers[0].ikeys.width = 1;
+  return g;
 }
 
 int fail(const Status& st) {
@@ -54,14 +67,20 @@ int run(const Opts& o) {
   std::printf("%10s %6s %12s %12s %12s\n", "size", "via", "best ms", "median ms", "best GB/s");
   for (double mib : o.mib) {
     const size_t bytes = size_t(mib * 1048576.0);
-    auto cache = engine::StateCache::open({kFingerprint, int64_t(bytes) * 2 + (1 << 20), {}, 2});
+    engine::StateCacheOptions co{kFingerprint, int64_t(bytes) * 2 + (1 << 20), {}, 2};
+    co.geometry = synthetic_geometry(bytes);
+    auto cache = engine::StateCache::open(std::move(co));
     if (!cache.ok()) return fail(cache.status());
     auto blob = synthetic_blob(kFingerprint, kTenant, bytes);
     if (!blob.ok()) return fail(blob.status());
     const auto head = forward::peek_snapshot_header(*blob);
     const std::vector<uint8_t> want = *blob;
     if (Status st = (*cache)->insert_blob(std::move(*blob)); !st.ok()) return fail(st);
-    kvshare::SnapshotServer server(**cache, "bench", 30000);
+    kvshare::SnapshotServerOptions so;
+    so.auth = {"bench", "bench-owner"};
+    so.timeout_ms = so.handshake_timeout_ms = 30000;
+    kvshare::SnapshotServer server(**cache, std::move(so));
+    const kvshare::PeerAuth me{"bench", "bench-fetcher"};
     auto port = server.start("127.0.0.1", 0);
     if (!port.ok()) return fail(port.status());
     const std::string addr = "127.0.0.1:" + std::to_string(*port);
@@ -76,9 +95,10 @@ int run(const Opts& o) {
       for (int i = 0; i < o.repeat; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         auto got = t == kvshare::Transport::kUcx
-                       ? kvshare::fetch_snapshot_ucx(addr, "bench", head->prefix_hash, kTenant,
-                                                     30000, *node)
-                       : kvshare::fetch_snapshot(addr, "bench", head->prefix_hash, kTenant, 30000);
+                       ? kvshare::fetch_snapshot_ucx({addr, "bench-owner"}, me, head->prefix_hash,
+                                                     kTenant, 30000, want.size(), *node)
+                       : kvshare::fetch_snapshot({addr, "bench-owner"}, me, head->prefix_hash,
+                                                 kTenant, 30000, want.size());
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                          .count());
         if (!got.ok()) return fail(got.status());

@@ -166,6 +166,8 @@ int serve(const ServeOpts& o) {
   };
   server::Tenants tenants;  // first: a bad key file fails before anything is loaded
   if (Status st = configure_tenants(o, tenants); !st.ok()) return fail(st);
+  // Cluster flags are checked before anything is loaded (a bad --redis URL fails at once).
+  if (Status st = check_cluster_options(o.cluster); !st.ok()) return fail(st);
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 
@@ -218,8 +220,15 @@ int serve(const ServeOpts& o) {
   // The backend kind enters the snapshot fingerprint: CPU and GPU states of one checkpoint differ
   // in the last bits, so a snapshot of the other backend is a miss, never a restore.
   const uint64_t state_fp = forward::state_fingerprint(*fingerprint, (*model)->backend_kind());
-  auto cache = engine::StateCache::open({state_fp, o.host_cache_bytes, o.cache_dir, 2, o.snapshot_every,
-                                        o.cache_dir_bytes});
+  // Every snapshot (disk, peers, memory) is checked against this model's state geometry, and no
+  // blob larger than a state of the serving context is read or allocated.
+  const int64_t max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
+  auto geometry = forward::checkpoint_snapshot_geometry(o.ckpt, max_context);
+  if (!geometry.ok()) return abort_with(geometry.status());
+  engine::StateCacheOptions cache_options{state_fp, o.host_cache_bytes, o.cache_dir, 2,
+                                          o.snapshot_every, o.cache_dir_bytes};
+  cache_options.geometry = std::move(*geometry);
+  auto cache = engine::StateCache::open(std::move(cache_options));
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);
   if (!cluster.ok()) return abort_with(cluster.status());

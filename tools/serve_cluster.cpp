@@ -31,9 +31,28 @@ void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
                   "how snapshots are fetched from peers: ucx (one-sided GET of registered memory) "
                   "or tcp (default: ucx when built with UCX; set UCX_TLS to pick UCX transports)")
       ->check(CLI::IsMember({"ucx", "tcp"}));
+  cmd->add_option("--kv-max-peers", c.kv_max_peers,
+                  "peer connections the snapshot endpoint serves at once (more are refused)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--kv-handshake-ms", c.kv_handshake_ms,
+                  "a peer must complete the authentication handshake within this")
+      ->capture_default_str()->check(CLI::Range(10, 60000));
+  cmd->add_option("--kv-timeout-ms", c.kv_timeout_ms,
+                  "bound of one snapshot transfer (request + data) after the handshake")
+      ->capture_default_str()->check(CLI::Range(10, 600000));
   cmd->add_option("--drain-snapshots", c.drain_snapshots,
                   "hottest snapshots handed to peers on SIGTERM")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+}
+
+Status check_cluster_options(const ClusterCli& c) {
+  std::string url = !c.redis.empty() ? c.redis : env("FLASHSEEK_REDIS_URL");
+  if (url.empty()) url = env("DSUF_REDIS_URL");
+  if (url.empty()) return {};
+  FS_RETURN_IF_ERROR(kvshare::parse_redis_url(url).status());
+  if (c.secret.empty() && env("FLASHSEEK_CLUSTER_SECRET").empty())
+    return invalid_argument("--cluster-secret (or FLASHSEEK_CLUSTER_SECRET) is required with --redis");
+  return {};
 }
 
 Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,
@@ -48,6 +67,9 @@ Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cach
   o.kv_host = !c.kv_host.empty() ? c.kv_host : (http_host == "0.0.0.0" ? "0.0.0.0" : http_host);
   o.kv_port = c.kv_port;
   o.advertise_host = c.advertise_host;
+  o.max_peers = c.kv_max_peers;
+  o.handshake_timeout_ms = c.kv_handshake_ms;
+  o.timeout_ms = c.kv_timeout_ms;
   if (!c.kv_transport.empty()) {
     FS_ASSIGN_OR_RETURN(o.transport, kvshare::parse_transport(c.kv_transport));
   }

@@ -18,10 +18,14 @@ struct ClusterCli {
   std::string redis, secret, kv_host, server_id, advertise_host;
   std::string kv_transport;  // ucx | tcp (empty: ucx when built with UCX)
   int kv_port = 0;
+  int kv_max_peers = 16, kv_handshake_ms = 1000, kv_timeout_ms = 2000;
   int64_t drain_snapshots = 32;
 };
 
 void add_cluster_options(CLI::App* cmd, ClusterCli& c);
+
+// The Redis URL (flag or environment) parses and the cluster secret is set when it is given.
+Status check_cluster_options(const ClusterCli& c);
 
 // nullptr (and no error) when no Redis URL is given by flag or environment.
 Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cache,

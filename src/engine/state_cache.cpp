@@ -28,12 +28,18 @@ std::vector<uint64_t> prefix_hashes(uint64_t tenant, std::span<const int32_t> to
 
 namespace {
 
-Result<std::vector<uint8_t>> read_file(const fs::path& p, size_t limit = SIZE_MAX) {
+// Reads the first `prefix` bytes of a file (its header), or with prefix = 0 the whole file,
+// which then must not exceed `max_size` (checked before anything is allocated).
+Result<std::vector<uint8_t>> read_file(const fs::path& p, size_t prefix, uint64_t max_size = 0) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return io_error("state cache: cannot open {}", p.string());
   std::error_code ec;
-  const size_t size = std::min<size_t>(size_t(fs::file_size(p, ec)), limit);
+  const uint64_t file_size = fs::file_size(p, ec);
   if (ec) return io_error("state cache: cannot stat {}", p.string());
+  if (prefix == 0 && file_size > max_size)
+    return out_of_range("state cache: {} is {} B, a snapshot of this model is at most {} B",
+                        p.string(), file_size, max_size);
+  const size_t size = prefix > 0 ? size_t(std::min<uint64_t>(file_size, prefix)) : size_t(file_size);
   std::vector<uint8_t> buf(size);
   in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(size));
   if (size_t(in.gcount()) != size) return io_error("state cache: short read of {}", p.string());
@@ -42,20 +48,32 @@ Result<std::vector<uint8_t>> read_file(const fs::path& p, size_t limit = SIZE_MA
 
 Status write_file_atomic(const fs::path& p, const std::vector<uint8_t>& data) {
   const fs::path tmp = p.string() + ".tmp";
+  std::error_code ec;
+  bool written = false;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
-    if (!out) return io_error("state cache: cannot write {}", tmp.string());
+    out.close();
+    written = bool(out);
   }
-  std::error_code ec;
+  // A failed write (disk full, I/O error) or rename leaves no partial .tmp file behind.
+  if (!written) {
+    fs::remove(tmp, ec);
+    return io_error("state cache: cannot write {}", tmp.string());
+  }
   fs::rename(tmp, p, ec);
-  if (ec) return io_error("state cache: cannot rename {}: {}", tmp.string(), ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    return io_error("state cache: cannot rename {}: {}", tmp.string(), why);
+  }
   return {};
 }
 
 }  // namespace
 
-StateCache::StateCache(StateCacheOptions options) : options_(std::move(options)) {}
+StateCache::StateCache(StateCacheOptions options)
+    : options_(std::move(options)), max_bytes_(forward::max_snapshot_bytes(options_.geometry)) {}
 
 Result<std::unique_ptr<StateCache>> StateCache::open(StateCacheOptions options) {
   if (options.host_bytes < 0)
@@ -64,6 +82,10 @@ Result<std::unique_ptr<StateCache>> StateCache::open(StateCacheOptions options) 
     return invalid_argument("state cache: dir_bytes must be >= 0 (got {})", options.dir_bytes);
   if (options.min_tokens < 1)
     return invalid_argument("state cache: min_tokens must be >= 1 (got {})", options.min_tokens);
+  if (options.geometry.layers.empty() || options.geometry.max_tokens < 1)
+    return invalid_argument("state cache: the model's snapshot geometry is required");
+  if (options.max_pending < 1)
+    return invalid_argument("state cache: max_pending must be >= 1 (got {})", options.max_pending);
   std::unique_ptr<StateCache> c(new StateCache(std::move(options)));
   if (!c->options_.dir.empty()) FS_RETURN_IF_ERROR(c->scan_dir());
   c->thread_ = std::thread([p = c.get()] { p->worker(); });
@@ -97,6 +119,14 @@ Status StateCache::scan_dir() {
     if (p.extension() != ".fss") continue;
     const auto mtime = fs::last_write_time(p, ec);
     auto head = read_file(p, forward::kSnapshotHeaderBytes);
+    const uint64_t size = fs::file_size(p, ec);
+    if (head.ok() && !ec && size > max_bytes_) {
+      spdlog::warn("state cache: removing {}: {} B exceeds the largest snapshot of this model ({} B)",
+                   p.string(), size, max_bytes_);
+      fs::remove(p, ec);
+      ++stats_.oversize;
+      continue;
+    }
     auto h = head.ok() ? forward::peek_snapshot_header(*head) : Result<forward::SnapshotHeader>(head.status());
     if (!h.ok() || p.filename().string() != fmt::format("{:016x}.fss", h->prefix_hash)) {
       spdlog::warn("state cache: removing unreadable snapshot {}", p.string());
@@ -156,8 +186,19 @@ void StateCache::put(uint64_t tenant, std::span<const int32_t> tokens,
   auto copy = state.clone();  // outside the lock: a long state takes a while to copy
   std::lock_guard lock(mu_);
   if (stopping_ || queued()) return;
-  pending_[hash] = std::make_shared<const Pending>(
-      Pending{tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy)});
+  enqueue(hash, std::make_shared<const Pending>(Pending{
+                    tenant, hash, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(copy)}));
+}
+
+void StateCache::enqueue(uint64_t hash, std::shared_ptr<const Pending> p) {
+  // Bounded: when serialisation falls behind (slow disk), the oldest queued snapshots are the
+  // least likely to be wanted again; each holds a whole state clone in memory.
+  while (int64_t(queue_.size()) >= options_.max_pending) {
+    pending_.erase(queue_.front());
+    queue_.pop_front();
+    ++stats_.pending_dropped;
+  }
+  pending_[hash] = std::move(p);
   queue_.push_back(hash);
   cv_.notify_all();
 }
@@ -426,13 +467,13 @@ std::shared_ptr<const std::vector<uint8_t>> StateCache::blob(uint64_t hash) {
       auto it = pages->find(key);
       return it == pages->end() ? nullptr : it->second.get();
     };
-    auto d = forward::deserialize_snapshot(*thin, options_.fingerprint, &source);
+    auto d = forward::deserialize_snapshot(*thin, options_.fingerprint, options_.geometry, &source);
     if (!d.ok()) return nullptr;
     auto full = forward::serialize_snapshot(*d->state, d->tokens, d->header);
     if (!full.ok()) return nullptr;
     return std::make_shared<const std::vector<uint8_t>>(std::move(*full));
   }
-  auto data = read_file(path_of(hash));
+  auto data = read_file(path_of(hash), 0, max_bytes_);
   if (!data.ok()) return nullptr;
   return std::make_shared<const std::vector<uint8_t>>(std::move(*data));
 }

@@ -49,6 +49,11 @@ struct StateCacheOptions {
   int64_t min_tokens = 2;     // shorter states are not worth a snapshot
   int64_t snapshot_every = 0; // also snapshot long prefills every N prompt tokens (0: off)
   int64_t dir_bytes = 0;      // disk-tier budget: least recently used files go first (0: none)
+  // Shape of this model's states (forward::snapshot_geometry): every snapshot from disk, a peer
+  // or memory is checked against it before use. Required (open() refuses a geometry without
+  // layers); its max_tokens also bounds the size of any blob or file the cache reads.
+  forward::SnapshotGeometry geometry;
+  int64_t max_pending = 64;   // snapshots queued for the worker; beyond, the oldest is dropped
 };
 
 struct StateCacheStats {
@@ -61,6 +66,8 @@ struct StateCacheStats {
   int64_t hits_host = 0, hits_disk = 0, hits_remote = 0, misses = 0;
   int64_t hit_tokens_local = 0, hit_tokens_remote = 0;  // prompt tokens restored from cache
   int64_t corrupt = 0;          // blobs/files that failed verification (discarded)
+  int64_t oversize = 0;         // blobs/files larger than max_snapshot_bytes (refused unread)
+  int64_t pending_dropped = 0;  // queued snapshots dropped because the queue was full
   int64_t remote_bytes = 0;     // bytes fetched from peers
   double remote_seconds = 0;    // time spent fetching from peers
 };
@@ -118,6 +125,8 @@ class StateCache {
   // Prometheus text: the stats above plus the remote tier's metrics().
   std::string metrics_text() const;
   uint64_t fingerprint() const { return options_.fingerprint; }
+  // Largest blob a snapshot of this model can be (forward::max_snapshot_bytes of the geometry).
+  uint64_t max_snapshot_bytes() const { return max_bytes_; }
   const StateCacheOptions& options() const { return options_; }
 
  private:
@@ -175,7 +184,12 @@ class StateCache {
   std::optional<CacheHit> try_remote(uint64_t tenant, std::span<const int32_t> tokens,
                                      std::span<const uint64_t> hashes, int64_t longer_than);
 
+  // Queues a snapshot for the worker, dropping the oldest queued one beyond max_pending; caller
+  // holds mu_.
+  void enqueue(uint64_t hash, std::shared_ptr<const Pending> p);
+
   const StateCacheOptions options_;
+  const uint64_t max_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<Entry>> index_;
   std::list<uint64_t> lru_;             // host-tier keys, most recent first

@@ -16,9 +16,10 @@ namespace {
 
 // Decodes and checks that the blob is the snapshot of exactly tokens[0, n) for this tenant.
 Result<std::unique_ptr<forward::CpuSequenceState>> verify(
-    std::span<const uint8_t> blob, uint64_t fingerprint, uint64_t tenant,
+    std::span<const uint8_t> blob, const StateCacheOptions& o, uint64_t tenant,
     std::span<const int32_t> tokens, const forward::PageSource* source = nullptr) {
-  FS_ASSIGN_OR_RETURN(auto d, forward::deserialize_snapshot(blob, fingerprint, source));
+  FS_ASSIGN_OR_RETURN(auto d,
+                      forward::deserialize_snapshot(blob, o.fingerprint, o.geometry, source));
   if (d.header.tenant != tenant) return invalid_argument("snapshot: belongs to another tenant");
   if (d.tokens.size() > tokens.size() ||
       !std::equal(d.tokens.begin(), d.tokens.end(), tokens.begin()))
@@ -57,16 +58,30 @@ std::optional<CacheHit> StateCache::try_local(uint64_t tenant, std::span<const i
     if (blob && !it->second->page_keys.empty()) pages = pages_of(*it->second);
   }
   if (from_disk) {
-    std::ifstream in(path_of(hash), std::ios::binary);
-    std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Bounded read: the file's size is checked against the largest snapshot of this model first.
+    std::vector<uint8_t> data;
+    std::ifstream in(path_of(hash), std::ios::binary | std::ios::ate);
+    const std::streamoff size = in ? std::streamoff(in.tellg()) : -1;
+    if (size >= 0 && uint64_t(size) <= max_bytes_) {
+      data.resize(size_t(size));
+      in.seekg(0);
+      in.read(reinterpret_cast<char*>(data.data()), size);
+      if (in.gcount() != size) data.clear();
+    } else if (size >= 0) {
+      spdlog::warn("state cache: discarding snapshot file {:016x}: {} B exceeds {} B", hash, size,
+                   max_bytes_);
+      std::lock_guard lock(mu_);
+      ++stats_.oversize;
+      drop(hash, /*count_corrupt=*/false);
+      return std::nullopt;
+    }
     blob = std::make_shared<const std::vector<uint8_t>>(std::move(data));
   }
   const forward::PageSource source = [&](uint64_t key) -> const forward::PagedRows::Page* {
     auto it = pages->find(key);
     return it == pages->end() ? nullptr : it->second.get();
   };
-  auto state = verify(*blob, options_.fingerprint, tenant, tokens.first(size_t(n)),
-                      pages ? &source : nullptr);
+  auto state = verify(*blob, options_, tenant, tokens.first(size_t(n)), pages ? &source : nullptr);
   std::lock_guard lock(mu_);
   if (!state.ok()) {
     spdlog::warn("state cache: discarding snapshot {:016x}: {}", hash, state.status().message());
@@ -107,7 +122,12 @@ std::optional<CacheHit> StateCache::try_remote(uint64_t tenant, std::span<const 
   auto blob = remote->fetch_longest(tenant, wanted);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!blob) return std::nullopt;
-  auto state = verify(*blob, options_.fingerprint, tenant, tokens);
+  // Only prefixes of tokens[0, max_len] were asked for: a peer that answers with a longer state
+  // (e.g. the whole prompt) is refused like any other mismatch.
+  auto state = blob->size() <= max_bytes_
+                   ? verify(*blob, options_, tenant, tokens.first(size_t(max_len)))
+                   : Result<std::unique_ptr<forward::CpuSequenceState>>(
+                         out_of_range("snapshot: {} B exceeds {} B", blob->size(), max_bytes_));
   if (!state.ok()) {
     spdlog::warn("state cache: remote snapshot rejected: {}", state.status().message());
     std::lock_guard lock(mu_);
@@ -115,7 +135,8 @@ std::optional<CacheHit> StateCache::try_remote(uint64_t tenant, std::span<const 
     return std::nullopt;
   }
   const int64_t n = (*state)->len;
-  if (n <= longer_than || hashes[size_t(n)] != forward::peek_snapshot_header(*blob)->prefix_hash)
+  if (n <= longer_than || n > max_len ||
+      hashes[size_t(n)] != forward::peek_snapshot_header(*blob)->prefix_hash)
     return std::nullopt;
   {
     std::lock_guard lock(mu_);
@@ -130,13 +151,10 @@ std::optional<CacheHit> StateCache::try_remote(uint64_t tenant, std::span<const 
   {
     const uint64_t hash = hashes[size_t(n)];
     std::lock_guard lock(mu_);
-    if (!stopping_ && !pending_.count(hash)) {
-      pending_[hash] = std::make_shared<const Pending>(
-          Pending{tenant, hash, {tokens.begin(), tokens.begin() + n}, out,
-                  std::make_shared<const std::vector<uint8_t>>(std::move(*blob))});
-      queue_.push_back(hash);
-      cv_.notify_all();
-    }
+    if (!stopping_ && !pending_.count(hash))
+      enqueue(hash, std::make_shared<const Pending>(
+                        Pending{tenant, hash, {tokens.begin(), tokens.begin() + n}, out,
+                                std::make_shared<const std::vector<uint8_t>>(std::move(*blob))}));
   }
   return CacheHit{std::move(out), n, CacheTier::kRemote};
 }
@@ -169,7 +187,11 @@ std::optional<CacheHit> StateCache::lookup(uint64_t tenant, std::span<const int3
 }
 
 Status StateCache::insert_blob(std::vector<uint8_t> blob) {
-  FS_ASSIGN_OR_RETURN(auto d, forward::deserialize_snapshot(blob, options_.fingerprint));
+  if (blob.size() > max_bytes_)
+    return out_of_range("snapshot: {} B exceeds the largest snapshot of this model ({} B)",
+                        blob.size(), max_bytes_);
+  FS_ASSIGN_OR_RETURN(auto d, forward::deserialize_snapshot(blob, options_.fingerprint,
+                                                            options_.geometry));
   if (prefix_hashes(d.header.tenant, d.tokens).back() != d.header.prefix_hash)
     return invalid_argument("snapshot: key {:016x} does not match its tokens",
                             d.header.prefix_hash);

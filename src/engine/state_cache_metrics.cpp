@@ -41,6 +41,12 @@ std::string state_cache_metrics(const StateCacheStats& s) {
   header(out, "flashseek_state_cache_corrupt_total", "counter",
          "Snapshots that failed verification and were discarded.");
   out += fmt::format("flashseek_state_cache_corrupt_total {}\n", s.corrupt);
+  header(out, "flashseek_state_cache_oversize_total", "counter",
+         "Snapshot files or blobs refused unread: larger than any snapshot of this model.");
+  out += fmt::format("flashseek_state_cache_oversize_total {}\n", s.oversize);
+  header(out, "flashseek_state_cache_pending_dropped_total", "counter",
+         "Snapshots dropped unstored because the serialisation queue was full.");
+  out += fmt::format("flashseek_state_cache_pending_dropped_total {}\n", s.pending_dropped);
   header(out, "flashseek_state_cache_remote_bytes_total", "counter", "Snapshot bytes fetched from peers.");
   out += fmt::format("flashseek_state_cache_remote_bytes_total {}\n", s.remote_bytes);
   header(out, "flashseek_state_cache_remote_seconds_total", "counter", "Time spent fetching from peers.");

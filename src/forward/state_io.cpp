@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/checkpoint.h"
+
 namespace flashseek::forward {
 
 namespace {
@@ -108,6 +110,7 @@ class Reader {
       uint8_t kind = 0;
       if (!pod(kind)) return false;
       if (kind == kPageInline) {
+        if (page_floats > (in_.size() - pos_) / sizeof(float)) return false;
         page_.resize(page_floats);  // aligned copy: the page sits after a kind byte
         if (!raw(page_.data(), page_floats * sizeof(float))) return false;
         p.append(page_.data(), int64_t(rpp));
@@ -286,6 +289,7 @@ Result<std::vector<uint64_t>> snapshot_page_refs(std::span<const uint8_t> blob) 
 
 Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
                                              uint64_t expected_fingerprint,
+                                             const SnapshotGeometry& geometry,
                                              const PageSource* source) {
   FS_ASSIGN_OR_RETURN(SnapshotHeader h, peek_snapshot_header(blob));
   FS_ASSIGN_OR_RETURN(auto vp, check_blob(blob, h));
@@ -305,7 +309,200 @@ Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
   if (d.state->len != h.n_tokens)
     return parse_error("snapshot: state length {} differs from its {} tokens", d.state->len,
                        h.n_tokens);
+  for (int32_t t : d.tokens)
+    if (t < 0 || t >= geometry.vocab_size)
+      return invalid_argument("snapshot: token id {} outside the vocabulary [0, {})", t,
+                              geometry.vocab_size);
+  FS_RETURN_IF_ERROR(validate_state(*d.state, geometry));
   return d;
+}
+
+SnapshotGeometry snapshot_geometry(const model::ModelConfig& c, bool has_mtp, bool has_dspark,
+                                   int64_t max_tokens) {
+  SnapshotGeometry g;
+  g.vocab_size = c.vocab_size;
+  g.max_tokens = max_tokens;
+  g.ring_size = c.window + kMaxRollback;
+  g.ring_width = c.head_dim;
+  const bool v41 = c.is_v41();
+  const int64_t Dh = c.head_dim, dI = c.index_head_dim;
+  g.layers.resize(size_t(std::max<int64_t>(c.num_layers, 0)));
+  for (int l = 0; l < int(g.layers.size()); ++l) {
+    // Mirrors forward/weights.cpp (which compressor / indexer a layer loads) and compress.cpp
+    // (what each one appends per token).
+    const auto& role = c.role(l);
+    auto& L = g.layers[size_t(l)];
+    L.ckv.width = Dh;  // new_sequence() gives every layer both objects, empty when unused
+    L.ikeys.width = dI;
+    const int64_t r = role.ratio;
+    if (r <= 0) continue;
+    if (v41) {
+      if (!role.kv_source) continue;
+      L.ckv.ratio = r;
+      if (role.index_source) L.ikeys.ratio = r;
+      if (r > 1) L.comp = {r, Dh, false};  // ratio 1 is a plain projection: no partial group
+    } else {
+      const bool overlap = r == 4;
+      const int64_t coff = overlap ? 2 : 1;
+      L.ckv.ratio = r;
+      L.comp = {r, coff * Dh, overlap};
+      if (overlap) {
+        L.ikeys.ratio = r;
+        L.icomp = {r, coff * dI, overlap};
+      }
+    }
+  }
+  if (v41 && !c.engram_layer_ids.empty()) {
+    g.engram_min = c.engram_max_ngram_size - 1;
+    g.engram_keep = c.engram_max_ngram_size - 1 + kMaxRollback;
+    g.engram_vocab = c.engram_compressed_vocab_size > 0 ? c.engram_compressed_vocab_size
+                                                        : c.vocab_size;
+  }
+  if (has_mtp) g.mtp_row = c.hc_mult * c.hidden_size;
+  if (has_dspark) g.draft_stages = c.num_mtp_layers;
+  return g;
+}
+
+Result<SnapshotGeometry> checkpoint_snapshot_geometry(const std::string& ckpt_dir,
+                                                      int64_t max_tokens) {
+  FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(ckpt_dir, /*validate=*/false));
+  const model::ModelConfig& c = ck.config();
+  // Same conditions as forward/weights.cpp for the optional blocks.
+  const bool has_mtp = !c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.e_proj.weight");
+  const bool has_dspark = c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.main_proj.weight");
+  return snapshot_geometry(c, has_mtp, has_dspark,
+                           max_tokens > 0 ? max_tokens : c.max_position_embeddings);
+}
+
+namespace {
+
+Status check_size(const char* what, int layer, size_t got, int64_t want) {
+  if (int64_t(got) == want) return {};
+  if (layer >= 0)
+    return invalid_argument("snapshot: layer {} {} holds {} values, this model needs {}", layer,
+                            what, got, want);
+  return invalid_argument("snapshot: {} holds {} values, this model needs {}", what, got, want);
+}
+
+Status check_rows(const char* what, int layer, const PagedRows& p, const SnapshotGeometry::Rows& g,
+                  int64_t len) {
+  if (p.width() != g.width)
+    return invalid_argument("snapshot: layer {} {} rows are {} wide, this model needs {}", layer,
+                            what, p.width(), g.width);
+  const int64_t want = g.ratio > 0 ? len / g.ratio : 0;
+  if (p.size() != want)
+    return invalid_argument("snapshot: layer {} {} holds {} rows for {} tokens, this model needs {}",
+                            layer, what, p.size(), len, want);
+  return {};
+}
+
+Status check_comp(const char* what, int layer, const CompressorState& c,
+                  const SnapshotGeometry::Compressor& g, int64_t len) {
+  auto bad = [&](const std::string& why) {
+    return invalid_argument("snapshot: layer {} {}: {}", layer, what, why);
+  };
+  if (g.ratio <= 0) {
+    if (!c.v.empty() || !c.z.empty() || !c.prev_v.empty() || !c.prev_z.empty() || c.n_pend != 0 ||
+        c.has_prev || !c.hist_v.empty() || !c.hist_z.empty() || c.hist_first != 0)
+      return bad("holds data, this model has no such compressor");
+    return {};
+  }
+  const int64_t w = g.width;
+  if (c.n_pend != len % g.ratio)
+    return bad(fmt::format("{} pending tokens, {} tokens need {}", c.n_pend, len, len % g.ratio));
+  if (int64_t(c.v.size()) != c.n_pend * w || int64_t(c.z.size()) != c.n_pend * w)
+    return bad(fmt::format("open group holds {} / {} values, needs {}", c.v.size(), c.z.size(),
+                           c.n_pend * w));
+  const bool want_prev = g.overlap && len >= g.ratio;
+  if (c.has_prev != want_prev) return bad("previous-window flag does not match the length");
+  const int64_t prev = want_prev ? g.ratio * w : 0;
+  if (int64_t(c.prev_v.size()) != prev || int64_t(c.prev_z.size()) != prev)
+    return bad(fmt::format("previous window holds {} / {} values, needs {}", c.prev_v.size(),
+                           c.prev_z.size(), prev));
+  const int64_t keep = 2 * g.ratio + kMaxRollback;
+  if (c.hist_v.size() != c.hist_z.size() || int64_t(c.hist_v.size()) % w != 0)
+    return bad("history rows have the wrong width");
+  const int64_t n_hist = int64_t(c.hist_v.size()) / w;
+  if (n_hist > std::min(len, keep) || c.hist_first != len - n_hist)
+    return bad(fmt::format("history of {} rows from position {} does not end at {}", n_hist,
+                           c.hist_first, len));
+  return {};
+}
+
+}  // namespace
+
+Status validate_state(const CpuSequenceState& s, const SnapshotGeometry& g) {
+  const int64_t len = s.len;
+  if (len < 0 || len > g.max_tokens)
+    return invalid_argument("snapshot: {} tokens, this server accepts at most {}", len,
+                            g.max_tokens);
+  if (s.ring_size != g.ring_size)
+    return invalid_argument("snapshot: ring size {}, this model needs {}", s.ring_size,
+                            g.ring_size);
+  if (s.layers.size() != g.layers.size())
+    return invalid_argument("snapshot: {} layers, this model has {}", s.layers.size(),
+                            g.layers.size());
+  const int64_t ring = g.ring_size * g.ring_width;
+  for (int l = 0; l < int(s.layers.size()); ++l) {
+    const LayerState& L = s.layers[size_t(l)];
+    const SnapshotGeometry::Layer& G = g.layers[size_t(l)];
+    FS_RETURN_IF_ERROR(check_size("window ring", l, L.ring.size(), ring));
+    FS_RETURN_IF_ERROR(check_rows("compressed KV", l, L.ckv, G.ckv, len));
+    FS_RETURN_IF_ERROR(check_rows("index keys", l, L.ikeys, G.ikeys, len));
+    FS_RETURN_IF_ERROR(check_comp("compressor", l, L.comp, G.comp, len));
+    FS_RETURN_IF_ERROR(check_comp("indexer compressor", l, L.icomp, G.icomp, len));
+  }
+  const int64_t n_eng = int64_t(s.engram_hist.size());
+  if (g.engram_keep > 0) {
+    // Rollback trims the history by the tokens it drops, so it may be shorter than `keep`, but
+    // never shorter than the N−1 ids the next n-grams read.
+    if (n_eng > std::min(len, g.engram_keep) || n_eng < std::min(len, g.engram_min))
+      return invalid_argument("snapshot: Engram history of {} ids for {} tokens, needs {}..{}",
+                              n_eng, len, std::min(len, g.engram_min),
+                              std::min(len, g.engram_keep));
+    for (int64_t id : s.engram_hist)
+      if (id < 0 || id >= g.engram_vocab)
+        return invalid_argument("snapshot: Engram id {} outside [0, {})", id, g.engram_vocab);
+  } else if (n_eng != 0) {
+    return invalid_argument("snapshot: holds an Engram history, this model has no Engram");
+  }
+  FS_RETURN_IF_ERROR(check_size("MTP ring", -1, s.mtp_ring.size(), g.mtp_row > 0 ? ring : 0));
+  if (g.mtp_row > 0) {
+    const int64_t n = int64_t(s.mtp_hist_x.size());
+    const int64_t rows = n / g.mtp_row;
+    // The next chunk reads the newest row whenever the sequence is not empty.
+    if (n % g.mtp_row != 0 || rows > std::min<int64_t>(len, 1 + kMaxRollback) ||
+        (len > 0 && rows < 1))
+      return invalid_argument("snapshot: MTP history of {} values does not fit {} tokens", n, len);
+  } else if (!s.mtp_hist_x.empty()) {
+    return invalid_argument("snapshot: holds an MTP history, this model has no MTP block");
+  }
+  if (int64_t(s.draft_rings.size()) != g.draft_stages)
+    return invalid_argument("snapshot: {} DSpark rings, this model has {}", s.draft_rings.size(),
+                            g.draft_stages);
+  for (const auto& d : s.draft_rings) FS_RETURN_IF_ERROR(check_size("DSpark ring", -1, d.size(), ring));
+  return {};
+}
+
+uint64_t max_snapshot_bytes(const SnapshotGeometry& g) {
+  // Mirrors write_state: every vector is a u64 count + its values; a paged-rows object adds a
+  // kind byte per sealed page (at most one per row).
+  const uint64_t T = uint64_t(std::max<int64_t>(g.max_tokens, 0));
+  const uint64_t ring = 8 + 4 * uint64_t(g.ring_size * g.ring_width);
+  auto rows = [&](const SnapshotGeometry::Rows& r) {
+    const uint64_t n = r.ratio > 0 ? T / uint64_t(r.ratio) : 0;
+    return 4 * 8 + n * (4 * uint64_t(r.width) + 1);
+  };
+  auto comp = [&](const SnapshotGeometry::Compressor& c) {
+    const uint64_t r = uint64_t(std::max<int64_t>(c.ratio, 0)), w = uint64_t(c.width);
+    return 6 * 8 + 8 + 1 + 8 + 4 * w * (2 * r + 2 * r + 2 * (2 * r + kMaxRollback));
+  };
+  uint64_t payload = 3 * 8;
+  for (const auto& L : g.layers) payload += ring + rows(L.ckv) + rows(L.ikeys) + comp(L.comp) + comp(L.icomp);
+  payload += 8 + 8 * uint64_t(g.engram_keep);
+  payload += ring + 8 + 4 * uint64_t(g.mtp_row) * (1 + kMaxRollback);
+  payload += 8 + uint64_t(g.draft_stages) * ring;
+  return kSnapshotHeaderBytes + 4 * T + payload + 8;
 }
 
 Result<uint64_t> checkpoint_fingerprint(const std::string& ckpt_dir, const std::string& numerics) {

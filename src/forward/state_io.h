@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "forward/paged_rows.h"
 #include "forward/state.h"
+#include "model/config.h"
 
 namespace flashseek::forward {
 
@@ -54,17 +55,64 @@ Result<std::vector<uint8_t>> serialize_snapshot(const SequenceState& state,
 // Reads only the header (no checksum check): cheap index rebuild from a cache directory.
 Result<SnapshotHeader> peek_snapshot_header(std::span<const uint8_t> blob);
 
+// The shape every decoded state must have to be used with one loaded model (layer count, ring
+// size, vector sizes, paged-row widths and counts, compressor partial groups, Engram / MTP /
+// DSpark parts), derived from its config. A state from any source (peer, disk, memory) that does
+// not fit is rejected before the model touches it: the forward pass indexes rings and rows by
+// these sizes, so a wrong one would read or write out of bounds.
+struct SnapshotGeometry {
+  struct Rows {            // a PagedRows object
+    int64_t width = 0;     // floats per row
+    int64_t ratio = 0;     // rows = len / ratio; 0: always empty
+  };
+  struct Compressor {      // a CompressorState
+    int64_t ratio = 0;     // tokens per group; 0: unused (every field empty / zero)
+    int64_t width = 0;     // floats per pending row
+    bool overlap = false;  // keeps the previous window (V4 ratio 4)
+  };
+  struct Layer {
+    Rows ckv, ikeys;
+    Compressor comp, icomp;
+  };
+  int64_t vocab_size = 0;  // token ids in [0, vocab_size)
+  int64_t max_tokens = 0;  // longest state accepted (the serving context)
+  int64_t ring_size = 0;   // window + kMaxRollback
+  int64_t ring_width = 0;  // floats per ring slot (head_dim)
+  std::vector<Layer> layers;
+  int64_t engram_min = 0, engram_keep = 0;  // history length bounds; keep 0: no Engram
+  int64_t engram_vocab = 0;                 // compressed ids in [0, engram_vocab)
+  int64_t mtp_row = 0;       // floats per MTP history row (hc·hidden); 0: no MTP block
+  int64_t draft_stages = 0;  // DSpark rings (each ring_size · ring_width)
+};
+
+// Geometry of a model's states: has_mtp / has_dspark say whether the loaded weights carry the V4
+// MTP block / the V4.1 DSpark stages (their rings exist only then).
+SnapshotGeometry snapshot_geometry(const model::ModelConfig& config, bool has_mtp, bool has_dspark,
+                                   int64_t max_tokens);
+// The same from a checkpoint directory (config + tensor names, no weights read). max_tokens 0:
+// the config's max_position_embeddings.
+Result<SnapshotGeometry> checkpoint_snapshot_geometry(const std::string& ckpt_dir,
+                                                      int64_t max_tokens = 0);
+// OK when `state` has exactly the shape `g` prescribes for its length; else an error naming the
+// first field that differs.
+Status validate_state(const CpuSequenceState& state, const SnapshotGeometry& g);
+// Upper bound of a self-contained blob of a state of `g` (max_tokens tokens): larger blobs are
+// refused before anything is allocated (cache files, peer transfers).
+uint64_t max_snapshot_bytes(const SnapshotGeometry& g);
+
 struct DecodedSnapshot {
   SnapshotHeader header;
   std::vector<int32_t> tokens;
   std::unique_ptr<CpuSequenceState> state;
 };
 
-// Verifies size, checksum and fingerprint, then rebuilds the state. Any mismatch is an error
-// naming what differs; nothing partially decoded is returned. Page references need `source`
-// (without one, or for an unknown key, the blob is an error).
+// Verifies size, checksum and fingerprint, rebuilds the state and checks it against `geometry`
+// (validate_state) and its token ids against the vocabulary. Any mismatch is an error naming what
+// differs; nothing partially decoded is returned. Page references need `source` (without one,
+// or for an unknown key, the blob is an error).
 Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
                                              uint64_t expected_fingerprint,
+                                             const SnapshotGeometry& geometry,
                                              const PageSource* source = nullptr);
 
 // Keys of the pages a blob references (empty for self-contained blobs); error if it does not

@@ -22,8 +22,17 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
     o.server_id = fmt::format("{}-{}", host, getpid());
   }
   if (o.advertise_host.empty()) o.advertise_host = o.kv_host;
+  if (o.server_id.size() > 255) return invalid_argument("--server-id: at most 255 bytes");
   std::unique_ptr<Cluster> c(new Cluster(cache, o));
-  c->server_ = std::make_unique<SnapshotServer>(cache, o.secret, o.timeout_ms, ucx_built());
+  c->auth_ = {o.secret, o.server_id};
+  SnapshotServerOptions so;
+  so.auth = c->auth_;
+  so.timeout_ms = o.timeout_ms;
+  so.handshake_timeout_ms = o.handshake_timeout_ms;
+  so.max_peers = o.max_peers;
+  so.enable_ucx = ucx_built();
+  so.advertise_host = o.advertise_host;  // peers dial it; bound into every handshake
+  c->server_ = std::make_unique<SnapshotServer>(cache, std::move(so));
   if (o.transport == Transport::kUcx) {
     auto node = UcxNode::create();
     if (node.ok()) {
@@ -37,7 +46,7 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
   RegistryOptions ro;
   ro.url = o.redis_url;
   ro.server_id = o.server_id;
-  ro.advertise = fmt::format("{}:{}", o.advertise_host, c->kv_port_);
+  ro.advertise = c->server_->advertise();
   c->registry_ = std::make_unique<Registry>(ro);
   cache.set_remote(c.get());
   spdlog::info("kvshare: server {} serves snapshots on {} (UCX {}), fetches over {}, registry {}",
@@ -59,14 +68,23 @@ std::optional<std::vector<uint8_t>> Cluster::fetch_longest(uint64_t tenant,
   ++fetches_;
   const auto t0 = std::chrono::steady_clock::now();
   Transport used = transport_;
+  const PeerAddress peer{loc->address, loc->owner};
+  const uint64_t max_bytes = cache_.max_snapshot_bytes();
   auto blob = used == Transport::kUcx
-                  ? fetch_snapshot_ucx(loc->address, options_.secret, loc->hash, tenant,
-                                       options_.timeout_ms, *ucx_)
-                  : fetch_snapshot(loc->address, options_.secret, loc->hash, tenant,
-                                   options_.timeout_ms);
+                  ? fetch_snapshot_ucx(peer, auth_, loc->hash, tenant, options_.timeout_ms,
+                                       max_bytes, *ucx_)
+                  : fetch_snapshot(peer, auth_, loc->hash, tenant, options_.timeout_ms, max_bytes);
   if (!blob.ok() && blob.status().code() == StatusCode::kUnimplemented) {  // peer without UCX
     used = Transport::kTcp;
-    blob = fetch_snapshot(loc->address, options_.secret, loc->hash, tenant, options_.timeout_ms);
+    blob = fetch_snapshot(peer, auth_, loc->hash, tenant, options_.timeout_ms, max_bytes);
+  }
+  if (!blob.ok()) {
+    switch (blob.status().code()) {
+      case StatusCode::kInvalidArgument: ++owner_auth_failures_; break;
+      case StatusCode::kParseError: ++bad_mac_; break;
+      case StatusCode::kOutOfRange: ++oversize_; break;
+      default: break;
+    }
   }
   if (blob.ok()) {
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -100,7 +118,7 @@ int64_t Cluster::hand_over(size_t n) {
     for (size_t tries = 0; tries < peers.size(); ++tries) {
       const auto& [id, address] = *peer;
       if (++peer == peers.end()) peer = peers.begin();
-      Status st = push_snapshot(address, options_.secret, *blob, options_.timeout_ms);
+      Status st = push_snapshot({address, id}, auth_, *blob, options_.timeout_ms);
       if (st.ok()) {
         ++done;
         break;
@@ -137,6 +155,18 @@ std::string Cluster::metrics() const {
        double(server_->served()));
   line("flashseek_kvshare_auth_rejected_total", "counter",
        "Peer connections refused: wrong cluster secret.", double(server_->rejected()));
+  line("flashseek_kvshare_owner_auth_failures_total", "counter",
+       "Fetches refused because the owner failed authentication (wrong secret, wrong id, relay).",
+       double(owner_auth_failures_));
+  line("flashseek_kvshare_bad_mac_total", "counter",
+       "Messages or snapshots that failed their MAC (dropped; the prefix is recomputed).",
+       double(bad_mac_ + server_->bad_mac()));
+  line("flashseek_kvshare_oversize_total", "counter",
+       "Snapshots refused unallocated: larger than this model's largest snapshot.",
+       double(oversize_ + server_->oversize()));
+  line("flashseek_kvshare_peers_busy_total", "counter",
+       "Peer connections closed unserved: the concurrent-peer limit was reached.",
+       double(server_->busy()));
   line("flashseek_kvshare_handed_over_total", "counter", "Snapshots pushed to peers on drain.",
        double(handed_over_));
   line("flashseek_kvshare_served_ucx_total", "counter", "Of the snapshots sent, read by peers over UCX.",

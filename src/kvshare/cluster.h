@@ -22,6 +22,8 @@ struct ClusterOptions {
   int kv_port = 0;             // 0: any free port
   std::string advertise_host;  // how peers reach us (empty: kv_host)
   int timeout_ms = 2000;       // per transfer
+  int handshake_timeout_ms = 1000;  // a peer must finish the handshake within this
+  int max_peers = 16;          // peer connections served at once
   Transport transport = default_transport();  // how this server fetches (it serves both)
 };
 
@@ -54,7 +56,11 @@ class Cluster final : public engine::RemoteTier {
   int kv_port_ = 0;
   Transport transport_ = Transport::kTcp;  // ucx only when the fetch node started
   std::unique_ptr<UcxNode> ucx_;           // the fetching side's worker
+  PeerAuth auth_;
   std::atomic<int64_t> fetches_{0}, fetch_failures_{0}, handed_over_{0};
+  // Fetch failures by cause: the owner failed authentication, a message or blob failed its MAC,
+  // the owner offered a snapshot larger than this model's largest.
+  std::atomic<int64_t> owner_auth_failures_{0}, bad_mac_{0}, oversize_{0};
   // Completed transfers per transport (index: Transport): count, bytes, seconds (in µs).
   std::atomic<int64_t> transfers_[2] = {}, transfer_bytes_[2] = {}, transfer_us_[2] = {};
 };

@@ -32,11 +32,54 @@ struct ReplyGuard {
 
 }  // namespace
 
-Result<std::pair<std::string, int>> parse_redis_url(const std::string& url) {
+namespace {
+
+// %XX escapes of a URL's user-info part.
+Result<std::string> percent_decode(const std::string& s, const std::string& url) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    auto hex = [](char c) {
+      return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    };
+    if (i + 2 >= s.size() || hex(s[i + 1]) < 0 || hex(s[i + 2]) < 0)
+      return invalid_argument("--redis {}: bad %-escape in the user or password", url);
+    out += char(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<RedisUrl> parse_redis_url(const std::string& url) {
+  RedisUrl out;
   std::string rest = url;
+  if (rest.rfind("rediss://", 0) == 0)
+    return invalid_argument("--redis {}: TLS (rediss://) is not supported by this build (its hiredis "
+                            "has no TLS); use redis:// on a trusted network or a local TLS tunnel",
+                            url);
   if (rest.rfind("redis://", 0) == 0) rest = rest.substr(8);
-  if (auto at = rest.find('@'); at != std::string::npos) rest = rest.substr(at + 1);
+  else if (rest.find("://") != std::string::npos)
+    return invalid_argument("--redis {}: expected redis://host:port", url);
   if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  if (auto at = rest.rfind('@'); at != std::string::npos) {
+    const std::string info = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    const auto colon = info.find(':');
+    if (colon == std::string::npos) {  // redis://password@host (a lone user-info is the password)
+      FS_ASSIGN_OR_RETURN(out.password, percent_decode(info, url));
+    } else {
+      FS_ASSIGN_OR_RETURN(out.user, percent_decode(info.substr(0, colon), url));
+      FS_ASSIGN_OR_RETURN(out.password, percent_decode(info.substr(colon + 1), url));
+    }
+    if (out.password.empty() && !out.user.empty())
+      return invalid_argument("--redis {}: a user needs a password", url);
+  }
   std::string host = rest;
   int port = 6379;
   if (auto colon = rest.rfind(':'); colon != std::string::npos) {
@@ -51,16 +94,18 @@ Result<std::pair<std::string, int>> parse_redis_url(const std::string& url) {
   }
   if (host.empty() || port <= 0 || port > 65535)
     return invalid_argument("--redis {}: expected redis://host:port", url);
-  return std::make_pair(host, port);
+  out.host = host;
+  out.port = port;
+  return out;
 }
 
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
-  auto hp = parse_redis_url(options_.url);
-  if (hp.ok()) {
-    host_ = hp->first;
-    port_ = hp->second;
+  auto url = parse_redis_url(options_.url);
+  if (url.ok()) {
+    url_ = *url;
+    port_ = url_.port;
   } else {
-    spdlog::warn("kvshare: {}; running local only", hp.status().message());
+    spdlog::warn("kvshare: {}; running local only", url.status().message());
   }
   thread_ = std::thread([this] { loop(); });
   listener_ = std::thread([this] { listen_loop(); });
@@ -86,23 +131,53 @@ bool Registry::ensure_connected() {
   if (ctx_) {
     redisFree(ctx_);
     ctx_ = nullptr;
-    if (connected_) spdlog::warn("kvshare: lost Redis at {}:{}", host_, port_);
+    if (connected_) spdlog::warn("kvshare: lost Redis at {}:{}", url_.host, url_.port);
     connected_ = false;
   }
   if (port_ == 0) return false;
-  const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
-  ctx_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
-  if (!ctx_ || ctx_->err) {
-    if (ctx_) redisFree(ctx_);
-    ctx_ = nullptr;
-    return false;
-  }
-  redisSetTimeout(ctx_, tv);
+  ctx_ = connect_redis("registry");
+  if (!ctx_) return false;
   connected_ = true;
   ++reconnects_;
   need_reannounce_ = true;
-  spdlog::info("kvshare: connected to Redis at {}:{}", host_, port_);
+  spdlog::info("kvshare: connected to Redis at {}:{}", url_.host, url_.port);
   return true;
+}
+
+redisContext* Registry::connect_redis(const char* what) {
+  const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
+  redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
+  std::string error;
+  if (!c || c->err) {
+    error = c ? c->errstr : "out of memory";
+  } else {
+    redisSetTimeout(c, tv);
+    if (!url_.password.empty()) {
+      ReplyGuard r{url_.user.empty()
+                       ? command(c, "AUTH %b", url_.password.data(), url_.password.size())
+                       : command(c, "AUTH %b %b", url_.user.data(), url_.user.size(),
+                                 url_.password.data(), url_.password.size())};
+      if (!r.r || r.r->type != REDIS_REPLY_STATUS)
+        error = fmt::format("AUTH refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
+                                                    ? std::string(r.r->str, r.r->len)
+                                                    : std::string("no valid reply"));
+    }
+    if (error.empty()) {  // e.g. NOAUTH: a server that wants a password the URL does not give
+      ReplyGuard r{command(c, "PING")};
+      if (!r.r || r.r->type != REDIS_REPLY_STATUS)
+        error = fmt::format("PING refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
+                                                    ? std::string(r.r->str, r.r->len)
+                                                    : std::string("no valid reply"));
+    }
+  }
+  if (error.empty()) return c;
+  if (c) redisFree(c);
+  std::lock_guard lock(log_mu_);
+  if (error != last_error_) {  // a Redis that stays away is logged once, not every retry
+    spdlog::warn("kvshare: Redis {}:{} ({}): {}", url_.host, url_.port, what, error);
+    last_error_ = error;
+  }
+  return nullptr;
 }
 
 void Registry::announce(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) {
@@ -132,7 +207,7 @@ void Registry::apply(const Op& op) {
   } else {
     // Only the owner's entry is removed: another server may have taken the snapshot over.
     ReplyGuard o{command(ctx_, "HGET %s owner", key.c_str())};
-    if (o.r && o.r->type == REDIS_REPLY_STRING && id == o.r->str) {
+    if (o.r && o.r->type == REDIS_REPLY_STRING && o.r->str && id == std::string(o.r->str, o.r->len)) {
       ReplyGuard d{command(ctx_, "DEL %s", key.c_str())};
       ReplyGuard p{command(ctx_, "PUBLISH fs:events %s", fmt::format("evict {:016x} {}", op.hash, id).c_str())};
     }
@@ -238,9 +313,8 @@ void Registry::listen_loop() {
         if (!wait_a_bit(1000)) break;
         continue;
       }
-      const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
-      sub = redisConnectWithTimeout(host_.c_str(), port_, tv);
-      ReplyGuard r{sub && !sub->err ? command(sub, "SUBSCRIBE fs:events") : nullptr};
+      sub = connect_redis("events");
+      ReplyGuard r{sub ? command(sub, "SUBSCRIBE fs:events") : nullptr};
       if (!r.r || r.r->type != REDIS_REPLY_ARRAY) {
         drop();
         if (!wait_a_bit(500)) break;
@@ -263,13 +337,25 @@ void Registry::listen_loop() {
       continue;
     }
     void* raw = nullptr;
-    while (redisGetReplyFromReader(sub, &raw) == REDIS_OK && raw) {
+    int rc = REDIS_OK;
+    while ((rc = redisGetReplyFromReader(sub, &raw)) == REDIS_OK && raw) {
       ReplyGuard m{static_cast<redisReply*>(raw)};
       raw = nullptr;
-      if (m.r->type == REDIS_REPLY_ARRAY && m.r->elements == 3 &&
-          m.r->element[2]->type == REDIS_REPLY_STRING &&
-          std::string(m.r->element[0]->str) == "message")
-        on_event(m.r->element[2]->str);
+      // Every element's type is checked before its string is read: a malformed push (wrong
+      // types, a nil, too few elements) is ignored, never dereferenced.
+      const redisReply* r = m.r;
+      auto is_str = [](const redisReply* e) {
+        return e && (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS) && e->str;
+      };
+      if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element && is_str(r->element[0]) &&
+          is_str(r->element[2]) && std::string(r->element[0]->str, r->element[0]->len) == "message" &&
+          r->element[2]->len <= 1024)
+        on_event(std::string(r->element[2]->str, r->element[2]->len));
+    }
+    if (rc != REDIS_OK) {  // protocol error: the stream cannot be resynchronised
+      spdlog::warn("kvshare: malformed reply on the fs:events subscription; resubscribing");
+      drop();
+      if (!wait_a_bit(500)) break;
     }
   }
   drop();
@@ -283,7 +369,8 @@ bool Registry::owners_of(std::span<const uint64_t> hashes, std::vector<std::stri
     void* raw = nullptr;
     if (redisGetReply(ctx_, &raw) != REDIS_OK) return false;
     ReplyGuard r{static_cast<redisReply*>(raw)};
-    if (r.r && r.r->type == REDIS_REPLY_STRING) owners[i] = r.r->str;
+    if (r.r && r.r->type == REDIS_REPLY_STRING && r.r->str && r.r->len > 0 && r.r->len <= 255)
+      owners[i].assign(r.r->str, r.r->len);
   }
   return true;
 }
@@ -314,8 +401,9 @@ std::optional<SnapshotLocation> Registry::find(std::span<const uint64_t> hashes)
     }
     ReplyGuard a{command(ctx_, "GET %s", server_key(owners[i]).c_str())};
     if (!a.r) return std::nullopt;
-    if (a.r->type != REDIS_REPLY_STRING) continue;  // owner is dead (heartbeat expired)
-    return SnapshotLocation{hashes[i], owners[i], a.r->str};
+    // Not a string: the owner is dead (heartbeat expired) or the entry is malformed.
+    if (a.r->type != REDIS_REPLY_STRING || !a.r->str || a.r->len == 0 || a.r->len > 255) continue;
+    return SnapshotLocation{hashes[i], owners[i], std::string(a.r->str, a.r->len)};
   }
   return std::nullopt;
 }
@@ -330,19 +418,23 @@ std::map<std::string, std::string> Registry::peers() {
   for (int rounds = 0; rounds < 10000; ++rounds) {
     ReplyGuard r{command(ctx_, "SCAN %s MATCH fs:server:* COUNT 1000", cursor.c_str())};
     if (!r.r || r.r->type != REDIS_REPLY_ARRAY || r.r->elements != 2 ||
-        r.r->element[0]->type != REDIS_REPLY_STRING || r.r->element[1]->type != REDIS_REPLY_ARRAY)
+        r.r->element[0]->type != REDIS_REPLY_STRING || !r.r->element[0]->str ||
+        r.r->element[1]->type != REDIS_REPLY_ARRAY)
       return out;
-    for (size_t i = 0; i < r.r->element[1]->elements; ++i)
-      if (r.r->element[1]->element[i]->type == REDIS_REPLY_STRING)
-        keys.push_back(r.r->element[1]->element[i]->str);
-    cursor = r.r->element[0]->str;
+    for (size_t i = 0; i < r.r->element[1]->elements; ++i) {
+      const redisReply* k = r.r->element[1]->element[i];
+      if (k->type == REDIS_REPLY_STRING && k->str && k->len > 10 && k->len <= 10 + 255)
+        keys.push_back(std::string(k->str, k->len));
+    }
+    cursor.assign(r.r->element[0]->str, r.r->element[0]->len);
     if (cursor == "0") break;
   }
   for (const std::string& k : keys) {
     const std::string id = k.substr(10);
     if (id == options_.server_id || out.count(id)) continue;  // SCAN may repeat a key
     ReplyGuard v{command(ctx_, "GET %s", k.c_str())};
-    if (v.r && v.r->type == REDIS_REPLY_STRING) out[id] = v.r->str;
+    if (v.r && v.r->type == REDIS_REPLY_STRING && v.r->str && v.r->len > 0 && v.r->len <= 255)
+      out[id].assign(v.r->str, v.r->len);
   }
   return out;
 }

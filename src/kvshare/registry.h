@@ -46,8 +46,16 @@ struct SnapshotLocation {
   std::string address;  // its snapshot endpoint
 };
 
-// Parses redis://host[:port][/db] (db ignored) or host:port.
-Result<std::pair<std::string, int>> parse_redis_url(const std::string& url);
+struct RedisUrl {
+  std::string host;
+  int port = 6379;
+  std::string user, password;  // AUTH [user] password after every connect (empty: none)
+};
+
+// Parses redis://[[user]:password@]host[:port][/db] (db ignored; user and password
+// percent-decoded) or host:port. rediss:// (TLS) is refused: this build's hiredis (Debian
+// libhiredis 0.14) has no TLS support.
+Result<RedisUrl> parse_redis_url(const std::string& url);
 
 class Registry {
  public:
@@ -76,6 +84,8 @@ class Registry {
   struct Owned { uint64_t tenant; int64_t tokens, bytes; };
   struct Op { bool add; uint64_t hash; Owned meta; };
   bool ensure_connected();  // caller holds redis_mu_
+  // A new connection with AUTH done (nullptr on failure, logged once per distinct error).
+  redisContext* connect_redis(const char* what);
   bool owners_of(std::span<const uint64_t> hashes, std::vector<std::string>& owners);  // same
   void loop();
   void apply(const Op& op);  // caller holds redis_mu_
@@ -84,8 +94,10 @@ class Registry {
   void on_event(const std::string& message);
 
   const RegistryOptions options_;
-  std::string host_;
-  int port_ = 0;
+  RedisUrl url_;
+  int port_ = 0;  // 0: no usable URL (local only)
+  std::mutex log_mu_;
+  std::string last_error_;  // last connect / AUTH error logged
   std::mutex redis_mu_;          // one command at a time on ctx_
   redisContext* ctx_ = nullptr;
   std::atomic<bool> connected_{false};

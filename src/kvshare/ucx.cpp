@@ -104,13 +104,20 @@ UcxNode::~UcxNode() {
   if (context_) ucp_cleanup(static_cast<ucp_context_h>(context_));
 }
 
-Result<std::shared_ptr<UcxRegion>> UcxNode::map(const void* p, size_t n) {
+Result<std::shared_ptr<UcxRegion>> UcxNode::map(const void* p, size_t n, UcxAccess access) {
   std::lock_guard lock(mu_);
   auto ctx = static_cast<ucp_context_h>(context_);
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_PROT;
   mp.address = const_cast<void*>(p);
   mp.length = n;
+  // Without explicit flags ucp_mem_map grants remote write too: a peer holding the rkey could
+  // then overwrite a served snapshot. Served blobs are remote-read only; GET destinations are
+  // never exposed to peers at all.
+  mp.prot = access == UcxAccess::kRemoteRead
+                ? UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ
+                : UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
   ucp_mem_h memh = nullptr;
   ucs_status_t st = ucp_mem_map(ctx, &mp, &memh);
   if (st != UCS_OK) return ucx_error("mem_map", st);
@@ -178,7 +185,7 @@ void UcxNode::drop_peer(Peer* p) {
 Status UcxNode::get(std::span<const uint8_t> peer_address, uint64_t remote_address,
                     std::span<const uint8_t> rkey, void* dst, size_t n, int timeout_ms) {
   if (peer_address.empty() || rkey.empty()) return invalid_argument("ucx: empty peer address or rkey");
-  FS_ASSIGN_OR_RETURN(auto dst_region, map(dst, n));  // the GET lands in registered memory
+  FS_ASSIGN_OR_RETURN(auto dst_region, map(dst, n, UcxAccess::kLocal));  // the GET lands here
   std::lock_guard lock(mu_);
   auto w = static_cast<ucp_worker_h>(worker_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -218,7 +225,7 @@ Result<std::unique_ptr<UcxNode>> UcxNode::create() {
   return Status(StatusCode::kUnavailable, "ucx: this build has no UCX (install libucx-dev)");
 }
 UcxNode::~UcxNode() = default;
-Result<std::shared_ptr<UcxRegion>> UcxNode::map(const void*, size_t) {
+Result<std::shared_ptr<UcxRegion>> UcxNode::map(const void*, size_t, UcxAccess) {
   return Status(StatusCode::kUnavailable, "ucx: not built");
 }
 void UcxNode::unmap(void*) {}

@@ -25,6 +25,10 @@ bool ucx_built();
 
 class UcxNode;
 
+// Who may access a registered range: kLocal — only this node (GET destinations); kRemoteRead —
+// peers may read it with the packed rkey, never write it (served snapshots).
+enum class UcxAccess { kLocal, kRemoteRead };
+
 // A registered memory range; unregistered when the last reference goes.
 class UcxRegion {
  public:
@@ -37,6 +41,10 @@ class UcxRegion {
 
  private:
   friend class UcxNode;
+
+// Who may access a registered range: kLocal — only this node (GET destinations); kRemoteRead —
+// peers may read it with the packed rkey, never write it (served snapshots).
+enum class UcxAccess { kLocal, kRemoteRead };
   UcxRegion() = default;
   UcxNode* node_ = nullptr;
   void* memh_ = nullptr;
@@ -55,8 +63,9 @@ class UcxNode {
 
   // This worker's address (peers create endpoints from it).
   const std::vector<uint8_t>& address() const { return address_; }
-  // Registers [p, p + n) for remote reads (and local GET destinations). The node must outlive it.
-  Result<std::shared_ptr<UcxRegion>> map(const void* p, size_t n);
+  // Registers [p, p + n) with the given access (protection flags of ucp_mem_map). The node must
+  // outlive the region.
+  Result<std::shared_ptr<UcxRegion>> map(const void* p, size_t n, UcxAccess access);
   // Drives pending communication once; returns whether anything happened.
   bool progress();
   // One-sided GET of the peer's [remote_address, +n) (registered there, `rkey` packed by it) into

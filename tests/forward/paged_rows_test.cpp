@@ -259,7 +259,9 @@ TEST_P(PagedForward, SnapshotKeepsRowsAndPageGeometry) {
   h.n_tokens = int64_t(toks.size());
   auto blob = serialize_snapshot(*st, toks, h);
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto back = deserialize_snapshot(*blob, 77);
+  auto geometry = checkpoint_snapshot_geometry(tiny_dir(GetParam()), 4096);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().to_string();
+  auto back = deserialize_snapshot(*blob, 77, *geometry);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   const auto& a = dynamic_cast<const CpuSequenceState&>(*st);
   const auto& b = *back->state;

@@ -30,7 +30,9 @@ class Recorder final : public engine::RemoteTier {
 class DiskBudget : public TinyModel {
  protected:
   std::unique_ptr<StateCache> open(const fs::path& dir, int64_t dir_bytes) {
-    auto c = StateCache::open({fingerprint_, 0, dir.string(), 2, 0, dir_bytes});
+    auto o = cache_opts(0, dir.string());
+    o.dir_bytes = dir_bytes;
+    auto c = StateCache::open(std::move(o));
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -91,7 +93,9 @@ TEST_F(DiskBudget, LeastRecentlyUsedFilesGoFirstAndEvictionsArePublished) {
   EXPECT_TRUE(hits(*cache, a));
   EXPECT_FALSE(hits(*cache, c));
   cache->set_remote(nullptr);
-  EXPECT_FALSE(StateCache::open({fingerprint_, 0, dir.path().string(), 2, 0, -1}).ok());
+  auto negative = cache_opts(0, dir.path().string());
+  negative.dir_bytes = -1;
+  EXPECT_FALSE(StateCache::open(std::move(negative)).ok());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "engine/state_cache.h"
 #include "forward/model.h"
 #include "forward/state_io.h"
 #include "model/make_tiny.h"
@@ -26,6 +27,23 @@ class TinyModel : public ::testing::Test {
     auto fp = forward::checkpoint_fingerprint(ckpt_.path().string(), "reference");
     ASSERT_TRUE(fp.ok()) << fp.status().to_string();
     fingerprint_ = *fp;
+    auto g = forward::checkpoint_snapshot_geometry(ckpt_.path().string(), kMaxTokens);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    geometry_ = std::move(*g);
+  }
+
+  static constexpr int64_t kMaxTokens = 4096;  // the "serving context" of these tests
+
+  // Cache options for this model (fingerprint and geometry filled in).
+  engine::StateCacheOptions cache_opts(int64_t host_bytes, std::string dir = {},
+                                       int64_t min_tokens = 2) const {
+    engine::StateCacheOptions o;
+    o.fingerprint = fingerprint_;
+    o.host_bytes = host_bytes;
+    o.dir = std::move(dir);
+    o.min_tokens = min_tokens;
+    o.geometry = geometry_;
+    return o;
   }
 
   std::vector<int32_t> random_tokens(Rng& rng, int64_t n) const {
@@ -52,6 +70,7 @@ class TinyModel : public ::testing::Test {
   flashseek::testing::TempDir ckpt_;
   std::unique_ptr<forward::Model> model_;
   uint64_t fingerprint_ = 0;
+  forward::SnapshotGeometry geometry_;
 };
 
 }  // namespace flashseek::kvtest

@@ -31,12 +31,18 @@ inline bool have_redis() { return std::filesystem::exists("/usr/bin/redis-server
 
 class RedisServer {
  public:
-  explicit RedisServer(int port) : port_(port) { start(); }
+  // password: started with --requirepass (queries authenticate).
+  explicit RedisServer(int port, std::string password = {})
+      : port_(port), password_(std::move(password)) {
+    start();
+  }
   ~RedisServer() { stop(); }
   void start() {
     const auto r = flashseek::testing::run_command(
         "/usr/bin/redis-server --port " + std::to_string(port_) +
-        " --bind 127.0.0.1 --save '' --appendonly no > /dev/null 2>&1 & echo $!");
+        " --bind 127.0.0.1 --save '' --appendonly no" +
+        (password_.empty() ? std::string() : " --requirepass " + password_) +
+        " > /dev/null 2>&1 & echo $!");
     pid_ = std::atoi(r.output.c_str());
     for (int i = 0; i < 100 && !query("PING"); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -57,6 +63,8 @@ class RedisServer {
       if (c) redisFree(c);
       return std::nullopt;
     }
+    if (!password_.empty())
+      freeReplyObject(redisCommand(c, "AUTH %s", password_.c_str()));
     auto* r = static_cast<redisReply*>(redisCommand(c, cmd.c_str()));
     std::optional<std::string> out;
     if (r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)) out = r->str;
@@ -75,6 +83,7 @@ class RedisServer {
 
  private:
   int port_;
+  std::string password_;
   int pid_ = -1;
 };
 

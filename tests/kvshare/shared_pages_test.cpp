@@ -13,7 +13,7 @@ namespace {
 using SharedPages = TinyModel;
 
 TEST_F(SharedPages, TwoTurnsShareTheirPagesAndBothRestoreExactly) {
-  auto cache = engine::StateCache::open({fingerprint_, int64_t(1) << 30, {}, 2});
+  auto cache = engine::StateCache::open(cache_opts(int64_t(1) << 30));
   ASSERT_TRUE(cache.ok());
   Rng rng(21);
   const auto turn2 = random_tokens(rng, 700);  // turn 1 = its first 600 tokens
@@ -59,7 +59,7 @@ TEST_F(SharedPages, TwoTurnsShareTheirPagesAndBothRestoreExactly) {
   const uint64_t k2 = engine::prefix_hashes(1, turn2).back();
   auto served = (*cache)->blob(k2);
   ASSERT_TRUE(served);
-  auto decoded = forward::deserialize_snapshot(*served, fingerprint_);
+  auto decoded = forward::deserialize_snapshot(*served, fingerprint_, geometry_);
   ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
   forward::SnapshotHeader h2{fingerprint_, 1, k2, 700, 0};
   EXPECT_EQ(*served, *forward::serialize_snapshot(*st2, turn2, h2));
@@ -97,7 +97,7 @@ TEST_F(SharedPages, FetchedSnapshotJoinsThePageStore) {
   const uint64_t k1 = engine::prefix_hashes(1, turn1).back();
   auto full1 = forward::serialize_snapshot(*st1, turn1, {fingerprint_, 1, k1, 600, 0});
   ASSERT_TRUE(full1.ok());
-  auto cache = engine::StateCache::open({fingerprint_, int64_t(1) << 30, {}, 2});
+  auto cache = engine::StateCache::open(cache_opts(int64_t(1) << 30));
   ASSERT_TRUE(cache.ok());
   OnePeer peer(*full1);
   (*cache)->set_remote(&peer);
@@ -135,15 +135,15 @@ TEST_F(SharedPages, ThinBlobsNeedTheirPages) {
   auto refs = forward::snapshot_page_refs(*thin);
   ASSERT_TRUE(refs.ok());
   EXPECT_EQ(refs->size(), kept.size());
-  EXPECT_FALSE(forward::deserialize_snapshot(*thin, fingerprint_).ok());  // no page source
+  EXPECT_FALSE(forward::deserialize_snapshot(*thin, fingerprint_, geometry_).ok());  // no page source
   const forward::PageSource missing_one = [&](uint64_t k) -> const forward::PagedRows::Page* {
     return k + 1 == kept.size() ? nullptr : kept[k].get();
   };
-  EXPECT_FALSE(forward::deserialize_snapshot(*thin, fingerprint_, &missing_one).ok());
+  EXPECT_FALSE(forward::deserialize_snapshot(*thin, fingerprint_, geometry_, &missing_one).ok());
   const forward::PageSource all = [&](uint64_t k) -> const forward::PagedRows::Page* {
     return k < kept.size() ? kept[k].get() : nullptr;
   };
-  auto d = forward::deserialize_snapshot(*thin, fingerprint_, &all);
+  auto d = forward::deserialize_snapshot(*thin, fingerprint_, geometry_, &all);
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   EXPECT_EQ(*forward::serialize_snapshot(*d->state, t, {fingerprint_, 1, 0, 300, 0}),
             *forward::serialize_snapshot(*st, t, {fingerprint_, 1, 0, 300, 0}));

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 class Cache : public TinyModel {
  protected:
   std::unique_ptr<StateCache> open(int64_t host_bytes, std::string dir = {}) {
-    auto c = StateCache::open({fingerprint_, host_bytes, std::move(dir), 2});
+    auto c = StateCache::open(cache_opts(host_bytes, std::move(dir)));
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -157,7 +157,9 @@ TEST_F(Cache, BlobsFromPeersAreVerified) {
   auto bad = *blob;
   bad[bad.size() / 3] ^= 0x10;
   EXPECT_FALSE(dst->insert_blob(bad).ok());
-  auto foreign = StateCache::open({fingerprint_ + 1, 1 << 20, {}, 2});
+  auto foreign_opts = cache_opts(1 << 20);
+  foreign_opts.fingerprint = fingerprint_ + 1;
+  auto foreign = StateCache::open(std::move(foreign_opts));
   ASSERT_TRUE(foreign.ok());
   EXPECT_FALSE((*foreign)->insert_blob(*blob).ok());
   ASSERT_TRUE(dst->insert_blob(*blob).ok());
@@ -220,7 +222,9 @@ namespace {
 // A long prefill in small chunks leaves snapshots every N prompt tokens (at chunk ends), and a
 // prompt that shares only the first part of it restores the deepest one below the divergence.
 TEST_F(Cache, LongPrefillSnapshotsEveryNTokens) {
-  auto c = StateCache::open({fingerprint_, int64_t(1) << 30, {}, 2, /*snapshot_every=*/20});
+  auto every = cache_opts(int64_t(1) << 30);
+  every.snapshot_every = 20;
+  auto c = StateCache::open(std::move(every));
   ASSERT_TRUE(c.ok());
   auto eng = engine::Engine::create(*model_, {.budget = {.max_step_tokens = 16, .max_prefill_chunk = 16}});
   ASSERT_TRUE(eng.ok()) << eng.status().to_string();

@@ -6,7 +6,7 @@
 // snapshot held thin (shared pages) is served self-contained.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <openssl/hmac.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -44,35 +44,37 @@ class UcxPeerTest : public TinyModel {
 };
 
 TEST_F(UcxPeerTest, GetIsAuthenticatedTenantScopedAndExact) {
-  auto src = engine::StateCache::open({fingerprint_, 1 << 24, {}, 2});
+  auto src = engine::StateCache::open(cache_opts(1 << 24));
   ASSERT_TRUE(src.ok());
+  const uint64_t max = (*src)->max_snapshot_bytes();
+  const kvshare::PeerAuth me{"right", "fetcher"};
   Rng rng(5);
   const auto t = random_tokens(rng, 23);
   (*src)->put(7, t, *run(t));
   (*src)->flush();
   const uint64_t key = engine::prefix_hashes(7, t).back();
-  kvshare::SnapshotServer server(**src, "right", 2000, /*enable_ucx=*/true);
+  kvshare::SnapshotServer server(**src, {{"right", "owner"}, {}, 2000, 1000, 16, /*ucx=*/true});
   ASSERT_TRUE(server.ucx_enabled());
   auto port = server.start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status().to_string();
-  const std::string addr = "127.0.0.1:" + std::to_string(*port);
+  const kvshare::PeerAddress addr{"127.0.0.1:" + std::to_string(*port), "owner"};
   auto node = kvshare::UcxNode::create();
   ASSERT_TRUE(node.ok()) << node.status().to_string();
 
   for (int i = 0; i < 2; ++i) {  // the second GET reuses the owner's registration
-    auto got = kvshare::fetch_snapshot_ucx(addr, "right", key, 7, 2000, **node);
+    auto got = kvshare::fetch_snapshot_ucx(addr, me, key, 7, 2000, max, **node);
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     EXPECT_EQ(*got, *(*src)->blob(key));
   }
   EXPECT_EQ(served_ucx_soon(server, 2), 2);
 
-  auto wrong = kvshare::fetch_snapshot_ucx(addr, "wrong", key, 7, 2000, **node);
+  auto wrong = kvshare::fetch_snapshot_ucx(addr, {"wrong", "fetcher"}, key, 7, 2000, max, **node);
   EXPECT_FALSE(wrong.ok());
   EXPECT_EQ(server.rejected(), 1);
-  auto other = kvshare::fetch_snapshot_ucx(addr, "right", key, 8, 2000, **node);
+  auto other = kvshare::fetch_snapshot_ucx(addr, me, key, 8, 2000, max, **node);
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kNotFound);
-  auto missing = kvshare::fetch_snapshot_ucx(addr, "right", key ^ 1, 7, 2000, **node);
+  auto missing = kvshare::fetch_snapshot_ucx(addr, me, key ^ 1, 7, 2000, max, **node);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(served_ucx_soon(server, 3), 2);  // nothing more was served (yet)
@@ -85,26 +87,26 @@ TEST_F(UcxPeerTest, GetIsAuthenticatedTenantScopedAndExact) {
   (*src)->flush();
   ASSERT_GT((*src)->stats().host_pages, 0);
   const uint64_t long_key = engine::prefix_hashes(7, long_t).back();
-  auto thin = kvshare::fetch_snapshot_ucx(addr, "right", long_key, 7, 2000, **node);
+  auto thin = kvshare::fetch_snapshot_ucx(addr, me, long_key, 7, 2000, max, **node);
   ASSERT_TRUE(thin.ok()) << thin.status().to_string();
   EXPECT_EQ(*thin, *forward::serialize_snapshot(*long_st, long_t, {fingerprint_, 7, long_key, 320, 0}));
   EXPECT_EQ(served_ucx_soon(server, 3), 3);
 
   // An owner without UCX answers "unsupported"; its TCP path still serves the same bytes.
-  kvshare::SnapshotServer tcp_only(**src, "right", 2000, /*enable_ucx=*/false);
+  kvshare::SnapshotServer tcp_only(**src, {{"right", "tcp-owner"}, {}, 2000, 1000, 16, false});
   auto tcp_port = tcp_only.start("127.0.0.1", 0);
   ASSERT_TRUE(tcp_port.ok());
-  const std::string tcp_addr = "127.0.0.1:" + std::to_string(*tcp_port);
-  auto refused = kvshare::fetch_snapshot_ucx(tcp_addr, "right", key, 7, 2000, **node);
+  const kvshare::PeerAddress tcp_addr{"127.0.0.1:" + std::to_string(*tcp_port), "tcp-owner"};
+  auto refused = kvshare::fetch_snapshot_ucx(tcp_addr, me, key, 7, 2000, max, **node);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
-  auto tcp = kvshare::fetch_snapshot(tcp_addr, "right", key, 7, 2000);
+  auto tcp = kvshare::fetch_snapshot(tcp_addr, me, key, 7, 2000, max);
   ASSERT_TRUE(tcp.ok());
   EXPECT_EQ(*tcp, *(*src)->blob(key));
 
   // Nobody listening: fails fast as unavailable.
-  auto dead = kvshare::fetch_snapshot_ucx("127.0.0.1:" + std::to_string(free_port()), "right",
-                                          key, 7, 500, **node);
+  auto dead = kvshare::fetch_snapshot_ucx({"127.0.0.1:" + std::to_string(free_port()), ""}, me,
+                                          key, 7, 500, max, **node);
   ASSERT_FALSE(dead.ok());
   EXPECT_EQ(dead.status().code(), StatusCode::kUnavailable);
 }
@@ -115,7 +117,7 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
   auto silent = kvshare::UcxNode::create();
   ASSERT_TRUE(silent.ok()) << silent.status().to_string();
   std::vector<uint8_t> data(1 << 20, 0x5a);
-  auto region = (*silent)->map(data.data(), data.size());
+  auto region = (*silent)->map(data.data(), data.size(), kvshare::UcxAccess::kRemoteRead);
   ASSERT_TRUE(region.ok()) << region.status().to_string();
 
   const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -131,31 +133,35 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
   std::thread fake([&] {
     const int fd = ::accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
-    uint8_t nonce[32] = {1, 2, 3}, answer[32], request[17];
-    ::send(fd, "FSKV", 4, 0);
-    ::send(fd, nonce, 32, 0);
-    ::recv(fd, answer, 32, MSG_WAITALL);
-    ::recv(fd, request, 17, MSG_WAITALL);  // 'U', hash, tenant
-    const uint8_t offer = 1;
-    const uint64_t where[2] = {(*region)->size(), (*region)->address()};
-    const auto& rkey = (*region)->rkey();
-    const auto& worker = (*silent)->address();
-    const uint32_t rn = uint32_t(rkey.size()), wn = uint32_t(worker.size());
-    ::send(fd, &offer, 1, 0);
-    ::send(fd, where, sizeof(where), 0);
-    ::send(fd, &rn, 4, 0);
-    ::send(fd, rkey.data(), rn, 0);
-    ::send(fd, &wn, 4, 0);
-    ::send(fd, worker.data(), wn, 0);
-    uint8_t done = 0;
-    // The fetcher reports its failure, then hangs up. The owner keeps the connection open until
-    // then, so a fetch that returns did give up by itself (its GET deadline), not on a socket error.
-    if (::recv(fd, &done, 1, MSG_WAITALL) == 1) reported = done;
+    kvshare::PeerSession s;
+    s.fd = fd;
+    s.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::vector<uint8_t> request, done;
+    if (kvshare::accept_peer(s, {"any", "hung"}, addr).ok() && s.recv(request)) {  // 'U', hash, tenant
+      std::vector<uint8_t> offer = {1};
+      auto put = [&](const void* p, size_t n) {
+        offer.insert(offer.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+      };
+      const uint64_t where[2] = {(*region)->size(), (*region)->address()};
+      put(where, sizeof(where));
+      const auto tag = kvshare::snapshot_mac("any", data);
+      put(tag.data(), tag.size());
+      for (const std::vector<uint8_t>* v : {&(*region)->rkey(), &(*silent)->address()}) {
+        const uint32_t n = uint32_t(v->size());
+        put(&n, 4);
+        put(v->data(), n);
+      }
+      s.send(offer);
+      // The fetcher reports its failure, then hangs up. The owner keeps the connection open until
+      // then, so a fetch that returns did give up by itself (its GET deadline), not on a socket error.
+      if (s.recv(done, 1) && done.size() == 1) reported = done[0];
+    }
     ::close(fd);
   });
   auto node = kvshare::UcxNode::create();
   ASSERT_TRUE(node.ok());
-  auto got = kvshare::fetch_snapshot_ucx(addr, "any", 1, 1, 800, **node);
+  auto got = kvshare::fetch_snapshot_ucx({addr, "hung"}, {"any", "fetcher"}, 1, 1, 800,
+                                         data.size(), **node);
   fake.join();
   ::close(lfd);
   ASSERT_FALSE(got.ok());
@@ -163,20 +169,94 @@ TEST_F(UcxPeerTest, HungOwnerCostsAtMostTheTimeout) {
   EXPECT_EQ(reported, 0) << "the fetcher must give up on its own and report the failed GET";
 
   // The fetching node is still usable: a real owner serves it afterwards.
-  auto src = engine::StateCache::open({fingerprint_, 1 << 24, {}, 2});
+  auto src = engine::StateCache::open(cache_opts(1 << 24));
   ASSERT_TRUE(src.ok());
   Rng rng(6);
   const auto t = random_tokens(rng, 9);
   (*src)->put(3, t, *run(t));
   (*src)->flush();
-  kvshare::SnapshotServer server(**src, "k", 2000, true);
+  kvshare::SnapshotServer server(**src, {{"k", "owner"}, {}, 2000, 1000, 16, true});
   auto port = server.start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok());
   const uint64_t key = engine::prefix_hashes(3, t).back();
-  auto ok = kvshare::fetch_snapshot_ucx("127.0.0.1:" + std::to_string(*port), "k", key, 3, 2000,
-                                        **node);
+  auto ok = kvshare::fetch_snapshot_ucx({"127.0.0.1:" + std::to_string(*port), "owner"},
+                                        {"k", "fetcher"}, key, 3, 2000,
+                                        (*src)->max_snapshot_bytes(), **node);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(*ok, *(*src)->blob(key));
+}
+
+// A fake owner (it holds the secret) offers a registered region whose bytes no longer match the
+// MAC it announced (changed in memory after the MAC was taken), or a region far larger than this
+// model's largest snapshot: the first is refused after the GET as a MAC failure, the second before
+// any buffer is allocated.
+TEST_F(UcxPeerTest, ChangedOrOversizeOffersAreRefused) {
+  auto owner = kvshare::UcxNode::create();
+  ASSERT_TRUE(owner.ok()) << owner.status().to_string();
+  std::vector<uint8_t> data(4096, 0x5a);
+  auto region = (*owner)->map(data.data(), data.size(), kvshare::UcxAccess::kRemoteRead);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  const auto tag = kvshare::snapshot_mac("k", data);
+  data[100] ^= 1;  // changed after the MAC
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto serve_once = [&](uint64_t size) {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    kvshare::PeerSession s;
+    s.fd = fd;
+    s.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::vector<uint8_t> request, done;
+    if (kvshare::accept_peer(s, {"k", "owner"}, addr).ok() && s.recv(request)) {
+      std::vector<uint8_t> offer = {1};
+      auto put = [&](const void* p, size_t n) {
+        offer.insert(offer.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+      };
+      const uint64_t where[2] = {size, (*region)->address()};
+      put(where, sizeof(where));
+      put(tag.data(), tag.size());
+      for (const std::vector<uint8_t>* v : {&(*region)->rkey(), &(*owner)->address()}) {
+        const uint32_t n = uint32_t(v->size());
+        put(&n, 4);
+        put(v->data(), n);
+      }
+      s.send(offer);
+      // Progress our worker (software RMA) until the fetcher reports, or hangs up.
+      while (std::chrono::steady_clock::now() < s.deadline) {
+        (*owner)->progress();
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) break;
+      }
+      s.recv(done, 1);
+    }
+    ::close(fd);
+  };
+  auto node = kvshare::UcxNode::create();
+  ASSERT_TRUE(node.ok());
+  {
+    std::thread fake([&] { serve_once(data.size()); });
+    auto got = kvshare::fetch_snapshot_ucx({addr, "owner"}, {"k", "fetcher"}, 1, 1, 3000,
+                                           1 << 20, **node);
+    fake.join();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kParseError) << got.status().to_string();
+  }
+  {
+    std::thread fake([&] { serve_once(uint64_t(1) << 36); });
+    auto got = kvshare::fetch_snapshot_ucx({addr, "owner"}, {"k", "fetcher"}, 1, 1, 3000,
+                                           1 << 20, **node);
+    fake.join();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kOutOfRange) << got.status().to_string();
+  }
+  ::close(lfd);
 }
 
 TEST(Transport, ParsesNames) {
