@@ -161,7 +161,7 @@ TEST_P(Consistency, BatchEqualsEachSequenceAlone) {
 TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
   auto* cpu = dynamic_cast<CpuModel*>(model_.get());
   ASSERT_NE(cpu, nullptr);
-  if (!cpu->has_draft()) GTEST_SKIP() << "no DSpark draft in this checkpoint";
+  if (!cpu->has_draft()) GTEST_SKIP() << "no draft (DSpark / MTP) in this checkpoint";
   const auto toks = random_tokens(45, vocab_, 8);
   auto a = model_->new_sequence(), b = model_->new_sequence();
   std::vector<float> logits;
@@ -176,8 +176,8 @@ TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
   EXPECT_EQ(da->tokens, db->tokens);
   EXPECT_TRUE(bit_equal(da->logits, db->logits));
   EXPECT_TRUE(bit_equal(da->confidence, db->confidence));
-  EXPECT_EQ(int64_t(da->tokens.size()), model_->config().dspark_block_size);
-  // A chooser decides each token, and the Markov head conditions the next row on it.
+  EXPECT_EQ(int64_t(da->tokens.size()), cpu->draft_block_size());  // V4 MTP: 1, DSpark: B
+  // A chooser decides each token, and (DSpark) the Markov head conditions the next row on it.
   auto dc = cpu->propose(*a, 5, [](int64_t, std::span<const float>) { return int32_t(3); });
   ASSERT_TRUE(dc.ok());
   EXPECT_EQ(dc->tokens, std::vector<int32_t>(da->tokens.size(), 3));
