@@ -6,6 +6,8 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "engine/engine.h"
 #include "engine/run_contract.h"
@@ -94,6 +96,14 @@ std::string spec_summary(const engine::EngineStats& es) {
 }
 
 int run(const RunOpts& o) {
+  // stdout carries the result (text or --json): log lines (the speculation policy's decisions,
+  // load warnings) go to stderr, with the level and pattern main.cpp set.
+  {
+    auto err = spdlog::stderr_color_mt("run");
+    err->set_level(spdlog::default_logger()->level());
+    spdlog::set_default_logger(err);
+    spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  }
   if (Status st = check_options(o); !st.ok()) return fail(st.message());
   // The tokenizer is needed to encode --prompt and to print text; --json with ids needs none.
   std::optional<tok::Tokenizer> tokenizer;
