@@ -26,6 +26,7 @@ std::function<int()> setup(CLI::App& app) {
   struct Opts {
     std::string config, out, dtype = "fp8";
     uint64_t seed = 0;
+    bool no_draft = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--config", o->config, "tiny-v4 | tiny-v41 | demo | path to a config.json")->required();
@@ -34,6 +35,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "fp8: release formats (FP8/FP4); bf16: linears stored BF16")
       ->check(CLI::IsMember({"fp8", "bf16"}))
       ->capture_default_str();
+  cmd->add_flag("--no-draft", o->no_draft,
+                "leave out the draft tensors (mtp.*) the config declares (a backbone-only release)");
   return [o]() -> int {
     auto cfg = resolve_config(o->config);
     if (!cfg.ok()) {
@@ -43,6 +46,7 @@ std::function<int()> setup(CLI::App& app) {
     model::MakeTinyOptions opt;
     opt.seed = o->seed;
     opt.bf16 = o->dtype == "bf16";
+    opt.draft = !o->no_draft;
     const auto t0 = std::chrono::steady_clock::now();
     Status st = model::make_tiny_checkpoint(*cfg, opt, o->out);
     if (!st.ok()) {
@@ -50,8 +54,8 @@ std::function<int()> setup(CLI::App& app) {
       return 1;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s (config %s, seed %llu, dtype %s) in %.2f s\n", o->out.c_str(), o->config.c_str(),
-                static_cast<unsigned long long>(o->seed), o->dtype.c_str(), s);
+    std::printf("wrote %s (config %s, seed %llu, dtype %s%s) in %.2f s\n", o->out.c_str(), o->config.c_str(),
+                static_cast<unsigned long long>(o->seed), o->dtype.c_str(), o->no_draft ? ", no draft" : "", s);
     return 0;
   };
 }

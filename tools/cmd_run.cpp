@@ -5,6 +5,10 @@
 #include <filesystem>
 #include <optional>
 
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "engine/engine.h"
 #include "engine/run_contract.h"
 #include "forward/gpu_model.h"
@@ -67,7 +71,39 @@ Result<engine::Request> build_request(const RunOpts& o, const tok::Tokenizer* to
   return r;
 }
 
+// "speculative: auto, 12 verify steps (3 probes), 1.083 tokens/step, accepted per draft position
+// 1/0/0; 88 plain steps; costs: step 1.02 ms, verify x4 2.31 ms, draft 0.87 ms" (stderr).
+std::string spec_summary(const engine::EngineStats& es) {
+  std::string per;
+  for (int64_t a : es.spec_accepted_at) per += (per.empty() ? "" : "/") + std::to_string(a);
+  std::string out = fmt::format("speculative: {}, {} verify steps ({} probes), {:.3f} tokens/step",
+                                engine::spec_mode_name(es.spec_mode), es.spec_steps, es.spec_probes,
+                                es.spec_steps ? double(es.spec_emitted) / double(es.spec_steps) : 0.0);
+  if (!per.empty()) out += ", accepted per draft position " + per;
+  out += fmt::format("; {} plain steps", es.spec_plain_steps);
+  std::string costs;
+  for (const auto& e : es.spec_step_costs) {
+    const auto [lo, hi] = engine::SpecCosts::bucket_range(e.bucket);
+    const std::string batch = lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
+    costs += fmt::format("{}{} x{} {:.3f} ms", costs.empty() ? "" : ", ",
+                         e.width == 1 ? "step" : "verify", e.width, e.seconds * 1e3);
+    if (batch != "1") costs += " (batch " + batch + ")";
+  }
+  if (es.spec_draft_seconds >= 0)
+    costs += fmt::format("{}draft {:.3f} ms", costs.empty() ? "" : ", ", es.spec_draft_seconds * 1e3);
+  if (!costs.empty()) out += "; costs: " + costs;
+  return out;
+}
+
 int run(const RunOpts& o) {
+  // stdout carries the result (text or --json): log lines (the speculation policy's decisions,
+  // load warnings) go to stderr, with the level and pattern main.cpp set.
+  {
+    auto err = spdlog::stderr_color_mt("run");
+    err->set_level(spdlog::default_logger()->level());
+    spdlog::set_default_logger(err);
+    spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  }
   if (Status st = check_options(o); !st.ok()) return fail(st.message());
   // The tokenizer is needed to encode --prompt and to print text; --json with ids needs none.
   std::optional<tok::Tokenizer> tokenizer;
@@ -91,12 +127,16 @@ int run(const RunOpts& o) {
   if (!request.ok()) return fail(request.status().message());
   const int64_t n_prompt = int64_t(request->prompt.size());
 
-  // DSpark speculative decoding (engine/spec_step.cpp): auto = whenever the backend has a draft.
+  // Speculative decoding (engine/spec_step.cpp, spec_policy.h): auto = the policy (speculate
+  // while it pays) when the backend has a draft; on = always the full block; off = never.
   const bool has_draft = (*model)->has_draft();
   if (o.speculative == "on" && !has_draft)
-    return fail("--speculative on: the model has no DSpark draft on this backend (checkpoint without "
-                "mtp.* draft weights, or the CUDA backend, whose draft is not implemented yet)");
-  auto engine = engine::Engine::create(**model, {.max_batch = 1, .speculative = o.speculative != "off"});
+    return fail("--speculative on: the model has no draft on this backend (no DSpark / MTP weights "
+                "(mtp.*) in the checkpoint, or a backend whose draft is not implemented)");
+  const engine::SpecMode mode = o.speculative == "on"    ? engine::SpecMode::kOn
+                                : o.speculative == "off" ? engine::SpecMode::kOff
+                                                         : engine::SpecMode::kAuto;
+  auto engine = engine::Engine::create(**model, {.max_batch = 1, .speculative = mode});
   if (!engine.ok()) return fail(engine.status().message());
   auto stream = (*engine)->submit(std::move(request).value());
   if (!stream.ok()) return fail(stream.status().message());
@@ -138,13 +178,7 @@ int run(const RunOpts& o) {
                n, engine::finish_reason_name(result.finish), total,
                n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
   const engine::EngineStats es = (*engine)->stats();
-  if (es.spec_steps > 0) {
-    std::string per;
-    for (int64_t a : es.spec_accepted_at) per += (per.empty() ? "" : "/") + std::to_string(a);
-    std::fprintf(stderr, "speculative: %lld verify steps, %.3f tokens/step, accepted per draft position %s\n",
-                 static_cast<long long>(es.spec_steps), double(es.spec_emitted) / double(es.spec_steps),
-                 per.c_str());
-  }
+  if (es.spec_mode != engine::SpecMode::kOff) std::fprintf(stderr, "%s\n", spec_summary(es).c_str());
   return 0;
 }
 
@@ -175,7 +209,8 @@ std::function<int()> setup(CLI::App& app) {
       ->check(CLI::IsMember({"exact", "reference"}))
       ->capture_default_str();
   cmd->add_option("--speculative", o->speculative,
-                  "DSpark speculative decoding: auto (when the model has a draft) | on | off")
+                  "speculative decoding with the checkpoint's draft (DSpark / MTP): auto (speculate "
+                  "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");

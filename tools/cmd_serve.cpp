@@ -43,7 +43,7 @@ struct ServeOpts {
   int64_t snapshot_every = 2048;                 // state cache: snapshots inside long prefills
   ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
   bool thinking = false;
-  std::string speculative = "auto";              // DSpark: auto (when the model has a draft) | on | off
+  std::string speculative = "auto";              // auto (the policy) | on | off (engine/spec_policy.h)
   std::vector<std::string> extra_names;
   server::ServerOptions limits;                  // connection and request limits (defaults there)
 };
@@ -236,10 +236,16 @@ int serve(const ServeOpts& o) {
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
   eo.max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
-  if (o.speculative == "on" && !(*model)->has_draft())
-    return abort_with(invalid_argument("--speculative on: the model has no DSpark draft on this backend"));
-  eo.speculative = o.speculative != "off" && (*model)->has_draft();
-  spdlog::info("speculative decoding: {}", eo.speculative ? "on (DSpark)" : "off");
+  const bool has_draft = (*model)->has_draft();
+  if (o.speculative == "on" && !has_draft)
+    return abort_with(invalid_argument("--speculative on: the model has no draft (DSpark / MTP) on this backend"));
+  eo.speculative = !has_draft || o.speculative == "off" ? engine::SpecMode::kOff
+                   : o.speculative == "on"              ? engine::SpecMode::kOn
+                                                        : engine::SpecMode::kAuto;
+  spdlog::info("speculative decoding: {}", eo.speculative == engine::SpecMode::kAuto
+                                               ? "auto (speculates while the draft pays)"
+                                           : eo.speculative == engine::SpecMode::kOn ? "on (always)"
+                                           : has_draft ? "off" : "off (no draft)");
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return abort_with(engine.status());
   (*engine)->start();
@@ -285,7 +291,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
   cmd->add_option("--speculative", o->speculative,
-                  "DSpark speculative decoding: auto (when the model has a draft) | on | off")
+                  "speculative decoding with the checkpoint's draft (DSpark / MTP): auto (speculate "
+                  "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--max-context", o->max_context,

@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <string_view>
@@ -33,7 +34,18 @@ Engine::Engine(forward::Model& model, EngineOptions options)
       options_(std::move(options)),
       vocab_(model.config().vocab_size),
       device_sampling_(device_sampling_on(model, options_)),
-      seed_rng_(initial_seed(options_)) {}
+      spec_mode_(model.has_draft() && model.draft_block_size() >= 1 ? options_.speculative
+                                                                     : SpecMode::kOff),
+      spec_block_(spec_mode_ == SpecMode::kOff ? 0 : model.draft_block_size()),
+      seed_rng_(initial_seed(options_)),
+      spec_costs_(options_.spec_policy.cost_alpha) {
+  stats_.spec_mode = spec_mode_;
+}
+
+double Engine::now() const {
+  if (options_.clock) return options_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(forward::Model& model, EngineOptions options) {
   FS_RETURN_IF_ERROR(validate_budget(options.budget));
@@ -48,6 +60,8 @@ Result<std::unique_ptr<Engine>> Engine::create(forward::Model& model, EngineOpti
     return invalid_argument("engine: max_context must be >= 0 (got {})", options.max_context);
   if (options.max_waiting < 0)
     return invalid_argument("engine: max_waiting must be >= 0 (got {})", options.max_waiting);
+  if (std::string e = validate_spec_policy(options.spec_policy); !e.empty())
+    return invalid_argument("engine: spec_policy: {}", e);
   if (model.config().vocab_size < 1)
     return invalid_argument("engine: model vocab_size is {}", model.config().vocab_size);
   return std::unique_ptr<Engine>(new Engine(model, std::move(options)));

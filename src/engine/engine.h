@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "core/status.h"
 #include "engine/batch_planner.h"
 #include "engine/request.h"
+#include "engine/spec_policy.h"
 #include "forward/model.h"
 
 namespace flashseek::engine {
@@ -33,10 +35,16 @@ struct EngineOptions {
   // config by default: tiny test configs declare max_position_embeddings 64 yet the oracles run
   // 300-token sequences through them. A server passes config().max_position_embeddings.
   int64_t max_context = 0;
-  // DSpark speculative decoding (v41 §5, spec_step.cpp) when the model has a draft
-  // (Model::has_draft). Off by default in the library so that seeded sampling draws stay those of
-  // plain decoding; the CLI and server turn it on (greedy output is identical either way).
-  bool speculative = false;
+  // Speculative decoding (v41 §5, spec_step.cpp) when the model has a draft (Model::has_draft):
+  // kAuto speculates per sequence and step only while it pays (spec_policy.h), kOn always
+  // verifies the full block, kOff never speculates. Off by default in the library so that seeded
+  // sampling draws stay those of plain decoding; the CLI and server default to kAuto (greedy
+  // output is identical in every mode).
+  SpecMode speculative = SpecMode::kOff;
+  SpecPolicyOptions spec_policy;
+  // Monotonic clock in seconds for the policy's cost measurements (step and draft wall times);
+  // unset: std::chrono::steady_clock. Tests inject a scripted clock.
+  std::function<double()> clock;
   // Sample on the model's device when it can (Model::samples_on_device) and the item needs no
   // logits on the host (no logprobs, no prompt logprobs, not a speculative verification): the
   // engine passes an ops::SampleSpec per item and gets one token back instead of a [vocab] row.
@@ -53,14 +61,25 @@ struct EngineStats {
   int64_t generated_tokens = 0;   // tokens sampled
   int64_t last_batch_items = 0;   // sequences in the latest forward call
   int64_t last_batch_tokens = 0;  // tokens in the latest forward call
-  // Speculative decoding: verification steps (one per sequence and step), drafts proposed,
-  // drafts accepted, tokens emitted by them (accepted + bonus, after stop/length truncation),
-  // and accepted_at[i]: steps whose draft i+1 was accepted ([dspark_block_size]).
+  // Speculative decoding: verification steps (one per sequence and step), drafts verified (a
+  // step may verify a prefix of the proposal), drafts accepted, tokens emitted by them (accepted + bonus, after stop/length truncation),
+  // and accepted_at[i]: steps whose draft i+1 was accepted ([draft block size]).
   int64_t spec_steps = 0;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
   int64_t spec_emitted = 0;
   std::vector<int64_t> spec_accepted_at;
+  // The speculation policy (spec_policy.h): the effective mode (kOff when the model has no
+  // draft), decode steps it ran plain although the sequence could have speculated, full-block
+  // probes, running sequences by their latest decision, and the measured costs it decides with
+  // (step wall time per batch bucket and width; one proposal's wall time, < 0 until measured).
+  SpecMode spec_mode = SpecMode::kOff;
+  int64_t spec_plain_steps = 0;
+  int64_t spec_probes = 0;
+  int64_t spec_sequences_speculating = 0;
+  int64_t spec_sequences_plain = 0;
+  std::vector<SpecCosts::Entry> spec_step_costs;
+  double spec_draft_seconds = -1;
 };
 
 class Engine {
@@ -101,6 +120,7 @@ class Engine {
     std::vector<ops::SampleSpec> specs;  // [items] device-sampling specs (items[i].sample)
     int64_t rows = 0;    // logits rows the model must return
     int64_t tokens = 0;  // tokens in the call
+    int64_t spec_plain = 0, spec_probes = 0;  // policy decisions this step (EngineStats)
   };
   Engine(forward::Model& model, EngineOptions options);
   Status validate(const Request& r) const;  // caller holds mu_
@@ -125,7 +145,10 @@ class Engine {
   Status sample_next(Sequence& seq, std::span<const float> row, const forward::BatchItem& bi);
   bool has_work() const;                    // caller holds mu_
   // Speculative decoding (spec_step.cpp).
-  bool speculate(const Sequence& seq) const;
+  int64_t spec_room(const Sequence& seq) const;  // drafts the sequence could verify now
+  // Feeds the step's wall time to spec_costs_ (decode-only steps that succeeded) and updates the
+  // policy's EngineStats. Caller holds step_mu_ and mu_.
+  void record_step_cost(const StepBatch& batch, bool ok, double seconds);
   void prepare_speculation(StepBatch& batch);  // without mu_: runs the draft
   Status verify_block(Sequence& seq, std::span<const float> logits);
   Status emit_token(Sequence& seq, int32_t token, std::span<const float> row, int64_t position,
@@ -136,6 +159,9 @@ class Engine {
   const EngineOptions options_;
   const int64_t vocab_;
   const bool device_sampling_;  // options_.device_sampling, the env switch and the model agree
+  const SpecMode spec_mode_;     // options_.speculative, kOff when the model has no draft
+  const int64_t spec_block_;     // the draft's block size (Model::draft_block_size)
+  double now() const;            // options_.clock or steady_clock, in seconds
 
   mutable std::mutex mu_;       // guards everything below
   std::condition_variable cv_;  // wakes the scheduler thread
@@ -146,7 +172,8 @@ class Engine {
   bool stopping_ = false;
   bool snapshot_warned_ = false;  // hand_snapshot logged a refused export
 
-  std::mutex step_mu_;  // one step at a time (thread or caller)
+  std::mutex step_mu_;  // one step at a time (thread or caller); also guards spec_costs_
+  SpecCosts spec_costs_;
   std::thread thread_;
 };
 

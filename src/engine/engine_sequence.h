@@ -6,6 +6,7 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/spec_policy.h"
 
 namespace flashseek::engine {
 
@@ -25,6 +26,10 @@ struct Engine::Sequence {
   std::vector<int32_t> verify_tokens;
   std::vector<SamplingDistribution> verify_q;
   int64_t spec_steps = 0, spec_tokens = 0;  // verification steps run and tokens they emitted
+  // The speculation policy of this sequence (spec_policy.h); set at admission when the engine
+  // speculates. `spec_logged`: the policy state last written to the log (-1: none yet).
+  std::optional<SpecPolicy> policy;
+  int spec_logged = -1;
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   int64_t pending_prompt() const { return prompt_len() - prompt_done; }

@@ -15,6 +15,7 @@ void Engine::admit() {
     seq->state = seq->req.prefix ? restore_prefix(seq->req) : model_.new_sequence();
     seq->prompt_done = seq->state->length();
     if (seq->req.prompt_logprobs >= 0) seq->prompt_lp.assign(seq->req.prompt.size(), std::nullopt);
+    if (spec_mode_ != SpecMode::kOff) seq->policy.emplace(spec_mode_, spec_block_, options_.spec_policy);
     running_.push_back(std::move(seq));
     ++stats_.running;
   }
@@ -66,6 +67,7 @@ Status Engine::step() {
   // The model runs without the lock: submit()/cancel() stay responsive. Nothing the items point
   // at changes meanwhile (only this step mutates prompts, tokens and states; a cancelled
   // sequence keeps its state until apply_results clears in_flight).
+  const double t0 = spec_mode_ == SpecMode::kOff ? 0 : now();
   std::vector<float> logits;
   Status st = model_.forward(batch.items, logits);
   if (st.ok() && int64_t(logits.size()) != batch.rows * vocab_)
@@ -73,6 +75,8 @@ Status Engine::step() {
                         logits.size(), batch.rows, vocab_);
   std::lock_guard lock(mu_);
   apply_results(batch, st, logits);
+  // The step's cost as the speculation policy sees it: forward + acceptance, rollback, sampling.
+  if (spec_mode_ != SpecMode::kOff) record_step_cost(batch, st.ok(), now() - t0);
   return st;
 }
 

@@ -6,7 +6,8 @@
 
 namespace flashseek::engine {
 
-// Empty when the engine never ran a verification step. Per-position counters carry a
+// Empty when speculation is off and no verification step ran. The policy's mode, decisions and
+// measured costs come first; the verification counters once a step ran. Per-position counters carry a
 // `position` label (1-based draft index): verify steps whose draft at that position was accepted.
 std::string spec_metrics_text(const EngineStats& stats);
 

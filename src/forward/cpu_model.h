@@ -49,12 +49,18 @@ class CpuModel final : public Model {
   Result<std::vector<int64_t>> engram_hash_ids(const SequenceState& state,
                                                std::span<const int32_t> tokens) const;
   Numerics numerics() const { return numerics_; }
-  bool has_draft() const override { return w_.has_dspark; }
+  // A draft for speculative decoding: V4.1's DSpark (a block of dspark_block_size drafts) or V4's
+  // MTP block (one draft per step).
+  bool has_draft() const override { return w_.has_dspark || w_.has_mtp; }
+  int64_t draft_block_size() const override {
+    return w_.has_dspark ? config().dspark_block_size : w_.has_mtp ? 1 : 0;
+  }
   bool has_mtp() const { return w_.has_mtp; }
   // V4 MTP logits [V] for token a+2 at the last committed position a, given token a+1.
   Result<std::vector<float>> mtp_logits(const SequenceState& state, int32_t next_token) const;
-  // DSpark proposal after the committed tokens of `state` (last position a = length − 1), with
+  // Draft proposal after the committed tokens of `state` (last position a = length − 1), with
   // anchor `x0` (the target's token for position a + 1, not yet fed). State is unchanged.
+  // DSpark: dspark_block_size drafts; V4 MTP: one draft from mtp_logits(state, x0).
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0,
                              const DraftChooser& choose = {}) const override;
   // Snapshots (state_convert.cpp): export = a copy (sealed pages shared); import = the geometry

@@ -79,9 +79,23 @@ void CpuModel::draft_attention(int stage, const CpuSequenceState& st, const std:
 Result<DraftBlock> CpuModel::propose(const SequenceState& state, int32_t x0, const DraftChooser& choose) const {
   const auto* st = dynamic_cast<const CpuSequenceState*>(&state);
   if (!st) return invalid_argument("propose: not a CPU sequence state");
-  if (!w_.has_dspark) return invalid_argument("propose: the checkpoint has no DSpark draft (mtp.*)");
   if (st->len < 1) return invalid_argument("propose: the sequence has no committed token yet");
   const auto& c = config();
+  if (!w_.has_dspark && w_.has_mtp) {  // V4 MTP: the draft for position a + 2 from (X_a, x0)
+    if (x0 < 0 || x0 >= c.vocab_size)
+      return invalid_argument("propose: anchor token {} outside [0, {})", x0, c.vocab_size);
+    DraftBlock out;
+    FS_ASSIGN_OR_RETURN(out.logits, mtp_logits(state, x0));
+    const std::span<const float> row(out.logits);
+    const int32_t y = choose ? choose(1, row)
+                             : int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    if (y < 0 || y >= c.vocab_size)
+      return invalid_argument("propose: chooser returned token {} outside [0, {})", y, c.vocab_size);
+    out.tokens.push_back(y);
+    out.confidence.push_back(0.0f);  // MTP has no confidence head
+    return out;
+  }
+  if (!w_.has_dspark) return invalid_argument("propose: the checkpoint has no draft (mtp.*)");
   const int64_t V = c.vocab_size, D = c.hidden_size, hc = c.hc_mult, B = c.dspark_block_size;
   const int64_t r = c.dspark_markov_rank;
   if (x0 < 0 || x0 >= V) return invalid_argument("propose: anchor token {} outside [0, {})", x0, V);

@@ -72,10 +72,12 @@ class Model {
   virtual Status rollback(SequenceState& state, int64_t new_length) const {
     return {StatusCode::kUnimplemented, "rollback: not supported by this model"};
   }
-  // DSpark speculative decoding (v41 §5). has_draft(): the checkpoint carries draft weights and
-  // this backend can propose. propose(): one block of dspark_block_size drafts after the
-  // committed tokens of `state` with anchor `x0` (not yet fed); the state is unchanged.
+  // Speculative decoding (V4.1 DSpark v41 §5; V4 MTP v4 §3.8). has_draft(): the checkpoint
+  // carries draft weights and this backend can propose. propose(): one block of
+  // draft_block_size() drafts after the committed tokens of `state` with anchor `x0` (not yet
+  // fed); the state is unchanged.
   virtual bool has_draft() const { return false; }
+  virtual int64_t draft_block_size() const { return config().dspark_block_size; }
   virtual Result<DraftBlock> propose(const SequenceState& state, int32_t x0,
                                      const DraftChooser& choose = {}) const {
     return Status{StatusCode::kUnimplemented, "propose: this model backend has no DSpark draft"};

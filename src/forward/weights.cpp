@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "ops/rope.h"
 
@@ -222,7 +223,13 @@ Result<ModelWeights> load_weights(const Checkpoint& ck) {
   for (int l = 0; l < int(c.num_layers); ++l)
     FS_RETURN_IF_ERROR(load_block(ck, fmt::format("layers.{}.", l), l, c.n_routed_experts, mw.layers[size_t(l)]));
   if (c.is_v41() && !c.engram_layer_ids.empty()) FS_RETURN_IF_ERROR(load_engram(ck, mw));
-  if (!c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.e_proj.weight")) {
+  // A config that declares draft layers whose tensors are all absent loads the backbone alone
+  // (Checkpoint::validate: one warning; a partly present draft fails there, naming the tensors).
+  const bool draft = c.num_mtp_layers > 0 && !ck.validation().draft_absent;
+  if (c.num_mtp_layers > 0 && !draft)
+    spdlog::warn("{}: {} draft layer(s) declared but no mtp.* tensors: loading the backbone "
+                 "without a draft (speculative decoding off)", ck.dir(), c.num_mtp_layers);
+  if (!c.is_v41() && draft) {
     mw.has_mtp = true;
     MtpWeights& m = mw.mtp;
     FS_RETURN_IF_ERROR(load_block(ck, "mtp.0.", int(c.num_layers), c.n_routed_experts, m.block));
@@ -235,7 +242,7 @@ Result<ModelWeights> load_weights(const Checkpoint& ck) {
     FS_RETURN_IF_ERROR(get(ck, "mtp.0.hc_head_base", hc, m.hc_head_base));
     FS_RETURN_IF_ERROR(get(ck, "mtp.0.hc_head_scale", 1, m.hc_head_scale));
   }
-  if (c.is_v41() && c.num_mtp_layers > 0 && ck.has("mtp.0.main_proj.weight")) {
+  if (c.is_v41() && draft) {
     mw.has_dspark = true;
     FS_RETURN_IF_ERROR(load_dspark(ck, mw.dspark));
   }

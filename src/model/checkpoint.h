@@ -26,7 +26,11 @@ struct TensorView {
 
 struct ValidationReport {
   std::vector<std::string> errors;    // missing / mis-shaped / wrong-dtype tensors (name + file)
-  std::vector<std::string> warnings;  // unexpected tensors, absent optional tensors
+  std::vector<std::string> warnings;  // unexpected tensors, absent optional tensors, absent draft
+  // The config declares draft layers (V4 MTP / V4.1 DSpark, `mtp.*`) but the checkpoint ships
+  // none of their tensors: the backbone loads without a draft (one warning). A draft that is
+  // only partly present is an error naming each missing tensor.
+  bool draft_absent = false;
   bool ok() const { return errors.empty(); }
 };
 

@@ -94,7 +94,21 @@ class Validator {
 ValidationReport Checkpoint::validate() const {
   ValidationReport r;
   Validator v(*this, r);
-  for (const WeightSpec& w : expected_weights(cfg_)) v.check(w);
+  const std::vector<WeightSpec> specs = expected_weights(cfg_);
+  auto is_draft = [](const WeightSpec& w) {
+    return w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
+  };
+  int64_t draft_total = 0, draft_present = 0;
+  for (const WeightSpec& w : specs)
+    if (is_draft(w)) ++draft_total, draft_present += has(w.name) ? 1 : 0;
+  r.draft_absent = draft_total > 0 && draft_present == 0;
+  if (r.draft_absent)
+    r.warnings.push_back(fmt::format(
+        "the config declares {} draft layer(s) (num_nextn_predict_layers) but the checkpoint ships "
+        "none of their {} tensors (mtp.*): loading without a draft, speculative decoding off",
+        cfg_.num_mtp_layers, draft_total));
+  for (const WeightSpec& w : specs)
+    if (!(r.draft_absent && is_draft(w))) v.check(w);
   for (const auto& f : shards_.files())
     for (const auto& t : f.tensors())
       if (!v.used.count(t.name))

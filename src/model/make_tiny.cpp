@@ -234,7 +234,11 @@ Status make_tiny_checkpoint(const ModelConfig& cfg_in, const MakeTinyOptions& op
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) return io_error("{}: cannot create: {}", out_dir, ec.message());
-  const std::vector<WeightSpec> specs = expected_weights(cfg);
+  std::vector<WeightSpec> specs = expected_weights(cfg);
+  if (!opt.draft)
+    std::erase_if(specs, [](const WeightSpec& w) {
+      return w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
+    });
   // Shard assignment by cumulative bytes, whole weights (with their scales) per shard.
   std::vector<uint64_t> bytes(specs.size());
   uint64_t total = 0;

@@ -23,6 +23,9 @@ Result<ModelConfig> builtin_config(std::string_view name);
 struct MakeTinyOptions {
   uint64_t seed = 0;
   bool bf16 = false;       // store linears and experts as BF16 (no scales); Engram tables stay FP8
+  // false: leave out the draft's tensors (mtp.*) while the config still declares the draft
+  // layers, like a release that ships the backbone only (the loader warns and loads it).
+  bool draft = true;
   int min_shards = 2;
   uint64_t shard_bytes = 64ull << 20;  // more shards when the data exceeds min_shards * this
 };

@@ -73,7 +73,7 @@ class SpecEngine : public ::testing::Test {
   }
   // Runs `reqs` in one engine (max_batch 3, small budget so prompts chunk) and returns results.
   std::vector<GenerationResult> run(forward::Model& model, const std::vector<Request>& reqs,
-                                    bool spec, EngineStats* stats = nullptr) {
+                                    SpecMode spec, EngineStats* stats = nullptr) {
     auto engine = make_engine(model, {.max_batch = 3, .budget = {32, 16}, .speculative = spec});
     std::vector<std::shared_ptr<EventStream>> streams;
     for (const Request& r : reqs) {
@@ -115,23 +115,83 @@ void log_stats(const char* what, const EngineStats& s) {
 TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithTheRealDraft) {
   const std::vector<Request> reqs = {greedy_request(1, 9, 520)};
   EngineStats st;
-  const auto spec = run(*model_, reqs, true, &st);
-  const auto plain = run(*model_, reqs, false);
+  EngineStats st_auto;
+  const auto spec = run(*model_, reqs, SpecMode::kOn, &st);
+  const auto autos = run(*model_, reqs, SpecMode::kAuto, &st_auto);
+  const auto plain = run(*model_, reqs, SpecMode::kOff);
   ASSERT_EQ(spec[0].tokens.size(), 520u);
   ASSERT_EQ(plain[0].tokens.size(), 520u);
   for (size_t i = 0; i < 520; ++i)
     ASSERT_EQ(spec[0].tokens[i], plain[0].tokens[i]) << "first difference at generated token " << i;
   testing::expect_same_result(spec[0], plain[0]);
+  testing::expect_same_result(autos[0], plain[0]);
   EXPECT_GT(st.spec_steps, 0);
+  EXPECT_GT(st_auto.spec_probes, 0);
   log_stats("tiny-v41 random draft", st);
+  log_stats("tiny-v41 random draft, auto", st_auto);
+}
+
+// V4's MTP block as the draft (one draft per step, CpuModel::propose): greedy output is the same
+// with speculation on, auto and off, alone and batched with seeded sampling requests, which are
+// batch-invariant.
+TEST(SpecEngineV4, MtpDraftGreedySameOnAutoOff) {
+  flashseek::testing::TempDir dir;
+  auto cfg = model::builtin_config("tiny-v4");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  ASSERT_TRUE(model::make_tiny_checkpoint(*cfg, {.seed = 5}, dir.path().string()).ok());
+  auto m = forward::load_model(dir.path().string(), forward::Numerics::kReference);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  forward::Model& model = **m;
+  ASSERT_TRUE(model.has_draft()) << "tiny-v4 carries an MTP block";
+  ASSERT_EQ(model.draft_block_size(), 1);
+  std::vector<Request> reqs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    Rng rng(i + 90);
+    Request r;
+    r.id = i;
+    r.prompt = testing::random_prompt(rng, 5 + int64_t(i) * 6, model.config().vocab_size);
+    r.max_tokens = i == 0 ? 160 : 40;
+    r.ignore_eos = true;
+    r.logprobs = 2;
+    r.sampling.temperature = 0;
+    reqs.push_back(r);
+  }
+  reqs[2].sampling = {.temperature = 0.8, .top_k = 40};
+  reqs[2].seed = 11;
+  auto run = [&](const std::vector<Request>& rs, SpecMode mode, EngineStats* stats) {
+    auto engine = make_engine(model, {.max_batch = 3, .budget = {32, 16}, .speculative = mode});
+    std::vector<std::shared_ptr<EventStream>> streams;
+    for (const Request& r : rs) streams.push_back(*engine->submit(r));
+    EXPECT_TRUE(engine->run_until_idle().ok());
+    if (stats) *stats = engine->stats();
+    std::vector<GenerationResult> out;
+    for (auto& s : streams) out.push_back(collect(*s));
+    return out;
+  };
+  EngineStats on_stats, auto_stats;
+  const auto on = run(reqs, SpecMode::kOn, &on_stats);
+  const auto aut = run(reqs, SpecMode::kAuto, &auto_stats);
+  const auto off = run(reqs, SpecMode::kOff, nullptr);
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_EQ(on[i].tokens.size(), size_t(reqs[i].max_tokens));
+    testing::expect_same_result(on[i], off[i]);
+    testing::expect_same_result(aut[i], off[i]);
+  }
+  EXPECT_EQ(run({reqs[2]}, SpecMode::kOn, nullptr)[0].tokens, on[2].tokens);
+  EXPECT_EQ(on[2].tokens.size(), 40u);
+  EXPECT_GT(on_stats.spec_steps, 100);
+  EXPECT_EQ(on_stats.spec_accepted_at.size(), 1u);
+  EXPECT_EQ(auto_stats.spec_mode, SpecMode::kAuto);
+  log_stats("tiny-v4 MTP draft", on_stats);
 }
 
 TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithEveryAcceptanceLength) {
   OracleDraft oracle(*model_);
   const std::vector<Request> reqs = {greedy_request(2, 5, 510)};
   EngineStats st;
-  const auto spec = run(oracle, reqs, true, &st);
-  const auto plain = run(*model_, reqs, false);
+  const auto spec = run(oracle, reqs, SpecMode::kOn, &st);
+  const auto plain = run(*model_, reqs, SpecMode::kOff);
   testing::expect_same_result(spec[0], plain[0]);
   const int64_t B = model_->config().dspark_block_size;
   ASSERT_EQ(int64_t(st.spec_accepted_at.size()), B);
@@ -159,9 +219,9 @@ TEST_F(SpecEngine, BatchedGreedyAndSampledRequests) {
   reqs[3].sampling = {.temperature = 1.1, .top_p = 0.9};
   reqs[3].seed = 78;
   reqs[4].stop_ids = {reqs[4].prompt[0]};  // may or may not be hit; must behave like plain
-  const auto real_spec = run(*model_, reqs, true);
-  const auto oracle_spec = run(oracle, reqs, true);
-  const auto plain = run(*model_, reqs, false);
+  const auto real_spec = run(*model_, reqs, SpecMode::kOn);
+  const auto oracle_spec = run(oracle, reqs, SpecMode::kOn);
+  const auto plain = run(*model_, reqs, SpecMode::kOff);
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE(i);
     if (reqs[i].sampling.greedy()) {
@@ -169,7 +229,7 @@ TEST_F(SpecEngine, BatchedGreedyAndSampledRequests) {
       testing::expect_same_result(oracle_spec[i], plain[i]);
     }
     // Speculative requests alone give the same tokens as inside the batch.
-    const auto alone = run(oracle, {reqs[i]}, true);
+    const auto alone = run(oracle, {reqs[i]}, SpecMode::kOn);
     testing::expect_same_result(alone[0], oracle_spec[i]);
     EXPECT_LE(oracle_spec[i].tokens.size(), size_t(reqs[i].max_tokens));
     EXPECT_EQ(oracle_spec[i].tokens.size(), plain[i].tokens.size()) << "length / stop as plain";
@@ -179,14 +239,14 @@ TEST_F(SpecEngine, BatchedGreedyAndSampledRequests) {
 TEST_F(SpecEngine, StopIdsAndMaxTokensCutAnAcceptedBlockLikePlainDecoding) {
   OracleDraft oracle(*model_);
   const Request base = greedy_request(30, 6, 60);
-  const auto plain = run(*model_, {base}, false);
+  const auto plain = run(*model_, {base}, SpecMode::kOff);
   ASSERT_EQ(plain[0].tokens.size(), 60u);
   // A stop id that first occurs mid-output (wherever that falls inside a verified block).
   for (size_t at : {size_t(7), size_t(20), size_t(33)}) {
     Request r = base;
     r.stop_ids = {plain[0].tokens[at]};
-    const auto want = run(*model_, {r}, false);
-    const auto got = run(oracle, {r}, true);
+    const auto want = run(*model_, {r}, SpecMode::kOff);
+    const auto got = run(oracle, {r}, SpecMode::kOn);
     SCOPED_TRACE(at);
     testing::expect_same_result(got[0], want[0]);
     EXPECT_EQ(got[0].finish, FinishReason::kStop);
@@ -195,7 +255,7 @@ TEST_F(SpecEngine, StopIdsAndMaxTokensCutAnAcceptedBlockLikePlainDecoding) {
   for (int64_t n = 1; n <= 12; ++n) {
     Request r = base;
     r.max_tokens = n;
-    const auto got = run(oracle, {r}, true);
+    const auto got = run(oracle, {r}, SpecMode::kOn);
     SCOPED_TRACE(n);
     ASSERT_EQ(int64_t(got[0].tokens.size()), n);
     EXPECT_TRUE(std::equal(got[0].tokens.begin(), got[0].tokens.end(), plain[0].tokens.begin()));

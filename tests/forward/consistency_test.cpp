@@ -161,20 +161,8 @@ TEST_P(Consistency, BatchEqualsEachSequenceAlone) {
 TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
   auto* cpu = dynamic_cast<CpuModel*>(model_.get());
   ASSERT_NE(cpu, nullptr);
-  // make-tiny writes a DSpark draft for V4.1 only; a V4 checkpoint has none and says so.
-  const bool v41 = std::string(GetParam().config) == "tiny-v41";
-  ASSERT_EQ(cpu->has_draft(), v41);
-  if (!v41) {
-    auto st = model_->new_sequence();
-    std::vector<float> logits;
-    const auto t = random_tokens(3, vocab_, 8);
-    BatchItem item{st.get(), t, false};
-    ASSERT_TRUE(model_->forward({&item, 1}, logits).ok());
-    auto none = cpu->propose(*st, 5);
-    ASSERT_FALSE(none.ok());
-    EXPECT_NE(none.status().message().find("no DSpark draft"), std::string::npos) << none.status().to_string();
-    return;
-  }
+  // Both tiny configs carry a draft (V4.1: DSpark; V4: the MTP layer, a 1-token draft).
+  ASSERT_TRUE(cpu->has_draft()) << GetParam().config;
   const auto toks = random_tokens(45, vocab_, 8);
   auto a = model_->new_sequence(), b = model_->new_sequence();
   std::vector<float> logits;
@@ -189,8 +177,8 @@ TEST_P(Consistency, DraftProposalIndependentOfHowTheStateWasBuilt) {
   EXPECT_EQ(da->tokens, db->tokens);
   EXPECT_TRUE(bit_equal(da->logits, db->logits));
   EXPECT_TRUE(bit_equal(da->confidence, db->confidence));
-  EXPECT_EQ(int64_t(da->tokens.size()), model_->config().dspark_block_size);
-  // A chooser decides each token, and the Markov head conditions the next row on it.
+  EXPECT_EQ(int64_t(da->tokens.size()), cpu->draft_block_size());  // V4 MTP: 1, DSpark: B
+  // A chooser decides each token, and (DSpark) the Markov head conditions the next row on it.
   auto dc = cpu->propose(*a, 5, [](int64_t, std::span<const float>) { return int32_t(3); });
   ASSERT_TRUE(dc.ok());
   EXPECT_EQ(dc->tokens, std::vector<int32_t>(da->tokens.size(), 3));

@@ -33,7 +33,7 @@ Outcome generate(Model& m, const engine::SamplingParams& sp, int64_t n, bool dev
   engine::EngineOptions o;
   o.max_batch = 2;
   o.device_sampling = device;
-  o.speculative = spec;
+  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
   auto eng = engine::Engine::create(m, o);
   EXPECT_TRUE(eng.ok()) << eng.status().to_string();
   Outcome run;

@@ -218,7 +218,7 @@ std::vector<int32_t> generate(Model& m, const std::vector<int32_t>& prompt, int6
                               engine::EngineStats* stats) {
   engine::EngineOptions o;
   o.max_batch = 2;
-  o.speculative = spec;
+  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
   auto eng = engine::Engine::create(m, o);
   EXPECT_TRUE(eng.ok()) << eng.status().to_string();
   if (!eng.ok()) return {};

@@ -80,6 +80,9 @@ const BrokenCase kBroken[] = {
      "layers.2.attn.wkv.weight", "missing"},
     {"missing draft head", [](Tensors& t) { t.erase("mtp.2.markov_head.head.weight"); },
      "mtp.2.markov_head.head.weight", "missing"},
+    {"draft stage 1 absent, stages 0 and 2 present",
+     [](Tensors& t) { std::erase_if(t, [](const auto& kv) { return kv.first.rfind("mtp.1.", 0) == 0; }); },
+     "mtp.1.attn.wq_a.weight", "missing"},
     {"mis-shaped norm",
      [](Tensors& t) { auto& r = t["layers.0.attn_norm.weight"]; r.shape = {127}; r.bytes.resize(254); },
      "layers.0.attn_norm.weight", "expected [128]"},
@@ -106,6 +109,32 @@ INSTANTIATE_TEST_SUITE_P(Cases, BrokenCheckpoint, ::testing::ValuesIn(kBroken), 
   for (const char* c = info.param.what; *c; ++c) n += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
   return n;
 });
+
+// A config that declares draft layers (V4 MTP, V4.1 DSpark) with none of their tensors in the
+// checkpoint validates with exactly one warning, and flags the draft as absent.
+TEST(Checkpoint, DeclaredDraftWithoutTensorsIsOneWarning) {
+  for (const char* name : {"tiny-v4", "tiny-v41"}) {
+    SCOPED_TRACE(name);
+    testutil::TempDir d;
+    ASSERT_TRUE(make_tiny_checkpoint(*builtin_config(name), {.draft = false}, d.path()).ok());
+    auto ck = Checkpoint::open(d.path());
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    EXPECT_GT(ck->config().num_mtp_layers, 0);
+    EXPECT_FALSE(ck->has("mtp.0.attn.wq_a.weight"));
+    const ValidationReport& r = ck->validation();
+    EXPECT_TRUE(r.ok());
+    EXPECT_TRUE(r.draft_absent);
+    ASSERT_EQ(r.warnings.size(), 1u) << ::testing::PrintToString(r.warnings);
+    EXPECT_NE(r.warnings[0].find("mtp.*"), std::string::npos) << r.warnings[0];
+    // The full checkpoint has its draft.
+    testutil::TempDir full;
+    ASSERT_TRUE(make_tiny_checkpoint(*builtin_config(name), {}, full.path()).ok());
+    auto fk = Checkpoint::open(full.path());
+    ASSERT_TRUE(fk.ok());
+    EXPECT_FALSE(fk->validation().draft_absent);
+    EXPECT_TRUE(fk->validation().warnings.empty());
+  }
+}
 
 TEST(Checkpoint, UnexpectedTensorIsAWarning) {
   testutil::TempDir d;
