@@ -5,7 +5,8 @@
 #   turn 1 -> A, turn 2 (= turn 1 + answer + more) -> A: must report cached_tokens > 0 (A's own
 #   snapshot of a GPU state); turn 3 (= turn 2 + answer + more) -> B: must report
 #   cached_tokens > 0 (A's snapshot fetched over the snapshot transport and imported by B).
-# Prints the numbers; exits non-zero on any failure. Both servers may share one GPU.
+# Prints the numbers; exits non-zero on any failure. Both servers may share one GPU. Requests carry
+# one API key of one tenant (a server without keys isolates every request: no reuse to check).
 #
 # usage: scripts/gpu-kvshare-check.sh REDIS_SERVER [options]
 #   REDIS_SERVER      path to a redis-server binary
@@ -72,7 +73,7 @@ BACKEND=(--gpus "$GPUS"); KIND="GPU $GPUS"
 # serve NAME: starts a server, waits (deadline 300 s) until /readyz answers 200, sets PORT.
 serve() {
   local name=$1 log=$TMP/$1.log port="" i
-  "$FS" serve --ckpt "$CKPT" "${BACKEND[@]}" --port 0 --max-context 16384 \
+  FLASHSEEK_API_KEYS="gpu-kvshare-check-key team" "$FS" serve --ckpt "$CKPT" "${BACKEND[@]}" --port 0 --max-context 16384 \
     --redis "redis://127.0.0.1:$RPORT" --cluster-secret gpu-kvshare-check --server-id "$name" \
     --kv-transport "$TRANSPORT" --drain-snapshots 0 >"$log" 2>&1 &
   PIDS+=($!)
@@ -96,7 +97,8 @@ import json, sys, urllib.request
 port, prompt, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 body = json.dumps({"model": "deepseek-v4.1-flash", "prompt": prompt, "max_tokens": n, "temperature": 0,
                    "ignore_eos": True, "return_token_ids": True}).encode()
-r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                           {"Content-Type": "application/json", "Authorization": "Bearer gpu-kvshare-check-key"})
 j = json.loads(urllib.request.urlopen(r, timeout=600).read())
 print(j["usage"]["prompt_tokens_details"]["cached_tokens"], json.dumps(j["choices"][0]["token_ids"]))
 PY
