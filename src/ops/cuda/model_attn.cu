@@ -452,10 +452,12 @@ __global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs 
 constexpr int kMbThreads = 256;
 constexpr int kMbBins = 2048;
 constexpr int kMbShift = 21;  // 32 - 11 bits
-constexpr int64_t kMbChunk = 2048;
+constexpr int kMbUnroll = 4;  // keys per thread, loaded before any is counted
+constexpr int64_t kMbChunk = int64_t(kMbThreads) * kMbUnroll;
 constexpr int64_t kMbHeader = kMbBins + 8;
 constexpr int64_t kMbMaxK = 2048;     // the finish block orders k indices in shared memory
 constexpr int64_t kMbMinKeys = 8192;  // shorter rows: one block per row is as fast
+constexpr int kMbStage = 4096;        // candidates the finish block stages in shared memory
 
 struct MbRow {
   unsigned* g;       // header
@@ -535,10 +537,15 @@ __global__ void __launch_bounds__(kMbThreads) topk_mb_hist_kernel(IndexTopkArgs 
   }
   __syncthreads();
   const int lane = int(threadIdx.x & 31);
-  for (int64_t base = lo; base < hi; base += blockDim.x) {  // whole warps iterate together
-    const int64_t i = base + threadIdx.x;
-    const int64_t key = i < hi ? mb_key<kBlk>(a, t, i) : -1;
-    const int bin = key >= 0 ? int(uint32_t(key) >> kMbShift) : -1;
+  int64_t key[kMbUnroll];  // the chunk is kMbUnroll keys per thread: all loads in flight at once
+#pragma unroll
+  for (int u = 0; u < kMbUnroll; ++u) {
+    const int64_t i = lo + int64_t(u) * blockDim.x + threadIdx.x;
+    key[u] = i < hi ? mb_key<kBlk>(a, t, i) : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kMbUnroll; ++u) {
+    const int bin = key[u] >= 0 ? int(uint32_t(key[u]) >> kMbShift) : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, bin);  // one atomic per distinct bin
     if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], unsigned(__popc(peers)));
   }
@@ -595,10 +602,16 @@ __global__ void __launch_bounds__(kMbThreads) topk_mb_part_kernel(IndexTopkArgs 
   if (sp.total <= unsigned(r.k)) return;  // the finish kernel takes every valid key
   const int64_t hi = lo + kMbChunk < r.n ? lo + kMbChunk : r.n;
   int32_t* out = a.out + t * a.k;
-  for (int64_t base = lo; base < hi; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    const int64_t key = i < hi ? mb_key<kBlk>(a, t, i) : -1;
-    const int bin = key >= 0 ? int(uint32_t(key) >> kMbShift) : -1;
+  int64_t key[kMbUnroll];
+#pragma unroll
+  for (int u = 0; u < kMbUnroll; ++u) {
+    const int64_t i = lo + int64_t(u) * blockDim.x + threadIdx.x;
+    key[u] = i < hi ? mb_key<kBlk>(a, t, i) : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kMbUnroll; ++u) {
+    const int64_t i = lo + int64_t(u) * blockDim.x + threadIdx.x;
+    const int bin = key[u] >= 0 ? int(uint32_t(key[u]) >> kMbShift) : -1;
     const unsigned sel = warp_append(&r.g[kMbBins], bin > int(sp.b1));
     if (bin > int(sp.b1)) {
       if constexpr (kBlk) a.taken[t * a.stride + i] = 1;
@@ -632,7 +645,19 @@ __global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkA
   }
   const unsigned need = unsigned(r.k) - above;  // >= 1: the k-th key is in bin b1
   if (threadIdx.x == 0) pos = above, eq_total = 0;
-  auto ckey = [&](int64_t j) -> int64_t { return key(r.cands[j]); };  // valid: the candidates are in b1
+  // Up to kMbStage candidates are staged in shared memory (index, key) so that the selects below
+  // read no global memory; more stay in global memory.
+  __shared__ int32_t st_idx[kMbStage];
+  __shared__ uint32_t st_key[kMbStage];
+  const bool staged = m <= unsigned(kMbStage);
+  if (staged)
+    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
+      const int32_t i = r.cands[j];
+      st_idx[j] = i, st_key[j] = uint32_t(key(i));  // valid: the candidates are in b1
+    }
+  __syncthreads();
+  auto cidx = [&](int64_t j) -> int32_t { return staged ? st_idx[j] : r.cands[j]; };
+  auto ckey = [&](int64_t j) -> int64_t { return staged ? int64_t(st_key[j]) : key(r.cands[j]); };
   block_radix_select(ckey, m, need, sh);  // ends with a barrier
   const bool all = sh.total <= need;
   const uint32_t thr = sh.prefix;
@@ -640,7 +665,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkA
   unsigned n_eq = 0;
   for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
     const uint32_t kj = uint32_t(ckey(j));
-    if (all || kj > thr) emit(r.cands[j], atomicAdd(&pos, 1u));
+    if (all || kj > thr) emit(cidx(j), atomicAdd(&pos, 1u));
     else n_eq += kj == thr;
   }
   if (!all) {  // the equal keys: the take_eq lowest indices (all of them when no more are equal)
@@ -648,16 +673,16 @@ __global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkA
     __syncthreads();
     if (eq_total == take_eq) {
       for (int64_t j = threadIdx.x; j < m; j += blockDim.x)
-        if (uint32_t(ckey(j)) == thr) emit(r.cands[j], atomicAdd(&pos, 1u));
+        if (uint32_t(ckey(j)) == thr) emit(cidx(j), atomicAdd(&pos, 1u));
     } else {
       auto ikey = [&](int64_t j) -> int64_t {
-        return uint32_t(ckey(j)) == thr ? int64_t(0x7fffffff - r.cands[j]) : int64_t(-1);
+        return uint32_t(ckey(j)) == thr ? int64_t(0x7fffffff - cidx(j)) : int64_t(-1);
       };
       block_radix_select(ikey, m, take_eq, sh);
       const uint32_t ithr = sh.prefix;  // indices are distinct: keys >= ithr are exactly take_eq
       for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
         const int64_t ik = ikey(j);
-        if (ik >= 0 && uint32_t(ik) >= ithr) emit(r.cands[j], atomicAdd(&pos, 1u));
+        if (ik >= 0 && uint32_t(ik) >= ithr) emit(cidx(j), atomicAdd(&pos, 1u));
       }
     }
   }
