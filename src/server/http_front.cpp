@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -46,6 +47,8 @@ struct Conn {
 
 thread_local Conn* tl_conn = nullptr;
 
+constexpr size_t kTrimAfterBodyBytes = size_t(1) << 20;
+
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return int(std::max<int64_t>(0, left.count()));
@@ -89,6 +92,8 @@ class ConnStream : public httplib::Stream {
     c_.close_after = false;
     c_.enter(Phase::kHead);
   }
+
+  size_t body_bytes() const { return body_bytes_; }
 
   // The head is parsed: from here on reads are body bytes.
   void head_done(const httplib::Request& req) {
@@ -262,6 +267,10 @@ void HttpFront::Impl::serve(const std::shared_ptr<Conn>& c) {
     bool closed = false;
     const bool ok = router.serve_request(strm, last, closed,
                                          [&](httplib::Request& req) { strm.head_done(req); });
+    // A large body leaves its copies (body, JSON tree, rendered prompt) in this thread's malloc
+    // arena, which glibc keeps after they are freed; with a thread per connection that adds up
+    // to the peak of every thread. Hand the free pages back after large requests.
+    if (strm.body_bytes() >= kTrimAfterBodyBytes) malloc_trim(0);
     if (!ok || closed || last || c->close_after) break;
   }
   c->enter(Phase::kDone);
