@@ -3,8 +3,9 @@
 // response restores the longest cached prefix and prefills only the rest.
 //
 // Tiers: host memory (serialised blobs, LRU under a byte budget) → optional directory on disk
-// (write-through, LRU under an optional byte budget, survives restarts; every file is verified by checksum, fingerprint, tenant and
-// token ids when used, and a bad one is removed, never used) → optional remote tier (kvshare).
+// (write-through, LRU under an optional byte budget, survives restarts; every file is verified by checksum, fingerprint, state
+// geometry, tenant and token ids when used, and a bad one is removed, never used; files larger
+// than the model's largest snapshot are removed unread) → optional remote tier (kvshare).
 // Pages shared between snapshots: in the host tier a snapshot is a "thin" blob whose sealed pages
 // of compressed KV / index keys (forward::PagedRows) are references into a page store keyed by
 // xxHash64(tenant, page contents); every snapshot of a conversation references the same pages,
