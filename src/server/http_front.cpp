@@ -48,6 +48,7 @@ struct Conn {
 thread_local Conn* tl_conn = nullptr;
 
 constexpr size_t kTrimAfterBodyBytes = size_t(1) << 20;
+std::atomic<int64_t> last_trim{0};  // steady-clock ns of the last malloc_trim
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -270,7 +271,14 @@ void HttpFront::Impl::serve(const std::shared_ptr<Conn>& c) {
     // A large body leaves its copies (body, JSON tree, rendered prompt) in this thread's malloc
     // arena, which glibc keeps after they are freed; with a thread per connection that adds up
     // to the peak of every thread. Hand the free pages back after large requests.
-    if (strm.body_bytes() >= kTrimAfterBodyBytes) malloc_trim(0);
+    // At most once a second process-wide: a trim walks every arena and costs milliseconds.
+    if (strm.body_bytes() >= kTrimAfterBodyBytes) {
+      const int64_t now = Clock::now().time_since_epoch().count();
+      int64_t last = last_trim.load();
+      if (now - last >= int64_t(std::chrono::nanoseconds(std::chrono::seconds(1)).count()) &&
+          last_trim.compare_exchange_strong(last, now))
+        malloc_trim(0);
+    }
     if (!ok || closed || last || c->close_after) break;
   }
   c->enter(Phase::kDone);

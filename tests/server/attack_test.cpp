@@ -416,6 +416,11 @@ TEST(Attack, FullServerRefusesBeforeTokenizing) {
     ASSERT_EQ(recv(fd, buf, 12, MSG_WAITALL), 12);  // the stream started: "HTTP/1.1 200"
     ASSERT_EQ(std::string(buf, 12), "HTTP/1.1 200");
     held.push_back(fd);
+    // The backend's queue holds one request: let the first one reach its slot before the next.
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (s.backend->stats().running == 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_EQ(s.backend->stats().running, 1);
   }
   ASSERT_EQ(counting.encoded.load(), 2);
   const int before = counting.encoded.load();
