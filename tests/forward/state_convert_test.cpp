@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "engine/fake_model.h"
 #include "forward/cpu_model.h"
 #include "forward/state_convert.h"
 #include "forward/state_io.h"
@@ -285,6 +286,52 @@ TEST(StateConvertCross, EngineFallsBackToFullPrefillOnARefusedPrefix) {
   EXPECT_EQ((*eng)->stats().prompt_tokens - prompt_mid, int64_t(prompt.size()));
   fs::remove_all(d41);
   fs::remove_all(d4);
+}
+
+// A backend whose states cannot be exported (here the engine tests' fake model; in production a
+// tensor-parallel model) takes no snapshots: the sink is never called, and requests run normally.
+// A CPU state reaches the sink as it is, holding exactly the tokens it is given with.
+TEST(StateConvertCross, EngineHandsOnlyCanonicalStatesToTheSink) {
+  engine::testing::FakeModel fake(64);
+  auto eng = engine::Engine::create(fake, {});
+  ASSERT_TRUE(eng.ok());
+  int calls = 0;
+  engine::Request r;
+  r.id = 1;
+  r.prompt = {3, 4, 5, 6};
+  r.max_tokens = 3;
+  r.ignore_eos = true;
+  r.on_snapshot = [&](std::span<const int32_t>, const SequenceState&) { ++calls; };
+  auto s = (*eng)->submit(std::move(r));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*eng)->run_until_idle().ok());
+  const auto out = engine::collect(**s);
+  EXPECT_EQ(out.tokens.size(), 3u);
+  EXPECT_EQ(calls, 0);
+
+  const std::string dir = (fs::temp_directory_path() / ("fs_sconv_sink_" + std::to_string(::getpid()))).string();
+  auto m = load_tiny("tiny-v41", dir);
+  ASSERT_TRUE(m);
+  auto eng2 = engine::Engine::create(*m, {});
+  ASSERT_TRUE(eng2.ok());
+  std::vector<int64_t> lengths;
+  engine::Request q;
+  q.id = 2;
+  q.prompt = toks(12, m->config().vocab_size, 8);
+  q.max_tokens = 3;
+  q.ignore_eos = true;
+  q.on_snapshot = [&](std::span<const int32_t> tokens, const SequenceState& st) {
+    const auto* cpu = dynamic_cast<const CpuSequenceState*>(&st);
+    EXPECT_NE(cpu, nullptr);
+    EXPECT_EQ(st.length(), int64_t(tokens.size()));
+    lengths.push_back(st.length());
+  };
+  auto s2 = (*eng2)->submit(std::move(q));
+  ASSERT_TRUE(s2.ok());
+  ASSERT_TRUE((*eng2)->run_until_idle().ok());
+  EXPECT_EQ(engine::collect(**s2).tokens.size(), 3u);
+  EXPECT_EQ(lengths, (std::vector<int64_t>{12, 14}));  // end of prompt; end (the last token not fed)
+  fs::remove_all(dir);
 }
 
 }  // namespace
