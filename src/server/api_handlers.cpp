@@ -143,7 +143,8 @@ std::optional<ApiError> ApiHandlers::validate(const std::string& body, Endpoint 
   return std::nullopt;
 }
 
-std::optional<ApiError> ApiHandlers::prepare(const std::string& body, Endpoint endpoint,
+std::optional<ApiError> ApiHandlers::prepare(const std::string& body, const std::string& authorization,
+                                             Endpoint endpoint,
                                              PreparedRequest& p) {
   ParsedRequest& r = p.parsed;
   GenRequest g;
@@ -171,7 +172,7 @@ std::optional<ApiError> ApiHandlers::prepare(const std::string& body, Endpoint e
   g.prompt_logprobs = r.prompt_logprobs;
   // Echo with logprobs reports the prompt tokens' logprobs too (OpenAI completions).
   if (r.echo && r.logprobs >= 0) g.prompt_logprobs = std::max(g.prompt_logprobs, r.logprobs);
-  g.tenant = options_.tenants.request_scope(req.get_header_value("Authorization"), r.user);
+  g.tenant = options_.tenants.request_scope(authorization, r.user);
   g.id = next_id_++;
   p.meta.id = fmt::format("{}-{:016x}", endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl", g.id);
   p.meta.model = r.model;
@@ -210,7 +211,7 @@ void ApiHandlers::handle(const httplib::Request& req, httplib::Response& res,
     return send_error(res, e);
   }
   p->ticket = std::make_unique<AdmissionTicket>(metrics_.in_flight);
-  if (auto err = prepare(body, endpoint, *p)) return fail(*err);
+  if (auto err = prepare(body, req.get_header_value("Authorization"), endpoint, *p)) return fail(*err);
   if (Status st = p->generation->submit(); !st.ok()) {
     ApiError e = from_status(st);
     metrics_.count_request(name, e.http_status);

@@ -53,7 +53,7 @@ class ApiHandlers {
                                     const httplib::ContentReader& reader, std::string& body);
   std::optional<ApiError> validate(const std::string& body, Endpoint endpoint,
                                    PreparedRequest& out);
-  std::optional<ApiError> prepare(const std::string& body, Endpoint endpoint,
+  std::optional<ApiError> prepare(const std::string& body, const std::string& authorization, Endpoint endpoint,
                                   PreparedRequest& out);
   std::optional<ApiError> tokenize(PreparedRequest& p, const std::string& raw_body,
                                    std::vector<int32_t>& prompt);
