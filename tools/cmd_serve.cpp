@@ -223,11 +223,10 @@ int serve(const ServeOpts& o) {
   // Every snapshot (disk, peers, memory) is checked against this model's state geometry, and no
   // blob larger than a state of the serving context is read or allocated.
   const int64_t max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
-  auto geometry = forward::checkpoint_snapshot_geometry(o.ckpt, max_context);
-  if (!geometry.ok()) return abort_with(geometry.status());
+  // The geometry of the states this model exports (the CUDA backend keeps no V4 MTP rings).
   engine::StateCacheOptions cache_options{state_fp, o.host_cache_bytes, o.cache_dir, 2,
                                           o.snapshot_every, o.cache_dir_bytes};
-  cache_options.geometry = std::move(*geometry);
+  cache_options.geometry = forward::model_snapshot_geometry(**model, max_context);
   auto cache = engine::StateCache::open(std::move(cache_options));
   if (!cache.ok()) return abort_with(cache.status());
   auto cluster = start_cluster(**cache, o.cluster, o.host);

@@ -374,6 +374,13 @@ Result<SnapshotGeometry> checkpoint_snapshot_geometry(const std::string& ckpt_di
                            max_tokens > 0 ? max_tokens : c.max_position_embeddings);
 }
 
+SnapshotGeometry model_snapshot_geometry(const Model& model, int64_t max_tokens) {
+  const model::ModelConfig& c = model.config();
+  const bool draft = model.has_draft();
+  return snapshot_geometry(c, draft && !c.is_v41(), draft && c.is_v41(),
+                           max_tokens > 0 ? max_tokens : c.max_position_embeddings);
+}
+
 namespace {
 
 Status check_size(const char* what, int layer, size_t got, int64_t want) {

@@ -93,6 +93,10 @@ SnapshotGeometry snapshot_geometry(const model::ModelConfig& config, bool has_mt
 // the config's max_position_embeddings.
 Result<SnapshotGeometry> checkpoint_snapshot_geometry(const std::string& ckpt_dir,
                                                       int64_t max_tokens = 0);
+// Geometry of the states `model` exports (Model::export_state): its config, with the MTP (V4) or
+// DSpark (V4.1) rings when the model keeps a draft (has_draft(); the CUDA backend keeps no V4 MTP
+// state). max_tokens 0: the config's max_position_embeddings.
+SnapshotGeometry model_snapshot_geometry(const Model& model, int64_t max_tokens = 0);
 // OK when `state` has exactly the shape `g` prescribes for its length; else an error naming the
 // first field that differs.
 Status validate_state(const CpuSequenceState& state, const SnapshotGeometry& g);

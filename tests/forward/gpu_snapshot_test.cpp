@@ -125,7 +125,7 @@ TEST_P(GpuSnapshot, RestoreOnSameAndSecondModelContinuesBitwise) {
   ASSERT_EQ((*host)->len, n);
   auto blob = serialize_snapshot(**host, std::span<const int32_t>(tokens).first(size_t(n)), {77, 1, 2, n, 0});
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto dec = deserialize_snapshot(*blob, 77);
+  auto dec = deserialize_snapshot(*blob, 77, model_snapshot_geometry(A));
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
 
   // The original's proposals and continuation (on a clone: st itself stays the snapshot point).
@@ -248,7 +248,9 @@ TEST(GpuSnapshotEngine, SecondTurnRestoresThePrefix) {
   Model& G = **gpu;
   auto fp = checkpoint_fingerprint(dir, "reference");
   ASSERT_TRUE(fp.ok());
-  auto cache = engine::StateCache::open({state_fingerprint(*fp, G.backend_kind()), int64_t(1) << 30, {}, 2});
+  engine::StateCacheOptions co{state_fingerprint(*fp, G.backend_kind()), int64_t(1) << 30, {}, 2};
+  co.geometry = model_snapshot_geometry(G);
+  auto cache = engine::StateCache::open(std::move(co));
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   auto eng = engine::Engine::create(G, {});
   ASSERT_TRUE(eng.ok()) << eng.status().to_string();
