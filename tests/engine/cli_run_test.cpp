@@ -72,7 +72,9 @@ TEST_F(CliRun, JsonContractAndGreedyEqualsEngine) {
       }
     }
     EXPECT_EQ(actual, 1) << "position " << i << ": " << pos;
-    if (pos.size() == 4) EXPECT_LE(actual_lp, min_other) << "position " << i << ": " << pos;
+    if (pos.size() == 4) {
+      EXPECT_LE(actual_lp, min_other) << "position " << i << ": " << pos;
+    }
   }
   ASSERT_EQ(j["tokens"].size(), 6u);
   ASSERT_EQ(j["logprobs"].size(), 6u);

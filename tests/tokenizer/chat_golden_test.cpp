@@ -1,9 +1,9 @@
 // The official V4 encoder's own test cases (release `encoding/tests/test_input_N.json` ->
 // `test_output_N.txt`) and random differential cases made with it. The files are not committed
 // (third-party data), so these two checks are not part of the suite (gtest DISABLED_, which ctest
-// lists as disabled rather than passing or skipping on every machine). Run them by hand:
-//   FLASHSEEK_DSV4_ENCODING_DIR=<release encoding/> FLASHSEEK_DSV4_CASES=<cases.json> \
-//     build/tests/test_tokenizer --gtest_also_run_disabled_tests --gtest_filter='ChatGoldenV4.*'
+// lists as disabled rather than passing or skipping on every machine). Run them by hand with
+// FLASHSEEK_DSV4_ENCODING_DIR=<release encoding/> and FLASHSEEK_DSV4_CASES=<cases.json> set:
+//   build/tests/test_tokenizer --gtest_also_run_disabled_tests --gtest_filter='ChatGoldenV4.*'
 // Asked for without their data they fail, naming the variable. Plus a V4/V4.1 parity property
 // that needs no data (always runs).
 #include <gtest/gtest.h>
