@@ -170,7 +170,10 @@ SpecPolicy::Decision SpecPolicy::decide(const SpecCosts& costs, int64_t batch) {
   for (int64_t k = 1; k <= block_; ++k) {
     const std::optional<double> ck = costs.step(batch, k + 1);
     if (!ck) continue;
-    const double cost = *ck + draft;
+    // A verify does all of a plain step's work and more: a noisy measurement that says otherwise
+    // (which would lock speculation on, since plain steps are then no longer measured) is
+    // clamped to the plain step's cost.
+    const double cost = std::max(*ck, *c1) + draft;
     const double rate = cost > 0 ? expected_tokens(k) / cost : 0;
     if (rate > best_rate) best_k = k, best_rate = rate, best_cost = cost;
   }

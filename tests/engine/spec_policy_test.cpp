@@ -115,9 +115,15 @@ TEST(SpecPolicy, SpeculatesExactlyWhenTheRateBeatsPlain) {
   SpecPolicy same = seen(4, kBlock);
   EXPECT_EQ(same.decide(costs(0, 1e-3, 0.2e-3, 64), 64).drafts, 0);
   EXPECT_FALSE(same.speculating());
-  // A draft that is never accepted is never worth it, however cheap the verify.
+  // A draft that is never accepted is never worth it, however cheap the verify — even when
+  // (noisy) measurements say a verify costs less than a plain step.
   SpecPolicy bad = seen(4, 0);
   EXPECT_EQ(bad.decide(costs(1e-3, 0, 0), 1).drafts, 0);
+  SpecCosts noisy;
+  noisy.observe_step(1, 1, 5e-3);
+  noisy.observe_step(1, kBlock + 1, 1e-3);
+  noisy.observe_draft(0);
+  EXPECT_EQ(bad.decide(noisy, 1).drafts, 0);
   // Around break-even: a verify cost (independent of width) set so that the expected rate is
   // `factor` times plain decoding's; the policy speculates iff factor >= min_gain (1.05).
   SpecPolicy half(SpecMode::kAuto, kBlock);
