@@ -14,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -174,6 +175,8 @@ class Engine {
 
   std::mutex step_mu_;  // one step at a time (thread or caller); also guards spec_costs_
   SpecCosts spec_costs_;
+  // Acceptance over all sequences (fed by every verification); new sequences start from it.
+  std::optional<SpecPolicy> spec_shared_;
   std::thread thread_;
 };
 

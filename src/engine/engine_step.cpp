@@ -15,7 +15,11 @@ void Engine::admit() {
     seq->state = seq->req.prefix ? restore_prefix(seq->req) : model_.new_sequence();
     seq->prompt_done = seq->state->length();
     if (seq->req.prompt_logprobs >= 0) seq->prompt_lp.assign(seq->req.prompt.size(), std::nullopt);
-    if (spec_mode_ != SpecMode::kOff) seq->policy.emplace(spec_mode_, spec_block_, options_.spec_policy);
+    if (spec_mode_ != SpecMode::kOff) {  // (step_mu_ is held: admit() runs inside step())
+      seq->policy.emplace(spec_mode_, spec_block_, options_.spec_policy);
+      if (!spec_shared_) spec_shared_.emplace(spec_mode_, spec_block_, options_.spec_policy);
+      seq->policy->adopt_acceptance(*spec_shared_);
+    }
     running_.push_back(std::move(seq));
     ++stats_.running;
   }

@@ -24,6 +24,8 @@ std::string validate_spec_policy(const SpecPolicyOptions& o) {
   if (!std::isfinite(o.min_gain) || o.min_gain <= 0)
     return fmt::format("min_gain must be > 0 (got {})", o.min_gain);
   if (o.probe_every < 1) return fmt::format("probe_every must be >= 1 (got {})", o.probe_every);
+  if (!std::isfinite(o.max_probe_overhead) || o.max_probe_overhead <= 0)
+    return fmt::format("max_probe_overhead must be > 0 (got {})", o.max_probe_overhead);
   if (o.max_probe_every < o.probe_every)
     return fmt::format("max_probe_every ({}) must be >= probe_every ({})", o.max_probe_every,
                        o.probe_every);
@@ -125,6 +127,10 @@ void SpecPolicy::observe(int64_t verified, int64_t accepted) {
   }
 }
 
+void SpecPolicy::adopt_acceptance(const SpecPolicy& other) {
+  if (other.block_ == block_) s_ = other.s_;
+}
+
 SpecPolicy::Decision SpecPolicy::decide(const SpecCosts& costs, int64_t batch) {
   const bool after_probe = last_was_probe_;
   last_was_probe_ = false;
@@ -164,7 +170,10 @@ SpecPolicy::Decision SpecPolicy::decide(const SpecCosts& costs, int64_t batch) {
   for (int64_t k = 1; k <= block_; ++k) {
     const std::optional<double> ck = costs.step(batch, k + 1);
     if (!ck) continue;
-    const double cost = *ck + draft;
+    // A verify does all of a plain step's work and more: a noisy measurement that says otherwise
+    // (which would lock speculation on, since plain steps are then no longer measured) is
+    // clamped to the plain step's cost.
+    const double cost = std::max(*ck, *c1) + draft;
     const double rate = cost > 0 ? expected_tokens(k) / cost : 0;
     if (rate > best_rate) best_k = k, best_rate = rate, best_cost = cost;
   }
@@ -184,7 +193,14 @@ SpecPolicy::Decision SpecPolicy::decide(const SpecCosts& costs, int64_t batch) {
     return {best_k, false};
   }
   if (after_probe) probe_interval_ = std::min(probe_interval_ * 2, opt_.max_probe_every);
-  if (since_probe_ >= probe_interval_) return probe("probe: " + numbers);
+  // A probe costs a full-block verify and the draft instead of a plain step.
+  int64_t interval = probe_interval_;
+  if (const std::optional<double> cb = costs.step(batch, block_ + 1); cb && *c1 > 0) {
+    const double extra = std::max(0.0, *cb + draft - *c1);
+    const double steps = std::ceil(extra / (*c1 * opt_.max_probe_overhead));
+    interval = std::max(interval, int64_t(std::min(steps, double(int64_t(1) << 30))));
+  }
+  if (since_probe_ >= interval) return probe("probe: " + numbers);
   return plain("plain " + numbers);
 }
 

@@ -37,6 +37,10 @@ struct SpecPolicyOptions {
   // prefix); each probe that leaves the policy off doubles the interval, up to max_probe_every.
   int64_t probe_every = 16;
   int64_t max_probe_every = 256;
+  // While off, probes are also spaced so that their extra cost (a verify + the draft − a plain
+  // step) stays below this fraction of the plain decoding time in between, even beyond
+  // max_probe_every: on the CPU a probe costs ~20 plain steps, so ~1 probe per 400 steps.
+  double max_probe_overhead = 0.05;
 };
 // Errors name the bad field; empty when valid.
 std::string validate_spec_policy(const SpecPolicyOptions& o);
@@ -95,6 +99,9 @@ class SpecPolicy {
   Decision decide(const SpecCosts& costs, int64_t batch);
   // After a verification of `verified` drafts of which the first `accepted` survived.
   void observe(int64_t verified, int64_t accepted);
+  // Starts from another policy's acceptance estimates (the engine's estimate over all its
+  // sequences), so a new sequence decides at once instead of probing first.
+  void adopt_acceptance(const SpecPolicy& other);
 
   // Expected tokens emitted by a verification of k drafts (accepted drafts + the bonus token):
   // 1 + Σ_{i≤k} Π_{j≤i} s_j, s_j the conditional survival of draft j (unobserved positions take

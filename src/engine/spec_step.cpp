@@ -136,6 +136,7 @@ Status Engine::verify_block(Sequence& seq, std::span<const float> logits) {
   FS_RETURN_IF_ERROR(model_.rollback(*seq.state, base + int64_t(keep)));
 
   if (seq.policy) seq.policy->observe(B, v.accepted);
+  if (spec_shared_) spec_shared_->observe(B, v.accepted);
   const int64_t width = std::max(B, spec_block_);
   if (int64_t(stats_.spec_accepted_at.size()) < width)
     stats_.spec_accepted_at.resize(size_t(width), 0);

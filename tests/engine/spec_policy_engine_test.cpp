@@ -204,6 +204,30 @@ TEST(SpecPolicyEngine, TurnsItselfOffWhereAVerifyCostsItsWidthInSteps) {
   }
 }
 
+// The engine's acceptance over past sequences seeds new ones: after a request that found the
+// draft useless, the next request decodes plainly from its first step (no probe of its own
+// within the probe interval).
+TEST(SpecPolicyEngine, NewSequencesStartFromTheEngineAcceptance) {
+  double clock = 0;
+  ScriptedDraft model(&clock, 1e-3, 0.1e-3, 0.2e-3);  // never accepted
+  auto engine = make_engine(model, options(SpecMode::kAuto, &clock));
+  auto first = engine->submit(greedy(3, 40));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  const EngineStats a = engine->stats();
+  EXPECT_GE(a.spec_probes, 1);
+  const Request req = greedy(4, 6);
+  auto second = engine->submit(req);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  const EngineStats b = engine->stats();
+  EXPECT_EQ(b.spec_probes, a.spec_probes);
+  EXPECT_EQ(b.spec_steps, a.spec_steps);
+  // Decode steps for tokens 2 … 5 decide plainly; the last token needs no decision.
+  EXPECT_EQ(b.spec_plain_steps, a.spec_plain_steps + 4);
+  EXPECT_EQ(collect(**second).tokens, testing::reference_decode(model, req));
+}
+
 TEST(SpecPolicyEngine, OnVerifiesEveryStepOffNever) {
   for (SpecMode mode : {SpecMode::kOn, SpecMode::kOff}) {
     double clock = 0;

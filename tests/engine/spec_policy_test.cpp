@@ -115,9 +115,15 @@ TEST(SpecPolicy, SpeculatesExactlyWhenTheRateBeatsPlain) {
   SpecPolicy same = seen(4, kBlock);
   EXPECT_EQ(same.decide(costs(0, 1e-3, 0.2e-3, 64), 64).drafts, 0);
   EXPECT_FALSE(same.speculating());
-  // A draft that is never accepted is never worth it, however cheap the verify.
+  // A draft that is never accepted is never worth it, however cheap the verify — even when
+  // (noisy) measurements say a verify costs less than a plain step.
   SpecPolicy bad = seen(4, 0);
   EXPECT_EQ(bad.decide(costs(1e-3, 0, 0), 1).drafts, 0);
+  SpecCosts noisy;
+  noisy.observe_step(1, 1, 5e-3);
+  noisy.observe_step(1, kBlock + 1, 1e-3);
+  noisy.observe_draft(0);
+  EXPECT_EQ(bad.decide(noisy, 1).drafts, 0);
   // Around break-even: a verify cost (independent of width) set so that the expected rate is
   // `factor` times plain decoding's; the policy speculates iff factor >= min_gain (1.05).
   SpecPolicy half(SpecMode::kAuto, kBlock);
@@ -202,6 +208,39 @@ TEST(SpecPolicy, OffWhileRejectedProbesWithBackoffAndTurnsBackOn) {
   EXPECT_EQ(p.probe_interval(), o.probe_every) << "back on: the backoff resets";
 }
 
+// Where a probe costs many plain steps (the CPU: verify 4x, draft 6x a step), probes while off
+// cost at most max_probe_overhead of the decoding time.
+TEST(SpecPolicy, ProbesStayWithinTheOverheadBudget) {
+  SpecPolicy p = seen(1, 0);
+  SpecCosts c;
+  c.observe_step(1, 1, 1e-3);
+  c.observe_step(1, kBlock + 1, 4e-3);
+  c.observe_draft(6e-3);
+  const double extra = 4e-3 + 6e-3 - 1e-3;
+  int64_t probes = 0;
+  const int64_t n = 3000;
+  for (int64_t step = 0; step < n; ++step) {
+    const auto d = p.decide(c, 1);
+    if (d.drafts > 0) ++probes, p.observe(d.drafts, 0);
+  }
+  EXPECT_GE(probes, 5) << "it still probes now and then";
+  EXPECT_LE(double(probes) * extra, SpecPolicyOptions{}.max_probe_overhead * double(n) * 1e-3 + extra);
+}
+
+// A new sequence that adopts the engine's acceptance estimate decides at once (no first probe).
+TEST(SpecPolicy, AdoptedAcceptanceSkipsTheFirstProbe) {
+  const SpecCosts c = costs(1e-3, 0.1e-3, 0.1e-3);
+  SpecPolicy fresh(SpecMode::kAuto, kBlock);
+  SpecPolicy good(SpecMode::kAuto, kBlock), bad(SpecMode::kAuto, kBlock);
+  good.adopt_acceptance(seen(3, kBlock));
+  bad.adopt_acceptance(seen(3, 0));
+  EXPECT_TRUE(fresh.decide(c, 1).probe);
+  const auto g = good.decide(c, 1), b = bad.decide(c, 1);
+  EXPECT_EQ(g.drafts, kBlock);
+  EXPECT_FALSE(g.probe);
+  EXPECT_EQ(b.drafts, 0);
+}
+
 TEST(SpecPolicy, OnAndOffIgnoreTheNumbers) {
   SpecPolicy on(SpecMode::kOn, kBlock), off(SpecMode::kOff, kBlock);
   const SpecCosts c = costs(0, 1e-3, 1e-3, 64);  // speculation could not pay here
@@ -228,6 +267,9 @@ TEST(SpecPolicy, OptionsAreValidated) {
   o = {};
   o.max_probe_every = 2;
   EXPECT_NE(validate_spec_policy(o).find("max_probe_every"), std::string::npos);
+  o = {};
+  o.max_probe_overhead = 0;
+  EXPECT_NE(validate_spec_policy(o).find("max_probe_overhead"), std::string::npos);
   o = {};
   o.min_gain = std::nan("");
   EXPECT_NE(validate_spec_policy(o).find("min_gain"), std::string::npos);
