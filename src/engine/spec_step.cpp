@@ -21,6 +21,10 @@ namespace flashseek::engine {
 
 int64_t Engine::spec_room(const Sequence& seq) const {
   if (!seq.policy || seq.pending_prompt() > 0 || seq.generated.empty()) return 0;
+  // A seeded sampled request must give the same tokens every time; under `auto` whether a step
+  // speculates depends on measured times, and a speculative step draws differently from a plain
+  // one (same distribution). So `auto` decodes those plainly; `on` still speculates.
+  if (spec_mode_ == SpecMode::kAuto && seq.req.seed && !seq.req.sampling.greedy()) return 0;
   // A block of k drafts emits at most k + 1 tokens: no more drafts than tokens left to emit − 1
   // (one token left: a plain decode does it without the draft's cost).
   int64_t room = std::min(spec_block_, seq.req.max_tokens - int64_t(seq.generated.size()) - 1);

@@ -228,6 +228,35 @@ TEST(SpecPolicyEngine, NewSequencesStartFromTheEngineAcceptance) {
   EXPECT_EQ(collect(**second).tokens, testing::reference_decode(model, req));
 }
 
+// Under auto a sampled request with an explicit seed decodes plainly (its tokens cannot depend
+// on measured times), so it equals the same request with speculation off, even with a perfect
+// draft; without a seed it speculates.
+TEST(SpecPolicyEngine, SeededSampledRequestsStayReproducibleUnderAuto) {
+  Request r = greedy(5, 30);
+  r.sampling = {.temperature = 0.8, .top_k = 20};
+  r.seed = 99;
+  std::vector<std::vector<int32_t>> got;
+  for (SpecMode mode : {SpecMode::kAuto, SpecMode::kOff}) {
+    double clock = 0;
+    ScriptedDraft model(&clock, 4e-3, 0.05e-3, 0.2e-3);
+    model.agree = true;
+    auto engine = make_engine(model, options(mode, &clock));
+    auto s = engine->submit(r);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(engine->run_until_idle().ok());
+    got.push_back(collect(**s).tokens);
+    EXPECT_EQ(engine->stats().spec_steps, 0);
+    Request unseeded = r;
+    unseeded.id = 6;
+    unseeded.seed.reset();
+    ASSERT_TRUE(engine->submit(unseeded).ok());
+    ASSERT_TRUE(engine->run_until_idle().ok());
+    if (mode == SpecMode::kAuto) EXPECT_GT(engine->stats().spec_steps, 0);
+  }
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0].size(), 30u);
+}
+
 TEST(SpecPolicyEngine, OnVerifiesEveryStepOffNever) {
   for (SpecMode mode : {SpecMode::kOn, SpecMode::kOff}) {
     double clock = 0;
