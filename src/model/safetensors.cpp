@@ -49,8 +49,10 @@ Result<TensorInfo> parse_entry(const std::string& path, const std::string& name,
     return parse_error("{}: tensor {}: shape has {} dimensions, at most {} are supported", path, name,
                        sh->size(), kMaxRank);
   // numel * dtype size with overflow checks: the product of valid dimensions can exceed 64 bits.
+  // Zero dimensions are left out of the product, so that an empty tensor cannot carry other
+  // dimensions whose product would overflow code that multiplies a subset of them.
   uint64_t want = dtype_size(t.dtype);
-  bool overflow = false;
+  bool overflow = false, empty = false;
   for (const auto& d : *sh) {
     // Non-negative integers only; unsigned values above INT64_MAX do not fit a Shape entry.
     if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
@@ -58,13 +60,13 @@ Result<TensorInfo> parse_entry(const std::string& path, const std::string& name,
                          path, name, sh->dump());
     const uint64_t dim = d.get<uint64_t>();
     t.shape.push_back(int64_t(dim));
-    overflow = overflow || __builtin_mul_overflow(want, dim, &want);
+    if (dim == 0) empty = true;
+    else overflow = overflow || __builtin_mul_overflow(want, dim, &want);
   }
-  // A zero dimension makes the tensor empty whatever the other dimensions are.
-  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) { want = 0; overflow = false; }
   if (overflow)
     return out_of_range("{}: tensor {}: dtype {} x shape {} needs more than 2^64 bytes", path, name,
                         dtype_name(t.dtype), shape_to_string(t.shape));
+  if (empty) want = 0;
   auto off = e.find("data_offsets");
   if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
       !(*off)[1].is_number_unsigned())

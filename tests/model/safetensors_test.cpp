@@ -183,12 +183,17 @@ TEST(SafetensorsHostile, ShapeProductOverflowIsAnError) {
   testutil::write_file(d / "u64.safetensors",
                        raw_file(R"({"t":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""));
   expect_error(d / "u64.safetensors", StatusCode::kParseError, "bad shape");
-  // A zero dimension makes any shape empty: still a valid tensor of 0 bytes.
+  // A zero dimension does not excuse an overflowing product of the others...
   testutil::write_file(d / "zero.safetensors",
                        raw_file(R"({"t":{"dtype":"F32","shape":[0,)" + p62 + "," + p62 + R"(],"data_offsets":[0,0]}})", ""));
-  auto z = SafetensorsFile::open(d / "zero.safetensors");
+  expect_error(d / "zero.safetensors", StatusCode::kOutOfRange, "more than 2^64 bytes");
+  // ...but with large, non-overflowing dimensions it is a valid tensor of 0 bytes.
+  testutil::write_file(d / "empty.safetensors",
+                       raw_file(R"({"t":{"dtype":"F32","shape":[)" + p32 + R"(,0,65536],"data_offsets":[0,0]}})", ""));
+  auto z = SafetensorsFile::open(d / "empty.safetensors");
   ASSERT_TRUE(z.ok()) << z.status().to_string();
   EXPECT_EQ(z->find("t")->nbytes, 0u);
+  EXPECT_EQ(z->find("t")->shape, (Shape{int64_t(1) << 32, 0, 65536}));
 }
 
 TEST(SafetensorsHostile, OversizeHeaderLengthIsRejected) {
