@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_limits.h"
 #include "model/config.h"
 #include "model/json_fields.h"
 
@@ -12,6 +13,12 @@ namespace flashseek::model {
 namespace {
 
 using nlohmann::json;
+
+// A config.json is a few KB nesting three levels (text_config.rope_scaling); these bounds leave
+// ample room yet keep a hostile file from exhausting memory or the stack (a deep tree recurses
+// on destruction) before any field is looked at.
+constexpr uint64_t kMaxConfigBytes = 16ull << 20;
+constexpr JsonLimits kConfigJsonLimits{/*max_depth=*/16, /*max_values=*/size_t(1) << 20};
 
 // Picks the HF or the reference spelling of a key.
 struct Keys {
@@ -258,6 +265,10 @@ Result<ModelConfig> parse_flat(const json& j, const std::string& src, bool ref, 
 }  // namespace
 
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& source) {
+  if (json_text.size() > kMaxConfigBytes)
+    return out_of_range("{}: {} bytes, above the limit of {} bytes", source, json_text.size(), kMaxConfigBytes);
+  if (JsonScan scan = scan_json(json_text, kConfigJsonLimits); scan != JsonScan::kOk)
+    return parse_error("{}: {}", source, describe(scan, kConfigJsonLimits));
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return parse_error("{}: not valid JSON", source);
   if (!j.is_object()) return parse_error("{}: top level must be a JSON object", source);
@@ -283,11 +294,8 @@ Result<ModelConfig> load_config(const std::string& dir) {
   if (!fs::exists(path)) path = fs::path(dir) / "inference" / "config.json";
   if (!fs::exists(path))
     return not_found("{}: neither config.json nor inference/config.json exists", dir);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error("{}: cannot open", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path.string());
+  FS_ASSIGN_OR_RETURN(std::string text, read_bounded_file(path.string(), kMaxConfigBytes));
+  return parse_config(text, path.string());
 }
 
 }  // namespace flashseek::model

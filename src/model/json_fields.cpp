@@ -1,9 +1,29 @@
 #include "model/json_fields.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <limits>
 
 namespace flashseek::model {
+
+Result<std::string> read_bounded_file(const std::string& path, uint64_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error("{}: cannot open: {}", path, std::strerror(errno));
+  // Reads at most max_bytes + 1 bytes: the size is measured on the stream, not trusted from stat
+  // (a FIFO or a file growing meanwhile cannot make this read without bound).
+  std::string text;
+  char buf[1 << 16];
+  while (in) {
+    in.read(buf, sizeof buf);
+    text.append(buf, size_t(in.gcount()));
+    if (text.size() > max_bytes)
+      return out_of_range("{}: larger than the limit of {} bytes", path, max_bytes);
+  }
+  if (in.bad()) return io_error("{}: read failed", path);
+  return text;
+}
 
 bool JsonFields::has(const char* key) const {
   auto it = obj_.find(key);

@@ -11,6 +11,10 @@
 
 namespace flashseek::model {
 
+// Reads a whole checkpoint text file (config.json, the shard index), refusing one larger than
+// `max_bytes` before reading it; errors name the file.
+Result<std::string> read_bounded_file(const std::string& path, uint64_t max_bytes);
+
 class JsonFields {
  public:
   // `where` is the prefix of error messages, e.g. "config.json: text_config.".

@@ -14,10 +14,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
+#include "model/json_fields.h"
+
 namespace flashseek::model {
 namespace {
 
 using nlohmann::json;
+
+// Bounds on a checkpoint's JSON before a tree is built (a checkpoint is input like any other).
+// The header length matches the safetensors reference implementation's 100 MB limit; a real
+// header nests three levels ({name: {"shape": [..]}}) and holds about ten values a tensor.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr uint64_t kMaxIndexBytes = 100ull << 20;  // model.safetensors.index.json
+constexpr JsonLimits kCheckpointJsonLimits{/*max_depth=*/8, /*max_values=*/size_t(1) << 23};
+constexpr size_t kMaxRank = 8;  // dimensions of one tensor's shape
 
 // Parses one header entry; `data_size` is the size of the data area after the header.
 Result<TensorInfo> parse_entry(const std::string& path, const std::string& name, const json& e,
@@ -34,11 +45,28 @@ Result<TensorInfo> parse_entry(const std::string& path, const std::string& name,
   auto sh = e.find("shape");
   if (sh == e.end() || !sh->is_array())
     return parse_error("{}: tensor {}: missing array \"shape\"", path, name);
+  if (sh->size() > kMaxRank)
+    return parse_error("{}: tensor {}: shape has {} dimensions, at most {} are supported", path, name,
+                       sh->size(), kMaxRank);
+  // numel * dtype size with overflow checks: the product of valid dimensions can exceed 64 bits.
+  // Zero dimensions are left out of the product, so that an empty tensor cannot carry other
+  // dimensions whose product would overflow code that multiplies a subset of them.
+  uint64_t want = dtype_size(t.dtype);
+  bool overflow = false, empty = false;
   for (const auto& d : *sh) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0)
-      return parse_error("{}: tensor {}: bad shape {}", path, name, sh->dump());
-    t.shape.push_back(d.get<int64_t>());
+    // Non-negative integers only; unsigned values above INT64_MAX do not fit a Shape entry.
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+      return parse_error("{}: tensor {}: bad shape {} (dimensions must be integers in [0, 2^63))",
+                         path, name, sh->dump());
+    const uint64_t dim = d.get<uint64_t>();
+    t.shape.push_back(int64_t(dim));
+    if (dim == 0) empty = true;
+    else overflow = overflow || __builtin_mul_overflow(want, dim, &want);
   }
+  if (overflow)
+    return out_of_range("{}: tensor {}: dtype {} x shape {} needs more than 2^64 bytes", path, name,
+                        dtype_name(t.dtype), shape_to_string(t.shape));
+  if (empty) want = 0;
   auto off = e.find("data_offsets");
   if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
       !(*off)[1].is_number_unsigned())
@@ -47,12 +75,9 @@ Result<TensorInfo> parse_entry(const std::string& path, const std::string& name,
   if (b > end || end > data_size)
     return out_of_range("{}: tensor {}: data_offsets [{}, {}) outside the data area of {} bytes "
                         "(file truncated?)", path, name, b, end, data_size);
-  // Overflow-safe numel * size.
-  __int128 want = __int128(dtype_size(t.dtype));
-  for (int64_t d : t.shape) want *= d;
-  if (want != __int128(end - b))
+  if (want != end - b)
     return parse_error("{}: tensor {}: {} bytes stored but dtype {} x shape {} needs {}", path, name,
-                       end - b, dtype_name(t.dtype), shape_to_string(t.shape), int64_t(want));
+                       end - b, dtype_name(t.dtype), shape_to_string(t.shape), want);
   t.offset = data_start + b;
   t.nbytes = end - b;
   return t;
@@ -105,7 +130,11 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   if (hlen > map->size() - 8)
     return out_of_range("{}: header length {} goes beyond the file size {} (truncated?)", path, hlen,
                         map->size());
+  if (hlen > kMaxHeaderBytes)
+    return out_of_range("{}: header length {} is above the limit of {} bytes", path, hlen, kMaxHeaderBytes);
   const char* hbeg = reinterpret_cast<const char*>(map->data() + 8);
+  if (JsonScan scan = scan_json({hbeg, size_t(hlen)}, kCheckpointJsonLimits); scan != JsonScan::kOk)
+    return parse_error("{}: header is {}", path, describe(scan, kCheckpointJsonLimits));
   json header = json::parse(hbeg, hbeg + hlen, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object())
     return parse_error("{}: header is not a valid JSON object", path);
@@ -180,11 +209,11 @@ Result<ShardedSafetensors> ShardedSafetensors::open_dir(const std::string& dir) 
     std::sort(all.begin(), all.end());
     return open_files(all);
   }
-  std::ifstream in(index_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
   const std::string ip = index_path.string();
-  json idx = json::parse(ss.str(), nullptr, false);
+  FS_ASSIGN_OR_RETURN(std::string text, read_bounded_file(ip, kMaxIndexBytes));
+  if (JsonScan scan = scan_json(text, kCheckpointJsonLimits); scan != JsonScan::kOk)
+    return parse_error("{}: {}", ip, describe(scan, kCheckpointJsonLimits));
+  json idx = json::parse(text, nullptr, false);
   if (idx.is_discarded() || !idx.is_object()) return parse_error("{}: not valid JSON", ip);
   auto wm = idx.find("weight_map");
   if (wm == idx.end() || !wm->is_object()) return parse_error("{}: missing object \"weight_map\"", ip);

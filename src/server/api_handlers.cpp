@@ -7,7 +7,7 @@
 
 #include "server/connection_watch.h"
 #include "server/http_front.h"
-#include "server/json_limits.h"
+#include "core/json_limits.h"
 
 namespace flashseek::server {
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "server/json_limits.h"
+#include "core/json_limits.h"
 #include "server/request.h"
 #include "server/request_fields.h"
 

@@ -110,6 +110,39 @@ TEST(ConfigErrorsMisc, BadJsonAndWrongTopLevel) {
   EXPECT_NE(b.status().message().find("object"), std::string::npos);
 }
 
+// Issue 14: a deep value used to be dumped into the type error ("vocab_size: expected an
+// integer, got [[[...") and the 1M-level dump overflowed the stack; now the raw text is refused.
+TEST(ConfigErrorsMisc, DeepConfigIsRejectedBeforeParsing) {
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  auto a = parse_config(R"({"vocab_size":)" + deep + "}", "deep.json");
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kParseError);
+  EXPECT_NE(a.status().message().find("deep.json"), std::string::npos) << a.status().message();
+  EXPECT_NE(a.status().message().find("nested deeper than 16 levels"), std::string::npos) << a.status().message();
+  // Through load_config, from a file.
+  testutil::TempDir d;
+  testutil::write_file(d / "config.json", R"({"text_config":)" + deep + "}");
+  auto b = load_config(d.path());
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find(d / "config.json"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("nested deeper"), std::string::npos) << b.status().message();
+}
+
+TEST(ConfigErrorsMisc, OversizeConfigFileIsRefused) {
+  testutil::TempDir d;
+  // 16 MiB + 1 bytes of valid JSON (a valid config padded with spaces): only the size bound
+  // can refuse it.
+  std::string text = config_to_hf_json(*builtin_config("tiny-v41"));
+  ASSERT_TRUE(parse_config(text, "ok.json").ok());
+  text.insert(text.size() - 1, (16u << 20) + 1 - text.size(), ' ');
+  testutil::write_file(d / "config.json", text);
+  auto r = load_config(d.path());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("config.json: larger than the limit"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(ConfigErrorsMisc, V4HashLayersBeyondLayers) {
   json j = json::parse(config_to_hf_json(*builtin_config("tiny-v4")));
   j["num_hash_layers"] = 5;

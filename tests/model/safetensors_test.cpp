@@ -135,6 +135,87 @@ TEST(Safetensors, StructuralErrors) {
                StatusCode::kParseError, "data_offsets");
 }
 
+// ---- hostile headers (issue 14): each of these crashed or was accepted before the bounds ----
+
+std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(SafetensorsHostile, MillionDeepHeaderIsRejectedBeforeATreeIsBuilt) {
+  testutil::TempDir d;
+  // The nesting sits in "shape": the old "bad shape" error dumped it, recursing 1M levels.
+  const std::string hdr = R"({"t":{"dtype":"U8","shape":)" + nested(1'000'000) + R"(,"data_offsets":[0,0]}})";
+  testutil::write_file(d / "deep.safetensors", raw_file(hdr, ""));
+  expect_error(d / "deep.safetensors", StatusCode::kParseError, "nested deeper than 8 levels");
+  // Nesting within the depth bound still reaches the entry check and names the tensor.
+  testutil::write_file(d / "nest.safetensors", raw_file(R"({"t":{"dtype":"U8","shape":[[1]],"data_offsets":[0,1]}})", "x"));
+  expect_error(d / "nest.safetensors", StatusCode::kParseError, "tensor t: bad shape");
+}
+
+TEST(SafetensorsHostile, ShapeRankIsBounded) {
+  testutil::TempDir d;
+  // 100 dimensions of 1: one byte, so only the rank bound can reject it (it was accepted before).
+  std::string dims = "1";
+  for (int i = 1; i < 100; ++i) dims += ",1";
+  testutil::write_file(d / "rank.safetensors",
+                       raw_file(R"({"t":{"dtype":"U8","shape":[)" + dims + R"(],"data_offsets":[0,1]}})", "x"));
+  expect_error(d / "rank.safetensors", StatusCode::kParseError, "tensor t: shape has 100 dimensions");
+  // Rank 8 is the largest accepted.
+  testutil::write_file(d / "rank8.safetensors",
+                       raw_file(R"({"t":{"dtype":"U8","shape":[1,1,1,1,1,1,1,2],"data_offsets":[0,2]}})", "xy"));
+  auto ok = SafetensorsFile::open(d / "rank8.safetensors");
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->find("t")->shape.size(), 8u);
+}
+
+TEST(SafetensorsHostile, ShapeProductOverflowIsAnError) {
+  testutil::TempDir d;
+  // 2^62 * 2^62 * 16 = 2^128: the old __int128 product wrapped to 0 and matched an empty range,
+  // so a tensor with a huge shape and no bytes was accepted.
+  const std::string p62 = std::to_string(uint64_t(1) << 62);
+  testutil::write_file(d / "wrap.safetensors",
+                       raw_file(R"({"t":{"dtype":"U8","shape":[)" + p62 + "," + p62 + R"(,16],"data_offsets":[0,0]}})", ""));
+  expect_error(d / "wrap.safetensors", StatusCode::kOutOfRange, "tensor t: dtype U8 x shape");
+  // 2^32 x 2^32 F32 elements is 2^66 bytes: beyond 64 bits even though every dimension is small.
+  const std::string p32 = std::to_string(uint64_t(1) << 32);
+  testutil::write_file(d / "f32.safetensors",
+                       raw_file(R"({"t":{"dtype":"F32","shape":[)" + p32 + "," + p32 + R"(],"data_offsets":[0,0]}})", ""));
+  expect_error(d / "f32.safetensors", StatusCode::kOutOfRange, "more than 2^64 bytes");
+  // A dimension beyond int64 cannot be stored in a Shape.
+  testutil::write_file(d / "u64.safetensors",
+                       raw_file(R"({"t":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""));
+  expect_error(d / "u64.safetensors", StatusCode::kParseError, "bad shape");
+  // A zero dimension does not excuse an overflowing product of the others...
+  testutil::write_file(d / "zero.safetensors",
+                       raw_file(R"({"t":{"dtype":"F32","shape":[0,)" + p62 + "," + p62 + R"(],"data_offsets":[0,0]}})", ""));
+  expect_error(d / "zero.safetensors", StatusCode::kOutOfRange, "more than 2^64 bytes");
+  // ...but with large, non-overflowing dimensions it is a valid tensor of 0 bytes.
+  testutil::write_file(d / "empty.safetensors",
+                       raw_file(R"({"t":{"dtype":"F32","shape":[)" + p32 + R"(,0,65536],"data_offsets":[0,0]}})", ""));
+  auto z = SafetensorsFile::open(d / "empty.safetensors");
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_EQ(z->find("t")->nbytes, 0u);
+  EXPECT_EQ(z->find("t")->shape, (Shape{int64_t(1) << 32, 0, 65536}));
+}
+
+TEST(SafetensorsHostile, OversizeHeaderLengthIsRejected) {
+  testutil::TempDir d;
+  // A header length of 100 MiB + 8 inside a (sparse) file that large: bounded by the limit, not
+  // only by the file size, so 100 MiB of header are never parsed.
+  const uint64_t hlen = (100ull << 20) + 8;
+  const std::string path = d / "big.safetensors";
+  testutil::write_file(path, raw_file("{}", "", int64_t(hlen)));
+  std::filesystem::resize_file(path, 8 + hlen);
+  expect_error(path, StatusCode::kOutOfRange, "above the limit");
+}
+
+TEST(SafetensorsHostile, DeepShardIndexIsRejected) {
+  testutil::TempDir d;
+  testutil::write_file(d / "model.safetensors.index.json", R"({"weight_map":{"x":)" + nested(1'000'000) + "}}");
+  auto s = ShardedSafetensors::open_dir(d.path());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("model.safetensors.index.json"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("nested deeper"), std::string::npos) << s.status().message();
+}
+
 // Two shards + index; then the ways an index can disagree with its shards.
 class ShardedTest : public ::testing::Test {
  protected:

@@ -1,8 +1,8 @@
-#include "server/json_limits.h"
+#include "core/json_limits.h"
 
 #include <fmt/format.h>
 
-namespace flashseek::server {
+namespace flashseek {
 
 JsonScan scan_json(std::string_view text, const JsonLimits& limits) {
   size_t depth = 0;
@@ -64,4 +64,4 @@ std::string describe(JsonScan result, const JsonLimits& limits) {
   return "JSON within limits";
 }
 
-}  // namespace flashseek::server
+}  // namespace flashseek

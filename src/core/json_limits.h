@@ -1,12 +1,13 @@
-// Bounds on untrusted JSON text, checked on the raw bytes BEFORE a tree is built: nlohmann's
-// parser is iterative, but copying, dumping and destroying a tree recurse once per nesting
-// level, so a 1M-deep array in a 2 MB body would overflow the stack long after parsing.
+// Bounds on untrusted JSON text (HTTP bodies, checkpoint headers, config files), checked on the
+// raw bytes BEFORE a tree is built: nlohmann's parser is iterative, but copying, dumping and
+// destroying a tree recurse once per nesting level, so a 1M-deep array in a 2 MB body would
+// overflow the stack long after parsing.
 #pragma once
 #include <cstddef>
 #include <string>
 #include <string_view>
 
-namespace flashseek::server {
+namespace flashseek {
 
 struct JsonLimits {
   size_t max_depth = 64;         // nesting of [ and { (the top-level value is depth 1)
@@ -23,4 +24,4 @@ JsonScan scan_json(std::string_view text, const JsonLimits& limits);
 // A sentence for a 400 answer ("nested deeper than 64 levels").
 std::string describe(JsonScan result, const JsonLimits& limits);
 
-}  // namespace flashseek::server
+}  // namespace flashseek
