@@ -47,6 +47,7 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
   ro.url = o.redis_url;
   ro.server_id = o.server_id;
   ro.advertise = c->server_->advertise();
+  ro.tls = o.redis_tls;
   c->registry_ = std::make_unique<Registry>(ro);
   cache.set_remote(c.get());
   spdlog::info("kvshare: server {} serves snapshots on {} (UCX {}), fetches over {}, registry {}",

@@ -59,13 +59,14 @@ Result<std::string> percent_decode(const std::string& s, const std::string& url)
 Result<RedisUrl> parse_redis_url(const std::string& url) {
   RedisUrl out;
   std::string rest = url;
-  if (rest.rfind("rediss://", 0) == 0)
-    return invalid_argument("--redis {}: TLS (rediss://) is not supported by this build (its hiredis "
-                            "has no TLS); use redis:// on a trusted network or a local TLS tunnel",
-                            url);
-  if (rest.rfind("redis://", 0) == 0) rest = rest.substr(8);
+  if (rest.rfind("rediss://", 0) == 0) {
+    rest = rest.substr(9);
+    out.tls = true;
+  } else if (rest.rfind("redis://", 0) == 0) {
+    rest = rest.substr(8);
+  }
   else if (rest.find("://") != std::string::npos)
-    return invalid_argument("--redis {}: expected redis://host:port", url);
+    return invalid_argument("--redis {}: expected redis://host:port or rediss://host:port", url);
   if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     const std::string info = rest.substr(0, at);
@@ -101,7 +102,18 @@ Result<RedisUrl> parse_redis_url(const std::string& url) {
 
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   auto url = parse_redis_url(options_.url);
-  if (url.ok()) {
+  if (url.ok() && url->tls) {
+    auto tls = RedisTlsContext::create(options_.tls);
+    if (tls.ok()) {
+      url_ = *url;
+      port_ = url_.port;
+      tls_ = *tls;
+    } else {
+      spdlog::warn("kvshare: {}; running local only", tls.status().message());
+      std::lock_guard lock(log_mu_);
+      last_error_ = tls.status().message();
+    }
+  } else if (url.ok()) {
     url_ = *url;
     port_ = url_.port;
   } else {
@@ -122,14 +134,14 @@ Registry::~Registry() {
   std::lock_guard lock(redis_mu_);
   if (ctx_) {
     freeReplyObject(command(ctx_, "DEL %s", server_key(options_.server_id).c_str()));
-    redisFree(ctx_);
+    redis_free(ctx_);
   }
 }
 
 bool Registry::ensure_connected() {
   if (ctx_ && ctx_->err == 0) return true;
   if (ctx_) {
-    redisFree(ctx_);
+    redis_free(ctx_);
     ctx_ = nullptr;
     if (connected_) spdlog::warn("kvshare: lost Redis at {}:{}", url_.host, url_.port);
     connected_ = false;
@@ -145,13 +157,9 @@ bool Registry::ensure_connected() {
 }
 
 redisContext* Registry::connect_redis(const char* what) {
-  const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
-  redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
   std::string error;
-  if (!c || c->err) {
-    error = c ? c->errstr : "out of memory";
-  } else {
-    redisSetTimeout(c, tv);
+  redisContext* c = redis_connect(url_.host, url_.port, tls_.get(), options_.timeout_ms, error);
+  if (c) {
     if (!url_.password.empty()) {
       ReplyGuard r{url_.user.empty()
                        ? command(c, "AUTH %b", url_.password.data(), url_.password.size())
@@ -171,13 +179,18 @@ redisContext* Registry::connect_redis(const char* what) {
     }
   }
   if (error.empty()) return c;
-  if (c) redisFree(c);
+  redis_free(c);
   std::lock_guard lock(log_mu_);
   if (error != last_error_) {  // a Redis that stays away is logged once, not every retry
     spdlog::warn("kvshare: Redis {}:{} ({}): {}", url_.host, url_.port, what, error);
     last_error_ = error;
   }
   return nullptr;
+}
+
+std::string Registry::last_error() const {
+  std::lock_guard lock(log_mu_);
+  return last_error_;
 }
 
 void Registry::announce(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) {
@@ -299,7 +312,7 @@ void Registry::listen_loop() {
     return !stopping_;
   };
   auto drop = [&] {
-    if (sub) redisFree(sub);
+    redis_free(sub);
     sub = nullptr;
     subscribed_ = false;
   };
