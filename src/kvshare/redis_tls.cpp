@@ -10,6 +10,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,6 +48,36 @@ int remaining_ms(Clock::time_point deadline) {
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left > 0 ? int(left) : 0;
 }
+
+// OpenSSL writes to the socket with write(): a server that resets the connection would raise
+// SIGPIPE, which kills a process that does not ignore it. SIGPIPE is blocked on the writing thread
+// while this lives; one raised meanwhile is consumed before the old mask is restored.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeBlock() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const timespec zero{0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 // Non-blocking TCP connect to the first address of host:port that answers before the deadline.
 int tcp_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
@@ -84,6 +116,7 @@ int tcp_connect(const std::string& host, int port, Clock::time_point deadline, s
   }
   freeaddrinfo(res);
   if (fd >= 0) {
+    error.clear();
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
@@ -97,6 +130,7 @@ class Pump {
   Pump(SSL* ssl, int tcp, int pair) : ssl_(ssl), tcp_(tcp), pair_(pair) {
     ++alive_;
     thread_ = std::thread([this] {
+      SigpipeBlock no_sigpipe;
       run();
       --alive_;
     });
@@ -221,6 +255,7 @@ redisContext* connect_tls(const std::string& host, int port, const RedisTlsConte
   };
   if (!ssl) return fail("TLS: " + ssl_errors());
   SSL_set_fd(ssl, tcp);
+  SigpipeBlock no_sigpipe;
   // The certificate must name the host of the URL: an IP literal is checked against the
   // certificate's IP SANs, a name against its DNS names (and sent as SNI).
   if (is_ip_literal(host)) {
@@ -311,6 +346,7 @@ RedisTlsContext::~RedisTlsContext() { SSL_CTX_free(ctx_); }
 
 redisContext* redis_connect(const std::string& host, int port, const RedisTlsContext* tls,
                             int timeout_ms, std::string& error) {
+  error.clear();
   if (tls) return connect_tls(host, port, *tls, timeout_ms, error);
   const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);

@@ -22,7 +22,7 @@ struct RedisTlsOptions {
   std::string ca_file;    // PEM CA bundle that signs the server certificate (empty: system CAs)
   std::string cert_file;  // client certificate for mutual TLS (with key_file; empty: none)
   std::string key_file;
-  int handshake_timeout_ms = 2000;  // TCP connect + TLS handshake must finish within this
+  int handshake_timeout_ms = 1000;  // TCP connect + TLS handshake must finish within this
 };
 
 // A client TLS configuration (CA store, optional client certificate) shared by connections.

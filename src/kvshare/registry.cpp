@@ -25,6 +25,14 @@ redisReply* command(redisContext* c, const char* fmt, ...) {
   return static_cast<redisReply*>(r);
 }
 
+// Why a command's reply is not the expected status: the server's error text, or the connection's
+// error (e.g. a TLS server closing a plain connection), or the wrong reply type.
+std::string why_refused(const redisContext* c, const redisReply* r) {
+  if (r && r->type == REDIS_REPLY_ERROR && r->str) return std::string(r->str, r->len);
+  if (!r && c->err) return fmt::format("no valid reply ({})", c->errstr);
+  return "no valid reply";
+}
+
 struct ReplyGuard {
   redisReply* r;
   ~ReplyGuard() { if (r) freeReplyObject(r); }
@@ -166,16 +174,12 @@ redisContext* Registry::connect_redis(const char* what) {
                        : command(c, "AUTH %b %b", url_.user.data(), url_.user.size(),
                                  url_.password.data(), url_.password.size())};
       if (!r.r || r.r->type != REDIS_REPLY_STATUS)
-        error = fmt::format("AUTH refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
-                                                    ? std::string(r.r->str, r.r->len)
-                                                    : std::string("no valid reply"));
+        error = fmt::format("AUTH refused: {}", why_refused(c, r.r));
     }
     if (error.empty()) {  // e.g. NOAUTH: a server that wants a password the URL does not give
       ReplyGuard r{command(c, "PING")};
       if (!r.r || r.r->type != REDIS_REPLY_STATUS)
-        error = fmt::format("PING refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
-                                                    ? std::string(r.r->str, r.r->len)
-                                                    : std::string("no valid reply"));
+        error = fmt::format("PING refused: {}", why_refused(c, r.r));
     }
   }
   if (error.empty()) return c;

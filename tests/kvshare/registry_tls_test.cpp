@@ -141,9 +141,15 @@ size_t count_dir(const char* path) {
   return n;
 }
 
-#define NEED_TOOLS()                                                   \
+// One set of certificates for the whole suite (made on first use, removed at exit).
+const Certs& shared_certs() {
+  static const Certs certs;
+  return certs;
+}
+
+#define NEED_TOOLS()                                                      \
   if (!have_tools()) FS_SKIP_UNLESS_CI("needs redis-server and openssl"); \
-  Certs certs;                                                         \
+  const Certs& certs = shared_certs();                                    \
   ASSERT_TRUE(certs.ok()) << certs.output();
 
 TEST(RegistryTls, CommandsAndEventsWorkOverTlsWithAuth) {
@@ -212,8 +218,10 @@ TEST(RegistryTls, PlainAndTlsMismatchFailWithinDeadline) {
   EXPECT_FALSE(plain.connected());
   // The other way round: rediss:// against a plain Redis fails the handshake.
   RedisServer plain_redis(free_port());
+  auto options = redis.options(false);
+  options.handshake_timeout_ms = 300;
   kvshare::Registry tls(registry_options(
-      "rediss://127.0.0.1:" + std::to_string(plain_redis.port()), "t", redis.options(false)));
+      "rediss://127.0.0.1:" + std::to_string(plain_redis.port()), "t", options));
   EXPECT_TRUE(eventually([&] {
     return tls.last_error().find("TLS handshake") != std::string::npos;
   })) << tls.last_error();
