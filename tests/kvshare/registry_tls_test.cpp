@@ -15,6 +15,7 @@
 #include "kvshare/redis_tls.h"
 #include "kvshare/registry.h"
 #include "redis_util.h"
+#include "serve_util.h"
 #include "test_util.h"
 
 namespace flashseek::kvtest {
@@ -304,6 +305,25 @@ TEST(RegistryTls, ServeAcceptsTlsUrls) {
                                        "--cluster-secret s --redis-tls-ca /tmp/ca.pem");
   EXPECT_NE(plain.exit_code, 0);
   EXPECT_NE(plain.output.find("rediss://"), std::string::npos) << plain.output;
+}
+
+// End to end: `flashseek serve --redis rediss://... --redis-tls-ca` (a tiny model) registers its
+// heartbeat over TLS and reports the registry connected.
+TEST(RegistryTls, ServeJoinsTheClusterOverTls) {
+  NEED_TOOLS();
+  if (!have_tokenizer()) FS_SKIP_UNLESS_CI("needs the tokenizer (scripts/fetch_tokenizer.sh)");
+  TlsRedis redis(certs, false);
+  ft::TempDir dir;
+  const std::string ckpt = (dir.path() / "tiny").string();
+  const auto made = run_command(ft::flashseek_bin() + " make-tiny --config tiny-v41 --seed 2 --out " + ckpt);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  Serve s(ckpt, dir.path() / "serve.log",
+          "--redis rediss://:pw@" + redis.where() + " --redis-tls-ca " + certs.path("ca.crt") +
+              " --cluster-secret s3cret --server-id tls-serve --kv-transport tcp");
+  ASSERT_TRUE(s.wait_ready()) << s.log_text();
+  EXPECT_TRUE(eventually([&] { return redis.query("GET fs:server:tls-serve").has_value(); }))
+      << s.log_text();
+  EXPECT_EQ(s.log_text().find(":pw@"), std::string::npos) << "the password is logged";
 }
 
 }  // namespace
