@@ -80,6 +80,7 @@ class SigpipeBlock {
 };
 
 // Non-blocking TCP connect to the first address of host:port that answers before the deadline.
+// (Name resolution itself is getaddrinfo's, not bounded here: the same as hiredis's own connect.)
 int tcp_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
