@@ -12,7 +12,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates
       nodejs npm
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
       libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libpcre2-dev
-      libhiredis-dev libucx-dev redis-server libssl-dev zlib1g-dev python3 python3-numpy
+      libhiredis-dev libucx-dev redis-server libssl-dev openssl zlib1g-dev python3 python3-numpy
       python3-yaml)
 
 missing=()

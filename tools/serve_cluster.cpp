@@ -13,12 +13,27 @@ std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
 }
+
+kvshare::RedisTlsOptions tls_options(const ClusterCli& c) {
+  kvshare::RedisTlsOptions o;
+  o.ca_file = c.redis_tls_ca;
+  o.cert_file = c.redis_tls_cert;
+  o.key_file = c.redis_tls_key;
+  return o;
+}
 }  // namespace
 
 void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
   cmd->add_option("--redis", c.redis,
-                  "registry for cross-server state sharing, redis://host:port "
-                  "(env FLASHSEEK_REDIS_URL or DSUF_REDIS_URL)");
+                  "registry for cross-server state sharing, redis://host:port or "
+                  "rediss://host:port for TLS (env FLASHSEEK_REDIS_URL or DSUF_REDIS_URL)");
+  cmd->add_option("--redis-tls-ca", c.redis_tls_ca,
+                  "PEM CA file that signs the Redis server certificate (rediss://; default: the "
+                  "system CAs)");
+  cmd->add_option("--redis-tls-cert", c.redis_tls_cert,
+                  "client certificate (PEM) for Redis mutual TLS (rediss://, with --redis-tls-key)");
+  cmd->add_option("--redis-tls-key", c.redis_tls_key,
+                  "private key (PEM) of --redis-tls-cert");
   cmd->add_option("--cluster-secret", c.secret,
                   "secret peers must prove to fetch snapshots (env FLASHSEEK_CLUSTER_SECRET)");
   cmd->add_option("--kv-host", c.kv_host, "snapshot endpoint address (default: --host)");
@@ -48,8 +63,17 @@ void add_cluster_options(CLI::App* cmd, ClusterCli& c) {
 Status check_cluster_options(const ClusterCli& c) {
   std::string url = !c.redis.empty() ? c.redis : env("FLASHSEEK_REDIS_URL");
   if (url.empty()) url = env("DSUF_REDIS_URL");
-  if (url.empty()) return {};
-  FS_RETURN_IF_ERROR(kvshare::parse_redis_url(url).status());
+  const bool tls_flags =
+      !c.redis_tls_ca.empty() || !c.redis_tls_cert.empty() || !c.redis_tls_key.empty();
+  if (url.empty()) {
+    if (tls_flags) return invalid_argument("--redis-tls-* need a rediss:// --redis URL");
+    return {};
+  }
+  FS_ASSIGN_OR_RETURN(auto parsed, kvshare::parse_redis_url(url));
+  if (tls_flags && !parsed.tls)
+    return invalid_argument("--redis-tls-* need a rediss:// URL (--redis is redis://, plain TCP)");
+  // The CA and client certificate files load now: a bad one is an error before the model loads.
+  if (parsed.tls) FS_RETURN_IF_ERROR(kvshare::RedisTlsContext::create(tls_options(c)).status());
   if (c.secret.empty() && env("FLASHSEEK_CLUSTER_SECRET").empty())
     return invalid_argument("--cluster-secret (or FLASHSEEK_CLUSTER_SECRET) is required with --redis");
   return {};
@@ -63,6 +87,7 @@ Result<std::unique_ptr<kvshare::Cluster>> start_cluster(engine::StateCache& cach
   if (o.redis_url.empty()) o.redis_url = env("DSUF_REDIS_URL");
   if (o.redis_url.empty()) return std::unique_ptr<kvshare::Cluster>();
   o.secret = !c.secret.empty() ? c.secret : env("FLASHSEEK_CLUSTER_SECRET");
+  o.redis_tls = tls_options(c);
   o.server_id = c.server_id;
   o.kv_host = !c.kv_host.empty() ? c.kv_host : (http_host == "0.0.0.0" ? "0.0.0.0" : http_host);
   o.kv_port = c.kv_port;

@@ -17,6 +17,7 @@ namespace flashseek::tools {
 struct ClusterCli {
   std::string redis, secret, kv_host, server_id, advertise_host;
   std::string kv_transport;  // ucx | tcp (empty: ucx when built with UCX)
+  std::string redis_tls_ca, redis_tls_cert, redis_tls_key;  // rediss:// only
   int kv_port = 0;
   int kv_max_peers = 16, kv_handshake_ms = 1000, kv_timeout_ms = 2000;
   int64_t drain_snapshots = 32;

@@ -15,7 +15,8 @@ Cluster::Cluster(engine::StateCache& cache, ClusterOptions options)
 Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, ClusterOptions o) {
   if (o.secret.empty())
     return invalid_argument("--cluster-secret (or FLASHSEEK_CLUSTER_SECRET) is required with --redis");
-  FS_RETURN_IF_ERROR(parse_redis_url(o.redis_url).status());
+  FS_ASSIGN_OR_RETURN(const RedisUrl url, parse_redis_url(o.redis_url));
+  if (url.tls) FS_RETURN_IF_ERROR(RedisTlsContext::create(o.redis_tls).status());
   if (o.server_id.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
@@ -47,11 +48,13 @@ Result<std::unique_ptr<Cluster>> Cluster::start(engine::StateCache& cache, Clust
   ro.url = o.redis_url;
   ro.server_id = o.server_id;
   ro.advertise = c->server_->advertise();
+  ro.tls = o.redis_tls;
   c->registry_ = std::make_unique<Registry>(ro);
   cache.set_remote(c.get());
   spdlog::info("kvshare: server {} serves snapshots on {} (UCX {}), fetches over {}, registry {}",
                o.server_id, ro.advertise, c->server_->ucx_enabled() ? "on" : "off",
-               transport_name(c->transport_), o.redis_url);
+               transport_name(c->transport_),  // the URL's password stays out of the log
+               fmt::format("{}://{}:{}", url.tls ? "rediss" : "redis", url.host, url.port));
   return c;
 }
 

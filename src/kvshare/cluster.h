@@ -16,6 +16,7 @@ namespace flashseek::kvshare {
 
 struct ClusterOptions {
   std::string redis_url;
+  RedisTlsOptions redis_tls;   // CA / client certificate for a rediss:// URL
   std::string secret;          // cluster secret shared by every server
   std::string server_id;       // empty: "<hostname>-<pid>"
   std::string kv_host = "127.0.0.1";  // where the snapshot endpoint listens

@@ -25,6 +25,14 @@ redisReply* command(redisContext* c, const char* fmt, ...) {
   return static_cast<redisReply*>(r);
 }
 
+// Why a command's reply is not the expected status: the server's error text, or the connection's
+// error (e.g. a TLS server closing a plain connection), or the wrong reply type.
+std::string why_refused(const redisContext* c, const redisReply* r) {
+  if (r && r->type == REDIS_REPLY_ERROR && r->str) return std::string(r->str, r->len);
+  if (!r && c->err) return fmt::format("no valid reply ({})", c->errstr);
+  return "no valid reply";
+}
+
 struct ReplyGuard {
   redisReply* r;
   ~ReplyGuard() { if (r) freeReplyObject(r); }
@@ -59,13 +67,14 @@ Result<std::string> percent_decode(const std::string& s, const std::string& url)
 Result<RedisUrl> parse_redis_url(const std::string& url) {
   RedisUrl out;
   std::string rest = url;
-  if (rest.rfind("rediss://", 0) == 0)
-    return invalid_argument("--redis {}: TLS (rediss://) is not supported by this build (its hiredis "
-                            "has no TLS); use redis:// on a trusted network or a local TLS tunnel",
-                            url);
-  if (rest.rfind("redis://", 0) == 0) rest = rest.substr(8);
+  if (rest.rfind("rediss://", 0) == 0) {
+    rest = rest.substr(9);
+    out.tls = true;
+  } else if (rest.rfind("redis://", 0) == 0) {
+    rest = rest.substr(8);
+  }
   else if (rest.find("://") != std::string::npos)
-    return invalid_argument("--redis {}: expected redis://host:port", url);
+    return invalid_argument("--redis {}: expected redis://host:port or rediss://host:port", url);
   if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     const std::string info = rest.substr(0, at);
@@ -101,7 +110,18 @@ Result<RedisUrl> parse_redis_url(const std::string& url) {
 
 Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
   auto url = parse_redis_url(options_.url);
-  if (url.ok()) {
+  if (url.ok() && url->tls) {
+    auto tls = RedisTlsContext::create(options_.tls);
+    if (tls.ok()) {
+      url_ = *url;
+      port_ = url_.port;
+      tls_ = *tls;
+    } else {
+      spdlog::warn("kvshare: {}; running local only", tls.status().message());
+      std::lock_guard lock(log_mu_);
+      last_error_ = tls.status().message();
+    }
+  } else if (url.ok()) {
     url_ = *url;
     port_ = url_.port;
   } else {
@@ -122,14 +142,14 @@ Registry::~Registry() {
   std::lock_guard lock(redis_mu_);
   if (ctx_) {
     freeReplyObject(command(ctx_, "DEL %s", server_key(options_.server_id).c_str()));
-    redisFree(ctx_);
+    redis_free(ctx_);
   }
 }
 
 bool Registry::ensure_connected() {
   if (ctx_ && ctx_->err == 0) return true;
   if (ctx_) {
-    redisFree(ctx_);
+    redis_free(ctx_);
     ctx_ = nullptr;
     if (connected_) spdlog::warn("kvshare: lost Redis at {}:{}", url_.host, url_.port);
     connected_ = false;
@@ -145,39 +165,36 @@ bool Registry::ensure_connected() {
 }
 
 redisContext* Registry::connect_redis(const char* what) {
-  const timeval tv{options_.timeout_ms / 1000, (options_.timeout_ms % 1000) * 1000};
-  redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
   std::string error;
-  if (!c || c->err) {
-    error = c ? c->errstr : "out of memory";
-  } else {
-    redisSetTimeout(c, tv);
+  redisContext* c = redis_connect(url_.host, url_.port, tls_.get(), options_.timeout_ms, error);
+  if (c) {
     if (!url_.password.empty()) {
       ReplyGuard r{url_.user.empty()
                        ? command(c, "AUTH %b", url_.password.data(), url_.password.size())
                        : command(c, "AUTH %b %b", url_.user.data(), url_.user.size(),
                                  url_.password.data(), url_.password.size())};
       if (!r.r || r.r->type != REDIS_REPLY_STATUS)
-        error = fmt::format("AUTH refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
-                                                    ? std::string(r.r->str, r.r->len)
-                                                    : std::string("no valid reply"));
+        error = fmt::format("AUTH refused: {}", why_refused(c, r.r));
     }
     if (error.empty()) {  // e.g. NOAUTH: a server that wants a password the URL does not give
       ReplyGuard r{command(c, "PING")};
       if (!r.r || r.r->type != REDIS_REPLY_STATUS)
-        error = fmt::format("PING refused: {}", r.r && r.r->type == REDIS_REPLY_ERROR && r.r->str
-                                                    ? std::string(r.r->str, r.r->len)
-                                                    : std::string("no valid reply"));
+        error = fmt::format("PING refused: {}", why_refused(c, r.r));
     }
   }
   if (error.empty()) return c;
-  if (c) redisFree(c);
+  redis_free(c);
   std::lock_guard lock(log_mu_);
   if (error != last_error_) {  // a Redis that stays away is logged once, not every retry
     spdlog::warn("kvshare: Redis {}:{} ({}): {}", url_.host, url_.port, what, error);
     last_error_ = error;
   }
   return nullptr;
+}
+
+std::string Registry::last_error() const {
+  std::lock_guard lock(log_mu_);
+  return last_error_;
 }
 
 void Registry::announce(uint64_t hash, uint64_t tenant, int64_t tokens, int64_t bytes) {
@@ -299,7 +316,7 @@ void Registry::listen_loop() {
     return !stopping_;
   };
   auto drop = [&] {
-    if (sub) redisFree(sub);
+    redis_free(sub);
     sub = nullptr;
     subscribed_ = false;
   };

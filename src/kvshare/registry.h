@@ -26,18 +26,20 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kvshare/redis_tls.h"
 
 struct redisContext;
 
 namespace flashseek::kvshare {
 
 struct RegistryOptions {
-  std::string url;           // redis://host:port
+  std::string url;           // redis://host:port or rediss://host:port (TLS)
   std::string server_id;     // unique per server
   std::string advertise;     // "<host>:<port>" of this server's snapshot endpoint
   int heartbeat_ttl_s = 5;   // the server counts as dead this long after its last heartbeat
   int snapshot_ttl_s = 3600; // registry entries expire (re-announced while owned)
   int timeout_ms = 300;      // per Redis command
+  RedisTlsOptions tls;       // CA / client certificate for rediss:// (unused for redis://)
 };
 
 struct SnapshotLocation {
@@ -50,11 +52,11 @@ struct RedisUrl {
   std::string host;
   int port = 6379;
   std::string user, password;  // AUTH [user] password after every connect (empty: none)
+  bool tls = false;            // rediss://: every connection is TLS, server certificate verified
 };
 
-// Parses redis://[[user]:password@]host[:port][/db] (db ignored; user and password
-// percent-decoded) or host:port. rediss:// (TLS) is refused: this build's hiredis (Debian
-// libhiredis 0.14) has no TLS support.
+// Parses redis[s]://[[user]:password@]host[:port][/db] (db ignored; user and password
+// percent-decoded) or host:port. rediss:// means TLS (redis_tls.h).
 Result<RedisUrl> parse_redis_url(const std::string& url);
 
 class Registry {
@@ -73,6 +75,8 @@ class Registry {
   std::map<std::string, std::string> peers();
   bool connected() const { return connected_; }
   int64_t reconnects() const { return reconnects_; }
+  // The last connect / TLS / AUTH error (empty: none yet), e.g. a TLS verification failure.
+  std::string last_error() const;
   bool subscribed() const { return subscribed_; }
   int64_t events() const { return events_; }                // fs:events messages received
   int64_t stale_skipped() const { return stale_skipped_; }  // find() candidates skipped: evicted
@@ -96,7 +100,8 @@ class Registry {
   const RegistryOptions options_;
   RedisUrl url_;
   int port_ = 0;  // 0: no usable URL (local only)
-  std::mutex log_mu_;
+  std::shared_ptr<RedisTlsContext> tls_;  // rediss:// only
+  mutable std::mutex log_mu_;
   std::string last_error_;  // last connect / AUTH error logged
   std::mutex redis_mu_;          // one command at a time on ctx_
   redisContext* ctx_ = nullptr;

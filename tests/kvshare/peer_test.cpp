@@ -346,9 +346,13 @@ TEST(RegistryUrl, Parses) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->user, "");
   EXPECT_EQ(c->password, "only-pw");
-  auto tls = kvshare::parse_redis_url("rediss://h:6380");
-  ASSERT_FALSE(tls.ok());
-  EXPECT_NE(tls.status().message().find("TLS"), std::string::npos);
+  EXPECT_FALSE(c->tls);
+  auto tls = kvshare::parse_redis_url("rediss://:pw@h:6380");
+  ASSERT_TRUE(tls.ok());
+  EXPECT_TRUE(tls->tls);
+  EXPECT_EQ(tls->host, "h");
+  EXPECT_EQ(tls->port, 6380);
+  EXPECT_EQ(tls->password, "pw");
   for (const char* bad : {"redis://host:port", "redis://:6379", "redis://h:0", "redis://h:99999",
                           "redis://h:12x", "redis://u:%4@h", "http://h:1", "redis://user:@h"}) {
     auto r = kvshare::parse_redis_url(bad);

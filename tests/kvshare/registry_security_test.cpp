@@ -1,8 +1,7 @@
 // The Redis registry against a protected or hostile Redis: user:password in the URL is sent as
-// AUTH (a wrong password never connects), rediss:// is refused with a clear error (no TLS in this
-// hiredis), and malformed replies — on the fs:events subscription or to registry commands — are
-// type-checked and ignored, never dereferenced (before, a push whose first element was not a
-// string aborted the server).
+// AUTH (a wrong password never connects), and malformed replies — on the fs:events subscription
+// or to registry commands — are type-checked and ignored, never dereferenced (before, a push
+// whose first element was not a string aborted the server). TLS (rediss://): registry_tls_test.cpp.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -50,23 +49,6 @@ TEST(RegistryAuth, PasswordAndUserPasswordAreSentAsAuth) {
   EXPECT_FALSE(wrong.subscribed());
   EXPECT_FALSE(redis.query("HGET fs:snap:0000000000000003 owner"));
   EXPECT_FALSE(redis.query("HGET fs:snap:0000000000000004 owner"));
-}
-
-TEST(RegistryAuth, TlsUrlIsRefusedClearly) {
-  auto r = kvshare::parse_redis_url("rediss://:pw@cache:6380");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("rediss://"), std::string::npos);
-}
-
-// `serve` refuses a bad cluster URL before it loads anything (the checkpoint here does not even
-// exist: the URL error comes first), with the reason and a non-zero exit.
-TEST(RegistryAuth, ServeRefusesTlsUrlsAtOnce) {
-  const auto r = flashseek::testing::run_command(
-      flashseek::testing::flashseek_bin() +
-      " serve --ckpt /nonexistent --redis rediss://cache:6380 --cluster-secret s");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("rediss://"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("config.json"), std::string::npos) << r.output;
 }
 
 // A tiny fake Redis: answers the subscription with malformed pushes (then one valid event) and
