@@ -125,7 +125,7 @@ TEST_P(GpuSnapshot, RestoreOnSameAndSecondModelContinuesBitwise) {
   ASSERT_EQ((*host)->len, n);
   auto blob = serialize_snapshot(**host, std::span<const int32_t>(tokens).first(size_t(n)), {77, 1, 2, n, 0});
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto dec = deserialize_snapshot(*blob, 77, model_snapshot_geometry(A));
+  auto dec = deserialize_snapshot(*blob, 77, model_snapshot_geometry(A, int64_t(1) << 20));
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
 
   // The original's proposals and continuation (on a clone: st itself stays the snapshot point).
@@ -249,7 +249,7 @@ TEST(GpuSnapshotEngine, SecondTurnRestoresThePrefix) {
   auto fp = checkpoint_fingerprint(dir, "reference");
   ASSERT_TRUE(fp.ok());
   engine::StateCacheOptions co{state_fingerprint(*fp, G.backend_kind()), int64_t(1) << 30, {}, 2};
-  co.geometry = model_snapshot_geometry(G);
+  co.geometry = model_snapshot_geometry(G, int64_t(1) << 20);
   auto cache = engine::StateCache::open(std::move(co));
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   auto eng = engine::Engine::create(G, {});

@@ -85,7 +85,7 @@ TEST_P(StateConvert, RoundTripThroughBlobContinuesExactly) {
   ASSERT_TRUE(exp.ok()) << exp.status().to_string();
   auto blob = serialize_snapshot(**exp, t, {42, 7, 9, int64_t(t.size()), 0});
   ASSERT_TRUE(blob.ok()) << blob.status().to_string();
-  auto dec = deserialize_snapshot(*blob, 42, model_snapshot_geometry(*model_));
+  auto dec = deserialize_snapshot(*blob, 42, model_snapshot_geometry(*model_, int64_t(1) << 20));
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
   auto imp = model_->import_state(*dec->state);
   ASSERT_TRUE(imp.ok()) << imp.status().to_string();
