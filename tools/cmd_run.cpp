@@ -11,7 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/run_contract.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_locate.h"
@@ -23,7 +23,7 @@ namespace {
 struct RunOpts {
   std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "auto";
   std::string stop_ids;
-  std::string gpus;  // "" = CPU backend, "N" = CUDA device N (forward/gpu_model.h)
+  std::string gpus;  // "" = CPU backend, "N" = CUDA device N (backends/cuda/gpu_model.h)
   int64_t max_tokens = 16, top_k = 0, prompt_logprobs = 0, logprobs = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;

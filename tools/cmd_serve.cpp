@@ -15,7 +15,7 @@
 #include "engine/state_cache.h"
 #include "forward/state_io.h"
 #include "forward/cpu_model.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "forward/state_convert.h"
 #include "server/deferred_backend.h"
 #include "server/engine_backend.h"

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "core/rng.h"
-#include "forward/gpu_model.h"
-#include "forward/gpu_tp.h"
+#include "backends/cuda/gpu_model.h"
+#include "backends/cuda/gpu_tp.h"
 #include "gpu_test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA

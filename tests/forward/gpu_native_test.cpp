@@ -1,4 +1,4 @@
-// The CUDA backend with native weights (forward/gpu_model.h GpuLoadOptions, opt-in): in reference
+// The CUDA backend with native weights (backends/cuda/gpu_model.h GpuLoadOptions, opt-in): in reference
 // numerics the FP8 linears and the FP4 routed experts stay on the device as stored and run through
 // the block-scaled kernels (ops/cuda/gemv.h).
 // * Native weights take less device memory than the FP32 copies and every listed matrix is native.
@@ -21,12 +21,12 @@
 
 #include "core/rng.h"
 #include "forward/cpu_model.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "gpu_test_util.h"
 #include "model/make_tiny.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/cuda_check.h"
 #endif
 

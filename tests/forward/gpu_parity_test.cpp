@@ -1,4 +1,4 @@
-// Whole-model parity of the CUDA backend (forward/gpu_model.h) with the CPU reference backend on
+// Whole-model parity of the CUDA backend (backends/cuda/gpu_model.h) with the CPU reference backend on
 // make-tiny checkpoints over 410 tokens: tie-free variants (index top-k covering every compressed
 // position, every expert active, every candidate block kept) must agree to max|Δlogit| < 2e-2 at
 // every position; the standard tiny configs (where routing / top-k near-ties may flip under the
@@ -14,7 +14,7 @@
 
 #include "core/rng.h"
 #include "forward/cpu_model.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "model/make_tiny.h"
 #include "gpu_test_util.h"
 #include "test_util.h"
@@ -150,7 +150,7 @@ TEST(GpuModel, CliRunOnGpuEqualsCpu) {
   };
   EXPECT_FALSE(tokens_of(cpu.output).empty()) << cpu.output;
   EXPECT_EQ(tokens_of(cpu.output), tokens_of(gpu.output)) << cpu.output << "\n" << gpu.output;
-  // A device list is the multi-GPU model (forward/gpu_tp.h): a repeated device runs two
+  // A device list is the multi-GPU model (backends/cuda/gpu_tp.h): a repeated device runs two
   // host-staged ranks on GPU 0 and must give the same greedy tokens; a missing device is an error.
   const auto tp = flashseek::testing::run_command(base + " --gpus 0,0");
   ASSERT_EQ(tp.exit_code, 0) << tp.output;

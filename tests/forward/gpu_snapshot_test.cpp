@@ -25,7 +25,7 @@
 #include "engine/engine.h"
 #include "engine/state_cache.h"
 #include "forward/cpu_model.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "forward/state_io.h"
 #include "gpu_test_util.h"
 #include "state_test_util.h"

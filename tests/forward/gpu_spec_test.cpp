@@ -17,7 +17,7 @@
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "forward/cpu_model.h"
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 #include "gpu_test_util.h"
 #include "forward/state.h"
 #include "model/make_tiny.h"

@@ -1,4 +1,4 @@
-// Multi-GPU tensor + expert parallel model (forward/gpu_tp.h). CPU: the shard index math (which
+// Multi-GPU tensor + expert parallel model (backends/cuda/gpu_tp.h). CPU: the shard index math (which
 // heads / output groups / experts / vocabulary rows each rank owns, uneven sizes rejected), the
 // weight slicing and the --gpus list parsing. GPU: TP=N logits equal TP=1 logits within 2e-2 on
 // tiny-v41 and tiny-v4 (prefill, and prefill + one-token decode steps) with the host-staged
@@ -13,8 +13,8 @@
 #include <numeric>
 
 #include "core/rng.h"
-#include "forward/gpu_model.h"
-#include "forward/gpu_tp.h"
+#include "backends/cuda/gpu_model.h"
+#include "backends/cuda/gpu_tp.h"
 #include "gpu_test_util.h"
 #include "model/make_tiny.h"
 #include "test_util.h"

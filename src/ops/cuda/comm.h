@@ -1,4 +1,4 @@
-// Collectives between the ranks of a tensor/expert-parallel model (forward/gpu_tp.h): one rank per
+// Collectives between the ranks of a tensor/expert-parallel model (backends/cuda/gpu_tp.h): one rank per
 // host thread, all in one process. Two implementations behind one interface:
 //  - NCCL (make_nccl_comms): one rank per device, ncclCommInitAll; NCCL_NVLS_ENABLE is forced to 0
 //    before the communicators are made (NVLink multicast stays off on the lent machines).

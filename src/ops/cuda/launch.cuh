@@ -1,6 +1,6 @@
 // One entry point for the stream work of the GPU model (kernel launches, async copies and
 // memsets), so that a decode step can be replayed from a cached CUDA graph by patching only the
-// node parameters that changed instead of recording the whole step again (forward/gpu_graph.cpp,
+// node parameters that changed instead of recording the whole step again (backends/cuda/gpu_graph.cpp,
 // docs/cuda.md "CUDA graphs").
 //
 // Each thread has a LaunchTape with a mode:

@@ -1,4 +1,4 @@
-// Kernels of the whole-model GPU forward (forward/gpu_*.cpp), each the GPU twin of a CPU
+// Kernels of the whole-model GPU forward (backends/cuda/gpu_*.cpp), each the GPU twin of a CPU
 // reference op (ops/*.h): same inputs, same rounding points, FP32 weights (the dequantised values
 // the CPU backend uses). Plain `cudaError_t` launchers (nvcc cannot compile core/status.h); the
 // host orchestration wraps every call in FS_CUDA_RETURN_IF_ERROR. Nothing here allocates.

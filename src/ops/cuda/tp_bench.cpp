@@ -17,7 +17,7 @@ namespace {
 
 constexpr int64_t kHidden = 5120, kVocab = 129280, kExperts = 384, kTopK = 6;
 
-// How a kernel of the single-GPU layer slice scales on one rank of `world` (forward/gpu_tp.h):
+// How a kernel of the single-GPU layer slice scales on one rank of `world` (backends/cuda/gpu_tp.h):
 // heads, output groups and routed experts are split; everything else is replicated.
 enum class Split { kReplicated, kHeads, kExperts };
 Split split_of(const std::string& name) {

@@ -1,6 +1,6 @@
 // `flashseek bench --tp N`: the measured tensor/expert-parallel layer slice on 1, 2, 4, ... N GPUs
 // of this host (eager and CUDA graphs with the NCCL all-reduces inside, tp_layer_bench.h), NCCL
-// collective timings on N GPUs, and the older projection of the decode step (forward/gpu_tp.h
+// collective timings on N GPUs, and the older projection of the decode step (backends/cuda/gpu_tp.h
 // split) from single-GPU kernel timings (layer_bench.h), kept for GPU counts that are not lent.
 // See docs/multigpu.md for what is measured and what is projected.
 #pragma once

@@ -53,7 +53,7 @@ Status nccl_status(ncclResult_t r, const char* what) {
   return Status(StatusCode::kInternal, fmt::format("{}: {}", what, ncclGetErrorString(r)));
 }
 
-// One rank's weights (forward/gpu_tp.h split); dense FP8/FP32 parts in rotating copies.
+// One rank's weights (backends/cuda/gpu_tp.h split); dense FP8/FP32 parts in rotating copies.
 struct RankSlice {
   int rank = 0, world = 1;
   int64_t heads = 0, groups = 0, experts = 0, expert0 = 0;

@@ -1,7 +1,7 @@
 // Measured tensor/expert-parallel decode layer slice on W GPUs of this host (`flashseek bench
 // --tp N`, issue #8). One host thread per GPU, one NCCL communicator per rank
 // (ncclCommInitRank, the unique id shared in-process). Each rank allocates ITS slice of a V4.1
-// decode layer at real size, split as forward/gpu_tp.h splits the model: heads 64/W (wq_b rows,
+// decode layer at real size, split as backends/cuda/gpu_tp.h splits the model: heads 64/W (wq_b rows,
 // RoPE, sparse attention), output groups 8/W (wo_a rows, wo_b columns), routed experts 384/W
 // (FP4, stacked; the random top-6 routing, the same on every rank, filtered to the rank's
 // experts), the shared expert on rank 0, everything else (mHC, norms, wq_a+wkv, router, MoE

@@ -3,12 +3,12 @@
 // (and V4's previous windows) are rebuilt from the device history of recent projections, Engram
 // look-back is trimmed. Window rings and DSpark draft rings need nothing: kMaxRollback spare
 // slots mean a discarded position never overwrote a row a later window reads.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/model_kernels.h"
 
 namespace flashseek::forward::gpu {

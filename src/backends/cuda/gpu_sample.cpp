@@ -5,10 +5,10 @@
 // greedy or temperature/min-p step is replayed from a patched CUDA graph (the spec travels as
 // kernel arguments); a top-k/top-p step sorts with CUB, which the tape cannot hold, so it runs
 // eagerly (gpu_graph.cpp).
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/sample.h"
 
 namespace flashseek::forward::gpu {

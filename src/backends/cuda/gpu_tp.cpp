@@ -1,13 +1,13 @@
 // Tensor/expert-parallel model over several GPUs (gpu_tp.h): shard math, weight slicing, and the
 // TpModel that runs one GpuModel rank per host thread and joins their vocabulary slices.
-#include "forward/gpu_tp.h"
+#include "backends/cuda/gpu_tp.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <thread>
 
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 namespace flashseek::forward {
 
@@ -110,7 +110,7 @@ Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
 }  // namespace flashseek::forward
 
 #if FLASHSEEK_HAVE_CUDA
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/comm.h"
 #include "ops/cuda/model_kernels.h"
 

@@ -2,13 +2,13 @@
 // or V4 hash ids), routed experts as one stacked-weight linear per projection over the [T·K]
 // (token, slot) rows, clamped SwiGLU with the routing weight, the shared expert, and the combine
 // in slot order (ascending expert id) then the shared output.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 #include <vector>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/model_kernels.h"
 

@@ -2,13 +2,13 @@
 // and window KV, compressors (kv sources) writing straight into the device caches, the indexer
 // (index sources) publishing device top-k lists, sparse attention with sinks, inverse RoPE and
 // the grouped output projection; the chunk's window rows go to the ring last.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/model_kernels.h"
 #include "ops/cuda/small_kernels.h"
 

@@ -5,13 +5,13 @@
 // device. The sequential Markov head: its [V, r] GEMV runs on the device per draft token (same dot
 // order as the CPU), the row comes to the host for the chooser (which needs host rows anyway) and
 // the add of the head logits; the confidence dot runs on the host on the [B, D] hidden rows.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/model_kernels.h"
 #include "ops/cuda/small_kernels.h"
 #include "ops/linear.h"

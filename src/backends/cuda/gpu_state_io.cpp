@@ -10,12 +10,12 @@
 //   engram_hist                            ↔ engram_hist (host on both sides)
 //   DSpark draft rings [ring_size, Dh]     ↔ draft_rings
 // The GPU backend keeps no V4 MTP state: an export has none, an import ignores it.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "forward/state_convert.h"
 
 namespace flashseek::forward::gpu {

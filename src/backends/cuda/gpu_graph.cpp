@@ -15,14 +15,14 @@
 // executable's). Buffers may not grow under capture (CaptureGuard, gpu_impl.h): a growth is
 // deferred, the capture discarded, every host counter it advanced restored, the growths applied,
 // and the step recorded again. A step that still cannot be recorded runs eagerly (a fallback).
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/comm.h"
 #include "ops/cuda/launch.cuh"
 

@@ -1,10 +1,10 @@
 // Model-level flow of the CUDA backend (mirrors cpu_model.cpp step for step): weight upload,
 // sequence state, embedding, the per-layer mHC data flow, Engram, the final collapse/norm/head.
-#include "forward/gpu_model.h"
+#include "backends/cuda/gpu_model.h"
 
 #include <charconv>
 
-#include "forward/gpu_tp.h"
+#include "backends/cuda/gpu_tp.h"
 
 namespace flashseek::forward {
 
@@ -31,7 +31,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include <cstdlib>
 #include <cstring>
 
-#include "forward/gpu_impl.h"
+#include "backends/cuda/gpu_impl.h"
 #include "model/weights.h"
 #include "ops/cuda/comm.h"
 #include "ops/cuda/gemv.h"

@@ -53,7 +53,7 @@ enum class TpComm {
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& ckpt_dir, Numerics numerics,
                                              const std::vector<int>& devices, TpComm comm = TpComm::kAuto);
 
-struct GpuGraphStats;  // forward/gpu_model.h
+struct GpuGraphStats;  // backends/cuda/gpu_model.h
 // The CUDA-graph counters of each rank of a multi-GPU model (gpu_graph_stats sums them); one entry
 // for a one-GPU CUDA model.
 Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model& m);
