@@ -82,16 +82,17 @@ struct Completion {
   int64_t cached_tokens = -1;
 };
 
-// Greedy /v1/completions on token ids.
+// Greedy /v1/completions on token ids, with an optional API key and OpenAI `user` field.
 inline Completion complete(int port, const std::vector<int32_t>& prompt, int max_tokens,
-                           const std::string& api_key = {}) {
+                           const std::string& api_key = {}, const std::string& user = {}) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
   httplib::Headers h;
   if (!api_key.empty()) h.emplace("Authorization", "Bearer " + api_key);
-  const json body = {{"model", "deepseek-v4.1-flash"}, {"prompt", prompt},
-                     {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true},
-                     {"return_token_ids", true}};
+  json body = {{"model", "deepseek-v4.1-flash"}, {"prompt", prompt},
+               {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true},
+               {"return_token_ids", true}};
+  if (!user.empty()) body["user"] = user;
   auto res = c.Post("/v1/completions", h, body.dump(), "application/json");
   Completion out;
   if (!res) return out;

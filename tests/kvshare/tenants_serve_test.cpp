@@ -25,27 +25,6 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
   return a;
 }
 
-// Greedy /v1/completions with an optional key and OpenAI `user` field.
-Completion post(int port, const std::vector<int32_t>& prompt, int max_tokens,
-                const std::string& key, const std::string& user = {}) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
-  httplib::Headers h;
-  if (!key.empty()) h.emplace("Authorization", "Bearer " + key);
-  json body = {{"model", "deepseek-v4.1-flash"}, {"prompt", prompt}, {"max_tokens", max_tokens},
-               {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
-  if (!user.empty()) body["user"] = user;
-  auto res = c.Post("/v1/completions", h, body.dump(), "application/json");
-  Completion out;
-  if (!res) return out;
-  out.status = res->status;
-  if (res->status != 200) return out;
-  const json j = json::parse(res->body);
-  out.tokens = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  out.cached_tokens = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
-  return out;
-}
-
 class TenantsServe : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -59,7 +38,7 @@ class TenantsServe : public ::testing::Test {
   }
   // Turn 1 (p1) then turn 2 = p1 + answer + extra; returns turn 2's prompt.
   std::vector<int32_t> turn_two(int port, const std::string& key, const std::string& user = {}) {
-    const Completion t1 = post(port, p1_, 5, key, user);
+    const Completion t1 = complete(port, p1_, 5, key, user);
     EXPECT_EQ(t1.status, 200);
     EXPECT_EQ(t1.cached_tokens, 0);
     return concat(p1_, t1.tokens, extra_);
@@ -83,25 +62,25 @@ TEST_F(TenantsServe, AnotherTenantNeverHitsKeysOfOneTenantDo) {
   const auto want = run_tokens(ckpt_, p2, 5);
   // bob and carol send alice's exact turn-2 prompt: no hit, same (engine) answer.
   for (const std::string key : {"kb1", "kc"}) {
-    const Completion other = post(s.port(), p2, 5, key);
+    const Completion other = complete(s.port(), p2, 5, key);
     ASSERT_EQ(other.status, 200) << key << "\n" << s.log_text();
     EXPECT_EQ(other.cached_tokens, 0) << key;
     EXPECT_EQ(other.tokens, want) << key;
   }
   // alice's other key hits turn 1's snapshot.
-  const Completion mine = post(s.port(), p2, 5, "ka2");
+  const Completion mine = complete(s.port(), p2, 5, "ka2");
   ASSERT_EQ(mine.status, 200);
   EXPECT_EQ(mine.cached_tokens, kTurnOneHit);
   EXPECT_EQ(mine.tokens, want);
   // bob's second key reaches bob's own snapshot of p2 (taken when kb1 sent it).
   const auto p3 = concat(p2, want, {});
-  const Completion bob = post(s.port(), p3, 3, "kb2");
+  const Completion bob = complete(s.port(), p3, 3, "kb2");
   ASSERT_EQ(bob.status, 200);
   EXPECT_EQ(bob.cached_tokens, int64_t(p2.size() + 5 - 1));
   EXPECT_EQ(metric(s.port(), "flashseek_state_cache_hit_tokens_total{source=\"local\"}"),
             double(kTurnOneHit + int64_t(p2.size()) + 4));
-  EXPECT_EQ(post(s.port(), p1_, 1, "kx").status, 401);
-  EXPECT_EQ(post(s.port(), p1_, 1, "").status, 401);
+  EXPECT_EQ(complete(s.port(), p1_, 1, "kx").status, 401);
+  EXPECT_EQ(complete(s.port(), p1_, 1, "").status, 401);
 }
 
 TEST_F(TenantsServe, NoKeysIsolatesEveryRequestByDefault) {
@@ -109,7 +88,7 @@ TEST_F(TenantsServe, NoKeysIsolatesEveryRequestByDefault) {
   ASSERT_TRUE(s.wait_ready()) << s.log_text();
   const auto p2 = turn_two(s.port(), "", "u1");
   for (int i = 0; i < 2; ++i) {  // the same caller (same `user`) twice: still nothing reused
-    const Completion t2 = post(s.port(), p2, 5, "", "u1");
+    const Completion t2 = complete(s.port(), p2, 5, "", "u1");
     ASSERT_EQ(t2.status, 200) << s.log_text();
     EXPECT_EQ(t2.cached_tokens, 0);
   }
@@ -121,7 +100,7 @@ TEST_F(TenantsServe, SharedCacheIsAnOptIn) {
   Serve s(ckpt_, dir_.path() / "s.log", "--shared-cache");
   ASSERT_TRUE(s.wait_ready()) << s.log_text();
   const auto p2 = turn_two(s.port(), "");
-  const Completion t2 = post(s.port(), p2, 5, "");
+  const Completion t2 = complete(s.port(), p2, 5, "");
   ASSERT_EQ(t2.status, 200);
   EXPECT_EQ(t2.cached_tokens, kTurnOneHit);
   EXPECT_EQ(t2.tokens, run_tokens(ckpt_, p2, 5));
@@ -131,9 +110,9 @@ TEST_F(TenantsServe, UserScopeOptIn) {
   Serve s(ckpt_, dir_.path() / "s.log", "--cache-scope user");
   ASSERT_TRUE(s.wait_ready()) << s.log_text();
   const auto p2 = turn_two(s.port(), "", "u1");
-  EXPECT_EQ(post(s.port(), p2, 5, "", "u2").cached_tokens, 0);  // another user
-  EXPECT_EQ(post(s.port(), p2, 5, "").cached_tokens, 0);        // no user: isolated
-  EXPECT_EQ(post(s.port(), p2, 5, "", "u1").cached_tokens, kTurnOneHit);
+  EXPECT_EQ(complete(s.port(), p2, 5, "", "u2").cached_tokens, 0);  // another user
+  EXPECT_EQ(complete(s.port(), p2, 5, "").cached_tokens, 0);        // no user: isolated
+  EXPECT_EQ(complete(s.port(), p2, 5, "", "u1").cached_tokens, kTurnOneHit);
 }
 
 }  // namespace

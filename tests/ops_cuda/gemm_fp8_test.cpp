@@ -12,6 +12,7 @@
 //
 // Timing of every kernel variant on the V4.1 prefill shapes: `flashseek bench --kernels gemm`
 // (src/ops/cuda/kernel_bench.cpp).
+#include "ops/block_scaled_data.h"
 #include "ops/cuda/gemm_fp8.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,7 @@
 namespace flashseek::ops::cuda {
 namespace {
 
+
 using testing::DeviceBuffer;
 
 constexpr int kLastKernel = 9;  // kernels 1..9 (GemmFp8Params::kernel)
@@ -42,38 +44,6 @@ struct Case {
   int64_t m, n, k, w_block, act_block;
   bool bf16_in, bf16_out;
 };
-
-std::vector<uint8_t> random_codes(std::mt19937& rng, size_t n) {
-  std::vector<uint8_t> c(n);
-  for (auto& b : c) {
-    b = uint8_t(rng());
-    if ((b & 0x7f) == 0x7f) b &= 0xfe;  // no NaN codes
-  }
-  return c;
-}
-
-std::vector<uint8_t> random_scales(std::mt19937& rng, size_t n) {
-  std::vector<uint8_t> s(n);
-  for (auto& v : s) v = uint8_t(127 - 6 + int(rng() % 9));
-  return s;
-}
-
-// Activations with per-block character: normal, all-zero (amax floor), tiny, outliers.
-std::vector<float> random_x(std::mt19937& rng, int64_t rows, int64_t k) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(rows * k));
-  for (int64_t b = 0; b < rows * k; b += 32) {
-    const int kind = int(rng() % 8);
-    for (int64_t i = b; i < b + 32; ++i) {
-      float v = nd(rng);
-      if (kind == 0) v = 0;
-      if (kind == 1) v *= 1e-6f;
-      if (kind == 2 && i == b + 5) v *= 3000.0f;
-      x[size_t(i)] = v;
-    }
-  }
-  return x;
-}
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
   std::vector<uint16_t> b(x.size());
@@ -102,8 +72,8 @@ void run_case(const Case& c, uint32_t seed) {
                                     << " bf16_in=" << c.bf16_in << " bf16_out=" << c.bf16_out);
   std::mt19937 rng(seed);
   const size_t ns = size_t((c.n + c.w_block - 1) / c.w_block * (c.k / c.w_block));
-  const std::vector<uint8_t> w = random_codes(rng, size_t(c.n * c.k)), ws = random_scales(rng, ns);
-  std::vector<float> x = random_x(rng, c.m, c.k);
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(c.n * c.k)), ws = random_e8m0_scales(rng, ns);
+  std::vector<float> x = random_block_activations(rng, c.m, c.k);
   const std::vector<uint16_t> xb = to_bf16(x);
   if (c.bf16_in)
     for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(xb[i]);  // the twin sees the same
@@ -203,9 +173,9 @@ TEST(CudaGemmFp8, QuantizeKernelAndPrequantisedPath) {
     SCOPED_TRACE(::testing::Message() << "act_block=" << ab);
     std::mt19937 rng{uint32_t(ab)};
     const int64_t m = 37, n = 256, k = 640;
-    const std::vector<float> x = random_x(rng, m, k);
-    const std::vector<uint8_t> w = random_codes(rng, size_t(n * k));
-    const std::vector<uint8_t> ws = random_scales(rng, size_t(n / 32 * (k / 32)));
+    const std::vector<float> x = random_block_activations(rng, m, k);
+    const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(n * k));
+    const std::vector<uint8_t> ws = random_e8m0_scales(rng, size_t(n / 32 * (k / 32)));
     DeviceBuffer<float> dx(x), dy1(size_t(m * n)), dy2(size_t(m * n));
     DeviceBuffer<uint8_t> dxq(size_t(m * k)), dw(w), dws(ws),
         work(size_t(gemm_fp8_workspace_bytes(m, k)));
@@ -291,8 +261,8 @@ void run_grouped(const GroupedCase& c, uint32_t seed) {
   const int64_t rows = starts[size_t(G)];
   std::mt19937 rng(seed);
   const int64_t nsb = (n + wb - 1) / wb, kbw = k / wb;
-  const std::vector<uint8_t> w = random_codes(rng, size_t(G * n * k)), ws = random_scales(rng, size_t(G * nsb * kbw));
-  const std::vector<float> x = random_x(rng, rows, k);
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(G * n * k)), ws = random_e8m0_scales(rng, size_t(G * nsb * kbw));
+  const std::vector<float> x = random_block_activations(rng, rows, k);
   DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n));
   DeviceBuffer<uint8_t> dxq(size_t(rows * k)), dw(w), dws(ws);
   DeviceBuffer<int32_t> dstarts(starts);

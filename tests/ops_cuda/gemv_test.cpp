@@ -10,6 +10,7 @@
 
 #include "core/numeric.h"
 #include "gpu_util.h"
+#include "ops/block_scaled_data.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_kernels.h"
 #include "ops/linear_quant.h"
@@ -17,6 +18,7 @@
 
 namespace flashseek::ops::cuda {
 namespace {
+
 
 using testing::DeviceBuffer;
 
@@ -36,23 +38,6 @@ Weights random_weights(std::mt19937& rng, WeightFormat f, int64_t n, int64_t k, 
   return w;
 }
 
-// Activations with per-block character: normal, all-zero (amax floor), outliers, tiny values.
-std::vector<float> random_x(std::mt19937& rng, int64_t rows, int64_t k) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(rows * k));
-  for (int64_t b = 0; b < rows * k; b += 32) {
-    const int kind = int(rng() % 8);
-    for (int64_t i = b; i < b + 32; ++i) {
-      float v = nd(rng);
-      if (kind == 0) v = 0;
-      if (kind == 1) v *= 1e-6f;
-      if (kind == 2 && i == b + 5) v *= 3000.0f;
-      x[size_t(i)] = v;
-    }
-  }
-  return x;
-}
-
 // |codes|: the sign bits cleared, so the twin on |x|, |W| gives Σ|x_q||w| (the error scale).
 std::vector<uint8_t> abs_codes(std::vector<uint8_t> c, WeightFormat f) {
   for (auto& b : c) b &= f == WeightFormat::kFp8 ? 0x7f : 0x77;
@@ -69,7 +54,7 @@ void run_linear_case(const LinCase& c, uint32_t seed, std::vector<float>* out = 
                                     << " k=" << c.k << " wb=" << c.w_block << " ab=" << c.act_block);
   std::mt19937 rng(seed);
   const Weights w = random_weights(rng, c.f, c.n, c.k, c.w_block);
-  const std::vector<float> x = random_x(rng, c.m, c.k);
+  const std::vector<float> x = random_block_activations(rng, c.m, c.k);
   BlockLinearParams p;
   p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
   std::vector<float> ref(static_cast<size_t>(c.m * c.n)), bound(ref.size());
@@ -124,7 +109,7 @@ TEST(CudaBlockLinear, Bf16OutputIsTheRoundedF32Output) {
   std::mt19937 rng(7);
   const int64_t m = 4, n = 77, k = 256;
   const Weights w = random_weights(rng, WeightFormat::kFp8, n, k, 32);
-  const std::vector<float> x = random_x(rng, m, k);
+  const std::vector<float> x = random_block_activations(rng, m, k);
   DeviceBuffer<float> dx(x), dyf(size_t(m * n));
   DeviceBuffer<uint16_t> dyb(size_t(m * n));
   DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
@@ -189,7 +174,7 @@ void run_expert_case(WeightFormat f, int tokens, int topk, int n_experts, int64_
   const int64_t cb = weight_code_bytes(f, n, k), sb = weight_scale_bytes(f, n, k, 32);
   const Weights wg = random_weights(rng, f, n * n_experts, k, 32);
   const Weights wu = random_weights(rng, f, n * n_experts, k, 32);
-  std::vector<float> x = random_x(rng, tokens, k);
+  std::vector<float> x = random_block_activations(rng, tokens, k);
   for (auto& v : x) v *= 0.05f;  // keep gate/up inside the SwiGLU's sensitive range
   ExpertGemvParams p;
   p.x = x.data(), p.w = wg.codes.data(), p.w_scale = wg.scales.data();
@@ -240,7 +225,7 @@ TEST(CudaExpertGemv, DownProjectionPerPairRows) {
   const Routing r = random_routing(rng, tokens, topk, n_experts);
   const int64_t pairs = int64_t(r.pair_row.size());
   const Weights w = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
-  const std::vector<float> h = random_x(rng, pairs, k);
+  const std::vector<float> h = random_block_activations(rng, pairs, k);
   ExpertGemvParams p;
   p.x = h.data(), p.w = w.codes.data(), p.w_scale = w.scales.data();
   p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);

@@ -1,7 +1,8 @@
 // Kernel micro-benchmarks: device sampling vs the host path, FP8 GEMM kernel variants
-// (kernel_bench.h). Moved here from tests/ops_cuda (CudaSample.TimingPrint,
-// CudaGemmFp8Bench.V41PrefillShapes): same samplers, GEMM shapes, seeds and table columns.
+// (kernel_bench.h).
 #include "ops/cuda/kernel_bench.h"
+
+#include "ops/block_scaled_data.h"
 
 #include <fmt/format.h>
 
@@ -23,6 +24,7 @@
 
 namespace flashseek::ops::cuda {
 namespace {
+
 
 // Two events destroyed at scope exit.
 struct Events {
@@ -116,38 +118,6 @@ Result<std::string> sampling_bench(int reps) {
 
 constexpr int kLastKernel = 9;  // kernels 1..9 (GemmFp8Params::kernel)
 
-std::vector<uint8_t> random_codes(std::mt19937& rng, size_t n) {
-  std::vector<uint8_t> c(n);
-  for (auto& b : c) {
-    b = uint8_t(rng());
-    if ((b & 0x7f) == 0x7f) b &= 0xfe;  // no NaN codes
-  }
-  return c;
-}
-
-std::vector<uint8_t> random_scales(std::mt19937& rng, size_t n) {
-  std::vector<uint8_t> s(n);
-  for (auto& v : s) v = uint8_t(127 - 6 + int(rng() % 9));
-  return s;
-}
-
-// Activations with per-block character: normal, all-zero (amax floor), tiny, outliers.
-std::vector<float> random_x(std::mt19937& rng, int64_t rows, int64_t k) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(rows * k));
-  for (int64_t b = 0; b < rows * k; b += 32) {
-    const int kind = int(rng() % 8);
-    for (int64_t i = b; i < b + 32; ++i) {
-      float v = nd(rng);
-      if (kind == 0) v = 0;
-      if (kind == 1) v *= 1e-6f;
-      if (kind == 2 && i == b + 5) v *= 3000.0f;
-      x[size_t(i)] = v;
-    }
-  }
-  return x;
-}
-
 uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -180,8 +150,8 @@ Result<double> time_us(F&& f, int reps) {
 Result<std::string> gemm_probe(const std::string& skip) {
   std::mt19937 rng(5);
   const int64_t m = 128, n = 128, k = 256;
-  const std::vector<uint8_t> w = random_codes(rng, size_t(n * k)), ws = random_scales(rng, 4 * 8);
-  const std::vector<float> x = random_x(rng, m, k);
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(n * k)), ws = random_e8m0_scales(rng, 4 * 8);
+  const std::vector<float> x = random_block_activations(rng, m, k);
   std::vector<float> ref(size_t(m * n));
   GemmFp8Params p;
   p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w = w.data(), p.w_scale = ws.data(), p.y = ref.data();
