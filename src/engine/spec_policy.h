@@ -1,4 +1,4 @@
-// When speculation pays (issue 18): a per-sequence policy that decides, every decode step, whether
+// A per-sequence speculation policy: decides, every decode step, whether
 // to verify a block of drafts and how many of the proposal's drafts to verify, from
 //   * the sequence's recent acceptance (EWMA of the conditional survival of each draft position),
 //   * the measured cost of a verify step of width 1 + k against a plain 1-token step on this

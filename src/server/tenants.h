@@ -1,4 +1,4 @@
-// Callers and cache scopes (issue 14): which API keys the server accepts, which tenant each key
+// Callers and cache scopes: which API keys the server accepts, which tenant each key
 // belongs to, and which conversation-state cache a request may read and fill.
 //
 // The state cache reports `cached_tokens` and answers faster on a hit, so a hit tells the caller
