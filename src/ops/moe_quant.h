@@ -30,6 +30,10 @@ struct ExpertGemvParams {
   int64_t w_block = 32;
   int64_t act_block = 32;
   float swiglu_limit = 0;              // <= 0: no clamp
+  // Groups assumed when the kernel picks its k split (0: n_groups). The split sets the summation
+  // order; a caller whose results must not depend on how many groups share the launch (a model
+  // step batching several sequences) passes a fixed value.
+  int64_t split_groups = 0;
 };
 
 // Host-checkable rules (index arrays live on the device and are not read here).

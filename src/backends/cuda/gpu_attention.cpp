@@ -46,29 +46,31 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   if (A.has_compressor) FS_RETURN_IF_ERROR(compress(l, ctx, a));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
 
-  GpuLayerState& LS = ctx.st->layers[size_t(l)];
   FS_ASSIGN_OR_RETURN(float* o, scratch<float>("attn_o", T * H * Dh));
-  cd::ModelAttnArgs p;
-  p.q = q, p.kv_chunk = kv, p.ring = LS.ring.get(), p.sink = d(A.attn_sink), p.out = o;
-  p.T = T, p.H = H, p.Dh = Dh, p.window = W, p.ring_size = ctx.st->ring_size, p.start = ctx.start;
-  p.scale = 1.0f / std::sqrt(float(Dh));
-  p.bf16 = R;
-  p.max_keys = W;
-  if (role.ratio > 0) {
-    p.ckv = ctx.st->layers[size_t(role.kv_src)].ckv.get();
-    p.ratio = role.ratio;
-    if (role.idx_src >= 0) {
-      p.topk = ctx.topk[size_t(role.idx_src)];
-      p.topk_n = ctx.topk_n[size_t(role.idx_src)];
-      p.topk_stride = c.index_topk;
-      if (!p.topk) return internal_error("layer {}: index source {} published no top-k", l, role.idx_src);
-      p.max_keys += c.index_topk;
-    } else {
-      p.max_keys += (ctx.start + T) / role.ratio;  // V4 HCA: every visible entry
+  for (GpuSeg& g : ctx.segs) {  // each sequence over its own ring, compressed KV and top-k lists
+    cd::ModelAttnArgs p;
+    p.q = q + g.row0 * H * Dh, p.kv_chunk = kv + g.row0 * Dh, p.ring = g.st->layers[size_t(l)].ring.get();
+    p.sink = d(A.attn_sink), p.out = o + g.row0 * H * Dh;
+    p.T = g.T, p.H = H, p.Dh = Dh, p.window = W, p.ring_size = g.st->ring_size, p.start = g.start;
+    p.scale = 1.0f / std::sqrt(float(Dh));
+    p.bf16 = R;
+    p.max_keys = W;
+    if (role.ratio > 0) {
+      p.ckv = g.st->layers[size_t(role.kv_src)].ckv.get();
+      p.ratio = role.ratio;
+      if (role.idx_src >= 0) {
+        p.topk = g.topk[size_t(role.idx_src)];
+        p.topk_n = g.topk_n[size_t(role.idx_src)];
+        p.topk_stride = c.index_topk;
+        if (!p.topk) return internal_error("layer {}: index source {} published no top-k", l, role.idx_src);
+        p.max_keys += c.index_topk;
+      } else {
+        p.max_keys += (g.start + g.T) / role.ratio;  // V4 HCA: every visible entry
+      }
+      if (!p.ckv) p.ckv = kv;  // nothing compressed yet: never read (every count is 0)
     }
-    if (!p.ckv) p.ckv = kv;  // nothing compressed yet: never read (every count is 0)
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
 
   // Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference), wo_b.
   FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, T, H, Dh, Dr, true, R, stream_));
@@ -84,9 +86,12 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R && !shard_.split()));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
-  // Only now publish this chunk's window rows (the queries above read older ones from the ring).
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(LS.ring.get(), kv, ctx.d_pos, std::max<int64_t>(0, T - ctx.st->ring_size),
-                                                T, ctx.st->ring_size, Dh, stream_));
+  // Only now publish the chunk's window rows (the queries above read older ones from the ring).
+  for (const GpuSeg& g : ctx.segs) {
+    const int64_t rs = g.st->ring_size;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(g.st->layers[size_t(l)].ring.get(), kv + g.row0 * Dh, g.d_pos,
+                                                  std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+  }
   return {};
 }
 
@@ -155,15 +160,12 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   const auto& c = config();
   const auto& role = c.role(l);
   const AttentionWeights& A = w_.layers[size_t(l)].attn;
-  GpuLayerState& LS = ctx.st->layers[size_t(l)];
   const bool R = ref(), v41 = c.is_v41();
-  const int64_t T = ctx.T, D = c.hidden_size, Dh = c.head_dim, Dr = c.rope_head_dim, dI = c.index_head_dim;
+  const int64_t T = ctx.T, D = c.hidden_size, Dh = c.head_dim, dI = c.index_head_dim;
   const int64_t ratio = role.ratio;
-  const float eps = float(c.rms_norm_eps);
-  const bool overlap = !v41 && ratio == 4;
-  const int64_t coff = overlap ? 2 : 1;
-  const float* inv_freq = d(A.rope_inv_freq);
-  // Projections in FP32 (V4.1 ratio 1 is a BF16 GEMM); gates get `ape` at pos % ratio (V4).
+  const int64_t coff = !v41 && ratio == 4 ? 2 : 1;
+  // Projections in FP32 over every row (V4.1 ratio 1 is a BF16 GEMM); gates get `ape` at
+  // pos % ratio (V4).
   auto project = [&](const CompressorWeights& cw, int64_t width, const std::string& tag, float*& v,
                      float*& z) -> Status {
     FS_ASSIGN_OR_RETURN(v, scratch<float>(tag + "_v", T * width));
@@ -174,6 +176,33 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
     if (d(cw.ape)) FS_CUDA_RETURN_IF_ERROR(cd::launch_add_ape(z, d(cw.ape), ctx.d_pos, T, width, ratio, stream_));
     return {};
   };
+  float *v = nullptr, *z = nullptr, *iv = nullptr, *iz = nullptr;
+  FS_RETURN_IF_ERROR(project(A.compressor, coff * Dh, "cmp", v, z));
+  if (A.has_idx_compressor) FS_RETURN_IF_ERROR(project(A.idx_compressor, coff * dI, "icmp", iv, iz));
+  for (GpuSeg& g : ctx.segs) {
+    const int64_t r = g.row0;
+    FS_RETURN_IF_ERROR(compress_seg(l, g, v + r * coff * Dh, z ? z + r * coff * Dh : nullptr,
+                                    iv ? iv + r * coff * dI : nullptr, iz ? iz + r * coff * dI : nullptr));
+  }
+  return {};
+}
+
+// One sequence's compressor rows v/z [T, coff·Dh] (and the V4 indexer compressor's iv/iz):
+// rollback history, pooling of the groups completed in this chunk into the state's caches, and
+// the new entries' norm, RoPE and quantisation (compress.cpp).
+Status GpuModel::compress_seg(int l, GpuSeg& ctx, const float* v, const float* z, const float* iv,
+                              const float* iz) {
+  const auto& c = config();
+  const auto& role = c.role(l);
+  const AttentionWeights& A = w_.layers[size_t(l)].attn;
+  GpuLayerState& LS = ctx.st->layers[size_t(l)];
+  const bool R = ref(), v41 = c.is_v41();
+  const int64_t T = ctx.T, Dh = c.head_dim, Dr = c.rope_head_dim, dI = c.index_head_dim;
+  const int64_t ratio = role.ratio;
+  const float eps = float(c.rms_norm_eps);
+  const bool overlap = !v41 && ratio == 4;
+  const int64_t coff = overlap ? 2 : 1;
+  const float* inv_freq = d(A.rope_inv_freq);
   auto upload_pos = [&](const std::vector<int64_t>& groups, const std::string& tag) -> Result<int64_t*> {
     std::vector<int64_t> gp(groups.size());
     for (size_t i = 0; i < groups.size(); ++i) gp[i] = groups[i] * ratio;  // RoPE at the group's first token
@@ -181,8 +210,6 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
     if (!gp.empty()) FS_RETURN_IF_ERROR(upload(p, gp.data(), gp.size() * 8));
     return p;
   };
-  float *v = nullptr, *z = nullptr;
-  FS_RETURN_IF_ERROR(project(A.compressor, coff * Dh, "cmp", v, z));
   if (!(v41 && ratio == 1)) FS_RETURN_IF_ERROR(record_history(LS.comp, v, z, ctx, coff * Dh, ratio));  // rollback
   std::vector<int64_t> groups;
   if (v41 && ratio == 1) {
@@ -214,8 +241,6 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
   }
   if (!A.has_idx_compressor) return {};
   // V4 indexer compressor (c = dI): same pooling, then Hadamard + FP4 in reference numerics.
-  float *iv = nullptr, *iz = nullptr;
-  FS_RETURN_IF_ERROR(project(A.idx_compressor, coff * dI, "icmp", iv, iz));
   FS_RETURN_IF_ERROR(record_history(LS.icomp, iv, iz, ctx, coff * dI, ratio));  // rollback
   std::vector<int64_t> igroups;
   FS_RETURN_IF_ERROR(pool(LS.icomp, iv, iz, ctx.pos, ratio, dI, overlap, LS.ikeys, LS.n_ikeys, igroups, "icmp"));
@@ -237,7 +262,6 @@ Status GpuModel::compress(int l, GpuChunk& ctx, const float* a) {
 
 Status GpuModel::index_select(int l, GpuChunk& ctx, const float* a, const float* qlat) {
   const auto& c = config();
-  const auto& role = c.role(l);
   const AttentionWeights& A = w_.layers[size_t(l)].attn;
   const bool R = ref(), v41 = c.is_v41();
   const int64_t T = ctx.T, D = c.hidden_size, Dr = c.rope_head_dim, Rq = c.q_lora_rank;
@@ -255,14 +279,26 @@ Status GpuModel::index_select(int l, GpuChunk& ctx, const float* a, const float*
   }
   FS_RETURN_IF_ERROR(linear(a, d(A.idx_weights_proj), T, D, nI, wts, 0, R));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_scale(wts, T * nI, 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI)), R, stream_));
+  // This layer's lists for every row (later layers read them through their idx_src).
+  FS_ASSIGN_OR_RETURN(int32_t* out, scratch<int32_t>("topk" + std::to_string(l), T * K));
+  FS_ASSIGN_OR_RETURN(int32_t* out_n, scratch<int32_t>("topk_n" + std::to_string(l), T));
+  for (GpuSeg& g : ctx.segs)
+    FS_RETURN_IF_ERROR(index_select_seg(l, g, iq + g.row0 * nI * dI, wts + g.row0 * nI, out + g.row0 * K, out_n + g.row0));
+  return {};
+}
 
-  // Scores over the keys of this layer's own kv source (v41 §9.x); rows strided by start + T.
+// Scores over the keys of this layer's own kv source (v41 §9.x), rows strided by start + T, and
+// the top-k of one sequence.
+Status GpuModel::index_select_seg(int l, GpuSeg& ctx, const float* iq, const float* wts, int32_t* out,
+                                  int32_t* out_n) {
+  const auto& c = config();
+  const auto& role = c.role(l);
+  const bool R = ref();
+  const int64_t T = ctx.T, nI = c.index_n_heads, dI = c.index_head_dim, K = c.index_topk;
   const int64_t stride = ctx.start + T;
   FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", T * stride));
   FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", T * stride));
   FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", T * stride));
-  FS_ASSIGN_OR_RETURN(int32_t* out, scratch<int32_t>("topk" + std::to_string(l), T * K));
-  FS_ASSIGN_OR_RETURN(int32_t* out_n, scratch<int32_t>("topk_n" + std::to_string(l), T));
   cd::IndexScoreArgs s;
   s.q = iq, s.w = wts, s.keys = ctx.st->layers[size_t(role.kv_src)].ikeys.get(), s.scores = sc;
   s.T = T, s.nI = nI, s.dI = dI, s.start = ctx.start, s.ratio = role.ratio, s.stride = stride, s.bf16 = R;

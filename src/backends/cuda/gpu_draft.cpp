@@ -80,8 +80,8 @@ Status GpuModel::write_draft_rings(GpuChunk& ctx, const float* taps) {
   const bool R = ref();
   const int64_t T = ctx.T, D = c.hidden_size, Dh = c.head_dim, nt = int64_t(c.dspark_target_layer_ids.size());
   const float eps = float(c.rms_norm_eps);
-  GpuSequenceState& st = *ctx.st;
-  if (st.draft_rings.size() != W.stages.size()) return internal_error("GPU state has no DSpark draft rings");
+  for (const GpuSeg& g : ctx.segs)
+    if (g.st->draft_rings.size() != W.stages.size()) return internal_error("GPU state has no DSpark draft rings");
   FS_ASSIGN_OR_RETURN(float* tin, scratch<float>("dspark_tin", T * nt * D));
   FS_ASSIGN_OR_RETURN(float* cx, scratch<float>("dspark_cx", T * D));
   FS_ASSIGN_OR_RETURN(float* kv, scratch<float>("dspark_kv", T * Dh));
@@ -98,8 +98,11 @@ Status GpuModel::write_draft_rings(GpuChunk& ctx, const float* taps) {
     FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(kv, d(A.kv_norm), kv, T, Dh, eps, R, stream_));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(kv, ctx.d_pos, d(A.rope_inv_freq), T, 1, Dh, c.rope_head_dim, false, R, stream_));
     if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, T, Dh, Dh, 32, cd::QuantSim::kFp8, stream_));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st.draft_rings[s].get(), kv, ctx.d_pos,
-                                                  std::max<int64_t>(0, T - st.ring_size), T, st.ring_size, Dh, stream_));
+    for (const GpuSeg& g : ctx.segs) {
+      const int64_t rs = g.st->ring_size;
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(g.st->draft_rings[s].get(), kv + g.row0 * Dh, g.d_pos,
+                                                    std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+    }
   }
   return {};
 }
@@ -113,7 +116,8 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   const AttentionWeights& A = w_.dspark.stages[size_t(stage)].attn;
   const bool R = ref();
   const int64_t B = ctx.T, D = c.hidden_size, H = c.num_heads, Dh = c.head_dim, Dr = c.rope_head_dim;
-  const int64_t Rq = c.q_lora_rank, ring = ctx.st->ring_size, last = ctx.start - 1;
+  const GpuSeg& g = ctx.segs.at(0);  // a proposal is one sequence's block
+  const int64_t Rq = c.q_lora_rank, ring = g.st->ring_size, last = g.start - 1;
   const float eps = float(c.rms_norm_eps);
   const float* inv_freq = d(A.rope_inv_freq);
   FS_ASSIGN_OR_RETURN(float* qlat, scratch<float>("dr_qlat", B * Rq));
@@ -129,7 +133,7 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(kv, B, Dh, Dh, 32, cd::QuantSim::kFp8, stream_));
 
   const int64_t nw = std::min(last + 1, c.window), first = last - nw + 1, n = nw + B;
-  const float* rg = ctx.st->draft_rings[size_t(stage)].get();
+  const float* rg = g.st->draft_rings[size_t(stage)].get();
   FS_ASSIGN_OR_RETURN(float* keys, scratch<float>("dr_keys", n * Dh));     // ring rows first+1 … a, block rows
   FS_ASSIGN_OR_RETURN(float* k0, scratch<float>("dr_k0", B * Dh));         // ring row `first`, per query row
   FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_sel", B * n));
@@ -153,7 +157,7 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   cd::ModelAttnArgs p;
   p.q = q, p.kv_chunk = k0, p.ring = k0, p.ckv = keys, p.topk = sel, p.topk_n = sel_n, p.topk_stride = n - 1;
   p.ratio = 1, p.sink = d(A.attn_sink), p.out = o;
-  p.T = B, p.H = H, p.Dh = Dh, p.window = 1, p.ring_size = B, p.start = ctx.start, p.max_keys = n;
+  p.T = B, p.H = H, p.Dh = Dh, p.window = 1, p.ring_size = B, p.start = g.start, p.max_keys = n;
   p.scale = 1.0f / std::sqrt(float(Dh));
   p.bf16 = R;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
@@ -216,7 +220,7 @@ Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out)
 // attention and MoE.
 Status GpuModel::draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in) {
   return mhc_block(
-      w_.dspark.stages[size_t(stage)], "dr_", ctx, X, pre_in,
+      w_.dspark.stages[size_t(stage)], "dr_", ctx.T, X, pre_in,
       [&](const float* a, float* f) { return draft_attention(stage, ctx, a, f); },
       [&](const float* a, float* f) { return draft_moe(stage, ctx, a, f); });
 }
@@ -244,17 +248,20 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   std::vector<int32_t> ids(size_t(B), int32_t(c.dspark_noise_token_id));
   ids[0] = x0;
   GpuChunk ctx;
-  ctx.st = const_cast<GpuSequenceState*>(&st);  // draft_attention reads the draft rings only
-  ctx.tokens = ids;
-  ctx.start = st.len;
-  ctx.T = B;
-  for (int64_t j = 0; j < B; ++j) ctx.pos.push_back(st.len + j);
+  GpuSeg g;
+  g.st = const_cast<GpuSequenceState*>(&st);  // draft_attention reads the draft rings only
+  g.tokens = ids;
+  g.start = st.len;
+  g.T = B;
+  for (int64_t j = 0; j < B; ++j) g.pos.push_back(st.len + j);
   FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("dr_tokens", B));
   FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("dr_pos", B));
   FS_RETURN_IF_ERROR(upload(d_tok, ids.data(), size_t(B) * 4));
-  FS_RETURN_IF_ERROR(upload(d_pos, ctx.pos.data(), size_t(B) * 8));
-  ctx.d_tokens = d_tok;
-  ctx.d_pos = d_pos;
+  FS_RETURN_IF_ERROR(upload(d_pos, g.pos.data(), size_t(B) * 8));
+  g.d_tokens = ctx.d_tokens = d_tok;
+  g.d_pos = ctx.d_pos = d_pos;
+  ctx.T = B;
+  ctx.segs.push_back(std::move(g));
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("dr_X", B * hc * D));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, B, hc, D, stream_));
   std::vector<float> pre_h(size_t(B * hc), 0.0f);

@@ -72,17 +72,34 @@ class GpuSequenceState final : public SequenceState {
   Status error;  // an allocation failure in new_sequence/clone, reported by the next forward
 };
 
-// Per-chunk data shared by the layers of one forward (cpu_model.h ChunkCtx on the device).
-struct GpuChunk {
+// One sequence's rows in a forward: its state, tokens and positions, and its per-layer data
+// (cpu_model.h ChunkCtx on the device). The rows of all sequences of a forward lie back to back
+// (GpuChunk); a sequence's rows start at row0.
+struct GpuSeg {
   GpuSequenceState* st = nullptr;
   std::span<const int32_t> tokens;
-  int64_t start = 0, T = 0;
+  int64_t start = 0, T = 0, row0 = 0;
   std::vector<int64_t> pos;        // [T] host copy
-  const int32_t* d_tokens = nullptr;
+  const int32_t* d_tokens = nullptr;  // the chunk's arrays at row0
   const int64_t* d_pos = nullptr;
   std::vector<int32_t*> topk, topk_n;  // [layer] device lists published by index sources
   uint8_t* cand = nullptr;         // [T, start + T] candidate masks
-  std::vector<int64_t> engram_ids; // [n_engram_layers, T, n_cols] (host)
+  bool all_logits = false;         // BatchItem fields
+  const ops::SampleSpec* sample = nullptr;
+  int32_t* sampled = nullptr;
+};
+
+// The rows of one forward: every item's tokens back to back. Row-wise ops (linears, norms, mHC,
+// MoE, Engram) run once over all T rows, so each weight matrix is read once per step; what
+// depends on a sequence's own state (compressors, indexer, attention, ring writes) runs per
+// segment. Each row's result is computed in the same order whatever the other rows are (batch
+// invariance: the kernels' summation orders depend on the matrix shapes only).
+struct GpuChunk {
+  int64_t T = 0;                    // rows
+  const int32_t* d_tokens = nullptr;  // [T]
+  const int64_t* d_pos = nullptr;     // [T]
+  std::vector<GpuSeg> segs;
+  std::vector<int64_t> engram_ids;  // [n_engram_layers, T, n_cols] (host)
 };
 
 // A matrix kept on the device in the checkpoint's block-scaled format (native weights): FP8 e4m3
@@ -183,9 +200,8 @@ class GpuModel final : public Model {
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
                 int64_t x_row_div = 1);
 
-  Status forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
-                     std::vector<float>& logits, const ops::SampleSpec* sample = nullptr,
-                     int32_t* sampled = nullptr);
+  // Every item of `batch` in one pass over the layers (GpuChunk); inputs checked by forward.
+  Status forward_batch(std::span<BatchItem> batch, std::vector<float>& logits);
   // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
   // its download to `out` (written at the forward's sync).
   Status sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out);
@@ -194,22 +210,26 @@ class GpuModel final : public Model {
   // backbone layers (block) and the DSpark draft stages (draft_block), as CpuModel::block does on
   // the CPU. `tag` prefixes the scratch buffer names (the draft keeps its own buffers).
   using Sublayer = std::function<Status(const float* a, float* out)>;
-  Status mhc_block(const LayerWeights& L, const std::string& tag, GpuChunk& ctx, float* X, float* pre_in,
+  Status mhc_block(const LayerWeights& L, const std::string& tag, int64_t T, float* X, float* pre_in,
                    const Sublayer& attn, const Sublayer& ffn);
   Status engram(int layer, GpuChunk& ctx, float* X);
   Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
+  // A compressor's projections over all rows, then per segment its pooling into that state.
   Status compress(int layer, GpuChunk& ctx, const float* a);
+  Status compress_seg(int layer, GpuSeg& seg, const float* v, const float* z, const float* iv, const float* iz);
   Status pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
               int64_t ratio, int64_t c, bool overlap, DevArray<float>& dst, int64_t n_dst,
               std::vector<int64_t>& groups, const std::string& tag);
   Status index_select(int layer, GpuChunk& ctx, const float* a, const float* qlat);
+  // Index scores and top-k of one segment: its queries iq/wts (at its rows) over its keys.
+  Status index_select_seg(int layer, GpuSeg& seg, const float* iq, const float* wts, int32_t* out, int32_t* out_n);
   Status moe(int layer, GpuChunk& ctx, const float* m, float* out);
   // Multi-GPU (gpu_tp.cpp): x[0, n) ← Σ over ranks, then BF16 rounding when `bf16`; no-op on one
   // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
   Status tp_allreduce(float* x, int64_t n, bool bf16);
   Status tp_remap_experts(int32_t* sel, float* weight, int64_t n);
   // Rollback history of a compressor: rows v/z [T, width] of the chunk's positions.
-  Status record_history(GpuCompState& cs, const float* v, const float* z, const GpuChunk& ctx, int64_t width,
+  Status record_history(GpuCompState& cs, const float* v, const float* z, const GpuSeg& seg, int64_t width,
                         int64_t ratio);
   // DSpark (gpu_draft.cpp): weights, taps [n_taps, T, D] of the target forward, draft rings.
   Status upload_draft_weights();

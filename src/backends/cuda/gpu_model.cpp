@@ -470,12 +470,9 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
 }
 
 Status GpuModel::run_items(std::span<BatchItem> batch, std::vector<float>& logits) {
-  for (auto& item : batch) {  // items one after the other: batch invariance by construction
+  for (auto& item : batch)
     if (item.sample && item.all_logits) return invalid_argument("forward: an item cannot ask for all logits and a sample");
-    FS_RETURN_IF_ERROR(forward_one(*static_cast<GpuSequenceState*>(item.state), item.tokens, item.all_logits, logits,
-                                   item.sample, &item.sampled));
-  }
-  return {};
+  return forward_batch(batch, logits);
 }
 
 Status GpuModel::upload_staged(void* dst, const void* staged, size_t bytes) {
@@ -532,39 +529,66 @@ Status GpuModel::finish_forward(std::vector<float>& logits) {
   return s.ok() ? r : s;
 }
 
-Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
-                             std::vector<float>& logits, const ops::SampleSpec* sample, int32_t* sampled) {
+Status GpuModel::forward_batch(std::span<BatchItem> batch, std::vector<float>& logits) {
   const auto& c = config();
-  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  if (T == 0) return invalid_argument("forward: a batch item has no tokens");
-  for (int32_t t : tokens)
-    if (t < 0 || t >= V) return invalid_argument("forward: token id {} outside the vocabulary [0, {})", t, V);
+  const int64_t D = c.hidden_size, hc = c.hc_mult, L = c.num_layers;
   const bool v41 = c.is_v41(), R = ref();
   GpuChunk ctx;
-  ctx.st = &st;
-  ctx.tokens = tokens;
-  ctx.start = st.len;
-  ctx.T = T;
-  for (int64_t t = 0; t < T; ++t) ctx.pos.push_back(st.len + t);
-  ctx.topk.assign(size_t(c.num_layers), nullptr);
-  ctx.topk_n.assign(size_t(c.num_layers), nullptr);
+  std::vector<int32_t> tok;
+  std::vector<int64_t> pos;
+  int64_t cand_bytes = 0;
+  for (auto& item : batch) {
+    GpuSeg g;
+    g.st = static_cast<GpuSequenceState*>(item.state);
+    g.tokens = item.tokens;
+    g.start = g.st->len;
+    g.T = int64_t(item.tokens.size());
+    g.row0 = ctx.T;
+    g.all_logits = item.all_logits;
+    g.sample = item.sample;
+    g.sampled = &item.sampled;
+    for (int64_t t = 0; t < g.T; ++t) g.pos.push_back(g.start + t);
+    tok.insert(tok.end(), item.tokens.begin(), item.tokens.end());
+    pos.insert(pos.end(), g.pos.begin(), g.pos.end());
+    g.topk.assign(size_t(L), nullptr);
+    g.topk_n.assign(size_t(L), nullptr);
+    cand_bytes += g.T * (g.start + g.T);
+    ctx.T += g.T;
+    ctx.segs.push_back(std::move(g));
+  }
+  const int64_t T = ctx.T;
+  if (T == 0) return {};
   FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("tokens", T));
   FS_ASSIGN_OR_RETURN(int64_t* d_pos, scratch<int64_t>("pos", T));
-  FS_RETURN_IF_ERROR(upload(d_tok, tokens.data(), size_t(T) * 4));
-  FS_RETURN_IF_ERROR(upload(d_pos, ctx.pos.data(), size_t(T) * 8));
+  FS_RETURN_IF_ERROR(upload(d_tok, tok.data(), size_t(T) * 4));
+  FS_RETURN_IF_ERROR(upload(d_pos, pos.data(), size_t(T) * 8));
   ctx.d_tokens = d_tok;
   ctx.d_pos = d_pos;
-  FS_ASSIGN_OR_RETURN(ctx.cand, scratch<uint8_t>("cand", T * (ctx.start + T)));
+  // Candidate masks: each segment's own [T_s, start_s + T_s] region, allocated before any layer
+  // publishes into it.
+  FS_ASSIGN_OR_RETURN(uint8_t* cand, scratch<uint8_t>("cand", cand_bytes));
+  for (GpuSeg& g : ctx.segs) {
+    g.d_tokens = d_tok + g.row0;
+    g.d_pos = d_pos + g.row0;
+    g.cand = cand;
+    cand += g.T * (g.start + g.T);
+  }
   if (v41 && !c.engram_layer_ids.empty()) {  // hash ids on the host (CpuModel::compute_engram_ids)
-    const size_t n_back = std::min(st.engram_hist.size(), size_t(c.engram_max_ngram_size - 1));
-    std::vector<int64_t> cids(st.engram_hist.end() - int64_t(n_back), st.engram_hist.end());
-    for (int32_t t : tokens) cids.push_back(w_.engram_token_map[size_t(t)]);
-    for (int layer : c.engram_layer_ids) {
-      const auto& lay = w_.layers[size_t(layer)].engram.layout;
-      std::vector<int64_t> ids(size_t(T * lay.n_cols()));
-      ops::engram_hash(lay, cids.data(), int64_t(n_back), T, ctx.start, w_.engram_pad_c, ids.data());
-      ctx.engram_ids.insert(ctx.engram_ids.end(), ids.begin(), ids.end());
+    const size_t n_layers = c.engram_layer_ids.size();
+    std::vector<std::vector<int64_t>> per_layer(n_layers);
+    for (const GpuSeg& g : ctx.segs) {
+      const auto& hist = g.st->engram_hist;
+      const size_t n_back = std::min(hist.size(), size_t(c.engram_max_ngram_size - 1));
+      std::vector<int64_t> cids(hist.end() - int64_t(n_back), hist.end());
+      for (int32_t t : g.tokens) cids.push_back(w_.engram_token_map[size_t(t)]);
+      for (size_t li = 0; li < n_layers; ++li) {
+        const auto& lay = w_.layers[size_t(c.engram_layer_ids[li])].engram.layout;
+        std::vector<int64_t> ids(size_t(g.T * lay.n_cols()));
+        ops::engram_hash(lay, cids.data(), int64_t(n_back), g.T, g.start, w_.engram_pad_c, ids.data());
+        per_layer[li].insert(per_layer[li].end(), ids.begin(), ids.end());
+      }
     }
+    for (auto& ids : per_layer) ctx.engram_ids.insert(ctx.engram_ids.end(), ids.begin(), ids.end());
   }
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("X", T * hc * D));  // [T, hc, D]
   FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, T, hc, D, stream_));
@@ -576,16 +600,39 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   if (has_draft()) {
     FS_ASSIGN_OR_RETURN(taps, scratch<float>("dspark_taps", int64_t(c.dspark_target_layer_ids.size()) * T * D));
   }
-  for (int l = 0; l < int(c.num_layers); ++l) {
+  for (int l = 0; l < int(L); ++l) {
     if (w_.layers[size_t(l)].has_engram) FS_RETURN_IF_ERROR(engram(l, ctx, X));
     if (taps) FS_RETURN_IF_ERROR(append_tap(l, ctx, X, taps));
     FS_RETURN_IF_ERROR(block(l, ctx, X, pre_in));
   }
   if (taps) FS_RETURN_IF_ERROR(write_draft_rings(ctx, taps));
+  // The rows that leave as logits: every row of an all_logits item, else its last one. When that
+  // is not every row, they are gathered first (X and pre rows are contiguous per row).
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [first row, count) in X
+  int64_t nr = 0;
+  for (const GpuSeg& g : ctx.segs) {
+    const int64_t r0 = g.all_logits ? g.row0 : g.row0 + g.T - 1, n = g.row0 + g.T - r0;
+    if (!runs.empty() && runs.back().first + runs.back().second == r0) runs.back().second += n;
+    else runs.emplace_back(r0, n);
+    nr += n;
+  }
+  const float* Xr = X;
+  const float* pre = pre_in;
+  if (nr < T) {
+    FS_ASSIGN_OR_RETURN(float* xg, scratch<float>("final_x", nr * hc * D));
+    FS_ASSIGN_OR_RETURN(float* pg, scratch<float>("final_pre", nr * hc));
+    int64_t o = 0;
+    for (const auto& [r0, n] : runs) {
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(xg + o * hc * D, X + r0 * hc * D, size_t(n * hc * D) * 4,
+                                                      cudaMemcpyDeviceToDevice, stream_));
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(pg + o * hc, pre_in + r0 * hc, size_t(n * hc) * 4,
+                                                      cudaMemcpyDeviceToDevice, stream_));
+      o += n;
+    }
+    Xr = xg;
+    pre = pg;
+  }
   // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
-  const int64_t r0 = all_logits ? 0 : T - 1, nr = T - r0;
-  const float* Xr = X + r0 * hc * D;
-  const float* pre = pre_in + r0 * hc;
   const float eps = float(c.rms_norm_eps);
   if (!v41) {
     FS_ASSIGN_OR_RETURN(float* ph, scratch<float>("pre_head", nr * hc));
@@ -601,31 +648,40 @@ Status GpuModel::forward_one(GpuSequenceState& st, std::span<const int32_t> toke
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(Xr, pre, y, nr, hc, D, R, stream_));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(y, d(w_.norm), y, nr, D, eps, R, stream_));
   FS_RETURN_IF_ERROR(linear(y, d(w_.head), nr, D, Vr, lg, 0, false));
-  // The logits leave the device here, or only the token sampled from the last row (BatchItem::sample).
-  if (sample) FS_RETURN_IF_ERROR(sample_last_row(lg + (nr - 1) * Vr, *sample, sampled));
-  else FS_RETURN_IF_ERROR(download_logits(lg, nr * Vr, logits));
+  // Per item, in order: its logits rows leave the device, or only the token sampled from its last
+  // row (BatchItem::sample).
+  int64_t o = 0;
+  for (GpuSeg& g : ctx.segs) {
+    const int64_t n = g.all_logits ? g.T : 1;
+    if (g.sample) FS_RETURN_IF_ERROR(sample_last_row(lg + (o + n - 1) * Vr, *g.sample, g.sampled));
+    else FS_RETURN_IF_ERROR(download_logits(lg + o * Vr, n * Vr, logits));
+    o += n;
+  }
   FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
-  if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back: last N−1 ids (+ rollback reserve)
-    for (int32_t t : tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);
-    const size_t keep = size_t(c.engram_max_ngram_size - 1 + kMaxRollback);
-    if (st.engram_hist.size() > keep) st.engram_hist.erase(st.engram_hist.begin(), st.engram_hist.end() - keep);
+  for (GpuSeg& g : ctx.segs) {
+    GpuSequenceState& st = *g.st;
+    if (v41 && !c.engram_layer_ids.empty()) {  // Engram look-back: last N−1 ids (+ rollback reserve)
+      for (int32_t t : g.tokens) st.engram_hist.push_back(w_.engram_token_map[size_t(t)]);
+      const size_t keep = size_t(c.engram_max_ngram_size - 1 + kMaxRollback);
+      if (st.engram_hist.size() > keep) st.engram_hist.erase(st.engram_hist.begin(), st.engram_hist.end() - keep);
+    }
+    st.len += g.T;
   }
-  st.len += T;
   return {};
 }
 
 Status GpuModel::block(int l, GpuChunk& ctx, float* X, float* pre_in) {
   return mhc_block(
-      w_.layers[size_t(l)], "", ctx, X, pre_in, [&](const float* a, float* f) { return attention(l, ctx, a, f); },
+      w_.layers[size_t(l)], "", ctx.T, X, pre_in, [&](const float* a, float* f) { return attention(l, ctx, a, f); },
       [&](const float* a, float* f) { return moe(l, ctx, a, f); });
 }
 
-Status GpuModel::mhc_block(const LayerWeights& L, const std::string& tag, GpuChunk& ctx, float* X, float* pre_in,
+Status GpuModel::mhc_block(const LayerWeights& L, const std::string& tag, int64_t T, float* X, float* pre_in,
                            const Sublayer& attn, const Sublayer& ffn) {
   const auto& c = config();
   const bool v41 = c.is_v41(), R = ref();
-  const int64_t T = ctx.T, hc = c.hc_mult, D = c.hidden_size;
+  const int64_t hc = c.hc_mult, D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   FS_ASSIGN_OR_RETURN(float* pre_a, scratch<float>(tag + "pre_a", T * hc));
   FS_ASSIGN_OR_RETURN(float* pre_f, scratch<float>(tag + "pre_f", T * hc));

@@ -103,6 +103,7 @@ Status GpuModel::moe_native(int l, const GpuChunk& ctx, const float* m, const in
       q.y = y + p0 * n_out;
       q.n_groups = n, q.n_pairs = n, q.n_experts = E, q.n = n_out, q.k = k;
       q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
+      q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
       if (!rows) q.x = x + p0 * k;  // inputs already in pair order
       FS_RETURN_IF_ERROR(ops::cuda::expert_gemv_cuda(q, stream_));
     }

@@ -55,7 +55,7 @@ Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int
 
 }  // namespace
 
-Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z, const GpuChunk& ctx, int64_t width,
+Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z, const GpuSeg& ctx, int64_t width,
                                 int64_t ratio) {
   const int64_t cap = gpu_hist_rows(ratio), T = ctx.T;
   FS_RETURN_IF_ERROR(cs.hist_v.reserve(size_t(cap * width), true));

@@ -35,6 +35,7 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.pair_weight = p.pair_weight, a.y = p.y, a.m = p.n_pairs;
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
   a.limit = p.swiglu_limit;
+  a.split_groups = p.split_groups;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");
 }

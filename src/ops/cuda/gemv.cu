@@ -559,7 +559,11 @@ bool pipe_ok(const GemvArgs& a, bool fp4, bool gated, const DeviceInfo& d) {
   return true;
 }
 
-Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tiles, const DeviceInfo& d) {
+// Depends on the matrix shape (n, k, format, gated) and, for grouped launches, on split_groups
+// (a fixed group count chosen by the caller) only, never on the token count: a row's summation
+// order (which k blocks each warp and cluster rank adds, in which order) is then the same whatever
+// else shares the launch (batch invariance).
+Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const DeviceInfo& d) {
   Tuning t;
   t.pipe = pipe_ok(a, fp4, gated, d) ? pipe_mode() : 0;
   const int nkb = a.k / 32;
@@ -571,7 +575,7 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tile
   int want = 2;
   if (a.act_block == 128) want = 4;
   else if (g_chunk_override > 0) want = g_chunk_override;
-  else if (!fp4 && !gated && nt == 1 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
+  else if (!fp4 && !gated && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
   while (want > 1 && nkb % want != 0) want /= 2;
   t.chunk = want;
   if (t.chunk == 1) t.pipe = 0;
@@ -605,9 +609,7 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, int pipe, cudaS
 }
 
 template <bool kFp4, bool kGated, int kNt>
-cudaError_t launch_nt(const GemvArgs& a, int n_groups, cudaStream_t stream) {
-  const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * n_groups;
-  const Tuning t = pick_tuning(a, kFp4, kGated, kNt, tiles, device_info());
+cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
   if (t.pipe && t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, true>(a, n_groups, t.split, t.pipe, stream);
   if (t.pipe && t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, true>(a, n_groups, t.split, t.pipe, stream);
   if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, false>(a, n_groups, t.split, 0, stream);
@@ -616,11 +618,17 @@ cudaError_t launch_nt(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
-// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes.
+// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes,
+// except with 4-block chunks of one FP8 matrix (16-token passes would spill; V4's act_block 128
+// has no other choice). The pass width never changes a row's summation order.
 template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
+  const int64_t groups = a.group_start && a.split_groups > 0 ? a.split_groups : n_groups;
+  const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
+  const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
-  return small ? launch_nt<kFp4, kGated, 1>(a, n_groups, stream) : launch_nt<kFp4, kGated, 2>(a, n_groups, stream);
+  const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
+  return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ struct GemvArgs {
   const float* pair_weight;
   void* y;
   int64_t m;
+  int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
   int n, k, w_block, act_block;
   bool bf16_out;
   float limit;
