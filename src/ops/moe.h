@@ -23,4 +23,13 @@ void route(const RouteParams& p);
 // h[i] = silu(min(gate[i], limit)) · clamp(up[i], ±limit) · weight (limit <= 0: no clamp).
 void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit, float weight);
 
+// Routed (token, slot) pairs grouped by expert so that each expert's matrices are read once per
+// step for all its tokens (a stable counting sort; pairs of one expert keep their slot order).
+// sel/weight: [n_pairs] in slot order (pair p = token p / k, slot p % k). Outputs: group_start
+// [n_experts + 1] (pairs of expert e at sorted positions [group_start[e], group_start[e + 1])),
+// pair_row [n_pairs] (token row of the sorted pair), sorted_weight [n_pairs], and slot_pos
+// [n_pairs] (sorted position of pair p). An expert id outside [0, n_experts) is an error (false).
+bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
+                           int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos);
+
 }  // namespace flashseek::ops

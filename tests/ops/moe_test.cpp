@@ -1,4 +1,5 @@
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -82,6 +83,37 @@ TEST(Swiglu, ClampIsOneSidedOnGate) {
   EXPECT_NEAR(h[0], 10 / (1 + std::exp(-10.0)) * 10 * 0.5, 1e-4);
   EXPECT_NEAR(h[1], -20 / (1 + std::exp(20.0)) * -10 * 0.5, 1e-9);  // gate not clamped below
   EXPECT_NEAR(h[2], 1 / (1 + std::exp(-1.0)) * 2 * 0.5, 1e-6);
+}
+
+// Grouping pairs by expert: every pair lands once, inside its expert's range, in slot order,
+// with its token row and weight; out-of-range ids are refused.
+TEST(MoeGroup, StablePermutationByExpert) {
+  const int64_t k = 3, E = 5;
+  const std::vector<int32_t> sel{4, 0, 4, 2, 2, 4, 0, 1, 4, 3, 3, 3};
+  std::vector<float> w(sel.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i) + 0.5f;
+  std::vector<int32_t> gs(E + 1), row(sel.size()), pos(sel.size());
+  std::vector<float> sw(sel.size());
+  ASSERT_TRUE(group_pairs_by_expert(sel.data(), w.data(), int64_t(sel.size()), E, k, gs.data(), row.data(), sw.data(),
+                                    pos.data()));
+  EXPECT_EQ(gs.front(), 0);
+  EXPECT_EQ(gs.back(), int32_t(sel.size()));
+  std::vector<int> seen(sel.size(), 0);
+  for (size_t p = 0; p < sel.size(); ++p) {
+    const int32_t s = pos[p];
+    ASSERT_GE(s, 0);
+    ASSERT_LT(size_t(s), sel.size());
+    ++seen[size_t(s)];
+    EXPECT_GE(s, gs[size_t(sel[p])]);
+    EXPECT_LT(s, gs[size_t(sel[p]) + 1]);
+    EXPECT_EQ(row[size_t(s)], int32_t(p / k));
+    EXPECT_EQ(sw[size_t(s)], w[p]);
+    for (size_t q = 0; q < p; ++q)
+      if (sel[q] == sel[p]) EXPECT_LT(pos[q], s);  // stable
+  }
+  for (int c : seen) EXPECT_EQ(c, 1);
+  const std::vector<int32_t> bad{0, 5};
+  EXPECT_FALSE(group_pairs_by_expert(bad.data(), w.data(), 2, E, k, gs.data(), row.data(), sw.data(), pos.data()));
 }
 
 }  // namespace flashseek::ops

@@ -660,3 +660,67 @@ TEST(CudaModelOps, RouteWideMatchesCpu) {
 
 }  // namespace
 }  // namespace flashseek::ops::cuda
+
+namespace flashseek::ops::cuda {
+namespace {
+using testing::DeviceBuffer;
+namespace cd = detail;
+
+// Grouping routed pairs by expert (the batched MoE's stable counting sort) vs the CPU twin,
+// exactly: pair counts across several scatter tiles (1, 255, 256, 257, 3000), skewed experts
+// (most pairs on two experts, many experts with none), 1 and 384 experts; an id out of range
+// sets the flag and the CPU twin refuses it.
+TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t pairs, experts, k;
+    bool skew;
+  };
+  for (const Case c : {Case{1, 1, 1}, Case{255, 7, 5}, Case{256, 384, 6}, Case{257, 384, 1}, Case{3000, 384, 6},
+                       Case{3000, 16, 6}, Case{1234, 384, 2}}) {
+    Rng rng(uint64_t(c.pairs * 131 + c.experts));
+    std::vector<int32_t> sel(static_cast<size_t>(c.pairs));
+    std::vector<float> w(static_cast<size_t>(c.pairs));
+    for (int64_t p = 0; p < c.pairs; ++p) {
+      const bool hot = c.skew || rng.below(4) == 0;
+      sel[size_t(p)] = int32_t(hot ? rng.below(2) * (c.experts - 1) : int64_t(rng.below(uint64_t(c.experts))));
+      w[size_t(p)] = float(p) * 0.25f + 1.0f;
+    }
+    std::vector<int32_t> gs(static_cast<size_t>(c.experts + 1)), row(static_cast<size_t>(c.pairs)),
+        pos(static_cast<size_t>(c.pairs));
+    std::vector<float> sw(static_cast<size_t>(c.pairs));
+    ASSERT_TRUE(group_pairs_by_expert(sel.data(), w.data(), c.pairs, c.experts, c.k, gs.data(), row.data(), sw.data(),
+                                      pos.data()));
+    DeviceBuffer<int32_t> dsel(sel), dgs(gs.size()), drow(row.size()), dpos(pos.size()), dbad(std::vector<int32_t>{0});
+    DeviceBuffer<float> dw(w), dsw(sw.size());
+    FS_ASSERT_OK(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(), drow.get(),
+                                                  dsw.get(), dpos.get(), dbad.get(), 0),
+                             "moe_group"));
+    EXPECT_EQ(dgs.to_host(), gs) << c.pairs << " pairs";
+    EXPECT_EQ(drow.to_host(), row) << c.pairs << " pairs";
+    EXPECT_EQ(dpos.to_host(), pos) << c.pairs << " pairs";
+    EXPECT_EQ(dsw.to_host(), sw) << c.pairs << " pairs";
+    EXPECT_EQ(dbad.to_host()[0], 0);
+    // Stability: within an expert, pairs keep their slot order.
+    for (int64_t p = 1; p < c.pairs; ++p)
+      if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
+  }
+  std::vector<int32_t> bad_sel{0, 5, 1};
+  std::vector<float> w(3, 1.0f);
+  std::vector<int32_t> gs(4), row(3), pos(3);
+  std::vector<float> sw(3);
+  EXPECT_FALSE(group_pairs_by_expert(bad_sel.data(), w.data(), 3, 3, 1, gs.data(), row.data(), sw.data(), pos.data()));
+  DeviceBuffer<int32_t> dsel(bad_sel), dgs(4), drow(3), dpos(3), dbad(std::vector<int32_t>{0});
+  DeviceBuffer<float> dw(w), dsw(3);
+  FS_ASSERT_OK(cuda_status(
+      cd::launch_moe_group(dsel.get(), dw.get(), 3, 3, 1, dgs.get(), drow.get(), dsw.get(), dpos.get(), dbad.get(), 0),
+      "moe_group"));
+  EXPECT_EQ(dbad.to_host()[0], 1);
+  EXPECT_NE(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), 3, 0, 1, dgs.get(), drow.get(), dsw.get(), dpos.get(),
+                                             nullptr, 0),
+                        "moe_group").code(),
+            StatusCode::kOk);
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda

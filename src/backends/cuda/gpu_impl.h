@@ -194,7 +194,9 @@ class GpuModel final : public Model {
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
-  Status moe_native(int l, const GpuChunk& ctx, const float* m, const int32_t* sel, const float* wt, float* ybuf);
+  // Routed experts as stored; *row_of: ybuf's row of pair (t, k) when not t·K + k (grouped).
+  Status moe_native(int l, const GpuChunk& ctx, const float* m, const int32_t* sel, const float* wt, float* ybuf,
+                    const int32_t** row_of);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
   Status linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
@@ -249,6 +251,7 @@ class GpuModel final : public Model {
   std::unordered_map<const Vec*, const float*> native_key_;
   std::unordered_map<const float*, NativeMatrix> native_w_;
   std::vector<NativeMatrix> nw1_, nw2_, nw3_;  // [layer] routed experts (no codes: FP32 stacks)
+  DevArray<int32_t> expert_ids_;  // 0 … E−1: group expert ids of the grouped expert GEMV
   int64_t n_native_ = 0;
   size_t sample_ws_bytes_ = 0;  // device sampling workspace (gpu_sample.cpp)
   std::vector<std::string> logged_;  // fallback reasons already logged

@@ -14,6 +14,7 @@
 
 namespace flashseek::forward::gpu {
 namespace cd = ops::cuda::detail;
+constexpr int64_t kMaxGemvGroups = 65535;  // expert_gemv's grid limit (grid.y)
 
 Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   const auto& c = config();
@@ -52,8 +53,9 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   FS_ASSIGN_OR_RETURN(float* ybuf, scratch<float>("moe_y", TK * D));
   FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("moe_ys", T * D));
   const size_t li = size_t(l);
+  const int32_t* row_of = nullptr;  // pair (t, k)'s row of ybuf when not t·K + k
   if (nw1_.size() > li && nw1_[li].codes.get()) {  // routed experts kept as stored (FP4 / FP8)
-    FS_RETURN_IF_ERROR(moe_native(l, ctx, m, sel, wt, ybuf));
+    FS_RETURN_IF_ERROR(moe_native(l, ctx, m, sel, wt, ybuf, &row_of));
   } else {
     FS_RETURN_IF_ERROR(expert(TK, w1_[li].get(), w3_[li].get(), w2_[li].get(), sel, K, wt, expert_act_block_, ybuf));
   }
@@ -63,59 +65,76 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
     FS_CUDA_RETURN_IF_ERROR(ops::cuda::memset_async(ys, 0, size_t(T * D) * 4, stream_));
   }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R && !shard_.split(), stream_, row_of));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   return {};
 }
 
-// Routed experts in the checkpoint's format through the grouped expert GEMV (ops/cuda/gemv.h):
-// every (token, slot) pair is its own group, in slot order (group expert = sel, input row =
-// pair / K), so the outputs land in ybuf's slot order without a permutation; the rounding points
-// are those of the FP32 path (BF16 gate/up, clamped SwiGLU with the routing weight, BF16 h).
+// Routed experts in the checkpoint's format through the grouped expert GEMV (ops/cuda/gemv.h),
+// with the rounding points of the FP32 path (BF16 gate/up, clamped SwiGLU with the routing
+// weight, BF16 h). Few pairs (decode): every (token, slot) pair is its own group in slot order.
+// More pairs than experts (batches, prefill chunks): the pairs are grouped by expert on the device
+// (ops::group_pairs_by_expert) so each expert's matrices are read once for all its tokens, and the
+// combine reads each pair's row from its sorted position. Both give the same bits for a pair: its
+// dot products run in the same order (the k split is fixed by split_groups, tokens are
+// independent MMA columns).
 Status GpuModel::moe_native(int l, const GpuChunk& ctx, const float* m, const int32_t* sel, const float* wt,
-                            float* ybuf) {
+                            float* ybuf, const int32_t** row_of) {
   const auto& c = config();
   const bool R = ref();
   const int64_t T = ctx.T, D = c.hidden_size, I = c.moe_inter_dim;
   const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok, TK = T * K;
   const NativeMatrix &n1 = nw1_[size_t(l)], &n2 = nw2_[size_t(l)], &n3 = nw3_[size_t(l)];
-  constexpr int64_t kMaxGroups = 65535;  // expert_gemv's grid limit: pairs go in chunks
-  std::vector<int32_t> gstart(static_cast<size_t>(std::min(TK, kMaxGroups) + 1));
-  std::vector<int32_t> prow(static_cast<size_t>(TK));
-  for (size_t i = 0; i < gstart.size(); ++i) gstart[i] = int32_t(i);
-  for (int64_t i = 0; i < TK; ++i) prow[size_t(i)] = int32_t(i / K);
-  FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_nat_gstart", int64_t(gstart.size())));
-  FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_nat_prow", TK));
-  FS_RETURN_IF_ERROR(upload(d_gstart, gstart.data(), gstart.size() * 4));
-  FS_RETURN_IF_ERROR(upload(d_prow, prow.data(), prow.size() * 4));
   FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
   FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
-  // y[p] = fq8(x[row(p)]) · W[sel[p]]ᵀ for the pairs [p0, p0 + n).
+  const bool grouped = TK > E;
+  const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
+  const float* pw = wt;
+  int64_t n_groups = TK;
+  *row_of = nullptr;
+  if (grouped) {
+    FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
+    FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_grp_row", TK));
+    FS_ASSIGN_OR_RETURN(float* d_w, scratch<float>("moe_grp_w", TK));
+    FS_ASSIGN_OR_RETURN(int32_t* d_pos, scratch<int32_t>("moe_grp_pos", TK));
+    if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
+    // The route kernel only emits ids in [0, E): no range flag to read back.
+    FS_CUDA_RETURN_IF_ERROR(
+        cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_));
+    gstart = d_gstart, gexpert = expert_ids_.get(), prow = d_prow, pw = d_w, n_groups = E;
+    *row_of = d_pos;
+  } else {
+    std::vector<int32_t> hstart(static_cast<size_t>(TK + 1)), hrow(static_cast<size_t>(TK));
+    for (int64_t i = 0; i <= TK; ++i) hstart[size_t(i)] = int32_t(i);
+    for (int64_t i = 0; i < TK; ++i) hrow[size_t(i)] = int32_t(i / K);
+    FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_nat_gstart", TK + 1));
+    FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_nat_prow", TK));
+    FS_RETURN_IF_ERROR(upload(d_gstart, hstart.data(), hstart.size() * 4));
+    FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
+    gstart = d_gstart, gexpert = sel, prow = d_prow;
+  }
+  // y[s] = fq8(x[row(s)]) · W[expert of s]ᵀ for every (sorted) pair s.
   auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k,
                  float* y) -> Status {
-    for (int64_t p0 = 0; p0 < TK; p0 += kMaxGroups) {
-      const int64_t n = std::min(kMaxGroups, TK - p0);
-      ops::ExpertGemvParams q;
-      q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
-      q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
-      q.group_expert = sel + p0, q.group_start = d_gstart, q.pair_row = rows ? rows + p0 : nullptr;
-      q.y = y + p0 * n_out;
-      q.n_groups = n, q.n_pairs = n, q.n_experts = E, q.n = n_out, q.k = k;
-      q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
-      q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
-      if (!rows) q.x = x + p0 * k;  // inputs already in pair order
-      FS_RETURN_IF_ERROR(ops::cuda::expert_gemv_cuda(q, stream_));
-    }
-    return {};
+    ops::ExpertGemvParams q;
+    q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
+    q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
+    q.y = y;
+    q.n_groups = n_groups, q.n_pairs = TK, q.n_experts = E, q.n = n_out, q.k = k;
+    q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
+    q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
+    return ops::cuda::expert_gemv_cuda(q, stream_);
   };
-  FS_RETURN_IF_ERROR(run(n1, m, d_prow, I, D, g));
-  FS_RETURN_IF_ERROR(run(n3, m, d_prow, I, D, u));
+  if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
+  FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
+  FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
   if (R) {
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, wt, TK, I, float(c.swiglu_limit), R, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
   return run(n2, h, nullptr, D, I, ybuf);
 }
 

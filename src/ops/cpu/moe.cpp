@@ -70,4 +70,22 @@ void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit
   }
 }
 
+bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
+                           int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos) {
+  for (int64_t e = 0; e <= n_experts; ++e) group_start[e] = 0;
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    if (sel[p] < 0 || sel[p] >= n_experts) return false;
+    ++group_start[sel[p] + 1];
+  }
+  for (int64_t e = 0; e < n_experts; ++e) group_start[e + 1] += group_start[e];
+  std::vector<int32_t> next(group_start, group_start + n_experts);
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    const int32_t s = next[size_t(sel[p])]++;
+    pair_row[s] = int32_t(p / k);
+    sorted_weight[s] = weight[p];
+    slot_pos[p] = s;
+  }
+  return true;
+}
+
 }  // namespace flashseek::ops

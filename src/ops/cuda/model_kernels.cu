@@ -526,14 +526,77 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* h, const fl
 }
 
 __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, int64_t T, int64_t K,
-                                   int64_t dim, bool bf16) {
+                                   int64_t dim, bool bf16, const int32_t* row_of) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * dim) return;
   const int64_t t = id / dim, d = id % dim;
   float s = 0;
-  for (int64_t k = 0; k < K; ++k) s += y[(t * K + k) * dim + d];
+  for (int64_t k = 0; k < K; ++k) s += y[(row_of ? int64_t(row_of[t * K + k]) : t * K + k) * dim + d];
   s += ys[id];
   out[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+// One block: expert counts (shared atomics: order-free), an exclusive scan by thread 0, then a
+// stable scatter over tiles of kMoeGroupThreads consecutive pairs: a pair's sorted position is its
+// expert's running offset plus the number of lower-indexed pairs of the tile with the same expert;
+// the last such pair of the tile then moves the offset past them.
+constexpr int kMoeGroupThreads = 256;
+constexpr int64_t kMoeGroupMaxExperts = 4096;
+__global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
+                                 int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
+                                 int32_t* bad) {
+  __shared__ int32_t next[kMoeGroupMaxExperts];
+  __shared__ int32_t tile[kMoeGroupThreads];
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) next[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = sel[p];
+    if (e < 0 || e >= n_experts) {
+      if (bad) *bad = 1;
+    } else {
+      atomicAdd(&next[e], 1);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
+    int run = 0;
+    for (int e = 0; e < n_experts; ++e) {
+      const int c = next[e];
+      group_start[e] = run;
+      next[e] = run;
+      run += c;
+    }
+    group_start[n_experts] = run;
+  }
+  __syncthreads();
+  for (int base = 0; base < n_pairs; base += blockDim.x) {
+    const int p = base + int(threadIdx.x);
+    const int e = p < n_pairs ? sel[p] : -1;
+    const bool ok = e >= 0 && e < n_experts;
+    tile[threadIdx.x] = ok ? e : -1;
+    __syncthreads();
+    int rank = 0;  // earlier pairs of this tile with the same expert
+    if (ok)
+      for (int j = 0; j < int(threadIdx.x); ++j) rank += tile[j] == e;
+    if (ok) {
+      const int s = next[e] + rank;
+      pair_row[s] = p / k;
+      sorted_weight[s] = weight[p];
+      slot_pos[p] = s;
+    }
+    __syncthreads();  // every thread has read next[] for this tile
+    if (ok) {
+      // The last pair of each expert in the tile moves the expert's offset past the tile's pairs.
+      bool last = true;
+      for (int j = int(threadIdx.x) + 1; j < kMoeGroupThreads && base + j < n_pairs; ++j)
+        if (tile[j] == e) {
+          last = false;
+          break;
+        }
+      if (last) next[e] += rank + 1;
+    }
+    __syncthreads();
+  }
 }
 
 }  // namespace
@@ -668,9 +731,18 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 }
 
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
-                               int64_t dim, bool bf16, cudaStream_t s) {
+                               int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of) {
   if (T * dim == 0) return cudaSuccess;
-  return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16);
+  return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16, row_of);
+}
+
+cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
+                             int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
+                             int32_t* bad, cudaStream_t s) {
+  if (n_experts <= 0 || n_experts > kMoeGroupMaxExperts || k <= 0 || n_pairs < 0 || n_pairs > INT32_MAX)
+    return cudaErrorInvalidValue;
+  return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts), int(k),
+                       group_start, pair_row, sorted_weight, slot_pos, bad);
 }
 
 }  // namespace flashseek::ops::cuda::detail
