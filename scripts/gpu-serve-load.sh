@@ -20,7 +20,7 @@ trap 'kill "${pid:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$w
 "$bin" make-tiny --config demo --seed 1 --out "$work/demo" >/dev/null
 port=$((20000 + RANDOM % 20000))
 "$bin" serve --ckpt "$work/demo" --gpus "$gpus" --port "$port" --max-batch 64 --speculative off \
-  --tokenizer "$here/../models/tokenizer" "${extra[@]}" >"$work/serve.log" 2>&1 &
+  "${extra[@]}" >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
   curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
