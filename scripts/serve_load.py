@@ -16,6 +16,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 
@@ -52,6 +53,9 @@ def one_stream(url, api_key, model, prompt, max_tokens, out, i):
                     delta = ch.get("delta") or {}
                     if (delta.get("content") or delta.get("reasoning_content")) and first is None:
                         first = time.monotonic()
+    except urllib.error.HTTPError as e:
+        out[i] = {"error": f"{e}: {e.read()[:300].decode('utf-8', 'replace')}"}
+        return
     except Exception as e:  # noqa: BLE001 - reported per stream
         out[i] = {"error": str(e)}
         return
