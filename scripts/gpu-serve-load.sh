@@ -19,7 +19,7 @@ work="$(mktemp -d)"
 trap 'kill "${pid:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin" make-tiny --config demo --seed 1 --out "$work/demo" >/dev/null
 port=$((20000 + RANDOM % 20000))
-"$bin" serve --ckpt "$work/demo" --gpus "$gpus" --port "$port" --max-batch 64 --speculative off \
+"$bin" serve --ckpt "$work/demo" --gpus "$gpus" --port "$port" --max-batch 64 --max-context 4096 --speculative off \
   "${extra[@]}" >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
