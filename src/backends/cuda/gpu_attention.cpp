@@ -47,29 +47,47 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
 
   FS_ASSIGN_OR_RETURN(float* o, scratch<float>("attn_o", T * H * Dh));
-  for (GpuSeg& g : ctx.segs) {  // each sequence over its own ring, compressed KV and top-k lists
-    cd::ModelAttnArgs p;
-    p.q = q + g.row0 * H * Dh, p.kv_chunk = kv + g.row0 * Dh, p.ring = g.st->layers[size_t(l)].ring.get();
-    p.sink = d(A.attn_sink), p.out = o + g.row0 * H * Dh;
-    p.T = g.T, p.H = H, p.Dh = Dh, p.window = W, p.ring_size = g.st->ring_size, p.start = g.start;
-    p.scale = 1.0f / std::sqrt(float(Dh));
-    p.bf16 = R;
-    p.max_keys = W;
+  // Each sequence over its own ring, compressed KV and top-k lists: one launch for the step (the
+  // sequences as descriptors), or the plain launch for a single sequence; same bits either way.
+  cd::ModelAttnArgs p;
+  p.q = q, p.kv_chunk = kv, p.sink = d(A.attn_sink), p.out = o;
+  p.T = T, p.H = H, p.Dh = Dh, p.window = W;
+  p.scale = 1.0f / std::sqrt(float(Dh));
+  p.bf16 = R;
+  std::vector<cd::ModelAttnSeq> seqs;
+  for (const GpuSeg& g : ctx.segs) {
+    cd::ModelAttnSeq sq;
+    sq.ring = g.st->layers[size_t(l)].ring.get(), sq.start = g.start, sq.row0 = g.row0, sq.T = g.T;
+    sq.ring_size = g.st->ring_size;
+    int64_t keys = W;
     if (role.ratio > 0) {
-      p.ckv = g.st->layers[size_t(role.kv_src)].ckv.get();
-      p.ratio = role.ratio;
-      if (role.idx_src >= 0) {
-        p.topk = g.topk[size_t(role.idx_src)];
-        p.topk_n = g.topk_n[size_t(role.idx_src)];
-        p.topk_stride = c.index_topk;
-        if (!p.topk) return internal_error("layer {}: index source {} published no top-k", l, role.idx_src);
-        p.max_keys += c.index_topk;
-      } else {
-        p.max_keys += (g.start + g.T) / role.ratio;  // V4 HCA: every visible entry
-      }
-      if (!p.ckv) p.ckv = kv;  // nothing compressed yet: never read (every count is 0)
+      sq.ckv = g.st->layers[size_t(role.kv_src)].ckv.get();
+      keys += role.idx_src >= 0 ? c.index_topk : (g.start + g.T) / role.ratio;  // V4 HCA: every visible entry
     }
+    p.max_keys = std::max(p.max_keys, keys);
+    seqs.push_back(sq);
+  }
+  if (role.ratio > 0) {
+    p.ratio = role.ratio;
+    if (role.idx_src >= 0) {
+      const GpuSeg& g0 = ctx.segs.front();  // row 0: the lists' base
+      p.topk = g0.topk[size_t(role.idx_src)];
+      p.topk_n = g0.topk_n[size_t(role.idx_src)];
+      p.topk_stride = c.index_topk;
+      if (!p.topk) return internal_error("layer {}: index source {} published no top-k", l, role.idx_src);
+    }
+    p.ckv = seqs.front().ckv ? seqs.front().ckv : kv;  // non-null: the layer has compressed rows
+  }
+  const cd::ModelAttnSeq* d_seqs = nullptr;
+  if (seqs.size() == 1) {
+    p.ring = seqs[0].ring, p.ring_size = seqs[0].ring_size, p.start = seqs[0].start;
     FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
+  } else {
+    const int64_t bytes = int64_t(seqs.size() * sizeof(cd::ModelAttnSeq));
+    FS_ASSIGN_OR_RETURN(uint8_t* ds, scratch<uint8_t>("attn_seqs", bytes));
+    FS_RETURN_IF_ERROR(upload(ds, seqs.data(), size_t(bytes)));
+    d_seqs = reinterpret_cast<const cd::ModelAttnSeq*>(ds);
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(p, d_seqs, ctx.d_row_seq, stream_));
   }
 
   // Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference), wo_b.
@@ -87,9 +105,12 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R && !shard_.split()));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   // Only now publish the chunk's window rows (the queries above read older ones from the ring).
-  for (const GpuSeg& g : ctx.segs) {
+  if (d_seqs) {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write_seqs(d_seqs, ctx.d_row_seq, kv, ctx.d_pos, T, Dh, stream_));
+  } else {
+    const GpuSeg& g = ctx.segs.front();
     const int64_t rs = g.st->ring_size;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(g.st->layers[size_t(l)].ring.get(), kv + g.row0 * Dh, g.d_pos,
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(g.st->layers[size_t(l)].ring.get(), kv, g.d_pos,
                                                   std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
   }
   return {};

@@ -98,6 +98,7 @@ struct GpuChunk {
   int64_t T = 0;                    // rows
   const int32_t* d_tokens = nullptr;  // [T]
   const int64_t* d_pos = nullptr;     // [T]
+  const int32_t* d_row_seq = nullptr; // [T] segment index of each row
   std::vector<GpuSeg> segs;
   std::vector<int64_t> engram_ids;  // [n_engram_layers, T, n_cols] (host)
 };

@@ -569,6 +569,14 @@ Status GpuModel::forward_batch(std::span<BatchItem> batch, std::vector<float>& l
   FS_RETURN_IF_ERROR(upload(d_pos, pos.data(), size_t(T) * 8));
   ctx.d_tokens = d_tok;
   ctx.d_pos = d_pos;
+  if (ctx.segs.size() > 1) {  // rows → segment, for the kernels that serve every sequence in one launch
+    std::vector<int32_t> row_seq(static_cast<size_t>(T));
+    for (size_t i = 0; i < ctx.segs.size(); ++i)
+      std::fill_n(row_seq.begin() + ctx.segs[i].row0, ctx.segs[i].T, int32_t(i));
+    FS_ASSIGN_OR_RETURN(int32_t* d_rs, scratch<int32_t>("row_seq", T));
+    FS_RETURN_IF_ERROR(upload(d_rs, row_seq.data(), size_t(T) * 4));
+    ctx.d_row_seq = d_rs;
+  }
   // Candidate masks: each segment's own [T_s, start_s + T_s] region, allocated before any layer
   // publishes into it.
   FS_ASSIGN_OR_RETURN(uint8_t* cand, scratch<uint8_t>("cand", cand_bytes));

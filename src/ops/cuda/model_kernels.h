@@ -131,6 +131,26 @@ struct ModelAttnArgs {
 };
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 
+// Several sequences in one launch: rows [row0, row0 + T) of q / kv_chunk / out / topk / topk_n
+// belong to the sequence described here (its window ring, compressed rows, first position).
+struct ModelAttnSeq {
+  float* ring = nullptr;         // [ring_size, Dh] (written by launch_ring_write_seqs)
+  const float* ckv = nullptr;    // compressed rows; nullptr: none yet (never read)
+  int64_t start = 0, row0 = 0, T = 0, ring_size = 0;
+};
+// launch_model_attention over every row of `seqs` (device array [n_seqs]; row_seq [rows]: the
+// sequence of each row): `a` gives the shared fields (q, kv_chunk, topk, topk_n and out at row 0
+// of the step, H, Dh, window, topk_stride, ratio, sink, scale, bf16, max_keys = the largest
+// sequence's); a.T = rows; a.ring / a.start / a.ring_size are ignored; a.ckv non-null marks a
+// layer with compressed rows. Each row computes exactly what launch_model_attention computes for
+// its sequence alone.
+cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
+                                        cudaStream_t s);
+// ring of row_seq[t]'s sequence [pos[t] % ring_size] = kv[t] for every row among its sequence's
+// last ring_size rows (launch_ring_write per sequence, in one launch).
+cudaError_t launch_ring_write_seqs(const ModelAttnSeq* seqs, const int32_t* row_seq, const float* kv, const int64_t* pos,
+                                   int64_t rows, int64_t dim, cudaStream_t s);
+
 // ops::index_scores for every query row: clen(t) = (start + t + 1) / ratio visible keys.
 struct IndexScoreArgs {
   const float* q = nullptr;        // [T, nI, dI]
