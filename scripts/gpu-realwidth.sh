@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The engine at real V4.1 widths with dummy weights (issue 13 / 15 measurements), on one GPU:
+#   1. `flashseek run` on an 8,192-token prompt + 32 generated tokens: prefill tok/s, batch-1 decode tok/s;
+#   2. `flashseek serve` + scripts/serve_load.py at several stream counts (decode tok/s per stream
+#      and in aggregate);
+#   3. `flashseek bench` layer slice at context 4096 for comparison.
+# Usage: scripts/gpu-realwidth.sh [--layers N] [--streams 1,8,32] [--gpus 0]
+# FLASHSEEK_BIN selects the binary (default build/bin/flashseek).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
+cfg="$here/../tests/model/data/v41-flash-config.json"
+layers=4 streams=1,8,32 gpus=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --layers) layers="$2"; shift 2 ;;
+    --streams) streams="$2"; shift 2 ;;
+    --gpus) gpus="$2"; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+work="$(mktemp -d)"
+trap 'kill "${pid:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+python3 -c "import random,json; random.seed(1); print(json.dumps([random.randrange(1000, 120000) for _ in range(8192)]))" >"$work/p8k.json"
+src=(--load-format dummy --config "$cfg" --num-layers "$layers")
+echo "== run: 8192-token prompt, 32 tokens, dummy real-width V4.1, $layers layers"
+"$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids @"$work/p8k.json" --max-tokens 32 --ignore-eos --speculative off \
+  --max-context 16384 2>&1 | grep -Ev '^\[' | tail -6
+echo "== run: 16-token prompt, 64 tokens (decode at short context)"
+"$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000 \
+  --max-tokens 64 --ignore-eos --speculative off --max-context 4096 2>&1 | grep -Ev '^\[' | tail -3
+echo "== serve: streams $streams"
+port=$((20000 + RANDOM % 20000))
+"$bin" serve "${src[@]}" --gpus "$gpus" --port "$port" --max-batch 64 --max-context 4096 --speculative off \
+  >"$work/serve.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 1500); do
+  curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  kill -0 "$pid" 2>/dev/null || { tail -20 "$work/serve.log"; exit 1; }
+  sleep 0.2
+done
+grep -iE "memory plan|weights|plan" "$work/serve.log" | head -8 || true
+python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --streams "$streams" --max-tokens 32
+kill "$pid"; wait "$pid" 2>/dev/null || true
+echo "== bench: layer slice, context 4096"
+"$bin" bench --tokens 1,6 --contexts 4096 --reps 3 2>&1 | grep -E "layer|copy|HBM|sum" | head -12
