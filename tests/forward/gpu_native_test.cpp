@@ -23,6 +23,7 @@
 #include "forward/cpu_model.h"
 #include "backends/cuda/gpu_model.h"
 #include "gpu_test_util.h"
+#include "model/checkpoint.h"
 #include "model/make_tiny.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -60,11 +61,13 @@ std::vector<int32_t> tokens_for(int64_t vocab) {
 const gpu::GpuModel& as_gpu(const Model& m) { return dynamic_cast<const gpu::GpuModel&>(m); }
 #endif
 
+#if FLASHSEEK_HAVE_CUDA
 GpuLoadOptions with(GpuWeights w) {
   GpuLoadOptions o;
   o.weights = w;
   return o;
 }
+#endif
 
 struct Param {
   const char* config;
@@ -209,6 +212,7 @@ TEST(GpuNativeExactDraft, ProposalsEqualFp32Bitwise) {
 #endif
 }
 
+#if FLASHSEEK_HAVE_CUDA
 // The checkpoint's bytes of every matrix the model uses, from the safetensors headers: 2-D
 // weights and their `.scale`, except the Engram tables (host memory), the tensors loaded as FP32
 // vectors (compressor ape, Engram q/k, the confidence vector), integer tables and, when `mtp` is
@@ -234,6 +238,7 @@ int64_t checkpoint_matrix_bytes(const model::Checkpoint& ck, bool mtp) {
   }
   return bytes;
 }
+#endif
 
 TEST(GpuNativeBytes, DeviceMatrixBytesEqualCheckpointBytes) {
   REQUIRE_GPU();
@@ -247,7 +252,7 @@ TEST(GpuNativeBytes, DeviceMatrixBytesEqualCheckpointBytes) {
       auto n = load_model_gpu(dir, num, 0, with(GpuWeights::kNative));
       ASSERT_TRUE(n.ok()) << n.status().to_string();
       const auto& g = as_gpu(*n.value());
-      const GpuWeightReport& r = g.weight_report();
+      const gpu::GpuWeightReport& r = g.weight_report();
       EXPECT_EQ(r.fp32_matrices, 0) << "a matrix fell back to an FP32 copy";
       EXPECT_EQ(r.stored_bytes, r.checkpoint_bytes);
       EXPECT_EQ(r.checkpoint_bytes, checkpoint_matrix_bytes(ck.value(), g.has_draft()));

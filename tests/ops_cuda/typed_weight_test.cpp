@@ -240,7 +240,7 @@ TEST(CudaTypedWeights, EmbedMatchesFp32Bitwise) {
     // Row 299 from the host values (not only kernel vs kernel).
     expect_bitwise(std::vector<float>(h.begin() + hc * D, h.begin() + hc * D + D),
                    std::vector<float>(s.values.begin() + 299 * D, s.values.begin() + 300 * D), "row 299");
-    DeviceBuffer<float> one(size_t(D));
+    DeviceBuffer<float> one(static_cast<size_t>(D));
     FS_ASSERT_OK(cuda_status(cd::launch_embed_w(ds.ref(s, 150), zero.get(), one.get(), 1, 1, D, 0), "row0"));
     expect_bitwise(one.to_host(), std::vector<float>(s.values.begin() + 150 * D, s.values.begin() + 151 * D),
                    "row 150 by row0");
