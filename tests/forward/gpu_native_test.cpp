@@ -256,6 +256,7 @@ TEST(GpuNativeBytes, DeviceMatrixBytesEqualCheckpointBytes) {
       EXPECT_EQ(r.fp32_matrices, 0) << "a matrix fell back to an FP32 copy";
       EXPECT_EQ(r.stored_bytes, r.checkpoint_bytes);
       EXPECT_EQ(r.checkpoint_bytes, checkpoint_matrix_bytes(ck.value(), g.has_draft()));
+      EXPECT_GT(r.checkpoint_total_bytes, r.checkpoint_bytes);  // + vectors (+ V4's MTP block), no Engram tables
       // The block-scaled GEMVs only in reference numerics; the fingerprint's kind follows them.
       if (num == Numerics::kExact) {
         EXPECT_EQ(r.fast_matrices, 0);

@@ -120,6 +120,7 @@ struct GpuWeightReport {
   int64_t fp32_matrices = 0;       // matrices uploaded as FP32 copies (fp32 mode, TP ranks, fallbacks)
   int64_t fp32_bytes = 0;          // device bytes of every FP32 copy (those matrices, vectors, derived tables)
   int64_t fast_matrices = 0;       // stored matrices run by the block-scaled GEMVs (reference numerics)
+  int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 
 class GpuModel final : public Model {
@@ -210,8 +211,9 @@ class GpuModel final : public Model {
   Status embed_rows(const float* table, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t D);
   // Points a grouped linear at rows [row0, ...) of `w` (FP32 copy or as stored).
   void set_weight(ops::cuda::detail::LinearArgs& a, const float* w, int64_t row0) const;
-  // The one load line: device bytes of the weights vs the checkpoint's (stderr).
-  void print_weight_report() const;
+  // The one load line: device bytes of the weights vs the checkpoint's (stderr); fills
+  // report_.checkpoint_total_bytes.
+  void print_weight_report();
   // Device copy of a host weight (nullptr when the checkpoint has none).
   const float* d(const Vec& v) const;
   template <typename T>

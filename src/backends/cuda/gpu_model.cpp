@@ -400,14 +400,21 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
 
 int64_t GpuModel::weight_bytes() const { return report_.stored_bytes + report_.fp32_bytes; }
 
-void GpuModel::print_weight_report() const {
-  const GpuWeightReport& r = report_;
+void GpuModel::print_weight_report() {
+  GpuWeightReport& r = report_;
+  r.checkpoint_total_bytes = 0;
+  for (const std::string& name : ck_->shards().names()) {  // Engram tables (and their scales) stay on the host
+    if (name.find(".engram.embed.") != std::string::npos) continue;
+    if (auto t = ck_->find(name); t.ok()) r.checkpoint_total_bytes += int64_t(t.value().data.size());
+  }
   const double mib = 1.0 / (1 << 20);
   std::fprintf(stderr,
-               "flashseek gpu: weights (%s) on device %d: %.2f MiB as stored in %lld matrices (checkpoint: %.2f MiB "
-               "of the same tensors; Engram tables stay in host memory), %.2f MiB FP32 (%lld matrices; vectors, "
-               "norms, biases, sinks, RoPE tables)\n",
-               native_ ? "native" : "fp32", device_, double(r.stored_bytes) * mib,
+               "flashseek gpu: weights (%s) on device %d: %.2f MiB (checkpoint tensors without the Engram tables, "
+               "which stay in host memory: %.2f MiB); %.2f MiB as stored in %lld matrices (%.2f MiB of the same "
+               "tensors in the checkpoint), %.2f MiB FP32 (%lld matrices; vectors, norms, biases, sinks, RoPE "
+               "tables)\n",
+               native_ ? "native" : "fp32", device_, double(weight_bytes()) * mib,
+               double(r.checkpoint_total_bytes) * mib, double(r.stored_bytes) * mib,
                static_cast<long long>(r.stored_matrices), double(r.checkpoint_bytes) * mib,
                double(r.fp32_bytes) * mib, static_cast<long long>(r.fp32_matrices));
 }
