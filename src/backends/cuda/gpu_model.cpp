@@ -14,8 +14,6 @@ Result<GpuWeights> parse_gpu_weights(const std::string& s) {
   return invalid_argument("--gpu-weights {}: expected native or fp32", s);
 }
 
-const char* gpu_weights_name(GpuWeights w) { return w == GpuWeights::kFp32 ? "fp32" : "native"; }
-
 Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus,
                                               const GpuLoadOptions& opts) {
   if (gpus.empty()) return load_model(dir, numerics);

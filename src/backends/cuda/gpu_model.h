@@ -31,7 +31,6 @@ enum class GpuWeights {
 };
 // "native" / "fp32"; anything else is an error naming the flag.
 Result<GpuWeights> parse_gpu_weights(const std::string& s);
-const char* gpu_weights_name(GpuWeights w);
 
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
