@@ -24,6 +24,7 @@ struct RunOpts {
   std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "auto";
   std::string stop_ids;
   std::string gpus;  // "" = CPU backend, "N" = CUDA device N (backends/cuda/gpu_model.h)
+  std::string gpu_weights = "native";  // --gpu-weights: native | fp32 (GpuLoadOptions)
   int64_t max_tokens = 16, top_k = 0, prompt_logprobs = 0, logprobs = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
@@ -120,7 +121,9 @@ int run(const RunOpts& o) {
   }
   const auto numerics = o.numerics == "exact" ? forward::Numerics::kExact
                                               : forward::Numerics::kReference;
-  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus);
+  auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
+  if (!gpu_weights.ok()) return fail(gpu_weights.status().message());
+  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus, forward::GpuLoadOptions{*gpu_weights});
   if (!model.ok()) return fail(model.status().message());
   auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
                                (*model)->config().vocab_size);
@@ -187,6 +190,11 @@ std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<RunOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); default: the CPU backend");
+  cmd->add_option("--gpu-weights", o->gpu_weights,
+                  "with --gpus N: native (every matrix as the checkpoint stores it) | fp32 (debug: FP32 copies); "
+                  "tensor-parallel ranks always slice FP32 copies")
+      ->check(CLI::IsMember({"native", "fp32"}))
+      ->capture_default_str();
   cmd->add_option("--prompt-ids", o->prompt_ids, "token ids: 1,2,3 or @file.json (JSON array)");
   cmd->add_option("--prompt", o->prompt, "prompt text (needs the tokenizer)");
   cmd->add_option("--tokenizer", o->tokenizer,

@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 
 struct ServeOpts {
   std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
+  std::string gpu_weights = "native";  // --gpu-weights: native | fp32 (GpuLoadOptions)
   std::string api_key_file;                      // `KEY [TENANT]` lines (server/tenants.h)
   std::string cache_scope = "tenant";            // state-cache sharing: tenant | user | request | shared
   bool shared_cache = false;                     // shorthand for --cache-scope shared
@@ -202,9 +203,12 @@ int serve(const ServeOpts& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   read_ahead_with_progress(o.ckpt);
-  auto model = forward::load_model_for(
-      o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
-      o.gpus);
+  auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
+  auto model = gpu_weights.ok() ? forward::load_model_for(
+                                      o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact
+                                                                    : forward::Numerics::kReference,
+                                      o.gpus, forward::GpuLoadOptions{*gpu_weights})
+                                : Result<std::unique_ptr<forward::Model>>(gpu_weights.status());
   // Failure after the listener started: stop it and the signal thread before returning.
   auto abort_with = [&](const Status& st) {
     http.stop();
@@ -267,6 +271,11 @@ std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<ServeOpts>();
   cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
+  cmd->add_option("--gpu-weights", o->gpu_weights,
+                  "with --gpus N: native (every matrix as the checkpoint stores it) | fp32 (debug: FP32 copies); "
+                  "tensor-parallel ranks always slice FP32 copies")
+      ->check(CLI::IsMember({"native", "fp32"}))
+      ->capture_default_str();
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key,

@@ -89,9 +89,22 @@ struct ModelWeights {
   MtpWeights mtp;
   bool has_dspark = false;
   DSparkWeights dspark;
+  // WeightLoadOptions::matrices false: the tensor names of the matrices left empty (each one the
+  // CPU backend would have loaded), in load order; the backend uploads exactly these.
+  std::vector<std::string> deferred_matrices;
+};
+
+struct WeightLoadOptions {
+  // true: every matrix dequantised to FP32 (the CPU backend). false: the matrices (linears, routed
+  // and shared experts, router gates, embedding, head, mHC mixers `hc_*_fn`, Engram `wkv`, the
+  // draft's projections and Markov tables) are only checked to exist with the expected element
+  // count and left empty, so a backend that uploads the checkpoint's stored bytes itself (the CUDA
+  // backend's native weights) never holds an FP32 copy on the host. Vectors (norms, biases,
+  // sinks, mHC base/scale, compressor `ape`, Engram q/k, the confidence vector) are always loaded.
+  bool matrices = true;
 };
 
 // Loads every backbone weight of `ck`, the V4.1 DSpark draft or the V4 MTP block when present.
-Result<ModelWeights> load_weights(const model::Checkpoint& ck);
+Result<ModelWeights> load_weights(const model::Checkpoint& ck, const WeightLoadOptions& opts = {});
 
 }  // namespace flashseek::forward

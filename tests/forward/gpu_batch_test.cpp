@@ -69,7 +69,7 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   ASSERT_TRUE(cfg.ok());
   const std::string dir = tiny_checkpoint(std::string("fs_batch_") + p.config, cfg.value(), 5);
   GpuLoadOptions opt;
-  opt.native_weights = p.native;
+  opt.weights = p.native ? GpuWeights::kNative : GpuWeights::kFp32;
   auto loaded = load_model_gpu(dir, Numerics::kReference, 0, opt);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model& m = *loaded.value();

@@ -1,15 +1,14 @@
-// The CUDA backend with native weights (backends/cuda/gpu_model.h GpuLoadOptions, opt-in): in reference
-// numerics the FP8 linears and the FP4 routed experts stay on the device as stored and run through
-// the block-scaled kernels (ops/cuda/gemv.h).
-// * Native weights take less device memory than the FP32 copies and every listed matrix is native.
-// * Exact numerics never use them; FLASHSEEK_GPU_WEIGHTS selects them, a bad value is an error.
-// * Parity with the CPU reference backend (make-tiny, 410 tokens): tie-free variants max|Δlogit|
-//   < 2e-2 at every position, GPU prefill vs decode likewise; standard configs teacher-forced
-//   argmax >= 90%. DISABLED: on an H200 (2026-11-29, docs/cuda.md) native prefill == decode
-//   exactly, but native vs CPU gave max|Δ| 0.69 / 0.36 (tie-free v41 / v4) and argmax 0.76-0.89.
-//   The CPU reference itself moves as much when its FP8-input dots are perturbed by 1e-7·Σ|x·w|
-//   (FP8 activation codes flip and cascade on these tiny models), so only a bit-identical kernel
-//   can pass; native weights stay opt-in until a sound criterion replaces this one.
+// The CUDA backend's weights (backends/cuda/gpu_model.h GpuLoadOptions, `--gpu-weights`): native
+// (the default) keeps every matrix on the device as the checkpoint stores it; fp32 is the debug
+// path with FP32 copies.
+// * Exact numerics: native and fp32 give bitwise-equal logits (prefill, decode, chunks) and DSpark
+//   proposals on tiny-v41 and tiny-v4: the exactness kernels expand the stored values exactly.
+// * The device bytes of the stored matrices equal the checkpoint's bytes of those tensors, which
+//   are every matrix of the checkpoint (summed here from the safetensors headers, Engram tables and
+//   FP32 vectors aside); nothing falls back to FP32; the state fingerprint's backend kind separates
+//   native from fp32 only where the block-scaled GEMVs run (reference numerics).
+// * Reference numerics: native weights use less device memory; parity with the CPU reference
+//   backend (DISABLED, see below).
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,12 +16,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "core/rng.h"
 #include "forward/cpu_model.h"
 #include "backends/cuda/gpu_model.h"
 #include "gpu_test_util.h"
+#include "model/checkpoint.h"
 #include "model/make_tiny.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -60,6 +61,14 @@ std::vector<int32_t> tokens_for(int64_t vocab) {
 const gpu::GpuModel& as_gpu(const Model& m) { return dynamic_cast<const gpu::GpuModel&>(m); }
 #endif
 
+#if FLASHSEEK_HAVE_CUDA
+GpuLoadOptions with(GpuWeights w) {
+  GpuLoadOptions o;
+  o.weights = w;
+  return o;
+}
+#endif
+
 struct Param {
   const char* config;
   bool tie_free;
@@ -74,9 +83,7 @@ TEST_P(GpuNative, DISABLED_MatchesCpuReferenceAndDecodeMatchesPrefill) {
   const std::string dir = make_ckpt(p.config, p.tie_free);
   auto cpu = load_model(dir, Numerics::kReference);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  GpuLoadOptions native;
-  native.native_weights = true;
-  auto gpu = load_model_gpu(dir, Numerics::kReference, 0, native);
+  auto gpu = load_model_gpu(dir, Numerics::kReference, 0, with(GpuWeights::kNative));
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   const auto& c = gpu.value()->config();
   const int64_t V = c.vocab_size;
@@ -111,19 +118,16 @@ INSTANTIATE_TEST_SUITE_P(Tiny, GpuNative,
                                   (info.param.tie_free ? "_tiefree" : "_standard");
                          });
 
-// Native weights: every FP8 linear of the list and every routed expert kept as stored (the tiny
-// dims fit the kernels), in less device memory than the FP32 copies.
+// Native weights: every matrix kept as stored (at least the FP8 linears and every routed expert),
+// in less device memory than the FP32 copies.
 TEST_P(GpuNative, UsesLessDeviceMemory) {
   REQUIRE_GPU();
 #if FLASHSEEK_HAVE_CUDA
   const Param p = GetParam();
   const std::string dir = make_ckpt(p.config, p.tie_free);
-  GpuLoadOptions native, fp32;
-  native.native_weights = true;
-  fp32.native_weights = false;
-  auto n = load_model_gpu(dir, Numerics::kReference, 0, native);
+  auto n = load_model_gpu(dir, Numerics::kReference, 0, with(GpuWeights::kNative));
   ASSERT_TRUE(n.ok()) << n.status().to_string();
-  auto f = load_model_gpu(dir, Numerics::kReference, 0, fp32);
+  auto f = load_model_gpu(dir, Numerics::kReference, 0, with(GpuWeights::kFp32));
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   const auto& g = as_gpu(*n.value());
   const auto& gf = as_gpu(*f.value());
@@ -137,37 +141,142 @@ TEST_P(GpuNative, UsesLessDeviceMemory) {
 #endif
 }
 
-// Exact numerics (the oracle) keep every matrix in FP32 even when native weights are asked for;
-// FLASHSEEK_GPU_WEIGHTS selects the default and a bad value is an error naming it.
-TEST(GpuNativeOptions, ExactKeepsFp32AndEnvIsChecked) {
+// Exact numerics: native == fp32 bitwise, whole model over 410 tokens as one prefill, one token at
+// a time and 37-token chunks.
+class GpuNativeExact : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuNativeExact, LogitsEqualFp32Bitwise) {
+  REQUIRE_GPU();
+#if FLASHSEEK_HAVE_CUDA
+  const std::string dir = make_ckpt(GetParam(), false);
+  auto n = load_model_gpu(dir, Numerics::kExact, 0, with(GpuWeights::kNative));
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  auto f = load_model_gpu(dir, Numerics::kExact, 0, with(GpuWeights::kFp32));
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  const auto& g = as_gpu(*n.value());
+  EXPECT_GT(g.weight_report().stored_matrices, 0);
+  EXPECT_EQ(g.weight_report().fp32_matrices, 0);
+  EXPECT_EQ(as_gpu(*f.value()).weight_report().stored_matrices, 0);
+  const int64_t V = g.config().vocab_size;
+  const auto tokens = tokens_for(V);
+  for (int64_t chunk : {kTokens, int64_t(1), int64_t(37)}) {
+    SCOPED_TRACE(chunk);
+    const auto a = run_chunked(*n.value(), tokens, chunk);
+    const auto b = run_chunked(*f.value(), tokens, chunk);
+    ASSERT_EQ(a.size(), size_t(kTokens * V));
+    ASSERT_EQ(b.size(), a.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], 4) != 0;
+    EXPECT_EQ(bad, 0u) << GetParam() << ": native vs fp32 logits differ in " << bad << " of " << a.size();
+  }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, GpuNativeExact, ::testing::Values("tiny-v41", "tiny-v4"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "tiny-v41" ? std::string("v41") : std::string("v4");
+                         });
+
+// DSpark proposals (the draft's matrices as stored too) equal the fp32 ones bitwise in exact numerics.
+TEST(GpuNativeExactDraft, ProposalsEqualFp32Bitwise) {
   REQUIRE_GPU();
 #if FLASHSEEK_HAVE_CUDA
   const std::string dir = make_ckpt("tiny-v41", false);
-  GpuLoadOptions native;
-  native.native_weights = true;
-  auto exact = load_model_gpu(dir, Numerics::kExact, 0, native);
-  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
-  EXPECT_EQ(as_gpu(*exact.value()).native_matrices(), 0);
-
-  const char* old = std::getenv("FLASHSEEK_GPU_WEIGHTS");
-  const std::string saved = old ? old : "";
-  ::unsetenv("FLASHSEEK_GPU_WEIGHTS");
-  auto dflt = load_model_gpu(dir, Numerics::kReference, 0);  // opt-in: FP32 by default
-  ::setenv("FLASHSEEK_GPU_WEIGHTS", "fp32", 1);
-  auto f = load_model_gpu(dir, Numerics::kReference, 0);
-  ::setenv("FLASHSEEK_GPU_WEIGHTS", "native", 1);
-  auto n = load_model_gpu(dir, Numerics::kReference, 0);
-  ::setenv("FLASHSEEK_GPU_WEIGHTS", "fp16", 1);
-  auto bad = load_model_gpu(dir, Numerics::kReference, 0);
-  if (old) ::setenv("FLASHSEEK_GPU_WEIGHTS", saved.c_str(), 1); else ::unsetenv("FLASHSEEK_GPU_WEIGHTS");
-  ASSERT_TRUE(dflt.ok()) << dflt.status().to_string();
-  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto n = load_model_gpu(dir, Numerics::kExact, 0, with(GpuWeights::kNative));
   ASSERT_TRUE(n.ok()) << n.status().to_string();
-  EXPECT_EQ(as_gpu(*dflt.value()).native_matrices(), 0);
-  EXPECT_EQ(as_gpu(*f.value()).native_matrices(), 0);
-  EXPECT_GT(as_gpu(*n.value()).native_matrices(), 0);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().to_string().find("FLASHSEEK_GPU_WEIGHTS"), std::string::npos) << bad.status().to_string();
+  auto f = load_model_gpu(dir, Numerics::kExact, 0, with(GpuWeights::kFp32));
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  Model &N = *n.value(), &F = *f.value();
+  ASSERT_TRUE(N.has_draft());
+  const auto tokens = tokens_for(N.config().vocab_size);
+  auto sn = N.new_sequence(), sf = F.new_sequence();
+  std::vector<float> sink;
+  size_t at = 0;
+  for (size_t step : {size_t(41), size_t(1), size_t(3), size_t(1), size_t(6)}) {
+    BatchItem in{sn.get(), std::span<const int32_t>(tokens.data() + at, step), false};
+    BatchItem inf{sf.get(), std::span<const int32_t>(tokens.data() + at, step), false};
+    ASSERT_TRUE(N.forward({&in, 1}, sink).ok());
+    ASSERT_TRUE(F.forward({&inf, 1}, sink).ok());
+    at += step;
+    auto bn = N.propose(*sn, tokens[at]);
+    auto bf = F.propose(*sf, tokens[at]);
+    ASSERT_TRUE(bn.ok()) << bn.status().to_string();
+    ASSERT_TRUE(bf.ok()) << bf.status().to_string();
+    EXPECT_EQ(bn.value().tokens, bf.value().tokens);
+    ASSERT_EQ(bn.value().logits.size(), bf.value().logits.size());
+    EXPECT_EQ(std::memcmp(bn.value().logits.data(), bf.value().logits.data(), bn.value().logits.size() * 4), 0);
+    ASSERT_EQ(bn.value().confidence.size(), bf.value().confidence.size());
+    for (size_t i = 0; i < bn.value().confidence.size(); ++i)
+      EXPECT_EQ(std::memcmp(&bn.value().confidence[i], &bf.value().confidence[i], 4), 0);
+  }
+#endif
+}
+
+#if FLASHSEEK_HAVE_CUDA
+// The checkpoint's bytes of every matrix the model uses, from the safetensors headers: 2-D
+// weights and their `.scale`, except the Engram tables (host memory), the tensors loaded as FP32
+// vectors (compressor ape, Engram q/k, the confidence vector), integer tables and, when `mtp` is
+// false, the draft (`mtp.*`).
+int64_t checkpoint_matrix_bytes(const model::Checkpoint& ck, bool mtp) {
+  int64_t bytes = 0;
+  for (const std::string& name : ck.shards().names()) {
+    const std::string w = name.size() > 6 && name.substr(name.size() - 6) == ".scale"
+                              ? name.substr(0, name.size() - 6) + ".weight"
+                              : name;
+    auto t = ck.find(w);
+    if (!t.ok() || t.value().shape.size() != 2) continue;
+    const auto ends = [&](const std::string& suf) {
+      return w.size() >= suf.size() && w.compare(w.size() - suf.size(), suf.size(), suf) == 0;
+    };
+    if (ends("engram.embed.weight") || ends(".ape") || ends("q_weight") || ends("k_weight") ||
+        ends("confidence_head.proj.weight") || ends("tid2eid"))
+      continue;
+    if (!mtp && w.rfind("mtp.", 0) == 0) continue;
+    const DType dt = t.value().dtype;
+    if (dt == DType::kI64 || dt == DType::kI32) continue;
+    bytes += int64_t(ck.find(name).value().data.size());
+  }
+  return bytes;
+}
+#endif
+
+TEST(GpuNativeBytes, DeviceMatrixBytesEqualCheckpointBytes) {
+  REQUIRE_GPU();
+#if FLASHSEEK_HAVE_CUDA
+  for (const char* cfg : {"tiny-v41", "tiny-v4"}) {
+    SCOPED_TRACE(cfg);
+    const std::string dir = make_ckpt(cfg, false);
+    auto ck = model::Checkpoint::open(dir);
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    for (Numerics num : {Numerics::kExact, Numerics::kReference}) {
+      auto n = load_model_gpu(dir, num, 0, with(GpuWeights::kNative));
+      ASSERT_TRUE(n.ok()) << n.status().to_string();
+      const auto& g = as_gpu(*n.value());
+      const gpu::GpuWeightReport& r = g.weight_report();
+      EXPECT_EQ(r.fp32_matrices, 0) << "a matrix fell back to an FP32 copy";
+      EXPECT_EQ(r.stored_bytes, r.checkpoint_bytes);
+      EXPECT_EQ(r.checkpoint_bytes, checkpoint_matrix_bytes(ck.value(), g.has_draft()));
+      EXPECT_GT(r.checkpoint_total_bytes, r.checkpoint_bytes);  // + vectors (+ V4's MTP block), no Engram tables
+      // The block-scaled GEMVs only in reference numerics; the fingerprint's kind follows them.
+      if (num == Numerics::kExact) {
+        EXPECT_EQ(r.fast_matrices, 0);
+        EXPECT_EQ(g.backend_kind(), "cuda");
+      } else {
+        EXPECT_GT(r.fast_matrices, 0);
+        EXPECT_EQ(g.backend_kind(), "cuda-native");
+      }
+      std::printf("[gpu weights] %s %s: %.3f MiB as stored (%lld matrices) == checkpoint %.3f MiB; %.3f MiB FP32 "
+                  "vectors\n", cfg, num == Numerics::kExact ? "exact" : "reference", double(r.stored_bytes) / (1 << 20),
+                  static_cast<long long>(r.stored_matrices), double(r.checkpoint_bytes) / (1 << 20),
+                  double(r.fp32_bytes) / (1 << 20));
+    }
+    auto f = load_model_gpu(dir, Numerics::kExact, 0, with(GpuWeights::kFp32));
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    EXPECT_EQ(as_gpu(*f.value()).weight_report().stored_bytes, 0);
+    EXPECT_EQ(as_gpu(*f.value()).backend_kind(), "cuda");
+  }
+  EXPECT_FALSE(parse_gpu_weights("fp16").ok());
+  EXPECT_NE(parse_gpu_weights("fp16").status().to_string().find("--gpu-weights"), std::string::npos);
 #endif
 }
 

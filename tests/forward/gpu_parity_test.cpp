@@ -61,7 +61,7 @@ TEST_P(GpuParity, MatchesCpuAndDecodeMatchesPrefill) {
   const std::string dir = make_ckpt(p.config, p.tie_free);
   auto cpu = load_model(dir, p.numerics);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = load_model_gpu(dir, p.numerics, 0);
+  auto gpu = load_model_gpu(dir, p.numerics, 0, cpu_twin_weights(p.numerics));
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   const int64_t V = cpu.value()->config().vocab_size;
   const auto tokens = tokens_for(V);
@@ -141,7 +141,9 @@ TEST(GpuModel, CliRunOnGpuEqualsCpu) {
   const std::string base = flashseek::testing::flashseek_bin() + " run --ckpt " + dir +
                            " --prompt-ids 5,17,99,3,250,7 --max-tokens 24 --json";
   const auto cpu = flashseek::testing::run_command(base);
-  const auto gpu = flashseek::testing::run_command(base + " --gpus 0");
+  // Reference numerics: the FP32 weights are the CPU backend's bitwise twin (native weights run the
+  // block-scaled GEMVs there, docs/cuda.md).
+  const auto gpu = flashseek::testing::run_command(base + " --gpus 0 --gpu-weights fp32");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
   ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
   const auto tokens_of = [](const std::string& out) {  // the JSON "tokens" array, not the timings
@@ -158,6 +160,24 @@ TEST(GpuModel, CliRunOnGpuEqualsCpu) {
   const auto bad = flashseek::testing::run_command(base + " --gpus 0,99");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--gpus"), std::string::npos) << bad.output;
+  // Exact numerics: native weights (the default) give the FP32 copies' tokens and log-probs (the
+  // exactness kernels are bitwise equal); each load prints its weight line; a bad value is refused.
+  const std::string exact = base + " --numerics exact --logprobs 3 --gpus 0";
+  const auto native = flashseek::testing::run_command(exact);
+  const auto fp32 = flashseek::testing::run_command(exact + " --gpu-weights fp32");
+  ASSERT_EQ(native.exit_code, 0) << native.output;
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  const auto json_of = [](const std::string& out) {  // "tokens" and "logprobs", not the timings
+    const auto p = out.find("\"tokens\"");
+    return p == std::string::npos ? std::string() : out.substr(p, out.find("]]", out.find("\"logprobs\"", p)) - p);
+  };
+  EXPECT_FALSE(json_of(native.output).empty()) << native.output;
+  EXPECT_EQ(json_of(native.output), json_of(fp32.output)) << native.output << "\n" << fp32.output;
+  EXPECT_NE(native.output.find("weights (native)"), std::string::npos) << native.output;
+  EXPECT_NE(fp32.output.find("weights (fp32)"), std::string::npos) << fp32.output;
+  const auto bad_w = flashseek::testing::run_command(base + " --gpus 0 --gpu-weights fp16");
+  EXPECT_NE(bad_w.exit_code, 0);
+  EXPECT_NE(bad_w.output.find("--gpu-weights"), std::string::npos) << bad_w.output;
 }
 
 }  // namespace

@@ -172,7 +172,7 @@ TEST_P(GpuSnapshot, CpuStateRoundTripsThroughTheDevice) {
   const std::string dir = ckpt(p.config);
   auto cpu = load_model(dir, p.numerics);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = load_model_gpu(dir, p.numerics, 0);
+  auto gpu = load_model_gpu(dir, p.numerics, 0, cpu_twin_weights(p.numerics));
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Model &C = **cpu, &G = **gpu;
   const int64_t V = C.config().vocab_size;

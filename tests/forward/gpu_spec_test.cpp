@@ -76,7 +76,7 @@ TEST_P(GpuSpecPropose, MatchesCpu) {
   const std::string dir = make_ckpt(p.tie_free);
   auto cpu = load_model(dir, p.numerics);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = load_model_gpu(dir, p.numerics, 0);
+  auto gpu = load_model_gpu(dir, p.numerics, 0, cpu_twin_weights(p.numerics));
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Model& C = *cpu.value();
   Model& G = *gpu.value();

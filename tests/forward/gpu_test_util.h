@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
 #include "model/config.h"
 #include "model/make_tiny.h"
@@ -57,6 +58,18 @@ inline std::string tiny_checkpoint(const std::string& tag, const model::ModelCon
   opt.seed = seed;
   EXPECT_TRUE(model::make_tiny_checkpoint(c, opt, dir.string()).ok());
   return dir.string();
+}
+
+// The weights of a CUDA model compared with the CPU backend (or with tensor-parallel ranks, which
+// slice FP32 copies) at FP32-rounding tolerance: native weights (the default) in exact numerics,
+// since the exactness kernels read them bitwise like FP32 copies; FP32 copies in reference
+// numerics, where native weights run the FP8-activation linears and the routed experts through
+// the block-scaled GEMVs (another summation order, FP8 codes flip and cascade on the tiny models:
+// docs/cuda.md).
+inline GpuLoadOptions cpu_twin_weights(Numerics n) {
+  GpuLoadOptions o;
+  o.weights = n == Numerics::kReference ? GpuWeights::kFp32 : GpuWeights::kNative;
+  return o;
 }
 
 // All logits [n, V] of `tokens` fed in chunks of `chunk` tokens through a fresh sequence.

@@ -240,7 +240,7 @@ std::string param_name(const ::testing::TestParamInfo<TpParam>& i) {
 // TP=world vs TP=1; `devices` empty: every rank on GPU 0 (host-staged).
 void check_tp(const TpParam& p, const std::vector<int>& devices, TpComm comm) {
   const std::string dir = make_ckpt(p.config, p.tie_free);
-  auto one = load_model_gpu(dir, p.numerics, 0);
+  auto one = load_model_gpu(dir, p.numerics, 0, gpu_test::cpu_twin_weights(p.numerics));
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   auto tp = load_model_tp(dir, p.numerics, devices, comm);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();

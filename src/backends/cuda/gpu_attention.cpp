@@ -97,8 +97,9 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
   if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
   for (int64_t g = 0; g < G; ++g) {
     cd::LinearArgs la;
-    la.x = o + g * in_g, la.x_stride = H * Dh, la.w = d(A.wo_a) + g * Ro * in_g;
+    la.x = o + g * in_g, la.x_stride = H * Dh;
     la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = T, la.in = in_g, la.out = Ro, la.bf16_out = R;
+    set_weight(la, d(A.wo_a), g * Ro);  // rows [g·Ro, (g+1)·Ro): FP32 copy or as stored
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
   // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.

@@ -22,37 +22,54 @@ namespace cd = ops::cuda::detail;
 Status GpuModel::upload_draft_weights() {
   DSparkWeights& W = w_.dspark;
   const size_t ns = W.stages.size();
-  dw1_.resize(ns), dw2_.resize(ns), dw3_.resize(ns), dtid2eid_.resize(ns);
-  auto stack = [&](std::vector<Vec>& ws, DevArray<float>& out) -> Status {
-    const size_t each = ws.empty() ? 0 : ws[0].size();
-    FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
-    for (size_t e = 0; e < ws.size(); ++e) {
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
-      Vec().swap(ws[e]);
-    }
-    return {};
-  };
+  dw1_.resize(ns), dw2_.resize(ns), dw3_.resize(ns), dtid2eid_.resize(ns), dexperts_.resize(ns);
   for (size_t s = 0; s < ns; ++s) {
     LayerWeights& L = W.stages[s];
-    for (Vec* v : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base,
-                   &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
+    const std::string p = fmt::format("mtp.{}.", s);
+    FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_attn_fn, p + "hc_attn_fn"));
+    FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_ffn_fn, p + "hc_ffn_fn"));
+    for (Vec* v : {&L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base, &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
       FS_RETURN_IF_ERROR(up(*v));
     AttentionWeights& A = L.attn;
     if (A.has_compressor || A.has_indexer) return internal_error("DSpark stage {}: expected a window-only block", s);
-    for (Vec* v : {&A.wq_a, &A.q_norm, &A.wq_b, &A.wkv, &A.kv_norm, &A.wo_a, &A.wo_b, &A.attn_sink, &A.rope_inv_freq})
-      FS_RETURN_IF_ERROR(up(*v));
+    // The draft's linears run through the exactness kernel (same numerics as its FP32 copies).
+    for (const auto& [v, name] : {std::pair<Vec*, const char*>{&A.wq_a, "attn.wq_a.weight"},
+                                  {&A.wq_b, "attn.wq_b.weight"}, {&A.wkv, "attn.wkv.weight"},
+                                  {&A.wo_a, "attn.wo_a.weight"}, {&A.wo_b, "attn.wo_b.weight"}})
+      FS_RETURN_IF_ERROR(up_matrix(*v, p + name));
+    for (Vec* v : {&A.q_norm, &A.kv_norm, &A.attn_sink, &A.rope_inv_freq}) FS_RETURN_IF_ERROR(up(*v));
     FfnWeights& F = L.ffn;
-    for (Vec* v : {&F.gate, &F.bias, &F.s_w1, &F.s_w2, &F.s_w3}) FS_RETURN_IF_ERROR(up(*v));
-    FS_RETURN_IF_ERROR(stack(F.w1, dw1_[s]));
-    FS_RETURN_IF_ERROR(stack(F.w2, dw2_[s]));
-    FS_RETURN_IF_ERROR(stack(F.w3, dw3_[s]));
+    FS_RETURN_IF_ERROR(up_matrix(F.gate, p + "ffn.gate.weight"));
+    FS_RETURN_IF_ERROR(up(F.bias));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight"));
+    std::vector<DevArray<float>> stacks;
+    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", 0, stacks, dexperts_[s]));
+    if (!stacks.empty()) dw1_[s] = std::move(stacks[0]), dw2_[s] = std::move(stacks[1]), dw3_[s] = std::move(stacks[2]);
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(dtid2eid_[s].upload(F.tid2eid.data(), F.tid2eid.size()));
   }
-  // The Markov embedding/head run on the device (one [V, r] GEMV per draft token); the host keeps
-  // copies of the embedding rows and the confidence vector for the confidence dot.
-  for (Vec* v : {&W.main_proj, &W.main_norm, &W.norm}) FS_RETURN_IF_ERROR(up(*v));
-  FS_RETURN_IF_ERROR(markov_embed_.upload(W.markov_embed.data(), W.markov_embed.size()));
-  FS_RETURN_IF_ERROR(markov_head_.upload(W.markov_head.data(), W.markov_head.size()));
+  // The Markov embedding/head run on the device (one [V, r] GEMV per draft token); the confidence
+  // dot reads its embedding row from the checkpoint on the host.
+  FS_RETURN_IF_ERROR(up_matrix(W.main_proj, "mtp.0.main_proj.weight"));
+  for (Vec* v : {&W.main_norm, &W.norm}) FS_RETURN_IF_ERROR(up(*v));
+  const std::string last = fmt::format("mtp.{}.markov_head.", ns - 1);
+  if (native_) {
+    FS_RETURN_IF_ERROR(up_matrix(W.markov_embed, last + "embed.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(W.markov_head, last + "head.weight"));
+    markov_embed_key_ = d(W.markov_embed);
+    markov_head_key_ = d(W.markov_head);
+  } else {
+    FS_RETURN_IF_ERROR(markov_embed_.upload(W.markov_embed.data(), W.markov_embed.size()));
+    FS_RETURN_IF_ERROR(markov_head_.upload(W.markov_head.data(), W.markov_head.size()));
+    report_.fp32_matrices += 2;
+    report_.fp32_bytes += int64_t((markov_embed_.capacity() + markov_head_.capacity()) * sizeof(float));
+    markov_embed_key_ = markov_embed_.get();
+    markov_head_key_ = markov_head_.get();
+    Vec().swap(W.markov_embed);
+    Vec().swap(W.markov_head);
+  }
+  if (!markov_embed_key_ || !markov_head_key_) return internal_error("DSpark: Markov head tables missing on the device");
   return {};
 }
 
@@ -169,8 +186,9 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, B, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
   for (int64_t g = 0; g < G; ++g) {
     cd::LinearArgs la;
-    la.x = o + g * in_g, la.x_stride = H * Dh, la.w = d(A.wo_a) + g * Ro * in_g;
+    la.x = o + g * in_g, la.x_stride = H * Dh;
     la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = B, la.in = in_g, la.out = Ro, la.bf16_out = R;
+    set_weight(la, d(A.wo_a), g * Ro);  // rows [g·Ro, (g+1)·Ro): FP32 copy or as stored
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
   return linear(z, d(A.wo_b), B, G * Ro, D, out, act_block_, R);
@@ -210,7 +228,8 @@ Status GpuModel::draft_moe(int stage, GpuChunk& ctx, const float* m, float* out)
   };
   FS_ASSIGN_OR_RETURN(float* ybuf, scratch<float>("dr_moe_y", TK * D));
   FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("dr_moe_ys", T * D));
-  FS_RETURN_IF_ERROR(expert(TK, dw1_[s].get(), dw3_[s].get(), dw2_[s].get(), sel, K, wt, expert_act_block_, ybuf));
+  const auto& ek = dexperts_[s];  // w1, w2, w3: FP32 stacks or as stored
+  FS_RETURN_IF_ERROR(expert(TK, ek[0], ek[2], ek[1], sel, K, wt, expert_act_block_, ybuf));
   FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf, ys, out, T, K, D, R, stream_));
   return {};
@@ -263,7 +282,7 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   ctx.T = B;
   ctx.segs.push_back(std::move(g));
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("dr_X", B * hc * D));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, B, hc, D, stream_));
+  FS_RETURN_IF_ERROR(embed_rows(d(w_.embed), d_tok, X, B, hc, D));
   std::vector<float> pre_h(size_t(B * hc), 0.0f);
   for (int64_t j = 0; j < B; ++j) pre_h[size_t(j * hc)] = 1.0f;
   FS_ASSIGN_OR_RETURN(float* pre, scratch<float>("dr_pre_in", B * hc));
@@ -290,15 +309,27 @@ Result<DraftBlock> GpuModel::propose_impl(const GpuSequenceState& st, int32_t x0
   int32_t prev = x0;
   std::vector<float> cin(size_t(D + r));
   FS_ASSIGN_OR_RETURN(float* ml, scratch<float>("dr_markov", V));
+  FS_ASSIGN_OR_RETURN(float* me, scratch<float>("dr_markov_e", r));
+  FS_ASSIGN_OR_RETURN(int32_t* zero, scratch<int32_t>("dr_zero", 1));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memset_async(zero, 0, 4, stream_));
+  const NativeMatrix* me_stored = native(markov_embed_key_);
+  const std::string me_name = fmt::format("mtp.{}.markov_head.embed.weight", W.stages.size() - 1);
+  std::vector<float> e(static_cast<size_t>(r));
   for (int64_t i = 1; i <= B; ++i) {
-    const float* e = W.markov_embed.data() + int64_t(prev) * r;
+    FS_RETURN_IF_ERROR(ck_->dequant_rows(me_name, prev, prev + 1, e));  // the confidence dot's row
     float* l = out.logits.data() + (i - 1) * V;
-    FS_RETURN_IF_ERROR(linear(markov_embed_.get() + int64_t(prev) * r, markov_head_.get(), 1, r, V, ml, 0, false));
+    const float* x = me;
+    if (me_stored) {  // as stored: row `prev` expanded into `me` (the embedding kernel, token 0 + row0)
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_embed_w(me_stored->ref(prev), zero, me, 1, 1, r, stream_));
+    } else {  // FP32 copy: the row itself
+      x = markov_embed_key_ + int64_t(prev) * r;
+    }
+    FS_RETURN_IF_ERROR(linear(x, markov_head_key_, 1, r, V, ml, 0, false));
     FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(l, ml, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
     FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (int64_t v = 0; v < V; ++v) l[v] += hU[size_t((i - 1) * V + v)];
     std::copy_n(hhf.data() + (i - 1) * D, D, cin.data());
-    std::copy_n(e, r, cin.data() + D);
+    std::copy_n(e.data(), r, cin.data() + D);
     out.confidence.push_back(ops::dot_f32(W.confidence.data(), cin.data(), D + r));
     const std::span<const float> row(l, size_t(V));
     prev = choose ? choose(i, row) : int32_t(std::max_element(l, l + V) - l);

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/model_kernels.h"
 #include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda {
@@ -103,15 +106,39 @@ struct GpuChunk {
   std::vector<int64_t> engram_ids;  // [n_engram_layers, T, n_cols] (host)
 };
 
-// A matrix kept on the device in the checkpoint's block-scaled format (native weights): FP8 e4m3
-// codes [n, k] + E8M0 scales [ceil(n/w_block), k/w_block], or, for routed experts, FP4 packed
-// [n, k/2] + E8M0 [n, k/32] (ops/linear_quant.h). Routed experts: `count` matrices back to back;
-// a layer whose experts are not native has an empty NativeMatrix (codes.get() == nullptr).
+// A matrix kept on the device exactly as the checkpoint stores it (native weights, the default):
+// BF16 / F16 / F32 values, FP8 e4m3 codes [n, k] + E8M0 scales [ceil(n/br), ceil(k/bc)], or FP4
+// packed [n, k/2] + E8M0 [n, k/32] (routed experts). Routed experts: `count` matrices back to
+// back. The exactness linear (ops/cuda/model_kernels.h, WeightRef) reads every format; `fast`
+// matrices (reference numerics, FP8 linears with FP8 activations and routed experts) run through
+// the block-scaled GEMVs (ops/cuda/gemv.h) instead, with activation block `act_block`.
 struct NativeMatrix {
   DevArray<uint8_t> codes, scales;
-  ops::WeightFormat format = ops::WeightFormat::kFp8;
-  int64_t n = 0, k = 0, w_block = 32, act_block = 32, count = 1;
+  ops::cuda::detail::WeightDtype dtype = ops::cuda::detail::WeightDtype::kF32;
+  ops::WeightFormat format = ops::WeightFormat::kFp8;  // fast kernels: kFp8 or kFp4
+  int64_t n = 0, k = 0, block_rows = 1, block_cols = 1, w_block = 32, act_block = 0, count = 1;
   int64_t code_bytes = 0, scale_bytes = 0;  // of one matrix
+  bool fast = false;
+  // The exactness kernels' view of matrix 0 (rows from row0).
+  ops::cuda::detail::WeightRef ref(int64_t row0 = 0) const {
+    ops::cuda::detail::WeightRef r;
+    r.dtype = dtype, r.data = codes.get(), r.scale = scales.get(), r.cols = k;
+    r.block_rows = block_rows, r.block_cols = block_cols, r.row0 = row0;
+    r.matrix_bytes = code_bytes, r.scale_matrix_bytes = scale_bytes;
+    return r;
+  }
+};
+
+// What load put on the device (GpuModel::weight_report): matrices as stored vs the checkpoint's
+// bytes of the same tensors (weights + scales), and the FP32 copies.
+struct GpuWeightReport {
+  int64_t stored_matrices = 0;     // tensors kept as stored (routed experts: one per expert)
+  int64_t stored_bytes = 0;        // their device bytes (codes + scales)
+  int64_t checkpoint_bytes = 0;    // their bytes in the checkpoint (weights + scales)
+  int64_t fp32_matrices = 0;       // matrices uploaded as FP32 copies (fp32 mode, TP ranks, fallbacks)
+  int64_t fp32_bytes = 0;          // device bytes of every FP32 copy (those matrices, vectors, derived tables)
+  int64_t fast_matrices = 0;       // stored matrices run by the block-scaled GEMVs (reference numerics)
+  int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 
 class GpuModel final : public Model {
@@ -138,10 +165,11 @@ class GpuModel final : public Model {
   Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const override;
   std::string backend_kind() const override;
   StateGeometry state_geometry() const;
-  // Device bytes of the weights (FP32 copies + native codes and scales) and how many matrices
-  // (routed experts: one per expert) are kept native.
+  // Device bytes of the weights (FP32 copies + stored codes and scales) and how many matrices
+  // (routed experts: one per expert) are kept as stored.
   int64_t weight_bytes() const;
-  int64_t native_matrices() const { return n_native_; }
+  int64_t native_matrices() const { return report_.stored_matrices; }
+  const GpuWeightReport& weight_report() const { return report_; }
   ~GpuModel() override;
   // CUDA graph counters since load (gpu_graph.cpp).
   const GpuGraphStats& graph_stats() const { return gstats_; }
@@ -182,16 +210,32 @@ class GpuModel final : public Model {
   bool ref() const { return numerics_ == Numerics::kReference; }
   Status upload_weights();
   Status up(Vec& v);
+  // A matrix: native weights keep tensor `name` as stored (fast_act > 0: run by the block-scaled
+  // GEMV with that activation block when it fits); FP32 mode uploads the host copy (up). A name
+  // load_weights did not defer (absent from this checkpoint / role) uploads nothing.
+  Status up_matrix(Vec& v, const std::string& name, int64_t fast_act = 0);
+  // The same for F32 tensors that kernels read as raw FP32 (mHC mixers): as stored when stored F32.
+  Status up_f32_matrix(Vec& v, const std::string& name);
+  // Routed experts `prefix`N.wJ.weight, N < E, as stored back to back (fast_act as up_matrix),
+  // or FP32 stacks [E, out, in]; keys[j] receives wJ+1's key for linear().
+  Status up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vector<Vec>& w3, const std::string& prefix,
+                    int64_t fast_act, std::vector<DevArray<float>>& stacks, std::array<const float*, 3>& keys);
+  // A native matrix by key (nullptr: an FP32 device array).
+  const NativeMatrix* native(const float* key) const {
+    const auto it = native_w_.find(key);
+    return it == native_w_.end() ? nullptr : &it->second;
+  }
+  // X [T, hc, D] ← rows `tokens` of `table` (an embedding: FP32 copy or as stored).
+  Status embed_rows(const float* table, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t D);
+  // Points a grouped linear at rows [row0, ...) of `w` (FP32 copy or as stored).
+  void set_weight(ops::cuda::detail::LinearArgs& a, const float* w, int64_t row0) const;
+  // The one load line: device bytes of the weights vs the checkpoint's (stderr); fills
+  // report_.checkpoint_total_bytes.
+  void print_weight_report();
   // Device copy of a host weight (nullptr when the checkpoint has none).
   const float* d(const Vec& v) const;
   template <typename T>
   Result<T*> scratch(const std::string& name, int64_t n);
-  // Native weights: keeps `v` (tensor `name`) on the device in its stored FP8 format when the
-  // kernels can run it with activation block `act_block`; false (and a one-time log line naming
-  // the reason) leaves it for the FP32 path.
-  Result<bool> up_native(Vec& v, const std::string& name, int64_t act_block);
-  // Routed experts of layer `l` as stored (FP4 or FP8); false: FP32 stacks.
-  Result<bool> up_native_experts(int l, FfnWeights& F);
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
@@ -246,19 +290,26 @@ class GpuModel final : public Model {
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)
   std::unordered_map<const Vec*, DevArray<float>> dev_;
-  std::vector<DevArray<float>> w1_, w2_, w3_;  // [layer] stacked experts [E, out, in]
-  // Native weights: key = the codes' device address (what d() returns for such a Vec).
+  std::vector<DevArray<float>> w1_, w2_, w3_;  // [layer] FP32 stacked experts [E, out, in] (fp32 mode)
+  std::vector<std::array<const float*, 3>> experts_;  // [layer] keys of w1, w2, w3 for linear()
+  // Native weights (GpuWeights::kNative): key = the stored data's device address (what d()
+  // returns for such a Vec).
   bool native_ = false;
   std::unordered_map<const Vec*, const float*> native_key_;
   std::unordered_map<const float*, NativeMatrix> native_w_;
-  std::vector<NativeMatrix> nw1_, nw2_, nw3_;  // [layer] routed experts (no codes: FP32 stacks)
   DevArray<int32_t> expert_ids_;  // 0 … E−1: group expert ids of the grouped expert GEMV
-  int64_t n_native_ = 0;
+  std::unordered_set<std::string> deferred_;  // matrices load_weights left for upload (w_.deferred_matrices)
+  std::unordered_set<std::string> uploaded_;  // of which uploaded
+  GpuWeightReport report_;
   size_t sample_ws_bytes_ = 0;  // device sampling workspace (gpu_sample.cpp)
   std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
-  std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark stacked experts
-  DevArray<float> markov_embed_, markov_head_;    // DSpark Markov head [V, r] rows and [V, r] head
+  std::vector<DevArray<float>> dw1_, dw2_, dw3_;  // [stage] DSpark FP32 stacked experts (fp32 mode)
+  std::vector<std::array<const float*, 3>> dexperts_;  // [stage] keys of w1, w2, w3
+  // DSpark Markov head [V, r] rows and [V, r] head: keys (FP32 copies in markov_*_ or as stored)
+  DevArray<float> markov_embed_, markov_head_;
+  const float* markov_embed_key_ = nullptr;
+  const float* markov_head_key_ = nullptr;
   std::vector<DevArray<int32_t>> dtid2eid_;       // [stage] hash routing (if any)
   std::unordered_map<std::string, DevArray<char>> scratch_;
   Numerics numerics_ = Numerics::kExact;

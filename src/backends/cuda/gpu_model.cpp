@@ -8,7 +8,14 @@
 
 namespace flashseek::forward {
 
-Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus) {
+Result<GpuWeights> parse_gpu_weights(const std::string& s) {
+  if (s == "native") return GpuWeights::kNative;
+  if (s == "fp32") return GpuWeights::kFp32;
+  return invalid_argument("--gpu-weights {}: expected native or fp32", s);
+}
+
+Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus,
+                                              const GpuLoadOptions& opts) {
   if (gpus.empty()) return load_model(dir, numerics);
   if (gpus.find(',') != std::string::npos) {  // several devices: tensor + expert parallel (gpu_tp.h)
     FS_ASSIGN_OR_RETURN(std::vector<int> devices, parse_gpu_list(gpus));
@@ -18,7 +25,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
   const auto [end, ec] = std::from_chars(gpus.data(), gpus.data() + gpus.size(), device);
   if (ec != std::errc() || end != gpus.data() + gpus.size() || device < 0)
     return invalid_argument("--gpus {}: expected a device number such as 0 (or a list such as 0,1)", gpus);
-  return load_model_gpu(dir, numerics, device);
+  return load_model_gpu(dir, numerics, device, opts);
 }
 
 }  // namespace flashseek::forward
@@ -91,56 +98,79 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
 
 namespace {
 
-// Native weights when the options or FLASHSEEK_GPU_WEIGHTS ask for them (opt-in for now).
-Result<bool> native_weights_wanted(const GpuLoadOptions& o) {
-  if (o.native_weights) return *o.native_weights;
-  const char* e = std::getenv("FLASHSEEK_GPU_WEIGHTS");
-  if (!e || !*e) return false;
-  const std::string v(e);
-  if (v == "native") return true;
-  if (v == "fp32") return false;
-  return invalid_argument("FLASHSEEK_GPU_WEIGHTS={}: expected native or fp32", v);
-}
+using cd::WeightDtype;
 
-// Whether tensor `name` can stay in its stored format for the block-scaled kernels with
-// activation block `act`: fills m's shape/format and the stored codes and scales; otherwise the
-// reason (the matrix then takes the FP32 path).
-std::string plan_native(const model::Checkpoint& ck, const std::string& name, bool expert, int64_t act,
-                        NativeMatrix& m, std::span<const uint8_t>& codes, std::span<const uint8_t>& scales) {
+// How tensor `name` stays on the device as stored: fills m's dtype, shape, scale blocks and byte
+// sizes and the stored weight / scale spans; otherwise the reason (the matrix then goes up as an
+// FP32 copy, logged).
+std::string plan_stored(const model::Checkpoint& ck, const std::string& name, NativeMatrix& m,
+                        std::span<const uint8_t>& data, std::span<const uint8_t>& scale) {
   auto t = ck.find(name);
   if (!t.ok()) return "not in the checkpoint";
   const model::TensorView& tv = t.value();
-  const bool fp8 = tv.dtype == DType::kF8E4M3;
-  const bool fp4 = expert && (tv.dtype == DType::kI8 || tv.dtype == DType::kU8);
-  if (!fp8 && !fp4) return fmt::format("stored as {}", dtype_name(tv.dtype));
-  if (tv.shape.size() != 2) return fmt::format("shape {} is not 2-D", shape_to_string(tv.shape));
-  const std::string sname = model::scale_name_for(name);
-  if (!ck.has(sname)) return "no block scale";
-  auto s = ck.find(sname);
-  if (!s.ok()) return "no block scale";
-  const model::TensorView& sv = s.value();
-  if (sv.dtype != DType::kF8E8M0 || sv.shape.size() != 2) return "scale is not a 2-D E8M0 tensor";
-  m.format = fp4 ? ops::WeightFormat::kFp4 : ops::WeightFormat::kFp8;
+  if (tv.shape.size() != 2 || tv.shape[0] <= 0 || tv.shape[1] <= 0)
+    return fmt::format("shape {} is not a 2-D matrix", shape_to_string(tv.shape));
   m.n = tv.shape[0];
-  m.k = fp4 ? 2 * tv.shape[1] : tv.shape[1];
-  m.w_block = fp4 ? 32 : ck.config().weight_block_size;
-  m.act_block = act;
-  if (fp8 && (sv.shape[0] != (m.n + m.w_block - 1) / m.w_block || sv.shape[1] != (m.k + m.w_block - 1) / m.w_block))
-    return fmt::format("scale {} is not {}x{} blocks", shape_to_string(sv.shape), m.w_block, m.w_block);
-  if (fp4 && (sv.shape[0] != m.n || sv.shape[1] * 32 != m.k))
-    return fmt::format("FP4 scale {} is not one per 32 inputs", shape_to_string(sv.shape));
+  m.k = tv.shape[1];
+  m.block_rows = m.block_cols = 1;
+  scale = {};
+  switch (tv.dtype) {
+    case DType::kF32: m.dtype = WeightDtype::kF32, m.code_bytes = m.n * m.k * 4; break;
+    case DType::kBF16: m.dtype = WeightDtype::kBf16, m.code_bytes = m.n * m.k * 2; break;
+    case DType::kF16: m.dtype = WeightDtype::kF16, m.code_bytes = m.n * m.k * 2; break;
+    case DType::kF8E4M3: case DType::kI8: case DType::kU8: {
+      const bool fp4 = tv.dtype != DType::kF8E4M3;
+      const std::string sname = model::scale_name_for(name);
+      if (!ck.has(sname)) return fmt::format("stored as {} without a block scale", dtype_name(tv.dtype));
+      auto s = ck.find(sname);
+      if (!s.ok()) return "no block scale";
+      const model::TensorView& sv = s.value();
+      if (sv.dtype != DType::kF8E8M0 || sv.shape.size() != 2) return "scale is not a 2-D E8M0 tensor";
+      if (fp4) {
+        m.dtype = WeightDtype::kFp4, m.format = ops::WeightFormat::kFp4;
+        m.k = 2 * tv.shape[1];
+        m.block_cols = m.w_block = 32;
+        if (sv.shape[0] != m.n || sv.shape[1] * 32 != m.k)
+          return fmt::format("FP4 scale {} is not one per 32 inputs", shape_to_string(sv.shape));
+        m.code_bytes = m.n * m.k / 2;
+      } else {
+        m.dtype = WeightDtype::kFp8, m.format = ops::WeightFormat::kFp8;
+        const int64_t b = ck.config().weight_block_size;
+        if (b > 0 && sv.shape[0] == (m.n + b - 1) / b && sv.shape[1] == (m.k + b - 1) / b) {
+          m.block_rows = m.block_cols = m.w_block = b;
+        } else if (sv.shape[0] == m.n && sv.shape[1] == (m.k + 31) / 32) {
+          m.block_rows = 1, m.block_cols = 32;  // per-row 32-groups (as model/checkpoint.cpp accepts)
+        } else {
+          return fmt::format("scale {} matches neither {}x{} blocks nor per-row 32-groups", shape_to_string(sv.shape),
+                             b, b);
+        }
+        m.code_bytes = m.n * m.k;
+      }
+      m.scale_bytes = sv.shape[0] * sv.shape[1];
+      if (int64_t(sv.data.size()) != m.scale_bytes) return "stored scale size does not match its shape";
+      scale = sv.data;
+      break;
+    }
+    default: return fmt::format("stored as {}", dtype_name(tv.dtype));
+  }
+  if (int64_t(tv.data.size()) != m.code_bytes) return "stored byte size does not match the shape";
+  data = tv.data;
+  return {};
+}
+
+// Whether the block-scaled GEMVs (ops/cuda/gemv.h) can run `m` with activation block `act`.
+bool fast_fits(const NativeMatrix& m, int64_t act) {
+  if (act <= 0) return false;
+  if (m.dtype == WeightDtype::kFp8 && m.block_rows != m.block_cols) return false;
+  if (m.dtype != WeightDtype::kFp8 && m.dtype != WeightDtype::kFp4) return false;
   ops::BlockLinearParams bp;  // the kernels' shape rules (k multiple of 32, act_block, w_block)
   float dummy = 0;
-  bp.x = &dummy, bp.w = tv.data.data(), bp.w_scale = sv.data.data(), bp.y = &dummy;
+  uint8_t bytes = 0;
+  bp.x = &dummy, bp.w = &bytes, bp.w_scale = &bytes, bp.y = &dummy;
   bp.m = 1, bp.n = m.n, bp.k = m.k, bp.format = m.format, bp.w_block = m.w_block, bp.act_block = act;
-  if (Status st = ops::validate(bp); !st.ok()) return st.message();
-  m.code_bytes = ops::weight_code_bytes(m.format, m.n, m.k);
-  m.scale_bytes = ops::weight_scale_bytes(m.format, m.n, m.k, m.w_block);
-  if (int64_t(tv.data.size()) != m.code_bytes || int64_t(sv.data.size()) != m.scale_bytes)
-    return "stored byte sizes do not match the kernel layout";
-  codes = tv.data;
-  scales = sv.data;
-  return {};
+  if (!ops::validate(bp).ok()) return false;
+  return ops::weight_code_bytes(m.format, m.n, m.k) == m.code_bytes &&
+         ops::weight_scale_bytes(m.format, m.n, m.k, m.w_block) == m.scale_bytes;
 }
 
 }  // namespace
@@ -148,7 +178,6 @@ std::string plan_native(const model::Checkpoint& ck, const std::string& name, bo
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
-  FS_ASSIGN_OR_RETURN(const bool native, native_weights_wanted(opts));
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;
@@ -158,7 +187,12 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
   std::unique_ptr<GpuModel> m(new GpuModel());
   m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
-  FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_));
+  // Native weights on one GPU: the host loads no matrix (they go up from the checkpoint's bytes).
+  // Tensor-parallel ranks slice FP32 copies (gpu_tp.cpp shard_weights).
+  m->native_ = opts.weights == GpuWeights::kNative && !shard;
+  WeightLoadOptions wo;
+  wo.matrices = !m->native_;
+  FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
   m->numerics_ = numerics;
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
@@ -186,9 +220,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     m->act_block_ = c.fp8_weights ? blk : 0;
     m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
   }
-  // Native weights (reference numerics, one GPU): FP8 linears and FP4 experts stay as stored.
-  // Multi-GPU ranks slice the FP32 copies (gpu_tp.cpp) and keep the FP32 path.
-  m->native_ = native && numerics == Numerics::kReference && !shard;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
     m->shard_ = *shard;
     m->comm_ = comm;
@@ -202,6 +233,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
     FS_RETURN_IF_ERROR(m->expert_ids_.upload(ids.data(), size_t(c.n_routed_experts)));
   }
+  if (!shard) m->print_weight_report();
   return m;
 }
 
@@ -209,6 +241,7 @@ Status GpuModel::up(Vec& v) {
   if (v.empty()) return {};
   DevArray<float> a;
   FS_RETURN_IF_ERROR(a.upload(v.data(), v.size()));
+  report_.fp32_bytes += int64_t(a.capacity() * sizeof(float));
   dev_.emplace(&v, std::move(a));
   Vec().swap(v);  // the device copy is the only one from now on
   return {};
@@ -230,141 +263,218 @@ void GpuModel::log_fallback(const std::string& what, const std::string& why) {
   std::fprintf(stderr, "flashseek gpu: %s: %s; kept as FP32 on the device\n", kind.c_str(), why.c_str());
 }
 
-Result<bool> GpuModel::up_native(Vec& v, const std::string& name, int64_t act_block) {
-  if (!native_ || v.empty()) return false;
-  if (act_block <= 0) {
-    log_fallback(name, "no FP8 activation quantisation in this configuration");
-    return false;
+Status GpuModel::up_matrix(Vec& v, const std::string& name, int64_t fast_act) {
+  if (!native_) {
+    if (!v.empty()) ++report_.fp32_matrices;
+    return up(v);
   }
+  if (!deferred_.count(name)) return {};  // not part of this checkpoint's model (role, absent draft)
+  uploaded_.insert(name);
   NativeMatrix m;
-  std::span<const uint8_t> codes, scales;
-  const std::string why = plan_native(*ck_, name, false, act_block, m, codes, scales);
-  if (!why.empty() || int64_t(v.size()) != m.n * m.k) {
-    log_fallback(name, why.empty() ? "shape differs from the loaded matrix" : why);
-    return false;
+  std::span<const uint8_t> data, scale;
+  const std::string why = plan_stored(*ck_, name, m, data, scale);
+  if (!why.empty()) {  // an FP32 copy of this one matrix (dequantised on the host, then freed)
+    log_fallback(name, why);
+    FS_ASSIGN_OR_RETURN(Vec f, ck_->dequant_f32(name));
+    DevArray<float> a;
+    FS_RETURN_IF_ERROR(a.upload(f.data(), f.size()));
+    ++report_.fp32_matrices;
+    report_.fp32_bytes += int64_t(a.capacity() * sizeof(float));
+    dev_.emplace(&v, std::move(a));
+    return {};
   }
-  FS_RETURN_IF_ERROR(m.codes.upload(codes.data(), codes.size()));
-  FS_RETURN_IF_ERROR(m.scales.upload(scales.data(), scales.size()));
+  FS_RETURN_IF_ERROR(m.codes.upload(data.data(), data.size()));
+  if (!scale.empty()) FS_RETURN_IF_ERROR(m.scales.upload(scale.data(), scale.size()));
+  m.act_block = fast_act;
+  m.fast = fast_fits(m, fast_act);
+  ++report_.stored_matrices;
+  report_.fast_matrices += m.fast;
+  report_.stored_bytes += int64_t(m.codes.capacity() + m.scales.capacity());
+  report_.checkpoint_bytes += int64_t(data.size() + scale.size());
   const float* key = reinterpret_cast<const float*>(m.codes.get());
   native_key_[&v] = key;
   native_w_.emplace(key, std::move(m));
-  ++n_native_;
   Vec().swap(v);
-  return true;
+  return {};
 }
 
-Result<bool> GpuModel::up_native_experts(int l, FfnWeights& F) {
-  if (!native_ || F.w1.empty()) return false;
-  const std::string p = fmt::format("layers.{}.ffn.experts.", l);
-  if (expert_act_block_ <= 0) {
-    log_fallback(p + "0.w1.weight", "no FP8 activation quantisation in this configuration");
-    return false;
+Status GpuModel::up_f32_matrix(Vec& v, const std::string& name) {
+  if (native_ && deferred_.count(name)) {
+    auto t = ck_->find(name);
+    if (t.ok() && t.value().dtype != DType::kF32) {  // the kernel reads FP32: an FP32 copy
+      log_fallback(name, fmt::format("stored as {}, read as FP32 by the mHC kernels", dtype_name(t.value().dtype)));
+      uploaded_.insert(name);
+      FS_ASSIGN_OR_RETURN(Vec f, ck_->dequant_f32(name));
+      DevArray<float> a;
+      FS_RETURN_IF_ERROR(a.upload(f.data(), f.size()));
+      ++report_.fp32_matrices;
+      report_.fp32_bytes += int64_t(a.capacity() * sizeof(float));
+      dev_.emplace(&v, std::move(a));
+      return {};
+    }
   }
-  const int64_t E = int64_t(F.w1.size());
-  std::vector<NativeMatrix>* dst[3] = {&nw1_, &nw2_, &nw3_};
-  std::vector<Vec>* src[3] = {&F.w1, &F.w2, &F.w3};
+  return up_matrix(v, name);  // F32 as stored: the key is the FP32 data itself
+}
+
+Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vector<Vec>& w3, const std::string& p,
+                            int64_t fast_act, std::vector<DevArray<float>>& stacks, std::array<const float*, 3>& keys) {
+  std::vector<Vec>* src[3] = {&w1, &w2, &w3};
+  keys = {nullptr, nullptr, nullptr};
+  const int64_t E = int64_t(w1.size());
+  if (E == 0) return {};
   const char* proj[3] = {"w1", "w2", "w3"};
+  bool stored = native_;
   NativeMatrix mats[3];
-  std::vector<uint8_t> codes[3], scales[3];
-  for (int j = 0; j < 3; ++j) {  // every expert of a projection: one format and shape
-    for (int64_t e = 0; e < E; ++e) {
-      NativeMatrix m;
-      std::span<const uint8_t> c, s;
+  std::vector<std::span<const uint8_t>> data[3], scale[3];
+  for (int j = 0; j < 3 && stored; ++j) {  // every expert of a projection: one format and shape
+    for (int64_t e = 0; e < E && stored; ++e) {
       const std::string name = fmt::format("{}{}.{}.weight", p, e, proj[j]);
-      std::string why = plan_native(*ck_, name, true, expert_act_block_, m, c, s);
-      if (why.empty() && int64_t((*src[j])[size_t(e)].size()) != m.n * m.k) why = "shape differs from the loaded matrix";
-      if (why.empty() && e > 0 && (m.format != mats[j].format || m.n != mats[j].n || m.k != mats[j].k))
+      NativeMatrix m;
+      std::span<const uint8_t> d, s;
+      std::string why = deferred_.count(name) ? plan_stored(*ck_, name, m, d, s) : "not deferred by the loader";
+      if (why.empty() && e > 0 &&
+          (m.dtype != mats[j].dtype || m.n != mats[j].n || m.k != mats[j].k || m.block_rows != mats[j].block_rows ||
+           m.block_cols != mats[j].block_cols || m.scale_bytes != mats[j].scale_bytes))
         why = "experts differ in format or shape";
       if (!why.empty()) {
         log_fallback(name, why);
-        return false;
+        stored = false;
+        break;
       }
-      if (e == 0) {
-        mats[j] = std::move(m);
-        codes[j].reserve(size_t(mats[j].code_bytes * E));
-        scales[j].reserve(size_t(mats[j].scale_bytes * E));
-      }
-      codes[j].insert(codes[j].end(), c.begin(), c.end());
-      scales[j].insert(scales[j].end(), s.begin(), s.end());
+      if (e == 0) mats[j] = std::move(m);
+      data[j].push_back(d);
+      scale[j].push_back(s);
     }
   }
-  for (int j = 0; j < 3; ++j) {
+  stacks.resize(3);
+  if (!stored) {  // FP32 stacks [E, out, in] (fp32 mode; a native fallback dequantises here)
+    for (int j = 0; j < 3; ++j) {
+      std::vector<Vec>& ws = *src[j];
+      for (int64_t e = 0; e < E; ++e) {
+        if (ws[size_t(e)].empty()) {
+          const std::string name = fmt::format("{}{}.{}.weight", p, e, proj[j]);
+          FS_ASSIGN_OR_RETURN(ws[size_t(e)], ck_->dequant_f32(name));
+          uploaded_.insert(name);
+        }
+      }
+      const size_t each = ws[0].size();
+      DevArray<float>& out = stacks[size_t(j)];
+      FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
+      for (size_t e = 0; e < ws.size(); ++e) {
+        if (ws[e].size() != each) return invalid_argument("{}{}.{}.weight: experts differ in shape", p, e, proj[j]);
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
+        Vec().swap(ws[e]);
+      }
+      report_.fp32_matrices += E;
+      report_.fp32_bytes += int64_t(out.capacity() * sizeof(float));
+      keys[size_t(j)] = out.get();
+    }
+    return {};
+  }
+  for (int j = 0; j < 3; ++j) {  // the stored bytes straight from the mapped checkpoint
     NativeMatrix& m = mats[j];
     m.count = E;
-    FS_RETURN_IF_ERROR(m.codes.upload(codes[j].data(), codes[j].size()));
-    FS_RETURN_IF_ERROR(m.scales.upload(scales[j].data(), scales[j].size()));
-    (*dst[j])[size_t(l)] = std::move(m);
+    FS_RETURN_IF_ERROR(m.codes.reserve(size_t(m.code_bytes * E), false));
+    if (m.scale_bytes) FS_RETURN_IF_ERROR(m.scales.reserve(size_t(m.scale_bytes * E), false));
+    for (int64_t e = 0; e < E; ++e) {
+      const auto& d = data[j][size_t(e)];
+      const auto& s = scale[j][size_t(e)];
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.codes.get() + e * m.code_bytes, d.data(), d.size(), cudaMemcpyHostToDevice));
+      if (!s.empty())
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.scales.get() + e * m.scale_bytes, s.data(), s.size(), cudaMemcpyHostToDevice));
+      report_.checkpoint_bytes += int64_t(d.size() + s.size());
+      uploaded_.insert(fmt::format("{}{}.{}.weight", p, e, proj[j]));
+    }
+    m.act_block = fast_act;
+    m.fast = fast_fits(m, fast_act);
+    report_.stored_matrices += E;
+    report_.fast_matrices += m.fast ? E : 0;
+    report_.stored_bytes += int64_t(m.codes.capacity() + m.scales.capacity());
+    const float* key = reinterpret_cast<const float*>(m.codes.get());
+    keys[size_t(j)] = key;
+    native_w_.emplace(key, std::move(m));
     for (Vec& v : *src[j]) Vec().swap(v);
   }
-  n_native_ += 3 * E;
-  return true;
+  // The block-scaled expert GEMV runs all three or none (moe_native).
+  const bool all_fast = native(keys[0])->fast && native(keys[1])->fast && native(keys[2])->fast;
+  for (const float* k : keys) native_w_.at(k).fast = all_fast;
+  return {};
 }
 
-int64_t GpuModel::weight_bytes() const {
-  int64_t b = 0;
-  for (const auto& [v, a] : dev_) b += int64_t(a.capacity() * sizeof(float));
-  for (const auto* s : {&w1_, &w2_, &w3_, &dw1_, &dw2_, &dw3_})
-    for (const auto& a : *s) b += int64_t(a.capacity() * sizeof(float));
-  for (const auto* s : {&tid2eid_, &dtid2eid_})
-    for (const auto& a : *s) b += int64_t(a.capacity() * sizeof(int32_t));
-  for (const auto& [k, m] : native_w_) b += int64_t(m.codes.capacity() + m.scales.capacity());
-  for (const auto* s : {&nw1_, &nw2_, &nw3_})
-    for (const auto& m : *s) b += int64_t(m.codes.capacity() + m.scales.capacity());
-  return b;
+int64_t GpuModel::weight_bytes() const { return report_.stored_bytes + report_.fp32_bytes; }
+
+void GpuModel::print_weight_report() {
+  GpuWeightReport& r = report_;
+  r.checkpoint_total_bytes = 0;
+  for (const std::string& name : ck_->shards().names()) {  // Engram tables (and their scales) stay on the host
+    if (name.find(".engram.embed.") != std::string::npos) continue;
+    if (auto t = ck_->find(name); t.ok()) r.checkpoint_total_bytes += int64_t(t.value().data.size());
+  }
+  const double mib = 1.0 / (1 << 20);
+  std::fprintf(stderr,
+               "flashseek gpu: weights (%s) on device %d: %.2f MiB (checkpoint tensors without the Engram tables, "
+               "which stay in host memory: %.2f MiB); %.2f MiB as stored in %lld matrices (%.2f MiB of the same "
+               "tensors in the checkpoint), %.2f MiB FP32 (%lld matrices; vectors, norms, biases, sinks, RoPE "
+               "tables)\n",
+               native_ ? "native" : "fp32", device_, double(weight_bytes()) * mib,
+               double(r.checkpoint_total_bytes) * mib, double(r.stored_bytes) * mib,
+               static_cast<long long>(r.stored_matrices), double(r.checkpoint_bytes) * mib,
+               double(r.fp32_bytes) * mib, static_cast<long long>(r.fp32_matrices));
 }
 
 Status GpuModel::upload_weights() {
-  auto comp = [&](CompressorWeights& w) -> Status {
-    for (Vec* v : {&w.wkv, &w.wgate, &w.ape, &w.norm}) FS_RETURN_IF_ERROR(up(*v));
+  deferred_ = std::unordered_set<std::string>(w_.deferred_matrices.begin(), w_.deferred_matrices.end());
+  auto comp = [&](CompressorWeights& w, const std::string& p) -> Status {
+    FS_RETURN_IF_ERROR(up_matrix(w.wkv, p + "wkv.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(w.wgate, p + "wgate.weight"));
+    for (Vec* v : {&w.ape, &w.norm}) FS_RETURN_IF_ERROR(up(*v));
     return {};
   };
-  auto stack = [&](std::vector<Vec>& ws, DevArray<float>& out) -> Status {
-    const size_t each = ws.empty() ? 0 : ws[0].size();
-    FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
-    for (size_t e = 0; e < ws.size(); ++e) {
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
-      Vec().swap(ws[e]);
-    }
-    return {};
-  };
-  for (Vec* v : {&w_.embed, &w_.head, &w_.norm, &w_.hc_head_fn, &w_.hc_head_base, &w_.hc_head_scale})
-    FS_RETURN_IF_ERROR(up(*v));
+  FS_RETURN_IF_ERROR(up_matrix(w_.embed, "embed.weight"));
+  FS_RETURN_IF_ERROR(up_matrix(w_.head, "head.weight"));
+  FS_RETURN_IF_ERROR(up_f32_matrix(w_.hc_head_fn, "hc_head_fn"));
+  for (Vec* v : {&w_.norm, &w_.hc_head_base, &w_.hc_head_scale}) FS_RETURN_IF_ERROR(up(*v));
   const size_t nl = w_.layers.size();
-  w1_.resize(nl), w2_.resize(nl), w3_.resize(nl), tid2eid_.resize(nl);
-  nw1_.resize(nl), nw2_.resize(nl), nw3_.resize(nl);
+  w1_.resize(nl), w2_.resize(nl), w3_.resize(nl), tid2eid_.resize(nl), experts_.resize(nl);
   for (size_t l = 0; l < nl; ++l) {
     LayerWeights& L = w_.layers[l];
-    // Native weights first: the FP8 linears that always run with FP8 activations (act_block_);
-    // what stays in `w_` afterwards goes up as FP32 below (up() skips emptied matrices).
     const std::string p = fmt::format("layers.{}.", l);
-    const std::pair<Vec*, const char*> fp8_linears[] = {
-        {&L.attn.wq_a, "attn.wq_a.weight"},       {&L.attn.wq_b, "attn.wq_b.weight"},
-        {&L.attn.wkv, "attn.wkv.weight"},         {&L.attn.wo_b, "attn.wo_b.weight"},
-        {&L.attn.idx_wq_b, "attn.indexer.wq_b.weight"}, {&L.ffn.s_w1, "ffn.shared_experts.w1.weight"},
-        {&L.ffn.s_w2, "ffn.shared_experts.w2.weight"},  {&L.ffn.s_w3, "ffn.shared_experts.w3.weight"},
-        {&L.engram.wkv, "engram.wkv.weight"}};
-    for (const auto& [v, name] : fp8_linears) FS_RETURN_IF_ERROR(up_native(*v, p + name, act_block_).status());
-    FS_ASSIGN_OR_RETURN(const bool native_experts, up_native_experts(int(l), L.ffn));
-    for (Vec* v : {&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base,
-                   &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm})
-      FS_RETURN_IF_ERROR(up(*v));
+    // The linears that always run with FP8 activations (act_block_, reference numerics) may use
+    // the block-scaled GEMV; every other matrix runs through the exactness kernel.
     AttentionWeights& A = L.attn;
-    for (Vec* v : {&A.wq_a, &A.q_norm, &A.wq_b, &A.wkv, &A.kv_norm, &A.wo_a, &A.wo_b, &A.attn_sink, &A.idx_wq_b,
-                   &A.idx_weights_proj, &A.idx_wk, &A.idx_k_norm, &A.rope_inv_freq})
+    FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_attn_fn, p + "hc_attn_fn"));
+    FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_ffn_fn, p + "hc_ffn_fn"));
+    FS_RETURN_IF_ERROR(up_matrix(A.wq_a, p + "attn.wq_a.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.wq_b, p + "attn.wq_b.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.wkv, p + "attn.wkv.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.wo_a, p + "attn.wo_a.weight"));  // grouped, BF16 inputs: exactness kernel
+    FS_RETURN_IF_ERROR(up_matrix(A.wo_b, p + "attn.wo_b.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.idx_wq_b, p + "attn.indexer.wq_b.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.idx_weights_proj, p + "attn.indexer.weights_proj.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(A.idx_wk, p + "attn.indexer.wk.weight"));
+    for (Vec* v : {&L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base, &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm,
+                   &A.q_norm, &A.kv_norm, &A.attn_sink, &A.idx_k_norm, &A.rope_inv_freq})
       FS_RETURN_IF_ERROR(up(*v));
-    FS_RETURN_IF_ERROR(comp(A.compressor));
-    FS_RETURN_IF_ERROR(comp(A.idx_compressor));
+    FS_RETURN_IF_ERROR(comp(A.compressor, p + "attn.compressor."));
+    FS_RETURN_IF_ERROR(comp(A.idx_compressor, p + "attn.indexer.compressor."));
     FfnWeights& F = L.ffn;
-    for (Vec* v : {&F.gate, &F.bias, &F.s_w1, &F.s_w2, &F.s_w3}) FS_RETURN_IF_ERROR(up(*v));
-    if (!native_experts) {
-      FS_RETURN_IF_ERROR(stack(F.w1, w1_[l]));
-      FS_RETURN_IF_ERROR(stack(F.w2, w2_[l]));
-      FS_RETURN_IF_ERROR(stack(F.w3, w3_[l]));
-    }
+    FS_RETURN_IF_ERROR(up_matrix(F.gate, p + "ffn.gate.weight"));
+    FS_RETURN_IF_ERROR(up(F.bias));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", act_block_));
+    std::vector<DevArray<float>> stacks;
+    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", expert_act_block_, stacks, experts_[l]));
+    if (!stacks.empty()) w1_[l] = std::move(stacks[0]), w2_[l] = std::move(stacks[1]), w3_[l] = std::move(stacks[2]);
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
-    for (Vec* v : {&L.engram.wkv, &L.engram.wqk}) FS_RETURN_IF_ERROR(up(*v));
+    FS_RETURN_IF_ERROR(up_matrix(L.engram.wkv, p + "engram.wkv.weight", act_block_));
+    FS_RETURN_IF_ERROR(up(L.engram.wqk));  // q_weight ⊙ k_weight, an FP32 product (weights.h)
   }
   if (has_draft()) FS_RETURN_IF_ERROR(upload_draft_weights());
+  // Every matrix the loader left to this backend went up (the V4 MTP block has no CUDA twin).
+  for (const std::string& name : w_.deferred_matrices)
+    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !(w_.has_dspark && has_draft())))
+      return internal_error("gpu weights: matrix {} was not uploaded", name);
   return {};
 }
 
@@ -383,8 +493,11 @@ template Result<const float**> GpuModel::scratch<const float*>(const std::string
 Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                         int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div) {
   if (!w) return internal_error("gpu linear: missing weight ({}x{})", out, in);
-  if (const auto it = native_w_.find(w); it != native_w_.end())
-    return linear_native(it->second, x, rows, in, out, y, act_block, bf16_out, bf16_in, sel, x_row_div);
+  const NativeMatrix* nw = native(w);
+  if (nw && nw->fast && !sel && x_row_div == 1 && act_block == nw->act_block)
+    return linear_native(*nw, x, rows, in, out, y, act_block, bf16_out, bf16_in, sel, x_row_div);
+  if (nw && (in != nw->k || out != nw->n))
+    return internal_error("gpu linear: stored {}x{} matrix used as {}x{}", nw->n, nw->k, out, in);
   if (act_block > 0 || bf16_in) {
     if (act_block > 0 && in % act_block != 0)
       return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
@@ -396,9 +509,30 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
     x = xq;
   }
   cd::LinearArgs a;
-  a.x = x, a.w = w, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
+  a.x = x, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
+  set_weight(a, w, 0);
   a.bf16_out = bf16_out;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
+  return {};
+}
+
+void GpuModel::set_weight(cd::LinearArgs& a, const float* w, int64_t row0) const {
+  if (const NativeMatrix* nw = native(w)) {
+    a.w = nullptr;
+    a.wt = nw->ref(row0);
+  } else {
+    a.w = w ? w + row0 * a.in : nullptr;
+  }
+}
+
+Status GpuModel::embed_rows(const float* table, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t D) {
+  if (const NativeMatrix* nw = native(table)) {
+    if (nw->k != D) return internal_error("gpu embed: stored table rows of {} values, expected {}", nw->k, D);
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_embed_w(nw->ref(), tokens, X, T, hc, D, stream_));
+    return {};
+  }
+  if (!table) return internal_error("gpu embed: missing table");
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(table, tokens, X, T, hc, D, stream_));
   return {};
 }
 
@@ -604,7 +738,7 @@ Status GpuModel::forward_batch(std::span<BatchItem> batch, std::vector<float>& l
     for (auto& ids : per_layer) ctx.engram_ids.insert(ctx.engram_ids.end(), ids.begin(), ids.end());
   }
   FS_ASSIGN_OR_RETURN(float* X, scratch<float>("X", T * hc * D));  // [T, hc, D]
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_embed(d(w_.embed), d_tok, X, T, hc, D, stream_));
+  FS_RETURN_IF_ERROR(embed_rows(d(w_.embed), d_tok, X, T, hc, D));
   std::vector<float> pre_h(size_t(T * hc), 0.0f);  // V4.1: one-hot for layer 0
   for (int64_t t = 0; t < T; ++t) pre_h[size_t(t * hc)] = 1.0f;
   FS_ASSIGN_OR_RETURN(float* pre_in, scratch<float>("pre_in", T * hc));

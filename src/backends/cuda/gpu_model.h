@@ -17,14 +17,23 @@ namespace flashseek::forward {
 // True when this build contains the CUDA backend.
 bool gpu_backend_built();
 
-// How the CUDA backend keeps the weights (docs/cuda.md, "Weights on the device").
+// How the CUDA backend keeps the weights (docs/cuda.md, "Weights on the device"); the CLI's
+// `--gpu-weights native|fp32`.
+enum class GpuWeights {
+  // Every matrix as the checkpoint stores it (FP8 e4m3 + E8M0 blocks, MXFP4 experts, BF16, F32),
+  // uploaded from the checkpoint's bytes (no FP32 copy on the host or the device). The exactness
+  // kernels expand the stored values in registers: bitwise the fp32 mode's results. Reference
+  // numerics also run the FP8-activation linears and the routed experts through the block-scaled
+  // GEMVs (another summation order: not bitwise the fp32 mode there).
+  kNative,
+  // Debug: every matrix dequantised to FP32 on the host and uploaded as FP32 (the former path).
+  kFp32,
+};
+// "native" / "fp32"; anything else is an error naming the flag.
+Result<GpuWeights> parse_gpu_weights(const std::string& s);
+
 struct GpuLoadOptions {
-  // Reference numerics: keep FP8 linears and FP4/FP8 routed experts in the checkpoint's format and
-  // run the block-scaled kernels (true), or dequantise every matrix to FP32 (false). Unset: the
-  // environment FLASHSEEK_GPU_WEIGHTS=native|fp32, else FP32 (native is opt-in until it meets
-  // the parity criteria on a GPU, see docs/cuda.md). Exact numerics and multi-GPU ranks always
-  // use FP32.
-  std::optional<bool> native_weights;
+  GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
@@ -63,6 +72,6 @@ Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numer
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
 // device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
 Result<std::unique_ptr<Model>> load_model_for(const std::string& ckpt_dir, Numerics numerics,
-                                              const std::string& gpus);
+                                              const std::string& gpus, const GpuLoadOptions& opts = {});
 
 }  // namespace flashseek::forward

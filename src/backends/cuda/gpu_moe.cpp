@@ -54,10 +54,11 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   FS_ASSIGN_OR_RETURN(float* ys, scratch<float>("moe_ys", T * D));
   const size_t li = size_t(l);
   const int32_t* row_of = nullptr;  // pair (t, k)'s row of ybuf when not t·K + k
-  if (nw1_.size() > li && nw1_[li].codes.get()) {  // routed experts kept as stored (FP4 / FP8)
+  const auto& ek = experts_[li];  // w1, w2, w3: FP32 stacks or as stored
+  if (const NativeMatrix* n1 = native(ek[0]); n1 && n1->fast) {  // block-scaled expert GEMV (reference)
     FS_RETURN_IF_ERROR(moe_native(l, ctx, m, sel, wt, ybuf, &row_of));
   } else {
-    FS_RETURN_IF_ERROR(expert(TK, w1_[li].get(), w3_[li].get(), w2_[li].get(), sel, K, wt, expert_act_block_, ybuf));
+    FS_RETURN_IF_ERROR(expert(TK, ek[0], ek[2], ek[1], sel, K, wt, expert_act_block_, ybuf));
   }
   if (d(F.s_w1)) {
     FS_RETURN_IF_ERROR(expert(T, d(F.s_w1), d(F.s_w3), d(F.s_w2), nullptr, 1, nullptr, act_block_, ys));
@@ -84,7 +85,8 @@ Status GpuModel::moe_native(int l, const GpuChunk& ctx, const float* m, const in
   const bool R = ref();
   const int64_t T = ctx.T, D = c.hidden_size, I = c.moe_inter_dim;
   const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok, TK = T * K;
-  const NativeMatrix &n1 = nw1_[size_t(l)], &n2 = nw2_[size_t(l)], &n3 = nw3_[size_t(l)];
+  const auto& ek = experts_[size_t(l)];
+  const NativeMatrix &n1 = *native(ek[0]), &n2 = *native(ek[1]), &n3 = *native(ek[2]);
   FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
   FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));

@@ -63,7 +63,9 @@ Status upload_rows(float* dst, const float* src, int64_t n) {
 
 std::string GpuModel::backend_kind() const {
   if (shard_.split()) return "cuda-tp";
-  return n_native_ > 0 ? "cuda-native" : "cuda";
+  // Native weights read by the exactness kernels give the FP32 copies' bits; only the block-scaled
+  // GEMVs (reference numerics) sum in another order, so only they make states incompatible.
+  return report_.fast_matrices > 0 ? "cuda-native" : "cuda";
 }
 
 StateGeometry GpuModel::state_geometry() const {

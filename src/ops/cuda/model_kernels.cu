@@ -4,6 +4,8 @@
 // 1024 values per warp); the FP8/FP4 decode kernels are gemv.cu / sparse_attn.cu.
 #include <cooperative_groups.h>
 
+#include <cuda_fp16.h>
+
 #include <cfloat>
 
 #include "ops/cuda/launch.cuh"
@@ -91,6 +93,134 @@ __global__ void linear_short_kernel(LinearArgs a) {
   const float* x = a.x + (r / a.x_row_div) * a.x_stride;
   const float acc = group8_dot(x, linear_w(a, r, ok ? o : 0), ok ? a.in : 0);
   if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// ---- typed weights: one stored row, each value expanded exactly in registers ------------------
+// E8M0 → 2^(e-127) (e = 0: the FP32 denormal 2^-127, never flushed), 0xFF → NaN (core/numeric.h).
+__device__ __forceinline__ float dev_e8m0(uint32_t e) {
+  if (e == 0xffu) return __uint_as_float(0x7fc00000u);
+  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+// e4m3 code → its value (core/numeric.h e4m3_to_f32; S.1111.111 is NaN).
+__device__ __forceinline__ float dev_e4m3_value(uint32_t b) {
+  const uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
+  if (exp == 15u && man == 7u) return __uint_as_float(0x7fc00000u);
+  const float v = exp == 0 ? float(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80u) ? -v : v;
+}
+__device__ __forceinline__ float dev_e2m1_value(uint32_t nib) {
+  constexpr float kVals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kVals[nib & 7u];
+  return (nib & 8u) ? -v : v;
+}
+
+// Reads row `row` (stored row index, row0 included) of matrix `mat` of a typed weight: r(i) is the
+// FP32 value of column i, exactly what model/quant.h's dequantisation gives (the products of a code
+// and a power of two are exact in FP32).
+template <WeightDtype F>
+struct RowReader {
+  const uint8_t* p = nullptr;   // the row's values / codes
+  const uint8_t* sc = nullptr;  // the row's scale row (kFp8, kFp4)
+  uint32_t bc = 1;
+  __device__ __forceinline__ RowReader(const WeightRef& w, int64_t mat, int64_t row) {
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + mat * w.matrix_bytes;
+    const uint8_t* sbase = w.scale + mat * w.scale_matrix_bytes;
+    if constexpr (F == WeightDtype::kF32) {
+      p = base + row * w.cols * 4;
+    } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+      p = base + row * w.cols * 2;
+    } else if constexpr (F == WeightDtype::kFp8) {
+      p = base + row * w.cols;
+      sc = sbase + (row / w.block_rows) * ((w.cols + w.block_cols - 1) / w.block_cols);
+      bc = uint32_t(w.block_cols);
+    } else {
+      p = base + row * (w.cols / 2);
+      sc = sbase + row * (w.cols / 32);
+    }
+  }
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    if constexpr (F == WeightDtype::kF32) {
+      return reinterpret_cast<const float*>(p)[i];
+    } else if constexpr (F == WeightDtype::kBf16) {
+      return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(p)[i]) << 16);
+    } else if constexpr (F == WeightDtype::kF16) {
+      return __half2float(reinterpret_cast<const __half*>(p)[i]);
+    } else if constexpr (F == WeightDtype::kFp8) {
+      return __fmul_rn(dev_e4m3_value(p[i]), dev_e8m0(sc[uint32_t(i) / bc]));
+    } else {
+      const uint32_t byte = p[i >> 1];
+      return __fmul_rn(dev_e2m1_value((i & 1) ? byte >> 4 : byte & 15u), dev_e8m0(sc[i >> 5]));
+    }
+  }
+};
+
+// group8_dot (model_device.cuh) with the weights from a RowReader: the same order.
+template <typename WR>
+__device__ __forceinline__ float group8_dot_w(const float* a, const WR& w, int64_t n) {
+  const int j = int(threadIdx.x & 7);
+  float s = 0;
+  for (int64_t i = j; i < n; i += 8) s = mul_add(a[i], w(i), s);
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+  return s;
+}
+
+// warp_dot_chunk (model_device.cuh, its scalar path: the same partials) over columns
+// [off, off + len) with the weights from a RowReader.
+template <typename WR>
+__device__ __forceinline__ float warp_dot_chunk_w(const float* a, const WR& w, int64_t off, int64_t len) {
+  const int lane = int(threadIdx.x & 31);
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  for (int64_t i = 4 * lane; i < len; i += 128) {
+    p0 = mul_add(a[i], w(off + i), p0);
+    if (i + 1 < len) p1 = mul_add(a[i + 1], w(off + i + 1), p1);
+    if (i + 2 < len) p2 = mul_add(a[i + 2], w(off + i + 2), p2);
+    if (i + 3 < len) p3 = mul_add(a[i + 3], w(off + i + 3), p3);
+  }
+  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// linear_short_kernel with a typed weight.
+template <WeightDtype F>
+__global__ void linear_short_typed_kernel(LinearArgs a) {
+  const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
+  const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
+  const bool ok = o < a.out;
+  if (a.sel && a.sel[r] < 0) {  // another rank's expert (expert parallel): not computed
+    if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const RowReader<F> w(a.wt, a.sel ? int64_t(a.sel[r]) : 0, a.wt.row0 + (ok ? o : 0));
+  const float acc = group8_dot_w(x, w, ok ? a.in : 0);
+  if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// linear_chunked_kernel with a typed weight.
+template <WeightDtype F>
+__global__ void linear_chunked_typed_kernel(LinearArgs a) {
+  extern __shared__ float csum[];
+  const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
+  if (a.sel && a.sel[r] < 0) {
+    if (threadIdx.x == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const RowReader<F> w(a.wt, a.sel ? int64_t(a.sel[r]) : 0, a.wt.row0 + o);
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
+  for (int64_t c = threadIdx.x / 32; c < m; c += kLinThreads / 32) {
+    const int64_t off = c * kSumChunk;
+    const float v = warp_dot_chunk_w(x + off, w, off, a.in - off < kSumChunk ? a.in - off : kSumChunk);
+    if ((threadIdx.x & 31) == 0) csum[c] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float acc = dev_chunk_tree(csum, m);
+  a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
 }
 
 // Linear, in > kSumChunk: one 128-thread block per (row, output); warp w sums chunks w, w + 4...
@@ -447,6 +577,14 @@ __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X
   X[id] = embed[int64_t(tokens[t]) * dim + d];
 }
 
+template <WeightDtype F>
+__global__ void embed_typed_kernel(WeightRef w, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * hc * dim) return;
+  const int64_t t = id / (hc * dim), d = id % dim;
+  X[id] = RowReader<F>(w, 0, w.row0 + int64_t(tokens[t]))(d);
+}
+
 // One block per (row, stream): sums in index order by thread 0 (as the CPU), then the update.
 __global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
                                    float eps, bool bf16) {
@@ -626,20 +764,65 @@ cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream
   return launch_kernel(scale_kernel, blocks_for(n, 256), 256, 0, s, x, n, scale, bf16);
 }
 
+namespace {
+
+// The shape rules of a typed weight read as [.., cols] rows (row0 + rows used inside the matrix
+// is the caller's contract, as the FP32 pointer's extent is).
+bool weight_ref_ok(const WeightRef& w, int64_t cols) {
+  if (!w.data || w.cols != cols || w.row0 < 0 || w.matrix_bytes < 0 || w.scale_matrix_bytes < 0) return false;
+  switch (w.dtype) {
+    case WeightDtype::kF32: case WeightDtype::kBf16: case WeightDtype::kF16: return true;
+    case WeightDtype::kFp8: return w.scale && w.block_rows > 0 && w.block_cols > 0 && w.block_cols <= INT32_MAX;
+    case WeightDtype::kFp4: return w.scale && cols % 32 == 0;
+  }
+  return false;
+}
+
+template <WeightDtype F>
+cudaError_t launch_linear_typed(const LinearArgs& a, bool chunked, unsigned blocks, size_t smem, cudaStream_t s) {
+  if (chunked) return launch_kernel(linear_chunked_typed_kernel<F>, blocks, kLinThreads, smem, s, a);
+  return launch_kernel(linear_short_typed_kernel<F>, blocks, kLinThreads, 0, s, a);
+}
+
+template <WeightDtype F>
+cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                               int64_t dim, cudaStream_t s) {
+  return launch_kernel(embed_typed_kernel<F>, blocks_for(T * hc * dim, 256), 256, 0, s, w, tokens, X, T, hc, dim);
+}
+
+}  // namespace
+
 cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
+  const bool typed = !a.w;
+  if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
-  if (a.in <= kSumChunk) {
-    const int64_t blocks = (a.out + kLinThreads / 8 - 1) / (kLinThreads / 8) * a.rows;
+  const bool chunked = a.in > kSumChunk;
+  int64_t blocks = 0;
+  size_t smem = 0;
+  if (!chunked) {
+    blocks = (a.out + kLinThreads / 8 - 1) / (kLinThreads / 8) * a.rows;
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-    return launch_kernel(linear_short_kernel, unsigned(blocks), kLinThreads, 0, s, a);
+  } else {
+    smem = size_t((a.in + kSumChunk - 1) / kSumChunk) * sizeof(float);
+    blocks = a.out * a.rows;
+    if (smem > 48 * 1024 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   }
-  const size_t smem = size_t((a.in + kSumChunk - 1) / kSumChunk) * sizeof(float);
-  if (smem > 48 * 1024 || a.out * a.rows > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(linear_chunked_kernel, unsigned(a.out * a.rows), kLinThreads, smem, s, a);
+  if (typed) {
+    switch (a.wt.dtype) {
+      case WeightDtype::kF32: return launch_linear_typed<WeightDtype::kF32>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kBf16: return launch_linear_typed<WeightDtype::kBf16>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kF16: return launch_linear_typed<WeightDtype::kF16>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kFp8: return launch_linear_typed<WeightDtype::kFp8>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kFp4: return launch_linear_typed<WeightDtype::kFp4>(a, chunked, unsigned(blocks), smem, s);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (!chunked) return launch_kernel(linear_short_kernel, unsigned(blocks), kLinThreads, 0, s, a);
+  return launch_kernel(linear_chunked_kernel, unsigned(blocks), kLinThreads, smem, s, a);
 }
 
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
@@ -698,6 +881,20 @@ cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, in
                          int64_t dim, cudaStream_t s) {
   if (T * hc * dim == 0) return cudaSuccess;
   return launch_kernel(embed_kernel, blocks_for(T * hc * dim, 256), 256, 0, s, embed, tokens, X, T, hc, dim);
+}
+
+cudaError_t launch_embed_w(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                           int64_t dim, cudaStream_t s) {
+  if (!weight_ref_ok(w, dim)) return cudaErrorInvalidValue;
+  if (T * hc * dim == 0) return cudaSuccess;
+  switch (w.dtype) {
+    case WeightDtype::kF32: return launch_embed_typed<WeightDtype::kF32>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kBf16: return launch_embed_typed<WeightDtype::kBf16>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kF16: return launch_embed_typed<WeightDtype::kF16>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kFp8: return launch_embed_typed<WeightDtype::kFp8>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kFp4: return launch_embed_typed<WeightDtype::kFp4>(w, tokens, X, T, hc, dim, s);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,

@@ -23,10 +23,33 @@ cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, floa
 // x[i] = bf16?(x[i] · scale)
 cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s);
 
+// ---- a weight matrix as the checkpoint stores it -------------------------------------------
+// The exactness kernels (linear, embed) expand each weight in registers to the FP32 value the CPU
+// backend's dequantisation gives (model/quant.h: e4m3 · 2^(e-127), e2m1 · 2^(e-127), BF16/F16
+// widened), which is exact in FP32, so the results are bitwise those of an FP32 copy.
+enum class WeightDtype : uint8_t {
+  kF32,   // float values
+  kBf16,  // bfloat16 values
+  kF16,   // IEEE half values
+  kFp8,   // e4m3 codes [rows, cols] + E8M0 scales [ceil(rows/block_rows), ceil(cols/block_cols)]
+  kFp4,   // e2m1 packed [rows, cols/2] (even column in the low nibble) + E8M0 scales [rows, cols/32]
+};
+struct WeightRef {
+  WeightDtype dtype = WeightDtype::kF32;
+  const void* data = nullptr;       // values / codes of matrix 0 (nullptr: no typed weight)
+  const uint8_t* scale = nullptr;   // E8M0 scales of matrix 0 (kFp8, kFp4)
+  int64_t cols = 0;                 // logical row length (the matrix's `in`)
+  int64_t block_rows = 1, block_cols = 1;  // kFp8 scale blocks (kFp4: 1 x 32)
+  int64_t row0 = 0;                 // first stored row used (a row slice, e.g. one wo_a group)
+  int64_t matrix_bytes = 0;         // stacked matrices (LinearArgs::sel): bytes between data of matrix e and e+1
+  int64_t scale_matrix_bytes = 0;   // ... and between their scales
+};
+
 // ---- linear (ops::linear on pre-quantised x): y[r] = x[r / x_row_div] · W_sel[r]ᵀ -----------
 struct LinearArgs {
   const float* x = nullptr;       // rows of `in` values, row stride x_stride
   const float* w = nullptr;       // [out, in]; with sel: stacked [E, out, in]
+  WeightRef wt;                   // used instead of w when w is nullptr: the stored format
   float* y = nullptr;             // rows of `out` values, row stride y_stride
   const int32_t* sel = nullptr;   // [rows] matrix of each output row (nullptr: w)
   int64_t rows = 0, in = 0, out = 0;
@@ -36,6 +59,8 @@ struct LinearArgs {
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
+// A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
+// are the same, so y is bitwise the FP32-weight result.
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
 
 // ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
@@ -70,6 +95,9 @@ cudaError_t launch_hc_post(const float* f, float* x, const float* post, const fl
 // ---- embedding, Engram gate, ring write, compressor ape --------------------------------------
 cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                          int64_t dim, cudaStream_t s);
+// The same from the stored table (row token of `embed`, expanded exactly; bitwise the FP32 copy's).
+cudaError_t launch_embed_w(const WeightRef& embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                           int64_t dim, cudaStream_t s);
 // ops::engram_gate for every row: x [rows, hc, dim], kv [rows, (hc+1)·dim], wqk [hc, dim].
 cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
                                int64_t dim, float eps, bool bf16, cudaStream_t s);

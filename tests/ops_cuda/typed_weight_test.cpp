@@ -1,0 +1,265 @@
+// The exactness linear and the embedding lookup reading weights as the checkpoint stores them
+// (ops/cuda/model_kernels.h WeightRef: BF16, F16, F32, FP8 e4m3 + E8M0 blocks, FP4 e2m1 + E8M0)
+// against the same kernels on the FP32 values the CPU backend's dequantisation gives
+// (model/quant.h): the results must be bitwise equal, for odd sizes, partial scale blocks, the
+// chunked order (in > 1024), stacked matrices with selected rows (and rows of another rank: -1),
+// x_row_div, strided x / y, row slices (the grouped wo_a) and BF16 outputs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/numeric.h"
+#include "core/rng.h"
+#include "gpu_util.h"
+#include "model/quant.h"
+#include "ops/cuda/model_kernels.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+using testing::DeviceBuffer;
+namespace cd = detail;
+using cd::WeightDtype;
+
+void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && ++bad <= 3) ADD_FAILURE() << what << " [" << i << "] " << a[i] << " vs " << b[i];
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+// `count` random matrices [n, k] in one stored format, back to back, and their FP32 values.
+struct Stored {
+  WeightDtype dtype = WeightDtype::kF32;
+  int64_t n = 0, k = 0, count = 1, br = 1, bc = 1;
+  std::vector<uint8_t> data, scale;  // all matrices
+  int64_t data_bytes = 0, scale_bytes = 0;  // one matrix
+  std::vector<float> values;         // [count, n, k], the CPU backend's dequantisation
+};
+
+uint8_t random_e4m3(Rng& r) {
+  for (;;) {
+    const uint8_t b = uint8_t(r.below(256));
+    if ((b & 0x7f) != 0x7f) return b;  // not NaN
+  }
+}
+
+Stored make_stored(WeightDtype dt, int64_t n, int64_t k, int64_t count, int64_t br, int64_t bc, uint64_t seed) {
+  Rng r(seed);
+  Stored s;
+  s.dtype = dt, s.n = n, s.k = k, s.count = count, s.br = br, s.bc = bc;
+  s.values.resize(size_t(count * n * k));
+  for (int64_t e = 0; e < count; ++e) {
+    float* v = s.values.data() + e * n * k;
+    switch (dt) {
+      case WeightDtype::kF32: {
+        s.data_bytes = n * k * 4;
+        for (int64_t i = 0; i < n * k; ++i) v[i] = float(r.normal()) * 0.1f;
+        const auto* b = reinterpret_cast<const uint8_t*>(v);
+        s.data.insert(s.data.end(), b, b + s.data_bytes);
+        break;
+      }
+      case WeightDtype::kBf16: case WeightDtype::kF16: {
+        s.data_bytes = n * k * 2;
+        std::vector<uint8_t> bytes(size_t(s.data_bytes));
+        for (int64_t i = 0; i < n * k; ++i) {
+          uint16_t h;
+          if (dt == WeightDtype::kBf16) {  // a random float's upper half (finite)
+            const float f = float(r.normal()) * 0.1f;
+            uint32_t u;
+            std::memcpy(&u, &f, 4);
+            h = uint16_t(u >> 16);
+          } else {  // sign, exponent 1..30 (normal, finite) or 0 (subnormal), random mantissa
+            const uint32_t e5 = uint32_t(r.below(31));
+            h = uint16_t((r.below(2) << 15) | (e5 << 10) | r.below(1024));
+          }
+          std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+        EXPECT_TRUE(model::convert_to_f32(dt == WeightDtype::kBf16 ? DType::kBF16 : DType::kF16, bytes,
+                                          std::span<float>(v, size_t(n * k)))
+                        .ok());
+        s.data.insert(s.data.end(), bytes.begin(), bytes.end());
+        break;
+      }
+      case WeightDtype::kFp8: {
+        s.data_bytes = n * k;
+        const int64_t sr = (n + br - 1) / br, sc = (k + bc - 1) / bc;
+        s.scale_bytes = sr * sc;
+        std::vector<uint8_t> codes(size_t(n * k)), sb(size_t(s.scale_bytes));
+        for (auto& c : codes) c = random_e4m3(r);
+        // Mostly ordinary scales, some tiny ones (denormal products) and 0 = 2^-127.
+        for (size_t i = 0; i < sb.size(); ++i) sb[i] = i % 7 == 3 ? uint8_t(r.below(4)) : uint8_t(110 + r.below(20));
+        model::dequant_fp8_blocks(codes.data(), sb.data(), n, k, br, bc, 0, n, v);
+        s.data.insert(s.data.end(), codes.begin(), codes.end());
+        s.scale.insert(s.scale.end(), sb.begin(), sb.end());
+        break;
+      }
+      case WeightDtype::kFp4: {
+        s.data_bytes = n * k / 2;
+        s.scale_bytes = n * k / 32;
+        std::vector<uint8_t> nib(size_t(n * k)), packed(size_t(s.data_bytes)), sb(size_t(s.scale_bytes));
+        for (auto& c : nib) c = uint8_t(r.below(16));
+        for (size_t i = 0; i < sb.size(); ++i) sb[i] = i % 5 == 2 ? uint8_t(r.below(3)) : uint8_t(115 + r.below(15));
+        model::pack_fp4(nib.data(), n, k, packed.data());
+        model::dequant_fp4(packed.data(), sb.data(), n, k, 0, n, v);
+        s.data.insert(s.data.end(), packed.begin(), packed.end());
+        s.scale.insert(s.scale.end(), sb.begin(), sb.end());
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+struct DevStored {
+  DeviceBuffer<uint8_t> data, scale;
+  DeviceBuffer<float> values;
+  explicit DevStored(const Stored& s)
+      : data(s.data), scale(s.scale.empty() ? std::vector<uint8_t>{0} : s.scale), values(s.values) {}
+  cd::WeightRef ref(const Stored& s, int64_t row0 = 0) const {
+    cd::WeightRef w;
+    w.dtype = s.dtype, w.data = data.get(), w.scale = s.scale.empty() ? nullptr : scale.get(), w.cols = s.k;
+    w.block_rows = s.br, w.block_cols = s.bc, w.row0 = row0;
+    w.matrix_bytes = s.data_bytes, w.scale_matrix_bytes = s.scale_bytes;
+    return w;
+  }
+};
+
+const char* name_of(WeightDtype d) {
+  switch (d) {
+    case WeightDtype::kF32: return "f32";
+    case WeightDtype::kBf16: return "bf16";
+    case WeightDtype::kF16: return "f16";
+    case WeightDtype::kFp8: return "fp8";
+    case WeightDtype::kFp4: return "fp4";
+  }
+  return "?";
+}
+
+struct Fmt {
+  WeightDtype dt;
+  int64_t br, bc;
+};
+
+// Every format, widths across the short and chunked orders (FP4: multiples of 32), plain and
+// stacked, with x_row_div and strides: typed == FP32 weights, bit for bit.
+TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kF16, 1, 1},
+                      {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 32, 32}, {WeightDtype::kFp8, 1, 32},
+                      {WeightDtype::kFp4, 1, 32}};
+  const int64_t T = 5, K = 2, E = 3, out = 37;  // 37 rows: partial 32- and 128-row scale blocks
+  uint64_t seed = 100;
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4 ? std::vector<int64_t>{32, 96, 1024, 1056, 2080}
+                                                                   : std::vector<int64_t>{1, 9, 203, 1023, 1025, 2051};
+    for (int64_t in : widths) {
+      const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.br) + "x" + std::to_string(f.bc) +
+                              " in=" + std::to_string(in);
+      SCOPED_TRACE(tag);
+      const Stored s = make_stored(f.dt, out, in, E, f.br, f.bc, ++seed);
+      const DevStored ds(s);
+      Rng r(++seed);
+      const int64_t xs = in + 3, ys = out + 5;  // strided rows
+      std::vector<float> x(size_t(T * xs));
+      for (auto& v : x) v = float(r.normal());
+      std::vector<int32_t> sel(size_t(T * K));
+      for (auto& v : sel) v = int32_t(r.below(E));
+      sel[3] = -1;  // another rank's expert: 0
+      DeviceBuffer<float> dx(x);
+      DeviceBuffer<int32_t> dsel(sel);
+      for (bool stacked : {false, true}) {
+        const int64_t rows = stacked ? T * K : T;
+        DeviceBuffer<float> y_ref(std::vector<float>(size_t(rows * ys), -7.0f)), y_typ(std::vector<float>(size_t(rows * ys), -7.0f));
+        cd::LinearArgs a;
+        a.x = dx.get(), a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys;
+        a.sel = stacked ? dsel.get() : nullptr, a.x_row_div = stacked ? K : 1, a.bf16_out = stacked;
+        a.w = ds.values.get(), a.y = y_ref.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fp32 linear"));
+        a.w = nullptr, a.wt = ds.ref(s), a.y = y_typ.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+        const auto ref = y_ref.to_host(), got = y_typ.to_host();
+        expect_bitwise(got, ref, tag + (stacked ? " stacked" : " plain"));
+        // Not a vacuous pass: the outputs were written and are not all zero.
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t o = 0; o < out; ++o) nonzero += got[size_t(i * ys + o)] != 0.0f;
+        EXPECT_GT(nonzero, rows * out / 2) << tag;
+        EXPECT_EQ(got[size_t(out)], -7.0f) << tag << ": the stride gap was written";
+      }
+    }
+  }
+}
+
+// A row slice (the grouped wo_a: group g reads rows [g·Ro, (g+1)·Ro) of [G·Ro, in]) into
+// interleaved output columns, as gpu_attention.cpp launches it.
+TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t G = 3, Ro = 40, in = 96, T = 4;  // Ro = 40: slices straddle the 32-row blocks
+  for (const Fmt f : {Fmt{WeightDtype::kFp8, 32, 32}, Fmt{WeightDtype::kFp8, 128, 128}, Fmt{WeightDtype::kBf16, 1, 1}}) {
+    SCOPED_TRACE(std::string(name_of(f.dt)) + " " + std::to_string(f.br));
+    const Stored s = make_stored(f.dt, G * Ro, in, 1, f.br, f.bc, 7 + f.br);
+    const DevStored ds(s);
+    Rng r(9);
+    std::vector<float> x(size_t(T * G * in));
+    for (auto& v : x) v = float(r.normal());
+    DeviceBuffer<float> dx(x), y_ref(size_t(T * G * Ro)), y_typ(size_t(T * G * Ro));
+    for (int64_t g = 0; g < G; ++g) {
+      cd::LinearArgs a;
+      a.x = dx.get() + g * in, a.x_stride = G * in, a.rows = T, a.in = in, a.out = Ro, a.y_stride = G * Ro;
+      a.bf16_out = true;
+      a.w = ds.values.get() + g * Ro * in, a.y = y_ref.get() + g * Ro;
+      FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fp32 slice"));
+      a.w = nullptr, a.wt = ds.ref(s, g * Ro), a.y = y_typ.get() + g * Ro;
+      FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed slice"));
+    }
+    expect_bitwise(y_typ.to_host(), y_ref.to_host(), "grouped slices");
+  }
+}
+
+// The embedding from the stored table equals the FP32 table's rows (first, last, repeated ids),
+// also one row picked by row0 (the DSpark Markov row); bad shapes are refused.
+TEST(CudaTypedWeights, EmbedMatchesFp32Bitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t V = 300, D = 96, hc = 4;
+  const std::vector<int32_t> tokens = {0, 299, 17, 17, 150, 3, 298};
+  const int64_t T = int64_t(tokens.size());
+  DeviceBuffer<int32_t> dt(tokens), zero(std::vector<int32_t>{0});
+  for (const Fmt f : {Fmt{WeightDtype::kBf16, 1, 1}, Fmt{WeightDtype::kF32, 1, 1}, Fmt{WeightDtype::kF16, 1, 1},
+                      Fmt{WeightDtype::kFp8, 128, 128}, Fmt{WeightDtype::kFp8, 1, 32}, Fmt{WeightDtype::kFp4, 1, 32}}) {
+    SCOPED_TRACE(name_of(f.dt));
+    const Stored s = make_stored(f.dt, V, D, 1, f.br, f.bc, 55);
+    const DevStored ds(s);
+    DeviceBuffer<float> ref(size_t(T * hc * D)), got(size_t(T * hc * D));
+    FS_ASSERT_OK(cuda_status(cd::launch_embed(ds.values.get(), dt.get(), ref.get(), T, hc, D, 0), "embed"));
+    FS_ASSERT_OK(cuda_status(cd::launch_embed_w(ds.ref(s), dt.get(), got.get(), T, hc, D, 0), "embed typed"));
+    const auto h = got.to_host();
+    expect_bitwise(h, ref.to_host(), "embed");
+    // Row 299 from the host values (not only kernel vs kernel).
+    expect_bitwise(std::vector<float>(h.begin() + hc * D, h.begin() + hc * D + D),
+                   std::vector<float>(s.values.begin() + 299 * D, s.values.begin() + 300 * D), "row 299");
+    DeviceBuffer<float> one(static_cast<size_t>(D));
+    FS_ASSERT_OK(cuda_status(cd::launch_embed_w(ds.ref(s, 150), zero.get(), one.get(), 1, 1, D, 0), "row0"));
+    expect_bitwise(one.to_host(), std::vector<float>(s.values.begin() + 150 * D, s.values.begin() + 151 * D),
+                   "row 150 by row0");
+    EXPECT_NE(cd::launch_embed_w(ds.ref(s), dt.get(), got.get(), T, hc, D + 1, 0), cudaSuccess);
+  }
+  // FP4 rows must be a multiple of 32 values; a typed linear's cols must equal `in`.
+  const Stored f4 = make_stored(WeightDtype::kFp4, 4, 64, 1, 1, 32, 3);
+  const DevStored d4(f4);
+  cd::WeightRef w = d4.ref(f4);
+  w.cols = 48;
+  DeviceBuffer<float> x(std::vector<float>(64, 1.0f)), y(size_t(4));
+  cd::LinearArgs a;
+  a.x = x.get(), a.y = y.get(), a.rows = 1, a.in = 48, a.out = 4, a.wt = w;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
+  a.in = 64;
+  a.wt = d4.ref(f4);
+  a.wt.cols = 32;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda
