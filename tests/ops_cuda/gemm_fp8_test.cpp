@@ -11,7 +11,7 @@
 // on |x|, |W|), and on average within 2^-11 · Σ (the typical error is far below the worst case).
 //
 // Timing of every kernel variant on the V4.1 prefill shapes: `flashseek bench --kernels gemm`
-// (src/ops/cuda/kernel_bench.cpp).
+// (bench/cuda/kernel_bench.cpp).
 #include "ops/block_scaled_data.h"
 #include "ops/cuda/gemm_fp8.h"
 

@@ -1,4 +1,4 @@
-// Glue kernels of the prefill layer benchmark (prefill_bench.cpp): the routed-expert row
+// Glue kernels of the prefill layer benchmark (bench/cuda/prefill_bench.cpp): the routed-expert row
 // permutation, the fused SwiGLU + FP8 quantisation feeding the down GEMMs, and the un-permuting
 // combine. Plain cudaError_t launchers (nvcc cannot compile core/status.h); device pointers;
 // nothing is allocated. Not used by the model (yet): the bench times them as a prefill MoE would.

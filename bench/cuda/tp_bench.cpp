@@ -1,5 +1,5 @@
 // NCCL collective timings and the tensor/expert-parallel decode projection (tp_bench.h).
-#include "ops/cuda/tp_bench.h"
+#include "bench/cuda/tp_bench.h"
 
 #include <algorithm>
 #include <cstdlib>

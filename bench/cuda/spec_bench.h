@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "ops/cuda/layer_bench.h"
+#include "bench/cuda/layer_bench.h"
 
 namespace flashseek::ops::cuda {
 

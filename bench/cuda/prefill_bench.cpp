@@ -1,7 +1,7 @@
 // Prefill layer benchmark (see prefill_bench.h). One Layer holds every weight of one layer (dense
 // FP8 parts in rotating copies; all 384 routed experts once, as FP8 e4m3 copies of their FP4
 // values); each kernel is a closure over the rep index that launches it on g_st.
-#include "ops/cuda/prefill_bench.h"
+#include "bench/cuda/prefill_bench.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "ops/cuda/bench_util.h"
+#include "bench/cuda/bench_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemm_fp8.h"
 #include "ops/cuda/kernels.h"

@@ -1,5 +1,5 @@
 // Shared GPU benchmark helpers (bench_util.h).
-#include "ops/cuda/bench_util.h"
+#include "bench/cuda/bench_util.h"
 
 #include <cmath>
 #include <numeric>

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/status.h"
-#include "ops/cuda/layer_bench.h"
-#include "ops/cuda/tp_layer_bench.h"
+#include "bench/cuda/layer_bench.h"
+#include "bench/cuda/tp_layer_bench.h"
 
 namespace flashseek::ops::cuda {
 

@@ -1,7 +1,7 @@
 // Layer-slice benchmark (see layer_bench.h). Layout: one Slice holds every weight of one decode
 // layer in `copies` copies (experts: all 384, so random routing rotates them naturally); each
 // kernel is a closure over (copy, rep) that launches one op on the stream.
-#include "ops/cuda/layer_bench.h"
+#include "bench/cuda/layer_bench.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "ops/cuda/bench_util.h"
+#include "bench/cuda/bench_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_kernels.h"

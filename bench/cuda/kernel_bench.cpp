@@ -1,6 +1,6 @@
 // Kernel micro-benchmarks: device sampling vs the host path, FP8 GEMM kernel variants
 // (kernel_bench.h).
-#include "ops/cuda/kernel_bench.h"
+#include "bench/cuda/kernel_bench.h"
 
 #include "ops/block_scaled_data.h"
 
@@ -14,7 +14,7 @@
 
 #include "core/numeric.h"
 #include "core/rng.h"
-#include "ops/cuda/bench_util.h"
+#include "bench/cuda/bench_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemm_fp8.h"
 #include "ops/cuda/gemm_fp8_kernels.h"

@@ -11,7 +11,7 @@
 // * 8 GPUs (projection): every kernel time divided by the GPU count but not below the fastest
 //   kernel of the 1-token layer (launch floor), plus an assumed all-reduce cost per collective
 //   (2 per layer or stage, 1 per head gather, 1 per Markov row).
-#include "ops/cuda/spec_bench.h"
+#include "bench/cuda/spec_bench.h"
 
 #include <fmt/format.h>
 

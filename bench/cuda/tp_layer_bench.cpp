@@ -4,7 +4,7 @@
 // and the rank's filtered routings and runs the timed phases. Threads meet at checkpoints (a
 // barrier that also shares "some rank failed"), so a rank that fails makes every rank stop at the
 // same point instead of leaving the others waiting in a collective.
-#include "ops/cuda/tp_layer_bench.h"
+#include "bench/cuda/tp_layer_bench.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "ops/cuda/bench_util.h"
+#include "bench/cuda/bench_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/kernels.h"
