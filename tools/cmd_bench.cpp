@@ -35,6 +35,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     int prefill = 0;
     std::string kernels;
     std::string skip_variants;
+    std::string prefill_experts = "grouped";
+    std::string prefill_attn = "prefill";
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -54,6 +56,16 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--prefill", o->prefill,
                   "prefill mode: one layer of an N-token chunk (e.g. 8192), every kernel timed, 40-layer and "
                   "1M-token projection per --contexts (bench/cuda/prefill_bench.h)");
+  cmd->add_option("--prefill-experts", o->prefill_experts,
+                  "--prefill: routed experts as one grouped GEMM (grouped) or per-expert GEMMs on 8 streams "
+                  "(per-expert)")
+      ->check(CLI::IsMember({"grouped", "per-expert"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-attn", o->prefill_attn,
+                  "--prefill: attention and indexer scores with the prefill kernels, checked against the "
+                  "decode kernels (prefill), or with the decode kernels only (decode)")
+      ->check(CLI::IsMember({"prefill", "decode"}))
+      ->capture_default_str();
   cmd->add_option("--kernels", o->kernels,
                   "kernel micro-benchmarks instead of the layer slice, comma-separated: sampling (device "
                   "sampling vs copy + host sampler, V = 129,280), gemm (every FP8 GEMM kernel variant on the "
@@ -115,6 +127,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     if (o->prefill != 0) {  // bench/cuda/prefill_bench.h
       ops::cuda::PrefillBenchOptions po;
       po.tokens = o->prefill, po.reps = o->reps, po.layers = o->layers, po.contexts = opt.contexts;
+      po.grouped_experts = o->prefill_experts == "grouped";
+      po.prefill_kernels = o->prefill_attn == "prefill";
       auto rep = ops::cuda::run_prefill_bench(po);
       if (!rep.ok()) {
         std::cerr << "bench: " << rep.status().to_string() << "\n";

@@ -412,9 +412,8 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   };
   auto route_of = [&](int r) -> const Routing& { return routes[size_t(r) % routes.size()]; };
   const int ns = opt.expert_streams;
-  // FLASHSEEK_PREFILL_GROUPED=0: the layer times the per-expert GEMMs on `ns` streams instead.
-  const char* gr_env = std::getenv("FLASHSEEK_PREFILL_GROUPED");
-  const bool grouped = !(gr_env && std::string(gr_env) == "0");
+  // opt.grouped_experts false: the layer times the per-expert GEMMs on `ns` streams instead.
+  const bool grouped = opt.grouped_experts;
   {  // the grouped GEMM against the per-expert GEMMs (routing 0), bitwise, first and last 4096 rows
     std::string line;
     for (const bool up : {true, false}) {
@@ -500,9 +499,8 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   };
   // Default: the layer uses the prefill attention kernel (prefill_attn.cu) and the indexer the
   // tensor-core scores (prefill_index.cu), each checked against the existing kernel on its first
-  // rows; the existing kernels become info rows. FLASHSEEK_PREFILL_NEW=0: the existing kernels only.
-  const char* pa_env = std::getenv("FLASHSEEK_PREFILL_NEW");
-  const bool new_attn = !(pa_env && std::string(pa_env) == "0");
+  // rows; the existing kernels become info rows. opt.prefill_kernels false: the existing kernels only.
+  const bool new_attn = opt.prefill_kernels;
   const std::string pool_name = fmt::format("sparse attention + sinks, decode kernel ({} keys: window {} + top-{}, BF16 rows, {} splits)",
                                             n_keys, kWindow, kTopIdx, splits);
   const std::string new_name = fmt::format("sparse attention + sinks, prefill kernel ({} keys, 32-key cp.async tiles, 1 block/query)", n_keys);

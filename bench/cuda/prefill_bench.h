@@ -5,7 +5,7 @@
 // expert and the 384 routed experts as row-permuted per-expert GEMMs on several streams), plus the
 // role extras (compressor, indexer query / scores / top-512 per context, Engram). Attention and
 // indexer scores use the prefill kernels of prefill_attn.cu / prefill_index.cu (checked against
-// the existing kernels in the run; FLASHSEEK_PREFILL_NEW=0: the existing kernels). Reports per
+// the existing kernels in the run; PrefillBenchOptions::prefill_kernels false: the existing kernels). Reports per
 // kernel time, bytes, % of copy bandwidth, TFLOP/s and % of an FP8 GEMM ceiling measured in the
 // same run, the 40-layer projection per chunk and the projected time for a long prompt.
 // `flashseek bench --prefill 8192 [--contexts ...]`. Not used by the model.
@@ -27,6 +27,11 @@ struct PrefillBenchOptions {
   double prompt_tokens = 1e6;                  // projection: prompt length
   int gpus = 8;                                // projection: ideal split over this many GPUs
   double anchor_s = 11.7;                      // mission anchor for prompt_tokens on 8 GPUs
+  // Routed experts as ONE grouped GEMM (true) or per-expert GEMMs on expert_streams streams.
+  bool grouped_experts = true;
+  // Attention and indexer scores with the prefill kernels, checked against the decode kernels
+  // (true), or with the decode kernels only.
+  bool prefill_kernels = true;
 };
 
 struct PrefillKernel {

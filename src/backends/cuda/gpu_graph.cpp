@@ -433,17 +433,6 @@ GpuModel::~GpuModel() {
     if (x.exec) cudaGraphExecDestroy(x.exec);
     if (x.graph) cudaGraphDestroy(x.graph);
   }
-  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS_LOG"); e && std::string(e) == "1") {
-    const GpuGraphStats& s = gstats_;
-    std::fprintf(stderr,
-                 "flashseek gpu %d: graphs %s; forwards %lld, decode-sized %lld, graph launches %lld, "
-                 "patched %lld (%lld nodes set, %lld misses), instantiations %lld, updates %lld (failed %lld), "
-                 "recaptures %lld, eager fallbacks %lld\n",
-                 device_, graphs_ ? "on" : "off", (long long)s.forwards, (long long)s.eligible,
-                 (long long)s.launches, (long long)s.patched, (long long)s.patched_nodes, (long long)s.patch_misses,
-                 (long long)s.instantiations, (long long)s.updates,
-                 (long long)s.update_failures, (long long)s.recaptures, (long long)s.eager_fallbacks);
-  }
   if (stream_) cudaStreamDestroy(stream_);
 }
 

@@ -272,8 +272,8 @@ class GpuModel final : public Model {
     bool patchable = false;       // every node is an op of `tape`, which holds its current parameters
     ops::cuda::LaunchTape tape;
   };
-  bool graphs_ = false;  // FLASHSEEK_GPU_GRAPHS (gpu_model.h)
-  // Steps replayed by patching nodes (one GPU; FLASHSEEK_GPU_GRAPH_PATCH=0: recorded every step).
+  bool graphs_ = false;  // GpuLoadOptions::graphs (gpu_model.h)
+  // Steps replayed by patching nodes (GpuGraphs::kPatch; kRecord: recorded every step).
   bool patch_ = false;
   // Consecutive patch misses, and eligible steps left that skip the patch attempt (after
   // kPatchMissRun misses in a row: e.g. work that bypasses the tape in every step).

@@ -25,7 +25,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/gemv_kernels.h"
 #include "ops/cuda/launch.cuh"
@@ -55,120 +54,6 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       "{%8,%9}, {%10,%10,%10,%10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-// cp.async (sm_80+): global -> shared without registers. 16-byte weight copies either through
-// L1 (.ca) or around it (.cg: streamed weights are read once); 4-byte scale words through L1.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool via_l1) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if (via_l1)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-// Waits until at most `pending` (1..5, warp-uniform) groups are in flight.
-__device__ __forceinline__ void cp_async_wait_n(int pending) {
-  switch (pending) {
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    default: cp_async_wait<5>(); break;
-  }
-}
-
-// Pipelined variant (kPipe): every warp owns a ring of `stages` shared-memory slots; a slot holds
-// the weight words of one warp iteration (32 rows x kChunk blocks per matrix, copied in 16-byte
-// pieces: two per FP8 row and block, one per FP4) and, for FP4, each row's aligned scale word
-// (one 4-byte copy per lane). Activations stay out of the ring: they are read with __ldg as in
-// the direct kernel (L1 hits across warps and CTAs), which keeps slots small and the ring deep.
-// Lanes copy pieces that other lanes read, so cp.async.wait_group is followed by __syncwarp.
-// Pieces are XOR-swizzled within a row so that rows sharing a 128-byte bank line hold their
-// fragment reads (8 bytes FP8, 4 bytes FP4 per lane) in disjoint banks.
-template <bool kFp4, int kChunk, bool kGated>
-struct PipeLayout {
-  static constexpr int kMats = kGated ? 2 : 1;
-  static constexpr int kPerBlock = kFp4 ? 1 : 2;              // 16-byte pieces per row and block
-  static constexpr int kPerRow = kChunk * kPerBlock;
-  static constexpr int kRowBytes = kPerRow * 16;
-  static constexpr int kWBytes = kRows * kRowBytes;
-  static constexpr int kSBytes = kFp4 ? kRows * 4 : 0;
-  static constexpr int kMatBytes = kWBytes + kSBytes;
-  static constexpr int kSlotBytes = kMats * kMatBytes;
-  static_assert((kRows * kPerRow) % 32 == 0, "whole pieces per lane");
-  __device__ static __forceinline__ int piece(int r, int c) {
-    return c ^ (((r * kRowBytes / 128) & (kChunk - 1)) * kPerBlock);
-  }
-};
-
-// Queues the copies of one warp iteration (blocks kb0 .. kb0 + kChunk - 1) into `slot`.
-template <bool kFp4, int kChunk, bool kGated>
-__device__ __forceinline__ void issue_slot(const GemvArgs& a, const uint8_t* const (&wm)[2],
-                                           const uint8_t* const (&wsm)[2], int row0, int kb0, int lane,
-                                           bool via_l1, uint8_t* slot) {
-  using L = PipeLayout<kFp4, kChunk, kGated>;
-  const int64_t row_bytes = kFp4 ? a.k / 2 : a.k;
-  const int nkb = a.k / 32;
-#pragma unroll
-  for (int mi = 0; mi < L::kMats; ++mi) {
-    uint8_t* ms = slot + mi * L::kMatBytes;
-    const uint8_t* src = wm[mi] + int64_t(kb0) * L::kPerBlock * 16;
-#pragma unroll
-    for (int i = 0; i < kRows * L::kPerRow / 32; ++i) {
-      const int p = i * 32 + lane, r = p / L::kPerRow, c = p % L::kPerRow;
-      const int row = min(row0 + r, a.n - 1);  // tail rows: copied, never stored
-      cp_async16(ms + r * L::kRowBytes + L::piece(r, c) * 16, src + int64_t(row) * row_bytes + c * 16, via_l1);
-    }
-    if constexpr (kFp4)  // the aligned word holding blocks kb0 .. kb0 + kChunk - 1 (nkb % 4 == 0)
-      cp_async4(ms + L::kWBytes + lane * 4, wsm[mi] + int64_t(min(row0 + lane, a.n - 1)) * nkb + (kb0 & ~3));
-  }
-}
-
-// Reads one matrix's words and scales of a landed slot (same registers as load_w).
-template <bool kFp4, int kChunk, bool kGated>
-__device__ __forceinline__ void read_w(const GemvArgs& a, const uint8_t* ws, const uint8_t* ms, int row0,
-                                       int kb0, int g, int q, uint32_t (&A)[2][kChunk][2][kFp4 ? 1 : 2],
-                                       uint32_t (&sc)[2][2]) {
-  using L = PipeLayout<kFp4, kChunk, kGated>;
-  uint32_t sc8 = 0;
-  if constexpr (!kFp4) {
-    const int kbw = a.k / a.w_block;
-    const uint8_t* srow = ws + int64_t(row0 / a.w_block) * kbw;
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) sc8 |= uint32_t(__ldg(srow + ((kb0 + j) * 32) / a.w_block)) << (8 * j);
-  }
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = mt * 16 + h * 8 + g;
-      const uint8_t* rs = ms + r * L::kRowBytes;
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        if constexpr (kFp4) {
-          A[mt][j][h][0] = *reinterpret_cast<const uint32_t*>(rs + L::piece(r, j) * 16 + q * 4);
-        } else {
-          const uint2 u = *reinterpret_cast<const uint2*>(rs + L::piece(r, 2 * j + (q >> 1)) * 16 + (q & 1) * 8);
-          A[mt][j][h][0] = u.x;
-          A[mt][j][h][1] = u.y;
-        }
-      }
-      if constexpr (kFp4) {
-        const uint32_t wd = *reinterpret_cast<const uint32_t*>(ms + L::kWBytes + r * 4);
-        sc[mt][h] = kChunk == 4 ? wd : (wd >> (8 * (kb0 & 3))) & (kChunk == 2 ? 0xffffu : 0xffu);
-      } else {
-        sc[mt][h] = sc8;
-      }
-    }
 }
 
 // Raw weight words and per-row scales of one matrix for rows row0 + mt*16 + {g, g+8}, blocks
@@ -328,23 +213,10 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
-// kPipe: weights and FP4 scales come through the per-warp cp.async ring of `stages` slots in
-// dynamic shared memory (issue_slot; 16-byte copies through L1 when `via_l1`), which afterwards
-// holds `red`; activations, arithmetic and its order are those of the direct-load variant
-// (same bits).
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPipe>
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split, int stages, int via_l1) {
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   constexpr int kToks = 8 * kNt;
-  using Red = float[kGated ? 2 : 1][kWarps][kRows * kToks];
-  extern __shared__ __align__(16) uint8_t dyn_smem[];
-  Red* red_p;
-  if constexpr (kPipe) {
-    red_p = reinterpret_cast<Red*>(dyn_smem);
-  } else {
-    __shared__ Red red_static;
-    red_p = &red_static;
-  }
-  Red& red = *red_p;
+  __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
   const int row0 = tile * kRows;
@@ -387,48 +259,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
     };
-    if constexpr (kPipe) {
-      using L = PipeLayout<kFp4, kChunk, kGated>;
-      uint8_t* ring = dyn_smem + warp * stages * L::kSlotBytes;
-      const uint8_t* const wm[2] = {w, wu};
-      const uint8_t* const wsm[2] = {ws, wsu};
-      int c_next = c_begin + warp;
-      for (int s = 0; s + 1 < stages; ++s, c_next += kWarps) {  // prologue: stages - 1 slots
-        if (c_next < c_end)
-          issue_slot<kFp4, kChunk, kGated>(a, wm, wsm, row0, c_next * kChunk, lane, via_l1 != 0,
-                                           ring + s * L::kSlotBytes);
-        cp_async_commit();
-      }
-      int slot = 0;
-      for (int c = c_begin + warp; c < c_end; c += kWarps, c_next += kWarps) {
-        const int fill = slot == 0 ? stages - 1 : slot - 1;  // the slot read last iteration
-        __syncwarp();  // every lane is done reading it
-        if (c_next < c_end)
-          issue_slot<kFp4, kChunk, kGated>(a, wm, wsm, row0, c_next * kChunk, lane, via_l1 != 0,
-                                           ring + fill * L::kSlotBytes);
-        cp_async_commit();
-        cp_async_wait_n(stages - 1);  // this lane's copies of this iteration's slot have landed
-        __syncwarp();                 // ... and every other lane's
-        const uint8_t* ms = ring + slot * L::kSlotBytes;
-        const int kb0 = c * kChunk;
-        Words A, AU;
-        uint32_t sc[2][2], scu[2][2];
-        read_w<kFp4, kChunk, kGated>(a, ws, ms, row0, kb0, g, q, A, sc);
-        if constexpr (kGated) read_w<kFp4, kChunk, kGated>(a, wsu, ms + L::kMatBytes, row0, kb0, g, q, AU, scu);
-        compute(kb0, A, sc, AU, scu);
-        slot = slot + 1 == stages ? 0 : slot + 1;
-      }
-      cp_async_wait<0>();
-      __syncthreads();  // every warp is done with its ring: `red` reuses the memory
-    } else {
-      for (int c = c_begin + warp; c < c_end; c += kWarps) {
-        const int kb0 = c * kChunk;
-        Words A, AU;
-        uint32_t sc[2][2], scu[2][2];
-        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
-        compute(kb0, A, sc, AU, scu);
-      }
+    for (int c = c_begin + warp; c < c_end; c += kWarps) {
+      const int kb0 = c * kChunk;
+      Words A, AU;
+      uint32_t sc[2][2], scu[2][2];
+      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+      compute(kb0, A, sc, AU, scu);
     }
     stash<kNt>(red[0][warp], acc, g, q);
     if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
@@ -492,46 +329,17 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 //   gets >= 2 iterations (wo_a, wo_b), else 2 (4 blocks spill with two matrices, two token
 //   tiles or FP4). V4's act_block 128 needs exactly 4. A variant that prefetched the next
 //   chunk into a second register set measured 5-15 % slower and was dropped.
-// * Pipelined loads (kPipe, opt-in: FLASHSEEK_GEMV_PIPE=1 (.cg weight copies) or 2 (.ca), or
-//   set_gemv_pipeline(2 / 3)): see the kernel; `stages` slots per warp, as many (2..6) as keep
-//   two CTAs per SM in shared memory. Same bits as direct loads. H4f's first ring (activations
-//   in the ring too, 4-8-byte copies) measured SLOWER on an H200 at every GEMV (RESULTS.md, H4f);
-//   this weights-only ring (H4g) is closer but still slower at almost every GEMV on an H200
-//   (M = 6 layer kernels 692 -> 704..822 us; only FP4 routed gate+up with 3 .cg stages gains
-//   ~1-2 %; RESULTS.md, H4g), so it stays opt-in. Shapes the ring
-//   cannot serve (misaligned pointers, FP4 with k/32 not a multiple of 4, chunk 1, pre-sm_80,
-//   ring beyond the shared-memory opt-in) always take direct loads.
-int g_split_override = 0, g_chunk_override = 0, g_pipe_override = 0, g_stages_override = 0;
-
-// 0 = direct loads, 1 = pipeline with .cg weight copies, 2 = pipeline with .ca weight copies.
-int pipe_mode() {
-  if (g_pipe_override != 0) return g_pipe_override - 1;
-  static const int env = [] {
-    const char* e = std::getenv("FLASHSEEK_GEMV_PIPE");
-    return e && (e[0] == '1' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 0;
-  }();
-  return env;
-}
-
-// FLASHSEEK_GEMV_STAGES=2..6 forces the ring depth (benchmarking; shapes whose ring would not fit
-// the device's shared memory still fall back).
-int stages_override() {
-  if (g_stages_override != 0) return g_stages_override;
-  static const int v = [] {
-    const char* e = std::getenv("FLASHSEEK_GEMV_STAGES");
-    const int s = e ? std::atoi(e) : 0;
-    return s >= 2 && s <= 6 ? s : 0;
-  }();
-  return v;
-}
+// A weight ring in shared memory filled by cp.async (per-warp slots, 2..6 stages) gave the same
+// bits but measured slower at almost every GEMV on an H200 (bench/RESULTS.md, H4f / H4g), so the
+// kernel loads weights straight into registers.
+int g_split_override = 0, g_chunk_override = 0;
 
 struct Tuning {
   int chunk = 1, split = 1;
-  int pipe = 0;  // pipe_mode()
 };
 
 struct DeviceInfo {
-  int sms = 0, major = 0, smem_optin = 0;
+  int sms = 0, major = 0;
 };
 
 DeviceInfo device_info() {
@@ -542,26 +350,12 @@ DeviceInfo device_info() {
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   }
   return d;
 }
 
-bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
-
-bool pipe_ok(const GemvArgs& a, bool fp4, bool gated, const DeviceInfo& d) {
-  if (d.major < 8 || pipe_mode() == 0) return false;
-  const uintptr_t wal = 16;  // 16-byte weight copies (row strides k or k/2 are multiples of 16)
-  if (!aligned(a.w, wal) || a.e_stride % int64_t(wal) != 0) return false;
-  if (gated && !aligned(a.wu, wal)) return false;
-  if (fp4 && ((a.k / 32) % 4 != 0 || !aligned(a.ws, 4) || a.e_sstride % 4 != 0 || (gated && !aligned(a.wsu, 4))))
-    return false;
-  return true;
-}
-
 Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tiles, const DeviceInfo& d) {
   Tuning t;
-  t.pipe = pipe_ok(a, fp4, gated, d) ? pipe_mode() : 0;
   const int nkb = a.k / 32;
   if (d.major >= 9 && d.sms > 0) {
     t.split = int(std::min<int64_t>(8, std::max<int64_t>(1, 2 * int64_t(d.sms) / std::max<int64_t>(tiles, 1))));
@@ -574,45 +368,26 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int nt, int64_t tile
   else if (!fp4 && !gated && nt == 1 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
   while (want > 1 && nkb % want != 0) want /= 2;
   t.chunk = want;
-  if (t.chunk == 1) t.pipe = 0;
   t.split = std::max(1, std::min({t.split, nkb / t.chunk, 8}));
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPipe>
-cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, int pipe, cudaStream_t stream) {
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kPipe>;
-  int stages = 0;
-  size_t smem = 0;
-  if constexpr (kPipe) {
-    // As many slots (2..6) as keep two CTAs per SM within ~110 KB each; `red` reuses the ring.
-    constexpr int kSlotCta = kWarps * PipeLayout<kFp4, kChunk, kGated>::kSlotBytes;
-    stages = std::max(2, std::min(6, (110 * 1024) / kSlotCta));
-    if (stages_override() > 0) stages = stages_override();
-    constexpr size_t kRed = sizeof(float) * (kGated ? 2 : 1) * kWarps * kRows * 8 * kNt;
-    smem = std::max(size_t(stages) * kSlotCta, kRed);
-    if (smem > size_t(device_info().smem_optin))  // e.g. gated FP8, 4-block chunks, 16 tokens
-      return launch_k<kFp4, kChunk, kGated, kNt, false>(a, n_groups, split, 0, stream);
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
-  if (split == 1) {
-    return launch_kernel(kernel, grid, kThreads, smem, stream, a, 1, stages, int(pipe == 2));
-  }
-  return launch_kernel_cluster(kernel, grid, kThreads, smem, stream, unsigned(split), a, split, stages, int(pipe == 2));
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt>;
+  if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
+  return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
 template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * n_groups;
   const Tuning t = pick_tuning(a, kFp4, kGated, kNt, tiles, device_info());
-  if (t.pipe && t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, true>(a, n_groups, t.split, t.pipe, stream);
-  if (t.pipe && t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, true>(a, n_groups, t.split, t.pipe, stream);
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, false>(a, n_groups, t.split, 0, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, false>(a, n_groups, t.split, 0, stream);
-  return launch_k<kFp4, 1, kGated, kNt, false>(a, n_groups, t.split, 0, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
@@ -624,11 +399,6 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 }
 
 }  // namespace
-
-void set_gemv_pipeline(int mode, int stages) {
-  g_pipe_override = mode >= 1 && mode <= 3 ? mode : 0;
-  g_stages_override = stages >= 2 && stages <= 6 ? stages : 0;
-}
 
 void set_gemv_tuning(int split, int chunk) {
   g_split_override = split;

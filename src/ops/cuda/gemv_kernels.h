@@ -28,10 +28,4 @@ cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t 
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
 
-// Benchmarking and tests only: 1 = direct register loads, 2 / 3 = the cp.async shared-memory
-// weight pipeline with .cg / .ca 16-byte copies (where the shape allows it), 0 = the default
-// (direct loads unless FLASHSEEK_GEMV_PIPE=1 / 2). `stages` 2..6 forces the ring depth (0: automatic
-// or FLASHSEEK_GEMV_STAGES). Process-wide, not thread-safe.
-void set_gemv_pipeline(int mode, int stages = 0);
-
 }  // namespace flashseek::ops::cuda::detail

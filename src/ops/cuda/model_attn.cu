@@ -797,18 +797,6 @@ cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
 }
 
 namespace {
-// IndexScoreArgs::kernel 0: FLASHSEEK_INDEX_SCORES (old | tiled1 | tiled2) if set, else 0 (auto).
-int default_index_kernel() {
-  static const int k = [] {
-    const char* e = std::getenv("FLASHSEEK_INDEX_SCORES");
-    if (e && std::strcmp(e, "old") == 0) return 1;
-    if (e && std::strcmp(e, "tiled1") == 0) return 2;
-    if (e && std::strcmp(e, "tiled2") == 0) return 3;
-    return 0;
-  }();
-  return k;
-}
-
 template <int KPT, int DP>
 cudaError_t launch_index_scores_tiled(const IndexScoreArgs& a, size_t smem, int sms, cudaStream_t s) {
   const int64_t clen_max = (a.start + a.T) / a.ratio;
@@ -829,7 +817,7 @@ cudaError_t launch_index_scores_tiled(const IndexScoreArgs& a, size_t smem, int 
 cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.stride == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.T > 65535 * 1024 || a.kernel < 0 || a.kernel > 3) return cudaErrorInvalidValue;
-  int kind = a.kernel ? a.kernel : default_index_kernel();
+  int kind = a.kernel;
   if (kind != 1 && a.nI > 0 && a.dI > 0 && a.dI <= kSumChunk) {
     int dev = 0, optin = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||

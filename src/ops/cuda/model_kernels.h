@@ -132,9 +132,9 @@ struct IndexScoreArgs {
   float* scores = nullptr;         // [T, stride]
   int64_t T = 0, nI = 0, dI = 0, start = 0, ratio = 1, stride = 0;
   bool bf16 = false;
-  // 0: default (env FLASHSEEK_INDEX_SCORES=old|tiled1|tiled2, else 2 or 3 by tiles x rows); 1: one
-  // thread per key; 2 / 3: key tiles in shared memory, 1 / 2 keys per thread (dI > 1024 or a tile
-  // over the shared-memory limit: kernel 1). Same bits for every kernel.
+  // 0: automatic (2 or 3 by tiles x rows); 1: one thread per key; 2 / 3: key tiles in shared
+  // memory, 1 / 2 keys per thread (dI > 1024 or a tile over the shared-memory limit: kernel 1).
+  // Same bits for every kernel; tests and the benchmarks force one.
   int kernel = 0;
 };
 cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
