@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda::bench {
 

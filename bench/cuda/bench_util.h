@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda::bench {

@@ -13,12 +13,12 @@
 #include <fmt/format.h>
 
 #include "bench/cuda/bench_util.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/gemv_kernels.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/cuda/model/kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

@@ -15,12 +15,12 @@
 #include <fmt/format.h>
 
 #include "bench/cuda/bench_util.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemm_fp8.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/prefill_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
+#include "ops/cuda/model/kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

@@ -20,9 +20,9 @@
 #include <cstdio>
 #include <functional>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

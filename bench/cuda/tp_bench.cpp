@@ -6,7 +6,7 @@
 #include <numeric>
 #include <random>
 
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 
 #if FLASHSEEK_HAVE_NCCL
 #include <nccl.h>

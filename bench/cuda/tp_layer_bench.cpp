@@ -19,11 +19,11 @@
 #include <fmt/format.h>
 
 #include "bench/cuda/bench_util.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 #if FLASHSEEK_HAVE_NCCL
 #include <nccl.h>

@@ -23,7 +23,7 @@
 #if FLASHSEEK_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "ops/cuda/comm.h"
+#include "ops/cuda/runtime/comm.h"
 #endif
 
 namespace flashseek::forward {

@@ -20,8 +20,8 @@
 #include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "ops/cuda/comm.h"
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #endif
 
 namespace flashseek::forward {

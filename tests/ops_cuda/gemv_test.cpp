@@ -11,8 +11,8 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/block_scaled_data.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/gemv_kernels.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <thread>
 
-#include "ops/cuda/launch.cuh"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

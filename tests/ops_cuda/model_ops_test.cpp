@@ -19,7 +19,7 @@
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/quant.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "gpu_util.h"
 #include "ops/attention_pool.h"
-#include "ops/cuda/prefill_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

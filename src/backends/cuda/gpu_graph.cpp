@@ -23,8 +23,8 @@
 #include <cstdlib>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::forward::gpu {
 namespace {

@@ -21,9 +21,9 @@
 #include "forward/state_convert.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/device_memory.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/runtime/device_memory.h"
+#include "ops/cuda/runtime/launch.cuh"
 #include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda {

@@ -34,11 +34,11 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 
 #include "backends/cuda/gpu_impl.h"
 #include "model/weights.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/engram.h"
 
 namespace flashseek::forward {

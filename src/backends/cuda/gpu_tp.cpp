@@ -111,8 +111,8 @@ Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
 
 #if FLASHSEEK_HAVE_CUDA
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::forward {
 namespace gpu {

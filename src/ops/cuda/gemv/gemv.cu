@@ -26,8 +26,8 @@
 
 #include <algorithm>
 
-#include "ops/cuda/gemv_kernels.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

@@ -1,5 +1,5 @@
 // The per-thread launch tape of ops/cuda/launch.cuh.
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::ops::cuda {
 

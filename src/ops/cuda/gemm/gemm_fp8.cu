@@ -43,8 +43,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "ops/cuda/gemm_fp8_kernels.h"
-#include "ops/cuda/smem_limit.cuh"
+#include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 
 namespace flashseek::ops::cuda {
 

@@ -1,5 +1,5 @@
 // Glue kernels of the prefill layer benchmark (see prefill_kernels.h).
-#include "ops/cuda/prefill_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
 
 #include <cuda_fp8.h>
 

@@ -26,8 +26,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "ops/cuda/launch.cuh"
-#include "ops/cuda/sample_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/sampling/sample_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

@@ -1,5 +1,5 @@
 // Random data made on the device for benchmarks (weights of a layer slice never leave the GPU).
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

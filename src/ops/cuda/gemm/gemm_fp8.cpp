@@ -1,11 +1,11 @@
 // Host side of the large-M FP8 GEMM: shape, alignment and device checks, Status; kernels live in
 // gemm_fp8.cu.
-#include "ops/cuda/gemm_fp8.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
 
 #include <cstdint>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemm_fp8_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemm/gemm_fp8_kernels.h"
 
 namespace flashseek::ops::cuda {
 

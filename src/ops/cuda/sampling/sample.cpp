@@ -1,10 +1,10 @@
 // Host side of the CUDA sampling op: checks and Status; kernels live in sample.cu.
-#include "ops/cuda/sample.h"
+#include "ops/cuda/sampling/sample.h"
 
 #include <vector>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/sample_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/sampling/sample_kernels.h"
 
 namespace flashseek::ops::cuda {
 

@@ -1,8 +1,8 @@
 // Host side of the small-M GEMV launchers: shape checks and Status; kernels live in gemv.cu.
-#include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv/gemv.h"
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemv_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemv/gemv_kernels.h"
 
 namespace flashseek::ops::cuda {
 

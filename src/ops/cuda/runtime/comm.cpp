@@ -1,13 +1,13 @@
 // Communicators of the tensor/expert-parallel model: host-staged (any devices) and NCCL.
-#include "ops/cuda/comm.h"
+#include "ops/cuda/runtime/comm.h"
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/runtime/launch.cuh"
 
 #if FLASHSEEK_HAVE_NCCL
 #include <nccl.h>

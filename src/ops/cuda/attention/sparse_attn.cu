@@ -11,8 +11,8 @@
 #include <atomic>
 #include <cmath>
 
-#include "ops/cuda/small_kernels.h"
-#include "ops/cuda/smem_limit.cuh"
+#include "ops/cuda/model/small_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

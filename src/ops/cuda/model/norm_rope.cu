@@ -4,8 +4,8 @@
 // (the CPU in double), so it agrees to a few ulps.
 #include <cuda_bf16.h>
 
-#include "ops/cuda/small_kernels.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/model/small_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

@@ -6,8 +6,8 @@
 // and by shuffles; keys a query cannot see (>= (start + t + 1) / ratio) get −inf.
 #include <cuda_bf16.h>
 
-#include "ops/cuda/prefill_kernels.h"
-#include "ops/cuda/smem_limit.cuh"
+#include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

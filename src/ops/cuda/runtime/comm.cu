@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

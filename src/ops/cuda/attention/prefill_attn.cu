@@ -9,8 +9,8 @@
 // and probabilities, FP32 accumulation and softmax statistics; a query with no valid key gets 0.
 #include <cuda_bf16.h>
 
-#include "ops/cuda/prefill_kernels.h"
-#include "ops/cuda/smem_limit.cuh"
+#include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {

@@ -1,10 +1,10 @@
 // Host side of the RMSNorm / RoPE / sparse-attention launchers: checks and Status.
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/model/kernels.h"
 
 #include <algorithm>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "ops/cuda/launch.cuh"
-#include "ops/cuda/model_device.cuh"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/model/model_device.cuh"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
