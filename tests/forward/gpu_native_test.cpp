@@ -1,6 +1,6 @@
 // The CUDA backend with native weights (backends/cuda/gpu_model.h GpuLoadOptions, opt-in): in reference
 // numerics the FP8 linears and the FP4 routed experts stay on the device as stored and run through
-// the block-scaled kernels (ops/cuda/gemv.h).
+// the block-scaled kernels (ops/cuda/gemv/gemv.h).
 // * Native weights take less device memory than the FP32 copies and every listed matrix is native.
 // * Exact numerics never use them; FLASHSEEK_GPU_WEIGHTS selects them, a bad value is an error.
 // * Parity with the CPU reference backend (make-tiny, 410 tokens): tie-free variants max|Δlogit|

@@ -2,7 +2,7 @@
 // whose items all have at most kGpuGraphMaxTokens tokens runs as one graph on stream_.
 //
 // Patch path (one GPU): the step's host code runs with the launch tape in patch mode
-// (ops/cuda/launch.cuh): every kernel, copy and memset is appended to the tape instead of being
+// (ops/cuda/runtime/launch.cuh): every kernel, copy and memset is appended to the tape instead of being
 // queued, the host work (Engram gather into pinned staging, pool tables, sequence counters) happens
 // as usual. If an executable recorded from the same key (the items' T and all_logits) and the same
 // op sequence is cached, the nodes whose parameters differ from its tape are set and it is
@@ -149,7 +149,7 @@ size_t taped_nodes(const ops::cuda::LaunchTape& t) {
 }  // namespace
 
 // Replays the step from a cached executable without recording it: the forward's host code runs
-// with the launch tape in patch mode (ops/cuda/launch.cuh: every kernel, copy and memset is
+// with the launch tape in patch mode (ops/cuda/runtime/launch.cuh: every kernel, copy and memset is
 // appended, nothing is queued), inside an empty capture of stream_ that catches any work that
 // bypasses the tape. If the tape matches an executable recorded from the same key and op sequence,
 // only the nodes whose parameters changed are set, and the executable is launched. `done` false:

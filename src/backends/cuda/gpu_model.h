@@ -46,7 +46,7 @@ struct GpuLoadOptions {
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
 // whose items all have at most kGpuGraphMaxTokens tokens runs as a CUDA graph on the model's
 // stream. On one GPU a step replays a cached executable of the same op sequence, with only the
-// changed node parameters patched (ops/cuda/launch.cuh launch tape); a new op sequence is recorded
+// changed node parameters patched (ops/cuda/runtime/launch.cuh launch tape); a new op sequence is recorded
 // once. On by default (GpuLoadOptions::graphs kOff: eager; kRecord: record every step), on one GPU
 // and on multi-GPU NCCL ranks (their all-reduces are tape markers,
 // never patched; the ranks vote each step); the host-staged communicator never uses them. Counters since load
