@@ -105,7 +105,7 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s);
 
-// ---- attention and indexer (model_attn.cu) -----------------------------------------------------
+// ---- attention (attention/model_attn.cu), indexer (indexer/index_kernels.cu), router (route.cu) --
 // One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
 // (ops::sparse_attention). Window key s: kv_chunk[s − start] if s >= start else ring[s % ring].
 struct ModelAttnArgs {
