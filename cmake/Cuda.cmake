@@ -11,7 +11,7 @@ if(FLASHSEEK_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${FLASHSEEK_CUDA_ARCHS})
   enable_language(CUDA)
   # CMake 3.25 does not know a CUDA20 dialect for nvcc (and would inherit CXX_STANDARD 20):
-  # .cu files are C++17; they include no project header that needs C++20 (see ops/cuda/*kernels.h).
+  # .cu files are C++17; they include no project header that needs C++20 (see ops/cuda/*/*kernels.h).
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)

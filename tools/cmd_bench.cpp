@@ -1,4 +1,4 @@
-// `flashseek bench`: kernel-level layer-slice benchmark on the GPU (ops/cuda/layer_bench.h).
+// `flashseek bench`: kernel-level layer-slice benchmark on the GPU (bench/cuda/layer_bench.h).
 // Without a CUDA build or a device it fails with a clear message.
 #include <fstream>
 #include <iostream>
@@ -10,11 +10,11 @@
 #include "tools/command.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "ops/cuda/kernel_bench.h"
-#include "ops/cuda/layer_bench.h"
-#include "ops/cuda/prefill_bench.h"
-#include "ops/cuda/spec_bench.h"
-#include "ops/cuda/tp_bench.h"
+#include "bench/cuda/kernel_bench.h"
+#include "bench/cuda/layer_bench.h"
+#include "bench/cuda/prefill_bench.h"
+#include "bench/cuda/spec_bench.h"
+#include "bench/cuda/tp_bench.h"
 #endif
 
 namespace flashseek::tools {
@@ -35,6 +35,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     int prefill = 0;
     std::string kernels;
     std::string skip_variants;
+    std::string prefill_experts = "grouped";
+    std::string prefill_attn = "prefill";
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -43,7 +45,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--out", o->out, "also write the Markdown tables to this file");
   cmd->add_flag("--spec", o->spec,
                 "DSpark cost model: 1-token vs verify-block layer time, draft cost, projected tok/s "
-                "(ops/cuda/spec_bench.h)");
+                "(bench/cuda/spec_bench.h)");
   cmd->add_option("--contexts", o->contexts, "comma-separated context lengths for the indexer");
   cmd->add_option("--graph-layers", o->graph_layers, "decode layers per captured CUDA graph (0: no graph)");
   cmd->add_flag("--gemv-sweep", o->gemv_sweep, "also time the GEMVs at every forced k split");
@@ -53,16 +55,26 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "(--tokens: all-reduce rows, default 1,6,8192)");
   cmd->add_option("--prefill", o->prefill,
                   "prefill mode: one layer of an N-token chunk (e.g. 8192), every kernel timed, 40-layer and "
-                  "1M-token projection per --contexts (ops/cuda/prefill_bench.h)");
+                  "1M-token projection per --contexts (bench/cuda/prefill_bench.h)");
+  cmd->add_option("--prefill-experts", o->prefill_experts,
+                  "--prefill: routed experts as one grouped GEMM (grouped) or per-expert GEMMs on 8 streams "
+                  "(per-expert)")
+      ->check(CLI::IsMember({"grouped", "per-expert"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-attn", o->prefill_attn,
+                  "--prefill: attention and indexer scores with the prefill kernels, checked against the "
+                  "decode kernels (prefill), or with the decode kernels only (decode)")
+      ->check(CLI::IsMember({"prefill", "decode"}))
+      ->capture_default_str();
   cmd->add_option("--kernels", o->kernels,
                   "kernel micro-benchmarks instead of the layer slice, comma-separated: sampling (device "
                   "sampling vs copy + host sampler, V = 129,280), gemm (every FP8 GEMM kernel variant on the "
-                  "V4.1 prefill shapes) (ops/cuda/kernel_bench.h)");
+                  "V4.1 prefill shapes) (bench/cuda/kernel_bench.h)");
   cmd->add_option("--skip-variants", o->skip_variants,
                   "--kernels gemm: variant digits to leave out of the table, e.g. 67");
   return [o]() -> int {
 #if FLASHSEEK_HAVE_CUDA
-    if (!o->kernels.empty()) {  // ops/cuda/kernel_bench.h
+    if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();
       std::stringstream ss(o->kernels);
@@ -81,7 +93,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       }
       return 0;
     }
-    if (o->spec) {  // ops/cuda/spec_bench.h
+    if (o->spec) {  // bench/cuda/spec_bench.h
       ops::cuda::SpecBenchOptions so;
       so.reps = o->reps, so.layers = o->layers;
       auto rep = ops::cuda::run_spec_bench(so);
@@ -112,9 +124,11 @@ std::function<int()> setup_bench(CLI::App& app) {
       return true;
     };
     if (!parse(o->tokens, "--tokens", opt.tokens) || !parse(o->contexts, "--contexts", opt.contexts)) return 2;
-    if (o->prefill != 0) {  // ops/cuda/prefill_bench.h
+    if (o->prefill != 0) {  // bench/cuda/prefill_bench.h
       ops::cuda::PrefillBenchOptions po;
       po.tokens = o->prefill, po.reps = o->reps, po.layers = o->layers, po.contexts = opt.contexts;
+      po.grouped_experts = o->prefill_experts == "grouped";
+      po.prefill_kernels = o->prefill_attn == "prefill";
       auto rep = ops::cuda::run_prefill_bench(po);
       if (!rep.ok()) {
         std::cerr << "bench: " << rep.status().to_string() << "\n";
@@ -128,7 +142,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       }
       return 0;
     }
-    if (o->tp != 0) {  // ops/cuda/tp_bench.h
+    if (o->tp != 0) {  // bench/cuda/tp_bench.h
       ops::cuda::TpBenchOptions to;
       to.world = o->tp, to.reps = o->reps, to.layers = o->layers;
       if (o->tokens != "1,6,8,32") to.tokens = opt.tokens;

@@ -14,7 +14,9 @@
 #include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
 #include "tokenizer/tokenizer.h"
+#include "core/thread_pool.h"
 #include "tokenizer/tokenizer_locate.h"
+#include "tools/backend_options.h"
 #include "tools/command.h"
 
 namespace flashseek::tools {
@@ -29,6 +31,7 @@ struct RunOpts {
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
   bool json = false, ignore_eos = false;
+  BackendOpts backend;  // --threads, --gpu-graphs, --tp-comm, --device-sampling (backend_options.h)
 };
 
 int fail(const std::string& message) {
@@ -121,10 +124,14 @@ int run(const RunOpts& o) {
   }
   const auto numerics = o.numerics == "exact" ? forward::Numerics::kExact
                                               : forward::Numerics::kReference;
+  if (Status st = apply_threads(o.backend); !st.ok()) return fail(st.message());
   auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
   if (!gpu_weights.ok()) return fail(gpu_weights.status().message());
-  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus, forward::GpuLoadOptions{*gpu_weights});
+  forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
+  load_opts.weights = *gpu_weights;
+  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus, load_opts);
   if (!model.ok()) return fail(model.status().message());
+  if (o.gpus.empty()) spdlog::info("CPU backend: {} threads", ThreadPool::global().size());
   auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
                                (*model)->config().vocab_size);
   if (!request.ok()) return fail(request.status().message());
@@ -139,7 +146,9 @@ int run(const RunOpts& o) {
   const engine::SpecMode mode = o.speculative == "on"    ? engine::SpecMode::kOn
                                 : o.speculative == "off" ? engine::SpecMode::kOff
                                                          : engine::SpecMode::kAuto;
-  auto engine = engine::Engine::create(**model, {.max_batch = 1, .speculative = mode});
+  engine::EngineOptions eo{.max_batch = 1, .speculative = mode};
+  apply_engine_options(o.backend, eo);
+  auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return fail(engine.status().message());
   auto stream = (*engine)->submit(std::move(request).value());
   if (!stream.ok()) return fail(stream.status().message());
@@ -182,6 +191,7 @@ int run(const RunOpts& o) {
                n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
   const engine::EngineStats es = (*engine)->stats();
   if (es.spec_mode != engine::SpecMode::kOff) std::fprintf(stderr, "%s\n", spec_summary(es).c_str());
+  log_gpu_graphs(o.backend, **model);
   return 0;
 }
 
@@ -222,6 +232,7 @@ std::function<int()> setup(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");
+  add_backend_options(cmd, o->backend);
   return [o]() -> int { return run(*o); };
 }
 

@@ -22,6 +22,7 @@
 #include "server/http_server.h"
 #include "server/tokenizer_adapter.h"
 #include "tokenizer/tokenizer_locate.h"
+#include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/serve_cluster.h"
 
@@ -47,6 +48,7 @@ struct ServeOpts {
   std::string speculative = "auto";              // auto (the policy) | on | off (engine/spec_policy.h)
   std::vector<std::string> extra_names;
   server::ServerOptions limits;                  // connection and request limits (defaults there)
+  BackendOpts backend;                           // --threads, --gpu-graphs, ... (backend_options.h)
 };
 
 // Reads every weight shard once with a progress bar on stderr, so the mmap-based load that
@@ -169,6 +171,7 @@ int serve(const ServeOpts& o) {
   if (Status st = configure_tenants(o, tenants); !st.ok()) return fail(st);
   // Cluster flags are checked before anything is loaded (a bad --redis URL fails at once).
   if (Status st = check_cluster_options(o.cluster); !st.ok()) return fail(st);
+  if (Status st = apply_threads(o.backend); !st.ok()) return fail(st);
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 
@@ -204,10 +207,12 @@ int serve(const ServeOpts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   read_ahead_with_progress(o.ckpt);
   auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
+  forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
+  if (gpu_weights.ok()) load_opts.weights = *gpu_weights;
   auto model = gpu_weights.ok() ? forward::load_model_for(
                                       o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact
                                                                     : forward::Numerics::kReference,
-                                      o.gpus, forward::GpuLoadOptions{*gpu_weights})
+                                      o.gpus, load_opts)
                                 : Result<std::unique_ptr<forward::Model>>(gpu_weights.status());
   // Failure after the listener started: stop it and the signal thread before returning.
   auto abort_with = [&](const Status& st) {
@@ -239,6 +244,7 @@ int serve(const ServeOpts& o) {
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
   eo.max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
+  apply_engine_options(o.backend, eo);
   const bool has_draft = (*model)->has_draft();
   if (o.speculative == "on" && !has_draft)
     return abort_with(invalid_argument("--speculative on: the model has no draft (DSpark / MTP) on this backend"));
@@ -263,6 +269,7 @@ int serve(const ServeOpts& o) {
   signals.join();
   drain(**engine, **cache, cluster->get(), o.cluster.drain_snapshots);
   (*engine)->stop();
+  log_gpu_graphs(o.backend, **model);
   return 0;
 }
 
@@ -325,6 +332,7 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_flag("--thinking", o->thinking, "thinking mode when a request does not say");
   cmd->add_option("--served-model-name", o->extra_names, "extra model ids to accept");
   add_limit_options(cmd, o->limits);
+  add_backend_options(cmd, o->backend);
   return [o] { return serve(*o); };
 }
 

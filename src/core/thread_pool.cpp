@@ -1,12 +1,16 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace flashseek {
 
 namespace {
 thread_local bool t_inside_pool = false;
+
+// The global pool's requested size (0: the hardware's) and whether the pool exists yet.
+std::mutex g_global_mu;
+int g_global_threads = 0;
+bool g_global_made = false;
 }
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -90,10 +94,25 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
-    const char* env = std::getenv("FLASHSEEK_THREADS");
-    return env ? std::atoi(env) : 0;
+    std::lock_guard<std::mutex> lk(g_global_mu);
+    g_global_made = true;
+    return g_global_threads;
   }());
   return pool;
+}
+
+Status ThreadPool::set_global_threads(int n) {
+  if (n < 1 || n > kMaxThreads) return invalid_argument("--threads {}: expected 1..{}", n, kMaxThreads);
+  {
+    std::lock_guard<std::mutex> lk(g_global_mu);
+    if (!g_global_made) {
+      g_global_threads = n;
+      return {};
+    }
+  }
+  if (global().size() != n)
+    return invalid_argument("--threads {}: the CPU thread pool already runs {} threads", n, global().size());
+  return {};
 }
 
 }  // namespace flashseek

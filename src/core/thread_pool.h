@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/status.h"
+
 namespace flashseek {
 
 class ThreadPool {
@@ -25,8 +27,13 @@ class ThreadPool {
   // Nested calls from inside fn run serially on the calling thread.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
-  // Process-wide default pool (sized from FLASHSEEK_THREADS or the hardware).
+  // Process-wide default pool: set_global_threads's size, else the hardware's.
   static ThreadPool& global();
+
+  // Sizes the global pool (the CLI's --threads, called before the model loads): n in
+  // 1..kMaxThreads. The pool is created on first use; once it exists, a different size is an error.
+  static constexpr int kMaxThreads = 1024;
+  static Status set_global_threads(int n);
 
  private:
   void worker_loop();

@@ -18,8 +18,7 @@ namespace flashseek::engine {
 
 namespace {
 bool device_sampling_on(const forward::Model& model, const EngineOptions& o) {
-  const char* env = std::getenv("FLASHSEEK_DEVICE_SAMPLING");
-  return o.device_sampling && model.samples_on_device() && !(env && std::string_view(env) == "0");
+  return o.device_sampling && model.samples_on_device();
 }
 
 uint64_t initial_seed(const EngineOptions& o) {

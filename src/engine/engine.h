@@ -49,8 +49,8 @@ struct EngineOptions {
   // Sample on the model's device when it can (Model::samples_on_device) and the item needs no
   // logits on the host (no logprobs, no prompt logprobs, not a speculative verification): the
   // engine passes an ops::SampleSpec per item and gets one token back instead of a [vocab] row.
-  // Same tokens either way (the device op follows the engine's rule). The environment variable
-  // FLASHSEEK_DEVICE_SAMPLING=0 turns it off as well.
+  // Same tokens either way (the device op follows the engine's rule). The CLI's
+  // --device-sampling on|off sets it.
   bool device_sampling = true;
 };
 
@@ -159,7 +159,7 @@ class Engine {
   forward::Model& model_;
   const EngineOptions options_;
   const int64_t vocab_;
-  const bool device_sampling_;  // options_.device_sampling, the env switch and the model agree
+  const bool device_sampling_;  // options_.device_sampling and the model agree
   const SpecMode spec_mode_;     // options_.speculative, kOff when the model has no draft
   const int64_t spec_block_;     // the draft's block size (Model::draft_block_size)
   double now() const;            // options_.clock or steady_clock, in seconds

@@ -1,6 +1,6 @@
 // Sampling one token per row of logits: the single definition of the engine's sampling rule, with
 // one params struct shared by the CPU twin (sample_rows_ref, ops/cpu/sample.cpp) and the CUDA op
-// (ops/cuda/sample.h), so that the two can be compared on identical inputs.
+// (ops/cuda/sampling/sample.h), so that the two can be compared on identical inputs.
 //
 // The rule (docs/engine.md "Sampling"), for one row [V]:
 //   1. greedy (temperature <= 0 or top_k == 1): argmax over finite logits, lowest id on ties;
@@ -58,7 +58,7 @@ Result<int32_t> sample_row(std::span<const float> logits, const SampleSpec& s);
 
 // One token per row of `logits`. Both backends take the same struct; for the CUDA op `logits` and
 // `out` are device pointers and `workspace` device memory of sample_rows_workspace_bytes(vocab)
-// bytes (ops/cuda/sample.h; nothing is allocated inside, so the op may be captured in a CUDA
+// bytes (ops/cuda/sampling/sample.h; nothing is allocated inside, so the op may be captured in a CUDA
 // graph); the CPU twin ignores the workspace. `specs` is host memory in both.
 struct SampleRowsParams {
   const float* logits = nullptr;      // [rows, vocab] FP32

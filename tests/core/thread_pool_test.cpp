@@ -28,4 +28,22 @@ TEST(ThreadPool, NestedCallsRunInline) {
   EXPECT_EQ(total.load(), 80);
 }
 
+// The global pool's size comes from set_global_threads (the CLI's --threads) before its first
+// use; sizes out of 1..kMaxThreads and a different size after creation are errors, never a
+// silent resize. (That --threads N gives N threads is checked through the CLI, cli_run_test.cpp.)
+TEST(ThreadPool, GlobalSizeIsSetBeforeFirstUseOnly) {
+  for (int bad : {0, -1, ThreadPool::kMaxThreads + 1}) {
+    const Status st = ThreadPool::set_global_threads(bad);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("--threads"), std::string::npos) << st.message();
+  }
+  const int n = ThreadPool::global().size();  // creates the pool if this process had none yet
+  EXPECT_GE(n, 1);
+  EXPECT_TRUE(ThreadPool::set_global_threads(n).ok());
+  const Status st = ThreadPool::set_global_threads(n + 1);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("already runs"), std::string::npos) << st.message();
+  EXPECT_EQ(ThreadPool::global().size(), n);
+}
+
 }  // namespace flashseek

@@ -141,5 +141,50 @@ TEST_F(CliRun, BadInputFailsWithAMessage) {
   expect_fail(ck + "--prompt-ids @/nonexistent/ids.json --json", "ids.json");
 }
 
+// Backend options (tools/backend_options.h): --threads N sizes the CPU backend's thread pool (the
+// log line reports the pool's real size) and the result does not depend on it, greedy or seeded;
+// the CUDA-only options are accepted on the CPU backend and change nothing there.
+TEST_F(CliRun, ThreadsSizeThePoolAndDoNotChangeTheResult) {
+  const std::string req = "--prompt-ids 5,17,2,99,41,7 --max-tokens 8 --ignore-eos --logprobs 2 --json ";
+  for (const std::string sampling : {"--temperature 0", "--temperature 0.9 --seed 7"}) {
+    SCOPED_TRACE(sampling);
+    auto one = run(req + sampling + " --threads 1");
+    auto three = run(req + sampling + " --threads 3");
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    ASSERT_EQ(three.exit_code, 0) << three.output;
+    EXPECT_FALSE(nlohmann::json::parse(one.output)["tokens"].empty());
+    EXPECT_EQ(one.output, three.output);
+    auto gpu_opts = run(req + sampling + " --gpu-graphs off --tp-comm host --device-sampling off");
+    ASSERT_EQ(gpu_opts.exit_code, 0) << gpu_opts.output;
+    EXPECT_EQ(one.output, gpu_opts.output);
+  }
+  for (int n : {1, 3}) {  // stderr only: the log line of the pool actually made
+    auto r = run_command("(" + flashseek_bin() + " run --ckpt " + ckpt() + " " + req + "--threads " +
+                         std::to_string(n) + " 2>&1 >/dev/null)");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("CPU backend: " + std::to_string(n) + " threads"), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(CliRun, BadBackendOptionsFailWithAMessage) {
+  const std::string ck = "--ckpt " + ckpt() + " --prompt-ids 1 --json ";
+  auto expect_fail = [&](const std::string& cmd, const std::string& args, const std::string& needle) {
+    // `timeout`: a serve that wrongly accepted the option would listen until stopped.
+    auto r = run_command("timeout 60 " + flashseek_bin() + " " + cmd + " " + args);
+    EXPECT_NE(r.exit_code, 0) << cmd << " " << args;
+    EXPECT_NE(r.exit_code, 124) << cmd << " " << args << ": did not fail before serving";
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+  };
+  // The needles are the options' own checks (an unknown option would fail differently).
+  expect_fail("run", ck + "--threads -1", "--threads -1: expected 1..1024");
+  expect_fail("run", ck + "--threads 5000", "--threads 5000: expected 1..1024");
+  expect_fail("run", ck + "--threads two", "--threads = two");
+  expect_fail("run", ck + "--gpu-graphs maybe", "--gpu-graphs: maybe not in {on,record,off}");
+  expect_fail("run", ck + "--tp-comm mpi", "--tp-comm: mpi not in {auto,nccl,host}");
+  expect_fail("run", ck + "--device-sampling 0", "--device-sampling: 0 not in {on,off}");
+  expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --threads 5000", "--threads 5000: expected 1..1024");
+  expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --gpu-graphs 1", "--gpu-graphs: 1 not in {on,record,off}");
+}
+
 }  // namespace
 }  // namespace flashseek::engine

@@ -1,10 +1,9 @@
 // Device sampling in the engine (BatchItem::sample, Model::samples_on_device) against a fake model
 // that "samples on the device" with the CPU twin ops::sample_rows_ref: the engine sets `sample`
 // only on items whose row the host does not need, accounts rows accordingly, and every request's
-// result is the same with device sampling on, off, or switched off by FLASHSEEK_DEVICE_SAMPLING=0.
+// result is the same with device sampling on or off (EngineOptions::device_sampling, the CLI's
+// --device-sampling).
 #include <gtest/gtest.h>
-
-#include <cstdlib>
 
 #include "engine_test_util.h"
 #include "ops/sample.h"
@@ -113,22 +112,6 @@ TEST(DeviceSampling, NoItemNeedingRowsIsSampledOnTheDevice) {
   res = run_all(model2, {r}, {});
   EXPECT_EQ(res[0].prompt_logprobs.size(), r.prompt.size());
   EXPECT_EQ(model2.device_sampled, 11);  // every token but the first (from the prompt's rows)
-}
-
-TEST(DeviceSampling, EnvironmentSwitchTurnsItOff) {
-  const int64_t V = 40;
-  Rng rng(9);
-  Request r = random_request(rng, 1, V, false);
-  r.max_tokens = 10;
-  r.ignore_eos = true;
-  SamplingFakeModel on_model(V), env_model(V);
-  auto on = run_all(on_model, {r}, {});
-  EXPECT_EQ(on_model.device_sampled, 10);
-  ::setenv("FLASHSEEK_DEVICE_SAMPLING", "0", 1);
-  auto off = run_all(env_model, {r}, {});
-  ::unsetenv("FLASHSEEK_DEVICE_SAMPLING");
-  EXPECT_EQ(env_model.device_sampled, 0);
-  EXPECT_EQ(on[0].tokens, off[0].tokens);
 }
 
 TEST(DeviceSampling, RowWithoutFiniteLogitEndsTheRequestWithAnError) {

@@ -1,11 +1,11 @@
-// CUDA graphs of decode-sized forwards (gpu_graph.cpp): with graphs on (FLASHSEEK_GPU_GRAPHS=1),
-// the logits are BITWISE those of the eager path (=0) over 400+ one-token decode steps of a batch of
+// CUDA graphs of decode-sized forwards (gpu_graph.cpp): with graphs on (GpuLoadOptions::graphs),
+// the logits are BITWISE those of the eager path (kOff) over 400+ one-token decode steps of a batch of
 // two sequences and of one sequence (tiny-v41 and tiny-v4, exact and reference numerics), both
 // when steps replay a cached executable by patching changed nodes (the default with graphs on) and
-// when every step is recorded (FLASHSEEK_GPU_GRAPH_PATCH=0), and over DSpark-style verify blocks of
+// when every step is recorded (kRecord), and over DSpark-style verify blocks of
 // 6 tokens with rollbacks; the counters prove which path ran (most decode steps patched); TP=2 over
 // NCCL with graphs on equals graphs off. Skips visibly without a CUDA device. Timing is not a
-// test's business: `flashseek run --gpus 0 ...` prints decode tok/s with FLASHSEEK_GPU_GRAPHS=0 / 1.
+// test's business: `flashseek run --gpus 0 ...` prints decode tok/s with --gpu-graphs off / on.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,26 +23,20 @@
 #if FLASHSEEK_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "ops/cuda/comm.h"
+#include "ops/cuda/runtime/comm.h"
 #endif
 
 namespace flashseek::forward {
 namespace {
 using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
 
-// FLASHSEEK_GPU_GRAPHS for the models loaded while it lives (read at load time).
-// `patch` false: FLASHSEEK_GPU_GRAPH_PATCH=0 (every graph step recorded).
-class GraphsEnv {
- public:
-  explicit GraphsEnv(bool on, bool patch = true) {
-    ::setenv("FLASHSEEK_GPU_GRAPHS", on ? "1" : "0", 1);
-    ::setenv("FLASHSEEK_GPU_GRAPH_PATCH", patch ? "1" : "0", 1);
-  }
-  ~GraphsEnv() {
-    ::unsetenv("FLASHSEEK_GPU_GRAPHS");
-    ::unsetenv("FLASHSEEK_GPU_GRAPH_PATCH");
-  }
-};
+// GpuLoadOptions with graphs on (patched replay, or every step recorded when `patch` is false)
+// or off (eager).
+GpuLoadOptions graph_options(bool on, bool patch = true) {
+  GpuLoadOptions o;
+  o.graphs = !on ? GpuGraphs::kOff : patch ? GpuGraphs::kPatch : GpuGraphs::kRecord;
+  return o;
+}
 
 struct Param {
   const char* config;
@@ -72,8 +66,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 std::unique_ptr<Model> load(const std::string& dir, Numerics n, bool graphs, bool patch = true) {
-  GraphsEnv env(graphs, patch);
-  auto m = load_model_gpu(dir, n, 0);
+  auto m = load_model_gpu(dir, n, 0, graph_options(graphs, patch));
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return m.ok() ? std::move(m).value() : nullptr;
 }
@@ -206,24 +199,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuGraphDecode,
                                            Param{"tiny-v4", Numerics::kExact}, Param{"tiny-v4", Numerics::kReference}),
                          param_name);
 
-TEST(GpuGraph, BadSwitchValueIsAClearError) {
-  FS_REQUIRE_GPU();
-  const std::string dir = make_ckpt("tiny-v41");
-  ::setenv("FLASHSEEK_GPU_GRAPHS", "maybe", 1);
-  auto m = load_model_gpu(dir, Numerics::kExact, 0);
-  ::unsetenv("FLASHSEEK_GPU_GRAPHS");
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("FLASHSEEK_GPU_GRAPHS"), std::string::npos) << m.status().to_string();
-  ::setenv("FLASHSEEK_GPU_GRAPH_PATCH", "yes", 1);
-  auto m2 = load_model_gpu(dir, Numerics::kExact, 0);
-  ::unsetenv("FLASHSEEK_GPU_GRAPH_PATCH");
-  ASSERT_FALSE(m2.ok());
-  EXPECT_NE(m2.status().message().find("FLASHSEEK_GPU_GRAPH_PATCH"), std::string::npos) << m2.status().to_string();
-}
-
 // TP over NCCL (2 GPUs, and 4 when present: configs whose o_groups split): each rank's thread runs
-// its own forward. Patched replay (FLASHSEEK_GPU_GRAPH_PATCH=1: the all-reduces stay as NCCL
-// captured them, the ranks vote each step), every step recorded (FLASHSEEK_GPU_GRAPH_PATCH=0) and eager give bitwise the same logits; every rank
+// its own forward. Patched replay (GpuGraphs::kPatch: the all-reduces stay as NCCL captured them,
+// the ranks vote each step), every step recorded (kRecord) and eager give bitwise the same logits; every rank
 // replays most decode steps by patching, and all ranks took the same decisions (equal counters).
 void nccl_tp_graphs(int world) {
 #if FLASHSEEK_HAVE_CUDA
@@ -240,8 +218,9 @@ void nccl_tp_graphs(int world) {
     }
     const std::string dir = make_ckpt(config);
     auto load_tp = [&](bool graphs, bool patch) -> std::unique_ptr<Model> {
-      GraphsEnv env(graphs, patch);
-      auto m = load_model_tp(dir, Numerics::kExact, devices, TpComm::kNccl);
+      GpuLoadOptions o = graph_options(graphs, patch);
+      o.tp_comm = TpComm::kNccl;
+      auto m = load_model_tp(dir, Numerics::kExact, devices, o);
       EXPECT_TRUE(m.ok()) << m.status().to_string();
       return m.ok() ? std::move(m).value() : nullptr;
     };

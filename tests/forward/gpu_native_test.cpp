@@ -28,7 +28,7 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #endif
 
 namespace flashseek::forward {

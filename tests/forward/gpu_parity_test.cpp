@@ -20,7 +20,7 @@
 #include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #endif
 
 namespace flashseek::forward {

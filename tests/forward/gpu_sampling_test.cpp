@@ -3,7 +3,7 @@
 // back and the host samples) gives the same tokens, greedy and seeded, with and without DSpark
 // speculation, on make-tiny tiny-v41, also for the full 129,280-token vocabulary ("demo" config).
 // Timing is not a test's business: `flashseek run --gpus 0 ...` prints decode tok/s with
-// FLASHSEEK_DEVICE_SAMPLING=0 / 1, `flashseek bench --kernels sampling` the per-row op.
+// --device-sampling off / on, `flashseek bench --kernels sampling` the per-row op.
 #include <gtest/gtest.h>
 
 #include <cstdio>

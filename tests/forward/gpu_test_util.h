@@ -18,7 +18,7 @@
 #include "model/make_tiny.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #endif
 
 namespace flashseek::forward::gpu_test {

@@ -20,8 +20,8 @@
 #include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
-#include "ops/cuda/comm.h"
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/runtime/cuda_check.h"
 #endif
 
 namespace flashseek::forward {
@@ -242,7 +242,9 @@ void check_tp(const TpParam& p, const std::vector<int>& devices, TpComm comm) {
   const std::string dir = make_ckpt(p.config, p.tie_free);
   auto one = load_model_gpu(dir, p.numerics, 0, gpu_test::cpu_twin_weights(p.numerics));
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto tp = load_model_tp(dir, p.numerics, devices, comm);
+  GpuLoadOptions o;
+  o.tp_comm = comm;
+  auto tp = load_model_tp(dir, p.numerics, devices, o);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();
   const int64_t V = one.value()->config().vocab_size;
   EXPECT_EQ(tp.value()->config().vocab_size, V);
@@ -326,7 +328,9 @@ TEST(GpuTpCli, GpusListSelectsTheMultiGpuModel) {
   EXPECT_FALSE(m.value()->forward({&b, 1}, lg).ok());
   ASSERT_TRUE(m.value()->forward({&item, 1}, lg).ok());
   EXPECT_EQ(st->length(), 6);
-  auto nccl_dup = load_model_tp(dir, Numerics::kExact, {0, 0}, TpComm::kNccl);
+  GpuLoadOptions nccl;
+  nccl.tp_comm = TpComm::kNccl;
+  auto nccl_dup = load_model_tp(dir, Numerics::kExact, {0, 0}, nccl);
   ASSERT_FALSE(nccl_dup.ok());
   EXPECT_NE(nccl_dup.status().message().find("distinct"), std::string::npos);
   auto missing = load_model_for(dir, Numerics::kExact, "0,99");

@@ -11,9 +11,9 @@
 // on |x|, |W|), and on average within 2^-11 · Σ (the typical error is far below the worst case).
 //
 // Timing of every kernel variant on the V4.1 prefill shapes: `flashseek bench --kernels gemm`
-// (src/ops/cuda/kernel_bench.cpp).
+// (bench/cuda/kernel_bench.cpp).
 #include "ops/block_scaled_data.h"
-#include "ops/cuda/gemm_fp8.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
 
 #include <gtest/gtest.h>
 
@@ -28,7 +28,7 @@
 
 #include "core/numeric.h"
 #include "gpu_util.h"
-#include "ops/cuda/gemm_fp8_kernels.h"
+#include "ops/cuda/gemm/gemm_fp8_kernels.h"
 #include "ops/gemm_fp8.h"
 #include "ops/quant.h"
 

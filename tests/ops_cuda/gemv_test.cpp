@@ -11,8 +11,8 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/block_scaled_data.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/gemv_kernels.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 
@@ -283,60 +283,6 @@ TEST(CudaExpertGemv, FusedSwigluEveryKSplit) {
     }
   }
   detail::set_gemv_tuning(0, 0);
-}
-
-// The cp.async shared-memory weight pipeline (set_gemv_pipeline(2 / 3): .cg / .ca 16-byte copies,
-// automatic or forced ring depth) reads the same bytes and does the same arithmetic in the same
-// order as the direct-load kernel: outputs are bitwise equal, and both match the twin, for
-// m = 1..16, odd n, k of 1..72 blocks (FP4 with k/32 not a multiple of 4 falls back to direct
-// loads), forced splits, and grouped experts with absent token slots.
-TEST(CudaGemvPipeline, SameBitsAsDirectLoads) {
-  FS_REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { detail::set_gemv_pipeline(0), detail::set_gemv_tuning(0, 0); }
-  } restore;
-  auto both = [](auto&& run) {
-    std::vector<float> direct, piped;
-    detail::set_gemv_pipeline(1);
-    run(&direct);
-    ASSERT_FALSE(direct.empty());
-    const int variants[][2] = {{2, 0}, {3, 0}, {2, 2}, {3, 5}};  // {mode, stages}
-    for (const auto& v : variants) {
-      SCOPED_TRACE(::testing::Message() << "pipeline mode=" << v[0] << " stages=" << v[1]);
-      detail::set_gemv_pipeline(v[0], v[1]);
-      piped.clear();
-      run(&piped);
-      ASSERT_EQ(direct.size(), piped.size());
-      ASSERT_EQ(0, std::memcmp(direct.data(), piped.data(), direct.size() * sizeof(float)));
-    }
-  };
-  uint32_t seed = 300;
-  for (int64_t m = 1; m <= 16; ++m) {
-    const LinCase cases[] = {
-        {WeightFormat::kFp8, m, 33 + 7 * m, 64 * m + 32, 32, 32},
-        {WeightFormat::kFp8, m, 100, 1280, 32, 32},
-        {WeightFormat::kFp8, m, 70, 1024, 128, 128},
-        {WeightFormat::kFp4, m, 45 + m, 128 * (m % 5 + 1), 32, 32},
-        {WeightFormat::kFp4, m, 40, 96, 32, 32},  // 3 blocks: direct-load fallback
-    };
-    for (const auto& c : cases) {
-      SCOPED_TRACE(::testing::Message() << "m=" << m);
-      both([&](std::vector<float>* o) { run_linear_case(c, seed, o); });
-      ++seed;
-    }
-  }
-  for (int split : {1, 3, 8}) {
-    for (int chunk : {2, 4}) {
-      SCOPED_TRACE(::testing::Message() << "split=" << split << " chunk=" << chunk);
-      detail::set_gemv_tuning(split, chunk);
-      both([&](std::vector<float>* o) { run_linear_case({WeightFormat::kFp8, 6, 45, 2304, 32, 32}, seed, o); });
-      both([&](std::vector<float>* o) { run_linear_case({WeightFormat::kFp4, 9, 70, 2304, 32, 32}, seed + 1, o); });
-      both([&](std::vector<float>* o) { run_expert_case(WeightFormat::kFp4, 6, 6, 13, 200, 2304, 7.0f, seed + 2, o); });
-      both([&](std::vector<float>* o) { run_expert_case(WeightFormat::kFp8, 3, 1, 2, 70, 384, 7.0f, seed + 3, o); });
-      both([&](std::vector<float>* o) { run_expert_case(WeightFormat::kFp4, 20, 2, 3, 45, 256, 7.0f, seed + 4, o); });
-      seed += 5;
-    }
-  }
 }
 
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {

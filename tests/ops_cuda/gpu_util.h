@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/runtime/cuda_check.h"
 
 namespace flashseek::ops::cuda::testing {
 

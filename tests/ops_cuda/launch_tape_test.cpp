@@ -1,4 +1,4 @@
-// The launch tape (ops/cuda/launch.cuh) in patch mode: launches, copies and memsets are appended to
+// The launch tape (ops/cuda/runtime/launch.cuh) in patch mode: launches, copies and memsets are appended to
 // the thread's tape with their exact parameters and nothing reaches CUDA, so these tests need no
 // GPU (the stream is a dummy handle that CUDA never sees). The GPU side — patched graphs bitwise
 // equal to eager — is tests/forward/gpu_graph_test.cpp.
@@ -8,8 +8,8 @@
 #include <cstring>
 #include <thread>
 
-#include "ops/cuda/launch.cuh"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

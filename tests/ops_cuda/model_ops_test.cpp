@@ -1,4 +1,4 @@
-// The whole-model GPU kernels (ops/cuda/model_kernels.h) against their CPU twins (ops/*.h) on
+// The whole-model GPU kernels (ops/cuda/model/model_kernels.h) against their CPU twins (ops/*.h) on
 // random data with odd sizes, ties, zero / tiny / outlier blocks and empty slots. The kernels are
 // written to reproduce the CPU's operation order and rounding, so most comparisons are bitwise.
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/quant.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

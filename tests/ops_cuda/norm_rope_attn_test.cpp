@@ -8,7 +8,7 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/attention_pool.h"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/model/kernels.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 

@@ -1,4 +1,4 @@
-// Prefill benchmark kernels (ops/cuda/prefill_kernels.h) against CPU references: the prefill
+// Prefill benchmark kernels (ops/cuda/model/prefill_kernels.h) against CPU references: the prefill
 // attention against sparse_attention_pool_ref, the tensor-core indexer scores against a double
 // reference on BF16-rounded operands, and the MoE glue (row gather, SwiGLU + FP8 quantise,
 // combine). Without a GPU every test skips with the reason.
@@ -12,7 +12,7 @@
 
 #include "gpu_util.h"
 #include "ops/attention_pool.h"
-#include "ops/cuda/prefill_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {

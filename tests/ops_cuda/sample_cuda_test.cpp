@@ -12,7 +12,7 @@
 
 #include "core/rng.h"
 #include "gpu_util.h"
-#include "ops/cuda/sample.h"
+#include "ops/cuda/sampling/sample.h"
 #include "ops/sample.h"
 
 namespace flashseek::ops::cuda {

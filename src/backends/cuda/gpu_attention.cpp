@@ -9,8 +9,8 @@
 #include <cmath>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::forward::gpu {
 namespace cd = ops::cuda::detail;

@@ -12,8 +12,8 @@
 #include <cmath>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/linear.h"
 
 namespace flashseek::forward::gpu {

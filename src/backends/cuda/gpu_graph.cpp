@@ -2,7 +2,7 @@
 // whose items all have at most kGpuGraphMaxTokens tokens runs as one graph on stream_.
 //
 // Patch path (one GPU): the step's host code runs with the launch tape in patch mode
-// (ops/cuda/launch.cuh): every kernel, copy and memset is appended to the tape instead of being
+// (ops/cuda/runtime/launch.cuh): every kernel, copy and memset is appended to the tape instead of being
 // queued, the host work (Engram gather into pinned staging, pool tables, sequence counters) happens
 // as usual. If an executable recorded from the same key (the items' T and all_logits) and the same
 // op sequence is cached, the nodes whose parameters differ from its tape are set and it is
@@ -23,8 +23,8 @@
 #include <cstdlib>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/launch.cuh"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::forward::gpu {
 namespace {
@@ -149,7 +149,7 @@ size_t taped_nodes(const ops::cuda::LaunchTape& t) {
 }  // namespace
 
 // Replays the step from a cached executable without recording it: the forward's host code runs
-// with the launch tape in patch mode (ops/cuda/launch.cuh: every kernel, copy and memset is
+// with the launch tape in patch mode (ops/cuda/runtime/launch.cuh: every kernel, copy and memset is
 // appended, nothing is queued), inside an empty capture of stream_ that catches any work that
 // bypasses the tape. If the tape matches an executable recorded from the same key and op sequence,
 // only the nodes whose parameters changed are set, and the executable is launched. `done` false:
@@ -432,17 +432,6 @@ GpuModel::~GpuModel() {
   for (GraphExec& x : execs_) {
     if (x.exec) cudaGraphExecDestroy(x.exec);
     if (x.graph) cudaGraphDestroy(x.graph);
-  }
-  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS_LOG"); e && std::string(e) == "1") {
-    const GpuGraphStats& s = gstats_;
-    std::fprintf(stderr,
-                 "flashseek gpu %d: graphs %s; forwards %lld, decode-sized %lld, graph launches %lld, "
-                 "patched %lld (%lld nodes set, %lld misses), instantiations %lld, updates %lld (failed %lld), "
-                 "recaptures %lld, eager fallbacks %lld\n",
-                 device_, graphs_ ? "on" : "off", (long long)s.forwards, (long long)s.eligible,
-                 (long long)s.launches, (long long)s.patched, (long long)s.patched_nodes, (long long)s.patch_misses,
-                 (long long)s.instantiations, (long long)s.updates,
-                 (long long)s.update_failures, (long long)s.recaptures, (long long)s.eager_fallbacks);
   }
   if (stream_) cudaStreamDestroy(stream_);
 }

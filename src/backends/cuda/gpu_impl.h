@@ -23,10 +23,10 @@
 #include "forward/state_convert.h"
 #include "forward/weights.h"
 #include "model/checkpoint.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/device_memory.h"
-#include "ops/cuda/launch.cuh"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/runtime/device_memory.h"
+#include "ops/cuda/runtime/launch.cuh"
 #include "ops/linear_quant.h"
 
 namespace flashseek::ops::cuda {
@@ -347,8 +347,8 @@ class GpuModel final : public Model {
     bool patchable = false;       // every node is an op of `tape`, which holds its current parameters
     ops::cuda::LaunchTape tape;
   };
-  bool graphs_ = false;  // FLASHSEEK_GPU_GRAPHS (gpu_model.h)
-  // Steps replayed by patching nodes (one GPU; FLASHSEEK_GPU_GRAPH_PATCH=0: recorded every step).
+  bool graphs_ = false;  // GpuLoadOptions::graphs (gpu_model.h)
+  // Steps replayed by patching nodes (GpuGraphs::kPatch; kRecord: recorded every step).
   bool patch_ = false;
   // Consecutive patch misses, and eligible steps left that skip the patch attempt (after
   // kPatchMissRun misses in a row: e.g. work that bypasses the tape in every step).

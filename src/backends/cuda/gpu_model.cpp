@@ -19,7 +19,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
   if (gpus.empty()) return load_model(dir, numerics);
   if (gpus.find(',') != std::string::npos) {  // several devices: tensor + expert parallel (gpu_tp.h)
     FS_ASSIGN_OR_RETURN(std::vector<int> devices, parse_gpu_list(gpus));
-    return load_model_tp(dir, numerics, devices);
+    return load_model_tp(dir, numerics, devices, opts);
   }
   int device = -1;
   const auto [end, ec] = std::from_chars(gpus.data(), gpus.data() + gpus.size(), device);
@@ -40,11 +40,11 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 
 #include "backends/cuda/gpu_impl.h"
 #include "model/weights.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/model_kernels.h"
-#include "ops/cuda/small_kernels.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/kernels.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/engram.h"
 
 namespace flashseek::forward {
@@ -197,23 +197,12 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
   // CUDA graphs (gpu_graph.cpp): on by default, decode steps replay a cached executable by
-  // patching (FLASHSEEK_GPU_GRAPHS=0: eager; FLASHSEEK_GPU_GRAPH_PATCH=0: record every step).
-  m->graphs_ = true;
-  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPHS"); e && *e) {
-    const std::string v(e);
-    if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPHS={}: expected 0 or 1", v);
-    m->graphs_ = v == "1";
-  }
+  // patching (GpuLoadOptions::graphs kOff: eager; kRecord: record every step).
+  m->graphs_ = opts.graphs != GpuGraphs::kOff;
   if (comm && comm->kind() != "nccl") m->graphs_ = false;  // host-staged collectives synchronise
   // NCCL ranks patch too: their all-reduces stay as NCCL captured them and the ranks vote each
-  // step (patch / record / eager together). Measured on 2 and 4 H200s (bench/RESULTS.md, lead's
-  // final check): bitwise equal to eager, every TP and CLI test passing, slightly faster.
-  m->patch_ = m->graphs_;
-  if (const char* e = std::getenv("FLASHSEEK_GPU_GRAPH_PATCH"); e && *e) {
-    const std::string v(e);
-    if (v != "0" && v != "1") return invalid_argument("FLASHSEEK_GPU_GRAPH_PATCH={}: expected 0 or 1", v);
-    m->patch_ = v == "1" && m->graphs_;
-  }
+  // step (patch / record / eager together): bitwise equal to eager (bench/RESULTS.md).
+  m->patch_ = m->graphs_ && opts.graphs == GpuGraphs::kPatch;
   const auto& c = m->config();
   const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
   if (numerics == Numerics::kReference) {

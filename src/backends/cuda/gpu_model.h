@@ -32,16 +32,33 @@ enum class GpuWeights {
 // "native" / "fp32"; anything else is an error naming the flag.
 Result<GpuWeights> parse_gpu_weights(const std::string& s);
 
+// Collectives of a multi-GPU model (gpu_tp.h; the CLI's --tp-comm).
+enum class TpComm {
+  kAuto,  // NCCL when every device is distinct, host-staged when a device repeats
+  kNccl,
+  kHost,  // host-staged: works with several ranks on one GPU (tests), slow
+};
+
+// CUDA graphs of decode-sized steps (below; the CLI's --gpu-graphs on|record|off).
+enum class GpuGraphs {
+  kPatch,   // on: replay a cached executable, patching only the changed node parameters
+  kRecord,  // record and launch a new graph every step
+  kOff,     // eager launches
+};
+
+// How the CUDA backend keeps the weights and runs steps.
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
+  GpuGraphs graphs = GpuGraphs::kPatch;
+  TpComm tp_comm = TpComm::kAuto;  // several devices only
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
 // whose items all have at most kGpuGraphMaxTokens tokens runs as a CUDA graph on the model's
 // stream. On one GPU a step replays a cached executable of the same op sequence, with only the
-// changed node parameters patched (ops/cuda/launch.cuh launch tape); a new op sequence is recorded
-// once. On by default (FLASHSEEK_GPU_GRAPHS=0 at load time: eager; FLASHSEEK_GPU_GRAPH_PATCH=0:
-// record every step), on one GPU and on multi-GPU NCCL ranks (their all-reduces are tape markers,
+// changed node parameters patched (ops/cuda/runtime/launch.cuh launch tape); a new op sequence is recorded
+// once. On by default (GpuLoadOptions::graphs kOff: eager; kRecord: record every step), on one GPU
+// and on multi-GPU NCCL ranks (their all-reduces are tape markers,
 // never patched; the ranks vote each step); the host-staged communicator never uses them. Counters since load
 // (a multi-GPU model: summed over its ranks).
 inline constexpr int64_t kGpuGraphMaxTokens = 8;
@@ -71,6 +88,7 @@ Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numer
 
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
 // device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
+// `opts` apply to the CUDA backends only.
 Result<std::unique_ptr<Model>> load_model_for(const std::string& ckpt_dir, Numerics numerics,
                                               const std::string& gpus, const GpuLoadOptions& opts = {});
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/gemv.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::forward::gpu {
 namespace cd = ops::cuda::detail;

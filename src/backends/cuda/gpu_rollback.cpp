@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::forward::gpu {
 namespace cd = ops::cuda::detail;

@@ -9,7 +9,7 @@
 
 #if FLASHSEEK_HAVE_CUDA
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/sample.h"
+#include "ops/cuda/sampling/sample.h"
 
 namespace flashseek::forward::gpu {
 

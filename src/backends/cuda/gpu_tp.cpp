@@ -111,8 +111,8 @@ Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
 
 #if FLASHSEEK_HAVE_CUDA
 #include "backends/cuda/gpu_impl.h"
-#include "ops/cuda/comm.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::forward {
 namespace gpu {
@@ -274,7 +274,8 @@ Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model& m) {
 }
 
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics numerics, const std::vector<int>& devices,
-                                             TpComm comm) {
+                                             const GpuLoadOptions& opts) {
+  TpComm comm = opts.tp_comm;
   const int W = int(devices.size());
   if (W < 1) return invalid_argument("--gpus: no device given");
   std::string why;
@@ -285,12 +286,6 @@ Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics nu
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] >= have) return invalid_argument("--gpus: device {} does not exist (this machine has {} CUDA device(s))", devices[i], have);
     for (size_t j = 0; j < i; ++j) repeated = repeated || devices[j] == devices[i];
-  }
-  if (const char* e = std::getenv("FLASHSEEK_TP_COMM"); e && comm == TpComm::kAuto) {
-    const std::string v = e;
-    if (v == "host") comm = TpComm::kHost;
-    else if (v == "nccl") comm = TpComm::kNccl;
-    else if (!v.empty() && v != "auto") return invalid_argument("FLASHSEEK_TP_COMM={}: expected host, nccl or auto", v);
   }
   if (comm == TpComm::kAuto) comm = repeated ? TpComm::kHost : TpComm::kNccl;
   if (comm == TpComm::kNccl && repeated)
@@ -310,7 +305,7 @@ Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics nu
   std::vector<std::unique_ptr<gpu::GpuModel>> ranks;
   for (int r = 0; r < W; ++r) {
     FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, devices[size_t(r)], &shards[size_t(r)],
-                                                    comms[size_t(r)].get()));
+                                                    comms[size_t(r)].get(), opts));
     ranks.push_back(std::move(m));
   }
   return std::unique_ptr<Model>(
@@ -328,7 +323,8 @@ Result<GpuGraphStats> gpu_graph_stats(const Model&) {
 Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model&) {
   return Status(StatusCode::kUnimplemented, "CUDA graph counters: this build has no CUDA backend");
 }
-Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices, TpComm) {
+Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices,
+                                             const GpuLoadOptions&) {
   return Status(StatusCode::kUnimplemented,
                 fmt::format("--gpus: {} GPUs requested but this build has no CUDA backend", devices.size()));
 }

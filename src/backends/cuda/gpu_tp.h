@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/gpu_model.h"
 #include "core/status.h"
 #include "forward/model.h"
 #include "forward/weights.h"
@@ -42,16 +43,11 @@ Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard
 // "0,1" → {0, 1}. Errors for empty items, non-numbers, negative ids.
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
 
-enum class TpComm {
-  kAuto,  // NCCL when every device is distinct, host-staged when a device repeats
-  kNccl,
-  kHost,  // host-staged: works with several ranks on one GPU (tests), slow
-};
-
 // Loads one rank per entry of `devices` and returns the combined model (rank 0's config; logits
-// of the full vocabulary). FLASHSEEK_TP_COMM=host|nccl in the environment overrides kAuto.
+// of the full vocabulary). opts.tp_comm picks the collectives (TpComm, gpu_model.h); opts.graphs
+// applies to every rank.
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& ckpt_dir, Numerics numerics,
-                                             const std::vector<int>& devices, TpComm comm = TpComm::kAuto);
+                                             const std::vector<int>& devices, const GpuLoadOptions& opts = {});
 
 struct GpuGraphStats;  // backends/cuda/gpu_model.h
 // The CUDA-graph counters of each rank of a multi-GPU model (gpu_graph_stats sums them); one entry

@@ -1,6 +1,6 @@
 // The fixed summation orders of the FP32 dot product (ops::dot_f32) and of the double sum of
 // squares (rms_norm, the mHC flat RMS), shared by the CPU twins; the CUDA kernels reproduce them
-// bit for bit (ops/cuda/model_device.cuh). Internal to src/ops/cpu.
+// bit for bit (ops/cuda/model/model_device.cuh). Internal to src/ops/cpu.
 //
 // n <= kSumChunk: the short orders (dot: eight interleaved partial sums, element i into s[i % 8],
 // combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)); sum of squares: index order).

@@ -1,0 +1,306 @@
+// Kernel micro-benchmarks: device sampling vs the host path, FP8 GEMM kernel variants
+// (kernel_bench.h).
+#include "bench/cuda/kernel_bench.h"
+
+#include "ops/block_scaled_data.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/numeric.h"
+#include "core/rng.h"
+#include "bench/cuda/bench_util.h"
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
+#include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/cuda/sampling/sample.h"
+#include "ops/gemm_fp8.h"
+#include "ops/sample.h"
+
+namespace flashseek::ops::cuda {
+namespace {
+
+
+// Two events destroyed at scope exit.
+struct Events {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Events() {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~Events() {
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+};
+
+template <typename T>
+Status upload(T* dst, const std::vector<T>& src) {
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return {};
+}
+
+// ------------------------------------------------------------------ sampling
+
+Result<std::string> sampling_bench(int reps) {
+  const int64_t V = 129280;
+  Rng rng(5);
+  std::vector<float> row(static_cast<size_t>(V)), flat_row(static_cast<size_t>(V));
+  for (auto& x : row) x = float(rng.normal() * 3.0);        // peaked
+  for (auto& x : flat_row) x = float(rng.normal() * 0.01);  // flat: top-p keeps many tokens
+  FS_ASSIGN_OR_RETURN(size_t ws_bytes, sample_rows_workspace_bytes(V));
+  bench::Arena ar;
+  FS_ASSIGN_OR_RETURN(float* d_row, ar.alloc<float>(V));
+  FS_ASSIGN_OR_RETURN(float* d_flat, ar.alloc<float>(V));
+  FS_ASSIGN_OR_RETURN(int32_t* d_out, ar.alloc<int32_t>(1));
+  FS_ASSIGN_OR_RETURN(char* ws, ar.alloc<char>(int64_t(ws_bytes)));
+  FS_RETURN_IF_ERROR(upload(d_row, row));
+  FS_RETURN_IF_ERROR(upload(d_flat, flat_row));
+  struct Case {
+    const char* name;
+    SampleSpec s;
+    bool flat;
+  };
+  std::vector<Case> cases(6);
+  cases[0] = {"greedy", {}, false};
+  cases[0].s.temperature = 0;
+  cases[1] = {"temperature 0.8", {}, false};
+  cases[1].s.temperature = 0.8;
+  cases[2] = {"top-k 50", {}, false};
+  cases[2].s.top_k = 50;
+  cases[3] = {"top-p 0.9 peaked", {}, false};
+  cases[3].s.top_p = 0.9;
+  cases[4] = {"top-p 0.9 flat", {}, true};
+  cases[4].s.top_p = 0.9;
+  cases[5] = {"min-p 0.05", {}, false};
+  cases[5].s.min_p = 0.05;
+  Events ev;
+  std::string md = fmt::format(
+      "### Sampling, one row of V = {} (device: {} launches per sample; host: 5 copies + CPU sampler)\n\n"
+      "| sampler | device us/row (launch included) | host copy + CPU sampler us/row | token |\n"
+      "|---|---|---|---|\n",
+      V, reps);
+  std::vector<float> h(static_cast<size_t>(V));
+  for (Case& c : cases) {
+    c.s.u = 0.37;
+    SampleRowsParams g;
+    g.logits = c.flat ? d_flat : d_row, g.rows = 1, g.vocab = V, g.specs = &c.s;
+    g.out = d_out, g.workspace = ws, g.workspace_bytes = ws_bytes;
+    FS_RETURN_IF_ERROR(sample_rows_cuda(g, nullptr));  // warm-up
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.a, nullptr));
+    for (int i = 0; i < reps; ++i) FS_RETURN_IF_ERROR(sample_rows_cuda(g, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.b, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.b));
+    float ms = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    // Host path: copy the row to pageable memory and run the CPU sampler.
+    const auto t0 = std::chrono::steady_clock::now();
+    int32_t tok = 0;
+    for (int i = 0; i < 5; ++i) {
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), g.logits, size_t(V) * 4, cudaMemcpyDeviceToHost));
+      FS_ASSIGN_OR_RETURN(tok, sample_row(h, c.s));
+    }
+    const double host_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 5;
+    md += fmt::format("| {} | {:.1f} | {:.1f} | {} |\n", c.name, 1000.0 * ms / reps, host_us, tok);
+  }
+  return md;
+}
+
+// ------------------------------------------------------------------ FP8 GEMM variants
+
+constexpr int kLastKernel = 9;  // kernels 1..9 (GemmFp8Params::kernel)
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Median over `reps` event-timed calls after 3 warm-ups, in microseconds.
+template <typename F>
+Result<double> time_us(F&& f, int reps) {
+  Events ev;
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.a, nullptr));
+    f();
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.b, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.b));
+    float ms = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    t.push_back(ms * 1000.0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Relative Frobenius error of every variant against the twin on one 128x128x256 case; the
+// unswizzled variant once more with its descriptor byte offsets swapped, which must be far off
+// (shows the probe can fail).
+Result<std::string> gemm_probe(const std::string& skip) {
+  std::mt19937 rng(5);
+  const int64_t m = 128, n = 128, k = 256;
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(n * k)), ws = random_e8m0_scales(rng, 4 * 8);
+  const std::vector<float> x = random_block_activations(rng, m, k);
+  std::vector<float> ref(size_t(m * n));
+  GemmFp8Params p;
+  p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w = w.data(), p.w_scale = ws.data(), p.y = ref.data();
+  FS_RETURN_IF_ERROR(gemm_fp8_ref(p));
+  bench::Arena ar;
+  FS_ASSIGN_OR_RETURN(float* dx, ar.alloc<float>(m * k));
+  FS_ASSIGN_OR_RETURN(float* dy, ar.alloc<float>(m * n));
+  FS_ASSIGN_OR_RETURN(float* dxs, ar.alloc<float>(m * k / 32));
+  FS_ASSIGN_OR_RETURN(uint8_t* dw, ar.alloc<uint8_t>(n * k));
+  FS_ASSIGN_OR_RETURN(uint8_t* dws, ar.alloc<uint8_t>(int64_t(ws.size())));
+  FS_ASSIGN_OR_RETURN(uint8_t* dxq, ar.alloc<uint8_t>(m * k));
+  FS_RETURN_IF_ERROR(upload(dx, x));
+  FS_RETURN_IF_ERROR(upload(dw, w));
+  FS_RETURN_IF_ERROR(upload(dws, ws));
+  FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, m, k, 32, dxq, dxs, nullptr));
+  std::string md = "### FP8 GEMM variant probe (128x128x256 vs the CPU twin)\n\n"
+                   "| variant | relative Frobenius error |\n|---|---|\n";
+  std::vector<float> got(ref.size());
+  for (int variant = 1; variant <= kLastKernel + 1; ++variant) {
+    const bool swap = variant == kLastKernel + 1;
+    if (!swap && skip.find(char('0' + variant)) != std::string::npos) continue;
+    detail::GemmFp8Args a{};
+    a.xq = dxq, a.xs = dxs, a.w = dw, a.ws = dws, a.y = dy;
+    a.m = int(m), a.n = int(n), a.k = int(k), a.w_block = 32;
+    a.variant = swap ? 1 : variant, a.desc_swap = swap;
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_gemm_fp8(a, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double d = double(got[i]) - ref[i];
+      num += std::isfinite(d) ? d * d : 1e30;
+      den += double(ref[i]) * ref[i];
+    }
+    const double err = std::sqrt(num / den);
+    md += fmt::format("| {}{} | {:.3g} |\n", a.variant, swap ? " (descriptor offsets swapped)" : "", err);
+    if (!swap && !(err < 1e-3))
+      return internal_error("gemm bench: variant {} is off by {:.3g} (relative Frobenius) on the probe; "
+                            "not timing a wrong kernel (see tests/ops_cuda)", a.variant, err);
+  }
+  return md;
+}
+
+Result<std::string> gemm_bench(const std::string& skip) {
+  cudaDeviceProp prop{};
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  FS_ASSIGN_OR_RETURN(std::string md, gemm_probe(skip));
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {
+      {"wq_a+wkv [1792,5120]", 8192, 1792, 5120},
+      {"wq_b [32768,1280]", 8192, 32768, 1280},
+      {"wo_b [5120,8192]", 8192, 5120, 8192},
+      {"shared gate+up [4608,5120]", 8192, 4608, 5120},
+      {"shared down [5120,2304]", 8192, 5120, 2304},
+      {"routed gate+up, 1 expert (m=128)", 128, 4608, 5120},
+      {"routed down, 1 expert (m=128)", 128, 5120, 2304},
+      {"routed gate+up, all pairs dense proxy", 49152, 4608, 5120},
+      {"square 8192^3", 8192, 8192, 8192},
+  };
+  // Columns: TFLOP/s of kernels 1..9 (GEMM only, pre-quantised input), then kernels 4, 6 and 7
+  // without promotion (diagnostic: the cost of the FP32 promotion), the quantisation kernel.
+  constexpr int kNoPromote[] = {4, 6, 7};
+  constexpr int kCols = kLastKernel + 3;
+  md += fmt::format("\n### FP8 GEMM kernel variants, TFLOP/s ({}, {} SMs)\n\n| shape | m | n | k |", prop.name,
+                    prop.multiProcessorCount);
+  for (int v = 1; v <= kLastKernel; ++v) md += fmt::format(" k{} |", v);
+  for (int v : kNoPromote) md += fmt::format(" k{} no-promote |", v);
+  md += " best GEMM | best GEMM us | quant us (bf16 in) | best GEMM+quant TFLOP/s |\n|";
+  for (int i = 0; i < 4 + kCols + 4; ++i) md += "---|";
+  md += "\n";
+  for (const auto& s : shapes) {
+    uint64_t seed = 0x1234 + uint64_t(s.n) * 31 + uint64_t(s.k);
+    std::vector<uint8_t> w(size_t(s.n * s.k));
+    for (size_t i = 0; i < w.size(); i += 8) {
+      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;  // no NaN codes, |v| <= 240
+      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
+    }
+    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
+    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+    std::vector<uint16_t> xb(size_t(s.m * s.k));
+    for (auto& v : xb) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
+    bench::Arena ar;
+    FS_ASSIGN_OR_RETURN(uint16_t* dx, ar.alloc<uint16_t>(s.m * s.k));
+    FS_ASSIGN_OR_RETURN(uint16_t* dy, ar.alloc<uint16_t>(s.m * s.n));
+    FS_ASSIGN_OR_RETURN(uint8_t* dw, ar.alloc<uint8_t>(int64_t(w.size())));
+    FS_ASSIGN_OR_RETURN(uint8_t* dws, ar.alloc<uint8_t>(int64_t(ws.size())));
+    FS_ASSIGN_OR_RETURN(uint8_t* dxq, ar.alloc<uint8_t>(s.m * s.k));
+    FS_ASSIGN_OR_RETURN(float* dxs, ar.alloc<float>(s.m * s.k / 32));
+    FS_RETURN_IF_ERROR(upload(dx, xb));
+    FS_RETURN_IF_ERROR(upload(dw, w));
+    FS_RETURN_IF_ERROR(upload(dws, ws));
+    FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kBf16, s.m, s.k, 32, dxq, dxs, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    const int reps = flop > 1e12 ? 10 : 30;
+    double tf[kCols], best_us = 1e30;
+    int best = 0;
+    for (int v = 0; v < kCols; ++v) {
+      detail::GemmFp8Args a{};
+      a.xq = dxq, a.xs = dxs, a.w = dw, a.ws = dws, a.y = dy;
+      a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.bf16_out = true;
+      a.variant = v < kLastKernel ? v + 1 : kNoPromote[v - kLastKernel];
+      a.skip_promote = v >= kLastKernel;
+      if (skip.find(char('0' + a.variant)) != std::string::npos) {
+        tf[v] = 0;
+        continue;
+      }
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_gemm_fp8(a, nullptr));
+      FS_ASSIGN_OR_RETURN(const double us, time_us([&] { (void)detail::launch_gemm_fp8(a, nullptr); }, reps));
+      tf[v] = flop / us * 1e-6;
+      if (v < kLastKernel && us < best_us) best_us = us, best = v + 1;
+    }
+    FS_ASSIGN_OR_RETURN(const double qus, time_us(
+        [&] { (void)gemm_fp8_quantize_cuda(dx, ActDtype::kBf16, s.m, s.k, 32, dxq, dxs, nullptr); }, reps));
+    FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    md += fmt::format("| {} | {} | {} | {} |", s.name, s.m, s.n, s.k);
+    for (int v = 0; v < kCols; ++v) md += fmt::format(" {:.0f} |", tf[v]);
+    if (best == 0) {
+      md += " - | - | " + fmt::format("{:.1f}", qus) + " | - |\n";
+    } else {
+      md += fmt::format(" k{} | {:.1f} | {:.1f} | {:.0f} |\n", best, best_us, qus, flop / (best_us + qus) * 1e-6);
+    }
+  }
+  return md;
+}
+
+}  // namespace
+
+Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
+  std::string why;
+  if (!cuda_device_available(&why)) return Status(StatusCode::kUnavailable, "bench: " + why);
+  if (opt.reps < 1) return invalid_argument("bench: --reps must be >= 1");
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  std::string out;
+  for (const std::string& k : opt.kernels) {
+    if (k == "sampling") {
+      FS_ASSIGN_OR_RETURN(std::string md, sampling_bench(opt.reps));
+      out += md + "\n";
+    } else if (k == "gemm") {
+      FS_ASSIGN_OR_RETURN(std::string md, gemm_bench(opt.skip_variants));
+      out += md + "\n";
+    } else {
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm)", k);
+    }
+  }
+  return out;
+}
+
+}  // namespace flashseek::ops::cuda

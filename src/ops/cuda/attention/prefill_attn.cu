@@ -1,0 +1,194 @@
+// Prefill sparse MQA attention with sinks, specialised for V4.1's 64 heads x 512 (see
+// prefill_kernels.h). One block per query row, 8 warps: warp w owns heads [16·(w % 4), +16) and
+// output dims [256·(w / 4), +256). Key rows are gathered 32 at a time into a 2-stage cp.async ring
+// (16-byte pieces, absent rows zero-filled). Per tile: S = Q·Kᵀ with mma.m16n8k16 BF16 (the two
+// dim halves of a head group both compute it: cheaper than a shared-memory exchange), online
+// softmax on the fragments, O += P·V with P re-packed as the A operand and V fragments read by
+// ldmatrix.trans. The sink joins the denominator at the end; the output is normalised in place
+// (no split workspace, no combine pass). Numerics as sparse_attention_pool_cuda: BF16 q, keys
+// and probabilities, FP32 accumulation and softmax statistics; a query with no valid key gets 0.
+#include <cuda_bf16.h>
+
+#include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+constexpr int kH = 64, kD = 512, kLd = kD + 8;  // +8 BF16: rows 4 banks apart
+constexpr int kKt = 32, kWarps = 8, kThreads = kWarps * 32;
+constexpr int kSmem = (kH + 2 * kKt) * kLd * 2;
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+// Gathers tile `tile` of query t into stage buffer k_s; flags absent rows in valid_s.
+__device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, int tile, uint16_t* k_s,
+                                          int* valid_s) {
+  const int k0 = tile * kKt;
+  const uint32_t base = uint32_t(__cvta_generic_to_shared(k_s));
+  // 32 rows x 64 pieces of 16 B = 2048 pieces, 8 per thread.
+#pragma unroll
+  for (int u = 0; u < kKt * (kD / 8) / kThreads; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    const int j = i / (kD / 8), ch = i % (kD / 8);
+    const int s = k0 + j;
+    int r = s < a.n_idx ? __ldg(a.idx + t * a.n_idx + s) : -1;
+    const bool ok = r >= 0 && r < a.n_rows;
+    if (ch == 0) valid_s[j] = ok;
+    cp16(base + uint32_t((j * kLd + ch * 8) * 2), a.kv + (ok ? int64_t(r) * kD + ch * 8 : 0), ok);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnArgs a) {
+  extern __shared__ __align__(16) uint16_t sm[];
+  __shared__ int valid_s[2][kKt];
+  uint16_t* q_s = sm;                 // [64][kLd]
+  uint16_t* k_s0 = q_s + kH * kLd;    // 2 x [32][kLd]
+  const int64_t t = blockIdx.x;
+  const int n_tiles = (a.n_idx + kKt - 1) / kKt;
+  if (n_tiles > 0) load_tile(a, t, 0, k_s0, valid_s[0]);
+  {  // Q → BF16 shared
+    const float4* q4 = reinterpret_cast<const float4*>(a.q + t * kH * kD);
+    for (int i = threadIdx.x; i < kH * kD / 4; i += kThreads) {
+      const float4 v = __ldg(q4 + i);
+      const int e = i * 4, h = e / kD, d = e % kD;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * kLd + d);
+      dst[0] = pack2(v.x, v.y), dst[1] = pack2(v.z, v.w);
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int h0 = (warp & 3) * 16, d0 = (warp >> 2) * (kD / 2);
+  float o[32][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0, 0};  // l: this thread's partial sum
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int st = tile & 1;
+    if (tile + 1 < n_tiles) {
+      load_tile(a, t, tile + 1, k_s0 + (st ^ 1) * kKt * kLd, valid_s[st ^ 1]);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();  // tile `tile` (and Q, first time) visible to every warp
+    const uint16_t* k_s = k_s0 + st * kKt * kLd;
+    const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
+    float s[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+#pragma unroll 4
+    for (int kk = 0; kk < kD; kk += 16) {
+      uint32_t af[4];
+      af[0] = q32[((h0 + g) * kLd + kk + 2 * c) / 2];
+      af[1] = q32[((h0 + g + 8) * kLd + kk + 2 * c) / 2];
+      af[2] = q32[((h0 + g) * kLd + kk + 2 * c + 8) / 2];
+      af[3] = q32[((h0 + g + 8) * kLd + kk + 2 * c + 8) / 2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t bf[2];
+        bf[0] = k32[((j * 8 + g) * kLd + kk + 2 * c) / 2];
+        bf[1] = k32[((j * 8 + g) * kLd + kk + 2 * c + 8) / 2];
+        mma16816(s[j], af, bf);
+      }
+    }
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j * 8 + 2 * c + (e & 1);
+        s[j][e] = valid_s[st][key] ? s[j][e] * a.scale : -INFINITY;
+        mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
+      }
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      const float m_new = fmaxf(m_run[r], mt[r]);
+      f[r] = m_new == -INFINITY ? 1.0f : expf(m_run[r] - m_new);
+      m_run[r] = m_new;
+      l_run[r] *= f[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        s[j][e] = m_run[r] == -INFINITY ? 0.0f : expf(s[j][e] - m_run[r]);
+        l_run[r] += s[j][e];
+      }
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] *= f[0], o[n][1] *= f[0], o[n][2] *= f[1], o[n][3] *= f[1];
+    const uint32_t k_base = uint32_t(__cvta_generic_to_shared(k_s));
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {  // keys 16·kk .. +15
+      uint32_t pf[4];
+      pf[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      pf[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      pf[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      // ldmatrix.x2.trans: lanes 0-7 address keys 16kk+0..7, lanes 8-15 keys 16kk+8..15.
+      const uint32_t row_addr = k_base + uint32_t(((16 * kk + (lane & 15)) * kLd + d0) * 2);
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        uint32_t bf[2];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(bf[0]), "=r"(bf[1])
+                     : "r"(row_addr + uint32_t(n * 16)));
+        mma16816(o[n], pf, bf);
+      }
+    }
+    __syncthreads();  // every warp is done with stage st before it is refilled
+  }
+  float* out = a.out + t * kH * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  const int hr[2] = {h0 + g, h0 + g + 8};
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    inv[r] = m_run[r] == -INFINITY ? 0.0f : 1.0f / (l_run[r] + expf(a.sink[hr[r]] - m_run[r]));
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    const int d = d0 + n * 8 + 2 * c;
+    *reinterpret_cast<float2*>(out + hr[0] * kD + d) = make_float2(o[n][0] * inv[0], o[n][1] * inv[0]);
+    *reinterpret_cast<float2*>(out + hr[1] * kD + d) = make_float2(o[n][2] * inv[1], o[n][3] * inv[1]);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
+  if (a.heads != kH || a.dim != kD || a.m < 0 || a.n_idx < 0) return cudaErrorInvalidValue;
+  if (a.m == 0) return cudaSuccess;
+  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(prefill_attn_kernel), kSmem, attr);
+      e != cudaSuccess)
+    return e;
+  prefill_attn_kernel<<<unsigned(a.m), kThreads, kSmem, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,888 @@
+// Large-M FP8 block-scaled GEMM on sm_90a tensor cores (wgmma e4m3 · e4m3 → f32).
+//
+// Y[m, n] = Σ_kb (Xq[m, kb] · Wq[n, kb]ᵀ) · sx[m, kb] · sw[n/wb, kb·32/wb], kb over 32-deep blocks.
+//
+// Tile: kWG·64 tokens × 128 outputs per block of kWG warpgroups (kWG = 2 or 3), each owning 64
+// token rows × 128 outputs. K advances in stages of 128 (four 32-blocks); a stage is kWG·8 KB of
+// X codes + 16 KB of W codes + the X scales (kWG·64 × 4 FP32) + the W scales (4 × 4 FP32),
+// filled by cp.async (zero-filled past m / n) into a 5-slot ring, loads running 4 stages ahead.
+//
+// Scale promotion: each 32-block is one wgmma m64n128k32 into a scratch accumulator (scale-d = 0,
+// so it holds exactly that block's dot products), then acc += scratch · (sx · sw) in FP32 on the
+// CUDA cores: DeepGEMM's promotion at V4.1's 32-element scale granularity (with V4's 128-element
+// scales the numbers are the same). With 2 warpgroups, two scratch accumulators take two 32-blocks
+// per wgmma batch (commit, wait, promote both); with 3 (register limit) one. Reading a scratch
+// accumulator while another wgmma is in flight makes ptxas serialise every wgmma (C7514), so
+// tensor-core work overlaps promotion only across the warpgroups of a block.
+//
+// Shared-memory layouts of an operand tile [rows][128 k-bytes] (FP8 wgmma takes both operands
+// k-major, which is how X [m, k] and W [n, k] are stored):
+// * kSw128 (default kernels 3, 4): 128-byte swizzle, row r at r·128 with its 16-byte chunk c at
+//   position c ^ (r % 8); descriptor swizzle mode 1, stride byte offset 1024 (8-row groups), the
+//   k-slice selected by advancing the start address 32 bytes per 32-block.
+// * kInterleave (kernels 1, 2): unswizzled "core matrices" of 8 rows × 16 bytes stored as 128
+//   contiguous bytes, (row group rg, k chunk kc) at rg·1024 + kc·128; leading byte offset (next
+//   core matrix along k) 128, stride byte offset (next 8-row group) 1024. 1.3-1.5x slower on an
+//   H200 (bank conflicts); kPadded (kernel 5) puts the row groups 1040 bytes apart: no better.
+//
+// Kernels 6-9 (gemm_fp8_ws_kernel): warp-specialised. One producer warp (its warpgroup gives
+// registers back with setmaxnreg) fills a 6-slot ring with the bulk tensor copy engine (TMA, the
+// 128-byte swizzle done by the copy, rows past m / n zero-filled) plus the X scales of the stage
+// (TMA too) and its 16 W scales (lanes 0-15, ordinary stores); "full" mbarriers complete on the
+// bytes, "empty" ones on one arrival per consumer warp. Two consumer warpgroups (232 registers
+// each) own 64 rows × 128 columns of a 128×128 tile: no block barrier, no load instructions in
+// the math warps. 6 / 8: two scratch accumulators, the wgmma of block i+1 in flight while block i
+// is promoted (three of a stage's four promotions overlap its own tensor-core work; ptxas keeps
+// the wgmmas pipelined, no C7514, because nothing is in flight across loop iterations). 7 / 9:
+// two blocks per batch, wait, promote both (overlap only across the two warpgroups). 6 / 7 are
+// persistent (one block per SM walks the tiles, the producer runs ahead into the next tile
+// during the epilogue), 8 / 9 launch a block per tile.
+//
+// Without sm_90a (e.g. a 100a build) the kernel body is empty and the host launcher refuses.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+// Tile: kWG warpgroups × 64 token rows, 128 outputs, k stages of 128 bytes in a 5-slot ring.
+constexpr int kBN = 128, kBK = 128, kStages = 5;
+static_assert(kBK == 128, "a k stage is four 32-blocks of one 128-byte (swizzle-width) row");
+constexpr int kSwFloats = 16;  // W scales per stage: 4 row groups of 32 × 4 k-blocks
+constexpr int kGroupM = 8;     // block rasterisation: 8 m-tiles per group
+static_assert(kGroupM > 0, "");
+// Operand tile layouts in shared memory (see the file comment).
+enum Layout : int { kInterleave = 0, kSw128 = 1, kPadded = 2 };
+template <int kWG, int kLayout = kInterleave>
+struct Tile {
+  static constexpr int kBM = 64 * kWG, kThreads = 128 * kWG;
+  // Distance between 8-row groups: 1024 bytes, or 1040 when padded (spreads the groups over the
+  // shared-memory banks).
+  static constexpr int kGroupBytes = kLayout == kPadded ? 1040 : 1024;
+  static constexpr int kABytes = kBM / 8 * kGroupBytes, kBBytes = kBN / 8 * kGroupBytes;
+  static constexpr int kSxFloats = kBM * 4;
+  // + 1 KB: the base is rounded up to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
+  static constexpr int kSmemBytes =
+      kStages * (kABytes + kBBytes + (kSxFloats + kSwFloats) * 4) + 1024;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FS_GEMM_FP8_SM90 1
+#endif
+
+#ifdef FS_GEMM_FP8_SM90
+__device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads/writes of accumulator registers across wgmma fences and
+// waits (the asm statements do not name them).
+__device__ __forceinline__ void fence_regs(float (&r)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D = A · B (scale-d = 0): one m64n128k32 e4m3 wgmma, A and B from shared memory, both k-major.
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
+#define FS_R8(i)                                                                              \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
+      : "l"(da), "l"(db), "r"(0));
+#undef FS_R8
+}
+
+// Shared-memory matrix descriptor: start address, leading (k) and stride (m/n) byte offsets, each
+// in 16-byte units, swizzle mode in bits 62-63 (0 none, 1 = 128-byte).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                              uint32_t swz) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(swz) << 62);
+}
+#endif  // FS_GEMM_FP8_SM90
+
+// kWG consumer warpgroups (tile kWG·64 × 128); kBatch 32-blocks per wgmma batch (one scratch
+// accumulator each): 2 × 2 (128×128 tile, 235 registers) or 3 × 1 (192×128, ≤ 168 registers).
+// kLayout: kInterleave = unswizzled core-matrix order; kPadded = the same with 8-row groups
+// 1040 bytes apart; kSw128 = 128-byte swizzled rows (row r of a tile at r·128, its 16-byte chunk
+// c at position c ^ (r % 8); descriptor: 128B swizzle, stride byte offset 1024 between 8-row
+// groups, the k-slice selected by advancing the start address 32 bytes).
+template <int kWG, int kBatch, int kLayout>
+__global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kernel(GemmFp8Args a) {
+#ifdef FS_GEMM_FP8_SM90
+  using T = Tile<kWG, kLayout>;
+  constexpr bool kSw128 = kLayout == Layout::kSw128;
+  constexpr int kGB = T::kGroupBytes;
+  constexpr int kBM = T::kBM, kThreads = T::kThreads;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* sa = smem;                         // [slot][kBM rows][128] core-matrix order
+  uint8_t* sb = smem + kStages * T::kABytes;  // [slot][128 rows][128]
+  float* ssx = reinterpret_cast<float*>(sb + kStages * T::kBBytes);  // [slot][kBM][4]
+  float* ssw = ssx + kStages * T::kSxFloats;                         // [slot][group*4 + kb]
+
+  // Grouped rasterisation: consecutive blocks walk n inside a group of kGroupM m-tiles, so the
+  // X rows of a group and the W tiles they meet stay in L2.
+  const int tiles_m = (a.m + kBM - 1) / kBM, tiles_n = (a.n + kBN - 1) / kBN;
+  const int pid = blockIdx.x;
+  const int in_group = kGroupM * tiles_n;
+  const int first_m = (pid / in_group) * kGroupM;
+  const int gsz = min(tiles_m - first_m, kGroupM);
+  const int tm = first_m + (pid % in_group) % gsz, tn = (pid % in_group) / gsz;
+  const int m0 = tm * kBM, n0 = tn * kBN;
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2;
+  const int nst = a.k / kBK, nkb = a.k / 32;
+  const int wkb = a.k / a.w_block;
+
+  const uint32_t sa_u = uint32_t(__cvta_generic_to_shared(sa));
+  const uint32_t sb_u = uint32_t(__cvta_generic_to_shared(sb));
+  const uint32_t ssx_u = uint32_t(__cvta_generic_to_shared(ssx));
+
+  // One 16-byte chunk c of a [rows][128] operand tile: a warp covers 8 rows × 4 chunks, so each
+  // group of 8 lanes fills one 128-byte core matrix (no bank conflicts) and each row reads 64
+  // contiguous bytes.
+  auto copy_chunk = [&](uint32_t dst_base, const uint8_t* src, int r0, int rows_valid, int c,
+                        int k0) {
+    const int wc = c >> 5, l = c & 31, rr = l & 7, j = l >> 3;
+    const int rg = wc >> 1, kc = (wc & 1) * 4 + j, row = rg * 8 + rr;
+    const bool ok = r0 + row < rows_valid;
+    const uint8_t* p = src + int64_t(ok ? r0 + row : 0) * a.k + k0 + kc * 16;
+    const uint32_t off =
+        kSw128 ? uint32_t(row * 128 + ((kc ^ rr) << 4)) : uint32_t(rg * kGB + kc * 128 + rr * 16);
+    cp_async16(dst_base + off, p, ok ? 16 : 0);
+  };
+  // Issues the cp.async copies of stage s into ring slot s % kStages (nothing past the end) and
+  // commits a group either way, so that group counting stays uniform.
+  auto load_stage = [&](int s) {
+    if (s < nst) {
+      const int slot = s % kStages, k0 = s * kBK;
+#pragma unroll
+      for (int c = tid; c < kBM * 8; c += kThreads)
+        copy_chunk(sa_u + uint32_t(slot * T::kABytes), a.xq, m0, a.m, c, k0);
+#pragma unroll
+      for (int c = tid; c < kBN * 8; c += kThreads)
+        copy_chunk(sb_u + uint32_t(slot * T::kBBytes), a.w, n0, a.n, c, k0);
+      if (tid < kBM) {
+        const int gm = m0 + tid;
+        const float* src = a.xs + int64_t(gm < a.m ? gm : 0) * nkb + s * 4;
+        cp_async16(ssx_u + uint32_t((slot * T::kSxFloats + tid * 4) * 4), src, gm < a.m ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+  // W scale of (32-row group grp, 32-block i) of stage s: one value per thread tid 128..143.
+  const int swi = tid - 128;
+  // Returns the raw E8M0 byte: converted only when stored, so that the load of the next stages'
+  // scales does not stall the warp where it is issued.
+  auto w_scale = [&](int s) -> uint32_t {
+    const int grp = swi >> 2, i = swi & 3;
+    const int n = min(n0 + grp * 32, a.n - 1);
+    const int kk = s * kBK + i * 32;
+    return __ldg(a.ws + int64_t(n / a.w_block) * wkb + kk / a.w_block);
+  };
+  const bool sw_thread = swi >= 0 && swi < kSwFloats;
+
+  // Prologue: stages 0 .. kStages-2 in flight (the ring's last slot is filled at stage 0).
+#pragma unroll 1
+  for (int s = 0; s < kStages - 1; ++s) {
+    load_stage(s);
+    if (sw_thread && s < nst) ssw[s * kSwFloats + swi] = e8m0f(uint8_t(w_scale(s)));
+  }
+  uint32_t sw_pending = 127;
+
+  float acc[64], t[kBatch][64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc[i] = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) t[b][i] = 0.0f;
+  }
+
+  const uint32_t lbo = kSw128 ? 16u : (a.desc_swap ? uint32_t(kGB) : 128u);
+  const uint32_t sbo = kSw128 ? 1024u : (a.desc_swap ? 128u : uint32_t(kGB));
+  const uint32_t swz = kSw128 ? 1u : 0u;
+  const uint32_t kstep = kSw128 ? 32u : 256u;  // start-address advance per 32-deep k-slice
+  const int lr0 = wg * 64 + warp * 16 + g;     // this thread's tile rows lr0 and lr0 + 8
+
+  // acc += P · (sx · sw) for 32-block kb (P = that block's scratch accumulator). Accumulator
+  // element 4·nt + e sits at row lr0 + 8·(e/2), column 8·nt + 2·(lane%4) + e%2.
+  auto promote = [&](const float(&p)[64], int kb) {
+    const int slot = (kb >> 2) % kStages, i = kb & 3;
+    const float sx0 = ssx[slot * T::kSxFloats + lr0 * 4 + i];
+    const float sx1 = ssx[slot * T::kSxFloats + (lr0 + 8) * 4 + i];
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const float sw = ssw[slot * kSwFloats + grp * 4 + i];
+      const float s0 = sx0 * sw, s1 = sx1 * sw;
+#pragma unroll
+      for (int nt = grp * 4; nt < grp * 4 + 4; ++nt) {
+        acc[nt * 4 + 0] = fmaf(p[nt * 4 + 0], s0, acc[nt * 4 + 0]);
+        acc[nt * 4 + 1] = fmaf(p[nt * 4 + 1], s0, acc[nt * 4 + 1]);
+        acc[nt * 4 + 2] = fmaf(p[nt * 4 + 2], s1, acc[nt * 4 + 2]);
+        acc[nt * 4 + 3] = fmaf(p[nt * 4 + 3], s1, acc[nt * 4 + 3]);
+      }
+    }
+  };
+
+  // At the start of stage s: wait for stage s, then refill the slot stage s-1 used (free: every
+  // thread has finished stage s-1 when it reaches the barrier) with stage s+kStages-1, and
+  // publish the W scales of stage s+kStages-2, fetched into a register one stage ago (its slot
+  // was last read at stage s-3).
+  auto stage_start = [&](int s) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of stage s have landed
+    fence_proxy_async();           // ... visible to the tensor cores' async proxy
+    __syncthreads();               // ... for every thread; all work on stage s-1 is done
+    if (sw_thread && s > 0 && s - 1 + kStages - 1 < nst)
+      ssw[((s - 1 + kStages - 1) % kStages) * kSwFloats + swi] = e8m0f(uint8_t(sw_pending));
+    load_stage(s + kStages - 1);  // into slot (s-1) % kStages
+    if (sw_thread && s + kStages - 1 < nst) sw_pending = w_scale(s + kStages - 1);
+  };
+  auto issue = [&](int kb, float(&d)[64]) {
+    const int slot = (kb >> 2) % kStages, i = kb & 3;
+    const uint64_t da =
+        smem_desc(sa_u + uint32_t(slot * T::kABytes + wg * 8 * kGB) + i * kstep, lbo, sbo, swz);
+    const uint64_t db = smem_desc(sb_u + uint32_t(slot * T::kBBytes) + i * kstep, lbo, sbo, swz);
+    wgmma_m64n128k32(d, da, db);
+  };
+
+#pragma unroll 1
+  for (int kb = 0; kb < nkb; kb += kBatch) {
+    if ((kb & 3) == 0) stage_start(kb >> 2);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) fence_regs(t[b]);
+    wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) issue(kb + b, t[b]);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) fence_regs(t[b]);
+    if (!a.skip_promote) {  // skip_promote: timing diagnostic only (wrong results)
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) promote(t[b], kb + b);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
+  const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
+  const bool pair_ok = (a.n & 1) == 0;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int c = n0 + nt * 8 + 2 * q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h ? r1 : r0;
+      if (r >= a.m || c >= a.n) continue;
+      const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+      const int64_t o = int64_t(r) * a.n + c;
+      if (a.bf16_out) {
+        auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
+        if (pair_ok) {
+          *reinterpret_cast<__nv_bfloat162*>(y + o) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          y[o] = __float2bfloat16_rn(v0);
+          if (c + 1 < a.n) y[o + 1] = __float2bfloat16_rn(v1);
+        }
+      } else {
+        auto* y = reinterpret_cast<float*>(a.y);
+        if (pair_ok) {
+          *reinterpret_cast<float2*>(y + o) = make_float2(v0, v1);
+        } else {
+          y[o] = v0;
+          if (c + 1 < a.n) y[o + 1] = v1;
+        }
+      }
+    }
+  }
+#endif  // FS_GEMM_FP8_SM90
+}
+
+// Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
+// Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
+__global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
+                                                           int act_block, uint8_t* xq, float* xs) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
+    const bool live = t < total8;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    if (live) {
+      if (bf16) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(x) + t);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[2 * i] = __uint_as_float(w[i] << 16);
+          v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+      } else {
+        const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
+        const float4 lo = __ldg(p), hi = __ldg(p + 1);
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+        v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+      }
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (act_block == 128) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    }
+    uint32_t u = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;  // round up to a power of two
+    const float s = __uint_as_float(u), inv = 1.0f / s;      // exact: s is a power of two
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv),
+                                           __NV_SATFINITE, __NV_E4M3);
+    if (live) {
+      *reinterpret_cast<uint2*>(xq + t * 8) =
+          make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      if ((t & 3) == 0) xs[t >> 2] = s;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels 6-9: warp-specialised, TMA-fed (see the file comment).
+constexpr int kWsStages = 6, kWsBM = 128, kWsBN = 128, kWsThreads = 384;
+constexpr int kWsABytes = kWsBM * 128, kWsBBytes = kWsBN * 128, kWsSxBytes = kWsBM * 16;
+constexpr int kWsTxBytes = kWsABytes + kWsBBytes + kWsSxBytes;  // TMA bytes per stage
+constexpr int kWsSmemBytes =
+    kWsStages * (kWsABytes + kWsBBytes + kWsSxBytes + 16 * 4) + 2 * kWsStages * 8 + 1024;
+// Grouped: + the per-group tile prefix and row starts (ints) after the barriers.
+constexpr int kWsGroupedSmemBytes = kWsSmemBytes + 2 * (kGemmFp8MaxGroups + 1) * 4;
+// Full barrier: the 16 lanes that publish a stage's W scales + the TMA issuer's expect_tx.
+constexpr int kWsFullArrivals = 17, kWsEmptyArrivals = 8;  // empty: one per consumer warp
+static_assert(kWsTxBytes < (1 << 20), "an mbarrier's transaction count is below 2^20");
+static_assert(kWsFullArrivals == 16 + 1 && kWsEmptyArrivals == 2 * 4, "see the comment above");
+
+struct WsParams {
+  CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
+  CUtensorMap tb;   // W codes [n, k] u8, box 128 × 128, 128-byte swizzle
+  CUtensorMap tsx;  // X scales [m, k/32] f32, box 128 rows × 4
+  GemmFp8Args a;
+};
+
+#ifdef FS_GEMM_FP8_SM90
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif  // FS_GEMM_FP8_SM90
+
+// kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
+// while kb is promoted; else two 32-blocks per batch, waited for, then promoted (the schedule of
+// kernel 3 on the TMA/producer pipeline). kPersist: one block per SM walks the tiles (the
+// producer runs ahead into the next tile while the consumers write the last one out); else one
+// block per tile. kGrouped (with kPersist): the tiles of all groups (GemmFp8Args::groups).
+template <bool kPipe2, bool kPersist, bool kGrouped = false>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
+  static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
+#ifdef FS_GEMM_FP8_SM90
+  const GemmFp8Args& a = P.a;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* sa = smem;                              // [slot][128 rows][128] swizzled
+  uint8_t* sb = sa + kWsStages * kWsABytes;        // [slot][128 rows][128] swizzled
+  float* ssx = reinterpret_cast<float*>(sb + kWsStages * kWsBBytes);  // [slot][128][4]
+  float* ssw = ssx + kWsStages * kWsBM * 4;                           // [slot][kb 4][grp 4]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(ssw + kWsStages * 16);  // full[S], empty[S]
+  const uint32_t sa_u = uint32_t(__cvta_generic_to_shared(sa));
+  const uint32_t sb_u = uint32_t(__cvta_generic_to_shared(sb));
+  const uint32_t ssx_u = uint32_t(__cvta_generic_to_shared(ssx));
+  const uint32_t bar_u = uint32_t(__cvta_generic_to_shared(bars));
+  auto full_bar = [&](int slot) { return bar_u + uint32_t(slot * 8); };
+  auto empty_bar = [&](int slot) { return bar_u + uint32_t((kWsStages + slot) * 8); };
+  int* tile_pref = reinterpret_cast<int*>(bars + 2 * kWsStages);  // grouped: [groups + 1]
+  int* row_pref = tile_pref + kGemmFp8MaxGroups + 1;             // grouped: [groups + 1]
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int nst = a.k / kBK;
+  const int tiles_m = (a.m + kWsBM - 1) / kWsBM, tiles_n = (a.n + kWsBN - 1) / kWsBN;
+  if constexpr (kGrouped) {
+    // Warp 1: row starts and the prefix of the groups' tile counts (ceil(rows/128) · tiles_n)
+    // into shared memory, a 32-wide inclusive scan per 32 groups.
+    if (tid >> 5 == 1) {
+      int carry = 0;
+      if (lane == 0) tile_pref[0] = 0;
+      for (int base = 0; base <= a.groups; base += 32) {
+        const int g = base + lane;
+        int cnt = 0;
+        if (g <= a.groups) {
+          const int rs = min(max(a.row_start[g], 0), a.m);
+          row_pref[g] = rs;
+          if (g < a.groups) {
+            const int re = min(max(a.row_start[g + 1], rs), a.m);
+            cnt = (re - rs + kWsBM - 1) / kWsBM * tiles_n;
+          }
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, cnt, o);
+          if (lane >= o) cnt += v;
+        }
+        if (g < a.groups) tile_pref[g + 1] = carry + cnt;
+        carry += __shfl_sync(0xffffffffu, cnt, 31);
+      }
+    }
+  }
+
+  // Grouped rasterisation (as in gemm_fp8_kernel): tile index → (m0, n0). Grouped GEMM: tile →
+  // group g (binary search in the prefix), then m-tile fastest within the group (the m-tiles of
+  // one weight n-tile run together); rows below m_end are the group's.
+  const int tile_step = kPersist ? int(gridDim.x) : tiles_m * tiles_n;
+  auto tile_origin = [&](int pid, int& m0, int& n0, int& g, int& m_end) {
+    if constexpr (kGrouped) {
+      int lo = 0, hi = a.groups;  // tile_pref[lo] <= pid < tile_pref[hi]
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_pref[mid] <= pid) lo = mid;
+        else hi = mid;
+      }
+      g = lo;
+      const int rs = row_pref[g];
+      m_end = max(min(row_pref[g + 1], a.m), rs);
+      const int tm = (m_end - rs + kWsBM - 1) / kWsBM, local = pid - tile_pref[g];
+      m0 = rs + (local % tm) * kWsBM;
+      n0 = (local / tm) * kWsBN;
+    } else {
+      const int in_group = kGroupM * tiles_n;
+      const int first_m = (pid / in_group) * kGroupM;
+      const int gsz = min(tiles_m - first_m, kGroupM);
+      m0 = (first_m + (pid % in_group) % gsz) * kWsBM;
+      n0 = ((pid % in_group) / gsz) * kWsBN;
+      g = 0, m_end = a.m;
+    }
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      mbar_init(full_bar(s), kWsFullArrivals);
+      mbar_init(empty_bar(s), kWsEmptyArrivals);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_proxy_async();
+  }
+  __syncthreads();
+  const int tiles = kGrouped ? tile_pref[a.groups] : tiles_m * tiles_n;
+
+  if (wg == 0) {
+    // Producer warpgroup: warp 0 feeds the ring, the other three leave.
+    setmaxnreg_dec<40>();
+    if (warp != 0) return;
+    // Lane l < 16 publishes the W scale of (k-block l/4, 32-row group l%4) of each stage.
+    const int wkb = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
+    int it = 0;  // stages issued so far (all tiles): ring slot it % S, round it / S
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+      int m0, n0, g, m_end;
+      tile_origin(tile, m0, n0, g, m_end);
+      const int wn = g * nsb + min(n0 + (lane & 3) * 32, a.n - 1) / a.w_block;
+#pragma unroll 1
+      for (int s = 0; s < nst; ++s, ++it) {
+        const int slot = it % kWsStages, round = it / kWsStages;
+        // Issued before the wait: its latency hides behind it.
+        const uint32_t swv =
+            lane < 16 ? __ldg(a.ws + int64_t(wn) * wkb + (s * kBK + (lane >> 2) * 32) / a.w_block)
+                      : 0u;
+        if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
+        if (lane < 16) {
+          ssw[slot * 16 + lane] = e8m0f(uint8_t(swv));
+          mbar_arrive(full_bar(slot));
+        }
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWsTxBytes));
+          tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * kBK, m0);
+          tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * kBK, g * a.n + n0);
+          tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * 4, m0);
+        }
+        __syncwarp();
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroups 1 and 2: rows (wg-1)·64 .. +63 of the tile, all 128 columns.
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;
+  const int g = lane >> 2;
+  const int lr0 = cw * 64 + warp * 16 + g;  // this thread's tile rows lr0 and lr0 + 8
+  float acc[64], t0[64], t1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) t0[i] = 0.0f, t1[i] = 0.0f;
+
+  auto issue = [&](int slot, int i, float(&d)[64]) {
+    const uint64_t da =
+        smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192 + i * 32), 16u, 1024u, 1u);
+    const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes + i * 32), 16u, 1024u, 1u);
+    wgmma_m64n128k32(d, da, db);
+  };
+  // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
+  auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
+    if (a.skip_promote) return;  // timing diagnostic only (wrong results)
+    const float4 sw = *reinterpret_cast<const float4*>(ssw + slot * 16 + i * 4);
+    const float swg[4] = {sw.x, sw.y, sw.z, sw.w};
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const float s0 = sx0 * swg[grp], s1 = sx1 * swg[grp];
+#pragma unroll
+      for (int nt = grp * 4; nt < grp * 4 + 4; ++nt) {
+        acc[nt * 4 + 0] = fmaf(p[nt * 4 + 0], s0, acc[nt * 4 + 0]);
+        acc[nt * 4 + 1] = fmaf(p[nt * 4 + 1], s0, acc[nt * 4 + 1]);
+        acc[nt * 4 + 2] = fmaf(p[nt * 4 + 2], s1, acc[nt * 4 + 2]);
+        acc[nt * 4 + 3] = fmaf(p[nt * 4 + 3], s1, acc[nt * 4 + 3]);
+      }
+    }
+  };
+  auto load_sx = [&](int slot, float4& x0, float4& x1) {
+    const float4* p = reinterpret_cast<const float4*>(ssx + slot * kWsBM * 4);
+    x0 = p[lr0];
+    x1 = p[lr0 + 8];
+  };
+  auto release = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(slot));
+  };
+
+  int it = 0;  // stages consumed so far (all tiles), in the producer's order
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+    int m0, n0, g, m_end;
+    tile_origin(tile, m0, n0, g, m_end);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    // Grouped: a warpgroup whose 64 rows all lie past the group's end (the tail m-tile of a
+    // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
+    // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
+    const bool idle = kGrouped && m0 + cw * 64 >= m_end;
+#pragma unroll 1
+    for (int s = 0; s < nst; ++s, ++it) {
+      const int slot = it % kWsStages;
+      mbar_wait(full_bar(slot), uint32_t((it / kWsStages) & 1));
+      if (idle) {
+        release(slot);
+        continue;
+      }
+      float4 x0, x1;
+      load_sx(slot, x0, x1);
+      if constexpr (kPipe2) {
+        // Blocks 0 and 1 issued; then each wait<1> retires the older block, which is promoted
+        // while the next one runs; the stage's last block is promoted after wait<0> (keeping
+        // the in-flight set inside one iteration lets ptxas pipeline the wgmmas: no C7514).
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 0, t0);
+        wgmma_commit();
+        issue(slot, 1, t1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t0);
+        promote(t0, slot, 0, x0.x, x1.x);
+        fence_regs(t0);
+        wgmma_fence();
+        issue(slot, 2, t0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t1);
+        promote(t1, slot, 1, x0.y, x1.y);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 3, t1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t0);
+        promote(t0, slot, 2, x0.z, x1.z);
+        wgmma_wait<0>();
+        fence_regs(t1);
+        promote(t1, slot, 3, x0.w, x1.w);
+      } else {
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 0, t0);
+        issue(slot, 1, t1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t0);
+        fence_regs(t1);
+        promote(t0, slot, 0, x0.x, x1.x);
+        promote(t1, slot, 1, x0.y, x1.y);
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue(slot, 2, t0);
+        issue(slot, 3, t1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t0);
+        fence_regs(t1);
+        promote(t0, slot, 2, x0.z, x1.z);
+        promote(t1, slot, 3, x0.w, x1.w);
+      }
+      release(slot);
+    }
+
+    // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
+    const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
+    const bool pair_ok = (a.n & 1) == 0;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int c = n0 + nt * 8 + 2 * q;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        if (r >= m_end || c >= a.n) continue;
+        const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+        const int64_t o = int64_t(r) * a.n + c;
+        if (a.bf16_out) {
+          auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
+          if (pair_ok) {
+            *reinterpret_cast<__nv_bfloat162*>(y + o) = __floats2bfloat162_rn(v0, v1);
+          } else {
+            y[o] = __float2bfloat16_rn(v0);
+            if (c + 1 < a.n) y[o + 1] = __float2bfloat16_rn(v1);
+          }
+        } else {
+          auto* y = reinterpret_cast<float*>(a.y);
+          if (pair_ok) {
+            *reinterpret_cast<float2*>(y + o) = make_float2(v0, v1);
+          } else {
+            y[o] = v0;
+            if (c + 1 < a.n) y[o + 1] = v1;
+          }
+        }
+      }
+    }
+  }
+#endif  // FS_GEMM_FP8_SM90
+}
+
+}  // namespace
+
+int gemm_fp8_smem_bytes(int variant) {
+  switch (variant) {
+    case 2:
+      return Tile<3>::kSmemBytes;
+    case 4:
+      return Tile<3, kSw128>::kSmemBytes;
+    case 5:
+      return Tile<2, kPadded>::kSmemBytes;
+    case 6:
+    case 7:
+    case 8:
+    case 9:
+      return kWsSmemBytes;
+    default:
+      return Tile<2>::kSmemBytes;
+  }
+}
+
+namespace {
+template <int kWG, int kBatch, int kLayout>
+cudaError_t launch_variant(const GemmFp8Args& a, cudaStream_t stream) {
+  using T = Tile<kWG, kLayout>;
+  static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(gemm_fp8_kernel<kWG, kBatch, kLayout>),
+                                              T::kSmemBytes, attr_set);
+      e != cudaSuccess)
+    return e;
+  const int tiles = ((a.m + T::kBM - 1) / T::kBM) * ((a.n + kBN - 1) / kBN);
+  gemm_fp8_kernel<kWG, kBatch, kLayout><<<tiles, T::kThreads, T::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// cuTensorMapEncodeTiled through the runtime (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled_fn() {
+  static EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// 2-D tensor map over a row-major [rows, cols] matrix (cols contiguous), box [box_rows, box_cols].
+bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dt, int elem_bytes,
+              uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols, bool swizzle) {
+  EncodeTiledFn fn = encode_tiled_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * uint64_t(elem_bytes)};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, dt, 2, const_cast<void*>(base), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    return v;
+  }();
+  return n;
+}
+
+template <bool kPipe2, bool kPersist, bool kGrouped = false>
+cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
+  WsParams P;
+  P.a = a;
+  // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n).
+  const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
+  if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k),
+                kWsBM, 128, true) ||
+      !make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows, uint64_t(a.k), kWsBN,
+                128, true) ||
+      !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
+                uint64_t(a.k / 32), kWsBM, 4, false))
+    return cudaErrorInvalidValue;
+  constexpr int smem = kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
+  static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
+  if (const cudaError_t e = ensure_smem_limit(
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped>), smem, attr_set);
+      e != cudaSuccess)
+    return e;
+  // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
+  // per 128 rows · n-tile.
+  const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
+                                 : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
+  const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped><<<grid, kWsThreads, smem, stream>>>(P);
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
+  if (a.groups != 0) {
+    if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
+      return cudaErrorInvalidValue;
+    return launch_ws<true, true, true>(a, stream);
+  }
+  switch (a.variant) {
+    case 1:
+      return launch_variant<2, 2, kInterleave>(a, stream);
+    case 2:
+      return launch_variant<3, 1, kInterleave>(a, stream);
+    case 3:
+      return launch_variant<2, 2, kSw128>(a, stream);
+    case 4:
+      return launch_variant<3, 1, kSw128>(a, stream);
+    case 5:
+      return launch_variant<2, 2, kPadded>(a, stream);
+    case 6:
+      return launch_ws<true, true>(a, stream);
+    case 7:
+      return launch_ws<false, true>(a, stream);
+    case 8:
+      return launch_ws<true, false>(a, stream);
+    case 9:
+      return launch_ws<false, false>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
+                                uint8_t* xq, float* xs, cudaStream_t stream) {
+  const int64_t total8 = m * k / 8;
+  const int64_t want = (total8 + 255) / 256;
+  const int blocks = int(want < 132 * 16 ? want : 132 * 16);
+  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,43 @@
+// Host side of the small-M GEMV launchers: shape checks and Status; kernels live in gemv.cu.
+#include "ops/cuda/gemv/gemv.h"
+
+#include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/gemv/gemv_kernels.h"
+
+namespace flashseek::ops::cuda {
+
+namespace {
+Status check_int_dims(const char* op, int64_t n, int64_t k) {
+  if (n >= (int64_t(1) << 30) || k >= (int64_t(1) << 30))
+    return out_of_range("{}: n={} or k={} beyond 2^30", op, n, k);
+  return {};
+}
+}  // namespace
+
+Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
+  FS_RETURN_IF_ERROR(validate(p));
+  FS_RETURN_IF_ERROR(check_int_dims("block_linear", p.n, p.k));
+  detail::GemvArgs a{};
+  a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.m = p.m;
+  a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
+  a.bf16_out = p.bf16_out;
+  return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
+                     "block_linear kernel launch");
+}
+
+Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
+  FS_RETURN_IF_ERROR(validate(p));
+  FS_RETURN_IF_ERROR(check_int_dims("expert_gemv", p.n, p.k));
+  detail::GemvArgs a{};
+  a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.wu = p.w_up, a.wsu = p.w_up_scale;
+  a.e_stride = p.expert_stride, a.e_sstride = p.expert_scale_stride;
+  a.group_expert = p.group_expert, a.group_start = p.group_start, a.pair_row = p.pair_row;
+  a.pair_weight = p.pair_weight, a.y = p.y, a.m = p.n_pairs;
+  a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
+  a.limit = p.swiglu_limit;
+  a.split_groups = p.split_groups;
+  return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
+                     "expert_gemv kernel launch");
+}
+
+}  // namespace flashseek::ops::cuda

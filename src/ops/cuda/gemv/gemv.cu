@@ -1,0 +1,422 @@
+// Small-M block-scaled linears on tensor cores (sm_89+ FP8 MMA, m16n8k32 e4m3 · e4m3 → f32).
+//
+// Why MMA for a GEMV: at M = 8..16 a CUDA-core GEMV needs M FMAs per weight byte, which at
+// 4.4 TB/s exceeds the FP32 rate; one m16n8k32 MMA covers 16 rows × 8 tokens × 32 k.
+// Each MMA spans exactly one 32-wide k block, so the per-block scales (weight e8m0 × activation
+// pow2) are applied to its FP32 result: acc += mma(Wq, Xq) · s_w · s_x. The activation is
+// quantised to e4m3 inside the kernel (quad-wide amax over the block), so no extra launch or
+// workspace is needed; FP4 weights are expanded to e4m3 in registers (exact: e2m1 ⊂ e4m3).
+//
+// Layout: a block of 8 warps owns 32 output rows (two 16-row MMA tiles) and up to 16 tokens
+// (two 8-token tiles); the warps split k (in chunks of `kChunk` blocks) and reduce through
+// shared memory in a fixed order (deterministic). A thread (group g = lane/4, q = lane%4) feeds
+// k offsets q*8 .. q*8+7 of each block: the same permutation of k for weights and activations,
+// which lets it load 8 contiguous FP8 bytes (4 FP4 bytes) per row and block.
+//
+// Decode speed (M <= 8) is set by weight bytes in flight, not by arithmetic: a warp iteration is
+// one dependent round trip (weights + x, quantise, MMA), so (a) a warp loads `kChunk` blocks per
+// iteration (FP4 kept packed until the MMA so 4 blocks fit the 128-register cap), and (b) small
+// grids are split along k over a thread-block cluster (sm_90): the CTAs of a cluster sum disjoint
+// k ranges and CTA rank 0 adds the partials from distributed shared memory in rank order, so the
+// result stays deterministic and needs no workspace. The split is used only while all CTAs
+// still fit in one wave (pick_tuning below).
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 32;  // output rows per block
+
+
+__device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
+
+// Four e2m1 nibbles (low 16 bits, element 0 lowest) -> four e4m3 bytes.
+__device__ __forceinline__ uint32_t fp4x4_to_e4m3x4(uint32_t v) {
+  const uint32_t mag = __byte_perm(0x3C383000u, 0x4C484440u, v & 0x7777u);
+  uint32_t s = (v | (v << 8)) & 0x00FF00FFu;
+  s = (s | (s << 4)) & 0x0F0F0F0Fu;
+  return mag | ((s & 0x08080808u) << 4);
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Raw weight words and per-row scales of one matrix for rows row0 + mt*16 + {g, g+8}, blocks
+// kb0...: FP8 keeps two words per (row, block) (A fragment regs h and h+2), FP4 one packed word
+// (expanded right before the MMA, which halves the registers that hold loads in flight).
+template <bool kFp4>
+struct WRaw {
+  static constexpr int kWords = kFp4 ? 1 : 2;
+};
+
+template <bool kFp4, int kChunk>
+__device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
+                                       int row0, int kb0, int g, int q,
+                                       uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                       uint32_t (&sc)[2][2]) {
+  static_assert(kChunk <= 4, "scale exponents are packed 4 per register");
+  const int nkb = a.k / 32;
+  uint32_t sc8 = 0;
+  if constexpr (!kFp4) {  // one scale row per 32-row tile (w_block 32 or 128, row0 % 32 == 0)
+    const int kbw = a.k / a.w_block;
+    const uint8_t* srow = ws + int64_t(row0 / a.w_block) * kbw;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) sc8 |= uint32_t(srow[((kb0 + j) * 32) / a.w_block]) << (8 * j);
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);  // tail rows: loaded, never stored
+      uint32_t packed = sc8;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const int kb = kb0 + j;
+        if constexpr (kFp4) {
+          A[mt][j][h][0] = __ldcs(reinterpret_cast<const unsigned int*>(
+              w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4));
+          packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
+        } else {
+          const uint2 u = __ldcs(reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8));
+          A[mt][j][h][0] = u.x;
+          A[mt][j][h][1] = u.y;
+        }
+      }
+      sc[mt][h] = packed;
+    }
+  }
+}
+
+// Loads and FP8-quantises this thread's 8 values of each block for one token row (nullptr =
+// absent token: zero codes, zero scale). Matches ops::fp8_quant_dequant bit for bit.
+template <int kChunk>
+__device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
+                                           uint32_t (&B)[kChunk][2], float (&xs)[kChunk]);
+
+template <int kChunk>
+__device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block,
+                                        uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+  float v[kChunk][8];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+    if (xrow) {
+      const float4* p = reinterpret_cast<const float4*>(xrow + (kb0 + j) * 32 + q * 8);
+      lo = __ldg(p);
+      hi = __ldg(p + 1);
+    }
+    v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
+    v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
+  }
+  quant_vals<kChunk>(v, xrow != nullptr, act_block, B, xs);
+}
+
+template <int kChunk>
+__device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
+                                           uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+  float amax[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    float m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[j][i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    amax[j] = m;
+  }
+  if (act_block == 128) {  // kChunk == 4 here: one scale over the 4 blocks
+    float m = 0;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) m = fmaxf(m, amax[j]);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) amax[j] = m;
+  }
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    // s = 2^ceil(log2(max(amax, 1e-4) / 448)): round the float up to a power of two.
+    uint32_t u = __float_as_uint(fmaxf(amax[j], 1e-4f) / 448.0f);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
+    const float s = __uint_as_float(u);
+    const float inv = 1.0f / s;  // exact: s is a power of two
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = make_float2(v[j][2 * i] * inv, v[j][2 * i + 1] * inv);
+      packed[i] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+    }
+    B[j][0] = packed[0] | (packed[1] << 16);
+    B[j][1] = packed[2] | (packed[3] << 16);
+    xs[j] = present ? s : 0.0f;
+  }
+}
+
+template <bool kFp4, int kChunk>
+__device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                               const uint32_t (&sc)[2][2],
+                                               const uint32_t (&B)[kChunk][2],
+                                               const float (&xs)[kChunk], int q,
+                                               float (&acc)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    const float s0 = __shfl_sync(0xffffffffu, xs[j], (q * 2) * 4);
+    const float s1 = __shfl_sync(0xffffffffu, xs[j], (q * 2 + 1) * 4);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      uint32_t af[4];
+      if constexpr (kFp4) {
+        af[0] = fp4x4_to_e4m3x4(A[mt][j][0][0] & 0xffffu), af[2] = fp4x4_to_e4m3x4(A[mt][j][0][0] >> 16);
+        af[1] = fp4x4_to_e4m3x4(A[mt][j][1][0] & 0xffffu), af[3] = fp4x4_to_e4m3x4(A[mt][j][1][0] >> 16);
+      } else {
+        af[0] = A[mt][j][0][0], af[2] = A[mt][j][0][1], af[1] = A[mt][j][1][0], af[3] = A[mt][j][1][1];
+      }
+      float d[4];
+      mma_e4m3(d, af, B[j][0], B[j][1]);
+      const float w0 = e8m0f(uint8_t(sc[mt][0] >> (8 * j))), w1 = e8m0f(uint8_t(sc[mt][1] >> (8 * j)));
+      acc[mt][0] += d[0] * (w0 * s0);
+      acc[mt][1] += d[1] * (w0 * s1);
+      acc[mt][2] += d[2] * (w1 * s0);
+      acc[mt][3] += d[3] * (w1 * s1);
+    }
+  }
+}
+
+// Writes a thread's accumulators into its warp's slice of `red` ([kRows][8·kNt] per warp).
+template <int kNt>
+__device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4], int g, int q) {
+  constexpr int kToks = 8 * kNt;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = mt * 16 + g + (i >= 2 ? 8 : 0);
+        const int t = nt * 8 + q * 2 + (i & 1);
+        red[r * kToks + t] = acc[nt][mt][i];
+      }
+}
+
+// Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
+// kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
+  constexpr int kToks = 8 * kNt;
+  __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
+  const int row0 = tile * kRows;
+  int64_t start = 0, count = a.m;
+  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    w += e * a.e_stride, ws += e * a.e_sstride;
+    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  }
+  const int n_chunks = a.k / 32 / kChunk;
+  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
+  constexpr int kMats = kGated ? 2 : 1;
+  for (int64_t tt = 0; tt < count; tt += kToks) {
+    const int ntok = count - tt < kToks ? int(count - tt) : kToks;
+    const float* xrow[kNt];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      const int slot = nt * 8 + g;
+      xrow[nt] = nullptr;
+      if (slot < ntok) {
+        const int64_t p = start + tt + slot;
+        const int64_t row = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
+        xrow[nt] = a.x + row * a.k;
+      }
+    }
+    float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
+    using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
+    auto compute = [&](int kb0, const Words& A, const uint32_t (&sc)[2][2], const Words& AU,
+                       const uint32_t (&scu)[2][2]) {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        if (nt == 1 && ntok <= 8) break;  // warp-uniform
+        uint32_t B[kChunk][2];
+        float xs[kChunk];
+        quant_x<kChunk>(xrow[nt], kb0, q, a.act_block, B, xs);
+        mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
+        if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
+      }
+    };
+    for (int c = c_begin + warp; c < c_end; c += kWarps) {
+      const int kb0 = c * kChunk;
+      Words A, AU;
+      uint32_t sc[2][2], scu[2][2];
+      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+      compute(kb0, A, sc, AU, scu);
+    }
+    stash<kNt>(red[0][warp], acc, g, q);
+    if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
+    __syncthreads();
+    // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
+    for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
+#pragma unroll
+      for (int mi = 0; mi < kMats; ++mi) {
+        float v = 0;
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
+        red[mi][0][o] = v;
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
+#endif
+    if (rank == 0) {
+      for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
+        const int r = o / kToks, t = o % kToks, row = row0 + r;
+        if (row >= a.n || t >= ntok) continue;
+        float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
+          const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
+          v += rem[o];
+          if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
+        }
+#endif
+        const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+        if constexpr (kGated) {
+          if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
+          const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
+          v = (v / (1.0f + expf(-v))) * u * pw;
+        }
+        if (a.bf16_out) {
+          reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
+        } else {
+          reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
+        }
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
+      continue;
+    }
+#endif
+    __syncthreads();
+  }
+}
+
+// Tuning, from the split / chunk sweep of `flashseek bench --gemv-sweep` on an H200 (RESULTS.md,
+// 2026-11-29 H4b). Under ncu the kernels read exactly the counted bytes from DRAM; they are
+// latency-bound (16 warps per SM at the 128-register cap, long-scoreboard stalls), so:
+// * k split over a cluster pays only while all CTAs fit in one wave (2 per SM): a CTA has a
+//   fixed cost of a few µs (ramp, reduction, epilogue), and more, shorter CTAs lose as soon as
+//   they spill into a second wave. Split = min(8, 2·SMs / tiles), at least 1.
+// * k blocks per warp iteration: 4 for one FP8 matrix and one token tile when each warp still
+//   gets >= 2 iterations (wo_a, wo_b), else 2 (4 blocks spill with two matrices, two token
+//   tiles or FP4). V4's act_block 128 needs exactly 4. A variant that prefetched the next
+//   chunk into a second register set measured 5-15 % slower and was dropped.
+// A weight ring in shared memory filled by cp.async (per-warp slots, 2..6 stages) gave the same
+// bits but measured slower at almost every GEMV on an H200 (bench/RESULTS.md, H4f / H4g), so the
+// kernel loads weights straight into registers.
+int g_split_override = 0, g_chunk_override = 0;
+
+struct Tuning {
+  int chunk = 1, split = 1;
+};
+
+struct DeviceInfo {
+  int sms = 0, major = 0;
+};
+
+DeviceInfo device_info() {
+  static DeviceInfo cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {};
+  DeviceInfo& d = cache[dev];
+  if (d.sms == 0) {
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+  }
+  return d;
+}
+
+// Depends on the matrix shape (n, k, format, gated) and, for grouped launches, on split_groups
+// (a fixed group count chosen by the caller) only, never on the token count: a row's summation
+// order (which k blocks each warp and cluster rank adds, in which order) is then the same whatever
+// else shares the launch (batch invariance).
+Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const DeviceInfo& d) {
+  Tuning t;
+  const int nkb = a.k / 32;
+  if (d.major >= 9 && d.sms > 0) {
+    t.split = int(std::min<int64_t>(8, std::max<int64_t>(1, 2 * int64_t(d.sms) / std::max<int64_t>(tiles, 1))));
+  }
+  if (g_split_override > 0) t.split = g_split_override;
+  if (d.major < 9) t.split = 1;
+  int want = 2;
+  if (a.act_block == 128) want = 4;
+  else if (g_chunk_override > 0) want = g_chunk_override;
+  else if (!fp4 && !gated && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
+  while (want > 1 && nkb % want != 0) want /= 2;
+  t.chunk = want;
+  t.split = std::max(1, std::min({t.split, nkb / t.chunk, 8}));
+  return t;
+}
+
+template <bool kFp4, int kChunk, bool kGated, int kNt>
+cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
+  const int tiles = (a.n + kRows - 1) / kRows;
+  const dim3 grid(tiles * split, n_groups);
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt>;
+  if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
+  return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
+}
+
+template <bool kFp4, bool kGated, int kNt>
+cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+}
+
+// One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
+// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes,
+// except with 4-block chunks of one FP8 matrix (16-token passes would spill; V4's act_block 128
+// has no other choice). The pass width never changes a row's summation order.
+template <bool kFp4, bool kGated>
+cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
+  const int64_t groups = a.group_start && a.split_groups > 0 ? a.split_groups : n_groups;
+  const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
+  const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
+  const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
+  const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
+  return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
+}
+
+}  // namespace
+
+void set_gemv_tuning(int split, int chunk) {
+  g_split_override = split;
+  g_chunk_override = chunk == 1 || chunk == 2 || chunk == 4 ? chunk : 0;
+}
+
+cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {
+  const bool gated = a.wu != nullptr;
+  if (fp4) return gated ? launch<true, true>(a, n_groups, stream) : launch<true, false>(a, n_groups, stream);
+  return gated ? launch<false, true>(a, n_groups, stream) : launch<false, false>(a, n_groups, stream);
+}
+
+}  // namespace flashseek::ops::cuda::detail

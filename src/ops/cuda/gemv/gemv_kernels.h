@@ -1,0 +1,32 @@
+// Internal interface between gemv.cpp (checks, Status) and gemv.cu (kernels). Kept free of
+// core/status.h: nvcc's host pass cannot compile the fmt headers it pulls in.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+struct GemvArgs {
+  const float* x;
+  const uint8_t *w, *ws, *wu, *wsu;  // wu/wsu: up matrix (gated) or null
+  int64_t e_stride, e_sstride;       // bytes between experts
+  const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens
+  const float* pair_weight;
+  void* y;
+  int64_t m;
+  int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
+  int n, k, w_block, act_block;
+  bool bf16_out;
+  float limit;
+};
+
+// Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
+cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream);
+
+// Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
+// per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
+// automatic choice. Process-wide, not thread-safe.
+void set_gemv_tuning(int split, int chunk);
+
+}  // namespace flashseek::ops::cuda::detail

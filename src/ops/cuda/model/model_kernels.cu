@@ -1,0 +1,945 @@
+// Elementwise, linear, mHC, Engram and MoE kernels of the whole-model GPU forward (declared in
+// model_kernels.h). Written for exactness against the CPU twins: the FP32 linears, RMS norms and
+// mHC mixes follow the summation orders of ops/cpu/sum_order.h, spread over warps (a chunk of
+// 1024 values per warp); the FP8/FP4 decode kernels are gemv.cu / sparse_attn.cu.
+#include <cooperative_groups.h>
+
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/model/model_device.cuh"
+#include "ops/cuda/model/model_kernels.h"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+// One thread per block of `block` elements (serial inside, as the CPU does).
+__global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                                 QuantSim kind) {
+  const int64_t per_row = qdim / block;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * per_row) return;
+  float* b = x + (id / per_row) * stride + (id % per_row) * block;
+  if (kind == QuantSim::kBf16) {
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_bf16(b[i]);
+    return;
+  }
+  float amax = 0;
+  for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(b[i]));
+  if (kind == QuantSim::kFp8) {
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    return;
+  }
+  float sc;
+  if (kind == QuantSim::kFp4E8m0) sc = dev_pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * (1.0f / 6.0f));
+  else sc = dev_round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+  for (int64_t i = 0; i < block; ++i)
+    b[i] = dev_round_bf16(dev_round_e2m1(fminf(fmaxf(b[i] / sc, -6.0f), 6.0f)) * sc);
+}
+
+__global__ void hadamard_kernel(float* x, int64_t rows, int64_t dim) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* v = x + r * dim;
+  for (int64_t h = 1; h < dim; h *= 2)
+    for (int64_t i = 0; i < dim; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const float norm = 1.0f / sqrtf(float(dim));
+  for (int64_t i = 0; i < dim; ++i) v[i] *= norm;
+}
+
+__global__ void rms_bf16_heads_kernel(float* x, int64_t rows, int64_t dim, float eps) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* v = x + r * dim;
+  float ss = 0;
+  for (int64_t i = 0; i < dim; ++i) ss += dev_round_bf16(v[i] * v[i]);
+  const float mean = dev_round_bf16(ss / float(dim));
+  const float var = dev_round_bf16(mean + dev_round_bf16(eps));
+  const float rs = dev_round_bf16(1.0f / sqrtf(var));
+  for (int64_t i = 0; i < dim; ++i) v[i] = dev_round_bf16(v[i] * rs);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float scale, bool bf16) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = bf16 ? dev_round_bf16(x[i] * scale) : x[i] * scale;
+}
+
+// Linear, in <= kSumChunk: 8 lanes per output (the short dot order), 16 outputs of one row per
+// 128-thread block; grid ceil(out / 16) x rows, flattened (row fastest: blocks reading the same
+// weight rows run together).
+constexpr int kLinThreads = 128;
+__device__ __forceinline__ const float* linear_w(const LinearArgs& a, int64_t r, int64_t o) {
+  return a.w + (a.sel ? int64_t(a.sel[r]) * a.out * a.in : 0) + o * a.in;
+}
+
+__global__ void linear_short_kernel(LinearArgs a) {
+  const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
+  const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
+  const bool ok = o < a.out;
+  if (a.sel && a.sel[r] < 0) {  // a (token, slot) pair routed to another rank's expert: not computed
+    if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const float acc = group8_dot(x, linear_w(a, r, ok ? o : 0), ok ? a.in : 0);
+  if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// ---- typed weights: one stored row, each value expanded exactly in registers ------------------
+// E8M0 → 2^(e-127) (e = 0: the FP32 denormal 2^-127, never flushed), 0xFF → NaN (core/numeric.h).
+__device__ __forceinline__ float dev_e8m0(uint32_t e) {
+  if (e == 0xffu) return __uint_as_float(0x7fc00000u);
+  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+// e4m3 code → its value (core/numeric.h e4m3_to_f32; S.1111.111 is NaN).
+__device__ __forceinline__ float dev_e4m3_value(uint32_t b) {
+  const uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
+  if (exp == 15u && man == 7u) return __uint_as_float(0x7fc00000u);
+  const float v = exp == 0 ? float(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80u) ? -v : v;
+}
+__device__ __forceinline__ float dev_e2m1_value(uint32_t nib) {
+  constexpr float kVals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kVals[nib & 7u];
+  return (nib & 8u) ? -v : v;
+}
+
+// Reads row `row` (stored row index, row0 included) of matrix `mat` of a typed weight: r(i) is the
+// FP32 value of column i, exactly what model/quant.h's dequantisation gives (the products of a code
+// and a power of two are exact in FP32).
+template <WeightDtype F>
+struct RowReader {
+  const uint8_t* p = nullptr;   // the row's values / codes
+  const uint8_t* sc = nullptr;  // the row's scale row (kFp8, kFp4)
+  uint32_t bc = 1;
+  __device__ __forceinline__ RowReader(const WeightRef& w, int64_t mat, int64_t row) {
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + mat * w.matrix_bytes;
+    const uint8_t* sbase = w.scale + mat * w.scale_matrix_bytes;
+    if constexpr (F == WeightDtype::kF32) {
+      p = base + row * w.cols * 4;
+    } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+      p = base + row * w.cols * 2;
+    } else if constexpr (F == WeightDtype::kFp8) {
+      p = base + row * w.cols;
+      sc = sbase + (row / w.block_rows) * ((w.cols + w.block_cols - 1) / w.block_cols);
+      bc = uint32_t(w.block_cols);
+    } else {
+      p = base + row * (w.cols / 2);
+      sc = sbase + row * (w.cols / 32);
+    }
+  }
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    if constexpr (F == WeightDtype::kF32) {
+      return reinterpret_cast<const float*>(p)[i];
+    } else if constexpr (F == WeightDtype::kBf16) {
+      return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(p)[i]) << 16);
+    } else if constexpr (F == WeightDtype::kF16) {
+      return __half2float(reinterpret_cast<const __half*>(p)[i]);
+    } else if constexpr (F == WeightDtype::kFp8) {
+      return __fmul_rn(dev_e4m3_value(p[i]), dev_e8m0(sc[uint32_t(i) / bc]));
+    } else {
+      const uint32_t byte = p[i >> 1];
+      return __fmul_rn(dev_e2m1_value((i & 1) ? byte >> 4 : byte & 15u), dev_e8m0(sc[i >> 5]));
+    }
+  }
+};
+
+// group8_dot (model_device.cuh) with the weights from a RowReader: the same order.
+template <typename WR>
+__device__ __forceinline__ float group8_dot_w(const float* a, const WR& w, int64_t n) {
+  const int j = int(threadIdx.x & 7);
+  float s = 0;
+  for (int64_t i = j; i < n; i += 8) s = mul_add(a[i], w(i), s);
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+  s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+  return s;
+}
+
+// warp_dot_chunk (model_device.cuh, its scalar path: the same partials) over columns
+// [off, off + len) with the weights from a RowReader.
+template <typename WR>
+__device__ __forceinline__ float warp_dot_chunk_w(const float* a, const WR& w, int64_t off, int64_t len) {
+  const int lane = int(threadIdx.x & 31);
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  for (int64_t i = 4 * lane; i < len; i += 128) {
+    p0 = mul_add(a[i], w(off + i), p0);
+    if (i + 1 < len) p1 = mul_add(a[i + 1], w(off + i + 1), p1);
+    if (i + 2 < len) p2 = mul_add(a[i + 2], w(off + i + 2), p2);
+    if (i + 3 < len) p3 = mul_add(a[i + 3], w(off + i + 3), p3);
+  }
+  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// linear_short_kernel with a typed weight.
+template <WeightDtype F>
+__global__ void linear_short_typed_kernel(LinearArgs a) {
+  const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
+  const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
+  const bool ok = o < a.out;
+  if (a.sel && a.sel[r] < 0) {  // another rank's expert (expert parallel): not computed
+    if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const RowReader<F> w(a.wt, a.sel ? int64_t(a.sel[r]) : 0, a.wt.row0 + (ok ? o : 0));
+  const float acc = group8_dot_w(x, w, ok ? a.in : 0);
+  if (ok && (threadIdx.x & 7) == 0) a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// linear_chunked_kernel with a typed weight.
+template <WeightDtype F>
+__global__ void linear_chunked_typed_kernel(LinearArgs a) {
+  extern __shared__ float csum[];
+  const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
+  if (a.sel && a.sel[r] < 0) {
+    if (threadIdx.x == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const RowReader<F> w(a.wt, a.sel ? int64_t(a.sel[r]) : 0, a.wt.row0 + o);
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
+  for (int64_t c = threadIdx.x / 32; c < m; c += kLinThreads / 32) {
+    const int64_t off = c * kSumChunk;
+    const float v = warp_dot_chunk_w(x + off, w, off, a.in - off < kSumChunk ? a.in - off : kSumChunk);
+    if ((threadIdx.x & 31) == 0) csum[c] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float acc = dev_chunk_tree(csum, m);
+  a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// Linear, in > kSumChunk: one 128-thread block per (row, output); warp w sums chunks w, w + 4...
+// into shared memory, thread 0 combines them in the fixed tree.
+__global__ void linear_chunked_kernel(LinearArgs a) {
+  extern __shared__ float csum[];
+  const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
+  if (a.sel && a.sel[r] < 0) {  // another rank's expert (expert parallel): not computed
+    if (threadIdx.x == 0) a.y[r * a.y_stride + o] = 0.0f;
+    return;
+  }
+  const float* x = a.x + (r / a.x_row_div) * a.x_stride;
+  const float* w = linear_w(a, r, o);
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
+  for (int64_t c = threadIdx.x / 32; c < m; c += kLinThreads / 32) {
+    const int64_t off = c * kSumChunk;
+    const float v = warp_dot_chunk(x + off, w + off, a.in - off < kSumChunk ? a.in - off : kSumChunk);
+    if ((threadIdx.x & 31) == 0) csum[c] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float acc = dev_chunk_tree(csum, m);
+  a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+}
+
+// ops::rms_norm: double sum of squares in the sum_order.h order (index order by thread 0 up to
+// kSumChunk values; else one warp per chunk and the chunk tree), FP32 scaling.
+__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
+  extern __shared__ double csq[];
+  __shared__ float r_inv;
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float* yr = y + int64_t(blockIdx.x) * dim;
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  if (dim > kSumChunk) {
+    for (int64_t c = threadIdx.x / 32; c < m; c += blockDim.x / 32) {
+      const int64_t off = c * kSumChunk;
+      const double v = warp_sumsq_chunk(xr + off, dim - off < kSumChunk ? dim - off : kSumChunk);
+      if ((threadIdx.x & 31) == 0) csq[c] = v;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    double ss = 0;
+    if (dim > kSumChunk) ss = dev_chunk_tree(csq, m);
+    else
+      for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
+    r_inv = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = __fmul_rn(xr[i], r_inv);
+    if (w) v = __fmul_rn(v, w[i]);
+    yr[i] = bf16 ? dev_round_bf16(v) : v;
+  }
+}
+
+// A cluster of `csize` blocks (kMixThreads each) per row. flat = hc·dim > kSumChunk: the
+// (n_mix + 1) x chunks work items (the flat sum of squares and every mix dot, one chunk each) are
+// spread over the cluster's warps, each partial lands in its block's shared memory and rank 0
+// gathers them (distributed shared memory) and combines them in the fixed trees; else (csize 1)
+// thread 0 sums the squares in index order and 8-lane groups take one mix dot each. Then rank 0
+// forms the pre/post mixes (hc threads) and the row softmax + Sinkhorn (one thread per comb entry,
+// each sum in the CPU's order, recomputed identically by the threads that need it).
+constexpr int kMixThreads = 512;
+constexpr int kMixCluster = 8;  // blocks per row when hc·dim > kSumChunk
+// The slot that holds mix `mix` of row r between the row-tile dots and hc_mixes_kernel (dots_ready):
+// the outputs themselves (n_mix = 2hc + hc² = |pre| + |post| + |comb| per row; head-only: |pre|).
+__device__ __forceinline__ float* hc_dot_slot(const HcMixArgs& a, int64_t r, int64_t mix) {
+  const int64_t hc = a.hc;
+  if (mix < hc) return a.pre + r * hc + mix;
+  if (mix < 2 * hc) return a.post + r * hc + mix - hc;
+  return a.comb + r * hc * hc + mix - 2 * hc;
+}
+
+// dots_ready: the row-tile kernel below has left each mix dot (the full chunked sum) in its
+// hc_dot_slot; only the sum of squares is computed here (csize 1).
+__global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int csize, bool dots_ready) {
+  extern __shared__ double hsm[];
+  const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
+  const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
+  double* sq = hsm;                                   // [m]
+  float* part = reinterpret_cast<float*>(hsm + m);    // [n_mix, m]
+  float* mu = part + n_mix * m;                       // [n_mix]
+  float* P = mu + n_mix;                              // [hc, hc]
+  __shared__ float rs;
+  const int64_t row = blockIdx.x / csize;
+  const int rank = int(blockIdx.x % csize);
+  const float* x = a.x + row * flat;
+  const int warp = int(threadIdx.x / 32), n_warps = int(blockDim.x / 32);
+  if (flat > kSumChunk) {
+    const int64_t items = (dots_ready ? 1 : n_mix + 1) * m, all_warps = int64_t(n_warps) * csize;
+    for (int64_t item = int64_t(rank) * n_warps + warp; item < items; item += all_warps) {
+      const int64_t mix = item / m - 1, c = item % m, off = c * kSumChunk;
+      const int64_t len = flat - off < kSumChunk ? flat - off : kSumChunk;
+      if (mix < 0) {
+        const double v = warp_sumsq_chunk(x + off, len);
+        if ((threadIdx.x & 31) == 0) sq[c] = v;
+      } else {
+        const float v = warp_dot_chunk(a.fn + mix * flat + off, x + off, len);
+        if ((threadIdx.x & 31) == 0) part[mix * m + c] = v;
+      }
+    }
+    if (csize > 1) {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // every rank's partials are in its shared memory
+      if (rank == 0)
+        for (int64_t item = threadIdx.x; item < items; item += blockDim.x) {
+          const int owner = int((item % all_warps) / n_warps);
+          if (owner == 0) continue;
+          const int64_t mix = item / m - 1, c = item % m;
+          if (mix < 0) sq[c] = *cluster.map_shared_rank(sq + c, owner);
+          else part[mix * m + c] = *cluster.map_shared_rank(part + mix * m + c, owner);
+        }
+      cluster.sync();  // rank 0 has read them before the other blocks exit
+      if (rank != 0) return;
+    }
+  } else {
+    if (threadIdx.x == 0) {
+      double ss = 0;
+      for (int64_t i = 0; i < flat; ++i) ss += double(x[i]) * double(x[i]);
+      sq[0] = ss;
+    }
+    const int64_t groups = blockDim.x / 8;
+    for (int64_t base = 0; base < n_mix; base += groups) {
+      const int64_t mix = base + threadIdx.x / 8;
+      const bool ok = mix < n_mix;
+      const float v = group8_dot(a.fn + (ok ? mix : 0) * flat, x, ok ? flat : 0);
+      if (ok && (threadIdx.x & 7) == 0) part[mix] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const double ss = m > 1 ? dev_chunk_tree(sq, m) : sq[0];
+    rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
+    mu[i] = __fmul_rn(dots_ready ? *hc_dot_slot(a, row, i) : m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
+  __syncthreads();
+  const int64_t r = row;
+  auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
+  if (threadIdx.x < hc) {
+    const int64_t i = threadIdx.x;
+    a.pre[r * hc + i] = sigm(mul_add(mu[i], a.scale[0], a.base[i])) + a.hc_eps;
+    if (!a.head_only) a.post[r * hc + i] = 2.0f * sigm(mul_add(mu[hc + i], a.scale[1], a.base[hc + i]));
+  }
+  if (a.head_only) return;
+  const float eps = a.hc_eps;
+  const bool own = threadIdx.x < hc * hc;
+  const int64_t j = own ? threadIdx.x / hc : 0, k = own ? threadIdx.x % hc : 0;
+  float* prow = P + j * hc;
+  float pv = 0;
+  if (own) {  // row softmax, then + eps (every thread of row j recomputes the row's sum)
+    float mx = mul_add(mu[2 * hc + j * hc], a.scale[2], a.base[2 * hc + j * hc]);
+    for (int64_t q = 1; q < hc; ++q) mx = fmaxf(mx, mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]));
+    float s = 0, mine = 0;
+    for (int64_t q = 0; q < hc; ++q) {
+      const float e = dev_exp(mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]) - mx);
+      s += e;
+      if (q == k) mine = e;
+    }
+    pv = mine / s + eps;
+    prow[k] = pv;
+  }
+  __syncthreads();
+  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+    if (it > 0) {
+      float s = 0;
+      if (own)
+        for (int64_t q = 0; q < hc; ++q) s += prow[q];
+      __syncthreads();
+      if (own) prow[k] = pv = pv / (s + eps);
+      __syncthreads();
+    }
+    float s = 0;
+    if (own)
+      for (int64_t q = 0; q < hc; ++q) s += P[q * hc + k];
+    __syncthreads();
+    if (own) prow[k] = pv = pv / (s + eps);
+    __syncthreads();
+  }
+  if (own) a.comb[r * hc * hc + j * hc + k] = pv;
+}
+
+// Row tiles (large M): the mix dots as a small FP32 GEMM [rows, flat] x [n_mix, flat]ᵀ in the
+// exact chunked order of ops::dot_f32 (flat > kSumChunk), so that fn is read once per 16 rows
+// instead of once per row. A 256-thread block owns 16 rows x 12 mixes; warp w computes rows
+// 4(w % 4).. x mixes 6(w / 4).. with lane l holding partials 4l..4l+3 of a chunk (one float4
+// column of each 128-wide slice, the 8 slices of a chunk in index order), so a chunk sum is
+// warp_dot_chunk's (p0+p1)+(p2+p3) and xor butterfly. kSlices 128-column slices of the 16 x rows
+// and 12 fn rows form one stage of a cp.async ring (one block barrier per stage); columns past
+// flat are zero on both sides (a +0 product leaves a partial, never -0, unchanged). Chunk sums go
+// to shared memory, the stride-doubling tree per (row, mix) follows, and the dot lands in its
+// hc_dot_slot.
+constexpr int kTileRows = 16, kTileMix = 12, kTileThreads = 256;
+constexpr int kTileSlots = kTileRows + kTileMix;  // staged rows of one 128-column slice
+constexpr int kTileSliceF4 = kTileSlots * 32;     // float4 per staged slice
+constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 64;
+template <int kSlices>
+struct HcTile {
+  static constexpr int kStages = kSlices >= 4 ? 3 : 4;
+  static constexpr int kStageF4 = kSlices * kTileSliceF4;
+  static constexpr size_t kRingBytes = size_t(kStages) * kStageF4 * sizeof(float4);
+  static constexpr int kItems = (kStageF4 + kTileThreads - 1) / kTileThreads;  // copies per thread
+};
+
+__device__ __forceinline__ void hc_cp_async16(float4* dst, const float* src) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
+template <int kSlices>
+__global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMixArgs a, int n_mix, int mix_blocks) {
+  using T = HcTile<kSlices>;
+  extern __shared__ float4 tsm[];
+  __shared__ const float* slot_src[kTileSlots];  // row of each staged slot (nullptr: zeros)
+  float4* ring = tsm;                                                // [stages][slices][slots][32]
+  float* csum = reinterpret_cast<float*>(tsm + T::kStages * T::kStageF4);  // [16 x 12][m]
+  const int64_t flat = a.hc * a.dim, m = (flat + kSumChunk - 1) / kSumChunk;
+  const int64_t stages = m * (8 / kSlices);
+  const int64_t row0 = int64_t(blockIdx.x / unsigned(mix_blocks)) * kTileRows;
+  const int mix0 = int(blockIdx.x % unsigned(mix_blocks)) * kTileMix;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid & 31;
+  const int wr = (warp % 4) * 4, wm = (warp / 4) * 6;
+  if (tid < kTileSlots) {
+    const float* src = nullptr;
+    if (tid < kTileRows) {
+      if (row0 + tid < a.rows) src = a.x + (row0 + tid) * flat;
+    } else if (mix0 + tid - kTileRows < n_mix) {
+      src = a.fn + int64_t(mix0 + tid - kTileRows) * flat;
+    }
+    slot_src[tid] = src;
+  }
+  __syncthreads();
+  auto load = [&](int64_t st) {  // stage st: slices st·kSlices.. (chunk st·kSlices / 8) into its slot
+    if (st < stages) {
+      const int64_t col0 = (st * kSlices / 8) * kSumChunk + (st * kSlices % 8) * 128;
+      float4* buf = ring + (st % T::kStages) * T::kStageF4;
+#pragma unroll
+      for (int k = 0; k < T::kItems; ++k) {
+        const int i = tid + k * kTileThreads;  // [slice][slot][32]
+        if (T::kStageF4 % kTileThreads == 0 || i < T::kStageF4) {
+          const int in_slice = i % kTileSliceF4;
+          const float* src = slot_src[in_slice / 32];
+          const int64_t col = col0 + (i / kTileSliceF4) * 128 + 4 * (in_slice % 32);
+          if (src && col < flat) hc_cp_async16(buf + i, src + col);
+          else buf[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  float acc[4][6][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 6; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  for (int st = 0; st < T::kStages - 1; ++st) load(st);
+  for (int64_t c = 0; c < m; ++c) {
+#pragma unroll 1
+    for (int64_t st = c * (8 / kSlices); st < (c + 1) * (8 / kSlices); ++st) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(T::kStages - 2));
+      __syncthreads();  // stage st is in; every warp is done with stage st - 1, whose slot is refilled
+      load(st + T::kStages - 1);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) {  // the stage's slices in index order
+        const float4* buf = ring + (st % T::kStages) * T::kStageF4 + sl * kTileSliceF4 + lane;
+        float4 xv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = buf[(wr + i) * 32];
+#pragma unroll
+        for (int j = 0; j < 6; ++j) {
+          const float4 f = buf[(kTileRows + wm + j) * 32];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[i][j][0] = mul_add(f.x, xv[i].x, acc[i][j][0]);
+            acc[i][j][1] = mul_add(f.y, xv[i].y, acc[i][j][1]);
+            acc[i][j][2] = mul_add(f.z, xv[i].z, acc[i][j][2]);
+            acc[i][j][3] = mul_add(f.w, xv[i].w, acc[i][j][3]);
+          }
+        }
+      }
+    }
+    // Chunk c complete: lane values, butterfly, chunk sum to shared memory.
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 6; ++j) {
+        float v = __fadd_rn(__fadd_rn(acc[i][j][0], acc[i][j][1]), __fadd_rn(acc[i][j][2], acc[i][j][3]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) csum[((wr + i) * kTileMix + wm + j) * m + c] = v;
+        acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+      }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  for (int o = tid; o < kTileRows * kTileMix; o += kTileThreads) {
+    const int64_t r = row0 + o / kTileMix;
+    const int mix = mix0 + o % kTileMix;
+    if (r < a.rows && mix < n_mix) *hc_dot_slot(a, r, mix) = dev_chunk_tree(csum + int64_t(o) * m, m);
+  }
+}
+
+template <int kSlices>
+cudaError_t launch_hc_mix_dots_tiled(const HcMixArgs& a, int64_t n_mix, int64_t m, cudaStream_t s) {
+  const int mix_blocks = int((n_mix + kTileMix - 1) / kTileMix);
+  const int64_t blocks = (a.rows + kTileRows - 1) / kTileRows * mix_blocks;
+  const size_t smem = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * m) * sizeof(float);
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  // Set on every launch: the attribute belongs to the current device (TP ranks run on several).
+  const cudaError_t e = cudaFuncSetAttribute(hc_mix_dots_tiled_kernel<kSlices>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  return launch_kernel(hc_mix_dots_tiled_kernel<kSlices>, unsigned(blocks), kTileThreads, smem, s, a, int(n_mix),
+                       mix_blocks);
+}
+
+__global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                                   int64_t dim, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * dim) return;
+  const int64_t r = id / dim, d = id % dim;
+  float s = 0;
+  for (int64_t i = 0; i < hc; ++i) s = mul_add(pre[r * hc + i], x[(r * hc + i) * dim + d], s);
+  u[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+constexpr int kMaxHc = 16;
+__global__ void hc_post_kernel(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                               int64_t hc, int64_t dim, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * dim) return;
+  const int64_t r = id / dim, d = id % dim;
+  float xs[kMaxHc], out[kMaxHc];
+  for (int64_t j = 0; j < hc; ++j) xs[j] = x[(r * hc + j) * dim + d];
+  const float* P = comb + r * hc * hc;
+  for (int64_t k = 0; k < hc; ++k) {
+    float s = __fmul_rn(post[r * hc + k], f[r * dim + d]);
+    for (int64_t j = 0; j < hc; ++j) s = mul_add(P[j * hc + k], xs[j], s);
+    out[k] = bf16 ? dev_round_bf16(s) : s;
+  }
+  for (int64_t k = 0; k < hc; ++k) x[(r * hc + k) * dim + d] = out[k];
+}
+
+__global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                             int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * hc * dim) return;
+  const int64_t t = id / (hc * dim), d = id % dim;
+  X[id] = embed[int64_t(tokens[t]) * dim + d];
+}
+
+template <WeightDtype F>
+__global__ void embed_typed_kernel(WeightRef w, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * hc * dim) return;
+  const int64_t t = id / (hc * dim), d = id % dim;
+  X[id] = RowReader<F>(w, 0, w.row0 + int64_t(tokens[t]))(d);
+}
+
+// One block per (row, stream): sums in index order by thread 0 (as the CPU), then the update.
+__global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
+                                   float eps, bool bf16) {
+  __shared__ float gate;
+  const int64_t r = blockIdx.x / hc, c = blockIdx.x % hc;
+  float* x = xall + (r * hc + c) * dim;
+  const float* kv = kvall + r * (hc + 1) * dim;
+  const float* key = kv + c * dim;
+  const float* w = wqk + c * dim;
+  if (threadIdx.x == 0) {
+    double sxx = 0, skk = 0;
+    float dotv = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      sxx += double(x[i]) * x[i];
+      skk += double(key[i]) * key[i];
+      dotv = mul_add(__fmul_rn(x[i], w[i]), key[i], dotv);
+    }
+    const float rx = 1.0f / sqrtf(__fadd_rn(float(sxx / double(dim)), eps));
+    const float rk = 1.0f / sqrtf(__fadd_rn(float(skk / double(dim)), eps));
+    const float z = __fmul_rn(__fmul_rn(dotv, rx), rk) / sqrtf(float(dim));
+    const float sq = copysignf(sqrtf(fmaxf(fabsf(z), 1e-6f)), z);
+    gate = 1.0f / (1.0f + dev_exp(-sq));
+  }
+  __syncthreads();
+  const float* value = kv + hc * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = mul_add(gate, value[i], x[i]);
+    x[i] = bf16 ? dev_round_bf16(v) : v;
+  }
+}
+
+__global__ void ring_write_kernel(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                                  int64_t ring_size, int64_t dim) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= (T - t0) * dim) return;
+  const int64_t t = t0 + id / dim, d = id % dim;
+  ring[(pos[t] % ring_size) * dim + d] = kv[t * dim + d];
+}
+
+__global__ void add_ape_kernel(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                               int64_t ratio) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * width) return;
+  const int64_t t = id / width, j = id % width;
+  z[id] += ape[(pos[t] % ratio) * width + j];
+}
+
+__global__ void softmax_pool_kernel(const float* const* v, const float* const* z, int64_t n_slots, int64_t dim,
+                                    float* out) {
+  const int64_t g = blockIdx.y, d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  const float* const* vs = v + g * n_slots;
+  const float* const* zs = z + g * n_slots;
+  float m = -INFINITY;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) m = fmaxf(m, zs[s][d]);
+  float den = 0;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) den += dev_exp(zs[s][d] - m);
+  float acc = 0;
+  for (int64_t s = 0; s < n_slots; ++s)
+    if (zs[s]) acc = mul_add(dev_exp(zs[s][d] - m) / den, vs[s][d], acc);
+  out[g * dim + d] = acc;
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                              int64_t n, float limit, bool bf16) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * n) return;
+  float gv = g[id], uv = u[id];
+  if (limit > 0) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+  }
+  const float v = __fmul_rn(__fmul_rn(gv / (1.0f + dev_exp(-gv)), uv), weight ? weight[id / n] : 1.0f);
+  h[id] = bf16 ? dev_round_bf16(v) : v;
+}
+
+__global__ void moe_combine_kernel(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                                   int64_t dim, bool bf16, const int32_t* row_of) {
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= T * dim) return;
+  const int64_t t = id / dim, d = id % dim;
+  float s = 0;
+  for (int64_t k = 0; k < K; ++k) s += y[(row_of ? int64_t(row_of[t * K + k]) : t * K + k) * dim + d];
+  s += ys[id];
+  out[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+// One block: expert counts (shared atomics: order-free), an exclusive scan by thread 0, then a
+// stable scatter over tiles of kMoeGroupThreads consecutive pairs: a pair's sorted position is its
+// expert's running offset plus the number of lower-indexed pairs of the tile with the same expert;
+// the last such pair of the tile then moves the offset past them.
+constexpr int kMoeGroupThreads = 256;
+constexpr int64_t kMoeGroupMaxExperts = 4096;
+__global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
+                                 int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
+                                 int32_t* bad) {
+  __shared__ int32_t next[kMoeGroupMaxExperts];
+  __shared__ int32_t tile[kMoeGroupThreads];
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) next[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = sel[p];
+    if (e < 0 || e >= n_experts) {
+      if (bad) *bad = 1;
+    } else {
+      atomicAdd(&next[e], 1);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
+    int run = 0;
+    for (int e = 0; e < n_experts; ++e) {
+      const int c = next[e];
+      group_start[e] = run;
+      next[e] = run;
+      run += c;
+    }
+    group_start[n_experts] = run;
+  }
+  __syncthreads();
+  for (int base = 0; base < n_pairs; base += blockDim.x) {
+    const int p = base + int(threadIdx.x);
+    const int e = p < n_pairs ? sel[p] : -1;
+    const bool ok = e >= 0 && e < n_experts;
+    tile[threadIdx.x] = ok ? e : -1;
+    __syncthreads();
+    int rank = 0;  // earlier pairs of this tile with the same expert
+    if (ok)
+      for (int j = 0; j < int(threadIdx.x); ++j) rank += tile[j] == e;
+    if (ok) {
+      const int s = next[e] + rank;
+      pair_row[s] = p / k;
+      sorted_weight[s] = weight[p];
+      slot_pos[p] = s;
+    }
+    __syncthreads();  // every thread has read next[] for this tile
+    if (ok) {
+      // The last pair of each expert in the tile moves the expert's offset past the tile's pairs.
+      bool last = true;
+      for (int j = int(threadIdx.x) + 1; j < kMoeGroupThreads && base + j < n_pairs; ++j)
+        if (tile[j] == e) {
+          last = false;
+          break;
+        }
+      if (last) next[e] += rank + 1;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                             QuantSim kind, cudaStream_t s) {
+  if (kind == QuantSim::kBf16) block = 1;
+  if (block <= 0 || qdim % block != 0 || qdim > stride) return cudaErrorInvalidValue;
+  const int64_t n = rows * (qdim / block);
+  if (n == 0) return cudaSuccess;
+  return launch_kernel(quant_sim_kernel, blocks_for(n, 128), 128, 0, s, x, rows, stride, qdim, block, kind);
+}
+
+cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s) {
+  if (dim <= 0 || (dim & (dim - 1)) != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  return launch_kernel(hadamard_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim);
+}
+
+cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  return launch_kernel(rms_bf16_heads_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim, eps);
+}
+
+cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  return launch_kernel(scale_kernel, blocks_for(n, 256), 256, 0, s, x, n, scale, bf16);
+}
+
+namespace {
+
+// The shape rules of a typed weight read as [.., cols] rows (row0 + rows used inside the matrix
+// is the caller's contract, as the FP32 pointer's extent is).
+bool weight_ref_ok(const WeightRef& w, int64_t cols) {
+  if (!w.data || w.cols != cols || w.row0 < 0 || w.matrix_bytes < 0 || w.scale_matrix_bytes < 0) return false;
+  switch (w.dtype) {
+    case WeightDtype::kF32: case WeightDtype::kBf16: case WeightDtype::kF16: return true;
+    case WeightDtype::kFp8: return w.scale && w.block_rows > 0 && w.block_cols > 0 && w.block_cols <= INT32_MAX;
+    case WeightDtype::kFp4: return w.scale && cols % 32 == 0;
+  }
+  return false;
+}
+
+template <WeightDtype F>
+cudaError_t launch_linear_typed(const LinearArgs& a, bool chunked, unsigned blocks, size_t smem, cudaStream_t s) {
+  if (chunked) return launch_kernel(linear_chunked_typed_kernel<F>, blocks, kLinThreads, smem, s, a);
+  return launch_kernel(linear_short_typed_kernel<F>, blocks, kLinThreads, 0, s, a);
+}
+
+template <WeightDtype F>
+cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                               int64_t dim, cudaStream_t s) {
+  return launch_kernel(embed_typed_kernel<F>, blocks_for(T * hc * dim, 256), 256, 0, s, w, tokens, X, T, hc, dim);
+}
+
+}  // namespace
+
+cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
+  LinearArgs a = a0;
+  if (a.x_stride == 0) a.x_stride = a.in;
+  if (a.y_stride == 0) a.y_stride = a.out;
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
+  const bool typed = !a.w;
+  if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  const bool chunked = a.in > kSumChunk;
+  int64_t blocks = 0;
+  size_t smem = 0;
+  if (!chunked) {
+    blocks = (a.out + kLinThreads / 8 - 1) / (kLinThreads / 8) * a.rows;
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  } else {
+    smem = size_t((a.in + kSumChunk - 1) / kSumChunk) * sizeof(float);
+    blocks = a.out * a.rows;
+    if (smem > 48 * 1024 || blocks > INT32_MAX) return cudaErrorInvalidValue;
+  }
+  if (typed) {
+    switch (a.wt.dtype) {
+      case WeightDtype::kF32: return launch_linear_typed<WeightDtype::kF32>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kBf16: return launch_linear_typed<WeightDtype::kBf16>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kF16: return launch_linear_typed<WeightDtype::kF16>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kFp8: return launch_linear_typed<WeightDtype::kFp8>(a, chunked, unsigned(blocks), smem, s);
+      case WeightDtype::kFp4: return launch_linear_typed<WeightDtype::kFp4>(a, chunked, unsigned(blocks), smem, s);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (!chunked) return launch_kernel(linear_short_kernel, unsigned(blocks), kLinThreads, 0, s, a);
+  return launch_kernel(linear_chunked_kernel, unsigned(blocks), kLinThreads, smem, s, a);
+}
+
+cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                                  bool bf16, cudaStream_t s) {
+  if (dim <= 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double) : 0;
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  return launch_kernel(rms_norm_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
+}
+
+cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
+  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0 || a.cluster < 0 || a.cluster > 8) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc, flat = a.hc * a.dim;
+  const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
+  const size_t smem = size_t(m) * sizeof(double) + size_t(n_mix * m + n_mix + a.hc * a.hc) * sizeof(float);
+  if (smem > 200 * 1024 || a.rows * 8 > INT32_MAX) return cudaErrorInvalidValue;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(hc_mixes_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    return cudaGetLastError();
+  // Row tiles: flat > kSumChunk, 16-byte aligned rows, at most kTileMaxChunks chunks; automatic
+  // from kHcTileMinRows rows (the row kernel re-reads the whole fn matrix for every row).
+  const bool tiles_ok = flat > kSumChunk && m <= kTileMaxChunks && flat % 4 == 0 &&
+                        ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.fn)) & 15) == 0;
+  if (tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= kHcTileMinRows))) {
+    const int slices = a.tiled == 1 || a.tiled == 4 ? a.tiled : 2;  // 128-column slices per ring stage
+    const cudaError_t e = slices == 1   ? launch_hc_mix_dots_tiled<1>(a, n_mix, m, s)
+                          : slices == 4 ? launch_hc_mix_dots_tiled<4>(a, n_mix, m, s)
+                                        : launch_hc_mix_dots_tiled<2>(a, n_mix, m, s);
+    if (e != cudaSuccess) return e;
+    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, true);
+  }
+  const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? a.cluster : kMixCluster;
+  if (csize == 1) {
+    return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, false);
+  }
+  return launch_kernel_cluster(hc_mixes_kernel, unsigned(a.rows * csize), kMixThreads, smem, s, unsigned(csize), a, csize,
+                               false);
+}
+
+cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                               int64_t dim, bool bf16, cudaStream_t s) {
+  if (rows * dim == 0) return cudaSuccess;
+  return launch_kernel(hc_collapse_kernel, blocks_for(rows * dim, 256), 256, 0, s, x, pre, u, rows, hc, dim, bf16);
+}
+
+cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                           int64_t hc, int64_t dim, bool bf16, cudaStream_t s) {
+  if (hc > kMaxHc) return cudaErrorInvalidValue;
+  if (rows * dim == 0) return cudaSuccess;
+  return launch_kernel(hc_post_kernel, blocks_for(rows * dim, 256), 256, 0, s, f, x, post, comb, rows, hc, dim, bf16);
+}
+
+cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                         int64_t dim, cudaStream_t s) {
+  if (T * hc * dim == 0) return cudaSuccess;
+  return launch_kernel(embed_kernel, blocks_for(T * hc * dim, 256), 256, 0, s, embed, tokens, X, T, hc, dim);
+}
+
+cudaError_t launch_embed_w(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                           int64_t dim, cudaStream_t s) {
+  if (!weight_ref_ok(w, dim)) return cudaErrorInvalidValue;
+  if (T * hc * dim == 0) return cudaSuccess;
+  switch (w.dtype) {
+    case WeightDtype::kF32: return launch_embed_typed<WeightDtype::kF32>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kBf16: return launch_embed_typed<WeightDtype::kBf16>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kF16: return launch_embed_typed<WeightDtype::kF16>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kFp8: return launch_embed_typed<WeightDtype::kFp8>(w, tokens, X, T, hc, dim, s);
+    case WeightDtype::kFp4: return launch_embed_typed<WeightDtype::kFp4>(w, tokens, X, T, hc, dim, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
+                               int64_t dim, float eps, bool bf16, cudaStream_t s) {
+  if (rows * hc == 0) return cudaSuccess;
+  return launch_kernel(engram_gate_kernel, unsigned(rows * hc), 128, 0, s, x, kv, wqk, hc, dim, eps, bf16);
+}
+
+cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                              int64_t ring_size, int64_t dim, cudaStream_t s) {
+  if (T <= t0) return cudaSuccess;
+  return launch_kernel(ring_write_kernel, blocks_for((T - t0) * dim, 256), 256, 0, s, ring, kv, pos, t0, T, ring_size, dim);
+}
+
+cudaError_t launch_add_ape(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                           int64_t ratio, cudaStream_t s) {
+  if (T * width == 0) return cudaSuccess;
+  return launch_kernel(add_ape_kernel, blocks_for(T * width, 256), 256, 0, s, z, ape, pos, T, width, ratio);
+}
+
+cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, int64_t n_groups,
+                                int64_t n_slots, int64_t dim, float* out, cudaStream_t s) {
+  if (n_groups == 0) return cudaSuccess;
+  return launch_kernel(softmax_pool_kernel, dim3(blocks_for(dim, 128), unsigned(n_groups)), 128, 0, s, v, z, n_slots, dim, out);
+}
+
+cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                          int64_t n, float limit, bool bf16, cudaStream_t s) {
+  if (rows * n == 0) return cudaSuccess;
+  return launch_kernel(swiglu_kernel, blocks_for(rows * n, 256), 256, 0, s, g, u, h, weight, rows, n, limit, bf16);
+}
+
+cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                               int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of) {
+  if (T * dim == 0) return cudaSuccess;
+  return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16, row_of);
+}
+
+cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
+                             int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
+                             int32_t* bad, cudaStream_t s) {
+  if (n_experts <= 0 || n_experts > kMoeGroupMaxExperts || k <= 0 || n_pairs < 0 || n_pairs > INT32_MAX)
+    return cudaErrorInvalidValue;
+  return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts), int(k),
+                       group_start, pair_row, sorted_weight, slot_pos, bad);
+}
+
+}  // namespace flashseek::ops::cuda::detail

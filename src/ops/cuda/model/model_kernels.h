@@ -1,0 +1,217 @@
+// Kernels of the whole-model GPU forward (backends/cuda/gpu_*.cpp), each the GPU twin of a CPU
+// reference op (ops/*.h): same inputs, same rounding points, FP32 weights (the dequantised values
+// the CPU backend uses). Plain `cudaError_t` launchers (nvcc cannot compile core/status.h); the
+// host orchestration wraps every call in FS_CUDA_RETURN_IF_ERROR. Nothing here allocates.
+// Shapes are outermost-first; all pointers are device pointers unless stated.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashseek::ops::cuda::detail {
+
+// ---- quantisation simulations (ops/quant.h), in place ----------------------------------------
+enum class QuantSim { kBf16, kFp8, kFp4E8m0, kFp4E4m3 };
+// x [rows, stride]: the first `qdim` elements of each row, in blocks of `block` (kBf16: per element).
+cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                             QuantSim kind, cudaStream_t s);
+// ops::rms_norm bit for bit (double sum of squares in index order); y may alias x.
+cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                                  bool bf16, cudaStream_t s);
+cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s);  // ops::hadamard_inplace
+cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+// x[i] = bf16?(x[i] · scale)
+cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s);
+
+// ---- a weight matrix as the checkpoint stores it -------------------------------------------
+// The exactness kernels (linear, embed) expand each weight in registers to the FP32 value the CPU
+// backend's dequantisation gives (model/quant.h: e4m3 · 2^(e-127), e2m1 · 2^(e-127), BF16/F16
+// widened), which is exact in FP32, so the results are bitwise those of an FP32 copy.
+enum class WeightDtype : uint8_t {
+  kF32,   // float values
+  kBf16,  // bfloat16 values
+  kF16,   // IEEE half values
+  kFp8,   // e4m3 codes [rows, cols] + E8M0 scales [ceil(rows/block_rows), ceil(cols/block_cols)]
+  kFp4,   // e2m1 packed [rows, cols/2] (even column in the low nibble) + E8M0 scales [rows, cols/32]
+};
+struct WeightRef {
+  WeightDtype dtype = WeightDtype::kF32;
+  const void* data = nullptr;       // values / codes of matrix 0 (nullptr: no typed weight)
+  const uint8_t* scale = nullptr;   // E8M0 scales of matrix 0 (kFp8, kFp4)
+  int64_t cols = 0;                 // logical row length (the matrix's `in`)
+  int64_t block_rows = 1, block_cols = 1;  // kFp8 scale blocks (kFp4: 1 x 32)
+  int64_t row0 = 0;                 // first stored row used (a row slice, e.g. one wo_a group)
+  int64_t matrix_bytes = 0;         // stacked matrices (LinearArgs::sel): bytes between data of matrix e and e+1
+  int64_t scale_matrix_bytes = 0;   // ... and between their scales
+};
+
+// ---- linear (ops::linear on pre-quantised x): y[r] = x[r / x_row_div] · W_sel[r]ᵀ -----------
+struct LinearArgs {
+  const float* x = nullptr;       // rows of `in` values, row stride x_stride
+  const float* w = nullptr;       // [out, in]; with sel: stacked [E, out, in]
+  WeightRef wt;                   // used instead of w when w is nullptr: the stored format
+  float* y = nullptr;             // rows of `out` values, row stride y_stride
+  const int32_t* sel = nullptr;   // [rows] matrix of each output row (nullptr: w)
+  int64_t rows = 0, in = 0, out = 0;
+  int64_t x_stride = 0, y_stride = 0;  // 0: in / out
+  int64_t x_row_div = 1;          // output row r reads input row r / x_row_div
+  bool bf16_out = false;
+};
+// Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
+// rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
+// A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
+// are the same, so y is bitwise the FP32-weight result.
+cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
+
+// ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
+struct HcMixArgs {
+  const float* x = nullptr;       // [rows, hc, dim]
+  const float* fn = nullptr;      // [n_mix, hc·dim]
+  const float* base = nullptr;    // [n_mix]
+  const float* scale = nullptr;   // [3]
+  int64_t rows = 0, hc = 4, dim = 0, sinkhorn_iters = 20;
+  float norm_eps = 0, hc_eps = 0;
+  bool head_only = false;         // hc_head_pre: only the hc pre mixes
+  int cluster = 0;                // blocks per row, 1..8 (0: 8 when hc·dim > 1024; same bits for any)
+  int tiled = -1;                 // row tiles (16 rows share each fn slice): -1 from 64 rows, 0 never,
+                                  // 1 / 2 / 4 always, staging 1 / 2 / 4 128-column slices per ring
+                                  // stage (-1: 2); only where hc·dim > 1024, hc·dim % 4 == 0, x and fn
+                                  // 16-byte aligned and hc·dim <= 64 chunks (else the row kernel); same bits
+  float* pre = nullptr;           // [rows, hc]
+  float* post = nullptr;          // [rows, hc]
+  float* comb = nullptr;          // [rows, hc, hc]
+};
+// A thread-block cluster per row; the flat sum of squares and the mix dots in the sum_order.h
+// orders, one warp per 1024-value chunk, Sinkhorn with one thread per comb entry. Row tiles
+// (`tiled`): the mix dots by a row-tiled kernel (same order), then a block per row for the sum
+// of squares, the scaling and Sinkhorn.
+cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
+cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
+                               int64_t dim, bool bf16, cudaStream_t s);
+// x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
+cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
+                           int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
+
+// ---- embedding, Engram gate, ring write, compressor ape --------------------------------------
+cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                         int64_t dim, cudaStream_t s);
+// The same from the stored table (row token of `embed`, expanded exactly; bitwise the FP32 copy's).
+cudaError_t launch_embed_w(const WeightRef& embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
+                           int64_t dim, cudaStream_t s);
+// ops::engram_gate for every row: x [rows, hc, dim], kv [rows, (hc+1)·dim], wqk [hc, dim].
+cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
+                               int64_t dim, float eps, bool bf16, cudaStream_t s);
+// ring[pos[t] % ring_size] = kv[t] for t in [t0, T).
+cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
+                              int64_t ring_size, int64_t dim, cudaStream_t s);
+// z[t, j] += ape[(pos[t] % ratio), j]
+cudaError_t launch_add_ape(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
+                           int64_t ratio, cudaStream_t s);
+// ops::softmax_pool per group: v/z are [n_groups, n_slots] device tables of row pointers (nullptr:
+// empty slot); out [n_groups, dim].
+cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, int64_t n_groups,
+                                int64_t n_slots, int64_t dim, float* out, cudaStream_t s);
+
+// ---- MoE (ops/moe.h) ---------------------------------------------------------------------------
+struct RouteArgs {
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] or nullptr
+  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
+  const int32_t* tokens = nullptr;   // [T]
+  float* scratch = nullptr;       // [T, 2E]
+  int64_t T = 0, E = 0, K = 0;
+  float gate_temp = 1, route_scale = 1;
+  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
+  int32_t* sel = nullptr;         // [T, K] ascending expert ids
+  float* weight = nullptr;        // [T, K]
+};
+cudaError_t launch_route(const RouteArgs& a, cudaStream_t s);
+// h[r] = bf16?(swiglu(g[r], u[r]) · weight[r]) (weight nullptr: 1).
+cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
+                          int64_t n, float limit, bool bf16, cudaStream_t s);
+// out[t] = bf16?(Σ_k y[t, k] + ys[t]) in slot order; with row_of, pair (t, k)'s row of y is
+// row_of[t·K + k] (outputs computed in expert-sorted order), else t·K + k.
+cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
+                               int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
+// ops::group_pairs_by_expert on the device (one block; nothing read back to the host, so it runs
+// under graph capture). bad (nullable): set to 1 when an expert id is out of range (outputs then
+// undefined).
+cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
+                             int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
+                             int32_t* bad, cudaStream_t s);
+
+// ---- attention (attention/model_attn.cu), indexer (indexer/index_kernels.cu), router (route.cu) --
+// One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
+// (ops::sparse_attention). Window key s: kv_chunk[s − start] if s >= start else ring[s % ring].
+struct ModelAttnArgs {
+  const float* q = nullptr;        // [T, H, Dh]
+  const float* kv_chunk = nullptr; // [T, Dh]
+  const float* ring = nullptr;     // [ring_size, Dh]
+  const float* ckv = nullptr;      // [n_entries, Dh] compressed rows (nullptr: window only)
+  const int32_t* topk = nullptr;   // [T, topk_stride] selected rows, ascending (nullptr: all)
+  const int32_t* topk_n = nullptr; // [T] counts
+  int64_t topk_stride = 0, ratio = 0;  // ratio > 0 without topk: every visible entry (V4 HCA)
+  const float* sink = nullptr;     // [H]
+  float* out = nullptr;            // [T, H, Dh]
+  int64_t T = 0, H = 0, Dh = 0, window = 0, ring_size = 0, start = 0, max_keys = 0;
+  float scale = 0;
+  bool bf16 = false;               // BF16 probabilities and output
+};
+cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
+
+// Several sequences in one launch: rows [row0, row0 + T) of q / kv_chunk / out / topk / topk_n
+// belong to the sequence described here (its window ring, compressed rows, first position).
+struct ModelAttnSeq {
+  float* ring = nullptr;         // [ring_size, Dh] (written by launch_ring_write_seqs)
+  const float* ckv = nullptr;    // compressed rows; nullptr: none yet (never read)
+  int64_t start = 0, row0 = 0, T = 0, ring_size = 0;
+};
+// launch_model_attention over every row of `seqs` (device array [n_seqs]; row_seq [rows]: the
+// sequence of each row): `a` gives the shared fields (q, kv_chunk, topk, topk_n and out at row 0
+// of the step, H, Dh, window, topk_stride, ratio, sink, scale, bf16, max_keys = the largest
+// sequence's); a.T = rows; a.ring / a.start / a.ring_size are ignored; a.ckv non-null marks a
+// layer with compressed rows. Each row computes exactly what launch_model_attention computes for
+// its sequence alone.
+cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
+                                        cudaStream_t s);
+// ring of row_seq[t]'s sequence [pos[t] % ring_size] = kv[t] for every row among its sequence's
+// last ring_size rows (launch_ring_write per sequence, in one launch).
+cudaError_t launch_ring_write_seqs(const ModelAttnSeq* seqs, const int32_t* row_seq, const float* kv, const int64_t* pos,
+                                   int64_t rows, int64_t dim, cudaStream_t s);
+
+// ops::index_scores for every query row: clen(t) = (start + t + 1) / ratio visible keys.
+struct IndexScoreArgs {
+  const float* q = nullptr;        // [T, nI, dI]
+  const float* w = nullptr;        // [T, nI]
+  const float* keys = nullptr;     // [n, dI]
+  float* scores = nullptr;         // [T, stride]
+  int64_t T = 0, nI = 0, dI = 0, start = 0, ratio = 1, stride = 0;
+  bool bf16 = false;
+  // 0: automatic (2 or 3 by tiles x rows); 1: one thread per key; 2 / 3: key tiles in shared
+  // memory, 1 / 2 keys per thread (dI > 1024 or a tile over the shared-memory limit: kernel 1).
+  // Same bits for every kernel; tests and the benchmarks force one.
+  int kernel = 0;
+};
+cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
+
+// Per query row: mode 1 publishes the candidate mask (ops::candidate_mask), mode 2 filters the
+// scores by it, then top-k (ops::topk_indices: finite scores, lower index at ties, ascending).
+// Radix select on the score bits (any candidate count up to the stride): one block per row, or
+// (k <= 2048, rows of 8192+ keys, stride > 2056 + 2 * blocks in mode 1) a histogram and
+// partition over blocks of key chunks and one block per row for the candidates of the threshold
+// bin (mode 1: the same for the candidate blocks first); block_scratch is its workspace then.
+struct IndexTopkArgs {
+  float* scores = nullptr;         // [T, stride] (mode 2 sets the masked-out entries to -inf)
+  uint8_t* cand = nullptr;         // [T, stride]
+  float* block_scratch = nullptr;  // [T, stride] mode 1: block maxima
+  uint8_t* taken = nullptr;        // [T, stride] mode 1: kept-block flags
+  int32_t* out = nullptr;          // [T, k]
+  int32_t* out_n = nullptr;        // [T]
+  int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
+  int mode = 0;
+  // 0: by row length; 1: one block per row; 2: over blocks (error if the args do not allow it).
+  int path = 0;
+};
+cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s);
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,124 @@
+// Glue kernels of the prefill layer benchmark (see prefill_kernels.h).
+#include "ops/cuda/model/prefill_kernels.h"
+
+#include <cuda_fp8.h>
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+int grid_for(int64_t threads) {
+  const int64_t b = (threads + 255) / 256;
+  return int(b < 132 * 32 ? b : 132 * 32);
+}
+
+// One thread per 16 code bytes (and, every second thread, one FP32 scale of the 32-block).
+__global__ void __launch_bounds__(256) gather_fp8_rows_kernel(const uint8_t* src_q, const float* src_s,
+                                                              const int32_t* rows, int64_t n_rows,
+                                                              int64_t k, uint8_t* dst_q, float* dst_s) {
+  const int64_t per_row = k / 16;
+  const int64_t total = n_rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i / per_row, c = i % per_row;
+    const int64_t r = rows[p];
+    reinterpret_cast<uint4*>(dst_q + p * k)[c] = __ldg(reinterpret_cast<const uint4*>(src_q + r * k) + c);
+    if ((c & 1) == 0) dst_s[p * (k / 32) + c / 2] = __ldg(src_s + r * (k / 32) + c / 2);
+  }
+}
+
+// Eight outputs per thread; the 4 threads of a 32-block share its amax by shuffles (n % 32 == 0
+// keeps every group of 4 consecutive threads inside one block of one row).
+__global__ void __launch_bounds__(256) swiglu_quant_kernel(const float* gu, const float* weight,
+                                                           int64_t rows, int64_t n, float limit,
+                                                           uint8_t* xq, float* xs) {
+  const int64_t per_row = n / 8;
+  const int64_t total = rows * per_row;
+  const int64_t total_r = (total + 31) / 32 * 32;  // whole warps run every iteration
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const bool live = t < total;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    if (live) {
+      const int64_t r = t / per_row, c = (t % per_row) * 8;
+      const float* g = gu + r * 2 * n + c;
+      const float* u = g + n;
+      const float w = weight ? __ldg(weight + r) : 1.0f;
+      const float4 g0 = __ldg(reinterpret_cast<const float4*>(g)), g1 = __ldg(reinterpret_cast<const float4*>(g) + 1);
+      const float4 u0 = __ldg(reinterpret_cast<const float4*>(u)), u1 = __ldg(reinterpret_cast<const float4*>(u) + 1);
+      const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float a = gv[i], b = uv[i];
+        if (limit > 0) a = fminf(a, limit), b = fminf(fmaxf(b, -limit), limit);
+        v[i] = a / (1.0f + __expf(-a)) * b * w;
+      }
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    uint32_t ub = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
+    if (ub & 0x7fffffu) ub = (ub & 0x7f800000u) + 0x00800000u;  // round up to a power of two
+    const float s = __uint_as_float(ub), inv = 1.0f / s;
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv),
+                                           __NV_SATFINITE, __NV_E4M3);
+    if (live) {
+      *reinterpret_cast<uint2*>(xq + t * 8) =
+          make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      if ((t & 3) == 0) xs[t >> 2] = s;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(256) combine_rows_kernel(const float* y, const int32_t* inv, const float* ys,
+                                                           int64_t T, int64_t k, int64_t dim, float* out) {
+  const int64_t per_row = dim / 4;
+  const int64_t total = T * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_row, c = i % per_row;
+    float4 s = ys ? __ldg(reinterpret_cast<const float4*>(ys + t * dim) + c) : make_float4(0, 0, 0, 0);
+    for (int64_t j = 0; j < k; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(y + int64_t(inv[t * k + j]) * dim) + c);
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    reinterpret_cast<float4*>(out + t * dim)[c] = s;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gather_fp8_rows(const uint8_t* src_q, const float* src_s, const int32_t* rows,
+                                   int64_t n_rows, int64_t k, uint8_t* dst_q, float* dst_s,
+                                   cudaStream_t s) {
+  if (n_rows <= 0) return cudaSuccess;
+  if (k % 128 != 0) return cudaErrorInvalidValue;
+  gather_fp8_rows_kernel<<<grid_for(n_rows * (k / 16)), 256, 0, s>>>(src_q, src_s, rows, n_rows, k,
+                                                                     dst_q, dst_s);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_quant_fp8(const float* gu, const float* weight, int64_t rows, int64_t n,
+                                    float limit, uint8_t* xq, float* xs, cudaStream_t s) {
+  if (rows <= 0) return cudaSuccess;
+  if (n % 32 != 0) return cudaErrorInvalidValue;
+  swiglu_quant_kernel<<<grid_for(rows * (n / 8)), 256, 0, s>>>(gu, weight, rows, n, limit, xq, xs);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_combine_rows(const float* y, const int32_t* inv, const float* ys, int64_t T,
+                                int64_t k, int64_t dim, float* out, cudaStream_t s) {
+  if (T <= 0) return cudaSuccess;
+  if (dim % 4 != 0) return cudaErrorInvalidValue;
+  combine_rows_kernel<<<grid_for(T * (dim / 4)), 256, 0, s>>>(y, inv, ys, T, k, dim, out);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail

@@ -1,0 +1,64 @@
+#include "tools/backend_options.h"
+
+#include <cstdio>
+
+#include "core/thread_pool.h"
+
+namespace flashseek::tools {
+
+void add_backend_options(CLI::App* cmd, BackendOpts& o) {
+  cmd->add_option("--threads", o.threads, "CPU backend threads, 1.." + std::to_string(ThreadPool::kMaxThreads) +
+                                              " (0: one per hardware thread)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-graphs", o.gpu_graphs,
+                  "CUDA graphs for decode-sized steps: on (replay, patching changed nodes) | record (record "
+                  "every step) | off (eager)")
+      ->check(CLI::IsMember({"on", "record", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--tp-comm", o.tp_comm,
+                  "multi-GPU collectives: auto (NCCL when the devices are distinct) | nccl | host (host-staged)")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}))
+      ->capture_default_str();
+  cmd->add_option("--device-sampling", o.device_sampling,
+                  "sample on the GPU when a request needs no logits on the host: on | off (same tokens)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_flag("--gpu-graphs-log", o.gpu_graphs_log, "print the CUDA-graph counters to stderr at the end");
+}
+
+Status apply_threads(const BackendOpts& o) {
+  if (o.threads == 0) return {};  // CLI default: the hardware's
+  return ThreadPool::set_global_threads(o.threads);
+}
+
+forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
+  forward::GpuLoadOptions g;
+  g.graphs = o.gpu_graphs == "off"      ? forward::GpuGraphs::kOff
+             : o.gpu_graphs == "record" ? forward::GpuGraphs::kRecord
+                                        : forward::GpuGraphs::kPatch;
+  g.tp_comm = o.tp_comm == "nccl"   ? forward::TpComm::kNccl
+              : o.tp_comm == "host" ? forward::TpComm::kHost
+                                    : forward::TpComm::kAuto;
+  return g;
+}
+
+void apply_engine_options(const BackendOpts& o, engine::EngineOptions& eo) {
+  eo.device_sampling = o.device_sampling != "off";
+}
+
+void log_gpu_graphs(const BackendOpts& o, const forward::Model& model) {
+  if (!o.gpu_graphs_log) return;
+  auto st = forward::gpu_graph_stats(model);
+  if (!st.ok()) return;  // a CPU model: no graphs
+  const forward::GpuGraphStats& s = st.value();
+  std::fprintf(stderr,
+               "gpu graphs %s: forwards %lld, decode-sized %lld, graph launches %lld, patched %lld (%lld nodes "
+               "set, %lld misses), instantiations %lld, updates %lld (failed %lld), recaptures %lld, eager "
+               "fallbacks %lld\n",
+               o.gpu_graphs.c_str(), (long long)s.forwards, (long long)s.eligible, (long long)s.launches,
+               (long long)s.patched, (long long)s.patched_nodes, (long long)s.patch_misses,
+               (long long)s.instantiations, (long long)s.updates, (long long)s.update_failures,
+               (long long)s.recaptures, (long long)s.eager_fallbacks);
+}
+
+}  // namespace flashseek::tools

@@ -1,0 +1,39 @@
+// Options that choose how a checkpoint runs, shared by `run` and `serve`: CPU threads, CUDA graphs,
+// multi-GPU collectives, device sampling. The CLI parses them here and passes them down as
+// ThreadPool / GpuLoadOptions / EngineOptions settings (no environment variables inside src/).
+#pragma once
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "backends/cuda/gpu_model.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "forward/model.h"
+
+namespace flashseek::tools {
+
+struct BackendOpts {
+  int threads = 0;                     // CPU threads (0: the hardware's)
+  std::string gpu_graphs = "on";       // on | record | off
+  std::string tp_comm = "auto";        // auto | nccl | host
+  std::string device_sampling = "on";  // on | off
+  bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
+};
+
+// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling and --gpu-graphs-log to `cmd`.
+void add_backend_options(CLI::App* cmd, BackendOpts& o);
+
+// Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
+Status apply_threads(const BackendOpts& o);
+
+forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
+
+// Sets the engine options the backend options cover (device sampling).
+void apply_engine_options(const BackendOpts& o, engine::EngineOptions& eo);
+
+// With --gpu-graphs-log: one stderr line with the model's CUDA-graph counters (nothing for a CPU
+// model).
+void log_gpu_graphs(const BackendOpts& o, const forward::Model& model);
+
+}  // namespace flashseek::tools
