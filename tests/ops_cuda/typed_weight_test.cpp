@@ -14,7 +14,7 @@
 #include "core/rng.h"
 #include "gpu_util.h"
 #include "model/quant.h"
-#include "ops/cuda/model_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {
