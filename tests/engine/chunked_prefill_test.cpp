@@ -43,7 +43,8 @@ std::map<const forward::SequenceState*, testing::RecordedItem> items_by_state(
 TEST(ChunkedPrefill, DecodingSequenceAdvancesInEveryStepWhileALongPromptPrefills) {
   FakeModel model(61);
   Rng rng(17);
-  const EngineOptions opt{.max_batch = 4, .budget = {.max_step_tokens = 48, .max_prefill_chunk = 40}};
+  // The chunk cap equals the step budget: only the decode-first rule leaves room for a's token.
+  const EngineOptions opt{.max_batch = 4, .budget = {.max_step_tokens = 48, .max_prefill_chunk = 48}};
   auto engine = make_engine(model, opt);
   const Request a = greedy_request(1, random_prompt(rng, 5, 61), 400);
   auto sa = *engine->submit(a);
@@ -94,8 +95,8 @@ TEST(ChunkedPrefill, DecodingSequenceAdvancesInEveryStepWhileALongPromptPrefills
     EXPECT_GE(ev->token, 0);
     EXPECT_FALSE(sa->try_pop().has_value()) << "a got more than one token in step " << steps;
   }
-  // 1000 tokens in chunks of min(40, 48 - 1) = 40: 25 steps, not one 1000-token stall.
-  EXPECT_EQ(steps, (kLong + 39) / 40);
+  // 1000 tokens in chunks of 48 - 1 = 47: 22 steps, not one 1000-token stall.
+  EXPECT_EQ(steps, (kLong + 46) / 47);
   EXPECT_EQ(int64_t(model.calls().size() - first_call), steps);
   ASSERT_TRUE(engine->run_until_idle().ok());
   // Interleaving changes nothing in either result.
