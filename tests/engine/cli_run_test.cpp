@@ -2,8 +2,12 @@
 // seeded `run` == the engine's own result, and clear errors on bad input.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -205,6 +209,44 @@ TEST_F(CliRun, ServeRejectsABadStepBudget) {
   expect_fail("--max-num-batched-tokens -1", "--max-step-tokens must be in [1,");
   expect_fail("--max-batch 8 --max-step-tokens 4", "--max-step-tokens (4) must be >= --max-batch (8)");
   expect_fail("--prefill-chunk 300 --max-step-tokens 256", "--prefill-chunk (300) is larger");
+}
+
+// serve's step budget follows --max-batch when that is larger than the default 256 (before, an
+// engine with 300 slots and a 256-token step was refused after the model had loaded), and
+// --prefill-chunk alone leaves room for a full chunk next to one decode of every other slot.
+TEST_F(CliRun, ServeStepBudgetFollowsMaxBatchAndPrefillChunk) {
+  if (!std::getenv("FLASHSEEK_TOKENIZER") &&
+      !std::filesystem::exists(flashseek::testing::source_dir() / "models/tokenizer/tokenizer.json"))
+    FS_SKIP_UNLESS_CI("no tokenizer (serve needs it): run scripts/fetch_tokenizer.sh");
+  struct Case {
+    std::string args, want;
+  };
+  const std::vector<Case> cases = {
+      {"--max-batch 300", "engine steps: up to 300 tokens each (decodes first), prompt chunks of <= 256"},
+      {"--max-batch 8 --prefill-chunk 1000", "engine steps: up to 1007 tokens each (decodes first), prompt chunks of <= 1000"},
+      {"--max-batch 8 --max-num-batched-tokens 64", "engine steps: up to 64 tokens each (decodes first), prompt chunks of <= 64"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.args);
+    const auto log = dir_->path() / ("serve" + std::to_string(i) + ".log");
+    const auto r = run_command(flashseek_bin() + " serve --ckpt " + ckpt() + " --port 0 " + c.args +
+                               " > " + log.string() + " 2>&1 & echo $!");
+    const int pid = std::atoi(r.output.c_str());
+    ASSERT_GT(pid, 0) << r.output;
+    std::string text;
+    // Polls the log until the server is ready or failed; the deadline only bounds a hang.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream in(log);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (text.find("ready:") != std::string::npos || text.find("error") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(pid, SIGTERM);
+    EXPECT_NE(text.find(c.want), std::string::npos) << text;
+    EXPECT_NE(text.find("ready:"), std::string::npos) << text;
+    EXPECT_EQ(text.find("error"), std::string::npos) << text;
+  }
 }
 
 }  // namespace
