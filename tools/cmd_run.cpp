@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer_locate.h"
 #include "tools/backend_options.h"
 #include "tools/command.h"
+#include "tools/step_budget_cli.h"
 
 namespace flashseek::tools {
 namespace {
@@ -32,6 +33,7 @@ struct RunOpts {
   uint64_t seed = 0;
   bool json = false, ignore_eos = false;
   BackendOpts backend;  // --threads, --gpu-graphs, --tp-comm, --device-sampling (backend_options.h)
+  StepBudgetCli budget;  // --prefill-chunk, --max-step-tokens
 };
 
 int fail(const std::string& message) {
@@ -109,6 +111,8 @@ int run(const RunOpts& o) {
     spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   }
   if (Status st = check_options(o); !st.ok()) return fail(st.message());
+  auto budget = resolve_step_budget(o.budget, /*max_batch=*/1);
+  if (!budget.ok()) return fail(budget.status().message());
   // The tokenizer is needed to encode --prompt and to print text; --json with ids needs none.
   std::optional<tok::Tokenizer> tokenizer;
   if (!o.prompt.empty() || !o.json) {
@@ -146,7 +150,7 @@ int run(const RunOpts& o) {
   const engine::SpecMode mode = o.speculative == "on"    ? engine::SpecMode::kOn
                                 : o.speculative == "off" ? engine::SpecMode::kOff
                                                          : engine::SpecMode::kAuto;
-  engine::EngineOptions eo{.max_batch = 1, .speculative = mode};
+  engine::EngineOptions eo{.max_batch = 1, .budget = *budget, .speculative = mode};
   apply_engine_options(o.backend, eo);
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return fail(engine.status().message());
@@ -157,11 +161,16 @@ int run(const RunOpts& o) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   std::optional<Clock::time_point> t_first;
+  int64_t prefill_steps = 0;  // forward calls until the first token: the prompt's chunks
   Status st;
   while (st.ok() && !(*stream)->finished()) {
     st = (*engine)->step();
-    if (!t_first && (*engine)->stats().generated_tokens > 0) t_first = Clock::now();
+    if (!t_first && (*engine)->stats().generated_tokens > 0) {
+      t_first = Clock::now();
+      prefill_steps = (*engine)->stats().steps;
+    }
   }
+  if (!t_first) prefill_steps = (*engine)->stats().steps;  // no token (--max-tokens 0, error)
   const auto t_end = Clock::now();
   const engine::GenerationResult result = engine::collect(**stream);
   if (!st.ok() || result.finish == engine::FinishReason::kError)
@@ -184,10 +193,12 @@ int run(const RunOpts& o) {
   const double decode = total - prefill;
   const size_t n = result.tokens.size();
   std::fprintf(stderr,
-               "prompt %lld tokens in %.3f s (%.1f tok/s); generated %zu tokens (%s) in %.3f s; "
-               "decode %.1f tok/s\n",
+               "prompt %lld tokens in %.3f s (%.1f tok/s, %lld prefill steps of <= %lld tokens); "
+               "generated %zu tokens (%s) in %.3f s; decode %.1f tok/s\n",
                static_cast<long long>(n_prompt), prefill, prefill > 0 ? n_prompt / prefill : 0.0,
-               n, engine::finish_reason_name(result.finish), total,
+               static_cast<long long>(prefill_steps),
+               static_cast<long long>(budget->max_prefill_chunk), n,
+               engine::finish_reason_name(result.finish), total,
                n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
   const engine::EngineStats es = (*engine)->stats();
   if (es.spec_mode != engine::SpecMode::kOff) std::fprintf(stderr, "%s\n", spec_summary(es).c_str());
@@ -233,6 +244,7 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");
   add_backend_options(cmd, o->backend);
+  add_step_budget_options(cmd, o->budget);
   return [o]() -> int { return run(*o); };
 }
 

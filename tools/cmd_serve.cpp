@@ -25,6 +25,7 @@
 #include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/serve_cluster.h"
+#include "tools/step_budget_cli.h"
 
 namespace flashseek::tools {
 namespace {
@@ -44,6 +45,7 @@ struct ServeOpts {
   int64_t cache_dir_bytes = 0;                   // state cache: disk-tier budget (0: none)
   int64_t snapshot_every = 2048;                 // state cache: snapshots inside long prefills
   ClusterCli cluster;                            // cross-server sharing (serve_cluster.h)
+  StepBudgetCli budget;                          // --prefill-chunk, --max-step-tokens
   bool thinking = false;
   std::string speculative = "auto";              // auto (the policy) | on | off (engine/spec_policy.h)
   std::vector<std::string> extra_names;
@@ -172,6 +174,8 @@ int serve(const ServeOpts& o) {
   // Cluster flags are checked before anything is loaded (a bad --redis URL fails at once).
   if (Status st = check_cluster_options(o.cluster); !st.ok()) return fail(st);
   if (Status st = apply_threads(o.backend); !st.ok()) return fail(st);
+  auto budget = resolve_step_budget(o.budget, o.max_batch);
+  if (!budget.ok()) return fail(budget.status());
   auto tokenizer = tok::load_v41_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return fail(tokenizer.status().with_context("--tokenizer"));
 
@@ -243,6 +247,9 @@ int serve(const ServeOpts& o) {
   engine::EngineOptions eo;
   eo.max_batch = o.max_batch;
   eo.max_waiting = o.max_queue;
+  eo.budget = *budget;
+  spdlog::info("engine steps: up to {} tokens each (decodes first), prompt chunks of <= {} tokens",
+               eo.budget.max_step_tokens, eo.budget.max_prefill_chunk);
   eo.max_context = o.max_context > 0 ? o.max_context : cfg->max_position_embeddings;
   apply_engine_options(o.backend, eo);
   const bool has_draft = (*model)->has_draft();
@@ -325,6 +332,7 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--snapshot-every", o->snapshot_every,
                   "state cache: also snapshot long prefills every N prompt tokens (0: off)")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  add_step_budget_options(cmd, o->budget);
   add_cluster_options(cmd, o->cluster);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (file or directory)");
   cmd->add_option("--numerics", o->numerics, "exact | reference")

@@ -2,8 +2,12 @@
 // seeded `run` == the engine's own result, and clear errors on bad input.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -139,6 +143,110 @@ TEST_F(CliRun, BadInputFailsWithAMessage) {
   expect_fail(ck + "--json", "--prompt-ids");
   expect_fail(ck + "--prompt-ids 1 --stop-ids 100000 --json", "--stop-ids");
   expect_fail(ck + "--prompt-ids @/nonexistent/ids.json --json", "ids.json");
+  expect_fail(ck + "--prompt-ids 1 --prefill-chunk 0 --json", "--prefill-chunk must be in [1,");
+  expect_fail(ck + "--prompt-ids 1 --prefill-chunk -5 --json", "--prefill-chunk must be in [1,");
+  expect_fail(ck + "--prompt-ids 1 --prefill-chunk 99999999999 --json", "--prefill-chunk");
+  expect_fail(ck + "--prompt-ids 1 --max-step-tokens 0 --json", "--max-step-tokens must be in [1,");
+  expect_fail(ck + "--prompt-ids 1 --max-num-batched-tokens 0 --json", "--max-step-tokens");
+  expect_fail(ck + "--prompt-ids 1 --prefill-chunk 64 --max-step-tokens 32 --json",
+              "--prefill-chunk (64) is larger than --max-step-tokens (32)");
+}
+
+// --prefill-chunk and --max-step-tokens (alias --max-num-batched-tokens) set how the prompt is
+// split into engine steps: the stats line on stderr counts the prefill steps, and the JSON (tokens,
+// logprobs and prompt logprobs, printed as exact floats) is the same for every split.
+TEST_F(CliRun, PrefillChunkSplitsThePromptWithoutChangingTheResult) {
+  std::string ids;
+  for (int i = 0; i < 20; ++i) ids += (i ? "," : "") + std::to_string((i * 37 + 11) % 200);
+  const std::string base = flashseek_bin() + " run --ckpt " + ckpt() + " --prompt-ids " + ids +
+                           " --max-tokens 4 --ignore-eos --logprobs 2 --prompt-logprobs 2 --json";
+  const auto err = dir_->path() / "stderr.txt";
+  struct Case {
+    std::string args;
+    int64_t steps;  // prefill steps of the 20-token prompt
+    int64_t chunk;
+  };
+  const std::vector<Case> cases = {{"", 1, 256},
+                                   {"--prefill-chunk 1", 20, 1},
+                                   {"--prefill-chunk 7", 3, 7},
+                                   {"--max-step-tokens 6", 4, 6},
+                                   {"--max-num-batched-tokens 19", 2, 19},
+                                   {"--prefill-chunk 5 --max-step-tokens 8", 4, 5}};
+  std::string want;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    auto r = run_command("(" + base + " " + c.args + " 2>" + err.string() + ")");
+    std::ifstream in(err);
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(r.exit_code, 0) << r.output << log;
+    const std::string stats = "prompt 20 tokens in ";
+    const auto at = log.find(stats);
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find(" " + std::to_string(c.steps) + " prefill steps of <= " +
+                        std::to_string(c.chunk) + " tokens"),
+              std::string::npos)
+        << line;
+    auto j = nlohmann::json::parse(r.output);
+    ASSERT_EQ(j["tokens"].size(), 4u);
+    ASSERT_EQ(j["prompt_logprobs"].size(), 20u);
+    if (want.empty()) want = r.output;
+    EXPECT_EQ(r.output, want);
+  }
+}
+
+// `serve` takes the same flags and refuses bad ones before loading anything (the timeout only
+// bounds the test if the check were missing and the server started).
+TEST_F(CliRun, ServeRejectsABadStepBudget) {
+  auto expect_fail = [&](const std::string& args, const std::string& needle) {
+    auto r = run_command("timeout 60 " + flashseek_bin() + " serve --ckpt " + ckpt() +
+                         " --port 0 " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.exit_code, 124) << args << ": the server started";
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+  };
+  expect_fail("--prefill-chunk 0", "--prefill-chunk must be in [1,");
+  expect_fail("--max-num-batched-tokens -1", "--max-step-tokens must be in [1,");
+  expect_fail("--max-batch 8 --max-step-tokens 4", "--max-step-tokens (4) must be >= --max-batch (8)");
+  expect_fail("--prefill-chunk 300 --max-step-tokens 256", "--prefill-chunk (300) is larger");
+}
+
+// serve's step budget follows --max-batch when that is larger than the default 256 (before, an
+// engine with 300 slots and a 256-token step was refused after the model had loaded), and
+// --prefill-chunk alone leaves room for a full chunk next to one decode of every other slot.
+TEST_F(CliRun, ServeStepBudgetFollowsMaxBatchAndPrefillChunk) {
+  if (!std::getenv("FLASHSEEK_TOKENIZER") &&
+      !std::filesystem::exists(flashseek::testing::source_dir() / "models/tokenizer/tokenizer.json"))
+    FS_SKIP_UNLESS_CI("no tokenizer (serve needs it): run scripts/fetch_tokenizer.sh");
+  struct Case {
+    std::string args, want;
+  };
+  const std::vector<Case> cases = {
+      {"--max-batch 300", "engine steps: up to 300 tokens each (decodes first), prompt chunks of <= 256"},
+      {"--max-batch 8 --prefill-chunk 1000", "engine steps: up to 1007 tokens each (decodes first), prompt chunks of <= 1000"},
+      {"--max-batch 8 --max-num-batched-tokens 64", "engine steps: up to 64 tokens each (decodes first), prompt chunks of <= 64"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.args);
+    const auto log = dir_->path() / ("serve" + std::to_string(i) + ".log");
+    const auto r = run_command(flashseek_bin() + " serve --ckpt " + ckpt() + " --port 0 " + c.args +
+                               " > " + log.string() + " 2>&1 & echo $!");
+    const int pid = std::atoi(r.output.c_str());
+    ASSERT_GT(pid, 0) << r.output;
+    std::string text;
+    // Polls the log until the server is ready or failed; the deadline only bounds a hang.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream in(log);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (text.find("ready:") != std::string::npos || text.find("error") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(pid, SIGTERM);
+    EXPECT_NE(text.find(c.want), std::string::npos) << text;
+    EXPECT_NE(text.find("ready:"), std::string::npos) << text;
+    EXPECT_EQ(text.find("error"), std::string::npos) << text;
+  }
 }
 
 // Backend options (tools/backend_options.h): --threads N sizes the CPU backend's thread pool (the

@@ -26,6 +26,7 @@ class FakeState : public forward::SequenceState {
 
 // One forward call as the model saw it.
 struct RecordedItem {
+  const forward::SequenceState* state = nullptr;  // which sequence (the engine's state object)
   int64_t start = 0;      // state length before the call
   int64_t n_tokens = 0;
   bool all_logits = false;
@@ -65,7 +66,7 @@ class FakeModel : public forward::Model {
     const size_t V = size_t(cfg_.vocab_size);
     for (auto& item : batch) {
       auto* st = static_cast<FakeState*>(item.state);
-      rec.push_back({st->length(), int64_t(item.tokens.size()), item.all_logits});
+      rec.push_back({st, st->length(), int64_t(item.tokens.size()), item.all_logits});
       for (size_t j = 0; j < item.tokens.size(); ++j) {
         st->history.push_back(item.tokens[j]);
         if (!item.all_logits && j + 1 < item.tokens.size()) continue;
