@@ -41,8 +41,10 @@ struct CpuLoadOptions {
   // of every FP8-activation dot product (the linears that quantise their input to FP8 in
   // `reference` numerics: attention, indexer query, Engram, routed and shared experts, draft
   // projections) by (1 + dot_perturbation·s), before any BF16 rounding of the output, with
-  // s = ±1 from a hash of (perturbation_seed, layer, op, expert, row, column). It models the same
-  // math summed in another order; the product is computed in double and rounded once to FP32.
+  // s = ±1 from a hash of (perturbation_seed, layer, op, expert, row, column), where row is the
+  // linear's input row within the forward call (so a seed's pattern depends on the chunking; the
+  // experiment runs one chunk). It models the same math summed in another order; the product is
+  // computed in double and rounded once to FP32.
   // 0: off, and the backend is bit-identical to one loaded without options. Needs `reference`
   // numerics on a checkpoint with FP8/FP4 weights; at most 1e-3.
   double dot_perturbation = 0;
