@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct Ckpt {
     return std::string(config) + (tie_free ? "_tf" : "_std") + (well_conditioned ? "_wc" : "");
   }
 };
+
+// Test names and ctest listings show the tag, not the struct's bytes.
+inline void PrintTo(const Ckpt& c, std::ostream* os) { *os << c.tag(); }
 
 inline std::vector<std::string>& made_dirs() {
   static std::vector<std::string> dirs;
