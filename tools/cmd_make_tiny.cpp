@@ -27,6 +27,7 @@ std::function<int()> setup(CLI::App& app) {
     std::string config, out, dtype = "fp8";
     uint64_t seed = 0;
     bool no_draft = false;
+    bool well_conditioned = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--config", o->config, "tiny-v4 | tiny-v41 | demo | path to a config.json")->required();
@@ -37,6 +38,9 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-draft", o->no_draft,
                 "leave out the draft tensors (mtp.*) the config declares (a backbone-only release)");
+  cmd->add_flag("--well-conditioned", o->well_conditioned,
+                "residual branch outputs (wo_b, experts' w2, Engram wkv) 256x smaller, so that one "
+                "flipped FP8 activation code cannot cascade (CUDA-vs-CPU parity, docs/cuda.md)");
   return [o]() -> int {
     auto cfg = resolve_config(o->config);
     if (!cfg.ok()) {
@@ -47,6 +51,7 @@ std::function<int()> setup(CLI::App& app) {
     opt.seed = o->seed;
     opt.bf16 = o->dtype == "bf16";
     opt.draft = !o->no_draft;
+    opt.well_conditioned = o->well_conditioned;
     const auto t0 = std::chrono::steady_clock::now();
     Status st = model::make_tiny_checkpoint(*cfg, opt, o->out);
     if (!st.ok()) {
@@ -54,8 +59,9 @@ std::function<int()> setup(CLI::App& app) {
       return 1;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s (config %s, seed %llu, dtype %s%s) in %.2f s\n", o->out.c_str(), o->config.c_str(),
-                static_cast<unsigned long long>(o->seed), o->dtype.c_str(), o->no_draft ? ", no draft" : "", s);
+    std::printf("wrote %s (config %s, seed %llu, dtype %s%s%s) in %.2f s\n", o->out.c_str(), o->config.c_str(),
+                static_cast<unsigned long long>(o->seed), o->dtype.c_str(), o->no_draft ? ", no draft" : "",
+                o->well_conditioned ? ", well-conditioned" : "", s);
     return 0;
   };
 }

@@ -31,16 +31,16 @@ void CpuModel::project_qkv(const AttentionWeights& A, const std::vector<float>& 
   const int64_t Dr = c.rope_head_dim, Rq = c.q_lora_rank;
   const float eps = float(c.rms_norm_eps);
   // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE).
-  linear(a, A.wq_a, T, D, Rq, qlat, act_block_, R);
+  linear(a, A.wq_a, T, D, Rq, qlat, act_block_, R, dot_key(A.block, DotOp::kWqA));
   ops::rms_norm({qlat.data(), A.q_norm.data(), qlat.data(), T, Rq, eps, R});
-  linear(qlat, A.wq_b, T, Rq, H * Dh, q, act_block_, R);
+  linear(qlat, A.wq_b, T, Rq, H * Dh, q, act_block_, R, dot_key(A.block, DotOp::kWqB));
   if (!v41) {
     if (R) ops::rms_norm_bf16_heads(q.data(), T * H, Dh, eps);
     else ops::rms_norm({q.data(), nullptr, q.data(), T * H, Dh, eps, false});
   }
   rope_rows(q.data(), pos.data(), T, H, Dh, Dr, A.rope_inv_freq, false, R);
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics).
-  linear(a, A.wkv, T, D, Dh, kv, act_block_, R);
+  linear(a, A.wkv, T, D, Dh, kv, act_block_, R, dot_key(A.block, DotOp::kWkv));
   ops::rms_norm({kv.data(), A.kv_norm.data(), kv.data(), T, Dh, eps, R});
   rope_rows(kv.data(), pos.data(), T, 1, Dh, Dr, A.rope_inv_freq, false, R);
   if (R && v41) ops::fp8_quant_dequant(kv.data(), T, Dh, 32);  // whole vector, RoPE tail included
@@ -65,7 +65,7 @@ void CpuModel::project_out(const AttentionWeights& A, std::vector<float>& o, con
     ops::linear(p);
     for (int64_t t = 0; t < T; ++t) std::copy_n(zg.data() + t * Ro, Ro, z.data() + t * G * Ro + g * Ro);
   }
-  linear(z, A.wo_b, T, G * Ro, D, out, act_block_, R);
+  linear(z, A.wo_b, T, G * Ro, D, out, act_block_, R, dot_key(A.block, DotOp::kWoB));
 }
 
 void CpuModel::attention(int l, ChunkCtx& ctx, const std::vector<float>& a, std::vector<float>& out) {

@@ -175,7 +175,7 @@ void CpuModel::index_select(int l, ChunkCtx& ctx, const std::vector<float>& a, c
   const int64_t T = ctx.T, D = c.hidden_size, Dr = c.rope_head_dim, Rq = c.q_lora_rank;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim, ratio = role.ratio;
   std::vector<float> iq, wts;
-  linear(qlat, A.idx_wq_b, T, Rq, nI * dI, iq, act_block_, R);
+  linear(qlat, A.idx_wq_b, T, Rq, nI * dI, iq, act_block_, R, dot_key(A.block, DotOp::kIdxWqB));
   ops::apply_rope({iq.data(), ctx.pos.data(), A.rope_inv_freq.data(), T, nI, dI, Dr, false, R});
   if (R) {
     if (!v41) {
@@ -184,7 +184,7 @@ void CpuModel::index_select(int l, ChunkCtx& ctx, const std::vector<float>& a, c
     }
     ops::fp4_quant_dequant_e8m0(iq.data(), T * nI, dI, 32);
   }
-  linear(a, A.idx_weights_proj, T, D, nI, wts, 0, R);
+  linear(a, A.idx_weights_proj, T, D, nI, wts, 0, R, 0);  // no FP8 input: never perturbed
   const float wscale = 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI));
   for (auto& x : wts) x = R ? round_bf16(x * wscale) : x * wscale;
 

@@ -14,7 +14,14 @@
 
 namespace flashseek::forward {
 
-Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numerics numerics) {
+Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numerics numerics,
+                                                 const CpuLoadOptions& opts) {
+  // Checked before the (large) weight load: NaN fails both comparisons.
+  if (!(opts.dot_perturbation >= 0 && opts.dot_perturbation <= 1e-3))
+    return invalid_argument("CPU load options: dot_perturbation {} outside [0, 1e-3]", opts.dot_perturbation);
+  if (opts.dot_perturbation > 0 && numerics != Numerics::kReference)
+    return invalid_argument("CPU load options: dot_perturbation needs reference numerics (exact has no "
+                            "FP8-activation dot products)");
   FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
   std::unique_ptr<CpuModel> m(new CpuModel());
   m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
@@ -27,6 +34,11 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
     m->act_block_ = c.fp8_weights ? blk : 0;
     m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
   }
+  if (opts.dot_perturbation > 0 && m->act_block_ == 0 && m->expert_act_block_ == 0)
+    return invalid_argument("{}: dot_perturbation: the checkpoint has no FP8/FP4 linears (nothing "
+                            "quantises activations to FP8)", dir);
+  m->dot_perturbation_ = opts.dot_perturbation;
+  m->perturbation_seed_ = opts.perturbation_seed;
   return m;
 }
 
@@ -51,13 +63,42 @@ std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   return st;
 }
 
+namespace {
+uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+uint64_t CpuModel::dot_key(int64_t block, DotOp op, int64_t expert) {
+  return mix64(mix64(uint64_t(block)) ^ (uint64_t(op) << 32) ^ uint64_t(expert + 1));
+}
+
 void CpuModel::linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,
-                      std::vector<float>& y, int64_t act_block, bool bf16_out) const {
+                      std::vector<float>& y, int64_t act_block, bool bf16_out, uint64_t key) const {
   y.resize(size_t(rows * out));
   ops::LinearParams p{x.data(), w.data(), y.data(), rows, in, out};
   p.act_block = act_block;
   p.bf16_out = bf16_out;
+  const bool perturb = dot_perturbation_ > 0 && act_block > 0;
+  if (!perturb) {
+    ops::linear(p);
+    return;
+  }
+  // FP32 dots first, then the perturbation, then the BF16 rounding ops::linear would have done.
+  p.bf16_out = false;
   ops::linear(p);
+  const uint64_t k = mix64(perturbation_seed_ ^ key);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      const uint64_t h = mix64(k ^ mix64((uint64_t(r) << 32) ^ uint64_t(o)));
+      const double s = (h >> 63) ? -1.0 : 1.0;
+      float& v = y[size_t(r * out + o)];
+      v = float(double(v) * (1.0 + dot_perturbation_ * s));
+      if (bf16_out) v = round_bf16(v);
+    }
 }
 
 Status CpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
@@ -214,7 +255,7 @@ void CpuModel::engram(int layer, ChunkCtx& ctx, std::vector<float>& X) const {
     (void)s;
   }
   std::vector<float> kv;
-  linear(e, E.wkv, T, nc * de, (hc + 1) * D, kv, act_block_, ref());
+  linear(e, E.wkv, T, nc * de, (hc + 1) * D, kv, act_block_, ref(), dot_key(layer, DotOp::kEngramWkv));
   ThreadPool::global().parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       ops::engram_gate({X.data() + t * hc * D, kv.data() + t * (hc + 1) * D, E.wqk.data(), hc, D,

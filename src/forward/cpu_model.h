@@ -35,9 +35,26 @@ struct ForwardTrace {
   std::vector<int64_t> pos;                             // [T] positions of the rows
 };
 
+// Options of the CPU backend beyond the numerics, passed down at load.
+struct CpuLoadOptions {
+  // Sensitivity experiment (docs/cuda.md, "Whole-model parity"): > 0 multiplies the FP32 result
+  // of every FP8-activation dot product (the linears that quantise their input to FP8 in
+  // `reference` numerics: attention, indexer query, Engram, routed and shared experts, draft
+  // projections) by (1 + dot_perturbation·s), before any BF16 rounding of the output, with
+  // s = ±1 from a hash of (perturbation_seed, layer, op, expert, row, column), where row is the
+  // linear's input row within the forward call (so a seed's pattern depends on the chunking; the
+  // experiment runs one chunk). It models the same math summed in another order; the product is
+  // computed in double and rounded once to FP32.
+  // 0: off, and the backend is bit-identical to one loaded without options. Needs `reference`
+  // numerics on a checkpoint with FP8/FP4 weights; at most 1e-3.
+  double dot_perturbation = 0;
+  uint64_t perturbation_seed = 0;
+};
+
 class CpuModel final : public Model {
  public:
-  static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics);
+  static Result<std::unique_ptr<CpuModel>> load(const std::string& ckpt_dir, Numerics numerics,
+                                                const CpuLoadOptions& opts = {});
 
   const model::ModelConfig& config() const override { return ck_->config(); }
   std::unique_ptr<SequenceState> new_sequence() const override;
@@ -106,14 +123,24 @@ class CpuModel final : public Model {
   void mtp_advance(CpuSequenceState& st, const ChunkCtx& ctx, const std::vector<float>& X) const;
   void draft_attention(int stage, const CpuSequenceState& st, const std::vector<int64_t>& pos,
                        const std::vector<float>& a, std::vector<float>& out) const;
+  // The FP8-activation linears, named for the dot perturbation's key.
+  enum class DotOp : uint64_t {
+    kNone, kWqA, kWqB, kWkv, kWoB, kIdxWqB, kEngramWkv, kW1, kW3, kW2, kMainProj, kEProj, kHProj
+  };
+  // Key of one linear: block (role index), op and routed expert (-1: none / shared expert).
+  static uint64_t dot_key(int64_t block, DotOp op, int64_t expert = -1);
+  // y = x · wᵀ (ops::linear); with act_block > 0 and the dot perturbation on, every output
+  // element is perturbed as CpuLoadOptions describes, keyed by `key`, row and column.
   void linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,
-              std::vector<float>& y, int64_t act_block, bool bf16_out) const;
+              std::vector<float>& y, int64_t act_block, bool bf16_out, uint64_t key) const;
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;
   Numerics numerics_ = Numerics::kExact;
   int64_t act_block_ = 0;   // FP8 activation block of FP8 linears in reference numerics (0: none)
   int64_t expert_act_block_ = 0;
+  double dot_perturbation_ = 0;   // CpuLoadOptions
+  uint64_t perturbation_seed_ = 0;
   ForwardTrace* trace_ = nullptr;
 };
 

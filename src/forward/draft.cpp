@@ -39,12 +39,12 @@ void CpuModel::write_draft_rings(const ChunkCtx& ctx, const std::vector<float>& 
   const int64_t T = ctx.T, D = c.hidden_size, Dh = c.head_dim, n_in = int64_t(c.dspark_target_layer_ids.size()) * D;
   const float eps = float(c.rms_norm_eps);
   std::vector<float> cx, kv;
-  linear(taps, W.main_proj, T, n_in, D, cx, act_block_, R);
+  linear(taps, W.main_proj, T, n_in, D, cx, act_block_, R, dot_key(c.num_layers, DotOp::kMainProj));
   ops::rms_norm({cx.data(), W.main_norm.data(), cx.data(), T, D, eps, R});
   const int64_t ring = ctx.st->ring_size;
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
-    linear(cx, A.wkv, T, D, Dh, kv, act_block_, R);
+    linear(cx, A.wkv, T, D, Dh, kv, act_block_, R, dot_key(A.block, DotOp::kWkv));
     ops::rms_norm({kv.data(), A.kv_norm.data(), kv.data(), T, Dh, eps, R});
     ops::apply_rope({kv.data(), ctx.pos.data(), A.rope_inv_freq.data(), T, 1, Dh, c.rope_head_dim, false, R});
     if (R) ops::fp8_quant_dequant(kv.data(), T, Dh, 32);

@@ -20,7 +20,7 @@ void CpuModel::moe(const FfnWeights& F, int64_t E, int64_t K, std::span<const in
   const float limit = float(c.swiglu_limit);
 
   std::vector<float> logits;
-  linear(m, F.gate, T, D, E, logits, 0, false);
+  linear(m, F.gate, T, D, E, logits, 0, false, 0);  // FP32 router: never perturbed
   std::vector<int32_t> sel(size_t(T * K));
   std::vector<float> wt(size_t(T * K));
   for (int64_t t = 0; t < T; ++t) {
@@ -38,14 +38,14 @@ void CpuModel::moe(const FfnWeights& F, int64_t E, int64_t K, std::span<const in
 
   // One expert's SwiGLU over its rows: y = w2 · bf16?(silu(min(w1 x, L)) · clamp(w3 x) · weight).
   auto expert = [&](const std::vector<float>& x, int64_t rows, const Vec& w1, const Vec& w3, const Vec& w2,
-                    const float* weights, int64_t act, std::vector<float>& y) {
+                    const float* weights, int64_t act, int64_t id, std::vector<float>& y) {
     std::vector<float> g, u, h(size_t(rows * I));
-    linear(x, w1, rows, D, I, g, act, R);
-    linear(x, w3, rows, D, I, u, act, R);
+    linear(x, w1, rows, D, I, g, act, R, dot_key(F.block, DotOp::kW1, id));
+    linear(x, w3, rows, D, I, u, act, R, dot_key(F.block, DotOp::kW3, id));
     for (int64_t r = 0; r < rows; ++r)
       ops::swiglu(g.data() + r * I, u.data() + r * I, h.data() + r * I, I, limit, weights ? weights[r] : 1.0f);
     if (R) ops::round_bf16_inplace(h.data(), rows * I);
-    linear(h, w2, rows, I, D, y, act, R);
+    linear(h, w2, rows, I, D, y, act, R, dot_key(F.block, DotOp::kW2, id));
   };
 
   // Routed experts: gather each expert's rows; ybuf[t, slot] keeps outputs in selection slots,
@@ -62,11 +62,11 @@ void CpuModel::moe(const FfnWeights& F, int64_t E, int64_t K, std::span<const in
       std::copy_n(m.data() + (slots[r] / K) * D, D, x.data() + r * D);
       wv[r] = wt[slots[r]];
     }
-    expert(x, n, F.w1[e], F.w3[e], F.w2[e], wv.data(), expert_act_block_, y);
+    expert(x, n, F.w1[e], F.w3[e], F.w2[e], wv.data(), expert_act_block_, e, y);
     for (int64_t r = 0; r < n; ++r) std::copy_n(y.data() + r * D, D, ybuf.data() + slots[r] * D);
   }
   std::vector<float> ys;
-  expert(m, T, F.s_w1, F.s_w3, F.s_w2, nullptr, act_block_, ys);
+  expert(m, T, F.s_w1, F.s_w3, F.s_w2, nullptr, act_block_, -1, ys);
   out.assign(size_t(T * D), 0.0f);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t d = 0; d < D; ++d) {

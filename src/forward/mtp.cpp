@@ -28,8 +28,8 @@ void CpuModel::mtp_block(const CpuSequenceState& st, const std::vector<float>& x
   for (int64_t r = 0; r < n; ++r) std::copy_n(w_.embed.data() + int64_t(next[r]) * D, D, e.data() + r * D);
   ops::rms_norm({e.data(), M.enorm.data(), e.data(), n, D, eps, R});
   ops::rms_norm({xmain.data(), M.hnorm.data(), hh.data(), n * hc, D, eps, R});
-  linear(e, M.e_proj, n, D, D, ep, act_block_, R);
-  linear(hh, M.h_proj, n * hc, D, D, hp, act_block_, R);
+  linear(e, M.e_proj, n, D, D, ep, act_block_, R, dot_key(M.block.attn.block, DotOp::kEProj));
+  linear(hh, M.h_proj, n * hc, D, D, hp, act_block_, R, dot_key(M.block.attn.block, DotOp::kHProj));
   std::vector<float> X(size_t(n * hc * D)), pre(size_t(n * hc), 0.0f);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < hc; ++i)

@@ -203,6 +203,7 @@ Status load_block(const Checkpoint& ck, LoadCtx& o, const std::string& p, int la
   FS_RETURN_IF_ERROR(get(ck, p + "attn_norm.weight", D, L.attn_norm));
   FS_RETURN_IF_ERROR(get(ck, p + "ffn_norm.weight", D, L.ffn_norm));
   FS_RETURN_IF_ERROR(load_attention(ck, o, p, layer, L.attn));
+  L.attn.block = L.ffn.block = layer;
   return load_ffn(ck, o, p, c.role(layer).hash_routed, n_experts, L.ffn);
 }
 

@@ -34,6 +34,7 @@ struct AttentionWeights {
   bool has_idx_compressor = false;
   CompressorWeights idx_compressor;  // V4 indexer compressor (c = dI)
   Vec rope_inv_freq;        // this layer's table
+  int64_t block = 0;        // role index (num_layers + s for draft stages): keys the dot perturbation
 };
 
 struct FfnWeights {
@@ -42,6 +43,7 @@ struct FfnWeights {
   std::vector<int32_t> tid2eid;  // [vocab, k] V4 hash layers
   std::vector<Vec> w1, w2, w3;   // per expert [I, D], [D, I], [I, D]
   Vec s_w1, s_w2, s_w3;     // shared expert
+  int64_t block = 0;        // role index, as AttentionWeights::block
 };
 
 struct EngramWeights {

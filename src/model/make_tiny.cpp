@@ -67,6 +67,29 @@ double weight_std(const WeightSpec& w) {
 
 int pow2_exponent(double v) { return int(std::lround(std::log2(v))); }
 
+// Matrices whose output is added into the residual streams (through hc_post, or Engram's gated
+// value, whose key half is RMS-normalised so the gate does not change with the scale).
+bool residual_branch_output(const std::string& name) {
+  return ends_with(name, "attn.wo_b.weight") || ends_with(name, "engram.wkv.weight") ||
+         (ends_with(name, "w2.weight") && name.find("experts.") != std::string::npos);
+}
+
+// Standard deviation with MakeTinyOptions::well_conditioned applied. Why it works: every branch
+// reads an RMS-normalised collapse of the streams, and with the branches 2^-s smaller the streams
+// are the embedding (std 1) plus small corrections, so a layer is close to the identity map. A
+// flipped FP8 activation code changes one branch output by about one e4m3 step (6-12 %) of one
+// input times a weight column; shrunk by 2^-s, that change moves the next layers' normalised
+// inputs too little to flip their codes (or their routing / top-k choices), so it stays one local
+// change instead of cascading through the layers. s = 8: at s = 4 the tiny models still
+// cascade (CPU self-sensitivity median max|Δlogit| 0.19 vs 0.27 unscaled); from s = 6 the
+// sensitivity halves with every further binade (tests/forward/sensitivity_test.cpp; docs/cuda.md,
+// "Whole-model parity"). A power of two keeps the checkpoint otherwise identical: the generator
+// draws the same codes and only the E8M0 (or BF16) scale moves.
+double weight_std(const WeightSpec& w, const MakeTinyOptions& opt) {
+  const double sd = weight_std(w);
+  return opt.well_conditioned && residual_branch_output(w.name) ? std::ldexp(sd, -kWellConditionedShift) : sd;
+}
+
 struct Generated {
   std::vector<float> values;                 // logical values (what the loader must return)
   std::vector<std::pair<StoredTensor, std::vector<uint8_t>>> stored;
@@ -169,11 +192,11 @@ Generated gen_plain(Normal& g, const WeightSpec& w, const ModelConfig& c) {
   return out;
 }
 
-Generated generate(const WeightSpec& w, const ModelConfig& c, uint64_t seed) {
-  Normal g(seed ^ (name_hash(w.name) * 0x9e3779b97f4a7c15ull));
+Generated generate(const WeightSpec& w, const ModelConfig& c, const MakeTinyOptions& opt) {
+  Normal g(opt.seed ^ (name_hash(w.name) * 0x9e3779b97f4a7c15ull));
   if (w.kind == WeightKind::kPlain) return gen_plain(g, w, c);
   const std::vector<StoredTensor> st = release_tensors(w, c);
-  const double sd = weight_std(w);
+  const double sd = weight_std(w, opt);
   const int64_t rows = w.shape[0], cols = w.shape[1];
   Generated out;
   std::vector<uint8_t> data, scales;
@@ -260,7 +283,7 @@ Status make_tiny_checkpoint(const ModelConfig& cfg_in, const MakeTinyOptions& op
       ++shard;
     }
     cum += bytes[i];
-    Generated g = generate(specs[i], cfg, opt.seed);
+    Generated g = generate(specs[i], cfg, opt);
     if (sink) sink(specs[i].name, specs[i].shape, g.values);
     for (auto& [t, data] : g.stored) {
       weight_map[t.name] = shard_name(shard);

@@ -26,9 +26,17 @@ struct MakeTinyOptions {
   // false: leave out the draft's tensors (mtp.*) while the config still declares the draft
   // layers, like a release that ships the backbone only (the loader warns and loads it).
   bool draft = true;
+  // Residual branches scaled down (make-tiny --well-conditioned): the output projections that
+  // write into the residual streams (attention wo_b, routed and shared experts' w2, Engram wkv)
+  // are drawn kWellConditionedShift binades smaller, so that one flipped FP8 activation code
+  // perturbs the streams too little to flip codes downstream (see make_tiny.cpp).
+  bool well_conditioned = false;
   int min_shards = 2;
   uint64_t shard_bytes = 64ull << 20;  // more shards when the data exceeds min_shards * this
 };
+
+// Binades (powers of two) by which well_conditioned shrinks the residual branches' outputs.
+inline constexpr int kWellConditionedShift = 8;
 
 // Receives each weight's intended dequantised values in its logical shape, computed from the
 // generated codes and scales (so a loader can be checked against it bit for bit).

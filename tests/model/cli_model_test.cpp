@@ -1,10 +1,12 @@
 // `flashseek make-tiny` and `flashseek inspect` end to end (needs FLASHSEEK_BIN, set by ctest).
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
 
 #include "model/checkpoint.h"
+#include "model/make_tiny.h"
 #include "model_test_util.h"
 #include "test_util.h"
 
@@ -52,6 +54,29 @@ TEST(CliModel, MakeTinyFromConfigFileAndBf16) {
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   EXPECT_EQ(ck->find("layers.0.attn.wq_a.weight")->dtype, DType::kBF16);
   EXPECT_EQ(ck->find("layers.1.engram.embed.weight")->dtype, DType::kF8E4M3);
+}
+
+// --well-conditioned reaches make_tiny: wo_b comes out 2^-kWellConditionedShift times the
+// standard one of the same seed, wq_a unchanged.
+TEST(CliModel, MakeTinyWellConditioned) {
+  testutil::TempDir s, w;
+  ASSERT_EQ(run("make-tiny --config tiny-v4 --seed 2 --out " + s.path()).code, 0);
+  CmdResult r = run("make-tiny --config tiny-v4 --seed 2 --well-conditioned --out " + w.path());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("well-conditioned"), std::string::npos) << r.out;
+  auto cs = Checkpoint::open(s.path());
+  auto cw = Checkpoint::open(w.path());
+  ASSERT_TRUE(cs.ok() && cw.ok());
+  for (const char* name : {"layers.0.attn.wo_b.weight", "layers.0.attn.wq_a.weight"}) {
+    auto a = cs->dequant_f32(name);
+    auto b = cw->dequant_f32(name);
+    ASSERT_TRUE(a.ok() && b.ok()) << name;
+    ASSERT_EQ(a->size(), b->size());
+    const float f = std::string(name).find("wo_b") != std::string::npos ? std::ldexp(1.0f, -kWellConditionedShift) : 1;
+    size_t same = 0;
+    for (size_t i = 0; i < a->size(); ++i) same += (*a)[i] * f == (*b)[i];
+    EXPECT_EQ(same, a->size()) << name;
+  }
 }
 
 TEST(CliModel, BadInputsFailWithAMessage) {

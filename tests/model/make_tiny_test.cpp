@@ -162,5 +162,51 @@ TEST(MakeTiny, DeterministicForASeed) {
   }
 }
 
+// --well-conditioned shrinks exactly the residual branches' outputs (attention wo_b, routed and
+// shared experts' w2, Engram wkv) by 2^-kWellConditionedShift and leaves every other tensor bit
+// for bit as the standard checkpoint of the same seed; the result still round-trips.
+TEST(MakeTiny, WellConditionedScalesOnlyTheResidualBranches) {
+  for (const char* config : {"tiny-v41", "tiny-v4"}) {
+    testutil::TempDir a, b;
+    MakeTinyOptions std_opt, wc_opt;
+    std_opt.seed = wc_opt.seed = 5;
+    wc_opt.well_conditioned = true;
+    const Expected s = make(config, std_opt, a.path());
+    const Expected w = make(config, wc_opt, b.path());
+    ASSERT_EQ(s.size(), w.size()) << config;
+    const float f = std::ldexp(1.0f, -kWellConditionedShift);
+    int scaled = 0, wo_b = 0, w2 = 0, engram = 0;
+    for (const auto& [name, sv] : s) {
+      const auto it = w.find(name);
+      ASSERT_NE(it, w.end()) << name;
+      const auto& wv = it->second.second;
+      ASSERT_EQ(wv.size(), sv.second.size()) << name;
+      const auto ends = [&](const char* suf) {
+        const std::string x(suf);
+        return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
+      };
+      const bool branch = ends("attn.wo_b.weight") || ends("engram.wkv.weight") ||
+                          (ends("w2.weight") && name.find("experts.") != std::string::npos);
+      wo_b += ends("attn.wo_b.weight");
+      w2 += ends("w2.weight") && name.find("experts.") != std::string::npos;
+      engram += ends("engram.wkv.weight");
+      scaled += branch;
+      size_t bad = 0;
+      for (size_t i = 0; i < wv.size(); ++i) {
+        const float want = branch ? sv.second[i] * f : sv.second[i];
+        if (!same_bits(wv[i], want) && bad++ < 3)
+          ADD_FAILURE() << config << " " << name << "[" << i << "]: " << wv[i] << " want " << want;
+      }
+    }
+    EXPECT_GT(wo_b, 0) << config;
+    EXPECT_GT(w2, 0) << config;
+    if (std::string(config) == "tiny-v41") EXPECT_GT(engram, 0) << config;
+    EXPECT_EQ(scaled, wo_b + w2 + engram);
+    auto ck = Checkpoint::open(b.path());
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    expect_round_trip(*ck, w);
+  }
+}
+
 }  // namespace
 }  // namespace flashseek::model
