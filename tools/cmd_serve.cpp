@@ -23,6 +23,7 @@
 #include "server/tokenizer_adapter.h"
 #include "tokenizer/tokenizer_locate.h"
 #include "tools/command.h"
+#include "tools/model_source.h"
 #include "tools/serve_cluster.h"
 
 namespace flashseek::tools {
@@ -31,7 +32,10 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ServeOpts {
-  std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
+  ModelSourceCli source;                         // --ckpt / --load-format / --config / --num-layers
+  MemoryPlanCli plan;                            // --gpu-memory-utilization / --memory-limit
+  uint64_t seed = 0;                             // --load-format dummy: the weights' seed
+  std::string gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
   std::string api_key_file;                      // `KEY [TENANT]` lines (server/tenants.h)
   std::string cache_scope = "tenant";            // state-cache sharing: tenant | user | request | shared
   bool shared_cache = false;                     // shorthand for --cache-scope shared
@@ -47,38 +51,6 @@ struct ServeOpts {
   std::vector<std::string> extra_names;
   server::ServerOptions limits;                  // connection and request limits (defaults there)
 };
-
-// Reads every weight shard once with a progress bar on stderr, so the mmap-based load that
-// follows finds the bytes in the page cache (and the operator sees how far loading got).
-void read_ahead_with_progress(const std::string& dir) {
-  std::vector<fs::path> shards;
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".safetensors") {
-      shards.push_back(e.path());
-      total += e.file_size(ec);
-    }
-  if (total == 0) return;
-  std::vector<char> buf(8 << 20);
-  uint64_t done = 0;
-  int last_pct = -1;
-  for (const auto& shard : shards) {
-    std::ifstream in(shard, std::ios::binary);
-    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
-      done += uint64_t(in.gcount());
-      const int pct = int(done * 100 / total);
-      if (pct != last_pct) {
-        const int bar = pct * 30 / 100;
-        std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% (%.1f / %.1f MiB)", bar,
-                     "==============================", 30 - bar, "", pct, done / 1048576.0,
-                     total / 1048576.0);
-        last_pct = pct;
-      }
-    }
-  }
-  std::fprintf(stderr, "\n");
-}
 
 // SIGINT/SIGTERM stop the server from a dedicated thread (no work inside a signal handler).
 std::thread stop_on_signal(server::HttpServer& http) {
@@ -181,13 +153,17 @@ int serve(const ServeOpts& o) {
   so.max_queue = o.max_queue;
   so.default_thinking = o.thinking;
   so.model_ids = {"deepseek-v4.1-flash"};
-  const std::string own_name = fs::path(o.ckpt).lexically_normal().filename().string();
+  // The chat family follows the checkpoint; the server starts before the weights are loaded.
+  auto source = resolve_model_source(o.source, o.seed);
+  if (!source.ok()) return fail(source.status());
+  const model::ModelConfig* cfg = &source->config;
+  // The memory plan refuses what does not fit before anything big is allocated.
+  if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context, o.numerics); !st.ok())
+    return fail(st);
+  const std::string own_name =
+      source->dummy ? "" : fs::path(source->name).lexically_normal().filename().string();
   if (!own_name.empty() && own_name != so.model_ids[0]) so.model_ids.push_back(own_name);
   for (const auto& n : o.extra_names) so.model_ids.push_back(n);
-
-  // The chat family follows the checkpoint; the server starts before the weights are loaded.
-  auto cfg = model::load_config(o.ckpt);
-  if (!cfg.ok()) return fail(cfg.status().with_context("--ckpt"));
   tok::ChatRequestOptions chat_opts;
   chat_opts.family = cfg->is_v41() ? tok::ChatFamily::kV41 : tok::ChatFamily::kV4;
   chat_opts.thinking_by_default = o.thinking;
@@ -201,9 +177,19 @@ int serve(const ServeOpts& o) {
   spdlog::info("listening on http://{}:{} (readyz: 503 until the model is loaded)", o.host, *port);
 
   const auto t0 = std::chrono::steady_clock::now();
-  read_ahead_with_progress(o.ckpt);
+  if (source->dummy) {
+    if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) {
+      http.stop();
+      listener.join();
+      pthread_kill(signals.native_handle(), SIGTERM);
+      signals.join();
+      return fail(st);
+    }
+  } else {
+    read_ahead_checkpoint(source->name, 0);
+  }
   auto model = forward::load_model_for(
-      o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
+      source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
       o.gpus);
   // Failure after the listener started: stop it and the signal thread before returning.
   auto abort_with = [&](const Status& st) {
@@ -213,9 +199,9 @@ int serve(const ServeOpts& o) {
     signals.join();
     return fail(st);
   };
-  if (!model.ok()) return abort_with(model.status().with_context("loading " + o.ckpt));
+  if (!model.ok()) return abort_with(model.status().with_context("loading " + source->name));
   // The state cache outlives the engine (snapshot callbacks point at it).
-  auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
+  auto fingerprint = forward::checkpoint_fingerprint(source->name, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
   // The backend kind enters the snapshot fingerprint: CPU and GPU states of one checkpoint differ
   // in the last bits, so a snapshot of the other backend is a miss, never a restore.
@@ -252,7 +238,7 @@ int serve(const ServeOpts& o) {
   backend.set_state_cache(cache->get());
   if (Status st = backend.warm_up(); !st.ok()) return abort_with(st);
   deferred.set(&backend);
-  spdlog::info("ready: {} loaded in {:.1f} s, models: {}", o.ckpt,
+  spdlog::info("ready: {} loaded in {:.1f} s, models: {}", source->name,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                fmt::join(so.model_ids, ", "));
   listener.join();  // until SIGINT/SIGTERM
@@ -265,7 +251,9 @@ int serve(const ServeOpts& o) {
 std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions)");
   auto o = std::make_shared<ServeOpts>();
-  cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  add_model_source_options(cmd, o->source);
+  add_memory_plan_options(cmd, o->plan);
+  cmd->add_option("--seed", o->seed, "with --load-format dummy: the weights' seed")->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
@@ -285,7 +273,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_flag("--shared-cache", o->shared_cache,
                 "same as --cache-scope shared (for a single trusted client or a trusted front end)")
       ->excludes(scope);
-  cmd->add_option("--max-batch", o->max_batch, "sequences per step")->capture_default_str()
+  cmd->add_option("--max-batch,--max-num-seqs", o->max_batch,
+                  "sequences per step (more concurrent requests wait in the queue)")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
@@ -294,7 +283,7 @@ std::function<int()> setup(CLI::App& app) {
                   "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--max-context", o->max_context,
+  cmd->add_option("--max-context,--max-model-len", o->max_context,
                   "longest prompt + completion (default: the config's max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   cmd->add_option("--host-cache-bytes", o->host_cache_bytes,
