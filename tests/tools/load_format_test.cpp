@@ -98,13 +98,16 @@ TEST(LoadFormat, NumLayersPrintsWhatWasKeptAndRefusesTooFew) {
 
 TEST(LoadFormat, OptionErrors) {
   testing::TempDir dir;
-  for (const std::string& args : {std::string("--config tiny-v41"), std::string("--load-format dummy"),
-                                  std::string("--load-format dummy --config no-such-config"),
-                                  std::string("--load-format foo --config tiny-v41"),
-                                  "--ckpt " + dir.path().string() + " --num-layers 2"}) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--config tiny-v41", "need --load-format dummy"},
+      {"--load-format dummy", "exactly one of --config and --ckpt"},
+      {"--load-format dummy --config no-such-config", "no-such-config"},
+      {"--load-format foo --config tiny-v41", "foo not in"},
+      {"--ckpt " + dir.path().string() + " --num-layers 2", "need --load-format dummy"}};
+  for (const auto& [args, message] : cases) {
     auto r = run_command(flashseek_bin() + " run " + args + kRunArgs);
     EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find("rror"), std::string::npos) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
 }
 
