@@ -31,7 +31,7 @@ TEST_P(StateBytesCpu, Fp32MatchesTheCpuState) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   for (int64_t T : {1, 37, 300}) {
     auto st = (*m)->new_sequence();
-    std::vector<int32_t> tokens(size_t(T));
+    std::vector<int32_t> tokens(static_cast<size_t>(T));
     for (int64_t i = 0; i < T; ++i) tokens[size_t(i)] = int32_t((i * 7 + 3) % cfg->vocab_size);
     BatchItem item{st.get(), tokens};
     std::vector<float> logits;
@@ -52,7 +52,7 @@ TEST_P(StateBytesCpu, Fp32MatchesTheCpuState) {
     EXPECT_EQ(b.compressed_kv, ckv) << T;
     EXPECT_EQ(b.index_keys, ikeys) << T;
     EXPECT_LE(comp, b.compressors) << T;
-    EXPECT_GT(ckv, 0u) << T;
+    if (T >= 128) EXPECT_GT(ckv, 0u) << T;  // a full group of every ratio has been compressed
   }
 }
 
