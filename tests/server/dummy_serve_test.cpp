@@ -75,9 +75,9 @@ TEST(DummyServe, ServesGeneratedWeightsAndRefusesTooLongRequests) {
   EXPECT_NE(serve.log().find("memory plan (host memory)"), std::string::npos) << serve.log();
 
   // The greedy reply equals `run` on the same generated weights.
-  const auto r = ft::run_command(ft::flashseek_bin() + " run --load-format dummy --config tiny-v41 --seed 2 "
+  const auto r = ft::run_command("(" + ft::flashseek_bin() + " run --load-format dummy --config tiny-v41 --seed 2 "
                                  "--prompt-ids 5,17,99,3,42,7 --max-tokens 8 --temperature 0 --ignore-eos "
-                                 "--speculative off --json 2>/dev/null");
+                                 "--speculative off --json 2>/dev/null)");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json want = json::parse(r.output)["tokens"];
   httplib::Client c("127.0.0.1", serve.port());
