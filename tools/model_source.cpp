@@ -58,8 +58,9 @@ Result<ModelSource> resolve_model_source(const ModelSourceCli& o, uint64_t seed)
     if (!o.config.empty() || o.num_layers > 0)
       return invalid_argument("--config and --num-layers need --load-format dummy (a checkpoint brings its own)");
     if (o.ckpt.empty()) return invalid_argument("--ckpt is required (or --load-format dummy with --config)");
-    if (!std::filesystem::is_directory(o.ckpt)) return not_found("--ckpt {}: not a directory", o.ckpt);
-    FS_ASSIGN_OR_RETURN(src.config, model::load_config(o.ckpt));
+    auto cfg = model::load_config(o.ckpt);  // its error names the config file it looked for
+    if (!cfg.ok()) return cfg.status().with_context("--ckpt");
+    src.config = std::move(cfg).value();
     src.name = o.ckpt;
     return src;
   }
