@@ -5,27 +5,21 @@
 #include <fstream>
 #include <sstream>
 
+#include "model/dummy.h"
 #include "model/make_tiny.h"
+#include "tools/model_source.h"
 #include "tools/command.h"
 
 namespace flashseek::tools {
 namespace {
-
-Result<model::ModelConfig> resolve_config(const std::string& name) {
-  if (name == "tiny-v4" || name == "tiny-v41" || name == "demo") return model::builtin_config(name);
-  if (std::filesystem::is_directory(name)) return model::load_config(name);
-  std::ifstream in(name, std::ios::binary);
-  if (!in) return not_found("--config {}: not a built-in name (tiny-v4, tiny-v41, demo) nor a readable file", name);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return model::parse_config(ss.str(), name);
-}
 
 std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("make-tiny", "write a random checkpoint in the release format");
   struct Opts {
     std::string config, out, dtype = "fp8";
     uint64_t seed = 0;
+    int64_t num_layers = 0;
+    int threads = 0;
     bool no_draft = false;
     bool well_conditioned = false;
   };
@@ -36,6 +30,11 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "fp8: release formats (FP8/FP4); bf16: linears stored BF16")
       ->check(CLI::IsMember({"fp8", "bf16"}))
       ->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers,
+                  "keep this many backbone layers, every layer role present (0: all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1024)));
+  cmd->add_option("--threads", o->threads, "generating threads (0: all cores)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_flag("--no-draft", o->no_draft,
                 "leave out the draft tensors (mtp.*) the config declares (a backbone-only release)");
   cmd->add_flag("--well-conditioned", o->well_conditioned,
@@ -47,7 +46,17 @@ std::function<int()> setup(CLI::App& app) {
       std::fprintf(stderr, "flashseek make-tiny: error: %s\n", cfg.status().message().c_str());
       return 1;
     }
+    if (o->num_layers > 0) {
+      auto r = model::reduce_layers(*cfg, o->num_layers);
+      if (!r.ok()) {
+        std::fprintf(stderr, "flashseek make-tiny: error: %s\n", r.status().message().c_str());
+        return 1;
+      }
+      std::printf("--num-layers %lld: %s\n", static_cast<long long>(o->num_layers), r->summary.c_str());
+      *cfg = std::move(r->cfg);
+    }
     model::MakeTinyOptions opt;
+    opt.threads = o->threads;
     opt.seed = o->seed;
     opt.bf16 = o->dtype == "bf16";
     opt.draft = !o->no_draft;
@@ -59,9 +68,14 @@ std::function<int()> setup(CLI::App& app) {
       return 1;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s (config %s, seed %llu, dtype %s%s%s) in %.2f s\n", o->out.c_str(), o->config.c_str(),
-                static_cast<unsigned long long>(o->seed), o->dtype.c_str(), o->no_draft ? ", no draft" : "",
-                o->well_conditioned ? ", well-conditioned" : "", s);
+    uint64_t bytes = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(o->out, ec))
+      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+    std::printf("wrote %s (config %s, seed %llu, dtype %s%s%s) in %.2f s: %.1f MB of shards, %.1f MB/s\n",
+                o->out.c_str(), o->config.c_str(), static_cast<unsigned long long>(o->seed), o->dtype.c_str(),
+                o->no_draft ? ", no draft" : "", o->well_conditioned ? ", well-conditioned" : "", s, bytes / 1e6,
+                s > 0 ? bytes / 1e6 / s : 0.0);
     return 0;
   };
 }

@@ -19,12 +19,16 @@
 #include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/step_budget_cli.h"
+#include "tools/model_source.h"
 
 namespace flashseek::tools {
 namespace {
 
 struct RunOpts {
-  std::string ckpt, prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "auto";
+  ModelSourceCli source;  // --ckpt / --load-format / --config / --num-layers
+  MemoryPlanCli plan;     // --gpu-memory-utilization / --memory-limit
+  int64_t max_context = 0;  // longest prompt + completion (0: the config's)
+  std::string prompt_ids, prompt, tokenizer, numerics = "reference", speculative = "auto";
   std::string stop_ids;
   std::string gpus;  // "" = CPU backend, "N" = CUDA device N (backends/cuda/gpu_model.h)
   std::string gpu_weights = "native";  // --gpu-weights: native | fp32 (GpuLoadOptions)
@@ -48,8 +52,6 @@ Status check_options(const RunOpts& o) {
   if (o.logprobs < 0) return invalid_argument("--logprobs must be >= 0 (got {})", o.logprobs);
   if (o.prompt_logprobs < 0)
     return invalid_argument("--prompt-logprobs must be >= 0 (got {})", o.prompt_logprobs);
-  if (!std::filesystem::is_directory(o.ckpt))
-    return not_found("--ckpt {}: not a directory", o.ckpt);
   return {};
 }
 
@@ -133,13 +135,27 @@ int run(const RunOpts& o) {
   if (!gpu_weights.ok()) return fail(gpu_weights.status().message());
   forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
   load_opts.weights = *gpu_weights;
-  auto model = forward::load_model_for(o.ckpt, numerics, o.gpus, load_opts);
+  auto source = resolve_model_source(o.source, o.seed);
+  if (!source.ok()) return fail(source.status().message());
+  // The plan is checked before anything big is allocated (dummy weights included).
+  if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, 1, o.max_context,
+                                        *gpu_weights == forward::GpuWeights::kNative);
+      !st.ok())
+    return fail(st.message());
+  if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) return fail(st.message());
+  auto model = forward::load_model_for(source->name, numerics, o.gpus, load_opts);
   if (!model.ok()) return fail(model.status().message());
   if (o.gpus.empty()) spdlog::info("CPU backend: {} threads", ThreadPool::global().size());
   auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
                                (*model)->config().vocab_size);
   if (!request.ok()) return fail(request.status().message());
   const int64_t n_prompt = int64_t(request->prompt.size());
+  // No limit unless --max-context is given: the tiny test configs declare 64 positions yet
+  // oracles run longer sequences through them (engine.h, EngineOptions::max_context).
+  const int64_t max_context = o.max_context;
+  if (max_context > 0 && n_prompt + o.max_tokens > max_context)
+    return fail(fmt::format("the prompt ({} tokens) + --max-tokens {} exceed the maximum context of {} tokens "
+                            "(--max-context)", n_prompt, o.max_tokens, max_context));
 
   // Speculative decoding (engine/spec_step.cpp, spec_policy.h): auto = the policy (speculate
   // while it pays) when the backend has a draft; on = always the full block; off = never.
@@ -150,7 +166,7 @@ int run(const RunOpts& o) {
   const engine::SpecMode mode = o.speculative == "on"    ? engine::SpecMode::kOn
                                 : o.speculative == "off" ? engine::SpecMode::kOff
                                                          : engine::SpecMode::kAuto;
-  engine::EngineOptions eo{.max_batch = 1, .budget = *budget, .speculative = mode};
+  engine::EngineOptions eo{.max_batch = 1, .max_context = max_context, .budget = *budget, .speculative = mode};
   apply_engine_options(o.backend, eo);
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return fail(engine.status().message());
@@ -209,7 +225,12 @@ int run(const RunOpts& o) {
 std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "generate from a prompt with a checkpoint (one request)");
   auto o = std::make_shared<RunOpts>();
-  cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  add_model_source_options(cmd, o->source);
+  add_memory_plan_options(cmd, o->plan);
+  cmd->add_option("--max-context,--max-model-len", o->max_context,
+                  "longest prompt + completion; also the memory plan's context (default: no limit, the plan uses "
+                  "the config's max_position_embeddings)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); default: the CPU backend");
   cmd->add_option("--gpu-weights", o->gpu_weights,
                   "with --gpus N: native (every matrix as the checkpoint stores it) | fp32 (debug: FP32 copies); "
@@ -227,7 +248,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "0: off")->capture_default_str();
   cmd->add_option("--min-p", o->min_p, "0: off")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "sampling seed; with --load-format dummy also the weights' seed")
+      ->capture_default_str();
   cmd->add_option("--stop-ids", o->stop_ids, "extra stop token ids: 5,6");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating after EOS");
   cmd->add_option("--prompt-logprobs", o->prompt_logprobs, "top-K per prompt position (0: none)")

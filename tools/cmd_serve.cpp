@@ -24,6 +24,7 @@
 #include "tokenizer/tokenizer_locate.h"
 #include "tools/backend_options.h"
 #include "tools/command.h"
+#include "tools/model_source.h"
 #include "tools/serve_cluster.h"
 #include "tools/step_budget_cli.h"
 
@@ -33,7 +34,10 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ServeOpts {
-  std::string ckpt, gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
+  ModelSourceCli source;                         // --ckpt / --load-format / --config / --num-layers
+  MemoryPlanCli plan;                            // --gpu-memory-utilization / --memory-limit
+  uint64_t seed = 0;                             // --load-format dummy: the weights' seed
+  std::string gpus, host = "127.0.0.1", api_key, tokenizer, numerics = "reference";
   std::string gpu_weights = "native";  // --gpu-weights: native | fp32 (GpuLoadOptions)
   std::string api_key_file;                      // `KEY [TENANT]` lines (server/tenants.h)
   std::string cache_scope = "tenant";            // state-cache sharing: tenant | user | request | shared
@@ -52,38 +56,6 @@ struct ServeOpts {
   server::ServerOptions limits;                  // connection and request limits (defaults there)
   BackendOpts backend;                           // --threads, --gpu-graphs, ... (backend_options.h)
 };
-
-// Reads every weight shard once with a progress bar on stderr, so the mmap-based load that
-// follows finds the bytes in the page cache (and the operator sees how far loading got).
-void read_ahead_with_progress(const std::string& dir) {
-  std::vector<fs::path> shards;
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".safetensors") {
-      shards.push_back(e.path());
-      total += e.file_size(ec);
-    }
-  if (total == 0) return;
-  std::vector<char> buf(8 << 20);
-  uint64_t done = 0;
-  int last_pct = -1;
-  for (const auto& shard : shards) {
-    std::ifstream in(shard, std::ios::binary);
-    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
-      done += uint64_t(in.gcount());
-      const int pct = int(done * 100 / total);
-      if (pct != last_pct) {
-        const int bar = pct * 30 / 100;
-        std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% (%.1f / %.1f MiB)", bar,
-                     "==============================", 30 - bar, "", pct, done / 1048576.0,
-                     total / 1048576.0);
-        last_pct = pct;
-      }
-    }
-  }
-  std::fprintf(stderr, "\n");
-}
 
 // SIGINT/SIGTERM stop the server from a dedicated thread (no work inside a signal handler).
 std::thread stop_on_signal(server::HttpServer& http) {
@@ -189,13 +161,21 @@ int serve(const ServeOpts& o) {
   so.max_queue = o.max_queue;
   so.default_thinking = o.thinking;
   so.model_ids = {"deepseek-v4.1-flash"};
-  const std::string own_name = fs::path(o.ckpt).lexically_normal().filename().string();
+  // The chat family follows the checkpoint; the server starts before the weights are loaded.
+  auto source = resolve_model_source(o.source, o.seed);
+  if (!source.ok()) return fail(source.status());
+  const model::ModelConfig* cfg = &source->config;
+  // The memory plan refuses what does not fit before anything big is allocated.
+  auto weights_mode = forward::parse_gpu_weights(o.gpu_weights);
+  if (!weights_mode.ok()) return fail(weights_mode.status());
+  if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context,
+                                        *weights_mode == forward::GpuWeights::kNative);
+      !st.ok())
+    return fail(st);
+  const std::string own_name =
+      source->dummy ? "" : fs::path(source->name).lexically_normal().filename().string();
   if (!own_name.empty() && own_name != so.model_ids[0]) so.model_ids.push_back(own_name);
   for (const auto& n : o.extra_names) so.model_ids.push_back(n);
-
-  // The chat family follows the checkpoint; the server starts before the weights are loaded.
-  auto cfg = model::load_config(o.ckpt);
-  if (!cfg.ok()) return fail(cfg.status().with_context("--ckpt"));
   tok::ChatRequestOptions chat_opts;
   chat_opts.family = cfg->is_v41() ? tok::ChatFamily::kV41 : tok::ChatFamily::kV4;
   chat_opts.thinking_by_default = o.thinking;
@@ -209,13 +189,23 @@ int serve(const ServeOpts& o) {
   spdlog::info("listening on http://{}:{} (readyz: 503 until the model is loaded)", o.host, *port);
 
   const auto t0 = std::chrono::steady_clock::now();
-  read_ahead_with_progress(o.ckpt);
+  if (source->dummy) {
+    if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) {
+      http.stop();
+      listener.join();
+      pthread_kill(signals.native_handle(), SIGTERM);
+      signals.join();
+      return fail(st);
+    }
+  } else {
+    read_ahead_checkpoint(source->name, 0);
+  }
   auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
   forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
   if (gpu_weights.ok()) load_opts.weights = *gpu_weights;
   auto model = gpu_weights.ok() ? forward::load_model_for(
-                                      o.ckpt, o.numerics == "exact" ? forward::Numerics::kExact
-                                                                    : forward::Numerics::kReference,
+                                      source->name, o.numerics == "exact" ? forward::Numerics::kExact
+                                                                          : forward::Numerics::kReference,
                                       o.gpus, load_opts)
                                 : Result<std::unique_ptr<forward::Model>>(gpu_weights.status());
   // Failure after the listener started: stop it and the signal thread before returning.
@@ -226,9 +216,9 @@ int serve(const ServeOpts& o) {
     signals.join();
     return fail(st);
   };
-  if (!model.ok()) return abort_with(model.status().with_context("loading " + o.ckpt));
+  if (!model.ok()) return abort_with(model.status().with_context("loading " + source->name));
   // The state cache outlives the engine (snapshot callbacks point at it).
-  auto fingerprint = forward::checkpoint_fingerprint(o.ckpt, o.numerics);
+  auto fingerprint = forward::checkpoint_fingerprint(source->name, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());
   // The backend kind enters the snapshot fingerprint: CPU and GPU states of one checkpoint differ
   // in the last bits, so a snapshot of the other backend is a miss, never a restore.
@@ -269,7 +259,7 @@ int serve(const ServeOpts& o) {
   backend.set_state_cache(cache->get());
   if (Status st = backend.warm_up(); !st.ok()) return abort_with(st);
   deferred.set(&backend);
-  spdlog::info("ready: {} loaded in {:.1f} s, models: {}", o.ckpt,
+  spdlog::info("ready: {} loaded in {:.1f} s, models: {}", source->name,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                fmt::join(so.model_ids, ", "));
   listener.join();  // until SIGINT/SIGTERM
@@ -283,7 +273,9 @@ int serve(const ServeOpts& o) {
 std::function<int()> setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions)");
   auto o = std::make_shared<ServeOpts>();
-  cmd->add_option("--ckpt", o->ckpt, "checkpoint directory")->required();
+  add_model_source_options(cmd, o->source);
+  add_memory_plan_options(cmd, o->plan);
+  cmd->add_option("--seed", o->seed, "with --load-format dummy: the weights' seed")->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
   cmd->add_option("--gpu-weights", o->gpu_weights,
                   "with --gpus N: native (every matrix as the checkpoint stores it) | fp32 (debug: FP32 copies); "
@@ -308,7 +300,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_flag("--shared-cache", o->shared_cache,
                 "same as --cache-scope shared (for a single trusted client or a trusted front end)")
       ->excludes(scope);
-  cmd->add_option("--max-batch", o->max_batch, "sequences per step")->capture_default_str()
+  cmd->add_option("--max-batch,--max-num-seqs", o->max_batch,
+                  "sequences per step (more concurrent requests wait in the queue)")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--max-queue", o->max_queue, "waiting requests before 503")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1 << 20)));
@@ -317,7 +310,7 @@ std::function<int()> setup(CLI::App& app) {
                   "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--max-context", o->max_context,
+  cmd->add_option("--max-context,--max-model-len", o->max_context,
                   "longest prompt + completion (default: the config's max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   cmd->add_option("--host-cache-bytes", o->host_cache_bytes,

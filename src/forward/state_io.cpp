@@ -512,8 +512,42 @@ uint64_t max_snapshot_bytes(const SnapshotGeometry& g) {
   return kSnapshotHeaderBytes + 4 * T + payload + 8;
 }
 
+StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, StateFormat format) {
+  const uint64_t T = uint64_t(std::max<int64_t>(tokens, 0));
+  const bool fp32 = format == StateFormat::kFp32;
+  // Bytes of one row of `w` values: FP32, or the compact code + scale layout of its cache.
+  auto ring_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t(w + (w + 31) / 32); };
+  auto kv_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t((w + 1) / 2 + (w + 15) / 16); };
+  auto key_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t((w + 1) / 2 + (w + 31) / 32); };
+  auto rows = [&](const SnapshotGeometry::Rows& r) { return r.ratio > 0 ? T / uint64_t(r.ratio) : 0; };
+  // An open group and its projection history (v, z), plus the previous window with overlap.
+  auto partial = [&](const SnapshotGeometry::Compressor& c) -> uint64_t {
+    if (c.ratio <= 0) return 0;
+    const uint64_t r = uint64_t(c.ratio), w = uint64_t(c.width);
+    return 4 * w * (2 * r + (c.overlap ? 2 * r : 0) + 2 * (2 * r + kMaxRollback));
+  };
+  StateBytes b;
+  const uint64_t ring = uint64_t(g.ring_size) * ring_row(g.ring_width);
+  for (const auto& L : g.layers) {
+    b.rings += ring;
+    b.compressed_kv += rows(L.ckv) * kv_row(L.ckv.width);
+    b.index_keys += rows(L.ikeys) * key_row(L.ikeys.width);
+    b.compressors += partial(L.comp) + partial(L.icomp);
+  }
+  b.rings += uint64_t(g.draft_stages) * ring;
+  if (g.mtp_row > 0) b.rings += ring;
+  b.other = 8 * uint64_t(g.engram_keep) + 4 * uint64_t(g.mtp_row) * (1 + kMaxRollback);
+  return b;
+}
+
 Result<uint64_t> checkpoint_fingerprint(const std::string& ckpt_dir, const std::string& numerics) {
   namespace fs = std::filesystem;
+  if (model::is_memory_checkpoint(ckpt_dir)) {
+    // Generated weights (--load-format dummy): the name carries the seed, the config the shapes.
+    FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(ckpt_dir, /*validate=*/false));
+    const std::string key = ckpt_dir + "\n" + model::config_to_hf_json(ck.config()) + "\n" + numerics;
+    return XXH64(key.data(), key.size(), 0x5eedf00d);
+  }
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0x5eedf00d);
   auto add_file_part = [&](const fs::path& p, uint64_t off, uint64_t n) -> Status {

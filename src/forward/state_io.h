@@ -104,6 +104,19 @@ Status validate_state(const CpuSequenceState& state, const SnapshotGeometry& g);
 // refused before anything is allocated (cache files, peer transfers).
 uint64_t max_snapshot_bytes(const SnapshotGeometry& g);
 
+// Bytes of one sequence state of `tokens` tokens, by part (each part belongs to one layer role:
+// window rings to every layer and draft stage, compressed KV to kv-source layers, index keys to
+// index sources, compressor partial groups to compressing sources; other = Engram history and
+// the V4 MTP history). kFp32: the layout both backends allocate today (FP32 rings, rows and
+// partials; rows counted without page rounding). kCompact: perf-budget.md §2 (ring rows e4m3 +
+// E8M0 per 32, compressed KV FP4 + E4M3 per 16, index keys FP4 + E8M0 per 32, partials FP32).
+enum class StateFormat { kFp32, kCompact };
+struct StateBytes {
+  uint64_t rings = 0, compressed_kv = 0, index_keys = 0, compressors = 0, other = 0;
+  uint64_t total() const { return rings + compressed_kv + index_keys + compressors + other; }
+};
+StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, StateFormat format);
+
 struct DecodedSnapshot {
   SnapshotHeader header;
   std::vector<int32_t> tokens;

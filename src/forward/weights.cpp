@@ -132,7 +132,10 @@ Status load_engram(const Checkpoint& ck, LoadCtx& o, ModelWeights& mw) {
   auto layouts = ops::engram_layouts(n_eng, c.engram_max_ngram_size, c.engram_n_heads, c.engram_vocab_size);
   nlohmann::json tm;
   const auto path = std::filesystem::path(ck.dir()) / "engram_token_map.json";
-  if (std::filesystem::exists(path)) {
+  if (const std::string* text = ck.side_file("engram_token_map.json")) {  // in-memory checkpoint
+    tm = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (tm.is_discarded()) return parse_error("{}: not valid JSON", path.string());
+  } else if (std::filesystem::exists(path)) {
     try {
       std::ifstream f(path);
       tm = nlohmann::json::parse(f);

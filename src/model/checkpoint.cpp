@@ -1,6 +1,8 @@
 #include "model/checkpoint.h"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -22,11 +24,50 @@ struct Decode {
 
 }  // namespace
 
+static std::mutex& registry_mu() {
+  static std::mutex mu;
+  return mu;
+}
+static std::map<std::string, Checkpoint>& registry() {
+  static std::map<std::string, Checkpoint> r;
+  return r;
+}
+
 Result<Checkpoint> Checkpoint::open(const std::string& dir, bool validate) {
+  {
+    std::lock_guard lock(registry_mu());
+    auto it = registry().find(dir);
+    if (it != registry().end()) {
+      if (validate && !it->second.report_.ok()) return invalid_argument("{}: checkpoint does not match its config", dir);
+      return it->second;
+    }
+  }
+  FS_ASSIGN_OR_RETURN(ModelConfig cfg, load_config(dir));
+  FS_ASSIGN_OR_RETURN(ShardedSafetensors shards, ShardedSafetensors::open_dir(dir));
+  return from_shards(dir, std::move(cfg), std::move(shards), validate);
+}
+
+void register_memory_checkpoint(const std::string& name, const Checkpoint& ck) {
+  std::lock_guard lock(registry_mu());
+  registry().insert_or_assign(name, ck);
+}
+
+void unregister_memory_checkpoint(const std::string& name) {
+  std::lock_guard lock(registry_mu());
+  registry().erase(name);
+}
+
+bool is_memory_checkpoint(const std::string& name) {
+  std::lock_guard lock(registry_mu());
+  return registry().count(name) > 0;
+}
+
+Result<Checkpoint> Checkpoint::from_shards(const std::string& dir, ModelConfig cfg, ShardedSafetensors shards,
+                                           bool validate) {
   Checkpoint ck;
   ck.dir_ = dir;
-  FS_ASSIGN_OR_RETURN(ck.cfg_, load_config(dir));
-  FS_ASSIGN_OR_RETURN(ck.shards_, ShardedSafetensors::open_dir(dir));
+  ck.cfg_ = std::move(cfg);
+  ck.shards_ = std::move(shards);
   ck.report_ = ck.validate();
   if (validate && !ck.report_.ok()) {
     std::string msg = fmt::format("{}: checkpoint does not match its config ({} problems):", dir,

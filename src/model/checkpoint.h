@@ -3,6 +3,7 @@
 // dequantisation to float32 of every stored format. Validation against the weight map
 // (weights.h) reports errors naming the tensor and the file, and unexpected tensors as warnings.
 #pragma once
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,7 +39,12 @@ class Checkpoint {
  public:
   // Loads the config and every shard header. With `validate`, a failing validate() is an error
   // listing the first problems; warnings stay available through validation().
+  // `dir` may also name an in-memory checkpoint registered with register_memory_checkpoint
+  // (--load-format dummy): the result then shares that checkpoint's bytes.
   static Result<Checkpoint> open(const std::string& dir, bool validate = true);
+  // A checkpoint over shards already in memory; `label` stands in for the directory.
+  static Result<Checkpoint> from_shards(const std::string& label, ModelConfig cfg, ShardedSafetensors shards,
+                                        bool validate = true);
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
@@ -63,11 +69,26 @@ class Checkpoint {
   // Re-runs validation against expected_weights(config()).
   ValidationReport validate() const;
 
+  // Small side files an in-memory checkpoint carries instead of a directory's (e.g.
+  // engram_token_map.json), by file name; nullptr when absent.
+  const std::string* side_file(const std::string& name) const {
+    auto it = side_files_.find(name);
+    return it == side_files_.end() ? nullptr : &it->second;
+  }
+  void set_side_file(const std::string& name, std::string text) { side_files_[name] = std::move(text); }
+
  private:
   std::string dir_;
   ModelConfig cfg_;
   ShardedSafetensors shards_;
   ValidationReport report_;
+  std::map<std::string, std::string> side_files_;
 };
+
+// In-memory checkpoints by name, so that every backend loads one through Checkpoint::open like a
+// directory (a name in use is replaced). Registered checkpoints live until unregistered.
+void register_memory_checkpoint(const std::string& name, const Checkpoint& ck);
+void unregister_memory_checkpoint(const std::string& name);
+bool is_memory_checkpoint(const std::string& name);
 
 }  // namespace flashseek::model

@@ -33,6 +33,7 @@ struct MakeTinyOptions {
   bool well_conditioned = false;
   int min_shards = 2;
   uint64_t shard_bytes = 64ull << 20;  // more shards when the data exceeds min_shards * this
+  int threads = 0;         // generating threads (all shards at once); <= 0: all cores
 };
 
 // Binades (powers of two) by which well_conditioned shrinks the residual branches' outputs.
@@ -42,6 +43,10 @@ inline constexpr int kWellConditionedShift = 8;
 // generated codes and scales (so a loader can be checked against it bit for bit).
 using TensorSink =
     std::function<void(const std::string& name, const Shape& logical_shape, const std::vector<float>& values)>;
+
+// engram_token_map.json for a V4.1 config: the identity when the compressed vocabulary equals
+// the vocabulary, else ids modulo the compressed size (synthetic, not a tokenizer's).
+std::string synthetic_engram_token_map_json(const ModelConfig& cfg);
 
 // Writes the checkpoint into `out_dir` (created if needed). cfg.fp8_weights / fp4_experts /
 // weight_block_size choose the formats (overridden to BF16 by opt.bf16).

@@ -115,6 +115,43 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   return m;
 }
 
+Result<std::shared_ptr<MappedFile>> MappedFile::anonymous(const std::string& label, uint64_t size) {
+  std::shared_ptr<MappedFile> m(new MappedFile());
+  m->path_ = label;
+  m->size_ = size;
+  m->writable_ = true;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return io_error("{}: cannot map {} bytes of memory: {}", label, size, std::strerror(errno));
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  return m;
+}
+
+Result<std::shared_ptr<MappedFile>> MappedFile::create(const std::string& path, uint64_t size) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("{}: cannot create: {}", path, std::strerror(errno));
+  std::shared_ptr<MappedFile> m(new MappedFile());
+  m->path_ = path;
+  m->size_ = size;
+  m->writable_ = true;
+  if (size > 0) {
+    if (const int err = ::posix_fallocate(fd, 0, off_t(size)); err != 0) {
+      ::close(fd);
+      return io_error("{}: cannot reserve {} bytes: {}", path, size, std::strerror(err));
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return io_error("{}: mmap failed: {}", path, std::strerror(err));
+    }
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  return m;
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
@@ -123,6 +160,12 @@ MappedFile::~MappedFile() {
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   FS_ASSIGN_OR_RETURN(auto map, MappedFile::open(path));
+  return parse(std::move(map));
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<MappedFile> map) {
+  if (!map) return invalid_argument("safetensors: no data");
+  const std::string& path = map->path();
   if (map->size() < 8)
     return parse_error("{}: truncated: {} bytes, not even the 8-byte header length", path, map->size());
   uint64_t hlen = 0;
@@ -191,6 +234,12 @@ Result<ShardedSafetensors> ShardedSafetensors::open_files(const std::vector<std:
     FS_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(p));
     FS_RETURN_IF_ERROR(s.add_file(std::move(f)));
   }
+  return s;
+}
+
+Result<ShardedSafetensors> ShardedSafetensors::from_files(std::vector<SafetensorsFile> files) {
+  ShardedSafetensors s;
+  for (auto& f : files) FS_RETURN_IF_ERROR(s.add_file(std::move(f)));
   return s;
 }
 
@@ -268,23 +317,35 @@ Status SafetensorsWriter::add(std::string name, DType dtype, Shape shape, std::v
   return {};
 }
 
-Status SafetensorsWriter::write(const std::string& path) const {
+std::string safetensors_prefix(const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
   json header = json::object();
-  header["__metadata__"] = metadata_;
+  header["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (const auto& e : entries_) {
+  for (const auto& e : entries) {
+    const uint64_t n = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
     header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))},
                       {"shape", e.shape},
-                      {"data_offsets", {off, off + e.data.size()}}};
-    off += e.data.size();
+                      {"data_offsets", {off, off + n}}};
+    off += n;
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  const uint64_t hlen = h.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &hlen, 8);
+  if (data_bytes) *data_bytes = off;
+  return out + h;
+}
+
+Status SafetensorsWriter::write(const std::string& path) const {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(entries_.size());
+  for (const auto& e : entries_) entries.push_back({e.name, e.dtype, e.shape});
+  const std::string prefix = safetensors_prefix(entries, metadata_, nullptr);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return io_error("{}: cannot create", path);
-  const uint64_t hlen = h.size();
-  out.write(reinterpret_cast<const char*>(&hlen), 8);
-  out.write(h.data(), std::streamsize(h.size()));
+  out.write(prefix.data(), std::streamsize(prefix.size()));
   for (const auto& e : entries_) out.write(reinterpret_cast<const char*>(e.data.data()), std::streamsize(e.data.size()));
   out.close();
   if (!out) return io_error("{}: write failed", path);

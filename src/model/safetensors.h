@@ -29,15 +29,23 @@ struct TensorInfo {
 class MappedFile {
  public:
   static Result<std::shared_ptr<MappedFile>> open(const std::string& path);
+  // Zero-filled anonymous memory of `size` bytes, writable until shared with readers (in-memory
+  // checkpoints: --load-format dummy). `label` stands in for the path in messages.
+  static Result<std::shared_ptr<MappedFile>> anonymous(const std::string& label, uint64_t size);
+  // A new file of `size` bytes (its blocks reserved first, so a full disk is an error here and
+  // never a fault while writing), mapped shared and writable.
+  static Result<std::shared_ptr<MappedFile>> create(const std::string& path, uint64_t size);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  uint8_t* writable_data() const { return writable_ ? const_cast<uint8_t*>(data_) : nullptr; }
 
  private:
   MappedFile() = default;
+  bool writable_ = false;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::string path_;
@@ -48,6 +56,8 @@ class SafetensorsFile {
   // Maps the file and validates the header: length within the file, JSON object, known dtypes,
   // non-negative shapes, offsets inside the data area, sizes = numel * dtype size, no overlaps.
   static Result<SafetensorsFile> open(const std::string& path);
+  // The same over bytes already mapped (an in-memory safetensors image).
+  static Result<SafetensorsFile> parse(std::shared_ptr<MappedFile> map);
 
   const std::string& path() const { return map_->path(); }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -69,6 +79,8 @@ class ShardedSafetensors {
   static Result<ShardedSafetensors> open_dir(const std::string& dir);
   // Just these files (no index); a name in two files is an error.
   static Result<ShardedSafetensors> open_files(const std::vector<std::string>& paths);
+  // Files already opened (in-memory images); a name in two files is an error.
+  static Result<ShardedSafetensors> from_files(std::vector<SafetensorsFile> files);
 
   struct Ref {
     const SafetensorsFile* file = nullptr;
@@ -85,6 +97,17 @@ class ShardedSafetensors {
   std::vector<SafetensorsFile> files_;
   std::unordered_map<std::string, std::pair<size_t, size_t>> index_;  // name -> (file, tensor)
 };
+
+// One tensor of a safetensors file to be written, data stored back to back in entry order.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+// The bytes in front of the data: the 8-byte little-endian header length and the JSON header,
+// padded with spaces to a multiple of 8. `data_bytes` receives the size of the data area.
+std::string safetensors_prefix(const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata, uint64_t* data_bytes);
 
 // Builds one safetensors file in memory and writes it (header padded to 8 bytes with spaces).
 class SafetensorsWriter {

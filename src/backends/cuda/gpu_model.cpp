@@ -51,6 +51,15 @@ namespace flashseek::forward {
 
 bool gpu_backend_built() { return true; }
 
+Result<uint64_t> gpu_memory_free(int device) {
+  std::string why;
+  if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  FS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  return uint64_t(free_b);
+}
+
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string& dir, Numerics numerics, int device,
                                               const GpuLoadOptions& opts) {
   FS_ASSIGN_OR_RETURN(auto m, gpu::GpuModel::load(dir, numerics, device, nullptr, nullptr, opts));
@@ -877,6 +886,10 @@ Status GpuModel::engram(int layer, GpuChunk& ctx, float* X) {
 
 namespace flashseek::forward {
 bool gpu_backend_built() { return false; }
+Result<uint64_t> gpu_memory_free(int device) {
+  return Status(StatusCode::kUnimplemented,
+                fmt::format("--gpus {}: this build has no CUDA backend (configure with nvcc found)", device));
+}
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string&, Numerics, int device, const GpuLoadOptions&) {
   return Status(StatusCode::kUnimplemented,
                 fmt::format("--gpus {}: this build has no CUDA backend (configure with nvcc found)", device));

@@ -86,6 +86,10 @@ Result<GpuGraphStats> gpu_graph_stats(const Model& m);
 Result<std::unique_ptr<Model>> load_model_gpu(const std::string& ckpt_dir, Numerics numerics, int device,
                                               const GpuLoadOptions& opts = {});
 
+// Free memory of CUDA device `device` (cudaMemGetInfo) for the start-up memory plan; an error
+// without a CUDA backend or device.
+Result<uint64_t> gpu_memory_free(int device);
+
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
 // device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
 // `opts` apply to the CUDA backends only.

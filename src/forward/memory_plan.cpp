@@ -1,0 +1,131 @@
+// The start-up memory plan (memory_plan.h).
+#include "forward/memory_plan.h"
+
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "model/weights.h"
+
+namespace flashseek::forward {
+namespace {
+
+std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB ({} bytes)", double(b) / double(1ull << 30), b); }
+
+// A number from a cgroup file; nullopt for "max", a missing file or garbage.
+std::optional<uint64_t> read_cgroup_number(const char* path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s) || s == "max" || s.empty() || s.size() > 20) return std::nullopt;
+  uint64_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') return std::nullopt;
+    v = v * 10 + uint64_t(ch - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& geometry, bool has_draft,
+                       const MemoryPlanOptions& opt, uint64_t available) {
+  using model::Component;
+  MemoryPlan p;
+  p.where = opt.gpu ? (opt.tensor_parallel > 1 ? "GPU memory (per GPU)" : "GPU memory") : "host memory";
+  p.max_batch = opt.max_batch;
+  p.max_context = opt.max_context > 0 ? opt.max_context : cfg.max_position_embeddings;
+  p.utilization = opt.utilization;
+  p.available = available;
+  // The CPU backend keeps FP32 copies of every weight it loads; the CUDA backend keeps every
+  // matrix as stored (--gpu-weights native, the default on one GPU; vectors as FP32) or FP32
+  // copies (fp32, tensor-parallel ranks); Engram tables stay in their stored format in host
+  // memory and are gathered by rows.
+  uint64_t fp32 = 0, engram_stored = 0;
+  for (const model::WeightSpec& w : model::expected_weights(cfg)) {
+    if (w.optional || w.component == Component::kVision) continue;  // not loaded
+    if (!has_draft && (w.component == Component::kDraftDense || w.component == Component::kDraftExperts)) continue;
+    if (w.kind == model::WeightKind::kEngramTable) {
+      for (const auto& t : model::release_tensors(w, cfg)) engram_stored += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+      continue;
+    }
+    const bool stored = opt.gpu && opt.native_weights && w.shape.size() >= 2;  // every matrix as stored
+    if (stored) {
+      for (const auto& t : model::release_tensors(w, cfg)) fp32 += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+    } else {
+      fp32 += 4 * uint64_t(shape_numel(w.shape));
+    }
+  }
+  const uint64_t host_extra = opt.resident_checkpoint_bytes > 0 ? opt.resident_checkpoint_bytes : engram_stored;
+  if (opt.gpu) {
+    p.weights = fp32 / uint64_t(std::max(opt.tensor_parallel, 1));
+    p.host_weights = host_extra;
+  } else {
+    p.weights = fp32 + host_extra;
+  }
+  p.state = sequence_state_bytes(geometry, p.max_context, StateFormat::kFp32);
+  p.state_compact = sequence_state_bytes(geometry, p.max_context, StateFormat::kCompact);
+  // Activations of one step: the mHC streams and block buffers, attention heads, the selected
+  // experts' intermediates and a logits row per token (FP32).
+  const uint64_t per_token = 4 * uint64_t(8 * cfg.hc_mult * cfg.hidden_size + 3 * cfg.num_heads * cfg.head_dim +
+                                          3 * cfg.n_experts_per_tok * cfg.moe_inter_dim + cfg.vocab_size);
+  p.workspace = uint64_t(std::max<int64_t>(opt.step_tokens, 1)) * per_token;
+  p.total = p.weights + p.workspace + uint64_t(std::max<int64_t>(p.max_batch, 0)) * p.state.total();
+  return p;
+}
+
+std::string format_memory_plan(const MemoryPlan& p) {
+  auto parts = [](const StateBytes& s) {
+    return fmt::format("{} (rings {}, compressed KV {}, index keys {}, compressor partials {}, other {})",
+                       gib(s.total()), s.rings, s.compressed_kv, s.index_keys, s.compressors, s.other);
+  };
+  std::string out = fmt::format("memory plan ({}):\n", p.where);
+  out += fmt::format("  weights: {}\n", gib(p.weights));
+  if (p.host_weights) out += fmt::format("  host-resident weights (Engram tables / generated image): {}\n", gib(p.host_weights));
+  out += fmt::format("  state per sequence of {} tokens: {}\n", p.max_context, parts(p.state));
+  out += fmt::format("  state per sequence, compact (planned): {}\n", parts(p.state_compact));
+  out += fmt::format("  workspace (estimate): {}\n", gib(p.workspace));
+  out += fmt::format("  total for {} sequence(s): {} of {} available x {:.2f} = {}: {}", p.max_batch, gib(p.total),
+                     gib(p.available), p.utilization, gib(p.budget()), p.fits() ? "fits" : "DOES NOT FIT");
+  return out;
+}
+
+Status check_memory_plan(const MemoryPlan& p) {
+  if (p.fits()) return {};
+  return Status(StatusCode::kResourceExhausted,
+                fmt::format("the model does not fit in {}: {} bytes needed (weights {} + workspace {} + {} "
+                            "sequence(s) x {} bytes of state for {} tokens), {} bytes available x {:.2f} = {} "
+                            "bytes; lower --max-batch / --max-context, use --num-layers, or raise "
+                            "--gpu-memory-utilization",
+                            p.where, p.total, p.weights, p.workspace, p.max_batch, p.state.total(), p.max_context,
+                            p.available, p.utilization, p.budget()));
+}
+
+Result<uint64_t> host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return io_error("/proc/meminfo: cannot read");
+  std::string key;
+  uint64_t kb = 0;
+  std::optional<uint64_t> avail;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    if (ls >> key >> kb && key == "MemAvailable:") avail = kb * 1024;
+  }
+  if (!avail) return io_error("/proc/meminfo: no MemAvailable line");
+  uint64_t v = *avail;
+  // cgroup v2, then v1.
+  if (auto lim = read_cgroup_number("/sys/fs/cgroup/memory.max")) {
+    const uint64_t used = read_cgroup_number("/sys/fs/cgroup/memory.current").value_or(0);
+    v = std::min(v, *lim > used ? *lim - used : 0);
+  } else if (auto lim1 = read_cgroup_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+             lim1 && *lim1 < (uint64_t(1) << 60)) {
+    const uint64_t used = read_cgroup_number("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0);
+    v = std::min(v, *lim1 > used ? *lim1 - used : 0);
+  }
+  return v;
+}
+
+}  // namespace flashseek::forward

@@ -1,0 +1,61 @@
+// The memory plan checked at start (`run`, `serve`): weights + workspace + per-sequence state for
+// max_batch sequences of max_context tokens, against a fraction of the memory the backend has
+// (CUDA: free device memory; CPU: MemAvailable or the cgroup limit). What does not fit is refused
+// before anything big is allocated, with the bytes needed and available.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+#include "forward/state_io.h"
+#include "model/config.h"
+
+namespace flashseek::forward {
+
+struct MemoryPlanOptions {
+  int64_t max_batch = 1;       // concurrent sequences
+  int64_t max_context = 0;     // tokens per sequence (0: the config's max_position_embeddings)
+  int64_t step_tokens = 256;   // tokens in one forward call (the engine's step budget)
+  double utilization = 0.9;    // fraction of the available memory the plan may use
+  bool gpu = false;            // weights and state on a CUDA device (else host memory)
+  int tensor_parallel = 1;     // GPUs sharing the weights (the plan is per GPU)
+  // GPU: every matrix stays as stored (--gpu-weights native on one GPU); otherwise every weight
+  // is an FP32 copy.
+  bool native_weights = false;
+  // Checkpoint bytes that stay resident in host memory besides the backend's own copies (dummy
+  // weights live in an anonymous image); 0 for a checkpoint on disk (mapped, reclaimable).
+  uint64_t resident_checkpoint_bytes = 0;
+};
+
+struct MemoryPlan {
+  std::string where;               // "host memory" / "GPU memory (per GPU)"
+  uint64_t weights = 0;            // what the backend allocates where the plan is checked
+  uint64_t host_weights = 0;       // GPU backend: what stays on the host (Engram tables, dummy image)
+  StateBytes state;                // one sequence of max_context tokens, as allocated today (FP32)
+  StateBytes state_compact;        // the same in the compact formats (planned)
+  uint64_t workspace = 0;          // activations of one step (an estimate)
+  int64_t max_batch = 0, max_context = 0;
+  uint64_t total = 0;              // weights + workspace + max_batch * state
+  uint64_t available = 0;          // what the backend reports
+  double utilization = 0;
+  uint64_t budget() const { return uint64_t(double(available) * utilization); }
+  bool fits() const { return total <= budget(); }
+};
+
+// `geometry` is the model's state geometry (its draft rings included when the weights carry a
+// draft); `has_draft` says whether draft weights are loaded.
+MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& geometry, bool has_draft,
+                       const MemoryPlanOptions& opt, uint64_t available);
+
+// Lines for the log: weights / state per sequence (FP32 and compact (planned)) / workspace /
+// total vs available.
+std::string format_memory_plan(const MemoryPlan& plan);
+
+// OK when the plan fits, else an error naming the bytes needed and available.
+Status check_memory_plan(const MemoryPlan& plan);
+
+// Host memory this process may still use: MemAvailable of /proc/meminfo, lowered to the cgroup
+// limit minus usage when one is set.
+Result<uint64_t> host_memory_available();
+
+}  // namespace flashseek::forward

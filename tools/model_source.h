@@ -1,0 +1,65 @@
+// Where `run` and `serve` get their weights: a checkpoint directory (--load-format auto) or
+// weights generated in memory from a config and a seed (--load-format dummy, model/dummy.h),
+// with --num-layers keeping a role-complete subset of the layers.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace flashseek::tools {
+
+struct ModelSourceCli {
+  std::string ckpt, load_format = "auto", config;
+  int64_t num_layers = 0;  // 0: all
+  int threads = 0;         // dummy generation threads (0: all cores)
+};
+
+// --ckpt, --load-format, --config, --num-layers (the caller adds --seed).
+void add_model_source_options(CLI::App* cmd, ModelSourceCli& o);
+
+// A built-in config name (tiny-v4, tiny-v41, demo), a checkpoint directory or a config.json.
+Result<model::ModelConfig> resolve_config(const std::string& name);
+
+struct ModelSource {
+  std::string name;         // what Checkpoint::open / load_model_for take
+  model::ModelConfig config;
+  bool dummy = false;
+};
+
+// Checks the options and resolves the config (for dummy weights: reduced by --num-layers, which
+// prints what was kept on stderr). Nothing is generated yet.
+Result<ModelSource> resolve_model_source(const ModelSourceCli& o, uint64_t seed);
+
+// For dummy weights: generates them and registers the checkpoint under `src.name` (one line on
+// stderr: tensors, bytes, time); nothing for a checkpoint directory.
+Status materialize_model_source(const ModelSource& src, const ModelSourceCli& o, uint64_t seed);
+
+// Both steps.
+Result<ModelSource> prepare_model_source(const ModelSourceCli& o, uint64_t seed);
+
+// Reads every *.safetensors file of `dir` once, in 64 MiB segments on `threads` threads (<= 0:
+// all cores), so the mmap-based load that follows finds the bytes in the page cache; a progress
+// line on stderr reports percent, bytes and GB/s. Read errors are left to the loader.
+void read_ahead_checkpoint(const std::string& dir, int threads);
+
+struct MemoryPlanCli {
+  double gpu_memory_utilization = 0.9;
+  uint64_t memory_limit = 0;  // bytes available to the plan (0: ask the backend)
+};
+
+// --gpu-memory-utilization, --memory-limit.
+void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o);
+
+// The start-up memory plan (forward/memory_plan.h) for `src` on `gpus` ("" = CPU) with max_batch
+// sequences of max_context tokens (0: the config's): printed on stderr; an error naming the
+// bytes needed and available when it does not fit. Runs before dummy weights are generated.
+// `native_weights` (--gpu-weights native): one GPU keeps every matrix as stored, as the CUDA
+// backend's loader does.
+Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
+                             int64_t max_batch, int64_t max_context, bool native_weights);
+
+}  // namespace flashseek::tools
