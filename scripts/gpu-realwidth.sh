@@ -4,13 +4,16 @@
 #   2. `flashseek serve` + scripts/serve_load.py at several stream counts (decode tok/s per stream
 #      and in aggregate);
 #   3. `flashseek bench` layer slice at context 4096 for comparison.
+# The config is the release V4.1 config (tests/model/data/v41-flash-config.json) with the Engram
+# tables cut to 1M rows each (the full ones are ~100 GB of host memory each; a table's size does not
+# change the bytes a step reads: 24 rows per token). --num-layers keeps every layer role.
 # Usage: scripts/gpu-realwidth.sh [--layers N] [--streams 1,8,32] [--gpus 0]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
 cfg="$here/../tests/model/data/v41-flash-config.json"
-layers=4 streams=1,8,32 gpus=0
+layers=8 streams=1,8,32 gpus=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
@@ -22,7 +25,12 @@ done
 work="$(mktemp -d)"
 trap 'kill "${pid:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 python3 -c "import random,json; random.seed(1); print(json.dumps([random.randrange(1000, 120000) for _ in range(8192)]))" >"$work/p8k.json"
-src=(--load-format dummy --config "$cfg" --num-layers "$layers")
+python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))
+c['text_config']['engram_num_embeddings'] = [1000003, 1000033]
+json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json"
+src=(--load-format dummy --config "$work/config.json" --num-layers "$layers")
 echo "== run: 8192-token prompt, 32 tokens, dummy real-width V4.1, $layers layers"
 "$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids @"$work/p8k.json" --max-tokens 32 --ignore-eos --speculative off \
   --max-context 16384 2>&1 | grep -Ev '^\[' | tail -6

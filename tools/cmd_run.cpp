@@ -166,7 +166,7 @@ int run(const RunOpts& o) {
   const engine::SpecMode mode = o.speculative == "on"    ? engine::SpecMode::kOn
                                 : o.speculative == "off" ? engine::SpecMode::kOff
                                                          : engine::SpecMode::kAuto;
-  engine::EngineOptions eo{.max_batch = 1, .max_context = max_context, .budget = *budget, .speculative = mode};
+  engine::EngineOptions eo{.max_batch = 1, .budget = *budget, .max_context = max_context, .speculative = mode};
   apply_engine_options(o.backend, eo);
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return fail(engine.status().message());
