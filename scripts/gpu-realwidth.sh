@@ -5,7 +5,7 @@
 #      and in aggregate);
 #   3. `flashseek bench` layer slice at context 4096 for comparison.
 # The config is the release V4.1 config (tests/model/data/v41-flash-config.json) with the Engram
-# tables cut to 1M rows each (the full ones are ~100 GB of host memory each; a table's size does not
+# tables cut to ~1M rows each (engram_vocab_size 40,000) (the full ones are ~100 GB of host memory each; a table's size does not
 # change the bytes a step reads: 24 rows per token). --num-layers keeps every layer role.
 # --experts N keeps N routed experts per layer (384 in the release; a token reads 6 whatever N, so
 # batch-1 decode bytes do not change; generating 384 experts x 8 layers takes minutes).
@@ -32,7 +32,8 @@ python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))
 t = c['text_config']
-t['engram_num_embeddings'] = [1000003, 1000033]
+t['engram_vocab_size'] = 40000  # the prime layout then gives these rows (ops::engram_layouts)
+t['engram_num_embeddings'] = [963078, 970134]
 t['n_routed_experts'] = int(sys.argv[3])
 t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
 json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
