@@ -81,8 +81,8 @@ bool same_mac(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   return a.size() == kMac && b.size() == kMac && CRYPTO_memcmp(a.data(), b.data(), kMac) == 0;
 }
 
-// Key of the snapshot MACs: derived from the cluster secret alone, so a blob's MAC is the same in
-// every session and is computed once per blob.
+// Key of the snapshot MACs: derived from the cluster secret alone (not from a connection's
+// nonces), so a blob's MAC does not depend on the peer connection and is computed once per blob.
 std::vector<uint8_t> data_key(const std::string& secret) {
   return Hmac(secret).add(std::string("flashseek-kv/2 data")).done();
 }
@@ -643,8 +643,8 @@ Result<std::vector<uint8_t>> fetch_snapshot_ucx(const PeerAddress& peer, const P
                         size, max_bytes);
   }
   std::vector<uint8_t> blob(static_cast<size_t>(size));
-  // Part of the session's deadline is kept for the completion report below, so that an owner
-  // whose memory never answers the GET still learns that the fetch gave up.
+  // The GET gets the connection's deadline minus a reserve for the completion report below, so
+  // that an owner whose memory never answers the GET still learns that the fetch gave up.
   const int left = ms_left(s.deadline);
   Status st = node.get(worker, address, rkey, blob.data(), blob.size(),
                        std::max(1, left - std::min(left / 4, 100)));

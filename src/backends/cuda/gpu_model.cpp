@@ -210,7 +210,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->graphs_ = opts.graphs != GpuGraphs::kOff;
   if (comm && comm->kind() != "nccl") m->graphs_ = false;  // host-staged collectives synchronise
   // NCCL ranks patch too: their all-reduces stay as NCCL captured them and the ranks vote each
-  // step (patch / record / eager together): bitwise equal to eager (bench/RESULTS.md).
+  // step, so that every rank patches, records or runs eagerly together.
   m->patch_ = m->graphs_ && opts.graphs == GpuGraphs::kPatch;
   const auto& c = m->config();
   const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
