@@ -90,20 +90,8 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
     FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(p, d_seqs, ctx.d_row_seq, stream_));
   }
 
-  // Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference), wo_b.
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, T, H, Dh, Dr, true, R, stream_));
-  const int64_t G = shard_.groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
-  FS_ASSIGN_OR_RETURN(float* z, scratch<float>("attn_z", T * G * Ro));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
-  for (int64_t g = 0; g < G; ++g) {
-    cd::LinearArgs la;
-    la.x = o + g * in_g, la.x_stride = H * Dh;
-    la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = T, la.in = in_g, la.out = Ro, la.bf16_out = R;
-    set_weight(la, d(A.wo_a), g * Ro);  // rows [g·Ro, (g+1)·Ro): FP32 copy or as stored
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
-  }
   // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
-  FS_RETURN_IF_ERROR(linear(z, d(A.wo_b), T, G * Ro, D, out, act_block_, R && !shard_.split()));
+  FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.d_pos, T, H, shard_.groups, o, out, R && !shard_.split()));
   FS_RETURN_IF_ERROR(tp_allreduce(out, T * D, R));
   // Only now publish the chunk's window rows (the queries above read older ones from the ring).
   if (d_seqs) {
@@ -115,6 +103,27 @@ Status GpuModel::attention(int l, GpuChunk& ctx, const float* a, float* out) {
                                                   std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
   }
   return {};
+}
+
+// Inverse RoPE at the query position, grouped wo_a (BF16 GEMM in the reference) over the G
+// output groups, wo_b into `out` (BF16-rounded when bf16_out): the attention output of the
+// backbone and of the DSpark stages. `o` [T, H·Dh] is modified in place.
+Status GpuModel::output_projection(const AttentionWeights& A, const std::string& tag, const int64_t* d_pos, int64_t T,
+                                   int64_t H, int64_t G, float* o, float* out, bool bf16_out) {
+  const auto& c = config();
+  const bool R = ref();
+  const int64_t Dh = c.head_dim, Ro = c.o_lora_rank, in_g = H * Dh / G;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, d_pos, d(A.rope_inv_freq), T, H, Dh, c.rope_head_dim, true, R, stream_));
+  FS_ASSIGN_OR_RETURN(float* z, scratch<float>(tag, T * G * Ro));
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, T, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
+  for (int64_t g = 0; g < G; ++g) {
+    cd::LinearArgs la;
+    la.x = o + g * in_g, la.x_stride = H * Dh;
+    la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = T, la.in = in_g, la.out = Ro, la.bf16_out = R;
+    set_weight(la, d(A.wo_a), g * Ro);  // rows [g·Ro, (g+1)·Ro): FP32 copy or as stored
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
+  }
+  return linear(z, d(A.wo_b), T, G * Ro, c.hidden_size, out, act_block_, bf16_out);
 }
 
 // Feeds the chunk's rows v/z [T, width] into `cs` and pools every group completed in this chunk

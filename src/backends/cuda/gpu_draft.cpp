@@ -179,19 +179,7 @@ Status GpuModel::draft_attention(int stage, GpuChunk& ctx, const float* a, float
   p.bf16 = R;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
 
-  // Inverse RoPE, grouped wo_a (BF16 GEMM in the reference), wo_b (gpu_attention.cpp).
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(o, ctx.d_pos, inv_freq, B, H, Dh, Dr, true, R, stream_));
-  const int64_t G = c.o_groups, Ro = c.o_lora_rank, in_g = H * Dh / G;
-  FS_ASSIGN_OR_RETURN(float* z, scratch<float>("dr_z", B * G * Ro));
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(o, B, H * Dh, H * Dh, 1, cd::QuantSim::kBf16, stream_));
-  for (int64_t g = 0; g < G; ++g) {
-    cd::LinearArgs la;
-    la.x = o + g * in_g, la.x_stride = H * Dh;
-    la.y = z + g * Ro, la.y_stride = G * Ro, la.rows = B, la.in = in_g, la.out = Ro, la.bf16_out = R;
-    set_weight(la, d(A.wo_a), g * Ro);  // rows [g·Ro, (g+1)·Ro): FP32 copy or as stored
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
-  }
-  return linear(z, d(A.wo_b), B, G * Ro, D, out, act_block_, R);
+  return output_projection(A, "dr_z", ctx.d_pos, B, H, c.o_groups, o, out, R);
 }
 
 // The stage's MoE (gpu_moe.cpp with the draft's expert count and top-k).

@@ -261,6 +261,8 @@ class GpuModel final : public Model {
                    const Sublayer& attn, const Sublayer& ffn);
   Status engram(int layer, GpuChunk& ctx, float* X);
   Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
+  Status output_projection(const AttentionWeights& A, const std::string& tag, const int64_t* d_pos, int64_t T,
+                           int64_t H, int64_t G, float* o, float* out, bool bf16_out);
   // A compressor's projections over all rows, then per segment its pooling into that state.
   Status compress(int layer, GpuChunk& ctx, const float* a);
   Status compress_seg(int layer, GpuSeg& seg, const float* v, const float* z, const float* iv, const float* iz);
