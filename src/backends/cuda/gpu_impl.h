@@ -273,6 +273,8 @@ class GpuModel final : public Model {
   // Index scores and top-k of one segment: its queries iq/wts (at its rows) over its keys.
   Status index_select_seg(int layer, GpuSeg& seg, const float* iq, const float* wts, int32_t* out, int32_t* out_n);
   Status moe(int layer, GpuChunk& ctx, const float* m, float* out);
+  Status route(const FfnWeights& F, const int32_t* tid2eid, const std::string& tag, const GpuChunk& ctx, const float* m,
+               int64_t E, int64_t K, int32_t*& sel, float*& wt);
   // Multi-GPU (gpu_tp.cpp): x[0, n) ← Σ over ranks, then BF16 rounding when `bf16`; no-op on one
   // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
   Status tp_allreduce(float* x, int64_t n, bool bf16);

@@ -16,6 +16,29 @@ namespace flashseek::forward::gpu {
 namespace cd = ops::cuda::detail;
 constexpr int64_t kMaxGemvGroups = 65535;  // expert_gemv's grid limit (grid.y)
 
+// Router of one MoE over every row: FP32 gate logits, then the route kernel (bias or V4 hash ids
+// `tid2eid`) into scratch sel / weight [T·K] (`tag` prefixes the scratch names).
+Status GpuModel::route(const FfnWeights& F, const int32_t* tid2eid, const std::string& tag, const GpuChunk& ctx,
+                       const float* m, int64_t E, int64_t K, int32_t*& sel, float*& wt) {
+  const auto& c = config();
+  const int64_t T = ctx.T;
+  FS_ASSIGN_OR_RETURN(float* logits, scratch<float>(tag + "logits", T * E));
+  FS_ASSIGN_OR_RETURN(float* rs, scratch<float>(tag + "route", T * 2 * E));
+  FS_ASSIGN_OR_RETURN(sel, scratch<int32_t>(tag + "sel", T * K));
+  FS_ASSIGN_OR_RETURN(wt, scratch<float>(tag + "wt", T * K));
+  FS_RETURN_IF_ERROR(linear(m, d(F.gate), T, c.hidden_size, E, logits, 0, false));
+  cd::RouteArgs r;
+  r.logits = logits, r.bias = d(F.bias), r.scratch = rs, r.T = T, r.E = E, r.K = K;
+  if (tid2eid) r.tid2eid = tid2eid, r.tokens = ctx.d_tokens;
+  r.gate_temp = float(c.gate_temp), r.route_scale = float(c.route_scale);
+  r.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
+  r.norm_topk = c.norm_topk_prob;
+  r.renorm_eps = c.is_v41();
+  r.sel = sel, r.weight = wt;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
+  return {};
+}
+
 Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   const auto& c = config();
   const FfnWeights& F = w_.layers[size_t(l)].ffn;
@@ -23,20 +46,9 @@ Status GpuModel::moe(int l, GpuChunk& ctx, const float* m, float* out) {
   const int64_t T = ctx.T, D = c.hidden_size, I = c.moe_inter_dim;
   const int64_t E = c.n_routed_experts, K = c.n_experts_per_tok, TK = T * K;
   const float limit = float(c.swiglu_limit);
-  FS_ASSIGN_OR_RETURN(float* logits, scratch<float>("moe_logits", T * E));
-  FS_ASSIGN_OR_RETURN(float* rs, scratch<float>("moe_route", T * 2 * E));
-  FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("moe_sel", TK));
-  FS_ASSIGN_OR_RETURN(float* wt, scratch<float>("moe_wt", TK));
-  FS_RETURN_IF_ERROR(linear(m, d(F.gate), T, D, E, logits, 0, false));
-  cd::RouteArgs r;
-  r.logits = logits, r.bias = d(F.bias), r.scratch = rs, r.T = T, r.E = E, r.K = K;
-  if (tid2eid_[size_t(l)].get()) r.tid2eid = tid2eid_[size_t(l)].get(), r.tokens = ctx.d_tokens;
-  r.gate_temp = float(c.gate_temp), r.route_scale = float(c.route_scale);
-  r.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
-  r.norm_topk = c.norm_topk_prob;
-  r.renorm_eps = c.is_v41();
-  r.sel = sel, r.weight = wt;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
+  int32_t* sel = nullptr;
+  float* wt = nullptr;
+  FS_RETURN_IF_ERROR(route(F, tid2eid_[size_t(l)].get(), "moe_", ctx, m, E, K, sel, wt));
   FS_RETURN_IF_ERROR(tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
 
   // One SwiGLU expert pass over `rows` rows: stacked weights + sel, or a single matrix.
