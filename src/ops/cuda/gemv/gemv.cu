@@ -319,19 +319,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   }
 }
 
-// Tuning, from the split / chunk sweep of `flashseek bench --gemv-sweep` on an H200 (RESULTS.md,
-// 2026-11-29 H4b). Under ncu the kernels read exactly the counted bytes from DRAM; they are
-// latency-bound (16 warps per SM at the 128-register cap, long-scoreboard stalls), so:
-// * k split over a cluster pays only while all CTAs fit in one wave (2 per SM): a CTA has a
-//   fixed cost of a few µs (ramp, reduction, epilogue), and more, shorter CTAs lose as soon as
-//   they spill into a second wave. Split = min(8, 2·SMs / tiles), at least 1.
-// * k blocks per warp iteration: 4 for one FP8 matrix and one token tile when each warp still
-//   gets >= 2 iterations (wo_a, wo_b), else 2 (4 blocks spill with two matrices, two token
-//   tiles or FP4). V4's act_block 128 needs exactly 4. A variant that prefetched the next
-//   chunk into a second register set measured 5-15 % slower and was dropped.
-// A weight ring in shared memory filled by cp.async (per-warp slots, 2..6 stages) gave the same
-// bits but measured slower at almost every GEMV on an H200 (bench/RESULTS.md, H4f / H4g), so the
-// kernel loads weights straight into registers.
+// Tuning. The kernels are latency-bound (16 warps per SM at the 128-register cap), so:
+// * the k split over a cluster pays only while all CTAs fit in one wave (2 per SM): a CTA has a
+//   fixed cost (ramp, reduction, epilogue), and more, shorter CTAs lose once they spill into a
+//   second wave. Split = min(8, 2·SMs / tiles), at least 1.
+// * k blocks per warp iteration: 4 for one FP8 matrix when each warp still gets >= 2 iterations
+//   (wo_a, wo_b), else 2 (4 blocks spill with two matrices or FP4; wide batches then take 8-token
+//   passes). V4's act_block 128 needs exactly 4.
+// * weights are loaded straight into registers (no shared-memory staging ring).
+// The sweeps behind these choices are in bench/RESULTS.md.
 int g_split_override = 0, g_chunk_override = 0;
 
 struct Tuning {
