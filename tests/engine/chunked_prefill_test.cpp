@@ -11,19 +11,11 @@ namespace flashseek::engine {
 namespace {
 
 using testing::FakeModel;
+using testing::greedy_request;
 using testing::make_engine;
 using testing::random_prompt;
 using testing::run_alone;
 
-Request greedy_request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0;
-  return r;
-}
 
 // Per forward call, the item of each state (nullptr-free: every item names its state).
 std::map<const forward::SequenceState*, testing::RecordedItem> items_by_state(

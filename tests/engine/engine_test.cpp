@@ -10,22 +10,14 @@ namespace flashseek::engine {
 namespace {
 
 using testing::FakeModel;
+using testing::greedy_request;
 using testing::reference_decode;
 using testing::run_alone;
 
-Request make_request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0;
-  return r;
-}
 
 TEST(Engine, GreedyAndSeededMatchReferenceLoop) {
   FakeModel model(97);
-  Request g = make_request(1, {5, 9, 13, 2}, 12);
+  Request g = greedy_request(1, {5, 9, 13, 2}, 12);
   auto res = run_alone(model, g);
   EXPECT_EQ(res.tokens, reference_decode(model, g));
   EXPECT_EQ(res.finish, FinishReason::kLength);
@@ -49,7 +41,7 @@ TEST(Engine, StopIdsEosAndMaxTokens) {
     if (h.size() >= 10) out[7] = 5;
     if (h.size() >= 14) out[1] = 9;
   });
-  Request r = make_request(1, {3, 3, 3}, 100);
+  Request r = greedy_request(1, {3, 3, 3}, 100);
   r.stop_ids = {7};
   auto res = run_alone(model, r);
   // Positions 3..9 are filled by generated tokens: 4 x7, then the token at history 10 is 7.
@@ -73,12 +65,12 @@ TEST(Engine, StopIdsEosAndMaxTokens) {
 TEST(Engine, ContextLimitEndsWithLength) {
   FakeModel model(40);
   auto engine = testing::make_engine(model, {.max_context = 10});
-  auto s = *engine->submit(make_request(1, {1, 2, 3, 4}, 100));
+  auto s = *engine->submit(greedy_request(1, {1, 2, 3, 4}, 100));
   ASSERT_TRUE(engine->run_until_idle().ok());
   auto res = collect(*s);
   EXPECT_EQ(res.finish, FinishReason::kLength);
   EXPECT_EQ(res.tokens.size(), 6u);  // 4 prompt + 6 generated = 10 positions
-  auto too_long = engine->submit(make_request(2, std::vector<int32_t>(10, 1), 1));
+  auto too_long = engine->submit(greedy_request(2, std::vector<int32_t>(10, 1), 1));
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("context of 10"), std::string::npos);
   EXPECT_FALSE(Engine::create(model, {.max_context = -1}).ok());
@@ -86,7 +78,7 @@ TEST(Engine, ContextLimitEndsWithLength) {
 
 TEST(Engine, LogprobsAndPromptLogprobs) {
   FakeModel model(61);
-  Request r = make_request(1, {4, 8, 15, 16, 23, 42}, 5);
+  Request r = greedy_request(1, {4, 8, 15, 16, 23, 42}, 5);
   r.logprobs = 3;
   r.prompt_logprobs = 2;
   auto res = run_alone(model, r);
@@ -132,21 +124,21 @@ TEST(Engine, RejectsBadRequestsWithFieldNames) {
     ASSERT_FALSE(s.ok()) << needle;
     EXPECT_NE(s.status().message().find(needle), std::string::npos) << s.status().message();
   };
-  expect_error(make_request(1, {}, 4), "prompt is empty");
-  expect_error(make_request(1, {1, 30}, 4), "prompt token 30 at position 1");
-  expect_error(make_request(1, {1, -2}, 4), "prompt token -2");
-  expect_error(make_request(1, {1}, -1), "max_tokens");
-  Request r = make_request(1, {1}, 4);
+  expect_error(greedy_request(1, {}, 4), "prompt is empty");
+  expect_error(greedy_request(1, {1, 30}, 4), "prompt token 30 at position 1");
+  expect_error(greedy_request(1, {1, -2}, 4), "prompt token -2");
+  expect_error(greedy_request(1, {1}, -1), "max_tokens");
+  Request r = greedy_request(1, {1}, 4);
   r.stop_ids = {99};
   expect_error(r, "stop id 99");
-  r = make_request(1, {1}, 4);
+  r = greedy_request(1, {1}, 4);
   r.sampling.top_p = 2;
   expect_error(r, "top_p");
-  r = make_request(1, {1}, 4);
+  r = greedy_request(1, {1}, 4);
   r.logprobs = -3;
   expect_error(r, "logprobs");
-  ASSERT_TRUE(engine->submit(make_request(7, {1, 2}, 4)).ok());
-  expect_error(make_request(7, {1, 2}, 4), "already in use");
+  ASSERT_TRUE(engine->submit(greedy_request(7, {1, 2}, 4)).ok());
+  expect_error(greedy_request(7, {1, 2}, 4), "already in use");
   EXPECT_FALSE(Engine::create(model, {.max_batch = 0}).ok());
   EXPECT_FALSE(Engine::create(model, {.max_batch = 8, .budget = {4, 4}}).ok());
 }
@@ -154,8 +146,8 @@ TEST(Engine, RejectsBadRequestsWithFieldNames) {
 TEST(Engine, CancelFreesTheSlotAtOnce) {
   FakeModel model(30);
   auto engine = testing::make_engine(model, {.max_batch = 1});
-  auto a = *engine->submit(make_request(1, {1, 2, 3}, 1000));
-  auto b = *engine->submit(make_request(2, {4, 5}, 3));
+  auto a = *engine->submit(greedy_request(1, {1, 2, 3}, 1000));
+  auto b = *engine->submit(greedy_request(2, {4, 5}, 3));
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(engine->step().ok());
   EXPECT_EQ(engine->stats().running, 1);
   EXPECT_EQ(engine->stats().waiting, 1);
@@ -168,9 +160,9 @@ TEST(Engine, CancelFreesTheSlotAtOnce) {
   EXPECT_EQ(ra.tokens.size(), 4u);  // one token per step before the cancel, none after
   auto rb = collect(*b);
   EXPECT_EQ(rb.finish, FinishReason::kLength);
-  EXPECT_EQ(rb.tokens, run_alone(model, make_request(2, {4, 5}, 3)).tokens);
+  EXPECT_EQ(rb.tokens, run_alone(model, greedy_request(2, {4, 5}, 3)).tokens);
   // Cancelling a waiting request.
-  auto c = *engine->submit(make_request(3, {1}, 5));
+  auto c = *engine->submit(greedy_request(3, {1}, 5));
   EXPECT_TRUE(engine->cancel(3));
   EXPECT_EQ(engine->stats().waiting, 0);
   EXPECT_EQ(collect(*c).finish, FinishReason::kCancelled);
@@ -180,7 +172,7 @@ TEST(Engine, CancelFreesTheSlotAtOnce) {
 TEST(Engine, ForwardErrorEndsInFlightRequestsOnly) {
   FakeModel model(30);
   auto engine = testing::make_engine(model);
-  auto a = *engine->submit(make_request(1, {1, 2, 3}, 5));
+  auto a = *engine->submit(greedy_request(1, {1, 2, 3}, 5));
   model.fail_next_forward();
   Status st = engine->step();
   EXPECT_FALSE(st.ok());
@@ -188,14 +180,14 @@ TEST(Engine, ForwardErrorEndsInFlightRequestsOnly) {
   EXPECT_EQ(ra.finish, FinishReason::kError);
   EXPECT_NE(ra.error.find("injected failure"), std::string::npos);
   EXPECT_EQ(engine->stats().running, 0);
-  auto b = *engine->submit(make_request(2, {1, 2, 3}, 5));  // the engine is still usable
+  auto b = *engine->submit(greedy_request(2, {1, 2, 3}, 5));  // the engine is still usable
   ASSERT_TRUE(engine->run_until_idle().ok());
   EXPECT_EQ(collect(*b).tokens.size(), 5u);
 }
 
 TEST(Engine, PrefixStateSkipsItsTokens) {
   FakeModel model(45);
-  Request full = make_request(1, {3, 1, 4, 1, 5, 9, 2, 6}, 7);
+  Request full = greedy_request(1, {3, 1, 4, 1, 5, 9, 2, 6}, 7);
   auto want = run_alone(model, full);
   // Snapshot after 5 prompt tokens, made by running them once.
   auto snap = model.new_sequence();
@@ -227,7 +219,7 @@ TEST(Engine, UnseededRequestsFollowTheEngineSeed) {
   FakeModel model(80);
   auto sample = [&](uint64_t engine_seed) {
     auto engine = testing::make_engine(model, {.seed = engine_seed});
-    Request r = make_request(1, {1, 2, 3}, 10);
+    Request r = greedy_request(1, {1, 2, 3}, 10);
     r.sampling.temperature = 1.0;  // no Request::seed: the engine picks one
     auto s = *engine->submit(r);
     EXPECT_TRUE(engine->run_until_idle().ok());

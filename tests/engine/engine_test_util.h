@@ -12,6 +12,17 @@
 namespace flashseek::engine::testing {
 
 // An engine for tests; fails the test on bad options.
+// A greedy request that ignores EOS (runs exactly max_tokens).
+inline Request greedy_request(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  return r;
+}
+
 inline std::unique_ptr<Engine> make_engine(forward::Model& model, EngineOptions options = {}) {
   auto engine = Engine::create(model, std::move(options));
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
