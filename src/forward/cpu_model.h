@@ -1,12 +1,14 @@
-// The CPU reference implementation of `Model` for V4.1 and V4 (the oracle of every GPU kernel).
-// One code path: a prefill chunk of T tokens and a decode step (T = 1) run the same functions,
-// and every output element is computed in an order that does not depend on T or on the batch.
+// The CPU reference implementation of `Model` for V4.1 and V4 (the oracle of every GPU kernel):
+// the model flow (forward/flow.h) over the CPU backend ops (forward/cpu_backend.h, the kernels of
+// src/ops/cpu). A prefill chunk of T tokens and a decode step (T = 1) run the same functions, and
+// every output element is computed in an order that does not depend on T or on the batch.
 #pragma once
 #include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "forward/flow.h"
 #include "forward/model.h"
 #include "forward/state.h"
 #include "forward/state_convert.h"
@@ -14,18 +16,6 @@
 #include "model/checkpoint.h"
 
 namespace flashseek::forward {
-
-// Shared attention data of one forward over one chunk (v41 §3.1): top-k lists published by
-// index sources and the candidate masks of the candidate source, per query row.
-struct ChunkCtx {
-  CpuSequenceState* st = nullptr;
-  std::span<const int32_t> tokens;           // [T]
-  int64_t start = 0, T = 0;
-  std::vector<int64_t> pos;                  // [T]
-  std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][T] compressed rows, ascending
-  std::vector<std::vector<uint8_t>> cand;    // [T] candidate mask over compressed positions
-  std::vector<int64_t> engram_ids;           // [n_engram_layers, T, n_cols]
-};
 
 // Optional record of the sparse-attention selections of the last forward (tests and debugging):
 // per layer and query row, the compressed rows attended (ascending), and the candidate masks.
@@ -90,49 +80,10 @@ class CpuModel final : public Model {
   void set_trace(ForwardTrace* trace) { trace_ = trace; }
 
  private:
+  friend class CpuOps;  // the backend ops (cpu_backend.h) read the weights and options
   CpuModel() = default;
   bool ref() const { return numerics_ == Numerics::kReference; }
-  Status forward_one(CpuSequenceState& st, std::span<const int32_t> tokens, bool all_logits,
-                     std::vector<float>& logits);
-  void compute_engram_ids(ChunkCtx& ctx) const;
-  void engram(int layer, ChunkCtx& ctx, std::vector<float>& x) const;
-  void attention(int layer, ChunkCtx& ctx, const std::vector<float>& a, std::vector<float>& out);
-  void compress(int layer, ChunkCtx& ctx, const std::vector<float>& a);
-  void compress_v4_index(int layer, ChunkCtx& ctx, const std::vector<float>& a);
-  void index_select(int layer, ChunkCtx& ctx, const std::vector<float>& a,
-                    const std::vector<float>& qlat);
-  using SublayerFn = std::function<void(const Vec& in, Vec& out)>;
-  // One block on X [T, hc, D]: mixes, collapse, attn_norm, attn, post, mixes, collapse, ffn_norm,
-  // ffn, post. pre_in [T, hc] is the incoming pre (V4.1 chaining) and becomes this block's pre_f.
-  void block(const LayerWeights& L, int64_t T, std::vector<float>& X, std::vector<float>& pre_in,
-             const SublayerFn& attn, const SublayerFn& ffn) const;
-  void moe(const FfnWeights& F, int64_t n_experts, int64_t k, std::span<const int32_t> tokens,
-           const std::vector<float>& m, std::vector<float>& out) const;
-  // Query / window-KV projections of an attention (q [T, H, Dh] and kv [T, Dh] RoPE'd at pos).
-  void project_qkv(const AttentionWeights& A, const std::vector<float>& a, const std::vector<int64_t>& pos,
-                   std::vector<float>& qlat, std::vector<float>& q, std::vector<float>& kv) const;
-  // Inverse RoPE of o [T, H, Dh] at pos, grouped wo_a, wo_b → out [T, D].
-  void project_out(const AttentionWeights& A, std::vector<float>& o, const std::vector<int64_t>& pos,
-                   std::vector<float>& out) const;
-  void append_tap(int layer, int64_t T, const std::vector<float>& X, std::vector<float>& taps) const;
-  void write_draft_rings(const ChunkCtx& ctx, const std::vector<float>& taps) const;
-  // MTP block over pairs (X_p [n, hc, D], token p+1, position p); returns the rows' window KV
-  // [n, Dh] and, with `logits`, appends their MTP logits.
-  void mtp_block(const CpuSequenceState& st, const std::vector<float>& xmain, std::span<const int32_t> next,
-                 const std::vector<int64_t>& pos, std::vector<float>& kv_rows, std::vector<float>* logits) const;
-  void mtp_advance(CpuSequenceState& st, const ChunkCtx& ctx, const std::vector<float>& X) const;
-  void draft_attention(int stage, const CpuSequenceState& st, const std::vector<int64_t>& pos,
-                       const std::vector<float>& a, std::vector<float>& out) const;
-  // The FP8-activation linears, named for the dot perturbation's key.
-  enum class DotOp : uint64_t {
-    kNone, kWqA, kWqB, kWkv, kWoB, kIdxWqB, kEngramWkv, kW1, kW3, kW2, kMainProj, kEProj, kHProj
-  };
-  // Key of one linear: block (role index), op and routed expert (-1: none / shared expert).
-  static uint64_t dot_key(int64_t block, DotOp op, int64_t expert = -1);
-  // y = x · wᵀ (ops::linear); with act_block > 0 and the dot perturbation on, every output
-  // element is perturbed as CpuLoadOptions describes, keyed by `key`, row and column.
-  void linear(const std::vector<float>& x, const Vec& w, int64_t rows, int64_t in, int64_t out,
-              std::vector<float>& y, int64_t act_block, bool bf16_out, uint64_t key) const;
+  FlowParams flow_params() const;
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "forward/model.h"
+#include "forward/model_state.h"
 #include "forward/paged_rows.h"
 
 namespace flashseek::forward {
@@ -35,17 +36,14 @@ struct LayerState {
   CompressorState icomp;              // V4 indexer compressor
 };
 
-class CpuSequenceState final : public SequenceState {
+// len, ring_size (window + kMaxRollback: room for speculative blocks) and engram_hist: ModelState.
+class CpuSequenceState final : public ModelState {
  public:
-  int64_t length() const override { return len; }
   std::unique_ptr<SequenceState> clone() const override {
     return std::make_unique<CpuSequenceState>(*this);
   }
 
-  int64_t len = 0;
-  int64_t ring_size = 0;               // window + kMaxRollback (room for speculative blocks)
   std::vector<LayerState> layers;      // [num_layers]
-  std::vector<int64_t> engram_hist;    // compressed ids of the last min(len, N−1+kMaxRollback) positions
   std::vector<float> mtp_ring;          // [ring_size, head_dim] V4 MTP window KV (row p needs token p+1)
   std::vector<float> mtp_hist_x;        // [n, hc, hidden] final streams of the last n ≤ 1+kMaxRollback positions
   std::vector<std::vector<float>> draft_rings;  // [stage][ring_size, head_dim] DSpark KV of ctx[p]

@@ -1,6 +1,7 @@
-// Internals of the CUDA model backend (gpu_model.cpp, gpu_attention.cpp, gpu_moe.cpp): the
-// per-sequence GPU state and the GpuModel class (device arrays and staging: ops/cuda/
-// device_memory.h). Only compiled with CUDA.
+// Internals of the CUDA model backend: the per-sequence GPU state and GpuModel, which is both a
+// `Model` and the CUDA `Backend` of the model flow (forward/flow.h runs the layers; gpu_ops.cpp
+// implements the ops over device memory, gpu_model.cpp loading, weights and steps; device arrays
+// and staging: ops/cuda/runtime). Only compiled with CUDA.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -19,6 +20,8 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/gpu_tp.h"
+#include "forward/backend.h"
+#include "forward/flow.h"
 #include "forward/state.h"
 #include "forward/state_convert.h"
 #include "forward/weights.h"
@@ -63,47 +66,14 @@ struct GpuLayerState {
   GpuCompState comp, icomp;
 };
 
-class GpuSequenceState final : public SequenceState {
+// len, ring_size and engram_hist (host): ModelState.
+class GpuSequenceState final : public ModelState {
  public:
-  int64_t length() const override { return len; }
   std::unique_ptr<SequenceState> clone() const override;
 
-  int64_t len = 0, ring_size = 0;
   std::vector<GpuLayerState> layers;
-  std::vector<int64_t> engram_hist;           // last N−1+kMaxRollback compressed ids
   std::vector<DevArray<float>> draft_rings;   // [stage] DSpark KV [ring_size, Dh] (gpu_draft.cpp)
   Status error;  // an allocation failure in new_sequence/clone, reported by the next forward
-};
-
-// One sequence's rows in a forward: its state, tokens and positions, and its per-layer data
-// (cpu_model.h ChunkCtx on the device). The rows of all sequences of a forward lie back to back
-// (GpuChunk); a sequence's rows start at row0.
-struct GpuSeg {
-  GpuSequenceState* st = nullptr;
-  std::span<const int32_t> tokens;
-  int64_t start = 0, T = 0, row0 = 0;
-  std::vector<int64_t> pos;        // [T] host copy
-  const int32_t* d_tokens = nullptr;  // the chunk's arrays at row0
-  const int64_t* d_pos = nullptr;
-  std::vector<int32_t*> topk, topk_n;  // [layer] device lists published by index sources
-  uint8_t* cand = nullptr;         // [T, start + T] candidate masks
-  bool all_logits = false;         // BatchItem fields
-  const ops::SampleSpec* sample = nullptr;
-  int32_t* sampled = nullptr;
-};
-
-// The rows of one forward: every item's tokens back to back. Row-wise ops (linears, norms, mHC,
-// MoE, Engram) run once over all T rows, so each weight matrix is read once per step; what
-// depends on a sequence's own state (compressors, indexer, attention, ring writes) runs per
-// segment. Each row's result is computed in the same order whatever the other rows are (batch
-// invariance: the kernels' summation orders depend on the matrix shapes only).
-struct GpuChunk {
-  int64_t T = 0;                    // rows
-  const int32_t* d_tokens = nullptr;  // [T]
-  const int64_t* d_pos = nullptr;     // [T]
-  const int32_t* d_row_seq = nullptr; // [T] segment index of each row
-  std::vector<GpuSeg> segs;
-  std::vector<int64_t> engram_ids;  // [n_engram_layers, T, n_cols] (host)
 };
 
 // A matrix kept on the device exactly as the checkpoint stores it (native weights, the default):
@@ -141,7 +111,7 @@ struct GpuWeightReport {
   int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 
-class GpuModel final : public Model {
+class GpuModel final : public Model, public Backend {
  public:
   // With `shard` (gpu_tp.h): one rank of a multi-GPU model, holding only its slice of the weights;
   // its partial sums go through `comm` (all ranks call forward together).
@@ -239,57 +209,121 @@ class GpuModel final : public Model {
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
-  // Routed experts as stored; *row_of: ybuf's row of pair (t, k) when not t·K + k (grouped).
-  Status moe_native(int l, const GpuChunk& ctx, const float* m, const int32_t* sel, const float* wt, float* ybuf,
-                    const int32_t** row_of);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
   Status linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
                 int64_t x_row_div = 1);
 
-  // Every item of `batch` in one pass over the layers (GpuChunk); inputs checked by forward.
-  Status forward_batch(std::span<BatchItem> batch, std::vector<float>& logits);
   // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
   // its download to `out` (written at the forward's sync).
   Status sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out);
-  Status block(int layer, GpuChunk& ctx, float* X, float* pre_in);
-  // One mHC block around two sublayers (attention, then FFN): the data flow shared by the
-  // backbone layers (block) and the DSpark draft stages (draft_block), as CpuModel::block does on
-  // the CPU. `tag` prefixes the scratch buffer names (the draft keeps its own buffers).
-  using Sublayer = std::function<Status(const float* a, float* out)>;
-  Status mhc_block(const LayerWeights& L, const std::string& tag, int64_t T, float* X, float* pre_in,
-                   const Sublayer& attn, const Sublayer& ffn);
-  Status engram(int layer, GpuChunk& ctx, float* X);
-  Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
-  Status output_projection(const AttentionWeights& A, const std::string& tag, const int64_t* d_pos, int64_t T,
-                           int64_t H, int64_t G, float* o, float* out, bool bf16_out);
-  // A compressor's projections over all rows, then per segment its pooling into that state.
-  Status compress(int layer, GpuChunk& ctx, const float* a);
-  Status compress_seg(int layer, GpuSeg& seg, const float* v, const float* z, const float* iv, const float* iz);
+  FlowParams flow_params() const;
+  // The device copies of an FFN's routed experts (w1, w2, w3 keys) and V4 hash table.
+  struct FfnDev {
+    const std::array<const float*, 3>* experts = nullptr;
+    const int32_t* tid2eid = nullptr;
+  };
+  Result<FfnDev> ffn_dev(const FfnWeights& F) const;
+  GpuLayerState& layer_state(FwdSeg& seg, int layer) const {
+    return static_cast<GpuSequenceState*>(seg.st)->layers[size_t(layer)];
+  }
+  // Routed experts as stored through the block-scaled grouped expert GEMV; *row_of: ybuf's row of
+  // pair (t, k) when not t·K + k (grouped).
+  Status moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
+                    const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of);
+  // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
+  // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
   Status pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
               int64_t ratio, int64_t c, bool overlap, DevArray<float>& dst, int64_t n_dst,
               std::vector<int64_t>& groups, const std::string& tag);
-  Status index_select(int layer, GpuChunk& ctx, const float* a, const float* qlat);
-  // Index scores and top-k of one segment: its queries iq/wts (at its rows) over its keys.
-  Status index_select_seg(int layer, GpuSeg& seg, const float* iq, const float* wts, int32_t* out, int32_t* out_n);
-  Status moe(int layer, GpuChunk& ctx, const float* m, float* out);
-  Status route(const FfnWeights& F, const int32_t* tid2eid, const std::string& tag, const GpuChunk& ctx, const float* m,
-               int64_t E, int64_t K, int32_t*& sel, float*& wt);
+
+ public:
+  // ---- Backend (gpu_ops.cpp) ----
+  Result<Tensor> scratch(const std::string& name, ElemType type, int64_t rows, int64_t cols = 1) override;
+  Status upload(const Tensor& dst, const void* host, size_t bytes) override { return upload(dst.data, host, bytes); }
+  Status copy(const Tensor& dst, const Tensor& src, size_t bytes) override;
+  Status copy_rows(const Tensor& dst, int64_t dst_stride, const Tensor& src, int64_t src_stride, int64_t rows,
+                   int64_t cols) override;
+  Status zero(const Tensor& t) override;
+  Status download_now(void* host, const Tensor& src, size_t bytes) override;
+  bool has(const Vec& w) const override { return d(w) != nullptr; }
+  Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) override;
+  Status linear(const LinearCall& c) override;
+  Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
+                        const Tensor& z, bool bf16) override;
+  Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
+                  bool bf16) override;
+  Status rms_norm_bf16_heads(const Tensor& x, int64_t rows, int64_t dim, float eps) override;
+  Status rope(const Tensor& x, const Tensor& pos, const Vec& inv_freq, int64_t rows, int64_t n_vec, int64_t vec,
+              int64_t rope_dim, bool inverse, bool bf16) override;
+  Status quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block, QuantSim kind) override;
+  Status hadamard(const Tensor& x, int64_t rows, int64_t dim) override;
+  Status scale(const Tensor& x, int64_t n, float s, bool bf16) override;
+  Status add_ape(const Tensor& z, const Vec& ape, const Tensor& pos, int64_t rows, int64_t width,
+                 int64_t ratio) override;
+  Status hc_mixes(const HcMixCall& c) override;
+  Status hc_head_pre(const HcMixCall& c) override;
+  Status hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc, int64_t dim,
+                     bool bf16) override;
+  Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows, int64_t hc,
+                 int64_t dim, bool bf16) override;
+  Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
+                 bool bf16) override;
+  Status swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& weights, int64_t rows, int64_t inter,
+                float limit, bool bf16) override;
+  Status route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+               const Tensor& sel, const Tensor& wt) override;
+  Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,
+                        int64_t E, int64_t K, const Tensor& ybuf, Tensor* row_of) override;
+  Status moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K, int64_t D,
+                     bool bf16, const Tensor& row_of) override;
+  Status engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) override;
+  Status engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,
+                     float eps, bool bf16) override;
+  Result<PooledRows> compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z,
+                                     int64_t ratio, int64_t c, bool overlap) override;
+  Result<Tensor> cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) override;
+  Status cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) override;
+  Status index_topk(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                    const Tensor& out_n) override;
+  Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
+                   int64_t H, bool bf16) override;
+  Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
+  bool draft_rings() const override { return has_draft(); }
+  Status draft_ring_write(int stage, FwdChunk& chunk, const Tensor& kv) override;
+  Status draft_attention(int stage, FwdSeg& seg, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
+                         int64_t H, bool bf16) override;
+  Status markov_logits(int32_t prev, std::span<float> logits) override;
+  Status markov_embed_row(int32_t prev, std::span<float> e) override;
+  int64_t heads() const override { return shard_.heads; }
+  int64_t groups() const override { return shard_.groups; }
+  int64_t vocab_rows() const override { return shard_.vocab; }
+  bool split() const override { return shard_.split(); }
+  Status tp_allreduce(const Tensor& x, int64_t n, bool bf16) override { return tp_allreduce(x.f32(), n, bf16); }
+  Status tp_remap_experts(const Tensor& sel, const Tensor& wt, int64_t n) override {
+    return tp_remap_experts(sel.i32(), wt.f32(), n);
+  }
+  Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) override {
+    return download_logits(lg.f32(), n, logits);
+  }
+  Status sample_row(const Tensor& row, const ops::SampleSpec& spec, int32_t* out) override {
+    return sample_last_row(row.f32(), spec, out);
+  }
+
+ private:
   // Multi-GPU (gpu_tp.cpp): x[0, n) ← Σ over ranks, then BF16 rounding when `bf16`; no-op on one
   // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
   Status tp_allreduce(float* x, int64_t n, bool bf16);
   Status tp_remap_experts(int32_t* sel, float* weight, int64_t n);
   // Rollback history of a compressor: rows v/z [T, width] of the chunk's positions.
-  Status record_history(GpuCompState& cs, const float* v, const float* z, const GpuSeg& seg, int64_t width,
+  Status record_history(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t width,
                         int64_t ratio);
-  // DSpark (gpu_draft.cpp): weights, taps [n_taps, T, D] of the target forward, draft rings.
+  // DSpark weights (gpu_draft.cpp).
   Status upload_draft_weights();
-  Status append_tap(int layer, GpuChunk& ctx, const float* X, float* taps);
-  Status write_draft_rings(GpuChunk& ctx, const float* taps);
-  Result<DraftBlock> propose_impl(const GpuSequenceState& st, int32_t x0, const DraftChooser& choose);
-  Status draft_block(int stage, GpuChunk& ctx, float* X, float* pre_in);
-  Status draft_attention(int stage, GpuChunk& ctx, const float* a, float* out);
-  Status draft_moe(int stage, GpuChunk& ctx, const float* m, float* out);
+  // The sequence descriptors the last multi-sequence attention uploaded (ring_write of the same
+  // layer reuses them) and that layer.
+  const ops::cuda::detail::ModelAttnSeq* attn_seqs_ = nullptr;
+  int attn_seqs_layer_ = -1;
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)

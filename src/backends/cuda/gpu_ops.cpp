@@ -1,0 +1,601 @@
+// The CUDA backend ops of the model flow (forward/backend.h; the CPU twins are CpuOps in
+// forward/cpu_backend.cpp): every op is a kernel launch on the model's stream over device memory,
+// weights as stored (or FP32 copies with --gpu-weights fp32), and the per-sequence device state
+// (window rings, compressed KV, index keys, compressor partial groups).
+#include "backends/cuda/gpu_model.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/gpu_impl.h"
+#include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
+
+namespace flashseek::forward::gpu {
+namespace cd = ops::cuda::detail;
+constexpr int64_t kMaxGemvGroups = 65535;  // expert_gemv's grid limit (grid.y)
+
+namespace {
+cd::QuantSim to_cd(QuantSim k) {
+  switch (k) {
+    case QuantSim::kBf16: return cd::QuantSim::kBf16;
+    case QuantSim::kFp8: return cd::QuantSim::kFp8;
+    case QuantSim::kFp4E8m0: return cd::QuantSim::kFp4E8m0;
+    case QuantSim::kFp4E4m3: return cd::QuantSim::kFp4E4m3;
+  }
+  return cd::QuantSim::kBf16;
+}
+}  // namespace
+
+FlowParams GpuModel::flow_params() const {
+  FlowParams p;
+  p.config = &config();
+  p.weights = &w_;
+  p.reference = ref();
+  p.act_block = act_block_;
+  return p;
+}
+
+Result<GpuModel::FfnDev> GpuModel::ffn_dev(const FfnWeights& F) const {
+  for (size_t l = 0; l < w_.layers.size(); ++l)
+    if (&w_.layers[l].ffn == &F) return FfnDev{&experts_[l], tid2eid_[l].get()};
+  for (size_t s = 0; s < w_.dspark.stages.size() && s < dexperts_.size(); ++s)
+    if (&w_.dspark.stages[s].ffn == &F) return FfnDev{&dexperts_[s], dtid2eid_[s].get()};
+  return internal_error("gpu: an FFN without device experts (the V4 MTP block has no CUDA twin yet)");
+}
+
+// ---- memory ----
+
+Result<Tensor> GpuModel::scratch(const std::string& name, ElemType type, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) return invalid_argument("scratch {}: negative shape [{}, {}]", name, rows, cols);
+  FS_ASSIGN_OR_RETURN(uint8_t* p, scratch<uint8_t>(name, rows * cols * int64_t(elem_size(type))));
+  return Tensor{p, type, rows, cols};
+}
+
+Status GpuModel::copy(const Tensor& dst, const Tensor& src, size_t bytes) {
+  if (bytes && dst.data != src.data)
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return {};
+}
+
+Status GpuModel::copy_rows(const Tensor& dst, int64_t dst_stride, const Tensor& src, int64_t src_stride, int64_t rows,
+                           int64_t cols) {
+  const size_t es = elem_size(dst.type);
+  if (rows > 0)
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy2d_async(dst.data, size_t(dst_stride) * es, src.data,
+                                                      size_t(src_stride) * es, size_t(cols) * es, size_t(rows),
+                                                      cudaMemcpyDeviceToDevice, stream_));
+  return {};
+}
+
+Status GpuModel::zero(const Tensor& t) {
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memset_async(t.data, 0, t.bytes(), stream_));
+  return {};
+}
+
+Status GpuModel::download_now(void* host, const Tensor& src, size_t bytes) {
+  if (capture_guard().active) return internal_error("gpu: a synchronous download inside a graph capture");
+  if (bytes) FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+// ---- row-wise math ----
+
+Status GpuModel::embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) {
+  return embed_rows(d(table), tokens.i32(), X.f32(), T, hc, D);
+}
+
+Status GpuModel::linear(const LinearCall& c) {
+  return linear(c.x.f32(), d(*c.w), c.rows, c.in, c.out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in);
+}
+
+Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
+                                const Tensor& z, bool bf16) {
+  const int64_t width = groups * in;
+  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output.
+  if (bf16) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, width, width, 1, cd::QuantSim::kBf16, stream_));
+  for (int64_t g = 0; g < groups; ++g) {
+    cd::LinearArgs la;
+    la.x = x.f32() + g * in, la.x_stride = width;
+    la.y = z.f32() + g * out, la.y_stride = groups * out, la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16;
+    set_weight(la, d(w), g * out);  // rows [g·out, (g+1)·out): FP32 copy or as stored
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
+  }
+  return {};
+}
+
+Status GpuModel::rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
+                          bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(x.f32(), w ? d(*w) : nullptr, y.f32(), rows, dim, eps, bf16, stream_));
+  return {};
+}
+
+Status GpuModel::rms_norm_bf16_heads(const Tensor& x, int64_t rows, int64_t dim, float eps) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_rms_norm_bf16_heads(x.f32(), rows, dim, eps, stream_));
+  return {};
+}
+
+Status GpuModel::rope(const Tensor& x, const Tensor& pos, const Vec& inv_freq, int64_t rows, int64_t n_vec,
+                      int64_t vec, int64_t rope_dim, bool inverse, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(
+      cd::launch_rope(x.f32(), pos.i64(), d(inv_freq), rows, n_vec, vec, rope_dim, inverse, bf16, stream_));
+  return {};
+}
+
+Status GpuModel::quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block, QuantSim kind) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, cols, prefix, block, to_cd(kind), stream_));
+  return {};
+}
+
+Status GpuModel::hadamard(const Tensor& x, int64_t rows, int64_t dim) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(x.f32(), rows, dim, stream_));
+  return {};
+}
+
+Status GpuModel::scale(const Tensor& x, int64_t n, float s, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_scale(x.f32(), n, s, bf16, stream_));
+  return {};
+}
+
+Status GpuModel::add_ape(const Tensor& z, const Vec& ape, const Tensor& pos, int64_t rows, int64_t width,
+                         int64_t ratio) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_add_ape(z.f32(), d(ape), pos.i64(), rows, width, ratio, stream_));
+  return {};
+}
+
+Status GpuModel::hc_mixes(const HcMixCall& c) {
+  cd::HcMixArgs m;
+  m.x = c.x.f32(), m.fn = d(*c.fn), m.base = d(*c.base), m.scale = d(*c.scale), m.rows = c.rows, m.hc = c.hc;
+  m.dim = c.dim, m.norm_eps = c.norm_eps, m.hc_eps = c.hc_eps, m.sinkhorn_iters = c.sinkhorn_iters;
+  m.pre = c.pre.f32(), m.post = c.post.f32(), m.comb = c.comb.f32();
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, stream_));
+  return {};
+}
+
+Status GpuModel::hc_head_pre(const HcMixCall& c) {
+  cd::HcMixArgs a;
+  a.x = c.x.f32(), a.fn = d(*c.fn), a.base = d(*c.base), a.scale = d(*c.scale);
+  a.rows = c.rows, a.hc = c.hc, a.dim = c.dim, a.norm_eps = c.norm_eps, a.hc_eps = c.hc_eps, a.head_only = true;
+  a.pre = c.pre.f32();
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(a, stream_));
+  return {};
+}
+
+Status GpuModel::hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc,
+                             int64_t dim, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X.f32(), pre.f32(), y.f32(), rows, hc, dim, bf16, stream_));
+  return {};
+}
+
+Status GpuModel::hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
+                         int64_t hc, int64_t dim, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(
+      cd::launch_hc_post(f.f32(), X.f32(), post.f32(), comb.f32(), rows, hc, dim, bf16, stream_));
+  return {};
+}
+
+// The mean is an hc collapse with weights 1/hc (exactly the CPU's sum / hc when hc is a power of
+// two), into a [rows, dim] buffer, then copied to rows of stride y_stride.
+Status GpuModel::hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
+                         bool bf16) {
+  FS_ASSIGN_OR_RETURN(float* w, scratch<float>("hc_mean_w", rows * hc));
+  FS_ASSIGN_OR_RETURN(float* m, scratch<float>("hc_mean", rows * dim));
+  const std::vector<float> mean(size_t(rows * hc), 1.0f / float(hc));
+  FS_RETURN_IF_ERROR(upload(w, mean.data(), mean.size() * 4));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X.f32(), w, m, rows, hc, dim, bf16, stream_));
+  return copy_rows(y, y_stride, Tensor{m, ElemType::kF32, rows, dim}, dim, rows, dim);
+}
+
+Status GpuModel::swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& weights, int64_t rows,
+                        int64_t inter, float limit, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(
+      cd::launch_swiglu(g.f32(), u.f32(), h.f32(), weights.empty() ? nullptr : weights.f32(), rows, inter, limit, bf16,
+                        stream_));
+  return {};
+}
+
+// ---- MoE ----
+
+Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+                       const Tensor& sel, const Tensor& wt) {
+  const auto& c = config();
+  FS_ASSIGN_OR_RETURN(FfnDev fd, ffn_dev(F));
+  FS_ASSIGN_OR_RETURN(float* rs, scratch<float>("route_scratch", T * 2 * E));
+  cd::RouteArgs r;
+  r.logits = logits.f32(), r.bias = d(F.bias), r.scratch = rs, r.T = T, r.E = E, r.K = K;
+  if (fd.tid2eid) r.tid2eid = fd.tid2eid, r.tokens = tokens.i32();
+  r.gate_temp = float(c.gate_temp), r.route_scale = float(c.route_scale);
+  r.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
+  r.norm_topk = c.norm_topk_prob;
+  r.renorm_eps = c.is_v41();
+  r.sel = sel.i32(), r.weight = wt.f32();
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
+  return {};
+}
+
+Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,
+                                int64_t E, int64_t K, const Tensor& ybuf, Tensor* row_of) {
+  const auto& c = config();
+  const bool R = ref();
+  const int64_t D = c.hidden_size, I = c.moe_inter_dim, TK = T * K;
+  FS_ASSIGN_OR_RETURN(FfnDev fd, ffn_dev(F));
+  const auto& ek = *fd.experts;  // w1, w2, w3: FP32 stacks or as stored
+  *row_of = Tensor{};
+  if (const NativeMatrix* n1 = native(ek[0]); n1 && n1->fast) {  // block-scaled expert GEMV (reference)
+    const int32_t* rows = nullptr;
+    FS_RETURN_IF_ERROR(moe_native(ek, T, E, K, m.f32(), sel.i32(), wt.f32(), ybuf.f32(), &rows));
+    if (rows) *row_of = Tensor{const_cast<int32_t*>(rows), ElemType::kI32, TK, 1};
+    return {};
+  }
+  // The exactness kernels over the [T·K] (row, slot) pairs, stacked weights selected by sel.
+  FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
+  FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
+  const int64_t act = expert_act_block_;
+  FS_RETURN_IF_ERROR(linear(m.f32(), ek[0], TK, D, I, g, act, R, false, sel.i32(), K));
+  FS_RETURN_IF_ERROR(linear(m.f32(), ek[2], TK, D, I, u, act, R, false, sel.i32(), K));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, wt.f32(), TK, I, float(c.swiglu_limit), R, stream_));
+  return linear(h, ek[1], TK, I, D, ybuf.f32(), act, R, false, sel.i32(), 1);
+}
+
+// Routed experts in the checkpoint's format through the grouped expert GEMV (ops/cuda/gemv.h),
+// with the rounding points of the FP32 path (BF16 gate/up, clamped SwiGLU with the routing
+// weight, BF16 h). Few pairs (decode): every (token, slot) pair is its own group in slot order.
+// More pairs than experts (batches, prefill chunks): the pairs are grouped by expert on the device
+// (ops::group_pairs_by_expert) so each expert's matrices are read once for all its tokens, and the
+// combine reads each pair's row from its sorted position. Both give the same bits for a pair: its
+// dot products run in the same order (the k split is fixed by split_groups, tokens are
+// independent MMA columns).
+Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
+                            const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of) {
+  const auto& c = config();
+  const bool R = ref();
+  const int64_t D = c.hidden_size, I = c.moe_inter_dim, TK = T * K;
+  const NativeMatrix &n1 = *native(ek[0]), &n2 = *native(ek[1]), &n3 = *native(ek[2]);
+  FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
+  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
+  FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
+  const bool grouped = TK > E;
+  const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
+  const float* pw = wt;
+  int64_t n_groups = TK;
+  *row_of = nullptr;
+  if (grouped) {
+    FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
+    FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_grp_row", TK));
+    FS_ASSIGN_OR_RETURN(float* d_w, scratch<float>("moe_grp_w", TK));
+    FS_ASSIGN_OR_RETURN(int32_t* d_pos, scratch<int32_t>("moe_grp_pos", TK));
+    if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
+    // The route kernel only emits ids in [0, E): no range flag to read back.
+    FS_CUDA_RETURN_IF_ERROR(
+        cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_));
+    gstart = d_gstart, gexpert = expert_ids_.get(), prow = d_prow, pw = d_w, n_groups = E;
+    *row_of = d_pos;
+  } else {
+    std::vector<int32_t> hstart(static_cast<size_t>(TK + 1)), hrow(static_cast<size_t>(TK));
+    for (int64_t i = 0; i <= TK; ++i) hstart[size_t(i)] = int32_t(i);
+    for (int64_t i = 0; i < TK; ++i) hrow[size_t(i)] = int32_t(i / K);
+    FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_nat_gstart", TK + 1));
+    FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_nat_prow", TK));
+    FS_RETURN_IF_ERROR(upload(d_gstart, hstart.data(), hstart.size() * 4));
+    FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
+    gstart = d_gstart, gexpert = sel, prow = d_prow;
+  }
+  // y[s] = fq8(x[row(s)]) · W[expert of s]ᵀ for every (sorted) pair s.
+  auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k,
+                 float* y) -> Status {
+    ops::ExpertGemvParams q;
+    q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
+    q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
+    q.y = y;
+    q.n_groups = n_groups, q.n_pairs = TK, q.n_experts = E, q.n = n_out, q.k = k;
+    q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
+    q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
+    return ops::cuda::expert_gemv_cuda(q, stream_);
+  };
+  if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
+  FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
+  FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
+  if (R) {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+  }
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
+  return run(n2, h, nullptr, D, I, ybuf);
+}
+
+Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K, int64_t D,
+                             bool bf16, const Tensor& row_of) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf.f32(), ys.f32(), out.f32(), T, K, D, bf16, stream_,
+                                                 row_of.empty() ? nullptr : row_of.i32()));
+  return {};
+}
+
+// ---- Engram ----
+
+// Rows gathered on the host from the checkpoint (tables stay out of GPU memory) straight into
+// pinned staging, then uploaded on the stream (under graph capture the gather runs at capture
+// time and the graph's copy node reads the staged rows when it is launched).
+Status GpuModel::engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) {
+  const int64_t de = config().engram_head_dim, n = int64_t(ids.size());
+  FS_ASSIGN_OR_RETURN(float* h, staging<float>(n * de));
+  for (int64_t i = 0; i < n; ++i)
+    FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[size_t(i)], ids[size_t(i)] + 1, std::span<float>(h + i * de, size_t(de))));
+  return upload_staged(e.data, h, size_t(n * de) * 4);
+}
+
+Status GpuModel::engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,
+                             float eps, bool bf16) {
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_engram_gate(X.f32(), kv.f32(), d(wqk), rows, hc, D, eps, bf16, stream_));
+  return {};
+}
+
+// ---- per-sequence state ----
+
+// Feeds the rows v/z [T, width] into `cs` and pools every group completed in this chunk into dst
+// rows [n_dst, n_dst + n). Slot pointers go to the kernel as tables; the open group's rows and
+// the previous window are then copied into the state.
+Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
+                      int64_t ratio, int64_t c, bool overlap, DevArray<float>& dst, int64_t n_dst,
+                      std::vector<int64_t>& groups, const std::string& tag) {
+  const int64_t width = overlap ? 2 * c : c, T = int64_t(pos.size());
+  FS_RETURN_IF_ERROR(cs.v.reserve(size_t(ratio * width), true));
+  FS_RETURN_IF_ERROR(cs.z.reserve(size_t(ratio * width), true));
+  FS_RETURN_IF_ERROR(cs.prev_v.reserve(size_t(ratio * width), true));
+  FS_RETURN_IF_ERROR(cs.prev_z.reserve(size_t(ratio * width), true));
+  std::vector<const float*> cur_v, cur_z, prev_v, prev_z, tab_v, tab_z;
+  for (int64_t i = 0; i < cs.n_pend; ++i) cur_v.push_back(cs.v.get() + i * width), cur_z.push_back(cs.z.get() + i * width);
+  if (cs.has_prev)
+    for (int64_t s = 0; s < ratio; ++s)
+      prev_v.push_back(cs.prev_v.get() + s * width), prev_z.push_back(cs.prev_z.get() + s * width);
+  bool new_prev = false;
+  for (int64_t t = 0; t < T; ++t) {
+    cur_v.push_back(v + t * width);
+    cur_z.push_back(z + t * width);
+    if (int64_t(cur_v.size()) < ratio) continue;
+    if (overlap)
+      for (int64_t s = 0; s < ratio; ++s) {
+        tab_v.push_back(prev_v.empty() ? nullptr : prev_v[size_t(s)]);
+        tab_z.push_back(prev_z.empty() ? nullptr : prev_z[size_t(s)]);
+      }
+    for (int64_t s = 0; s < ratio; ++s) {
+      tab_v.push_back(cur_v[size_t(s)] + (overlap ? c : 0));
+      tab_z.push_back(cur_z[size_t(s)] + (overlap ? c : 0));
+    }
+    groups.push_back(pos[size_t(t)] / ratio);
+    if (overlap) prev_v = cur_v, prev_z = cur_z, new_prev = true;
+    cur_v.clear();
+    cur_z.clear();
+  }
+  const int64_t n = int64_t(groups.size()), n_slots = overlap ? 2 * ratio : ratio;
+  if (n > 0) {
+    FS_RETURN_IF_ERROR(dst.reserve(size_t((n_dst + n) * c), true));
+    FS_ASSIGN_OR_RETURN(const float** tv, scratch<const float*>(tag + "_tab", 2 * n * n_slots));
+    tab_v.insert(tab_v.end(), tab_z.begin(), tab_z.end());
+    FS_RETURN_IF_ERROR(upload(tv, tab_v.data(), tab_v.size() * sizeof(void*)));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst.get() + n_dst * c, stream_));
+  }
+  // State update, stream-ordered after the pool kernel: previous window first (its rows may sit in
+  // the pending buffer), then the open group's rows.
+  const size_t row_bytes = size_t(width) * 4;
+  if (new_prev)
+    for (int64_t s = 0; s < ratio; ++s) {
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+  for (size_t i = 0; i < cur_v.size(); ++i) {
+    if (cur_v[i] == cs.v.get() + i * width) continue;  // an old pending row already in place
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  cs.n_pend = int64_t(cur_v.size());
+  cs.has_prev = cs.has_prev || new_prev;
+  return {};
+}
+
+Result<PooledRows> GpuModel::compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v,
+                                             const Tensor& z, int64_t ratio, int64_t c, bool overlap) {
+  GpuLayerState& LS = layer_state(seg, layer);
+  const bool kv = which == Compressor::kKv;
+  GpuCompState& cs = kv ? LS.comp : LS.icomp;
+  DevArray<float>& dst = kv ? LS.ckv : LS.ikeys;
+  const int64_t n_dst = kv ? LS.n_ckv : LS.n_ikeys;
+  FS_RETURN_IF_ERROR(record_history(cs, v.f32(), z.f32(), seg, overlap ? 2 * c : c, ratio));  // rollback
+  PooledRows out;
+  FS_RETURN_IF_ERROR(pool(cs, v.f32(), z.f32(), seg.pos, ratio, c, overlap, dst, n_dst, out.groups, kv ? "cmp" : "icmp"));
+  out.rows = Tensor{dst.get() + n_dst * c, ElemType::kF32, int64_t(out.groups.size()), c};
+  return out;
+}
+
+Result<Tensor> GpuModel::cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) {
+  GpuLayerState& LS = layer_state(seg, layer);
+  const bool kv = which == Cache::kCkv;
+  const int64_t width = kv ? config().head_dim : config().index_head_dim, n0 = kv ? LS.n_ckv : LS.n_ikeys;
+  DevArray<float>& dst = kv ? LS.ckv : LS.ikeys;
+  FS_RETURN_IF_ERROR(dst.reserve(size_t((n0 + n) * width), true));
+  return Tensor{dst.get() + n0 * width, ElemType::kF32, n, width};
+}
+
+Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
+  GpuLayerState& LS = layer_state(seg, layer);
+  (which == Cache::kCkv ? LS.n_ckv : LS.n_ikeys) += n;
+  return {};
+}
+
+// Scores over the keys of this layer's own kv source (v41 §9.x), rows strided by start + T, and
+// the top-k of one sequence.
+Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                            const Tensor& out_n) {
+  const auto& c = config();
+  const auto& role = c.role(l);
+  const int64_t T = seg.T, stride = seg.start + T;
+  FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", T * stride));
+  FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", T * stride));
+  FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", T * stride));
+  cd::IndexScoreArgs s;
+  s.q = iq.f32(), s.w = wts.f32(), s.keys = layer_state(seg, role.kv_src).ikeys.get(), s.scores = sc;
+  s.T = T, s.nI = c.index_n_heads, s.dI = c.index_head_dim, s.start = seg.start, s.ratio = role.ratio;
+  s.stride = stride, s.bf16 = ref();
+  if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
+  cd::IndexTopkArgs t;
+  t.scores = sc, t.cand = seg.cand.u8(), t.block_scratch = bs, t.taken = taken, t.out = out.i32(), t.out_n = out_n.i32();
+  t.T = T, t.start = seg.start, t.ratio = role.ratio, t.stride = stride, t.k = c.index_topk;
+  t.cand_block = c.candidate_block_size, t.cand_top = c.candidate_topk_blocks;
+  t.mode = role.candidate_source ? 1 : role.candidate_filtered ? 2 : 0;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, stream_));
+  return {};
+}
+
+// Each sequence over its own ring, compressed KV and top-k lists: one launch for the step (the
+// sequences as descriptors), or the plain launch for a single sequence; same bits either way.
+Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
+                           int64_t H, bool bf16) {
+  const auto& c = config();
+  const auto& role = c.role(l);
+  const int64_t W = c.window, Dh = c.head_dim;
+  cd::ModelAttnArgs p;
+  p.q = q.f32(), p.kv_chunk = kv.f32(), p.sink = d(sink), p.out = o.f32();
+  p.T = ctx.T, p.H = H, p.Dh = Dh, p.window = W;
+  p.scale = 1.0f / std::sqrt(float(Dh));
+  p.bf16 = bf16;
+  std::vector<cd::ModelAttnSeq> seqs;
+  for (const FwdSeg& g : ctx.segs) {
+    const auto* st = static_cast<const GpuSequenceState*>(g.st);
+    cd::ModelAttnSeq sq;
+    sq.ring = st->layers[size_t(l)].ring.get(), sq.start = g.start, sq.row0 = g.row0, sq.T = g.T;
+    sq.ring_size = st->ring_size;
+    int64_t keys = W;
+    if (role.ratio > 0) {
+      sq.ckv = st->layers[size_t(role.kv_src)].ckv.get();
+      keys += role.idx_src >= 0 ? c.index_topk : (g.start + g.T) / role.ratio;  // V4 HCA: every visible entry
+    }
+    p.max_keys = std::max(p.max_keys, keys);
+    seqs.push_back(sq);
+  }
+  if (role.ratio > 0) {
+    p.ratio = role.ratio;
+    if (role.idx_src >= 0) {
+      const FwdSeg& g0 = ctx.segs.front();  // row 0: the lists' base
+      p.topk = g0.topk[size_t(role.idx_src)].i32();
+      p.topk_n = g0.topk_n[size_t(role.idx_src)].i32();
+      p.topk_stride = c.index_topk;
+      if (!p.topk) return internal_error("layer {}: index source {} published no top-k", l, role.idx_src);
+    }
+    p.ckv = seqs.front().ckv ? seqs.front().ckv : kv.f32();  // non-null: the layer has compressed rows
+  }
+  attn_seqs_ = nullptr;
+  attn_seqs_layer_ = -1;
+  if (seqs.size() == 1) {
+    p.ring = seqs[0].ring, p.ring_size = seqs[0].ring_size, p.start = seqs[0].start;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
+    return {};
+  }
+  const int64_t bytes = int64_t(seqs.size() * sizeof(cd::ModelAttnSeq));
+  FS_ASSIGN_OR_RETURN(uint8_t* ds, scratch<uint8_t>("attn_seqs", bytes));
+  FS_RETURN_IF_ERROR(upload(ds, seqs.data(), size_t(bytes)));
+  attn_seqs_ = reinterpret_cast<const cd::ModelAttnSeq*>(ds);
+  attn_seqs_layer_ = l;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(p, attn_seqs_, ctx.row_seq.i32(), stream_));
+  return {};
+}
+
+Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {
+  const int64_t Dh = config().head_dim;
+  if (ctx.segs.size() > 1) {
+    if (attn_seqs_layer_ != l || !attn_seqs_) return internal_error("ring_write: layer {} ran no attention first", l);
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write_seqs(attn_seqs_, ctx.row_seq.i32(), kv.f32(), ctx.pos.i64(), ctx.T,
+                                                       Dh, stream_));
+    return {};
+  }
+  const FwdSeg& g = ctx.segs.front();
+  auto* st = static_cast<GpuSequenceState*>(g.st);
+  const int64_t rs = st->ring_size;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st->layers[size_t(l)].ring.get(), kv.f32(), g.pos_d.i64(),
+                                                std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+  return {};
+}
+
+// ---- DSpark ----
+
+Status GpuModel::draft_ring_write(int stage, FwdChunk& ctx, const Tensor& kv) {
+  const int64_t Dh = config().head_dim;
+  for (const FwdSeg& g : ctx.segs) {
+    auto* st = static_cast<GpuSequenceState*>(g.st);
+    if (st->draft_rings.size() <= size_t(stage)) return internal_error("GPU state has no DSpark draft rings");
+    const int64_t rs = st->ring_size;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st->draft_rings[size_t(stage)].get(), kv.f32() + g.row0 * Dh,
+                                                  g.pos_d.i64(), std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+  }
+  return {};
+}
+
+// One stage's attention over B block rows (positions a+1 … a+B, a = last committed): keys are
+// the ring rows max(0, a−W+1) … a then every block row (no causal mask), as the CPU. Runs the
+// model attention kernel with a one-key "window" (the oldest ring row, replicated per query row)
+// and the remaining keys as a gathered "compressed" list selected in full.
+Status GpuModel::draft_attention(int stage, FwdSeg& seg, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                 const Tensor& o, int64_t H, bool bf16) {
+  const auto& c = config();
+  const auto* st = static_cast<const GpuSequenceState*>(seg.st);
+  const int64_t B = seg.T, Dh = c.head_dim, ring = st->ring_size, last = seg.start - 1;
+  const int64_t nw = std::min(last + 1, c.window), first = last - nw + 1, n = nw + B;
+  const float* rg = st->draft_rings[size_t(stage)].get();
+  FS_ASSIGN_OR_RETURN(float* keys, scratch<float>("dr_keys", n * Dh));     // ring rows first+1 … a, block rows
+  FS_ASSIGN_OR_RETURN(float* k0, scratch<float>("dr_k0", B * Dh));         // ring row `first`, per query row
+  FS_ASSIGN_OR_RETURN(int32_t* sel, scratch<int32_t>("dr_sel", B * n));
+  FS_ASSIGN_OR_RETURN(int32_t* sel_n, scratch<int32_t>("dr_sel_n", B));
+  for (int64_t j = 0; j < B; ++j)
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(k0 + j * Dh, rg + (first % ring) * Dh, size_t(Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
+  for (int64_t p = first + 1; p <= last;) {  // at most two contiguous runs of the ring
+    const int64_t slot = p % ring, cnt = std::min(last + 1 - p, ring - slot);
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(keys + (p - first - 1) * Dh, rg + slot * Dh, size_t(cnt * Dh) * 4,
+                                                    cudaMemcpyDeviceToDevice, stream_));
+    p += cnt;
+  }
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(keys + (nw - 1) * Dh, kv.f32(), size_t(B * Dh) * 4, cudaMemcpyDeviceToDevice, stream_));
+  std::vector<int32_t> hsel(size_t(B * (n - 1))), hn(size_t(B), int32_t(n - 1));
+  for (int64_t j = 0; j < B; ++j)
+    for (int64_t i = 0; i < n - 1; ++i) hsel[size_t(j * (n - 1) + i)] = int32_t(i);
+  FS_RETURN_IF_ERROR(upload(sel, hsel.data(), hsel.size() * 4));
+  FS_RETURN_IF_ERROR(upload(sel_n, hn.data(), hn.size() * 4));
+  cd::ModelAttnArgs p;
+  p.q = q.f32(), p.kv_chunk = k0, p.ring = k0, p.ckv = keys, p.topk = sel, p.topk_n = sel_n, p.topk_stride = n - 1;
+  p.ratio = 1, p.sink = d(sink), p.out = o.f32();
+  p.T = B, p.H = H, p.Dh = Dh, p.window = 1, p.ring_size = B, p.start = seg.start, p.max_keys = n;
+  p.scale = 1.0f / std::sqrt(float(Dh));
+  p.bf16 = bf16;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
+  return {};
+}
+
+// The Markov head's [V, r] GEMV on the device (the same dot order as the CPU's ops::linear); the
+// row comes to the host for the chooser.
+Status GpuModel::markov_logits(int32_t prev, std::span<float> logits) {
+  const auto& c = config();
+  const int64_t V = c.vocab_size, r = c.dspark_markov_rank;
+  FS_ASSIGN_OR_RETURN(float* ml, scratch<float>("dr_markov", V));
+  FS_ASSIGN_OR_RETURN(float* me, scratch<float>("dr_markov_e", r));
+  FS_ASSIGN_OR_RETURN(int32_t* zero_id, scratch<int32_t>("dr_zero", 1));
+  const float* x = me;
+  if (const NativeMatrix* me_stored = native(markov_embed_key_)) {  // row `prev` expanded (token 0 + row0)
+    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memset_async(zero_id, 0, 4, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_embed_w(me_stored->ref(prev), zero_id, me, 1, 1, r, stream_));
+  } else {  // FP32 copy: the row itself
+    x = markov_embed_key_ + int64_t(prev) * r;
+  }
+  FS_RETURN_IF_ERROR(linear(x, markov_head_key_, 1, r, V, ml, 0, false));
+  return download_now(logits.data(), Tensor{ml, ElemType::kF32, 1, V}, size_t(V) * 4);
+}
+
+// The confidence dot's embedding row, read from the checkpoint on the host.
+Status GpuModel::markov_embed_row(int32_t prev, std::span<float> e) {
+  const std::string name = fmt::format("mtp.{}.markov_head.embed.weight", w_.dspark.stages.size() - 1);
+  return ck_->dequant_rows(name, prev, prev + 1, e);
+}
+
+}  // namespace flashseek::forward::gpu
+#endif

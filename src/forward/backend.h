@@ -1,0 +1,267 @@
+// The device-neutral backend interface of the model (DESIGN.md §6). `Forward` (forward/flow.h)
+// composes the V4 / V4.1 layers once over these ops; a backend supplies the memory, the ops and
+// the per-sequence state: the CPU backend (forward/cpu_model.h, the oracle kernels of src/ops/cpu)
+// and the CUDA backend (backends/cuda, the serving path). Nothing here knows a device API.
+//
+// Buffers are `Tensor` views of the backend's memory (host memory on the CPU backend, device
+// memory on the CUDA backend): the flow allocates them by name (`scratch`), passes them between
+// ops and never reads their contents. Weights are named by the host `Vec` of ModelWeights that
+// describes them; each backend maps that name to its own copy (FP32 on the CPU, as stored on the
+// GPU).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "forward/model.h"
+#include "forward/model_state.h"
+#include "forward/weights.h"
+#include "ops/sample.h"
+
+namespace flashseek::forward {
+
+enum class ElemType : uint8_t { kF32, kI32, kI64, kU8 };
+
+inline size_t elem_size(ElemType t) {
+  switch (t) {
+    case ElemType::kF32: case ElemType::kI32: return 4;
+    case ElemType::kI64: return 8;
+    case ElemType::kU8: return 1;
+  }
+  return 1;
+}
+
+// A row-major [rows, cols] view of backend memory.
+struct Tensor {
+  void* data = nullptr;
+  ElemType type = ElemType::kF32;
+  int64_t rows = 0, cols = 1;
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const { return rows * cols; }
+  size_t bytes() const { return size_t(numel()) * elem_size(type); }
+  float* f32() const { return static_cast<float*>(data); }
+  int32_t* i32() const { return static_cast<int32_t*>(data); }
+  int64_t* i64() const { return static_cast<int64_t*>(data); }
+  uint8_t* u8() const { return static_cast<uint8_t*>(data); }
+  // Rows [r0, r0 + n) (n < 0: to the end).
+  Tensor rows_from(int64_t r0, int64_t n = -1) const {
+    Tensor t = *this;
+    t.data = static_cast<char*>(data) + size_t(r0 * cols) * elem_size(type);
+    t.rows = n < 0 ? rows - r0 : n;
+    return t;
+  }
+  // The same elements seen as [r, c] (r·c == numel()).
+  Tensor view(int64_t r, int64_t c) const {
+    Tensor t = *this;
+    t.rows = r, t.cols = c;
+    return t;
+  }
+};
+
+// One sequence's rows in a forward: its state, tokens and positions, and what its index layers
+// publish for later layers. The rows of every sequence lie back to back (FwdChunk).
+struct FwdSeg {
+  ModelState* st = nullptr;
+  std::span<const int32_t> tokens;
+  int64_t start = 0, T = 0, row0 = 0;
+  std::vector<int64_t> pos;          // [T] host copy
+  Tensor tokens_d, pos_d;            // the chunk's token / position rows of this sequence
+  std::vector<Tensor> topk, topk_n;  // [layer] index lists [T, index_topk] and counts [T] of index sources
+  Tensor cand;                       // [T, start + T] candidate masks (V4.1 candidate source)
+  bool all_logits = false;           // BatchItem fields
+  const ops::SampleSpec* sample = nullptr;
+  int32_t* sampled = nullptr;
+};
+
+// The rows of one forward: row-wise ops (linears, norms, mHC, MoE, Engram) run once over all T
+// rows, so each weight matrix is read once per step; state-bound ops run per sequence.
+struct FwdChunk {
+  int64_t T = 0;
+  Tensor tokens, pos;                // [T] int32 / int64
+  Tensor row_seq;                    // [T] int32 segment of each row (empty with one segment)
+  std::vector<FwdSeg> segs;
+  std::vector<int64_t> engram_ids;   // [n_engram_layers, T, n_cols] (host)
+};
+
+// Rounding / quantisation simulations of the reference (ops/quant.h), in place on the first
+// `prefix` columns of every row.
+enum class QuantSim {
+  kBf16,      // round to BF16
+  kFp8,       // e4m3 with a power-of-two scale per `block` columns
+  kFp4E8m0,   // e2m1 with E8M0 scales per `block` columns
+  kFp4E4m3,   // e2m1 with E4M3 scales per `block` columns
+};
+
+// The FP8-activation linears, named for the CPU backend's dot perturbation (CpuLoadOptions).
+enum class DotOp : uint64_t {
+  kNone, kWqA, kWqB, kWkv, kWoB, kIdxWqB, kEngramWkv, kW1, kW3, kW2, kMainProj, kEProj, kHProj
+};
+struct LinearKey {
+  int64_t block = 0;   // role index (or layer for Engram)
+  DotOp op = DotOp::kNone;
+  int64_t expert = -1; // routed expert id (-1: none / shared expert)
+};
+
+// y [rows, out] = q(x [rows, in]) · Wᵀ: FP8 activation blocks of `act_block` (0: none), BF16
+// rounding of the input / output.
+struct LinearCall {
+  Tensor x;
+  const Vec* w = nullptr;
+  int64_t rows = 0, in = 0, out = 0;
+  Tensor y;
+  int64_t act_block = 0;
+  bool bf16_out = false, bf16_in = false;
+  LinearKey key;
+};
+
+// mHC mixes of `rows` streams [rows, hc, dim] (ops/mhc.h): pre/post [rows, hc], comb [rows, hc, hc].
+struct HcMixCall {
+  Tensor x;
+  const Vec *fn = nullptr, *base = nullptr, *scale = nullptr;
+  int64_t rows = 0, hc = 0, dim = 0, sinkhorn_iters = 0;
+  float norm_eps = 0, hc_eps = 0;
+  Tensor pre, post, comb;
+};
+
+// Which cache of a layer state an op appends to.
+enum class Cache { kCkv, kIkeys };
+// Which compressor of a layer feeds it.
+enum class Compressor { kKv, kIndex };
+
+// Rows just pooled by a compressor, at the end of their cache and not yet committed, with the
+// group index of each.
+struct PooledRows {
+  Tensor rows;                  // [n, c]
+  std::vector<int64_t> groups;  // [n]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- memory ----
+  // A named buffer of at least rows·cols elements, valid until the next call with the same name
+  // (names are reused layer after layer; contents are not kept).
+  virtual Result<Tensor> scratch(const std::string& name, ElemType type, int64_t rows, int64_t cols = 1) = 0;
+  virtual Status upload(const Tensor& dst, const void* host, size_t bytes) = 0;
+  virtual Status copy(const Tensor& dst, const Tensor& src, size_t bytes) = 0;
+  // dst[r, 0:cols] = src[r, 0:cols] for `rows` rows of the given row strides (elements).
+  virtual Status copy_rows(const Tensor& dst, int64_t dst_stride, const Tensor& src, int64_t src_stride,
+                           int64_t rows, int64_t cols) = 0;
+  virtual Status zero(const Tensor& t) = 0;
+  // Waits for the queued work and copies `bytes` of `src` to host memory.
+  virtual Status download_now(void* host, const Tensor& src, size_t bytes) = 0;
+  // Whether the backend holds weight `w` (absent tensors: optional weights, other ranks' slices).
+  virtual bool has(const Vec& w) const = 0;
+
+  // ---- row-wise math ----
+  virtual Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) = 0;
+  virtual Status linear(const LinearCall& c) = 0;
+  // z[:, g·out:(g+1)·out] = bf16?(x[:, g·in:(g+1)·in]) · W[g·out:(g+1)·out]ᵀ for g < groups (wo_a).
+  virtual Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in,
+                                int64_t out, const Tensor& z, bool bf16) = 0;
+  virtual Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
+                          bool bf16) = 0;
+  // V4 per-head query norm in reference numerics (BF16 in and out, no weight).
+  virtual Status rms_norm_bf16_heads(const Tensor& x, int64_t rows, int64_t dim, float eps) = 0;
+  virtual Status rope(const Tensor& x, const Tensor& pos, const Vec& inv_freq, int64_t rows, int64_t n_vec,
+                      int64_t vec, int64_t rope_dim, bool inverse, bool bf16) = 0;
+  virtual Status quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block,
+                           QuantSim kind) = 0;
+  virtual Status hadamard(const Tensor& x, int64_t rows, int64_t dim) = 0;
+  // x = bf16?(x · s) over n elements.
+  virtual Status scale(const Tensor& x, int64_t n, float s, bool bf16) = 0;
+  // z[t] += ape[pos[t] mod ratio] (rows of `width`).
+  virtual Status add_ape(const Tensor& z, const Vec& ape, const Tensor& pos, int64_t rows, int64_t width,
+                         int64_t ratio) = 0;
+  virtual Status hc_mixes(const HcMixCall& c) = 0;
+  // V4 final mix weights (hc_head): pre [rows, hc].
+  virtual Status hc_head_pre(const HcMixCall& c) = 0;
+  virtual Status hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc,
+                             int64_t dim, bool bf16) = 0;
+  virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
+                         int64_t hc, int64_t dim, bool bf16) = 0;
+  // Plain mean over the hc streams into y rows of stride y_stride (DSpark taps).
+  virtual Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
+                         bool bf16) = 0;
+  // h = bf16?(silu(min(g, L)) · clamp(u, ±L) · weight[r]) (weights empty: 1).
+  virtual Status swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& weights, int64_t rows,
+                        int64_t inter, float limit, bool bf16) = 0;
+
+  // ---- MoE ----
+  // Route every row from its gate logits [T, E] (bias or V4 hash ids of `tokens`): sel / wt [T, K].
+  virtual Status route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E,
+                       int64_t K, const Tensor& sel, const Tensor& wt) = 0;
+  // Routed experts of F over the (row, slot) pairs: ybuf [T·K, D]; *row_of: ybuf's row of pair
+  // t·K + k when it is not that (left empty otherwise).
+  virtual Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,
+                                int64_t E, int64_t K, const Tensor& ybuf, Tensor* row_of) = 0;
+  // out[t] = bf16?(Σ_k ybuf[pair t,k] + ys[t]) in slot order.
+  virtual Status moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K,
+                             int64_t D, bool bf16, const Tensor& row_of) = 0;
+
+  // ---- Engram ----
+  // e [n, de] ← rows `ids` of the layer's table.
+  virtual Status engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) = 0;
+  virtual Status engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,
+                             float eps, bool bf16) = 0;
+
+  // ---- per-sequence state ----
+  // Feeds one sequence's compressor rows v / z [T, width] into its state (rollback history
+  // included) and pools every group the chunk completes into new rows at the end of the cache
+  // the compressor feeds (kKv → kCkv, kIndex → kIkeys), not yet committed.
+  virtual Result<PooledRows> compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v,
+                                             const Tensor& z, int64_t ratio, int64_t c, bool overlap) = 0;
+  // n writable rows at the end of a cache of the sequence's layer, then their commit.
+  virtual Result<Tensor> cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) = 0;
+  virtual Status cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) = 0;
+  // Index scores of one sequence's queries iq [T, nI·dI] / weights [T, nI] over the index keys of
+  // the layer's kv source, candidate masks (V4.1) and the top-k lists out [T, k] / counts [T].
+  virtual Status index_topk(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                            const Tensor& out_n) = 0;
+  // Sparse attention of every sequence's rows over [its window ‖ its selected compressed rows]
+  // with sinks: q [T, H, Dh], the chunk's window rows kv [T, Dh] → o [T, H·Dh] (BF16 when bf16).
+  virtual Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
+                           const Tensor& o, int64_t H, bool bf16) = 0;
+  // Window rows kv [T, Dh] into each sequence's ring of `layer` (after the layer's attention).
+  virtual Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) = 0;
+
+  // ---- DSpark draft (v41 §5) ----
+  // Whether this backend keeps the draft rings (and proposes).
+  virtual bool draft_rings() const = 0;
+  virtual Status draft_ring_write(int stage, FwdChunk& chunk, const Tensor& kv) = 0;
+  // Stage attention of a proposal block (B rows after the committed tokens of seg): keys are the
+  // stage ring's rows max(0, a−W+1) … a then every block row (no causal mask).
+  virtual Status draft_attention(int stage, FwdSeg& seg, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                 const Tensor& o, int64_t H, bool bf16) = 0;
+  // Markov head: logits [V] (host) of the row of token `prev`, and its embedding row e [r] (host).
+  virtual Status markov_logits(int32_t prev, std::span<float> logits) = 0;
+  virtual Status markov_embed_row(int32_t prev, std::span<float> e) = 0;
+
+  // ---- V4 MTP (v4 §3.8; backends that keep its state) ----
+  virtual bool mtp_state() const { return false; }
+  // After a backbone forward: the pairs this chunk completes update the sequence's MTP ring; X_seg
+  // [T, hc, D] are the sequence's final streams.
+  virtual Status mtp_advance(FwdSeg& seg, const Tensor& X_seg) { return {}; }
+
+  // ---- multi-GPU (no-ops on one device) ----
+  // This rank's attention heads, output groups and vocabulary rows.
+  virtual int64_t heads() const = 0;
+  virtual int64_t groups() const = 0;
+  virtual int64_t vocab_rows() const = 0;
+  virtual bool split() const { return false; }
+  virtual Status tp_allreduce(const Tensor& x, int64_t n, bool bf16) { return {}; }
+  virtual Status tp_remap_experts(const Tensor& sel, const Tensor& wt, int64_t n) { return {}; }
+
+  // ---- output ----
+  // Appends rows [n] of logits to `logits` (possibly when the forward completes).
+  virtual Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) = 0;
+  // Draws the token after logits `row` by `spec` into *out (when the forward completes).
+  virtual Status sample_row(const Tensor& row, const ops::SampleSpec& spec, int32_t* out) = 0;
+};
+
+}  // namespace flashseek::forward

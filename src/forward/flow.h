@@ -1,0 +1,80 @@
+// The V4 / V4.1 model written once (DESIGN.md §6): embedding, Engram, the mHC blocks (V4.1
+// single-pass chaining, V4 classic), attention with the compressors and the indexer, MoE, the
+// final collapse / norm / head, the DSpark taps, rings and proposals. Every op goes through a
+// `Backend` (forward/backend.h); the CPU oracle and the CUDA serving path run this same code.
+#pragma once
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "forward/backend.h"
+#include "forward/model.h"
+#include "forward/weights.h"
+#include "model/config.h"
+
+namespace flashseek::forward {
+
+// Per-call view of a model: config, weights (the host descriptions; backends map them to their
+// copies), numerics and the activation block of the reference's FP8 linears (routed experts: the
+// backend's routed_experts op knows its own).
+struct FlowParams {
+  const model::ModelConfig* config = nullptr;
+  const ModelWeights* weights = nullptr;
+  bool reference = false;        // Numerics::kReference
+  int64_t act_block = 0;         // FP8 activation block of FP8 linears (0: none)
+};
+
+class Forward {
+ public:
+  Forward(const FlowParams& p, Backend& b) : p_(p), c_(*p.config), w_(*p.weights), b_(b) {}
+
+  // Every item of `batch` in one pass over the layers; appends logits rows (or samples) per item
+  // as Model::forward describes, and advances each item's state. Items are checked by the caller
+  // (tokens in range, states of this backend).
+  Status forward(std::span<BatchItem> batch, std::vector<float>& logits);
+
+  // DSpark proposal (Model::propose) after the committed tokens of `st` with anchor x0. The
+  // state is only read.
+  Result<DraftBlock> propose(ModelState& st, int32_t x0, const DraftChooser& choose);
+
+  // One mHC block around two sublayers (attention, then FFN) on X [T, hc, D]; pre_in [T, hc] is
+  // the incoming pre (V4.1 chaining) and becomes this block's FFN pre. `tag` prefixes the scratch
+  // names (drafts keep their own buffers).
+  using Sublayer = std::function<Status(const Tensor& a, const Tensor& out)>;
+  Status block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
+               const Sublayer& attn, const Sublayer& ffn);
+  // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
+  Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
+                     int64_t H, Tensor& qlat, Tensor& q, Tensor& kv);
+  // Inverse RoPE of o [T, H·Dh] at pos, grouped wo_a, wo_b into out [T, D] (BF16 when bf16_out).
+  Status output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T, int64_t H,
+                           int64_t G, const Tensor& o, const Tensor& out, bool bf16_out);
+  // Engram row ids of every row (hashes of each sequence's look-back and tokens) into
+  // ctx.engram_ids [n_engram_layers, T, n_cols].
+  void engram_ids(FwdChunk& ctx) const;
+  // MoE of F over T rows m [T, D] (tokens for V4 hash routing) into out [T, D].
+  Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+             const Tensor& m, const Tensor& out);
+
+ private:
+  bool R() const { return p_.reference; }
+  Status engram(int layer, FwdChunk& ctx, const Tensor& X);
+  Status attention(int layer, FwdChunk& ctx, const Tensor& a, const Tensor& out);
+  Status compress(int layer, FwdChunk& ctx, const Tensor& a);
+  Status compress_seg(int layer, FwdSeg& seg, const Tensor& v, const Tensor& z, const Tensor& iv, const Tensor& iz);
+  // Norm, RoPE and quantisation of rows a compressor just pooled (and V4.1's index keys from them).
+  Status finish_entries(int layer, FwdSeg& seg, Compressor which, const Tensor& e, const std::vector<int64_t>& groups);
+  Status index_select(int layer, FwdChunk& ctx, const Tensor& a, const Tensor& qlat);
+  Status write_draft_rings(FwdChunk& ctx, const Tensor& taps);
+  Status draft_attention(int stage, FwdSeg& seg, const Tensor& pos, const Tensor& a, const Tensor& out);
+  Result<Tensor> scratch_f(const std::string& name, int64_t rows, int64_t cols = 1) {
+    return b_.scratch(name, ElemType::kF32, rows, cols);
+  }
+
+  FlowParams p_;
+  const model::ModelConfig& c_;
+  const ModelWeights& w_;
+  Backend& b_;
+};
+
+}  // namespace flashseek::forward
