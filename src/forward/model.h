@@ -98,7 +98,7 @@ class Model {
 };
 
 // Opens a release-format checkpoint directory (V4 or V4.1, detected from its config) on the CPU
-// reference backend (forward/cpu_model.cpp). Errors name the file / tensor / field.
+// reference backend (forward/cpu_model.h, the flow over CpuOps). Errors name the file / tensor / field.
 Result<std::unique_ptr<Model>> load_model(const std::string& ckpt_dir, Numerics numerics);
 
 }  // namespace flashseek::forward

@@ -328,8 +328,8 @@ SnapshotGeometry snapshot_geometry(const model::ModelConfig& c, bool has_mtp, bo
   const int64_t Dh = c.head_dim, dI = c.index_head_dim;
   g.layers.resize(size_t(std::max<int64_t>(c.num_layers, 0)));
   for (int l = 0; l < int(g.layers.size()); ++l) {
-    // Mirrors forward/weights.cpp (which compressor / indexer a layer loads) and compress.cpp
-    // (what each one appends per token).
+    // Mirrors forward/weights.cpp (which compressor / indexer a layer loads) and flow.cpp
+    // (compress_seg: what each one appends per token).
     const auto& role = c.role(l);
     auto& L = g.layers[size_t(l)];
     L.ckv.width = Dh;  // new_sequence() gives every layer both objects, empty when unused

@@ -1,4 +1,4 @@
-// Batch invariance of the CUDA backend (backends/cuda/gpu_impl.h GpuChunk): a step runs every
+// Batch invariance of the CUDA backend (forward/backend.h FwdChunk): a step runs every
 // item's tokens through each weight matrix at once, and a sequence's logits must not depend on
 // which other sequences share the step. Bitwise, for both weight paths (FP32 copies and the
 // checkpoint's block-scaled formats through the GEMV kernels) on tiny-v41 and tiny-v4:

@@ -194,7 +194,7 @@ TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
 }
 
 // A row slice (the grouped wo_a: group g reads rows [g·Ro, (g+1)·Ro) of [G·Ro, in]) into
-// interleaved output columns, as gpu_attention.cpp launches it.
+// interleaved output columns, as gpu_ops.cpp (grouped_linear) launches it.
 TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
   FS_REQUIRE_GPU();
   const int64_t G = 3, Ro = 40, in = 96, T = 4;  // Ro = 40: slices straddle the 32-row blocks

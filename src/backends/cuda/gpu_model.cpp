@@ -227,7 +227,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_ASSIGN_OR_RETURN(m->shard_, make_tp_shard(c, numerics, 0, 1));
   }
   FS_RETURN_IF_ERROR(m->upload_weights());
-  {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_moe.cpp)
+  {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_ops.cpp moe_native)
     std::vector<int32_t> ids(size_t(std::max<int64_t>(c.n_routed_experts, 1)));
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
     FS_RETURN_IF_ERROR(m->expert_ids_.upload(ids.data(), size_t(c.n_routed_experts)));
