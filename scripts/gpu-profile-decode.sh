@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Where a batch-1 decode step of the engine spends its GPU time at real V4.1 widths (dummy
+# weights): `flashseek run` under Nsight Compute (ncu, kernel durations only, clocks left alone),
+# the kernels split into forwards at each embedding kernel, the last decode forward summed by
+# kernel (scripts/ncu_step_profile.py). CUDA graphs are off so that ncu sees every kernel.
+# Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0]
+# FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
+cfg="$here/../tests/model/data/v41-flash-config.json"
+layers=8 experts=16 gpus=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --layers) layers="$2"; shift 2 ;;
+    --experts) experts="$2"; shift 2 ;;
+    --gpus) gpus="$2"; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+command -v ncu >/dev/null || { echo "ncu not found" >&2; exit 2; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))
+t = c['text_config']
+t['engram_vocab_size'] = 40000
+t['engram_num_embeddings'] = [963078, 970134]
+t['n_routed_experts'] = int(sys.argv[3])
+t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
+json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
+ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
+  --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000 --max-tokens 3 --ignore-eos --speculative off \
+  --gpu-graphs off --max-context 4096 >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
+python3 "$here/ncu_step_profile.py" "$work/ncu.csv"
