@@ -90,7 +90,10 @@ class StatusLog {
     while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
       const engine::EngineStats now = engine_.stats();
       const auto t = clock::now();
-      if (now.steps == last.steps) continue;  // idle: nothing new to say
+      if (now.steps == last.steps) {  // idle: nothing new to say; the next rate starts here
+        last_t = t;
+        continue;
+      }
       const double dt = std::chrono::duration<double>(t - last_t).count();
       const int64_t tokens = now.generated_tokens - last.generated_tokens;
       const std::string spec = engine::spec_summary_text(now);
