@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/run_contract.h"
+#include "engine/spec_metrics.h"
 #include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
 #include "tokenizer/tokenizer.h"
@@ -77,30 +78,6 @@ Result<engine::Request> build_request(const RunOpts& o, const tok::Tokenizer* to
   r.logprobs = o.logprobs > 0 ? o.logprobs : -1;
   r.prompt_logprobs = o.prompt_logprobs > 0 ? o.prompt_logprobs : -1;
   return r;
-}
-
-// "speculative: auto, 12 verify steps (3 probes), 1.083 tokens/step, accepted per draft position
-// 1/0/0; 88 plain steps; costs: step 1.02 ms, verify x4 2.31 ms, draft 0.87 ms" (stderr).
-std::string spec_summary(const engine::EngineStats& es) {
-  std::string per;
-  for (int64_t a : es.spec_accepted_at) per += (per.empty() ? "" : "/") + std::to_string(a);
-  std::string out = fmt::format("speculative: {}, {} verify steps ({} probes), {:.3f} tokens/step",
-                                engine::spec_mode_name(es.spec_mode), es.spec_steps, es.spec_probes,
-                                es.spec_steps ? double(es.spec_emitted) / double(es.spec_steps) : 0.0);
-  if (!per.empty()) out += ", accepted per draft position " + per;
-  out += fmt::format("; {} plain steps", es.spec_plain_steps);
-  std::string costs;
-  for (const auto& e : es.spec_step_costs) {
-    const auto [lo, hi] = engine::SpecCosts::bucket_range(e.bucket);
-    const std::string batch = lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
-    costs += fmt::format("{}{} x{} {:.3f} ms", costs.empty() ? "" : ", ",
-                         e.width == 1 ? "step" : "verify", e.width, e.seconds * 1e3);
-    if (batch != "1") costs += " (batch " + batch + ")";
-  }
-  if (es.spec_draft_seconds >= 0)
-    costs += fmt::format("{}draft {:.3f} ms", costs.empty() ? "" : ", ", es.spec_draft_seconds * 1e3);
-  if (!costs.empty()) out += "; costs: " + costs;
-  return out;
 }
 
 int run(const RunOpts& o) {
@@ -217,7 +194,7 @@ int run(const RunOpts& o) {
                engine::finish_reason_name(result.finish), total,
                n > 1 && decode > 0 ? double(n - 1) / decode : 0.0);
   const engine::EngineStats es = (*engine)->stats();
-  if (es.spec_mode != engine::SpecMode::kOff) std::fprintf(stderr, "%s\n", spec_summary(es).c_str());
+  if (es.spec_mode != engine::SpecMode::kOff) std::fprintf(stderr, "%s\n", engine::spec_summary_text(es).c_str());
   log_gpu_graphs(o.backend, **model);
   return 0;
 }

@@ -3,15 +3,18 @@
 #include <signal.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "engine/engine.h"
+#include "engine/spec_metrics.h"
 #include "engine/state_cache.h"
 #include "forward/state_io.h"
 #include "forward/cpu_model.h"
@@ -52,9 +55,61 @@ struct ServeOpts {
   StepBudgetCli budget;                          // --prefill-chunk, --max-step-tokens
   bool thinking = false;
   std::string speculative = "auto";              // auto (the policy) | on | off (engine/spec_policy.h)
+  double stats_interval = 10;                    // seconds between engine status lines (0: none)
   std::vector<std::string> extra_names;
   server::ServerOptions limits;                  // connection and request limits (defaults there)
   BackendOpts backend;                           // --threads, --gpu-graphs, ... (backend_options.h)
+};
+
+// The periodic engine status line: every `interval` seconds in which the engine stepped, one log
+// line with the load, the decode rate over the interval and the speculation policy's state
+// (sequences speculating / plain, their block lengths, the measured verify vs step costs).
+class StatusLog {
+ public:
+  StatusLog(const engine::Engine& engine, double interval) : engine_(engine) {
+    if (interval <= 0) return;
+    thread_ = std::thread([this, interval] { loop(interval); });
+  }
+  ~StatusLog() { stop(); }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop(double interval) {
+    using clock = std::chrono::steady_clock;
+    engine::EngineStats last = engine_.stats();
+    auto last_t = clock::now();
+    const auto period = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(interval));
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+      const engine::EngineStats now = engine_.stats();
+      const auto t = clock::now();
+      if (now.steps == last.steps) {  // idle: nothing new to say; the next rate starts here
+        last_t = t;
+        continue;
+      }
+      const double dt = std::chrono::duration<double>(t - last_t).count();
+      const int64_t tokens = now.generated_tokens - last.generated_tokens;
+      const std::string spec = engine::spec_summary_text(now);
+      spdlog::info("engine: {} running, {} waiting, {} steps, {} tokens in {:.1f} s ({:.1f} tok/s){}{}",
+                   now.running, now.waiting, now.steps - last.steps, tokens, dt,
+                   dt > 0 ? double(tokens) / dt : 0.0, spec.empty() ? "" : "; ", spec);
+      last = now;
+      last_t = t;
+    }
+  }
+
+  const engine::Engine& engine_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 // SIGINT/SIGTERM stop the server from a dedicated thread (no work inside a signal handler).
@@ -262,8 +317,10 @@ int serve(const ServeOpts& o) {
   spdlog::info("ready: {} loaded in {:.1f} s, models: {}", source->name,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                fmt::join(so.model_ids, ", "));
+  StatusLog status_log(**engine, o.stats_interval);
   listener.join();  // until SIGINT/SIGTERM
   signals.join();
+  status_log.stop();
   drain(**engine, **cache, cluster->get(), o.cluster.drain_snapshots);
   (*engine)->stop();
   log_gpu_graphs(o.backend, **model);
@@ -310,6 +367,10 @@ std::function<int()> setup(CLI::App& app) {
                   "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--stats-interval", o->stats_interval,
+                  "seconds between engine status lines in the log (load, tok/s, the speculation "
+                  "policy's state and measured costs), written only when the engine stepped (0: none)")
+      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--max-context,--max-model-len", o->max_context,
                   "longest prompt + completion (default: the config's max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));

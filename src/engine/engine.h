@@ -79,6 +79,9 @@ struct EngineStats {
   int64_t spec_probes = 0;
   int64_t spec_sequences_speculating = 0;
   int64_t spec_sequences_plain = 0;
+  // Current block length: spec_block_sequences[k] = decoding sequences whose latest step verified
+  // k drafts ([draft block size + 1]; index 0: a plain decode).
+  std::vector<int64_t> spec_block_sequences;
   std::vector<SpecCosts::Entry> spec_step_costs;
   double spec_draft_seconds = -1;
 };

@@ -30,6 +30,7 @@ struct Engine::Sequence {
   // speculates. `spec_logged`: the policy state last written to the log (-1: none yet).
   std::optional<SpecPolicy> policy;
   int spec_logged = -1;
+  int64_t spec_drafts = 0;  // drafts verified at its latest decode step (0: a plain decode)
 
   int64_t prompt_len() const { return int64_t(req.prompt.size()); }
   int64_t pending_prompt() const { return prompt_len() - prompt_done; }

@@ -26,6 +26,9 @@ std::string validate_spec_policy(const SpecPolicyOptions& o) {
   if (o.probe_every < 1) return fmt::format("probe_every must be >= 1 (got {})", o.probe_every);
   if (!std::isfinite(o.max_probe_overhead) || o.max_probe_overhead <= 0)
     return fmt::format("max_probe_overhead must be > 0 (got {})", o.max_probe_overhead);
+  if (o.max_probe_gap < o.max_probe_every)
+    return fmt::format("max_probe_gap ({}) must be >= max_probe_every ({})", o.max_probe_gap,
+                       o.max_probe_every);
   if (o.max_probe_every < o.probe_every)
     return fmt::format("max_probe_every ({}) must be >= probe_every ({})", o.max_probe_every,
                        o.probe_every);
@@ -121,9 +124,7 @@ void SpecPolicy::observe(int64_t verified, int64_t accepted) {
   // Position i was reached when drafts 1 … i−1 survived; it survived when i ≤ accepted.
   for (int64_t i = 1; i <= std::min(accepted + 1, verified); ++i) {
     Survival& s = s_[size_t(i - 1)];
-    const double x = i <= accepted ? 1.0 : 0.0;
-    s.value = s.samples == 0 ? x : s.value + opt_.acceptance_alpha * (x - s.value);
-    ++s.samples;
+    ewma_add(s.value, s.samples, i <= accepted ? 1.0 : 0.0, opt_.acceptance_alpha);
   }
 }
 
@@ -198,7 +199,7 @@ SpecPolicy::Decision SpecPolicy::decide(const SpecCosts& costs, int64_t batch) {
   if (const std::optional<double> cb = costs.step(batch, block_ + 1); cb && *c1 > 0) {
     const double extra = std::max(0.0, *cb + draft - *c1);
     const double steps = std::ceil(extra / (*c1 * opt_.max_probe_overhead));
-    interval = std::max(interval, int64_t(std::min(steps, double(int64_t(1) << 30))));
+    interval = std::max(interval, int64_t(std::min(steps, double(opt_.max_probe_gap))));
   }
   if (since_probe_ >= interval) return probe("probe: " + numbers);
   return plain("plain " + numbers);

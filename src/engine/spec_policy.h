@@ -28,8 +28,8 @@ enum class SpecMode { kOff, kOn, kAuto };
 const char* spec_mode_name(SpecMode mode);  // "off", "on", "auto"
 
 struct SpecPolicyOptions {
-  double acceptance_alpha = 0.25;  // EWMA weight of a new acceptance observation
-  double cost_alpha = 0.2;         // EWMA weight of a new step / draft time
+  double acceptance_alpha = 0.25;  // EWMA weight of a new acceptance observation (ewma_add)
+  double cost_alpha = 0.2;         // EWMA weight of a new step / draft time (ewma_add)
   // Speculate only when the expected token rate is at least this factor above plain decoding
   // (a margin against noise in the measured costs).
   double min_gain = 1.05;
@@ -41,9 +41,24 @@ struct SpecPolicyOptions {
   // step) stays below this fraction of the plain decoding time in between, even beyond
   // max_probe_every: on the CPU a probe costs ~20 plain steps, so ~1 probe per 400 steps.
   double max_probe_overhead = 0.05;
+  // The longest gap between probes while off, whatever a probe costs: a draft that starts to
+  // agree is picked up again within this many decode steps of the sequence (the probes' share
+  // of the time then exceeds max_probe_overhead only where a probe costs more than
+  // max_probe_overhead × max_probe_gap plain steps).
+  int64_t max_probe_gap = 4096;
 };
 // Errors name the bad field; empty when valid.
 std::string validate_spec_policy(const SpecPolicyOptions& o);
+
+// The running estimates below (acceptance, costs) are EWMAs with a warm start: the first 1/alpha
+// samples are averaged (weight 1/n for the n-th sample), later ones get weight alpha. So one
+// unlucky first observation (a probe whose first draft happened to be rejected) does not stand
+// for the whole estimate until many more samples have come in.
+inline void ewma_add(double& value, int64_t& samples, double x, double alpha) {
+  ++samples;
+  const double w = 1.0 / double(samples);
+  value += (w > alpha ? w : alpha) * (x - value);
+}
 
 // Measured step costs of one engine: EWMA of the wall time of decode-only steps, keyed by the
 // batch bucket (decode items in the step: 1, 2, 3–4, 5–8, …) and the step's width (tokens per
@@ -75,10 +90,7 @@ class SpecCosts {
   struct Ewma {
     double value = 0;
     int64_t samples = 0;
-    void add(double x, double alpha) {
-      value = samples == 0 ? x : value + alpha * (x - value);
-      ++samples;
-    }
+    void add(double x, double alpha) { ewma_add(value, samples, x, alpha); }
   };
   double alpha_;
   std::map<std::pair<int, int64_t>, Ewma> steps_;

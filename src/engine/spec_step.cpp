@@ -44,6 +44,7 @@ void Engine::prepare_speculation(StepBatch& batch) {
     Sequence& s = *batch.seqs[i];
     s.verify_tokens.clear();
     s.verify_q.clear();
+    s.spec_drafts = 0;
     if (batch.plan[i].prefill) continue;
     const int64_t room = spec_room(s);
     if (room < 1) continue;
@@ -90,6 +91,7 @@ void Engine::prepare_speculation(StepBatch& batch) {
     batch.tokens += int64_t(s.verify_tokens.size() - item.tokens.size());
     item.tokens = s.verify_tokens;
     item.all_logits = true;
+    s.spec_drafts = k;
   }
 }
 
@@ -106,9 +108,12 @@ void Engine::record_step_cost(const StepBatch& batch, bool ok, double seconds) {
   stats_.spec_plain_steps += batch.spec_plain;
   stats_.spec_probes += batch.spec_probes;
   stats_.spec_sequences_speculating = stats_.spec_sequences_plain = 0;
+  stats_.spec_block_sequences.assign(size_t(spec_block_ + 1), 0);
   for (const auto& s : running_)
-    if (!s->done && s->policy && s->pending_prompt() == 0)
+    if (!s->done && s->policy && s->pending_prompt() == 0) {
       ++(s->policy->speculating() ? stats_.spec_sequences_speculating : stats_.spec_sequences_plain);
+      ++stats_.spec_block_sequences[size_t(std::clamp<int64_t>(s->spec_drafts, 0, spec_block_))];
+    }
   stats_.spec_step_costs = spec_costs_.entries();
   stats_.spec_draft_seconds = spec_costs_.draft().value_or(-1.0);
 }

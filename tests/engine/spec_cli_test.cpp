@@ -22,10 +22,12 @@ class SpecCli : public ::testing::Test {
           run_command(flashseek_bin() + " make-tiny --config " + c + " --seed 2 --out " + ckpt(c));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
-    // A V4.1 config that declares the DSpark draft, written without its tensors.
-    auto r = run_command(flashseek_bin() + " make-tiny --config tiny-v41 --seed 2 --no-draft --out " +
-                         ckpt("no-draft"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // Configs that declare the draft (V4.1 DSpark, V4 MTP), written without its tensors.
+    for (const char* c : {"tiny-v41", "tiny-v4"}) {
+      auto r = run_command(flashseek_bin() + " make-tiny --config " + c + " --seed 2 --no-draft --out " +
+                           ckpt(std::string("no-draft-") + c));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string ckpt(const std::string& c) { return (dir_->path() / c).string(); }
@@ -74,7 +76,7 @@ TEST_F(SpecCli, GreedyOutputIsTheSameOnOffAndAuto) {
 }
 
 TEST_F(SpecCli, OnWithoutADraftIsAnError) {
-  const std::string args = "--ckpt " + ckpt("no-draft") + " --prompt-ids 1,2 --max-tokens 4 --json";
+  const std::string args = "--ckpt " + ckpt("no-draft-tiny-v41") + " --prompt-ids 1,2 --max-tokens 4 --json";
   auto on = run_command(flashseek_bin() + " run " + args + " --speculative on");
   EXPECT_NE(on.exit_code, 0);
   EXPECT_NE(on.output.find("no draft"), std::string::npos) << on.output;
@@ -86,19 +88,24 @@ TEST_F(SpecCli, OnWithoutADraftIsAnError) {
 // warning on stderr; stdout stays the JSON result) and gives the same greedy tokens as the full
 // checkpoint with speculation off.
 TEST_F(SpecCli, DraftlessCheckpointLoadsWithOneWarning) {
-  const std::string args = " --prompt-ids 9,8,7 --max-tokens 12 --ignore-eos --json";
-  auto full = run_stdout("--ckpt " + ckpt("tiny-v41") + args + " --speculative off");
-  auto bare = run_stdout("--ckpt " + ckpt("no-draft") + args);
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  ASSERT_EQ(bare.exit_code, 0) << bare.output;
-  EXPECT_EQ(bare.output, full.output);
-  auto logged = run_command(flashseek_bin() + " run --ckpt " + ckpt("no-draft") + args);
-  size_t warnings = 0;
-  for (size_t at = logged.output.find("[warning]"); at != std::string::npos;
-       at = logged.output.find("[warning]", at + 1))
-    ++warnings;
-  EXPECT_EQ(warnings, 1u) << logged.output;
-  EXPECT_NE(logged.output.find("no mtp.* tensors"), std::string::npos) << logged.output;
+  for (const std::string c : {"tiny-v41", "tiny-v4"}) {
+    SCOPED_TRACE(c);
+    const std::string args = " --prompt-ids 9,8,7 --max-tokens 12 --ignore-eos --json";
+    auto full = run_stdout("--ckpt " + ckpt(c) + args + " --speculative off");
+    auto bare = run_stdout("--ckpt " + ckpt("no-draft-" + c) + args);
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    ASSERT_EQ(bare.exit_code, 0) << bare.output;
+    EXPECT_NE(full.output.find("\"tokens\""), std::string::npos) << full.output;
+    EXPECT_EQ(bare.output, full.output);
+    auto logged = run_command(flashseek_bin() + " run --ckpt " + ckpt("no-draft-" + c) + args);
+    size_t warnings = 0;
+    for (size_t at = logged.output.find("[warning]"); at != std::string::npos;
+         at = logged.output.find("[warning]", at + 1))
+      ++warnings;
+    EXPECT_EQ(warnings, 1u) << logged.output;
+    EXPECT_NE(logged.output.find("no mtp.* tensors"), std::string::npos) << logged.output;
+    EXPECT_EQ(logged.output.find("speculative: "), std::string::npos) << "speculation off: " << logged.output;
+  }
 }
 
 }  // namespace

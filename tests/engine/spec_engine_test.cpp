@@ -60,6 +60,37 @@ class OracleDraft final : public forward::Model {
   forward::Model& inner_;
 };
 
+// Forwards everything to `inner` and advances a scripted clock (the engine's cost measurement)
+// on every forward call by base + per_token × tokens and on every proposal by draft_cost: the
+// policy then decides from these costs, not from the wall clock.
+class Clocked final : public forward::Model {
+ public:
+  Clocked(forward::Model& inner, double base, double per_token, double draft_cost)
+      : inner_(inner), base_(base), per_token_(per_token), draft_(draft_cost) {}
+  mutable double now = 0;  // the scripted clock, in seconds
+  const model::ModelConfig& config() const override { return inner_.config(); }
+  std::unique_ptr<forward::SequenceState> new_sequence() const override {
+    return inner_.new_sequence();
+  }
+  Status forward(std::span<forward::BatchItem> batch, std::vector<float>& logits) override {
+    for (const auto& item : batch) now += per_token_ * double(item.tokens.size());
+    now += base_;
+    return inner_.forward(batch, logits);
+  }
+  Status rollback(forward::SequenceState& s, int64_t n) const override { return inner_.rollback(s, n); }
+  bool has_draft() const override { return inner_.has_draft(); }
+  int64_t draft_block_size() const override { return inner_.draft_block_size(); }
+  Result<forward::DraftBlock> propose(const forward::SequenceState& state, int32_t x0,
+                                      const forward::DraftChooser& choose) const override {
+    now += draft_;
+    return inner_.propose(state, x0, choose);
+  }
+
+ private:
+  forward::Model& inner_;
+  double base_, per_token_, draft_;
+};
+
 class SpecEngine : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -129,6 +160,43 @@ TEST_F(SpecEngine, GreedyEqualsPlainOver500TokensWithTheRealDraft) {
   EXPECT_GT(st_auto.spec_probes, 0);
   log_stats("tiny-v41 random draft", st);
   log_stats("tiny-v41 random draft, auto", st_auto);
+}
+
+// `auto` on the real model with costs where a good draft pays (a step's cost mostly fixed, as on
+// a GPU at small batch: a 4-token verify costs 1.04x a plain step): with the checkpoint's random
+// draft (which the target never accepts) it turns itself off after its first probe and only
+// probes again now and then; with a draft that agrees (the oracle, ~75 % per position) it
+// speculates in most steps. Greedy output is the plain decode's either way.
+TEST_F(SpecEngine, AutoTurnsOffOnTheRandomDraftAndSpeculatesWithAnAgreeingOne) {
+  const Request req = greedy_request(4, 7, 300);
+  const auto plain = run(*model_, {req}, SpecMode::kOff);
+  OracleDraft oracle(*model_);
+  for (forward::Model* draft : {static_cast<forward::Model*>(model_.get()), static_cast<forward::Model*>(&oracle)}) {
+    const bool agreeing = draft == &oracle;
+    SCOPED_TRACE(agreeing ? "oracle draft" : "random draft");
+    Clocked clocked(*draft, 4e-3, 0.05e-3, 0.5e-3);
+    EngineOptions o{.max_batch = 1, .speculative = SpecMode::kAuto};
+    o.clock = [&clocked] { return clocked.now; };
+    auto engine = make_engine(clocked, o);
+    auto stream = engine->submit(req);
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE(engine->run_until_idle().ok());
+    testing::expect_same_result(collect(**stream), plain[0]);
+    const EngineStats st = engine->stats();
+    log_stats(agreeing ? "tiny-v41 oracle draft, auto, scripted costs" : "tiny-v41 random draft, auto, scripted costs", st);
+    if (agreeing) {
+      // Most decode steps verify (the plain ones are while it learns the acceptance at the start),
+      // and the 300 tokens take fewer than half as many forward calls.
+      EXPECT_GT(st.spec_steps, st.spec_plain_steps);
+      EXPECT_GT(st.spec_accepted, 100);
+      EXPECT_LT(st.steps, 300 / 2);
+    } else {
+      EXPECT_EQ(st.spec_steps, st.spec_probes) << "only probes verify";
+      EXPECT_GE(st.spec_probes, 2) << "it probes again while off";
+      EXPECT_LE(st.spec_probes, 8);
+      EXPECT_GE(st.spec_plain_steps, 280);
+    }
+  }
 }
 
 // V4's MTP block as the draft (one draft per step, CpuModel::propose): greedy output is the same

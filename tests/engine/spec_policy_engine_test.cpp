@@ -20,9 +20,9 @@ using testing::make_engine;
 constexpr int64_t kVocab = 97;
 constexpr int64_t kBlock = 3;
 
-// FakeModel plus a draft: propose() returns the target's own greedy continuation (`agree`) or,
-// per position, the runner-up of the target's row (never the target's argmax, so never accepted
-// by a greedy request). Every forward call advances `clock` by base + per_token × tokens, every
+// FakeModel plus a draft: propose() returns the target's own greedy continuation for its first
+// `agreeing` drafts and, for the later ones, the runner-up of the target's row (never the
+// target's argmax, so never accepted by a greedy request). Every forward call advances `clock` by base + per_token × tokens, every
 // proposal by draft_cost.
 class ScriptedDraft final : public FakeModel {
  public:
@@ -30,7 +30,7 @@ class ScriptedDraft final : public FakeModel {
       : FakeModel(kVocab), clock_(clock), base_(base), per_token_(per_token), draft_(draft_cost) {
     mutable_config().dspark_block_size = kBlock;
   }
-  std::atomic<bool> agree{false};
+  std::atomic<int64_t> agreeing{0};  // 0: never accepted; kBlock: always accepted in full
 
   bool has_draft() const override { return true; }
   Status forward(std::span<forward::BatchItem> batch, std::vector<float>& logits) override {
@@ -55,7 +55,7 @@ class ScriptedDraft final : public FakeModel {
       std::vector<float> row;
       forward::BatchItem item{st.get(), std::span<const int32_t>(&feed, 1), false};
       FS_RETURN_IF_ERROR(target_.forward(std::span<forward::BatchItem>(&item, 1), row));
-      if (!agree) row[size_t(std::max_element(row.begin(), row.end()) - row.begin())] = -1e30f;
+      if (i > agreeing) row[size_t(std::max_element(row.begin(), row.end()) - row.begin())] = -1e30f;
       const int32_t y = choose ? choose(i, row)
                                : int32_t(std::max_element(row.begin(), row.end()) - row.begin());
       out.tokens.push_back(y);
@@ -139,7 +139,7 @@ TEST(SpecPolicyEngine, OffOnANeverAcceptedDraftBackOnWhenItAgrees) {
 
   // Phase 2: the draft agrees. The next probe (at most 16 steps away) is accepted in full and the
   // policy speculates from then on: 4 tokens per step.
-  model.agree = true;
+  model.agreeing = kBlock;
   const int64_t steps_before = off.steps;
   step_until(*engine, **stream, tokens, 300);
   const EngineStats on = engine->stats();
@@ -165,6 +165,55 @@ TEST(SpecPolicyEngine, OffOnANeverAcceptedDraftBackOnWhenItAgrees) {
   EXPECT_TRUE(spec_metrics_text(plain->stats()).empty());
 }
 
+// Only the first draft of each block is ever accepted (the later ones never are): where a step's
+// cost is mostly fixed the policy verifies a shorter block of 1 draft (2 tokens per step for
+// less than the full block's cost, which also gives 2), with a full-block verification every
+// probe_every steps to refresh the later positions. The current block length shows in the stats,
+// the metrics and the summary line.
+TEST(SpecPolicyEngine, ShortensTheBlockWhenOnlyTheFirstDraftIsAccepted) {
+  double clock = 0;
+  ScriptedDraft model(&clock, 4e-3, 0.05e-3, 0.2e-3);
+  model.agreeing = 1;
+  const Request req = greedy(7, 200);
+  auto engine = make_engine(model, options(SpecMode::kAuto, &clock));
+  auto stream = engine->submit(req);
+  ASSERT_TRUE(stream.ok());
+  std::vector<int64_t> steps_by_block(kBlock + 1, 0);  // decode steps by drafts verified
+  bool saw_k1_in_summary = false, saw_k1_in_metrics = false;
+  std::vector<int32_t> tokens;
+  for (int guard = 0; guard < 1000 && !(*stream)->finished(); ++guard) {
+    ASSERT_TRUE(engine->step().ok());
+    while (auto e = (*stream)->try_pop())
+      if (e->token >= 0) tokens.push_back(e->token);
+    const EngineStats st = engine->stats();
+    if (st.spec_sequences_speculating + st.spec_sequences_plain == 0) continue;  // prefill / done
+    ASSERT_EQ(st.spec_block_sequences.size(), size_t(kBlock + 1));
+    for (int64_t k = 0; k <= kBlock; ++k) steps_by_block[size_t(k)] += st.spec_block_sequences[size_t(k)];
+    if (st.spec_block_sequences[1] == 1) {
+      saw_k1_in_summary |= spec_summary_text(st).find("1 speculating (k=1: 1)") != std::string::npos;
+      saw_k1_in_metrics |= spec_metrics_text(st).find(
+                               "flashseek_spec_policy_block_sequences{drafts=\"1\"} 1\n") != std::string::npos;
+    }
+  }
+  ASSERT_EQ(tokens.size(), 200u);
+  EXPECT_EQ(tokens, testing::reference_decode(model, req));
+  const EngineStats st = engine->stats();
+  EXPECT_EQ(st.spec_accepted, st.spec_steps) << "exactly the first draft of every block survives";
+  // Mostly 1-draft blocks, with full-block refreshes every probe_every (4) steps.
+  EXPECT_GT(steps_by_block[1], 2 * steps_by_block[kBlock]) << ::testing::PrintToString(steps_by_block);
+  EXPECT_GE(steps_by_block[kBlock], 5) << "the later positions are probed again";
+  EXPECT_LE(steps_by_block[2], 1) << "2 drafts only where the tokens left cut a probe";
+  EXPECT_LT(st.steps, 200 * 2 / 3) << "about 2 tokens per step";
+  EXPECT_TRUE(saw_k1_in_summary);
+  EXPECT_TRUE(saw_k1_in_metrics);
+  // The measured costs: plain step 4.05 ms, a 2-token verify 4.10 ms (ratio 1.0123).
+  EXPECT_NE(spec_metrics_text(st).find("flashseek_spec_verify_cost_ratio{batch=\"1\",width=\"2\"} 1.0123"),
+            std::string::npos)
+      << spec_metrics_text(st);
+  EXPECT_NE(spec_summary_text(st).find("verify x2 4.100 ms (1.01x step)"), std::string::npos)
+      << spec_summary_text(st);
+}
+
 // A perfect draft at batch 4: it pays where a step's cost is mostly fixed (a GPU at small
 // batch), and not where every token costs the same (a verify of 1 + k tokens costs 1 + k plain
 // steps, as at a large batch): there the policy runs plain steps except for probes.
@@ -177,7 +226,7 @@ TEST(SpecPolicyEngine, TurnsItselfOffWhereAVerifyCostsItsWidthInSteps) {
     SCOPED_TRACE(::testing::Message() << "base " << c.base << ", per token " << c.per_token);
     double clock = 0;
     ScriptedDraft model(&clock, c.base, c.per_token, 0.2e-3);
-    model.agree = true;
+    model.agreeing = kBlock;
     auto engine = make_engine(model, options(SpecMode::kAuto, &clock, 4));
     std::vector<std::shared_ptr<EventStream>> streams;
     std::vector<Request> reqs;
@@ -239,7 +288,7 @@ TEST(SpecPolicyEngine, SeededSampledRequestsStayReproducibleUnderAuto) {
   for (SpecMode mode : {SpecMode::kAuto, SpecMode::kOff}) {
     double clock = 0;
     ScriptedDraft model(&clock, 4e-3, 0.05e-3, 0.2e-3);
-    model.agree = true;
+    model.agreeing = kBlock;
     auto engine = make_engine(model, options(mode, &clock));
     auto s = engine->submit(r);
     ASSERT_TRUE(s.ok());

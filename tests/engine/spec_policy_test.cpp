@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "engine/spec_policy.h"
 
@@ -53,9 +54,14 @@ TEST(SpecCosts, BucketsAndInterpolation) {
   EXPECT_DOUBLE_EQ(*c.step(1, 2), 3.0);
   EXPECT_DOUBLE_EQ(*c.step(1, 3), 4.0);
   EXPECT_DOUBLE_EQ(*c.step(1, 6), 7.0);  // extrapolated from the two widest
-  // EWMA: a new sample moves the estimate by alpha of the difference.
+  // Warm-started EWMA (alpha 0.2): the first 5 samples are averaged, then a new sample moves the
+  // estimate by alpha of the difference.
   c.observe_step(1, 1, 4.0);
-  EXPECT_DOUBLE_EQ(*c.step(1, 1), 2.0 + 0.2 * 2.0);
+  EXPECT_DOUBLE_EQ(*c.step(1, 1), 3.0);
+  for (int i = 0; i < 3; ++i) c.observe_step(1, 1, 3.0);
+  EXPECT_DOUBLE_EQ(*c.step(1, 1), 3.0) << "mean of 2, 4, 3, 3, 3";
+  c.observe_step(1, 1, 8.0);
+  EXPECT_DOUBLE_EQ(*c.step(1, 1), 3.0 + 0.2 * 5.0);
   EXPECT_FALSE(c.draft());
   c.observe_draft(1.0);
   c.observe_draft(-1.0);  // ignored
@@ -71,13 +77,37 @@ TEST(SpecPolicy, ExpectedTokensFromConditionalSurvival) {
   EXPECT_DOUBLE_EQ(p.expected_tokens(1), 2.0);
   p.observe(3, 1);  // draft 1 survives, draft 2 does not, draft 3 unobserved
   EXPECT_DOUBLE_EQ(*p.survival(1), 1.0);
-  EXPECT_DOUBLE_EQ(*p.survival(2), 0.75);
+  EXPECT_DOUBLE_EQ(*p.survival(2), 0.5) << "the first samples are averaged";
   EXPECT_DOUBLE_EQ(*p.survival(3), 1.0);
-  EXPECT_DOUBLE_EQ(p.expected_tokens(3), 1.0 + 1.0 + 0.75 + 0.75);
+  EXPECT_DOUBLE_EQ(p.expected_tokens(3), 1.0 + 1.0 + 0.5 + 0.5);
   // A prefix verification of 1 draft observes only position 1.
   p.observe(1, 0);
+  EXPECT_DOUBLE_EQ(*p.survival(1), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(*p.survival(2), 0.5);
+  // Past 1/alpha (4) samples a new one moves the estimate by alpha (0.25).
+  p.observe(1, 1);
   EXPECT_DOUBLE_EQ(*p.survival(1), 0.75);
-  EXPECT_DOUBLE_EQ(*p.survival(2), 0.75);
+  p.observe(1, 0);
+  EXPECT_DOUBLE_EQ(*p.survival(1), 0.75 - 0.25 * 0.75);
+}
+
+// One unlucky first probe (its first draft rejected) does not keep a good draft off: the second
+// probe's acceptance weighs as much as the first, and the policy turns on.
+TEST(SpecPolicy, OneUnluckyFirstProbeDoesNotDominate) {
+  // A full-block verify + draft costs 2 plain steps: it pays when 1 + 3·s1 (drafts 2 and 3
+  // accepted whenever reached) beats 2 × 1.05, i.e. s1 > 0.37.
+  SpecCosts c;
+  c.observe_step(1, 1, 1e-3);
+  c.observe_step(1, kBlock + 1, 1.8e-3);
+  c.observe_draft(0.2e-3);
+  SpecPolicy p(SpecMode::kAuto, kBlock);
+  EXPECT_TRUE(p.decide(c, 1).probe);
+  p.observe(kBlock, 0);
+  EXPECT_EQ(p.decide(c, 1).drafts, 0) << "nothing accepted yet: off";
+  p.observe(kBlock, kBlock);  // the next probe: all accepted
+  EXPECT_DOUBLE_EQ(*p.survival(1), 0.5) << "the mean of 0 and 1 (a plain EWMA would say 0.25)";
+  const auto d = p.decide(c, 1);
+  EXPECT_EQ(d.drafts, kBlock) << p.reason();
 }
 
 TEST(SpecPolicy, FirstDecisionsMeasureAcceptanceThenCosts) {
@@ -227,6 +257,29 @@ TEST(SpecPolicy, ProbesStayWithinTheOverheadBudget) {
   EXPECT_LE(double(probes) * extra, SpecPolicyOptions{}.max_probe_overhead * double(n) * 1e-3 + extra);
 }
 
+// However much a probe costs (here a draft of 1000 plain steps), the gap between probes while
+// off never exceeds max_probe_gap steps: a draft that starts to agree is found again.
+TEST(SpecPolicy, ProbeGapIsBoundedEvenForAVeryCostlyProbe) {
+  SpecPolicyOptions o;
+  o.max_probe_gap = 300;
+  SpecPolicy p = seen(1, 0, o);
+  SpecCosts c;
+  c.observe_step(1, 1, 1e-3);
+  c.observe_step(1, kBlock + 1, 4e-3);
+  c.observe_draft(1.0);
+  std::vector<int64_t> probe_steps;
+  for (int64_t step = 0; step < 2000; ++step) {
+    const auto d = p.decide(c, 1);
+    if (d.drafts > 0) probe_steps.push_back(step), p.observe(d.drafts, 0);
+  }
+  ASSERT_GE(probe_steps.size(), 6u) << "2000 steps hold at least 6 gaps of <= 300";
+  EXPECT_LE(probe_steps.front(), o.max_probe_gap);
+  for (size_t i = 1; i < probe_steps.size(); ++i) {
+    EXPECT_LE(probe_steps[i] - probe_steps[i - 1], o.max_probe_gap) << "gap " << i;
+    EXPECT_GE(probe_steps[i] - probe_steps[i - 1], o.max_probe_every) << "still backed off";
+  }
+}
+
 // A new sequence that adopts the engine's acceptance estimate decides at once (no first probe).
 TEST(SpecPolicy, AdoptedAcceptanceSkipsTheFirstProbe) {
   const SpecCosts c = costs(1e-3, 0.1e-3, 0.1e-3);
@@ -267,6 +320,9 @@ TEST(SpecPolicy, OptionsAreValidated) {
   o = {};
   o.max_probe_every = 2;
   EXPECT_NE(validate_spec_policy(o).find("max_probe_every"), std::string::npos);
+  o = {};
+  o.max_probe_gap = o.max_probe_every - 1;
+  EXPECT_NE(validate_spec_policy(o).find("max_probe_gap"), std::string::npos);
   o = {};
   o.max_probe_overhead = 0;
   EXPECT_NE(validate_spec_policy(o).find("max_probe_overhead"), std::string::npos);

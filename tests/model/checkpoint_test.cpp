@@ -23,10 +23,11 @@ struct Raw {
 };
 using Tensors = std::map<std::string, Raw>;
 
-// Writes tiny-v41 into `dir`, loads every tensor, applies `mutate`, and rewrites the checkpoint
-// as one shard "model-00001-of-00001.safetensors" with a matching index.
-void make_broken(const std::string& dir, const std::function<void(Tensors&)>& mutate) {
-  ASSERT_TRUE(make_tiny_checkpoint(*builtin_config("tiny-v41"), {}, dir).ok());
+// Writes `config` (tiny-v41 by default) into `dir`, loads every tensor, applies `mutate`, and
+// rewrites the checkpoint as one shard "model-00001-of-00001.safetensors" with a matching index.
+void make_broken(const std::string& dir, const std::function<void(Tensors&)>& mutate,
+                 const char* config = "tiny-v41") {
+  ASSERT_TRUE(make_tiny_checkpoint(*builtin_config(config), {}, dir).ok());
   Tensors all;
   {
     auto s = ShardedSafetensors::open_dir(dir);
@@ -135,6 +136,40 @@ TEST(Checkpoint, DeclaredDraftWithoutTensorsIsOneWarning) {
     ASSERT_TRUE(fk.ok());
     EXPECT_FALSE(fk->validation().draft_absent);
     EXPECT_TRUE(fk->validation().warnings.empty());
+  }
+}
+
+// V4's MTP block only partly present is an error naming the missing tensors (not the draft-less
+// warning): a few tensors gone, and every tensor gone but one.
+TEST(Checkpoint, PartlyPresentMtpBlockIsAnErrorNamingTheMissingTensors) {
+  struct Case {
+    const char* what;
+    std::function<void(Tensors&)> mutate;
+    const char* missing;  // a tensor the error must name
+  };
+  const Case cases[] = {
+      {"e_proj gone", [](Tensors& t) { t.erase("mtp.0.e_proj.weight"); t.erase("mtp.0.e_proj.scale"); },
+       "mtp.0.e_proj.weight"},
+      {"only enorm left",
+       [](Tensors& t) {
+         std::erase_if(t, [](const auto& kv) {
+           return kv.first.rfind("mtp.", 0) == 0 && kv.first != "mtp.0.enorm.weight";
+         });
+       },
+       "missing tensor mtp.0."},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    testutil::TempDir d;
+    make_broken(d.path(), c.mutate, "tiny-v4");
+    auto ck = Checkpoint::open(d.path());
+    ASSERT_FALSE(ck.ok()) << "a partly present draft must not load";
+    const std::string& m = ck.status().message();
+    EXPECT_NE(m.find(c.missing), std::string::npos) << m;
+    EXPECT_NE(m.find("missing"), std::string::npos) << m;
+    auto lax = Checkpoint::open(d.path(), /*validate=*/false);
+    ASSERT_TRUE(lax.ok()) << lax.status().to_string();
+    EXPECT_FALSE(lax->validation().draft_absent);
   }
 }
 

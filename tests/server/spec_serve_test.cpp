@@ -1,7 +1,8 @@
 // `flashseek serve` with DSpark speculative decoding (default auto on a tiny-v41 checkpoint,
 // which has draft weights: the policy probes, then speculates only while it pays): same greedy
 // tokens as --speculative off, the `usage.speculative` extension, per-position acceptance and
-// policy counters in /metrics and the tok/step field in the log line.
+// policy counters in /metrics, the tok/step field in the request log line and the periodic engine
+// status line (`--stats-interval`) with the policy's state and measured costs.
 #include <gtest/gtest.h>
 
 #include "kvshare/serve_util.h"
@@ -33,7 +34,7 @@ TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
   const std::vector<int32_t> prompt = {5, 9, 200, 17, 3, 3, 41};
   json on_json, off_json;
   {
-    Serve s(ckpt, dir.path() / "on.log", "--max-batch 4");
+    Serve s(ckpt, dir.path() / "on.log", "--max-batch 4 --stats-interval 0.2");
     ASSERT_TRUE(s.wait_ready()) << s.log_text();
     on_json = completion_json(s.port(), prompt, 40);
     ASSERT_FALSE(on_json.is_null()) << s.log_text();
@@ -47,6 +48,22 @@ TEST(SpecServe, UsageMetricsAndLogLineAndSameTokensAsOff) {
     ASSERT_TRUE(m);
     EXPECT_NE(m->body.find("flashseek_spec_accepted_at_position_total{position=\"1\"}"),
               std::string::npos);
+    // The current block length of the decoding sequences (none now: the request is done) and the
+    // measured cost of the full-block verify against a plain step at batch 1.
+    EXPECT_NE(m->body.find("flashseek_spec_policy_block_sequences{drafts=\"3\"} 0"), std::string::npos)
+        << m->body;
+    EXPECT_GT(metric(s.port(), "flashseek_spec_verify_cost_ratio{batch=\"1\",width=\"4\"}"), 0)
+        << m->body;
+    // The periodic status line (every 0.2 s in which the engine stepped): load, rate, policy.
+    const std::regex status_line(
+        R"(engine: \d+ running, \d+ waiting, \d+ steps, \d+ tokens in [0-9.]+ s \([0-9.]+ tok/s\); )"
+        R"(speculative: auto, \d+ verify steps \(\d+ probes\).*; costs: step x1 [0-9.]+ ms, verify x\d)");
+    bool logged = false;
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+         !logged && std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(std::chrono::milliseconds(50)))
+      logged = std::regex_search(s.log_text(), status_line);
+    EXPECT_TRUE(logged) << s.log_text();
     s.stop();
     EXPECT_NE(s.log_text().find(" tok/step"), std::string::npos) << s.log_text();
     EXPECT_NE(s.log_text().find("speculative decoding: auto"), std::string::npos);
