@@ -13,6 +13,7 @@
 #include "gpu_util.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
+#include "ops/engram.h"
 #include "ops/indexer.h"
 #include "ops/linear.h"
 #include "ops/mhc.h"
@@ -445,6 +446,39 @@ TEST(CudaModelOps, ChunkedLinearAndNormMatchCpuBitwise) {
     FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx.get(), dg.get(), dn.get(), T, in, 1e-6f, false, 0), "norm"));
     expect_bitwise(dn.to_host(), nref, "chunked rms_norm");
   }
+}
+
+// Engram gate (ops::engram_gate's sum orders: short rows by one thread, rows longer than one
+// 1024-element chunk by warps over chunks), odd widths, BF16 output on and off, a zero key row
+// (the gate's eps path) and a row alone (batch invariance): bitwise.
+TEST(CudaModelOps, EngramGateMatchesCpuBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t rows = 3, hc = 4;
+  for (int64_t dim : {1, 7, 256, 1023, 1024, 1025, 3001, 7168}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dim " << dim << " bf16 " << bf16);
+      const auto x = randn(static_cast<size_t>(rows * hc * dim), 40 + dim);
+      auto kv = randn(static_cast<size_t>(rows * (hc + 1) * dim), 41 + dim, 0.5f);
+      std::fill_n(kv.begin() + (hc + 1) * dim + dim, dim, 0.0f);  // row 1, stream 1: zero key
+      const auto wqk = randn(static_cast<size_t>(hc * dim), 42 + dim, 0.2f);
+      std::vector<float> ref = x;
+      for (int64_t r = 0; r < rows; ++r)
+        engram_gate({ref.data() + r * hc * dim, kv.data() + r * (hc + 1) * dim, wqk.data(), hc, dim, 1e-20f, false,
+                     bf16});
+      DeviceBuffer<float> dx(x), dkv(kv), dw(wqk);
+      FS_ASSERT_OK(cuda_status(cd::launch_engram_gate(dx.get(), dkv.get(), dw.get(), rows, hc, dim, 1e-20f, bf16, 0),
+                               "engram gate"));
+      expect_bitwise(dx.to_host(), ref, "engram gate");
+      DeviceBuffer<float> dx1(std::vector<float>(x.begin() + 2 * hc * dim, x.end()));
+      FS_ASSERT_OK(cuda_status(
+          cd::launch_engram_gate(dx1.get(), dkv.get() + 2 * (hc + 1) * dim, dw.get(), 1, hc, dim, 1e-20f, bf16, 0),
+          "engram gate row"));
+      expect_bitwise(dx1.to_host(), std::vector<float>(ref.begin() + 2 * hc * dim, ref.end()), "engram gate row 2 alone");
+    }
+  }
+  DeviceBuffer<float> d1(std::vector<float>(4, 1.0f));
+  EXPECT_NE(cd::launch_engram_gate(d1.get(), d1.get(), d1.get(), 1, 1, 65 * 1024, 1e-20f, false, 0), cudaSuccess)
+      << "a row wider than the kernel's chunk table is refused";
 }
 
 // mHC mixes at full width (4 x 5120: 20 chunks), a ragged last chunk (4 x 257) and exactly one

@@ -3,8 +3,10 @@
 #include <cassert>
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/numeric.h"
+#include "ops/cpu/sum_order.h"
 #include "ops/linear.h"
 
 namespace flashseek::ops {
@@ -79,13 +81,12 @@ void engram_gate(const EngramGateParams& p) {
     const float* w = p.wqk + c * D;
     float g = 0;
     if (!p.dead) {
-      double sxx = 0, skk = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        sxx += double(x[d]) * x[d];
-        skk += double(key[d]) * key[d];
-      }
-      float dotv = 0;
-      for (int64_t d = 0; d < D; ++d) dotv += x[d] * w[d] * key[d];
+      // The fixed orders of sum_order.h (those of rms_norm and dot_f32), which a GPU block
+      // reproduces with all its warps: sums of squares in double, Σ (x·w)·key in FP32.
+      const double sxx = detail::sumsq_f64(x, D), skk = detail::sumsq_f64(key, D);
+      std::vector<float> xw(static_cast<size_t>(D));
+      for (int64_t d = 0; d < D; ++d) xw[size_t(d)] = x[d] * w[d];
+      const float dotv = dot_f32(xw.data(), key, D);
       const float rx = 1.0f / std::sqrt(float(sxx / double(D)) + p.eps);
       const float rk = 1.0f / std::sqrt(float(skk / double(D)) + p.eps);
       const float z = dotv * rx * rk / std::sqrt(float(D));

@@ -585,22 +585,62 @@ __global__ void embed_typed_kernel(WeightRef w, const int32_t* tokens, float* X,
   X[id] = RowReader<F>(w, 0, w.row0 + int64_t(tokens[t]))(d);
 }
 
-// One block per (row, stream): sums in index order by thread 0 (as the CPU), then the update.
+// The chunked dot of (a ⊙ b) with c over one chunk by a whole warp: a·b rounded to FP32 first (the
+// CPU materialises it), then the order of warp_dot_chunk.
+__device__ __forceinline__ float warp_dot3_chunk(const float* a, const float* b, const float* c, int64_t len) {
+  const int lane = int(threadIdx.x & 31);
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  for (int64_t i = 4 * lane; i < len; i += 128) {
+    p0 = mul_add(__fmul_rn(a[i], b[i]), c[i], p0);
+    if (i + 1 < len) p1 = mul_add(__fmul_rn(a[i + 1], b[i + 1]), c[i + 1], p1);
+    if (i + 2 < len) p2 = mul_add(__fmul_rn(a[i + 2], b[i + 2]), c[i + 2], p2);
+    if (i + 3 < len) p3 = mul_add(__fmul_rn(a[i + 3], b[i + 3]), c[i + 3], p3);
+  }
+  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+constexpr int64_t kEngramMaxChunks = 64;  // dim <= 64 · kSumChunk (launch_engram_gate checks)
+
+// One block per (row, stream), in ops::engram_gate's orders (sum_order.h): rows longer than
+// kSumChunk by warps over 1024-element chunks combined by the chunk tree, shorter rows by thread 0
+// (index-order sums of squares, dot_f32's eight partial sums); then the gated update.
 __global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
                                    float eps, bool bf16) {
   __shared__ float gate;
+  __shared__ double csx[kEngramMaxChunks], csk[kEngramMaxChunks];
+  __shared__ float cdot[kEngramMaxChunks];
   const int64_t r = blockIdx.x / hc, c = blockIdx.x % hc;
   float* x = xall + (r * hc + c) * dim;
   const float* kv = kvall + r * (hc + 1) * dim;
   const float* key = kv + c * dim;
   const float* w = wqk + c * dim;
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  if (dim > kSumChunk) {
+    for (int64_t ch = threadIdx.x / 32; ch < m; ch += blockDim.x / 32) {
+      const int64_t off = ch * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
+      const double vx = warp_sumsq_chunk(x + off, len), vk = warp_sumsq_chunk(key + off, len);
+      const float vd = warp_dot3_chunk(x + off, w + off, key + off, len);
+      if ((threadIdx.x & 31) == 0) csx[ch] = vx, csk[ch] = vk, cdot[ch] = vd;
+    }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     double sxx = 0, skk = 0;
     float dotv = 0;
-    for (int64_t i = 0; i < dim; ++i) {
-      sxx += double(x[i]) * x[i];
-      skk += double(key[i]) * key[i];
-      dotv = mul_add(__fmul_rn(x[i], w[i]), key[i], dotv);
+    if (dim > kSumChunk) {
+      sxx = dev_chunk_tree(csx, m), skk = dev_chunk_tree(csk, m), dotv = dev_chunk_tree(cdot, m);
+    } else {
+      float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < dim; ++i) {
+        sxx = __dadd_rn(sxx, __dmul_rn(double(x[i]), double(x[i])));
+        skk = __dadd_rn(skk, __dmul_rn(double(key[i]), double(key[i])));
+        s[i % 8] = mul_add(__fmul_rn(x[i], w[i]), key[i], s[i % 8]);
+      }
+      dotv = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
+                       __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
     }
     const float rx = 1.0f / sqrtf(__fadd_rn(float(sxx / double(dim)), eps));
     const float rk = 1.0f / sqrtf(__fadd_rn(float(skk / double(dim)), eps));
@@ -900,7 +940,8 @@ cudaError_t launch_embed_w(const WeightRef& w, const int32_t* tokens, float* X, 
 cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
                                int64_t dim, float eps, bool bf16, cudaStream_t s) {
   if (rows * hc == 0) return cudaSuccess;
-  return launch_kernel(engram_gate_kernel, unsigned(rows * hc), 128, 0, s, x, kv, wqk, hc, dim, eps, bf16);
+  if (dim <= 0 || dim > kEngramMaxChunks * kSumChunk) return cudaErrorInvalidValue;
+  return launch_kernel(engram_gate_kernel, unsigned(rows * hc), 256, 0, s, x, kv, wqk, hc, dim, eps, bf16);
 }
 
 cudaError_t launch_ring_write(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
