@@ -19,6 +19,9 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
   // Checked before the (large) weight load: NaN fails both comparisons.
   if (!(opts.dot_perturbation >= 0 && opts.dot_perturbation <= 1e-3))
     return invalid_argument("CPU load options: dot_perturbation {} outside [0, 1e-3]", opts.dot_perturbation);
+  if (opts.perturbation_mode != DotPerturbationMode::kRelative &&
+      opts.perturbation_mode != DotPerturbationMode::kTermMagnitude)
+    return invalid_argument("CPU load options: unknown perturbation_mode {}", int(opts.perturbation_mode));
   if (opts.dot_perturbation > 0 && numerics != Numerics::kReference)
     return invalid_argument("CPU load options: dot_perturbation needs reference numerics (exact has no "
                             "FP8-activation dot products)");
@@ -39,6 +42,7 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
                             "quantises activations to FP8)", dir);
   m->dot_perturbation_ = opts.dot_perturbation;
   m->perturbation_seed_ = opts.perturbation_seed;
+  m->perturbation_mode_ = opts.perturbation_mode;
   return m;
 }
 
@@ -90,13 +94,22 @@ void CpuModel::linear(const std::vector<float>& x, const Vec& w, int64_t rows, i
   // FP32 dots first, then the perturbation, then the BF16 rounding ops::linear would have done.
   p.bf16_out = false;
   ops::linear(p);
+  const bool terms = perturbation_mode_ == DotPerturbationMode::kTermMagnitude;
+  std::vector<float> mag;  // Σ|x_i·w_i| per output (kTermMagnitude)
+  if (terms) {
+    mag.resize(y.size());
+    p.y = mag.data();
+    ops::linear_abs_terms(p);
+  }
   const uint64_t k = mix64(perturbation_seed_ ^ key);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t o = 0; o < out; ++o) {
       const uint64_t h = mix64(k ^ mix64((uint64_t(r) << 32) ^ uint64_t(o)));
       const double s = (h >> 63) ? -1.0 : 1.0;
-      float& v = y[size_t(r * out + o)];
-      v = float(double(v) * (1.0 + dot_perturbation_ * s));
+      const size_t i = size_t(r * out + o);
+      float& v = y[i];
+      v = terms ? float(double(v) + dot_perturbation_ * s * double(mag[i]))
+                : float(double(v) * (1.0 + dot_perturbation_ * s));
       if (bf16_out) v = round_bf16(v);
     }
 }
