@@ -98,11 +98,12 @@ TEST_P(SelfSensitivity, PerturbedCpuAgainstCpu) {
   const Ckpt c = GetParam();
   const Measured& m = measured(c);
   ASSERT_EQ(m.ref.size(), size_t(kTokens * m.vocab));
+  const Sensitivity& rel = relative_sensitivity(c);
   CpuLoadOptions zero;
   zero.perturbation_seed = 99;  // a seed alone perturbs nothing, in either model
   zero.perturbation_mode = DotPerturbationMode::kTermMagnitude;
   EXPECT_TRUE(bit_equal(m.ref, cpu_logits(m.dir, zero))) << "unperturbed runs differ";
-  for (const Sensitivity* sens : {&m.sens, &m.sens_relative}) {
+  for (const Sensitivity* sens : {&m.sens, &rel}) {
     ASSERT_EQ(sens->runs.size(), std::size(kSeeds));
     for (const ParityStats& r : sens->runs) {
       EXPECT_TRUE(r.finite);
@@ -119,17 +120,19 @@ TEST_P(SelfSensitivity, PerturbedCpuAgainstCpu) {
   o.perturbation_seed = kSeeds[0];
   o.perturbation_mode = kBoundMode;
   EXPECT_TRUE(bit_equal(m.sens.logits[0], cpu_logits(m.dir, o))) << "perturbed runs of one seed differ";
-  EXPECT_FALSE(bit_equal(m.sens.logits[0], m.sens_relative.logits[0])) << "the two models perturbed alike";
+  EXPECT_FALSE(bit_equal(m.sens.logits[0], rel.logits[0])) << "the two models perturbed alike";
   std::printf("[parity] %s worst of %zu seeds, terms | relative: median %.3g | %.3g  p99 %.3g | %.3g  max %.3g | %.3g  "
               "argmax %.4f | %.4f\n",
-              c.tag().c_str(), std::size(kSeeds), m.sens.worst.median, m.sens_relative.worst.median, m.sens.worst.p99,
-              m.sens_relative.worst.p99, m.sens.worst.max, m.sens_relative.worst.max,
-              m.sens.worst.argmax_agreement(), m.sens_relative.worst.argmax_agreement());
+              c.tag().c_str(), std::size(kSeeds), m.sens.worst.median, rel.worst.median, m.sens.worst.p99,
+              rel.worst.p99, m.sens.worst.max, rel.worst.max, m.sens.worst.argmax_agreement(),
+              rel.worst.argmax_agreement());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, SelfSensitivity,
                          ::testing::Values(Ckpt{"tiny-v41", false}, Ckpt{"tiny-v41", true}, Ckpt{"tiny-v4", false},
-                                           Ckpt{"tiny-v4", true}),
+                                           Ckpt{"tiny-v4", true}, Ckpt{"tiny-v41", false, true},
+                                           Ckpt{"tiny-v41", true, true}, Ckpt{"tiny-v4", false, true},
+                                           Ckpt{"tiny-v4", true, true}),
                          [](const auto& info) {
                            std::string t = info.param.tag();
                            std::replace(t.begin(), t.end(), '-', '_');
