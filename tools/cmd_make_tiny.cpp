@@ -38,7 +38,7 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_flag("--no-draft", o->no_draft,
                 "leave out the draft tensors (mtp.*) the config declares (a backbone-only release)");
   cmd->add_flag("--well-conditioned", o->well_conditioned,
-                "residual branch outputs (wo_b, experts' w2, Engram wkv) 256x smaller, so that one "
+                "residual branch outputs (wo_b, experts' w2, Engram wkv) 1024x smaller, so that one "
                 "flipped FP8 activation code cannot cascade (CUDA-vs-CPU parity, docs/cuda.md)");
   return [o]() -> int {
     auto cfg = resolve_config(o->config);

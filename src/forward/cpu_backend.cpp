@@ -101,13 +101,21 @@ void CpuOps::linear_raw(const float* x, const Vec& w, int64_t rows, int64_t in, 
   // FP32 dots first, then the perturbation, then the BF16 rounding ops::linear would have done.
   p.bf16_out = false;
   ops::linear(p);
+  const bool terms = m_.perturbation_mode_ == DotPerturbationMode::kTermMagnitude;
+  std::vector<float> mag;  // Σ|x_i·w_i| per output (kTermMagnitude)
+  if (terms) {
+    mag.resize(size_t(rows * out));
+    p.y = mag.data();
+    ops::linear_abs_terms(p);
+  }
   const uint64_t k = mix64(m_.perturbation_seed_ ^ dot_key(key));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t o = 0; o < out; ++o) {
       const uint64_t h = mix64(k ^ mix64((uint64_t(r) << 32) ^ uint64_t(o)));
       const double s = (h >> 63) ? -1.0 : 1.0;
-      float& v = y[size_t(r * out + o)];
-      v = float(double(v) * (1.0 + eps * s));
+      const size_t i = size_t(r * out + o);
+      float& v = y[i];
+      v = terms ? float(double(v) + eps * s * double(mag[i])) : float(double(v) * (1.0 + eps * s));
       if (bf16_out) v = round_bf16(v);
     }
 }

@@ -21,6 +21,9 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
   // Checked before the (large) weight load: NaN fails both comparisons.
   if (!(opts.dot_perturbation >= 0 && opts.dot_perturbation <= 1e-3))
     return invalid_argument("CPU load options: dot_perturbation {} outside [0, 1e-3]", opts.dot_perturbation);
+  if (opts.perturbation_mode != DotPerturbationMode::kRelative &&
+      opts.perturbation_mode != DotPerturbationMode::kTermMagnitude)
+    return invalid_argument("CPU load options: unknown perturbation_mode {}", int(opts.perturbation_mode));
   if (opts.dot_perturbation > 0 && numerics != Numerics::kReference)
     return invalid_argument("CPU load options: dot_perturbation needs reference numerics (exact has no "
                             "FP8-activation dot products)");
@@ -41,6 +44,7 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
                             "quantises activations to FP8)", dir);
   m->dot_perturbation_ = opts.dot_perturbation;
   m->perturbation_seed_ = opts.perturbation_seed;
+  m->perturbation_mode_ = opts.perturbation_mode;
   return m;
 }
 

@@ -25,20 +25,32 @@ struct ForwardTrace {
   std::vector<int64_t> pos;                             // [T] positions of the rows
 };
 
+// How CpuLoadOptions::dot_perturbation perturbs one FP8-activation dot y = Σ_i x_i·w_i (the
+// terms are the products the linear sums: FP8-rounded activations times dequantised weights).
+enum class DotPerturbationMode {
+  // y · (1 + ε·s): relative to the result. Under-models a reordered sum whose terms cancel.
+  kRelative,
+  // y + s·ε·Σ_i |x_i·w_i|: every product term perturbed by a relative ε with aligned signs, the
+  // backward-error model of the same sum in another order (a reordered K-term FP32 dot differs by
+  // at most γ_K·Σ|x_i·w_i|). Σ|x_i·w_i| comes from ops::linear_abs_terms.
+  kTermMagnitude,
+};
+
 // Options of the CPU backend beyond the numerics, passed down at load.
 struct CpuLoadOptions {
-  // Sensitivity experiment (docs/cuda.md, "Whole-model parity"): > 0 multiplies the FP32 result
+  // Sensitivity experiment (docs/cuda.md, "Whole-model parity"): > 0 perturbs the FP32 result
   // of every FP8-activation dot product (the linears that quantise their input to FP8 in
   // `reference` numerics: attention, indexer query, Engram, routed and shared experts, draft
-  // projections) by (1 + dot_perturbation·s), before any BF16 rounding of the output, with
-  // s = ±1 from a hash of (perturbation_seed, layer, op, expert, row, column), where row is the
-  // linear's input row within the forward call (so a seed's pattern depends on the chunking; the
-  // experiment runs one chunk). It models the same math summed in another order; the product is
-  // computed in double and rounded once to FP32.
+  // projections) by ε = dot_perturbation as `perturbation_mode` says, before any BF16 rounding of
+  // the output, with the sign s = ±1 from a hash of (perturbation_seed, layer, op, expert, row,
+  // column), where row is the linear's input row within the forward call (so a seed's pattern
+  // depends on the chunking; the experiment runs one chunk). It models the same math summed in
+  // another order; the perturbed value is computed in double and rounded once to FP32.
   // 0: off, and the backend is bit-identical to one loaded without options. Needs `reference`
   // numerics on a checkpoint with FP8/FP4 weights; at most 1e-3.
   double dot_perturbation = 0;
   uint64_t perturbation_seed = 0;
+  DotPerturbationMode perturbation_mode = DotPerturbationMode::kRelative;
 };
 
 class CpuModel final : public Model {
@@ -92,6 +104,7 @@ class CpuModel final : public Model {
   int64_t expert_act_block_ = 0;
   double dot_perturbation_ = 0;   // CpuLoadOptions
   uint64_t perturbation_seed_ = 0;
+  DotPerturbationMode perturbation_mode_ = DotPerturbationMode::kRelative;
   ForwardTrace* trace_ = nullptr;
 };
 

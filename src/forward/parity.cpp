@@ -55,13 +55,35 @@ Result<ParityStats> parity_stats(std::span<const float> ref, std::span<const flo
       continue;
     }
     ++s.compared;
-    s.agree += top == top_b;
+    if (top == top_b)
+      ++s.agree;
+    else
+      s.flips.push_back({p, double(a[top]) - double(a[second]), m});
   }
   std::sort(per_pos.begin(), per_pos.end());
   s.median = nearest_rank(per_pos, 0.5);
   s.p99 = nearest_rank(per_pos, 0.99);
   s.max = per_pos.empty() ? 0 : per_pos.back();
   return s;
+}
+
+std::vector<double> top2_gaps(std::span<const float> logits, int64_t vocab) {
+  std::vector<double> g;
+  if (vocab <= 0) return g;
+  for (size_t off = 0; off + size_t(vocab) <= logits.size(); off += size_t(vocab)) {
+    double t1 = -INFINITY, t2 = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double x = logits[off + size_t(v)];
+      if (x > t1) {
+        t2 = t1;
+        t1 = x;
+      } else if (x > t2) {
+        t2 = x;
+      }
+    }
+    g.push_back(vocab > 1 ? t1 - t2 : 0.0);
+  }
+  return g;
 }
 
 Result<std::vector<float>> teacher_forced_logits(Model& m, std::span<const int32_t> tokens, int64_t chunk) {

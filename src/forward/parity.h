@@ -17,6 +17,16 @@ namespace flashseek::forward {
 // argmax is an arbitrary choice between two equal scores, so it is left out of the agreement.
 inline constexpr double kParityTieEps = 1e-6;
 
+// A compared position whose argmax differs from the reference's: the reference's top-2 gap there
+// and that position's max|Δlogit|. A flip needs gap <= 2·max|Δlogit| (one of the two logits moved
+// by at least half the gap); a gap below the typical max|Δlogit| of the run (its median) is a
+// near-tie that any perturbation of that size flips about as often as not.
+struct ArgmaxFlip {
+  int64_t position = 0;
+  double ref_gap = 0;
+  double max_diff = 0;
+};
+
 struct ParityStats {
   int64_t positions = 0;
   // Of the per-position max|Δlogit|: nearest-rank quantiles (median = rank ceil(n/2), p99 = rank
@@ -26,6 +36,7 @@ struct ParityStats {
   int64_t compared = 0;  // positions - ties
   int64_t agree = 0;     // of those, positions whose argmax is the reference's
   bool finite = true;    // every logit of both runs is finite (else the statistics are meaningless)
+  std::vector<ArgmaxFlip> flips;  // the compared positions that disagree (agree + flips == compared)
   // agree / compared; 1 when every position was a tie.
   double argmax_agreement() const { return compared ? double(agree) / double(compared) : 1.0; }
   std::string to_string() const;
@@ -36,6 +47,9 @@ struct ParityStats {
 // the tie itself is excluded. Errors: vocab <= 0, sizes that differ or are not whole rows.
 Result<ParityStats> parity_stats(std::span<const float> ref, std::span<const float> other, int64_t vocab,
                                  double tie_eps = kParityTieEps);
+
+// Per position of [positions, vocab] row-major logits, the top-1 minus top-2 logit (0 for vocab 1).
+std::vector<double> top2_gaps(std::span<const float> logits, int64_t vocab);
 
 // Teacher-forced logits [tokens, vocab] of `tokens` fed through a fresh sequence of `m` in chunks
 // of `chunk` tokens (all_logits).

@@ -37,7 +37,7 @@ struct MakeTinyOptions {
 };
 
 // Binades (powers of two) by which well_conditioned shrinks the residual branches' outputs.
-inline constexpr int kWellConditionedShift = 8;
+inline constexpr int kWellConditionedShift = 10;
 
 // Receives each weight's intended dequantised values in its logical shape, computed from the
 // generated codes and scales (so a loader can be checked against it bit for bit).

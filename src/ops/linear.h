@@ -19,6 +19,14 @@ struct LinearParams {
 // output rows: batch-invariant.
 void linear(const LinearParams& p);
 
+// y[r, o] = Σ_i |x_i · w_i|: the magnitudes of the products linear(p) sums for that output, after
+// the same input rounding (bf16_in, then the FP8 quant-dequant of act_block), in FP32 with
+// dot_f32's order. It is the scale of the rounding error of that dot summed in any other order
+// (each term perturbed by a relative ≤ γ_K). Because the FP8 block scale comes from the block's
+// amax and e4m3 rounding is sign-symmetric, q(|x|) = |q(x)| bit for bit, so the result equals
+// linear() on |x| and |W| with the same act_block. bf16_out is ignored (the result is FP32).
+void linear_abs_terms(const LinearParams& p);
+
 // Dot product with the fixed summation order used everywhere (8 interleaved partial sums).
 float dot_f32(const float* a, const float* b, int64_t n);
 

@@ -2,7 +2,8 @@
 // gpu_sensitivity_test.cpp on a GPU; docs/cuda.md, "Whole-model parity"): the make-tiny
 // checkpoints (standard, tie-free, well-conditioned), the 410-token prompt, and the CPU backend's
 // self-sensitivity (reference numerics against itself with every FP8-activation dot perturbed by
-// a relative kDotPerturbation).
+// kDotPerturbation: by default every product term by that relative amount, the backward-error
+// model of another summation order; the older model perturbs only the dot's result).
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,6 +25,11 @@ namespace flashseek::forward::parity_test {
 
 inline constexpr int64_t kTokens = 410;
 inline constexpr double kDotPerturbation = 1e-7;
+// The perturbation model of the bound (cpu_model.h, DotPerturbationMode): y + s·ε·Σ|x_i·w_i|.
+inline constexpr DotPerturbationMode kBoundMode = DotPerturbationMode::kTermMagnitude;
+inline const char* mode_name(DotPerturbationMode m) {
+  return m == DotPerturbationMode::kTermMagnitude ? "terms" : "relative";
+}
 // Perturbation seeds of the self-sensitivity: the bound is the worst of these (one sample of
 // "another summation order" is itself noisy; the GPU is one more such sample).
 inline constexpr uint64_t kSeeds[] = {1, 2, 3};
@@ -93,24 +99,26 @@ inline ParityStats stats(const std::vector<float>& ref, const std::vector<float>
   return s.ok() ? s.value() : ParityStats{};
 }
 
-// The CPU self-sensitivity over kSeeds against `ref` (the unperturbed logits), each printed with
-// `label`; `worst` holds the largest median / p99 / max and the lowest argmax agreement.
+// The CPU self-sensitivity over kSeeds against `ref` (the unperturbed logits) with perturbation
+// model `mode`, each printed with `label`; `worst` holds the largest median / p99 / max and the
+// lowest argmax agreement.
 struct Sensitivity {
   std::vector<ParityStats> runs;                 // one per kSeeds entry
   std::vector<std::vector<float>> logits;        // the perturbed logits of each seed
   ParityStats worst;
 };
 inline Sensitivity self_sensitivity(const std::string& dir, const std::vector<float>& ref, int64_t vocab,
-                                    const std::string& label) {
+                                    const std::string& label, DotPerturbationMode mode = kBoundMode) {
   Sensitivity r;
   double worst_agree = 2;
   for (uint64_t seed : kSeeds) {
     CpuLoadOptions o;
     o.dot_perturbation = kDotPerturbation;
     o.perturbation_seed = seed;
+    o.perturbation_mode = mode;
     r.logits.push_back(cpu_logits(dir, o));
     const ParityStats s = stats(ref, r.logits.back(), vocab);
-    std::printf("[parity] %s cpu vs cpu-perturbed(1e-7, seed %llu): %s\n", label.c_str(),
+    std::printf("[parity] %s cpu vs cpu-perturbed(%s 1e-7, seed %llu): %s\n", label.c_str(), mode_name(mode),
                 static_cast<unsigned long long>(seed), s.to_string().c_str());
     r.runs.push_back(s);
     r.worst.positions = s.positions;
@@ -126,8 +134,8 @@ inline Sensitivity self_sensitivity(const std::string& dir, const std::vector<fl
   return r;
 }
 
-// The unperturbed logits and the self-sensitivity of checkpoint `c`, computed once per process
-// (several tests compare against the same numbers).
+// The unperturbed logits and the self-sensitivity (kBoundMode, the bound) of checkpoint `c`,
+// computed once per process (several tests compare against the same numbers).
 struct Measured {
   std::string dir;
   int64_t vocab = 0;
@@ -142,8 +150,21 @@ inline const Measured& measured(const Ckpt& c) {
   m.dir = checkpoint(c);
   m.ref = cpu_logits(m.dir);
   m.vocab = int64_t(m.ref.size()) / kTokens;
-  if (m.vocab > 0) m.sens = self_sensitivity(m.dir, m.ref, m.vocab, c.tag());
+  if (m.vocab > 0) m.sens = self_sensitivity(m.dir, m.ref, m.vocab, c.tag(), kBoundMode);
   cache.emplace_back(c.tag(), std::move(m));
+  return cache.back().second;
+}
+
+// The self-sensitivity of `c` under the older DotPerturbationMode::kRelative (for comparison
+// only), computed once per process.
+inline const Sensitivity& relative_sensitivity(const Ckpt& c) {
+  static std::vector<std::pair<std::string, Sensitivity>> cache;
+  for (const auto& [tag, s] : cache)
+    if (tag == c.tag()) return s;
+  const Measured& m = measured(c);
+  Sensitivity s;
+  if (m.vocab > 0) s = self_sensitivity(m.dir, m.ref, m.vocab, c.tag(), DotPerturbationMode::kRelative);
+  cache.emplace_back(c.tag(), std::move(s));
   return cache.back().second;
 }
 

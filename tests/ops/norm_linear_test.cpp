@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 
 #include <gtest/gtest.h>
 
@@ -150,6 +152,98 @@ TEST(Linear, ActQuantEqualsQuantisingTheInputFirst) {
   linear({xq.data(), w.data(), y2.data(), rows, in, out});
   for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], round_bf16(y2[i]));
   EXPECT_NE(xq, x);  // the quantisation did change something
+}
+
+// Inputs for linear_abs_terms: normal values with, per row, one all-zero block (the amax floor),
+// one block of tiny values (e4m3 subnormals and flushes to ±0), one outlier, and exact e4m3
+// rounding ties of both signs (1.0625 lies between 1 and 1.125; 2^-10 between 0 and 2^-9 once the
+// block scale is 1, which the 448 in that block makes it).
+std::vector<float> hostile_activations(Rng& rng, int64_t rows, int64_t in) {
+  auto x = randn(rng, rows * in);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x.data() + r * in;
+    if (in >= 128) {
+      std::fill(xr, xr + 32, 0.0f);
+      for (int64_t i = 32; i < 64; ++i) xr[i] *= 1e-6f;
+      const float ties[] = {448.0f, 1.0625f, -1.0625f, 0x1p-10f, -0x1p-10f, -0x3p-10f, 0x3p-10f};
+      std::copy(std::begin(ties), std::end(ties), xr + 64);
+      xr[in - 1] = 3e3f;
+    }
+  }
+  return x;
+}
+
+// Σ|x_i·w_i| against a direct double loop over the FP8-rounded input, odd shapes (rows, outputs;
+// inputs odd where there is no activation block), both dot orders (<= 1024 and chunked): the FP32
+// sum of n nonnegative rounded products is within γ_n = n·u / (1 − n·u) (u = 2^-24) of the exact one.
+TEST(LinearAbsTerms, MatchesDoubleLoopOnOddSizes) {
+  Rng rng(21);
+  struct Case { int64_t rows, in, out, act_block; bool bf16_in; };
+  for (const Case c : {Case{1, 1, 1, 0, false}, Case{5, 37, 19, 0, false}, Case{3, 2049, 5, 0, true},
+                       Case{3, 96, 7, 32, false}, Case{7, 1056, 13, 32, false}, Case{2, 5120, 9, 128, true},
+                       Case{1, 4096, 3, 128, false}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " -> " << c.out << " act_block " << c.act_block);
+    const auto x = hostile_activations(rng, c.rows, c.in);
+    const auto w = randn(rng, c.out * c.in, 0.1);
+    std::vector<float> y(size_t(c.rows * c.out)), plain(y.size());
+    LinearParams p{x.data(), w.data(), y.data(), c.rows, c.in, c.out};
+    p.act_block = c.act_block;
+    p.bf16_in = c.bf16_in;
+    p.bf16_out = true;  // ignored: the magnitudes stay FP32
+    linear_abs_terms(p);
+    auto xq = x;
+    if (c.bf16_in) round_bf16_inplace(xq.data(), int64_t(xq.size()));
+    if (c.act_block > 0) fp8_quant_dequant(xq.data(), c.rows, c.in, c.act_block);
+    LinearParams lp = p;
+    lp.y = plain.data();
+    lp.bf16_out = false;
+    linear(lp);
+    const double u = std::ldexp(1.0, -24), gamma = double(c.in) * u / (1 - double(c.in) * u);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t o = 0; o < c.out; ++o) {
+        double want = 0;
+        for (int64_t i = 0; i < c.in; ++i) want += std::fabs(double(xq[r * c.in + i]) * double(w[o * c.in + i]));
+        const float got = y[size_t(r * c.out + o)];
+        ASSERT_LE(std::fabs(double(got) - want), gamma * want) << "row " << r << " out " << o;
+        // Σ|t| bounds |Σ t| (both computed in FP32: allow the two sums' rounding).
+        ASSERT_GE(double(got) * (1 + gamma), std::fabs(double(plain[size_t(r * c.out + o)])) * (1 - gamma));
+      }
+    if (c.in > 1) EXPECT_NE(y, plain) << "no term cancelled: the inputs were meant to have both signs";
+  }
+}
+
+// The identity the dot perturbation relies on (cpu_model.h, CpuLoadOptions): Σ|q(x)_i·w_i| is
+// linear(|x|, |W|) with the same act_block, bit for bit — q(|x|) = |q(x)| for the code's rounding
+// (amax-derived power-of-two scale, sign-symmetric e4m3 RNE, including the ties and the tiny and
+// all-zero blocks of hostile_activations).
+TEST(LinearAbsTerms, EqualsLinearOfAbsoluteValues) {
+  Rng rng(22);
+  const int64_t rows = 5, in = 1152, out = 11;
+  const auto x = hostile_activations(rng, rows, in);
+  const auto w = randn(rng, out * in, 0.1);
+  std::vector<float> xa(x.size()), wa(w.size());
+  for (size_t i = 0; i < x.size(); ++i) xa[i] = std::fabs(x[i]);
+  for (size_t i = 0; i < w.size(); ++i) wa[i] = std::fabs(w[i]);
+  for (int64_t act_block : {0, 32, 128}) {
+    for (bool bf16_in : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "act_block " << act_block << " bf16_in " << bf16_in);
+      std::vector<float> y(size_t(rows * out)), want(y.size());
+      LinearParams p{x.data(), w.data(), y.data(), rows, in, out};
+      p.act_block = act_block;
+      p.bf16_in = bf16_in;
+      linear_abs_terms(p);
+      LinearParams q{xa.data(), wa.data(), want.data(), rows, in, out};
+      q.act_block = act_block;
+      q.bf16_in = bf16_in;
+      linear(q);
+      ASSERT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0);
+    }
+  }
+  // Element-wise: the rounding of |x| is the magnitude of the rounding of x.
+  auto q1 = x, q2 = xa;
+  fp8_quant_dequant(q1.data(), rows, in, 32);
+  fp8_quant_dequant(q2.data(), rows, in, 32);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(std::fabs(q1[i]), q2[i]) << i;
 }
 
 }  // namespace flashseek::ops

@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include <cassert>
+#include <cmath>
 #include <vector>
 
 #include "core/numeric.h"
@@ -46,6 +47,28 @@ void linear(const LinearParams& p) {
             const float v = dot_f32(xr, p.w + o * p.in, p.in);
             yr[o] = p.bf16_out ? round_bf16(v) : v;
           }
+        }
+      },
+      grain);
+}
+
+void linear_abs_terms(const LinearParams& p) {
+  assert(p.x && p.w && p.y && p.x != p.y);
+  // |x_i·w_i| = |x_i|·|w_i| exactly (rounding is sign-symmetric), so the terms are the products
+  // of the absolute rounded input and the absolute weight row, summed in dot_f32's order.
+  std::vector<float> xa(p.x, p.x + p.rows * p.in);
+  if (p.bf16_in) round_bf16_inplace(xa.data(), int64_t(xa.size()));
+  if (p.act_block > 0) fp8_quant_dequant(xa.data(), p.rows, p.in, p.act_block);
+  for (float& v : xa) v = std::fabs(v);
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, p.in));
+  ThreadPool::global().parallel_for(
+      p.out,
+      [&](int64_t o0, int64_t o1) {
+        std::vector<float> wa(size_t(p.in));
+        for (int64_t o = o0; o < o1; ++o) {
+          const float* wr = p.w + o * p.in;
+          for (int64_t i = 0; i < p.in; ++i) wa[size_t(i)] = std::fabs(wr[i]);
+          for (int64_t r = 0; r < p.rows; ++r) p.y[r * p.out + o] = dot_f32(xa.data() + r * p.in, wa.data(), p.in);
         }
       },
       grain);
