@@ -49,6 +49,9 @@ struct CpuLoadOptions {
   // numerics on a checkpoint with FP8/FP4 weights; at most 1e-3.
   double dot_perturbation = 0;
   uint64_t perturbation_seed = 0;
+  // Loading threads and progress (the matrices are dequantised in parallel; `matrices` is ignored:
+  // the CPU backend always loads them).
+  WeightLoadOptions weights;
 };
 
 class CpuModel final : public Model {

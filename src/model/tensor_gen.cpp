@@ -23,9 +23,8 @@
 #include <mutex>
 #include <thread>
 
-#include <sys/mman.h>
-
 #include "core/numeric.h"
+#include "core/prefault.h"
 #include "core/rng.h"
 #include "model/quant.h"
 
@@ -148,23 +147,6 @@ std::shared_ptr<const CodeTables> code_tables(bool fp4, double factor) {
     }
   std::lock_guard<std::mutex> lock(mu);
   return cache.emplace(std::pair{fp4, bits}, std::move(t)).first->second;
-}
-
-// Faults the pages of [p, p + n) in for writing with one system call (MADV_POPULATE_WRITE,
-// Linux 5.14+), from the thread that will write them: page by page first-touch faults cost far
-// more, on virtual machines up to 20x. A hint only: older kernels refuse it and the writes fault
-// as usual.
-void prefault_for_write(uint8_t* p, uint64_t n) {
-#ifdef __linux__
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE (older headers lack the name)
-  constexpr uint64_t kPage = 4096;
-  if (n < 16 * kPage) return;
-  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~uintptr_t(kPage - 1);
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) & ~uintptr_t(kPage - 1);
-  if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, kPopulateWrite);
-#else
-  (void)p, (void)n;
-#endif
 }
 
 bool ends_with(const std::string& s, const char* suf) {

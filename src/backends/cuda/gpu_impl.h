@@ -141,6 +141,8 @@ struct GpuWeightReport {
   int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 
+class WeightStager;  // gpu_model.cpp: pinned, overlapped weight upload during GpuModel::load
+
 class GpuModel final : public Model {
  public:
   // With `shard` (gpu_tp.h): one rank of a multi-GPU model, holding only its slice of the weights;
@@ -260,6 +262,10 @@ class GpuModel final : public Model {
   Status mhc_block(const LayerWeights& L, const std::string& tag, int64_t T, float* X, float* pre_in,
                    const Sublayer& attn, const Sublayer& ffn);
   Status engram(int layer, GpuChunk& ctx, float* X);
+  // The Engram table rows ids[0, n) of `layer`, dequantised to FP32 into the device buffer `rows`
+  // [n, engram_head_dim]: gathered on the device from the table uploaded as stored
+  // (GpuLoadOptions::engram_on_device), else on the host from the checkpoint and uploaded.
+  Status engram_rows(int layer, const int64_t* ids, int64_t n, float* rows);
   Status attention(int layer, GpuChunk& ctx, const float* a, float* out);
   Status output_projection(const AttentionWeights& A, const std::string& tag, const int64_t* d_pos, int64_t T,
                            int64_t H, int64_t G, float* o, float* out, bool bf16_out);
@@ -299,12 +305,16 @@ class GpuModel final : public Model {
   // Native weights (GpuWeights::kNative): key = the stored data's device address (what d()
   // returns for such a Vec).
   bool native_ = false;
+  // --engram-tables device: each Engram layer's table as stored (FP8 codes + E8M0 scales), by layer.
+  bool engram_device_ = false;
+  std::unordered_map<int, NativeMatrix> engram_dev_;
   std::unordered_map<const Vec*, const float*> native_key_;
   std::unordered_map<const float*, NativeMatrix> native_w_;
   DevArray<int32_t> expert_ids_;  // 0 … E−1: group expert ids of the grouped expert GEMV
   std::unordered_set<std::string> deferred_;  // matrices load_weights left for upload (w_.deferred_matrices)
   std::unordered_set<std::string> uploaded_;  // of which uploaded
   GpuWeightReport report_;
+  WeightStager* stager_ = nullptr;  // during upload_weights only: stored matrices go up through it
   size_t sample_ws_bytes_ = 0;  // device sampling workspace (gpu_sample.cpp)
   std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables
