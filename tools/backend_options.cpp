@@ -24,7 +24,16 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--gpu-graphs-log", o.gpu_graphs_log, "print the CUDA-graph counters to stderr at the end");
+  cmd->add_option("--engram-tables", o.engram_tables,
+                  "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
+                  "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
+                  "GPU; counted by the memory plan). The CPU backend accepts both: its tables are host memory "
+                  "either way")
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str();
 }
+
+bool engram_on_device(const BackendOpts& o) { return o.engram_tables == "device"; }
 
 Status apply_threads(const BackendOpts& o) {
   if (o.threads == 0) return {};  // CLI default: the hardware's
@@ -39,6 +48,8 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.tp_comm = o.tp_comm == "nccl"   ? forward::TpComm::kNccl
               : o.tp_comm == "host" ? forward::TpComm::kHost
                                     : forward::TpComm::kAuto;
+  g.load_threads = o.threads;
+  g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
   return g;
 }
 

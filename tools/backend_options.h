@@ -19,15 +19,20 @@ struct BackendOpts {
   std::string tp_comm = "auto";        // auto | nccl | host
   std::string device_sampling = "on";  // on | off
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
+  std::string engram_tables = "host";  // host | device
 };
 
-// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling and --gpu-graphs-log to `cmd`.
+// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log and --engram-tables
+// to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
 Status apply_threads(const BackendOpts& o);
 
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
+
+// --engram-tables device.
+bool engram_on_device(const BackendOpts& o);
 
 // Sets the engine options the backend options cover (device sampling).
 void apply_engine_options(const BackendOpts& o, engine::EngineOptions& eo);

@@ -1,5 +1,8 @@
 // `flashseek bench`: kernel-level layer-slice benchmark on the GPU (bench/cuda/layer_bench.h).
 // Without a CUDA build or a device it fails with a clear message.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -7,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/gpu_model.h"
+#include "forward/model.h"
 #include "tools/command.h"
+#include "tools/model_source.h"
 
 #if FLASHSEEK_HAVE_CUDA
 #include "bench/cuda/kernel_bench.h"
@@ -20,8 +26,85 @@
 namespace flashseek::tools {
 namespace {
 
+struct ModelBenchOpts {
+  ModelSourceCli source;
+  uint64_t seed = 0;
+  std::string gpus;  // "" = the CPU backend
+  std::string numerics = "reference";
+  int prompt = 16;
+  int batch = 1;
+};
+
+// `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
+// Generates (or loads) the weights, loads them on the backend, prefills `batch` sequences with
+// `prompt` tokens each and times `reps` decode steps of all of them together; prints the
+// generation / load rates, prefill tok/s, the median decode step and its share per layer, and a
+// checksum of the first step's logits (the same seed gives the same value).
+int run_model_bench(const ModelBenchOpts& o, int reps) {
+  using clock = std::chrono::steady_clock;
+  auto fail = [](const Status& st) {
+    std::cerr << "bench: " << st.message() << "\n";
+    return 1;
+  };
+  auto source = resolve_model_source(o.source, o.seed);
+  if (!source.ok()) return fail(source.status());
+  if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) return fail(st);
+  forward::GpuLoadOptions lo;
+  lo.load_threads = o.source.threads;
+  lo.load_progress = load_progress_printer(lo.load_threads);
+  const auto t0 = clock::now();
+  auto model = forward::load_model_for(
+      source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
+  if (!model.ok()) return fail(model.status().with_context("loading " + source->name));
+  print_load_summary(*source, t0);
+  forward::Model& m = **model;
+  const auto& c = m.config();
+  std::vector<std::unique_ptr<forward::SequenceState>> seqs;
+  std::vector<std::vector<int32_t>> prompts(size_t(o.batch));
+  for (int b = 0; b < o.batch; ++b) {
+    seqs.push_back(m.new_sequence());
+    for (int i = 0; i < o.prompt; ++i)
+      prompts[size_t(b)].push_back(int32_t((uint64_t(b) * 7919 + uint64_t(i) * 104729 + 1) % uint64_t(c.vocab_size)));
+  }
+  std::vector<float> logits;
+  std::vector<forward::BatchItem> items(size_t(o.batch));
+  for (int b = 0; b < o.batch; ++b) items[size_t(b)] = {seqs[size_t(b)].get(), prompts[size_t(b)]};
+  const auto p0 = clock::now();
+  if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
+  const double prefill_s = std::chrono::duration<double>(clock::now() - p0).count();
+  double checksum = 0;
+  for (float x : logits) checksum += double(x);
+  std::vector<double> steps;
+  std::vector<int32_t> next(size_t(o.batch));
+  for (int r = 0; r < reps; ++r) {
+    for (int b = 0; b < o.batch; ++b) {
+      const float* row = logits.data() + size_t(b) * size_t(c.vocab_size);
+      next[size_t(b)] = int32_t(std::max_element(row, row + c.vocab_size) - row);  // greedy
+      items[size_t(b)] = {seqs[size_t(b)].get(), std::span<const int32_t>(&next[size_t(b)], 1)};
+    }
+    logits.clear();
+    const auto s0 = clock::now();
+    if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
+    steps.push_back(std::chrono::duration<double>(clock::now() - s0).count());
+  }
+  std::sort(steps.begin(), steps.end());
+  const double med = steps.empty() ? 0 : steps[steps.size() / 2];
+  std::printf("model bench: %s, %lld layers, backend %s (%s), numerics %s\n", source->name.c_str(),
+              static_cast<long long>(c.num_layers), o.gpus.empty() ? "cpu" : ("cuda:" + o.gpus).c_str(),
+              m.backend_kind().c_str(), o.numerics.c_str());
+  std::printf("prefill: %d x %d tokens in %.3f s (%.1f tok/s)\n", o.batch, o.prompt, prefill_s,
+              prefill_s > 0 ? o.batch * o.prompt / prefill_s : 0.0);
+  std::printf("decode: batch %d, median %.3f ms/step over %d steps (%.3f ms per layer, %.1f tok/s aggregate)\n",
+              o.batch, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
+              med > 0 ? o.batch / med : 0.0);
+  std::printf("logits checksum (prefill rows): %.9g\n", checksum);
+  return 0;
+}
+
 std::function<int()> setup_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "GPU layer-slice benchmark at V4.1 dimensions");
+  auto* cmd = app.add_subcommand("bench",
+                                 "GPU layer-slice benchmark at V4.1 dimensions; with --load-format dummy (or --ckpt): "
+                                 "the engine's model on any backend (generation, load, prefill, decode steps)");
   struct Opts {
     std::string tokens = "1,6,8,32";
     int reps = 40;
@@ -39,6 +122,20 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::string prefill_attn = "prefill";
   };
   auto o = std::make_shared<Opts>();
+  auto mo = std::make_shared<ModelBenchOpts>();
+  add_model_source_options(cmd, mo->source);
+  cmd->add_option("--seed", mo->seed, "with --load-format dummy: the weights' seed")->capture_default_str();
+  cmd->add_option("--gpus", mo->gpus,
+                  "with --load-format dummy / --ckpt: the backend of the model bench (empty: the CPU; 0: GPU 0)");
+  cmd->add_option("--numerics", mo->numerics, "with --load-format dummy / --ckpt: exact | reference")
+      ->check(CLI::IsMember({"exact", "reference"}))
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", mo->prompt, "model bench: prompt tokens per sequence")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--batch", mo->batch, "model bench: sequences decoded together")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -72,7 +169,12 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "V4.1 prefill shapes) (bench/cuda/kernel_bench.h)");
   cmd->add_option("--skip-variants", o->skip_variants,
                   "--kernels gemm: variant digits to leave out of the table, e.g. 67");
-  return [o]() -> int {
+  return [o, mo]() -> int {
+    // The engine's model on dummy weights (or a checkpoint): any backend, CUDA or not. The layer
+    // slices below fill their own buffers on the device (real dims, L2-defeating copies).
+    if (mo->source.load_format == "dummy" || !mo->source.ckpt.empty() || !mo->source.config.empty() ||
+        mo->source.num_layers > 0)
+      return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;

@@ -116,12 +116,16 @@ int run(const RunOpts& o) {
   if (!source.ok()) return fail(source.status().message());
   // The plan is checked before anything big is allocated (dummy weights included).
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, 1, o.max_context,
-                                        *gpu_weights == forward::GpuWeights::kNative);
+                                        *gpu_weights == forward::GpuWeights::kNative,
+                                        engram_on_device(o.backend));
       !st.ok())
     return fail(st.message());
   if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) return fail(st.message());
+  load_opts.load_progress = load_progress_printer(load_opts.load_threads);
+  const auto load_t0 = std::chrono::steady_clock::now();
   auto model = forward::load_model_for(source->name, numerics, o.gpus, load_opts);
   if (!model.ok()) return fail(model.status().message());
+  print_load_summary(*source, load_t0);
   if (o.gpus.empty()) spdlog::info("CPU backend: {} threads", ThreadPool::global().size());
   auto request = build_request(o, tokenizer ? &*tokenizer : nullptr,
                                (*model)->config().vocab_size);

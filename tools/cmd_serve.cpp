@@ -224,7 +224,8 @@ int serve(const ServeOpts& o) {
   auto weights_mode = forward::parse_gpu_weights(o.gpu_weights);
   if (!weights_mode.ok()) return fail(weights_mode.status());
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context,
-                                        *weights_mode == forward::GpuWeights::kNative);
+                                        *weights_mode == forward::GpuWeights::kNative,
+                                        engram_on_device(o.backend));
       !st.ok())
     return fail(st);
   const std::string own_name =
@@ -252,12 +253,12 @@ int serve(const ServeOpts& o) {
       signals.join();
       return fail(st);
     }
-  } else {
-    read_ahead_checkpoint(source->name, 0);
   }
   auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
   forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
   if (gpu_weights.ok()) load_opts.weights = *gpu_weights;
+  load_opts.load_progress = load_progress_printer(load_opts.load_threads);
+  const auto load_t0 = std::chrono::steady_clock::now();
   auto model = gpu_weights.ok() ? forward::load_model_for(
                                       source->name, o.numerics == "exact" ? forward::Numerics::kExact
                                                                           : forward::Numerics::kReference,
@@ -272,6 +273,7 @@ int serve(const ServeOpts& o) {
     return fail(st);
   };
   if (!model.ok()) return abort_with(model.status().with_context("loading " + source->name));
+  print_load_summary(*source, load_t0);
   // The state cache outlives the engine (snapshot callbacks point at it).
   auto fingerprint = forward::checkpoint_fingerprint(source->name, o.numerics);
   if (!fingerprint.ok()) return abort_with(fingerprint.status());

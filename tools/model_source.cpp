@@ -1,8 +1,6 @@
 // --load-format auto|dummy, --config, --num-layers (model_source.h).
 #include "tools/model_source.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -101,68 +101,41 @@ Result<ModelSource> prepare_model_source(const ModelSourceCli& o, uint64_t seed)
   return src;
 }
 
-void read_ahead_checkpoint(const std::string& dir, int threads) {
-  namespace fs = std::filesystem;
-  struct Segment {
-    std::string path;
-    uint64_t offset, bytes;
+std::function<void(uint64_t, uint64_t)> load_progress_printer(int threads) {
+  struct State {
+    std::mutex mu;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), last{};
+    bool finished = false;
   };
-  constexpr uint64_t kSegment = 64ull << 20;
-  std::vector<Segment> segments;
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().extension() != ".safetensors") continue;
-    const uint64_t size = e.file_size(ec);
-    if (ec) continue;
-    for (uint64_t off = 0; off < size; off += kSegment)
-      segments.push_back({e.path().string(), off, std::min(kSegment, size - off)});
-    total += size;
-  }
-  if (total == 0) return;
+  auto st = std::make_shared<State>();
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  threads = int(std::min<size_t>(size_t(threads), segments.size()));
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::atomic<int> running{threads};
-  auto work = [&] {
-    std::vector<char> buf(8 << 20);
-    for (size_t i; (i = next.fetch_add(1)) < segments.size();) {
-      const Segment& s = segments[i];
-      const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        done += s.bytes;
-        continue;
-      }
-      uint64_t got = 0;
-      while (got < s.bytes) {
-        const ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), s.bytes - got), off_t(s.offset + got));
-        if (n <= 0) break;
-        got += uint64_t(n);
-        done += uint64_t(n);
-      }
-      done += s.bytes - got;  // a short read counts as done (the loader reports the error)
-      ::close(fd);
-    }
-    --running;
-  };
-  std::vector<std::thread> pool;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < threads; ++i) pool.emplace_back(work);
-  auto report = [&](bool last) {
-    const uint64_t d = done.load();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const int pct = int(d * 100 / total), bar = pct * 30 / 100;
+  return [st, threads](uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(st->mu);
+    const bool last = done >= total;
+    if (st->finished || (!last && now - st->last < std::chrono::milliseconds(200))) return;
+    st->last = now;
+    st->finished = last;
+    const double s = std::chrono::duration<double>(now - st->t0).count();
+    const int pct = total ? int(std::min<uint64_t>(done, total) * 100 / total) : 100, bar = pct * 30 / 100;
     std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% (%.2f / %.2f GB, %.2f GB/s, %d threads)%s", bar,
-                 "==============================", 30 - bar, "", pct, d / 1e9, total / 1e9,
-                 s > 0 ? d / 1e9 / s : 0.0, threads, last ? "\n" : "");
+                 "==============================", 30 - bar, "", pct, done / 1e9, total / 1e9,
+                 s > 0 ? done / 1e9 / s : 0.0, threads, last ? "\n" : "");
   };
-  while (running.load() > 0) {
-    report(false);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+void print_load_summary(const ModelSource& src, std::chrono::steady_clock::time_point t0) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t bytes = 0;
+  if (src.dummy) {
+    bytes = model::count_from_config(src.config).total.bytes;
+  } else {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(src.name, ec))
+      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
   }
-  for (auto& t : pool) t.join();
-  report(true);
+  std::fprintf(stderr, "loaded %s: %.3f GB of weights in %.2f s (%.2f GB/s)\n", src.name.c_str(), bytes / 1e9, s,
+               s > 0 ? bytes / 1e9 / s : 0.0);
 }
 
 void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o) {
@@ -176,7 +149,8 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o) {
 }
 
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
-                             int64_t max_batch, int64_t max_context, bool native_weights) {
+                             int64_t max_batch, int64_t max_context, bool native_weights,
+                             bool engram_on_device) {
   const model::ModelConfig& c = src.config;
   const int64_t context = max_context > 0 ? max_context : c.max_position_embeddings;
   forward::SnapshotGeometry g;
@@ -196,6 +170,7 @@ Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, con
   po.tensor_parallel = 1;
   for (char ch : gpus) po.tensor_parallel += ch == ',' ? 1 : 0;
   po.native_weights = po.gpu && po.tensor_parallel == 1 && native_weights;
+  po.engram_on_device = po.gpu && engram_on_device;
   if (src.dummy) po.resident_checkpoint_bytes = model::count_from_config(c).total.bytes;
   uint64_t available = o.memory_limit;
   if (available == 0) {

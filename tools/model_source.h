@@ -2,7 +2,9 @@
 // weights generated in memory from a config and a seed (--load-format dummy, model/dummy.h),
 // with --num-layers keeping a role-complete subset of the layers.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -41,10 +43,15 @@ Status materialize_model_source(const ModelSource& src, const ModelSourceCli& o,
 // Both steps.
 Result<ModelSource> prepare_model_source(const ModelSourceCli& o, uint64_t seed);
 
-// Reads every *.safetensors file of `dir` once, in 64 MiB segments on `threads` threads (<= 0:
-// all cores), so the mmap-based load that follows finds the bytes in the page cache; a progress
-// line on stderr reports percent, bytes and GB/s. Read errors are left to the loader.
-void read_ahead_checkpoint(const std::string& dir, int threads);
+// A GpuLoadOptions::load_progress callback (every backend): a progress line on stderr with
+// percent, bytes and GB/s since the callback was made, at most every 200 ms and once at 100 %.
+// Thread-safe (the loader calls it from its threads).
+std::function<void(uint64_t done, uint64_t total)> load_progress_printer(int threads);
+
+// One stderr line after a model loaded from `src`: the bytes of its checkpoint (the safetensors
+// files of a directory; the generated tensors of dummy weights), the seconds since `t0` and the
+// GB/s (what scripts/load-bench.sh compares with dd).
+void print_load_summary(const ModelSource& src, std::chrono::steady_clock::time_point t0);
 
 struct MemoryPlanCli {
   double gpu_memory_utilization = 0.9;
@@ -58,8 +65,10 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o);
 // sequences of max_context tokens (0: the config's): printed on stderr; an error naming the
 // bytes needed and available when it does not fit. Runs before dummy weights are generated.
 // `native_weights` (--gpu-weights native): one GPU keeps every matrix as stored, as the CUDA
-// backend's loader does.
+// backend's loader does; `engram_on_device` (--engram-tables device): the Engram tables count
+// against every GPU's memory instead of host memory.
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
-                             int64_t max_batch, int64_t max_context, bool native_weights);
+                             int64_t max_batch, int64_t max_context, bool native_weights,
+                             bool engram_on_device = false);
 
 }  // namespace flashseek::tools

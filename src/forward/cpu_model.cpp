@@ -30,7 +30,9 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
   FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
   std::unique_ptr<CpuModel> m(new CpuModel());
   m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
-  FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_));
+  WeightLoadOptions wo = opts.weights;
+  wo.matrices = true;
+  FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
   m->numerics_ = numerics;
   const auto& c = m->config();
   // The reference quantises activations only in front of FP8 / FP4 GEMMs (v4 §5.1, v41 §1.4).

@@ -51,6 +51,9 @@ struct CpuLoadOptions {
   double dot_perturbation = 0;
   uint64_t perturbation_seed = 0;
   DotPerturbationMode perturbation_mode = DotPerturbationMode::kRelative;
+  // Loading threads and progress (the matrices are dequantised in parallel; `matrices` is ignored:
+  // the CPU backend always loads them).
+  WeightLoadOptions weights;
 };
 
 class CpuModel final : public Model {

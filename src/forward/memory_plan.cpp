@@ -42,7 +42,7 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   // The CPU backend keeps FP32 copies of every weight it loads; the CUDA backend keeps every
   // matrix as stored (--gpu-weights native, the default on one GPU; vectors as FP32) or FP32
   // copies (fp32, tensor-parallel ranks); Engram tables stay in their stored format in host
-  // memory and are gathered by rows.
+  // memory and are gathered by rows, or (engram_on_device) are copied as stored to every GPU.
   uint64_t fp32 = 0, engram_stored = 0;
   for (const model::WeightSpec& w : model::expected_weights(cfg)) {
     if (w.optional || w.component == Component::kVision) continue;  // not loaded
@@ -58,9 +58,12 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
       fp32 += 4 * uint64_t(shape_numel(w.shape));
     }
   }
-  const uint64_t host_extra = opt.resident_checkpoint_bytes > 0 ? opt.resident_checkpoint_bytes : engram_stored;
+  const bool engram_gpu = opt.gpu && opt.engram_on_device;
+  const uint64_t host_extra = opt.resident_checkpoint_bytes > 0 ? opt.resident_checkpoint_bytes
+                              : engram_gpu                     ? 0
+                                                               : engram_stored;
   if (opt.gpu) {
-    p.weights = fp32 / uint64_t(std::max(opt.tensor_parallel, 1));
+    p.weights = fp32 / uint64_t(std::max(opt.tensor_parallel, 1)) + (engram_gpu ? engram_stored : 0);
     p.host_weights = host_extra;
   } else {
     p.weights = fp32 + host_extra;

@@ -25,6 +25,9 @@ struct MemoryPlanOptions {
   // Checkpoint bytes that stay resident in host memory besides the backend's own copies (dummy
   // weights live in an anonymous image); 0 for a checkpoint on disk (mapped, reclaimable).
   uint64_t resident_checkpoint_bytes = 0;
+  // GPU (--engram-tables device): the Engram tables are uploaded as stored to every GPU and count
+  // against its memory; otherwise they stay in host memory (the checkpoint) and rows are gathered.
+  bool engram_on_device = false;
 };
 
 struct MemoryPlan {

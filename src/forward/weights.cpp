@@ -1,5 +1,7 @@
 #include "forward/weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -7,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "model/tensor_gen.h"
+#include "model/weights.h"
 #include "ops/rope.h"
 
 namespace flashseek::forward {
@@ -23,16 +27,39 @@ Status get(const Checkpoint& ck, const std::string& name, int64_t numel, Vec& ou
   return {};
 }
 
+// A matrix whose dequantisation is queued: they run in parallel once every tensor was checked.
+struct MatJob {
+  std::string name;
+  int64_t numel;
+  Vec* out;
+  uint64_t bytes;  // stored bytes (codes + scales): what the progress counts
+};
+
 // The options and, when matrices are left to the backend, the names of those left empty.
 struct LoadCtx {
   bool matrices = true;
   std::vector<std::string>* deferred = nullptr;
+  std::vector<MatJob>* jobs = nullptr;
 };
 
-// A matrix: loaded as `get` does, or (WeightLoadOptions::matrices false) only checked to exist with
-// `numel` logical elements and left empty (the caller uploads the stored bytes itself).
+uint64_t stored_bytes(const Checkpoint& ck, const std::string& name) {
+  uint64_t b = 0;
+  if (auto t = ck.find(name); t.ok()) b += t->data.size();
+  if (auto s = ck.find(model::scale_name_for(name)); s.ok()) b += s->data.size();
+  return b;
+}
+
+// A matrix: checked now (exists, `numel` logical elements) and dequantised later in parallel
+// (run_jobs), or (WeightLoadOptions::matrices false) left empty (the caller uploads the stored
+// bytes itself). A tensor that fails the check is loaded at once so that the error is the one a
+// sequential load reports first.
 Status mat(const Checkpoint& ck, LoadCtx& o, const std::string& name, int64_t numel, Vec& out) {
-  if (o.matrices) return get(ck, name, numel, out);
+  if (o.matrices) {
+    auto shape = ck.logical_shape(name);
+    if (!shape.ok() || shape_numel(*shape) != numel) return get(ck, name, numel, out);
+    o.jobs->push_back({name, numel, &out, stored_bytes(ck, name)});
+    return {};
+  }
   o.deferred->push_back(name);
   FS_ASSIGN_OR_RETURN(const Shape shape, ck.logical_shape(name));
   if (shape_numel(shape) != numel)
@@ -227,12 +254,32 @@ Status load_dspark(const Checkpoint& ck, LoadCtx& o, DSparkWeights& d) {
   return get(ck, p + "confidence_head.proj.weight", D + r, d.confidence);
 }
 
+// Dequantises the queued matrices on `threads` threads, biggest first; the first error in load
+// order is returned. Each finished matrix reports its stored bytes to `progress`.
+Status run_jobs(const Checkpoint& ck, std::vector<MatJob>& jobs, const WeightLoadOptions& opts) {
+  std::vector<size_t> order(jobs.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) order[i] = i, total += jobs[i].bytes;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return jobs[a].bytes > jobs[b].bytes; });
+  std::vector<Status> errors(jobs.size());
+  std::atomic<uint64_t> done{0};
+  model::run_tasks(int64_t(order.size()), opts.threads, [&](int64_t t) {
+    MatJob& j = jobs[order[size_t(t)]];
+    errors[order[size_t(t)]] = get(ck, j.name, j.numel, *j.out);
+    const uint64_t d = done.fetch_add(j.bytes) + j.bytes;
+    if (opts.progress) opts.progress(d, total);
+  });
+  for (const Status& e : errors) FS_RETURN_IF_ERROR(e);
+  return {};
+}
+
 }  // namespace
 
 Result<ModelWeights> load_weights(const Checkpoint& ck, const WeightLoadOptions& opts) {
   const ModelConfig& c = ck.config();
   ModelWeights mw;
-  LoadCtx o{opts.matrices, &mw.deferred_matrices};
+  std::vector<MatJob> jobs;
+  LoadCtx o{opts.matrices, &mw.deferred_matrices, &jobs};
   const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult;
   FS_RETURN_IF_ERROR(mat(ck, o, "embed.weight", V * D, mw.embed));
   FS_RETURN_IF_ERROR(mat(ck, o, "head.weight", V * D, mw.head));
@@ -269,6 +316,7 @@ Result<ModelWeights> load_weights(const Checkpoint& ck, const WeightLoadOptions&
     mw.has_dspark = true;
     FS_RETURN_IF_ERROR(load_dspark(ck, o, mw.dspark));
   }
+  FS_RETURN_IF_ERROR(run_jobs(ck, jobs, opts));
   return mw;
 }
 

@@ -2,6 +2,8 @@
 // trades memory for simplicity; Engram tables stay in the mmapped checkpoint and are gathered
 // row by row). Names follow the release checkpoints (model-v4.md §2.2, model-v41.md §6).
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +106,12 @@ struct WeightLoadOptions {
   // backend's native weights) never holds an FP32 copy on the host. Vectors (norms, biases,
   // sinks, mHC base/scale, compressor `ape`, Engram q/k, the confidence vector) are always loaded.
   bool matrices = true;
+  // Matrices are dequantised in parallel on this many threads (<= 0: all cores), after every
+  // tensor was checked; the result does not depend on it.
+  int threads = 0;
+  // Called from the loading threads after each matrix with the stored bytes done and in all
+  // (the CLI's progress line); may be empty.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 // Loads every backbone weight of `ck`, the V4.1 DSpark draft or the V4 MTP block when present.

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/prefault.h"
 #include "model/quant.h"
 #include "model/weights.h"
 
@@ -165,7 +166,10 @@ Status Checkpoint::dequant_rows(std::string_view name, int64_t row_begin, int64_
 Result<std::vector<float>> Checkpoint::dequant_f32(std::string_view name) const {
   FS_ASSIGN_OR_RETURN(TensorView t, find(name));
   FS_ASSIGN_OR_RETURN(Decode d, plan_decode(*this, t));
-  std::vector<float> out(static_cast<size_t>(d.rows * d.cols));
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(d.rows * d.cols));  // big: mapped, not yet touched
+  prefault_for_write(out.data(), uint64_t(d.rows * d.cols) * 4);
+  out.resize(static_cast<size_t>(d.rows * d.cols));
   FS_RETURN_IF_ERROR(dequant_rows(name, 0, d.rows, out));
   return out;
 }

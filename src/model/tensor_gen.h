@@ -1,7 +1,9 @@
 // Random release-format tensors of one weight (make-tiny and --load-format dummy share it), in
-// independent chunks of rows so that big tensors are generated on several threads. Each chunk
-// draws from its own generator seeded by (seed, tensor name, chunk index): the bytes depend on
-// the seed only, not on the thread count or the order in which chunks run.
+// independent chunks of rows so that big tensors are generated on several threads. Every draw
+// comes from a counter-based generator keyed by (seed, tensor name) and indexed by the element
+// (or scale block): the bytes depend on the seed only, not on the chunking, the thread count or
+// the order in which chunks run. Codes are written straight into the stored FP8 / FP4 / BF16
+// bytes and E8M0 scales (no FP32 intermediates).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,9 +31,9 @@ struct WeightGen {
   }
 };
 
-// Tensors up to this many elements are one chunk (one generator stream, so small checkpoints
-// keep the bytes they had before chunking); bigger ones are split by rows.
-inline constexpr int64_t kDefaultChunkElems = int64_t(1) << 25;
+// Tensors up to this many elements are one chunk; bigger ones are split by rows (the unit of
+// work handed to a thread; it does not change the bytes).
+inline constexpr int64_t kDefaultChunkElems = int64_t(1) << 22;
 
 // How `spec` is stored under cfg's formats and split into chunks of about `chunk_elems`.
 WeightGen plan_weight(const WeightSpec& spec, const ModelConfig& cfg, int64_t chunk_elems = kDefaultChunkElems);

@@ -177,6 +177,36 @@ INSTANTIATE_TEST_SUITE_P(Tiny, GpuNativeExact, ::testing::Values("tiny-v41", "ti
                            return std::string(info.param) == "tiny-v41" ? std::string("v41") : std::string("v4");
                          });
 
+// --engram-tables device: the tables on the device as stored, rows gathered there, give the same
+// logits bit for bit as the host gather (default), in both numerics, as one prefill, one token at
+// a time and 37-token chunks (the Engram look-back crosses chunk boundaries).
+TEST(GpuEngramTables, DeviceEqualsHostBitwise) {
+  REQUIRE_GPU();
+#if FLASHSEEK_HAVE_CUDA
+  const std::string dir = make_ckpt("tiny-v41", false);
+  for (Numerics num : {Numerics::kExact, Numerics::kReference}) {
+    GpuLoadOptions dev_opt;
+    dev_opt.engram_on_device = true;
+    auto host = load_model_gpu(dir, num, 0);
+    ASSERT_TRUE(host.ok()) << host.status().to_string();
+    auto dev = load_model_gpu(dir, num, 0, dev_opt);
+    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+    const int64_t V = host.value()->config().vocab_size;
+    const auto tokens = tokens_for(V);
+    for (int64_t chunk : {kTokens, int64_t(1), int64_t(37)}) {
+      SCOPED_TRACE(chunk);
+      const auto a = run_chunked(*host.value(), tokens, chunk);
+      const auto b = run_chunked(*dev.value(), tokens, chunk);
+      ASSERT_EQ(a.size(), size_t(kTokens * V));
+      ASSERT_EQ(b.size(), a.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], 4) != 0;
+      EXPECT_EQ(bad, 0u) << "device vs host Engram rows: logits differ in " << bad << " of " << a.size();
+    }
+  }
+#endif
+}
+
 // DSpark proposals (the draft's matrices as stored too) equal the fp32 ones bitwise in exact numerics.
 TEST(GpuNativeExactDraft, ProposalsEqualFp32Bitwise) {
   REQUIRE_GPU();

@@ -1,10 +1,13 @@
 // load_weights(ck, {.matrices = false}) (the CUDA backend's native-weights load, no FP32 copy of
 // a matrix on the host): every matrix is left empty and named in deferred_matrices, exactly the
 // matrices a full load fills (same count, same element total), every vector is loaded as in the
-// full load.
+// full load. A full load dequantises the matrices in parallel with the same result on any number of
+// threads and reports its progress in stored bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/make_tiny.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 namespace flashseek::forward {
@@ -97,6 +101,66 @@ TEST_P(WeightsLoad, MatricesDeferredVectorsLoaded) {
     nonempty += !fv[i]->empty();
   }
   EXPECT_GT(nonempty, 10);
+}
+
+// The matrices are dequantised in parallel: one thread and four give the same weights bit for bit,
+// each matrix equals the checkpoint's own dequantisation, and the progress callback counts every
+// stored byte of the matrices exactly once, reaching the total on its last call.
+TEST_P(WeightsLoad, ParallelLoadEqualsOneThreadAndReportsEveryByte) {
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  flashseek::testing::TempDir dir;
+  model::MakeTinyOptions opt;
+  opt.seed = 7;
+  ASSERT_TRUE(model::make_tiny_checkpoint(cfg.value(), opt, dir.path().string()).ok());
+  auto ck = model::Checkpoint::open(dir.path().string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  WeightLoadOptions one_opt;
+  one_opt.threads = 1;
+  auto one = load_weights(ck.value(), one_opt);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  WeightLoadOptions four_opt;
+  four_opt.threads = 4;
+  four_opt.progress = [&](uint64_t done, uint64_t total) {
+    std::lock_guard<std::mutex> lock(mu);
+    calls.push_back({done, total});
+  };
+  auto four = load_weights(ck.value(), four_opt);
+  ASSERT_TRUE(four.ok()) << four.status().to_string();
+  const auto a = matrices_of(one.value()), b = matrices_of(four.value());
+  ASSERT_EQ(a.size(), b.size());
+  int64_t nonempty = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(*a[i], *b[i]) << "matrix field " << i;
+    nonempty += !a[i]->empty();
+  }
+  EXPECT_GT(nonempty, 10);
+  auto embed = ck.value().dequant_f32("embed.weight");
+  ASSERT_TRUE(embed.ok());
+  EXPECT_EQ(*embed, four.value().embed);
+  // Progress: one call per matrix, the totals agree, `done` reaches the total once, at the end of
+  // the sum of the matrices' stored bytes (codes + scales).
+  ASSERT_EQ(int64_t(calls.size()), nonempty);
+  uint64_t stored = 0;
+  WeightLoadOptions lean_opt;
+  lean_opt.matrices = false;
+  auto lean = load_weights(ck.value(), lean_opt);
+  ASSERT_TRUE(lean.ok());
+  for (const std::string& n : lean.value().deferred_matrices) {
+    stored += ck.value().find(n)->data.size();
+    if (auto s = ck.value().find(model::scale_name_for(n)); s.ok()) stored += s->data.size();
+  }
+  uint64_t max_done = 0;
+  int at_total = 0;
+  for (auto [done, total] : calls) {
+    EXPECT_EQ(total, stored);
+    max_done = std::max(max_done, done);
+    at_total += done == total;
+  }
+  EXPECT_EQ(max_done, stored);
+  EXPECT_EQ(at_total, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, WeightsLoad, ::testing::Values("tiny-v41", "tiny-v4"),

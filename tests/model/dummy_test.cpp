@@ -1,6 +1,7 @@
 // --load-format dummy (model/dummy.h, model/tensor_gen.h): the in-memory checkpoint holds the
 // same bytes as make-tiny writes for the seed, independent of the thread count; chunked tensors
 // decode to the generator's values across chunk boundaries; --num-layers keeps every role.
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -79,11 +80,11 @@ INSTANTIATE_TEST_SUITE_P(Configs, DummyFormats, ::testing::Values("tiny-v4", "ti
 TEST(Dummy, SeedDecidesBytesNotThreads) {
   const ModelConfig cfg = builtin("tiny-v41");
   auto one = make_dummy_checkpoint(cfg, {.seed = 3, .threads = 1}, "a");
-  auto three = make_dummy_checkpoint(cfg, {.seed = 3, .threads = 3}, "b");
-  auto other = make_dummy_checkpoint(cfg, {.seed = 4, .threads = 3}, "c");
-  ASSERT_TRUE(one.ok() && three.ok() && other.ok());
-  expect_same_tensors(*one, *three);
-  EXPECT_EQ(differing_tensors(*one, *three), 0);
+  auto four = make_dummy_checkpoint(cfg, {.seed = 3, .threads = 4}, "b");
+  auto other = make_dummy_checkpoint(cfg, {.seed = 4, .threads = 4}, "c");
+  ASSERT_TRUE(one.ok() && four.ok() && other.ok());
+  expect_same_tensors(*one, *four);
+  EXPECT_EQ(differing_tensors(*one, *four), 0);
   // Every weight changes with the seed.
   int weights = 0;
   EXPECT_EQ(differing_tensors(*one, *other, &weights), weights);
@@ -159,14 +160,85 @@ TEST(Dummy, ChunkedTensorsDecodeToGeneratedValues) {
     return std::move(*ck);
   };
   std::vector<std::vector<float>> values(gens.size());
-  const Checkpoint a = build(2, false, &values);
+  const Checkpoint a = build(4, false, &values);
   const Checkpoint b = build(1, true, nullptr);
   expect_same_tensors(a, b);
+  // The chunking does not change the bytes either: the default plan (whole tensors at this size)
+  // on one thread gives the same checkpoint.
+  auto whole = make_dummy_checkpoint(cfg, {.seed = 9, .threads = 1}, "whole");
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  expect_same_tensors(a, *whole);
   for (size_t i = 0; i < specs.size(); ++i) {
     auto got = a.dequant_f32(specs[i].name);
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     ASSERT_EQ(got->size(), values[i].size()) << specs[i].name;
     EXPECT_EQ(std::memcmp(got->data(), values[i].data(), got->size() * 4), 0) << specs[i].name;
+  }
+}
+
+// Generates `specs` under `cfg` into one buffer (stored tensors back to back) with chunks of
+// about `chunk_elems` on `threads` threads; `values` (optional) receives the dequantised values.
+std::vector<uint8_t> generate_all(const std::vector<WeightSpec>& specs, const ModelConfig& cfg, uint64_t seed,
+                                  int threads, int64_t chunk_elems, std::vector<std::vector<float>>* values) {
+  std::vector<WeightGen> gens;
+  std::vector<WeightPlace> place(specs.size());
+  uint64_t off = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    gens.push_back(plan_weight(specs[i], cfg, chunk_elems));
+    for (uint64_t b : gens[i].bytes) {
+      place[i].offsets.push_back(off);
+      off += b;
+    }
+  }
+  std::vector<uint8_t> buf(off, 0xAA);
+  if (values) values->resize(specs.size());
+  generate_weights(gens, place, {buf.data()}, cfg, seed, threads, values);
+  return buf;
+}
+
+// Real V4.1 widths (the config of the release): the weights of layer 0, big enough
+// that the default plan splits several of them into chunks of rows, come out bit for bit the
+// same on 1 and 4 threads and as one chunk per tensor.
+TEST(Dummy, RealWidthOneThreadEqualsFourThreads) {
+  auto cfg = parse_config(testutil::read_file(testutil::source_path("tests/model/data/v41-flash-config.json")),
+                          "v41-flash-config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  std::vector<WeightSpec> specs;
+  int64_t multi = 0, experts = 0;
+  for (const WeightSpec& w : expected_weights(*cfg)) {
+    if (w.name.rfind("layers.0.", 0) != 0) continue;
+    if (w.kind == WeightKind::kExpert && ++experts > 6) continue;  // 2 routed experts are enough
+    specs.push_back(w);
+    multi += plan_weight(w, *cfg).chunks > 1 ? 1 : 0;
+  }
+  ASSERT_GE(specs.size(), 20u);
+  EXPECT_GE(multi, 3);
+  const std::vector<uint8_t> one = generate_all(specs, *cfg, 5, 1, kDefaultChunkElems, nullptr);
+  const std::vector<uint8_t> four = generate_all(specs, *cfg, 5, 4, kDefaultChunkElems, nullptr);
+  const std::vector<uint8_t> unchunked = generate_all(specs, *cfg, 5, 4, int64_t(1) << 40, nullptr);
+  EXPECT_GT(one.size(), uint64_t(100) << 20);
+  EXPECT_TRUE(one == four);
+  EXPECT_TRUE(one == unchunked);
+}
+
+// The generated values are normal with the intended spread: FP8 linears (block scales around
+// std/64) and BF16 matrices have mean ~0 and standard deviation ~1/sqrt(fan-in), so the codes
+// use the format's range the way the release does.
+TEST(Dummy, GeneratedValuesHaveTheIntendedSpread) {
+  for (bool fp8 : {true, false}) {
+    ModelConfig cfg = builtin("tiny-v41");
+    cfg.fp8_weights = fp8;
+    const int64_t in = 512;
+    WeightSpec w{"layers.0.attn.wq_b.weight", {1024, in}, WeightKind::kLinear, DType::kBF16};
+    ASSERT_EQ(release_tensors(w, cfg)[0].dtype, fp8 ? DType::kF8E4M3 : DType::kBF16);
+    std::vector<std::vector<float>> values;
+    generate_all({w}, cfg, 21, 2, 1 << 14, &values);
+    double sum = 0, sq = 0;
+    for (float v : values[0]) sum += v, sq += double(v) * v;
+    const double n = double(values[0].size()), mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+    const double want = 1.0 / std::sqrt(double(in));
+    EXPECT_LT(std::abs(mean), 0.01 * want) << (fp8 ? "fp8" : "bf16");
+    EXPECT_NEAR(sd / want, 1.0, 0.05) << (fp8 ? "fp8" : "bf16");
   }
 }
 

@@ -219,6 +219,29 @@ TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
   }
 }
 
+// --engram-tables device (GpuModel::engram_rows): the step's rows gathered from an Engram table
+// on the device as stored (FP8 e4m3 codes, one E8M0 scale per 32 values of a row) equal the rows
+// the host path decodes from the checkpoint (model::dequant_fp8_blocks on each row, what
+// Checkpoint::dequant_rows runs), bit for bit: the first and last rows, repeats, ids in any order.
+TEST(CudaTypedWeights, EngramRowsOnTheDeviceMatchTheHostGather) {
+  FS_REQUIRE_GPU();
+  const int64_t rows = 4099, de = 256;
+  const Stored s = make_stored(WeightDtype::kFp8, rows, de, 1, 1, 32, 91);
+  const DevStored ds(s);
+  Rng r(5);
+  std::vector<int32_t> ids = {0, int32_t(rows - 1), 7, 7};
+  while (ids.size() < 3 * 24) ids.push_back(int32_t(r.below(uint64_t(rows))));  // 3 tokens x 24 columns
+  const int64_t n = int64_t(ids.size());
+  std::vector<float> want(size_t(n * de));
+  for (int64_t i = 0; i < n; ++i)
+    model::dequant_fp8_blocks(s.data.data(), s.scale.data(), rows, de, 1, 32, ids[size_t(i)], ids[size_t(i)] + 1,
+                              want.data() + i * de);
+  DeviceBuffer<int32_t> d_ids(ids);
+  DeviceBuffer<float> got(size_t(n * de));
+  FS_ASSERT_OK(cuda_status(cd::launch_embed_w(ds.ref(s), d_ids.get(), got.get(), n, 1, de, 0), "engram rows"));
+  expect_bitwise(got.to_host(), want, "engram rows");
+}
+
 // The embedding from the stored table equals the FP32 table's rows (first, last, repeated ids),
 // also one row picked by row0 (the DSpark Markov row); bad shapes are refused.
 TEST(CudaTypedWeights, EmbedMatchesFp32Bitwise) {

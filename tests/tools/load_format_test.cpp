@@ -145,3 +145,70 @@ TEST(MemoryPlan, RunRefusesARequestLongerThanMaxContext) {
 
 }  // namespace
 }  // namespace flashseek
+
+namespace flashseek {
+namespace {
+
+// The "logits checksum" line of `flashseek bench <args>` (empty when missing); fails on a non-zero exit.
+std::string bench_checksum(const std::string& args) {
+  auto r = testing::run_command(testing::flashseek_bin() + " bench " + args + " --reps 2 --batch 2 --prompt-tokens 5 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find("decode: batch 2, median"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("loaded "), std::string::npos) << r.output;
+  const size_t at = r.output.find("logits checksum");
+  return at == std::string::npos ? "" : r.output.substr(at, r.output.find('\n', at) - at);
+}
+
+// `bench --load-format dummy` runs the engine's model on generated weights on the CPU backend:
+// the seed decides the logits, and they are those of the make-tiny checkpoint of that seed
+// loaded with `bench --ckpt` (the same generator), also with --num-layers.
+TEST(BenchLoadFormat, DummyWeightsAreTheSeedsCheckpoint) {
+  const std::string a = bench_checksum("--load-format dummy --config tiny-v41 --seed 3");
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a, bench_checksum("--load-format dummy --config tiny-v41 --seed 3"));
+  EXPECT_NE(a, bench_checksum("--load-format dummy --config tiny-v41 --seed 4"));
+  testing::TempDir dir;
+  const std::string ckpt = (dir.path() / "six").string();
+  auto made = testing::run_command(testing::flashseek_bin() + " make-tiny --config tiny-v41 --seed 3 --num-layers 6 --out " + ckpt);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_EQ(bench_checksum("--ckpt " + ckpt), bench_checksum("--load-format dummy --config tiny-v41 --num-layers 6 --seed 3"));
+  // Without CUDA (or a GPU), --gpus fails with a message after the weights were generated.
+  auto gpu = testing::run_command(testing::flashseek_bin() + " bench --load-format dummy --config tiny-v41 --gpus 0 2>&1");
+  if (gpu.exit_code != 0) EXPECT_NE(gpu.output.find("bench: "), std::string::npos) << gpu.output;
+}
+
+}  // namespace
+}  // namespace flashseek
+
+namespace flashseek {
+namespace {
+
+// The "weights: ... (N bytes)" line of a memory plan printed by `flashseek run <args>` (0 when missing).
+uint64_t plan_weight_bytes(const std::string& args) {
+  auto r = testing::run_command(testing::flashseek_bin() + " run " + args + kRunArgs + " 2>&1");
+  const size_t at = r.output.find("  weights: ");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << args << "\n" << r.output;
+    return 0;
+  }
+  const size_t open = r.output.find('(', at);
+  return std::stoull(r.output.substr(open + 1));
+}
+
+// --engram-tables: the CPU backend accepts both values with the same result (host memory either
+// way); on a GPU the plan counts the tables in device memory (the plan is printed before the
+// backend loads, so this needs no GPU); other values are refused.
+TEST(EngramTables, CpuAcceptsBothGpuPlanCountsTheTables) {
+  const std::string base = "--load-format dummy --config tiny-v41 --seed 3";
+  EXPECT_EQ(run_json(base + " --engram-tables device"), run_json(base + " --engram-tables host"));
+  const std::string gpu = base + " --gpus 0 --memory-limit 100000000000";
+  const uint64_t host = plan_weight_bytes(gpu), device = plan_weight_bytes(gpu + " --engram-tables device");
+  EXPECT_GT(host, 0u);
+  EXPECT_GT(device, host);
+  auto bad = testing::run_command(testing::flashseek_bin() + " run " + base + " --engram-tables disk" + kRunArgs + " 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--engram-tables"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace flashseek

@@ -111,6 +111,8 @@ struct GpuWeightReport {
   int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 
+class WeightStager;  // gpu_model.cpp: pinned, overlapped weight upload during GpuModel::load
+
 class GpuModel final : public Model, public Backend {
  public:
   // With `shard` (gpu_tp.h): one rank of a multi-GPU model, holding only its slice of the weights;
@@ -333,12 +335,16 @@ class GpuModel final : public Model, public Backend {
   // Native weights (GpuWeights::kNative): key = the stored data's device address (what d()
   // returns for such a Vec).
   bool native_ = false;
+  // --engram-tables device: each Engram layer's table as stored (FP8 codes + E8M0 scales), by layer.
+  bool engram_device_ = false;
+  std::unordered_map<int, NativeMatrix> engram_dev_;
   std::unordered_map<const Vec*, const float*> native_key_;
   std::unordered_map<const float*, NativeMatrix> native_w_;
   DevArray<int32_t> expert_ids_;  // 0 … E−1: group expert ids of the grouped expert GEMV
   std::unordered_set<std::string> deferred_;  // matrices load_weights left for upload (w_.deferred_matrices)
   std::unordered_set<std::string> uploaded_;  // of which uploaded
   GpuWeightReport report_;
+  WeightStager* stager_ = nullptr;  // during upload_weights only: stored matrices go up through it
   size_t sample_ws_bytes_ = 0;  // device sampling workspace (gpu_sample.cpp)
   std::vector<std::string> logged_;  // fallback reasons already logged
   std::vector<DevArray<int32_t>> tid2eid_;     // [layer] V4 hash routing tables

@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "backends/cuda/gpu_tp.h"
+#include "forward/cpu_model.h"
 
 namespace flashseek::forward {
 
@@ -17,7 +18,13 @@ Result<GpuWeights> parse_gpu_weights(const std::string& s) {
 
 Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus,
                                               const GpuLoadOptions& opts) {
-  if (gpus.empty()) return load_model(dir, numerics);
+  if (gpus.empty()) {
+    CpuLoadOptions co;
+    co.weights.threads = opts.load_threads;
+    co.weights.progress = opts.load_progress;
+    FS_ASSIGN_OR_RETURN(auto m, CpuModel::load(dir, numerics, co));
+    return std::unique_ptr<Model>(std::move(m));
+  }
   if (gpus.find(',') != std::string::npos) {  // several devices: tensor + expert parallel (gpu_tp.h)
     FS_ASSIGN_OR_RETURN(std::vector<int> devices, parse_gpu_list(gpus));
     return load_model_tp(dir, numerics, devices, opts);
@@ -33,13 +40,18 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 
 #if FLASHSEEK_HAVE_CUDA
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cctype>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "backends/cuda/gpu_impl.h"
+#include "core/thread_pool.h"
 #include "model/weights.h"
 #include "ops/cuda/runtime/comm.h"
 #include "ops/cuda/gemv/gemv.h"
@@ -185,6 +197,176 @@ bool fast_fits(const NativeMatrix& m, int64_t act) {
 
 }  // namespace
 
+// Weight upload at the speed of the disk (GpuModel::load, native weights). Read-ahead threads
+// fault the checkpoint pages of the stored matrices into memory in upload order (parallel reads
+// of the mapped shards), staying at most kAhead bytes ahead of the copies so that a checkpoint
+// larger than the page cache is not read twice. The uploading thread copies each piece into one
+// of two pinned buffers (the memcpy split over the CPU thread pool) while the DMA engine copies
+// the previous buffer to the device on a stream of its own, so disk reads, host copies and
+// host-to-device copies overlap. No FP32 intermediates: the bytes go up as stored.
+class WeightStager {
+ public:
+  struct Range {
+    const uint8_t* p;
+    size_t n;
+  };
+  static constexpr size_t kBuffer = size_t(64) << 20;  // each of the two pinned buffers
+  static constexpr uint64_t kAhead = uint64_t(4) << 30;
+  static constexpr size_t kSegment = size_t(16) << 20;  // one read-ahead task
+
+  WeightStager(std::vector<Range> order, int threads, std::function<void(uint64_t, uint64_t)> progress)
+      : progress_(std::move(progress)) {
+    uint64_t cum = 0;
+    for (const Range& r : order)
+      for (size_t off = 0; off < r.n; off += kSegment) {
+        segments_.push_back({r.p + off, std::min(kSegment, r.n - off), cum});
+        cum += std::min(kSegment, r.n - off);
+      }
+    total_ = cum;
+    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    threads = int(std::min<size_t>(size_t(threads), segments_.size()));
+    for (int i = 0; i < threads; ++i) readers_.emplace_back([this] { read_ahead(); });
+  }
+  ~WeightStager() {
+    stop_readers();
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (int b = 0; b < 2; ++b) {
+      if (ev_[b]) cudaEventDestroy(ev_[b]);
+      if (buf_[b]) cudaFreeHost(buf_[b]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status init() {
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (int b = 0; b < 2; ++b) {
+      FS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&buf_[b]), kBuffer, cudaHostAllocDefault));
+      FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev_[b], cudaEventDisableTiming));
+    }
+    return {};
+  }
+
+  // Queues dst[0, bytes) = src[0, bytes) (src stays valid: the mapped checkpoint).
+  Status copy(void* dst, const uint8_t* src, size_t bytes) {
+    for (size_t off = 0; off < bytes;) {
+      if (fill_ == kBuffer) FS_RETURN_IF_ERROR(flip());
+      const size_t n = std::min(bytes - off, kBuffer - fill_);
+      uint8_t* h = buf_[cur_] + fill_;
+      constexpr int64_t kGrain = int64_t(4) << 20;
+      const int64_t parts = int64_t((n + size_t(kGrain) - 1) / size_t(kGrain));
+      ThreadPool::global().parallel_for(parts, [&](int64_t b, int64_t e) {
+        const size_t lo = size_t(b * kGrain), hi = std::min(n, size_t(e * kGrain));
+        std::memcpy(h + lo, src + off + lo, hi - lo);
+      });
+      FS_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, h, n, cudaMemcpyHostToDevice, stream_));
+      fill_ += n;
+      off += n;
+      done_ += n;
+      consumed_.store(done_, std::memory_order_relaxed);
+      if (progress_) progress_(std::min(done_, total_), total_);
+    }
+    return {};
+  }
+
+  // Waits for every queued copy and stops the readers.
+  Status finish() {
+    stop_readers();
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (progress_ && done_ < total_) progress_(total_, total_);
+    return {};
+  }
+
+ private:
+  struct Segment {
+    const uint8_t* p;
+    size_t n;
+    uint64_t start;  // bytes of the upload order before it
+  };
+
+  // The buffer being filled is handed to the DMA engine; the other one is reused once its
+  // copies finished.
+  Status flip() {
+    FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_[cur_], stream_));
+    used_[cur_] = true;
+    cur_ ^= 1;
+    if (used_[cur_]) FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev_[cur_]));
+    fill_ = 0;
+    return {};
+  }
+
+  void read_ahead() {
+    for (size_t i; (i = next_.fetch_add(1)) < segments_.size();) {
+      const Segment& s = segments_[i];
+      while (!stop_.load() && s.start > consumed_.load(std::memory_order_relaxed) + kAhead)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (stop_.load()) return;
+      uint8_t sum = 0;  // one read per page faults it in (the kernel reads ahead around it)
+      for (size_t off = 0; off < s.n; off += 4096) sum ^= *reinterpret_cast<const volatile uint8_t*>(s.p + off);
+      sink_.fetch_xor(sum, std::memory_order_relaxed);
+    }
+  }
+
+  void stop_readers() {
+    stop_.store(true);
+    for (auto& t : readers_) t.join();
+    readers_.clear();
+  }
+
+  std::vector<Segment> segments_;
+  uint64_t total_ = 0, done_ = 0;
+  std::function<void(uint64_t, uint64_t)> progress_;
+  std::atomic<uint64_t> consumed_{0};
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint8_t> sink_{0};
+  std::vector<std::thread> readers_;
+  cudaStream_t stream_ = nullptr;
+  uint8_t* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t ev_[2] = {nullptr, nullptr};
+  bool used_[2] = {false, false};
+  int cur_ = 0;
+  size_t fill_ = 0;
+};
+
+namespace {
+
+// The stored byte ranges (codes, then scales) of the matrices load_weights deferred, in the order
+// upload_weights copies them: the loader's order, except that a layer's routed experts go up by
+// projection (every w1, then every w2, then every w3), as up_experts stacks them.
+std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const std::vector<std::string>& names) {
+  std::vector<std::string> order;
+  std::vector<std::pair<std::string, std::string>> run;  // (projection + expert key, name) of one prefix
+  std::string run_prefix;
+  auto flush = [&] {
+    std::stable_sort(run.begin(), run.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& r : run) order.push_back(std::move(r.second));
+    run.clear();
+  };
+  for (const std::string& n : names) {
+    const size_t at = n.find(".experts.");
+    const size_t dot = at == std::string::npos ? at : n.find('.', at + 9);
+    if (at == std::string::npos || dot == std::string::npos) {
+      flush();
+      order.push_back(n);
+      continue;
+    }
+    const std::string prefix = n.substr(0, at);
+    if (prefix != run_prefix) flush();
+    run_prefix = prefix;
+    const std::string expert = n.substr(at + 9, dot - at - 9), proj = n.substr(dot + 1);
+    run.push_back({fmt::format("{}/{:08d}", proj, std::atoi(expert.c_str())), n});
+  }
+  flush();
+  std::vector<WeightStager::Range> ranges;
+  for (const std::string& n : order)
+    for (const std::string& t : {n, model::scale_name_for(n)})
+      if (auto v = ck.find(t); v.ok()) ranges.push_back({v->data.data(), v->data.size()});
+  return ranges;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
@@ -200,8 +382,11 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   // Native weights on one GPU: the host loads no matrix (they go up from the checkpoint's bytes).
   // Tensor-parallel ranks slice FP32 copies (gpu_tp.cpp shard_weights).
   m->native_ = opts.weights == GpuWeights::kNative && !shard;
+  m->engram_device_ = opts.engram_on_device;
   WeightLoadOptions wo;
   wo.matrices = !m->native_;
+  wo.threads = opts.load_threads;
+  if (!m->native_) wo.progress = opts.load_progress;  // the FP32 path's work is the host dequantisation
   FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
   m->numerics_ = numerics;
   m->device_ = device;
@@ -226,7 +411,21 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   } else {
     FS_ASSIGN_OR_RETURN(m->shard_, make_tp_shard(c, numerics, 0, 1));
   }
-  FS_RETURN_IF_ERROR(m->upload_weights());
+  if (m->native_) {  // the stored matrices go up through pinned staging, overlapped with the reads
+    std::vector<std::string> names = m->w_.deferred_matrices;
+    if (m->engram_device_)  // uploaded after the layers' matrices (upload_weights)
+      for (const LayerWeights& L : m->w_.layers)
+        if (L.has_engram) names.push_back(L.engram.table);
+    WeightStager stager(upload_order(*m->ck_, names), opts.load_threads, opts.load_progress);
+    FS_RETURN_IF_ERROR(stager.init());
+    m->stager_ = &stager;
+    Status st = m->upload_weights();
+    m->stager_ = nullptr;
+    if (st.ok()) st = stager.finish();
+    FS_RETURN_IF_ERROR(st);
+  } else {
+    FS_RETURN_IF_ERROR(m->upload_weights());
+  }
   {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_ops.cpp moe_native)
     std::vector<int32_t> ids(size_t(std::max<int64_t>(c.n_routed_experts, 1)));
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
@@ -282,8 +481,17 @@ Status GpuModel::up_matrix(Vec& v, const std::string& name, int64_t fast_act) {
     dev_.emplace(&v, std::move(a));
     return {};
   }
-  FS_RETURN_IF_ERROR(m.codes.upload(data.data(), data.size()));
-  if (!scale.empty()) FS_RETURN_IF_ERROR(m.scales.upload(scale.data(), scale.size()));
+  if (stager_) {  // as stored, through the pinned staging of GpuModel::load
+    FS_RETURN_IF_ERROR(m.codes.reserve(data.size(), false));
+    FS_RETURN_IF_ERROR(stager_->copy(m.codes.get(), data.data(), data.size()));
+    if (!scale.empty()) {
+      FS_RETURN_IF_ERROR(m.scales.reserve(scale.size(), false));
+      FS_RETURN_IF_ERROR(stager_->copy(m.scales.get(), scale.data(), scale.size()));
+    }
+  } else {
+    FS_RETURN_IF_ERROR(m.codes.upload(data.data(), data.size()));
+    if (!scale.empty()) FS_RETURN_IF_ERROR(m.scales.upload(scale.data(), scale.size()));
+  }
   m.act_block = fast_act;
   m.fast = fast_fits(m, fast_act);
   ++report_.stored_matrices;
@@ -378,9 +586,16 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
     for (int64_t e = 0; e < E; ++e) {
       const auto& d = data[j][size_t(e)];
       const auto& s = scale[j][size_t(e)];
-      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.codes.get() + e * m.code_bytes, d.data(), d.size(), cudaMemcpyHostToDevice));
-      if (!s.empty())
-        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(m.scales.get() + e * m.scale_bytes, s.data(), s.size(), cudaMemcpyHostToDevice));
+      if (stager_) {  // as stored, through the pinned staging of GpuModel::load
+        FS_RETURN_IF_ERROR(stager_->copy(m.codes.get() + e * m.code_bytes, d.data(), d.size()));
+        if (!s.empty()) FS_RETURN_IF_ERROR(stager_->copy(m.scales.get() + e * m.scale_bytes, s.data(), s.size()));
+      } else {
+        FS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(m.codes.get() + e * m.code_bytes, d.data(), d.size(), cudaMemcpyHostToDevice));
+        if (!s.empty())
+          FS_CUDA_RETURN_IF_ERROR(
+              cudaMemcpy(m.scales.get() + e * m.scale_bytes, s.data(), s.size(), cudaMemcpyHostToDevice));
+      }
       report_.checkpoint_bytes += int64_t(d.size() + s.size());
       uploaded_.insert(fmt::format("{}{}.{}.weight", p, e, proj[j]));
     }
@@ -468,6 +683,35 @@ Status GpuModel::upload_weights() {
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
     FS_RETURN_IF_ERROR(up_matrix(L.engram.wkv, p + "engram.wkv.weight", act_block_));
     FS_RETURN_IF_ERROR(up(L.engram.wqk));  // q_weight ⊙ k_weight, an FP32 product (weights.h)
+  }
+  if (engram_device_) {  // --engram-tables device: each table as stored (FP8 codes + E8M0 scales)
+    uint64_t bytes = 0;
+    for (int l = 0; l < int(w_.layers.size()); ++l) {
+      if (!w_.layers[size_t(l)].has_engram) continue;
+      const std::string& name = w_.layers[size_t(l)].engram.table;
+      NativeMatrix t;
+      std::span<const uint8_t> data, scale;
+      std::string why = plan_stored(*ck_, name, t, data, scale);
+      if (why.empty() && t.n > int64_t(INT32_MAX)) why = "more rows than 32-bit row ids address";
+      if (!why.empty()) {
+        std::fprintf(stderr, "flashseek gpu: %s: %s; its rows are gathered on the host\n", name.c_str(), why.c_str());
+        continue;
+      }
+      FS_RETURN_IF_ERROR(t.codes.reserve(data.size(), false));
+      if (!scale.empty()) FS_RETURN_IF_ERROR(t.scales.reserve(scale.size(), false));
+      if (stager_) {
+        FS_RETURN_IF_ERROR(stager_->copy(t.codes.get(), data.data(), data.size()));
+        if (!scale.empty()) FS_RETURN_IF_ERROR(stager_->copy(t.scales.get(), scale.data(), scale.size()));
+      } else {
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.codes.get(), data.data(), data.size(), cudaMemcpyHostToDevice));
+        if (!scale.empty())
+          FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.scales.get(), scale.data(), scale.size(), cudaMemcpyHostToDevice));
+      }
+      bytes += data.size() + scale.size();
+      engram_dev_.emplace(l, std::move(t));
+    }
+    std::fprintf(stderr, "flashseek gpu: %zu Engram table(s) on device %d as stored: %.2f MiB\n", engram_dev_.size(),
+                 device_, double(bytes) / (1 << 20));
   }
   if (has_draft()) FS_RETURN_IF_ERROR(upload_draft_weights());
   // Every matrix the loader left to this backend went up (the V4 MTP block has no CUDA twin).

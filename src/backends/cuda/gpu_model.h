@@ -2,9 +2,11 @@
 // (cpu_model.h), with the weights and every sequence's state (window rings, compressed KV, index
 // keys, compressor partial groups) in GPU memory and every op a GPU kernel (ops/cuda/
 // model_kernels.h). Engram tables stay in the checkpoint (host) and only the rows a chunk needs
-// are copied up. Available when the build has CUDA (FLASHSEEK_HAVE_CUDA); otherwise the factory
+// are copied up, or (GpuLoadOptions::engram_on_device) live on the device as stored. Available when the build has CUDA (FLASHSEEK_HAVE_CUDA); otherwise the factory
 // returns an error.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +53,15 @@ struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
   GpuGraphs graphs = GpuGraphs::kPatch;
   TpComm tp_comm = TpComm::kAuto;  // several devices only
+  // Every backend (load_model_for passes them to the CPU backend too): threads that read and
+  // convert the weights (<= 0: all cores) and a progress callback with the checkpoint bytes done
+  // and in all, called from those threads (may be empty).
+  int load_threads = 0;
+  // --engram-tables device: every Engram table is uploaded as stored and the step's rows are
+  // gathered on the device; false (host): rows are gathered from the checkpoint in host memory
+  // and uploaded each step.
+  bool engram_on_device = false;
+  std::function<void(uint64_t done, uint64_t total)> load_progress;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
@@ -92,7 +103,7 @@ Result<uint64_t> gpu_memory_free(int device);
 
 // The CLI/engine hook: `gpus` empty → the CPU backend (load_model); "N" → the CUDA backend on
 // device N; a list "0,1,..." → the tensor/expert-parallel model over those devices (gpu_tp.h).
-// `opts` apply to the CUDA backends only.
+// `opts` apply to the CUDA backends only, except load_threads / load_progress (every backend).
 Result<std::unique_ptr<Model>> load_model_for(const std::string& ckpt_dir, Numerics numerics,
                                               const std::string& gpus, const GpuLoadOptions& opts = {});
 

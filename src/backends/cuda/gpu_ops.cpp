@@ -317,11 +317,30 @@ Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor&
 
 // ---- Engram ----
 
-// Rows gathered on the host from the checkpoint (tables stay out of GPU memory) straight into
-// pinned staging, then uploaded on the stream (under graph capture the gather runs at capture
-// time and the graph's copy node reads the staged rows when it is launched).
+// The table on the device as stored (--engram-tables device): the row ids go up (int32: load
+// checked the row count) and the typed row gather expands each code with its E8M0 scale, as the
+// host decoder does. Otherwise (host, the default) rows are gathered on the host from the
+// checkpoint straight into pinned staging, then uploaded on the stream (under graph capture the
+// gather runs at capture time and the graph's copy node reads the staged rows when it is launched).
 Status GpuModel::engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) {
   const int64_t de = config().engram_head_dim, n = int64_t(ids.size());
+  if (n == 0) return {};
+  int layer = -1;
+  for (size_t l = 0; l < w_.layers.size(); ++l)
+    if (&w_.layers[l].engram == &E) layer = int(l);
+  if (auto it = engram_dev_.find(layer); layer >= 0 && it != engram_dev_.end()) {
+    const NativeMatrix& t = it->second;
+    FS_ASSIGN_OR_RETURN(int32_t* h_ids, staging<int32_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[size_t(i)];
+      if (id < 0 || id >= t.n) return out_of_range("engram layer {}: row {} outside [0, {})", layer, id, t.n);
+      h_ids[i] = int32_t(id);
+    }
+    FS_ASSIGN_OR_RETURN(int32_t* d_ids, scratch<int32_t>("engram_ids", n));
+    FS_RETURN_IF_ERROR(upload_staged(d_ids, h_ids, size_t(n) * 4));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_embed_w(t.ref(), d_ids, e.f32(), n, 1, de, stream_));
+    return {};
+  }
   FS_ASSIGN_OR_RETURN(float* h, staging<float>(n * de));
   for (int64_t i = 0; i < n; ++i)
     FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[size_t(i)], ids[size_t(i)] + 1, std::span<float>(h + i * de, size_t(de))));
