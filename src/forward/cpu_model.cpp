@@ -35,12 +35,9 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
   FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
   m->numerics_ = numerics;
   const auto& c = m->config();
-  // The reference quantises activations only in front of FP8 / FP4 GEMMs (v4 §5.1, v41 §1.4).
-  const int64_t blk = c.is_v41() ? 32 : 128;
-  if (numerics == Numerics::kReference) {
-    m->act_block_ = c.fp8_weights ? blk : 0;
-    m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
-  }
+  const ActBlocks ab = reference_act_blocks(c, numerics);
+  m->act_block_ = ab.linear;
+  m->expert_act_block_ = ab.experts;
   if (opts.dot_perturbation > 0 && m->act_block_ == 0 && m->expert_act_block_ == 0)
     return invalid_argument("{}: dot_perturbation: the checkpoint has no FP8/FP4 linears (nothing "
                             "quantises activations to FP8)", dir);
@@ -71,14 +68,7 @@ std::unique_ptr<SequenceState> CpuModel::new_sequence() const {
   return st;
 }
 
-FlowParams CpuModel::flow_params() const {
-  FlowParams p;
-  p.config = &config();
-  p.weights = &w_;
-  p.reference = ref();
-  p.act_block = act_block_;
-  return p;
-}
+FlowParams CpuModel::flow_params() const { return make_flow_params(config(), w_, numerics_); }
 
 Status CpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
   const int64_t V = config().vocab_size;

@@ -24,6 +24,26 @@ struct FlowParams {
   int64_t act_block = 0;         // FP8 activation block of FP8 linears (0: none)
 };
 
+// The reference quantises activations only in front of FP8 / FP4 GEMMs (v4 §5.1, v41 §1.4): the
+// activation block of FP8 linears and of routed experts in `numerics` (0: none; always 0 in exact).
+struct ActBlocks {
+  int64_t linear = 0, experts = 0;
+};
+inline ActBlocks reference_act_blocks(const model::ModelConfig& c, Numerics numerics) {
+  if (numerics != Numerics::kReference) return {};
+  const int64_t blk = c.is_v41() ? 32 : 128;
+  return {c.fp8_weights ? blk : 0, c.fp4_experts || c.fp8_weights ? blk : 0};
+}
+
+inline FlowParams make_flow_params(const model::ModelConfig& c, const ModelWeights& w, Numerics numerics) {
+  FlowParams p;
+  p.config = &c;
+  p.weights = &w;
+  p.reference = numerics == Numerics::kReference;
+  p.act_block = reference_act_blocks(c, numerics).linear;
+  return p;
+}
+
 class Forward {
  public:
   Forward(const FlowParams& p, Backend& b) : p_(p), c_(*p.config), w_(*p.weights), b_(b) {}

@@ -399,11 +399,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   // step, so that every rank patches, records or runs eagerly together.
   m->patch_ = m->graphs_ && opts.graphs == GpuGraphs::kPatch;
   const auto& c = m->config();
-  const int64_t blk = c.is_v41() ? 32 : 128;  // as CpuModel::load
-  if (numerics == Numerics::kReference) {
-    m->act_block_ = c.fp8_weights ? blk : 0;
-    m->expert_act_block_ = c.fp4_experts || c.fp8_weights ? blk : 0;
-  }
+  const ActBlocks ab = reference_act_blocks(c, numerics);
+  m->act_block_ = ab.linear;
+  m->expert_act_block_ = ab.experts;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
     m->shard_ = *shard;
     m->comm_ = comm;

@@ -29,14 +29,7 @@ cd::QuantSim to_cd(QuantSim k) {
 }
 }  // namespace
 
-FlowParams GpuModel::flow_params() const {
-  FlowParams p;
-  p.config = &config();
-  p.weights = &w_;
-  p.reference = ref();
-  p.act_block = act_block_;
-  return p;
-}
+FlowParams GpuModel::flow_params() const { return make_flow_params(config(), w_, numerics_); }
 
 Result<GpuModel::FfnDev> GpuModel::ffn_dev(const FfnWeights& F) const {
   for (size_t l = 0; l < w_.layers.size(); ++l)

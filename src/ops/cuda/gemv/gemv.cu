@@ -327,7 +327,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 //   (wo_a, wo_b), else 2 (4 blocks spill with two matrices or FP4; wide batches then take 8-token
 //   passes). V4's act_block 128 needs exactly 4.
 // * weights are loaded straight into registers (no shared-memory staging ring).
-// The sweeps behind these choices are in bench/RESULTS.md.
 int g_split_override = 0, g_chunk_override = 0;
 
 struct Tuning {
