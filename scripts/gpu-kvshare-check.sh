@@ -16,14 +16,21 @@
 #   --ckpt DIR        checkpoint to serve (default: a make-tiny tiny-v41 written to a temp dir)
 #   --transport T     snapshot transport: tcp (default) or ucx (UCX_TLS defaults to tcp)
 #   --prompt N        turn-1 prompt tokens (default 300)
+#   --answer N        tokens generated per turn (default 8)
+#   --serve-args "A"  extra arguments for both servers (word-split), e.g. the dummy real-width model:
+#                     "--load-format dummy --config C --num-layers 8 --gpu-memory-utilization 0.45"
+#                     (with --load-format, no checkpoint is made or passed)
 #   --keep            keep the temp dir (server logs) after the run
+# Each turn's request time is printed. A second tenant's key (the state cache is per tenant) then
+# sends the turn-2 prompt to A, and a third tenant the turn-3 prompt to B: the same requests with nothing to
+# reuse (recompute), for the turn-2 / turn-3 time with a local / remote snapshot vs without.
 set -u
 die() { echo "gpu-kvshare-check: $*" >&2; exit 2; }
 
 [ $# -ge 1 ] || die "usage: $0 REDIS_SERVER [--build DIR] [--gpus N | --cpu] [--ckpt DIR] [--transport tcp|ucx] [--prompt N] [--keep]"
 REDIS=$1; shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD="" GPUS=0 CPU=0 CKPT="" TRANSPORT=tcp NPROMPT=300 KEEP=0
+BUILD="" GPUS=0 CPU=0 CKPT="" TRANSPORT=tcp NPROMPT=300 KEEP=0 NANS=8 SERVE_ARGS=""
 while [ $# -gt 0 ]; do
   case $1 in
     --build) BUILD=${2:?}; shift 2 ;;
@@ -33,6 +40,8 @@ while [ $# -gt 0 ]; do
     --transport) TRANSPORT=${2:?}; shift 2 ;;
     --prompt) NPROMPT=${2:?}; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --answer) NANS=${2:?}; shift 2 ;;
+    --serve-args) SERVE_ARGS=${2:?}; shift 2 ;;
     *) die "unknown option $1" ;;
   esac
 done
@@ -45,6 +54,10 @@ FS=$BUILD/bin/flashseek
 command -v python3 >/dev/null || die "python3 is needed (HTTP requests and JSON)"
 case $TRANSPORT in tcp|ucx) ;; *) die "--transport tcp|ucx" ;; esac
 case $NPROMPT in ''|*[!0-9]*) die "--prompt N: a number" ;; esac
+case $NANS in ''|*[!0-9]*|0) die "--answer N: a positive number" ;; esac
+read -r -a EXTRA <<<"$SERVE_ARGS"
+DUMMY=0
+case " $SERVE_ARGS " in *" --load-format "*) DUMMY=1 ;; esac
 
 TMP=$(mktemp -d)
 PIDS=()
@@ -58,9 +71,13 @@ export UCX_TLS=${UCX_TLS:-tcp}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-if [ -z "$CKPT" ]; then
+SRC=(--ckpt "$CKPT")
+if [ "$DUMMY" = 1 ]; then
+  SRC=()
+elif [ -z "$CKPT" ]; then
   CKPT=$TMP/tiny
   "$FS" make-tiny --config tiny-v41 --seed 1 --out "$CKPT" >"$TMP/make-tiny.log" 2>&1 || { cat "$TMP/make-tiny.log"; die "make-tiny failed"; }
+  SRC=(--ckpt "$CKPT")
 fi
 
 RPORT=$(free_port)
@@ -73,7 +90,8 @@ BACKEND=(--gpus "$GPUS"); KIND="GPU $GPUS"
 # serve NAME: starts a server, waits (deadline 300 s) until /readyz answers 200, sets PORT.
 serve() {
   local name=$1 log=$TMP/$1.log port="" i
-  FLASHSEEK_API_KEYS="gpu-kvshare-check-key team" "$FS" serve --ckpt "$CKPT" "${BACKEND[@]}" --port 0 --max-context 16384 \
+  FLASHSEEK_API_KEYS="gpu-kvshare-check-key team,gpu-kvshare-check-key2 other,gpu-kvshare-check-key3 third" "$FS" serve "${SRC[@]}" "${EXTRA[@]}" \
+    "${BACKEND[@]}" --port 0 --max-context 16384 \
     --redis "redis://127.0.0.1:$RPORT" --cluster-secret gpu-kvshare-check --server-id "$name" \
     --kv-transport "$TRANSPORT" --drain-snapshots 0 >"$log" 2>&1 &
   PIDS+=($!)
@@ -90,17 +108,22 @@ PY
   die "server $name not ready within 300 s"
 }
 
-# req PORT PROMPT_JSON N: greedy completion of N tokens; prints "cached_tokens [answer ids]".
+# req PORT PROMPT_JSON N [KEY]: greedy completion of N tokens; prints "cached_tokens [answer ids]
+# seconds" (the request's wall time).
 req() {
   python3 - "$@" <<'PY'
-import json, sys, urllib.request
+import json, sys, time, urllib.request
 port, prompt, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+key = sys.argv[4] if len(sys.argv) > 4 else "gpu-kvshare-check-key"
 body = json.dumps({"model": "deepseek-v4.1-flash", "prompt": prompt, "max_tokens": n, "temperature": 0,
                    "ignore_eos": True, "return_token_ids": True}).encode()
 r = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                           {"Content-Type": "application/json", "Authorization": "Bearer gpu-kvshare-check-key"})
+                           {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+t0 = time.monotonic()
 j = json.loads(urllib.request.urlopen(r, timeout=600).read())
-print(j["usage"]["prompt_tokens_details"]["cached_tokens"], json.dumps(j["choices"][0]["token_ids"]))
+dt = time.monotonic() - t0
+print(j["usage"]["prompt_tokens_details"]["cached_tokens"], json.dumps(j["choices"][0]["token_ids"], separators=(",", ":")),
+      f"{dt:.3f}")
 PY
 }
 
@@ -121,18 +144,19 @@ p, a, n, s = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]),
 r = random.Random(s); print(json.dumps(p + a + [r.randrange(10, 200) for _ in range(n)]))' "$@"
 }
 
-echo "gpu-kvshare-check: backend $KIND, checkpoint $CKPT, transport $TRANSPORT, UCX_TLS=$UCX_TLS"
+echo "gpu-kvshare-check: backend $KIND, model ${SRC[*]:-}${SERVE_ARGS:+ $SERVE_ARGS}, transport $TRANSPORT, UCX_TLS=$UCX_TLS"
 serve A; A=$PORT
 serve B; B=$PORT
 echo "servers: A on port $A, B on port $B, redis on $RPORT"
 
 FAIL=0
 P1=$(extend '[]' '[]' "$NPROMPT" 1)
-read -r C1 ANS1 < <(req "$A" "$P1" 8) || die "turn 1 failed"
+read -r C1 ANS1 T1 < <(req "$A" "$P1" "$NANS") || die "turn 1 failed"
+echo "turn 1 -> A: prompt $NPROMPT tokens, $NANS generated, ${T1} s"
 P2=$(extend "$P1" "$ANS1" 40 2)
-read -r C2 ANS2 < <(req "$A" "$P2" 8) || die "turn 2 failed"
+read -r C2 ANS2 T2 < <(req "$A" "$P2" "$NANS") || die "turn 2 failed"
 N2=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$P2")
-echo "turn 2 -> A: prompt $N2 tokens, cached_tokens $C2"
+echo "turn 2 -> A: prompt $N2 tokens, cached_tokens $C2, ${T2} s"
 [ "$C2" -gt 0 ] || { echo "FAIL: turn 2 on A reused nothing from turn 1" >&2; FAIL=1; }
 
 # B learns of A's snapshots through the registry's event channel (asynchronous): wait until it
@@ -144,10 +168,16 @@ for i in $(seq 300); do
 done
 echo "A stored $PUTS snapshots; B sees $(metric "$B" flashseek_kvshare_remote_view_snapshots) of them"
 P3=$(extend "$P2" "$ANS2" 30 3)
-read -r C3 ANS3 < <(req "$B" "$P3" 8) || die "turn 3 failed"
+read -r C3 ANS3 T3 < <(req "$B" "$P3" "$NANS") || die "turn 3 failed"
 N3=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$P3")
 FETCHES=$(metric "$B" flashseek_kvshare_fetches_total)
-echo "turn 3 -> B: prompt $N3 tokens, cached_tokens $C3 (B's fetches from peers: $FETCHES)"
+echo "turn 3 -> B: prompt $N3 tokens, cached_tokens $C3 (B's fetches from peers: $FETCHES), ${T3} s"
+# The same two requests from two other tenants (one each: a tenant's turn-2 snapshot would serve
+# its turn 3): nothing to reuse (the recompute baseline).
+read -r R2 _ RT2 < <(req "$A" "$P2" "$NANS" gpu-kvshare-check-key2) || die "turn 2 recompute failed"
+read -r R3 _ RT3 < <(req "$B" "$P3" "$NANS" gpu-kvshare-check-key3) || die "turn 3 recompute failed"
+echo "recompute (other tenants): turn 2 -> A cached_tokens $R2, ${RT2} s; turn 3 -> B cached_tokens $R3, ${RT3} s"
+if [ "$R2" != 0 ] || [ "$R3" != 0 ]; then echo "FAIL: another tenant's request reused a snapshot" >&2; FAIL=1; fi
 [ "$C3" -gt 0 ] || { echo "FAIL: turn 3 on B reused nothing of A's snapshots" >&2; FAIL=1; }
 for s in A B; do grep -h "snapshot not stored\|snapshots skipped\|not restored" "$TMP/$s.log" | sed "s/^/[$s] /" | head -5; done
 if [ "$FAIL" = 0 ]; then echo "gpu-kvshare-check: OK"; else echo "gpu-kvshare-check: FAILED (logs: rerun with --keep)"; fi

@@ -9,19 +9,27 @@
 # change the bytes a step reads: 24 rows per token). --num-layers keeps every layer role.
 # --experts N keeps N routed experts per layer (384 in the release; a token reads 6 whatever N, so
 # batch-1 decode bytes do not change; generating 384 experts x 8 layers takes minutes).
+# --engram-compare: the short-context decode run once with --engram-tables host and once with
+# device (the per-step cost of gathering the Engram rows on the host and copying them up).
+# --skip-8k / --skip-serve / --skip-bench leave out those parts.
 # Usage: scripts/gpu-realwidth.sh [--layers N] [--experts N] [--streams 1,8,32] [--gpus 0]
+#                                 [--engram-compare] [--skip-8k] [--skip-serve] [--skip-bench]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
 cfg="$here/../tests/model/data/v41-flash-config.json"
-layers=8 streams=1,8,32 gpus=0 experts=384
+layers=8 streams=1,8,32 gpus=0 experts=384 engram_compare=0 skip8k=0 skipserve=0 skipbench=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
     --streams) streams="$2"; shift 2 ;;
     --gpus) gpus="$2"; shift 2 ;;
     --experts) experts="$2"; shift 2 ;;
+    --engram-compare) engram_compare=1; shift ;;
+    --skip-8k) skip8k=1; shift ;;
+    --skip-serve) skipserve=1; shift ;;
+    --skip-bench) skipbench=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -38,26 +46,38 @@ t['n_routed_experts'] = int(sys.argv[3])
 t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
 json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
 src=(--load-format dummy --config "$work/config.json" --num-layers "$layers")
-echo "== run: 8192-token prompt, 32 tokens, dummy real-width V4.1, $layers layers"
-timeout 150 "$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids @"$work/p8k.json" --max-tokens 32 --ignore-eos --speculative off \
-  --max-context 16384 >"$work/run1.log" 2>&1 || echo "run exited $?"
-grep -Ev '^\[[0-9]' "$work/run1.log" | tail -8
-echo "== run: 16-token prompt, 64 tokens (decode at short context)"
-timeout 100 "$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000 \
-  --max-tokens 64 --ignore-eos --speculative off --max-context 4096 >"$work/run2.log" 2>&1 || echo "run exited $?"
-grep -Ev '^\[[0-9]' "$work/run2.log" | tail -4
-echo "== serve: streams $streams"
-port=$((20000 + RANDOM % 20000))
-"$bin" serve "${src[@]}" --gpus "$gpus" --port "$port" --max-batch 64 --max-context 4096 --speculative off \
-  >"$work/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do
-  curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  kill -0 "$pid" 2>/dev/null || { tail -20 "$work/serve.log"; exit 1; }
-  sleep 0.2
-done
-grep -iE "memory plan|weights|plan" "$work/serve.log" | head -8 || true
-timeout 90 python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --streams "$streams" --max-tokens 32 || true
-kill "$pid"; wait "$pid" 2>/dev/null || true
-echo "== bench: layer slice, context 4096"
-timeout 90 "$bin" bench --tokens 1,6 --contexts 4096 --reps 3 2>&1 | grep -E "layer|copy|HBM|sum" | head -12 || true
+if [ "$skip8k" = 0 ]; then
+  echo "== run: 8192-token prompt, 32 tokens, dummy real-width V4.1, $layers layers"
+  timeout 150 "$bin" run "${src[@]}" --gpus "$gpus" --prompt-ids @"$work/p8k.json" --max-tokens 32 --ignore-eos --speculative off \
+    --max-context 16384 >"$work/run1.log" 2>&1 || echo "run exited $?"
+  grep -E '^(prompt .* tok/s|loaded |memory plan|run exited)' "$work/run1.log" | tail -4
+fi
+short_run() {  # $1: --engram-tables value (empty: the default)
+  local extra=()
+  [ -n "$1" ] && extra=(--engram-tables "$1")
+  echo "== run: 16-token prompt, 64 tokens (decode at short context)${1:+, --engram-tables $1}"
+  timeout 100 "$bin" run "${src[@]}" --gpus "$gpus" "${extra[@]}" \
+    --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000 \
+    --max-tokens 64 --ignore-eos --speculative off --max-context 4096 >"$work/run2.log" 2>&1 || echo "run exited $?"
+  grep -E '^(prompt .* tok/s|loaded |run exited)' "$work/run2.log" | tail -3
+}
+if [ "$engram_compare" = 1 ]; then short_run host; short_run device; else short_run ""; fi
+if [ "$skipserve" = 0 ]; then
+  echo "== serve: streams $streams"
+  port=$((20000 + RANDOM % 20000))
+  "$bin" serve "${src[@]}" --gpus "$gpus" --port "$port" --max-batch 64 --max-context 4096 --speculative off \
+    >"$work/serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    kill -0 "$pid" 2>/dev/null || { tail -20 "$work/serve.log"; exit 1; }
+    sleep 0.2
+  done
+  grep -iE "memory plan|weights|plan" "$work/serve.log" | head -8 || true
+  timeout 90 python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --streams "$streams" --max-tokens 32 || true
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+fi
+if [ "$skipbench" = 0 ]; then
+  echo "== bench: layer slice, context 4096"
+  timeout 90 "$bin" bench --tokens 1,6 --contexts 4096 --reps 3 2>&1 | grep -E "layer|copy|HBM|sum" | head -12 || true
+fi

@@ -2,17 +2,22 @@
 # Load GB/s against the disk (issue #15): makes a real-width checkpoint with make-tiny (the release
 # V4.1 config's widths with fewer routed experts, a smaller vocabulary, no Engram tables (98 GB
 # each at real size) and no draft, `--num-layers` layers), measures the read GB/s of its
-# safetensors files with dd (cold page cache when the caches can be dropped, and warm), then the
-# load GB/s that `flashseek run` reports on the CPU backend (and with --gpus 0 when a GPU is
-# present), cold and warm, each as a percentage of dd's. Prints a Markdown table.
+# safetensors files with dd (cold page cache when the caches can be dropped, and warm; one file
+# after the other, and nproc files at a time as the loader reads them), then the load GB/s that
+# `flashseek run` reports on the CPU backend (and with --gpus 0 when a GPU is present), cold and
+# warm, each as a percentage of the parallel dd's. Prints a Markdown table.
 #
 #   scripts/load-bench.sh [--bin build/bin/flashseek] [--config tests/model/data/v41-flash-config.json]
 #                         [--layers 8] [--experts 2] [--vocab 16384] [--dir /tmp/fs-load-bench] [--keep]
+#                         [--backends cpu,gpu0]
 #
 # The CPU backend dequantises every matrix to FP32 (4-8x the checkpoint's bytes in memory): keep
 # the checkpoint a few GB there. 8 layers is the fewest the real V4.1 roles allow.
-# Cold runs drop the page cache (echo 3 > /proc/sys/vm/drop_caches, root only): without that
-# permission only warm numbers are printed and the table says so.
+# Cold runs drop the page cache (echo 3 > /proc/sys/vm/drop_caches, root only); without that
+# permission (e.g. in a container) each shard's cached pages are evicted instead with
+# posix_fadvise(DONTNEED) (`dd iflag=nocache count=0`), which works on clean pages of files we can
+# read. --backends picks what loads (default: cpu, plus gpu0 when a GPU is present; at real widths
+# on a GPU box pass gpu0 alone: the CPU backend needs ~4x the checkpoint in host memory).
 set -euo pipefail
 
 BIN=build/bin/flashseek
@@ -22,6 +27,7 @@ EXPERTS=2
 VOCAB=16384
 DIR=/tmp/fs-load-bench
 KEEP=0
+BACKENDS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$2; shift 2 ;;
@@ -31,6 +37,7 @@ while [ $# -gt 0 ]; do
     --vocab) VOCAB=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --backends) BACKENDS=$2; shift 2 ;;
     *) echo "load-bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -71,15 +78,28 @@ fi
 BYTES=$(find "$CKPT" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {print s}')
 NFILES=$(find "$CKPT" -name '*.safetensors' | wc -l)
 
-can_drop=0
-if [ -w /proc/sys/vm/drop_caches ] && sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then can_drop=1; fi
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+can_drop=0 drop_how=""
+if [ -w /proc/sys/vm/drop_caches ] && sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
+  can_drop=1 drop_how="drop_caches"
+elif dd if="$(find "$CKPT" -name '*.safetensors' | head -1)" iflag=nocache count=0 status=none 2>/dev/null; then
+  can_drop=2 drop_how="fadvise DONTNEED per shard"
+fi
+drop() {
+  sync
+  if [ "$can_drop" = 1 ]; then echo 3 > /proc/sys/vm/drop_caches
+  else for f in "$CKPT"/*.safetensors; do dd if="$f" iflag=nocache count=0 status=none; done; fi
+}
 
-# dd of every shard, one after the other (GB/s over all bytes).
+# dd of every shard: one after the other, or (par) $(nproc) at a time as the loader reads them
+# (GB/s over all bytes).
 dd_rate() {
   local t0 t1
   t0=$(date +%s.%N)
-  for f in "$CKPT"/*.safetensors; do dd if="$f" of=/dev/null bs=16M status=none; done
+  if [ "${1:-seq}" = par ]; then
+    find "$CKPT" -name '*.safetensors' -print0 | xargs -0 -P "$(nproc)" -I{} dd if={} of=/dev/null bs=16M status=none
+  else
+    for f in "$CKPT"/*.safetensors; do dd if="$f" of=/dev/null bs=16M status=none; done
+  fi
   t1=$(date +%s.%N)
   python3 -c "print(f'{$BYTES / 1e9 / ($t1 - $t0):.2f}')"
 }
@@ -97,10 +117,16 @@ pct() { python3 -c "print(f'{100 * $1 / $2:.0f}')"; }
 echo
 echo "checkpoint: $CKPT, $NFILES files, $(python3 -c "print(f'{$BYTES / 1e9:.2f}')") GB (real V4.1 widths, $LAYERS layers, $EXPERTS routed experts, vocab $VOCAB, no Engram, no draft); $(nproc) cores"
 echo
+if [ -n "$BACKENDS" ]; then
+  IFS=, read -r -a backends <<<"$BACKENDS"
+else
+  backends=("cpu")
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then backends+=("gpu0"); fi
+fi
+[ "$can_drop" != 0 ] && echo "cold page cache: $drop_how"
+echo
 echo "| what | page cache | GB/s | seconds | % of dd |"
 echo "|---|---|---|---|---|"
-backends=("cpu")
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then backends+=("gpu0"); fi
 for cache in cold warm; do
   if [ "$cache" = cold ] && [ "$can_drop" = 0 ]; then
     echo "| (cold runs skipped: cannot drop the page cache here) | cold | - | - | - |"
@@ -109,7 +135,10 @@ for cache in cold warm; do
   [ "$cache" = cold ] && drop
   [ "$cache" = warm ] && dd_rate >/dev/null  # fill the cache
   DD=$(dd_rate)
-  echo "| dd, $NFILES files in turn | $cache | $DD | - | 100 |"
+  echo "| dd, $NFILES files in turn | $cache | $DD | - | - |"
+  [ "$cache" = cold ] && drop
+  DD=$(dd_rate par)
+  echo "| dd, $NFILES files, $(nproc) at a time | $cache | $DD | - | 100 |"
   for b in "${backends[@]}"; do
     [ "$cache" = cold ] && drop
     args=()
