@@ -73,7 +73,12 @@ if [ "$skipserve" = 0 ]; then
     kill -0 "$pid" 2>/dev/null || { tail -20 "$work/serve.log"; exit 1; }
     sleep 0.2
   done
-  grep -iE "memory plan|weights|plan" "$work/serve.log" | head -8 || true
+  grep -iE "memory plan|weights|plan|total for" "$work/serve.log" | head -12 || true
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "device memory in use (nvidia-smi, whole GPU): $(nvidia-smi --id="${gpus%%,*}" --query-gpu=memory.used --format=csv,noheader)"
+  fi
+  echo "-- the seed's streaming client (tetris prompt, 128 tokens, batch 1)"
+  timeout 60 python3 "$here/stream_client.py" --url "http://127.0.0.1:$port" --max-tokens 128 2>&1 | tail -1 || true
   timeout 90 python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --streams "$streams" --max-tokens 32 || true
   kill "$pid"; wait "$pid" 2>/dev/null || true
 fi
