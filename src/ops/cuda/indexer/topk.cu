@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kCtThreads, 1) topk_cluster_kernel(IndexTopkAr
     const unsigned eq_before = eb + (ex >> 16) + unsigned(__popc(be & lt));  // equal keys at lower indices
     if (gt || (eq && eq_before < take)) {
       const unsigned pos = gb + (ex & 0xffffu) + unsigned(__popc(bg & lt)) + (eq_before < take ? eq_before : take);
-      out[pos] = int32_t(lo + int64_t(u) * kCtThreads + tid);
+      if (pos < k) out[pos] = int32_t(lo + int64_t(u) * kCtThreads + tid);  // always (a guard, not a case)
     }
   }
   if (rank == 0 && tid == 0) a.out_n[t] = int32_t(all ? total : k);
