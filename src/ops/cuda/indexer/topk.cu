@@ -275,21 +275,22 @@ __global__ void __launch_bounds__(kCtThreads, 1) topk_cluster_kernel(IndexTopkAr
 #endif
 }
 
-// Whether clusters of `csize` blocks of kernel KPT can be resident on the current device (cached
-// per device: the answer does not change, and the launcher may run inside a graph capture).
+// How many clusters of `csize` blocks of kernel KPT the current device holds at once (0: none, or
+// no clusters at all). Cached per device: the answer does not change, and the launcher may run
+// inside a graph capture.
 template <int KPT>
-bool ct_fits(int csize) {
+int ct_active(int csize) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices][2];  // 0 unknown, 1 fits, 2 does not
+  static std::atomic<int> cache[kMaxDevices][2];  // 0 unknown, else clusters + 1
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
   std::atomic<int>& c = cache[dev][csize > kCtMinCluster ? 1 : 0];
   const int known = c.load(std::memory_order_acquire);
-  if (known) return known == 1;
-  int major = 0;
+  if (known) return known - 1;
+  int major = 0, clusters = 0;
   bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
   if (ok && csize > kCtMinCluster)  // 16 blocks per cluster is a non-portable size
     ok = cudaFuncSetAttribute(topk_cluster_kernel<KPT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
@@ -300,16 +301,16 @@ bool ct_fits(int csize) {
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = unsigned(csize), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_kernel<KPT>, &cfg) == cudaSuccess && clusters > 0;
+    ok = cudaOccupancyMaxActiveClusters(&clusters, topk_cluster_kernel<KPT>, &cfg) == cudaSuccess;
   }
   (void)cudaGetLastError();  // a refused query leaves no sticky error behind
-  c.store(ok ? 1 : 2, std::memory_order_release);
-  return ok;
+  if (!ok || clusters < 0) clusters = 0;
+  c.store(clusters + 1, std::memory_order_release);
+  return clusters;
 }
 
-bool ct_fits_kpt(int kpt, int csize) {
-  return kpt == 8 ? ct_fits<8>(csize) : kpt == 16 ? ct_fits<16>(csize) : kpt == 32 ? ct_fits<32>(csize) : false;
+int ct_active_kpt(int kpt, int csize) {
+  return kpt == 8 ? ct_active<8>(csize) : kpt == 16 ? ct_active<16>(csize) : kpt == 32 ? ct_active<32>(csize) : 0;
 }
 
 }  // namespace
@@ -318,17 +319,20 @@ bool topk_cluster_plan(const IndexTopkArgs& a, int* csize, int* kpt) {
   if (a.cluster != 0 && a.cluster != 8 && a.cluster != 16) return false;
   if (a.T <= 0 || a.T > INT32_MAX / 16 || a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX) return false;
   const int64_t clen_max = (a.start + a.T) / a.ratio;  // clen grows with the row
-  for (const int c : {16, 8}) {
+  int p[2] = {0, 0}, active[2] = {0, 0};  // [0]: 16 blocks, [1]: 8
+  for (int j = 0; j < 2; ++j) {
+    const int c = j == 0 ? 16 : 8;
     if (a.cluster != 0 && a.cluster != c) continue;
     const int64_t per = clen_max > 0 ? (clen_max + c - 1) / c : 0;
     const int64_t need = (per + kCtThreads - 1) / kCtThreads;
-    const int p = need <= 8 ? 8 : need <= 16 ? 16 : need <= 32 ? 32 : 0;
-    if (p && ct_fits_kpt(p, c)) {
-      *csize = c, *kpt = p;
-      return true;
-    }
+    p[j] = need <= 8 ? 8 : need <= 16 ? 16 : need <= 32 ? 32 : 0;
+    if (p[j]) active[j] = ct_active_kpt(p[j], c);
   }
-  return false;
+  // 16 blocks per row while every row's cluster is resident at once (or 8 holds no more rows).
+  const bool use16 = active[0] > 0 && (a.T <= active[0] || active[1] <= active[0]);
+  if (!use16 && active[1] <= 0) return false;
+  *csize = use16 ? 16 : 8, *kpt = use16 ? p[0] : p[1];
+  return true;
 }
 
 cudaError_t launch_topk_cluster(const IndexTopkArgs& a, int csize, int kpt, cudaStream_t s) {
