@@ -7,7 +7,7 @@
 
 namespace flashseek::ops::cuda::detail {
 
-// Picks the cluster size (a.cluster, or 16 then 8 when 0) and keys per thread (8, 16 or 32) for
+// Picks the cluster size (a.cluster, or automatic when 0) and keys per thread (8, 16 or 32) for
 // the rows of `a`; false when the cluster kernel cannot run them (rows longer than 32 x 1024 keys
 // per block, clusters that the device cannot hold, a bad a.cluster). Queries the device once per
 // (device, kernel, cluster size). Automatic: 16 while all rows' clusters are resident at once
