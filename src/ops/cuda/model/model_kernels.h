@@ -214,7 +214,7 @@ struct IndexTopkArgs {
   // 0: by row length (rows of 8192+ keys: 3 where it can run, else 2); 1: one block per row;
   // 2: over blocks; 3: one cluster per row (2 and 3: error if the args do not allow it).
   int path = 0;
-  int cluster = 0;  // path 3: blocks per cluster, 8 or 16 (0: 16 where the device holds it, else 8)
+  int cluster = 0;  // path 3: blocks per cluster, 8 or 16 (0: 16 while all rows fit at once, else 8)
 };
 // The cluster size path 3 would use for `a` (0: path 3 cannot run these args on this device).
 int index_topk_cluster_size(const IndexTopkArgs& a);
