@@ -18,8 +18,10 @@
 #include "ops/cuda/runtime/cuda_check.h"
 #include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/sampling/sample.h"
 #include "ops/gemm_fp8.h"
+#include "ops/indexer.h"
 #include "ops/sample.h"
 
 namespace flashseek::ops::cuda {
@@ -110,6 +112,85 @@ Result<std::string> sampling_bench(int reps) {
     const double host_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 5;
     md += fmt::format("| {} | {:.1f} | {:.1f} | {} |\n", c.name, 1000.0 * ms / reps, host_us, tok);
+  }
+  return md;
+}
+
+// ------------------------------------------------------------------ index top-k
+
+// Top-512 of 131,072 keys at M = 1 and 6 (rows of n - M + 1 .. n keys, as in a decode step), every
+// path of launch_index_topk, two score sets: distinct normals (the cluster kernel usually stops
+// after 2 radix levels) and ~20 distinct values (ties: 3 levels and the index tie-break). Each
+// path is probed against ops::topk_indices first: a wrong result is an error, not a time.
+Result<std::string> topk_bench(int reps) {
+  const int64_t n = 131072, k = 512;
+  struct Path {
+    const char* name;
+    int path, cluster;
+  };
+  const Path paths[] = {{"one block per row (path 1)", 1, 0},
+                        {"over blocks, 4 launches (path 2, before)", 2, 0},
+                        {"one cluster per row (path 3, automatic size)", 3, 0},
+                        {"one cluster of 8 per row (path 3)", 3, 8},
+                        {"one cluster of 16 per row (path 3)", 3, 16}};
+  Events ev;
+  std::string md = fmt::format(
+      "### Index top-{} of {} keys (`launch_index_topk`, mode 0, {} launches per sample; GB/s = score bytes "
+      "read + indices written per us)\n\n| scores | M | path | cluster | us | GB/s |\n|---|---|---|---|---|---|\n",
+      k, n, reps);
+  for (const bool coarse : {false, true}) {
+    for (const int64_t M : {int64_t(1), int64_t(6)}) {
+      const int64_t start = n - M, stride = n;
+      Rng rng(uint64_t(17 + M + 100 * coarse));
+      std::vector<float> sc(static_cast<size_t>(M * stride));
+      for (auto& x : sc) {
+        x = float(rng.normal());
+        if (coarse) x = std::round(x * 3.0f) / 3.0f;
+      }
+      bench::Arena ar;
+      FS_ASSIGN_OR_RETURN(float* d_sc, ar.alloc<float>(M * stride));
+      FS_ASSIGN_OR_RETURN(float* d_bs, ar.alloc<float>(M * stride));
+      FS_ASSIGN_OR_RETURN(uint8_t* d_cand, ar.alloc<uint8_t>(M * stride));
+      FS_ASSIGN_OR_RETURN(uint8_t* d_taken, ar.alloc<uint8_t>(M * stride));
+      FS_ASSIGN_OR_RETURN(int32_t* d_out, ar.alloc<int32_t>(M * k));
+      FS_ASSIGN_OR_RETURN(int32_t* d_n, ar.alloc<int32_t>(M));
+      FS_RETURN_IF_ERROR(upload(d_sc, sc));
+      std::vector<std::vector<int32_t>> ref(static_cast<size_t>(M));
+      for (int64_t t = 0; t < M; ++t) ref[size_t(t)] = topk_indices(sc.data() + t * stride, start + t + 1, k);
+      for (const Path& p : paths) {
+        detail::IndexTopkArgs a;
+        a.scores = d_sc, a.cand = d_cand, a.block_scratch = d_bs, a.taken = d_taken, a.out = d_out, a.out_n = d_n;
+        a.T = M, a.start = start, a.ratio = 1, a.stride = stride, a.k = k, a.cand_block = 8, a.cand_top = 2048;
+        a.mode = 0, a.path = p.path, a.cluster = p.cluster;
+        const int used = p.path == 3 ? detail::index_topk_cluster_size(a) : 0;
+        const std::string cl = p.path == 3 ? std::to_string(used) : "-";
+        if (p.path == 3 && used == 0) {
+          md += fmt::format("| {} | {} | {} | not available on this device | | |\n", coarse ? "~20 values" : "distinct", M, p.name);
+          continue;
+        }
+        FS_CUDA_RETURN_IF_ERROR(cudaMemset(d_out, 0xFF, size_t(M * k) * sizeof(int32_t)));
+        FS_CUDA_RETURN_IF_ERROR(detail::launch_index_topk(a, nullptr));
+        FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+        std::vector<int32_t> out(static_cast<size_t>(M * k)), cnt(static_cast<size_t>(M));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), d_out, out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(cnt.data(), d_n, cnt.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        for (int64_t t = 0; t < M; ++t) {
+          const auto& r = ref[size_t(t)];
+          if (cnt[size_t(t)] != int32_t(r.size()) ||
+              !std::equal(r.begin(), r.end(), out.begin() + t * k))
+            return internal_error("topk bench: {} differs from ops::topk_indices (M {}, row {})", p.name, M, t);
+        }
+        FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.a, nullptr));
+        for (int i = 0; i < reps; ++i) FS_CUDA_RETURN_IF_ERROR(detail::launch_index_topk(a, nullptr));
+        FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.b, nullptr));
+        FS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.b));
+        float ms = 0;
+        FS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.a, ev.b));
+        const double us = 1000.0 * ms / reps, bytes = 4.0 * M * n + 4.0 * M * k;
+        md += fmt::format("| {} | {} | {} | {} | {:.1f} | {:.0f} |\n", coarse ? "~20 values" : "distinct", M, p.name, cl,
+                          us, bytes / us / 1e3);
+      }
+    }
   }
   return md;
 }
@@ -296,8 +377,11 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     } else if (k == "gemm") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm_bench(opt.skip_variants));
       out += md + "\n";
+    } else if (k == "topk") {
+      FS_ASSIGN_OR_RETURN(std::string md, topk_bench(opt.reps));
+      out += md + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, topk)", k);
     }
   }
   return out;

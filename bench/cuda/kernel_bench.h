@@ -1,5 +1,5 @@
 // Kernel micro-benchmarks (moved out of the test suite: timing belongs in benchmarks, tests assert
-// properties). `flashseek bench --kernels sampling,gemm`:
+// properties). `flashseek bench --kernels sampling,gemm,topk`:
 //   sampling: one 129,280-wide row per sampler (greedy, temperature, top-k, top-p on a peaked and
 //     a flat row, min-p), device sample_rows_cuda per row (launch included) next to the host path
 //     the engine would otherwise take (copy the row to host memory + the CPU sampler).
@@ -9,6 +9,9 @@
 //     is probed against the CPU twin on one 128x128x256 case (relative Frobenius error > 1e-3 is
 //     an error: a wrong kernel is not timed), and the unswizzled variant with its descriptor byte
 //     offsets swapped is shown to fail the probe. Correctness proper: tests/ops_cuda.
+//   topk: the indexer top-512 of 131,072 keys at M = 1 and 6 through every launch_index_topk path
+//     (one block per row, over blocks, one cluster per row of automatic / 8 / 16 blocks), us and
+//     GB/s, distinct and heavily tied scores; each path is probed against ops::topk_indices.
 // Not used by the model.
 #pragma once
 #include <string>
@@ -19,8 +22,8 @@
 namespace flashseek::ops::cuda {
 
 struct KernelBenchOptions {
-  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm"
-  int reps = 40;                                     // sampling: launches per timed sample
+  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "topk"
+  int reps = 40;                                     // sampling, topk: launches per timed sample
   std::string skip_variants;  // gemm: variant digits left out of the table (0 TFLOP/s), e.g. "67"
 };
 

@@ -361,6 +361,20 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
     FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}", n), act * n + 2.0 * m * n, 0,
                              [&](int) { return cuda_status(detail::launch_index_topk(ta, g_st), "index topk"); },
                              "index source", kIndexSources, ctx));
+    detail::IndexTopkArgs t2 = ta;  // the previous multi-block path (4 launches), for comparison
+    t2.path = 2;
+    if (n > 2056)  // the path's scratch header
+      FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}, over blocks (path 2)", n), act * n + 2.0 * m * n, 0,
+                               [&](int) { return cuda_status(detail::launch_index_topk(t2, g_st), "index topk"); },
+                               "index source (info)", 0, ctx));
+    detail::IndexTopkArgs t3 = ta;  // the cluster kernel forced (path 0 picks it from 8192 keys)
+    t3.path = 3;
+    if (detail::index_topk_cluster_size(t3) > 0)
+      FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}, one cluster of {} per row (path 3)", n,
+                                           detail::index_topk_cluster_size(t3)),
+                               act * n + 2.0 * m * n, 0,
+                               [&](int) { return cuda_status(detail::launch_index_topk(t3, g_st), "index topk"); },
+                               "index source (info)", 0, ctx));
     detail::IndexTopkArgs t1 = ta;  // the one-block-per-row kernel, for comparison
     t1.path = 1;
     FS_RETURN_IF_ERROR(add_k(fmt::format("indexer top-512 of {}, one block per row", n), act * n + 2.0 * m * n, 0,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <limits>
 
 #include "core/rng.h"
@@ -617,7 +618,7 @@ TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
     }
     std::vector<uint8_t> cand_h(static_cast<size_t>(T * stride));
     for (size_t i = 0; i < cand_h.size(); ++i) cand_h[i] = uint8_t((i * 7) % 5 != 0);
-    for (int path : {1, 2}) {
+    for (int path : {1, 2, 3}) {
       const int64_t nb = c.mode == 1 ? (stride + c.cblock - 1) / c.cblock : 0;
       if (path == 2 && (c.k > 2048 || stride <= 2056 + 2 * nb)) continue;  // not a multi-block case
       SCOPED_TRACE(::testing::Message() << "T " << T << " n " << c.n << " k " << c.k << " mode " << c.mode
@@ -629,6 +630,10 @@ TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
       a.scores = dsc.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
       a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = 1, a.stride = stride, a.k = c.k;
       a.cand_block = c.cblock, a.cand_top = c.ctop, a.mode = int(c.mode), a.path = path;
+      if (path == 3 && cd::index_topk_cluster_size(a) == 0) {  // mode 1 without room for the block select
+        EXPECT_EQ(cd::launch_index_topk(a, 0), cudaErrorInvalidValue);
+        continue;
+      }
       FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
       const auto out = dout.to_host(), n = dn.to_host();
       const auto gcand = dcand.to_host();
@@ -658,6 +663,115 @@ TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {
   float dummy = 0;
   bad.block_scratch = &dummy;
   EXPECT_EQ(cd::launch_index_topk(bad, 0), cudaErrorInvalidValue);
+}
+
+// The cluster top-k (path 3, one thread-block cluster per row) against ops::topk_indices on the
+// sizes of issue 16: 131,109 and 262,145 keys, k = 1 / 512 / every candidate, M = 1 and 6 rows
+// of different lengths (ratio 1 and 4), modes 0 / 1 / 2, clusters of 8 and 16 blocks (and the
+// automatic choice), with scores that stop the radix levels at each depth: ~20 distinct values
+// (ties decided by the lower index after the exact-key level), distinct normals (the split bin
+// is usually taken whole after level 1), and values that differ only in their last mantissa bits
+// (same top 22 bits: only the last level separates them); plus -0 / +0, NaN and ±inf. The output
+// buffer is poisoned, so a missing or misplaced index shows; mode 2 must leave -inf in the
+// masked-out scores, as the other paths do.
+TEST(CudaModelOps, IndexTopkClusterMatchesCpu) {
+  FS_REQUIRE_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "thread-block clusters need sm_90";
+  const float inf = std::numeric_limits<float>::infinity();
+  enum Values { kCoarse, kDistinct, kLowBits };
+  struct Case { int64_t T, n, ratio; Values vals; };
+  int ran16 = 0;
+  for (const Case c : {Case{1, 131109, 1, kCoarse}, Case{6, 131109, 1, kCoarse}, Case{1, 262145, 1, kCoarse},
+                       Case{6, 262145, 1, kDistinct}, Case{1, 131109, 1, kDistinct}, Case{6, 131109, 4, kLowBits},
+                       Case{1, 262145, 1, kLowBits}}) {
+    // Row t has clen (start + t + 1) / ratio keys; row 0 has n.
+    const int64_t T = c.T, start = c.n * c.ratio - 1, stride = (start + T) / c.ratio;
+    auto sc = randn(static_cast<size_t>(T * stride), 70 + c.n + c.vals);
+    Rng r(71 + c.vals);
+    for (auto& v : sc) {
+      if (c.vals == kCoarse) v = std::round(v * 3.0f) / 3.0f;  // ~20 distinct values
+      if (c.vals == kLowBits) {                                // 1 + j ulp, j < 48: one top-22-bit prefix
+        const uint32_t bits = 0x3f800000u + uint32_t(r.below(48));
+        std::memcpy(&v, &bits, sizeof(v));
+      }
+      if (v == 0.0f && r.below(2)) v = -0.0f;
+      const uint64_t u = r.below(1000);
+      if (u == 0) v = -inf;
+      else if (u == 1) v = std::numeric_limits<float>::quiet_NaN();
+      else if (u == 2) v = inf;
+      else if (u == 3) v = c.vals == kLowBits ? -0.0f : 0.0f;
+    }
+    std::vector<uint8_t> cand_h(static_cast<size_t>(T * stride));
+    for (size_t i = 0; i < cand_h.size(); ++i) cand_h[i] = uint8_t((i * 7) % 5 != 0);
+    for (const int64_t k : {int64_t(1), int64_t(512), stride}) {  // stride >= every row's clen: all
+      for (int mode : {0, 2, 1}) {
+        // The CPU twin per row (mode 1: the mask is checked, the top-k is over the unfiltered row).
+        std::vector<std::vector<int32_t>> ref(static_cast<size_t>(T));
+        std::vector<std::vector<uint8_t>> mask(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t clen = (start + t + 1) / c.ratio;
+          std::vector<float> row(sc.begin() + t * stride, sc.begin() + t * stride + clen);
+          if (mode == 1) {
+            mask[size_t(t)].resize(static_cast<size_t>(clen));
+            candidate_mask(row.data(), clen, clen, 8, 2048, mask[size_t(t)].data());
+          }
+          if (mode == 2)
+            for (int64_t i = 0; i < clen; ++i)
+              if (!cand_h[static_cast<size_t>(t * stride + i)]) row[static_cast<size_t>(i)] = -inf;
+          ref[size_t(t)] = topk_indices(row.data(), clen, k);
+        }
+        for (int cluster : {0, 8, 16}) {
+          SCOPED_TRACE(::testing::Message() << "T " << T << " n " << c.n << " ratio " << c.ratio << " values " << c.vals
+                                            << " k " << k << " mode " << mode << " cluster " << cluster);
+          DeviceBuffer<float> dsc(sc), dbs(sc.size());
+          DeviceBuffer<uint8_t> dcand(cand_h), dtaken(cand_h.size());
+          DeviceBuffer<int32_t> dout(static_cast<size_t>(T * k)), dn(static_cast<size_t>(T));
+          cd::IndexTopkArgs a;
+          a.scores = dsc.get(), a.cand = dcand.get(), a.block_scratch = dbs.get(), a.taken = dtaken.get();
+          a.out = dout.get(), a.out_n = dn.get(), a.T = T, a.start = start, a.ratio = c.ratio, a.stride = stride;
+          a.k = k, a.cand_block = 8, a.cand_top = 2048, a.mode = mode, a.path = 3, a.cluster = cluster;
+          const int used = cd::index_topk_cluster_size(a);
+          if (cluster == 0) {
+            ASSERT_GT(used, 0) << "the automatic cluster size must run rows of up to 262,150 keys";
+          }
+          if (used == 0) {  // 8 blocks cannot hold 262k keys (32 per thread at most); 16 where the device cannot
+            EXPECT_EQ(cd::launch_index_topk(a, 0), cudaErrorInvalidValue);
+            continue;
+          }
+          EXPECT_TRUE(cluster == 0 || used == cluster);
+          ran16 += used == 16;
+          FS_ASSERT_OK(cuda_status(cd::launch_index_topk(a, 0), "topk"));
+          const auto out = dout.to_host(), n = dn.to_host();
+          const auto gcand = dcand.to_host();
+          const auto gsc = dsc.to_host();
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t clen = (start + t + 1) / c.ratio;
+            if (mode == 1) {
+              size_t bad = 0;
+              for (int64_t i = 0; i < clen; ++i) bad += mask[size_t(t)][size_t(i)] != gcand[static_cast<size_t>(t * stride + i)];
+              ASSERT_EQ(bad, 0u) << "candidate mask t=" << t;
+            }
+            if (mode == 2) {
+              size_t bad = 0;
+              for (int64_t i = 0; i < clen; ++i)
+                bad += !cand_h[static_cast<size_t>(t * stride + i)] && gsc[static_cast<size_t>(t * stride + i)] != -inf;
+              EXPECT_EQ(bad, 0u) << "masked-out scores not -inf, t=" << t;
+            }
+            const auto& rr = ref[size_t(t)];
+            ASSERT_EQ(int64_t(rr.size()), n[static_cast<size_t>(t)]) << "t " << t;
+            size_t bad = 0, first = rr.size();
+            for (size_t i = 0; i < rr.size(); ++i)
+              if (rr[i] != out[static_cast<size_t>(t * k) + i]) bad++, first = std::min(first, i);
+            EXPECT_EQ(bad, 0u) << "t " << t << " first wrong position " << first;
+          }
+        }
+      }
+    }
+  }
+  if (ran16 == 0) std::cout << "[topk] clusters of 16 blocks are not available on this device: only 8 tested\n";
 }
 
 // The warp-per-token router at V4.1 width (384 experts, top-6) with tied scores.

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/indexer/topk.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
@@ -707,10 +708,23 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   return launch_kernel(index_scores_kernel, dim3(unsigned(a.T), unsigned((a.stride + 127) / 128)), 128, 0, s, a);
 }
 
+namespace {
+// The cluster path's plan (topk.cu); mode 1 also needs what the candidate-block launches of the
+// multi-block path need (block_scratch holds the block maxima and their candidates).
+bool cluster_plan(const IndexTopkArgs& a, int* csize, int* kpt) {
+  if (a.T <= 0 || a.ratio <= 0 || a.stride > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return false;
+  const int64_t clen_max = (a.start + a.T) / a.ratio;
+  const int64_t nb_max = a.mode == 1 ? (clen_max + a.cand_block - 1) / a.cand_block : 0;
+  const bool blk_ok = a.block_scratch && a.stride > kMbHeader + 2 * nb_max && a.T <= 65535 && a.taken &&
+                      a.cand_top > 0 && a.cand_top <= INT32_MAX;
+  return (a.mode != 1 || blk_ok) && topk_cluster_plan(a, csize, kpt);
+}
+}  // namespace
+
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
-  if (a.stride > INT32_MAX || a.path < 0 || a.path > 2) return cudaErrorInvalidValue;
+  if (a.stride > INT32_MAX || a.path < 0 || a.path > 3) return cudaErrorInvalidValue;
   const int64_t clen_max = (a.start + a.T) / a.ratio;
   // Mode 1 keeps the block maxima at the end of each scratch row, after the header and room for
   // as many block candidates.
@@ -718,7 +732,11 @@ cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   const bool mb_ok = a.k <= kMbMaxK && a.block_scratch && a.stride > kMbHeader + 2 * nb_max && a.T <= 65535 &&
                      (a.mode != 1 || (a.taken && a.cand_top > 0 && a.cand_top <= INT32_MAX));
   if (a.path == 2 && !mb_ok) return cudaErrorInvalidValue;
-  if (!(a.path == 2 || (a.path == 0 && mb_ok && clen_max >= kMbMinKeys)))
+  // The cluster path: one launch (mode 1: after the candidate-block launches).
+  int csize = 0, kpt = 0;
+  const bool ct_ok = (a.path == 3 || (a.path == 0 && clen_max >= kMbMinKeys)) && cluster_plan(a, &csize, &kpt);
+  if (a.path == 3 && !ct_ok) return cudaErrorInvalidValue;
+  if (!ct_ok && !(a.path == 2 || (a.path == 0 && mb_ok && clen_max >= kMbMinKeys)))
     return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
   const auto chunks = [](int64_t n) { return unsigned(n > 0 ? (n + kMbChunk - 1) / kMbChunk : 1); };
   const dim3 grid(chunks(clen_max), unsigned(a.T));
@@ -733,11 +751,17 @@ cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
       e = launch_kernel(topk_mb_mask_kernel, dim3(unsigned((clen_max + 255) / 256 > 0 ? (clen_max + 255) / 256 : 1), unsigned(a.T)),
                         256, 0, s, a);
   }
+  if (ct_ok) return e == cudaSuccess ? launch_topk_cluster(a, csize, kpt, s) : e;
   if (e == cudaSuccess) e = launch_kernel(topk_mb_zero_kernel, unsigned(a.T), kMbThreads, 0, s, a);
   if (e == cudaSuccess) e = launch_kernel(topk_mb_hist_kernel<false>, grid, kMbThreads, 0, s, a);
   if (e == cudaSuccess) e = launch_kernel(topk_mb_part_kernel<false>, grid, kMbThreads, 0, s, a);
   if (e == cudaSuccess) e = launch_kernel(topk_mb_finish_kernel<false>, unsigned(a.T), kTopkThreads, 0, s, a);
   return e;
+}
+
+int index_topk_cluster_size(const IndexTopkArgs& a) {
+  int csize = 0, kpt = 0;
+  return cluster_plan(a, &csize, &kpt) ? csize : 0;
 }
 
 }  // namespace flashseek::ops::cuda::detail

@@ -200,6 +200,8 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
 // (k <= 2048, rows of 8192+ keys, stride > 2056 + 2 * blocks in mode 1) a histogram and
 // partition over blocks of key chunks and one block per row for the candidates of the threshold
 // bin (mode 1: the same for the candidate blocks first); block_scratch is its workspace then.
+// Or (sm_90+, rows of up to 16 x 32768 keys) one thread-block cluster per row, one launch
+// (indexer/topk.cu; mode 1 runs the candidate-block launches above first).
 struct IndexTopkArgs {
   float* scores = nullptr;         // [T, stride] (mode 2 sets the masked-out entries to -inf)
   uint8_t* cand = nullptr;         // [T, stride]
@@ -209,9 +211,13 @@ struct IndexTopkArgs {
   int32_t* out_n = nullptr;        // [T]
   int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
   int mode = 0;
-  // 0: by row length; 1: one block per row; 2: over blocks (error if the args do not allow it).
+  // 0: by row length (rows of 8192+ keys: 3 where it can run, else 2); 1: one block per row;
+  // 2: over blocks; 3: one cluster per row (2 and 3: error if the args do not allow it).
   int path = 0;
+  int cluster = 0;  // path 3: blocks per cluster, 8 or 16 (0: 16 while all rows fit at once, else 8)
 };
+// The cluster size path 3 would use for `a` (0: path 3 cannot run these args on this device).
+int index_topk_cluster_size(const IndexTopkArgs& a);
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s);
 
 }  // namespace flashseek::ops::cuda::detail
