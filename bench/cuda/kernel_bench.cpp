@@ -296,8 +296,11 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     } else if (k == "gemm") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm_bench(opt.skip_variants));
       out += md + "\n";
+    } else if (k == "exact") {
+      FS_ASSIGN_OR_RETURN(std::string md, exact_kernels_bench(opt.reps));
+      out += md + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, exact)", k);
     }
   }
   return out;

@@ -9,6 +9,9 @@
 //     is probed against the CPU twin on one 128x128x256 case (relative Frobenius error > 1e-3 is
 //     an error: a wrong kernel is not timed), and the unswizzled variant with its descriptor byte
 //     offsets swapped is shown to fail the probe. Correctness proper: tests/ops_cuda.
+//   exact: the exactness kernels of the GPU model on decode shapes (exact_bench.cpp): the
+//     chunked linear with both kernels (the BF16 LM head, the FP8 grouped wo_a at 1 / 6 / 16 / 200
+//     rows, the BF16 router), rms_norm, quant_sim, Hadamard, the BF16 head norm.
 // Not used by the model.
 #pragma once
 #include <string>
@@ -19,12 +22,14 @@
 namespace flashseek::ops::cuda {
 
 struct KernelBenchOptions {
-  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm"
+  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "exact"
   int reps = 40;                                     // sampling: launches per timed sample
   std::string skip_variants;  // gemm: variant digits left out of the table (0 TFLOP/s), e.g. "67"
 };
 
 // Runs the selected benchmarks on device 0; returns their Markdown tables.
 Result<std::string> run_kernel_bench(const KernelBenchOptions& opt);
+// The "exact" tables (exact_bench.cpp); `reps` timed samples per op.
+Result<std::string> exact_kernels_bench(int reps);
 
 }  // namespace flashseek::ops::cuda
