@@ -525,6 +525,149 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
   }
 }
 
+// ---- GEMV form of the short linear (in <= kSumChunk, few rows) ----------------------------------
+// ops::dot_f32's short order: element i into partial s[i % 8], each partial in index order, then
+// ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)). Here one thread owns one output and all eight partials, so
+// every 8-column step is one 32/16/8/4-byte weight load (F32 / BF16-F16 / FP8 / FP4) expanded in
+// registers and 8 products per row; the block's R input rows are staged once in shared memory
+// (zero-padded to a multiple of 8: +0 products leave a partial unchanged) and read as broadcasts.
+// V (vector loads) needs in % 8 == 0, aligned rows and (FP8) power-of-two scale blocks of >= 8
+// columns; otherwise the weights are read one value at a time through RowReader.
+constexpr int kShortThreads = 64;
+
+template <WeightDtype F>
+struct ShortRaw {
+  uint32_t v[F == WeightDtype::kF32 ? 8 : F == WeightDtype::kBf16 || F == WeightDtype::kF16 ? 4
+                                         : F == WeightDtype::kFp8 ? 2 : 1];
+  uint32_t s;
+};
+
+template <WeightDtype F>
+__device__ __forceinline__ void short_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
+                                           ShortRaw<F>& r) {
+  r.s = 0;
+  if constexpr (F == WeightDtype::kF32) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : z;
+    const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
+    r.v[0] = u0.x, r.v[1] = u0.y, r.v[2] = u0.z, r.v[3] = u0.w, r.v[4] = u1.x, r.v[5] = u1.y, r.v[6] = u1.z, r.v[7] = u1.w;
+  } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
+    r.v[0] = u.x, r.v[1] = u.y;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+  } else {
+    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  }
+}
+
+// The 8 weights' FP32 values (RowReader's, exactly; all-zero raw bytes give +0).
+template <WeightDtype F>
+__device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]) {
+  if constexpr (F == WeightDtype::kF32) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __uint_as_float(r.v[q]);
+  } else if constexpr (F == WeightDtype::kBf16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[2 * q] = __uint_as_float(r.v[q] << 16), w[2 * q + 1] = __uint_as_float(r.v[q] & 0xffff0000u);
+  } else if constexpr (F == WeightDtype::kF16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r.v[q]));
+      w[2 * q] = f.x, w[2 * q + 1] = f.y;
+    }
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const float s = dev_e8m0(r.s);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t pair = (r.v[q / 2] >> (16 * (q % 2))) & 0xffffu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      w[2 * q] = __fmul_rn(f.x, s), w[2 * q + 1] = __fmul_rn(f.y, s);
+    }
+  } else {
+    const float s = dev_e8m0(r.s);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[0] >> (4 * q)) & 15u), s);
+  }
+}
+
+// Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
+template <WeightDtype F, int R, bool V>
+__global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
+  extern __shared__ float4 ssm[];
+  float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
+  const int64_t xlen = (a.in + 7) / 8 * 8, steps = xlen / 8;
+  const int64_t rg = int64_t(blockIdx.x) % n_rg, tile = int64_t(blockIdx.x) / n_rg;
+  const int64_t r0 = rg * R, o = tile * kShortThreads + threadIdx.x;
+  const int nr = int(a.rows - r0 < R ? a.rows - r0 : R);
+  int64_t mat = 0;
+  if (a.sel) {  // R == 1; the whole block leaves together
+    const int32_t e = a.sel[r0];
+    if (e < 0) {  // another rank's expert (expert parallel): not computed
+      if (o < a.out) a.y[r0 * a.y_stride + o] = 0.0f;
+      return;
+    }
+    mat = e;
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* src = i < nr ? a.x + ((r0 + i) / a.x_row_div) * a.x_stride : nullptr;
+    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads) xs[i * xlen + k] = src && k < a.in ? src[k] : 0.0f;
+  }
+  __syncthreads();
+  if (o >= a.out) return;
+  const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
+  float s[R][8];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) s[i][q] = 0.0f;
+  auto step = [&](int64_t k, const float (&w)[8]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float4 x0 = ssm[(i * xlen + 8 * k) / 4], x1 = ssm[(i * xlen + 8 * k) / 4 + 1];
+      s[i][0] = mul_add(x0.x, w[0], s[i][0]), s[i][1] = mul_add(x0.y, w[1], s[i][1]);
+      s[i][2] = mul_add(x0.z, w[2], s[i][2]), s[i][3] = mul_add(x0.w, w[3], s[i][3]);
+      s[i][4] = mul_add(x1.x, w[4], s[i][4]), s[i][5] = mul_add(x1.y, w[5], s[i][5]);
+      s[i][6] = mul_add(x1.z, w[6], s[i][6]), s[i][7] = mul_add(x1.w, w[7], s[i][7]);
+    }
+  };
+  if constexpr (V) {
+    constexpr int kU = 4;  // steps in flight
+    for (int64_t k0 = 0; k0 < steps; k0 += kU) {
+      ShortRaw<F> raw[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) short_load<F>(rr.p, rr.sc, bshift, 8 * (k0 + u), k0 + u < steps, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (k0 + u < steps) {
+          float w[8];
+          short_decode<F>(raw[u], w);
+          step(k0 + u, w);
+        }
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int64_t k = 0; k < steps; ++k) {
+      float w[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) w[q] = 8 * k + q < a.in ? rr(8 * k + q) : 0.0f;
+      step(k, w);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+    const float acc = __fadd_rn(__fadd_rn(__fadd_rn(s[i][0], s[i][4]), __fadd_rn(s[i][2], s[i][6])),
+                                __fadd_rn(__fadd_rn(s[i][1], s[i][5]), __fadd_rn(s[i][3], s[i][7])));
+    a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+  }
+}
+
 // ops::rms_norm: double sum of squares in the sum_order.h order (index order by thread 0 up to
 // kSumChunk values, from the row staged in shared memory; else one warp per chunk and the chunk
 // tree), FP32 scaling.
@@ -1164,11 +1307,51 @@ cudaError_t launch_gemv_typed(const LinearArgs& a, cudaStream_t s) {
   return launch_gemv_r<F, 4>(a, vec, n_rg, G, bshift, unsigned(blocks), smem, s);
 }
 
+template <WeightDtype F, int R>
+cudaError_t launch_short_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int bshift, unsigned blocks, size_t smem,
+                                cudaStream_t s) {
+  void (*k)(LinearArgs, int64_t, int) = vec ? linear_short_gemv_kernel<F, R, true> : linear_short_gemv_kernel<F, R, false>;
+  return launch_kernel(k, blocks, kShortThreads, smem, s, a, n_rg, bshift);
+}
+
+// The GEMV launch of a short linear (in <= kSumChunk): R the smallest of 1, 2, 4 that holds the
+// rows (1 with sel), kShortThreads outputs per block.
+template <WeightDtype F>
+cudaError_t launch_short_gemv_typed(const LinearArgs& a, cudaStream_t s) {
+  int R = 1;
+  if (!a.sel)
+    while (R < 4 && R < a.rows) R *= 2;
+  const int64_t xlen = (a.in + 7) / 8 * 8, n_rg = (a.rows + R - 1) / R;
+  const int64_t blocks = (a.out + kShortThreads - 1) / kShortThreads * n_rg;
+  const size_t smem = size_t(R * xlen) * sizeof(float);
+  if (blocks > INT32_MAX || smem > 48 * 1024) return cudaErrorInvalidValue;
+  const int64_t align = F == WeightDtype::kF32 ? 16 : F == WeightDtype::kFp8 ? 8 : F == WeightDtype::kFp4 ? 4 : 16;
+  bool vec = a.in % 8 == 0 && reinterpret_cast<uintptr_t>(a.wt.data) % align == 0 && a.wt.matrix_bytes % align == 0;
+  int bshift = 0;
+  if (F == WeightDtype::kFp8) {
+    while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
+    vec = vec && a.wt.block_cols >= 8 && (int64_t(1) << bshift) == a.wt.block_cols;
+  }
+  if (R == 1) return launch_short_gemv_r<F, 1>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+  if (R == 2) return launch_short_gemv_r<F, 2>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+  return launch_short_gemv_r<F, 4>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+}
+
 cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.w) {  // an FP32 matrix [E?, out, in]: the same kernel through a kF32 reference
     a.wt = WeightRef{};
     a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
+  }
+  if (a.in <= kSumChunk) {
+    switch (a.wt.dtype) {
+      case WeightDtype::kF32: return launch_short_gemv_typed<WeightDtype::kF32>(a, s);
+      case WeightDtype::kBf16: return launch_short_gemv_typed<WeightDtype::kBf16>(a, s);
+      case WeightDtype::kF16: return launch_short_gemv_typed<WeightDtype::kF16>(a, s);
+      case WeightDtype::kFp8: return launch_short_gemv_typed<WeightDtype::kFp8>(a, s);
+      case WeightDtype::kFp4: return launch_short_gemv_typed<WeightDtype::kFp4>(a, s);
+    }
+    return cudaErrorInvalidValue;
   }
   switch (a.wt.dtype) {
     case WeightDtype::kF32: return launch_gemv_typed<WeightDtype::kF32>(a, s);
@@ -1198,8 +1381,8 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
   if (a.kernel < 0 || a.kernel > 2) return cudaErrorInvalidValue;
-  if (chunked) {
-    const bool gemv_ok = (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
+  {
+    const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
     if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && a.rows <= kGemvMaxRows)) return launch_linear_gemv(a, s);
   }
