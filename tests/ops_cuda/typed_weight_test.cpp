@@ -196,14 +196,14 @@ TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
   }
 }
 
-// Both kernels of the chunked order (LinearArgs::kernel 1: a block per (row, output); 2: the GEMV)
-// and the automatic choice against the CPU twin (ops::linear on model/quant.h's FP32 values, one
+// Both kernels of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
+// block per (row, output); 2: the GEMVs) and the automatic choice against the CPU twin (ops::linear on model/quant.h's FP32 values, one
 // output row at a time), memcmp-equal: every stored format, widths around the chunk edges (1, 7,
 // 127, 1023, 1024, 1025, 4096, 5000; FP4 multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..5
 // and 200 (GEMV row groups of 1, 2 and 4 with a partial last group), stacked matrices with -1
 // rows, x_row_div 2, strided x and y, a row slice (row0) and BF16 outputs on and off. The
 // (out, rows) pairs are drawn at random per width, bounded so the CPU side stays fast.
-TEST(CudaTypedWeights, ChunkedKernelsMatchCpuTwinBitwise) {
+TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
   FS_REQUIRE_GPU();
   const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kF16, 1, 1},
                       {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 1, 32}, {WeightDtype::kFp4, 1, 32}};
@@ -248,8 +248,7 @@ TEST(CudaTypedWeights, ChunkedKernelsMatchCpuTwinBitwise) {
         }
         DeviceBuffer<float> dx(x);
         DeviceBuffer<int32_t> dsel(sel);
-        const bool chunked = in > 1024;
-        for (int kernel : chunked ? std::vector<int>{0, 1, 2} : std::vector<int>{0}) {
+        for (int kernel : {0, 1, 2}) {
           DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
           cd::LinearArgs a;
           a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.sel = stacked ? dsel.get() : nullptr;
