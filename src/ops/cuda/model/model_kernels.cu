@@ -337,7 +337,10 @@ constexpr int64_t kGemvMaxRows = 16;        // automatic choice: GEMV up to this
 
 template <WeightDtype F, int R>
 __host__ __device__ constexpr int gemv_outputs_per_task() {
+  // Registers: NO x 8 raw loads + R x NO x 4 partials within the 128 of 2 blocks per SM.
   if constexpr (F == WeightDtype::kF32) return R == 1 ? 2 : 1;
+  else if constexpr (F == WeightDtype::kFp4) return R == 1 ? 2 : 1;
+  else if constexpr (F == WeightDtype::kFp8) return R == 1 ? 4 : R == 2 ? 2 : 1;
   else return R == 1 ? 4 : 2;
 }
 
@@ -403,72 +406,91 @@ __device__ __forceinline__ float4 gemv_decode(const GemvRaw<F>& r) {
   }
 }
 
-// One task's partials: acc[i][j][q] of row i, output j, partial 4·lane + q.
-template <WeightDtype F, int R, int NO, bool V>
-__device__ __forceinline__ void gemv_task(const LinearArgs& a, int64_t mat, int64_t o_first, int64_t c,
-                                          const float4* xs4, int64_t xlen4, int bshift, float (&acc)[R][NO][4]) {
+// One task's weights: raw[j][t] = the 4 weights of output o_first + j at columns c·1024 + 128t +
+// 4·lane.. (zero past `in` or `out`). Only loads: issued ahead of their use (software pipeline).
+template <WeightDtype F, int NO>
+__device__ __forceinline__ void gemv_issue(const LinearArgs& a, int64_t mat, int64_t o_first, int64_t c, int bshift,
+                                           GemvRaw<F> (&raw)[NO][8]) {
+  const int64_t col0 = c * kSumChunk + 4 * int(threadIdx.x & 31);
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int64_t o = o_first + j;
+    const bool ok_o = o < a.out;
+    const RowReader<F> rr(a.wt, mat, a.wt.row0 + (ok_o ? o : 0));
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int64_t col = col0 + 128 * t;
+      gemv_load<F>(rr.p, rr.sc, bshift, col, ok_o && col < a.in, raw[j][t]);
+    }
+  }
+}
+
+// One task's partials from its loaded weights: acc[i][j][q] of row i, output j, partial 4·lane + q,
+// each in slice order.
+template <WeightDtype F, int R, int NO>
+__device__ __forceinline__ void gemv_compute(const GemvRaw<F> (&raw)[NO][8], int64_t c, const float4* xs4,
+                                             int64_t xlen4, float (&acc)[R][NO][4]) {
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < NO; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    float4 xv[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) xv[i] = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      const float4 w = gemv_decode<F>(raw[j][t]);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        acc[i][j][0] = mul_add(xv[i].x, w.x, acc[i][j][0]);
+        acc[i][j][1] = mul_add(xv[i].y, w.y, acc[i][j][1]);
+        acc[i][j][2] = mul_add(xv[i].z, w.z, acc[i][j][2]);
+        acc[i][j][3] = mul_add(xv[i].w, w.w, acc[i][j][3]);
+      }
+    }
+  }
+}
+
+// The same partials with the weights read one value at a time (rows not a multiple of 4 values,
+// unaligned matrices, FP8 scale blocks that are not a power of two >= 4).
+template <WeightDtype F, int R, int NO>
+__device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t mat, int64_t o_first, int64_t c,
+                                                 const float4* xs4, int64_t xlen4, float (&acc)[R][NO][4]) {
   const int lane = int(threadIdx.x & 31);
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int j = 0; j < NO; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
   const int64_t col0 = c * kSumChunk + 4 * lane;
-  if constexpr (V) {
-    GemvRaw<F> raw[NO][8];
 #pragma unroll
-    for (int j = 0; j < NO; ++j) {
-      const int64_t o = o_first + j;
-      const bool ok_o = o < a.out;
-      const RowReader<F> rr(a.wt, mat, a.wt.row0 + (ok_o ? o : 0));
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int64_t col = col0 + 128 * t;
-        gemv_load<F>(rr.p, rr.sc, bshift, col, ok_o && col < a.in, raw[j][t]);
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      float4 xv[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) xv[i] = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
-#pragma unroll
-      for (int j = 0; j < NO; ++j) {
-        const float4 w = gemv_decode<F>(raw[j][t]);
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-          acc[i][j][0] = mul_add(xv[i].x, w.x, acc[i][j][0]);
-          acc[i][j][1] = mul_add(xv[i].y, w.y, acc[i][j][1]);
-          acc[i][j][2] = mul_add(xv[i].z, w.z, acc[i][j][2]);
-          acc[i][j][3] = mul_add(xv[i].w, w.w, acc[i][j][3]);
-        }
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < NO; ++j) {
-      const int64_t o = o_first + j;
-      if (o >= a.out) continue;
-      const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
+  for (int j = 0; j < NO; ++j) {
+    const int64_t o = o_first + j;
+    if (o >= a.out) continue;
+    const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
 #pragma unroll 1
-      for (int t = 0; t < 8; ++t) {
-        const int64_t col = col0 + 128 * t;
-        float w[4];
+    for (int t = 0; t < 8; ++t) {
+      const int64_t col = col0 + 128 * t;
+      float w[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) w[q] = col + q < a.in ? rr(col + q) : 0.0f;
+      for (int q = 0; q < 4; ++q) w[q] = col + q < a.in ? rr(col + q) : 0.0f;
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-          const float4 xv = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
-          acc[i][j][0] = mul_add(xv.x, w[0], acc[i][j][0]);
-          acc[i][j][1] = mul_add(xv.y, w[1], acc[i][j][1]);
-          acc[i][j][2] = mul_add(xv.z, w[2], acc[i][j][2]);
-          acc[i][j][3] = mul_add(xv.w, w[3], acc[i][j][3]);
-        }
+      for (int i = 0; i < R; ++i) {
+        const float4 xv = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
+        acc[i][j][0] = mul_add(xv.x, w[0], acc[i][j][0]);
+        acc[i][j][1] = mul_add(xv.y, w[1], acc[i][j][1]);
+        acc[i][j][2] = mul_add(xv.z, w[2], acc[i][j][2]);
+        acc[i][j][3] = mul_add(xv.w, w[3], acc[i][j][3]);
       }
     }
   }
 }
 
 // Grid: (row groups of R rows, fastest) x (output tiles of G·NO outputs). With sel, R == 1.
+// V: each warp's first weights are loaded before x is staged, and the next task's weights are in
+// flight while a task's lane values and butterflies run.
 template <WeightDtype F, int R, bool V>
 __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs a, int64_t n_rg, int G, int bshift) {
   constexpr int NO = gemv_outputs_per_task<F, R>();
@@ -489,6 +511,12 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     }
     mat = e;
   }
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int64_t tasks = int64_t(G) * m;
+  GemvRaw<F> raw[NO][8];
+  if constexpr (V) {
+    if (warp < tasks) gemv_issue<F, NO>(a, mat, o0 + (warp / m) * NO, warp % m, bshift, raw);
+  }
   for (int i = 0; i < R; ++i) {
     float* dst = xs + i * xlen;
     if (i < nr) {
@@ -499,12 +527,16 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     }
   }
   __syncthreads();
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
-  const int64_t tasks = int64_t(G) * m;
   for (int64_t task = warp; task < tasks; task += kGemvWarps) {
     const int64_t g = task / m, c = task % m;
     float acc[R][NO][4];
-    gemv_task<F, R, NO, V>(a, mat, o0 + g * NO, c, gsm, xlen4, bshift, acc);
+    if constexpr (V) {
+      gemv_compute<F, R, NO>(raw, c, gsm, xlen4, acc);
+      const int64_t next = task + kGemvWarps;
+      if (next < tasks) gemv_issue<F, NO>(a, mat, o0 + (next / m) * NO, next % m, bshift, raw);
+    } else {
+      gemv_task_scalar<F, R, NO>(a, mat, o0 + g * NO, c, gsm, xlen4, acc);
+    }
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
