@@ -78,7 +78,8 @@ Result<std::string> exact_kernels_bench(int reps) {
   std::string md = fmt::format(
       "### Exactness kernels of the GPU model (median of {} samples x 10 launches; copy bandwidth {:.0f} GB/s "
       "read + write)\n\n"
-      "Linears: kernel 1 = one block per (row, output) (the former kernel), 2 = GEMV; same bits.\n\n"
+      "Linears: kernel 1 = the former kernels (in > 1024: one block per (row, output); in <= 1024: 8 lanes per "
+      "output), 2 = the GEMVs; same bits.\n\n"
       "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 2 bandwidth (weights) | speed-up |\n"
       "|---|---|---|---|---|---|---|\n",
       reps, copy_gbps);
@@ -95,6 +96,8 @@ Result<std::string> exact_kernels_bench(int reps) {
       {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 200},
       {"router gate (BF16)", cd::WeightDtype::kBf16, 256, 4096, 1},
       {"router gate (BF16)", cd::WeightDtype::kBf16, 256, 4096, 6},
+      {"q up-projection, in = 1024 (FP8 128x128, short order)", cd::WeightDtype::kFp8, 32768, 1024, 1},
+      {"q up-projection, in = 1024 (FP8 128x128, short order)", cd::WeightDtype::kFp8, 32768, 1024, 6},
   };
   uint64_t seed = 100;
   for (const LinCase& c : lcases) {

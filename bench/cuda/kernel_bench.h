@@ -10,8 +10,9 @@
 //     an error: a wrong kernel is not timed), and the unswizzled variant with its descriptor byte
 //     offsets swapped is shown to fail the probe. Correctness proper: tests/ops_cuda.
 //   exact: the exactness kernels of the GPU model on decode shapes (exact_bench.cpp): the
-//     chunked linear with both kernels (the BF16 LM head, the FP8 grouped wo_a at 1 / 6 / 16 / 200
-//     rows, the BF16 router), rms_norm, quant_sim, Hadamard, the BF16 head norm.
+//     linear with both kernels (the BF16 LM head, the FP8 grouped wo_a at 1 / 6 / 16 / 200
+//     rows, the BF16 router, an in = 1024 FP8 projection), rms_norm, quant_sim, Hadamard, the BF16
+//     head norm.
 // Not used by the model.
 #pragma once
 #include <string>
