@@ -1407,12 +1407,12 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 2)
+    return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
-  if (a.kernel < 0 || a.kernel > 2) return cudaErrorInvalidValue;
   {
     const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
