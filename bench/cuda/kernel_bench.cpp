@@ -380,8 +380,11 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     } else if (k == "topk") {
       FS_ASSIGN_OR_RETURN(std::string md, topk_bench(opt.reps));
       out += md + "\n";
+    } else if (k == "exact") {
+      FS_ASSIGN_OR_RETURN(std::string md, exact_kernels_bench(opt.reps));
+      out += md + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, topk)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, topk, exact)", k);
     }
   }
   return out;

@@ -12,6 +12,10 @@
 //   topk: the indexer top-512 of 131,072 keys at M = 1 and 6 through every launch_index_topk path
 //     (one block per row, over blocks, one cluster per row of automatic / 8 / 16 blocks), us and
 //     GB/s, distinct and heavily tied scores; each path is probed against ops::topk_indices.
+//   exact: the exactness kernels of the GPU model on decode shapes (exact_bench.cpp): the
+//     linear with both kernels (the BF16 LM head, the FP8 grouped wo_a at 1 / 6 / 16 / 200
+//     rows, the BF16 router, an in = 1024 FP8 projection), rms_norm, quant_sim, Hadamard, the BF16
+//     head norm.
 // Not used by the model.
 #pragma once
 #include <string>
@@ -22,12 +26,14 @@
 namespace flashseek::ops::cuda {
 
 struct KernelBenchOptions {
-  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "topk"
-  int reps = 40;                                     // sampling, topk: launches per timed sample
+  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "topk", "exact"
+  int reps = 40;                                     // sampling, topk, exact: launches per timed sample
   std::string skip_variants;  // gemm: variant digits left out of the table (0 TFLOP/s), e.g. "67"
 };
 
 // Runs the selected benchmarks on device 0; returns their Markdown tables.
 Result<std::string> run_kernel_bench(const KernelBenchOptions& opt);
+// The "exact" tables (exact_bench.cpp); `reps` timed samples per op.
+Result<std::string> exact_kernels_bench(int reps);
 
 }  // namespace flashseek::ops::cuda

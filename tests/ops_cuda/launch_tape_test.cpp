@@ -33,15 +33,15 @@ TEST(LaunchTape, PatchModeRecordsKernelArgumentsWithoutLaunching) {
   const cudaStream_t s = fake_stream(0x1000);
   PatchScope scope(s);
   float* x = reinterpret_cast<float*>(uintptr_t(0xABC0));
-  // quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block, QuantSim)
+  // quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block, QuantSim)
   ASSERT_EQ(detail::launch_quant_sim(x, 3, 64, 64, 32, detail::QuantSim::kFp8, s), cudaSuccess);
   LaunchTape& t = launch_tape();
   ASSERT_EQ(t.ops.size(), 1u);
   const TapeOp& op = t.ops[0];
   EXPECT_EQ(op.kind, TapeOp::kKernel);
   EXPECT_NE(op.func, nullptr);
-  EXPECT_EQ(op.grid.x, 1u);  // 3 rows x 2 blocks = 6 items, 128 per block
-  EXPECT_EQ(op.block.x, 128u);
+  EXPECT_EQ(op.grid.x, 1u);  // 3 rows x 2 blocks = 6 quantisation blocks, a warp each, 8 per block
+  EXPECT_EQ(op.block.x, 256u);
   EXPECT_EQ(op.smem, 0u);
   EXPECT_EQ(op.cluster, 1u);
   ASSERT_EQ(op.nargs, 6u);
@@ -69,7 +69,7 @@ TEST(LaunchTape, StructArgumentsAreCopiedWhole) {
   ASSERT_EQ(detail::launch_linear(a, s), cudaSuccess);
   LaunchTape& t = launch_tape();
   ASSERT_EQ(t.ops.size(), 1u);
-  ASSERT_EQ(t.ops[0].nargs, 1u);
+  ASSERT_EQ(t.ops[0].nargs, 3u);  // the GEMV: LinearArgs, row groups, FP8 scale shift
   const auto got = arg<detail::LinearArgs>(t, t.ops[0], 0);
   EXPECT_EQ(got.x, a.x);
   EXPECT_EQ(got.y, a.y);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <string>
 
 #include "core/rng.h"
 #include "gpu_util.h"
@@ -69,6 +70,90 @@ TEST(CudaModelOps, QuantSimsMatchCpuBitwise) {
   FS_ASSERT_OK(cuda_status(cd::launch_quant_sim(d.get(), rows, dim, 128, 64, cd::QuantSim::kFp8, 0), "quant"));
   expect_bitwise(d.to_host(), ref, "partial fp8");
   EXPECT_NE(cd::launch_quant_sim(d.get(), rows, dim, 100, 64, cd::QuantSim::kFp8, 0), cudaSuccess);
+}
+
+// The row kernels (quant_sim: a warp per block; Hadamard: a block per row in shared memory;
+// rms_norm: the short serial order from a staged row; rms_bf16_heads: a warp per row) against
+// their CPU twins, memcmp-equal, on odd shapes: quantisation blocks 16 / 32 / 64 / 128 over whole
+// and partial rows (a prefix of a strided row; the tail must stay untouched) with zero, tiny and
+// outlier blocks; Hadamard dims 1..16384 (the largest through the one-thread-per-row fallback);
+// norms over dims around the chunk edge, weighted or not, BF16 out or not, in place; the BF16
+// head norm over dims up to and past its shared-memory limit.
+TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
+  FS_REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (int kind = 0; kind < 4; ++kind) {
+    const auto k = cd::QuantSim(kind);
+    for (int64_t block : {16, 32, 64, 128}) {
+      if (k == cd::QuantSim::kBf16 && block != 32) continue;
+      for (int64_t rows : {1, 3, 37}) {
+        for (int64_t nblk : {1, 5, 32}) {
+          const int64_t qdim = block * nblk, stride = qdim + 24;
+          auto x = randn(static_cast<size_t>(rows * stride), ++seed, 3.0f);
+          for (int64_t i = 0; i < std::min<int64_t>(block, qdim); ++i) x[static_cast<size_t>(i)] = 0;  // zero block
+          if (rows * stride > 2 * block) {
+            for (int64_t i = block; i < 2 * block && i < qdim; ++i) x[static_cast<size_t>(i)] *= 1e-30f;  // tiny
+          }
+          x[static_cast<size_t>(rows * stride / 2)] = 3e4f;  // outlier (somewhere, maybe in a tail)
+          std::vector<float> ref = x;
+          for (int64_t r = 0; r < rows; ++r) {
+            float* row = ref.data() + r * stride;
+            if (k == cd::QuantSim::kBf16) round_bf16_inplace(row, qdim);
+            if (k == cd::QuantSim::kFp8) fp8_quant_dequant(row, 1, qdim, block);
+            if (k == cd::QuantSim::kFp4E8m0) fp4_quant_dequant_e8m0(row, 1, qdim, block);
+            if (k == cd::QuantSim::kFp4E4m3) fp4_quant_dequant_e4m3(row, 1, qdim, block);
+          }
+          DeviceBuffer<float> d(x);
+          FS_ASSERT_OK(cuda_status(cd::launch_quant_sim(d.get(), rows, stride, qdim, block, k, 0), "quant"));
+          const std::string tag = "quant kind " + std::to_string(kind) + " block " + std::to_string(block) + " rows " +
+                                  std::to_string(rows) + " qdim " + std::to_string(qdim);
+          expect_bitwise(d.to_host(), ref, tag.c_str());
+        }
+      }
+    }
+  }
+  for (int64_t dim : {1, 2, 8, 64, 128, 512, 4096, 16384}) {
+    for (int64_t rows : {1, 64}) {
+      if (dim * rows > 1 << 20) continue;
+      auto x = randn(static_cast<size_t>(rows * dim), ++seed);
+      std::vector<float> ref = x;
+      hadamard_inplace(ref.data(), rows, dim);
+      DeviceBuffer<float> d(x);
+      FS_ASSERT_OK(cuda_status(cd::launch_hadamard(d.get(), rows, dim, 0), "hadamard"));
+      const std::string tag = "hadamard dim " + std::to_string(dim) + " rows " + std::to_string(rows);
+      expect_bitwise(d.to_host(), ref, tag.c_str());
+    }
+  }
+  for (int64_t dim : {1, 7, 512, 1023, 1024, 1025, 4096, 16384}) {
+    for (int64_t rows : {1, 3}) {
+      for (int variant = 0; variant < 3; ++variant) {  // 0: weighted; 1: unweighted, BF16; 2: weighted, in place
+        const auto x = randn(static_cast<size_t>(rows * dim), ++seed, 2.0f);
+        const auto g = randn(static_cast<size_t>(dim), ++seed);
+        const bool weighted = variant != 1, bf16 = variant == 1;
+        std::vector<float> ref(x.size());
+        rms_norm({x.data(), weighted ? g.data() : nullptr, ref.data(), rows, dim, 1e-6f, bf16});
+        DeviceBuffer<float> dx(x), dg(g), dy(x.size());
+        float* y = variant == 2 ? dx.get() : dy.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx.get(), weighted ? dg.get() : nullptr, y, rows, dim, 1e-6f,
+                                                           bf16, 0),
+                                 "norm"));
+        const std::string tag = "rms_norm dim " + std::to_string(dim) + " rows " + std::to_string(rows) + " variant " +
+                                std::to_string(variant);
+        expect_bitwise(variant == 2 ? dx.to_host() : dy.to_host(), ref, tag.c_str());
+      }
+    }
+  }
+  for (int64_t dim : {1, 64, 128, 512, 2048, 3000}) {
+    for (int64_t rows : {1, 5, 37}) {
+      auto x = randn(static_cast<size_t>(rows * dim), ++seed, 1.5f);
+      std::vector<float> ref = x;
+      rms_norm_bf16_heads(ref.data(), rows, dim, 1e-6f);
+      DeviceBuffer<float> d(x);
+      FS_ASSERT_OK(cuda_status(cd::launch_rms_norm_bf16_heads(d.get(), rows, dim, 1e-6f, 0), "heads"));
+      const std::string tag = "bf16 heads dim " + std::to_string(dim) + " rows " + std::to_string(rows);
+      expect_bitwise(d.to_host(), ref, tag.c_str());
+    }
+  }
 }
 
 TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {

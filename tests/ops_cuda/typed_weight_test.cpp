@@ -6,6 +6,8 @@
 // x_row_div, strided x / y, row slices (the grouped wo_a) and BF16 outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "core/rng.h"
 #include "gpu_util.h"
 #include "model/quant.h"
+#include "ops/linear.h"
 #include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda {
@@ -191,6 +194,108 @@ TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
       }
     }
   }
+}
+
+// Both kernels of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
+// block per (row, output); 2: the GEMVs) and the automatic choice against the CPU twin (ops::linear on model/quant.h's FP32 values, one
+// output row at a time), memcmp-equal: every stored format, widths around the chunk edges (1, 7,
+// 127, 1023, 1024, 1025, 4096, 5000; FP4 multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..5
+// and 200 (GEMV row groups of 1, 2 and 4 with a partial last group), stacked matrices with -1
+// rows, x_row_div 2, strided x and y, a row slice (row0) and BF16 outputs on and off. The
+// (out, rows) pairs are drawn at random per width, bounded so the CPU side stays fast.
+TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kF16, 1, 1},
+                      {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 1, 32}, {WeightDtype::kFp4, 1, 32}};
+  const int64_t outs[] = {1, 3, 33, 1000}, row_counts[] = {1, 2, 3, 4, 5, 200};
+  Rng pick(2024);
+  uint64_t seed = 500;
+  int64_t cases = 0, gemv_cases = 0;
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4
+                                            ? std::vector<int64_t>{32, 992, 1024, 1056, 4096, 5024}
+                                            : std::vector<int64_t>{1, 7, 127, 1023, 1024, 1025, 4096, 5000};
+    for (int64_t in : widths) {
+      for (int rep = 0; rep < 3; ++rep) {
+        int64_t out = outs[pick.below(4)], rows = row_counts[pick.below(6)];
+        while (rows * out * in > 6'000'000) out = out > 3 ? 33 : 1, rows = rows > 5 ? 5 : rows;
+        const bool stacked = rep == 1, bf16 = rep != 0;
+        const int64_t E = stacked ? 3 : 1, row0 = rep == 2 ? 5 : 0, x_div = stacked ? 2 : 1;
+        const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.br) + "x" + std::to_string(f.bc) +
+                                " in=" + std::to_string(in) + " out=" + std::to_string(out) + " rows=" +
+                                std::to_string(rows) + (stacked ? " stacked" : "") + (row0 ? " row0" : "") +
+                                (bf16 ? " bf16" : "");
+        SCOPED_TRACE(tag);
+        const Stored s = make_stored(f.dt, out + row0, in, E, f.br, f.bc, ++seed);
+        const DevStored ds(s);
+        Rng r(++seed);
+        const int64_t xs = in + (rep == 1 ? 3 : 0), ys = out + 2, x_rows = (rows + x_div - 1) / x_div;
+        std::vector<float> x(size_t(x_rows * xs));
+        for (auto& v : x) v = float(r.normal());
+        std::vector<int32_t> sel(static_cast<size_t>(rows));
+        for (auto& v : sel) v = int32_t(r.below(uint64_t(E)));
+        if (stacked && rows > 1) sel[1] = -1;  // another rank's expert: 0
+        // The CPU twin, one output row at a time.
+        std::vector<float> want(size_t(rows * ys), -7.0f);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* yr = want.data() + i * ys;
+          if (stacked && sel[size_t(i)] < 0) {
+            std::fill(yr, yr + out, 0.0f);
+            continue;
+          }
+          const float* w = s.values.data() + (int64_t(sel[size_t(i)]) * (out + row0) + row0) * in;
+          ops::linear({x.data() + (i / x_div) * xs, w, yr, 1, in, out, 0, false, bf16});
+        }
+        DeviceBuffer<float> dx(x);
+        DeviceBuffer<int32_t> dsel(sel);
+        for (int kernel : {0, 1, 2}) {
+          DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
+          cd::LinearArgs a;
+          a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.sel = stacked ? dsel.get() : nullptr;
+          a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div;
+          a.bf16_out = bf16, a.kernel = kernel;
+          FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+          expect_bitwise(dy.to_host(), want, tag + " kernel " + std::to_string(kernel));
+          if (f.dt == WeightDtype::kF32) {  // the FP32 pointer path (a.w) through the same kernels
+            DeviceBuffer<float> dy2(std::vector<float>(size_t(rows * ys), -7.0f));
+            a.wt = cd::WeightRef{}, a.y = dy2.get();
+            a.w = ds.values.get() + row0 * in;
+            if (row0 == 0) {  // (a.w has no row slice: stacked matrices are [E, out, in])
+              FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fp32 linear"));
+              expect_bitwise(dy2.to_host(), want, tag + " fp32 kernel " + std::to_string(kernel));
+            }
+          }
+          ++cases, gemv_cases += kernel == 2;
+        }
+      }
+    }
+  }
+  EXPECT_GT(gemv_cases, 40);
+  std::printf("[typed] %lld launches compared, %lld of them the GEMV\n", (long long)cases, (long long)gemv_cases);
+}
+
+// The kernel field is checked: 3 is refused, and the GEMV refuses rows longer than 16 chunks (its
+// padded input must fit shared memory) while the automatic choice falls back to the block kernel.
+TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
+  FS_REQUIRE_GPU();
+  const int64_t in = 17 * 1024 + 1, out = 2;
+  const Stored s = make_stored(WeightDtype::kBf16, out, in, 1, 1, 1, 77);
+  const DevStored ds(s);
+  Rng r(3);
+  std::vector<float> x(static_cast<size_t>(in));
+  for (auto& v : x) v = float(r.normal());
+  std::vector<float> want(static_cast<size_t>(out));
+  ops::linear({x.data(), s.values.data(), want.data(), 1, in, out, 0, false, false});
+  DeviceBuffer<float> dx(x), dy(static_cast<size_t>(out));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = in, a.out = out;
+  a.kernel = 3;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
+  a.kernel = 2;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
+  a.kernel = 0;
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "automatic"));
+  expect_bitwise(dy.to_host(), want, "17 chunks, automatic");
 }
 
 // A row slice (the grouped wo_a: group g reads rows [g·Ro, (g+1)·Ro) of [G·Ro, in]) into

@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 
@@ -40,6 +41,78 @@ __global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t
   else sc = dev_round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
   for (int64_t i = 0; i < block; ++i)
     b[i] = dev_round_bf16(dev_round_e2m1(fminf(fmaxf(b[i] / sc, -6.0f), 6.0f)) * sc);
+}
+
+// One warp per quantisation block (block > 1): the block maximum by a warp max reduction (max is
+// order-free and exact; fmaxf ignores NaN as std::max(amax, |x|) does), then the same elementwise
+// expressions as quant_sim_kernel, so the result is bitwise the same.
+__global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
+                                      QuantSim kind) {
+  const int64_t per_row = qdim / block;
+  const int64_t id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // the same for the whole warp
+  const int lane = int(threadIdx.x & 31);
+  if (id >= rows * per_row) return;
+  float* b = x + (id / per_row) * stride + (id % per_row) * block;
+  float amax = 0;
+  for (int64_t i = lane; i < block; i += 32) amax = fmaxf(amax, fabsf(b[i]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (kind == QuantSim::kFp8) {
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = lane; i < block; i += 32) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    return;
+  }
+  float sc;
+  if (kind == QuantSim::kFp4E8m0) sc = dev_pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * (1.0f / 6.0f));
+  else sc = dev_round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+  for (int64_t i = lane; i < block; i += 32)
+    b[i] = dev_round_bf16(dev_round_e2m1(fminf(fmaxf(b[i] / sc, -6.0f), 6.0f)) * sc);
+}
+
+// One block per row, the row in shared memory: stage h pairs (j, j + h) exactly as the serial
+// loop does (every element sees the same sequence of additions / subtractions), so the result is
+// bitwise hadamard_kernel's.
+__global__ void hadamard_block_kernel(float* x, int64_t dim) {
+  extern __shared__ float hv[];
+  float* v = x + int64_t(blockIdx.x) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) hv[i] = v[i];
+  __syncthreads();
+  for (int64_t h = 1; h < dim; h *= 2) {
+    for (int64_t p = threadIdx.x; p < dim / 2; p += blockDim.x) {
+      const int64_t j = (p / h) * 2 * h + p % h;
+      const float a = hv[j], b = hv[j + h];
+      hv[j] = a + b;
+      hv[j + h] = a - b;
+    }
+    __syncthreads();
+  }
+  const float norm = 1.0f / sqrtf(float(dim));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = hv[i] * norm;
+}
+
+// One warp per row: the row staged in shared memory by the whole warp, the serial FP32 sum of
+// BF16-rounded squares (index order, as the CPU) by lane 0, the scaling by all lanes.
+constexpr int kHeadsWarps = 4;
+constexpr int64_t kHeadsMaxDim = 2048;
+__global__ void rms_bf16_heads_warp_kernel(float* x, int64_t rows, int64_t dim, float eps) {
+  extern __shared__ float hsq[];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int64_t r = int64_t(blockIdx.x) * kHeadsWarps + warp;
+  if (r >= rows) return;
+  float* v = x + r * dim;
+  float* sv = hsq + warp * dim;
+  for (int64_t i = lane; i < dim; i += 32) sv[i] = v[i];
+  __syncwarp();
+  float rs = 0;
+  if (lane == 0) {
+    float ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += dev_round_bf16(sv[i] * sv[i]);
+    const float mean = dev_round_bf16(ss / float(dim));
+    const float var = dev_round_bf16(mean + dev_round_bf16(eps));
+    rs = dev_round_bf16(1.0f / sqrtf(var));
+  }
+  rs = __shfl_sync(0xffffffffu, rs, 0);
+  for (int64_t i = lane; i < dim; i += 32) v[i] = dev_round_bf16(sv[i] * rs);
 }
 
 __global__ void hadamard_kernel(float* x, int64_t rows, int64_t dim) {
@@ -246,8 +319,390 @@ __global__ void linear_chunked_kernel(LinearArgs a) {
   a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
 }
 
+// ---- GEMV form of the chunked linear (in > kSumChunk, few rows) ---------------------------------
+// Same partials and combines as linear_chunked(_typed)_kernel, work assigned differently: a
+// 256-thread block stages its R input rows once in shared memory (zero-padded to whole chunks),
+// then each warp task is (NO consecutive outputs, one chunk c): lane l loads 4 consecutive weights
+// of each 128-column slice t = 0..7 of the chunk for all NO outputs at once (one 16/8/4/2-byte load
+// per slice and output: F32 / BF16-F16 / FP8 / FP4), expands them in registers and accumulates
+// partials 4l..4l+3 of every (row, output) in slice order, then the lane values and the xor
+// butterfly give the chunk sum (warp_dot_chunk's order). Chunk sums go to shared memory and one
+// thread per (row, output) combines them in the stride-doubling tree. Columns past `in` are zero on
+// both sides: a +0 product leaves a partial unchanged (a partial is never -0), so the padding adds
+// nothing. V (vector loads) needs in % 4 == 0, aligned rows and (FP8) power-of-two scale blocks of
+// >= 4 columns; otherwise the weights are read one value at a time through RowReader.
+constexpr int kGemvThreads = 256, kGemvWarps = kGemvThreads / 32;
+constexpr int64_t kGemvMaxXFloats = 16384;  // R x padded in: 64 KB of shared memory at most
+constexpr int64_t kGemvMaxRows = 16;        // automatic choice: GEMV up to this many rows
+
+template <WeightDtype F, int R>
+__host__ __device__ constexpr int gemv_outputs_per_task() {
+  // Registers: NO x 8 raw loads + R x NO x 4 partials within the 128 of 2 blocks per SM.
+  if constexpr (F == WeightDtype::kF32) return R == 1 ? 2 : 1;
+  else if constexpr (F == WeightDtype::kFp4) return R == 1 ? 2 : 1;
+  else if constexpr (F == WeightDtype::kFp8) return R == 1 ? 4 : R == 2 ? 2 : 1;
+  else return R == 1 ? 4 : 2;
+}
+
+// The raw bytes of 4 consecutive weights (and their scale byte) of one row.
+template <WeightDtype F>
+struct GemvRaw {
+  uint32_t v[F == WeightDtype::kF32 ? 4 : F == WeightDtype::kBf16 || F == WeightDtype::kF16 ? 2 : 1];
+  uint32_t s;  // E8M0 scale (kFp8, kFp4)
+};
+
+template <WeightDtype F>
+__device__ __forceinline__ void gemv_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
+                                          GemvRaw<F>& r) {
+  r.s = 0;
+  if constexpr (F == WeightDtype::kF32) {
+    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : make_uint4(0, 0, 0, 0);
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col * 2)) : make_uint2(0, 0);
+    r.v[0] = u.x, r.v[1] = u.y;
+  } else if constexpr (F == WeightDtype::kFp8) {
+    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col)) : 0u;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+  } else {
+    r.v[0] = ok ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p + col / 2))) : 0u;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  }
+}
+
+// e2m1 nibble → its FP32 value (dev_e2m1_value's table, by bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float dev_e2m1_bits(uint32_t nib) {
+  const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
+  const uint32_t mag = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3f000000u : 0u);
+  return __uint_as_float(mag | ((nib & 8u) << 28));
+}
+
+// The FP32 values of the 4 weights: exactly RowReader's (all-zero raw bytes give +0 in every
+// format, the padding). FP8 goes through the hardware e4m3x2 → f16x2 conversion, exact for every
+// finite code (a NaN code stays NaN, and any NaN product is the canonical NaN either way).
+template <WeightDtype F>
+__device__ __forceinline__ float4 gemv_decode(const GemvRaw<F>& r) {
+  if constexpr (F == WeightDtype::kF32) {
+    return make_float4(__uint_as_float(r.v[0]), __uint_as_float(r.v[1]), __uint_as_float(r.v[2]),
+                       __uint_as_float(r.v[3]));
+  } else if constexpr (F == WeightDtype::kBf16) {
+    return make_float4(__uint_as_float(r.v[0] << 16), __uint_as_float(r.v[0] & 0xffff0000u),
+                       __uint_as_float(r.v[1] << 16), __uint_as_float(r.v[1] & 0xffff0000u));
+  } else if constexpr (F == WeightDtype::kF16) {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.v[0]));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.v[1]));
+    return make_float4(a.x, a.y, b.x, b.y);
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const float s = dev_e8m0(r.s);
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(r.v[0] & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(r.v[0] >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+    return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(b.x, s), __fmul_rn(b.y, s));
+  } else {
+    const float s = dev_e8m0(r.s);
+    const uint32_t b = r.v[0];  // byte 0: columns col, col+1 (low nibble first); byte 1: col+2, col+3
+    return make_float4(__fmul_rn(dev_e2m1_bits(b & 15u), s), __fmul_rn(dev_e2m1_bits((b >> 4) & 15u), s),
+                       __fmul_rn(dev_e2m1_bits((b >> 8) & 15u), s), __fmul_rn(dev_e2m1_bits((b >> 12) & 15u), s));
+  }
+}
+
+// One task's weights: raw[j][t] = the 4 weights of output o_first + j at columns c·1024 + 128t +
+// 4·lane.. (zero past `in` or `out`). Only loads: issued ahead of their use (software pipeline).
+template <WeightDtype F, int NO>
+__device__ __forceinline__ void gemv_issue(const LinearArgs& a, int64_t mat, int64_t o_first, int64_t c, int bshift,
+                                           GemvRaw<F> (&raw)[NO][8]) {
+  const int64_t col0 = c * kSumChunk + 4 * int(threadIdx.x & 31);
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int64_t o = o_first + j;
+    const bool ok_o = o < a.out;
+    const RowReader<F> rr(a.wt, mat, a.wt.row0 + (ok_o ? o : 0));
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int64_t col = col0 + 128 * t;
+      gemv_load<F>(rr.p, rr.sc, bshift, col, ok_o && col < a.in, raw[j][t]);
+    }
+  }
+}
+
+// One task's partials from its loaded weights: acc[i][j][q] of row i, output j, partial 4·lane + q,
+// each in slice order.
+template <WeightDtype F, int R, int NO>
+__device__ __forceinline__ void gemv_compute(const GemvRaw<F> (&raw)[NO][8], int64_t c, const float4* xs4,
+                                             int64_t xlen4, float (&acc)[R][NO][4]) {
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < NO; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    float4 xv[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) xv[i] = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      const float4 w = gemv_decode<F>(raw[j][t]);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        acc[i][j][0] = mul_add(xv[i].x, w.x, acc[i][j][0]);
+        acc[i][j][1] = mul_add(xv[i].y, w.y, acc[i][j][1]);
+        acc[i][j][2] = mul_add(xv[i].z, w.z, acc[i][j][2]);
+        acc[i][j][3] = mul_add(xv[i].w, w.w, acc[i][j][3]);
+      }
+    }
+  }
+}
+
+// The same partials with the weights read one value at a time (rows not a multiple of 4 values,
+// unaligned matrices, FP8 scale blocks that are not a power of two >= 4).
+template <WeightDtype F, int R, int NO>
+__device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t mat, int64_t o_first, int64_t c,
+                                                 const float4* xs4, int64_t xlen4, float (&acc)[R][NO][4]) {
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < NO; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  const int64_t col0 = c * kSumChunk + 4 * lane;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int64_t o = o_first + j;
+    if (o >= a.out) continue;
+    const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
+#pragma unroll 1
+    for (int t = 0; t < 8; ++t) {
+      const int64_t col = col0 + 128 * t;
+      float w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) w[q] = col + q < a.in ? rr(col + q) : 0.0f;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float4 xv = xs4[i * xlen4 + (c * kSumChunk + 128 * t) / 4 + lane];
+        acc[i][j][0] = mul_add(xv.x, w[0], acc[i][j][0]);
+        acc[i][j][1] = mul_add(xv.y, w[1], acc[i][j][1]);
+        acc[i][j][2] = mul_add(xv.z, w[2], acc[i][j][2]);
+        acc[i][j][3] = mul_add(xv.w, w[3], acc[i][j][3]);
+      }
+    }
+  }
+}
+
+// Grid: (row groups of R rows, fastest) x (output tiles of G·NO outputs). With sel, R == 1.
+// V: each warp's first weights are loaded before x is staged, and the next task's weights are in
+// flight while a task's lane values and butterflies run.
+template <WeightDtype F, int R, bool V>
+__global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs a, int64_t n_rg, int G, int bshift) {
+  constexpr int NO = gemv_outputs_per_task<F, R>();
+  extern __shared__ float4 gsm[];
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk, xlen4 = xlen / 4;
+  float* xs = reinterpret_cast<float*>(gsm);  // [R][xlen]
+  float* csum = xs + R * xlen;                 // [G·NO][R][m]
+  const int64_t rg = int64_t(blockIdx.x) % n_rg, tile = int64_t(blockIdx.x) / n_rg;
+  const int64_t r0 = rg * R, o0 = tile * G * NO;
+  const int nr = int(a.rows - r0 < R ? a.rows - r0 : R);
+  int64_t mat = 0;
+  if (a.sel) {  // R == 1
+    const int32_t e = a.sel[r0];
+    if (e < 0) {  // a (token, slot) pair routed to another rank's expert: not computed
+      for (int64_t q = threadIdx.x; q < int64_t(G) * NO; q += kGemvThreads)
+        if (o0 + q < a.out) a.y[r0 * a.y_stride + o0 + q] = 0.0f;
+      return;
+    }
+    mat = e;
+  }
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int64_t tasks = int64_t(G) * m;
+  GemvRaw<F> raw[NO][8];
+  if constexpr (V) {
+    if (warp < tasks) gemv_issue<F, NO>(a, mat, o0 + (warp / m) * NO, warp % m, bshift, raw);
+  }
+  for (int i = 0; i < R; ++i) {
+    float* dst = xs + i * xlen;
+    if (i < nr) {
+      const float* src = a.x + ((r0 + i) / a.x_row_div) * a.x_stride;
+      for (int64_t k = threadIdx.x; k < xlen; k += kGemvThreads) dst[k] = k < a.in ? src[k] : 0.0f;
+    } else {
+      for (int64_t k = threadIdx.x; k < xlen; k += kGemvThreads) dst[k] = 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int64_t task = warp; task < tasks; task += kGemvWarps) {
+    const int64_t g = task / m, c = task % m;
+    float acc[R][NO][4];
+    if constexpr (V) {
+      gemv_compute<F, R, NO>(raw, c, gsm, xlen4, acc);
+      const int64_t next = task + kGemvWarps;
+      if (next < tasks) gemv_issue<F, NO>(a, mat, o0 + (next / m) * NO, next % m, bshift, raw);
+    } else {
+      gemv_task_scalar<F, R, NO>(a, mat, o0 + g * NO, c, gsm, xlen4, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        float v = __fadd_rn(__fadd_rn(acc[i][j][0], acc[i][j][1]), __fadd_rn(acc[i][j][2], acc[i][j][3]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) csum[((g * NO + j) * R + i) * m + c] = v;
+      }
+  }
+  __syncthreads();
+  for (int64_t q = threadIdx.x; q < int64_t(G) * NO * R; q += kGemvThreads) {
+    const int64_t o = o0 + q / R;
+    const int i = int(q % R);
+    if (o >= a.out || i >= nr) continue;
+    const float acc = dev_chunk_tree(csum + q * m, m);
+    a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+  }
+}
+
+// ---- GEMV form of the short linear (in <= kSumChunk, few rows) ----------------------------------
+// ops::dot_f32's short order: element i into partial s[i % 8], each partial in index order, then
+// ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)). Here one thread owns one output and all eight partials, so
+// every 8-column step is one 32/16/8/4-byte weight load (F32 / BF16-F16 / FP8 / FP4) expanded in
+// registers and 8 products per row; the block's R input rows are staged once in shared memory
+// (zero-padded to a multiple of 8: +0 products leave a partial unchanged) and read as broadcasts.
+// V (vector loads) needs in % 8 == 0, aligned rows and (FP8) power-of-two scale blocks of >= 8
+// columns; otherwise the weights are read one value at a time through RowReader.
+constexpr int kShortThreads = 64;
+
+template <WeightDtype F>
+struct ShortRaw {
+  uint32_t v[F == WeightDtype::kF32 ? 8 : F == WeightDtype::kBf16 || F == WeightDtype::kF16 ? 4
+                                         : F == WeightDtype::kFp8 ? 2 : 1];
+  uint32_t s;
+};
+
+template <WeightDtype F>
+__device__ __forceinline__ void short_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
+                                           ShortRaw<F>& r) {
+  r.s = 0;
+  if constexpr (F == WeightDtype::kF32) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : z;
+    const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
+    r.v[0] = u0.x, r.v[1] = u0.y, r.v[2] = u0.z, r.v[3] = u0.w, r.v[4] = u1.x, r.v[5] = u1.y, r.v[6] = u1.z, r.v[7] = u1.w;
+  } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
+    r.v[0] = u.x, r.v[1] = u.y;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+  } else {
+    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  }
+}
+
+// The 8 weights' FP32 values (RowReader's, exactly; all-zero raw bytes give +0).
+template <WeightDtype F>
+__device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]) {
+  if constexpr (F == WeightDtype::kF32) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __uint_as_float(r.v[q]);
+  } else if constexpr (F == WeightDtype::kBf16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[2 * q] = __uint_as_float(r.v[q] << 16), w[2 * q + 1] = __uint_as_float(r.v[q] & 0xffff0000u);
+  } else if constexpr (F == WeightDtype::kF16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r.v[q]));
+      w[2 * q] = f.x, w[2 * q + 1] = f.y;
+    }
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const float s = dev_e8m0(r.s);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t pair = (r.v[q / 2] >> (16 * (q % 2))) & 0xffffu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      w[2 * q] = __fmul_rn(f.x, s), w[2 * q + 1] = __fmul_rn(f.y, s);
+    }
+  } else {
+    const float s = dev_e8m0(r.s);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[0] >> (4 * q)) & 15u), s);
+  }
+}
+
+// Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
+template <WeightDtype F, int R, bool V>
+__global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
+  extern __shared__ float4 ssm[];
+  float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
+  const int64_t xlen = (a.in + 7) / 8 * 8, steps = xlen / 8;
+  const int64_t rg = int64_t(blockIdx.x) % n_rg, tile = int64_t(blockIdx.x) / n_rg;
+  const int64_t r0 = rg * R, o = tile * kShortThreads + threadIdx.x;
+  const int nr = int(a.rows - r0 < R ? a.rows - r0 : R);
+  int64_t mat = 0;
+  if (a.sel) {  // R == 1; the whole block leaves together
+    const int32_t e = a.sel[r0];
+    if (e < 0) {  // another rank's expert (expert parallel): not computed
+      if (o < a.out) a.y[r0 * a.y_stride + o] = 0.0f;
+      return;
+    }
+    mat = e;
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* src = i < nr ? a.x + ((r0 + i) / a.x_row_div) * a.x_stride : nullptr;
+    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads) xs[i * xlen + k] = src && k < a.in ? src[k] : 0.0f;
+  }
+  __syncthreads();
+  if (o >= a.out) return;
+  const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
+  float s[R][8];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) s[i][q] = 0.0f;
+  auto step = [&](int64_t k, const float (&w)[8]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float4 x0 = ssm[(i * xlen + 8 * k) / 4], x1 = ssm[(i * xlen + 8 * k) / 4 + 1];
+      s[i][0] = mul_add(x0.x, w[0], s[i][0]), s[i][1] = mul_add(x0.y, w[1], s[i][1]);
+      s[i][2] = mul_add(x0.z, w[2], s[i][2]), s[i][3] = mul_add(x0.w, w[3], s[i][3]);
+      s[i][4] = mul_add(x1.x, w[4], s[i][4]), s[i][5] = mul_add(x1.y, w[5], s[i][5]);
+      s[i][6] = mul_add(x1.z, w[6], s[i][6]), s[i][7] = mul_add(x1.w, w[7], s[i][7]);
+    }
+  };
+  if constexpr (V) {
+    constexpr int kU = 4;  // steps in flight
+    for (int64_t k0 = 0; k0 < steps; k0 += kU) {
+      ShortRaw<F> raw[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) short_load<F>(rr.p, rr.sc, bshift, 8 * (k0 + u), k0 + u < steps, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (k0 + u < steps) {
+          float w[8];
+          short_decode<F>(raw[u], w);
+          step(k0 + u, w);
+        }
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int64_t k = 0; k < steps; ++k) {
+      float w[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) w[q] = 8 * k + q < a.in ? rr(8 * k + q) : 0.0f;
+      step(k, w);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+    const float acc = __fadd_rn(__fadd_rn(__fadd_rn(s[i][0], s[i][4]), __fadd_rn(s[i][2], s[i][6])),
+                                __fadd_rn(__fadd_rn(s[i][1], s[i][5]), __fadd_rn(s[i][3], s[i][7])));
+    a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+  }
+}
+
 // ops::rms_norm: double sum of squares in the sum_order.h order (index order by thread 0 up to
-// kSumChunk values; else one warp per chunk and the chunk tree), FP32 scaling.
+// kSumChunk values, from the row staged in shared memory; else one warp per chunk and the chunk
+// tree), FP32 scaling.
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
   extern __shared__ double csq[];
   __shared__ float r_inv;
@@ -262,11 +717,20 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
     }
     __syncthreads();
   }
+  if (dim <= kSumChunk) {  // the short order is serial: stage the row (coalesced) for thread 0
+    float* xs = reinterpret_cast<float*>(csq);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) xs[i] = xr[i];
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     double ss = 0;
-    if (dim > kSumChunk) ss = dev_chunk_tree(csq, m);
-    else
-      for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
+    if (dim > kSumChunk) {
+      ss = dev_chunk_tree(csq, m);
+    } else {
+      const float* xs = reinterpret_cast<const float*>(csq);
+#pragma unroll 8
+      for (int64_t i = 0; i < dim; ++i) ss = __dadd_rn(ss, __dmul_rn(double(xs[i]), double(xs[i])));  // exact square
+    }
     r_inv = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
   }
   __syncthreads();
@@ -785,18 +1249,25 @@ cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdi
   if (block <= 0 || qdim % block != 0 || qdim > stride) return cudaErrorInvalidValue;
   const int64_t n = rows * (qdim / block);
   if (n == 0) return cudaSuccess;
-  return launch_kernel(quant_sim_kernel, blocks_for(n, 128), 128, 0, s, x, rows, stride, qdim, block, kind);
+  if (block == 1) return launch_kernel(quant_sim_kernel, blocks_for(n, 128), 128, 0, s, x, rows, stride, qdim, block, kind);
+  if (n > INT32_MAX / 32) return cudaErrorInvalidValue;
+  return launch_kernel(quant_sim_warp_kernel, blocks_for(n * 32, 256), 256, 0, s, x, rows, stride, qdim, block, kind);
 }
 
 cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s) {
   if (dim <= 0 || (dim & (dim - 1)) != 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  return launch_kernel(hadamard_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim);
+  if (dim > 12 * 1024 || rows > INT32_MAX)  // more than 48 KB of shared memory: one thread per row
+    return launch_kernel(hadamard_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim);
+  const int threads = dim / 2 >= 256 ? 256 : dim / 2 >= 32 ? int(dim / 2) : 32;
+  return launch_kernel(hadamard_block_kernel, unsigned(rows), threads, size_t(dim) * sizeof(float), s, x, dim);
 }
 
 cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  return launch_kernel(rms_bf16_heads_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim, eps);
+  if (dim > kHeadsMaxDim || dim <= 0) return launch_kernel(rms_bf16_heads_kernel, blocks_for(rows, 64), 64, 0, s, x, rows, dim, eps);
+  return launch_kernel(rms_bf16_heads_warp_kernel, blocks_for(rows, kHeadsWarps), kHeadsWarps * 32,
+                       size_t(kHeadsWarps * dim) * sizeof(float), s, x, rows, dim, eps);
 }
 
 cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream_t s) {
@@ -824,6 +1295,106 @@ cudaError_t launch_linear_typed(const LinearArgs& a, bool chunked, unsigned bloc
   return launch_kernel(linear_short_typed_kernel<F>, blocks, kLinThreads, 0, s, a);
 }
 
+template <WeightDtype F, int R>
+cudaError_t launch_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int G, int bshift, unsigned blocks, size_t smem,
+                          cudaStream_t s) {
+  void (*k)(LinearArgs, int64_t, int, int) = vec ? linear_gemv_kernel<F, R, true> : linear_gemv_kernel<F, R, false>;
+  if (smem > 48 * 1024) {  // set on every launch: the attribute belongs to the current device
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(k, blocks, kGemvThreads, smem, s, a, n_rg, G, bshift);
+}
+
+// The GEMV launch of a chunked linear with a typed weight (the FP32 pointer becomes a kF32 ref).
+// R: the smallest of 1, 2, 4 that holds the rows (1 with sel), as long as R rows of padded x fit
+// kGemvMaxXFloats; G: output groups per block, 8 warp tasks per block at least, more (up to 32)
+// while the grid keeps >= 4 blocks per SM of a large GPU.
+template <WeightDtype F>
+cudaError_t launch_gemv_typed(const LinearArgs& a, cudaStream_t s) {
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk;
+  int R = 1;
+  if (!a.sel) {
+    while (R < 4 && R < a.rows) R *= 2;
+    while (R > 1 && R * xlen > kGemvMaxXFloats) R /= 2;
+  }
+  const int NO = R == 1 ? gemv_outputs_per_task<F, 1>() : R == 2 ? gemv_outputs_per_task<F, 2>()
+                                                                  : gemv_outputs_per_task<F, 4>();
+  const int64_t n_rg = (a.rows + R - 1) / R, groups = (a.out + NO - 1) / NO;
+  int G = int((kGemvWarps + m - 1) / m);
+  while (2 * G * m <= 32 && (groups + 2 * G - 1) / (2 * G) * n_rg >= 4 * 132) G *= 2;
+  const int64_t blocks = (groups + G - 1) / G * n_rg;
+  const size_t smem = size_t(R * xlen + int64_t(G) * NO * R * m) * sizeof(float);
+  if (blocks > INT32_MAX || smem > 100 * 1024) return cudaErrorInvalidValue;
+  // Vector loads: 4 consecutive columns in one aligned load (and one FP8 scale per 4 columns).
+  const int64_t align = F == WeightDtype::kF32 ? 16 : F == WeightDtype::kFp8 ? 4 : F == WeightDtype::kFp4 ? 2 : 8;
+  bool vec = a.in % 4 == 0 && reinterpret_cast<uintptr_t>(a.wt.data) % align == 0 && a.wt.matrix_bytes % align == 0;
+  int bshift = 0;
+  if (F == WeightDtype::kFp8) {
+    while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
+    vec = vec && a.wt.block_cols >= 4 && (int64_t(1) << bshift) == a.wt.block_cols;
+  }
+  if (R == 1) return launch_gemv_r<F, 1>(a, vec, n_rg, G, bshift, unsigned(blocks), smem, s);
+  if (R == 2) return launch_gemv_r<F, 2>(a, vec, n_rg, G, bshift, unsigned(blocks), smem, s);
+  return launch_gemv_r<F, 4>(a, vec, n_rg, G, bshift, unsigned(blocks), smem, s);
+}
+
+template <WeightDtype F, int R>
+cudaError_t launch_short_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int bshift, unsigned blocks, size_t smem,
+                                cudaStream_t s) {
+  void (*k)(LinearArgs, int64_t, int) = vec ? linear_short_gemv_kernel<F, R, true> : linear_short_gemv_kernel<F, R, false>;
+  return launch_kernel(k, blocks, kShortThreads, smem, s, a, n_rg, bshift);
+}
+
+// The GEMV launch of a short linear (in <= kSumChunk): R the smallest of 1, 2, 4 that holds the
+// rows (1 with sel), kShortThreads outputs per block.
+template <WeightDtype F>
+cudaError_t launch_short_gemv_typed(const LinearArgs& a, cudaStream_t s) {
+  int R = 1;
+  if (!a.sel)
+    while (R < 4 && R < a.rows) R *= 2;
+  const int64_t xlen = (a.in + 7) / 8 * 8, n_rg = (a.rows + R - 1) / R;
+  const int64_t blocks = (a.out + kShortThreads - 1) / kShortThreads * n_rg;
+  const size_t smem = size_t(R * xlen) * sizeof(float);
+  if (blocks > INT32_MAX || smem > 48 * 1024) return cudaErrorInvalidValue;
+  const int64_t align = F == WeightDtype::kF32 ? 16 : F == WeightDtype::kFp8 ? 8 : F == WeightDtype::kFp4 ? 4 : 16;
+  bool vec = a.in % 8 == 0 && reinterpret_cast<uintptr_t>(a.wt.data) % align == 0 && a.wt.matrix_bytes % align == 0;
+  int bshift = 0;
+  if (F == WeightDtype::kFp8) {
+    while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
+    vec = vec && a.wt.block_cols >= 8 && (int64_t(1) << bshift) == a.wt.block_cols;
+  }
+  if (R == 1) return launch_short_gemv_r<F, 1>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+  if (R == 2) return launch_short_gemv_r<F, 2>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+  return launch_short_gemv_r<F, 4>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
+}
+
+cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
+  LinearArgs a = a0;
+  if (a.w) {  // an FP32 matrix [E?, out, in]: the same kernel through a kF32 reference
+    a.wt = WeightRef{};
+    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
+  }
+  if (a.in <= kSumChunk) {
+    switch (a.wt.dtype) {
+      case WeightDtype::kF32: return launch_short_gemv_typed<WeightDtype::kF32>(a, s);
+      case WeightDtype::kBf16: return launch_short_gemv_typed<WeightDtype::kBf16>(a, s);
+      case WeightDtype::kF16: return launch_short_gemv_typed<WeightDtype::kF16>(a, s);
+      case WeightDtype::kFp8: return launch_short_gemv_typed<WeightDtype::kFp8>(a, s);
+      case WeightDtype::kFp4: return launch_short_gemv_typed<WeightDtype::kFp4>(a, s);
+    }
+    return cudaErrorInvalidValue;
+  }
+  switch (a.wt.dtype) {
+    case WeightDtype::kF32: return launch_gemv_typed<WeightDtype::kF32>(a, s);
+    case WeightDtype::kBf16: return launch_gemv_typed<WeightDtype::kBf16>(a, s);
+    case WeightDtype::kF16: return launch_gemv_typed<WeightDtype::kF16>(a, s);
+    case WeightDtype::kFp8: return launch_gemv_typed<WeightDtype::kFp8>(a, s);
+    case WeightDtype::kFp4: return launch_gemv_typed<WeightDtype::kFp4>(a, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <WeightDtype F>
 cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                                int64_t dim, cudaStream_t s) {
@@ -836,11 +1407,17 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535) return cudaErrorInvalidValue;
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 2)
+    return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
+  {
+    const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
+    if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
+    if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && a.rows <= kGemvMaxRows)) return launch_linear_gemv(a, s);
+  }
   int64_t blocks = 0;
   size_t smem = 0;
   if (!chunked) {
@@ -869,7 +1446,8 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
                                   bool bf16, cudaStream_t s) {
   if (dim <= 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double) : 0;
+  const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double)
+                                      : size_t(dim) * sizeof(float);  // the staged short row
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   return launch_kernel(rms_norm_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
 }

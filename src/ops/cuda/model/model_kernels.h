@@ -56,9 +56,16 @@ struct LinearArgs {
   int64_t x_stride = 0, y_stride = 0;  // 0: in / out
   int64_t x_row_div = 1;          // output row r reads input row r / x_row_div
   bool bf16_out = false;
+  // 0 automatic (GEMV up to 16 rows, else the former kernels), 1 the former kernels (in <= 1024:
+  // 8 lanes per output; longer: one block per (row, output)), 2 GEMV (error if in > 16 chunks).
+  // Same bits for every kernel; tests and the benchmark force one.
+  int kernel = 0;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
+// Few rows (decode): a GEMV, x staged once per block in shared memory and wide weight loads; in <=
+// 1024 one thread per output holds the eight partials, longer rows are warp tasks of (outputs,
+// chunk) whose chunk sums are combined per output in the same tree.
 // A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
 // are the same, so y is bitwise the FP32-weight result.
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);

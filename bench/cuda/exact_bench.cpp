@@ -1,0 +1,160 @@
+// `flashseek bench --kernels exact` (kernel_bench.h): the exactness kernels of the GPU model
+// (ops/cuda/model/model_kernels.h) on the decode shapes of DeepSeek-V4.1-Flash, CUDA events,
+// median of `reps` samples of 10 launches, weights in rotating copies (>= 3x the L2) so HBM is
+// measured. The chunked linear is timed with both kernels (LinearArgs::kernel 1: a block per
+// (row, output), the former kernel; 2: the GEMV), which give the same bits.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_util.h"
+#include "bench/cuda/kernel_bench.h"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
+#include "ops/cuda/runtime/cuda_check.h"
+
+namespace flashseek::ops::cuda {
+namespace cd = detail;
+
+namespace {
+
+constexpr double kL2Bytes = 50e6;  // H200: 50 MB
+
+struct TypedMat {
+  cd::WeightDtype dt = cd::WeightDtype::kBf16;
+  int64_t n = 0, k = 0, block = 128;
+  std::vector<uint8_t*> data, scale;  // per copy
+  double bytes() const {
+    const double vals = double(n * k) * (dt == cd::WeightDtype::kBf16 ? 2.0 : 1.0);
+    const double sc = dt == cd::WeightDtype::kFp8 ? double(((n + block - 1) / block) * ((k + block - 1) / block)) : 0.0;
+    return vals + sc;
+  }
+  cd::WeightRef ref(int copy) const {
+    cd::WeightRef w;
+    const size_t c = size_t(copy) % data.size();
+    w.dtype = dt, w.data = data[c], w.cols = k;
+    if (dt == cd::WeightDtype::kFp8) w.scale = scale[c], w.block_rows = block, w.block_cols = block;
+    return w;
+  }
+};
+
+Status make_typed(bench::Arena& ar, TypedMat& m, cd::WeightDtype dt, int64_t n, int64_t k, uint64_t seed) {
+  m.dt = dt, m.n = n, m.k = k;
+  const int copies = bench::copies_for(m.bytes(), kL2Bytes);
+  for (int c = 0; c < copies; ++c) {
+    const int64_t vb = n * k * (dt == cd::WeightDtype::kBf16 ? 2 : 1);
+    FS_ASSIGN_OR_RETURN(uint8_t* d, ar.alloc<uint8_t>(vb));
+    // BF16: random bytes (timing does not depend on the values); FP8: e4m3 codes without NaN.
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_bytes(d, vb, seed + 17 * uint64_t(c), dt == cd::WeightDtype::kFp8 ? 1 : 0,
+                                                  nullptr));
+    m.data.push_back(d);
+    if (dt == cd::WeightDtype::kFp8) {
+      const int64_t sb = ((n + m.block - 1) / m.block) * ((k + m.block - 1) / m.block);
+      FS_ASSIGN_OR_RETURN(uint8_t* s, ar.alloc<uint8_t>(sb));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_bytes(s, sb, seed + 17 * uint64_t(c) + 5, 2, nullptr));
+      m.scale.push_back(s);
+    }
+  }
+  return {};
+}
+
+std::string pct(double bytes, double us, double copy_gbps) {
+  const double gbps = bytes / (us * 1e-6) / 1e9;
+  return fmt::format("{:.0f} GB/s = {:.0f} %", gbps, 100.0 * gbps / copy_gbps);
+}
+
+}  // namespace
+
+Result<std::string> exact_kernels_bench(int reps) {
+  double copy_gbps = 0;
+  FS_RETURN_IF_ERROR(bench::measure_copy(&copy_gbps));
+  bench::Arena ar;
+  const int64_t kMaxRows = 200, kMaxIn = 16384;
+  FS_ASSIGN_OR_RETURN(float* x, ar.alloc<float>(kMaxRows * kMaxIn));
+  FS_ASSIGN_OR_RETURN(float* y, ar.alloc<float>(kMaxRows * 129280));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(x, kMaxRows * kMaxIn, 11, 1.0f, nullptr));
+  std::string md = fmt::format(
+      "### Exactness kernels of the GPU model (median of {} samples x 10 launches; copy bandwidth {:.0f} GB/s "
+      "read + write)\n\n"
+      "Linears: kernel 1 = the former kernels (in > 1024: one block per (row, output); in <= 1024: 8 lanes per "
+      "output), 2 = the GEMVs; same bits.\n\n"
+      "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 2 bandwidth (weights) | speed-up |\n"
+      "|---|---|---|---|---|---|---|\n",
+      reps, copy_gbps);
+  struct LinCase {
+    const char* name;
+    cd::WeightDtype dt;
+    int64_t n, k, rows;
+  };
+  const LinCase lcases[] = {
+      {"LM head (BF16)", cd::WeightDtype::kBf16, 129280, 4096, 1},
+      {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 1},
+      {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 6},
+      {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 16},
+      {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 200},
+      {"router gate (BF16)", cd::WeightDtype::kBf16, 256, 4096, 1},
+      {"router gate (BF16)", cd::WeightDtype::kBf16, 256, 4096, 6},
+      {"q up-projection, in = 1024 (FP8 128x128, short order)", cd::WeightDtype::kFp8, 32768, 1024, 1},
+      {"q up-projection, in = 1024 (FP8 128x128, short order)", cd::WeightDtype::kFp8, 32768, 1024, 6},
+  };
+  uint64_t seed = 100;
+  for (const LinCase& c : lcases) {
+    TypedMat m;
+    FS_RETURN_IF_ERROR(make_typed(ar, m, c.dt, c.n, c.k, ++seed));
+    double us[3] = {0, 0, 0};
+    for (int kernel : {1, 2}) {
+      double med = 0, mn = 0;
+      FS_RETURN_IF_ERROR(bench::time_op(
+          [&](int call) {
+            cd::LinearArgs a;
+            a.x = x, a.wt = m.ref(call), a.y = y, a.rows = c.rows, a.in = c.k, a.out = c.n, a.kernel = kernel;
+            return cuda_status(cd::launch_linear(a, bench::g_st), "exact linear");
+          },
+          reps, &med, &mn));
+      us[kernel] = med;
+    }
+    md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
+                      us[2], pct(m.bytes(), us[2], copy_gbps), us[1] / us[2]);
+  }
+  md += "\n| op | shape | us |\n|---|---|---|\n";
+  auto row_op = [&](const std::string& name, const std::string& shape, const std::function<Status()>& fn) -> Status {
+    double med = 0, mn = 0;
+    FS_RETURN_IF_ERROR(bench::time_op([&](int) { return fn(); }, reps, &med, &mn));
+    md += fmt::format("| {} | {} | {:.2f} |\n", name, shape, med);
+    return {};
+  };
+  FS_ASSIGN_OR_RETURN(float* gamma, ar.alloc<float>(kMaxIn));
+  FS_ASSIGN_OR_RETURN(float* buf, ar.alloc<float>(kMaxIn * 64));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(gamma, kMaxIn, 12, 1.0f, nullptr));
+  for (int64_t dim : {512, 1024, 4096, 16384}) {
+    FS_RETURN_IF_ERROR(row_op("rms_norm", fmt::format("1 x {}", dim), [&]() -> Status {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(x, gamma, y, 1, dim, 1e-6f, false, bench::g_st));
+      return {};
+    }));
+  }
+  // quant_sim works in place: refill from x each time would time the copy too; quantising the
+  // already-quantised values costs the same.
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(buf, x, size_t(kMaxIn * 64) * 4, cudaMemcpyDeviceToDevice));
+  FS_RETURN_IF_ERROR(row_op("quant_sim FP8, blocks of 128", "1 x 4096", [&]() -> Status {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(buf, 1, 4096, 4096, 128, cd::QuantSim::kFp8, bench::g_st));
+    return {};
+  }));
+  FS_RETURN_IF_ERROR(row_op("quant_sim FP4 (E8M0), blocks of 32", "1 x 128", [&]() -> Status {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(buf, 1, 128, 128, 32, cd::QuantSim::kFp4E8m0, bench::g_st));
+    return {};
+  }));
+  FS_RETURN_IF_ERROR(row_op("hadamard", "64 x 128", [&]() -> Status {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(buf, 64, 128, bench::g_st));
+    return {};
+  }));
+  FS_RETURN_IF_ERROR(row_op("rms_norm_bf16_heads", "64 x 512", [&]() -> Status {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_rms_norm_bf16_heads(buf, 64, 512, 1e-6f, bench::g_st));
+    return {};
+  }));
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return md;
+}
+
+}  // namespace flashseek::ops::cuda
