@@ -16,6 +16,8 @@
 //     linear with both kernels (the BF16 LM head, the FP8 grouped wo_a at 1 / 6 / 16 / 200
 //     rows, the BF16 router, an in = 1024 FP8 projection), rms_norm, quant_sim, Hadamard, the BF16
 //     head norm.
+//   h2d: pinned host-to-device copy GB/s on one and two streams (the ceiling of weight loading
+//     from a warm page cache; scripts/load-bench.sh prints it next to dd).
 // Not used by the model.
 #pragma once
 #include <string>
@@ -26,7 +28,7 @@
 namespace flashseek::ops::cuda {
 
 struct KernelBenchOptions {
-  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "topk", "exact"
+  std::vector<std::string> kernels = {"sampling"};  // "sampling", "gemm", "topk", "exact", "h2d"
   int reps = 40;                                     // sampling, topk, exact: launches per timed sample
   std::string skip_variants;  // gemm: variant digits left out of the table (0 TFLOP/s), e.g. "67"
 };
