@@ -85,7 +85,8 @@ Result<Tensor> GpuModel::mtp_block(const GpuSequenceState& st, const Tensor& xm,
   LinearCall lh{hh, &M.h_proj, n * hc, D, D, X, act_block_, R, false, {A.block, DotOp::kHProj}};
   FS_RETURN_IF_ERROR(linear(lh));
   {  // X += ep per stream, one rounding: the mHC post kernel with post = 1 and comb = I computes
-     // bf16?(1·ep + X) exactly (the zero products add nothing), the CPU's bf16?(ep + hp).
+     // bf16?(1·ep + X) exactly (for finite values the zero products add nothing; only the sign of
+     // an exact zero may differ), the CPU's bf16?(ep + hp).
     std::vector<float> ones(size_t(n * hc), 1.0f), eye(size_t(n * hc * hc), 0.0f);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < hc; ++i) eye[size_t((r * hc + i) * hc + i)] = 1.0f;
