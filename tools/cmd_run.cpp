@@ -1,6 +1,8 @@
 // flashseek run: one request through the engine on a checkpoint; prints the DESIGN.md §7 JSON
 // (--json) or the decoded text plus a stats line on stderr. Wiring only: the engine does the work.
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -37,6 +39,10 @@ struct RunOpts {
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
   bool json = false, ignore_eos = false;
+  // Benchmark only: scripted acceptance (EngineOptions::spec_script_accept); the output is then
+  // not the model's, so it is refused unless --allow-scripted-output is given too.
+  std::string spec_script_accept;
+  bool allow_scripted_output = false;
   BackendOpts backend;  // --threads, --gpu-graphs, --tp-comm, --device-sampling (backend_options.h)
   StepBudgetCli budget;  // --prefill-chunk, --max-step-tokens
 };
@@ -46,6 +52,18 @@ int fail(const std::string& message) {
   return 1;
 }
 
+// --spec-script-accept MEAN: tokens per verification step, a finite number >= 1 (the upper
+// bound, the draft block + 1, is checked by the engine once the model is loaded).
+Result<double> parse_script_accept(const std::string& text) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || !std::isfinite(v) || v < 1.0)
+    return invalid_argument(
+        "--spec-script-accept: '{}' is not a number of tokens per verification step >= 1", text);
+  return v;
+}
+
 Status check_options(const RunOpts& o) {
   if (o.prompt_ids.empty() == o.prompt.empty())
     return invalid_argument("give exactly one of --prompt-ids and --prompt");
@@ -53,6 +71,17 @@ Status check_options(const RunOpts& o) {
   if (o.logprobs < 0) return invalid_argument("--logprobs must be >= 0 (got {})", o.logprobs);
   if (o.prompt_logprobs < 0)
     return invalid_argument("--prompt-logprobs must be >= 0 (got {})", o.prompt_logprobs);
+  if (!o.spec_script_accept.empty()) {
+    if (!o.allow_scripted_output)
+      return invalid_argument(
+          "--spec-script-accept is a benchmark mode that changes the output (drafts are accepted "
+          "whatever the model says); add --allow-scripted-output to run it");
+    if (o.speculative == "off")
+      return invalid_argument("--spec-script-accept needs --speculative on or auto");
+    FS_RETURN_IF_ERROR(parse_script_accept(o.spec_script_accept).status());
+  } else if (o.allow_scripted_output) {
+    return invalid_argument("--allow-scripted-output without --spec-script-accept");
+  }
   return {};
 }
 
@@ -148,6 +177,19 @@ int run(const RunOpts& o) {
                                 : o.speculative == "off" ? engine::SpecMode::kOff
                                                          : engine::SpecMode::kAuto;
   engine::EngineOptions eo{.max_batch = 1, .budget = *budget, .max_context = max_context, .speculative = mode};
+  if (!o.spec_script_accept.empty()) {
+    if (!has_draft)
+      return fail("--spec-script-accept: the model has no draft on this backend");
+    eo.spec_script_accept = *parse_script_accept(o.spec_script_accept);
+    const int64_t most = (*model)->draft_block_size() + 1;
+    if (eo.spec_script_accept > double(most))
+      return fail(fmt::format("--spec-script-accept {}: at most {} tokens per step with this draft "
+                              "(a block of {} drafts + the bonus token)",
+                              o.spec_script_accept, most, most - 1));
+    spdlog::warn("--spec-script-accept {}: BENCHMARK MODE, every verification accepts a scripted "
+                 "number of drafts (mean {} tokens per step); the output is not the model's",
+                 o.spec_script_accept, eo.spec_script_accept);
+  }
   apply_engine_options(o.backend, eo);
   auto engine = engine::Engine::create(**model, eo);
   if (!engine.ok()) return fail(engine.status().message());
@@ -245,6 +287,14 @@ std::function<int()> setup(CLI::App& app) {
                   "while it pays) | on (always) | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--spec-script-accept", o->spec_script_accept,
+                  "BENCHMARK ONLY, CHANGES THE OUTPUT: each verification step accepts a scripted "
+                  "number of drafts so that tokens per step (accepted + bonus) average MEAN, in "
+                  "[1, draft block + 1]; the draft and verify run for real (tokens/s at a given "
+                  "acceptance on dummy weights). Needs --allow-scripted-output")
+      ->type_name("MEAN");
+  cmd->add_flag("--allow-scripted-output", o->allow_scripted_output,
+                "confirm --spec-script-accept (the generated tokens are not the model's)");
   cmd->add_flag("--json", o->json, "print the JSON contract (DESIGN.md §7)");
   add_backend_options(cmd, o->backend);
   add_step_budget_options(cmd, o->budget);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <string_view>
@@ -63,6 +64,18 @@ Result<std::unique_ptr<Engine>> Engine::create(forward::Model& model, EngineOpti
     return invalid_argument("engine: spec_policy: {}", e);
   if (model.config().vocab_size < 1)
     return invalid_argument("engine: model vocab_size is {}", model.config().vocab_size);
+  if (options.spec_script_accept != 0) {
+    const double m = options.spec_script_accept;
+    if (!model.has_draft() || model.draft_block_size() < 1)
+      return invalid_argument("engine: spec_script_accept needs a model with a draft");
+    if (options.speculative == SpecMode::kOff)
+      return invalid_argument("engine: spec_script_accept needs speculation on or auto");
+    const int64_t most = model.draft_block_size() + 1;
+    if (!std::isfinite(m) || m < 1.0 || m > double(most))
+      return invalid_argument(
+          "engine: spec_script_accept must be in [1, {}] tokens per verification step (the draft "
+          "block of {} + the bonus token), got {}", most, most - 1, m);
+  }
   return std::unique_ptr<Engine>(new Engine(model, std::move(options)));
 }
 

@@ -43,6 +43,15 @@ struct EngineOptions {
   // output is identical in every mode).
   SpecMode speculative = SpecMode::kOff;
   SpecPolicyOptions spec_policy;
+  // BENCHMARK ONLY, CHANGES THE OUTPUT. 0 (default): the acceptance rule of v41 §5.6. Otherwise
+  // every verification accepts a scripted number of drafts whatever the target says, so that the
+  // tokens per verification step (accepted drafts + bonus) average this value (a deterministic
+  // per-sequence sequence, spec_accept.h scripted_accepted; capped at the drafts verified). The
+  // draft and the verify block run for real, so the step costs are the product's: this measures
+  // tokens/s at a given acceptance on models whose draft accepts nothing (dummy / random
+  // weights). Must be in [1, draft block size + 1] and needs speculation on or auto and a draft.
+  // `flashseek run --spec-script-accept MEAN --allow-scripted-output` sets it.
+  double spec_script_accept = 0;
   // Monotonic clock in seconds for the policy's cost measurements (step and draft wall times);
   // unset: std::chrono::steady_clock. Tests inject a scripted clock.
   std::function<double()> clock;

@@ -2,6 +2,7 @@
 #include "engine/spec_accept.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace flashseek::engine {
 
@@ -97,6 +98,31 @@ Result<SpecVerdict> accept_block(std::span<const int32_t> drafts,
     return v;
   }
   FS_ASSIGN_OR_RETURN(v.bonus, sample_token(row(B), params, first_position + int64_t(B)));
+  return v;
+}
+
+int64_t scripted_accepted(double mean_tokens, int64_t step) {
+  // Integer thousandths keep the sequence exact (no floating floor at multiples of a).
+  const int64_t a = std::llround((mean_tokens - 1.0) * 1000.0);
+  return ((step + 1) * a) / 1000 - (step * a) / 1000;
+}
+
+Result<SpecVerdict> scripted_verdict(std::span<const int32_t> drafts, std::span<const float> target,
+                                     int64_t vocab, const SamplingParams& params,
+                                     int64_t first_position, int64_t accepted) {
+  const size_t B = drafts.size(), V = size_t(vocab);
+  if (target.size() != (B + 1) * V)
+    return invalid_argument(
+        "speculative: target logits hold {} values, expected {} rows x {} vocab", target.size(),
+        B + 1, V);
+  if (accepted < 0) return invalid_argument("speculative: scripted acceptance {} < 0", accepted);
+  for (int32_t y : drafts)
+    if (y < 0 || size_t(y) >= V)
+      return invalid_argument("speculative: draft token {} outside [0, {})", y, V);
+  SpecVerdict v;
+  v.accepted = std::min<int64_t>(accepted, int64_t(B));
+  FS_ASSIGN_OR_RETURN(v.bonus, sample_token(target.subspan(size_t(v.accepted) * V, V), params,
+                                            first_position + v.accepted));
   return v;
 }
 

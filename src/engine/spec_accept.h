@@ -51,6 +51,21 @@ Result<SpecVerdict> accept_block(std::span<const int32_t> drafts,
                                  std::span<const float> target, int64_t vocab,
                                  const SamplingParams& params, int64_t first_position);
 
+// Benchmark-only scripted acceptance (EngineOptions::spec_script_accept): the number of drafts
+// the `step`-th (0-based) verification of a sequence accepts so that the tokens per verification
+// (accepted drafts + bonus) average `mean_tokens`. With a = mean_tokens − 1 rounded to
+// thousandths, step s accepts floor((s+1)·a) − floor(s·a) (each step floor(a) or ceil(a)), so
+// the first S steps accept floor(S·a) drafts in all. The caller caps it at the drafts verified.
+// mean_tokens must be finite and >= 1 (checked by the engine).
+int64_t scripted_accepted(double mean_tokens, int64_t step);
+
+// The verdict of a scripted step: drafts y_1 … y_n accepted whatever the target says
+// (n = min(accepted, B)), and the bonus z = sample_token(row n) at its position, the target's own
+// token after them. Output is therefore not the model's; only the cost of a step is real.
+Result<SpecVerdict> scripted_verdict(std::span<const int32_t> drafts, std::span<const float> target,
+                                     int64_t vocab, const SamplingParams& params,
+                                     int64_t first_position, int64_t accepted);
+
 // The residual distribution normalise(max(p − q, 0)) over ascending token ids; falls back to p
 // when the difference has no mass (p == q up to rounding). Exposed for tests.
 SamplingDistribution residual_distribution(const SamplingDistribution& p,

@@ -124,8 +124,14 @@ Status Engine::verify_block(Sequence& seq, std::span<const float> logits) {
   const int64_t B = int64_t(seq.verify_tokens.size()) - 1;
   const int64_t base = seq.state->length() - (B + 1);  // position of x0
   const std::span<const int32_t> drafts = std::span<const int32_t>(seq.verify_tokens).subspan(1);
-  FS_ASSIGN_OR_RETURN(SpecVerdict v, accept_block(drafts, seq.verify_q, logits, vocab_,
-                                                  seq.req.sampling, base + 1));
+  // Benchmark mode (EngineOptions::spec_script_accept): the scripted count for this sequence's
+  // verification number seq.spec_steps replaces the acceptance rule.
+  FS_ASSIGN_OR_RETURN(
+      SpecVerdict v,
+      options_.spec_script_accept > 0
+          ? scripted_verdict(drafts, logits, vocab_, seq.req.sampling, base + 1,
+                             scripted_accepted(options_.spec_script_accept, seq.spec_steps))
+          : accept_block(drafts, seq.verify_q, logits, vocab_, seq.req.sampling, base + 1));
 
   // Tokens to emit: y_1 … y_n then z, cut at the first one that ends the request.
   std::vector<int32_t> out(drafts.begin(), drafts.begin() + v.accepted);

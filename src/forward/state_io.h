@@ -94,8 +94,8 @@ SnapshotGeometry snapshot_geometry(const model::ModelConfig& config, bool has_mt
 Result<SnapshotGeometry> checkpoint_snapshot_geometry(const std::string& ckpt_dir,
                                                       int64_t max_tokens = 0);
 // Geometry of the states `model` exports (Model::export_state): its config, with the MTP (V4) or
-// DSpark (V4.1) rings when the model keeps a draft (has_draft(); the CUDA backend keeps no V4 MTP
-// state). max_tokens 0: the config's max_position_embeddings.
+// DSpark (V4.1) rings when the model keeps a draft (has_draft(); both backends keep V4's MTP
+// state, the CUDA one on one GPU). max_tokens 0: the config's max_position_embeddings.
 SnapshotGeometry model_snapshot_geometry(const Model& model, int64_t max_tokens = 0);
 // OK when `state` has exactly the shape `g` prescribes for its length; else an error naming the
 // first field that differs.

@@ -108,5 +108,63 @@ TEST_F(SpecCli, DraftlessCheckpointLoadsWithOneWarning) {
   }
 }
 
+// --spec-script-accept (benchmark only, changes the output): refused without
+// --allow-scripted-output, with speculation off, for a model without a draft and for values that
+// are not a number of tokens per step in [1, block + 1] (tiny-v41: block 3 → at most 4); each
+// refusal exits non-zero with a message naming the flag.
+TEST_F(SpecCli, ScriptedAcceptIsRefusedUnlessAskedForAndForBadValues) {
+  const std::string base = flashseek_bin() + " run --ckpt " + ckpt("tiny-v41") +
+                           " --prompt-ids 1,2,3 --max-tokens 8 --ignore-eos --json";
+  struct Case {
+    std::string flags, message;
+  };
+  const std::vector<Case> cases = {
+      {"--spec-script-accept 2", "add --allow-scripted-output"},
+      {"--allow-scripted-output", "--allow-scripted-output without --spec-script-accept"},
+      {"--spec-script-accept 2 --allow-scripted-output --speculative off", "needs --speculative on or auto"},
+      {"--spec-script-accept abc --allow-scripted-output", "'abc' is not a number"},
+      {"--spec-script-accept 2x --allow-scripted-output", "'2x' is not a number"},
+      {"--spec-script-accept 0.5 --allow-scripted-output", "'0.5' is not a number"},
+      {"--spec-script-accept -3 --allow-scripted-output", "'-3' is not a number"},
+      {"--spec-script-accept nan --allow-scripted-output", "'nan' is not a number"},
+      {"--spec-script-accept inf --allow-scripted-output", "'inf' is not a number"},
+      {"--spec-script-accept 4.5 --allow-scripted-output", "at most 4 tokens per step"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    auto r = run_command(base + " " + c.flags);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("\"tokens\""), std::string::npos) << "no result printed: " << r.output;
+  }
+  auto nodraft = run_command(flashseek_bin() + " run --ckpt " + ckpt("no-draft-tiny-v41") +
+                             " --prompt-ids 1,2,3 --max-tokens 8 --json --spec-script-accept 2 "
+                             "--allow-scripted-output");
+  EXPECT_NE(nodraft.exit_code, 0) << nodraft.output;
+  EXPECT_NE(nodraft.output.find("has no draft"), std::string::npos) << nodraft.output;
+}
+
+// With the flag: a warning says the output is not the model's, and the run's stats line shows
+// the scripted mean exactly (41 tokens = the prefill's + 16 verifications alternating 1 and 2
+// accepted drafts: 2.5 tokens per step); mean 1 (every draft rejected) is plain greedy decoding.
+TEST_F(SpecCli, ScriptedAcceptRunsAtTheScriptedMean) {
+  const std::string args = "--ckpt " + ckpt("tiny-v41") +
+                           " --prompt-ids 9,8,7,6,5 --max-tokens 41 --ignore-eos --json";
+  auto r = run_command(flashseek_bin() + " run " + args +
+                       " --speculative on --spec-script-accept 2.5 --allow-scripted-output");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("BENCHMARK MODE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("speculative: on, 16 verify steps (0 probes), 2.500 tokens/step, "
+                          "accepted per draft position 16/8/0"),
+            std::string::npos)
+      << r.output;
+  auto off = run_stdout(args + " --speculative off");
+  auto one = run_stdout(args + " --speculative on --spec-script-accept 1 --allow-scripted-output");
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(off.output.find("\"tokens\""), std::string::npos) << off.output;
+  EXPECT_EQ(one.output, off.output);
+}
+
 }  // namespace
 }  // namespace flashseek::engine

@@ -1,5 +1,6 @@
 // V4.1 DSpark draft on the GPU (v41 §5): the draft's weights on the device, and proposals through
-// the model flow (forward/flow.cpp Forward::propose; the draft's ops in gpu_ops.cpp).
+// the model flow (forward/flow.cpp Forward::propose; the draft's ops in gpu_ops.cpp). V4's MTP
+// draft: gpu_mtp.cpp (GpuModel::propose dispatches to it).
 #include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -71,7 +72,7 @@ Status GpuModel::upload_draft_weights() {
 Result<DraftBlock> GpuModel::propose(const SequenceState& state, int32_t x0, const DraftChooser& choose) const {
   const auto* st = dynamic_cast<const GpuSequenceState*>(&state);
   if (!st) return invalid_argument("propose: not a GPU sequence state");
-  if (!w_.has_dspark) return invalid_argument("propose: the checkpoint has no DSpark draft (mtp.*)");
+  if (!w_.has_dspark && !w_.has_mtp) return invalid_argument("propose: the checkpoint has no draft (mtp.*)");
   if (!has_draft()) return Status(StatusCode::kUnimplemented, "propose: not on a tensor-parallel rank");
   if (!st->error.ok()) return st->error;
   if (st->len < 1) return invalid_argument("propose: the sequence has no committed token yet");
@@ -82,7 +83,9 @@ Result<DraftBlock> GpuModel::propose(const SequenceState& state, int32_t x0, con
   // reads the state (the draft rings).
   auto* self = const_cast<GpuModel*>(this);
   Forward f(flow_params(), *self);
-  Result<DraftBlock> out = f.propose(*const_cast<GpuSequenceState*>(st), x0, choose);
+  // V4: the MTP block's one draft (gpu_mtp.cpp); V4.1: the DSpark block through the flow.
+  Result<DraftBlock> out = w_.has_dspark ? f.propose(*const_cast<GpuSequenceState*>(st), x0, choose)
+                                         : self->propose_mtp(*st, x0, choose);
   Status r = self->staging_.rewind();  // every upload has completed (the proposal synchronised)
   if (!out.ok()) return out;
   if (!r.ok()) return r;

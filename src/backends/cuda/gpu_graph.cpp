@@ -41,7 +41,7 @@ struct Snapshot {
     Comp comp, icomp;
   };
   GpuSequenceState* st = nullptr;
-  int64_t len = 0;
+  int64_t len = 0, mtp_lo = 0;  // mtp_lo: V4 MTP history (gpu_mtp.cpp)
   std::vector<int64_t> engram_hist;
   std::vector<Layer> layers;
 };
@@ -51,6 +51,7 @@ Snapshot take(GpuSequenceState& st) {
   Snapshot s;
   s.st = &st;
   s.len = st.len;
+  s.mtp_lo = st.mtp_lo;
   s.engram_hist = st.engram_hist;
   for (const GpuLayerState& l : st.layers) s.layers.push_back({l.n_ckv, l.n_ikeys, comp(l.comp), comp(l.icomp)});
   return s;
@@ -64,6 +65,7 @@ void restore(const Snapshot& s) {
   };
   GpuSequenceState& st = *s.st;
   st.len = s.len;
+  st.mtp_lo = s.mtp_lo;
   st.engram_hist = s.engram_hist;
   for (size_t i = 0; i < s.layers.size() && i < st.layers.size(); ++i) {
     st.layers[i].n_ckv = s.layers[i].n_ckv;

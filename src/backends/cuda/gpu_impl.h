@@ -66,6 +66,10 @@ struct GpuLayerState {
   GpuCompState comp, icomp;
 };
 
+// Rows of the V4 MTP final-stream history ring (GpuSequenceState::mtp_hist): the last position
+// and kMaxRollback more, as the CPU's mtp_hist_x keeps.
+inline constexpr int64_t kGpuMtpHistRows = 1 + kMaxRollback;
+
 // len, ring_size and engram_hist (host): ModelState.
 class GpuSequenceState final : public ModelState {
  public:
@@ -73,6 +77,12 @@ class GpuSequenceState final : public ModelState {
 
   std::vector<GpuLayerState> layers;
   std::vector<DevArray<float>> draft_rings;   // [stage] DSpark KV [ring_size, Dh] (gpu_draft.cpp)
+  // V4 MTP block (gpu_mtp.cpp; CPU twin: CpuSequenceState::mtp_ring / mtp_hist_x): its window KV
+  // ring [ring_size, Dh] (row of position p at p % ring_size) and the backbone's final streams
+  // [kGpuMtpHistRows, hc·D] of recent positions (position p at slot p % kGpuMtpHistRows, positions
+  // [mtp_lo, len) valid). Empty when the model keeps no MTP state.
+  DevArray<float> mtp_ring, mtp_hist;
+  int64_t mtp_lo = 0;
   Status error;  // an allocation failure in new_sequence/clone, reported by the next forward
 };
 
@@ -127,10 +137,14 @@ class GpuModel final : public Model, public Backend {
   // Speculative decoding (gpu_rollback.cpp, gpu_draft.cpp): same contracts as CpuModel.
   Status rollback(SequenceState& state, int64_t new_length) const override;
   // One GPU only: a tensor-parallel rank holds a vocabulary slice of the LM head (gpu_tp.h).
-  bool has_draft() const override { return w_.has_dspark && !shard_.split(); }
+  bool has_draft() const override { return (w_.has_dspark || w_.has_mtp) && !shard_.split(); }
   // BatchItem::sample (gpu_sample.cpp): one GPU only (a TP rank holds a vocabulary slice).
   bool samples_on_device() const override { return !shard_.split(); }
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
+  // V4.1 DSpark: its block; V4 MTP (gpu_mtp.cpp): one draft per step.
+  int64_t draft_block_size() const override {
+    return w_.has_dspark ? config().dspark_block_size : w_.has_mtp ? 1 : 0;
+  }
   // Snapshots (gpu_state_io.cpp): device state ↔ the canonical host format, one GPU only (a
   // tensor-parallel rank refuses: kUnimplemented).
   Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const override;
@@ -291,12 +305,15 @@ class GpuModel final : public Model, public Backend {
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                    int64_t H, bool bf16) override;
   Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
-  bool draft_rings() const override { return has_draft(); }
+  bool draft_rings() const override { return has_draft() && w_.has_dspark; }
   Status draft_ring_write(int stage, FwdChunk& chunk, const Tensor& kv) override;
   Status draft_attention(int stage, FwdSeg& seg, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                          int64_t H, bool bf16) override;
   Status markov_logits(int32_t prev, std::span<float> logits) override;
   Status markov_embed_row(int32_t prev, std::span<float> e) override;
+  // V4 MTP (gpu_mtp.cpp): the state is kept on one GPU when the checkpoint has the MTP block.
+  bool mtp_state() const override { return has_draft() && w_.has_mtp && !w_.has_dspark; }
+  Status mtp_advance(FwdSeg& seg, const Tensor& X_seg) override;
   int64_t heads() const override { return shard_.heads; }
   int64_t groups() const override { return shard_.groups; }
   int64_t vocab_rows() const override { return shard_.vocab; }
@@ -322,6 +339,18 @@ class GpuModel final : public Model, public Backend {
                         int64_t ratio);
   // DSpark weights (gpu_draft.cpp).
   Status upload_draft_weights();
+  // V4 MTP (gpu_mtp.cpp): weights as stored like the backbone's; the block over n pairs (final
+  // streams xm [n·hc, D] of positions pos, token after each in tok [n]) whose window KV rows
+  // [n, Dh] it returns (scratch "mtp_kv_rows"), with *logits [n, V] (scratch) when asked; the
+  // proposal of one draft; the state's MTP parts on allocation, rollback and snapshots.
+  Status upload_mtp_weights();
+  Result<Tensor> mtp_block(const GpuSequenceState& st, const Tensor& xm, const Tensor& tok,
+                           const std::vector<int64_t>& pos, Tensor* logits);
+  Result<DraftBlock> propose_mtp(const GpuSequenceState& st, int32_t x0, const DraftChooser& choose);
+  Status mtp_new_sequence(GpuSequenceState& st) const;
+  Status mtp_check_rollback(const GpuSequenceState& st, int64_t new_length) const;
+  Status mtp_export(const GpuSequenceState& st, CpuSequenceState& out) const;  // queued on stream_
+  Status mtp_import(const CpuSequenceState& s, GpuSequenceState& st) const;
   // The sequence descriptors the last multi-sequence attention uploaded (ring_write of the same
   // layer reuses them) and that layer.
   const ops::cuda::detail::ModelAttnSeq* attn_seqs_ = nullptr;
@@ -355,6 +384,10 @@ class GpuModel final : public Model, public Backend {
   const float* markov_embed_key_ = nullptr;
   const float* markov_head_key_ = nullptr;
   std::vector<DevArray<int32_t>> dtid2eid_;       // [stage] hash routing (if any)
+  // V4 MTP block's routed experts: FP32 stacks (fp32 mode), keys of w1, w2, w3, hash routing.
+  std::vector<DevArray<float>> mexpert_stacks_;
+  std::array<const float*, 3> mexperts_{};
+  DevArray<int32_t> mtid2eid_;
   std::unordered_map<std::string, DevArray<char>> scratch_;
   Numerics numerics_ = Numerics::kExact;
   TpShard shard_;  // this rank's heads / groups / experts / vocabulary (everything on one GPU)

@@ -115,6 +115,9 @@ std::unique_ptr<SequenceState> GpuSequenceState::clone() const {
   c->draft_rings.resize(draft_rings.size());
   for (size_t i = 0; i < draft_rings.size() && c->error.ok(); ++i)
     if (Status st = c->draft_rings[i].copy_from(draft_rings[i]); !st.ok()) c->error = st;
+  c->mtp_lo = mtp_lo;  // V4 MTP (gpu_mtp.cpp)
+  if (Status st = c->mtp_ring.copy_from(mtp_ring); c->error.ok() && !st.ok()) c->error = st;
+  if (Status st = c->mtp_hist.copy_from(mtp_hist); c->error.ok() && !st.ok()) c->error = st;
   return c;
 }
 
@@ -711,10 +714,11 @@ Status GpuModel::upload_weights() {
     std::fprintf(stderr, "flashseek gpu: %zu Engram table(s) on device %d as stored: %.2f MiB\n", engram_dev_.size(),
                  device_, double(bytes) / (1 << 20));
   }
-  if (has_draft()) FS_RETURN_IF_ERROR(upload_draft_weights());
-  // Every matrix the loader left to this backend went up (the V4 MTP block has no CUDA twin).
+  if (has_draft() && w_.has_dspark) FS_RETURN_IF_ERROR(upload_draft_weights());
+  if (mtp_state()) FS_RETURN_IF_ERROR(upload_mtp_weights());  // V4 MTP (gpu_mtp.cpp)
+  // Every matrix the loader left to this backend went up (a draft only where it runs).
   for (const std::string& name : w_.deferred_matrices)
-    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !(w_.has_dspark && has_draft())))
+    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !has_draft()))
       return internal_error("gpu weights: matrix {} was not uploaded", name);
   return {};
 }
@@ -809,9 +813,11 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
     if (!st->error.ok()) break;
     if (Status s = l.ring.zeros(size_t(st->ring_size * c.head_dim)); !s.ok()) st->error = s;
   }
-  if (has_draft()) st->draft_rings.resize(size_t(c.num_mtp_layers));
+  if (draft_rings()) st->draft_rings.resize(size_t(c.num_mtp_layers));
   for (auto& r : st->draft_rings)
     if (Status s = r.zeros(size_t(st->ring_size * c.head_dim)); st->error.ok() && !s.ok()) st->error = s;
+  if (mtp_state() && st->error.ok())
+    if (Status s = mtp_new_sequence(*st); !s.ok()) st->error = s;
   return st;
 }
 

@@ -36,7 +36,8 @@ Result<GpuModel::FfnDev> GpuModel::ffn_dev(const FfnWeights& F) const {
     if (&w_.layers[l].ffn == &F) return FfnDev{&experts_[l], tid2eid_[l].get()};
   for (size_t s = 0; s < w_.dspark.stages.size() && s < dexperts_.size(); ++s)
     if (&w_.dspark.stages[s].ffn == &F) return FfnDev{&dexperts_[s], dtid2eid_[s].get()};
-  return internal_error("gpu: an FFN without device experts (the V4 MTP block has no CUDA twin yet)");
+  if (w_.has_mtp && &w_.mtp.block.ffn == &F && mexperts_[0]) return FfnDev{&mexperts_, mtid2eid_.get()};  // gpu_mtp.cpp
+  return internal_error("gpu: an FFN without device experts");
 }
 
 // ---- memory ----

@@ -77,6 +77,7 @@ Status GpuModel::rollback(SequenceState& state, int64_t L) const {
   if (drop > st->ring_size - c.window)
     return out_of_range("rollback: {} tokens requested, at most {} supported", drop, st->ring_size - c.window);
   if (drop == 0) return {};
+  FS_RETURN_IF_ERROR(mtp_check_rollback(*st, L));  // V4 MTP history (gpu_mtp.cpp)
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const bool v41 = c.is_v41();
   const int64_t Dh = c.head_dim, dI = c.index_head_dim;

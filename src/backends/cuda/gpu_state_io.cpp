@@ -9,7 +9,8 @@
 //                                          ↔ hist_v/z rows of positions [hist_first, len), hist_first = hist_lo
 //   engram_hist                            ↔ engram_hist (host on both sides)
 //   DSpark draft rings [ring_size, Dh]     ↔ draft_rings
-// The GPU backend keeps no V4 MTP state: an export has none, an import ignores it.
+//   V4 MTP ring [ring_size, Dh]           ↔ mtp_ring; MTP history ring, position p at slot
+//     p % kGpuMtpHistRows, positions [mtp_lo, len) ↔ mtp_hist_x rows (gpu_mtp.cpp mtp_export / mtp_import)
 #include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -71,8 +72,9 @@ std::string GpuModel::backend_kind() const {
 StateGeometry GpuModel::state_geometry() const {
   const auto& c = config();
   StateGeometry g;
-  g.draft = has_draft();
-  g.ignore_mtp = true;  // no MTP on this backend
+  g.draft = draft_rings();
+  g.mtp = mtp_state();
+  g.ignore_mtp = !mtp_state();  // a backend without the MTP state ignores a snapshot's
   if (c.is_v41() && !c.engram_layer_ids.empty() && !w_.engram_token_map.empty())
     g.max_engram_id = *std::max_element(w_.engram_token_map.begin(), w_.engram_token_map.end());
   return g;
@@ -128,6 +130,7 @@ Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceS
   out->draft_rings.resize(st->draft_rings.size());
   for (size_t i = 0; i < st->draft_rings.size(); ++i)
     FS_RETURN_IF_ERROR(download(out->draft_rings[i], st->draft_rings[i], ring * Dh, stream_, "DSpark draft ring"));
+  FS_RETURN_IF_ERROR(mtp_export(*st, *out));
   FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   for (size_t l = 0; l < st->layers.size(); ++l) {  // paged rows as CpuModel::new_sequence lays them out
     out->layers[l].ckv.reset(Dh);
@@ -201,6 +204,7 @@ Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceS
   }
   for (size_t i = 0; i < st->draft_rings.size(); ++i)
     FS_RETURN_IF_ERROR(upload_rows(st->draft_rings[i].get(), s.draft_rings[i].data(), ring * Dh));
+  FS_RETURN_IF_ERROR(mtp_import(s, *st));
   st->engram_hist = s.engram_hist;
   st->len = s.len;
   return base;
