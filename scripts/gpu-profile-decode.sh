@@ -3,18 +3,21 @@
 # weights): `flashseek run` under Nsight Compute (ncu, kernel durations only, clocks left alone),
 # the kernels split into forwards at each embedding kernel, the last decode forward summed by
 # kernel (scripts/ncu_step_profile.py). CUDA graphs are off so that ncu sees every kernel.
-# Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0]
+# --context N: the prompt is N tokens (prefilled as one chunk), so the decode step profiled runs at
+# context N (attention over the window and the compressed caches, indexer scores + top-k over them).
+# Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
 cfg="$here/../tests/model/data/v41-flash-config.json"
-layers=8 experts=16 gpus=0
+layers=8 experts=16 gpus=0 context=8
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
     --experts) experts="$2"; shift 2 ;;
     --gpus) gpus="$2"; shift 2 ;;
+    --context) context="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -30,8 +33,10 @@ t['engram_num_embeddings'] = [963078, 970134]
 t['n_routed_experts'] = int(sys.argv[3])
 t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
 json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
+python3 -c "import json,sys; print(json.dumps([1000 + (i * 7919) % 100000 for i in range(int(sys.argv[1]))]))" "$context" >"$work/prompt.json"
+maxctx=$(( context + 64 > 4096 ? context + 64 : 4096 ))
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
-  --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000 --max-tokens 3 --ignore-eos --speculative off \
-  --gpu-graphs off --max-context 4096 >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
+  --prompt-ids @"$work/prompt.json" --max-tokens 3 --ignore-eos --speculative off \
+  --prefill-chunk "$context" --max-step-tokens "$context" --gpu-graphs off --max-context "$maxctx" >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
 python3 "$here/ncu_step_profile.py" "$work/ncu.csv"
