@@ -76,9 +76,29 @@ TEST_P(CacheFormat, FormatsHoldEveryCachedRowExactly) {
     }
     EXPECT_GT(ckv_rows, 0) << "the prompt must produce compressed rows";
     EXPECT_GT(ikey_rows, 0) << "the prompt must produce index keys";
-    if (num == Numerics::kExact) EXPECT_GT(refused, 0);
+    if (num == Numerics::kExact) {
+      EXPECT_GT(refused, 0);
+    }
   }
   fs::remove_all(dir);
+}
+
+// At the real widths (head_dim 512, RoPE 64, index keys 128) the rows take perf-budget.md §2's
+// bytes (V4: 583 padded to 584).
+TEST(CacheFormatBytes, RealWidthsTakeThePerfBudgetBytes) {
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    auto cfg = model::builtin_config(name);
+    ASSERT_TRUE(cfg.ok());
+    cfg->head_dim = 512, cfg->rope_head_dim = 64, cfg->index_head_dim = 128;
+    const CacheFormats f = cache_formats(*cfg, Numerics::kReference);
+    const bool v41 = cfg->is_v41();
+    EXPECT_EQ(f.ring.row_bytes(), v41 ? 528 : 584) << name;
+    EXPECT_EQ(f.ckv.row_bytes(), v41 ? 288 : 584) << name;
+    EXPECT_EQ(f.ikeys.row_bytes(), 68) << name;
+    const CacheFormats e = cache_formats(*cfg, Numerics::kExact);
+    EXPECT_EQ(e.ring.row_bytes(), 2048) << name;
+    EXPECT_EQ(e.ikeys.row_bytes(), 512) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CacheFormat, ::testing::Values("tiny-v4", "tiny-v41"),
