@@ -442,7 +442,6 @@ Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
   DevArray<uint8_t>& dst = kv ? LS.ckv : LS.ikeys;
   int64_t& count = kv ? LS.n_ckv : LS.n_ikeys;
   if (n <= 0) return {};
-  if (!stage_[kv ? 0 : 1]) return internal_error("cache_commit: layer {}: no rows reserved", layer);
   FS_RETURN_IF_ERROR(dst.reserve(size_t((count + n) * f.row_bytes()), true));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_rows(f, stage_[kv ? 0 : 1], n, dst.get() + count * f.row_bytes(),
                                                      nullptr, stream_));

@@ -1,5 +1,7 @@
 // Device pack / unpack of compact cache rows (cache_rows.h). The host twin and the argument why
-// the scale search always finds a quantised block's scale: ops/cpu/cache_row.cpp.
+// the scale search always finds a quantised block's scale: ops/cpu/cache_row.cpp. Pointers are
+// not checked for null: under CUDA graph capture a growing cache is allocated only after the
+// capture (DevArray::reserve defers it), and that recording is discarded.
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/runtime/launch.cuh"
@@ -178,7 +180,7 @@ unsigned grid_for(int64_t n) { return unsigned((n + 127) / 128); }
 cudaError_t launch_cache_pack_rows(const CacheRowFormat& f, const float* src, int64_t n, void* dst, int* bad,
                                    cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  if (f.dim <= 0 || !src || !dst) return cudaErrorInvalidValue;
+  if (f.dim <= 0) return cudaErrorInvalidValue;
   return launch_kernel(pack_rows_kernel, grid_for(n * units(f)), 128, 0, s, f, src, n, static_cast<uint8_t*>(dst), bad);
 }
 
@@ -191,7 +193,7 @@ cudaError_t launch_cache_unpack_rows(const CacheRowFormat& f, const void* src, i
 cudaError_t launch_cache_pack_ring(const CacheRowFormat& f, void* ring, const float* kv, const int64_t* pos,
                                    int64_t t0, int64_t T, int64_t ring_size, int* bad, cudaStream_t s) {
   if (T <= t0) return cudaSuccess;
-  if (f.dim <= 0 || ring_size <= 0 || !ring) return cudaErrorInvalidValue;
+  if (f.dim <= 0 || ring_size <= 0) return cudaErrorInvalidValue;
   return launch_kernel(pack_ring_kernel, grid_for((T - t0) * units(f)), 128, 0, s, f, static_cast<uint8_t*>(ring), kv,
                        pos, t0, T, ring_size, bad);
 }
