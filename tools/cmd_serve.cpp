@@ -225,7 +225,8 @@ int serve(const ServeOpts& o) {
   if (!weights_mode.ok()) return fail(weights_mode.status());
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context,
                                         *weights_mode == forward::GpuWeights::kNative,
-                                        engram_on_device(o.backend));
+                                        engram_on_device(o.backend),
+                                        o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference);
       !st.ok())
     return fail(st);
   const std::string own_name =

@@ -150,7 +150,7 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o) {
 
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,
-                             bool engram_on_device) {
+                             bool engram_on_device, forward::Numerics numerics) {
   const model::ModelConfig& c = src.config;
   const int64_t context = max_context > 0 ? max_context : c.max_position_embeddings;
   forward::SnapshotGeometry g;
@@ -167,6 +167,7 @@ Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, con
   po.max_context = context;
   po.utilization = o.gpu_memory_utilization;
   po.gpu = !gpus.empty();
+  po.numerics = numerics;
   po.tensor_parallel = 1;
   for (char ch : gpus) po.tensor_parallel += ch == ',' ? 1 : 0;
   po.native_weights = po.gpu && po.tensor_parallel == 1 && native_weights;

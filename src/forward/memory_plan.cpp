@@ -68,7 +68,8 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   } else {
     p.weights = fp32 + host_extra;
   }
-  p.state = sequence_state_bytes(geometry, p.max_context, StateFormat::kFp32);
+  p.state = opt.gpu ? sequence_state_bytes(geometry, p.max_context, cache_formats(cfg, opt.numerics))
+                    : sequence_state_bytes(geometry, p.max_context, StateFormat::kFp32);
   p.state_compact = sequence_state_bytes(geometry, p.max_context, StateFormat::kCompact);
   // Activations of one step: the mHC streams and block buffers, attention heads, the selected
   // experts' intermediates and a logits row per token (FP32).

@@ -28,13 +28,16 @@ struct MemoryPlanOptions {
   // GPU (--engram-tables device): the Engram tables are uploaded as stored to every GPU and count
   // against its memory; otherwise they stay in host memory (the checkpoint) and rows are gathered.
   bool engram_on_device = false;
+  // GPU: the caches are stored in the row formats of these numerics (forward/cache_format.h).
+  Numerics numerics = Numerics::kReference;
 };
 
 struct MemoryPlan {
   std::string where;               // "host memory" / "GPU memory (per GPU)"
   uint64_t weights = 0;            // what the backend allocates where the plan is checked
   uint64_t host_weights = 0;       // GPU backend: what stays on the host (Engram tables, dummy image)
-  StateBytes state;                // one sequence of max_context tokens, as allocated today (FP32)
+  StateBytes state;                // one sequence of max_context tokens, as allocated (CPU: FP32;
+                                   // GPU: the caches in their row formats)
   StateBytes state_compact;        // the same in the compact formats (planned)
   uint64_t workspace = 0;          // activations of one step (an estimate)
   int64_t max_batch = 0, max_context = 0;

@@ -512,13 +512,13 @@ uint64_t max_snapshot_bytes(const SnapshotGeometry& g) {
   return kSnapshotHeaderBytes + 4 * T + payload + 8;
 }
 
-StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, StateFormat format) {
+namespace {
+
+// Bytes of one sequence state: row_bytes(kind, width) gives one row of a window ring (0), a
+// compressed KV row (1), an index key row (2) or a DSpark / MTP ring row (3) of `width` values.
+template <typename RowBytes>
+StateBytes state_bytes(const SnapshotGeometry& g, int64_t tokens, RowBytes row_bytes) {
   const uint64_t T = uint64_t(std::max<int64_t>(tokens, 0));
-  const bool fp32 = format == StateFormat::kFp32;
-  // Bytes of one row of `w` values: FP32, or the compact code + scale layout of its cache.
-  auto ring_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t(w + (w + 31) / 32); };
-  auto kv_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t((w + 1) / 2 + (w + 15) / 16); };
-  auto key_row = [&](int64_t w) { return fp32 ? 4 * uint64_t(w) : uint64_t((w + 1) / 2 + (w + 31) / 32); };
   auto rows = [&](const SnapshotGeometry::Rows& r) { return r.ratio > 0 ? T / uint64_t(r.ratio) : 0; };
   // An open group and its projection history (v, z), plus the previous window with overlap.
   auto partial = [&](const SnapshotGeometry::Compressor& c) -> uint64_t {
@@ -527,17 +527,39 @@ StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, State
     return 4 * w * (2 * r + (c.overlap ? 2 * r : 0) + 2 * (2 * r + kMaxRollback));
   };
   StateBytes b;
-  const uint64_t ring = uint64_t(g.ring_size) * ring_row(g.ring_width);
+  const uint64_t ring = uint64_t(g.ring_size) * row_bytes(0, g.ring_width);
   for (const auto& L : g.layers) {
     b.rings += ring;
-    b.compressed_kv += rows(L.ckv) * kv_row(L.ckv.width);
-    b.index_keys += rows(L.ikeys) * key_row(L.ikeys.width);
+    b.compressed_kv += rows(L.ckv) * row_bytes(1, L.ckv.width);
+    b.index_keys += rows(L.ikeys) * row_bytes(2, L.ikeys.width);
     b.compressors += partial(L.comp) + partial(L.icomp);
   }
-  b.rings += uint64_t(g.draft_stages) * ring;
-  if (g.mtp_row > 0) b.rings += ring;
+  const uint64_t draft_ring = uint64_t(g.ring_size) * row_bytes(3, g.ring_width);
+  b.rings += uint64_t(g.draft_stages) * draft_ring;
+  if (g.mtp_row > 0) b.rings += draft_ring;
   b.other = 8 * uint64_t(g.engram_keep) + 4 * uint64_t(g.mtp_row) * (1 + kMaxRollback);
   return b;
+}
+
+}  // namespace
+
+StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, StateFormat format) {
+  const bool fp32 = format == StateFormat::kFp32;
+  // Bytes of one row of `w` values: FP32, or the compact code + scale layout of its cache.
+  return state_bytes(g, tokens, [&](int kind, int64_t w) -> uint64_t {
+    if (fp32) return 4 * uint64_t(w);
+    if (kind == 0 || kind == 3) return uint64_t(w + (w + 31) / 32);
+    if (kind == 1) return uint64_t((w + 1) / 2 + (w + 15) / 16);
+    return uint64_t((w + 1) / 2 + (w + 31) / 32);
+  });
+}
+
+StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, const CacheFormats& f) {
+  return state_bytes(g, tokens, [&](int kind, int64_t w) -> uint64_t {
+    if (kind == 3) return 4 * uint64_t(w);  // draft rings stay FP32
+    const ops::CacheRowFormat& r = kind == 0 ? f.ring : kind == 1 ? f.ckv : f.ikeys;
+    return r.dim == w ? uint64_t(r.row_bytes()) : 4 * uint64_t(w);
+  });
 }
 
 Result<uint64_t> checkpoint_fingerprint(const std::string& ckpt_dir, const std::string& numerics) {

@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "forward/paged_rows.h"
+#include "forward/cache_format.h"
 #include "forward/state.h"
 #include "model/config.h"
 
@@ -116,6 +117,10 @@ struct StateBytes {
   uint64_t total() const { return rings + compressed_kv + index_keys + compressors + other; }
 };
 StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, StateFormat format);
+// The same with the caches in the row formats `f` (forward/cache_format.h): what the CUDA
+// backend allocates (window rings, compressed KV and index keys in their formats; DSpark / MTP
+// rings and compressor partials FP32).
+StateBytes sequence_state_bytes(const SnapshotGeometry& g, int64_t tokens, const CacheFormats& f);
 
 struct DecodedSnapshot {
   SnapshotHeader header;

@@ -18,6 +18,7 @@
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -222,6 +223,48 @@ TEST_P(GpuSnapshot, ForeignGeometryIsRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("state geometry"), std::string::npos) << r.status().message();
   EXPECT_FALSE((*gpu)->export_state(*s).ok()) << "a CPU state is not a GPU state";
+}
+
+// The GPU keeps the caches in compact formats (reference numerics): a state whose ring, compressed
+// KV or index key values the format cannot hold exactly (one value one ulp off) is refused with a
+// clear error rather than rounded; exact numerics keeps FP32 caches and takes it.
+TEST_P(GpuSnapshot, UnrepresentableCacheValuesAreRefused) {
+  FS_REQUIRE_GPU();
+  const SnapParam p = GetParam();
+  const std::string dir = ckpt(p.config);
+  auto cpu = load_model(dir, p.numerics);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  auto gpu = load_model_gpu(dir, p.numerics, 0, cpu_twin_weights(p.numerics));
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  auto s = (*cpu)->new_sequence();
+  feed(**cpu, *s, random_tokens(70, (*cpu)->config().vocab_size, 6));
+  for (int which = 0; which < 3; ++which) {
+    auto x = (*cpu)->export_state(*s);
+    ASSERT_TRUE(x.ok());
+    CpuSequenceState& st = **x;
+    bool changed = false;
+    for (LayerState& L : st.layers) {
+      if (changed) break;
+      PagedRows& rows = which == 1 ? L.ckv : L.ikeys;
+      if (which == 0) {
+        L.ring[3] = std::nextafter(L.ring[3] == 0.0f ? 1.0f : L.ring[3], 1e30f), changed = true;
+      } else if (rows.size() > 0) {
+        std::vector<float> v = rows.to_vector();
+        v[1] = std::nextafter(v[1] == 0.0f ? 1.0f : v[1], 1e30f);
+        rows.reset(rows.width());
+        rows.append(v);
+        changed = true;
+      }
+    }
+    ASSERT_TRUE(changed) << which;
+    auto r = (*gpu)->import_state(st);
+    if (p.numerics == Numerics::kExact) {
+      EXPECT_TRUE(r.ok()) << which << ": " << r.status().to_string();
+    } else {
+      ASSERT_FALSE(r.ok()) << which;
+      EXPECT_NE(r.status().message().find("not exactly representable"), std::string::npos) << r.status().message();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuSnapshot,

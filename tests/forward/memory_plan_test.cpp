@@ -3,6 +3,7 @@
 // stays resident on the host for them; the CPU backend's plan does not depend on the option.
 #include <gtest/gtest.h>
 
+#include "forward/cache_format.h"
 #include "forward/memory_plan.h"
 #include "forward/state_io.h"
 #include "model/make_tiny.h"
@@ -41,6 +42,42 @@ TEST(MemoryPlanEngram, DeviceTablesCountAgainstEveryGpu) {
   MemoryPlanOptions cpu_dev = cpu;
   cpu_dev.engram_on_device = true;  // host memory either way
   EXPECT_EQ(plan_memory(*cfg, g, true, cpu, 1ull << 40).total, plan_memory(*cfg, g, true, cpu_dev, 1ull << 40).total);
+}
+
+// The GPU plan counts the caches in the row formats the CUDA backend stores (forward/
+// cache_format.h): reference numerics compact (ring, compressed KV and index key rows of the
+// formats' bytes), exact numerics FP32; DSpark rings FP32 either way; the CPU plan stays FP32.
+TEST(MemoryPlanCaches, GpuStateUsesTheStoredRowBytes) {
+  for (const char* name : {"tiny-v4", "tiny-v41"}) {
+    auto cfg = model::builtin_config(name);
+    ASSERT_TRUE(cfg.ok());
+    const SnapshotGeometry g = snapshot_geometry(*cfg, false, cfg->is_v41(), 512);
+    MemoryPlanOptions o;
+    o.max_context = 512;
+    o.gpu = true;
+    o.native_weights = true;
+    const MemoryPlan ref = plan_memory(*cfg, g, true, o, 1ull << 40);
+    o.numerics = Numerics::kExact;
+    const MemoryPlan exact = plan_memory(*cfg, g, true, o, 1ull << 40);
+    o.gpu = false;
+    const MemoryPlan cpu = plan_memory(*cfg, g, true, o, 1ull << 40);
+    const CacheFormats f = cache_formats(*cfg, Numerics::kReference);
+    uint64_t rings = 0, ckv = 0, ikeys = 0;
+    for (const auto& L : g.layers) {
+      rings += uint64_t(g.ring_size * f.ring.row_bytes());
+      if (L.ckv.ratio > 0) ckv += uint64_t(512 / L.ckv.ratio * f.ckv.row_bytes());
+      if (L.ikeys.ratio > 0) ikeys += uint64_t(512 / L.ikeys.ratio * f.ikeys.row_bytes());
+    }
+    rings += uint64_t(g.draft_stages * g.ring_size * 4 * g.ring_width);
+    EXPECT_EQ(ref.state.rings, rings) << name;
+    EXPECT_EQ(ref.state.compressed_kv, ckv) << name;
+    EXPECT_EQ(ref.state.index_keys, ikeys) << name;
+    EXPECT_GT(ckv, 0u) << name;
+    EXPECT_GT(ikeys, 0u) << name;
+    EXPECT_EQ(exact.state.total(), cpu.state.total()) << name;  // FP32 caches
+    EXPECT_LT(ref.state.total(), exact.state.total()) << name;
+    EXPECT_EQ(exact.total - ref.total, exact.state.total() - ref.state.total()) << name;
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/gpu_tp.h"
 #include "forward/backend.h"
+#include "forward/cache_format.h"
 #include "forward/flow.h"
 #include "forward/state.h"
 #include "forward/state_convert.h"
@@ -58,10 +59,12 @@ struct GpuCompState {
   int64_t hist_lo = 0;
 };
 
+// The caches are kept in their row formats (GpuModel::cache_fmt_, forward/cache_format.h):
+// compact in reference numerics (exactly the values the flow quantised), FP32 in exact numerics.
 struct GpuLayerState {
-  DevArray<float> ring;     // [ring_size, Dh]
-  DevArray<float> ckv;      // [n_ckv, Dh] (grows)
-  DevArray<float> ikeys;    // [n_ikeys, dI] (grows)
+  DevArray<uint8_t> ring;   // [ring_size] rows of cache_fmt_.ring
+  DevArray<uint8_t> ckv;    // [n_ckv] rows of cache_fmt_.ckv (grows)
+  DevArray<uint8_t> ikeys;  // [n_ikeys] rows of cache_fmt_.ikeys (grows)
   int64_t n_ckv = 0, n_ikeys = 0;
   GpuCompState comp, icomp;
 };
@@ -76,7 +79,7 @@ class GpuSequenceState final : public ModelState {
   std::unique_ptr<SequenceState> clone() const override;
 
   std::vector<GpuLayerState> layers;
-  std::vector<DevArray<float>> draft_rings;   // [stage] DSpark KV [ring_size, Dh] (gpu_draft.cpp)
+  std::vector<DevArray<float>> draft_rings;   // [stage] DSpark KV [ring_size, Dh] FP32 (gpu_draft.cpp)
   // V4 MTP block (gpu_mtp.cpp; CPU twin: CpuSequenceState::mtp_ring / mtp_hist_x): its window KV
   // ring [ring_size, Dh] (row of position p at p % ring_size) and the backbone's final streams
   // [kGpuMtpHistRows, hc·D] of recent positions (position p at slot p % kGpuMtpHistRows, positions
@@ -249,9 +252,11 @@ class GpuModel final : public Model, public Backend {
                     const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of);
   // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
   // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
+  // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
+  // the cache).
   Status pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
-              int64_t ratio, int64_t c, bool overlap, DevArray<float>& dst, int64_t n_dst,
-              std::vector<int64_t>& groups, const std::string& tag);
+              int64_t ratio, int64_t c, bool overlap, float** rows, std::vector<int64_t>& groups,
+              const std::string& tag);
 
  public:
   // ---- Backend (gpu_ops.cpp) ----
@@ -355,6 +360,11 @@ class GpuModel final : public Model, public Backend {
   // layer reuses them) and that layer.
   const ops::cuda::detail::ModelAttnSeq* attn_seqs_ = nullptr;
   int attn_seqs_layer_ = -1;
+  // Row formats of the window rings, compressed KV and index keys (set at load).
+  CacheFormats cache_fmt_;
+  // FP32 rows reserved for each cache (Cache::kCkv, kIkeys) by cache_reserve / compressor_feed:
+  // the flow finishes them in place, cache_commit packs them into the cache.
+  std::array<float*, 2> stage_{};
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;  // host shells: matrices are freed after upload (dev_ keeps them)

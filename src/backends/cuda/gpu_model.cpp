@@ -392,6 +392,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   if (!m->native_) wo.progress = opts.load_progress;  // the FP32 path's work is the host dequantisation
   FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
   m->numerics_ = numerics;
+  m->cache_fmt_ = cache_formats(m->ck_->config(), numerics);
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
   // CUDA graphs (gpu_graph.cpp): on by default, decode steps replay a cached executable by
@@ -811,7 +812,7 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
   if (Status s = ops::cuda::cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s.ok()) st->error = s;
   for (auto& l : st->layers) {
     if (!st->error.ok()) break;
-    if (Status s = l.ring.zeros(size_t(st->ring_size * c.head_dim)); !s.ok()) st->error = s;
+    if (Status s = l.ring.zeros(size_t(st->ring_size * cache_fmt_.ring.row_bytes())); !s.ok()) st->error = s;
   }
   if (draft_rings()) st->draft_rings.resize(size_t(c.num_mtp_layers));
   for (auto& r : st->draft_rings)

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "backends/cuda/gpu_impl.h"
+#include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
@@ -353,8 +354,8 @@ Status GpuModel::engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, 
 // rows [n_dst, n_dst + n). Slot pointers go to the kernel as tables; the open group's rows and
 // the previous window are then copied into the state.
 Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
-                      int64_t ratio, int64_t c, bool overlap, DevArray<float>& dst, int64_t n_dst,
-                      std::vector<int64_t>& groups, const std::string& tag) {
+                      int64_t ratio, int64_t c, bool overlap, float** rows, std::vector<int64_t>& groups,
+                      const std::string& tag) {
   const int64_t width = overlap ? 2 * c : c, T = int64_t(pos.size());
   FS_RETURN_IF_ERROR(cs.v.reserve(size_t(ratio * width), true));
   FS_RETURN_IF_ERROR(cs.z.reserve(size_t(ratio * width), true));
@@ -386,11 +387,12 @@ Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const st
   }
   const int64_t n = int64_t(groups.size()), n_slots = overlap ? 2 * ratio : ratio;
   if (n > 0) {
-    FS_RETURN_IF_ERROR(dst.reserve(size_t((n_dst + n) * c), true));
+    FS_ASSIGN_OR_RETURN(float* dst, scratch<float>(tag + "_stage", n * c));
+    *rows = dst;
     FS_ASSIGN_OR_RETURN(const float** tv, scratch<const float*>(tag + "_tab", 2 * n * n_slots));
     tab_v.insert(tab_v.end(), tab_z.begin(), tab_z.end());
     FS_RETURN_IF_ERROR(upload(tv, tab_v.data(), tab_v.size() * sizeof(void*)));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst.get() + n_dst * c, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst, stream_));
   }
   // State update, stream-ordered after the pool kernel: previous window first (its rows may sit in
   // the pending buffer), then the open group's rows.
@@ -415,27 +417,36 @@ Result<PooledRows> GpuModel::compressor_feed(FwdSeg& seg, int layer, Compressor 
   GpuLayerState& LS = layer_state(seg, layer);
   const bool kv = which == Compressor::kKv;
   GpuCompState& cs = kv ? LS.comp : LS.icomp;
-  DevArray<float>& dst = kv ? LS.ckv : LS.ikeys;
-  const int64_t n_dst = kv ? LS.n_ckv : LS.n_ikeys;
   FS_RETURN_IF_ERROR(record_history(cs, v.f32(), z.f32(), seg, overlap ? 2 * c : c, ratio));  // rollback
   PooledRows out;
-  FS_RETURN_IF_ERROR(pool(cs, v.f32(), z.f32(), seg.pos, ratio, c, overlap, dst, n_dst, out.groups, kv ? "cmp" : "icmp"));
-  out.rows = Tensor{dst.get() + n_dst * c, ElemType::kF32, int64_t(out.groups.size()), c};
+  float* rows = nullptr;
+  FS_RETURN_IF_ERROR(pool(cs, v.f32(), z.f32(), seg.pos, ratio, c, overlap, &rows, out.groups, kv ? "cmp" : "icmp"));
+  stage_[kv ? 0 : 1] = rows;
+  out.rows = Tensor{rows, ElemType::kF32, int64_t(out.groups.size()), c};
   return out;
 }
 
-Result<Tensor> GpuModel::cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) {
-  GpuLayerState& LS = layer_state(seg, layer);
+// New cache rows are FP32 staging rows (the flow finishes them in place); cache_commit packs them
+// into the cache's row format (exactly representable: the flow quantised them to that format).
+Result<Tensor> GpuModel::cache_reserve(FwdSeg&, int, Cache which, int64_t n) {
   const bool kv = which == Cache::kCkv;
-  const int64_t width = kv ? config().head_dim : config().index_head_dim, n0 = kv ? LS.n_ckv : LS.n_ikeys;
-  DevArray<float>& dst = kv ? LS.ckv : LS.ikeys;
-  FS_RETURN_IF_ERROR(dst.reserve(size_t((n0 + n) * width), true));
-  return Tensor{dst.get() + n0 * width, ElemType::kF32, n, width};
+  const int64_t width = kv ? config().head_dim : config().index_head_dim;
+  FS_ASSIGN_OR_RETURN(float* rows, scratch<float>(kv ? "cmp_stage" : "icmp_stage", n * width));
+  stage_[kv ? 0 : 1] = rows;
+  return Tensor{rows, ElemType::kF32, n, width};
 }
 
 Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
   GpuLayerState& LS = layer_state(seg, layer);
-  (which == Cache::kCkv ? LS.n_ckv : LS.n_ikeys) += n;
+  const bool kv = which == Cache::kCkv;
+  const ops::CacheRowFormat& f = kv ? cache_fmt_.ckv : cache_fmt_.ikeys;
+  DevArray<uint8_t>& dst = kv ? LS.ckv : LS.ikeys;
+  int64_t& count = kv ? LS.n_ckv : LS.n_ikeys;
+  if (n <= 0) return {};
+  FS_RETURN_IF_ERROR(dst.reserve(size_t((count + n) * f.row_bytes()), true));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_rows(f, stage_[kv ? 0 : 1], n, dst.get() + count * f.row_bytes(),
+                                                     nullptr, stream_));
+  count += n;
   return {};
 }
 
@@ -451,6 +462,7 @@ Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& 
   FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", T * stride));
   cd::IndexScoreArgs s;
   s.q = iq.f32(), s.w = wts.f32(), s.keys = layer_state(seg, role.kv_src).ikeys.get(), s.scores = sc;
+  s.key_fmt = cache_fmt_.ikeys;
   s.T = T, s.nI = c.index_n_heads, s.dI = c.index_head_dim, s.start = seg.start, s.ratio = role.ratio;
   s.stride = stride, s.bf16 = ref();
   if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
@@ -475,6 +487,7 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   p.T = ctx.T, p.H = H, p.Dh = Dh, p.window = W;
   p.scale = 1.0f / std::sqrt(float(Dh));
   p.bf16 = bf16;
+  p.ring_fmt = cache_fmt_.ring, p.ckv_fmt = cache_fmt_.ckv;
   std::vector<cd::ModelAttnSeq> seqs;
   for (const FwdSeg& g : ctx.segs) {
     const auto* st = static_cast<const GpuSequenceState*>(g.st);
@@ -517,18 +530,18 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
 }
 
 Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {
-  const int64_t Dh = config().head_dim;
   if (ctx.segs.size() > 1) {
     if (attn_seqs_layer_ != l || !attn_seqs_) return internal_error("ring_write: layer {} ran no attention first", l);
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write_seqs(attn_seqs_, ctx.row_seq.i32(), kv.f32(), ctx.pos.i64(), ctx.T,
-                                                       Dh, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_ring_seqs(cache_fmt_.ring, attn_seqs_, ctx.row_seq.i32(), kv.f32(),
+                                                            ctx.pos.i64(), ctx.T, nullptr, stream_));
     return {};
   }
   const FwdSeg& g = ctx.segs.front();
   auto* st = static_cast<GpuSequenceState*>(g.st);
   const int64_t rs = st->ring_size;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st->layers[size_t(l)].ring.get(), kv.f32(), g.pos_d.i64(),
-                                                std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_ring(cache_fmt_.ring, st->layers[size_t(l)].ring.get(), kv.f32(),
+                                                     g.pos_d.i64(), std::max<int64_t>(0, g.T - rs), g.T, rs, nullptr,
+                                                     stream_));
   return {};
 }
 

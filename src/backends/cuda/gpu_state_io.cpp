@@ -2,8 +2,11 @@
 // GpuSequenceState is copied to the canonical host format (CpuSequenceState, forward/state.h)
 // and back, so that the state cache and kvshare work with `--gpus N` exactly as on the CPU.
 // Layout mapping (gpu_impl.h ↔ state.h):
-//   window ring [ring_size, Dh]            ↔ LayerState::ring (same slots, pos % ring_size)
-//   ckv [n_ckv, Dh], ikeys [n_ikeys, dI]   ↔ PagedRows ckv / ikeys (the first n rows)
+//   window ring [ring_size] rows           ↔ LayerState::ring (same slots, pos % ring_size)
+//   ckv [n_ckv] rows, ikeys [n_ikeys] rows ↔ PagedRows ckv / ikeys (the first n rows)
+//   (the caches' rows are in their row formats, forward/cache_format.h: unpacked on export to the
+//   exact FP32 values, packed on import; a state whose values the format cannot hold exactly is
+//   refused, never rounded)
 //   open group v/z [n_pend, width]         ↔ CompressorState::v/z; prev_v/z [ratio, width] when has_prev
 //   history ring, position p at slot p % (2·ratio + kMaxRollback), positions [hist_lo, len) valid
 //                                          ↔ hist_v/z rows of positions [hist_first, len), hist_first = hist_lo
@@ -18,6 +21,7 @@
 
 #include "backends/cuda/gpu_impl.h"
 #include "forward/state_convert.h"
+#include "ops/cache_row.h"
 
 namespace flashseek::forward::gpu {
 
@@ -51,6 +55,18 @@ Status download_hist(std::vector<float>& dst, const DevArray<float>& ring, int64
                                             size_t(n * width) * 4, cudaMemcpyDeviceToHost, s));
     p += n;
   }
+  return {};
+}
+
+// Queues the download of `rows` packed rows of format f into `bytes` (unpacked after the sync).
+Status download_packed(std::vector<uint8_t>& bytes, const DevArray<uint8_t>& src, const ops::CacheRowFormat& f,
+                       int64_t rows, cudaStream_t s, const char* what) {
+  const int64_t n = rows * f.row_bytes();
+  bytes.resize(size_t(n));
+  if (n == 0) return {};
+  if (!src.get() || src.capacity() < size_t(n))
+    return internal_error("export_state: {} holds {} bytes on the device, {} expected", what, src.capacity(), n);
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bytes.data(), src.get(), size_t(n), cudaMemcpyDeviceToHost, s));
   return {};
 }
 
@@ -97,7 +113,7 @@ Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceS
   out->engram_hist = st->engram_hist;
   out->layers.resize(st->layers.size());
   // Every copy is queued on stream_ (after the forwards that wrote the state), then one sync.
-  std::vector<std::vector<float>> ckv(st->layers.size()), ikeys(st->layers.size());
+  std::vector<std::vector<uint8_t>> ring_b(st->layers.size()), ckv_b(st->layers.size()), ikeys_b(st->layers.size());
   auto comp = [&](const GpuCompState& g, CompressorState& h, const StateLayerShape& ls, int64_t width) -> Status {
     if (!ls.pooled) return {};
     const int64_t cap = gpu_hist_rows(ls.ratio);
@@ -119,9 +135,9 @@ Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceS
     LayerState& h = out->layers[l];
     const StateLayerShape ls = state_layer_shape(c, int(l));
     const int64_t coff = ls.overlap ? 2 : 1;
-    FS_RETURN_IF_ERROR(download(h.ring, g.ring, ring * Dh, stream_, "window ring"));
-    FS_RETURN_IF_ERROR(download(ckv[l], g.ckv, g.n_ckv * Dh, stream_, "compressed KV"));
-    FS_RETURN_IF_ERROR(download(ikeys[l], g.ikeys, g.n_ikeys * dI, stream_, "index keys"));
+    FS_RETURN_IF_ERROR(download_packed(ring_b[l], g.ring, cache_fmt_.ring, ring, stream_, "window ring"));
+    FS_RETURN_IF_ERROR(download_packed(ckv_b[l], g.ckv, cache_fmt_.ckv, g.n_ckv, stream_, "compressed KV"));
+    FS_RETURN_IF_ERROR(download_packed(ikeys_b[l], g.ikeys, cache_fmt_.ikeys, g.n_ikeys, stream_, "index keys"));
     FS_RETURN_IF_ERROR(comp(g.comp, h.comp, ls, coff * Dh));
     StateLayerShape il = ls;
     il.pooled = ls.icomp;
@@ -132,11 +148,20 @@ Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceS
     FS_RETURN_IF_ERROR(download(out->draft_rings[i], st->draft_rings[i], ring * Dh, stream_, "DSpark draft ring"));
   FS_RETURN_IF_ERROR(mtp_export(*st, *out));
   FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::vector<float> rows;
   for (size_t l = 0; l < st->layers.size(); ++l) {  // paged rows as CpuModel::new_sequence lays them out
-    out->layers[l].ckv.reset(Dh);
-    out->layers[l].ckv.append(ckv[l]);
-    out->layers[l].ikeys.reset(dI);
-    out->layers[l].ikeys.append(ikeys[l]);
+    const GpuLayerState& g = st->layers[l];
+    LayerState& h = out->layers[l];
+    h.ring.resize(size_t(ring * Dh));
+    ops::unpack_cache_rows(cache_fmt_.ring, ring_b[l].data(), ring, h.ring.data());
+    h.ckv.reset(Dh);
+    rows.resize(size_t(g.n_ckv * Dh));
+    ops::unpack_cache_rows(cache_fmt_.ckv, ckv_b[l].data(), g.n_ckv, rows.data());
+    h.ckv.append(rows);
+    h.ikeys.reset(dI);
+    rows.resize(size_t(g.n_ikeys * dI));
+    ops::unpack_cache_rows(cache_fmt_.ikeys, ikeys_b[l].data(), g.n_ikeys, rows.data());
+    h.ikeys.append(rows);
   }
   return out;
 }
@@ -150,14 +175,26 @@ Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceS
   if (!st->error.ok()) return st->error;
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const int64_t Dh = c.head_dim, dI = c.index_head_dim, ring = st->ring_size;
+  // FP32 rows → packed (refused when not exactly representable) → the device.
+  std::vector<uint8_t> packed;
+  auto pack_up = [&](uint8_t* dst, const ops::CacheRowFormat& f, const float* src, int64_t n,
+                     const char* what) -> Status {
+    if (n == 0) return {};
+    packed.resize(size_t(n * f.row_bytes()));
+    if (Status ps = ops::pack_cache_rows(f, src, n, packed.data()); !ps.ok())
+      return invalid_argument("import_state: {}: {}", what, ps.message());
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+    return {};
+  };
   // Paged rows → the first rows of a device array sized for them (forward grows it as it appends).
-  auto rows = [](DevArray<float>& dst, const PagedRows& src, int64_t& n_dst) -> Status {
+  auto rows = [&](DevArray<uint8_t>& dst, const ops::CacheRowFormat& f, const PagedRows& src, int64_t& n_dst,
+                  const char* what) -> Status {
     n_dst = src.size();
     if (n_dst == 0) return {};
-    FS_RETURN_IF_ERROR(dst.reserve(size_t(n_dst * src.width()), false));
+    FS_RETURN_IF_ERROR(dst.reserve(size_t(n_dst * f.row_bytes()), false));
     Status status;
     src.for_each_run(0, n_dst, [&](int64_t first, const float* p, int64_t n) {
-      if (status.ok()) status = upload_rows(dst.get() + first * src.width(), p, n * src.width());
+      if (status.ok()) status = pack_up(dst.get() + first * f.row_bytes(), f, p, n, what);
     });
     return status;
   };
@@ -194,9 +231,9 @@ Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceS
     GpuLayerState& g = st->layers[l];
     const StateLayerShape ls = state_layer_shape(c, int(l));
     const int64_t coff = ls.overlap ? 2 : 1;
-    FS_RETURN_IF_ERROR(upload_rows(g.ring.get(), h.ring.data(), ring * Dh));
-    FS_RETURN_IF_ERROR(rows(g.ckv, h.ckv, g.n_ckv));
-    FS_RETURN_IF_ERROR(rows(g.ikeys, h.ikeys, g.n_ikeys));
+    FS_RETURN_IF_ERROR(pack_up(g.ring.get(), cache_fmt_.ring, h.ring.data(), ring, "window ring"));
+    FS_RETURN_IF_ERROR(rows(g.ckv, cache_fmt_.ckv, h.ckv, g.n_ckv, "compressed KV"));
+    FS_RETURN_IF_ERROR(rows(g.ikeys, cache_fmt_.ikeys, h.ikeys, g.n_ikeys, "index keys"));
     FS_RETURN_IF_ERROR(comp(h.comp, g.comp, ls, coff * Dh));
     StateLayerShape il = ls;
     il.pooled = ls.icomp;

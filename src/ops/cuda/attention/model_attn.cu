@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
@@ -12,16 +13,19 @@
 namespace flashseek::ops::cuda::detail {
 namespace {
 
-// Key j of query row t: window rows first (oldest first), then compressed rows.
-__device__ const float* attn_key(const ModelAttnArgs& a, int64_t t, int64_t j, int64_t n_win) {
+// Key j of query row t: window rows first (oldest first), then compressed rows. Ring and
+// compressed rows are in their row formats (decoded on load), chunk rows FP32.
+__device__ CacheRowRef attn_key(const ModelAttnArgs& a, int64_t t, int64_t j, int64_t n_win) {
   const int64_t p = a.start + t;
   if (j < n_win) {
     const int64_t s = p - n_win + 1 + j;
-    return s >= a.start ? a.kv_chunk + (s - a.start) * a.Dh : a.ring + (s % a.ring_size) * a.Dh;
+    if (s >= a.start)
+      return {reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), CacheRowFormat{}};
+    return {static_cast<const uint8_t*>(a.ring) + (s % a.ring_size) * cache_row_stride(a.ring_fmt, a.Dh), a.ring_fmt};
   }
   j -= n_win;
   const int64_t row = a.topk ? a.topk[t * a.topk_stride + j] : j;
-  return a.ckv + row * a.Dh;
+  return {static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), a.ckv_fmt};
 }
 
 // One block per (query row, head). Shared: logits/probabilities of every key. With `seqs`, the
@@ -37,7 +41,7 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
     a.kv_chunk += sq.row0 * a.Dh;
     if (a.topk) a.topk += sq.row0 * a.topk_stride, a.topk_n += sq.row0;
     a.ring = sq.ring, a.ring_size = sq.ring_size, a.start = sq.start;
-    if (a.ckv) a.ckv = sq.ckv ? sq.ckv : a.kv_chunk;  // no compressed rows yet: never read
+    if (a.ckv) a.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(a.kv_chunk);  // no compressed rows yet: never read
     t -= sq.row0;
   }
   const int64_t h = blockIdx.x % a.H, p = a.start + t;
@@ -47,7 +51,7 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
   const int64_t n = n_win + n_comp;
   const float* q = a.q + (t * a.H + h) * a.Dh;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    prob[j] = __fmul_rn(dev_dot_f32(q, attn_key(a, t, j, n_win), a.Dh), a.scale);
+    prob[j] = __fmul_rn(dev_dot_f32_ld(q, attn_key(a, t, j, n_win), a.Dh), a.scale);
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = -INFINITY;
@@ -65,7 +69,7 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
   float* o = a.out + (t * a.H + h) * a.Dh;
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0;
-    for (int64_t j = 0; j < n; ++j) acc = mul_add(prob[j], attn_key(a, t, j, n_win)[d], acc);
+    for (int64_t j = 0; j < n; ++j) acc = mul_add(prob[j], attn_key(a, t, j, n_win)(d), acc);
     acc /= denom_s;
     o[d] = a.bf16 ? dev_round_bf16(acc) : acc;
   }
@@ -106,7 +110,7 @@ __global__ void ring_write_seqs_kernel(const ModelAttnSeq* seqs, const int32_t* 
   const int64_t r = id / dim, d = id % dim;
   const ModelAttnSeq sq = seqs[row_seq[r]];
   if (r - sq.row0 < sq.T - sq.ring_size) return;  // overwritten later in the same chunk
-  sq.ring[(pos[r] % sq.ring_size) * dim + d] = kv[r * dim + d];
+  static_cast<float*>(sq.ring)[(pos[r] % sq.ring_size) * dim + d] = kv[r * dim + d];
 }
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops/cuda/indexer/topk.h"
+#include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
@@ -22,10 +23,10 @@ __global__ void index_scores_kernel(IndexScoreArgs a) {
   const int64_t t = blockIdx.x, i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t clen = (a.start + t + 1) / a.ratio;
   if (i >= clen) return;
-  const float* k = a.keys + i * a.dI;
+  const CacheRowRef k{static_cast<const uint8_t*>(a.keys) + i * cache_row_stride(a.key_fmt, a.dI), a.key_fmt};
   float s = 0;
   for (int64_t h = 0; h < a.nI; ++h) {
-    float d = dev_dot_f32(a.q + (t * a.nI + h) * a.dI, k, a.dI);
+    float d = dev_dot_f32_ld(a.q + (t * a.nI + h) * a.dI, k, a.dI);
     if (a.bf16) d = dev_round_bf16(d);
     float v = __fmul_rn(relu_cpu(d), a.w[t * a.nI + h]);
     if (a.bf16) v = dev_round_bf16(v);
@@ -97,6 +98,18 @@ __device__ __forceinline__ void is_stage_rows(float* dst, const float* src, int 
   }
 }
 
+// is_stage_rows for key rows in a compact row format (ops/cache_row_format.h): decoded on load
+// into the same [partial][m] order, one value per thread.
+__device__ __forceinline__ void is_stage_compact_rows(float* dst, const uint8_t* src, const CacheRowFormat& f,
+                                                      int n_rows, int64_t valid_rows, int dI, int Dp, int S) {
+  const int M = Dp / 8, stride = int(f.row_bytes());
+  for (int idx = int(threadIdx.x); idx < n_rows * Dp; idx += kIsThreads) {
+    const int r = idx / Dp, d = idx % Dp;
+    const float v = r < valid_rows && d < dI ? cache_row_value(f, src + int64_t(r) * stride, d) : 0.0f;
+    dst[r * S + d / 8 + (d % 8) * M] = v;
+  }
+}
+
 // KPT keys per thread; DP: dI rounded up to 32 when known at compile time (128: V4 / V4.1), else 0.
 template <int KPT, int DP>
 __global__ void __launch_bounds__(kIsThreads, KPT == 1 ? 3 : 2) index_scores_tiled_kernel(IndexScoreArgs a) {
@@ -114,7 +127,12 @@ __global__ void __launch_bounds__(kIsThreads, KPT == 1 ? 3 : 2) index_scores_til
   if (int64_t(blockIdx.y) >= a.T || clen_max <= k0) return;
 
   for (int i = tid; i < nIp * S + nIp; i += kIsThreads) qs[i] = 0.0f;  // padded heads stay 0
-  is_stage_rows<batch>(ks, a.keys + k0 * a.dI, tile, clen_max - k0, dI, Dp, S, [](int r) { return r; });
+  if (a.key_fmt.compact())
+    is_stage_compact_rows(ks, static_cast<const uint8_t*>(a.keys) + k0 * a.key_fmt.row_bytes(), a.key_fmt, tile,
+                          clen_max - k0, dI, Dp, S);
+  else
+    is_stage_rows<batch>(ks, static_cast<const float*>(a.keys) + k0 * a.dI, tile, clen_max - k0, dI, Dp, S,
+                         [](int r) { return r; });
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 8, kq = lane % 8;
   const float* krow[KPT];

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "ops/cache_row_format.h"
+
 namespace flashseek::ops::cuda::detail {
 
 // ---- quantisation simulations (ops/quant.h), in place ----------------------------------------
@@ -153,8 +155,11 @@ cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_
 struct ModelAttnArgs {
   const float* q = nullptr;        // [T, H, Dh]
   const float* kv_chunk = nullptr; // [T, Dh]
-  const float* ring = nullptr;     // [ring_size, Dh]
-  const float* ckv = nullptr;      // [n_entries, Dh] compressed rows (nullptr: window only)
+  const void* ring = nullptr;      // [ring_size] rows of ring_fmt
+  const void* ckv = nullptr;       // [n_entries] compressed rows of ckv_fmt (nullptr: window only)
+  // Row formats of ring and ckv (ops/cache_row_format.h; kF32, the default: FP32 rows of Dh),
+  // decoded on load.
+  CacheRowFormat ring_fmt, ckv_fmt;
   const int32_t* topk = nullptr;   // [T, topk_stride] selected rows, ascending (nullptr: all)
   const int32_t* topk_n = nullptr; // [T] counts
   int64_t topk_stride = 0, ratio = 0;  // ratio > 0 without topk: every visible entry (V4 HCA)
@@ -169,8 +174,8 @@ cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 // Several sequences in one launch: rows [row0, row0 + T) of q / kv_chunk / out / topk / topk_n
 // belong to the sequence described here (its window ring, compressed rows, first position).
 struct ModelAttnSeq {
-  float* ring = nullptr;         // [ring_size, Dh] (written by launch_ring_write_seqs)
-  const float* ckv = nullptr;    // compressed rows; nullptr: none yet (never read)
+  void* ring = nullptr;          // [ring_size] rows of ModelAttnArgs::ring_fmt (written by launch_cache_pack_ring_seqs)
+  const void* ckv = nullptr;     // compressed rows (ckv_fmt); nullptr: none yet (never read)
   int64_t start = 0, row0 = 0, T = 0, ring_size = 0;
 };
 // launch_model_attention over every row of `seqs` (device array [n_seqs]; row_seq [rows]: the
@@ -190,7 +195,8 @@ cudaError_t launch_ring_write_seqs(const ModelAttnSeq* seqs, const int32_t* row_
 struct IndexScoreArgs {
   const float* q = nullptr;        // [T, nI, dI]
   const float* w = nullptr;        // [T, nI]
-  const float* keys = nullptr;     // [n, dI]
+  const void* keys = nullptr;      // [n] rows of key_fmt (kF32, the default: FP32 rows of dI)
+  CacheRowFormat key_fmt;
   float* scores = nullptr;         // [T, stride]
   int64_t T = 0, nI = 0, dI = 0, start = 0, ratio = 1, stride = 0;
   bool bf16 = false;
