@@ -28,8 +28,8 @@ inline void expect_same_comp(const CompressorState& a, const CompressorState& b,
   EXPECT_EQ(a.hist_first, b.hist_first) << at;
 }
 
-// Every field of a and b bit for bit; with `ignore_mtp` the V4 MTP fields are skipped (a backend
-// without MTP state, the CUDA one, drops them).
+// Every field of a and b bit for bit; with `ignore_mtp` the V4 MTP fields are skipped (the CUDA
+// backend keeps only the MTP rows a proposal still reads: tests/forward/gpu_mtp_test.cpp).
 inline void expect_same_state(const CpuSequenceState& a, const CpuSequenceState& b, bool ignore_mtp = false) {
   EXPECT_EQ(a.len, b.len);
   EXPECT_EQ(a.ring_size, b.ring_size);

@@ -255,7 +255,9 @@ class WeightStager {
       if (fill_ == kBuffer) FS_RETURN_IF_ERROR(flip());
       const size_t n = std::min(bytes - off, kBuffer - fill_);
       uint8_t* h = buf_[cur_] + fill_;
-      constexpr int64_t kGrain = int64_t(4) << 20;
+      // Small grains: most tensors are a few MB (an FP4 expert matrix is 5.9 MB), and the copy into
+      // pinned memory must spread over every pool thread to keep up with the DMA.
+      constexpr int64_t kGrain = int64_t(256) << 10;
       const int64_t parts = int64_t((n + size_t(kGrain) - 1) / size_t(kGrain));
       ThreadPool::global().parallel_for(parts, [&](int64_t b, int64_t e) {
         const size_t lo = size_t(b * kGrain), hi = std::min(n, size_t(e * kGrain));

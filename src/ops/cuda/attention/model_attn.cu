@@ -67,6 +67,23 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
   }
   __syncthreads();
   float* o = a.out + (t * a.H + h) * a.Dh;
+  if (a.Dh % 4 == 0) {  // four outputs per thread from one load per key; each output's sum as below
+    for (int64_t d = 4 * int64_t(threadIdx.x); d < a.Dh; d += 4 * int64_t(blockDim.x)) {
+      float acc[4] = {0, 0, 0, 0};
+      for (int64_t j = 0; j < n; ++j) {
+        float w[4];
+        attn_key(a, t, j, n_win).load4(d, w);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = mul_add(prob[j], w[c], acc[c]);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float r = acc[c] / denom_s;
+        o[d + c] = a.bf16 ? dev_round_bf16(r) : r;
+      }
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0;
     for (int64_t j = 0; j < n; ++j) acc = mul_add(prob[j], attn_key(a, t, j, n_win)(d), acc);

@@ -44,11 +44,34 @@ __host__ __device__ inline int64_t cache_row_stride(const CacheRowFormat& f, int
   return f.codec == RowCodec::kF32 ? 4 * dim : f.row_bytes();
 }
 
-// One row as an element loader.
+// Values d .. d+3 of a row (d % 4 == 0, d + 3 < f.dim) into v: the same four values as
+// cache_row_value, with one scale decode and one 4-byte (FP8) or 2-byte (FP4) code load when the
+// four share a scale block and lie in the coded part (rows are 4-byte aligned: row_bytes).
+__device__ __forceinline__ void cache_row_value4(const CacheRowFormat& f, const uint8_t* row, int64_t d, float v[4]) {
+  if (f.codec == RowCodec::kF32 || d + 3 >= f.coded || f.block % 4 != 0) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = cache_row_value(f, row, d + c);
+    return;
+  }
+  const uint32_t sb = row[f.scale_offset() + d / f.block];
+  const float s = f.codec == RowCodec::kFp4E4m3 ? dev_e4m3_value(sb) : dev_e8m0_value(sb);
+  if (f.fp4()) {
+    const uint32_t w = *reinterpret_cast<const uint16_t*>(row + (d >> 1));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(dev_e2m1_value((w >> (4 * c)) & 15u), s);
+  } else {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(dev_e4m3_value((w >> (8 * c)) & 255u), s);
+  }
+}
+
+// One row as an element loader (load4: values d .. d+3, d % 4 == 0).
 struct CacheRowRef {
   const uint8_t* row;
   CacheRowFormat f;
   __device__ __forceinline__ float operator()(int64_t d) const { return cache_row_value(f, row, d); }
+  __device__ __forceinline__ void load4(int64_t d, float v[4]) const { cache_row_value4(f, row, d, v); }
 };
 
 // dev_dot_chunk_serial / dev_dot_f32 (model_device.cuh) with b read through a loader: the same
@@ -58,8 +81,16 @@ __device__ __forceinline__ float dev_dot_chunk_serial_ld(const float* a, const L
   float v[32];
   for (int l = 0; l < 32; ++l) {
     float p[4] = {0, 0, 0, 0};
-    for (int64_t i = 4 * l; i < len; i += 128)
-      for (int c = 0; c < 4 && i + c < len; ++c) p[c] = mul_add(a[o + i + c], b(o + i + c), p[c]);
+    for (int64_t i = 4 * l; i < len; i += 128) {
+      if (i + 3 < len && (o + i) % 4 == 0) {  // four values of one load, same products and sums
+        float w[4];
+        b.load4(o + i, w);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) p[c] = mul_add(a[o + i + c], w[c], p[c]);
+      } else {
+        for (int c = 0; c < 4 && i + c < len; ++c) p[c] = mul_add(a[o + i + c], b(o + i + c), p[c]);
+      }
+    }
     v[l] = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
   }
   for (int off = 16; off >= 1; off /= 2)
@@ -85,9 +116,13 @@ __device__ __forceinline__ float dev_dot_f32_ld(const float* a, const Load& b, i
   }
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
+  for (; i + 8 <= n; i += 8) {
+    float w[8];
+    b.load4(i, w);
+    b.load4(i + 4, w + 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[j] = mul_add(a[i + j], b(i + j), s[j]);
+    for (int j = 0; j < 8; ++j) s[j] = mul_add(a[i + j], w[j], s[j]);
+  }
   for (int j = 0; i < n; ++i, ++j) s[j] = mul_add(a[i], b(i), s[j]);
   return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
                    __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
