@@ -23,25 +23,6 @@ __device__ __forceinline__ uint32_t dev_e4m3_code(float x) {
   return signbit(x) ? (code | 0x80u) : code;
 }
 
-// core/numeric.h f32_to_e2m1 (nearest, ties to the even code, saturating, sign in bit 3).
-__device__ __forceinline__ uint32_t dev_e2m1_code(float x) {
-  const float vals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float a = fabsf(x);
-  uint32_t best = 7;
-  if (!(a >= 6.0f)) {
-    for (uint32_t c = 0; c < 7; ++c) {
-      const float lo = vals[c], hi = vals[c + 1];
-      if (a <= hi) {
-        const float dlo = a - lo, dhi = hi - a;
-        best = dlo < dhi ? c : dhi < dlo ? c + 1 : (c % 2 == 0 ? c : c + 1);
-        break;
-      }
-    }
-  }
-  if (isnan(x)) best = 0;
-  return signbit(x) ? (best | 8u) : best;
-}
-
 __device__ __forceinline__ float pow2_at_least(float v) {
   int e;
   const float m = frexpf(v, &e);

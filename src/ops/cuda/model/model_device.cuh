@@ -30,13 +30,32 @@ __device__ __forceinline__ float dev_round_e4m3(float x) {
   return signbit(x) ? -r : r;
 }
 
-// core/numeric.h round_e2m1: nearest e2m1 value, ties to the even code, saturating at ±6.
-__device__ __forceinline__ float dev_round_e2m1(float x) {
+// Code values: core/numeric.h e4m3_to_f32 (S.1111.111 is NaN), e8m0_to_f32 (2^(e−127); e = 0 the
+// FP32 denormal 2^-127, never flushed; 0xFF NaN), e2m1_to_f32 (bit 3: sign).
+__device__ __forceinline__ float dev_e4m3_value(uint32_t b) {
+  const uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
+  if (exp == 15u && man == 7u) return __uint_as_float(0x7fc00000u);
+  const float v = exp == 0 ? float(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80u) ? -v : v;
+}
+__device__ __forceinline__ float dev_e8m0_value(uint32_t e) {
+  if (e == 0xffu) return __uint_as_float(0x7fc00000u);
+  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+__device__ __forceinline__ float dev_e2m1_value(uint32_t nib) {
+  constexpr float kVals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kVals[nib & 7u];
+  return (nib & 8u) ? -v : v;
+}
+
+// core/numeric.h f32_to_e2m1: the nearest e2m1 code, ties to the even code, saturating at ±6,
+// sign in bit 3 (NaN: +0 with its sign bit).
+__device__ __forceinline__ uint32_t dev_e2m1_code(float x) {
   const float vals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float a = fabsf(x);
-  int best = 7;
+  uint32_t best = 7;
   if (!(a >= 6.0f)) {
-    for (int c = 0; c < 7; ++c) {
+    for (uint32_t c = 0; c < 7; ++c) {
       const float lo = vals[c], hi = vals[c + 1];
       if (a <= hi) {
         const float dlo = a - lo, dhi = hi - a;
@@ -46,8 +65,11 @@ __device__ __forceinline__ float dev_round_e2m1(float x) {
     }
   }
   if (isnan(x)) best = 0;
-  return signbit(x) ? -vals[best] : vals[best];
+  return signbit(x) ? (best | 8u) : best;
 }
+
+// core/numeric.h round_e2m1: the value of that code.
+__device__ __forceinline__ float dev_round_e2m1(float x) { return dev_e2m1_value(dev_e2m1_code(x)); }
 
 // ops::pow2_ceil: the smallest power of two >= v (v > 0).
 __device__ __forceinline__ float dev_pow2_ceil(float v) {
@@ -76,14 +98,35 @@ __device__ __forceinline__ Acc dev_chunk_tree(Acc* c, int64_t m) {
   return c[0];
 }
 
-// One chunk (len <= kSumChunk) of the chunked dot by one thread: lane l's four partials, then the
-// 32-lane halving tree.
-__device__ __forceinline__ float dev_dot_chunk_serial(const float* a, const float* b, int64_t len) {
+// The dots below read their second operand through a loader: b(i) is value i, b.load4(i, v)
+// values i .. i+3 (i % 4 == 0), the same values (an FP32 row, or a compact cache row decoded on
+// load: ops/cuda/cache/cache_row.cuh). Every product and sum is the same whatever the loader.
+struct F32Loader {
+  const float* p;
+  __device__ __forceinline__ float operator()(int64_t i) const { return p[i]; }
+  __device__ __forceinline__ void load4(int64_t i, float v[4]) const {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = p[i + c];
+  }
+};
+
+// One chunk [o, o + len) (len <= kSumChunk) of the chunked dot by one thread: lane l's four
+// partials, then the 32-lane halving tree.
+template <typename Load>
+__device__ __forceinline__ float dev_dot_chunk_serial_ld(const float* a, const Load& b, int64_t o, int64_t len) {
   float v[32];
   for (int l = 0; l < 32; ++l) {
     float p[4] = {0, 0, 0, 0};
-    for (int64_t i = 4 * l; i < len; i += 128)
-      for (int c = 0; c < 4 && i + c < len; ++c) p[c] = mul_add(a[i + c], b[i + c], p[c]);
+    for (int64_t i = 4 * l; i < len; i += 128) {
+      if (i + 3 < len && (o + i) % 4 == 0) {  // four values of one load, same products and sums
+        float w[4];
+        b.load4(o + i, w);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) p[c] = mul_add(a[o + i + c], w[c], p[c]);
+      } else {
+        for (int c = 0; c < 4 && i + c < len; ++c) p[c] = mul_add(a[o + i + c], b(o + i + c), p[c]);
+      }
+    }
     v[l] = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
   }
   for (int off = 16; off >= 1; off /= 2)
@@ -95,13 +138,14 @@ __device__ __forceinline__ float dev_dot_chunk_serial(const float* a, const floa
 // tree; n > kSumChunk: the chunked order, chunk sums folded on a stack of complete subtrees
 // (the same additions as the stride-doubling tree: complete 2^L blocks merge left + right, the
 // ragged right edge folds right to left).
-__device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int64_t n) {
+template <typename Load>
+__device__ __forceinline__ float dev_dot_f32_ld(const float* a, const Load& b, int64_t n) {
   if (n > kSumChunk) {
     float val[48];
     int64_t size[48];
     int top = 0;
     for (int64_t o = 0; o < n; o += kSumChunk) {
-      float v = dev_dot_chunk_serial(a + o, b + o, n - o < kSumChunk ? n - o : kSumChunk);
+      float v = dev_dot_chunk_serial_ld(a, b, o, n - o < kSumChunk ? n - o : kSumChunk);
       int64_t sz = 1;
       while (top > 0 && size[top - 1] == sz) v = __fadd_rn(val[--top], v), sz *= 2;
       val[top] = v, size[top++] = sz;
@@ -112,12 +156,20 @@ __device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int
   }
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
+  for (; i + 8 <= n; i += 8) {
+    float w[8];
+    b.load4(i, w);
+    b.load4(i + 4, w + 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[j] = mul_add(a[i + j], b[i + j], s[j]);
-  for (int j = 0; i < n; ++i, ++j) s[j] = mul_add(a[i], b[i], s[j]);
+    for (int j = 0; j < 8; ++j) s[j] = mul_add(a[i + j], w[j], s[j]);
+  }
+  for (int j = 0; i < n; ++i, ++j) s[j] = mul_add(a[i], b(i), s[j]);
   return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
                    __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
+}
+
+__device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int64_t n) {
+  return dev_dot_f32_ld(a, F32Loader{b}, n);
 }
 
 // One chunk of the chunked dot by a whole warp (every lane returns the chunk sum): lane l holds

@@ -169,24 +169,6 @@ __global__ void linear_short_kernel(LinearArgs a) {
 }
 
 // ---- typed weights: one stored row, each value expanded exactly in registers ------------------
-// E8M0 → 2^(e-127) (e = 0: the FP32 denormal 2^-127, never flushed), 0xFF → NaN (core/numeric.h).
-__device__ __forceinline__ float dev_e8m0(uint32_t e) {
-  if (e == 0xffu) return __uint_as_float(0x7fc00000u);
-  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
-}
-// e4m3 code → its value (core/numeric.h e4m3_to_f32; S.1111.111 is NaN).
-__device__ __forceinline__ float dev_e4m3_value(uint32_t b) {
-  const uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
-  if (exp == 15u && man == 7u) return __uint_as_float(0x7fc00000u);
-  const float v = exp == 0 ? float(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
-  return (b & 0x80u) ? -v : v;
-}
-__device__ __forceinline__ float dev_e2m1_value(uint32_t nib) {
-  constexpr float kVals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kVals[nib & 7u];
-  return (nib & 8u) ? -v : v;
-}
-
 // Reads row `row` (stored row index, row0 included) of matrix `mat` of a typed weight: r(i) is the
 // FP32 value of column i, exactly what model/quant.h's dequantisation gives (the products of a code
 // and a power of two are exact in FP32).
@@ -219,10 +201,10 @@ struct RowReader {
     } else if constexpr (F == WeightDtype::kF16) {
       return __half2float(reinterpret_cast<const __half*>(p)[i]);
     } else if constexpr (F == WeightDtype::kFp8) {
-      return __fmul_rn(dev_e4m3_value(p[i]), dev_e8m0(sc[uint32_t(i) / bc]));
+      return __fmul_rn(dev_e4m3_value(p[i]), dev_e8m0_value(sc[uint32_t(i) / bc]));
     } else {
       const uint32_t byte = p[i >> 1];
-      return __fmul_rn(dev_e2m1_value((i & 1) ? byte >> 4 : byte & 15u), dev_e8m0(sc[i >> 5]));
+      return __fmul_rn(dev_e2m1_value((i & 1) ? byte >> 4 : byte & 15u), dev_e8m0_value(sc[i >> 5]));
     }
   }
 };
@@ -393,13 +375,13 @@ __device__ __forceinline__ float4 gemv_decode(const GemvRaw<F>& r) {
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.v[1]));
     return make_float4(a.x, a.y, b.x, b.y);
   } else if constexpr (F == WeightDtype::kFp8) {
-    const float s = dev_e8m0(r.s);
+    const float s = dev_e8m0_value(r.s);
     const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(r.v[0] & 0xffffu), __NV_E4M3);
     const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(r.v[0] >> 16), __NV_E4M3);
     const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
     return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(b.x, s), __fmul_rn(b.y, s));
   } else {
-    const float s = dev_e8m0(r.s);
+    const float s = dev_e8m0_value(r.s);
     const uint32_t b = r.v[0];  // byte 0: columns col, col+1 (low nibble first); byte 1: col+2, col+3
     return make_float4(__fmul_rn(dev_e2m1_bits(b & 15u), s), __fmul_rn(dev_e2m1_bits((b >> 4) & 15u), s),
                        __fmul_rn(dev_e2m1_bits((b >> 8) & 15u), s), __fmul_rn(dev_e2m1_bits((b >> 12) & 15u), s));
@@ -612,7 +594,7 @@ __device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]
       w[2 * q] = f.x, w[2 * q + 1] = f.y;
     }
   } else if constexpr (F == WeightDtype::kFp8) {
-    const float s = dev_e8m0(r.s);
+    const float s = dev_e8m0_value(r.s);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint32_t pair = (r.v[q / 2] >> (16 * (q % 2))) & 0xffffu;
@@ -621,7 +603,7 @@ __device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]
       w[2 * q] = __fmul_rn(f.x, s), w[2 * q + 1] = __fmul_rn(f.y, s);
     }
   } else {
-    const float s = dev_e8m0(r.s);
+    const float s = dev_e8m0_value(r.s);
 #pragma unroll
     for (int q = 0; q < 8; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[0] >> (4 * q)) & 15u), s);
   }
