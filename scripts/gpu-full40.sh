@@ -24,15 +24,7 @@ while [ $# -gt 0 ]; do
 done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -c "
-import json, sys
-c = json.load(open(sys.argv[1]))
-t = c['text_config']
-t['engram_vocab_size'] = 40000  # the prime layout then gives these rows (ops::engram_layouts)
-t['engram_num_embeddings'] = [963078, 970134]
-t['n_routed_experts'] = int(sys.argv[3])
-t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
-json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
+python3 "$here/realwidth_config.py" --experts "$experts" "$work/config.json"
 src=(--load-format dummy --config "$work/config.json")
 echo "== bench: all 40 layers, $experts routed experts each, batch 1, prompt $prompt, $reps decode steps"
 timeout 240 "$bin" bench "${src[@]}" --gpus "$gpus" --batch 1 --prompt-tokens "$prompt" --reps "$reps" 2>&1 |

@@ -10,7 +10,6 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-cfg="$here/../tests/model/data/v41-flash-config.json"
 layers=8 experts=16 gpus=0 context=8
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,15 +23,7 @@ done
 command -v ncu >/dev/null || { echo "ncu not found" >&2; exit 2; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -c "
-import json, sys
-c = json.load(open(sys.argv[1]))
-t = c['text_config']
-t['engram_vocab_size'] = 40000
-t['engram_num_embeddings'] = [963078, 970134]
-t['n_routed_experts'] = int(sys.argv[3])
-t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
-json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
+python3 "$here/realwidth_config.py" --experts "$experts" "$work/config.json"
 python3 -c "import json,sys; print(json.dumps([1000 + (i * 7919) % 100000 for i in range(int(sys.argv[1]))]))" "$context" >"$work/prompt.json"
 maxctx=$(( context + 64 > 4096 ? context + 64 : 4096 ))
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \

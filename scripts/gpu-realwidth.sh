@@ -4,11 +4,9 @@
 #   2. `flashseek serve` + scripts/serve_load.py at several stream counts (decode tok/s per stream
 #      and in aggregate);
 #   3. `flashseek bench` layer slice at context 4096 for comparison.
-# The config is the release V4.1 config (tests/model/data/v41-flash-config.json) with the Engram
-# tables cut to ~1M rows each (engram_vocab_size 40,000) (the full ones are ~100 GB of host memory each; a table's size does not
-# change the bytes a step reads: 24 rows per token). --num-layers keeps every layer role.
-# --experts N keeps N routed experts per layer (384 in the release; a token reads 6 whatever N, so
-# batch-1 decode bytes do not change; generating 384 experts x 8 layers takes minutes).
+# The config: scripts/realwidth_config.py (the release V4.1 config, Engram tables cut to ~1M rows,
+# --experts N routed experts per layer; generating 384 experts x 8 layers takes minutes).
+# --num-layers keeps every layer role.
 # --engram-compare: the short-context decode run once with --engram-tables host and once with
 # device (the per-step cost of gathering the Engram rows on the host and copying them up).
 # --skip-8k / --skip-serve / --skip-bench leave out those parts.
@@ -18,7 +16,6 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-cfg="$here/../tests/model/data/v41-flash-config.json"
 layers=8 streams=1,8,32 gpus=0 experts=384 engram_compare=0 skip8k=0 skipserve=0 skipbench=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,15 +33,7 @@ done
 work="$(mktemp -d)"
 trap 'kill "${pid:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 python3 -c "import random,json; random.seed(1); print(json.dumps([random.randrange(1000, 120000) for _ in range(8192)]))" >"$work/p8k.json"
-python3 -c "
-import json, sys
-c = json.load(open(sys.argv[1]))
-t = c['text_config']
-t['engram_vocab_size'] = 40000  # the prime layout then gives these rows (ops::engram_layouts)
-t['engram_num_embeddings'] = [963078, 970134]
-t['n_routed_experts'] = int(sys.argv[3])
-t['dspark_n_routed_experts'] = min(t['dspark_n_routed_experts'], int(sys.argv[3]))
-json.dump(c, open(sys.argv[2], 'w'))" "$cfg" "$work/config.json" "$experts"
+python3 "$here/realwidth_config.py" --experts "$experts" "$work/config.json"
 src=(--load-format dummy --config "$work/config.json" --num-layers "$layers")
 if [ "$skip8k" = 0 ]; then
   echo "== run: 8192-token prompt, 32 tokens, dummy real-width V4.1, $layers layers"
