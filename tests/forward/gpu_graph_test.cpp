@@ -54,13 +54,6 @@ std::string make_ckpt(const std::string& config) {
   return tiny_checkpoint("fs_gpugraph_" + config, cfg.value(), 23);
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
-  return t;
-}
-
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

@@ -41,13 +41,6 @@ using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
 using state_test::expect_same_state;
 using state_test::same_bits;
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
-  return t;
-}
-
 // One make-tiny checkpoint per config (and tie-free variant) per process.
 std::string ckpt(const std::string& name, bool tie_free = false) {
   auto cfg = model::builtin_config(name);

@@ -42,26 +42,6 @@ std::string make_ckpt(bool tie_free) {
   return tiny_checkpoint(std::string("fs_gpuspec_") + (tie_free ? "tf" : "std"), c, 11);
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
-  return t;
-}
-
-Status feed(Model& m, SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
-            bool all = true) {
-  BatchItem item{&st, tokens, all};
-  return m.forward({&item, 1}, logits);
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
-
 struct ProposeParam {
   bool tie_free;
   Numerics numerics;

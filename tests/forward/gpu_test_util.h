@@ -1,6 +1,6 @@
 // Helpers shared by the whole-model GPU tests (gpu_parity_test, gpu_spec_test, gpu_native_test,
-// gpu_tp_test): the visible GPU skip, tie-free tiny checkpoints, chunked runs and logit
-// comparisons.
+// gpu_tp_test, gpu_mtp_test): the visible GPU skip, tie-free tiny checkpoints, random prompts, one-item
+// forwards, chunked runs and logit comparisons.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/cuda/gpu_model.h"
+#include "core/rng.h"
 #include "forward/model.h"
 #include "model/config.h"
 #include "model/make_tiny.h"
@@ -104,6 +105,28 @@ inline Cmp compare_logits(const std::vector<float>& a, const std::vector<float>&
   }
   r.argmax_agree = double(agree) / double(n);
   return r;
+}
+
+// n tokens uniform in [0, vocab).
+inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
+  return t;
+}
+
+// One forward of `tokens` for one sequence (logits of every position when `all`).
+inline Status feed(Model& m, SequenceState& st, std::span<const int32_t> tokens, std::vector<float>& logits,
+                   bool all = true) {
+  BatchItem item{&st, tokens, all};
+  return m.forward({&item, 1}, logits);
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
 }
 
 }  // namespace flashseek::forward::gpu_test
