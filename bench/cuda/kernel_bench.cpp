@@ -171,7 +171,7 @@ Result<std::string> topk_bench(int reps) {
     int path, cluster;
   };
   const Path paths[] = {{"one block per row (path 1)", 1, 0},
-                        {"over blocks, 4 launches (path 2, before)", 2, 0},
+                        {"over blocks, 4 launches (path 2)", 2, 0},
                         {"one cluster per row (path 3, automatic size)", 3, 0},
                         {"one cluster of 8 per row (path 3)", 3, 8},
                         {"one cluster of 16 per row (path 3)", 3, 16}};

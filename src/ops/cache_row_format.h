@@ -33,7 +33,7 @@ enum class RowCodec : uint8_t {
 struct CacheRowFormat {
   RowCodec codec = RowCodec::kF32;
   int32_t dim = 0;    // values per row
-  int32_t coded = 0;  // leading values stored as codes (kF32: 0)
+  int32_t coded = 0;  // values [0, coded) are codes, [coded, dim) the BF16 tail; kF32 has none
   int32_t block = 1;  // values per scale
 
   FS_CACHE_HD bool compact() const { return codec != RowCodec::kF32; }

@@ -1,4 +1,4 @@
-// Index top-k by one thread-block cluster per row (IndexTopkArgs::path 3; issue 16): the whole
+// Index top-k by one thread-block cluster per row (IndexTopkArgs::path 3): the whole
 // selection in ONE launch, the row's keys read once into registers, the cross-block histograms
 // exchanged through distributed shared memory (sm_90 clusters) instead of global memory and
 // separate kernels.
