@@ -111,7 +111,8 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
     }
     m->data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);
+  m->fd_ = fd;  // kept open: pread of the same file as the map (from_disk)
+  m->from_disk_ = true;
   return m;
 }
 
@@ -154,6 +155,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::create(const std::string& path, 
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 // ---- SafetensorsFile ---------------------------------------------------------------------------

@@ -42,10 +42,16 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   uint8_t* writable_data() const { return writable_ ? const_cast<uint8_t*>(data_) : nullptr; }
+  // Whether the bytes are a read-only map of the file at path() (open), so that they can also be
+  // read with pread (the GPU loader's staging), rather than anonymous or freshly created memory.
+  bool from_disk() const { return from_disk_; }
+  int fd() const { return fd_; }  // the open file of a from_disk map, else -1
 
  private:
   MappedFile() = default;
   bool writable_ = false;
+  bool from_disk_ = false;
+  int fd_ = -1;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::string path_;
@@ -60,6 +66,7 @@ class SafetensorsFile {
   static Result<SafetensorsFile> parse(std::shared_ptr<MappedFile> map);
 
   const std::string& path() const { return map_->path(); }
+  const MappedFile& map() const { return *map_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorInfo* find(std::string_view name) const;

@@ -46,9 +46,14 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "backends/cuda/gpu_impl.h"
 #include "core/thread_pool.h"
@@ -201,29 +206,41 @@ bool fast_fits(const NativeMatrix& m, int64_t act) {
 }  // namespace
 
 // Weight upload at the speed of the disk (GpuModel::load, native weights). Read-ahead threads
-// fault the checkpoint pages of the stored matrices into memory in upload order (parallel reads
-// of the mapped shards), staying at most kAhead bytes ahead of the copies so that a checkpoint
-// larger than the page cache is not read twice. The uploading thread copies each piece into one
-// of two pinned buffers (the memcpy split over the CPU thread pool) while the DMA engine copies
-// the previous buffer to the device on a stream of its own, so disk reads, host copies and
-// host-to-device copies overlap. No FP32 intermediates: the bytes go up as stored.
+// bring the checkpoint's stored matrices into the page cache in upload order (readahead(2) on the
+// shard files, parallel), staying at most kAhead bytes ahead of the copies so that a checkpoint
+// larger than the page cache is not read twice. copy() only queues pieces into one of two pinned
+// buffers; a full buffer is filled by every pool thread at once (pread(2) from the shard file
+// straight into pinned memory, as `dd` reads: no page faults of the map; memcpy for in-memory
+// checkpoints) and handed to the DMA engine on a stream of its own while the next one fills, so
+// disk reads, host copies and host-to-device copies overlap. No FP32 intermediates: the bytes go
+// up as stored.
 class WeightStager {
  public:
   struct Range {
     const uint8_t* p;
     size_t n;
   };
+  // A shard mapped from disk: its bytes [base, base + size) are also file offsets 0.. of fd.
+  struct Source {
+    const uint8_t* base;
+    uint64_t size;
+    int fd;
+  };
   static constexpr size_t kBuffer = size_t(64) << 20;  // each of the two pinned buffers
   static constexpr uint64_t kAhead = uint64_t(4) << 30;
   static constexpr size_t kSegment = size_t(16) << 20;  // one read-ahead task
+  static constexpr size_t kPart = size_t(256) << 10;    // one pread / memcpy task of a fill
 
-  WeightStager(std::vector<Range> order, int threads, std::function<void(uint64_t, uint64_t)> progress)
-      : progress_(std::move(progress)) {
+  WeightStager(std::vector<Range> order, std::vector<Source> sources, int threads,
+               std::function<void(uint64_t, uint64_t)> progress)
+      : sources_(std::move(sources)), progress_(std::move(progress)) {
+    std::sort(sources_.begin(), sources_.end(), [](const Source& a, const Source& b) { return a.base < b.base; });
     uint64_t cum = 0;
     for (const Range& r : order)
       for (size_t off = 0; off < r.n; off += kSegment) {
-        segments_.push_back({r.p + off, std::min(kSegment, r.n - off), cum});
-        cum += std::min(kSegment, r.n - off);
+        const size_t n = std::min(kSegment, r.n - off);
+        segments_.push_back({r.p + off, n, cum, source_of(r.p + off, n)});
+        cum += n;
       }
     total_ = cum;
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -252,31 +269,22 @@ class WeightStager {
   // Queues dst[0, bytes) = src[0, bytes) (src stays valid: the mapped checkpoint).
   Status copy(void* dst, const uint8_t* src, size_t bytes) {
     for (size_t off = 0; off < bytes;) {
-      if (fill_ == kBuffer) FS_RETURN_IF_ERROR(flip());
       const size_t n = std::min(bytes - off, kBuffer - fill_);
-      uint8_t* h = buf_[cur_] + fill_;
-      // Small grains: most tensors are a few MB (an FP4 expert matrix is 5.9 MB), and the copy into
-      // pinned memory must spread over every pool thread to keep up with the DMA.
-      constexpr int64_t kGrain = int64_t(256) << 10;
-      const int64_t parts = int64_t((n + size_t(kGrain) - 1) / size_t(kGrain));
-      ThreadPool::global().parallel_for(parts, [&](int64_t b, int64_t e) {
-        const size_t lo = size_t(b * kGrain), hi = std::min(n, size_t(e * kGrain));
-        std::memcpy(h + lo, src + off + lo, hi - lo);
-      });
-      FS_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, h, n, cudaMemcpyHostToDevice, stream_));
+      pending_.push_back({static_cast<uint8_t*>(dst) + off, src + off, n, fill_, source_of(src + off, n)});
       fill_ += n;
       off += n;
-      done_ += n;
-      consumed_.store(done_, std::memory_order_relaxed);
-      if (progress_) progress_(std::min(done_, total_), total_);
+      if (fill_ == kBuffer) FS_RETURN_IF_ERROR(drain());
     }
     return {};
   }
 
-  // Waits for every queued copy and stops the readers.
+  uint64_t total() const { return total_; }
+
+  // Copies what is queued, waits for every copy and stops the readers.
   Status finish() {
+    Status st = drain();
     stop_readers();
+    FS_RETURN_IF_ERROR(st);
     FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     if (progress_ && done_ < total_) progress_(total_, total_);
     return {};
@@ -287,11 +295,58 @@ class WeightStager {
     const uint8_t* p;
     size_t n;
     uint64_t start;  // bytes of the upload order before it
+    const Source* src;
+  };
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    size_t n, at;  // bytes, offset in the buffer
+    const Source* file;
   };
 
-  // The buffer being filled is handed to the DMA engine; the other one is reused once its
-  // copies finished.
-  Status flip() {
+  // The from-disk shard holding [p, p + n) whole, else nullptr (in-memory bytes: memcpy).
+  const Source* source_of(const uint8_t* p, size_t n) const {
+    auto it = std::upper_bound(sources_.begin(), sources_.end(), p,
+                               [](const uint8_t* q, const Source& s) { return q < s.base; });
+    if (it == sources_.begin()) return nullptr;
+    --it;
+    const uint64_t off = uint64_t(p - it->base);
+    return off <= it->size && n <= it->size - off ? &*it : nullptr;
+  }
+
+  // Fills the current buffer with its queued pieces (all pool threads, kPart each), queues their
+  // host-to-device copies and switches to the other buffer once its own copies finished.
+  Status drain() {
+    if (pending_.empty()) return {};
+    std::vector<std::pair<size_t, size_t>> parts;  // (piece, offset in it)
+    for (size_t i = 0; i < pending_.size(); ++i)
+      for (size_t o = 0; o < pending_[i].n; o += kPart) parts.push_back({i, o});
+    uint8_t* h = buf_[cur_];
+    std::atomic<int> err{0};
+    ThreadPool::global().parallel_for(int64_t(parts.size()), [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const Piece& pc = pending_[parts[size_t(k)].first];
+        const size_t o = parts[size_t(k)].second, n = std::min(kPart, pc.n - o);
+        if (!pc.file) {
+          std::memcpy(h + pc.at + o, pc.src + o, n);
+          continue;
+        }
+        if (int e2 = pread_all(pc.file->fd, h + pc.at + o, n, uint64_t(pc.src + o - pc.file->base)); e2 != 0) {
+          int expect = 0;
+          err.compare_exchange_strong(expect, e2);
+        }
+      }
+    });
+    if (int e = err.load(); e != 0) return io_error("reading checkpoint weights: {}", std::strerror(e));
+    size_t bytes = 0;
+    for (const Piece& pc : pending_) {
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pc.dst, h + pc.at, pc.n, cudaMemcpyHostToDevice, stream_));
+      bytes += pc.n;
+    }
+    pending_.clear();
+    done_ += bytes;
+    consumed_.store(done_, std::memory_order_relaxed);
+    if (progress_) progress_(std::min(done_, total_), total_);
     FS_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_[cur_], stream_));
     used_[cur_] = true;
     cur_ ^= 1;
@@ -300,13 +355,29 @@ class WeightStager {
     return {};
   }
 
+  // pread until n bytes are read; 0 or the errno (EIO for a file shorter than its map).
+  static int pread_all(int fd, uint8_t* p, size_t n, uint64_t off) {
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, off_t(off));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return errno;
+      }
+      if (r == 0) return EIO;
+      p += r, n -= size_t(r), off += uint64_t(r);
+    }
+    return 0;
+  }
+
   void read_ahead() {
     for (size_t i; (i = next_.fetch_add(1)) < segments_.size();) {
       const Segment& s = segments_[i];
       while (!stop_.load() && s.start > consumed_.load(std::memory_order_relaxed) + kAhead)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (stop_.load()) return;
-      uint8_t sum = 0;  // one read per page faults it in (the kernel reads ahead around it)
+      if (!s.src) continue;  // in memory already
+      if (::readahead(s.src->fd, off64_t(s.p - s.src->base), s.n) == 0) continue;
+      uint8_t sum = 0;  // readahead unsupported here: one read per page faults it in
       for (size_t off = 0; off < s.n; off += 4096) sum ^= *reinterpret_cast<const volatile uint8_t*>(s.p + off);
       sink_.fetch_xor(sum, std::memory_order_relaxed);
     }
@@ -318,7 +389,9 @@ class WeightStager {
     readers_.clear();
   }
 
+  std::vector<Source> sources_;
   std::vector<Segment> segments_;
+  std::vector<Piece> pending_;
   uint64_t total_ = 0, done_ = 0;
   std::function<void(uint64_t, uint64_t)> progress_;
   std::atomic<uint64_t> consumed_{0};
@@ -333,6 +406,15 @@ class WeightStager {
   int cur_ = 0;
   size_t fill_ = 0;
 };
+
+// The shards of `ck` mapped from disk (pread sources of WeightStager).
+std::vector<WeightStager::Source> stager_sources(const model::Checkpoint& ck) {
+  std::vector<WeightStager::Source> out;
+  for (const model::SafetensorsFile& f : ck.shards().files())
+    if (f.map().from_disk() && f.map().fd() >= 0 && f.map().size() > 0)
+      out.push_back({f.map().data(), f.map().size(), f.map().fd()});
+  return out;
+}
 
 namespace {
 
@@ -380,7 +462,23 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   int n = 0;
   FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&n));
   if (device < 0 || device >= n) return invalid_argument("--gpus {}: this machine has {} CUDA device(s)", device, n);
-  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  // Creating the device's context (cudaSetDevice, ~0.1-0.3 s on an H200) overlaps opening the
+  // checkpoint and reading its small tensors on this thread; the phases are reported at the end.
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  std::future<std::pair<cudaError_t, double>> context = std::async(std::launch::async, [device, t_start] {
+    const cudaError_t e = cudaSetDevice(device);
+    return std::make_pair(e, std::chrono::duration<double>(Clock::now() - t_start).count());
+  });
+  double context_s = 0;
+  auto context_ready = [&]() -> Status {
+    if (!context.valid()) return {};
+    const auto [e, secs] = context.get();
+    FS_CUDA_RETURN_IF_ERROR(e);
+    context_s = secs;
+    FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));  // this thread's current device
+    return {};
+  };
   FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
   std::unique_ptr<GpuModel> m(new GpuModel());
   m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
@@ -393,6 +491,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   wo.threads = opts.load_threads;
   if (!m->native_) wo.progress = opts.load_progress;  // the FP32 path's work is the host dequantisation
   FS_ASSIGN_OR_RETURN(m->w_, load_weights(*m->ck_, wo));
+  const double host_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  FS_RETURN_IF_ERROR(context_ready());
+  const auto t_upload = Clock::now();
   m->numerics_ = numerics;
   m->cache_fmt_ = cache_formats(m->ck_->config(), numerics);
   m->device_ = device;
@@ -420,13 +521,20 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     if (m->engram_device_)  // uploaded after the layers' matrices (upload_weights)
       for (const LayerWeights& L : m->w_.layers)
         if (L.has_engram) names.push_back(L.engram.table);
-    WeightStager stager(upload_order(*m->ck_, names), opts.load_threads, opts.load_progress);
+    WeightStager stager(upload_order(*m->ck_, names), stager_sources(*m->ck_), opts.load_threads, opts.load_progress);
     FS_RETURN_IF_ERROR(stager.init());
     m->stager_ = &stager;
     Status st = m->upload_weights();
     m->stager_ = nullptr;
     if (st.ok()) st = stager.finish();
     FS_RETURN_IF_ERROR(st);
+    const double up_s = std::chrono::duration<double>(Clock::now() - t_upload).count();
+    if (!shard)
+      std::fprintf(stderr,
+                   "flashseek gpu: load phases: checkpoint headers + small tensors %.2f s and device context %.2f s "
+                   "(in parallel), stored matrices %.3f GB to the device in %.2f s (%.2f GB/s)\n",
+                   host_s, context_s, double(stager.total()) / 1e9, up_s,
+                   up_s > 0 ? double(stager.total()) / 1e9 / up_s : 0.0);
   } else {
     FS_RETURN_IF_ERROR(m->upload_weights());
   }
