@@ -348,9 +348,15 @@ TEST(CudaCacheRows, InvalidFormatsAreRefused) {
   DeviceBuffer<float> dx(size_t(64));
   DeviceBuffer<uint8_t> dpk(size_t(512));
   DeviceBuffer<int64_t> dpos(std::vector<int64_t>{0});
-  for (const CacheRowFormat& f : {CacheRowFormat{RowCodec::kFp8E8m0, 64, 64, 0}, CacheRowFormat{RowCodec::kFp8E8m0, 64, 60, 32},
-                                  CacheRowFormat{RowCodec::kFp8E8m0, 64, 96, 32}, CacheRowFormat{RowCodec::kFp4E8m0, 64, 32, 32},
-                                  CacheRowFormat{RowCodec::kFp4E4m3, 63, 63, 9}, CacheRowFormat{RowCodec::kF32, 0, 0, 1}}) {
+  const CacheRowFormat invalid[] = {
+      {RowCodec::kFp8E8m0, 64, 64, 0},   // no block
+      {RowCodec::kFp8E8m0, 64, 60, 32},  // codes not whole blocks
+      {RowCodec::kFp8E8m0, 64, 96, 32},  // more codes than values
+      {RowCodec::kFp4E8m0, 64, 32, 32},  // FP4 with a tail
+      {RowCodec::kFp4E4m3, 63, 63, 9},   // FP4 odd block
+      {RowCodec::kF32, 0, 0, 1},         // no values
+  };
+  for (const CacheRowFormat& f : invalid) {
     EXPECT_FALSE(validate_row_format(f).ok()) << name_of(f);
     EXPECT_EQ(cd::launch_cache_pack_rows(f, dx.get(), 1, dpk.get(), nullptr, 0), cudaErrorInvalidValue) << name_of(f);
     EXPECT_EQ(cd::launch_cache_pack_ring(f, dpk.get(), dx.get(), dpos.get(), 0, 1, 1, nullptr, 0), cudaErrorInvalidValue)
