@@ -427,7 +427,8 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       out += md + "\n";
     } else if (k == "exact") {
       FS_ASSIGN_OR_RETURN(std::string md, exact_kernels_bench(opt.reps));
-      out += md + "\n";
+      FS_ASSIGN_OR_RETURN(std::string pack, cache_pack_bench(opt.reps));
+      out += md + "\n" + pack + "\n";
     } else {
       return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, topk, exact, h2d)", k);
     }

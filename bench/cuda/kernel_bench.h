@@ -37,5 +37,7 @@ struct KernelBenchOptions {
 Result<std::string> run_kernel_bench(const KernelBenchOptions& opt);
 // The "exact" tables (exact_bench.cpp); `reps` timed samples per op.
 Result<std::string> exact_kernels_bench(int reps);
+// The compact-cache packing table of "exact" (cache_pack_bench.cpp).
+Result<std::string> cache_pack_bench(int reps);
 
 }  // namespace flashseek::ops::cuda

@@ -5,6 +5,7 @@
 // bitwise the results they give over the FP32 rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/cache_row.h"
 #include "ops/cuda/cache/cache_rows.h"
@@ -63,87 +65,377 @@ const CacheRowFormat kFormats[] = {
     {RowCodec::kFp8E8m0, 512, 512, 32},  // V4.1 window ring
     {RowCodec::kFp4E4m3, 512, 512, 16},  // V4.1 compressed KV
     {RowCodec::kFp4E8m0, 128, 128, 32},  // index keys
+    {RowCodec::kFp4E8m0, 512, 512, 32},  // FP4 / E8M0 at 512
     {RowCodec::kFp8E8m0, 512, 448, 64},  // V4 ring / compressed KV (BF16 RoPE tail)
     {RowCodec::kFp8E8m0, 128, 64, 64},   // tiny-v4
     {RowCodec::kFp4E4m3, 64, 64, 16},    // tiny-v41
     {RowCodec::kF32, 72, 0, 1},          // exact numerics
+    {RowCodec::kF32, 512, 0, 1},
+    // Odd shapes: tails that are no multiple of the block, blocks that do not divide a warp (lanes
+    // striding over a block, lanes with no value), blocks of several values per lane.
+    {RowCodec::kFp8E8m0, 36, 32, 32},    // tail of 4, row padding
+    {RowCodec::kFp8E8m0, 100, 64, 32},   // tail of 36
+    {RowCodec::kFp8E8m0, 100, 96, 48},   // block of 48 (two values on lanes 0..15)
+    {RowCodec::kFp8E8m0, 45, 42, 3},     // odd block and codes, odd tail offset
+    {RowCodec::kFp4E4m3, 100, 100, 20},  // FP4 block of 20 (lanes 20..31 idle)
+    {RowCodec::kFp4E8m0, 36, 36, 4},     // eight blocks per warp
+    {RowCodec::kFp8E8m0, 512, 512, 128}, // four values per lane
+    {RowCodec::kF32, 36, 0, 1},
 };
 
-TEST(CudaCacheRows, PackAndUnpackMatchTheHost) {
-  FS_REQUIRE_GPU();
-  for (const CacheRowFormat& f : kFormats) {
-    const std::string at = "codec " + std::to_string(int(f.codec)) + " dim " + std::to_string(f.dim);
-    const int64_t n = 257, rb = f.row_bytes();
-    const std::vector<float> x = rows_of(f, n, 5 + uint32_t(f.dim));
-    std::vector<uint8_t> host(size_t(n * rb));
-    ASSERT_TRUE(pack_cache_rows(f, x.data(), n, host.data()).ok()) << at;
-    DeviceBuffer<float> dx(x), dback(x.size());
-    DeviceBuffer<uint8_t> dpk(host.size());
-    DeviceBuffer<int> dbad(std::vector<int>{0});
-    ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), n, dpk.get(), dbad.get(), 0), cudaSuccess) << at;
-    ASSERT_EQ(cd::launch_cache_unpack_rows(f, dpk.get(), n, dback.get(), 0), cudaSuccess) << at;
-    EXPECT_EQ(dbad.to_host()[0], 0) << at;
-    EXPECT_EQ(dpk.to_host(), host) << at << ": device bytes differ from the host pack";
-    const auto back = dback.to_host();
-    ASSERT_EQ(std::memcmp(back.data(), x.data(), x.size() * 4), 0) << at << ": unpack is not the input";
-    if (!f.compact()) continue;
-    // One value one ulp off its grid in 3 rows (a coded value; V4 also a tail value): counted.
-    std::vector<float> bad = x;
-    for (int64_t r : {1, 50, 200}) {
-      float& v = bad[size_t(r * f.dim + 7)];
-      v = std::nextafter(v == 0.0f ? 1.0f : v, std::numeric_limits<float>::infinity());
+std::string name_of(const CacheRowFormat& f) {
+  return "codec " + std::to_string(int(f.codec)) + " dim " + std::to_string(f.dim) + " coded " +
+         std::to_string(f.coded) + " block " + std::to_string(f.block);
+}
+
+// The device packer's rules on the host, for every input (ops/cuda/cache/cache_rows.h): a block
+// some candidate scale fits is packed as ops::pack_cache_rows packs it; any other block (a value
+// off every candidate's grid, NaN, ±inf) is written with the first valid E4M3 candidate (else
+// amax / 6 rounded and clamped) or the smallest power-of-two candidate, and counted; a tail value
+// is its upper 16 bits, counted when the lower 16 are not zero; padding is zero. *bad_rows[r]: the
+// count of row r.
+int dev_frexp_exp(float v) {  // CUDA's frexpf stores 0 for ±inf and NaN
+  int e = 0;
+  if (std::isfinite(v)) std::frexp(v, &e);
+  return e;
+}
+float model_pow2_at_least(float v) {  // cache_pack.cu pow2_at_least (frexpf(inf) is inf, exponent 0)
+  int e = 0;
+  const float m = std::isfinite(v) ? std::frexp(v, &e) : v;
+  return std::ldexp(1.0f, std::clamp(m == 0.5f ? e - 1 : e, -127, 127));
+}
+uint8_t enc(RowCodec c, float q) { return c == RowCodec::kFp8E8m0 ? f32_to_e4m3(q) : f32_to_e2m1(q); }
+float dec(RowCodec c, uint8_t code) { return c == RowCodec::kFp8E8m0 ? e4m3_to_f32(code) : e2m1_to_f32(code); }
+bool fits(RowCodec c, const float* x, int64_t n, float s) {
+  if (!(s > 0.0f) || std::isinf(s)) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::bit_cast<uint32_t>(dec(c, enc(c, x[i] / s)) * s) != std::bit_cast<uint32_t>(x[i])) return false;
+  return true;
+}
+std::vector<uint8_t> model_pack(const CacheRowFormat& f, const std::vector<float>& x, std::vector<int>* bad_rows) {
+  const int64_t n = int64_t(x.size()) / f.dim, rb = f.compact() ? f.row_bytes() : 4 * f.dim;
+  std::vector<uint8_t> out(size_t(n * rb), 0);
+  bad_rows->assign(size_t(n), 0);
+  if (!f.compact()) {
+    std::memcpy(out.data(), x.data(), x.size() * 4);
+    return out;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    uint8_t* row = out.data() + r * rb;
+    for (int64_t b = 0; b < f.scales(); ++b) {
+      const float* xb = x.data() + r * f.dim + b * f.block;
+      float amax = 0;
+      bool finite = true;
+      for (int64_t i = 0; i < f.block; ++i) {
+        finite = finite && std::isfinite(xb[i]);
+        if (!std::isnan(xb[i])) amax = std::max(amax, std::fabs(xb[i]));
+      }
+      float s = 0;
+      bool ok = false;
+      uint8_t sbyte;
+      if (f.codec == RowCodec::kFp4E4m3) {
+        if (amax == 0.0f && finite) s = 0.001953125f, ok = true;
+        for (const float c : {6.0f, 4.0f, 3.0f, 2.0f, 1.5f, 1.0f, 0.5f}) {
+          if (!finite || ok) break;
+          const float cs = amax / c;
+          if (!(cs <= 448.0f) || round_e4m3(cs) != cs) continue;
+          if (s == 0) s = cs;
+          if (fits(f.codec, xb, f.block, cs)) s = cs, ok = true;
+        }
+        if (s == 0) s = round_e4m3(std::min(std::max(amax / 6.0f, 0.001953125f), 448.0f));
+        sbyte = f32_to_e4m3(s);
+      } else {
+        const float top = f.codec == RowCodec::kFp8E8m0 ? 448.0f : 6.0f;
+        const float s0 = amax == 0.0f ? std::ldexp(1.0f, -127) : model_pow2_at_least(amax / top);
+        s = s0;
+        for (int k = 0; k < 2 && finite && !ok; ++k) {
+          const float cs = std::ldexp(s0, k);
+          if (cs > std::ldexp(1.0f, 127)) break;
+          if (fits(f.codec, xb, f.block, cs)) s = cs, ok = true;
+        }
+        sbyte = uint8_t(dev_frexp_exp(s) - 1 + 127);
+      }
+      (*bad_rows)[size_t(r)] += !ok;
+      row[f.scale_offset() + b] = sbyte;
+      for (int64_t i = 0; i < f.block; ++i) {
+        const int64_t d = b * f.block + i;
+        const uint8_t c = enc(f.codec, xb[i] / s);
+        if (f.fp4()) row[d / 2] |= uint8_t((c & 15u) << (4 * (d % 2)));
+        else row[d] = c;
+      }
     }
-    if (f.tail_dims() > 0) bad[size_t(3 * f.dim + f.dim - 1)] = 1.0f + 1.0f / 1024.0f;
-    DeviceBuffer<float> dbx(bad);
-    DeviceBuffer<int> dbad2(std::vector<int>{0});
-    ASSERT_EQ(cd::launch_cache_pack_rows(f, dbx.get(), n, dpk.get(), dbad2.get(), 0), cudaSuccess) << at;
-    EXPECT_EQ(dbad2.to_host()[0], f.tail_dims() > 0 ? 4 : 3) << at;
+    for (int64_t t = 0; t < f.tail_dims(); ++t) {
+      const uint32_t bits = std::bit_cast<uint32_t>(x[size_t(r * f.dim + f.coded + t)]);
+      (*bad_rows)[size_t(r)] += (bits & 0xffffu) != 0;
+      row[f.tail_offset() + 2 * t] = uint8_t(bits >> 16), row[f.tail_offset() + 2 * t + 1] = uint8_t(bits >> 24);
+    }
+  }
+  return out;
+}
+
+// Quantised rows with hostile blocks mixed in: NaN (quiet, both signs), ±inf, values one ulp off
+// the grid, unquantised normals from 1e-42 to 3e38, blocks of zeros with one NaN, FLT_MAX; tail
+// values BF16 or not (quiet NaN with a zero low half is a BF16 value to both packers). A third of
+// the rows stay as quantised.
+std::vector<float> hostile_rows(const CacheRowFormat& f, int64_t rows, uint32_t seed) {
+  std::vector<float> x = rows_of(f, rows, seed);
+  std::mt19937 g(seed * 7 + 1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float qnan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float mags[] = {1e-42f, 1e-30f, 1e-3f, 1.0f, 1e5f, 1e30f, 3e38f};
+  for (int64_t r = 0; r < rows; ++r) {
+    if (g() % 3 == 0) continue;  // a third of the rows stay quantised
+    float* row = x.data() + r * f.dim;
+    const int64_t nb = f.compact() ? f.scales() : 1, bl = f.compact() ? f.block : f.dim;
+    for (int64_t b = 0; b < nb; ++b) {
+      float* xb = row + b * bl;
+      const int64_t i = int64_t(g() % uint32_t(bl));
+      switch (g() % 10) {
+        case 0: xb[i] = g() % 2 ? qnan : -qnan; break;
+        case 1: xb[i] = g() % 2 ? inf : -inf; break;
+        case 2: xb[i] = std::nextafter(xb[i] == 0.0f ? 1.0f : xb[i], inf); break;
+        case 3: {
+          const float m = mags[g() % 7];
+          for (int64_t j = 0; j < bl; ++j) xb[j] = nd(g) * m;
+          break;
+        }
+        case 4:
+          for (int64_t j = 0; j < bl; ++j) xb[j] = g() % 2 ? 0.0f : -0.0f;
+          xb[i] = qnan;
+          break;
+        case 5: xb[i] = std::numeric_limits<float>::max(); break;
+        default: break;  // stays quantised
+      }
+    }
+    for (int64_t t = f.coded; f.compact() && t < f.dim; ++t) {
+      const uint32_t k = g() % 6;
+      if (k == 0) row[t] = nd(g);                           // not BF16
+      else if (k == 1) row[t] = std::bit_cast<float>(0x7fc00000u);  // quiet NaN, BF16
+      else if (k == 2) row[t] = -inf;
+    }
+  }
+  return x;
+}
+
+// The model is the host twin where the host twin is defined: a row the host packs is the same
+// bytes, and a row the host refuses is a row the device counts (NaN, inf, off-grid, not BF16).
+TEST(CacheRowsModel, IsTheHostPackWhereTheHostPacksAndCountsWhatTheHostRefuses) {
+  for (const CacheRowFormat& f : kFormats) {
+    for (const int64_t n : {1, 300}) {  // the quantised rows of the GPU test: all pack, the model's bytes
+      const std::vector<float> q = rows_of(f, n, 5 + uint32_t(f.dim) + uint32_t(n));
+      std::vector<uint8_t> h(size_t(n * (f.compact() ? f.row_bytes() : 4 * f.dim)));
+      ASSERT_TRUE(pack_cache_rows(f, q.data(), n, h.data()).ok()) << name_of(f);
+      std::vector<int> bad_rows;
+      EXPECT_EQ(model_pack(f, q, &bad_rows), h) << name_of(f);
+      for (int b : bad_rows) EXPECT_EQ(b, 0) << name_of(f);
+    }
+    const int64_t rb = f.compact() ? f.row_bytes() : 4 * f.dim;
+    const std::vector<float> x = hostile_rows(f, 120, 3 + uint32_t(f.dim) + uint32_t(f.block));
+    std::vector<int> bad_rows;
+    const std::vector<uint8_t> m = model_pack(f, x, &bad_rows);
+    int accepted = 0, refused = 0;
+    for (int64_t r = 0; r < 120; ++r) {
+      std::vector<uint8_t> h(static_cast<size_t>(rb));
+      const bool ok = pack_cache_rows(f, x.data() + r * f.dim, 1, h.data()).ok();
+      if (!f.compact()) {
+        EXPECT_TRUE(ok);
+        EXPECT_EQ(bad_rows[size_t(r)], 0);
+      } else {
+        EXPECT_EQ(ok, bad_rows[size_t(r)] == 0) << name_of(f) << " row " << r;
+      }
+      if (ok) {
+        ++accepted;
+        EXPECT_EQ(std::memcmp(h.data(), m.data() + r * rb, size_t(rb)), 0) << name_of(f) << " row " << r;
+      } else {
+        ++refused;
+      }
+    }
+    EXPECT_GT(accepted, 0) << name_of(f);
+    if (f.compact()) {
+      EXPECT_GT(refused, 0) << name_of(f);
+    }
   }
 }
 
-// Ring writes: rows t0..T-1 land in slots pos % ring_size; the multi-sequence form skips rows a
+// Quantised rows (what the model writes) of every codec and shape, 1 and 300 rows: the device
+// bytes are the host twin's, they unpack to the input bits, and nothing is counted; one value one
+// ulp off its grid in 3 rows (and a non-BF16 tail value) is counted once each.
+TEST(CudaCacheRows, PackAndUnpackMatchTheHost) {
+  FS_REQUIRE_GPU();
+  for (const CacheRowFormat& f : kFormats) {
+    for (const int64_t n : {1, 300}) {
+      const std::string at = name_of(f) + " rows " + std::to_string(n);
+      const int64_t rb = f.row_bytes();
+      const std::vector<float> x = rows_of(f, n, 5 + uint32_t(f.dim) + uint32_t(n));
+      std::vector<uint8_t> host(size_t(n * rb));
+      ASSERT_TRUE(pack_cache_rows(f, x.data(), n, host.data()).ok()) << at;
+      DeviceBuffer<float> dx(x), dback(x.size());
+      DeviceBuffer<uint8_t> dpk(host.size());
+      ASSERT_EQ(cudaMemset(dpk.get(), 0xab, host.size()), cudaSuccess);  // padding must be written
+      DeviceBuffer<int> dbad(std::vector<int>{0});
+      ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), n, dpk.get(), dbad.get(), 0), cudaSuccess) << at;
+      ASSERT_EQ(cd::launch_cache_unpack_rows(f, dpk.get(), n, dback.get(), 0), cudaSuccess) << at;
+      EXPECT_EQ(dbad.to_host()[0], 0) << at;
+      EXPECT_EQ(dpk.to_host(), host) << at << ": device bytes differ from the host pack";
+      const auto back = dback.to_host();
+      ASSERT_EQ(std::memcmp(back.data(), x.data(), x.size() * 4), 0) << at << ": unpack is not the input";
+      if (!f.compact()) continue;
+      std::vector<float> bad = x;
+      const std::vector<int64_t> hit = n == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{1, 50, 299};
+      for (int64_t r : hit) {
+        float& v = bad[size_t(r * f.dim + 7)];
+        v = std::nextafter(v == 0.0f ? 1.0f : v, std::numeric_limits<float>::infinity());
+      }
+      if (f.tail_dims() > 0) bad[size_t((n - 1) * f.dim + f.dim - 1)] = 1.0f + 1.0f / 1024.0f;
+      DeviceBuffer<float> dbx(bad);
+      DeviceBuffer<int> dbad2(std::vector<int>{0});
+      ASSERT_EQ(cd::launch_cache_pack_rows(f, dbx.get(), n, dpk.get(), dbad2.get(), 0), cudaSuccess) << at;
+      EXPECT_EQ(dbad2.to_host()[0], int(hit.size()) + (f.tail_dims() > 0 ? 1 : 0)) << at;
+    }
+  }
+}
+
+// Hostile rows (NaN, ±inf, off-grid, huge, tiny, zeros with a NaN, tails that are and are not
+// BF16): the device writes the bytes of the device rules (model_pack: the host twin's bytes for
+// every representable block) and counts exactly the blocks and tail values the host refuses.
+TEST(CudaCacheRows, HostileRowsGiveTheModelsBytesAndCount) {
+  FS_REQUIRE_GPU();
+  for (const CacheRowFormat& f : kFormats) {
+    for (const int64_t n : {1, 300}) {
+      const std::string at = name_of(f) + " rows " + std::to_string(n);
+      const std::vector<float> x = hostile_rows(f, n, 40 + uint32_t(f.dim) + uint32_t(n));
+      std::vector<int> bad_rows;
+      const std::vector<uint8_t> want = model_pack(f, x, &bad_rows);
+      int want_bad = 0;
+      for (int b : bad_rows) want_bad += b;
+      DeviceBuffer<float> dx(x);
+      DeviceBuffer<uint8_t> dpk(want.size());
+      ASSERT_EQ(cudaMemset(dpk.get(), 0xab, want.size()), cudaSuccess);
+      DeviceBuffer<int> dbad(std::vector<int>{0});
+      ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), n, dpk.get(), dbad.get(), 0), cudaSuccess) << at;
+      const std::vector<uint8_t> got = dpk.to_host();
+      EXPECT_EQ(dbad.to_host()[0], want_bad) << at;
+      const int64_t rb = int64_t(want.size()) / n;
+      for (int64_t r = 0; r < n; ++r)
+        EXPECT_EQ(std::memcmp(got.data() + r * rb, want.data() + r * rb, size_t(rb)), 0) << at << " row " << r;
+    }
+  }
+}
+
+// A FP4 / E4M3 block of zeros and one NaN is not representable (the host refuses it): counted,
+// written with the all-zero block's scale 2^-9. (The former kernel took it for an all-zero block
+// and did not count it.)
+TEST(CudaCacheRows, ZerosAndNanInAnE4m3BlockAreCounted) {
+  FS_REQUIRE_GPU();
+  const CacheRowFormat f{RowCodec::kFp4E4m3, 32, 32, 16};
+  std::vector<float> x(32, 0.0f);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint8_t> h(size_t(f.row_bytes()));
+  EXPECT_FALSE(pack_cache_rows(f, x.data(), 1, h.data()).ok());
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint8_t> dpk(size_t(f.row_bytes()));
+  DeviceBuffer<int> dbad(std::vector<int>{0});
+  ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), 1, dpk.get(), dbad.get(), 0), cudaSuccess);
+  EXPECT_EQ(dbad.to_host()[0], 1);
+  const auto got = dpk.to_host();
+  EXPECT_EQ(got[size_t(f.scale_offset())], f32_to_e4m3(0.001953125f));
+  EXPECT_EQ(got[size_t(f.scale_offset() + 1)], f32_to_e4m3(0.001953125f));
+}
+
+// Formats ops::validate_row_format refuses are refused by the launchers, not run.
+TEST(CudaCacheRows, InvalidFormatsAreRefused) {
+  FS_REQUIRE_GPU();
+  DeviceBuffer<float> dx(size_t(64));
+  DeviceBuffer<uint8_t> dpk(size_t(512));
+  DeviceBuffer<int64_t> dpos(std::vector<int64_t>{0});
+  const CacheRowFormat invalid[] = {
+      {RowCodec::kFp8E8m0, 64, 64, 0},   // no block
+      {RowCodec::kFp8E8m0, 64, 60, 32},  // codes not whole blocks
+      {RowCodec::kFp8E8m0, 64, 96, 32},  // more codes than values
+      {RowCodec::kFp4E8m0, 64, 32, 32},  // FP4 with a tail
+      {RowCodec::kFp4E4m3, 63, 63, 9},   // FP4 odd block
+      {RowCodec::kF32, 0, 0, 1},         // no values
+  };
+  for (const CacheRowFormat& f : invalid) {
+    EXPECT_FALSE(validate_row_format(f).ok()) << name_of(f);
+    EXPECT_EQ(cd::launch_cache_pack_rows(f, dx.get(), 1, dpk.get(), nullptr, 0), cudaErrorInvalidValue) << name_of(f);
+    EXPECT_EQ(cd::launch_cache_pack_ring(f, dpk.get(), dx.get(), dpos.get(), 0, 1, 1, nullptr, 0), cudaErrorInvalidValue)
+        << name_of(f);
+  }
+}
+
+// Host pack of one row (the expected bytes of a ring slot).
+std::vector<uint8_t> host_row(const CacheRowFormat& f, const float* x) {
+  std::vector<uint8_t> h(size_t(f.row_bytes()));
+  EXPECT_TRUE(pack_cache_rows(f, x, 1, h.data()).ok());
+  return h;
+}
+
+// Ring writes, every format: rows t0..T-1 land in slots pos % ring_size as the host's bytes
+// (positions wrap around the ring; a chunk longer than the ring keeps its last ring_size rows,
+// 1 row and 300 rows); slots no row maps to are untouched. The multi-sequence form skips rows a
 // later row of the same chunk overwrites.
 TEST(CudaCacheRows, RingWritesLandInTheirSlots) {
   FS_REQUIRE_GPU();
-  const CacheRowFormat f{RowCodec::kFp8E8m0, 128, 64, 64};
-  const int64_t ring = 5, T = 7, rb = f.row_bytes();
-  const std::vector<float> kv = rows_of(f, T, 9);
-  std::vector<int64_t> pos(T);
-  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = 11 + t;
-  DeviceBuffer<float> dkv(kv);
-  DeviceBuffer<int64_t> dpos(pos);
-  DeviceBuffer<uint8_t> dring(size_t(ring * rb));
-  ASSERT_EQ(cudaMemset(dring.get(), 0, size_t(ring * rb)), cudaSuccess);
-  ASSERT_EQ(cd::launch_cache_pack_ring(f, dring.get(), dkv.get(), dpos.get(), T - ring, T, ring, nullptr, 0), cudaSuccess);
-  std::vector<float> got(size_t(ring * f.dim));
-  unpack_cache_rows(f, dring.to_host().data(), ring, got.data());
-  for (int64_t t = T - ring; t < T; ++t)
-    EXPECT_EQ(std::memcmp(got.data() + (pos[size_t(t)] % ring) * f.dim, kv.data() + t * f.dim, size_t(f.dim) * 4), 0)
-        << "row " << t;
-  // Two sequences: rows 0..1 (ring A, positions 3, 4), rows 2..8 (ring B, 7 rows over 5 slots).
-  std::vector<float> kv2 = rows_of(f, 9, 10);
-  std::vector<int64_t> pos2 = {3, 4, 20, 21, 22, 23, 24, 25, 26};
-  std::vector<int32_t> row_seq = {0, 0, 1, 1, 1, 1, 1, 1, 1};
-  DeviceBuffer<uint8_t> ra(size_t(ring * rb)), rbuf(size_t(ring * rb));
-  cudaMemset(ra.get(), 0, size_t(ring * rb)), cudaMemset(rbuf.get(), 0, size_t(ring * rb));
-  std::vector<cd::ModelAttnSeq> seqs(2);
-  seqs[0].ring = ra.get(), seqs[0].start = 3, seqs[0].row0 = 0, seqs[0].T = 2, seqs[0].ring_size = ring;
-  seqs[1].ring = rbuf.get(), seqs[1].start = 20, seqs[1].row0 = 2, seqs[1].T = 7, seqs[1].ring_size = ring;
-  DeviceBuffer<uint8_t> dseqs(seqs.size() * sizeof(cd::ModelAttnSeq));
-  cudaMemcpy(dseqs.get(), seqs.data(), seqs.size() * sizeof(cd::ModelAttnSeq), cudaMemcpyHostToDevice);
-  DeviceBuffer<float> dkv2(kv2);
-  DeviceBuffer<int64_t> dpos2(pos2);
-  DeviceBuffer<int32_t> drs(row_seq);
-  ASSERT_EQ(cd::launch_cache_pack_ring_seqs(f, reinterpret_cast<const cd::ModelAttnSeq*>(dseqs.get()), drs.get(),
-                                            dkv2.get(), dpos2.get(), 9, nullptr, 0),
-            cudaSuccess);
-  std::vector<float> a(size_t(ring * f.dim)), b(size_t(ring * f.dim));
-  unpack_cache_rows(f, ra.to_host().data(), ring, a.data());
-  unpack_cache_rows(f, rbuf.to_host().data(), ring, b.data());
-  for (int64_t r = 0; r < 9; ++r) {
-    if (r >= 2 && r < 4) continue;  // overwritten by rows 7, 8
-    const float* slot = (r < 2 ? a.data() : b.data()) + (pos2[size_t(r)] % ring) * f.dim;
-    EXPECT_EQ(std::memcmp(slot, kv2.data() + r * f.dim, size_t(f.dim) * 4), 0) << "row " << r;
+  for (const CacheRowFormat& f : kFormats) {
+    const int64_t rb = f.row_bytes();
+    struct Case {
+      int64_t ring, T, first_pos;
+    };
+    for (const Case c : {Case{5, 7, 11}, Case{5, 1, 13}, Case{256, 300, 1000}}) {
+      const std::string at = name_of(f) + " ring " + std::to_string(c.ring) + " T " + std::to_string(c.T);
+      const int64_t t0 = std::max<int64_t>(0, c.T - c.ring);
+      const std::vector<float> kv = rows_of(f, c.T, 9 + uint32_t(c.T));
+      std::vector<int64_t> pos(size_t(c.T));
+      for (int64_t t = 0; t < c.T; ++t) pos[size_t(t)] = c.first_pos + t;
+      std::vector<uint8_t> want(size_t(c.ring * rb), 0xab);
+      for (int64_t t = t0; t < c.T; ++t) {
+        const auto h = host_row(f, kv.data() + t * f.dim);
+        std::memcpy(want.data() + (pos[size_t(t)] % c.ring) * rb, h.data(), size_t(rb));
+      }
+      DeviceBuffer<float> dkv(kv);
+      DeviceBuffer<int64_t> dpos(pos);
+      DeviceBuffer<uint8_t> dring(want.size());
+      ASSERT_EQ(cudaMemset(dring.get(), 0xab, want.size()), cudaSuccess);
+      DeviceBuffer<int> dbad(std::vector<int>{0});
+      ASSERT_EQ(cd::launch_cache_pack_ring(f, dring.get(), dkv.get(), dpos.get(), t0, c.T, c.ring, dbad.get(), 0),
+                cudaSuccess)
+          << at;
+      EXPECT_EQ(dring.to_host(), want) << at;
+      EXPECT_EQ(dbad.to_host()[0], 0) << at;
+    }
+    // Two sequences: rows 0..1 (ring A, positions 3, 4: three slots stay untouched), rows 2..8
+    // (ring B, 7 rows over 5 slots: rows 2, 3 are overwritten by rows 7, 8 and skipped).
+    const int64_t ring = 5;
+    const std::vector<float> kv2 = rows_of(f, 9, 10);
+    const std::vector<int64_t> pos2 = {3, 4, 20, 21, 22, 23, 24, 25, 26};
+    const std::vector<int32_t> row_seq = {0, 0, 1, 1, 1, 1, 1, 1, 1};
+    std::vector<uint8_t> want_a(size_t(ring * rb), 0xab), want_b(size_t(ring * rb), 0xab);
+    for (int64_t r = 0; r < 9; ++r) {
+      if (r >= 2 && r < 4) continue;
+      const auto h = host_row(f, kv2.data() + r * f.dim);
+      std::memcpy((r < 2 ? want_a : want_b).data() + (pos2[size_t(r)] % ring) * rb, h.data(), size_t(rb));
+    }
+    DeviceBuffer<uint8_t> ra(want_a.size()), rbuf(want_b.size());
+    ASSERT_EQ(cudaMemset(ra.get(), 0xab, want_a.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(rbuf.get(), 0xab, want_b.size()), cudaSuccess);
+    std::vector<cd::ModelAttnSeq> seqs(2);
+    seqs[0].ring = ra.get(), seqs[0].start = 3, seqs[0].row0 = 0, seqs[0].T = 2, seqs[0].ring_size = ring;
+    seqs[1].ring = rbuf.get(), seqs[1].start = 20, seqs[1].row0 = 2, seqs[1].T = 7, seqs[1].ring_size = ring;
+    DeviceBuffer<uint8_t> dseqs(seqs.size() * sizeof(cd::ModelAttnSeq));
+    ASSERT_EQ(cudaMemcpy(dseqs.get(), seqs.data(), seqs.size() * sizeof(cd::ModelAttnSeq), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    DeviceBuffer<float> dkv2(kv2);
+    DeviceBuffer<int64_t> dpos2(pos2);
+    DeviceBuffer<int32_t> drs(row_seq);
+    DeviceBuffer<int> dbad(std::vector<int>{0});
+    ASSERT_EQ(cd::launch_cache_pack_ring_seqs(f, reinterpret_cast<const cd::ModelAttnSeq*>(dseqs.get()), drs.get(),
+                                              dkv2.get(), dpos2.get(), 9, dbad.get(), 0),
+              cudaSuccess)
+        << name_of(f);
+    EXPECT_EQ(ra.to_host(), want_a) << name_of(f) << " ring A";
+    EXPECT_EQ(rbuf.to_host(), want_b) << name_of(f) << " ring B";
+    EXPECT_EQ(dbad.to_host()[0], 0) << name_of(f);
   }
 }
 

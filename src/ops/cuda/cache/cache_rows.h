@@ -1,8 +1,9 @@
 // Device pack / unpack of compact cache rows (ops/cache_row_format.h): the GPU twins of
 // ops::pack_cache_rows / unpack_cache_rows, and the window ring writes in a row format.
 // Packing recovers each block's scale from its values exactly as the host does; a block whose
-// values are not exactly representable is still written (rounded to the first candidate scale)
-// and counted in *bad when `bad` is non-null, so callers and tests can detect it.
+// values are not exactly representable (any block holding NaN or ±inf among them) is still
+// written (rounded to the first candidate scale) and counted in *bad when `bad` is non-null, as
+// is a tail value that is not BF16, so callers and tests can detect it.
 #pragma once
 #include <cuda_runtime_api.h>
 
