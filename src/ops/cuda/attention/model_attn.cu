@@ -1,6 +1,22 @@
 // Attention kernel of the whole-model GPU forward (model_kernels.h): the GPU twin of
 // ops::sparse_attention over the model's key list (window rows, then compressed rows). The softmax
 // denominator runs in the CPU's order so that sums resolve the same way.
+//
+// Two kernels with the same bits (ModelAttnArgs::kernel):
+//   former  one block per (query row, head); each thread a whole dot, rows decoded on load per value
+//           and per head. Any Dh; the fallback.
+//   staged  (sm_90+, Dh <= 1024) one cluster of `cs` blocks per (query row, group of 4 heads). Key
+//           rows are decoded once per block into shared memory (FP32, the same exact products) and
+//           serve the 4 heads (all heads read the same rows). Logits: the cluster's blocks split the
+//           keys; 8 lanes per (key, all 4 heads), lane k owning the dot's partial s[k] (elements
+//           i % 8 == k in increasing i: dev_dot_f32_ld's short order) and the 8 partials combined
+//           by the same fixed tree through shuffles. Max and exp(logit - max) per block range,
+//           max exchanged through distributed shared memory; every block then holds all e_j of its
+//           heads. P·V: the blocks split Dh; each thread owns (head, 4 dims) and walks the keys in
+//           order, summing the denominator in the same order itself (no serial softmax step).
+#include <cooperative_groups.h>
+
+#include <atomic>
 #include <cfloat>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +25,7 @@
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -92,11 +109,376 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
   }
 }
 
+
+// ---- the staged kernel ---------------------------------------------------------------------
+
+namespace cg = cooperative_groups;
+
+constexpr int kFaHeads = 4;          // heads per block (and per cluster)
+constexpr int kFaThreads = 256;
+constexpr int kFaMaxCluster = 8;     // portable cluster size
+constexpr int kFaRefs = 256;         // rows of one staged chunk at most
+constexpr int kFaLut = 256 + 256 + 16;
+constexpr size_t kFaSmemCap = 200 * 1024;
+// Shared memory: refs (kFaRefs pointers), kinds (kFaRefs bytes), lut (kFaLut floats), mx (8
+// floats), qs [4][ld], es [4][lde], stage [stage_floats]. All offsets are multiples of 16 bytes.
+constexpr size_t kFaFixedBytes = size_t(kFaRefs) * 9 + size_t(kFaLut + 8) * 4;
+
+struct FaPlan {
+  int cs = 1;                 // blocks per cluster
+  int rows = 32;              // key rows per logits chunk (<= 32: one 8-lane group per row)
+  int64_t ld = 0;             // floats between staged full rows and between q rows: Dh rounded up to 32, + 8
+  int64_t lde = 0;            // floats between the e rows of two heads: max_keys rounded up to 32, + 8
+  int64_t stage_floats = 0;   // rows * ld
+  int64_t qpb = 0;            // quads of dims per block in P·V
+};
+
+inline size_t fa_smem_bytes(const FaPlan& p) {
+  return kFaFixedBytes + size_t(kFaHeads) * size_t(p.ld + p.lde) * 4 + size_t(p.stage_floats) * 4;
+}
+
+// Value d of a row of format f (cache_row_value) with the code values from the block's tables
+// (lut: e4m3 [0, 256), E8M0 [256, 512), e2m1 [512, 528), each entry the dev_*_value of its code).
+__device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t* row, int64_t d, const float* lut) {
+  if (f.codec == RowCodec::kF32) return reinterpret_cast<const float*>(row)[d];
+  if (d >= f.coded) {
+    const uint8_t* t = row + f.tail_offset() + 2 * (d - f.coded);
+    return __uint_as_float((uint32_t(t[0]) | (uint32_t(t[1]) << 8)) << 16);
+  }
+  const uint32_t sb = row[f.scale_offset() + d / f.block];
+  const float s = f.codec == RowCodec::kFp4E4m3 ? lut[sb] : lut[256 + sb];
+  const float c = f.fp4() ? lut[512 + ((uint32_t(row[d >> 1]) >> (4 * (d & 1))) & 15u)] : lut[row[d]];
+  return __fmul_rn(c, s);
+}
+
+// Values d .. d+3 (d % 4 == 0) of a row, those below d1 (cache_row_value4's loads where they apply).
+__device__ __forceinline__ void fa_value4(const CacheRowFormat& f, const uint8_t* row, int64_t d, int64_t d1,
+                                          const float* lut, float v[4]) {
+  if (d + 3 < d1) {
+    if (f.codec == RowCodec::kF32) {
+      const float* p = reinterpret_cast<const float*>(row) + d;
+      if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+        const float4 w = *reinterpret_cast<const float4*>(p);
+        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+        return;
+      }
+    } else if (d + 3 < f.coded && f.block % 4 == 0) {
+      const uint32_t sb = row[f.scale_offset() + d / f.block];
+      const float s = f.codec == RowCodec::kFp4E4m3 ? lut[sb] : lut[256 + sb];
+      if (f.fp4()) {
+        const uint32_t w = *reinterpret_cast<const uint16_t*>(row + (d >> 1));
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(lut[512 + ((w >> (4 * c)) & 15u)], s);
+      } else {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(lut[(w >> (8 * c)) & 255u], s);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) v[c] = d + c < d1 ? fa_value(f, row, d + c, lut) : 0.0f;
+}
+
+// Decodes values [d0, d1) (d0 % 4 == 0) of keys c0 .. c0+cnt-1 (cnt <= kFaRefs) of row t into
+// stage[i * ld + (d - d0)]. Block-wide, with barriers before (the previous chunk's readers) and after.
+__device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t c0, int cnt, int64_t d0,
+                         int64_t d1, int64_t ld, const uint8_t** refs, uint8_t* kinds, const float* lut,
+                         float* stage) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < cnt; i += blockDim.x) {  // attn_key, with the format as a kind
+    const int64_t j = c0 + i, p = a.start + t;
+    if (j < n_win) {
+      const int64_t s = p - n_win + 1 + j;
+      if (s >= a.start) {
+        refs[i] = reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), kinds[i] = 0;
+      } else {
+        refs[i] = static_cast<const uint8_t*>(a.ring) + (s % a.ring_size) * cache_row_stride(a.ring_fmt, a.Dh);
+        kinds[i] = 1;
+      }
+    } else {
+      const int64_t row = a.topk ? a.topk[t * a.topk_stride + (j - n_win)] : j - n_win;
+      refs[i] = static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), kinds[i] = 2;
+    }
+  }
+  __syncthreads();
+  const CacheRowFormat f32{};
+  const int64_t nq = (d1 - d0 + 3) / 4;
+  for (int64_t it = threadIdx.x; it < cnt * nq; it += blockDim.x) {
+    const int64_t i = it / nq, d = d0 + 4 * (it % nq);
+    const int kd = kinds[i];
+    const CacheRowFormat f = kd == 0 ? f32 : kd == 1 ? a.ring_fmt : a.ckv_fmt;
+    float v[4];
+    fa_value4(f, refs[i], d, d1, lut, v);
+    float* dst = stage + i * ld + (d - d0);  // ld and d - d0 are multiples of 4: 16-byte aligned
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  __syncthreads();
+}
+
+// One cluster of p.cs blocks per (query row, group of kFaHeads heads); blockIdx.x = cluster *
+// p.cs + rank. With `seqs` as model_attn_kernel.
+__global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs,
+                                                                      const int32_t* row_seq, FaPlan pl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char fa_smem[];
+  const uint8_t** refs = reinterpret_cast<const uint8_t**>(fa_smem);
+  uint8_t* kinds = fa_smem + kFaRefs * 8;
+  float* lut = reinterpret_cast<float*>(fa_smem + kFaRefs * 9);
+  float* mx = lut + kFaLut;          // [0, 4): this block's max per head; [4, 8): the cluster's
+  float* qs = mx + 8;
+  float* es = qs + kFaHeads * pl.ld;
+  float* stage = es + kFaHeads * pl.lde;
+  const int cs = pl.cs, tid = int(threadIdx.x);
+  cg::cluster_group cl = cg::this_cluster();
+  const int rank = cs > 1 ? int(cl.block_rank()) : 0;
+  const int64_t G = (a.H + kFaHeads - 1) / kFaHeads, cid = int64_t(blockIdx.x) / cs;
+  int64_t t = cid / G;
+  const int64_t h0 = (cid % G) * kFaHeads;
+  if (seqs) {
+    const ModelAttnSeq sq = seqs[row_seq[t]];
+    a.q += sq.row0 * a.H * a.Dh;
+    a.out += sq.row0 * a.H * a.Dh;
+    a.kv_chunk += sq.row0 * a.Dh;
+    if (a.topk) a.topk += sq.row0 * a.topk_stride, a.topk_n += sq.row0;
+    a.ring = sq.ring, a.ring_size = sq.ring_size, a.start = sq.start;
+    if (a.ckv) a.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(a.kv_chunk);  // no compressed rows yet: never read
+    t -= sq.row0;
+  }
+  const int hb = int(a.H - h0 < kFaHeads ? a.H - h0 : kFaHeads);
+  const int64_t p = a.start + t;
+  const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
+  int64_t n_comp = 0;
+  if (a.ckv) n_comp = a.topk ? a.topk_n[t] : (p + 1) / a.ratio;
+  const int64_t n = n_win + n_comp;
+
+  for (int i = tid; i < kFaLut; i += kFaThreads)
+    lut[i] = i < 256 ? dev_e4m3_value(uint32_t(i)) : i < 512 ? dev_e8m0_value(uint32_t(i - 256))
+                                                             : dev_e2m1_value(uint32_t(i - 512));
+  const float* q = a.q + (t * a.H + h0) * a.Dh;
+  for (int64_t i = tid; i < kFaHeads * a.Dh; i += kFaThreads)
+    qs[(i / a.Dh) * pl.ld + i % a.Dh] = i < hb * a.Dh ? q[i] : 0.0f;
+
+  // Logits of this block's keys [k0, k1): group grp of 8 lanes per key row, lane `part` owns the
+  // partial sums s[part] of the 4 heads.
+  const int64_t kpb = (n + cs - 1) / cs;
+  const int64_t k0 = rank * kpb < n ? rank * kpb : n, k1 = k0 + kpb < n ? k0 + kpb : n;
+  const int grp = tid >> 3, part = tid & 7;
+  for (int64_t c0 = k0; c0 < k1; c0 += pl.rows) {
+    const int cnt = int(k1 - c0 < pl.rows ? k1 - c0 : pl.rows);
+    fa_stage(a, t, n_win, c0, cnt, 0, a.Dh, pl.ld, refs, kinds, lut, stage);
+    for (int i = grp; i < (cnt + 31) / 32 * 32; i += 32) {  // the same trip count in every lane of a warp
+      const bool valid = i < cnt;
+      const float* r = stage + (valid ? i : 0) * pl.ld;
+      float s[kFaHeads] = {0, 0, 0, 0};
+      for (int64_t k = part; k < a.Dh; k += 8) {
+        const float rv = r[k];
+#pragma unroll
+        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qs[hh * pl.ld + k], rv, s[hh]);
+      }
+#pragma unroll
+      for (int hh = 0; hh < kFaHeads; ++hh) {
+        // ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), operands in that order
+        float v = s[hh], o = __shfl_xor_sync(0xffffffffu, v, 4);
+        v = (part & 4) ? __fadd_rn(o, v) : __fadd_rn(v, o);
+        o = __shfl_xor_sync(0xffffffffu, v, 2);
+        v = (part & 2) ? __fadd_rn(o, v) : __fadd_rn(v, o);
+        o = __shfl_xor_sync(0xffffffffu, v, 1);
+        v = (part & 1) ? __fadd_rn(o, v) : __fadd_rn(v, o);
+        if (valid && part == 0 && hh < hb) es[hh * pl.lde + c0 + i] = __fmul_rn(v, a.scale);
+      }
+    }
+  }
+  __syncthreads();
+  // Max per head over this block's keys (fmaxf: the same value in any order; a zero's sign may
+  // differ, which no later result sees: l - (±0) and exp(±0) are the same).
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp < kFaHeads) {
+    float m = -INFINITY;
+    for (int64_t j = k0 + lane; j < k1; j += 32) m = fmaxf(m, es[warp * pl.lde + j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) mx[warp] = m;
+  }
+  if (cs > 1) cl.sync(); else __syncthreads();
+  if (tid < kFaHeads) {
+    float m = -INFINITY;
+    for (int r = 0; r < cs; ++r) m = fmaxf(m, (cs > 1 ? cl.map_shared_rank(mx, r) : mx)[tid]);
+    mx[4 + tid] = m;
+  }
+  __syncthreads();
+  for (int64_t i = tid; i < hb * (k1 - k0); i += kFaThreads) {
+    float* e = es + (i / (k1 - k0)) * pl.lde + k0 + i % (k1 - k0);
+    *e = dev_exp(*e - mx[4 + i / (k1 - k0)]);
+  }
+  if (cs > 1) {  // every block's e_j of its keys is final: gather the others'
+    cl.sync();
+    for (int r = 0; r < cs; ++r) {
+      const int64_t r0 = r * kpb < n ? r * kpb : n, r1 = r0 + kpb < n ? r0 + kpb : n;
+      if (r == rank || r1 <= r0) continue;
+      const float* re = cl.map_shared_rank(es, r);
+      for (int64_t i = tid; i < hb * (r1 - r0); i += kFaThreads) {
+        const int64_t off = (i / (r1 - r0)) * pl.lde + r0 + i % (r1 - r0);
+        es[off] = re[off];
+      }
+    }
+  }
+  __syncthreads();
+
+  // P·V over this block's dims [d0, d1): item it = quad * 4 + head; every thread walks the keys in
+  // order and sums its head's denominator in that order too.
+  const int64_t quads = (a.Dh + 3) / 4;
+  const int64_t qa = rank * pl.qpb < quads ? rank * pl.qpb : quads;
+  const int64_t qb = qa + pl.qpb < quads ? qa + pl.qpb : quads;
+  if (qb > qa) {  // the same in every thread of the block
+    const int64_t d0 = 4 * qa, d1 = 4 * qb < a.Dh ? 4 * qb : a.Dh, wd = 4 * (qb - qa);
+    const int64_t nitem = kFaHeads * (qb - qa);
+    const int hh = tid % kFaHeads;  // the same head for each of the thread's items (kFaThreads % 4 == 0)
+    const float* eh = es + hh * pl.lde;
+    int64_t rows2 = pl.stage_floats / wd;
+    if (rows2 > kFaRefs) rows2 = kFaRefs;
+    float acc[4][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    float den = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += rows2) {
+      const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
+      fa_stage(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
+      for (int jj = 0; jj < cnt; ++jj) {
+        const float e = eh[c0 + jj];
+        const float pr = a.bf16 ? dev_round_bf16(e) : e;
+        den = __fadd_rn(den, e);
+        const float* vr = stage + int64_t(jj) * wd;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t it = tid + int64_t(kFaThreads) * u;
+          if (it < nitem) {
+            const float4 v = *reinterpret_cast<const float4*>(vr + 4 * (it / kFaHeads));
+            acc[u][0] = mul_add(pr, v.x, acc[u][0]), acc[u][1] = mul_add(pr, v.y, acc[u][1]);
+            acc[u][2] = mul_add(pr, v.z, acc[u][2]), acc[u][3] = mul_add(pr, v.w, acc[u][3]);
+          }
+        }
+      }
+    }
+    if (hh < hb) {
+      den = __fadd_rn(den, dev_exp(a.sink[h0 + hh] - mx[4 + hh]));
+      float* o = a.out + (t * a.H + h0 + hh) * a.Dh;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t it = tid + int64_t(kFaThreads) * u;
+        if (it >= nitem) continue;
+        const int64_t d = d0 + 4 * (it / kFaHeads);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (d + c >= a.Dh) break;
+          const float r = acc[u][c] / den;
+          o[d + c] = a.bf16 ? dev_round_bf16(r) : r;
+        }
+      }
+    }
+  }
+  if (cs > 1) cl.sync();  // no block leaves while another may still read its shared memory
+#else
+  __trap();  // clusters and this layout need sm_90; fa_device_ok never picks this kernel there
+#endif
+}
+
+// Whether the current device runs the staged kernel with clusters of 8 at the largest shared
+// memory (0: no, 1: sm_90+ without such clusters, 2: yes), cached per device; sets the kernel's
+// shared-memory limit once per device.
+int fa_device_level() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, else level + 1
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  const int c = cache[dev].load(std::memory_order_acquire);
+  if (c > 0) return c - 1;
+  int major = 0, level = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+      cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFaSmemCap)) ==
+          cudaSuccess) {
+    level = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kFaMaxCluster), cfg.blockDim = dim3(kFaThreads), cfg.dynamicSmemBytes = kFaSmemCap;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kFaMaxCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, model_attn_staged_kernel, &cfg) == cudaSuccess && clusters > 0)
+      level = 2;
+  }
+  cudaGetLastError();  // a refused query is an answer here, not the launch's error
+  cache[dev].store(level + 1, std::memory_order_release);
+  return level;
+}
+
+int fa_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
+  int c = cache[dev].load(std::memory_order_acquire);
+  if (c > 0) return c;
+  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) c = 1;
+  cache[dev].store(c, std::memory_order_release);
+  return c;
+}
+
+// The staged kernel's plan for `a` (rows = a.T query rows), or false where it cannot run.
+bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
+  if (a.kernel == 1 || a.Dh > kSumChunk || a.max_keys <= 0) return false;
+  if (a.cluster != 0 && a.cluster != 1 && a.cluster != 2 && a.cluster != 4 && a.cluster != 8) return false;
+  const int level = fa_device_level();
+  if (level == 0) return false;
+  FaPlan p;
+  p.ld = (a.Dh + 31) / 32 * 32 + 8;
+  p.lde = (a.max_keys + 31) / 32 * 32 + 8;
+  p.rows = 0;
+  for (int r : {32, 16, 8}) {
+    FaPlan c = p;
+    c.rows = r, c.stage_floats = r * p.ld;
+    if (fa_smem_bytes(c) <= kFaSmemCap) {
+      p = c;
+      break;
+    }
+  }
+  if (p.rows == 0) return false;
+  const int64_t G = (a.H + kFaHeads - 1) / kFaHeads, base = a.T * G;
+  if (a.cluster != 0) {
+    p.cs = a.cluster;
+  } else {  // about two blocks per SM
+    p.cs = 1;
+    while (p.cs < kFaMaxCluster && base * p.cs < 2 * int64_t(fa_sm_count())) p.cs *= 2;
+  }
+  if (p.cs > 1 && level < 2) {
+    if (a.cluster > 1) return false;
+    p.cs = 1;
+  }
+  if (base * p.cs > INT32_MAX) return false;
+  const int64_t quads = (a.Dh + 3) / 4;
+  p.qpb = (quads + p.cs - 1) / p.cs;
+  *pl = p;
+  return true;
+}
+
+cudaError_t launch_staged(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq, const FaPlan& p,
+                          cudaStream_t s) {
+  const int64_t G = (a.H + kFaHeads - 1) / kFaHeads;
+  const unsigned grid = unsigned(a.T * G * p.cs);
+  const size_t smem = fa_smem_bytes(p);
+  if (p.cs > 1)
+    return launch_kernel_cluster(model_attn_staged_kernel, grid, kFaThreads, smem, s, unsigned(p.cs), a, seqs, row_seq, p);
+  return launch_kernel(model_attn_staged_kernel, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
+}
+
 }  // namespace
 
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0)) return cudaErrorInvalidValue;
+  FaPlan plan;
+  if (a.kernel != 1 && fa_plan(a, &plan))
+    return launch_staged(a, static_cast<const ModelAttnSeq*>(nullptr), static_cast<const int32_t*>(nullptr), plan, s);
+  if (a.kernel == 2) return cudaErrorInvalidValue;
   const size_t smem = size_t(a.max_keys) * sizeof(float);
   if (smem > 200 * 1024) return cudaErrorInvalidValue;
   if (smem > 48 * 1024 &&
@@ -111,6 +493,9 @@ cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnS
   if (a.T == 0) return cudaSuccess;
   if (!seqs || !row_seq || a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0))
     return cudaErrorInvalidValue;
+  FaPlan plan;
+  if (a.kernel != 1 && fa_plan(a, &plan)) return launch_staged(a, seqs, row_seq, plan, s);
+  if (a.kernel == 2) return cudaErrorInvalidValue;
   const size_t smem = size_t(a.max_keys) * sizeof(float);
   if (smem > 200 * 1024 || a.T * a.H > INT32_MAX) return cudaErrorInvalidValue;
   if (smem > 48 * 1024 &&
