@@ -121,20 +121,21 @@ constexpr int kFaRefs = 256;         // rows of one staged chunk at most
 constexpr int kFaLut = 256 + 256 + 16;
 constexpr size_t kFaSmemCap = 200 * 1024;
 // Shared memory: refs (kFaRefs pointers), kinds (kFaRefs bytes), lut (kFaLut floats), mx (8
-// floats), qs [4][ld], es [4][lde], stage [stage_floats]. All offsets are multiples of 16 bytes.
+// floats), qs [4][ld], ep [4][lde] float2 (logit, then e_j and its probability), stage
+// [stage_floats]. All offsets are multiples of 16 bytes.
 constexpr size_t kFaFixedBytes = size_t(kFaRefs) * 9 + size_t(kFaLut + 8) * 4;
 
 struct FaPlan {
   int cs = 1;                 // blocks per cluster
   int rows = 32;              // key rows per logits chunk (<= 32: one 8-lane group per row)
   int64_t ld = 0;             // floats between staged full rows and between q rows: Dh rounded up to 32, + 8
-  int64_t lde = 0;            // floats between the e rows of two heads: max_keys rounded up to 32, + 8
+  int64_t lde = 0;            // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
   int64_t stage_floats = 0;   // rows * ld
   int64_t qpb = 0;            // quads of dims per block in P·V
 };
 
 inline size_t fa_smem_bytes(const FaPlan& p) {
-  return kFaFixedBytes + size_t(kFaHeads) * size_t(p.ld + p.lde) * 4 + size_t(p.stage_floats) * 4;
+  return kFaFixedBytes + size_t(kFaHeads) * size_t(p.ld + 2 * p.lde) * 4 + size_t(p.stage_floats) * 4;
 }
 
 // Value d of a row of format f (cache_row_value) with the code values from the block's tables
@@ -217,6 +218,71 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
   __syncthreads();
 }
 
+// P·V of one block: dims [d0, d1) (wd = the staged width, a multiple of 4) of its heads, keys in
+// order. Item it = group * 4 + head owns V consecutive dims (U items per thread at most); every
+// thread also sums its head's denominator in key order.
+template <int V, int U>
+__device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t n, int64_t d0,
+                                      int64_t d1, int64_t wd, int64_t stage_floats, int hb, int64_t h0,
+                                      const float2* ep, int64_t lde, const float* mxg, const uint8_t** refs,
+                                      uint8_t* kinds, const float* lut, float* stage) {
+  const int tid = int(threadIdx.x);
+  const int64_t nitem = kFaHeads * (wd / V);
+  const int hh = tid % kFaHeads;  // the same head for each of the thread's items (kFaThreads % 4 == 0)
+  const float2* eh = ep + hh * lde;
+  const int64_t rows2 = stage_floats / wd < kFaRefs ? stage_floats / wd : kFaRefs;
+  float acc[U][V];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[u][c] = 0;
+  float den = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += rows2) {
+    const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
+    fa_stage(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
+#pragma unroll 4
+    for (int jj = 0; jj < cnt; ++jj) {
+      const float2 e = eh[c0 + jj];  // (e_j, its probability)
+      den = __fadd_rn(den, e.x);
+      const float* vr = stage + int64_t(jj) * wd;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t it = tid + int64_t(kFaThreads) * u;
+        if (it < nitem) {
+          float v[V];
+          const float* src = vr + V * (it / kFaHeads);
+          if constexpr (V == 4) {
+            const float4 w = *reinterpret_cast<const float4*>(src);
+            v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+          } else if constexpr (V == 2) {
+            const float2 w = *reinterpret_cast<const float2*>(src);
+            v[0] = w.x, v[1] = w.y;
+          } else {
+            v[0] = *src;
+          }
+#pragma unroll
+          for (int c = 0; c < V; ++c) acc[u][c] = mul_add(e.y, v[c], acc[u][c]);
+        }
+      }
+    }
+  }
+  if (hh >= hb) return;
+  den = __fadd_rn(den, dev_exp(a.sink[h0 + hh] - mxg[hh]));
+  float* o = a.out + (t * a.H + h0 + hh) * a.Dh;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t it = tid + int64_t(kFaThreads) * u;
+    if (it >= nitem) continue;
+    const int64_t d = d0 + V * (it / kFaHeads);
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+      if (d + c >= d1) break;
+      const float r = acc[u][c] / den;
+      o[d + c] = a.bf16 ? dev_round_bf16(r) : r;
+    }
+  }
+}
+
 // One cluster of p.cs blocks per (query row, group of kFaHeads heads); blockIdx.x = cluster *
 // p.cs + rank. With `seqs` as model_attn_kernel.
 __global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs,
@@ -228,8 +294,8 @@ __global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttn
   float* lut = reinterpret_cast<float*>(fa_smem + kFaRefs * 9);
   float* mx = lut + kFaLut;          // [0, 4): this block's max per head; [4, 8): the cluster's
   float* qs = mx + 8;
-  float* es = qs + kFaHeads * pl.ld;
-  float* stage = es + kFaHeads * pl.lde;
+  float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * pl.ld);
+  float* stage = reinterpret_cast<float*>(ep + kFaHeads * pl.lde);
   const int cs = pl.cs, tid = int(threadIdx.x);
   cg::cluster_group cl = cg::this_cluster();
   const int rank = cs > 1 ? int(cl.block_rank()) : 0;
@@ -286,7 +352,7 @@ __global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttn
         v = (part & 2) ? __fadd_rn(o, v) : __fadd_rn(v, o);
         o = __shfl_xor_sync(0xffffffffu, v, 1);
         v = (part & 1) ? __fadd_rn(o, v) : __fadd_rn(v, o);
-        if (valid && part == 0 && hh < hb) es[hh * pl.lde + c0 + i] = __fmul_rn(v, a.scale);
+        if (valid && part == 0 && hh < hb) ep[hh * pl.lde + c0 + i] = make_float2(__fmul_rn(v, a.scale), 0.0f);
       }
     }
   }
@@ -296,7 +362,7 @@ __global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttn
   const int warp = tid >> 5, lane = tid & 31;
   if (warp < kFaHeads) {
     float m = -INFINITY;
-    for (int64_t j = k0 + lane; j < k1; j += 32) m = fmaxf(m, es[warp * pl.lde + j]);
+    for (int64_t j = k0 + lane; j < k1; j += 32) m = fmaxf(m, ep[warp * pl.lde + j].x);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) mx[warp] = m;
   }
@@ -308,72 +374,37 @@ __global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttn
   }
   __syncthreads();
   for (int64_t i = tid; i < hb * (k1 - k0); i += kFaThreads) {
-    float* e = es + (i / (k1 - k0)) * pl.lde + k0 + i % (k1 - k0);
-    *e = dev_exp(*e - mx[4 + i / (k1 - k0)]);
+    float2* e = ep + (i / (k1 - k0)) * pl.lde + k0 + i % (k1 - k0);
+    const float x = dev_exp(e->x - mx[4 + i / (k1 - k0)]);
+    *e = make_float2(x, a.bf16 ? dev_round_bf16(x) : x);
   }
   if (cs > 1) {  // every block's e_j of its keys is final: gather the others'
     cl.sync();
     for (int r = 0; r < cs; ++r) {
       const int64_t r0 = r * kpb < n ? r * kpb : n, r1 = r0 + kpb < n ? r0 + kpb : n;
       if (r == rank || r1 <= r0) continue;
-      const float* re = cl.map_shared_rank(es, r);
+      const float2* re = cl.map_shared_rank(ep, r);
       for (int64_t i = tid; i < hb * (r1 - r0); i += kFaThreads) {
         const int64_t off = (i / (r1 - r0)) * pl.lde + r0 + i % (r1 - r0);
-        es[off] = re[off];
+        ep[off] = re[off];
       }
     }
   }
   __syncthreads();
 
-  // P·V over this block's dims [d0, d1): item it = quad * 4 + head; every thread walks the keys in
-  // order and sums its head's denominator in that order too.
+  // P·V over this block's quads [qa, qb) of dims. V dims per item: 4, or 2 / 1 where 4 would
+  // leave fewer than 128 threads busy (many blocks per cluster: short slices).
   const int64_t quads = (a.Dh + 3) / 4;
   const int64_t qa = rank * pl.qpb < quads ? rank * pl.qpb : quads;
   const int64_t qb = qa + pl.qpb < quads ? qa + pl.qpb : quads;
   if (qb > qa) {  // the same in every thread of the block
     const int64_t d0 = 4 * qa, d1 = 4 * qb < a.Dh ? 4 * qb : a.Dh, wd = 4 * (qb - qa);
-    const int64_t nitem = kFaHeads * (qb - qa);
-    const int hh = tid % kFaHeads;  // the same head for each of the thread's items (kFaThreads % 4 == 0)
-    const float* eh = es + hh * pl.lde;
-    int64_t rows2 = pl.stage_floats / wd;
-    if (rows2 > kFaRefs) rows2 = kFaRefs;
-    float acc[4][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}};
-    float den = 0;
-    for (int64_t c0 = 0; c0 < n; c0 += rows2) {
-      const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
-      fa_stage(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
-      for (int jj = 0; jj < cnt; ++jj) {
-        const float e = eh[c0 + jj];
-        const float pr = a.bf16 ? dev_round_bf16(e) : e;
-        den = __fadd_rn(den, e);
-        const float* vr = stage + int64_t(jj) * wd;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t it = tid + int64_t(kFaThreads) * u;
-          if (it < nitem) {
-            const float4 v = *reinterpret_cast<const float4*>(vr + 4 * (it / kFaHeads));
-            acc[u][0] = mul_add(pr, v.x, acc[u][0]), acc[u][1] = mul_add(pr, v.y, acc[u][1]);
-            acc[u][2] = mul_add(pr, v.z, acc[u][2]), acc[u][3] = mul_add(pr, v.w, acc[u][3]);
-          }
-        }
-      }
-    }
-    if (hh < hb) {
-      den = __fadd_rn(den, dev_exp(a.sink[h0 + hh] - mx[4 + hh]));
-      float* o = a.out + (t * a.H + h0 + hh) * a.Dh;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t it = tid + int64_t(kFaThreads) * u;
-        if (it >= nitem) continue;
-        const int64_t d = d0 + 4 * (it / kFaHeads);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (d + c >= a.Dh) break;
-          const float r = acc[u][c] / den;
-          o[d + c] = a.bf16 ? dev_round_bf16(r) : r;
-        }
-      }
-    }
+    if (kFaHeads * (qb - qa) >= 128)
+      fa_pv<4, 4>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+    else if (kFaHeads * 2 * (qb - qa) >= 128)
+      fa_pv<2, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+    else
+      fa_pv<1, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
   }
   if (cs > 1) cl.sync();  // no block leaves while another may still read its shared memory
 #else
@@ -431,7 +462,7 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (level == 0) return false;
   FaPlan p;
   p.ld = (a.Dh + 31) / 32 * 32 + 8;
-  p.lde = (a.max_keys + 31) / 32 * 32 + 8;
+  p.lde = (a.max_keys + 31) / 32 * 32 + 4;
   p.rows = 0;
   for (int r : {32, 16, 8}) {
     FaPlan c = p;
