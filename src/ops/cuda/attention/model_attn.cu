@@ -152,36 +152,6 @@ __device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t
   return __fmul_rn(c, s);
 }
 
-// Values d .. d+3 (d % 4 == 0) of a row, those below d1 (cache_row_value4's loads where they apply).
-__device__ __forceinline__ void fa_value4(const CacheRowFormat& f, const uint8_t* row, int64_t d, int64_t d1,
-                                          const float* lut, float v[4]) {
-  if (d + 3 < d1) {
-    if (f.codec == RowCodec::kF32) {
-      const float* p = reinterpret_cast<const float*>(row) + d;
-      if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-        const float4 w = *reinterpret_cast<const float4*>(p);
-        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
-        return;
-      }
-    } else if (d + 3 < f.coded && f.block % 4 == 0) {
-      const uint32_t sb = row[f.scale_offset() + d / f.block];
-      const float s = f.codec == RowCodec::kFp4E4m3 ? lut[sb] : lut[256 + sb];
-      if (f.fp4()) {
-        const uint32_t w = *reinterpret_cast<const uint16_t*>(row + (d >> 1));
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(lut[512 + ((w >> (4 * c)) & 15u)], s);
-      } else {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(row + d);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(lut[(w >> (8 * c)) & 255u], s);
-      }
-      return;
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < 4; ++c) v[c] = d + c < d1 ? fa_value(f, row, d + c, lut) : 0.0f;
-}
-
 // Decodes values [d0, d1) (d0 % 4 == 0) of keys c0 .. c0+cnt-1 (cnt <= kFaRefs) of row t into
 // stage[i * ld + (d - d0)]. Block-wide, with barriers before (the previous chunk's readers) and after.
 __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t c0, int cnt, int64_t d0,
@@ -204,16 +174,68 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
     }
   }
   __syncthreads();
+  // Batches of kB items per thread: first every item's addresses, then all loads (independent,
+  // so they are in flight together), then decoding. Quads in the coded part of a row (blocks of a
+  // multiple of 4) and aligned FP32 quads take one load (+ the scale byte); the rest (BF16 tails,
+  // other blocks, unaligned FP32 rows, the last quad of an odd Dh) go value by value.
+  constexpr int kB = 8;
   const CacheRowFormat f32{};
-  const int64_t nq = (d1 - d0 + 3) / 4;
-  for (int64_t it = threadIdx.x; it < cnt * nq; it += blockDim.x) {
-    const int64_t i = it / nq, d = d0 + 4 * (it % nq);
-    const int kd = kinds[i];
-    const CacheRowFormat f = kd == 0 ? f32 : kd == 1 ? a.ring_fmt : a.ckv_fmt;
-    float v[4];
-    fa_value4(f, refs[i], d, d1, lut, v);
-    float* dst = stage + i * ld + (d - d0);  // ld and d - d0 are multiples of 4: 16-byte aligned
-    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  const int64_t nq = (d1 - d0 + 3) / 4, total = cnt * nq;
+  for (int64_t base = threadIdx.x; base < total; base += kB * int64_t(blockDim.x)) {
+    int mode[kB], kd[kB], ii[kB], dd[kB];  // mode 0: no item, 1: FP32 x4, 2: e4m3 x4, 3: e2m1 x4, 4: value by value
+    const uint8_t *src[kB], *ssrc[kB];
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      const int64_t it = base + int64_t(b) * blockDim.x;
+      mode[b] = 0, kd[b] = 0, ii[b] = 0, dd[b] = 0;
+      src[b] = ssrc[b] = nullptr;
+      if (it >= total) continue;
+      const int i = int(it / nq), d = int(d0 + 4 * (it % nq));  // i < kFaRefs, d < Dh <= 1024
+      const uint8_t* row = refs[i];
+      kd[b] = kinds[i], ii[b] = i, dd[b] = d;
+      const CacheRowFormat f = kd[b] == 0 ? f32 : kd[b] == 1 ? a.ring_fmt : a.ckv_fmt;
+      mode[b] = 4;
+      if (d + 3 < d1) {
+        if (f.codec == RowCodec::kF32) {
+          if ((reinterpret_cast<uintptr_t>(row + 4 * d) & 15) == 0) mode[b] = 1, src[b] = row + 4 * d;
+        } else if (d + 3 < f.coded && f.block % 4 == 0) {
+          mode[b] = f.fp4() ? 3 : 2;
+          src[b] = f.fp4() ? row + (d >> 1) : row + d;
+          ssrc[b] = row + f.scale_offset() + d / f.block;
+        }
+      }
+    }
+    uint4 raw[kB];
+    uint32_t sb[kB];
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      raw[b] = make_uint4(0, 0, 0, 0), sb[b] = 0;
+      if (mode[b] == 1) raw[b] = *reinterpret_cast<const uint4*>(src[b]);
+      if (mode[b] == 2) raw[b].x = *reinterpret_cast<const uint32_t*>(src[b]);
+      if (mode[b] == 3) raw[b].x = *reinterpret_cast<const uint16_t*>(src[b]);
+      if (mode[b] == 2 || mode[b] == 3) sb[b] = *ssrc[b];
+    }
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      if (mode[b] == 0) continue;
+      const CacheRowFormat f = kd[b] == 0 ? f32 : kd[b] == 1 ? a.ring_fmt : a.ckv_fmt;
+      float v[4];
+      if (mode[b] == 1) {
+        v[0] = __uint_as_float(raw[b].x), v[1] = __uint_as_float(raw[b].y);
+        v[2] = __uint_as_float(raw[b].z), v[3] = __uint_as_float(raw[b].w);
+      } else if (mode[b] == 4) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[c] = dd[b] + c < d1 ? fa_value(f, refs[ii[b]], dd[b] + c, lut) : 0.0f;
+      } else {  // cache_row_value4: code · scale, exact products
+        const float s = f.codec == RowCodec::kFp4E4m3 ? lut[sb[b]] : lut[256 + sb[b]];
+        const uint32_t w = raw[b].x;
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          v[c] = __fmul_rn(mode[b] == 3 ? lut[512 + ((w >> (4 * c)) & 15u)] : lut[(w >> (8 * c)) & 255u], s);
+      }
+      // ld and d - d0 are multiples of 4: 16-byte aligned
+      *reinterpret_cast<float4*>(stage + ii[b] * ld + (dd[b] - d0)) = make_float4(v[0], v[1], v[2], v[3]);
+    }
   }
   __syncthreads();
 }
@@ -240,7 +262,7 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
   for (int64_t c0 = 0; c0 < n; c0 += rows2) {
     const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
     fa_stage(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
-#pragma unroll 4
+#pragma unroll 2
     for (int jj = 0; jj < cnt; ++jj) {
       const float2 e = eh[c0 + jj];  // (e_j, its probability)
       den = __fadd_rn(den, e.x);
@@ -285,7 +307,7 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
 
 // One cluster of p.cs blocks per (query row, group of kFaHeads heads); blockIdx.x = cluster *
 // p.cs + rank. With `seqs` as model_attn_kernel.
-__global__ void __launch_bounds__(kFaThreads) model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs,
+__global__ void __launch_bounds__(kFaThreads, 1) model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs,
                                                                       const int32_t* row_seq, FaPlan pl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -476,9 +498,17 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   const int64_t G = (a.H + kFaHeads - 1) / kFaHeads, base = a.T * G;
   if (a.cluster != 0) {
     p.cs = a.cluster;
-  } else {  // about two blocks per SM
+  } else {
+    // One block per SM at a time (the kernel's registers). Time ~ waves / cs (each block does 1/cs
+    // of a row's work); a larger cluster must gain 10 % over the best smaller one (barriers, the
+    // exchange and the logits' redundant staging grow with cs).
+    const int64_t sms = fa_sm_count();
+    double best = 0;
     p.cs = 1;
-    while (p.cs < kFaMaxCluster && base * p.cs < 2 * int64_t(fa_sm_count())) p.cs *= 2;
+    for (int c = 1; c <= kFaMaxCluster; c *= 2) {
+      const double cost = double((base * c + sms - 1) / sms) / c;
+      if (c == 1 || cost < 0.9 * best) best = cost, p.cs = c;
+    }
   }
   if (p.cs > 1 && level < 2) {
     if (a.cluster > 1) return false;
