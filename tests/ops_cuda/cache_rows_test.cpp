@@ -421,6 +421,10 @@ TEST(CudaModelAttention, StagedKernelRefusesWhatDoesNotFitAndTheDefaultFallsBack
   EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
   a.kernel = 2, a.max_keys = d.max_keys(), a.Dh = 1100;  // beyond the short dot order
   EXPECT_EQ(cd::launch_model_attention(a, 0), cudaErrorInvalidValue);
+  a.Dh = d.Dh, a.kernel = 3;  // no such kernel
+  EXPECT_EQ(cd::launch_model_attention(a, 0), cudaErrorInvalidValue);
+  a.kernel = 2, a.cluster = 3;  // no such cluster size
+  EXPECT_EQ(cd::launch_model_attention(a, 0), cudaErrorInvalidValue);
 }
 
 // Several sequences in one launch (launch_model_attention_seqs): a full window at 4096, a short

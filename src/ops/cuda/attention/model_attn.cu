@@ -535,7 +535,8 @@ cudaError_t launch_staged(const ModelAttnArgs& a, const ModelAttnSeq* seqs, cons
 
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
-  if (a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0)) return cudaErrorInvalidValue;
+  if (a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0) || a.kernel < 0 || a.kernel > 2)
+    return cudaErrorInvalidValue;
   FaPlan plan;
   if (a.kernel != 1 && fa_plan(a, &plan))
     return launch_staged(a, static_cast<const ModelAttnSeq*>(nullptr), static_cast<const int32_t*>(nullptr), plan, s);
@@ -552,7 +553,8 @@ cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s) {
 cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
                                         cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
-  if (!seqs || !row_seq || a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0))
+  if (!seqs || !row_seq || a.Dh <= 0 || a.H <= 0 || a.window <= 0 || (a.ckv && !a.topk && a.ratio <= 0) ||
+      a.kernel < 0 || a.kernel > 2)
     return cudaErrorInvalidValue;
   FaPlan plan;
   if (a.kernel != 1 && fa_plan(a, &plan)) return launch_staged(a, seqs, row_seq, plan, s);
