@@ -132,6 +132,7 @@ struct FaPlan {
   int64_t lde = 0;            // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
   int64_t stage_floats = 0;   // rows * ld
   int64_t qpb = 0;            // quads of dims per block in P·V
+  bool wide = false;          // the <2, 2> build (clusters of 1, at least two blocks per SM to run)
 };
 
 inline size_t fa_smem_bytes(const FaPlan& p) {
@@ -154,6 +155,7 @@ __device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t
 
 // Decodes values [d0, d1) (d0 % 4 == 0) of keys c0 .. c0+cnt-1 (cnt <= kFaRefs) of row t into
 // stage[i * ld + (d - d0)]. Block-wide, with barriers before (the previous chunk's readers) and after.
+template <int kB>
 __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t c0, int cnt, int64_t d0,
                          int64_t d1, int64_t ld, const uint8_t** refs, uint8_t* kinds, const float* lut,
                          float* stage) {
@@ -178,7 +180,6 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
   // so they are in flight together), then decoding. Quads in the coded part of a row (blocks of a
   // multiple of 4) and aligned FP32 quads take one load (+ the scale byte); the rest (BF16 tails,
   // other blocks, unaligned FP32 rows, the last quad of an odd Dh) go value by value.
-  constexpr int kB = 8;
   const CacheRowFormat f32{};
   const int64_t nq = (d1 - d0 + 3) / 4, total = cnt * nq;
   for (int64_t base = threadIdx.x; base < total; base += kB * int64_t(blockDim.x)) {
@@ -243,7 +244,7 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
 // P·V of one block: dims [d0, d1) (wd = the staged width, a multiple of 4) of its heads, keys in
 // order. Item it = group * 4 + head owns V consecutive dims (U items per thread at most); every
 // thread also sums its head's denominator in key order.
-template <int V, int U>
+template <int kB, int V, int U>
 __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t n, int64_t d0,
                                       int64_t d1, int64_t wd, int64_t stage_floats, int hb, int64_t h0,
                                       const float2* ep, int64_t lde, const float* mxg, const uint8_t** refs,
@@ -261,7 +262,7 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
   float den = 0;
   for (int64_t c0 = 0; c0 < n; c0 += rows2) {
     const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
-    fa_stage(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
+    fa_stage<kB>(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
 #pragma unroll 2
     for (int jj = 0; jj < cnt; ++jj) {
       const float2 e = eh[c0 + jj];  // (e_j, its probability)
@@ -306,9 +307,12 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
 }
 
 // One cluster of p.cs blocks per (query row, group of kFaHeads heads); blockIdx.x = cluster *
-// p.cs + rank. With `seqs` as model_attn_kernel.
-__global__ void __launch_bounds__(kFaThreads, 1) model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs,
-                                                                      const int32_t* row_seq, FaPlan pl) {
+// p.cs + rank. With `seqs` as model_attn_kernel. Two builds: <8, 1> (8 loads in flight per
+// thread, one block per SM: decode, few blocks) and <2, 2> (two blocks per SM, one's staging
+// under the other's arithmetic: many rows, clusters of 1).
+template <int kB, int kMinBlocks>
+__global__ void __launch_bounds__(kFaThreads, kMinBlocks)
+    model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq, FaPlan pl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char fa_smem[];
   const uint8_t** refs = reinterpret_cast<const uint8_t**>(fa_smem);
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(kFaThreads, 1) model_attn_staged_kernel(ModelA
   const int grp = tid >> 3, part = tid & 7;
   for (int64_t c0 = k0; c0 < k1; c0 += pl.rows) {
     const int cnt = int(k1 - c0 < pl.rows ? k1 - c0 : pl.rows);
-    fa_stage(a, t, n_win, c0, cnt, 0, a.Dh, pl.ld, refs, kinds, lut, stage);
+    fa_stage<kB>(a, t, n_win, c0, cnt, 0, a.Dh, pl.ld, refs, kinds, lut, stage);
     for (int i = grp; i < (cnt + 31) / 32 * 32; i += 32) {  // the same trip count in every lane of a warp
       const bool valid = i < cnt;
       const float* r = stage + (valid ? i : 0) * pl.ld;
@@ -421,12 +425,14 @@ __global__ void __launch_bounds__(kFaThreads, 1) model_attn_staged_kernel(ModelA
   const int64_t qb = qa + pl.qpb < quads ? qa + pl.qpb : quads;
   if (qb > qa) {  // the same in every thread of the block
     const int64_t d0 = 4 * qa, d1 = 4 * qb < a.Dh ? 4 * qb : a.Dh, wd = 4 * (qb - qa);
-    if (kFaHeads * (qb - qa) >= 128)
-      fa_pv<4, 4>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+    if (kFaHeads * (qb - qa) > 2 * kFaThreads)  // Dh > 512 in one block
+      fa_pv<kB, 4, 4>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+    else if (kFaHeads * (qb - qa) >= 128)
+      fa_pv<kB, 4, 2>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
     else if (kFaHeads * 2 * (qb - qa) >= 128)
-      fa_pv<2, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 2, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
     else
-      fa_pv<1, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 1, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
   }
   if (cs > 1) cl.sync();  // no block leaves while another may still read its shared memory
 #else
@@ -446,8 +452,10 @@ int fa_device_level() {
   if (c > 0) return c - 1;
   int major = 0, level = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-      cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFaSmemCap)) ==
-          cudaSuccess) {
+      cudaFuncSetAttribute(model_attn_staged_kernel<8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kFaSmemCap)) == cudaSuccess &&
+      cudaFuncSetAttribute(model_attn_staged_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kFaSmemCap)) == cudaSuccess) {
     level = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(kFaMaxCluster), cfg.blockDim = dim3(kFaThreads), cfg.dynamicSmemBytes = kFaSmemCap;
@@ -456,7 +464,7 @@ int fa_device_level() {
     attr[0].val.clusterDim.x = kFaMaxCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, model_attn_staged_kernel, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, model_attn_staged_kernel<8, 1>, &cfg) == cudaSuccess && clusters > 0)
       level = 2;
   }
   cudaGetLastError();  // a refused query is an answer here, not the launch's error
@@ -499,7 +507,7 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (a.cluster != 0) {
     p.cs = a.cluster;
   } else {
-    // One block per SM at a time (the kernel's registers). Time ~ waves / cs (each block does 1/cs
+    // One block per SM at a time (the <8, 1> build's registers). Time ~ waves / cs (each block does 1/cs
     // of a row's work); a larger cluster must gain 10 % over the best smaller one (barriers, the
     // exchange and the logits' redundant staging grow with cs).
     const int64_t sms = fa_sm_count();
@@ -517,6 +525,7 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (base * p.cs > INT32_MAX) return false;
   const int64_t quads = (a.Dh + 3) / 4;
   p.qpb = (quads + p.cs - 1) / p.cs;
+  p.wide = p.cs == 1 && base >= 2 * int64_t(fa_sm_count());
   *pl = p;
   return true;
 }
@@ -527,8 +536,10 @@ cudaError_t launch_staged(const ModelAttnArgs& a, const ModelAttnSeq* seqs, cons
   const unsigned grid = unsigned(a.T * G * p.cs);
   const size_t smem = fa_smem_bytes(p);
   if (p.cs > 1)
-    return launch_kernel_cluster(model_attn_staged_kernel, grid, kFaThreads, smem, s, unsigned(p.cs), a, seqs, row_seq, p);
-  return launch_kernel(model_attn_staged_kernel, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
+    return launch_kernel_cluster(model_attn_staged_kernel<8, 1>, grid, kFaThreads, smem, s, unsigned(p.cs), a, seqs,
+                                 row_seq, p);
+  if (p.wide) return launch_kernel(model_attn_staged_kernel<2, 2>, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
+  return launch_kernel(model_attn_staged_kernel<8, 1>, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
 }
 
 }  // namespace
