@@ -12,8 +12,10 @@
 //           i % 8 == k in increasing i: dev_dot_f32_ld's short order) and the 8 partials combined
 //           by the same fixed tree through shuffles. Max and exp(logit - max) per block range,
 //           max exchanged through distributed shared memory; every block then holds all e_j of its
-//           heads. P·V: the blocks split Dh; each thread owns (head, 4 dims) and walks the keys in
-//           order, summing the denominator in the same order itself (no serial softmax step).
+//           heads. P·V: the blocks split Dh; each thread owns (head, 4 / 2 / 1 dims) and walks the
+//           keys in order, summing the denominator in the same order itself (no serial softmax
+//           step). Rows are staged in chunks; each thread issues the loads of several of its
+//           quads before decoding any.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -25,7 +27,6 @@
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
-#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -507,9 +508,9 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (a.cluster != 0) {
     p.cs = a.cluster;
   } else {
-    // One block per SM at a time (the <8, 1> build's registers). Time ~ waves / cs (each block does 1/cs
-    // of a row's work); a larger cluster must gain 10 % over the best smaller one (barriers, the
-    // exchange and the logits' redundant staging grow with cs).
+    // One block per SM at a time (the <8, 1> build's registers). Time ~ waves / cs (each block
+    // does 1/cs of a row's work); a larger cluster must gain 10 % over the best smaller one (its
+    // barriers, the exchange, and per block the same number of staging rounds).
     const int64_t sms = fa_sm_count();
     double best = 0;
     p.cs = 1;
