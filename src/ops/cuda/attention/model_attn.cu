@@ -365,10 +365,12 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
       const bool valid = i < cnt;
       const float* r = stage + (valid ? i : 0) * pl.ld;
       float s[kFaHeads] = {0, 0, 0, 0};
-      for (int64_t k = part; k < a.Dh; k += 8) {
+      const int dh = int(a.Dh), ld = int(pl.ld);  // Dh <= 1024
+#pragma unroll 4
+      for (int k = part; k < dh; k += 8) {
         const float rv = r[k];
 #pragma unroll
-        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qs[hh * pl.ld + k], rv, s[hh]);
+        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qs[hh * ld + k], rv, s[hh]);
       }
 #pragma unroll
       for (int hh = 0; hh < kFaHeads; ++hh) {
