@@ -118,13 +118,14 @@ namespace cg = cooperative_groups;
 constexpr int kFaHeads = 4;          // heads per block (and per cluster)
 constexpr int kFaThreads = 256;
 constexpr int kFaMaxCluster = 8;     // portable cluster size
-constexpr int kFaRefs = 256;         // rows of one staged chunk at most
+constexpr int kFaChunk = 256;        // rows of one staged P·V chunk at most
 constexpr int kFaLut = 256 + 256 + 16;
 constexpr size_t kFaSmemCap = 200 * 1024;
-// Shared memory: refs (kFaRefs pointers), kinds (kFaRefs bytes), lut (kFaLut floats), mx (8
-// floats), qs [4][ld], ep [4][lde] float2 (logit, then e_j and its probability), stage
-// [stage_floats]. All offsets are multiples of 16 bytes.
-constexpr size_t kFaFixedBytes = size_t(kFaRefs) * 9 + size_t(kFaLut + 8) * 4;
+// Shared memory: refs [lde] (each key's row address), lut (kFaLut floats), mx (8 floats), qs
+// [4][ld], ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], kinds
+// [lde] (each key's row format: 0 chunk FP32, 1 ring, 2 compressed). Offsets up to kinds are
+// multiples of 16 bytes (lde is even).
+constexpr size_t kFaFixedBytes = size_t(kFaLut + 8) * 4;
 
 struct FaPlan {
   int cs = 1;                 // blocks per cluster
@@ -137,7 +138,8 @@ struct FaPlan {
 };
 
 inline size_t fa_smem_bytes(const FaPlan& p) {
-  return kFaFixedBytes + size_t(kFaHeads) * size_t(p.ld + 2 * p.lde) * 4 + size_t(p.stage_floats) * 4;
+  return kFaFixedBytes + size_t(p.lde) * 9 + size_t(kFaHeads) * size_t(p.ld + 2 * p.lde) * 4 +
+         size_t(p.stage_floats) * 4;
 }
 
 // Value d of a row of format f (cache_row_value) with the code values from the block's tables
@@ -154,28 +156,13 @@ __device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t
   return __fmul_rn(c, s);
 }
 
-// Decodes values [d0, d1) (d0 % 4 == 0) of keys c0 .. c0+cnt-1 (cnt <= kFaRefs) of row t into
-// stage[i * ld + (d - d0)]. Block-wide, with barriers before (the previous chunk's readers) and after.
+// Decodes values [d0, d1) (d0 % 4 == 0) of the cnt keys whose row addresses and kinds are
+// refs[0, cnt), kinds[0, cnt) into stage[i * ld + (d - d0)]. Block-wide, with barriers before (the
+// previous chunk's readers) and after.
 template <int kB>
-__device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t c0, int cnt, int64_t d0,
-                         int64_t d1, int64_t ld, const uint8_t** refs, uint8_t* kinds, const float* lut,
-                         float* stage) {
-  __syncthreads();
-  for (int i = threadIdx.x; i < cnt; i += blockDim.x) {  // attn_key, with the format as a kind
-    const int64_t j = c0 + i, p = a.start + t;
-    if (j < n_win) {
-      const int64_t s = p - n_win + 1 + j;
-      if (s >= a.start) {
-        refs[i] = reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), kinds[i] = 0;
-      } else {
-        refs[i] = static_cast<const uint8_t*>(a.ring) + (s % a.ring_size) * cache_row_stride(a.ring_fmt, a.Dh);
-        kinds[i] = 1;
-      }
-    } else {
-      const int64_t row = a.topk ? a.topk[t * a.topk_stride + (j - n_win)] : j - n_win;
-      refs[i] = static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), kinds[i] = 2;
-    }
-  }
+__device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int cnt, int64_t d0, int64_t d1, int64_t ld,
+                                         const uint8_t* const* refs, const uint8_t* kinds, const float* lut,
+                                         float* stage) {
   __syncthreads();
   // Batches of kB items per thread: first every item's addresses, then all loads (independent,
   // so they are in flight together), then decoding. Quads in the coded part of a row (blocks of a
@@ -192,7 +179,7 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
       mode[b] = 0, kd[b] = 0, ii[b] = 0, dd[b] = 0;
       src[b] = ssrc[b] = nullptr;
       if (it >= total) continue;
-      const int i = int(it / nq), d = int(d0 + 4 * (it % nq));  // i < kFaRefs, d < Dh <= 1024
+      const int i = int(it / nq), d = int(d0 + 4 * (it % nq));  // i < cnt <= kFaChunk, d < Dh <= 1024
       const uint8_t* row = refs[i];
       kd[b] = kinds[i], ii[b] = i, dd[b] = d;
       const CacheRowFormat f = kd[b] == 0 ? f32 : kd[b] == 1 ? a.ring_fmt : a.ckv_fmt;
@@ -246,15 +233,15 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int64_t t, int6
 // order. Item it = group * 4 + head owns V consecutive dims (U items per thread at most); every
 // thread also sums its head's denominator in key order.
 template <int kB, int V, int U>
-__device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t n_win, int64_t n, int64_t d0,
-                                      int64_t d1, int64_t wd, int64_t stage_floats, int hb, int64_t h0,
-                                      const float2* ep, int64_t lde, const float* mxg, const uint8_t** refs,
-                                      uint8_t* kinds, const float* lut, float* stage) {
+__device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t n, int64_t d0, int64_t d1,
+                                      int64_t wd, int64_t stage_floats, int hb, int64_t h0, const float2* ep,
+                                      int64_t lde, const float* mxg, const uint8_t* const* refs,
+                                      const uint8_t* kinds, const float* lut, float* stage) {
   const int tid = int(threadIdx.x);
   const int64_t nitem = kFaHeads * (wd / V);
   const int hh = tid % kFaHeads;  // the same head for each of the thread's items (kFaThreads % 4 == 0)
   const float2* eh = ep + hh * lde;
-  const int64_t rows2 = stage_floats / wd < kFaRefs ? stage_floats / wd : kFaRefs;
+  const int64_t rows2 = stage_floats / wd < kFaChunk ? stage_floats / wd : kFaChunk;
   float acc[U][V];
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -263,7 +250,7 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
   float den = 0;
   for (int64_t c0 = 0; c0 < n; c0 += rows2) {
     const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
-    fa_stage<kB>(a, t, n_win, c0, cnt, d0, d1, wd, refs, kinds, lut, stage);
+    fa_stage<kB>(a, cnt, d0, d1, wd, refs + c0, kinds + c0, lut, stage);
 #pragma unroll 2
     for (int jj = 0; jj < cnt; ++jj) {
       const float2 e = eh[c0 + jj];  // (e_j, its probability)
@@ -317,12 +304,12 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char fa_smem[];
   const uint8_t** refs = reinterpret_cast<const uint8_t**>(fa_smem);
-  uint8_t* kinds = fa_smem + kFaRefs * 8;
-  float* lut = reinterpret_cast<float*>(fa_smem + kFaRefs * 9);
+  float* lut = reinterpret_cast<float*>(refs + pl.lde);
   float* mx = lut + kFaLut;          // [0, 4): this block's max per head; [4, 8): the cluster's
   float* qs = mx + 8;
   float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * pl.ld);
   float* stage = reinterpret_cast<float*>(ep + kFaHeads * pl.lde);
+  uint8_t* kinds = reinterpret_cast<uint8_t*>(stage + pl.stage_floats);
   const int cs = pl.cs, tid = int(threadIdx.x);
   cg::cluster_group cl = cg::this_cluster();
   const int rank = cs > 1 ? int(cl.block_rank()) : 0;
@@ -346,6 +333,20 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
   if (a.ckv) n_comp = a.topk ? a.topk_n[t] : (p + 1) / a.ratio;
   const int64_t n = n_win + n_comp;
 
+  for (int64_t j = tid; j < n; j += kFaThreads) {  // attn_key of every key, the format as a kind
+    if (j < n_win) {
+      const int64_t s = p - n_win + 1 + j;
+      if (s >= a.start) {
+        refs[j] = reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), kinds[j] = 0;
+      } else {
+        refs[j] = static_cast<const uint8_t*>(a.ring) + (s % a.ring_size) * cache_row_stride(a.ring_fmt, a.Dh);
+        kinds[j] = 1;
+      }
+    } else {
+      const int64_t row = a.topk ? a.topk[t * a.topk_stride + (j - n_win)] : j - n_win;
+      refs[j] = static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), kinds[j] = 2;
+    }
+  }
   for (int i = tid; i < kFaLut; i += kFaThreads)
     lut[i] = i < 256 ? dev_e4m3_value(uint32_t(i)) : i < 512 ? dev_e8m0_value(uint32_t(i - 256))
                                                              : dev_e2m1_value(uint32_t(i - 512));
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
   const int grp = tid >> 3, part = tid & 7;
   for (int64_t c0 = k0; c0 < k1; c0 += pl.rows) {
     const int cnt = int(k1 - c0 < pl.rows ? k1 - c0 : pl.rows);
-    fa_stage<kB>(a, t, n_win, c0, cnt, 0, a.Dh, pl.ld, refs, kinds, lut, stage);
+    fa_stage<kB>(a, cnt, 0, a.Dh, pl.ld, refs + c0, kinds + c0, lut, stage);
     for (int i = grp; i < (cnt + 31) / 32 * 32; i += 32) {  // the same trip count in every lane of a warp
       const bool valid = i < cnt;
       const float* r = stage + (valid ? i : 0) * pl.ld;
@@ -429,13 +430,13 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
   if (qb > qa) {  // the same in every thread of the block
     const int64_t d0 = 4 * qa, d1 = 4 * qb < a.Dh ? 4 * qb : a.Dh, wd = 4 * (qb - qa);
     if (kFaHeads * (qb - qa) > 2 * kFaThreads)  // Dh > 512 in one block
-      fa_pv<kB, 4, 4>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 4, 4>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
     else if (kFaHeads * (qb - qa) >= 128)
-      fa_pv<kB, 4, 2>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 4, 2>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
     else if (kFaHeads * 2 * (qb - qa) >= 128)
-      fa_pv<kB, 2, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 2, 1>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
     else
-      fa_pv<kB, 1, 1>(a, t, n_win, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      fa_pv<kB, 1, 1>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
   }
   if (cs > 1) cl.sync();  // no block leaves while another may still read its shared memory
 #else
