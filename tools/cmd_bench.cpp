@@ -167,7 +167,8 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "kernel micro-benchmarks instead of the layer slice, comma-separated: sampling (device "
                   "sampling vs copy + host sampler, V = 129,280), gemm (every FP8 GEMM kernel variant on the "
                   "V4.1 prefill shapes), topk (the indexer top-512 of 131,072 keys at M = 1 and 6 on every path), "
-                  "exact (the GPU model's exactness kernels on decode shapes, former vs GEMV linear), h2d (pinned "
+                  "exact (the GPU model's exactness kernels on decode shapes, former vs GEMV linear, former vs staged "
+                  "decode attention at 4k context), h2d (pinned "
                   "host-to-device copy GB/s, the ceiling of loading from a warm page cache) "
                   "(bench/cuda/kernel_bench.h)");
   cmd->add_option("--skip-variants", o->skip_variants,

@@ -2,7 +2,8 @@
 // (ops/cuda/model/model_kernels.h) on the decode shapes of DeepSeek-V4.1-Flash, CUDA events,
 // median of `reps` samples of 10 launches, weights in rotating copies (>= 3x the L2) so HBM is
 // measured. The chunked linear is timed with both kernels (LinearArgs::kernel 1: a block per
-// (row, output), the former kernel; 2: the GEMV), which give the same bits.
+// (row, output), the former kernel; 2: the GEMV), which give the same bits; so is the decode
+// attention (ModelAttnArgs::kernel 1: the former kernel, 2: the staged one).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -117,6 +118,54 @@ Result<std::string> exact_kernels_bench(int reps) {
     }
     md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
                       us[2], pct(m.bytes(), us[2], copy_gbps), us[1] / us[2]);
+  }
+  // Decode attention at the real V4.1 width (model_attn.cu), compact cache rows, position 4096: the
+  // former kernel (ModelAttnArgs::kernel 1) and the staged one (2), same bits. The ~0.3 MB of rows
+  // stay in L2 between launches (as they do within a decode step's attention).
+  {
+    const int64_t H = 64, Dh = 512, W = 128, k = 512, start = 4096, ratio = 4, maxT = 6;
+    const CacheRowFormat rf{RowCodec::kFp8E8m0, 512, 512, 32}, cf{RowCodec::kFp4E4m3, 512, 512, 16};
+    const int64_t n_ckv = (start + maxT) / ratio;
+    FS_ASSIGN_OR_RETURN(float* q, ar.alloc<float>(maxT * H * Dh));
+    FS_ASSIGN_OR_RETURN(float* kv, ar.alloc<float>(maxT * Dh));
+    FS_ASSIGN_OR_RETURN(float* out, ar.alloc<float>(maxT * H * Dh));
+    FS_ASSIGN_OR_RETURN(float* sink, ar.alloc<float>(H));
+    FS_ASSIGN_OR_RETURN(uint8_t* ring, ar.alloc<uint8_t>(W * rf.row_bytes()));
+    FS_ASSIGN_OR_RETURN(uint8_t* ckv, ar.alloc<uint8_t>(n_ckv * cf.row_bytes()));
+    FS_ASSIGN_OR_RETURN(int32_t* topk, ar.alloc<int32_t>(maxT * k));
+    FS_ASSIGN_OR_RETURN(int32_t* topk_n, ar.alloc<int32_t>(maxT));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(q, maxT * H * Dh, 21, 0.1f, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(kv, maxT * Dh, 22, 1.0f, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(sink, H, 23, 1.0f, nullptr));
+    // Scale-range bytes everywhere: finite codes and scales in both formats.
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_bytes(ring, W * rf.row_bytes(), 24, 2, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_bytes(ckv, n_ckv * cf.row_bytes(), 25, 2, nullptr));
+    std::vector<int32_t> tk(static_cast<size_t>(maxT * k)), tn(static_cast<size_t>(maxT), int32_t(k));
+    for (int64_t t = 0; t < maxT; ++t)
+      for (int64_t i = 0; i < k; ++i) tk[size_t(t * k + i)] = int32_t(2 * i + t % 2);  // ascending, < n_ckv
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(topk, tk.data(), tk.size() * 4, cudaMemcpyHostToDevice));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(topk_n, tn.data(), tn.size() * 4, cudaMemcpyHostToDevice));
+    md += "\nDecode attention (H 64, Dh 512, window 128 + top-512 compressed rows, ring FP8 + E8M0 528 B, compressed "
+          "KV FP4 + E4M3 288 B, position 4096): kernel 1 = the former kernel (a block per (row, head)), 2 = the staged "
+          "kernel; same bits.\n\n| op | rows | kernel 1 us | kernel 2 us | speed-up |\n|---|---|---|---|---|\n";
+    for (int64_t T : {1, 6}) {
+      double us[3] = {0, 0, 0};
+      for (int kernel : {1, 2}) {
+        double med = 0, mn = 0;
+        FS_RETURN_IF_ERROR(bench::time_op(
+            [&](int) {
+              cd::ModelAttnArgs a;
+              a.q = q, a.kv_chunk = kv, a.ring = ring, a.ckv = ckv, a.ring_fmt = rf, a.ckv_fmt = cf, a.topk = topk;
+              a.topk_n = topk_n, a.topk_stride = k, a.ratio = ratio, a.sink = sink, a.out = out, a.T = T, a.H = H;
+              a.Dh = Dh, a.window = W, a.ring_size = W, a.start = start, a.max_keys = W + k;
+              a.scale = 1.0f / 22.627417f, a.bf16 = true, a.kernel = kernel;
+              return cuda_status(cd::launch_model_attention(a, bench::g_st), "model attention");
+            },
+            reps, &med, &mn));
+        us[kernel] = med;
+      }
+      md += fmt::format("| attention, 640 keys | {} | {:.1f} | {:.1f} | {:.1f}x |\n", T, us[1], us[2], us[1] / us[2]);
+    }
   }
   md += "\n| op | shape | us |\n|---|---|---|\n";
   auto row_op = [&](const std::string& name, const std::string& shape, const std::function<Status()>& fn) -> Status {

@@ -168,6 +168,11 @@ struct ModelAttnArgs {
   int64_t T = 0, H = 0, Dh = 0, window = 0, ring_size = 0, start = 0, max_keys = 0;
   float scale = 0;
   bool bf16 = false;               // BF16 probabilities and output
+  // 0: the staged kernel where it can run (sm_90+, Dh <= 1024, its shared memory fits), else the
+  // former one; 1: the former kernel (one block per (row, head)); 2: the staged kernel (error if it
+  // cannot run). Same bits; tests and the benchmark force one. `cluster` (staged kernel): blocks
+  // sharing one (row, head group), 1 / 2 / 4 / 8 (0: by the launch size).
+  int kernel = 0, cluster = 0;
 };
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 
