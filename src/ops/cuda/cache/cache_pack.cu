@@ -34,6 +34,9 @@ __device__ __forceinline__ float pow2_at_least(float v) {
 __device__ __forceinline__ uint32_t encode(RowCodec c, float q) {
   return c == RowCodec::kFp8E8m0 ? dev_e4m3_code(q) : dev_e2m1_code(q);
 }
+// x / s as the host computes it: a NaN keeps its sign (x86 division passes the NaN operand through;
+// a GPU division returns the positive canonical NaN, which would turn -NaN's FP4 code 8 into 0).
+__device__ __forceinline__ float quot(float x, float s) { return isnan(x) ? x : __fdiv_rn(x, s); }
 __device__ __forceinline__ float decode(RowCodec c, uint32_t code) {
   return c == RowCodec::kFp8E8m0 ? dev_e4m3_value(code) : dev_e2m1_value(code);
 }
@@ -96,7 +99,7 @@ __device__ void pack_code_warp(const CacheRowFormat& f, const float* __restrict_
     for (int k = 0; k < K; ++k) {
       const int i = li + k * G;
       if (on && i < n)
-        fits = fits && __float_as_uint(__fmul_rn(decode(f.codec, encode(f.codec, __fdiv_rn(xb[i], s))), s)) ==
+        fits = fits && __float_as_uint(__fmul_rn(decode(f.codec, encode(f.codec, quot(xb[i], s))), s)) ==
                            __float_as_uint(xb[i]);
     }
     return fits;
@@ -145,7 +148,7 @@ __device__ void pack_code_warp(const CacheRowFormat& f, const float* __restrict_
   for (int k = 0; k < K; ++k) {
     const int i = li + k * G;
     const bool has = on && i < n;
-    const uint32_t c = has ? encode(f.codec, __fdiv_rn(xb[i], s)) : 0u;
+    const uint32_t c = has ? encode(f.codec, quot(xb[i], s)) : 0u;
     if (fp4) {
       // Value i even (low nibble) and i + 1 (high): lanes li and li + 1 of the group (blocks are
       // even, so i + 1 < n; G = 32 pairs lanes of the same k).
