@@ -247,6 +247,17 @@ class Backend {
   // After a backbone forward: the pairs this chunk completes update the sequence's MTP ring; X_seg
   // [T, hc, D] are the sequence's final streams.
   virtual Status mtp_advance(FwdSeg& seg, const Tensor& X_seg) { return {}; }
+  // The MTP block's two backend-specific steps (Forward::mtp_block): X [rows, hc, dim] = bf16?(f
+  // [rows, dim] broadcast over the streams + X), and the block's window attention of rows at the
+  // consecutive positions pos (q [rows, H, Dh], their kv [rows, Dh]) over the sequence's MTP ring
+  // into out [rows, H·Dh] (BF16-rounded when bf16).
+  virtual Status stream_add(const Tensor& f, const Tensor& X, int64_t rows, int64_t hc, int64_t dim, bool bf16) {
+    return Status(StatusCode::kUnimplemented, "stream_add: this backend keeps no MTP state");
+  }
+  virtual Status mtp_attention(const SequenceState& st, const Tensor& q, const Tensor& kv,
+                               const std::vector<int64_t>& pos, const Vec& sink, const Tensor& out, bool bf16) {
+    return Status(StatusCode::kUnimplemented, "mtp_attention: this backend keeps no MTP state");
+  }
 
   // ---- multi-GPU (no-ops on one device) ----
   // This rank's attention heads, output groups and vocabulary rows.

@@ -82,10 +82,9 @@ class CpuOps final : public Backend {
 
   bool mtp_state() const override { return true; }
   Status mtp_advance(FwdSeg& seg, const Tensor& X_seg) override;
-  // V4 MTP block over n pairs (X_p [n, hc, D] host rows, token p+1, position p): the rows' window
-  // KV [n, Dh] into kv_rows and, with `logits`, their MTP logits appended.
-  Status mtp_block(const CpuSequenceState& st, const float* xmain, std::span<const int32_t> next,
-                   const std::vector<int64_t>& pos, std::vector<float>& kv_rows, std::vector<float>* logits);
+  Status stream_add(const Tensor& f, const Tensor& X, int64_t rows, int64_t hc, int64_t dim, bool bf16) override;
+  Status mtp_attention(const SequenceState& st, const Tensor& q, const Tensor& kv, const std::vector<int64_t>& pos,
+                       const Vec& sink, const Tensor& out, bool bf16) override;
 
   int64_t heads() const override;
   int64_t groups() const override;

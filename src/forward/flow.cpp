@@ -524,4 +524,56 @@ Result<DraftBlock> Forward::propose(ModelState& st, int32_t x0, const DraftChoos
   return out;
 }
 
+Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, const Tensor& tok,
+                                  const std::vector<int64_t>& pos, Tensor* logits) {
+  const MtpWeights& M = w_.mtp;
+  const AttentionWeights& A = M.block.attn;
+  const int64_t n = int64_t(pos.size()), D = c_.hidden_size, hc = c_.hc_mult, H = b_.heads(), Dh = c_.head_dim;
+  const float eps = float(c_.rms_norm_eps);
+  if (n < 1) return internal_error("mtp_block: no pair");
+  for (int64_t r = 1; r < n; ++r)  // the attention reads window keys as one run of positions
+    if (pos[size_t(r)] != pos[0] + r) return internal_error("mtp_block: positions are not consecutive");
+  FS_ASSIGN_OR_RETURN(Tensor pd, b_.scratch("mtp_pos", ElemType::kI64, n));
+  FS_RETURN_IF_ERROR(b_.upload(pd, pos.data(), size_t(n) * 8));
+  // X = bf16?(e_proj(enorm(embed[next])) broadcast over the streams + h_proj(hnorm(X_p))).
+  FS_ASSIGN_OR_RETURN(Tensor e, scratch_f("mtp_e", n, D));
+  FS_ASSIGN_OR_RETURN(Tensor hh, scratch_f("mtp_hh", n * hc, D));
+  FS_ASSIGN_OR_RETURN(Tensor ep, scratch_f("mtp_ep", n, D));
+  FS_ASSIGN_OR_RETURN(Tensor X, scratch_f("mtp_X", n * hc, D));
+  FS_ASSIGN_OR_RETURN(Tensor pre, scratch_f("mtp_pre", n, hc));
+  FS_RETURN_IF_ERROR(b_.embed(w_.embed, tok, e, n, 1, D));
+  FS_RETURN_IF_ERROR(b_.rms_norm(e, &M.enorm, e, n, D, eps, R()));
+  FS_RETURN_IF_ERROR(b_.rms_norm(xm, &M.hnorm, hh, n * hc, D, eps, R()));
+  FS_RETURN_IF_ERROR(b_.linear({e, &M.e_proj, n, D, D, ep, p_.act_block, R(), false, {A.block, DotOp::kEProj}}));
+  FS_RETURN_IF_ERROR(b_.linear({hh, &M.h_proj, n * hc, D, D, X, p_.act_block, R(), false, {A.block, DotOp::kHProj}}));
+  FS_RETURN_IF_ERROR(b_.stream_add(ep, X, n, hc, D, R()));
+  FS_RETURN_IF_ERROR(b_.zero(pre));
+  FS_ASSIGN_OR_RETURN(Tensor kv_rows, scratch_f("mtp_kv_rows", n, Dh));
+  // Window attention over the MTP ring and the block's own rows (causal), as the backbone's window
+  // layers: key s is kv[s − pos[0]] when s >= pos[0], else the ring's row of s.
+  auto attn = [&](const Tensor& a, const Tensor& out) -> Status {
+    Tensor qlat, q, kv;
+    FS_RETURN_IF_ERROR(project_qkv(A, "mtp_", a, pd, n, H, qlat, q, kv));
+    FS_RETURN_IF_ERROR(b_.copy(kv_rows, kv, size_t(n * Dh) * 4));  // the caller's ring write after the block
+    FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("mtp_o", n, H * Dh));
+    FS_RETURN_IF_ERROR(b_.mtp_attention(st, q, kv, pos, A.attn_sink, o, R()));
+    return output_projection(A, "mtp_z", pd, n, H, b_.groups(), o, out, R());
+  };
+  FS_RETURN_IF_ERROR(block(M.block, "mtp_", n, X, pre, attn, [&](const Tensor& m, const Tensor& out) {
+    return moe(M.block.ffn, "mtp_moe_", tok, n, c_.n_routed_experts, c_.n_experts_per_tok, m, out);
+  }));
+  if (!logits) return kv_rows;
+  // hc_head, collapse, norm and the LM head (the backbone's head, FP32 dots).
+  FS_ASSIGN_OR_RETURN(Tensor y, scratch_f("mtp_y", n, D));
+  HcMixCall hm;
+  hm.x = X, hm.fn = &M.hc_head_fn, hm.base = &M.hc_head_base, hm.scale = &M.hc_head_scale;
+  hm.rows = n, hm.hc = hc, hm.dim = D, hm.norm_eps = eps, hm.hc_eps = float(c_.hc_eps), hm.pre = pre;
+  FS_RETURN_IF_ERROR(b_.hc_head_pre(hm));
+  FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, y, n, hc, D, R()));
+  FS_RETURN_IF_ERROR(b_.rms_norm(y, &M.norm, y, n, D, eps, R()));
+  FS_ASSIGN_OR_RETURN(*logits, scratch_f("mtp_logits", n, c_.vocab_size));
+  FS_RETURN_IF_ERROR(b_.linear({y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}}));
+  return kv_rows;
+}
+
 }  // namespace flashseek::forward

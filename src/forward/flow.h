@@ -75,6 +75,12 @@ class Forward {
   // MoE of F over T rows m [T, D] (tokens for V4 hash routing) into out [T, D].
   Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
              const Tensor& m, const Tensor& out);
+  // V4 MTP block (v4 §3.8) over n pairs: xm [n, hc, D] the backbone's final streams at the
+  // consecutive positions pos, tok [n] (I32) the next tokens. Returns the block's window KV rows
+  // [n, Dh] (scratch "mtp_kv_rows": the caller writes them to its MTP ring) and, when logits is
+  // given, the draft logits [n, V] (scratch "mtp_logits"). The state is only read.
+  Result<Tensor> mtp_block(const SequenceState& st, const Tensor& xm, const Tensor& tok, const std::vector<int64_t>& pos,
+                           Tensor* logits);
 
  private:
   bool R() const { return p_.reference; }

@@ -1,8 +1,10 @@
-// V4 MTP block (v4 §3.8) on the CPU backend: predicts token t+2 at position t from the backbone's
-// final streams X_t (before hc_head) and the embedding of token t+1, through the flow's block,
-// projections and MoE. Its window row for position p can only be computed once token p+1 is
-// known, so every forward fills the rows of the pairs it completes (the previous chunk's last
-// position first) and mtp_logits() runs the last pair on demand.
+// V4 MTP (v4 §3.8) on the CPU backend: the block itself is Forward::mtp_block (flow.cpp, shared
+// with the CUDA backend); here are its CPU steps (the stream sum, the window attention over the
+// host MTP ring) and the state it keeps. The block predicts token t+2 at position t from the
+// backbone's final streams X_t (before hc_head) and the embedding of token t+1. Its window row for
+// position p can only be computed once token p+1 is known, so every forward fills the rows of the
+// pairs it completes (the previous chunk's last position first) and mtp_logits() runs the last
+// pair on demand.
 #include <algorithm>
 #include <cmath>
 
@@ -15,71 +17,31 @@
 
 namespace flashseek::forward {
 
-Status CpuOps::mtp_block(const CpuSequenceState& st, const float* xmain, std::span<const int32_t> next,
-                         const std::vector<int64_t>& pos, std::vector<float>& kv_rows, std::vector<float>* logits) {
-  Forward f(m_.flow_params(), *this);
-  const MtpWeights& M = w_.mtp;
-  const AttentionWeights& A = M.block.attn;
-  const bool R = m_.ref();
-  const int64_t n = int64_t(pos.size()), D = c_.hidden_size, hc = c_.hc_mult, H = c_.num_heads, Dh = c_.head_dim;
-  const int64_t act = m_.act_block_;
-  const float eps = float(c_.rms_norm_eps);
-  FS_ASSIGN_OR_RETURN(Tensor tok, scratch("mtp_tokens", ElemType::kI32, n));
-  FS_ASSIGN_OR_RETURN(Tensor pd, scratch("mtp_pos", ElemType::kI64, n));
-  FS_RETURN_IF_ERROR(upload(tok, next.data(), size_t(n) * 4));
-  FS_RETURN_IF_ERROR(upload(pd, pos.data(), size_t(n) * 8));
-  // X = e_proj(enorm(embed[next])) broadcast + h_proj(hnorm(X_p)) per stream, summed in BF16 (ref).
-  FS_ASSIGN_OR_RETURN(Tensor e, scratch("mtp_e", ElemType::kF32, n, D));
-  FS_ASSIGN_OR_RETURN(Tensor hh, scratch("mtp_hh", ElemType::kF32, n * hc, D));
-  FS_ASSIGN_OR_RETURN(Tensor ep, scratch("mtp_ep", ElemType::kF32, n, D));
-  FS_ASSIGN_OR_RETURN(Tensor hp, scratch("mtp_hp", ElemType::kF32, n * hc, D));
-  FS_ASSIGN_OR_RETURN(Tensor X, scratch("mtp_X", ElemType::kF32, n * hc, D));
-  FS_ASSIGN_OR_RETURN(Tensor pre, scratch("mtp_pre", ElemType::kF32, n, hc));
-  FS_RETURN_IF_ERROR(embed(w_.embed, tok, e, n, 1, D));
-  FS_RETURN_IF_ERROR(rms_norm(e, &M.enorm, e, n, D, eps, R));
-  const Tensor xm{const_cast<float*>(xmain), ElemType::kF32, n * hc, D};
-  FS_RETURN_IF_ERROR(rms_norm(xm, &M.hnorm, hh, n * hc, D, eps, R));
-  linear_raw(e.f32(), M.e_proj, n, D, D, ep.f32(), act, R, false, {A.block, DotOp::kEProj});
-  linear_raw(hh.f32(), M.h_proj, n * hc, D, D, hp.f32(), act, R, false, {A.block, DotOp::kHProj});
-  for (int64_t r = 0; r < n; ++r)
+Status CpuOps::stream_add(const Tensor& f, const Tensor& X, int64_t rows, int64_t hc, int64_t dim, bool bf16) {
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < hc; ++i)
-      for (int64_t d = 0; d < D; ++d) {
-        const float v = ep.f32()[r * D + d] + hp.f32()[(r * hc + i) * D + d];
-        X.f32()[(r * hc + i) * D + d] = R ? round_bf16(v) : v;
+      for (int64_t d = 0; d < dim; ++d) {
+        float& x = X.f32()[(r * hc + i) * dim + d];
+        const float v = f.f32()[r * dim + d] + x;
+        x = bf16 ? round_bf16(v) : v;
       }
-  FS_RETURN_IF_ERROR(zero(pre));
-  // Window attention over the MTP ring and the block's own rows (causal).
-  auto attn = [&](const Tensor& a, const Tensor& out) -> Status {
-    Tensor qlat, q, kv;
-    FS_RETURN_IF_ERROR(f.project_qkv(A, "mtp_", a, pd, n, H, qlat, q, kv));
-    kv_rows.assign(kv.f32(), kv.f32() + n * Dh);
-    FS_ASSIGN_OR_RETURN(Tensor o, scratch("mtp_o", ElemType::kF32, n, H * Dh));
-    std::vector<const float*> keys;
-    for (int64_t r = 0; r < n; ++r) {
-      keys.clear();
-      for (int64_t p = std::max<int64_t>(0, pos[r] - c_.window + 1); p <= pos[r]; ++p)
-        keys.push_back(p >= pos[0] ? kv_rows.data() + (p - pos[0]) * Dh : st.mtp_ring.data() + (p % st.ring_size) * Dh);
-      float* orow = o.f32() + r * H * Dh;
-      ops::sparse_attention({q.f32() + r * H * Dh, keys.data(), int64_t(keys.size()), H, Dh, A.attn_sink.data(),
-                             1.0f / std::sqrt(float(Dh)), R, orow});
-      if (R) ops::round_bf16_inplace(orow, H * Dh);
-    }
-    return f.output_projection(A, "mtp_z", pd, n, H, c_.o_groups, o, out, R);
-  };
-  FS_RETURN_IF_ERROR(f.block(M.block, "mtp_", n, X, pre, attn, [&](const Tensor& m, const Tensor& out) {
-    return f.moe(M.block.ffn, "mtp_moe_", tok, n, c_.n_routed_experts, c_.n_experts_per_tok, m, out);
-  }));
-  if (!logits) return {};
-  FS_ASSIGN_OR_RETURN(Tensor y, scratch("mtp_y", ElemType::kF32, n, D));
-  HcMixCall hm;
-  hm.x = X, hm.fn = &M.hc_head_fn, hm.base = &M.hc_head_base, hm.scale = &M.hc_head_scale;
-  hm.rows = n, hm.hc = hc, hm.dim = D, hm.norm_eps = eps, hm.hc_eps = float(c_.hc_eps), hm.pre = pre;
-  FS_RETURN_IF_ERROR(hc_head_pre(hm));
-  FS_RETURN_IF_ERROR(hc_collapse(X, pre, y, n, hc, D, R));
-  FS_RETURN_IF_ERROR(rms_norm(y, &M.norm, y, n, D, eps, R));
-  const size_t off = logits->size();
-  logits->resize(off + size_t(n * c_.vocab_size));
-  ops::linear({y.f32(), w_.head.data(), logits->data() + off, n, D, c_.vocab_size});
+  return {};
+}
+
+Status CpuOps::mtp_attention(const SequenceState& state, const Tensor& q, const Tensor& kv,
+                             const std::vector<int64_t>& pos, const Vec& sink, const Tensor& out, bool bf16) {
+  const auto& st = static_cast<const CpuSequenceState&>(state);
+  const int64_t n = int64_t(pos.size()), H = heads(), Dh = c_.head_dim;
+  std::vector<const float*> keys;
+  for (int64_t r = 0; r < n; ++r) {
+    keys.clear();
+    for (int64_t p = std::max<int64_t>(0, pos[r] - c_.window + 1); p <= pos[r]; ++p)
+      keys.push_back(p >= pos[0] ? kv.f32() + (p - pos[0]) * Dh : st.mtp_ring.data() + (p % st.ring_size) * Dh);
+    float* orow = out.f32() + r * H * Dh;
+    ops::sparse_attention({q.f32() + r * H * Dh, keys.data(), int64_t(keys.size()), H, Dh, sink.data(),
+                           1.0f / std::sqrt(float(Dh)), bf16, orow});
+    if (bf16) ops::round_bf16_inplace(orow, H * Dh);
+  }
   return {};
 }
 
@@ -102,11 +64,14 @@ Status CpuOps::mtp_advance(FwdSeg& seg, const Tensor& X_seg) {
     pos.push_back(seg.pos[size_t(t)]);
   }
   if (!pos.empty()) {
-    std::vector<float> kv;
-    FS_RETURN_IF_ERROR(mtp_block(st, xm.data(), next, pos, kv, nullptr));
     const int64_t n = int64_t(pos.size()), Dh = c_.head_dim;
+    FS_ASSIGN_OR_RETURN(Tensor tok, scratch("mtp_tokens", ElemType::kI32, n));
+    FS_RETURN_IF_ERROR(upload(tok, next.data(), size_t(n) * 4));
+    Forward f(m_.flow_params(), *this);
+    FS_ASSIGN_OR_RETURN(Tensor kv, f.mtp_block(st, Tensor{xm.data(), ElemType::kF32, n * c_.hc_mult, c_.hidden_size},
+                                               tok, pos, nullptr));
     for (int64_t r = std::max<int64_t>(0, n - st.ring_size); r < n; ++r)
-      std::copy_n(kv.data() + r * Dh, Dh, st.mtp_ring.data() + (pos[r] % st.ring_size) * Dh);
+      std::copy_n(kv.f32() + r * Dh, Dh, st.mtp_ring.data() + (pos[r] % st.ring_size) * Dh);
   }
   st.mtp_hist_x.insert(st.mtp_hist_x.end(), X, X + T * row);
   const int64_t keep = (1 + kMaxRollback) * row;
@@ -123,11 +88,15 @@ Result<std::vector<float>> CpuModel::mtp_logits(const SequenceState& state, int3
   if (next_token < 0 || next_token >= c.vocab_size)
     return invalid_argument("mtp_logits: token {} outside [0, {})", next_token, c.vocab_size);
   const int64_t row = c.hc_mult * c.hidden_size;
-  std::vector<float> xm(st->mtp_hist_x.end() - row, st->mtp_hist_x.end()), kv, logits;
-  const int32_t tok[1] = {next_token};
+  std::vector<float> xm(st->mtp_hist_x.end() - row, st->mtp_hist_x.end());
   CpuOps ops(*this);
-  FS_RETURN_IF_ERROR(ops.mtp_block(*st, xm.data(), tok, {st->len - 1}, kv, &logits));
-  return logits;
+  FS_ASSIGN_OR_RETURN(Tensor tok, ops.scratch("mtp_tokens", ElemType::kI32, 1));
+  tok.i32()[0] = next_token;
+  Forward f(flow_params(), ops);
+  Tensor lg;
+  FS_RETURN_IF_ERROR(f.mtp_block(*st, Tensor{xm.data(), ElemType::kF32, c.hc_mult, c.hidden_size}, tok,
+                                 {st->len - 1}, &lg).status());
+  return std::vector<float>(lg.f32(), lg.f32() + c.vocab_size);
 }
 
 }  // namespace flashseek::forward

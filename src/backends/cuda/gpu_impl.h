@@ -319,6 +319,9 @@ class GpuModel final : public Model, public Backend {
   // V4 MTP (gpu_mtp.cpp): the state is kept on one GPU when the checkpoint has the MTP block.
   bool mtp_state() const override { return has_draft() && w_.has_mtp && !w_.has_dspark; }
   Status mtp_advance(FwdSeg& seg, const Tensor& X_seg) override;
+  Status stream_add(const Tensor& f, const Tensor& X, int64_t rows, int64_t hc, int64_t dim, bool bf16) override;
+  Status mtp_attention(const SequenceState& st, const Tensor& q, const Tensor& kv, const std::vector<int64_t>& pos,
+                       const Vec& sink, const Tensor& out, bool bf16) override;
   int64_t heads() const override { return shard_.heads; }
   int64_t groups() const override { return shard_.groups; }
   int64_t vocab_rows() const override { return shard_.vocab; }
@@ -344,13 +347,10 @@ class GpuModel final : public Model, public Backend {
                         int64_t ratio);
   // DSpark weights (gpu_draft.cpp).
   Status upload_draft_weights();
-  // V4 MTP (gpu_mtp.cpp): weights as stored like the backbone's; the block over n pairs (final
-  // streams xm [n·hc, D] of positions pos, token after each in tok [n]) whose window KV rows
-  // [n, Dh] it returns (scratch "mtp_kv_rows"), with *logits [n, V] (scratch) when asked; the
-  // proposal of one draft; the state's MTP parts on allocation, rollback and snapshots.
+  // V4 MTP (gpu_mtp.cpp; the block is Forward::mtp_block): weights as stored like the
+  // backbone's; the proposal of one draft; the state's MTP parts on allocation, rollback and
+  // snapshots.
   Status upload_mtp_weights();
-  Result<Tensor> mtp_block(const GpuSequenceState& st, const Tensor& xm, const Tensor& tok,
-                           const std::vector<int64_t>& pos, Tensor* logits);
   Result<DraftBlock> propose_mtp(const GpuSequenceState& st, int32_t x0, const DraftChooser& choose);
   Status mtp_new_sequence(GpuSequenceState& st) const;
   Status mtp_check_rollback(const GpuSequenceState& st, int64_t new_length) const;

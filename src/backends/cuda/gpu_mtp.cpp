@@ -1,7 +1,8 @@
-// V4 MTP block (v4 §3.8) on the GPU, one draft per step: the CUDA twin of forward/mtp.cpp
-// (CpuOps::mtp_block, CpuOps::mtp_advance, CpuModel::mtp_logits). The block predicts token t+2 at
-// position t from the backbone's final streams X_t and the embedding of token t+1, through the
-// flow's mHC block, projections and MoE (forward/flow.h) on this backend's ops and kernels. Its
+// V4 MTP (v4 §3.8) on the GPU, one draft per step: the block itself is Forward::mtp_block
+// (forward/flow.cpp, shared with the CPU backend); here are its two CUDA steps (stream_add,
+// mtp_attention), the state and the proposal (the CPU's forward/mtp.cpp: CpuOps::mtp_advance,
+// CpuModel::mtp_logits). The block predicts token t+2 at position t from the backbone's final
+// streams X_t and the embedding of token t+1. Its
 // window row of position p needs token p+1, so every forward completes the pairs its tokens close
 // (the previous chunk's last position first) and the proposal runs the last pair on demand.
 //
@@ -56,80 +57,38 @@ Status GpuModel::upload_mtp_weights() {
   return {};
 }
 
-Result<Tensor> GpuModel::mtp_block(const GpuSequenceState& st, const Tensor& xm, const Tensor& tok,
-                                   const std::vector<int64_t>& pos, Tensor* logits) {
+// X += f per stream with one rounding: the mHC post kernel with post = 1 and comb = I computes
+// bf16?(1·f + X) exactly (for finite values the zero products add nothing; only the sign of an
+// exact zero may differ), the CPU's bf16?(f + X). post and comb are uploaded on every call: a
+// call may be recorded into a CUDA graph whose recording is discarded, so "uploaded once" could
+// not be known here.
+Status GpuModel::stream_add(const Tensor& f, const Tensor& X, int64_t rows, int64_t hc, int64_t dim, bool bf16) {
+  std::vector<float> ones(size_t(rows * hc), 1.0f), eye(size_t(rows * hc * hc), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < hc; ++i) eye[size_t((r * hc + i) * hc + i)] = 1.0f;
+  FS_ASSIGN_OR_RETURN(Tensor post, scratch("mtp_sum_post", ElemType::kF32, rows, hc));
+  FS_ASSIGN_OR_RETURN(Tensor comb, scratch("mtp_sum_comb", ElemType::kF32, rows, hc * hc));
+  FS_RETURN_IF_ERROR(upload(post, ones.data(), ones.size() * 4));
+  FS_RETURN_IF_ERROR(upload(comb, eye.data(), eye.size() * 4));
+  return hc_post(f, X, post, comb, rows, hc, dim, bf16);
+}
+
+// The MTP block's window attention (the backbone's window-layer kernel): key s of row r is
+// kv[s − pos[0]] when s >= pos[0], else mtp_ring[s % ring_size].
+Status GpuModel::mtp_attention(const SequenceState& state, const Tensor& q, const Tensor& kv,
+                               const std::vector<int64_t>& pos, const Vec& sink, const Tensor& out, bool bf16) {
+  const auto& st = static_cast<const GpuSequenceState&>(state);
+  if (!st.mtp_ring.get()) return internal_error("mtp_attention: the GPU state has no MTP ring");
   const auto& c = config();
-  Forward f(flow_params(), *this);
-  const MtpWeights& M = w_.mtp;
-  const AttentionWeights& A = M.block.attn;
-  const bool R = ref();
-  const int64_t n = int64_t(pos.size()), D = c.hidden_size, hc = c.hc_mult, H = heads(), Dh = c.head_dim;
-  const float eps = float(c.rms_norm_eps);
-  if (n < 1) return internal_error("mtp_block: no pair");
-  if (!st.mtp_ring.get()) return internal_error("mtp_block: the GPU state has no MTP ring");
-  for (int64_t r = 1; r < n; ++r)  // the attention reads window keys as one run of positions
-    if (pos[size_t(r)] != pos[0] + r) return internal_error("mtp_block: positions are not consecutive");
-  FS_ASSIGN_OR_RETURN(Tensor pd, scratch("mtp_pos", ElemType::kI64, n));
-  FS_RETURN_IF_ERROR(upload(pd, pos.data(), size_t(n) * 8));
-  // X = bf16?(e_proj(enorm(embed[next])) broadcast over the streams + h_proj(hnorm(X_p))).
-  FS_ASSIGN_OR_RETURN(Tensor e, scratch("mtp_e", ElemType::kF32, n, D));
-  FS_ASSIGN_OR_RETURN(Tensor hh, scratch("mtp_hh", ElemType::kF32, n * hc, D));
-  FS_ASSIGN_OR_RETURN(Tensor ep, scratch("mtp_ep", ElemType::kF32, n, D));
-  FS_ASSIGN_OR_RETURN(Tensor X, scratch("mtp_X", ElemType::kF32, n * hc, D));
-  FS_ASSIGN_OR_RETURN(Tensor pre, scratch("mtp_pre", ElemType::kF32, n, hc));
-  FS_RETURN_IF_ERROR(embed(w_.embed, tok, e, n, 1, D));
-  FS_RETURN_IF_ERROR(rms_norm(e, &M.enorm, e, n, D, eps, R));
-  FS_RETURN_IF_ERROR(rms_norm(xm, &M.hnorm, hh, n * hc, D, eps, R));
-  LinearCall le{e, &M.e_proj, n, D, D, ep, act_block_, R, false, {A.block, DotOp::kEProj}};
-  FS_RETURN_IF_ERROR(linear(le));
-  LinearCall lh{hh, &M.h_proj, n * hc, D, D, X, act_block_, R, false, {A.block, DotOp::kHProj}};
-  FS_RETURN_IF_ERROR(linear(lh));
-  {  // X += ep per stream, one rounding: the mHC post kernel with post = 1 and comb = I computes
-     // bf16?(1·ep + X) exactly (for finite values the zero products add nothing; only the sign of
-     // an exact zero may differ), the CPU's bf16?(ep + hp).
-    std::vector<float> ones(size_t(n * hc), 1.0f), eye(size_t(n * hc * hc), 0.0f);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t i = 0; i < hc; ++i) eye[size_t((r * hc + i) * hc + i)] = 1.0f;
-    FS_ASSIGN_OR_RETURN(Tensor post, scratch("mtp_sum_post", ElemType::kF32, n, hc));
-    FS_ASSIGN_OR_RETURN(Tensor comb, scratch("mtp_sum_comb", ElemType::kF32, n, hc * hc));
-    FS_RETURN_IF_ERROR(upload(post, ones.data(), ones.size() * 4));
-    FS_RETURN_IF_ERROR(upload(comb, eye.data(), eye.size() * 4));
-    FS_RETURN_IF_ERROR(hc_post(ep, X, post, comb, n, hc, D, R));
-  }
-  FS_RETURN_IF_ERROR(zero(pre));
-  FS_ASSIGN_OR_RETURN(Tensor kv_rows, scratch("mtp_kv_rows", ElemType::kF32, n, Dh));
-  // Window attention over the MTP ring and the block's own rows (causal), as the backbone's
-  // window layers: key s is kv[s − pos[0]] when s >= pos[0], else ring[s % ring_size].
-  auto attn = [&](const Tensor& a, const Tensor& out) -> Status {
-    Tensor qlat, q, kv;
-    FS_RETURN_IF_ERROR(f.project_qkv(A, "mtp_", a, pd, n, H, qlat, q, kv));
-    FS_RETURN_IF_ERROR(copy(kv_rows, kv, size_t(n * Dh) * 4));  // the ring write after the block
-    FS_ASSIGN_OR_RETURN(Tensor o, scratch("mtp_o", ElemType::kF32, n, H * Dh));
-    cd::ModelAttnArgs p;
-    p.q = q.f32(), p.kv_chunk = kv.f32(), p.ring = st.mtp_ring.get(), p.sink = d(A.attn_sink), p.out = o.f32();
-    p.T = n, p.H = H, p.Dh = Dh, p.window = c.window, p.ring_size = st.ring_size, p.start = pos[0];
-    p.max_keys = c.window;
-    p.scale = 1.0f / std::sqrt(float(Dh));
-    p.bf16 = R;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
-    return f.output_projection(A, "mtp_z", pd, n, H, c.o_groups, o, out, R);
-  };
-  FS_RETURN_IF_ERROR(f.block(M.block, "mtp_", n, X, pre, attn, [&](const Tensor& m, const Tensor& out) {
-    return f.moe(M.block.ffn, "mtp_moe_", tok, n, c.n_routed_experts, c.n_experts_per_tok, m, out);
-  }));
-  if (!logits) return kv_rows;
-  // hc_head, collapse, norm and the FP32 LM head (the backbone's head).
-  FS_ASSIGN_OR_RETURN(Tensor y, scratch("mtp_y", ElemType::kF32, n, D));
-  HcMixCall hm;
-  hm.x = X, hm.fn = &M.hc_head_fn, hm.base = &M.hc_head_base, hm.scale = &M.hc_head_scale;
-  hm.rows = n, hm.hc = hc, hm.dim = D, hm.norm_eps = eps, hm.hc_eps = float(c.hc_eps), hm.pre = pre;
-  FS_RETURN_IF_ERROR(hc_head_pre(hm));
-  FS_RETURN_IF_ERROR(hc_collapse(X, pre, y, n, hc, D, R));
-  FS_RETURN_IF_ERROR(rms_norm(y, &M.norm, y, n, D, eps, R));
-  FS_ASSIGN_OR_RETURN(*logits, scratch("mtp_logits", ElemType::kF32, n, c.vocab_size));
-  LinearCall lg{y, &w_.head, n, D, c.vocab_size, *logits, 0, false, false, {}};
-  FS_RETURN_IF_ERROR(linear(lg));
-  return kv_rows;
+  cd::ModelAttnArgs p;
+  p.q = q.f32(), p.kv_chunk = kv.f32(), p.ring = st.mtp_ring.get(), p.sink = d(sink), p.out = out.f32();
+  p.T = int64_t(pos.size()), p.H = heads(), p.Dh = c.head_dim, p.window = c.window, p.ring_size = st.ring_size;
+  p.start = pos[0];
+  p.max_keys = c.window;
+  p.scale = 1.0f / std::sqrt(float(c.head_dim));
+  p.bf16 = bf16;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
+  return {};
 }
 
 Status GpuModel::mtp_advance(FwdSeg& seg, const Tensor& X_seg) {
@@ -151,8 +110,9 @@ Status GpuModel::mtp_advance(FwdSeg& seg, const Tensor& X_seg) {
     if (T > 1) FS_RETURN_IF_ERROR(copy(xm.rows_from((1 - s0) * hc), X_seg, size_t((T - 1) * row) * 4));
     std::vector<int64_t> pos(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j) pos[size_t(j)] = seg.start - 1 + s0 + j;
-    FS_ASSIGN_OR_RETURN(Tensor kv, mtp_block(st, xm, seg.tokens_d.rows_from(s0, n), pos, nullptr));
-    FS_ASSIGN_OR_RETURN(Tensor pd, scratch("mtp_pos", ElemType::kI64, n));  // mtp_block's positions
+    Forward f(flow_params(), *this);
+    FS_ASSIGN_OR_RETURN(Tensor kv, f.mtp_block(st, xm, seg.tokens_d.rows_from(s0, n), pos, nullptr));
+    FS_ASSIGN_OR_RETURN(Tensor pd, scratch("mtp_pos", ElemType::kI64, n));  // the block's positions
     FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st.mtp_ring.get(), kv.f32(), pd.i64(), std::max<int64_t>(0, n - rs),
                                                   n, rs, Dh, stream_));
   }
@@ -173,7 +133,8 @@ Result<DraftBlock> GpuModel::propose_mtp(const GpuSequenceState& st, int32_t x0,
   FS_ASSIGN_OR_RETURN(Tensor tok, scratch("mtp_tokens", ElemType::kI32, 1));
   FS_RETURN_IF_ERROR(upload(tok, &x0, 4));
   Tensor lg;
-  FS_RETURN_IF_ERROR(mtp_block(st, xm, tok, {a}, &lg).status());
+  Forward f(flow_params(), *this);
+  FS_RETURN_IF_ERROR(f.mtp_block(st, xm, tok, {a}, &lg).status());
   DraftBlock out;
   out.logits.resize(size_t(V));
   FS_RETURN_IF_ERROR(download_now(out.logits.data(), lg, size_t(V) * 4));
