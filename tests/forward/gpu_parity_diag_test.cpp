@@ -1,0 +1,190 @@
+// Which GPU op moves the CUDA backend's logits away from the CPU reference (issue 13, "parity
+// V4.1"; docs/cuda.md, "Whole-model parity"). On the well-conditioned tie-free tiny-v41 and
+// tiny-v4 checkpoints (where the noise follows the perturbation, so the bound is proportional to
+// ε), teacher-forced over the parity tests' 410-token prompt, once as one prefill chunk and once
+// token by token, this prints the parity statistics against the CPU reference (reference
+// numerics) of:
+//   fp32         GpuWeights::kFp32 (every linear through the exactness kernels, FP32 copies)
+//   slow         native weights, every FP8-activation linear through the exactness kernels
+//                (GpuLoadOptions::fast_linears = 0)
+//   fast:<role>  native, only that role through the block-scaled GEMVs (one line per role)
+//   native       native defaults (every role fast: what GpuSensitivity.* measures)
+//   slow+idx<k>  `slow` with the indexer-score kernel forced to k (1: one thread per key, 2 / 3:
+//                key tiles; GpuLoadOptions::index_scores_kernel)
+// next to the CPU bound (the worst CPU self-sensitivity, parity_test_util.h), and for every
+// configuration the number of logits that differ bitwise from the CPU's. Lines:
+//   [pdiag] <ckpt> <config> prefill|decode median .. p99 .. max .. argmax n/m | bound median ..
+//   p99 ..  bitwise-diff-count .. fast-matrices ..
+// What it asserts is what must hold whatever the kernels' rounding: `slow` equals `fp32` bit for
+// bit (both run the exactness kernels on the same values: the stored codes expanded in registers
+// are exactly the FP32 copies; model_kernels.h WeightRef), the indexer-score kernels give the
+// same bits, and the load option selects what it says (no block-scaled matrix when every role is
+// slow; the single-role counts add up to the default's). Skips visibly without a CUDA device.
+// Run: build-cuda/tests/test_forward --gtest_filter='GpuParityDiag.*'
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/gpu_model.h"
+#include "parity_test_util.h"
+
+#if FLASHSEEK_HAVE_CUDA
+#include "backends/cuda/gpu_impl.h"
+#endif
+
+namespace flashseek::forward {
+namespace {
+using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
+
+// Floats whose bits differ (NaNs with the same payload count as equal); sizes that differ count
+// every float of the longer run.
+int64_t bitwise_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return int64_t(std::max(a.size(), b.size()));
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]);
+  return n;
+}
+
+struct DiagConfig {
+  std::string name;
+  GpuLoadOptions opts;
+};
+
+std::vector<DiagConfig> configs() {
+  std::vector<DiagConfig> v;
+  GpuLoadOptions fp32;
+  fp32.weights = GpuWeights::kFp32;
+  v.push_back({"fp32", fp32});
+  GpuLoadOptions slow;
+  slow.fast_linears = 0;
+  v.push_back({"slow", slow});
+  for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r) {
+    GpuLoadOptions one;
+    one.fast_linears = gpu_linear_bit(GpuLinearRole(r));
+    v.push_back({std::string("fast:") + gpu_linear_role_name(GpuLinearRole(r)), one});
+  }
+  v.push_back({"native", GpuLoadOptions{}});
+  for (int k : {1, 2, 3}) {
+    GpuLoadOptions idx = slow;
+    idx.index_scores_kernel = k;
+    v.push_back({"slow+idx" + std::to_string(k), idx});
+  }
+  return v;
+}
+
+// The logits of one configuration (prefill, decode) and its count of block-scaled matrices (-1:
+// not a CUDA model).
+struct DiagRun {
+  std::vector<float> prefill, decode;
+  int64_t fast_matrices = -1;
+};
+
+DiagRun run_config(const Measured& m, const GpuLoadOptions& opts) {
+  DiagRun r;
+  auto gpu = load_model_gpu(m.dir, Numerics::kReference, 0, opts);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
+  if (!gpu.ok()) return r;
+#if FLASHSEEK_HAVE_CUDA
+  if (const auto* g = dynamic_cast<const gpu::GpuModel*>(gpu.value().get())) r.fast_matrices = g->weight_report().fast_matrices;
+#endif
+  const auto toks = prompt(gpu.value()->config().vocab_size);
+  for (int64_t chunk : {kTokens, int64_t(1)}) {
+    auto l = teacher_forced_logits(*gpu.value(), toks, chunk);
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    (chunk == kTokens ? r.prefill : r.decode) = l.ok() ? std::move(l).value() : std::vector<float>{};
+  }
+  return r;
+}
+
+void print_line(const Ckpt& c, const std::string& config, const char* how, const ParityStats& s,
+                const ParityStats& bound, int64_t diff, int64_t fast) {
+  std::printf("[pdiag] %s %s %s median %.4g p99 %.4g max %.4g argmax %lld/%lld | bound median %.4g p99 %.4g  "
+              "bitwise-diff-count %lld fast-matrices %lld\n",
+              c.tag().c_str(), config.c_str(), how, s.median, s.p99, s.max, static_cast<long long>(s.agree),
+              static_cast<long long>(s.compared), bound.median, bound.p99, static_cast<long long>(diff),
+              static_cast<long long>(fast));
+}
+
+void diagnose(const Ckpt& c) {
+  const Measured& m = measured(c);
+  ASSERT_EQ(m.ref.size(), size_t(kTokens * m.vocab));
+  const ParityStats& bound = m.sens.worst;
+  std::printf("[pdiag] %s bound (cpu vs cpu-perturbed, %s 1e-7, worst of %zu) median %.4g p99 %.4g max %.4g "
+              "argmax %lld/%lld\n",
+              c.tag().c_str(), mode_name(kBoundMode), std::size(kSeeds), bound.median, bound.p99, bound.max,
+              static_cast<long long>(bound.agree), static_cast<long long>(bound.compared));
+  std::vector<std::pair<std::string, DiagRun>> runs;
+  for (const DiagConfig& d : configs()) {
+    DiagRun r = run_config(m, d.opts);
+    for (int pass = 0; pass < 2; ++pass) {
+      const std::vector<float>& l = pass == 0 ? r.prefill : r.decode;
+      const char* how = pass == 0 ? "prefill" : "decode";
+      const ParityStats s = stats(m.ref, l, m.vocab);
+      print_line(c, d.name, how, s, bound, bitwise_diff(m.ref, l), r.fast_matrices);
+      EXPECT_TRUE(s.finite) << d.name << " " << how;
+      EXPECT_EQ(s.positions, kTokens) << d.name << " " << how;
+    }
+    std::fflush(stdout);
+    runs.emplace_back(d.name, std::move(r));
+  }
+  auto find = [&](const std::string& name) -> const DiagRun& {
+    for (const auto& [n, r] : runs)
+      if (n == name) return r;
+    ADD_FAILURE() << "no run " << name;
+    return runs.front().second;
+  };
+  const DiagRun& fp32 = find("fp32");
+  const DiagRun& slow = find("slow");
+  // (b) == (a): the exactness kernels on the same values, whichever way the weights are stored.
+  EXPECT_EQ(bitwise_diff(fp32.prefill, slow.prefill), 0) << "prefill: native all-slow differs from fp32";
+  EXPECT_EQ(bitwise_diff(fp32.decode, slow.decode), 0) << "decode: native all-slow differs from fp32";
+  // The indexer-score kernels give the same bits (model_kernels.h IndexScoreArgs::kernel).
+  for (int k : {1, 2, 3}) {
+    const DiagRun& idx = find("slow+idx" + std::to_string(k));
+    EXPECT_EQ(bitwise_diff(slow.prefill, idx.prefill), 0) << "prefill: index scores kernel " << k;
+    EXPECT_EQ(bitwise_diff(slow.decode, idx.decode), 0) << "decode: index scores kernel " << k;
+  }
+#if FLASHSEEK_HAVE_CUDA
+  // The option selects what it says: no block-scaled matrix when every role is slow (nor in fp32
+  // mode), some by default, and each matrix in exactly one role.
+  EXPECT_EQ(fp32.fast_matrices, 0);
+  EXPECT_EQ(slow.fast_matrices, 0);
+  const DiagRun& native = find("native");
+  EXPECT_GT(native.fast_matrices, 0);
+  int64_t sum = 0;
+  for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r)
+    sum += find(std::string("fast:") + gpu_linear_role_name(GpuLinearRole(r))).fast_matrices;
+  EXPECT_EQ(sum, native.fast_matrices);
+#endif
+}
+
+// The well-conditioned tie-free checkpoints (plain tests, so that 'GpuParityDiag.*' selects them).
+TEST(GpuParityDiag, TinyV41TieFreeWellConditioned) {
+  FS_REQUIRE_GPU();
+  diagnose(Ckpt{"tiny-v41", true, true});
+}
+TEST(GpuParityDiag, TinyV4TieFreeWellConditioned) {
+  FS_REQUIRE_GPU();
+  diagnose(Ckpt{"tiny-v4", true, true});
+}
+
+// The load option's checks without a device run: role names are distinct and name every role.
+TEST(GpuLinearRoles, NamesAreDistinctAndCoverEveryRole) {
+  std::vector<std::string> names;
+  for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r) {
+    const std::string n = gpu_linear_role_name(GpuLinearRole(r));
+    EXPECT_NE(n, "?") << r;
+    EXPECT_EQ(std::count(names.begin(), names.end(), n), 0) << n;
+    names.push_back(n);
+  }
+  EXPECT_STREQ(gpu_linear_role_name(GpuLinearRole::kCount), "?");
+  EXPECT_EQ(kAllGpuLinearRoles, (uint32_t(1) << uint32_t(GpuLinearRole::kCount)) - 1);
+  EXPECT_EQ(GpuLoadOptions{}.fast_linears, kAllGpuLinearRoles);  // default: today's behaviour
+}
+
+}  // namespace
+}  // namespace flashseek::forward
