@@ -12,9 +12,12 @@
 //   slow+idx<k>  `slow` with the indexer-score kernel forced to k (1: one thread per key, 2 / 3:
 //                key tiles; GpuLoadOptions::index_scores_kernel)
 // next to the CPU bound (the worst CPU self-sensitivity, parity_test_util.h), and for every
-// configuration the number of logits that differ bitwise from the CPU's. Lines:
+// configuration the number of logits that differ bitwise from the CPU's. A fast:<role> line whose
+// role exists in the checkpoint also carries that role's own CPU bound: the CPU with only the
+// role's dots perturbed (CpuLoadOptions::perturbation_filter, worst of the three seeds), the
+// yardstick of that one GEMV. Lines:
 //   [pdiag] <ckpt> <config> prefill|decode median .. p99 .. max .. argmax n/m | bound median ..
-//   p99 ..  bitwise-diff-count .. fast-matrices ..
+//   p99 ..  bitwise-diff-count .. fast-matrices .. [role-bound median .. p99 .. max ..]
 // What it asserts is what must hold whatever the kernels' rounding: `slow` equals `fp32` bit for
 // bit (both run the exactness kernels on the same values: the stored codes expanded in registers
 // are exactly the FP32 copies; model_kernels.h WeightRef), the indexer-score kernels give the
@@ -26,6 +29,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,7 +57,47 @@ int64_t bitwise_diff(const std::vector<float>& a, const std::vector<float>& b) {
 struct DiagConfig {
   std::string name;
   GpuLoadOptions opts;
+  int role = -1;  // fast:<role> configurations: the GpuLinearRole
 };
+
+// The CPU dots of GPU role `r` (CpuLoadOptions::perturbation_filter); empty for the draft, whose
+// dots (the V4 MTP block) never reach the teacher-forced logits.
+std::function<bool(const LinearKey&)> cpu_dots_of(GpuLinearRole r) {
+  auto op_is = [](DotOp want) { return [want](const LinearKey& k) { return k.op == want; }; };
+  auto ffn = [](bool routed) {
+    return [routed](const LinearKey& k) {
+      return (k.op == DotOp::kW1 || k.op == DotOp::kW2 || k.op == DotOp::kW3) && (k.expert >= 0) == routed;
+    };
+  };
+  switch (r) {
+    case GpuLinearRole::kAttnWqA: return op_is(DotOp::kWqA);
+    case GpuLinearRole::kAttnWqB: return op_is(DotOp::kWqB);
+    case GpuLinearRole::kAttnWkv: return op_is(DotOp::kWkv);
+    case GpuLinearRole::kAttnWoB: return op_is(DotOp::kWoB);
+    case GpuLinearRole::kIndexerWqB: return op_is(DotOp::kIdxWqB);
+    case GpuLinearRole::kSharedExperts: return ffn(false);
+    case GpuLinearRole::kRoutedExperts: return ffn(true);
+    case GpuLinearRole::kEngramWkv: return op_is(DotOp::kEngramWkv);
+    default: return {};
+  }
+}
+
+// The CPU self-sensitivity with only role `r`'s dots perturbed (kBoundMode, 1e-7, worst of kSeeds).
+ParityStats cpu_role_bound(const Measured& m, GpuLinearRole r) {
+  ParityStats worst;
+  for (uint64_t seed : kSeeds) {
+    CpuLoadOptions o;
+    o.dot_perturbation = kDotPerturbation;
+    o.perturbation_seed = seed;
+    o.perturbation_mode = kBoundMode;
+    o.perturbation_filter = cpu_dots_of(r);
+    const ParityStats s = stats(m.ref, cpu_logits(m.dir, o), m.vocab);
+    worst.median = std::max(worst.median, s.median);
+    worst.p99 = std::max(worst.p99, s.p99);
+    worst.max = std::max(worst.max, s.max);
+  }
+  return worst;
+}
 
 std::vector<DiagConfig> configs() {
   std::vector<DiagConfig> v;
@@ -65,7 +110,7 @@ std::vector<DiagConfig> configs() {
   for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r) {
     GpuLoadOptions one;
     one.fast_linears = gpu_linear_bit(GpuLinearRole(r));
-    v.push_back({std::string("fast:") + gpu_linear_role_name(GpuLinearRole(r)), one});
+    v.push_back({std::string("fast:") + gpu_linear_role_name(GpuLinearRole(r)), one, int(r)});
   }
   v.push_back({"native", GpuLoadOptions{}});
   for (int k : {1, 2, 3}) {
@@ -100,13 +145,17 @@ DiagRun run_config(const Measured& m, const GpuLoadOptions& opts) {
   return r;
 }
 
+// One configuration's line; with `role_bound`, also the CPU self-sensitivity of that role alone.
 void print_line(const Ckpt& c, const std::string& config, const char* how, const ParityStats& s,
-                const ParityStats& bound, int64_t diff, int64_t fast) {
+                const ParityStats& bound, int64_t diff, int64_t fast, const ParityStats* role_bound) {
   std::printf("[pdiag] %s %s %s median %.4g p99 %.4g max %.4g argmax %lld/%lld | bound median %.4g p99 %.4g  "
-              "bitwise-diff-count %lld fast-matrices %lld\n",
+              "bitwise-diff-count %lld fast-matrices %lld",
               c.tag().c_str(), config.c_str(), how, s.median, s.p99, s.max, static_cast<long long>(s.agree),
               static_cast<long long>(s.compared), bound.median, bound.p99, static_cast<long long>(diff),
               static_cast<long long>(fast));
+  if (role_bound)
+    std::printf("  role-bound median %.4g p99 %.4g max %.4g", role_bound->median, role_bound->p99, role_bound->max);
+  std::printf("\n");
 }
 
 void diagnose(const Ckpt& c) {
@@ -120,11 +169,16 @@ void diagnose(const Ckpt& c) {
   std::vector<std::pair<std::string, DiagRun>> runs;
   for (const DiagConfig& d : configs()) {
     DiagRun r = run_config(m, d.opts);
+    // A role present in this checkpoint: the CPU with only that role's dots perturbed, for scale.
+    std::optional<ParityStats> role_bound;
+    if (d.role >= 0 && r.fast_matrices > 0 && cpu_dots_of(GpuLinearRole(d.role)))
+      role_bound = cpu_role_bound(m, GpuLinearRole(d.role));
     for (int pass = 0; pass < 2; ++pass) {
       const std::vector<float>& l = pass == 0 ? r.prefill : r.decode;
       const char* how = pass == 0 ? "prefill" : "decode";
       const ParityStats s = stats(m.ref, l, m.vocab);
-      print_line(c, d.name, how, s, bound, bitwise_diff(m.ref, l), r.fast_matrices);
+      print_line(c, d.name, how, s, bound, bitwise_diff(m.ref, l), r.fast_matrices,
+                 role_bound ? &*role_bound : nullptr);
       EXPECT_TRUE(s.finite) << d.name << " " << how;
       EXPECT_EQ(s.positions, kTokens) << d.name << " " << how;
     }
@@ -170,6 +224,41 @@ TEST(GpuParityDiag, TinyV41TieFreeWellConditioned) {
 TEST(GpuParityDiag, TinyV4TieFreeWellConditioned) {
   FS_REQUIRE_GPU();
   diagnose(Ckpt{"tiny-v4", true, true});
+}
+
+// CpuLoadOptions::perturbation_filter perturbs exactly the dots it accepts (CPU, 48 tokens of
+// tiny-v41 in one chunk): rejecting every dot gives the unperturbed bits, accepting every dot the
+// unfiltered perturbation's bits, and only attention wo_b something between (differs from both;
+// on this checkpoint and prompt, wo_b's perturbation reaches the logits within 48 tokens, while
+// wq_a's, indexer.wq_b's and engram.wkv's alone changed no logit there).
+TEST(CpuPerturbationFilter, PerturbsExactlyTheAcceptedDots) {
+  const std::string dir = checkpoint(Ckpt{"tiny-v41"});
+  auto logits = [&](const CpuLoadOptions& o) {
+    auto m = CpuModel::load(dir, Numerics::kReference, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    if (!m.ok()) return std::vector<float>{};
+    std::vector<int32_t> toks = prompt(m.value()->config().vocab_size);
+    toks.resize(48);
+    auto l = teacher_forced_logits(*m.value(), toks, int64_t(toks.size()));
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    return l.ok() ? std::move(l).value() : std::vector<float>{};
+  };
+  CpuLoadOptions p;
+  p.dot_perturbation = kDotPerturbation;
+  p.perturbation_seed = 1;
+  p.perturbation_mode = kBoundMode;
+  const std::vector<float> plain = logits({}), all = logits(p);
+  ASSERT_FALSE(plain.empty());
+  ASSERT_GT(bitwise_diff(plain, all), 0);  // the perturbation moves something at all
+  CpuLoadOptions none = p, every = p, wo_b = p;
+  none.perturbation_filter = [](const LinearKey&) { return false; };
+  every.perturbation_filter = [](const LinearKey&) { return true; };
+  wo_b.perturbation_filter = cpu_dots_of(GpuLinearRole::kAttnWoB);
+  EXPECT_EQ(bitwise_diff(logits(none), plain), 0);
+  EXPECT_EQ(bitwise_diff(logits(every), all), 0);
+  const std::vector<float> only = logits(wo_b);
+  EXPECT_GT(bitwise_diff(only, plain), 0);
+  EXPECT_GT(bitwise_diff(only, all), 0);
 }
 
 // The load option's checks without a device run: role names are distinct and name every role.
