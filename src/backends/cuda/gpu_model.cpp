@@ -473,6 +473,8 @@ std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
+  if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
+    return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;
@@ -526,8 +528,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->act_block_ = ab.linear;
   m->expert_act_block_ = ab.experts;
   m->fast_linears_ = opts.fast_linears;
-  if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
-    return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
   m->index_scores_kernel_ = opts.index_scores_kernel;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
     m->shard_ = *shard;
