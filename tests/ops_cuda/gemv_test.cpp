@@ -106,6 +106,22 @@ TEST(CudaBlockLinear, MatchesCpuTwinOnOddShapes) {
   for (const auto& c : cases) run_linear_case(c, seed++);
 }
 
+// The bias of a set of results against their exact dots: the mean of sign(exact)·(got − exact) /
+// Σ|x_q·w| (negative: on average toward zero) and the fraction of inexact results that moved toward
+// zero. An unbiased order gives a mean near 0 and a fraction near 0.5; truncating accumulation
+// (round toward zero) gives a negative mean and a fraction near 1, which, unlike random-sign
+// errors, adds up coherently over outputs and layers.
+struct Bias {
+  double sum = 0, toward_zero = 0, inexact = 0, n = 0;
+  void add(double got, double exact, double mag) {
+    const double d = (exact < 0 ? -1.0 : 1.0) * (got - exact) / mag;
+    sum += d, n += 1;
+    if (got != exact) inexact += 1, toward_zero += std::fabs(got) < std::fabs(exact);
+  }
+  double mean() const { return n ? sum / n : 0; }
+  double fraction() const { return inexact ? toward_zero / inexact : 0; }
+};
+
 // How far the tensor-core GEMV and the CPU twin each are from the exact dot of the same quantised
 // operands (products of FP8 values are exact in double, and so is their sum to ~1e-16), in units
 // of Σ|x_q·w| (the scale the whole-model sensitivity test perturbs every FP8-activation dot by:
@@ -139,6 +155,7 @@ TEST(CudaBlockLinear, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
     fp8_quant_dequant(xq.data(), sh.m, sh.k, sh.block);
     const int64_t sc_cols = (sh.k + sh.block - 1) / sh.block;
     std::vector<double> ec, eg;
+    Bias bc, bg;
     for (int64_t r = 0; r < sh.m; ++r)
       for (int64_t o = 0; o < sh.n; ++o) {
         double exact = 0, mag = 0;
@@ -152,6 +169,7 @@ TEST(CudaBlockLinear, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
         const size_t j = size_t(r * sh.n + o);
         ec.push_back(std::fabs(double(cpu[j]) - exact) / mag);
         eg.push_back(std::fabs(double(gpu[j]) - exact) / mag);
+        bc.add(cpu[j], exact, mag), bg.add(gpu[j], exact, mag);
         ASSERT_LE(eg.back(), 1e-5) << "output " << j << " gpu " << gpu[j] << " exact " << exact;
       }
     auto q = [](std::vector<double> v, double f) {
@@ -162,6 +180,10 @@ TEST(CudaBlockLinear, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
                 "p99 %.2e max %.2e\n",
                 (long long)sh.m, (long long)sh.n, (long long)sh.k, (long long)sh.block, q(ec, 0.5), q(ec, 0.99),
                 q(ec, 1.0), q(eg, 0.5), q(eg, 0.99), q(eg, 1.0));
+    std::printf("[error bias] m=%lld n=%lld k=%lld block=%lld: cpu mean %.2e toward-zero %.3f | gpu mean %.2e "
+                "toward-zero %.3f\n",
+                (long long)sh.m, (long long)sh.n, (long long)sh.k, (long long)sh.block, bc.mean(), bc.fraction(),
+                bg.mean(), bg.fraction());
   }
 }
 
@@ -392,6 +414,7 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
     std::vector<float> xq(x);
     fp8_quant_dequant(xq.data(), sh.tokens, sh.k, sh.act_block);
     std::vector<double> ec, eg;
+    Bias bc, bg;
     for (size_t g = 0; g + 1 < r.group_start.size(); ++g) {
       const int64_t e = r.group_expert[g];
       const uint8_t* codes = w.codes.data() + e * cb;
@@ -410,6 +433,7 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
           const size_t j = size_t(int64_t(s) * sh.n + o);
           ec.push_back(std::fabs(double(cpu[j]) - exact) / mag);
           eg.push_back(std::fabs(double(gpu[j]) - exact) / mag);
+          bc.add(cpu[j], exact, mag), bg.add(gpu[j], exact, mag);
           ASSERT_LE(eg.back(), 1e-5) << "pair " << s << " output " << o << " gpu " << gpu[j] << " exact " << exact;
         }
       }
@@ -423,6 +447,10 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
                 "max %.2e | gpu p50 %.2e p99 %.2e max %.2e\n",
                 sh.tokens, (long long)sh.n, (long long)sh.k, (long long)sh.act_block, q(ec, 0.5), q(ec, 0.99),
                 q(ec, 1.0), q(eg, 0.5), q(eg, 0.99), q(eg, 1.0));
+    std::printf("[error bias] expert gemv fp4 tokens=%d n=%lld k=%lld act_block=%lld: cpu mean %.2e toward-zero "
+                "%.3f | gpu mean %.2e toward-zero %.3f\n",
+                sh.tokens, (long long)sh.n, (long long)sh.k, (long long)sh.act_block, bc.mean(), bc.fraction(),
+                bg.mean(), bg.fraction());
   }
 }
 
