@@ -94,7 +94,7 @@ void CpuOps::linear_raw(const float* x, const Vec& w, int64_t rows, int64_t in, 
   p.bf16_in = bf16_in;
   p.bf16_out = bf16_out;
   const double eps = m_.dot_perturbation_;
-  if (!(eps > 0 && act_block > 0)) {
+  if (!(eps > 0 && act_block > 0) || (m_.perturbation_filter_ && !m_.perturbation_filter_(key))) {
     ops::linear(p);
     return;
   }

@@ -44,6 +44,7 @@ Result<std::unique_ptr<CpuModel>> CpuModel::load(const std::string& dir, Numeric
   m->dot_perturbation_ = opts.dot_perturbation;
   m->perturbation_seed_ = opts.perturbation_seed;
   m->perturbation_mode_ = opts.perturbation_mode;
+  m->perturbation_filter_ = opts.perturbation_filter;
   return m;
 }
 

@@ -51,6 +51,9 @@ struct CpuLoadOptions {
   double dot_perturbation = 0;
   uint64_t perturbation_seed = 0;
   DotPerturbationMode perturbation_mode = DotPerturbationMode::kRelative;
+  // With dot_perturbation > 0: only the dots whose key this accepts are perturbed (empty: every
+  // FP8-activation dot). One op family's share of the sensitivity (gpu_parity_diag_test.cpp).
+  std::function<bool(const LinearKey&)> perturbation_filter;
   // Loading threads and progress (the matrices are dequantised in parallel; `matrices` is ignored:
   // the CPU backend always loads them).
   WeightLoadOptions weights;
@@ -108,6 +111,7 @@ class CpuModel final : public Model {
   double dot_perturbation_ = 0;   // CpuLoadOptions
   uint64_t perturbation_seed_ = 0;
   DotPerturbationMode perturbation_mode_ = DotPerturbationMode::kRelative;
+  std::function<bool(const LinearKey&)> perturbation_filter_;
   ForwardTrace* trace_ = nullptr;
 };
 

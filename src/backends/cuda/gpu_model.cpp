@@ -16,6 +16,22 @@ Result<GpuWeights> parse_gpu_weights(const std::string& s) {
   return invalid_argument("--gpu-weights {}: expected native or fp32", s);
 }
 
+const char* gpu_linear_role_name(GpuLinearRole r) {
+  switch (r) {
+    case GpuLinearRole::kAttnWqA: return "wq_a";
+    case GpuLinearRole::kAttnWqB: return "wq_b";
+    case GpuLinearRole::kAttnWkv: return "wkv";
+    case GpuLinearRole::kAttnWoB: return "wo_b";
+    case GpuLinearRole::kIndexerWqB: return "indexer.wq_b";
+    case GpuLinearRole::kSharedExperts: return "shared_experts";
+    case GpuLinearRole::kRoutedExperts: return "routed_experts";
+    case GpuLinearRole::kEngramWkv: return "engram.wkv";
+    case GpuLinearRole::kDraft: return "draft";
+    case GpuLinearRole::kCount: break;
+  }
+  return "?";
+}
+
 Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics numerics, const std::string& gpus,
                                               const GpuLoadOptions& opts) {
   if (gpus.empty()) {
@@ -457,6 +473,8 @@ std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
+  if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
+    return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;
@@ -509,6 +527,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   const ActBlocks ab = reference_act_blocks(c, numerics);
   m->act_block_ = ab.linear;
   m->expert_act_block_ = ab.experts;
+  m->fast_linears_ = opts.fast_linears;
+  m->index_scores_kernel_ = opts.index_scores_kernel;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
     m->shard_ = *shard;
     m->comm_ = comm;
@@ -767,15 +787,17 @@ Status GpuModel::upload_weights() {
     const std::string p = fmt::format("layers.{}.", l);
     // The linears that always run with FP8 activations (act_block_, reference numerics) may use
     // the block-scaled GEMV; every other matrix runs through the exactness kernel.
+    using R = GpuLinearRole;  // GpuLoadOptions::fast_linears: the roles that may use the GEMVs
+    const auto fa = [&](R r) { return fast_act(r, act_block_); };
     AttentionWeights& A = L.attn;
     FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_attn_fn, p + "hc_attn_fn"));
     FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_ffn_fn, p + "hc_ffn_fn"));
-    FS_RETURN_IF_ERROR(up_matrix(A.wq_a, p + "attn.wq_a.weight", act_block_));
-    FS_RETURN_IF_ERROR(up_matrix(A.wq_b, p + "attn.wq_b.weight", act_block_));
-    FS_RETURN_IF_ERROR(up_matrix(A.wkv, p + "attn.wkv.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.wq_a, p + "attn.wq_a.weight", fa(R::kAttnWqA)));
+    FS_RETURN_IF_ERROR(up_matrix(A.wq_b, p + "attn.wq_b.weight", fa(R::kAttnWqB)));
+    FS_RETURN_IF_ERROR(up_matrix(A.wkv, p + "attn.wkv.weight", fa(R::kAttnWkv)));
     FS_RETURN_IF_ERROR(up_matrix(A.wo_a, p + "attn.wo_a.weight"));  // grouped, BF16 inputs: exactness kernel
-    FS_RETURN_IF_ERROR(up_matrix(A.wo_b, p + "attn.wo_b.weight", act_block_));
-    FS_RETURN_IF_ERROR(up_matrix(A.idx_wq_b, p + "attn.indexer.wq_b.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(A.wo_b, p + "attn.wo_b.weight", fa(R::kAttnWoB)));
+    FS_RETURN_IF_ERROR(up_matrix(A.idx_wq_b, p + "attn.indexer.wq_b.weight", fa(R::kIndexerWqB)));
     FS_RETURN_IF_ERROR(up_matrix(A.idx_weights_proj, p + "attn.indexer.weights_proj.weight"));
     FS_RETURN_IF_ERROR(up_matrix(A.idx_wk, p + "attn.indexer.wk.weight"));
     for (Vec* v : {&L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base, &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm,
@@ -786,14 +808,15 @@ Status GpuModel::upload_weights() {
     FfnWeights& F = L.ffn;
     FS_RETURN_IF_ERROR(up_matrix(F.gate, p + "ffn.gate.weight"));
     FS_RETURN_IF_ERROR(up(F.bias));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", act_block_));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", act_block_));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", fa(R::kSharedExperts)));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", fa(R::kSharedExperts)));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", fa(R::kSharedExperts)));
     std::vector<DevArray<float>> stacks;
-    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", expert_act_block_, stacks, experts_[l]));
+    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", fast_act(R::kRoutedExperts, expert_act_block_),
+                                  stacks, experts_[l]));
     if (!stacks.empty()) w1_[l] = std::move(stacks[0]), w2_[l] = std::move(stacks[1]), w3_[l] = std::move(stacks[2]);
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(tid2eid_[l].upload(F.tid2eid.data(), F.tid2eid.size()));
-    FS_RETURN_IF_ERROR(up_matrix(L.engram.wkv, p + "engram.wkv.weight", act_block_));
+    FS_RETURN_IF_ERROR(up_matrix(L.engram.wkv, p + "engram.wkv.weight", fa(R::kEngramWkv)));
     FS_RETURN_IF_ERROR(up(L.engram.wqk));  // q_weight ⊙ k_weight, an FP32 product (weights.h)
   }
   if (engram_device_) {  // --engram-tables device: each table as stored (FP8 codes + E8M0 scales)

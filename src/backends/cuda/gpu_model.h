@@ -48,6 +48,29 @@ enum class GpuGraphs {
   kOff,     // eager launches
 };
 
+// The FP8-activation linears of reference numerics on native weights, by role: each runs through
+// the block-scaled GEMVs (ops/cuda/gemv.h: another summation order than the CPU's) when its bit is
+// in GpuLoadOptions::fast_linears, else through the exactness kernels (the CPU's order, bitwise the
+// kFp32 path's results). A test/debug knob (docs/cuda.md, "Whole-model parity": which GEMV moves
+// the logits); exact numerics and kFp32 never use the block-scaled GEMVs.
+enum class GpuLinearRole : uint32_t {
+  kAttnWqA,        // attn.wq_a
+  kAttnWqB,        // attn.wq_b
+  kAttnWkv,        // attn.wkv
+  kAttnWoB,        // attn.wo_b
+  kIndexerWqB,     // attn.indexer.wq_b
+  kSharedExperts,  // ffn.shared_experts.w1 / w2 / w3
+  kRoutedExperts,  // ffn.experts.N.w1 / w2 / w3 (the grouped expert GEMV)
+  kEngramWkv,      // engram.wkv
+  kDraft,          // the V4 MTP block's FP8-activation linears and experts, e_proj, h_proj
+  kCount,
+};
+inline constexpr uint32_t gpu_linear_bit(GpuLinearRole r) { return uint32_t(1) << uint32_t(r); }
+inline constexpr uint32_t kAllGpuLinearRoles = (uint32_t(1) << uint32_t(GpuLinearRole::kCount)) - 1;
+// "wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b", "shared_experts", "routed_experts", "engram.wkv",
+// "draft" ("?" for kCount or beyond).
+const char* gpu_linear_role_name(GpuLinearRole r);
+
 // How the CUDA backend keeps the weights and runs steps.
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
@@ -62,6 +85,14 @@ struct GpuLoadOptions {
   // and uploaded each step.
   bool engram_on_device = false;
   std::function<void(uint64_t done, uint64_t total)> load_progress;
+  // Native weights, reference numerics: the roles whose FP8-activation linears use the
+  // block-scaled GEMVs (GpuLinearRole bits; all by default). A cleared bit runs that role through
+  // the exactness kernels. Tests and diagnostics only (gpu_parity_diag_test.cpp).
+  uint32_t fast_linears = kAllGpuLinearRoles;
+  // The indexer-score kernel (ops/cuda/model/model_kernels.h IndexScoreArgs::kernel): 0 automatic
+  // (key tiles in shared memory), 1 one thread per key, 2 / 3 tiles with 1 / 2 keys per thread;
+  // documented as the same bits. Tests and diagnostics only.
+  int index_scores_kernel = 0;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call

@@ -31,27 +31,30 @@ Status GpuModel::upload_mtp_weights() {
   if (A.has_compressor || A.has_indexer) return internal_error("V4 MTP block: expected a window-only block");
   // As the backbone's layers (upload_weights): linears with FP8 activations may run through the
   // block-scaled GEMV (act_block_), the grouped wo_a and the router through the exactness kernel.
+  using R = GpuLinearRole;  // GpuLoadOptions::fast_linears: the roles that may use the GEMVs
+  const auto fa = [&](R r) { return fast_act(r, act_block_); };
   FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_attn_fn, p + "hc_attn_fn"));
   FS_RETURN_IF_ERROR(up_f32_matrix(L.hc_ffn_fn, p + "hc_ffn_fn"));
-  FS_RETURN_IF_ERROR(up_matrix(A.wq_a, p + "attn.wq_a.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_matrix(A.wq_b, p + "attn.wq_b.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_matrix(A.wkv, p + "attn.wkv.weight", act_block_));
+  FS_RETURN_IF_ERROR(up_matrix(A.wq_a, p + "attn.wq_a.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_matrix(A.wq_b, p + "attn.wq_b.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_matrix(A.wkv, p + "attn.wkv.weight", fa(R::kDraft)));
   FS_RETURN_IF_ERROR(up_matrix(A.wo_a, p + "attn.wo_a.weight"));
-  FS_RETURN_IF_ERROR(up_matrix(A.wo_b, p + "attn.wo_b.weight", act_block_));
+  FS_RETURN_IF_ERROR(up_matrix(A.wo_b, p + "attn.wo_b.weight", fa(R::kDraft)));
   for (Vec* v : {&L.hc_attn_base, &L.hc_attn_scale, &L.hc_ffn_base, &L.hc_ffn_scale, &L.attn_norm, &L.ffn_norm,
                  &A.q_norm, &A.kv_norm, &A.attn_sink, &A.rope_inv_freq})
     FS_RETURN_IF_ERROR(up(*v));
   FfnWeights& F = L.ffn;
   FS_RETURN_IF_ERROR(up_matrix(F.gate, p + "ffn.gate.weight"));
   FS_RETURN_IF_ERROR(up(F.bias));
-  FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", expert_act_block_, mexpert_stacks_, mexperts_));
+  FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", fast_act(R::kDraft, expert_act_block_),
+                                mexpert_stacks_, mexperts_));
   if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(mtid2eid_.upload(F.tid2eid.data(), F.tid2eid.size()));
   if (!mexperts_[0] || !mexperts_[1] || !mexperts_[2]) return internal_error("V4 MTP block: routed experts missing");
-  FS_RETURN_IF_ERROR(up_matrix(M.e_proj, p + "e_proj.weight", act_block_));
-  FS_RETURN_IF_ERROR(up_matrix(M.h_proj, p + "h_proj.weight", act_block_));
+  FS_RETURN_IF_ERROR(up_matrix(M.e_proj, p + "e_proj.weight", fa(R::kDraft)));
+  FS_RETURN_IF_ERROR(up_matrix(M.h_proj, p + "h_proj.weight", fa(R::kDraft)));
   FS_RETURN_IF_ERROR(up_f32_matrix(M.hc_head_fn, p + "hc_head_fn"));
   for (Vec* v : {&M.enorm, &M.hnorm, &M.norm, &M.hc_head_base, &M.hc_head_scale}) FS_RETURN_IF_ERROR(up(*v));
   return {};

@@ -465,6 +465,7 @@ Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& 
   s.key_fmt = cache_fmt_.ikeys;
   s.T = T, s.nI = c.index_n_heads, s.dI = c.index_head_dim, s.start = seg.start, s.ratio = role.ratio;
   s.stride = stride, s.bf16 = ref();
+  s.kernel = index_scores_kernel_;  // GpuLoadOptions::index_scores_kernel (0: automatic)
   if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
   cd::IndexTopkArgs t;
   t.scores = sc, t.cand = seg.cand.u8(), t.block_scratch = bs, t.taken = taken, t.out = out.i32(), t.out_n = out_n.i32();
