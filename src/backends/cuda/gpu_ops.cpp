@@ -238,7 +238,7 @@ Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tens
 
 // Routed experts in the checkpoint's format through the grouped expert GEMV (ops/cuda/gemv.h),
 // with the rounding points of the FP32 path (BF16 gate/up, clamped SwiGLU with the routing
-// weight, BF16 h). Few pairs (decode): every (token, slot) pair is its own group in slot order.
+// weight, BF16 h, BF16 expert outputs). Few pairs (decode): every (token, slot) pair is its own group in slot order.
 // More pairs than experts (batches, prefill chunks): the pairs are grouped by expert on the device
 // (ops::group_pairs_by_expert) so each expert's matrices are read once for all its tokens, and the
 // combine reads each pair's row from its sorted position. Both give the same bits for a pair: its
@@ -300,7 +300,12 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
   }
   FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
-  return run(n2, h, nullptr, D, I, ybuf);
+  FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
+  // Each expert's output rounded to BF16 before the combine, as the CPU (linear_raw bf16_out)
+  // and the exactness path (linear bf16_out) do; the expert GEMV writes FP32. Without it the
+  // routed experts were the one role off the parity bound (GpuParityDiag).
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
+  return {};
 }
 
 Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K, int64_t D,
