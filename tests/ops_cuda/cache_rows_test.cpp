@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "cache_rows_util.h"
 #include "gpu_util.h"
 #include "ops/cache_row.h"
 #include "ops/cuda/cache/cache_rows.h"
@@ -26,21 +27,6 @@ namespace flashseek::ops::cuda {
 namespace {
 using testing::DeviceBuffer;
 namespace cd = detail;
-
-// The quantiser the flow applies to rows of format f (forward/flow.cpp).
-void quantise(const CacheRowFormat& f, float* x, int64_t rows) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * f.dim;
-    if (f.codec == RowCodec::kFp8E8m0) {
-      fp8_quant_dequant(row, 1, f.coded, f.block);
-      round_bf16_inplace(row + f.coded, f.dim - f.coded);
-    } else if (f.codec == RowCodec::kFp4E8m0) {
-      fp4_quant_dequant_e8m0(row, 1, f.dim, f.block);
-    } else if (f.codec == RowCodec::kFp4E4m3) {
-      fp4_quant_dequant_e4m3(row, 1, f.dim, f.block);
-    }
-  }
-}
 
 // Quantised rows with per-block magnitudes from 0 to 1e37 (moderate: 0 to 7.5, for the readers'
 // tests, whose sums must stay finite), negative zeros and all-equal blocks.
@@ -57,7 +43,7 @@ std::vector<float> rows_of(const CacheRowFormat& f, int64_t rows, uint32_t seed,
       for (int64_t i = b0; i < std::min<int64_t>(f.dim, b0 + f.block); ++i)
         x[size_t(r * f.dim + i)] = pat == 1 ? eq : pat == 2 && g() % 2 ? -0.0f : nd(g) * m;
     }
-  quantise(f, x.data(), rows);
+  testing::quantise_cache_rows(f, x.data(), rows);
   return x;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "cache_rows_util.h"
 #include "gpu_util.h"
 #include "ops/cache_row.h"
 #include "ops/cuda/model/model_kernels.h"
@@ -40,17 +41,7 @@ std::vector<float> rows_of(const CacheRowFormat& f, int64_t n, uint32_t seed) {
       const float m = mags[g() % 4];
       for (int64_t i = b0; i < std::min<int64_t>(f.dim, b0 + f.block); ++i) x[size_t(r * f.dim + i)] = nd(g) * m;
     }
-  for (int64_t r = 0; r < n; ++r) {
-    float* row = x.data() + r * f.dim;
-    if (f.codec == RowCodec::kFp8E8m0) {
-      fp8_quant_dequant(row, 1, f.coded, f.block);
-      round_bf16_inplace(row + f.coded, f.dim - f.coded);
-    } else if (f.codec == RowCodec::kFp4E8m0) {
-      fp4_quant_dequant_e8m0(row, 1, f.dim, f.block);
-    } else if (f.codec == RowCodec::kFp4E4m3) {
-      fp4_quant_dequant_e4m3(row, 1, f.dim, f.block);
-    }
-  }
+  testing::quantise_cache_rows(f, x.data(), n);
   return x;
 }
 

@@ -46,22 +46,27 @@ __device__ CacheRowRef attn_key(const ModelAttnArgs& a, int64_t t, int64_t j, in
   return {static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), a.ckv_fmt};
 }
 
+// With several sequences in one launch (launch_model_attention_seqs): row t's sequence replaces
+// the per-sequence fields of a, and t becomes the row's index in that sequence.
+__device__ __forceinline__ void attn_row_seq(ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
+                                             int64_t& t) {
+  const ModelAttnSeq sq = seqs[row_seq[t]];
+  a.q += sq.row0 * a.H * a.Dh;
+  a.out += sq.row0 * a.H * a.Dh;
+  a.kv_chunk += sq.row0 * a.Dh;
+  if (a.topk) a.topk += sq.row0 * a.topk_stride, a.topk_n += sq.row0;
+  a.ring = sq.ring, a.ring_size = sq.ring_size, a.start = sq.start;
+  if (a.ckv) a.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(a.kv_chunk);  // no compressed rows yet: never read
+  t -= sq.row0;
+}
+
 // One block per (query row, head). Shared: logits/probabilities of every key. With `seqs`, the
 // row's sequence replaces the per-sequence fields and t becomes the row's index in it.
 __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq) {
   extern __shared__ float prob[];
   __shared__ float denom_s;
   int64_t t = blockIdx.x / a.H;
-  if (seqs) {
-    const ModelAttnSeq sq = seqs[row_seq[t]];
-    a.q += sq.row0 * a.H * a.Dh;
-    a.out += sq.row0 * a.H * a.Dh;
-    a.kv_chunk += sq.row0 * a.Dh;
-    if (a.topk) a.topk += sq.row0 * a.topk_stride, a.topk_n += sq.row0;
-    a.ring = sq.ring, a.ring_size = sq.ring_size, a.start = sq.start;
-    if (a.ckv) a.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(a.kv_chunk);  // no compressed rows yet: never read
-    t -= sq.row0;
-  }
+  if (seqs) attn_row_seq(a, seqs, row_seq, t);
   const int64_t h = blockIdx.x % a.H, p = a.start + t;
   const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
   int64_t n_comp = 0;
@@ -316,16 +321,7 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
   const int64_t G = (a.H + kFaHeads - 1) / kFaHeads, cid = int64_t(blockIdx.x) / cs;
   int64_t t = cid / G;
   const int64_t h0 = (cid % G) * kFaHeads;
-  if (seqs) {
-    const ModelAttnSeq sq = seqs[row_seq[t]];
-    a.q += sq.row0 * a.H * a.Dh;
-    a.out += sq.row0 * a.H * a.Dh;
-    a.kv_chunk += sq.row0 * a.Dh;
-    if (a.topk) a.topk += sq.row0 * a.topk_stride, a.topk_n += sq.row0;
-    a.ring = sq.ring, a.ring_size = sq.ring_size, a.start = sq.start;
-    if (a.ckv) a.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(a.kv_chunk);  // no compressed rows yet: never read
-    t -= sq.row0;
-  }
+  if (seqs) attn_row_seq(a, seqs, row_seq, t);
   const int hb = int(a.H - h0 < kFaHeads ? a.H - h0 : kFaHeads);
   const int64_t p = a.start + t;
   const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
