@@ -7,6 +7,10 @@ if(CMAKE_CUDA_COMPILER)
 endif()
 option(FLASHSEEK_CUDA "Build the CUDA backend" ${_fs_cuda_default})
 set(FLASHSEEK_CUDA_ARCHS "90a" CACHE STRING "CUDA architectures (e.g. 90a;100a;103a)")
+# Line tables in the device code (nvcc -lineinfo; the generated code is the same), so that an
+# Nsight Compute source view (--section SourceCounters) names the source lines a kernel spends
+# its time on.
+option(FLASHSEEK_CUDA_LINEINFO "Device code with line information for source-level profiles" OFF)
 if(FLASHSEEK_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${FLASHSEEK_CUDA_ARCHS})
   enable_language(CUDA)
@@ -14,6 +18,9 @@ if(FLASHSEEK_CUDA)
   # .cu files are C++17; they include no project header that needs C++20 (see ops/cuda/*/*kernels.h).
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  if(FLASHSEEK_CUDA_LINEINFO)
+    string(APPEND CMAKE_CUDA_FLAGS " -lineinfo")
+  endif()
   find_package(CUDAToolkit REQUIRED)
   message(STATUS "flashseek: CUDA backend ON, archs ${FLASHSEEK_CUDA_ARCHS}")
 else()
