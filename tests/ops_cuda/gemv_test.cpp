@@ -8,6 +8,10 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "core/numeric.h"
 #include "gpu_util.h"
@@ -122,6 +126,32 @@ struct Bias {
   double fraction() const { return inexact ? toward_zero / inexact : 0; }
 };
 
+// One side's results against their exact dots: the errors in units of Σ|x_q·w| and their bias.
+struct ErrorStats {
+  std::vector<double> rel;
+  Bias bias;
+  // Adds a result; returns its error in units of mag.
+  double add(float got, double exact, double mag) {
+    rel.push_back(std::fabs(double(got) - exact) / mag);
+    bias.add(got, exact, mag);
+    return rel.back();
+  }
+  double quantile(double f) const {
+    std::vector<double> v(rel);
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(f * double(v.size())))];
+  }
+};
+
+// The "[error / sum|t|]" and "[error bias]" lines of the CPU twin and the GPU for case `what`.
+void print_error_report(const std::string& what, const ErrorStats& cpu, const ErrorStats& gpu) {
+  std::printf("[error / sum|t|] %s: cpu p50 %.2e p99 %.2e max %.2e | gpu p50 %.2e p99 %.2e max %.2e\n", what.c_str(),
+              cpu.quantile(0.5), cpu.quantile(0.99), cpu.quantile(1.0), gpu.quantile(0.5), gpu.quantile(0.99),
+              gpu.quantile(1.0));
+  std::printf("[error bias] %s: cpu mean %.2e toward-zero %.3f | gpu mean %.2e toward-zero %.3f\n", what.c_str(),
+              cpu.bias.mean(), cpu.bias.fraction(), gpu.bias.mean(), gpu.bias.fraction());
+}
+
 // How far the tensor-core GEMV and the CPU twin each are from the exact dot of the same quantised
 // operands (products of FP8 values are exact in double, and so is their sum to ~1e-16), in units
 // of Σ|x_q·w| (the scale the whole-model sensitivity test perturbs every FP8-activation dot by:
@@ -154,8 +184,7 @@ TEST(CudaBlockLinear, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
     std::vector<float> xq(x);
     fp8_quant_dequant(xq.data(), sh.m, sh.k, sh.block);
     const int64_t sc_cols = (sh.k + sh.block - 1) / sh.block;
-    std::vector<double> ec, eg;
-    Bias bc, bg;
+    ErrorStats ec, eg;
     for (int64_t r = 0; r < sh.m; ++r)
       for (int64_t o = 0; o < sh.n; ++o) {
         double exact = 0, mag = 0;
@@ -167,23 +196,10 @@ TEST(CudaBlockLinear, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
         }
         if (mag == 0) continue;
         const size_t j = size_t(r * sh.n + o);
-        ec.push_back(std::fabs(double(cpu[j]) - exact) / mag);
-        eg.push_back(std::fabs(double(gpu[j]) - exact) / mag);
-        bc.add(cpu[j], exact, mag), bg.add(gpu[j], exact, mag);
-        ASSERT_LE(eg.back(), 1e-5) << "output " << j << " gpu " << gpu[j] << " exact " << exact;
+        ec.add(cpu[j], exact, mag);
+        ASSERT_LE(eg.add(gpu[j], exact, mag), 1e-5) << "output " << j << " gpu " << gpu[j] << " exact " << exact;
       }
-    auto q = [](std::vector<double> v, double f) {
-      std::sort(v.begin(), v.end());
-      return v[std::min(v.size() - 1, size_t(f * double(v.size())))];
-    };
-    std::printf("[error / sum|t|] m=%lld n=%lld k=%lld block=%lld: cpu p50 %.2e p99 %.2e max %.2e | gpu p50 %.2e "
-                "p99 %.2e max %.2e\n",
-                (long long)sh.m, (long long)sh.n, (long long)sh.k, (long long)sh.block, q(ec, 0.5), q(ec, 0.99),
-                q(ec, 1.0), q(eg, 0.5), q(eg, 0.99), q(eg, 1.0));
-    std::printf("[error bias] m=%lld n=%lld k=%lld block=%lld: cpu mean %.2e toward-zero %.3f | gpu mean %.2e "
-                "toward-zero %.3f\n",
-                (long long)sh.m, (long long)sh.n, (long long)sh.k, (long long)sh.block, bc.mean(), bc.fraction(),
-                bg.mean(), bg.fraction());
+    print_error_report(fmt::format("m={} n={} k={} block={}", sh.m, sh.n, sh.k, sh.block), ec, eg);
   }
 }
 
@@ -413,8 +429,7 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
     const std::vector<float> gpu = dy.to_host();
     std::vector<float> xq(x);
     fp8_quant_dequant(xq.data(), sh.tokens, sh.k, sh.act_block);
-    std::vector<double> ec, eg;
-    Bias bc, bg;
+    ErrorStats ec, eg;
     for (size_t g = 0; g + 1 < r.group_start.size(); ++g) {
       const int64_t e = r.group_expert[g];
       const uint8_t* codes = w.codes.data() + e * cb;
@@ -431,26 +446,16 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
           }
           if (mag == 0) continue;
           const size_t j = size_t(int64_t(s) * sh.n + o);
-          ec.push_back(std::fabs(double(cpu[j]) - exact) / mag);
-          eg.push_back(std::fabs(double(gpu[j]) - exact) / mag);
-          bc.add(cpu[j], exact, mag), bg.add(gpu[j], exact, mag);
-          ASSERT_LE(eg.back(), 1e-5) << "pair " << s << " output " << o << " gpu " << gpu[j] << " exact " << exact;
+          ec.add(cpu[j], exact, mag);
+          ASSERT_LE(eg.add(gpu[j], exact, mag), 1e-5)
+              << "pair " << s << " output " << o << " gpu " << gpu[j] << " exact " << exact;
         }
       }
     }
-    ASSERT_FALSE(eg.empty());
-    auto q = [](std::vector<double> v, double frac) {
-      std::sort(v.begin(), v.end());
-      return v[std::min(v.size() - 1, size_t(frac * double(v.size())))];
-    };
-    std::printf("[error / sum|t|] expert gemv fp4 tokens=%d n=%lld k=%lld act_block=%lld: cpu p50 %.2e p99 %.2e "
-                "max %.2e | gpu p50 %.2e p99 %.2e max %.2e\n",
-                sh.tokens, (long long)sh.n, (long long)sh.k, (long long)sh.act_block, q(ec, 0.5), q(ec, 0.99),
-                q(ec, 1.0), q(eg, 0.5), q(eg, 0.99), q(eg, 1.0));
-    std::printf("[error bias] expert gemv fp4 tokens=%d n=%lld k=%lld act_block=%lld: cpu mean %.2e toward-zero "
-                "%.3f | gpu mean %.2e toward-zero %.3f\n",
-                sh.tokens, (long long)sh.n, (long long)sh.k, (long long)sh.act_block, bc.mean(), bc.fraction(),
-                bg.mean(), bg.fraction());
+    ASSERT_FALSE(eg.rel.empty());
+    print_error_report(fmt::format("expert gemv fp4 tokens={} n={} k={} act_block={}", sh.tokens, sh.n, sh.k,
+                                   sh.act_block),
+                       ec, eg);
   }
 }
 

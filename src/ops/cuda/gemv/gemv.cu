@@ -27,6 +27,7 @@
 #include <algorithm>
 
 #include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -300,11 +301,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         if constexpr (kGated) {
           if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
           const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
-          // SwiGLU as the CPU twin (ops::swiglu) and the model's swiglu kernel compute it: exp
-          // through double, correctly rounded like the host's libm (CUDA's expf is off by up to
-          // 2 ulp, which can move the down projection's FP8 activation codes).
-          const float e = float(exp(double(-v)));
-          v = __fmul_rn(__fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, e)), u), pw);
+          // SwiGLU as the CPU twin (ops::swiglu) and the model's swiglu kernel compute it, with
+          // dev_exp (model_device.cuh: correctly rounded like the host's libm; CUDA's expf is off
+          // by up to 2 ulp, which can move the down projection's FP8 activation codes).
+          v = __fmul_rn(__fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, dev_exp(-v))), u), pw);
         }
         if (a.bf16_out) {
           reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
