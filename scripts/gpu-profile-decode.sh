@@ -5,18 +5,20 @@
 # kernel (scripts/ncu_step_profile.py). CUDA graphs are off so that ncu sees every kernel.
 # --context N: the prompt is N tokens (prefilled as one chunk), so the decode step profiled runs at
 # context N (attention over the window and the compressed caches, indexer scores + top-k over them).
-# Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8]
+# --prefill: report the first forward (the N-token prefill chunk) instead of the last decode step.
+# Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8] [--prefill]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8
+layers=8 experts=16 gpus=0 context=8 which=last
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
     --experts) experts="$2"; shift 2 ;;
     --gpus) gpus="$2"; shift 2 ;;
     --context) context="$2"; shift 2 ;;
+    --prefill) which=first; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -30,4 +32,4 @@ ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units ba
   "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
   --prompt-ids @"$work/prompt.json" --max-tokens 3 --ignore-eos --speculative off \
   --prefill-chunk "$context" --max-step-tokens "$context" --gpu-graphs off --max-context "$maxctx" >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
-python3 "$here/ncu_step_profile.py" "$work/ncu.csv"
+python3 "$here/ncu_step_profile.py" "$work/ncu.csv" "$which"
