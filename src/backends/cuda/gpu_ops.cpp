@@ -92,13 +92,14 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
   const int64_t width = groups * in;
   // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output.
   if (bf16) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, width, width, 1, cd::QuantSim::kBf16, stream_));
-  for (int64_t g = 0; g < groups; ++g) {
-    cd::LinearArgs la;
-    la.x = x.f32() + g * in, la.x_stride = width;
-    la.y = z.f32() + g * out, la.y_stride = groups * out, la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16;
-    set_weight(la, d(w), g * out);  // rows [g·out, (g+1)·out): FP32 copy or as stored
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
-  }
+  // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
+  // stored matrix.
+  cd::LinearArgs la;
+  la.x = x.f32(), la.x_stride = width, la.x_group = in;
+  la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
+  la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
+  set_weight(la, d(w), 0);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   return {};
 }
 

@@ -14,8 +14,8 @@ void rms_norm(const RmsNormParams& p) {
     const float* x = p.x + r * p.dim;
     float* y = p.y + r * p.dim;
     // Sum of squares in double: a fixed order that is at least as accurate as the reference's
-    // FP32 tree reduction (index order up to 1024 values, then the chunked order of
-    // ops/cpu/sum_order.h); the mean is then an FP32 value to which eps is added in FP32.
+    // FP32 tree reduction (the chunked order of ops/cpu/sum_order.h; a row of up to 1024 values
+    // is one chunk); the mean is then an FP32 value to which eps is added in FP32.
     const double ss = detail::sumsq_f64(x, p.dim);
     const float mean = float(ss / double(p.dim));
     const float r_inv = 1.0f / std::sqrt(mean + p.eps);

@@ -2,8 +2,10 @@
 // squares (rms_norm, the mHC flat RMS), shared by the CPU twins; the CUDA kernels reproduce them
 // bit for bit (ops/cuda/model/model_device.cuh). Internal to src/ops/cpu.
 //
-// n <= kSumChunk: the short orders (dot: eight interleaved partial sums, element i into s[i % 8],
-// combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)); sum of squares: index order).
+// n <= kSumChunk: the short dot order (eight interleaved partial sums, element i into s[i % 8],
+// combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7))); the sum of squares takes the chunk order below
+// for any n (a short row is one chunk), so that one warp computes it on a GPU instead of one
+// thread in index order.
 // n > kSumChunk ("chunked"): chunks of kSumChunk elements (the last may be shorter). Inside a
 // chunk, element j goes to partial s[j % 128], each partial summed in index order; lane l of 32
 // holds (s[4l]+s[4l+1])+(s[4l+2]+s[4l+3]); lanes are combined by halving (l += l + 16, then
@@ -66,13 +68,9 @@ inline float dot_chunked(const float* a, const float* b, int64_t n) {
   return chunk_tree(c, m);
 }
 
-// Sum of double(x)^2 over x[0, n) in the order above.
+// Sum of double(x)^2 over x[0, n) in the order above (one chunk when n <= kSumChunk).
 inline double sumsq_f64(const float* x, int64_t n) {
-  if (n <= kSumChunk) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-    return ss;
-  }
+  if (n <= kSumChunk) return sumsq_chunk(x, n);
   const int64_t m = (n + kSumChunk - 1) / kSumChunk;
   double stack_buf[64];
   std::vector<double> heap;

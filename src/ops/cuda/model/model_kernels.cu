@@ -155,7 +155,18 @@ __device__ __forceinline__ const float* linear_w(const LinearArgs& a, int64_t r,
   return a.w + (a.sel ? int64_t(a.sel[r]) * a.out * a.in : 0) + o * a.in;
 }
 
+// A grouped launch (LinearArgs::groups): blockIdx.y is the group; its x, y and weight rows.
+__device__ __forceinline__ void enter_group(LinearArgs& a) {
+  if (a.groups <= 1) return;
+  const int64_t g = blockIdx.y;
+  a.x += g * a.x_group;
+  a.y += g * a.y_group;
+  if (a.w) a.w += g * a.out * a.in;  // FP32 kernels read w; the typed ones wt (row0 is a stored row)
+  a.wt.row0 += g * a.out;
+}
+
 __global__ void linear_short_kernel(LinearArgs a) {
+  enter_group(a);
   const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
   const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
   const bool ok = o < a.out;
@@ -242,6 +253,7 @@ __device__ __forceinline__ float warp_dot_chunk_w(const float* a, const WR& w, i
 // linear_short_kernel with a typed weight.
 template <WeightDtype F>
 __global__ void linear_short_typed_kernel(LinearArgs a) {
+  enter_group(a);
   const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
   const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
   const bool ok = o < a.out;
@@ -258,6 +270,7 @@ __global__ void linear_short_typed_kernel(LinearArgs a) {
 // linear_chunked_kernel with a typed weight.
 template <WeightDtype F>
 __global__ void linear_chunked_typed_kernel(LinearArgs a) {
+  enter_group(a);
   extern __shared__ float csum[];
   const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
   if (a.sel && a.sel[r] < 0) {
@@ -281,6 +294,7 @@ __global__ void linear_chunked_typed_kernel(LinearArgs a) {
 // Linear, in > kSumChunk: one 128-thread block per (row, output); warp w sums chunks w, w + 4...
 // into shared memory, thread 0 combines them in the fixed tree.
 __global__ void linear_chunked_kernel(LinearArgs a) {
+  enter_group(a);
   extern __shared__ float csum[];
   const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
   if (a.sel && a.sel[r] < 0) {  // another rank's expert (expert parallel): not computed
@@ -475,6 +489,7 @@ __device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t ma
 // flight while a task's lane values and butterflies run.
 template <WeightDtype F, int R, bool V>
 __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs a, int64_t n_rg, int G, int bshift) {
+  enter_group(a);
   constexpr int NO = gemv_outputs_per_task<F, R>();
   extern __shared__ float4 gsm[];
   const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk, xlen4 = xlen / 4;
@@ -612,6 +627,7 @@ __device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]
 // Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
 template <WeightDtype F, int R, bool V>
 __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
+  enter_group(a);
   extern __shared__ float4 ssm[];
   float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
   const int64_t xlen = (a.in + 7) / 8 * 8, steps = xlen / 8;
@@ -682,37 +698,22 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
   }
 }
 
-// ops::rms_norm: double sum of squares in the sum_order.h order (index order by thread 0 up to
-// kSumChunk values, from the row staged in shared memory; else one warp per chunk and the chunk
-// tree), FP32 scaling.
+// ops::rms_norm: double sum of squares in the sum_order.h order (one warp per 1024-value chunk,
+// a short row being one chunk; the chunk tree), FP32 scaling.
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
   extern __shared__ double csq[];
   __shared__ float r_inv;
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
   const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
-  if (dim > kSumChunk) {
-    for (int64_t c = threadIdx.x / 32; c < m; c += blockDim.x / 32) {
-      const int64_t off = c * kSumChunk;
-      const double v = warp_sumsq_chunk(xr + off, dim - off < kSumChunk ? dim - off : kSumChunk);
-      if ((threadIdx.x & 31) == 0) csq[c] = v;
-    }
-    __syncthreads();
+  for (int64_t c = threadIdx.x / 32; c < m; c += blockDim.x / 32) {
+    const int64_t off = c * kSumChunk;
+    const double v = warp_sumsq_chunk(xr + off, dim - off < kSumChunk ? dim - off : kSumChunk);
+    if ((threadIdx.x & 31) == 0) csq[c] = v;
   }
-  if (dim <= kSumChunk) {  // the short order is serial: stage the row (coalesced) for thread 0
-    float* xs = reinterpret_cast<float*>(csq);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) xs[i] = xr[i];
-    __syncthreads();
-  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    double ss = 0;
-    if (dim > kSumChunk) {
-      ss = dev_chunk_tree(csq, m);
-    } else {
-      const float* xs = reinterpret_cast<const float*>(csq);
-#pragma unroll 8
-      for (int64_t i = 0; i < dim; ++i) ss = __dadd_rn(ss, __dmul_rn(double(xs[i]), double(xs[i])));  // exact square
-    }
+    const double ss = dev_chunk_tree(csq, m);
     r_inv = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
   }
   __syncthreads();
@@ -727,7 +728,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_
 // (n_mix + 1) x chunks work items (the flat sum of squares and every mix dot, one chunk each) are
 // spread over the cluster's warps, each partial lands in its block's shared memory and rank 0
 // gathers them (distributed shared memory) and combines them in the fixed trees; else (csize 1)
-// thread 0 sums the squares in index order and 8-lane groups take one mix dot each. Then rank 0
+// warp 0 sums the squares (one chunk) and 8-lane groups take one mix dot each. Then rank 0
 // forms the pre/post mixes (hc threads) and the row softmax + Sinkhorn (one thread per comb entry,
 // each sum in the CPU's order, recomputed identically by the threads that need it).
 constexpr int kMixThreads = 512;
@@ -785,10 +786,9 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
       if (rank != 0) return;
     }
   } else {
-    if (threadIdx.x == 0) {
-      double ss = 0;
-      for (int64_t i = 0; i < flat; ++i) ss += double(x[i]) * double(x[i]);
-      sq[0] = ss;
+    if (threadIdx.x < 32) {  // one chunk: warp 0 in the chunk order
+      const double ss = warp_sumsq_chunk(x, flat);
+      if (threadIdx.x == 0) sq[0] = ss;
     }
     const int64_t groups = blockDim.x / 8;
     for (int64_t base = 0; base < n_mix; base += groups) {
@@ -1050,9 +1050,10 @@ __device__ __forceinline__ float warp_dot3_chunk(const float* a, const float* b,
 
 constexpr int64_t kEngramMaxChunks = 64;  // dim <= 64 · kSumChunk (launch_engram_gate checks)
 
-// One block per (row, stream), in ops::engram_gate's orders (sum_order.h): rows longer than
-// kSumChunk by warps over 1024-element chunks combined by the chunk tree, shorter rows by thread 0
-// (index-order sums of squares, dot_f32's eight partial sums); then the gated update.
+// One block per (row, stream), in ops::engram_gate's orders (sum_order.h): the sums of squares by
+// warps over 1024-element chunks combined by the chunk tree (a short row is one chunk); the dot
+// the same way for rows longer than kSumChunk, else by thread 0 (dot_f32's eight partial sums);
+// then the gated update.
 __global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
                                    float eps, bool bf16) {
   __shared__ float gate;
@@ -1064,27 +1065,21 @@ __global__ void engram_gate_kernel(float* xall, const float* kvall, const float*
   const float* key = kv + c * dim;
   const float* w = wqk + c * dim;
   const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
-  if (dim > kSumChunk) {
-    for (int64_t ch = threadIdx.x / 32; ch < m; ch += blockDim.x / 32) {
-      const int64_t off = ch * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
-      const double vx = warp_sumsq_chunk(x + off, len), vk = warp_sumsq_chunk(key + off, len);
-      const float vd = warp_dot3_chunk(x + off, w + off, key + off, len);
-      if ((threadIdx.x & 31) == 0) csx[ch] = vx, csk[ch] = vk, cdot[ch] = vd;
-    }
-    __syncthreads();
+  for (int64_t ch = threadIdx.x / 32; ch < m; ch += blockDim.x / 32) {
+    const int64_t off = ch * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
+    const double vx = warp_sumsq_chunk(x + off, len), vk = warp_sumsq_chunk(key + off, len);
+    const float vd = dim > kSumChunk ? warp_dot3_chunk(x + off, w + off, key + off, len) : 0.0f;
+    if ((threadIdx.x & 31) == 0) csx[ch] = vx, csk[ch] = vk, cdot[ch] = vd;
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    double sxx = 0, skk = 0;
+    const double sxx = dev_chunk_tree(csx, m), skk = dev_chunk_tree(csk, m);
     float dotv = 0;
     if (dim > kSumChunk) {
-      sxx = dev_chunk_tree(csx, m), skk = dev_chunk_tree(csk, m), dotv = dev_chunk_tree(cdot, m);
+      dotv = dev_chunk_tree(cdot, m);
     } else {
       float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < dim; ++i) {
-        sxx = __dadd_rn(sxx, __dmul_rn(double(x[i]), double(x[i])));
-        skk = __dadd_rn(skk, __dmul_rn(double(key[i]), double(key[i])));
-        s[i % 8] = mul_add(__fmul_rn(x[i], w[i]), key[i], s[i % 8]);
-      }
+      for (int64_t i = 0; i < dim; ++i) s[i % 8] = mul_add(__fmul_rn(x[i], w[i]), key[i], s[i % 8]);
       dotv = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
                        __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
     }
@@ -1273,8 +1268,9 @@ bool weight_ref_ok(const WeightRef& w, int64_t cols) {
 
 template <WeightDtype F>
 cudaError_t launch_linear_typed(const LinearArgs& a, bool chunked, unsigned blocks, size_t smem, cudaStream_t s) {
-  if (chunked) return launch_kernel(linear_chunked_typed_kernel<F>, blocks, kLinThreads, smem, s, a);
-  return launch_kernel(linear_short_typed_kernel<F>, blocks, kLinThreads, 0, s, a);
+  const dim3 grid(blocks, unsigned(a.groups));
+  if (chunked) return launch_kernel(linear_chunked_typed_kernel<F>, grid, kLinThreads, smem, s, a);
+  return launch_kernel(linear_short_typed_kernel<F>, grid, kLinThreads, 0, s, a);
 }
 
 template <WeightDtype F, int R>
@@ -1285,7 +1281,7 @@ cudaError_t launch_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int G, in
     const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
   }
-  return launch_kernel(k, blocks, kGemvThreads, smem, s, a, n_rg, G, bshift);
+  return launch_kernel(k, dim3(blocks, unsigned(a.groups)), kGemvThreads, smem, s, a, n_rg, G, bshift);
 }
 
 // The GEMV launch of a chunked linear with a typed weight (the FP32 pointer becomes a kF32 ref).
@@ -1325,7 +1321,7 @@ template <WeightDtype F, int R>
 cudaError_t launch_short_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int bshift, unsigned blocks, size_t smem,
                                 cudaStream_t s) {
   void (*k)(LinearArgs, int64_t, int) = vec ? linear_short_gemv_kernel<F, R, true> : linear_short_gemv_kernel<F, R, false>;
-  return launch_kernel(k, blocks, kShortThreads, smem, s, a, n_rg, bshift);
+  return launch_kernel(k, dim3(blocks, unsigned(a.groups)), kShortThreads, smem, s, a, n_rg, bshift);
 }
 
 // The GEMV launch of a short linear (in <= kSumChunk): R the smallest of 1, 2, 4 that holds the
@@ -1391,6 +1387,7 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (a.y_stride == 0) a.y_stride = a.out;
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 2)
     return cudaErrorInvalidValue;
+  if (a.groups < 1 || a.groups > 65535 || (a.groups > 1 && a.sel)) return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
@@ -1420,16 +1417,16 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
     }
     return cudaErrorInvalidValue;
   }
-  if (!chunked) return launch_kernel(linear_short_kernel, unsigned(blocks), kLinThreads, 0, s, a);
-  return launch_kernel(linear_chunked_kernel, unsigned(blocks), kLinThreads, smem, s, a);
+  const dim3 grid(unsigned(blocks), unsigned(a.groups));
+  if (!chunked) return launch_kernel(linear_short_kernel, grid, kLinThreads, 0, s, a);
+  return launch_kernel(linear_chunked_kernel, grid, kLinThreads, smem, s, a);
 }
 
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                                   bool bf16, cudaStream_t s) {
   if (dim <= 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  const size_t smem = dim > kSumChunk ? size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double)
-                                      : size_t(dim) * sizeof(float);  // the staged short row
+  const size_t smem = size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   return launch_kernel(rms_norm_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
 }

@@ -58,6 +58,10 @@ struct LinearArgs {
   int64_t x_stride = 0, y_stride = 0;  // 0: in / out
   int64_t x_row_div = 1;          // output row r reads input row r / x_row_div
   bool bf16_out = false;
+  // Grouped launch (one launch for `groups` independent linears of one stacked matrix): group g
+  // reads x + g·x_group, writes y + g·y_group and uses the matrix rows [g·out, (g+1)·out) (the
+  // weight holds groups·out rows). Each output's sum is the ungrouped one (same bits). Not with sel.
+  int64_t groups = 1, x_group = 0, y_group = 0;
   // 0 automatic (GEMV up to 16 rows, else the former kernels), 1 the former kernels (in <= 1024:
   // 8 lanes per output; longer: one block per (row, output)), 2 GEMV (error if in > 16 chunks).
   // Same bits for every kernel; tests and the benchmark force one.
