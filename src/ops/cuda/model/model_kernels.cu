@@ -329,7 +329,11 @@ __global__ void linear_chunked_kernel(LinearArgs a) {
 // >= 4 columns; otherwise the weights are read one value at a time through RowReader.
 constexpr int kGemvThreads = 256, kGemvWarps = kGemvThreads / 32;
 constexpr int64_t kGemvMaxXFloats = 16384;  // R x padded in: 64 KB of shared memory at most
-constexpr int64_t kGemvMaxRows = 16;        // automatic choice: GEMV up to this many rows
+// Automatic choice: the short linear (in <= kSumChunk) takes its GEMV up to this many rows; a
+// chunked one takes the GEMV at any row count (its row groups share each weight tile through L2,
+// where the former kernel ran one block per (row, output) and re-read x and the weight row for
+// each: 6x slower at 200 rows, and the model's prefill chunks have thousands).
+constexpr int64_t kGemvMaxRows = 16;
 
 template <WeightDtype F, int R>
 __host__ __device__ constexpr int gemv_outputs_per_task() {
@@ -1395,7 +1399,8 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   {
     const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
-    if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && a.rows <= kGemvMaxRows)) return launch_linear_gemv(a, s);
+    if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && (chunked || a.rows <= kGemvMaxRows)))
+      return launch_linear_gemv(a, s);
   }
   int64_t blocks = 0;
   size_t smem = 0;

@@ -62,7 +62,8 @@ struct LinearArgs {
   // reads x + g·x_group, writes y + g·y_group and uses the matrix rows [g·out, (g+1)·out) (the
   // weight holds groups·out rows). Each output's sum is the ungrouped one (same bits). Not with sel.
   int64_t groups = 1, x_group = 0, y_group = 0;
-  // 0 automatic (GEMV up to 16 rows, else the former kernels), 1 the former kernels (in <= 1024:
+  // 0 automatic (GEMV for in > 1024 at any row count and for in <= 1024 up to 16 rows, else the
+  // former kernels), 1 the former kernels (in <= 1024:
   // 8 lanes per output; longer: one block per (row, output)), 2 GEMV (error if in > 16 chunks).
   // Same bits for every kernel; tests and the benchmark force one.
   int kernel = 0;
