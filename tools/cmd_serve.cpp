@@ -338,8 +338,8 @@ std::function<int()> setup(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "with --load-format dummy: the weights' seed")->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "CUDA device ids: 0 (one GPU) or 0,1,... (tensor/expert parallel over NCCL); empty: CPU backend");
   cmd->add_option("--gpu-weights", o->gpu_weights,
-                  "with --gpus N: native (every matrix as the checkpoint stores it) | fp32 (debug: FP32 copies); "
-                  "tensor-parallel ranks always slice FP32 copies")
+                  "with --gpus N: native (every matrix as the checkpoint stores it; tensor-parallel ranks: "
+                  "their slices of it) | fp32 (debug: FP32 copies)")
       ->check(CLI::IsMember({"native", "fp32"}))
       ->capture_default_str();
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();

@@ -170,7 +170,7 @@ Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, con
   po.numerics = numerics;
   po.tensor_parallel = 1;
   for (char ch : gpus) po.tensor_parallel += ch == ',' ? 1 : 0;
-  po.native_weights = po.gpu && po.tensor_parallel == 1 && native_weights;
+  po.native_weights = po.gpu && native_weights;
   po.engram_on_device = po.gpu && engram_on_device;
   if (src.dummy) po.resident_checkpoint_bytes = model::count_from_config(c).total.bytes;
   uint64_t available = o.memory_limit;

@@ -5,6 +5,9 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -28,6 +31,22 @@ std::optional<uint64_t> read_cgroup_number(const char* path) {
   return v;
 }
 
+// The share of weight `name` that rank 0 of a `world`-GPU model holds, as a fraction num / den of
+// its elements (and stored bytes): the split matrices as backends/cuda/gpu_tp.h cuts them (heads,
+// output groups, routed experts, vocabulary rows); everything else, the shared expert included
+// (rank 0 computes it), whole. Rank 0 is the largest rank (the first vocabulary slices may hold
+// one row more), so the plan per GPU is rank 0's.
+std::pair<int64_t, int64_t> rank0_share(const std::string& name, const model::ModelConfig& c, int world) {
+  if (world <= 1) return {1, 1};
+  if (name == "head.weight") return {(c.vocab_size + world - 1) / world, c.vocab_size};
+  if (name.rfind("layers.", 0) != 0) return {1, 1};
+  auto ends = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  if (ends(".attn.wq_b.weight") || ends(".attn.wo_a.weight") || ends(".attn.wo_b.weight") || ends(".attn.attn_sink") ||
+      name.find(".ffn.experts.") != std::string::npos)
+    return {1, world};
+  return {1, 1};
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& geometry, bool has_draft,
@@ -40,30 +59,37 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   p.utilization = opt.utilization;
   p.available = available;
   // The CPU backend keeps FP32 copies of every weight it loads; the CUDA backend keeps every
-  // matrix as stored (--gpu-weights native, the default on one GPU; vectors as FP32) or FP32
-  // copies (fp32, tensor-parallel ranks); Engram tables stay in their stored format in host
-  // memory and are gathered by rows, or (engram_on_device) are copied as stored to every GPU.
+  // matrix as stored (--gpu-weights native, the default; vectors as FP32) or FP32 copies (fp32);
+  // Engram tables stay in their stored format in host memory and are gathered by rows, or
+  // (engram_on_device) are copied as stored to every GPU. Tensor-parallel ranks hold their slices
+  // of the split matrices (rank0_share; slices of scale blocks are planned as stored even where a
+  // rank keeps an FP32 copy: tiny configs only) and no draft (speculative decoding is one-GPU).
+  const int world = opt.gpu ? std::max(opt.tensor_parallel, 1) : 1;
   uint64_t fp32 = 0, engram_stored = 0;
   for (const model::WeightSpec& w : model::expected_weights(cfg)) {
     if (w.optional || w.component == Component::kVision) continue;  // not loaded
-    if (!has_draft && (w.component == Component::kDraftDense || w.component == Component::kDraftExperts)) continue;
+    const bool draft = w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
+    if (draft && (!has_draft || world > 1)) continue;
     if (w.kind == model::WeightKind::kEngramTable) {
       for (const auto& t : model::release_tensors(w, cfg)) engram_stored += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
       continue;
     }
     const bool stored = opt.gpu && opt.native_weights && w.shape.size() >= 2;  // every matrix as stored
+    const auto [num, den] = rank0_share(w.name, cfg, world);
+    uint64_t bytes = 0;
     if (stored) {
-      for (const auto& t : model::release_tensors(w, cfg)) fp32 += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+      for (const auto& t : model::release_tensors(w, cfg)) bytes += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
     } else {
-      fp32 += 4 * uint64_t(shape_numel(w.shape));
+      bytes = 4 * uint64_t(shape_numel(w.shape));
     }
+    fp32 += bytes / uint64_t(den) * uint64_t(num) + bytes % uint64_t(den) * uint64_t(num) / uint64_t(den);
   }
   const bool engram_gpu = opt.gpu && opt.engram_on_device;
   const uint64_t host_extra = opt.resident_checkpoint_bytes > 0 ? opt.resident_checkpoint_bytes
                               : engram_gpu                     ? 0
                                                                : engram_stored;
   if (opt.gpu) {
-    p.weights = fp32 / uint64_t(std::max(opt.tensor_parallel, 1)) + (engram_gpu ? engram_stored : 0);
+    p.weights = fp32 + (engram_gpu ? engram_stored : 0);
     p.host_weights = host_extra;
   } else {
     p.weights = fp32 + host_extra;

@@ -18,9 +18,9 @@ struct MemoryPlanOptions {
   int64_t step_tokens = 256;   // tokens in one forward call (the engine's step budget)
   double utilization = 0.9;    // fraction of the available memory the plan may use
   bool gpu = false;            // weights and state on a CUDA device (else host memory)
-  int tensor_parallel = 1;     // GPUs sharing the weights (the plan is per GPU)
-  // GPU: every matrix stays as stored (--gpu-weights native on one GPU); otherwise every weight
-  // is an FP32 copy.
+  int tensor_parallel = 1;     // GPUs sharing the weights (the plan is per GPU: rank 0's slices)
+  // GPU: every matrix stays as stored (--gpu-weights native; a rank: its slices); otherwise every
+  // weight is an FP32 copy.
   bool native_weights = false;
   // Checkpoint bytes that stay resident in host memory besides the backend's own copies (dummy
   // weights live in an anonymous image); 0 for a checkpoint on disk (mapped, reclaimable).

@@ -153,8 +153,9 @@ TEST(GpuModel, CliRunOnGpuEqualsCpu) {
   EXPECT_FALSE(tokens_of(cpu.output).empty()) << cpu.output;
   EXPECT_EQ(tokens_of(cpu.output), tokens_of(gpu.output)) << cpu.output << "\n" << gpu.output;
   // A device list is the multi-GPU model (backends/cuda/gpu_tp.h): a repeated device runs two
-  // host-staged ranks on GPU 0 and must give the same greedy tokens; a missing device is an error.
-  const auto tp = flashseek::testing::run_command(base + " --gpus 0,0");
+  // host-staged ranks on GPU 0 and must give the same greedy tokens (FP32 slices: the CPU's twin,
+  // as above); a missing device is an error.
+  const auto tp = flashseek::testing::run_command(base + " --gpus 0,0 --gpu-weights fp32");
   ASSERT_EQ(tp.exit_code, 0) << tp.output;
   EXPECT_EQ(tokens_of(cpu.output), tokens_of(tp.output)) << cpu.output << "\n" << tp.output;
   const auto bad = flashseek::testing::run_command(base + " --gpus 0,99");

@@ -9,14 +9,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 
 #include "core/rng.h"
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/gpu_tp.h"
+#include "backends/cuda/stored_slice.h"
+#include "forward/memory_plan.h"
+#include "forward/state_io.h"
 #include "gpu_test_util.h"
+#include "model/checkpoint.h"
 #include "model/make_tiny.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -158,6 +164,280 @@ TEST(TpShard, ShardWeightsKeepsTheRanksRowsColumnsAndExperts) {
   EXPECT_FALSE(shard_weights(bad, c, *s).ok());
 }
 
+// ---- stored slices (CPU): what a rank uploads of a split matrix with native weights -----------
+
+// Random stored bytes of an [n, k] matrix: codes of every format, E8M0 scales around 2^0.
+struct StoredBytes {
+  std::vector<uint8_t> codes, scales;
+  StoredMatrixView view;
+};
+
+StoredBytes random_stored(StoredFormat f, int64_t n, int64_t k, int64_t br, int64_t bc, uint64_t seed) {
+  StoredBytes b;
+  Rng rng(seed);
+  const int64_t per_value_x2 = f == StoredFormat::kF32 ? 8 : f == StoredFormat::kFp8 ? 2 : f == StoredFormat::kFp4 ? 1 : 4;
+  b.codes.resize(size_t(n * k * per_value_x2 / 2));
+  for (auto& c : b.codes) c = uint8_t(rng.below(256));
+  if (f == StoredFormat::kFp8 || f == StoredFormat::kFp4) {
+    b.scales.resize(size_t((n + br - 1) / br * ((k + bc - 1) / bc)));
+    for (auto& s : b.scales) s = uint8_t(112 + rng.below(30));
+  }
+  b.view.format = f, b.view.n = n, b.view.k = k, b.view.block_rows = br, b.view.block_cols = bc;
+  b.view.codes = b.codes, b.view.scales = b.scales;
+  return b;
+}
+
+// Slices [start, start + count) along `axis` of the stored bytes and of the dequantised matrix:
+// the dequantised slice equals the slice of the dequantised matrix bit for bit.
+void expect_slice_matches(const StoredMatrixView& m, const Vec& full, SliceAxis axis, int64_t start, int64_t count,
+                          const std::string& what) {
+  const std::string where = what + (axis == SliceAxis::kRows ? " rows [" : " columns [") + std::to_string(start) +
+                            ", " + std::to_string(start + count) + ")";
+  auto s = slice_stored(m, axis, start, count);
+  ASSERT_TRUE(s.ok()) << where << ": " << s.status().to_string();
+  EXPECT_EQ(s->gathered, axis == SliceAxis::kCols) << where;  // row slices point into the source
+  if (axis == SliceAxis::kRows) {
+    EXPECT_GE(s->codes().data(), m.codes.data()) << where;
+    EXPECT_LE(s->codes().data() + s->codes().size(), m.codes.data() + m.codes.size()) << where;
+  }
+  const StoredMatrixView sv = s->view(m);
+  ASSERT_TRUE(check_stored(sv).ok()) << where << ": " << check_stored(sv).to_string();
+  auto got = dequant_stored(sv);
+  ASSERT_TRUE(got.ok()) << where << ": " << got.status().to_string();
+  Vec want = full;
+  ASSERT_TRUE(slice_f32(want, m.n, m.k, axis, start, count, "test").ok());
+  ASSERT_EQ(got->size(), want.size()) << where;
+  EXPECT_EQ(std::memcmp(got->data(), want.data(), want.size() * sizeof(float)), 0) << where;
+  // The slice's bytes are only its own: codes of its values, scales of its blocks.
+  const int64_t extent = axis == SliceAxis::kRows ? m.n : m.k;
+  EXPECT_EQ(int64_t(s->codes().size()) * extent, int64_t(m.codes.size()) * count) << where;
+}
+
+TEST(TpShard, StoredSlicesDequantiseToTheSlicesOfTheDequantisedMatrix) {
+  struct Case {
+    const char* what;
+    StoredFormat f;
+    int64_t n, k, br, bc;
+  };
+  // Edge blocks partial where the shapes allow (FP8 n, k not multiples of the block).
+  const Case cases[] = {{"FP8 32x32 blocks", StoredFormat::kFp8, 7 * 32 + 5, 5 * 32 + 9, 32, 32},
+                        {"FP8 128x128 blocks", StoredFormat::kFp8, 3 * 128 + 40, 3 * 128 + 17, 128, 128},
+                        {"FP8 per-row 32-groups", StoredFormat::kFp8, 37, 5 * 32 + 3, 1, 32},
+                        {"MXFP4", StoredFormat::kFp4, 41, 7 * 32, 1, 32},
+                        {"BF16", StoredFormat::kBf16, 29, 45, 1, 1},
+                        {"F32", StoredFormat::kF32, 13, 11, 1, 1}};
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    const StoredBytes b = random_stored(c.f, c.n, c.k, c.br, c.bc, seed++);
+    ASSERT_TRUE(check_stored(b.view).ok()) << c.what << ": " << check_stored(b.view).to_string();
+    auto full = dequant_stored(b.view);
+    ASSERT_TRUE(full.ok()) << c.what;
+    for (SliceAxis axis : {SliceAxis::kRows, SliceAxis::kCols}) {
+      const int64_t extent = axis == SliceAxis::kRows ? c.n : c.k;
+      const int64_t blk = axis == SliceAxis::kRows ? c.br : c.bc;
+      const int64_t blocks = (extent + blk - 1) / blk;
+      // Whole-block ranges: the first block, odd block counts inside, the tail (ending at the
+      // matrix's end, partial where the shape is), the whole extent.
+      std::vector<std::pair<int64_t, int64_t>> ranges = {{0, blk}, {0, extent}, {(blocks - 1) * blk, extent - (blocks - 1) * blk}};
+      if (blocks >= 4) ranges.push_back({blk, 3 * blk});
+      if (blocks >= 3) ranges.push_back({2 * blk, extent - 2 * blk});
+      if (blocks >= 6) ranges.push_back({3 * blk, blk});
+      for (const auto& [start, count] : ranges)
+        if (start + count <= extent) expect_slice_matches(b.view, *full, axis, start, count, c.what);
+    }
+  }
+}
+
+TEST(TpShard, MisalignedOrOutOfRangeStoredSlicesAreRefused) {
+  const StoredBytes fp8 = random_stored(StoredFormat::kFp8, 128, 96, 32, 32, 7);
+  const StoredBytes fp4 = random_stored(StoredFormat::kFp4, 8, 96, 1, 32, 8);
+  const StoredBytes v4 = random_stored(StoredFormat::kFp8, 256, 256, 128, 128, 9);
+  struct Bad {
+    const StoredMatrixView* m;
+    SliceAxis axis;
+    int64_t start, count;
+    const char* expect;
+  };
+  const Bad bad[] = {
+      {&fp8.view, SliceAxis::kRows, 16, 32, "scale blocks"},   // starts inside a block
+      {&fp8.view, SliceAxis::kRows, 32, 48, "scale blocks"},   // ends inside one (not at the end)
+      {&fp8.view, SliceAxis::kCols, 8, 32, "scale blocks"},
+      {&fp8.view, SliceAxis::kCols, 0, 40, "scale blocks"},
+      {&fp4.view, SliceAxis::kCols, 16, 32, "scale blocks"},   // MXFP4: 32-value blocks
+      {&fp4.view, SliceAxis::kCols, 32, 48, "scale blocks"},
+      {&v4.view, SliceAxis::kRows, 64, 64, "128x128"},         // a V4 TP=4 wo_a slice
+      {&v4.view, SliceAxis::kCols, 0, 64, "128x128"},
+      {&fp8.view, SliceAxis::kRows, 96, 64, "range"},           // past the end
+      {&fp8.view, SliceAxis::kRows, -32, 32, "range"},
+      {&fp8.view, SliceAxis::kCols, 0, 0, "range"},              // empty
+  };
+  for (const Bad& b : bad) {
+    auto s = slice_stored(*b.m, b.axis, b.start, b.count);
+    ASSERT_FALSE(s.ok()) << "[" << b.start << ", " << b.start + b.count << ") accepted";
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(b.expect), std::string::npos) << s.status().to_string();
+    EXPECT_NE(s.status().message().find(std::to_string(b.start)), std::string::npos) << s.status().to_string();
+  }
+  // Bytes that do not match the shape are refused before any slicing.
+  StoredMatrixView shortv = fp8.view;
+  shortv.codes = shortv.codes.first(shortv.codes.size() - 1);
+  EXPECT_FALSE(slice_stored(shortv, SliceAxis::kRows, 0, 32).ok());
+  StoredMatrixView noscale = fp8.view;
+  noscale.scales = {};
+  EXPECT_FALSE(slice_stored(noscale, SliceAxis::kRows, 0, 32).ok());
+}
+
+TEST(TpShard, SliceForNamesTheRanksPartOfEverySplitMatrix) {
+  const model::ModelConfig c = config("tiny-v41");  // 4 heads × 64, 2 groups × 32, 4 experts, 256 vocab
+  auto one = make_tp_shard(c, Numerics::kReference, 0, 1);
+  ASSERT_TRUE(one.ok());
+  for (const char* n : {"layers.0.attn.wq_b.weight", "head.weight", "layers.2.ffn.experts.3.w1.weight"})
+    EXPECT_EQ(tp_slice_for(n, c, *one).kind, TpSlice::kAll) << n;  // one GPU: everything
+  auto r1 = make_tp_shard(c, Numerics::kReference, 1, 2);
+  ASSERT_TRUE(r1.ok());
+  auto is = [&](const char* n, TpSlice::Kind k, int64_t start, int64_t count) {
+    const TpSlice s = tp_slice_for(n, c, *r1);
+    EXPECT_EQ(s.kind, k) << n;
+    if (k == TpSlice::kRows || k == TpSlice::kCols) {
+      EXPECT_EQ(s.start, start) << n;
+      EXPECT_EQ(s.count, count) << n;
+    }
+  };
+  is("layers.3.attn.wq_b.weight", TpSlice::kRows, 2 * 64, 2 * 64);
+  is("layers.3.attn.wo_a.weight", TpSlice::kRows, 32, 32);
+  is("layers.3.attn.wo_b.weight", TpSlice::kCols, 32, 32);
+  is("head.weight", TpSlice::kRows, 128, 128);
+  is("layers.6.ffn.experts.1.w2.weight", TpSlice::kNone, 0, 0);  // rank 0's expert
+  is("layers.6.ffn.experts.2.w2.weight", TpSlice::kAll, 0, 0);
+  is("layers.6.ffn.experts.3.w3.weight", TpSlice::kAll, 0, 0);
+  is("layers.6.ffn.shared_experts.w1.weight", TpSlice::kNone, 0, 0);  // rank 0 only
+  for (const char* n : {"embed.weight", "layers.3.attn.wq_a.weight", "layers.3.attn.wkv.weight",
+                        "layers.3.ffn.gate.weight", "layers.1.engram.wkv.weight", "mtp.0.attn.wq_b.weight",
+                        "mtp.0.ffn.experts.0.w1.weight", "layers.3.attn.indexer.wq_b.weight"})
+    is(n, TpSlice::kAll, 0, 0);
+  auto r0 = make_tp_shard(c, Numerics::kReference, 0, 2);
+  ASSERT_TRUE(r0.ok());
+  EXPECT_EQ(tp_slice_for("layers.6.ffn.shared_experts.w1.weight", c, *r0).kind, TpSlice::kAll);
+  EXPECT_EQ(tp_slice_for("layers.6.ffn.experts.2.w1.weight", c, *r0).kind, TpSlice::kNone);
+}
+
+// The view of a stored checkpoint matrix as GpuModel keeps it (plan_stored's formats).
+StoredMatrixView checkpoint_view(const model::Checkpoint& ck, const std::string& name) {
+  StoredMatrixView v;
+  auto t = ck.find(name);
+  EXPECT_TRUE(t.ok()) << name;
+  if (!t.ok()) return v;
+  v.n = t->shape[0], v.k = t->shape[1], v.codes = t->data;
+  switch (t->dtype) {
+    case DType::kBF16: v.format = StoredFormat::kBf16; break;
+    case DType::kF32: v.format = StoredFormat::kF32; break;
+    case DType::kF8E4M3: v.format = StoredFormat::kFp8; break;
+    default: v.format = StoredFormat::kFp4, v.k *= 2; break;  // packed e2m1
+  }
+  if (v.format == StoredFormat::kFp8 || v.format == StoredFormat::kFp4) {
+    auto s = ck.find(model::scale_name_for(name));
+    EXPECT_TRUE(s.ok()) << name;
+    if (!s.ok()) return v;
+    v.scales = s->data;
+    const int64_t b = ck.config().weight_block_size;
+    const bool square = v.format == StoredFormat::kFp8 && s->shape[0] == (v.n + b - 1) / b;
+    v.block_rows = square ? b : 1, v.block_cols = square ? b : 32;
+  }
+  return v;
+}
+
+// Every split matrix of the tiny checkpoints, every rank: the stored slice (when its range is
+// whole blocks) dequantises to the rank's rows / columns of the checkpoint's dequantised tensor;
+// where it is not whole blocks (tiny-v4 over 4 ranks: 64 of 128-wide blocks) the slice is refused,
+// which is the case GpuModel turns into an FP32 copy of the rank's slice.
+TEST(TpShard, CheckpointSlicesOfEveryRankMatchTheDequantisedTensor) {
+  const std::pair<const char*, int> runs[] = {{"tiny-v41", 2}, {"tiny-v4", 2}, {"tiny-v4", 4}};
+  for (const auto& [name, world] : runs) {
+    const model::ModelConfig c = config(name);
+    const std::string dir = gpu_test::tiny_checkpoint(std::string("fs_tp_slices_") + name, c, 5);
+    auto ck = model::Checkpoint::open(dir);
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    int sliced = 0, refused = 0;
+    for (int r = 0; r < world; ++r) {
+      auto sh = make_tp_shard(c, Numerics::kExact, r, world);
+      ASSERT_TRUE(sh.ok()) << sh.status().to_string();
+      for (const std::string& t : {std::string("head.weight"), std::string("layers.1.attn.wq_b.weight"),
+                                   std::string("layers.1.attn.wo_a.weight"), std::string("layers.1.attn.wo_b.weight")}) {
+        const TpSlice sl = tp_slice_for(t, c, *sh);
+        ASSERT_TRUE(sl.kind == TpSlice::kRows || sl.kind == TpSlice::kCols) << t;
+        const SliceAxis axis = sl.kind == TpSlice::kRows ? SliceAxis::kRows : SliceAxis::kCols;
+        const StoredMatrixView v = checkpoint_view(*ck, t);
+        auto full = ck->dequant_f32(t);
+        ASSERT_TRUE(full.ok()) << t;
+        const int64_t blk = axis == SliceAxis::kRows ? v.block_rows : v.block_cols;
+        if (sl.start % blk != 0 || sl.count % blk != 0) {
+          auto s = slice_stored(v, axis, sl.start, sl.count);
+          EXPECT_FALSE(s.ok()) << name << " TP=" << world << " " << t;
+          ++refused;
+          continue;
+        }
+        expect_slice_matches(v, *full, axis, sl.start, sl.count,
+                             std::string(name) + " TP=" + std::to_string(world) + " rank " + std::to_string(r) + " " + t);
+        ++sliced;
+      }
+      // The rank's routed experts as stored (MXFP4 on both configs): whole matrices, never sliced.
+      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        const std::string t = "layers.1.ffn.experts." + std::to_string(e) + ".w1.weight";
+        const bool mine = e >= sh->expert0 && e < sh->expert0 + sh->experts;
+        EXPECT_EQ(tp_slice_for(t, c, *sh).kind, mine ? TpSlice::kAll : TpSlice::kNone) << t;
+      }
+    }
+    EXPECT_GT(sliced, 0) << name;
+    EXPECT_EQ(refused > 0, world == 4) << name << " TP=" << world;  // only tiny-v4 TP=4 cuts 128-blocks
+  }
+}
+
+// The start-up memory plan per GPU of a multi-GPU model with native weights is rank 0's device
+// weights: the stored bytes of what the loader uploads there (tp_slice_for: its rows / columns,
+// its experts, the shared expert; attn_sink's heads), every replicated matrix whole, no draft.
+TEST(TpShard, MemoryPlanPerGpuCountsRankZerosNativeSlices) {
+  const std::pair<const char*, int> runs[] = {{"tiny-v41", 2}, {"tiny-v4", 2}, {"tiny-v4", 4}};
+  for (const auto& [name, world] : runs) {
+    const model::ModelConfig c = config(name);
+    auto sh = make_tp_shard(c, Numerics::kExact, 0, world);
+    ASSERT_TRUE(sh.ok()) << sh.status().to_string();
+    uint64_t want = 0;
+    for (const model::WeightSpec& w : model::expected_weights(c)) {
+      if (w.optional || w.component == model::Component::kVision || w.kind == model::WeightKind::kEngramTable ||
+          w.component == model::Component::kDraftDense || w.component == model::Component::kDraftExperts)
+        continue;
+      if (w.shape.size() < 2) {  // vectors as FP32; attn_sink: the rank's heads
+        const bool sink = w.name.find(".attn.attn_sink") != std::string::npos;
+        want += 4 * uint64_t(shape_numel(w.shape)) / (sink ? uint64_t(world) : 1);
+        continue;
+      }
+      uint64_t bytes = 0;
+      for (const auto& t : model::release_tensors(w, c)) bytes += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+      const TpSlice sl = tp_slice_for(w.name, c, *sh);
+      if (sl.kind == TpSlice::kNone) continue;
+      if (sl.kind == TpSlice::kAll) {
+        want += bytes;
+        continue;
+      }
+      const int64_t extent = sl.kind == TpSlice::kRows ? w.shape[0] : w.shape[1];
+      EXPECT_EQ(bytes * uint64_t(sl.count) % uint64_t(extent), 0u) << w.name;  // tiny shapes split evenly
+      want += bytes * uint64_t(sl.count) / uint64_t(extent);
+    }
+    MemoryPlanOptions o;
+    o.gpu = true;
+    o.native_weights = true;
+    o.max_context = 256;
+    o.tensor_parallel = world;
+    const SnapshotGeometry g = snapshot_geometry(c, !c.is_v41(), c.is_v41(), 256);
+    const MemoryPlan plan = plan_memory(c, g, true, o, uint64_t(1) << 40);
+    EXPECT_EQ(plan.weights, want) << name << " TP=" << world;
+    o.tensor_parallel = 1;
+    const MemoryPlan one = plan_memory(c, g, true, o, uint64_t(1) << 40);
+    EXPECT_LT(plan.weights, one.weights) << name;
+    EXPECT_GT(plan.weights, one.weights / uint64_t(world)) << name;  // replicated parts stay whole
+  }
+}
+
 TEST(TpShard, ParsesGpuLists) {
   auto a = parse_gpu_list("0,1");
   ASSERT_TRUE(a.ok());
@@ -228,24 +508,69 @@ struct TpParam {
   bool tie_free;
   Numerics numerics;
   int world;
+  // kNative: one-GPU native vs ranks holding their slices as stored (the default). kFp32: the
+  // debug path, ranks slicing FP32 copies, against the one-GPU model with the CPU twin's weights.
+  GpuWeights weights = GpuWeights::kFp32;
 };
 
 std::string param_name(const ::testing::TestParamInfo<TpParam>& i) {
   std::string n = std::string(i.param.config) + (i.param.tie_free ? "_tiefree_" : "_std_") +
-                  (i.param.numerics == Numerics::kExact ? "exact" : "ref") + "_tp" + std::to_string(i.param.world);
+                  (i.param.numerics == Numerics::kExact ? "exact" : "ref") + "_tp" + std::to_string(i.param.world) +
+                  (i.param.weights == GpuWeights::kNative ? "_native" : "_fp32");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
+}
+
+// Every split slice of the checkpoint is whole scale blocks except on tiny-v4 over 4 ranks (wo_a
+// rows / wo_b columns of 64 in 128-wide blocks): those go up as FP32 slices.
+bool slices_fall_back(const TpParam& p) { return std::string(p.config) == "tiny-v4" && p.world == 4; }
+
+// What each rank holds: native ranks keep their slices as stored (device bytes == the checkpoint
+// bytes of the slices), fewer than the one-GPU model's; FP32 ranks none as stored.
+void check_rank_bytes(const TpParam& p, const Model& one, const Model& tp) {
+  auto o = gpu_rank_weight_bytes(one);
+  auto r = gpu_rank_weight_bytes(tp);
+  ASSERT_TRUE(o.ok() && r.ok()) << o.status().to_string() << " " << r.status().to_string();
+  ASSERT_EQ(o->size(), 1u);
+  ASSERT_EQ(int(r->size()), p.world);
+  const GpuWeightBytes& w1 = (*o)[0];
+  for (int k = 0; k < p.world; ++k) {
+    const GpuWeightBytes& w = (*r)[size_t(k)];
+    std::printf("[gpu tp] %s rank %d/%d (%s): %.3f MiB as stored (%lld matrices; checkpoint %.3f MiB), %.3f MiB FP32 "
+                "(%lld fallback matrices, %.3f MiB); one GPU: %.3f MiB as stored\n",
+                p.config, k, p.world, p.weights == GpuWeights::kNative ? "native" : "fp32", w.stored / 1048576.0,
+                static_cast<long long>(w.stored_matrices), w.checkpoint / 1048576.0, w.fp32 / 1048576.0,
+                static_cast<long long>(w.fallback_matrices), w.fallback / 1048576.0, w1.stored / 1048576.0);
+    if (p.weights == GpuWeights::kNative) {
+      EXPECT_GT(w.stored, 0) << "rank " << k;
+      EXPECT_EQ(w.stored, w.checkpoint) << "rank " << k;  // the slices' own bytes, nothing more
+      EXPECT_LT(w.stored, w1.stored) << "rank " << k;     // really a slice of the model
+      if (slices_fall_back(p)) {
+        EXPECT_GT(w.fallback_matrices, 0) << "rank " << k;
+      } else {
+        EXPECT_EQ(w.fallback_matrices, 0) << "rank " << k;
+        EXPECT_EQ(w.fallback, 0) << "rank " << k;
+      }
+    } else {
+      EXPECT_EQ(w.stored, 0) << "rank " << k;
+      EXPECT_EQ(w.stored_matrices, 0) << "rank " << k;
+    }
+  }
 }
 
 // TP=world vs TP=1; `devices` empty: every rank on GPU 0 (host-staged).
 void check_tp(const TpParam& p, const std::vector<int>& devices, TpComm comm) {
   const std::string dir = make_ckpt(p.config, p.tie_free);
-  auto one = load_model_gpu(dir, p.numerics, 0, gpu_test::cpu_twin_weights(p.numerics));
+  GpuLoadOptions one_opts = gpu_test::cpu_twin_weights(p.numerics);
+  if (p.weights == GpuWeights::kNative) one_opts.weights = GpuWeights::kNative;
+  auto one = load_model_gpu(dir, p.numerics, 0, one_opts);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   GpuLoadOptions o;
   o.tp_comm = comm;
+  o.weights = p.weights;
   auto tp = load_model_tp(dir, p.numerics, devices, o);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();
+  check_rank_bytes(p, *one.value(), *tp.value());
   const int64_t V = one.value()->config().vocab_size;
   EXPECT_EQ(tp.value()->config().vocab_size, V);
   Rng rng(99);
@@ -258,9 +583,10 @@ void check_tp(const TpParam& p, const std::vector<int>& devices, TpComm comm) {
     const double d = max_abs_diff(a, b);
     double scale = 0;
     for (float x : a) scale = std::max(scale, double(std::fabs(x)));
-    std::printf("[gpu tp] %s %s %s TP=%zu (%s) %s: max|TP - TP1| %.3g (max|logit| %.3g)\n", p.config,
+    std::printf("[gpu tp] %s %s %s %s TP=%zu (%s) %s: max|TP - TP1| %.3g (max|logit| %.3g)\n", p.config,
                 p.tie_free ? "tie-free" : "standard", p.numerics == Numerics::kExact ? "exact" : "reference",
-                devices.size(), comm == TpComm::kNccl ? "nccl" : "host", decode ? "prefill+decode" : "prefill", d, scale);
+                p.weights == GpuWeights::kNative ? "native" : "fp32", devices.size(),
+                comm == TpComm::kNccl ? "nccl" : "host", decode ? "prefill+decode" : "prefill", d, scale);
     EXPECT_LT(d, 2e-2) << (decode ? "prefill+decode" : "prefill");
   }
 }
@@ -274,11 +600,18 @@ TEST_P(GpuTpHost, HostStagedRanksOnOneGpuMatchOneGpu) {
   check_tp(p, std::vector<int>(size_t(p.world), 0), TpComm::kHost);
 }
 
+// The FP32-slice debug path (GpuLoadOptions::weights kFp32) and native slices on both sides; tiny-v4
+// over 4 ranks also takes the FP32 fallback of the slices that cut 128-wide scale blocks.
 INSTANTIATE_TEST_SUITE_P(
     Configs, GpuTpHost,
     ::testing::Values(TpParam{"tiny-v41", false, Numerics::kExact, 2}, TpParam{"tiny-v4", false, Numerics::kExact, 2},
                       TpParam{"tiny-v41", true, Numerics::kReference, 2},
-                      TpParam{"tiny-v4", true, Numerics::kReference, 2}, TpParam{"tiny-v4", false, Numerics::kExact, 4}),
+                      TpParam{"tiny-v4", true, Numerics::kReference, 2}, TpParam{"tiny-v4", false, Numerics::kExact, 4},
+                      TpParam{"tiny-v41", true, Numerics::kReference, 2, GpuWeights::kNative},
+                      TpParam{"tiny-v4", true, Numerics::kReference, 2, GpuWeights::kNative},
+                      TpParam{"tiny-v41", false, Numerics::kExact, 2, GpuWeights::kNative},
+                      TpParam{"tiny-v4", false, Numerics::kExact, 2, GpuWeights::kNative},
+                      TpParam{"tiny-v4", false, Numerics::kExact, 4, GpuWeights::kNative}),
     param_name);
 
 class GpuTpNccl : public ::testing::TestWithParam<TpParam> {};
@@ -306,7 +639,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuTpNccl,
                                            TpParam{"tiny-v4", false, Numerics::kExact, 2},
                                            TpParam{"tiny-v41", true, Numerics::kReference, 2},
                                            TpParam{"tiny-v4", true, Numerics::kReference, 2},
-                                           TpParam{"tiny-v4", false, Numerics::kExact, 4}),
+                                           TpParam{"tiny-v4", false, Numerics::kExact, 4},
+                                           TpParam{"tiny-v41", true, Numerics::kReference, 2, GpuWeights::kNative},
+                                           TpParam{"tiny-v4", true, Numerics::kReference, 2, GpuWeights::kNative},
+                                           TpParam{"tiny-v4", false, Numerics::kExact, 4, GpuWeights::kNative}),
                          param_name);
 
 TEST(GpuTpCli, GpusListSelectsTheMultiGpuModel) {

@@ -118,9 +118,11 @@ struct GpuWeightReport {
   int64_t stored_matrices = 0;     // tensors kept as stored (routed experts: one per expert)
   int64_t stored_bytes = 0;        // their device bytes (codes + scales)
   int64_t checkpoint_bytes = 0;    // their bytes in the checkpoint (weights + scales)
-  int64_t fp32_matrices = 0;       // matrices uploaded as FP32 copies (fp32 mode, TP ranks, fallbacks)
+  int64_t fp32_matrices = 0;       // matrices uploaded as FP32 copies (fp32 mode, fallbacks)
   int64_t fp32_bytes = 0;          // device bytes of every FP32 copy (those matrices, vectors, derived tables)
   int64_t fast_matrices = 0;       // stored matrices run by the block-scaled GEMVs (reference numerics)
+  int64_t fallback_matrices = 0;   // native weights: matrices (or a rank's slices) kept as FP32 copies
+  int64_t fallback_bytes = 0;      // their device bytes (part of fp32_bytes)
   int64_t checkpoint_total_bytes = 0;  // every tensor of the checkpoint but the Engram tables
 };
 

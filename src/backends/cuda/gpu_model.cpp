@@ -72,6 +72,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include <unistd.h>
 
 #include "backends/cuda/gpu_impl.h"
+#include "backends/cuda/stored_slice.h"
 #include "core/thread_pool.h"
 #include "model/weights.h"
 #include "ops/cuda/runtime/comm.h"
@@ -202,6 +203,21 @@ std::string plan_stored(const model::Checkpoint& ck, const std::string& name, Na
   if (int64_t(tv.data.size()) != m.code_bytes) return "stored byte size does not match the shape";
   data = tv.data;
   return {};
+}
+
+// The host view of a matrix plan_stored accepted (its stored bytes `data` / `scale`).
+StoredMatrixView stored_view(const NativeMatrix& m, std::span<const uint8_t> data, std::span<const uint8_t> scale) {
+  StoredMatrixView v;
+  switch (m.dtype) {
+    case WeightDtype::kF32: v.format = StoredFormat::kF32; break;
+    case WeightDtype::kBf16: v.format = StoredFormat::kBf16; break;
+    case WeightDtype::kF16: v.format = StoredFormat::kF16; break;
+    case WeightDtype::kFp8: v.format = StoredFormat::kFp8; break;
+    case WeightDtype::kFp4: v.format = StoredFormat::kFp4; break;
+  }
+  v.n = m.n, v.k = m.k, v.block_rows = m.block_rows, v.block_cols = m.block_cols;
+  v.codes = data, v.scales = scale;
+  return v;
 }
 
 // Whether the block-scaled GEMVs (ops/cuda/gemv.h) can run `m` with activation block `act`.
@@ -436,8 +452,11 @@ namespace {
 
 // The stored byte ranges (codes, then scales) of the matrices load_weights deferred, in the order
 // upload_weights copies them: the loader's order, except that a layer's routed experts go up by
-// projection (every w1, then every w2, then every w3), as up_experts stacks them.
-std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const std::vector<std::string>& names) {
+// projection (every w1, then every w2, then every w3), as up_experts stacks them. A tensor-parallel
+// rank (`shard` split) reads only the code rows of its row slices (tp_slice_for); `names` holds no
+// matrix it skips.
+std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const std::vector<std::string>& names,
+                                              const TpShard& shard) {
   std::vector<std::string> order;
   std::vector<std::pair<std::string, std::string>> run;  // (projection + expert key, name) of one prefix
   std::string run_prefix;
@@ -462,9 +481,21 @@ std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const
   }
   flush();
   std::vector<WeightStager::Range> ranges;
-  for (const std::string& n : order)
-    for (const std::string& t : {n, model::scale_name_for(n)})
-      if (auto v = ck.find(t); v.ok()) ranges.push_back({v->data.data(), v->data.size()});
+  for (const std::string& n : order) {
+    const TpSlice sl = tp_slice_for(n, ck.config(), shard);
+    for (const std::string& t : {n, model::scale_name_for(n)}) {
+      auto v = ck.find(t);
+      if (!v.ok()) continue;
+      std::span<const uint8_t> b = v->data;
+      const int64_t rows = v->shape.empty() ? 0 : v->shape[0];
+      if (t == n && sl.kind == TpSlice::kRows && rows > 0 && int64_t(b.size()) % rows == 0 &&
+          sl.start >= 0 && sl.count >= 0 && sl.start + sl.count <= rows) {
+        const size_t rb = b.size() / size_t(rows);  // code bytes of one row
+        b = b.subspan(size_t(sl.start) * rb, size_t(sl.count) * rb);
+      }
+      ranges.push_back({b.data(), b.size()});
+    }
+  }
   return ranges;
 }
 
@@ -500,9 +531,10 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   FS_ASSIGN_OR_RETURN(model::Checkpoint ck, model::Checkpoint::open(dir));
   std::unique_ptr<GpuModel> m(new GpuModel());
   m->ck_ = std::make_unique<model::Checkpoint>(std::move(ck));
-  // Native weights on one GPU: the host loads no matrix (they go up from the checkpoint's bytes).
-  // Tensor-parallel ranks slice FP32 copies (gpu_tp.cpp shard_weights).
-  m->native_ = opts.weights == GpuWeights::kNative && !shard;
+  // Native weights: the host loads no matrix (they go up from the checkpoint's bytes; a
+  // tensor-parallel rank uploads the stored bytes of its slices, up_matrix / up_experts). kFp32:
+  // FP32 copies (a rank slices them on the host, gpu_tp.cpp shard_weights).
+  m->native_ = opts.weights == GpuWeights::kNative;
   m->engram_device_ = opts.engram_on_device;
   WeightLoadOptions wo;
   wo.matrices = !m->native_;
@@ -529,7 +561,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->expert_act_block_ = ab.experts;
   m->fast_linears_ = opts.fast_linears;
   m->index_scores_kernel_ = opts.index_scores_kernel;
-  if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp)
+  if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
+               // matrices are sliced as they go up)
     m->shard_ = *shard;
     m->comm_ = comm;
     FS_RETURN_IF_ERROR(shard_weights(m->w_, c, *shard));
@@ -537,11 +570,14 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_ASSIGN_OR_RETURN(m->shard_, make_tp_shard(c, numerics, 0, 1));
   }
   if (m->native_) {  // the stored matrices go up through pinned staging, overlapped with the reads
-    std::vector<std::string> names = m->w_.deferred_matrices;
+    std::vector<std::string> names;  // a rank never reads another rank's experts (nor ranks > 0 the shared one)
+    for (const std::string& nm : m->w_.deferred_matrices)
+      if (tp_slice_for(nm, c, m->shard_).kind != TpSlice::kNone) names.push_back(nm);
     if (m->engram_device_)  // uploaded after the layers' matrices (upload_weights)
       for (const LayerWeights& L : m->w_.layers)
         if (L.has_engram) names.push_back(L.engram.table);
-    WeightStager stager(upload_order(*m->ck_, names), stager_sources(*m->ck_), opts.load_threads, opts.load_progress);
+    WeightStager stager(upload_order(*m->ck_, names, m->shard_), stager_sources(*m->ck_), opts.load_threads,
+                        opts.load_progress);
     FS_RETURN_IF_ERROR(stager.init());
     m->stager_ = &stager;
     Status st = m->upload_weights();
@@ -563,7 +599,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
     FS_RETURN_IF_ERROR(m->expert_ids_.upload(ids.data(), size_t(c.n_routed_experts)));
   }
-  if (!shard) m->print_weight_report();
+  m->print_weight_report();
   return m;
 }
 
@@ -599,21 +635,46 @@ Status GpuModel::up_matrix(Vec& v, const std::string& name, int64_t fast_act) {
     return up(v);
   }
   if (!deferred_.count(name)) return {};  // not part of this checkpoint's model (role, absent draft)
+  // A tensor-parallel rank: its rows / columns of a split matrix; nothing of another rank's.
+  const TpSlice sl = tp_slice_for(name, config(), shard_);
+  if (sl.kind == TpSlice::kNone) return {};
+  const bool sliced = sl.kind == TpSlice::kRows || sl.kind == TpSlice::kCols;
+  const SliceAxis axis = sl.kind == TpSlice::kCols ? SliceAxis::kCols : SliceAxis::kRows;
   uploaded_.insert(name);
   NativeMatrix m;
   std::span<const uint8_t> data, scale;
-  const std::string why = plan_stored(*ck_, name, m, data, scale);
-  if (!why.empty()) {  // an FP32 copy of this one matrix (dequantised on the host, then freed)
+  std::string why = plan_stored(*ck_, name, m, data, scale);
+  StoredSlice part;  // the rank's stored bytes: rows in the checkpoint's map, columns gathered here
+  if (why.empty() && sliced) {
+    auto s = slice_stored(stored_view(m, data, scale), axis, sl.start, sl.count);
+    if (s.ok()) {
+      part = std::move(s).value();
+      data = part.codes(), scale = part.scales();
+      m.n = part.n, m.k = part.k;
+      m.code_bytes = int64_t(data.size()), m.scale_bytes = int64_t(scale.size());
+    } else {  // e.g. a slice inside a scale block (tiny configs): never a wrong slice, an FP32 one
+      why = fmt::format("rank {} of {}: {}; this rank's slice is dequantised on the host", shard_.rank, shard_.world,
+                        s.status().message());
+    }
+  }
+  if (!why.empty()) {  // an FP32 copy of this one matrix or slice (dequantised on the host, then freed)
     log_fallback(name, why);
     FS_ASSIGN_OR_RETURN(Vec f, ck_->dequant_f32(name));
+    if (sliced) {
+      FS_ASSIGN_OR_RETURN(const Shape shape, ck_->logical_shape(name));
+      if (shape.size() != 2) return invalid_argument("tensor {}: a split matrix, stored as {}", name, shape_to_string(shape));
+      FS_RETURN_IF_ERROR(slice_f32(f, shape[0], shape[1], axis, sl.start, sl.count, name.c_str()));
+    }
     DevArray<float> a;
     FS_RETURN_IF_ERROR(a.upload(f.data(), f.size()));
     ++report_.fp32_matrices;
     report_.fp32_bytes += int64_t(a.capacity() * sizeof(float));
+    ++report_.fallback_matrices;
+    report_.fallback_bytes += int64_t(a.capacity() * sizeof(float));
     dev_.emplace(&v, std::move(a));
     return {};
   }
-  if (stager_) {  // as stored, through the pinned staging of GpuModel::load
+  if (stager_ && !part.gathered) {  // as stored, through the pinned staging of GpuModel::load
     FS_RETURN_IF_ERROR(m.codes.reserve(data.size(), false));
     FS_RETURN_IF_ERROR(stager_->copy(m.codes.get(), data.data(), data.size()));
     if (!scale.empty()) {
@@ -648,6 +709,8 @@ Status GpuModel::up_f32_matrix(Vec& v, const std::string& name) {
       FS_RETURN_IF_ERROR(a.upload(f.data(), f.size()));
       ++report_.fp32_matrices;
       report_.fp32_bytes += int64_t(a.capacity() * sizeof(float));
+      ++report_.fallback_matrices;
+      report_.fallback_bytes += int64_t(a.capacity() * sizeof(float));
       dev_.emplace(&v, std::move(a));
       return {};
     }
@@ -662,12 +725,15 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
   const int64_t E = int64_t(w1.size());
   if (E == 0) return {};
   const char* proj[3] = {"w1", "w2", "w3"};
+  // A tensor-parallel rank holds experts [expert0, expert0 + E) of the backbone's layers (the lists
+  // were cut by shard_weights; the others are never read); draft stages run on one GPU only.
+  const int64_t e0 = p.rfind("layers.", 0) == 0 ? shard_.expert0 : 0;
   bool stored = native_;
   NativeMatrix mats[3];
   std::vector<std::span<const uint8_t>> data[3], scale[3];
   for (int j = 0; j < 3 && stored; ++j) {  // every expert of a projection: one format and shape
     for (int64_t e = 0; e < E && stored; ++e) {
-      const std::string name = fmt::format("{}{}.{}.weight", p, e, proj[j]);
+      const std::string name = fmt::format("{}{}.{}.weight", p, e0 + e, proj[j]);
       NativeMatrix m;
       std::span<const uint8_t> d, s;
       std::string why = deferred_.count(name) ? plan_stored(*ck_, name, m, d, s) : "not deferred by the loader";
@@ -691,7 +757,7 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
       std::vector<Vec>& ws = *src[j];
       for (int64_t e = 0; e < E; ++e) {
         if (ws[size_t(e)].empty()) {
-          const std::string name = fmt::format("{}{}.{}.weight", p, e, proj[j]);
+          const std::string name = fmt::format("{}{}.{}.weight", p, e0 + e, proj[j]);
           FS_ASSIGN_OR_RETURN(ws[size_t(e)], ck_->dequant_f32(name));
           uploaded_.insert(name);
         }
@@ -700,12 +766,17 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
       DevArray<float>& out = stacks[size_t(j)];
       FS_RETURN_IF_ERROR(out.reserve(std::max<size_t>(1, each * ws.size()), false));
       for (size_t e = 0; e < ws.size(); ++e) {
-        if (ws[e].size() != each) return invalid_argument("{}{}.{}.weight: experts differ in shape", p, e, proj[j]);
+        if (ws[e].size() != each)
+          return invalid_argument("{}{}.{}.weight: experts differ in shape", p, int64_t(e) + e0, proj[j]);
         FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.get() + e * each, ws[e].data(), each * 4, cudaMemcpyHostToDevice));
         Vec().swap(ws[e]);
       }
       report_.fp32_matrices += E;
       report_.fp32_bytes += int64_t(out.capacity() * sizeof(float));
+      if (native_) {  // the stored experts fell back (logged above)
+        report_.fallback_matrices += E;
+        report_.fallback_bytes += int64_t(out.capacity() * sizeof(float));
+      }
       keys[size_t(j)] = out.get();
     }
     return {};
@@ -729,7 +800,7 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
               cudaMemcpy(m.scales.get() + e * m.scale_bytes, s.data(), s.size(), cudaMemcpyHostToDevice));
       }
       report_.checkpoint_bytes += int64_t(d.size() + s.size());
-      uploaded_.insert(fmt::format("{}{}.{}.weight", p, e, proj[j]));
+      uploaded_.insert(fmt::format("{}{}.{}.weight", p, e0 + e, proj[j]));
     }
     m.act_block = fast_act;
     m.fast = fast_fits(m, fast_act);
@@ -757,6 +828,18 @@ void GpuModel::print_weight_report() {
     if (auto t = ck_->find(name); t.ok()) r.checkpoint_total_bytes += int64_t(t.value().data.size());
   }
   const double mib = 1.0 / (1 << 20);
+  if (shard_.split()) {  // one line per rank: its slices as stored (== their checkpoint bytes) + FP32
+    std::fprintf(stderr,
+                 "flashseek gpu: rank %d of %d weights (%s) on device %d: %.2f MiB; %.2f MiB as stored in %lld "
+                 "matrices (%.2f MiB of this rank's slices in the checkpoint), %.2f MiB FP32 (%lld matrices, of which "
+                 "%lld fell back from the stored format: %.2f MiB)\n",
+                 shard_.rank, shard_.world, native_ ? "native" : "fp32", device_, double(weight_bytes()) * mib,
+                 double(r.stored_bytes) * mib, static_cast<long long>(r.stored_matrices),
+                 double(r.checkpoint_bytes) * mib, double(r.fp32_bytes) * mib,
+                 static_cast<long long>(r.fp32_matrices), static_cast<long long>(r.fallback_matrices),
+                 double(r.fallback_bytes) * mib);
+    return;
+  }
   std::fprintf(stderr,
                "flashseek gpu: weights (%s) on device %d: %.2f MiB (checkpoint tensors without the Engram tables, "
                "which stay in host memory: %.2f MiB); %.2f MiB as stored in %lld matrices (%.2f MiB of the same "
@@ -852,7 +935,8 @@ Status GpuModel::upload_weights() {
   if (mtp_state()) FS_RETURN_IF_ERROR(upload_mtp_weights());  // V4 MTP (gpu_mtp.cpp)
   // Every matrix the loader left to this backend went up (a draft only where it runs).
   for (const std::string& name : w_.deferred_matrices)
-    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !has_draft()))
+    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !has_draft()) &&
+        tp_slice_for(name, config(), shard_).kind != TpSlice::kNone)
       return internal_error("gpu weights: matrix {} was not uploaded", name);
   return {};
 }

@@ -73,7 +73,7 @@ const char* gpu_linear_role_name(GpuLinearRole r);
 
 // How the CUDA backend keeps the weights and runs steps.
 struct GpuLoadOptions {
-  GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks always slice FP32 copies
+  GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks: their slices (gpu_tp.h)
   GpuGraphs graphs = GpuGraphs::kPatch;
   TpComm tp_comm = TpComm::kAuto;  // several devices only
   // Every backend (load_model_for passes them to the CPU backend too): threads that read and

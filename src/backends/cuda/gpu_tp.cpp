@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backends/cuda/gpu_model.h"
+#include "backends/cuda/stored_slice.h"
 
 namespace flashseek::forward {
 
@@ -40,42 +41,17 @@ Result<TpShard> make_tp_shard(const model::ModelConfig& c, Numerics numerics, in
   return s;
 }
 
-namespace {
-
-// Rows [r0, r0 + n) of a row-major [rows, cols] matrix.
-Status keep_rows(Vec& m, int64_t rows, int64_t cols, int64_t r0, int64_t n, const char* what) {
-  if (m.empty()) return {};
-  if (int64_t(m.size()) != rows * cols)
-    return internal_error("tensor parallel: {} has {} values, expected {}x{}", what, m.size(), rows, cols);
-  Vec out(m.begin() + r0 * cols, m.begin() + (r0 + n) * cols);
-  m.swap(out);
-  return {};
-}
-
-// Columns [c0, c0 + n) of a row-major [rows, cols] matrix.
-Status keep_cols(Vec& m, int64_t rows, int64_t cols, int64_t c0, int64_t n, const char* what) {
-  if (m.empty()) return {};
-  if (int64_t(m.size()) != rows * cols)
-    return internal_error("tensor parallel: {} has {} values, expected {}x{}", what, m.size(), rows, cols);
-  Vec out(size_t(rows * n));
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy(m.begin() + r * cols + c0, m.begin() + r * cols + c0 + n, out.begin() + r * n);
-  m.swap(out);
-  return {};
-}
-
-}  // namespace
-
 Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard& s) {
   const int64_t H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank, G = c.o_groups, Ro = c.o_lora_rank;
   const int64_t D = c.hidden_size, V = c.vocab_size, E = c.n_routed_experts;
   const int64_t in_g = H * Dh / G;
   for (auto& L : w.layers) {
     AttentionWeights& A = L.attn;
-    FS_RETURN_IF_ERROR(keep_rows(A.wq_b, H * Dh, Rq, s.head0 * Dh, s.heads * Dh, "wq_b"));
-    FS_RETURN_IF_ERROR(keep_rows(A.attn_sink, H, 1, s.head0, s.heads, "attn_sink"));
-    FS_RETURN_IF_ERROR(keep_rows(A.wo_a, G * Ro, in_g, s.group0 * Ro, s.groups * Ro, "wo_a"));
-    FS_RETURN_IF_ERROR(keep_cols(A.wo_b, D, G * Ro, s.group0 * Ro, s.groups * Ro, "wo_b"));
+    constexpr SliceAxis kRows = SliceAxis::kRows, kCols = SliceAxis::kCols;
+    FS_RETURN_IF_ERROR(slice_f32(A.wq_b, H * Dh, Rq, kRows, s.head0 * Dh, s.heads * Dh, "wq_b"));
+    FS_RETURN_IF_ERROR(slice_f32(A.attn_sink, H, 1, kRows, s.head0, s.heads, "attn_sink"));
+    FS_RETURN_IF_ERROR(slice_f32(A.wo_a, G * Ro, in_g, kRows, s.group0 * Ro, s.groups * Ro, "wo_a"));
+    FS_RETURN_IF_ERROR(slice_f32(A.wo_b, D, G * Ro, kCols, s.group0 * Ro, s.groups * Ro, "wo_b"));
     FfnWeights& F = L.ffn;
     if (!F.w1.empty()) {
       if (int64_t(F.w1.size()) != E || F.w2.size() != F.w1.size() || F.w3.size() != F.w1.size())
@@ -88,7 +64,30 @@ Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard
     }
     if (!s.shared_expert) Vec().swap(F.s_w1), Vec().swap(F.s_w2), Vec().swap(F.s_w3);
   }
-  return keep_rows(w.head, V, D, s.vocab0, s.vocab, "head");
+  return slice_f32(w.head, V, D, SliceAxis::kRows, s.vocab0, s.vocab, "head");
+}
+
+TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const TpShard& s) {
+  TpSlice out;
+  if (!s.split()) return out;
+  auto rows = [&](int64_t start, int64_t count) { return TpSlice{TpSlice::kRows, start, count}; };
+  if (name == "head.weight") return rows(s.vocab0, s.vocab);
+  if (name.rfind("layers.", 0) != 0) return out;  // globals, draft stages (one GPU only)
+  const size_t dot = name.find('.', 7);           // "layers.N." then the role
+  if (dot == std::string::npos) return out;
+  const std::string rest = name.substr(dot + 1);
+  if (rest == "attn.wq_b.weight") return rows(s.head0 * c.head_dim, s.heads * c.head_dim);
+  if (rest == "attn.wo_a.weight") return rows(s.group0 * c.o_lora_rank, s.groups * c.o_lora_rank);
+  if (rest == "attn.wo_b.weight") return TpSlice{TpSlice::kCols, s.group0 * c.o_lora_rank, s.groups * c.o_lora_rank};
+  if (rest.rfind("ffn.shared_experts.", 0) == 0) return s.shared_expert ? out : TpSlice{TpSlice::kNone, 0, 0};
+  if (rest.rfind("ffn.experts.", 0) == 0) {  // ffn.experts.E.wK.weight
+    int64_t e = -1;
+    const char* p = rest.data() + 12;
+    const auto [end, ec] = std::from_chars(p, rest.data() + rest.size(), e);
+    if (ec == std::errc() && end != p && *end == '.' && (e < s.expert0 || e >= s.expert0 + s.experts))
+      return TpSlice{TpSlice::kNone, 0, 0};
+  }
+  return out;
 }
 
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
@@ -158,6 +157,8 @@ class TpModel final : public Model {
       : ranks_(std::move(ranks)), comms_(std::move(comms)), shards_(std::move(shards)), devices_(std::move(devices)) {}
   // The ranks (and their CUDA graphs, which hold NCCL work) go before the communicators.
   ~TpModel() override { ranks_.clear(); }
+
+  const std::vector<std::unique_ptr<gpu::GpuModel>>& ranks() const { return ranks_; }
 
   std::vector<GpuGraphStats> rank_stats() const {
     std::vector<GpuGraphStats> v;
@@ -273,6 +274,23 @@ Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model& m) {
   return invalid_argument("CUDA graph counters: not a CUDA model");
 }
 
+Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model& m) {
+  auto bytes = [](const gpu::GpuModel& g) {
+    const gpu::GpuWeightReport& r = g.weight_report();
+    GpuWeightBytes b;
+    b.stored = r.stored_bytes, b.checkpoint = r.checkpoint_bytes, b.stored_matrices = r.stored_matrices;
+    b.fp32 = r.fp32_bytes, b.fallback = r.fallback_bytes, b.fallback_matrices = r.fallback_matrices;
+    return b;
+  };
+  if (const auto* g = dynamic_cast<const gpu::GpuModel*>(&m)) return std::vector<GpuWeightBytes>{bytes(*g)};
+  if (const auto* t = dynamic_cast<const TpModel*>(&m)) {
+    std::vector<GpuWeightBytes> v;
+    for (const auto& r : t->ranks()) v.push_back(bytes(*r));
+    return v;
+  }
+  return invalid_argument("weight bytes per rank: not a CUDA model");
+}
+
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& dir, Numerics numerics, const std::vector<int>& devices,
                                              const GpuLoadOptions& opts) {
   TpComm comm = opts.tp_comm;
@@ -322,6 +340,9 @@ Result<GpuGraphStats> gpu_graph_stats(const Model&) {
 }
 Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model&) {
   return Status(StatusCode::kUnimplemented, "CUDA graph counters: this build has no CUDA backend");
+}
+Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model&) {
+  return Status(StatusCode::kUnimplemented, "weight bytes per rank: this build has no CUDA backend");
 }
 Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices,
                                              const GpuLoadOptions&) {

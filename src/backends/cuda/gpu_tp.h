@@ -6,7 +6,10 @@
 //  - MoE: routing replicated; routed experts [expert0, expert0 + experts) (expert parallel, slots
 //    routed elsewhere contribute zero); the shared expert on rank 0; the combine is all-reduced.
 //  - LM head: vocabulary rows [vocab0, vocab0 + vocab); the slices are gathered on the host.
-// Engram tables stay host-resident (every rank gathers its rows from the checkpoint).
+// Native weights (the default): each rank uploads the stored bytes of its slices only (tp_slice_for,
+// backends/cuda/stored_slice.h); a slice that does not cover whole scale blocks goes up as an FP32
+// copy of the slice (one log line). GpuWeights::kFp32 (debug): FP32 copies sliced on the host.
+// Engram tables as on one GPU (host rows gathered by every rank, or on every device as stored).
 #pragma once
 #include <memory>
 #include <string>
@@ -38,7 +41,24 @@ Result<TpShard> make_tp_shard(const model::ModelConfig& c, Numerics numerics, in
 
 // Cuts the backbone weights down to `s` (host arrays, before upload): wq_b rows, attn_sink,
 // wo_a rows, wo_b columns, routed experts, the shared expert (dropped on ranks > 0), head rows.
+// Matrices left empty by the loader (native weights: uploaded from the checkpoint by tp_slice_for)
+// stay empty; the routed expert lists shrink to the rank's experts all the same.
 Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard& s);
+
+// What rank `s` keeps of checkpoint matrix `name` (native weights: the stored bytes it uploads).
+struct TpSlice {
+  enum Kind {
+    kAll,   // replicated (or a one-GPU model)
+    kRows,  // rows [start, start + count)
+    kCols,  // columns [start, start + count)
+    kNone,  // another rank's routed expert, or the shared expert on ranks > 0: never read
+  } kind = kAll;
+  int64_t start = 0, count = 0;
+};
+// The backbone's split matrices (layers.N.attn.wq_b / wo_a / wo_b, layers.N.ffn.experts.E.*,
+// layers.N.ffn.shared_experts.*, head.weight) as shard_weights cuts them; kAll for every other
+// name and for a shard that does not split.
+TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const TpShard& s);
 
 // "0,1" → {0, 1}. Errors for empty items, non-numbers, negative ids.
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
@@ -48,6 +68,18 @@ Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
 // applies to every rank.
 Result<std::unique_ptr<Model>> load_model_tp(const std::string& ckpt_dir, Numerics numerics,
                                              const std::vector<int>& devices, const GpuLoadOptions& opts = {});
+
+// The weight bytes one CUDA rank holds on its device (GpuModel's weight report).
+struct GpuWeightBytes {
+  int64_t stored = 0;            // matrices kept as stored: device bytes (codes + scales)
+  int64_t checkpoint = 0;        // the checkpoint bytes of those matrices (a rank: of its slices)
+  int64_t stored_matrices = 0;   // (routed experts: one per expert)
+  int64_t fp32 = 0;              // FP32 copies: vectors, tables, fallback matrices (fp32 mode: all)
+  int64_t fallback = 0;          // of which native matrices (or slices) that went up as FP32 copies
+  int64_t fallback_matrices = 0;
+};
+// One entry per rank of a multi-GPU model; one entry for a one-GPU CUDA model; an error otherwise.
+Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model& m);
 
 struct GpuGraphStats;  // backends/cuda/gpu_model.h
 // The CUDA-graph counters of each rank of a multi-GPU model (gpu_graph_stats sums them); one entry
