@@ -20,7 +20,8 @@ struct ExpertGemvParams {
   const uint8_t* w_up_scale = nullptr;
   int64_t expert_stride = 0;           // bytes between experts' codes (0: one shared matrix)
   int64_t expert_scale_stride = 0;     // bytes between experts' scales
-  const int32_t* group_expert = nullptr;  // [n_groups] expert id of each group
+  const int32_t* group_expert = nullptr;  // [n_groups] expert id of each group; -1: another
+                                          // rank's expert (expert parallel), outputs 0
   const int32_t* group_start = nullptr;   // [n_groups + 1] pairs of group g: [start[g], start[g+1])
   const int32_t* pair_row = nullptr;      // [n_pairs] input row of each pair; null: row = pair
   const float* pair_weight = nullptr;     // [n_pairs] routing weight (gated only); null: 1

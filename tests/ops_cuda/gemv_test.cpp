@@ -349,6 +349,59 @@ TEST(CudaExpertGemv, DownProjectionPerPairRows) {
     ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-4 * scale) << i;
 }
 
+// Expert parallel: a group whose expert is -1 (another rank's expert, as tp_remap_experts marks
+// it) writes zeros and reads no weights, on the device and in the twin; the other groups are as
+// before. Decode (one pair per group, the k split over a cluster) and grouped (several pairs).
+TEST(CudaExpertGemv, OtherRanksExpertGroupsGiveZeros) {
+  FS_REQUIRE_GPU();
+  for (const int tokens : {1, 9}) {
+    SCOPED_TRACE(tokens);
+    std::mt19937 rng(31 + tokens);
+    const int n_experts = 5, topk = 3;
+    const int64_t n = 96, k = 2304;
+    Routing r = random_routing(rng, tokens, topk, n_experts);
+    for (size_t g = 0; g < r.group_expert.size(); g += 2) r.group_expert[g] = -1;
+    const int64_t pairs = int64_t(r.pair_row.size());
+    const Weights w = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+    const std::vector<float> x = random_block_activations(rng, tokens, k);
+    ExpertGemvParams p;
+    p.x = x.data(), p.w = w.codes.data(), p.w_scale = w.scales.data();
+    p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+    p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+    p.group_expert = r.group_expert.data(), p.group_start = r.group_start.data(), p.pair_row = r.pair_row.data();
+    p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+    p.n = n, p.k = k;
+    std::vector<float> ref(static_cast<size_t>(pairs * n), std::nanf(""));
+    p.y = ref.data();
+    FS_ASSERT_OK(expert_gemv_ref(p, tokens));
+    DeviceBuffer<float> dx(x), dy(std::vector<float>(ref.size(), std::nanf("")));
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+    p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy.get();
+    p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dy.to_host();
+    double scale = 0;
+    for (float v : ref) scale = std::max(scale, double(std::fabs(v)));
+    ASSERT_GT(scale, 0);
+    int64_t zeros = 0;
+    for (size_t g = 0; g < r.group_expert.size(); ++g)
+      for (int64_t i = r.group_start[g]; i < r.group_start[g + 1]; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t at = size_t(i * n + j);
+          if (r.group_expert[g] < 0) {
+            ASSERT_EQ(ref[at], 0.0f);
+            ASSERT_EQ(got[at], 0.0f) << "pair " << i << " of another rank's expert";
+            ++zeros;
+          } else {
+            ASSERT_LE(std::fabs(double(got[at]) - ref[at]), 1e-4 * scale) << at;
+          }
+        }
+    EXPECT_GT(zeros, 0);
+  }
+}
+
 // Every forced k split (cluster of 1..8 CTAs summing disjoint k ranges through distributed
 // shared memory) and every k-chunk width gives the twin's result, uneven splits included.
 TEST(CudaBlockLinear, EveryKSplitAndChunkMatchesTwin) {

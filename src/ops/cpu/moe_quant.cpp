@@ -2,6 +2,7 @@
 // formats share one dequantisation path.
 #include "ops/moe_quant.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "ops/moe.h"
@@ -15,8 +16,8 @@ Status check_indices(const ExpertGemvParams& p, int64_t x_rows) {
   for (int64_t g = 0; g < p.n_groups; ++g) {
     if (p.group_start[g + 1] < p.group_start[g])
       return invalid_argument("expert_gemv: group_start[{}] decreases", g + 1);
-    if (p.group_expert[g] < 0 || p.group_expert[g] >= p.n_experts)
-      return out_of_range("expert_gemv: group_expert[{}]={} outside [0, {})", g, p.group_expert[g],
+    if (p.group_expert[g] < -1 || p.group_expert[g] >= p.n_experts)
+      return out_of_range("expert_gemv: group_expert[{}]={} outside [-1, {})", g, p.group_expert[g],
                           p.n_experts);
   }
   for (int64_t i = 0; i < p.n_pairs; ++i) {
@@ -34,6 +35,10 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
   std::vector<float> g(static_cast<size_t>(p.n)), u(static_cast<size_t>(p.n));
   for (int64_t grp = 0; grp < p.n_groups; ++grp) {
     const int64_t e = p.group_expert[grp];
+    if (e < 0) {  // another rank's expert (expert parallel): the group's outputs are 0
+      std::fill(p.y + p.group_start[grp] * p.n, p.y + p.group_start[grp + 1] * p.n, 0.0f);
+      continue;
+    }
     for (int64_t i = p.group_start[grp]; i < p.group_start[grp + 1]; ++i) {
       const int64_t row = p.pair_row ? p.pair_row[i] : i;
       BlockLinearParams lp;

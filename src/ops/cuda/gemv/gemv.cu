@@ -227,6 +227,17 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     start = a.group_start[blockIdx.y];
     count = a.group_start[blockIdx.y + 1] - start;
     const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
+      if (rank == 0)  // the whole cluster shares blockIdx.y, so every CTA of it returns here
+        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
+          const int row = row0 + int(o % kRows);
+          const int64_t out_row = start + o / kRows;
+          if (row >= a.n) continue;
+          if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(0.0f);
+          else reinterpret_cast<float*>(a.y)[out_row * a.n + row] = 0.0f;
+        }
+      return;
+    }
     w += e * a.e_stride, ws += e * a.e_sstride;
     if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
   }

@@ -1154,7 +1154,12 @@ __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, 
   if (id >= T * dim) return;
   const int64_t t = id / dim, d = id % dim;
   float s = 0;
-  for (int64_t k = 0; k < K; ++k) s += y[(row_of ? int64_t(row_of[t * K + k]) : t * K + k) * dim + d];
+  for (int64_t k = 0; k < K; ++k) {
+    // row_of < 0: a pair routed to another rank's expert (expert parallel), whose output is +0 as
+    // the exactness path writes it.
+    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
+    s += r >= 0 ? y[r * dim + d] : 0.0f;
+  }
   s += ys[id];
   out[id] = bf16 ? dev_round_bf16(s) : s;
 }
@@ -1196,6 +1201,7 @@ __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_
     const int p = base + int(threadIdx.x);
     const int e = p < n_pairs ? sel[p] : -1;
     const bool ok = e >= 0 && e < n_experts;
+    if (!ok && p < n_pairs) slot_pos[p] = -1;  // no sorted row: the combine adds +0 for it
     tile[threadIdx.x] = ok ? e : -1;
     __syncthreads();
     int rank = 0;  // earlier pairs of this tile with the same expert

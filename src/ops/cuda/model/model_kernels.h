@@ -144,12 +144,13 @@ cudaError_t launch_route(const RouteArgs& a, cudaStream_t s);
 cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
                           int64_t n, float limit, bool bf16, cudaStream_t s);
 // out[t] = bf16?(Σ_k y[t, k] + ys[t]) in slot order; with row_of, pair (t, k)'s row of y is
-// row_of[t·K + k] (outputs computed in expert-sorted order), else t·K + k.
+// row_of[t·K + k] (outputs computed in expert-sorted order), else t·K + k; a negative row_of
+// (another rank's expert) adds +0.
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
 // ops::group_pairs_by_expert on the device (one block; nothing read back to the host, so it runs
-// under graph capture). bad (nullable): set to 1 when an expert id is out of range (outputs then
-// undefined).
+// under graph capture). A pair whose expert id is out of range (-1: another rank's expert under
+// expert parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1.
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
                              int32_t* bad, cudaStream_t s);
