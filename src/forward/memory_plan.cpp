@@ -43,10 +43,12 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   // matrix as stored (--gpu-weights native, the default on one GPU; vectors as FP32) or FP32
   // copies (fp32, tensor-parallel ranks); Engram tables stay in their stored format in host
   // memory and are gathered by rows, or (engram_on_device) are copied as stored to every GPU.
-  uint64_t fp32 = 0, engram_stored = 0;
+  uint64_t fp32 = 0, engram_stored = 0, draft = 0;
   for (const model::WeightSpec& w : model::expected_weights(cfg)) {
     if (w.optional || w.component == Component::kVision) continue;  // not loaded
-    if (!has_draft && (w.component == Component::kDraftDense || w.component == Component::kDraftExperts)) continue;
+    const bool is_draft = w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
+    if (!has_draft && is_draft) continue;
+    const uint64_t before = fp32;
     if (w.kind == model::WeightKind::kEngramTable) {
       for (const auto& t : model::release_tensors(w, cfg)) engram_stored += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
       continue;
@@ -57,13 +59,16 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
     } else {
       fp32 += 4 * uint64_t(shape_numel(w.shape));
     }
+    if (is_draft) draft += fp32 - before;
   }
   const bool engram_gpu = opt.gpu && opt.engram_on_device;
   const uint64_t host_extra = opt.resident_checkpoint_bytes > 0 ? opt.resident_checkpoint_bytes
                               : engram_gpu                     ? 0
                                                                : engram_stored;
   if (opt.gpu) {
-    p.weights = fp32 / uint64_t(std::max(opt.tensor_parallel, 1)) + (engram_gpu ? engram_stored : 0);
+    // Tensor parallel: the backbone is split over the ranks; the draft is whole on rank 0 (it runs
+    // the draft, backends/cuda/gpu_tp.h), the fullest GPU, which is the one planned here.
+    p.weights = (fp32 - draft) / uint64_t(std::max(opt.tensor_parallel, 1)) + draft + (engram_gpu ? engram_stored : 0);
     p.host_weights = host_extra;
   } else {
     p.weights = fp32 + host_extra;

@@ -490,8 +490,9 @@ INSTANTIATE_TEST_SUITE_P(TieFree, GpuTpDraft,
                          draft_param_name);
 
 // Rollback across ranks (TpModel::rollback: every rank, the draft's state on rank 0): forward k
-// rejected tokens (one verification chunk), roll back, then continue: logits and proposals
-// bitwise equal to a clone taken before the rejected tokens.
+// rejected tokens (one verification chunk), roll back, then continue: logits and proposals equal
+// to a clone taken before the rejected tokens (the same tokens; values within 1e-6, the one-GPU
+// rollback tests' bound: a rolled-back compressor rebuilds its open group).
 TEST_P(GpuTpDraft, HostStagedTp2RollbackContinuesLikeAClone) {
   std::string why;
   if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
@@ -517,15 +518,16 @@ TEST_P(GpuTpDraft, HostStagedTp2RollbackContinuesLikeAClone) {
       auto pa = T.propose(*st, tokens[size_t(L)]), pb = T.propose(*snap, tokens[size_t(L)]);
       ASSERT_TRUE(pa.ok() && pb.ok());
       EXPECT_EQ(pa->tokens, pb->tokens) << "L " << L << " k " << k;
-      EXPECT_EQ(gpu_test::max_abs_diff(pa->logits, pb->logits), 0.0) << "L " << L << " k " << k;
+      EXPECT_LT(gpu_test::max_abs_diff(pa->logits, pb->logits), 1e-6) << "L " << L << " k " << k;
       std::vector<float> la, lb;
       const std::span<const int32_t> next(tokens.data() + L, 5);
       ASSERT_TRUE(gpu_test::feed(T, *st, next, la).ok());
       ASSERT_TRUE(gpu_test::feed(T, *snap, next, lb).ok());
-      EXPECT_EQ(gpu_test::max_abs_diff(la, lb), 0.0) << "L " << L << " k " << k;
+      EXPECT_LT(gpu_test::max_abs_diff(la, lb), 1e-6) << "L " << L << " k " << k;
       auto qa = T.propose(*st, tokens[size_t(L + 5)]), qb = T.propose(*snap, tokens[size_t(L + 5)]);
       ASSERT_TRUE(qa.ok() && qb.ok());
-      EXPECT_EQ(gpu_test::max_abs_diff(qa->logits, qb->logits), 0.0) << "L " << L << " k " << k;
+      EXPECT_EQ(qa->tokens, qb->tokens) << "L " << L << " k " << k;
+      EXPECT_LT(gpu_test::max_abs_diff(qa->logits, qb->logits), 1e-6) << "L " << L << " k " << k;
       ++cases;
     }
   }
