@@ -3,6 +3,9 @@
 // weight slicing and the --gpus list parsing. GPU: TP=N logits equal TP=1 logits within 2e-2 on
 // tiny-v41 and tiny-v4 (prefill, and prefill + one-token decode steps) with the host-staged
 // communicator (N ranks sharing GPU 0) and, with >= 2 GPUs, with NCCL (TP=2; TP=4 with >= 4 GPUs).
+// Drafts (GpuTpDraft.*, GpuTpCli.RunSpeculativeOnTwoRanks): a host-staged TP=2 model offers the
+// checkpoint's DSpark / V4 MTP draft, proposes the one-GPU model's draft tokens, rolls back like a
+// clone, and speculates through the engine and `flashseek run` with greedy output == plain.
 // GPU tests skip visibly.
 #include <gtest/gtest.h>
 #include <unistd.h>
