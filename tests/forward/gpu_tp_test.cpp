@@ -423,18 +423,16 @@ Result<std::unique_ptr<Model>> load_tp2_host(const std::string& dir, Numerics nu
   return load_model_tp(dir, numerics, {0, 0}, o);
 }
 
-class GpuTpDraft : public ::testing::TestWithParam<TpDraftParam> {};
-
 // Proposals after a prefill past the window ring, then after one-token decodes and small chunks
-// (the draft's rings / MTP history are written by every forward of rank 0), TP=2 vs one GPU.
-TEST_P(GpuTpDraft, HostStagedTp2ProposesTheOneGpuDrafts) {
-  std::string why;
-  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
-  const TpDraftParam p = GetParam();
+// (the draft's rings / MTP history are written by every forward of rank 0), TP=2 on `devices`
+// over `comm` vs one GPU.
+void check_tp_proposals(const TpDraftParam& p, const std::vector<int>& devices, TpComm comm) {
   const std::string dir = make_draft_ckpt(p.config);
   auto one = load_model_gpu(dir, p.numerics, 0, gpu_test::cpu_twin_weights(p.numerics));
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto tp = load_tp2_host(dir, p.numerics);
+  GpuLoadOptions o;
+  o.tp_comm = comm;
+  auto tp = load_model_tp(dir, p.numerics, devices, o);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();
   Model& G = *one.value();
   Model& T = *tp.value();
@@ -471,10 +469,10 @@ TEST_P(GpuTpDraft, HostStagedTp2ProposesTheOneGpuDrafts) {
     for (size_t i = 0; i < bg->tokens.size(); ++i) same += bg->tokens[i] == bt->tokens[i];
     total += int64_t(bg->tokens.size());
   }
-  std::printf("[gpu tp draft] %s %s TP=2 (host): %lld draft tokens, same as one GPU %lld, max|d logit| %.3g, "
+  std::printf("[gpu tp draft] %s %s TP=%zu (%s): %lld draft tokens, same as one GPU %lld, max|d logit| %.3g, "
               "max|d confidence| %.3g\n",
-              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", (long long)total, (long long)same,
-              worst, worst_conf);
+              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", devices.size(),
+              comm == TpComm::kNccl ? "nccl" : "host", (long long)total, (long long)same, worst, worst_conf);
   EXPECT_EQ(same, total);
   EXPECT_LT(worst, 2e-2);
   EXPECT_LT(worst_conf, 2e-2);
@@ -483,6 +481,14 @@ TEST_P(GpuTpDraft, HostStagedTp2ProposesTheOneGpuDrafts) {
   EXPECT_FALSE(T.propose(*T.new_sequence(), 3).ok()) << "no committed token";
   EXPECT_FALSE(T.propose(*sg, 3).ok()) << "a one-GPU state is refused";
   EXPECT_EQ(st->length(), int64_t(at));
+}
+
+class GpuTpDraft : public ::testing::TestWithParam<TpDraftParam> {};
+
+TEST_P(GpuTpDraft, HostStagedTp2ProposesTheOneGpuDrafts) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  check_tp_proposals(GetParam(), {0, 0}, TpComm::kHost);
 }
 
 INSTANTIATE_TEST_SUITE_P(TieFree, GpuTpDraft,
@@ -566,11 +572,10 @@ std::vector<int32_t> tp_generate(Model& m, const std::vector<int32_t>& prompt, i
 
 // Through the engine on the TP=2 model: every step verifies [x0, drafts] and rolls rejected
 // drafts back on both ranks; greedy output equals plain decoding token for token.
-TEST_P(GpuTpDraft, HostStagedTp2EngineGreedySpeculativeEqualsPlain) {
-  std::string why;
-  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
-  const TpDraftParam p = GetParam();
-  auto tp = load_tp2_host(make_draft_ckpt(p.config), p.numerics);
+void check_tp_engine(const TpDraftParam& p, const std::vector<int>& devices, TpComm comm) {
+  GpuLoadOptions o;
+  o.tp_comm = comm;
+  auto tp = load_model_tp(make_draft_ckpt(p.config), p.numerics, devices, o);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();
   Model& T = *tp.value();
   constexpr int64_t n = 64;
@@ -583,10 +588,34 @@ TEST_P(GpuTpDraft, HostStagedTp2EngineGreedySpeculativeEqualsPlain) {
   for (size_t i = 0; i < size_t(n); ++i) ASSERT_EQ(spec[i], plain[i]) << "first difference at generated token " << i;
   EXPECT_GT(es.spec_steps, 0) << "the TP model speculated";
   EXPECT_GE(es.spec_drafted, es.spec_steps);
-  std::printf("[gpu tp draft] engine %s %s TP=2: %lld verify steps, %lld drafted, %lld accepted, %.3f tokens/step\n",
-              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", (long long)es.spec_steps,
-              (long long)es.spec_drafted, (long long)es.spec_accepted,
-              es.spec_steps ? double(es.spec_emitted) / double(es.spec_steps) : 0.0);
+  std::printf("[gpu tp draft] engine %s %s TP=%zu (%s): %lld verify steps, %lld drafted, %lld accepted, "
+              "%.3f tokens/step\n",
+              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", devices.size(),
+              comm == TpComm::kNccl ? "nccl" : "host", (long long)es.spec_steps, (long long)es.spec_drafted,
+              (long long)es.spec_accepted, es.spec_steps ? double(es.spec_emitted) / double(es.spec_steps) : 0.0);
+}
+
+TEST_P(GpuTpDraft, HostStagedTp2EngineGreedySpeculativeEqualsPlain) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  check_tp_engine(GetParam(), {0, 0}, TpComm::kHost);
+}
+
+// The same over NCCL on GPUs 0 and 1, where decode steps run as CUDA graphs (on by default) and
+// rank 0's graphs also hold the draft's ring / MTP work.
+TEST(GpuTpDraftNccl, Tp2ProposesTheOneGpuDraftsAndSpeculatesThroughTheEngine) {
+  std::string why;
+  const int n = gpu_count(&why);
+  if (n < 2) GTEST_SKIP() << "NCCL TP=2 draft test skipped: needs 2 GPUs, this machine has " << n;
+#if FLASHSEEK_HAVE_CUDA
+  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "NCCL TP=2 draft test skipped: this build has no NCCL";
+#endif
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    SCOPED_TRACE(name);
+    const TpDraftParam p{name, Numerics::kReference};
+    check_tp_proposals(p, {0, 1}, TpComm::kNccl);
+    check_tp_engine(p, {0, 1}, TpComm::kNccl);
+  }
 }
 
 // `flashseek run --gpus 0,0 --speculative on` (host-staged ranks on GPU 0) speculates and gives
