@@ -267,6 +267,10 @@ class Backend {
   virtual bool split() const { return false; }
   virtual Status tp_allreduce(const Tensor& x, int64_t n, bool bf16) { return {}; }
   virtual Status tp_remap_experts(const Tensor& sel, const Tensor& wt, int64_t n) { return {}; }
+  // The drafts' LM head (DSpark's U, the MTP block's logits): `c` over every vocabulary row
+  // (c.out = vocab_size). A tensor-parallel rank holds only vocab_rows() of the head, so the rank
+  // that runs the draft gathers the other ranks' slices; one device: a plain linear.
+  virtual Status draft_head(const LinearCall& c) { return linear(c); }
 
   // ---- output ----
   // Appends rows [n] of logits to `logits` (possibly when the forward completes).

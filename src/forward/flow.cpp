@@ -399,15 +399,16 @@ Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor
 }
 
 Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-                    const Tensor& m, const Tensor& out) {
+                    const Tensor& m, const Tensor& out, bool sharded) {
   const int64_t D = c_.hidden_size, I = c_.moe_inter_dim, TK = T * K;
+  const bool split = sharded && b_.split();
   const float limit = float(c_.swiglu_limit);
   FS_ASSIGN_OR_RETURN(Tensor logits, scratch_f(tag + "logits", T, E));
   FS_ASSIGN_OR_RETURN(Tensor sel, b_.scratch(tag + "sel", ElemType::kI32, T, K));
   FS_ASSIGN_OR_RETURN(Tensor wt, scratch_f(tag + "wt", T, K));
   FS_RETURN_IF_ERROR(b_.linear(lin(m, F.gate, T, D, E, logits, 0, false)));  // FP32 router
   FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
-  FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
+  if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
   // Routed experts: outputs per (row, slot), summed in slot order (ascending expert id).
   FS_ASSIGN_OR_RETURN(Tensor ybuf, scratch_f(tag + "y", TK, D));
   Tensor row_of;
@@ -426,8 +427,8 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
     FS_RETURN_IF_ERROR(b_.zero(ys));
   }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
-  FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !b_.split(), row_of));
-  return b_.tp_allreduce(out, T * D, R());
+  FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !split, row_of));
+  return split ? b_.tp_allreduce(out, T * D, R()) : Status{};
 }
 
 // ---- DSpark (v41 §5) ----
@@ -491,7 +492,8 @@ Result<DraftBlock> Forward::propose(ModelState& st, int32_t x0, const DraftChoos
     FS_RETURN_IF_ERROR(block(
         S, "dr_", B, X, pre, [&](const Tensor& a, const Tensor& f) { return draft_attention(s, g, g.pos_d, a, f); },
         [&](const Tensor& a, const Tensor& f) {
-          return moe(S.ffn, "dr_moe_", g.tokens_d, B, c_.dspark_n_routed_experts, c_.dspark_n_experts_per_tok, a, f);
+          return moe(S.ffn, "dr_moe_", g.tokens_d, B, c_.dspark_n_routed_experts, c_.dspark_n_experts_per_tok, a, f,
+                     /*sharded=*/false);
         }));
   }
   FS_ASSIGN_OR_RETURN(Tensor hf, scratch_f("dr_hf", B, D));
@@ -499,7 +501,7 @@ Result<DraftBlock> Forward::propose(ModelState& st, int32_t x0, const DraftChoos
   FS_ASSIGN_OR_RETURN(Tensor U, scratch_f("dr_U", B, V));
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, hf, B, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(hf, &W.norm, y, B, D, float(c_.rms_norm_eps), R()));
-  FS_RETURN_IF_ERROR(b_.linear(lin(y, w_.head, B, D, V, U, 0, false)));
+  FS_RETURN_IF_ERROR(b_.draft_head(lin(y, w_.head, B, D, V, U, 0, false)));  // every vocabulary row
   std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
   FS_RETURN_IF_ERROR(b_.download_now(hU.data(), U, hU.size() * 4));
   FS_RETURN_IF_ERROR(b_.download_now(hhf.data(), hf, hhf.size() * 4));
@@ -528,7 +530,8 @@ Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, con
                                   const std::vector<int64_t>& pos, Tensor* logits) {
   const MtpWeights& M = w_.mtp;
   const AttentionWeights& A = M.block.attn;
-  const int64_t n = int64_t(pos.size()), D = c_.hidden_size, hc = c_.hc_mult, H = b_.heads(), Dh = c_.head_dim;
+  // Every head and output group: the MTP block's weights are whole (never split across ranks).
+  const int64_t n = int64_t(pos.size()), D = c_.hidden_size, hc = c_.hc_mult, H = c_.num_heads, Dh = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   if (n < 1) return internal_error("mtp_block: no pair");
   for (int64_t r = 1; r < n; ++r)  // the attention reads window keys as one run of positions
@@ -557,10 +560,10 @@ Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, con
     FS_RETURN_IF_ERROR(b_.copy(kv_rows, kv, size_t(n * Dh) * 4));  // the caller's ring write after the block
     FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("mtp_o", n, H * Dh));
     FS_RETURN_IF_ERROR(b_.mtp_attention(st, q, kv, pos, A.attn_sink, o, R()));
-    return output_projection(A, "mtp_z", pd, n, H, b_.groups(), o, out, R());
+    return output_projection(A, "mtp_z", pd, n, H, c_.o_groups, o, out, R());
   };
   FS_RETURN_IF_ERROR(block(M.block, "mtp_", n, X, pre, attn, [&](const Tensor& m, const Tensor& out) {
-    return moe(M.block.ffn, "mtp_moe_", tok, n, c_.n_routed_experts, c_.n_experts_per_tok, m, out);
+    return moe(M.block.ffn, "mtp_moe_", tok, n, c_.n_routed_experts, c_.n_experts_per_tok, m, out, /*sharded=*/false);
   }));
   if (!logits) return kv_rows;
   // hc_head, collapse, norm and the LM head (the backbone's head, FP32 dots).
@@ -572,7 +575,7 @@ Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, con
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, y, n, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &M.norm, y, n, D, eps, R()));
   FS_ASSIGN_OR_RETURN(*logits, scratch_f("mtp_logits", n, c_.vocab_size));
-  FS_RETURN_IF_ERROR(b_.linear({y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}}));
+  FS_RETURN_IF_ERROR(b_.draft_head({y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}}));
   return kv_rows;
 }
 

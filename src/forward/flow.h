@@ -72,9 +72,12 @@ class Forward {
   // Engram row ids of every row (hashes of each sequence's look-back and tokens) into
   // ctx.engram_ids [n_engram_layers, T, n_cols].
   void engram_ids(FwdChunk& ctx) const;
-  // MoE of F over T rows m [T, D] (tokens for V4 hash routing) into out [T, D].
+  // MoE of F over T rows m [T, D] (tokens for V4 hash routing) into out [T, D]. `sharded`: the
+  // backbone's experts, split across tensor-parallel ranks (remapped, combine all-reduced); false
+  // for the drafts (DSpark stages, the MTP block), whose weights are whole on the one rank that
+  // runs them.
   Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-             const Tensor& m, const Tensor& out);
+             const Tensor& m, const Tensor& out, bool sharded = true);
   // V4 MTP block (v4 §3.8) over n pairs: xm [n, hc, D] the backbone's final streams at the
   // consecutive positions pos, tok [n] (I32) the next tokens. Returns the block's window KV rows
   // [n, Dh] (scratch "mtp_kv_rows": the caller writes them to its MTP ring) and, when logits is

@@ -63,19 +63,20 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   // Engram tables stay in their stored format in host memory and are gathered by rows, or
   // (engram_on_device) are copied as stored to every GPU. Tensor-parallel ranks hold their slices
   // of the split matrices (rank0_share; slices of scale blocks are planned as stored even where a
-  // rank keeps an FP32 copy: tiny configs only) and no draft (speculative decoding is one-GPU).
+  // rank keeps an FP32 copy: tiny configs only); the draft is whole on rank 0 (it runs the draft,
+  // backends/cuda/gpu_tp.h), the fullest GPU, which is the one planned here.
   const int world = opt.gpu ? std::max(opt.tensor_parallel, 1) : 1;
   uint64_t fp32 = 0, engram_stored = 0;
   for (const model::WeightSpec& w : model::expected_weights(cfg)) {
     if (w.optional || w.component == Component::kVision) continue;  // not loaded
-    const bool draft = w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
-    if (draft && (!has_draft || world > 1)) continue;
+    const bool is_draft = w.component == Component::kDraftDense || w.component == Component::kDraftExperts;
+    if (!has_draft && is_draft) continue;
     if (w.kind == model::WeightKind::kEngramTable) {
       for (const auto& t : model::release_tensors(w, cfg)) engram_stored += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
       continue;
     }
     const bool stored = opt.gpu && opt.native_weights && w.shape.size() >= 2;  // every matrix as stored
-    const auto [num, den] = rank0_share(w.name, cfg, world);
+    const auto [num, den] = is_draft ? std::pair<int64_t, int64_t>{1, 1} : rank0_share(w.name, cfg, world);
     uint64_t bytes = 0;
     if (stored) {
       for (const auto& t : model::release_tensors(w, cfg)) bytes += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);

@@ -3,22 +3,28 @@
 // weight slicing and the --gpus list parsing. GPU: TP=N logits equal TP=1 logits within 2e-2 on
 // tiny-v41 and tiny-v4 (prefill, and prefill + one-token decode steps) with the host-staged
 // communicator (N ranks sharing GPU 0) and, with >= 2 GPUs, with NCCL (TP=2; TP=4 with >= 4 GPUs).
+// Drafts (GpuTpDraft.*, GpuTpCli.RunSpeculativeOnTwoRanks): a host-staged TP=2 model offers the
+// checkpoint's DSpark / V4 MTP draft, proposes the one-GPU model's draft tokens, rolls back like a
+// clone, and speculates through the engine and `flashseek run` with greedy output == plain.
 // GPU tests skip visibly.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 
 #include "core/rng.h"
+#include "engine/engine.h"
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/gpu_tp.h"
 #include "backends/cuda/stored_slice.h"
 #include "forward/memory_plan.h"
 #include "forward/state_io.h"
+#include "forward/state.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
 #include "model/make_tiny.h"
@@ -157,6 +163,31 @@ TEST(TpShard, ShardWeightsKeepsTheRanksRowsColumnsAndExperts) {
   EXPECT_TRUE(F.s_w1.empty() && F.s_w2.empty() && F.s_w3.empty());  // shared expert: rank 0 only
   ASSERT_EQ(int64_t(w.head.size()), (V - s->vocab0) * D);
   EXPECT_EQ(w.head[0], float(s->vocab0 * D));
+  // The draft is never split: rank 0 keeps it whole (it runs the draft), rank 1 drops it.
+  auto with_draft = [&] {
+    ModelWeights d;
+    d.has_dspark = d.has_mtp = true;
+    d.dspark.stages.resize(1);
+    d.dspark.stages[0].attn.wq_a = iota(16);
+    d.dspark.main_proj = iota(8), d.dspark.markov_head = iota(8), d.dspark.confidence = iota(4);
+    d.mtp.e_proj = iota(8), d.mtp.block.ffn.s_w1 = iota(8);
+    return d;
+  };
+  ModelWeights d1 = with_draft(), d0 = with_draft();
+  ASSERT_TRUE(shard_weights(d1, c, *s).ok());
+  EXPECT_TRUE(d1.dspark.stages.empty() && d1.dspark.main_proj.empty() && d1.dspark.markov_head.empty() &&
+              d1.dspark.confidence.empty() && d1.mtp.e_proj.empty() && d1.mtp.block.ffn.s_w1.empty())
+      << "rank 1 keeps no draft weights";
+  EXPECT_TRUE(d1.has_dspark && d1.has_mtp) << "the flags still describe the checkpoint";
+  auto s0 = make_tp_shard(c, Numerics::kReference, 0, 2);
+  ASSERT_TRUE(s0.ok());
+  ASSERT_TRUE(shard_weights(d0, c, *s0).ok());
+  ASSERT_EQ(d0.dspark.stages.size(), 1u);
+  EXPECT_EQ(d0.dspark.stages[0].attn.wq_a, iota(16)) << "rank 0 keeps the draft whole";
+  EXPECT_EQ(d0.dspark.main_proj, iota(8));
+  EXPECT_EQ(d0.dspark.markov_head, iota(8));
+  EXPECT_EQ(d0.mtp.e_proj, iota(8));
+  EXPECT_EQ(d0.mtp.block.ffn.s_w1, iota(8)) << "the MTP block's shared expert is not the backbone's";
   // A weight of the wrong size is an error, not a crash.
   ModelWeights bad;
   bad.layers.resize(1);
@@ -694,6 +725,257 @@ TEST(GpuTpCli, RunOnTwoGpusEqualsOneGpu) {
   };
   EXPECT_FALSE(tokens_of(one.output).empty()) << one.output;
   EXPECT_EQ(tokens_of(one.output), tokens_of(two.output)) << one.output << "\n" << two.output;
+}
+
+// ---- drafts on tensor-parallel ranks ---------------------------------------------------------
+// Rank 0 runs the whole draft (DSpark on tiny-v41, the V4 MTP block on tiny-v4) on its own state;
+// its LM head is gathered from every rank's vocabulary slice. Criterion: on tie-free checkpoints
+// (every backbone and draft expert active, every compressed entry selected: no discrete choice can
+// flip on an FP32 rounding difference) the TP=2 proposals are the one-GPU model's tokens at every
+// draft position, and their logits agree within 2e-2 (the TP vs TP=1 logit bound above; TP=2
+// differs from one GPU only in the FP32 summation order of the two all-reduced sums per layer).
+
+std::string make_draft_ckpt(const std::string& name) {
+  model::ModelConfig c = config(name.c_str());
+  gpu_test::widen_selections(c, /*draft=*/true);
+  return gpu_test::tiny_checkpoint("fs_tpdraft_" + name, c, 17);
+}
+
+struct TpDraftParam {
+  const char* config;
+  Numerics numerics;
+};
+
+std::string draft_param_name(const ::testing::TestParamInfo<TpDraftParam>& i) {
+  std::string n = std::string(i.param.config) + (i.param.numerics == Numerics::kExact ? "_exact" : "_ref");
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+Result<std::unique_ptr<Model>> load_tp2_host(const std::string& dir, Numerics numerics) {
+  GpuLoadOptions o;
+  o.tp_comm = TpComm::kHost;
+  return load_model_tp(dir, numerics, {0, 0}, o);
+}
+
+// Proposals after a prefill past the window ring, then after one-token decodes and small chunks
+// (the draft's rings / MTP history are written by every forward of rank 0), TP=2 on `devices`
+// over `comm` vs one GPU.
+void check_tp_proposals(const TpDraftParam& p, const std::vector<int>& devices, TpComm comm) {
+  const std::string dir = make_draft_ckpt(p.config);
+  auto one = load_model_gpu(dir, p.numerics, 0, gpu_test::cpu_twin_weights(p.numerics));
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  GpuLoadOptions o;
+  o.tp_comm = comm;
+  auto tp = load_model_tp(dir, p.numerics, devices, o);
+  ASSERT_TRUE(tp.ok()) << tp.status().to_string();
+  Model& G = *one.value();
+  Model& T = *tp.value();
+  ASSERT_TRUE(G.has_draft());
+  ASSERT_TRUE(T.has_draft()) << "a multi-GPU model offers the checkpoint's draft";
+  ASSERT_EQ(T.draft_block_size(), G.draft_block_size());
+  const int64_t V = G.config().vocab_size;
+  const auto tokens = gpu_test::random_tokens(240, V, 23);
+  auto sg = G.new_sequence(), st = T.new_sequence();
+  std::vector<float> sink;
+  double worst = 0, worst_conf = 0;
+  int64_t same = 0, total = 0;
+  size_t at = 0;
+  std::vector<size_t> steps = {size_t(G.config().window + 41), 1, 1, 1, 2, 1, 3, 6, 1, 1, 5, 1, 2, 1};
+  for (int i = 0; i < 16; ++i) steps.push_back(1 + size_t(i % 3));
+  for (size_t n : steps) {
+    ASSERT_LT(at + n, tokens.size());
+    const std::span<const int32_t> chunk(tokens.data() + at, n);
+    ASSERT_TRUE(gpu_test::feed(G, *sg, chunk, sink, false).ok());
+    const Status f = gpu_test::feed(T, *st, chunk, sink, false);
+    ASSERT_TRUE(f.ok()) << f.to_string();
+    at += n;
+    const int32_t x0 = tokens[at];
+    auto bg = G.propose(*sg, x0);
+    auto bt = T.propose(*st, x0);
+    ASSERT_TRUE(bg.ok()) << bg.status().to_string();
+    ASSERT_TRUE(bt.ok()) << bt.status().to_string();
+    ASSERT_EQ(bt->tokens.size(), size_t(T.draft_block_size()));
+    ASSERT_EQ(bt->logits.size(), bg->logits.size());
+    ASSERT_EQ(bt->confidence.size(), bg->confidence.size());
+    ASSERT_EQ(st->length(), int64_t(at)) << "propose must not advance the state";
+    worst = std::max(worst, gpu_test::max_abs_diff(bg->logits, bt->logits));
+    worst_conf = std::max(worst_conf, gpu_test::max_abs_diff(bg->confidence, bt->confidence));
+    for (size_t i = 0; i < bg->tokens.size(); ++i) same += bg->tokens[i] == bt->tokens[i];
+    total += int64_t(bg->tokens.size());
+  }
+  std::printf("[gpu tp draft] %s %s TP=%zu (%s): %lld draft tokens, same as one GPU %lld, max|d logit| %.3g, "
+              "max|d confidence| %.3g\n",
+              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", devices.size(),
+              comm == TpComm::kNccl ? "nccl" : "host", (long long)total, (long long)same, worst, worst_conf);
+  EXPECT_EQ(same, total);
+  EXPECT_LT(worst, 2e-2);
+  EXPECT_LT(worst_conf, 2e-2);
+  // Bad input is an error value, the state unchanged.
+  EXPECT_FALSE(T.propose(*st, int32_t(V)).ok());
+  EXPECT_FALSE(T.propose(*T.new_sequence(), 3).ok()) << "no committed token";
+  EXPECT_FALSE(T.propose(*sg, 3).ok()) << "a one-GPU state is refused";
+  EXPECT_EQ(st->length(), int64_t(at));
+}
+
+class GpuTpDraft : public ::testing::TestWithParam<TpDraftParam> {};
+
+TEST_P(GpuTpDraft, HostStagedTp2ProposesTheOneGpuDrafts) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  check_tp_proposals(GetParam(), {0, 0}, TpComm::kHost);
+}
+
+INSTANTIATE_TEST_SUITE_P(TieFree, GpuTpDraft,
+                         ::testing::Values(TpDraftParam{"tiny-v41", Numerics::kReference},
+                                           TpDraftParam{"tiny-v41", Numerics::kExact},
+                                           TpDraftParam{"tiny-v4", Numerics::kReference},
+                                           TpDraftParam{"tiny-v4", Numerics::kExact}),
+                         draft_param_name);
+
+// Rollback across ranks (TpModel::rollback: every rank, the draft's state on rank 0): forward k
+// rejected tokens (one verification chunk), roll back, then continue: logits and proposals equal
+// to a clone taken before the rejected tokens (the same tokens; values within 1e-6, the one-GPU
+// rollback tests' bound: a rolled-back compressor rebuilds its open group).
+TEST_P(GpuTpDraft, HostStagedTp2RollbackContinuesLikeAClone) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  const TpDraftParam p = GetParam();
+  auto tp = load_tp2_host(make_draft_ckpt(p.config), p.numerics);
+  ASSERT_TRUE(tp.ok()) << tp.status().to_string();
+  Model& T = *tp.value();
+  const int64_t V = T.config().vocab_size;
+  const auto tokens = gpu_test::random_tokens(200, V, 31);
+  std::vector<float> sink;
+  int cases = 0;
+  for (int64_t L : {int64_t(37), T.config().window + 45}) {
+    for (int64_t k = 1; k <= kMaxRollback; k += 2) {
+      auto st = T.new_sequence();
+      ASSERT_TRUE(gpu_test::feed(T, *st, std::span<const int32_t>(tokens.data(), size_t(L)), sink, false).ok());
+      auto snap = st->clone();
+      std::vector<int32_t> rejected(tokens.begin() + L, tokens.begin() + L + k);
+      rejected[0] = (rejected[0] + 1) % int32_t(V);  // not the tokens that follow
+      ASSERT_TRUE(gpu_test::feed(T, *st, rejected, sink, true).ok());
+      const Status r = T.rollback(*st, L);
+      ASSERT_TRUE(r.ok()) << r.to_string();
+      ASSERT_EQ(st->length(), L);
+      auto pa = T.propose(*st, tokens[size_t(L)]), pb = T.propose(*snap, tokens[size_t(L)]);
+      ASSERT_TRUE(pa.ok() && pb.ok());
+      EXPECT_EQ(pa->tokens, pb->tokens) << "L " << L << " k " << k;
+      EXPECT_LT(gpu_test::max_abs_diff(pa->logits, pb->logits), 1e-6) << "L " << L << " k " << k;
+      std::vector<float> la, lb;
+      const std::span<const int32_t> next(tokens.data() + L, 5);
+      ASSERT_TRUE(gpu_test::feed(T, *st, next, la).ok());
+      ASSERT_TRUE(gpu_test::feed(T, *snap, next, lb).ok());
+      EXPECT_LT(gpu_test::max_abs_diff(la, lb), 1e-6) << "L " << L << " k " << k;
+      auto qa = T.propose(*st, tokens[size_t(L + 5)]), qb = T.propose(*snap, tokens[size_t(L + 5)]);
+      ASSERT_TRUE(qa.ok() && qb.ok());
+      EXPECT_EQ(qa->tokens, qb->tokens) << "L " << L << " k " << k;
+      EXPECT_LT(gpu_test::max_abs_diff(qa->logits, qb->logits), 1e-6) << "L " << L << " k " << k;
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 0);
+  auto st = T.new_sequence();
+  ASSERT_TRUE(gpu_test::feed(T, *st, std::span<const int32_t>(tokens.data(), 40), sink, false).ok());
+  EXPECT_FALSE(T.rollback(*st, 40 - kMaxRollback - 1).ok()) << "beyond the rollback reserve";
+  EXPECT_FALSE(T.rollback(*st, 41).ok());
+  EXPECT_EQ(st->length(), 40);
+}
+
+std::vector<int32_t> tp_generate(Model& m, const std::vector<int32_t>& prompt, int64_t n, bool spec,
+                                 engine::EngineStats* stats) {
+  engine::EngineOptions o;
+  o.max_batch = 2;
+  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
+  auto eng = engine::Engine::create(m, o);
+  EXPECT_TRUE(eng.ok()) << eng.status().to_string();
+  if (!eng.ok()) return {};
+  engine::Request r;
+  r.id = 1;
+  r.prompt = prompt;
+  r.max_tokens = n;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  auto s = (*eng)->submit(r);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  if (!s.ok()) return {};
+  EXPECT_TRUE((*eng)->run_until_idle().ok());
+  if (stats) *stats = (*eng)->stats();
+  return engine::collect(**s).tokens;
+}
+
+// Through the engine on the TP=2 model: every step verifies [x0, drafts] and rolls rejected
+// drafts back on both ranks; greedy output equals plain decoding token for token.
+void check_tp_engine(const TpDraftParam& p, const std::vector<int>& devices, TpComm comm) {
+  GpuLoadOptions o;
+  o.tp_comm = comm;
+  auto tp = load_model_tp(make_draft_ckpt(p.config), p.numerics, devices, o);
+  ASSERT_TRUE(tp.ok()) << tp.status().to_string();
+  Model& T = *tp.value();
+  constexpr int64_t n = 64;
+  const auto prompt = gpu_test::random_tokens(9, T.config().vocab_size, 45);
+  engine::EngineStats es;
+  const auto spec = tp_generate(T, prompt, n, true, &es);
+  const auto plain = tp_generate(T, prompt, n, false, nullptr);
+  ASSERT_EQ(spec.size(), size_t(n));
+  ASSERT_EQ(plain.size(), size_t(n));
+  for (size_t i = 0; i < size_t(n); ++i) ASSERT_EQ(spec[i], plain[i]) << "first difference at generated token " << i;
+  EXPECT_GT(es.spec_steps, 0) << "the TP model speculated";
+  EXPECT_GE(es.spec_drafted, es.spec_steps);
+  std::printf("[gpu tp draft] engine %s %s TP=%zu (%s): %lld verify steps, %lld drafted, %lld accepted, "
+              "%.3f tokens/step\n",
+              p.config, p.numerics == Numerics::kExact ? "exact" : "reference", devices.size(),
+              comm == TpComm::kNccl ? "nccl" : "host", (long long)es.spec_steps, (long long)es.spec_drafted,
+              (long long)es.spec_accepted, es.spec_steps ? double(es.spec_emitted) / double(es.spec_steps) : 0.0);
+}
+
+TEST_P(GpuTpDraft, HostStagedTp2EngineGreedySpeculativeEqualsPlain) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  check_tp_engine(GetParam(), {0, 0}, TpComm::kHost);
+}
+
+// The same over NCCL on GPUs 0 and 1, where decode steps run as CUDA graphs (on by default) and
+// rank 0's graphs also hold the draft's ring / MTP work.
+TEST(GpuTpDraftNccl, Tp2ProposesTheOneGpuDraftsAndSpeculatesThroughTheEngine) {
+  std::string why;
+  const int n = gpu_count(&why);
+  if (n < 2) GTEST_SKIP() << "NCCL TP=2 draft test skipped: needs 2 GPUs, this machine has " << n;
+#if FLASHSEEK_HAVE_CUDA
+  if (!ops::cuda::nccl_built()) GTEST_SKIP() << "NCCL TP=2 draft test skipped: this build has no NCCL";
+#endif
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    SCOPED_TRACE(name);
+    const TpDraftParam p{name, Numerics::kReference};
+    check_tp_proposals(p, {0, 1}, TpComm::kNccl);
+    check_tp_engine(p, {0, 1}, TpComm::kNccl);
+  }
+}
+
+// `flashseek run --gpus 0,0 --speculative on` (host-staged ranks on GPU 0) speculates and gives
+// the tokens of `--speculative off`.
+TEST(GpuTpCli, RunSpeculativeOnTwoRanks) {
+  std::string why;
+  if (gpu_count(&why) < 1) GTEST_SKIP() << "GPU test skipped: " << why;
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    SCOPED_TRACE(name);
+    const std::string base = flashseek::testing::flashseek_bin() + " run --ckpt " + make_draft_ckpt(name) +
+                             " --numerics reference --prompt-ids 5,17,99,3,250,7 --max-tokens 32 --json --gpus 0,0";
+    const auto on = flashseek::testing::run_command(base + " --speculative on");
+    const auto off = flashseek::testing::run_command(base + " --speculative off");
+    ASSERT_EQ(on.exit_code, 0) << on.output;
+    ASSERT_EQ(off.exit_code, 0) << off.output;
+    const auto tokens_of = [](const std::string& out) {
+      const auto p = out.find("\"tokens\"");
+      return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
+    };
+    EXPECT_FALSE(tokens_of(on.output).empty()) << on.output;
+    EXPECT_EQ(tokens_of(on.output), tokens_of(off.output)) << on.output << "\n" << off.output;
+    const auto p = on.output.find("speculative: on, ");
+    ASSERT_NE(p, std::string::npos) << on.output;
+    EXPECT_GT(std::atoll(on.output.c_str() + p + std::strlen("speculative: on, ")), 0) << "verify steps: " << on.output;
+  }
 }
 
 }  // namespace

@@ -44,6 +44,30 @@ TEST(MemoryPlanEngram, DeviceTablesCountAgainstEveryGpu) {
   EXPECT_EQ(plan_memory(*cfg, g, true, cpu, 1ull << 40).total, plan_memory(*cfg, g, true, cpu_dev, 1ull << 40).total);
 }
 
+// A multi-GPU model keeps the draft whole on rank 0 (backends/cuda/gpu_tp.h), so the per-GPU plan
+// counts all of the draft's weights at every tensor-parallel size, not a 1/N share.
+TEST(MemoryPlanDraft, TensorParallelCountsTheWholeDraftOnRankZero) {
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    auto cfg = model::builtin_config(name);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+    uint64_t draft = 0;  // FP32 copies of the draft's weights (what tensor-parallel ranks hold)
+    for (const model::WeightSpec& w : model::expected_weights(*cfg))
+      if (!w.optional && (w.component == model::Component::kDraftDense || w.component == model::Component::kDraftExperts))
+        draft += 4 * uint64_t(shape_numel(w.shape));
+    ASSERT_GT(draft, 0u) << name;
+    const SnapshotGeometry g = snapshot_geometry(*cfg, !cfg->is_v41(), cfg->is_v41(), 256);
+    for (int tp : {1, 2, 4}) {
+      MemoryPlanOptions o;
+      o.max_context = 256;
+      o.gpu = true;
+      o.tensor_parallel = tp;
+      const MemoryPlan with = plan_memory(*cfg, g, true, o, uint64_t(1) << 40);
+      const MemoryPlan without = plan_memory(*cfg, g, false, o, uint64_t(1) << 40);
+      EXPECT_EQ(with.weights - without.weights, draft) << name << " tp " << tp;
+    }
+  }
+}
+
 // The GPU plan counts the caches in the row formats the CUDA backend stores (forward/
 // cache_format.h): reference numerics compact (ring, compressed KV and index key rows of the
 // formats' bytes), exact numerics FP32; DSpark rings FP32 either way; the CPU plan stays FP32.

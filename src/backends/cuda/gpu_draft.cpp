@@ -73,7 +73,8 @@ Result<DraftBlock> GpuModel::propose(const SequenceState& state, int32_t x0, con
   const auto* st = dynamic_cast<const GpuSequenceState*>(&state);
   if (!st) return invalid_argument("propose: not a GPU sequence state");
   if (!w_.has_dspark && !w_.has_mtp) return invalid_argument("propose: the checkpoint has no draft (mtp.*)");
-  if (!has_draft()) return Status(StatusCode::kUnimplemented, "propose: not on a tensor-parallel rank");
+  if (!has_draft())
+    return Status(StatusCode::kUnimplemented, "propose: only rank 0 of a tensor-parallel model runs the draft");
   if (!st->error.ok()) return st->error;
   if (st->len < 1) return invalid_argument("propose: the sequence has no committed token yet");
   if (x0 < 0 || x0 >= config().vocab_size)

@@ -141,8 +141,11 @@ class GpuModel final : public Model, public Backend {
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override;
   // Speculative decoding (gpu_rollback.cpp, gpu_draft.cpp): same contracts as CpuModel.
   Status rollback(SequenceState& state, int64_t new_length) const override;
-  // One GPU only: a tensor-parallel rank holds a vocabulary slice of the LM head (gpu_tp.h).
-  bool has_draft() const override { return (w_.has_dspark || w_.has_mtp) && !shard_.split(); }
+  // One GPU, or rank 0 of a tensor-parallel model: the draft's weights are whole (never sliced)
+  // and the backbone's final streams are the same on every rank after the all-reduces, so rank 0
+  // runs the whole draft on its own sequence state (the other ranks neither load the draft nor
+  // keep its state); only its LM head is gathered from every rank's vocabulary slice (draft_head).
+  bool has_draft() const override { return (w_.has_dspark || w_.has_mtp) && shard_.rank == 0; }
   // BatchItem::sample (gpu_sample.cpp): one GPU only (a TP rank holds a vocabulary slice).
   bool samples_on_device() const override { return !shard_.split(); }
   Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override;
@@ -332,6 +335,16 @@ class GpuModel final : public Model, public Backend {
   Status tp_remap_experts(const Tensor& sel, const Tensor& wt, int64_t n) override {
     return tp_remap_experts(sel.i32(), wt.f32(), n);
   }
+  // One GPU: the local head. Rank 0 of a tensor-parallel model: every rank's vocabulary slice
+  // through the gather set by set_tp_head (gpu_tp.cpp).
+  Status draft_head(const LinearCall& c) override;
+  // Multi-GPU drafts (gpu_tp.cpp). head_slice: logits [rows, vocab_rows()] of this rank's
+  // vocabulary rows for host rows y [rows, D], on this rank's device, synchronously (not under
+  // graph capture: called between forwards). set_tp_head: how rank 0 gets the full-vocabulary
+  // logits of host rows y [rows, D] into host out [rows, V].
+  Status head_slice(std::span<const float> y, int64_t rows, std::span<float> out);
+  using TpHead = std::function<Status(std::span<const float> y, int64_t rows, std::span<float> out)>;
+  void set_tp_head(TpHead f) { tp_head_ = std::move(f); }
   Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) override {
     return download_logits(lg.f32(), n, logits);
   }
@@ -404,6 +417,7 @@ class GpuModel final : public Model, public Backend {
   Numerics numerics_ = Numerics::kExact;
   TpShard shard_;  // this rank's heads / groups / experts / vocabulary (everything on one GPU)
   ops::cuda::Communicator* comm_ = nullptr;
+  TpHead tp_head_;  // rank 0 of a multi-GPU model: the drafts' full-vocabulary head (set_tp_head)
   int device_ = 0;
   int64_t act_block_ = 0, expert_act_block_ = 0;
   uint32_t fast_linears_ = kAllGpuLinearRoles;  // GpuLoadOptions::fast_linears

@@ -77,7 +77,8 @@ Status GpuModel::stream_add(const Tensor& f, const Tensor& X, int64_t rows, int6
 }
 
 // The MTP block's window attention (the backbone's window-layer kernel): key s of row r is
-// kv[s − pos[0]] when s >= pos[0], else mtp_ring[s % ring_size].
+// kv[s − pos[0]] when s >= pos[0], else mtp_ring[s % ring_size]. Every head: the block is whole
+// on the rank that runs it (rank 0 of a tensor-parallel model).
 Status GpuModel::mtp_attention(const SequenceState& state, const Tensor& q, const Tensor& kv,
                                const std::vector<int64_t>& pos, const Vec& sink, const Tensor& out, bool bf16) {
   const auto& st = static_cast<const GpuSequenceState&>(state);
@@ -85,7 +86,7 @@ Status GpuModel::mtp_attention(const SequenceState& state, const Tensor& q, cons
   const auto& c = config();
   cd::ModelAttnArgs p;
   p.q = q.f32(), p.kv_chunk = kv.f32(), p.ring = st.mtp_ring.get(), p.sink = d(sink), p.out = out.f32();
-  p.T = int64_t(pos.size()), p.H = heads(), p.Dh = c.head_dim, p.window = c.window, p.ring_size = st.ring_size;
+  p.T = int64_t(pos.size()), p.H = c.num_heads, p.Dh = c.head_dim, p.window = c.window, p.ring_size = st.ring_size;
   p.start = pos[0];
   p.max_keys = c.window;
   p.scale = 1.0f / std::sqrt(float(c.head_dim));

@@ -45,6 +45,10 @@ Status shard_weights(ModelWeights& w, const model::ModelConfig& c, const TpShard
   const int64_t H = c.num_heads, Dh = c.head_dim, Rq = c.q_lora_rank, G = c.o_groups, Ro = c.o_lora_rank;
   const int64_t D = c.hidden_size, V = c.vocab_size, E = c.n_routed_experts;
   const int64_t in_g = H * Dh / G;
+  // The draft (DSpark stages, V4 MTP block) is not split: rank 0 runs it whole (GpuModel::
+  // has_draft), the other ranks drop its weights (has_dspark / has_mtp still say what the
+  // checkpoint carries).
+  if (s.rank != 0) w.dspark = DSparkWeights{}, w.mtp = MtpWeights{};
   for (auto& L : w.layers) {
     AttentionWeights& A = L.attn;
     constexpr SliceAxis kRows = SliceAxis::kRows, kCols = SliceAxis::kCols;
@@ -123,6 +127,36 @@ Status GpuModel::tp_allreduce(float* x, int64_t n, bool bf16) {
   return {};
 }
 
+Status GpuModel::draft_head(const LinearCall& c) {
+  if (!shard_.split()) return linear(c);
+  const auto& cfg = config();
+  if (c.in != cfg.hidden_size || c.out != cfg.vocab_size || c.rows < 1)
+    return internal_error("draft head: [{}, {}] x {} rows, expected the full vocabulary {} over {}", c.out, c.in,
+                          c.rows, cfg.vocab_size, cfg.hidden_size);
+  if (!tp_head_) return internal_error("draft head: rank {} of {} has no vocabulary gather", shard_.rank, shard_.world);
+  std::vector<float> y(size_t(c.rows * c.in)), out(size_t(c.rows * c.out));
+  FS_RETURN_IF_ERROR(download_now(y.data(), c.x, y.size() * 4));
+  FS_RETURN_IF_ERROR(tp_head_(y, c.rows, out));
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // the gather ran other ranks' work on their devices
+  return upload(c.y.data, out.data(), out.size() * 4);  // staged; the draft's next download waits for it
+}
+
+Status GpuModel::head_slice(std::span<const float> y, int64_t rows, std::span<float> out) {
+  const int64_t D = config().hidden_size, Vr = shard_.vocab;
+  if (rows < 1 || int64_t(y.size()) != rows * D || int64_t(out.size()) != rows * Vr)
+    return internal_error("head slice: {} input and {} output floats for {} rows of [{}, {}]", y.size(), out.size(),
+                          rows, Vr, D);
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  FS_ASSIGN_OR_RETURN(Tensor yd, scratch("tp_head_y", ElemType::kF32, rows, D));
+  FS_ASSIGN_OR_RETURN(Tensor lg, scratch("tp_head_lg", ElemType::kF32, rows, Vr));
+  // A pageable source: the call returns once `y` is copied out (never under capture here).
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(yd.data, y.data(), y.size() * 4, cudaMemcpyHostToDevice, stream_));
+  LinearCall c;
+  c.x = yd, c.w = &w_.head, c.rows = rows, c.in = D, c.out = Vr, c.y = lg;
+  FS_RETURN_IF_ERROR(linear(c));  // FP32 dots, as the backbone's head
+  return download_now(out.data(), lg, out.size() * 4);
+}
+
 Status GpuModel::tp_remap_experts(int32_t* sel, float* weight, int64_t n) {
   if (!shard_.split()) return {};
   FS_CUDA_RETURN_IF_ERROR(ops::cuda::detail::launch_tp_remap_experts(sel, weight, n, int32_t(shard_.expert0),
@@ -154,7 +188,12 @@ class TpModel final : public Model {
  public:
   TpModel(std::vector<std::unique_ptr<gpu::GpuModel>> ranks, std::vector<std::unique_ptr<ops::cuda::Communicator>> comms,
           std::vector<TpShard> shards, std::vector<int> devices)
-      : ranks_(std::move(ranks)), comms_(std::move(comms)), shards_(std::move(shards)), devices_(std::move(devices)) {}
+      : ranks_(std::move(ranks)), comms_(std::move(comms)), shards_(std::move(shards)), devices_(std::move(devices)) {
+    if (ranks_.size() > 1 && ranks_[0]->has_draft())
+      ranks_[0]->set_tp_head([this](std::span<const float> y, int64_t rows, std::span<float> out) {
+        return gather_head(y, rows, out);
+      });
+  }
   // The ranks (and their CUDA graphs, which hold NCCL work) go before the communicators.
   ~TpModel() override { ranks_.clear(); }
 
@@ -208,6 +247,20 @@ class TpModel final : public Model {
     return {};
   }
 
+  // Speculative decoding: rank 0 runs the whole draft on its own sequence state (the draft's
+  // weights are whole there; the backbone's final streams, which the draft reads, are the same
+  // on every rank after the all-reduces); its LM head gathers every rank's vocabulary slice
+  // (gather_head). The draft's state (DSpark rings, the MTP ring and history) lives in rank 0's
+  // GpuSequenceState, so clone() and rollback() carry it like the backbone's.
+  bool has_draft() const override { return ranks_[0]->has_draft(); }
+  int64_t draft_block_size() const override { return ranks_[0]->draft_block_size(); }
+  Result<DraftBlock> propose(const SequenceState& state, int32_t x0, const DraftChooser& choose = {}) const override {
+    const auto* st = dynamic_cast<const TpSequenceState*>(&state);
+    if (!st || st->ranks.size() != ranks_.size()) return invalid_argument("propose: not a multi-GPU sequence state");
+    FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[0]));
+    return ranks_[0]->propose(*st->ranks[0], x0, choose);
+  }
+
   Status forward(std::span<BatchItem> batch, std::vector<float>& logits) override {
     const size_t W = ranks_.size();
     const int64_t V = config().vocab_size;
@@ -254,6 +307,33 @@ class TpModel final : public Model {
   }
 
  private:
+  // The drafts' LM head over the full vocabulary: host rows y [rows, D] → out [rows, V], each
+  // rank's slice on its own device (its own thread; rank 0 on the caller's), joined on the host
+  // like forward's logits. No collectives: the ranks that do not run the draft only multiply.
+  Status gather_head(std::span<const float> y, int64_t rows, std::span<float> out) {
+    const size_t W = ranks_.size();
+    const int64_t V = config().vocab_size;
+    if (int64_t(out.size()) != rows * V)
+      return internal_error("draft head: {} output floats for {} rows of {}", out.size(), rows, V);
+    std::vector<std::vector<float>> part(W);
+    std::vector<Status> status(W);
+    auto work = [&](size_t r) {
+      part[r].resize(size_t(rows * shards_[r].vocab));
+      status[r] = ranks_[r]->head_slice(y, rows, part[r]);
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
+    work(0);
+    for (auto& t : threads) t.join();
+    for (auto& s : status) FS_RETURN_IF_ERROR(s);
+    for (int64_t i = 0; i < rows; ++i)
+      for (size_t r = 0; r < W; ++r) {
+        const int64_t n = shards_[r].vocab;
+        std::copy_n(part[r].data() + i * n, n, out.data() + i * V + shards_[r].vocab0);
+      }
+    return {};
+  }
+
   std::vector<std::unique_ptr<gpu::GpuModel>> ranks_;
   std::vector<std::unique_ptr<ops::cuda::Communicator>> comms_;
   std::vector<TpShard> shards_;
