@@ -570,9 +570,12 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_ASSIGN_OR_RETURN(m->shard_, make_tp_shard(c, numerics, 0, 1));
   }
   if (m->native_) {  // the stored matrices go up through pinned staging, overlapped with the reads
-    std::vector<std::string> names;  // a rank never reads another rank's experts (nor ranks > 0 the shared one)
+    // A rank never reads another rank's experts, nor ranks > 0 the shared expert or the draft
+    // (rank 0 runs it: has_draft).
+    std::vector<std::string> names;
     for (const std::string& nm : m->w_.deferred_matrices)
-      if (tp_slice_for(nm, c, m->shard_).kind != TpSlice::kNone) names.push_back(nm);
+      if (tp_slice_for(nm, c, m->shard_).kind != TpSlice::kNone && !(nm.rfind("mtp.", 0) == 0 && m->shard_.rank > 0))
+        names.push_back(nm);
     if (m->engram_device_)  // uploaded after the layers' matrices (upload_weights)
       for (const LayerWeights& L : m->w_.layers)
         if (L.has_engram) names.push_back(L.engram.table);
