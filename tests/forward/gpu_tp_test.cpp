@@ -425,7 +425,8 @@ TEST(TpShard, CheckpointSlicesOfEveryRankMatchTheDequantisedTensor) {
 
 // The start-up memory plan per GPU of a multi-GPU model with native weights is rank 0's device
 // weights: the stored bytes of what the loader uploads there (tp_slice_for: its rows / columns,
-// its experts, the shared expert; attn_sink's heads), every replicated matrix whole, no draft.
+// its experts, the shared expert; attn_sink's heads), every replicated matrix whole, and the
+// whole draft (rank 0 runs it).
 TEST(TpShard, MemoryPlanPerGpuCountsRankZerosNativeSlices) {
   const std::pair<const char*, int> runs[] = {{"tiny-v41", 2}, {"tiny-v4", 2}, {"tiny-v4", 4}};
   for (const auto& [name, world] : runs) {
@@ -434,11 +435,11 @@ TEST(TpShard, MemoryPlanPerGpuCountsRankZerosNativeSlices) {
     ASSERT_TRUE(sh.ok()) << sh.status().to_string();
     uint64_t want = 0;
     for (const model::WeightSpec& w : model::expected_weights(c)) {
-      if (w.optional || w.component == model::Component::kVision || w.kind == model::WeightKind::kEngramTable ||
-          w.component == model::Component::kDraftDense || w.component == model::Component::kDraftExperts)
+      if (w.optional || w.component == model::Component::kVision || w.kind == model::WeightKind::kEngramTable)
         continue;
-      if (w.shape.size() < 2) {  // vectors as FP32; attn_sink: the rank's heads
-        const bool sink = w.name.find(".attn.attn_sink") != std::string::npos;
+      const bool draft = w.component == model::Component::kDraftDense || w.component == model::Component::kDraftExperts;
+      if (w.shape.size() < 2) {  // vectors as FP32; the backbone's attn_sink: the rank's heads
+        const bool sink = !draft && w.name.find(".attn.attn_sink") != std::string::npos;
         want += 4 * uint64_t(shape_numel(w.shape)) / (sink ? uint64_t(world) : 1);
         continue;
       }
@@ -446,7 +447,7 @@ TEST(TpShard, MemoryPlanPerGpuCountsRankZerosNativeSlices) {
       for (const auto& t : model::release_tensors(w, c)) bytes += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
       const TpSlice sl = tp_slice_for(w.name, c, *sh);
       if (sl.kind == TpSlice::kNone) continue;
-      if (sl.kind == TpSlice::kAll) {
+      if (sl.kind == TpSlice::kAll || draft) {
         want += bytes;
         continue;
       }
@@ -961,7 +962,7 @@ TEST(GpuTpCli, RunSpeculativeOnTwoRanks) {
   for (const char* name : {"tiny-v41", "tiny-v4"}) {
     SCOPED_TRACE(name);
     const std::string base = flashseek::testing::flashseek_bin() + " run --ckpt " + make_draft_ckpt(name) +
-                             " --numerics reference --prompt-ids 5,17,99,3,250,7 --max-tokens 32 --json --gpus 0,0";
+                             " --numerics reference --prompt-ids 5,17,99,3,250,7 --max-tokens 32 --ignore-eos --json --gpus 0,0";
     const auto on = flashseek::testing::run_command(base + " --speculative on");
     const auto off = flashseek::testing::run_command(base + " --speculative off");
     ASSERT_EQ(on.exit_code, 0) << on.output;
