@@ -233,28 +233,6 @@ TEST(GpuMtpSnapshot, ExportImportKeepTheMtpState) {
   }
 }
 
-std::vector<int32_t> generate(Model& m, const std::vector<int32_t>& prompt, int64_t n, bool spec,
-                              engine::EngineStats* stats) {
-  engine::EngineOptions o;
-  o.max_batch = 2;
-  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
-  auto eng = engine::Engine::create(m, o);
-  EXPECT_TRUE(eng.ok()) << eng.status().to_string();
-  if (!eng.ok()) return {};
-  engine::Request r;
-  r.id = 1;
-  r.prompt = prompt;
-  r.max_tokens = n;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0;
-  auto s = (*eng)->submit(r);
-  EXPECT_TRUE(s.ok()) << s.status().to_string();
-  if (!s.ok()) return {};
-  EXPECT_TRUE((*eng)->run_until_idle().ok());
-  if (stats) *stats = (*eng)->stats();
-  return engine::collect(**s).tokens;
-}
-
 // Greedy through the engine on the GPU model (CUDA graphs on, the default): every step verifies
 // [x0, MTP draft] and rolls back a rejection; the output equals plain decoding token for token.
 TEST(GpuMtpEngine, GreedyOnEqualsOff) {
@@ -266,8 +244,8 @@ TEST(GpuMtpEngine, GreedyOnEqualsOff) {
     Model& G = *gpu.value();
     const auto prompt = random_tokens(9, G.config().vocab_size, 43);
     engine::EngineStats st;
-    const auto spec = generate(G, prompt, 300, true, &st);
-    const auto plain = generate(G, prompt, 300, false, nullptr);
+    const auto spec = gpu_test::greedy_generate(G, prompt, 300, true, &st);
+    const auto plain = gpu_test::greedy_generate(G, prompt, 300, false, nullptr);
     ASSERT_EQ(spec.size(), 300u);
     ASSERT_EQ(plain.size(), 300u);
     for (size_t i = 0; i < 300; ++i) ASSERT_EQ(spec[i], plain[i]) << "first difference at generated token " << i;

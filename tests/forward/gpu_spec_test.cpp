@@ -193,29 +193,6 @@ TEST(GpuSpecRollback, ContinuesLikeAStateThatNeverSawTheTokens) {
   EXPECT_FALSE(G.rollback(*cst, 0).ok()) << "a CPU state is refused";
 }
 
-// Greedy through the engine on the GPU model, speculation on vs off.
-std::vector<int32_t> generate(Model& m, const std::vector<int32_t>& prompt, int64_t n, bool spec,
-                              engine::EngineStats* stats) {
-  engine::EngineOptions o;
-  o.max_batch = 2;
-  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
-  auto eng = engine::Engine::create(m, o);
-  EXPECT_TRUE(eng.ok()) << eng.status().to_string();
-  if (!eng.ok()) return {};
-  engine::Request r;
-  r.id = 1;
-  r.prompt = prompt;
-  r.max_tokens = n;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0;
-  auto s = (*eng)->submit(r);
-  EXPECT_TRUE(s.ok()) << s.status().to_string();
-  if (!s.ok()) return {};
-  EXPECT_TRUE((*eng)->run_until_idle().ok());
-  if (stats) *stats = (*eng)->stats();
-  return engine::collect(**s).tokens;
-}
-
 void log_stats(const char* what, const engine::EngineStats& s) {
   std::string per;
   for (int64_t a : s.spec_accepted_at) per += " " + std::to_string(a);
@@ -231,8 +208,8 @@ TEST(GpuSpecEngine, GreedyEqualsPlainOver520TokensTieFree) {
   Model& G = *gpu.value();
   const auto prompt = random_tokens(9, G.config().vocab_size, 41);
   engine::EngineStats st;
-  const auto spec = generate(G, prompt, 520, true, &st);
-  const auto plain = generate(G, prompt, 520, false, nullptr);
+  const auto spec = gpu_test::greedy_generate(G, prompt, 520, true, &st);
+  const auto plain = gpu_test::greedy_generate(G, prompt, 520, false, nullptr);
   ASSERT_EQ(spec.size(), 520u);
   ASSERT_EQ(plain.size(), 520u);
   for (size_t i = 0; i < 520; ++i) ASSERT_EQ(spec[i], plain[i]) << "first difference at generated token " << i;
@@ -248,8 +225,8 @@ TEST(GpuSpecEngine, AgreementOnStandardTinyV41) {
   const int64_t n = 520, V = G.config().vocab_size, B = G.config().dspark_block_size;
   const auto prompt = random_tokens(9, V, 42);
   engine::EngineStats st;
-  const auto spec = generate(G, prompt, n, true, &st);
-  const auto plain = generate(G, prompt, n, false, nullptr);
+  const auto spec = gpu_test::greedy_generate(G, prompt, n, true, &st);
+  const auto plain = gpu_test::greedy_generate(G, prompt, n, false, nullptr);
   ASSERT_EQ(spec.size(), size_t(n));
   ASSERT_EQ(plain.size(), size_t(n));
   int64_t same = 0, first_diff = -1;

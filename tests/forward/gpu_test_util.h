@@ -1,6 +1,6 @@
 // Helpers shared by the whole-model GPU tests (gpu_parity_test, gpu_spec_test, gpu_native_test,
 // gpu_tp_test, gpu_mtp_test): the visible GPU skip, tie-free tiny checkpoints, random prompts, one-item
-// forwards, chunked runs and logit comparisons.
+// forwards, chunked runs, logit comparisons and greedy generation through the engine.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "core/rng.h"
+#include "engine/engine.h"
 #include "forward/model.h"
 #include "model/config.h"
 #include "model/make_tiny.h"
@@ -38,6 +39,30 @@ inline bool have_gpu(std::string* why) {
     std::string why_;                                                                      \
     if (!::flashseek::forward::gpu_test::have_gpu(&why_)) GTEST_SKIP() << "GPU test skipped: " << why_; \
   } while (0)
+
+// Greedy tokens of `prompt` + n through the engine on `m` (batch up to 2, EOS ignored), with
+// speculation forced on (`spec`) or off; the engine's counters into `stats` when given.
+inline std::vector<int32_t> greedy_generate(Model& m, const std::vector<int32_t>& prompt, int64_t n, bool spec,
+                                            engine::EngineStats* stats) {
+  engine::EngineOptions o;
+  o.max_batch = 2;
+  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
+  auto eng = engine::Engine::create(m, o);
+  EXPECT_TRUE(eng.ok()) << eng.status().to_string();
+  if (!eng.ok()) return {};
+  engine::Request r;
+  r.id = 1;
+  r.prompt = prompt;
+  r.max_tokens = n;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  auto s = (*eng)->submit(r);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  if (!s.ok()) return {};
+  EXPECT_TRUE((*eng)->run_until_idle().ok());
+  if (stats) *stats = (*eng)->stats();
+  return engine::collect(**s).tokens;
+}
 
 // Widens every selection (index top-k over every compressed position, every routed expert active,
 // every candidate block kept; with `draft` also every DSpark expert) so that no near-tie can flip

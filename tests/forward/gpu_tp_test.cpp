@@ -884,28 +884,6 @@ TEST_P(GpuTpDraft, HostStagedTp2RollbackContinuesLikeAClone) {
   EXPECT_EQ(st->length(), 40);
 }
 
-std::vector<int32_t> tp_generate(Model& m, const std::vector<int32_t>& prompt, int64_t n, bool spec,
-                                 engine::EngineStats* stats) {
-  engine::EngineOptions o;
-  o.max_batch = 2;
-  o.speculative = spec ? engine::SpecMode::kOn : engine::SpecMode::kOff;
-  auto eng = engine::Engine::create(m, o);
-  EXPECT_TRUE(eng.ok()) << eng.status().to_string();
-  if (!eng.ok()) return {};
-  engine::Request r;
-  r.id = 1;
-  r.prompt = prompt;
-  r.max_tokens = n;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0;
-  auto s = (*eng)->submit(r);
-  EXPECT_TRUE(s.ok()) << s.status().to_string();
-  if (!s.ok()) return {};
-  EXPECT_TRUE((*eng)->run_until_idle().ok());
-  if (stats) *stats = (*eng)->stats();
-  return engine::collect(**s).tokens;
-}
-
 // Through the engine on the TP=2 model: every step verifies [x0, drafts] and rolls rejected
 // drafts back on both ranks; greedy output equals plain decoding token for token.
 void check_tp_engine(const TpDraftParam& p, const std::vector<int>& devices, TpComm comm) {
@@ -917,8 +895,8 @@ void check_tp_engine(const TpDraftParam& p, const std::vector<int>& devices, TpC
   constexpr int64_t n = 64;
   const auto prompt = gpu_test::random_tokens(9, T.config().vocab_size, 45);
   engine::EngineStats es;
-  const auto spec = tp_generate(T, prompt, n, true, &es);
-  const auto plain = tp_generate(T, prompt, n, false, nullptr);
+  const auto spec = gpu_test::greedy_generate(T, prompt, n, true, &es);
+  const auto plain = gpu_test::greedy_generate(T, prompt, n, false, nullptr);
   ASSERT_EQ(spec.size(), size_t(n));
   ASSERT_EQ(plain.size(), size_t(n));
   for (size_t i = 0; i < size_t(n); ++i) ASSERT_EQ(spec[i], plain[i]) << "first difference at generated token " << i;
