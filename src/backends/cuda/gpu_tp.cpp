@@ -9,6 +9,7 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/stored_slice.h"
+#include "forward/state.h"
 
 namespace flashseek::forward {
 
