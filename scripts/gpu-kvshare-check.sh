@@ -11,7 +11,8 @@
 # usage: scripts/gpu-kvshare-check.sh REDIS_SERVER [options]
 #   REDIS_SERVER      path to a redis-server binary
 #   --build DIR       build directory holding bin/flashseek (default: build-cuda, else build)
-#   --gpus N          device for both servers (default 0)
+#   --gpus N          device(s) for both servers (default 0; a list is tensor-parallel: 0,1 over
+#                     NCCL, 0,0 host-staged ranks on GPU 0)
 #   --cpu             run the same flow on the CPU backend (no --gpus; checks the script itself)
 #   --ckpt DIR        checkpoint to serve (default: a make-tiny tiny-v41 written to a temp dir)
 #   --transport T     snapshot transport: tcp (default) or ucx (UCX_TLS defaults to tcp)

@@ -201,7 +201,7 @@ void Engine::hand_snapshot(Sequence& seq, std::span<const int32_t> tokens) {
     return;
   }
   auto host = model_.export_state(*seq.state);
-  if (!host.ok()) {  // e.g. tensor-parallel states: no snapshot (logged once per engine)
+  if (!host.ok()) {  // a backend without snapshots (or a failed copy): none taken (logged once per engine)
     if (!snapshot_warned_) spdlog::warn("engine: snapshots skipped: {}", host.status().message());
     snapshot_warned_ = true;
     return;

@@ -91,7 +91,8 @@ class Model {
   virtual Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const;
   virtual Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const;
   // Which backend numerics produce this model's states: "cpu" (the CPU reference), "cuda" (one
-  // GPU, FP32 weights), "cuda-native" (one GPU, block-scaled weights), "cuda-tp". States of one
+  // GPU, FP32 weights), "cuda-native" (one GPU, block-scaled weights), "cuda[-native]-tpN[-host]"
+  // (N tensor-parallel ranks; backends/cuda/gpu_tp.h cuda_backend_kind). States of one
   // checkpoint are not bit-identical across kinds, so the kind enters the snapshot fingerprint
   // (state_fingerprint).
   virtual std::string backend_kind() const { return "cpu"; }

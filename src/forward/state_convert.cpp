@@ -137,9 +137,9 @@ Status check_state_geometry(const CpuSequenceState& s, const model::ModelConfig&
     return invalid_argument("state geometry: MTP state present but this model has no MTP block");
   }
   const size_t stages = g.draft ? size_t(c.num_mtp_layers) : 0;
-  if (s.draft_rings.size() != stages)
+  if (!g.ignore_draft && s.draft_rings.size() != stages)
     return invalid_argument("state geometry: {} DSpark draft rings, this model has {}", s.draft_rings.size(), stages);
-  for (size_t i = 0; i < stages; ++i)
+  for (size_t i = 0; i < stages && !g.ignore_draft; ++i)
     if (!is_rows(s.draft_rings[i].size(), ring, Dh))
       return invalid_argument("state geometry: DSpark draft ring {} has {} floats, expected {} x {}", i,
                               s.draft_rings[i].size(), ring, Dh);

@@ -18,6 +18,9 @@ struct StateGeometry {
   bool draft = false;       // DSpark draft rings, one [ring_size, head_dim] ring per stage
   bool mtp = false;         // V4 MTP window ring and final-stream history
   bool ignore_mtp = false;  // the backend keeps no MTP state: MTP fields are neither checked nor used
+  // The backend keeps no DSpark state although the model has a draft (a tensor-parallel rank > 0:
+  // rank 0 alone runs the draft and holds its rings): draft rings are neither checked nor used.
+  bool ignore_draft = false;
   int64_t max_engram_id = -1;  // largest compressed token id of the Engram look-back; -1: no Engram
 };
 

@@ -13,8 +13,8 @@
 //  (c) a state of another checkpoint's geometry is refused before anything reaches the device;
 //  (d) the engine on the GPU model with a StateCache: turn 2 of a conversation restores the
 //      snapshot of turn 1 (cached tokens > 0) and answers with the same greedy tokens as without
-//      the cache (tie-free checkpoint: no near-tie can flip between chunkings);
-//  (e) with two or more GPUs, a tensor-parallel model refuses snapshots with kUnimplemented.
+//      the cache (tie-free checkpoint: no near-tie can flip between chunkings).
+// Tensor-parallel snapshots: gpu_tp_snapshot_test.cpp.
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -30,10 +30,6 @@
 #include "forward/state_io.h"
 #include "gpu_test_util.h"
 #include "state_test_util.h"
-
-#if FLASHSEEK_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace flashseek::forward {
 namespace {
@@ -326,31 +322,6 @@ TEST(GpuSnapshotEngine, SecondTurnRestoresThePrefix) {
   EXPECT_EQ((*eng)->stats().prompt_tokens - before, int64_t(turn2.size()) - hit2);
   const auto plain_answer = run_turn(turn2, false, nullptr);
   EXPECT_EQ(cached_answer, plain_answer);
-}
-
-// Tensor-parallel sequences have no canonical host form yet: export and import refuse clearly.
-TEST(GpuSnapshotTp, TensorParallelRefuses) {
-  FS_REQUIRE_GPU();
-#if FLASHSEEK_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) GTEST_SKIP() << "needs two GPUs (found " << n << ")";
-  const std::string dir = ckpt("tiny-v41");
-  auto tp = load_model_for(dir, Numerics::kExact, "0,1");
-  ASSERT_TRUE(tp.ok()) << tp.status().to_string();
-  auto st = (*tp)->new_sequence();
-  auto e = (*tp)->export_state(*st);
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(e.status().message().find("tensor-parallel"), std::string::npos) << e.status().message();
-  auto cpu = load_model(dir, Numerics::kExact);
-  ASSERT_TRUE(cpu.ok());
-  auto x = (*cpu)->export_state(*(*cpu)->new_sequence());
-  ASSERT_TRUE(x.ok());
-  auto i = (*tp)->import_state(**x);
-  ASSERT_FALSE(i.ok());
-  EXPECT_EQ(i.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE((*tp)->backend_kind(), "cuda");
-#endif
 }
 
 }  // namespace

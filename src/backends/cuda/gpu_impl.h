@@ -153,8 +153,9 @@ class GpuModel final : public Model, public Backend {
   int64_t draft_block_size() const override {
     return w_.has_dspark ? config().dspark_block_size : w_.has_mtp ? 1 : 0;
   }
-  // Snapshots (gpu_state_io.cpp): device state ↔ the canonical host format, one GPU only (a
-  // tensor-parallel rank refuses: kUnimplemented).
+  // Snapshots (gpu_state_io.cpp): device state ↔ the canonical host format. A tensor-parallel
+  // rank converts its own state (replicated but for the draft, which only rank 0 holds); the
+  // multi-GPU model's snapshot is rank 0's (TpModel, gpu_tp.cpp).
   Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const override;
   Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& state) const override;
   std::string backend_kind() const override;

@@ -14,6 +14,29 @@
 //   DSpark draft rings [ring_size, Dh]     ↔ draft_rings
 //   V4 MTP ring [ring_size, Dh]           ↔ mtp_ring; MTP history ring, position p at slot
 //     p % kGpuMtpHistRows, positions [mtp_lo, len) ↔ mtp_hist_x rows (gpu_mtp.cpp mtp_export / mtp_import)
+//
+// Tensor-parallel ranks (gpu_tp.h) export and import the same way; the sequence's canonical state
+// is rank 0's export (TpModel::export_state), and every rank imports that one state. Why that is
+// sound: every field above except the draft's is a function of replicated weights and of the
+// layer inputs, and those inputs are the same bits on every rank:
+//  - the window ring holds kv = RoPE(kv_norm(wkv · a)), the compressors' open groups and rollback
+//    histories the projections wkv / wgate · a, the compressed KV and index keys what they pool,
+//    and the indexer reads a and qlat = q_norm(wq_a · a) — wq_a, wkv, kv_norm, the compressors and
+//    the indexer are never split (tp_slice_for: kAll), so a rank computes them whole from `a`;
+//  - `a` (the attention / FFN input) comes from the residual streams and mHC (replicated), and the
+//    only rank-dependent values entering the streams are the partial sums of wo_b (the rank's
+//    heads / output groups) and of the MoE combine (its experts, rank 0's shared expert), which
+//    are all-reduced before anything else reads them: the host-staged communicator sums the
+//    staged buffers in rank order on every rank, NCCL's all-reduce (ring / tree; NVLS is off)
+//    computes each element's sum once and broadcasts it, so every rank gets the same FP32 sum,
+//    and the BF16 rounding after it (reference numerics) is the same function on every rank;
+//  - the embedding and the Engram rows (host rows gathered by every rank, or a full copy on each
+//    device) are replicated; engram_hist and len follow from the token ids alone.
+// The draft's state (DSpark rings, the V4 MTP ring and history) exists on rank 0 only, which alone
+// runs the draft (GpuModel::has_draft). So rank 0's export is the whole state, ranks > 0 export
+// its backbone part, and a rank > 0 imports a snapshot's backbone and ignores its draft part
+// (state_geometry: ignore_draft / ignore_mtp). tests/forward/gpu_tp_snapshot_test.cpp checks that
+// every rank's export equals rank 0's but for the draft fields.
 #include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
@@ -22,14 +45,11 @@
 #include "backends/cuda/gpu_impl.h"
 #include "forward/state_convert.h"
 #include "ops/cache_row.h"
+#include "ops/cuda/runtime/comm.h"
 
 namespace flashseek::forward::gpu {
 
 namespace {
-
-Status tp_refusal() {
-  return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
-}
 
 // Queues the download of `n` floats at `src` (a device array holding at least n) into `dst`.
 Status download(std::vector<float>& dst, const DevArray<float>& src, int64_t n, cudaStream_t s, const char* what) {
@@ -79,10 +99,12 @@ Status upload_rows(float* dst, const float* src, int64_t n) {
 }  // namespace
 
 std::string GpuModel::backend_kind() const {
-  if (shard_.split()) return "cuda-tp";
   // Native weights read by the exactness kernels give the FP32 copies' bits; only the block-scaled
-  // GEMVs (reference numerics) sum in another order, so only they make states incompatible.
-  return report_.fast_matrices > 0 ? "cuda-native" : "cuda";
+  // GEMVs (reference numerics) sum in another order, so only they make states incompatible. Every
+  // rank of a multi-GPU model runs its replicated matrices through them alike, so rank 0's count
+  // decides for the model (TpModel::backend_kind); the world size and communicator are part of
+  // the kind too (cuda_backend_kind).
+  return cuda_backend_kind(report_.fast_matrices > 0, shard_.world, comm_ ? comm_->kind() : std::string());
 }
 
 StateGeometry GpuModel::state_geometry() const {
@@ -91,13 +113,15 @@ StateGeometry GpuModel::state_geometry() const {
   g.draft = draft_rings();
   g.mtp = mtp_state();
   g.ignore_mtp = !mtp_state();  // a backend without the MTP state ignores a snapshot's
+  // Ranks > 0 of a multi-GPU model hold no draft (rank 0 runs it): they import a snapshot's
+  // backbone and leave its DSpark rings to rank 0, which checks and imports them.
+  g.ignore_draft = shard_.rank > 0;
   if (c.is_v41() && !c.engram_layer_ids.empty() && !w_.engram_token_map.empty())
     g.max_engram_id = *std::max_element(w_.engram_token_map.begin(), w_.engram_token_map.end());
   return g;
 }
 
 Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceState& state) const {
-  if (shard_.split()) return tp_refusal();
   const auto* st = dynamic_cast<const GpuSequenceState*>(&state);
   if (!st) return invalid_argument("export_state: not a GPU sequence state");
   if (!st->error.ok()) return st->error;
@@ -167,7 +191,6 @@ Result<std::unique_ptr<CpuSequenceState>> GpuModel::export_state(const SequenceS
 }
 
 Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceState& s) const {
-  if (shard_.split()) return tp_refusal();
   const auto& c = config();
   FS_RETURN_IF_ERROR(check_state_geometry(s, c, state_geometry()));  // before anything reaches the device
   std::unique_ptr<SequenceState> base = new_sequence();              // rings zeroed, draft rings if any

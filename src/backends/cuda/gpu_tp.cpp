@@ -9,6 +9,7 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "backends/cuda/stored_slice.h"
+#include "forward/state.h"
 
 namespace flashseek::forward {
 
@@ -92,6 +93,13 @@ TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const
       return TpSlice{TpSlice::kNone, 0, 0};
   }
   return out;
+}
+
+std::string cuda_backend_kind(bool block_scaled, int world, std::string_view comm) {
+  std::string kind = block_scaled ? "cuda-native" : "cuda";
+  if (world > 1) kind += fmt::format("-tp{}", world);
+  if (world > 1 && comm == "host") kind += "-host";
+  return kind;
 }
 
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus) {
@@ -228,14 +236,59 @@ class TpModel final : public Model {
     return st;
   }
 
-  // A sharded state has no canonical host form yet: the engine skips such snapshots (one log line).
-  Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState&) const override {
-    return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
+  // Snapshots: the canonical host state of a multi-GPU sequence is rank 0's export. Every field
+  // but the draft's is replicated bit for bit on every rank, and the draft's state lives on rank 0
+  // only (why: gpu_state_io.cpp), so rank 0's export is the whole state.
+  Result<std::unique_ptr<CpuSequenceState>> export_state(const SequenceState& state) const override {
+    FS_ASSIGN_OR_RETURN(const TpSequenceState* st, tp_state(state, "export_state"));
+    FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[0]));
+    return ranks_[0]->export_state(*st->ranks[0]);
   }
-  Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState&) const override {
-    return Status(StatusCode::kUnimplemented, "snapshots of tensor-parallel sequences are not supported yet");
+  Result<std::vector<std::unique_ptr<CpuSequenceState>>> rank_states(const SequenceState& state) const {
+    FS_ASSIGN_OR_RETURN(const TpSequenceState* st, tp_state(state, "export_state"));
+    std::vector<std::unique_ptr<CpuSequenceState>> out;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[r]));
+      auto x = ranks_[r]->export_state(*st->ranks[r]);
+      if (!x.ok()) return x.status().with_context(fmt::format("rank {}", r));
+      out.push_back(std::move(*x));
+    }
+    return out;
   }
-  std::string backend_kind() const override { return "cuda-tp"; }
+  // Every rank imports the same host state on its own device (ranks > 0 leave the draft's part to
+  // rank 0). The geometry is checked once before any rank touches its device; the ranks then
+  // convert and upload in parallel (one host thread each, rank 0 on the caller's). The first
+  // failure is returned naming its rank, and every rank's partial state is freed with it: a
+  // state is returned only when every rank imported.
+  Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& s) const override {
+    FS_RETURN_IF_ERROR(check_state_geometry(s, config(), ranks_[0]->state_geometry()));
+    const size_t W = ranks_.size();
+    std::vector<Result<std::unique_ptr<SequenceState>>> got;
+    for (size_t r = 0; r < W; ++r) got.emplace_back(Status(StatusCode::kInternal, "not run"));
+    auto work = [&](size_t r) {
+      if (cudaError_t e = cudaSetDevice(devices_[r]); e != cudaSuccess) {
+        got[r] = internal_error("cudaSetDevice({}): {}", devices_[r], cudaGetErrorString(e));
+        return;
+      }
+      got[r] = ranks_[r]->import_state(s);
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
+    work(0);
+    for (auto& t : threads) t.join();
+    auto st = std::make_unique<TpSequenceState>();
+    st->devices = devices_;
+    for (size_t r = 0; r < W; ++r) {
+      if (!got[r].ok())  // `got` (every rank's state) and `st` are freed on return
+        return got[r].status().with_context(fmt::format("import_state: rank {} of {} (device {})", r, W, devices_[r]));
+      st->ranks.push_back(std::move(*got[r]));
+    }
+    if (cudaError_t e = cudaSetDevice(devices_[0]); e != cudaSuccess)
+      return internal_error("cudaSetDevice({}): {}", devices_[0], cudaGetErrorString(e));
+    return std::unique_ptr<SequenceState>(std::move(st));
+  }
+  // Rank 0's kind: the weights' numerics, the world size and the communicator (cuda_backend_kind).
+  std::string backend_kind() const override { return ranks_[0]->backend_kind(); }
 
   Status rollback(SequenceState& state, int64_t new_length) const override {
     auto* st = dynamic_cast<TpSequenceState*>(&state);
@@ -334,6 +387,16 @@ class TpModel final : public Model {
     return {};
   }
 
+  Result<const TpSequenceState*> tp_state(const SequenceState& state, const char* what) const {
+    const auto* st = dynamic_cast<const TpSequenceState*>(&state);
+    if (!st || st->ranks.size() != ranks_.size()) return invalid_argument("{}: not a multi-GPU sequence state", what);
+    for (size_t r = 1; r < st->ranks.size(); ++r)
+      if (st->ranks[r]->length() != st->ranks[0]->length())
+        return internal_error("{}: rank {} holds {} tokens, rank 0 {}", what, r, st->ranks[r]->length(),
+                              st->ranks[0]->length());
+    return st;
+  }
+
   std::vector<std::unique_ptr<gpu::GpuModel>> ranks_;
   std::vector<std::unique_ptr<ops::cuda::Communicator>> comms_;
   std::vector<TpShard> shards_;
@@ -352,6 +415,11 @@ Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model& m) {
   if (const auto* g = dynamic_cast<const gpu::GpuModel*>(&m)) return std::vector<GpuGraphStats>{g->graph_stats()};
   if (const auto* t = dynamic_cast<const TpModel*>(&m)) return t->rank_stats();
   return invalid_argument("CUDA graph counters: not a CUDA model");
+}
+
+Result<std::vector<std::unique_ptr<CpuSequenceState>>> tp_rank_states(const Model& m, const SequenceState& state) {
+  if (const auto* t = dynamic_cast<const TpModel*>(&m)) return t->rank_states(state);
+  return invalid_argument("rank states: not a multi-GPU model");
 }
 
 Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model& m) {
@@ -423,6 +491,9 @@ Result<std::vector<GpuGraphStats>> gpu_graph_rank_stats(const Model&) {
 }
 Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model&) {
   return Status(StatusCode::kUnimplemented, "weight bytes per rank: this build has no CUDA backend");
+}
+Result<std::vector<std::unique_ptr<CpuSequenceState>>> tp_rank_states(const Model&, const SequenceState&) {
+  return Status(StatusCode::kUnimplemented, "rank states: this build has no CUDA backend");
 }
 Result<std::unique_ptr<Model>> load_model_tp(const std::string&, Numerics, const std::vector<int>& devices,
                                              const GpuLoadOptions&) {

@@ -13,6 +13,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/gpu_model.h"
@@ -60,6 +61,15 @@ struct TpSlice {
 // name and for a shard that does not split.
 TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const TpShard& s);
 
+// The backend kind (Model::backend_kind; it enters the snapshot fingerprint, state_convert.h) of a
+// CUDA model: "cuda" (FP32 copies, or native weights read by the exactness kernels, which give the
+// same bits) or "cuda-native" (block-scaled GEMVs: reference numerics with native weights); over
+// `world` > 1 ranks "-tp<world>" is appended, because the all-reduced partial sums (wo_b, the MoE
+// combine) change the FP32 summation order with the world size, and "-host" when the ranks share
+// a host-staged communicator (it sums in rank order; NCCL's order may differ from 4 ranks on).
+// So a snapshot is only restored on a model that continues it bit for bit.
+std::string cuda_backend_kind(bool block_scaled, int world, std::string_view comm);
+
 // "0,1" → {0, 1}. Errors for empty items, non-numbers, negative ids.
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
 
@@ -80,6 +90,12 @@ struct GpuWeightBytes {
 };
 // One entry per rank of a multi-GPU model; one entry for a one-GPU CUDA model; an error otherwise.
 Result<std::vector<GpuWeightBytes>> gpu_rank_weight_bytes(const Model& m);
+
+// Every rank's own export of a multi-GPU sequence state (GpuModel::export_state of rank r on its
+// device; ranks > 0 hold no draft state). TpModel::export_state is rank 0's: the replicated parts
+// (KV rings, compressed KV, index keys, compressors, Engram look-back) are the same bits on every
+// rank, which this lets tests check. An error for other models or states.
+Result<std::vector<std::unique_ptr<CpuSequenceState>>> tp_rank_states(const Model& m, const SequenceState& state);
 
 struct GpuGraphStats;  // backends/cuda/gpu_model.h
 // The CUDA-graph counters of each rank of a multi-GPU model (gpu_graph_stats sums them); one entry
