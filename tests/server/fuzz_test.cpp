@@ -4,6 +4,7 @@
 // wrong types and noise, the mutations nest JSON 100k+ levels deep inside the fields that hold
 // JSON, send large strings and many messages.
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,7 +21,11 @@ namespace {
 
 using json = nlohmann::json;
 
+// Resident set size after returning the allocator's free memory to the system (glibc keeps freed
+// blocks in per-thread arenas, whose high-water mark depends on how the requests happened to
+// interleave; only memory still in use should count as growth).
 int64_t rss_kib() {
+  malloc_trim(0);
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line))
