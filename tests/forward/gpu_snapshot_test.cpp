@@ -280,48 +280,7 @@ TEST(GpuSnapshotEngine, SecondTurnRestoresThePrefix) {
   auto gpu = load_model_gpu(dir, Numerics::kReference, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   Model& G = **gpu;
-  auto fp = checkpoint_fingerprint(dir, "reference");
-  ASSERT_TRUE(fp.ok());
-  engine::StateCacheOptions co{state_fingerprint(*fp, G.backend_kind()), int64_t(1) << 30, {}, 2};
-  co.geometry = model_snapshot_geometry(G, int64_t(1) << 20);
-  auto cache = engine::StateCache::open(std::move(co));
-  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
-  auto eng = engine::Engine::create(G, {});
-  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
-  Rng rng(8);
-  auto run_turn = [&](std::vector<int32_t> prompt, bool cached, int64_t* hit) {
-    engine::Request r;
-    r.id = rng.next_u64() >> 1;
-    r.prompt = std::move(prompt);
-    r.max_tokens = 12;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0;
-    if (cached) *hit = engine::attach_state_cache(**cache, 11, r);
-    auto s = (*eng)->submit(std::move(r));
-    EXPECT_TRUE(s.ok()) << s.status().to_string();
-    EXPECT_TRUE((*eng)->run_until_idle().ok());
-    (*cache)->flush();
-    return engine::collect(**s).tokens;
-  };
-  const int64_t V = G.config().vocab_size;
-  const auto turn1 = random_tokens(90, V, 17);
-  int64_t hit1 = -1, hit2 = -1;
-  const auto answer = run_turn(turn1, true, &hit1);
-  EXPECT_EQ(hit1, 0);
-  ASSERT_EQ(answer.size(), 12u);
-  EXPECT_EQ((*cache)->stats().puts, 2) << "end of prompt + end of response snapshots of a GPU state";
-  auto turn2 = turn1;
-  turn2.insert(turn2.end(), answer.begin(), answer.end());
-  const auto msg = random_tokens(15, V, 18);
-  turn2.insert(turn2.end(), msg.begin(), msg.end());
-  const int64_t before = (*eng)->stats().prompt_tokens;
-  const auto cached_answer = run_turn(turn2, true, &hit2);
-  std::printf("[gpu snapshot] engine: turn 2 of %zu prompt tokens, %lld restored from the cache\n", turn2.size(),
-              (long long)hit2);
-  EXPECT_EQ(hit2, 90 + 12 - 1);  // turn 1 + answer minus its last token (never fed back)
-  EXPECT_EQ((*eng)->stats().prompt_tokens - before, int64_t(turn2.size()) - hit2);
-  const auto plain_answer = run_turn(turn2, false, nullptr);
-  EXPECT_EQ(cached_answer, plain_answer);
+  gpu_test::check_second_turn_restores_prefix(G, dir, 90, "gpu");
 }
 
 }  // namespace

@@ -15,6 +15,9 @@
 #include "backends/cuda/gpu_model.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "engine/state_cache.h"
+#include "forward/state_convert.h"
+#include "forward/state_io.h"
 #include "forward/model.h"
 #include "model/config.h"
 #include "model/make_tiny.h"
@@ -138,6 +141,56 @@ inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t see
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = int32_t(rng.below(uint64_t(vocab)));
   return t;
+}
+
+// Turn 1 (`turn1_len` random tokens, 12 answered), then turn 2 = turn 1 + answer + 15 new tokens,
+// through the engine on `m` (checkpoint `dir`, reference numerics) with a state cache: turn 1
+// stores 2 snapshots (end of prompt, end of response), turn 2 restores turn 1 + answer minus its
+// last token, prefills only the rest, and answers like turn 2 without the cache. `tag` names the
+// model in the printed line.
+inline void check_second_turn_restores_prefix(Model& m, const std::string& dir, int64_t turn1_len, const char* tag) {
+  auto fp = checkpoint_fingerprint(dir, "reference");
+  ASSERT_TRUE(fp.ok());
+  engine::StateCacheOptions co{state_fingerprint(*fp, m.backend_kind()), int64_t(1) << 30, {}, 2};
+  co.geometry = model_snapshot_geometry(m, int64_t(1) << 20);
+  auto cache = engine::StateCache::open(std::move(co));
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  auto eng = engine::Engine::create(m, {});
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
+  Rng rng(8);
+  auto run_turn = [&](std::vector<int32_t> prompt, bool cached, int64_t* hit) {
+    engine::Request r;
+    r.id = rng.next_u64() >> 1;
+    r.prompt = std::move(prompt);
+    r.max_tokens = 12;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    if (cached) *hit = engine::attach_state_cache(**cache, 11, r);
+    auto s = (*eng)->submit(std::move(r));
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_TRUE((*eng)->run_until_idle().ok());
+    (*cache)->flush();
+    return engine::collect(**s).tokens;
+  };
+  const int64_t V = m.config().vocab_size;
+  const auto turn1 = random_tokens(turn1_len, V, 17);
+  int64_t hit1 = -1, hit2 = -1;
+  const auto answer = run_turn(turn1, true, &hit1);
+  EXPECT_EQ(hit1, 0);
+  ASSERT_EQ(answer.size(), 12u);
+  EXPECT_EQ((*cache)->stats().puts, 2) << "end of prompt + end of response snapshots of a " << tag << " state";
+  auto turn2 = turn1;
+  turn2.insert(turn2.end(), answer.begin(), answer.end());
+  const auto msg = random_tokens(15, V, 18);
+  turn2.insert(turn2.end(), msg.begin(), msg.end());
+  const int64_t before = (*eng)->stats().prompt_tokens;
+  const auto cached_answer = run_turn(turn2, true, &hit2);
+  std::printf("[%s snapshot] engine: turn 2 of %zu prompt tokens, %lld restored from the cache\n", tag, turn2.size(),
+              (long long)hit2);
+  EXPECT_EQ(hit2, turn1_len + 12 - 1);  // turn 1 + answer minus its last token (never fed back)
+  EXPECT_EQ((*eng)->stats().prompt_tokens - before, int64_t(turn2.size()) - hit2);
+  const auto plain_answer = run_turn(turn2, false, nullptr);
+  EXPECT_EQ(cached_answer, plain_answer);
 }
 
 // One forward of `tokens` for one sequence (logits of every position when `all`).
