@@ -39,8 +39,10 @@ struct SpecPolicyOptions {
   int64_t max_probe_every = 256;
   // While off, probes are also spaced so that their extra cost (a verify + the draft − a plain
   // step) stays below this fraction of the plain decoding time in between, even beyond
-  // max_probe_every: on the CPU a probe costs ~20 plain steps, so ~1 probe per 400 steps.
-  double max_probe_overhead = 0.05;
+  // max_probe_every: on the CPU a probe costs ~20 plain steps, so ~1 probe per 1,000 steps; on
+  // the GPU `demo` checkpoint ~7 steps, so ~1 per 350 (a budget of 5 % cost 5 % of the tokens/s of a
+  // never-accepting draft there, against `off`).
+  double max_probe_overhead = 0.02;
   // The longest gap between probes while off, whatever a probe costs: a draft that starts to
   // agree is picked up again within this many decode steps of the sequence (the probes' share
   // of the time then exceeds max_probe_overhead only where a probe costs more than

@@ -201,6 +201,7 @@ TEST(SpecPolicy, OffWhileRejectedProbesWithBackoffAndTurnsBackOn) {
   SpecPolicyOptions o;
   o.probe_every = 4;
   o.max_probe_every = 16;
+  o.max_probe_overhead = 0.05;  // a probe costs ~0.36 plain steps more: 5 % keeps gaps <= 16
   SpecPolicy p = seen(1, 0, o);
   const SpecCosts c = costs(1e-3, 0.1e-3, 0.1e-3);
   std::vector<int> probe_steps;
