@@ -105,10 +105,11 @@ Status for_each_rank(std::string_view what, const std::vector<int>& devices, con
   std::vector<Status> status(W);
   auto fail = [&](size_t r, Status st) {
     status[r] = std::move(st);
-    if (on_fail) try {
-        on_fail(r);
-      } catch (...) {  // the rank's own error is the one reported
-      }
+    if (!on_fail) return;
+    try {
+      on_fail(r);
+    } catch (...) {  // the rank's own error is the one reported
+    }
   };
   auto run = [&](size_t r) {
     Status st;
