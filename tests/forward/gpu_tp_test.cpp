@@ -11,11 +11,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
+#include <stdexcept>
+#include <thread>
 
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -343,13 +349,19 @@ TEST(TpShard, SliceForNamesTheRanksPartOfEverySplitMatrix) {
   is("layers.6.ffn.experts.3.w3.weight", TpSlice::kAll, 0, 0);
   is("layers.6.ffn.shared_experts.w1.weight", TpSlice::kNone, 0, 0);  // rank 0 only
   for (const char* n : {"embed.weight", "layers.3.attn.wq_a.weight", "layers.3.attn.wkv.weight",
-                        "layers.3.ffn.gate.weight", "layers.1.engram.wkv.weight", "mtp.0.attn.wq_b.weight",
-                        "mtp.0.ffn.experts.0.w1.weight", "layers.3.attn.indexer.wq_b.weight"})
+                        "layers.3.ffn.gate.weight", "layers.1.engram.wkv.weight", "layers.3.attn.indexer.wq_b.weight"})
     is(n, TpSlice::kAll, 0, 0);
   auto r0 = make_tp_shard(c, Numerics::kReference, 0, 2);
   ASSERT_TRUE(r0.ok());
   EXPECT_EQ(tp_slice_for("layers.6.ffn.shared_experts.w1.weight", c, *r0).kind, TpSlice::kAll);
   EXPECT_EQ(tp_slice_for("layers.6.ffn.experts.2.w1.weight", c, *r0).kind, TpSlice::kNone);
+  // The draft (mtp.*: DSpark stages, tap projection, Markov tables; the V4 MTP block) is never
+  // split: whole on rank 0, which runs it, nothing on rank 1 — its split-looking roles included.
+  for (const char* n : {"mtp.0.attn.wq_b.weight", "mtp.0.attn.wo_b.weight", "mtp.0.ffn.experts.0.w1.weight",
+                        "mtp.0.ffn.shared_experts.w1.weight", "mtp.0.main_proj.weight", "mtp.1.e_proj.weight"}) {
+    EXPECT_EQ(tp_slice_for(n, c, *r0).kind, TpSlice::kAll) << n;
+    is(n, TpSlice::kNone, 0, 0);
+  }
 }
 
 // The view of a stored checkpoint matrix as GpuModel keeps it (plan_stored's formats).
@@ -492,6 +504,137 @@ TEST(TpShard, DeviceListWithoutGpusIsAClearError) {
   auto m = load_model_for("/nonexistent-ckpt", Numerics::kExact, "0,1");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("--gpus"), std::string::npos) << m.status().to_string();
+}
+
+// ---- running the ranks together (for_each_rank, CPU) -------------------------------------------
+
+// A count that threads raise and wait on (with a deadline: false when it was not reached).
+struct Count {
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0;
+  void add() {
+    std::lock_guard<std::mutex> lock(mu);
+    ++n;
+    cv.notify_all();
+  }
+  bool wait_until(int k) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return n >= k; });
+  }
+};
+
+TEST(TpRanks, EveryRankRunsOnceAtTheSameTimeRankZeroOnTheCallerAndAllAreJoined) {
+  const std::vector<int> devices = {0, 1, 2, 3};
+  const int W = int(devices.size());
+  Count arrived, zero_done;
+  std::vector<std::thread::id> ran_on(devices.size());
+  std::vector<std::atomic<int>> runs(devices.size());
+  std::vector<std::atomic<bool>> finished(devices.size());
+  const Status st = for_each_rank("test", devices, [&](size_t r) -> Status {
+    ran_on[r] = std::this_thread::get_id();
+    ++runs[r];
+    // Every rank waits for all the others: this returns only if the ranks run at the same time,
+    // as TpModel's collectives need.
+    arrived.add();
+    if (!arrived.wait_until(W)) return internal_error("rank {} waited for the others in vain", r);
+    // Ranks > 0 finish only after rank 0's work has ended: a return before they are joined shows.
+    if (r == 0) {
+      zero_done.add();
+    } else if (!zero_done.wait_until(1)) {
+      return internal_error("rank 0 never finished");
+    }
+    finished[r] = true;
+    return {};
+  });
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  for (size_t r = 0; r < devices.size(); ++r) {
+    EXPECT_EQ(runs[r].load(), 1) << "rank " << r;
+    EXPECT_TRUE(finished[r].load()) << "rank " << r << " still running after the return";
+    if (r == 0) {
+      EXPECT_EQ(ran_on[r], std::this_thread::get_id());
+    } else {
+      EXPECT_NE(ran_on[r], std::this_thread::get_id()) << "rank " << r;
+    }
+  }
+  EXPECT_TRUE(for_each_rank("one rank", {7}, [](size_t) { return Status(); }).ok());
+}
+
+TEST(TpRanks, TheFirstFailureIsReturnedNamingItsRankAndEveryFailedRankIsReported) {
+  const std::vector<int> devices = {4, 5, 6, 7};
+  std::vector<std::atomic<int>> failed(devices.size()), runs(devices.size());
+  const Status st = for_each_rank(
+      "step", devices,
+      [&](size_t r) -> Status {
+        ++runs[r];
+        if (r == 2) return invalid_argument("two is bad");
+        if (r == 3) return internal_error("three is bad");
+        return {};
+      },
+      [&](size_t r) { ++failed[r]; });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_EQ(st.message(), "step: rank 2 of 4 (device 6): two is bad");
+  for (size_t r = 0; r < devices.size(); ++r) {
+    EXPECT_EQ(runs[r].load(), 1) << "rank " << r;  // a failure does not stop the other ranks
+    EXPECT_EQ(failed[r].load(), r >= 2 ? 1 : 0) << "rank " << r;
+  }
+}
+
+// TpModel::forward: a failed rank aborts the group, the ranks waiting for it in a collective
+// return kCancelled; the error reported is the cause, whichever rank it was.
+TEST(TpRanks, ACancelledRankYieldsToTheRankThatFailed) {
+  const std::vector<int> devices = {0, 1, 2};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool aborted = false;
+  auto wait_for_abort = [&]() -> Status {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return aborted; }))
+      return internal_error("never aborted");
+    return Status(StatusCode::kCancelled, "woken by an abort");
+  };
+  auto abort = [&](size_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    aborted = true;
+    cv.notify_all();
+  };
+  const Status st = for_each_rank(
+      "forward", devices, [&](size_t r) { return r == 2 ? internal_error("rank two broke") : wait_for_abort(); },
+      abort);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+  EXPECT_EQ(st.message(), "forward: rank 2 of 3 (device 2): rank two broke");
+  // Only cancellations: the first of them.
+  const Status all = for_each_rank("forward", devices,
+                                   [](size_t) { return Status(StatusCode::kCancelled, "woken by an abort"); });
+  EXPECT_EQ(all.code(), StatusCode::kCancelled);
+  EXPECT_EQ(all.message(), "forward: rank 0 of 3 (device 0): woken by an abort");
+}
+
+TEST(TpRanks, ExceptionsBecomeTheRanksErrors) {
+  const std::vector<int> devices = {0, 1, 2};
+  std::vector<std::atomic<int>> failed(devices.size());
+  const Status st = for_each_rank(
+      "import_state", devices,
+      [](size_t r) -> Status {
+        if (r == 1) throw std::runtime_error("out of host memory");
+        if (r == 2) throw 42;
+        return {};
+      },
+      [&](size_t r) { ++failed[r]; });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_EQ(st.message(), "import_state: rank 1 of 3 (device 1): exception: out of host memory");
+  EXPECT_EQ(failed[0].load(), 0);
+  EXPECT_EQ(failed[1].load(), 1);
+  EXPECT_EQ(failed[2].load(), 1);
+  // Rank 0 (the caller's thread) throwing is an error too, not an exception out of for_each_rank.
+  const Status zero = for_each_rank("draft head", devices, [](size_t r) -> Status {
+    if (r == 0) throw 1;
+    return {};
+  });
+  EXPECT_EQ(zero.message(), "draft head: rank 0 of 3 (device 0): unknown exception");
 }
 
 // ---- TP=N vs TP=1 on the GPU -----------------------------------------------------------------

@@ -571,11 +571,10 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   }
   if (m->native_) {  // the stored matrices go up through pinned staging, overlapped with the reads
     // A rank never reads another rank's experts, nor ranks > 0 the shared expert or the draft
-    // (rank 0 runs it: has_draft).
+    // (rank 0 runs it: has_draft): tp_slice_for gives them no slice.
     std::vector<std::string> names;
     for (const std::string& nm : m->w_.deferred_matrices)
-      if (tp_slice_for(nm, c, m->shard_).kind != TpSlice::kNone && !(nm.rfind("mtp.", 0) == 0 && m->shard_.rank > 0))
-        names.push_back(nm);
+      if (tp_slice_for(nm, c, m->shard_).kind != TpSlice::kNone) names.push_back(nm);
     if (m->engram_device_)  // uploaded after the layers' matrices (upload_weights)
       for (const LayerWeights& L : m->w_.layers)
         if (L.has_engram) names.push_back(L.engram.table);
@@ -936,10 +935,10 @@ Status GpuModel::upload_weights() {
   }
   if (has_draft() && w_.has_dspark) FS_RETURN_IF_ERROR(upload_draft_weights());
   if (mtp_state()) FS_RETURN_IF_ERROR(upload_mtp_weights());  // V4 MTP (gpu_mtp.cpp)
-  // Every matrix the loader left to this backend went up (a draft only where it runs).
+  // Every matrix the loader left to this backend went up, except what the rank has no slice of
+  // (tp_slice_for: other ranks' experts; on ranks > 0 the shared expert and the draft).
   for (const std::string& name : w_.deferred_matrices)
-    if (!uploaded_.count(name) && !(name.rfind("mtp.", 0) == 0 && !has_draft()) &&
-        tp_slice_for(name, config(), shard_).kind != TpSlice::kNone)
+    if (!uploaded_.count(name) && tp_slice_for(name, config(), shard_).kind != TpSlice::kNone)
       return internal_error("gpu weights: matrix {} was not uploaded", name);
   return {};
 }

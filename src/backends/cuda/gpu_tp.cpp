@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include "backends/cuda/gpu_model.h"
@@ -77,7 +78,10 @@ TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const
   if (!s.split()) return out;
   auto rows = [&](int64_t start, int64_t count) { return TpSlice{TpSlice::kRows, start, count}; };
   if (name == "head.weight") return rows(s.vocab0, s.vocab);
-  if (name.rfind("layers.", 0) != 0) return out;  // globals, draft stages (one GPU only)
+  // The draft (DSpark stages, V4 MTP block) is never split: rank 0 runs it whole (GpuModel::
+  // has_draft), the other ranks hold none of it.
+  if (name.rfind("mtp.", 0) == 0) return s.rank == 0 ? out : TpSlice{TpSlice::kNone, 0, 0};
+  if (name.rfind("layers.", 0) != 0) return out;  // globals
   const size_t dot = name.find('.', 7);           // "layers.N." then the role
   if (dot == std::string::npos) return out;
   const std::string rest = name.substr(dot + 1);
@@ -93,6 +97,49 @@ TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const
       return TpSlice{TpSlice::kNone, 0, 0};
   }
   return out;
+}
+
+Status for_each_rank(std::string_view what, const std::vector<int>& devices, const std::function<Status(size_t)>& fn,
+                     const std::function<void(size_t)>& on_fail) {
+  const size_t W = devices.size();
+  std::vector<Status> status(W);
+  auto fail = [&](size_t r, Status st) {
+    status[r] = std::move(st);
+    if (!on_fail) return;
+    try {
+      on_fail(r);
+    } catch (...) {  // the rank's own error is the one reported
+    }
+  };
+  auto run = [&](size_t r) {
+    Status st;
+    try {
+      st = fn(r);
+    } catch (const std::exception& e) {
+      st = internal_error("exception: {}", e.what());
+    } catch (...) {
+      st = internal_error("unknown exception");
+    }
+    if (!st.ok()) fail(r, std::move(st));
+  };
+  {
+    std::vector<std::jthread> threads;  // joined when this block ends, however it ends
+    for (size_t r = 1; r < W; ++r) {
+      try {
+        threads.emplace_back(run, r);
+      } catch (const std::exception& e) {  // rank r never runs; on_fail wakes the ranks waiting for it
+        fail(r, internal_error("could not start a host thread: {}", e.what()));
+      }
+    }
+    if (W > 0) run(0);
+  }
+  size_t first = W;
+  for (size_t r = 0; r < W; ++r)
+    if (!status[r].ok() && (first == W || (status[first].code() == StatusCode::kCancelled &&
+                                           status[r].code() != StatusCode::kCancelled)))
+      first = r;
+  if (first == W) return {};
+  return status[first].with_context(fmt::format("{}: rank {} of {} (device {})", what, first, W, devices[first]));
 }
 
 std::string cuda_backend_kind(bool block_scaled, int world, std::string_view comm) {
@@ -257,34 +304,18 @@ class TpModel final : public Model {
   }
   // Every rank imports the same host state on its own device (ranks > 0 leave the draft's part to
   // rank 0). The geometry is checked once before any rank touches its device; the ranks then
-  // convert and upload in parallel (one host thread each, rank 0 on the caller's). The first
-  // failure is returned naming its rank, and every rank's partial state is freed with it: a
-  // state is returned only when every rank imported.
+  // convert and upload in parallel (on_every_rank). The first failure is returned naming its rank,
+  // and every rank's partial state is freed with it: a state is returned only when every rank
+  // imported.
   Result<std::unique_ptr<SequenceState>> import_state(const CpuSequenceState& s) const override {
     FS_RETURN_IF_ERROR(check_state_geometry(s, config(), ranks_[0]->state_geometry()));
-    const size_t W = ranks_.size();
-    std::vector<Result<std::unique_ptr<SequenceState>>> got;
-    for (size_t r = 0; r < W; ++r) got.emplace_back(Status(StatusCode::kInternal, "not run"));
-    auto work = [&](size_t r) {
-      if (cudaError_t e = cudaSetDevice(devices_[r]); e != cudaSuccess) {
-        got[r] = internal_error("cudaSetDevice({}): {}", devices_[r], cudaGetErrorString(e));
-        return;
-      }
-      got[r] = ranks_[r]->import_state(s);
-    };
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
-    work(0);
-    for (auto& t : threads) t.join();
-    auto st = std::make_unique<TpSequenceState>();
+    auto st = std::make_unique<TpSequenceState>();  // freed on an error return, with every rank's state
     st->devices = devices_;
-    for (size_t r = 0; r < W; ++r) {
-      if (!got[r].ok())  // `got` (every rank's state) and `st` are freed on return
-        return got[r].status().with_context(fmt::format("import_state: rank {} of {} (device {})", r, W, devices_[r]));
-      st->ranks.push_back(std::move(*got[r]));
-    }
-    if (cudaError_t e = cudaSetDevice(devices_[0]); e != cudaSuccess)
-      return internal_error("cudaSetDevice({}): {}", devices_[0], cudaGetErrorString(e));
+    st->ranks.resize(ranks_.size());
+    FS_RETURN_IF_ERROR(on_every_rank("import_state", [&](size_t r) -> Status {
+      FS_ASSIGN_OR_RETURN(st->ranks[r], ranks_[r]->import_state(s));
+      return {};
+    }));
     return std::unique_ptr<SequenceState>(std::move(st));
   }
   // Rank 0's kind: the weights' numerics, the world size and the communicator (cuda_backend_kind).
@@ -328,21 +359,14 @@ class TpModel final : public Model {
       for (size_t r = 0; r < W; ++r) items[r].push_back(BatchItem{st->ranks[r].get(), it.tokens, it.all_logits});
     }
     std::vector<std::vector<float>> out(W);
-    std::vector<Status> status(W);
-    auto work = [&](size_t r) {
-      status[r] = ranks_[r]->forward(items[r], out[r]);
-      if (!status[r].ok()) comms_[r]->abort();
-    };
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
-    work(0);
-    for (auto& t : threads) t.join();
-    Status first;
-    for (auto& s : status)  // the rank that failed first, not the ones woken by its abort
-      if (!s.ok() && (first.ok() || first.code() == StatusCode::kCancelled)) first = s;
-    if (!first.ok()) {
+    // A failed rank aborts the group, so that the ranks waiting for it in a collective return
+    // (kCancelled: for_each_rank reports the rank that failed first, not the ones woken).
+    Status st = on_every_rank(
+        "multi-GPU forward", [&](size_t r) { return ranks_[r]->forward(items[r], out[r]); },
+        [&](size_t r) { comms_[r]->abort(); });
+    if (!st.ok()) {
       for (auto& c : comms_) c->recover();  // every rank has returned: the next step may run
-      return first;
+      return st;
     }
     const size_t rows = out[0].size() / size_t(shards_[0].vocab);
     for (size_t r = 0; r < W; ++r)
@@ -360,25 +384,35 @@ class TpModel final : public Model {
   }
 
  private:
+  // for_each_rank with rank r's device current on its thread: fn(r) on every rank at once (rank 0
+  // on the caller's thread, which keeps devices_[0] current), every thread joined on return, the
+  // first failure named by its rank. Every multi-GPU step that the ranks take together goes
+  // through here (forward, import_state, gather_head).
+  Status on_every_rank(std::string_view what, const std::function<Status(size_t)>& fn,
+                       const std::function<void(size_t)>& on_fail = {}) const {
+    return for_each_rank(
+        what, devices_,
+        [&](size_t r) -> Status {
+          if (cudaError_t e = cudaSetDevice(devices_[r]); e != cudaSuccess)
+            return internal_error("cudaSetDevice({}): {}", devices_[r], cudaGetErrorString(e));
+          return fn(r);
+        },
+        on_fail);
+  }
+
   // The drafts' LM head over the full vocabulary: host rows y [rows, D] → out [rows, V], each
-  // rank's slice on its own device (its own thread; rank 0 on the caller's), joined on the host
-  // like forward's logits. No collectives: the ranks that do not run the draft only multiply.
+  // rank's slice on its own device (on_every_rank), joined on the host like forward's logits.
+  // No collectives: the ranks that do not run the draft only multiply.
   Status gather_head(std::span<const float> y, int64_t rows, std::span<float> out) {
     const size_t W = ranks_.size();
     const int64_t V = config().vocab_size;
     if (int64_t(out.size()) != rows * V)
       return internal_error("draft head: {} output floats for {} rows of {}", out.size(), rows, V);
     std::vector<std::vector<float>> part(W);
-    std::vector<Status> status(W);
-    auto work = [&](size_t r) {
+    FS_RETURN_IF_ERROR(on_every_rank("draft head", [&](size_t r) {
       part[r].resize(size_t(rows * shards_[r].vocab));
-      status[r] = ranks_[r]->head_slice(y, rows, part[r]);
-    };
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < W; ++r) threads.emplace_back(work, r);
-    work(0);
-    for (auto& t : threads) t.join();
-    for (auto& s : status) FS_RETURN_IF_ERROR(s);
+      return ranks_[r]->head_slice(y, rows, part[r]);
+    }));
     for (int64_t i = 0; i < rows; ++i)
       for (size_t r = 0; r < W; ++r) {
         const int64_t n = shards_[r].vocab;

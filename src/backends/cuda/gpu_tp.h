@@ -11,6 +11,7 @@
 // copy of the slice (one log line). GpuWeights::kFp32 (debug): FP32 copies sliced on the host.
 // Engram tables as on one GPU (host rows gathered by every rank, or on every device as stored).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,12 +53,13 @@ struct TpSlice {
     kAll,   // replicated (or a one-GPU model)
     kRows,  // rows [start, start + count)
     kCols,  // columns [start, start + count)
-    kNone,  // another rank's routed expert, or the shared expert on ranks > 0: never read
+    kNone,  // another rank's routed expert, or the shared expert or the draft on ranks > 0: never read
   } kind = kAll;
   int64_t start = 0, count = 0;
 };
 // The backbone's split matrices (layers.N.attn.wq_b / wo_a / wo_b, layers.N.ffn.experts.E.*,
-// layers.N.ffn.shared_experts.*, head.weight) as shard_weights cuts them; kAll for every other
+// layers.N.ffn.shared_experts.*, head.weight) as shard_weights cuts them, and the draft (mtp.*:
+// whole on rank 0, kNone on the other ranks, as shard_weights drops it); kAll for every other
 // name and for a shard that does not split.
 TpSlice tp_slice_for(const std::string& name, const model::ModelConfig& c, const TpShard& s);
 
@@ -72,6 +74,16 @@ std::string cuda_backend_kind(bool block_scaled, int world, std::string_view com
 
 // "0,1" → {0, 1}. Errors for empty items, non-numbers, negative ids.
 Result<std::vector<int>> parse_gpu_list(const std::string& gpus);
+
+// Runs fn(r) for every rank r at once (`devices`: one entry per rank, named in errors): ranks > 0
+// on a host thread each, rank 0 on the caller's thread, and returns only after every thread has
+// joined. An exception thrown by fn, or a thread that cannot be started, becomes that rank's error.
+// on_fail(r), when given, runs as soon as rank r has failed (TpModel::forward aborts the
+// communicators there, so that the ranks waiting in a collective return). Returns the first
+// failing rank's error with the context "<what>: rank r of W (device d)"; a kCancelled error (a
+// rank woken by another's abort) is returned only when no rank failed otherwise.
+Status for_each_rank(std::string_view what, const std::vector<int>& devices, const std::function<Status(size_t)>& fn,
+                     const std::function<void(size_t)>& on_fail = {});
 
 // Loads one rank per entry of `devices` and returns the combined model (rank 0's config; logits
 // of the full vocabulary). opts.tp_comm picks the collectives (TpComm, gpu_model.h); opts.graphs
