@@ -15,33 +15,36 @@ __device__ __forceinline__ float round_bf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// One block per row [n_vec, vec_dim]: the row's cos / sin per frequency once (in double, rounded
-// to FP32, a shared-memory table), then every rotated pair of its n_vec vectors (each pair the
-// same products and sums as a thread per pair computing its own cos / sin).
+// A block per (row, kRopeThreads pairs of the row's n_vec x rope_dim/2): the row's cos / sin per
+// frequency once per block (in double, rounded to FP32, a shared-memory table) instead of once
+// per pair, each thread's pair loaded before the table barrier; every pair gets the products and
+// sums of ops::apply_rope.
+constexpr int kRopeThreads = 256;
 __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq, int64_t n_vec, int64_t vec_dim,
-                            int64_t rope_dim, bool inverse, bool bf16_out) {
+                            int64_t rope_dim, int64_t pblocks, bool inverse, bool bf16_out) {
   extern __shared__ float trig[];  // [half] cos, [half] sin
-  const int64_t half = rope_dim / 2, r = blockIdx.x;
+  const int64_t half = rope_dim / 2, r = blockIdx.x / pblocks;
+  const int64_t id = (blockIdx.x % pblocks) * kRopeThreads + threadIdx.x;  // pair of the row
+  const bool live = id < n_vec * half;
+  const int64_t i = live ? id % half : 0;
+  float* v = x + r * n_vec * vec_dim + (vec_dim - rope_dim) + (live ? (id / half) * vec_dim + 2 * i : 0);
+  float a = 0, b = 0;
+  if (live) a = v[0], b = v[1];
   const float p = float(pos[r]);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float ang = __fmul_rn(p, inv_freq[i]);
+  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) {
+    const float ang = __fmul_rn(p, inv_freq[f]);
     const float sn = float(sin(double(ang)));
-    trig[i] = float(cos(double(ang)));
-    trig[half + i] = inverse ? -sn : sn;
+    trig[f] = float(cos(double(ang)));
+    trig[half + f] = inverse ? -sn : sn;
   }
   __syncthreads();
-  float* xr = x + r * n_vec * vec_dim + (vec_dim - rope_dim);
-  for (int64_t id = threadIdx.x; id < n_vec * half; id += blockDim.x) {
-    const int64_t i = id % half;
-    const float cs = trig[i], sn = trig[half + i];
-    float* v = xr + (id / half) * vec_dim + 2 * i;
-    const float a = v[0], b = v[1];
-    float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-    float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-    if (bf16_out) ra = round_bf16(ra), rb = round_bf16(rb);
-    v[0] = ra;
-    v[1] = rb;
-  }
+  if (!live) return;
+  const float cs = trig[i], sn = trig[half + i];
+  float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+  float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+  if (bf16_out) ra = round_bf16(ra), rb = round_bf16(rb);
+  v[0] = ra;
+  v[1] = rb;
 }
 
 }  // namespace
@@ -56,10 +59,11 @@ cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int
                         bool bf16_out, cudaStream_t stream) {
   const int64_t half = rope_dim / 2, pairs = n_vec * half;
   if (rows <= 0 || pairs <= 0) return rows < 0 || pairs < 0 ? cudaErrorInvalidValue : cudaSuccess;
-  if (rows > INT32_MAX || size_t(rope_dim) * sizeof(float) > 48 * 1024) return cudaErrorInvalidValue;
-  const int threads = pairs >= 256 ? 256 : int((pairs + 31) / 32 * 32);
-  return launch_kernel(rope_kernel, unsigned(rows), threads, size_t(rope_dim) * sizeof(float), stream, x, pos, inv_freq,
-                       n_vec, vec_dim, rope_dim, inverse, bf16_out);
+  const int64_t pblocks = (pairs + kRopeThreads - 1) / kRopeThreads;
+  if (rows * pblocks > INT32_MAX || size_t(rope_dim) * sizeof(float) > 48 * 1024) return cudaErrorInvalidValue;
+  const int threads = pairs >= kRopeThreads ? kRopeThreads : int((pairs + 31) / 32 * 32);
+  return launch_kernel(rope_kernel, unsigned(rows * pblocks), threads, size_t(rope_dim) * sizeof(float), stream, x, pos,
+                       inv_freq, n_vec, vec_dim, rope_dim, pblocks, inverse, bf16_out);
 }
 
 }  // namespace flashseek::ops::cuda::detail
