@@ -720,8 +720,8 @@ __device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
 // ops::rms_norm: double sum of squares in the sum_order.h order, FP32 scaling. Warp c of a row
 // owns chunk c (a short row is one chunk): its values (and the weights) stay in registers from
 // the sum of squares to the scaled store, so x and w are read once, in one round of 16-byte loads
-// (lane l: values 128i + 4l .. +3, the chunk order's partials); warp 0 of the row folds the chunk
-// sums in the chunk tree by shuffles. norm_rows_per_block(m) rows share a block when rows are
+// (lane l: values 128i + 4l .. +3, the chunk order's partials); after one block barrier every warp
+// of the row folds the row's chunk sums in the chunk tree by shuffles. norm_rows_per_block(m) rows share a block when rows are
 // short. Rows of more than kNormMaxChunks chunks: rms_norm_wide_kernel. y may alias x (every
 // value is read before the block barrier, written after it).
 constexpr int kNormMaxChunks = 16, kNormThreads = 512;
@@ -730,7 +730,6 @@ __host__ __device__ constexpr int norm_rows_per_block(int64_t m) { return m == 1
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, float* y, int64_t rows,
                                                         int64_t dim, float eps, bool bf16) {
   __shared__ double csq[32];
-  __shared__ float r_inv[32];
   const int m = int((dim + kSumChunk - 1) / kSumChunk);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
   const int rw = warp / m, c = warp % m;  // row within the block, chunk
@@ -781,13 +780,10 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
   for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (lane == 0) csq[warp] = v;
   __syncthreads();
-  if (c == 0) {  // warp 0 of each row: the chunk tree, then the scale
-    const double ss = warp_chunk_tree(lane < m ? csq[warp + lane] : 0.0, m);
-    if (lane == 0) r_inv[rw] = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
-  }
-  __syncthreads();
   if (!live) return;
-  const float ri = r_inv[rw];
+  // Every warp of the row folds the row's chunk sums itself (the same additions): no second barrier.
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
+  const float ri = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
 #pragma unroll
   for (int k = 0; k < 32; ++k) {  // scaled in place
     float t = __fmul_rn(xv[k], ri);
@@ -1014,8 +1010,9 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
 // sum of squares, item 1 + i mix i's chunk dot (lane l: the partials 4l..4l+3 over the 8
 // 128-value slices of the chunk, then the xor butterfly: warp_dot_chunk's and warp_sumsq_chunk's
 // order). Each chunk sum is stored into rank 0's shared memory (distributed shared memory); after
-// one cluster barrier rank 0 alone goes on: one warp per item folds its m chunk sums in the chunk
-// tree (warp_chunk_tree), then the scaling and hc_mix_epilogue. Same bits as hc_mixes_kernel.
+// one cluster barrier rank 0 alone goes on: each warp folds the m chunk sums of squares and then
+// its mixes' chunk sums in the chunk tree (warp_chunk_tree), scales them, and after one block
+// barrier hc_mix_epilogue. Same bits as hc_mixes_kernel.
 constexpr int kSplitMaxChunks = 32;
 constexpr int kSplitMaxCluster = 16;  // a non-portable cluster size (sm_90: where the device allows it)
 constexpr int kSplitMaxWarps = 25;    // hc 4: one warp per item (24 mixes + the sum of squares)
@@ -1028,7 +1025,6 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
   float* part = reinterpret_cast<float*>(sq + m);                   // [n_mix, m] chunk dots (rank 0)
   float* mu = part + n_mix * m;                                     // [n_mix]
   float* P = mu + n_mix;                                            // [hc, hc] (hc·hc > 32)
-  __shared__ float rs;
   const int64_t row = blockIdx.x / unsigned(csize);
   const int rank = int(blockIdx.x % unsigned(csize));
   const float* x = a.x + row * flat;
@@ -1112,17 +1108,14 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
   } else {
     __syncthreads();
   }
-  for (int64_t item = warp; item < items; item += n_warps) {  // the chunk trees, a warp per item
-    if (item == 0) {
-      const double ss = warp_chunk_tree(lane < m ? sq[lane] : 0.0, m);
-      if (lane == 0) rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
-    } else {
-      const float d = warp_chunk_tree(lane < m ? part[(item - 1) * m + lane] : 0.0f, m);
-      if (lane == 0) mu[item - 1] = d;
-    }
+  // The chunk trees: every warp folds the sums of squares itself (the same additions), then its
+  // mixes' dots, a warp per mix.
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? sq[lane] : 0.0, m), 0);
+  const float rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  for (int64_t mix = warp; mix < n_mix; mix += n_warps) {
+    const float d = warp_chunk_tree(lane < m ? part[mix * m + lane] : 0.0f, m);
+    if (lane == 0) mu[mix] = __fmul_rn(d, rs);
   }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x) mu[i] = __fmul_rn(mu[i], rs);
   __syncthreads();
   hc_mix_epilogue(a, mu, P, row);
 }
