@@ -688,7 +688,8 @@ TEST(CudaModelOps, HcMixesRowTilesMatchRowKernelBitwise) {
 // 2 or 3 chunks at 16 / 8 blocks), 32 chunks (the most), a ragged last chunk (4 x 257: 4 values),
 // hc 1 / 2 (3 and 8 mixes; hc·dim = 2002 not a multiple of 4: unaligned rows, scalar loads), hc 6
 // (48 mixes: more items than warps; hc·hc = 36: the block-wide Sinkhorn), clusters of 1, 2, 5
-// (more blocks than chunks for 2-chunk rows), 8 and 16 blocks and the automatic size, several
+// (more blocks than chunks for 2-chunk rows), 8 and 16 blocks (where the device runs 16: a note
+// otherwise) and the automatic size, several
 // rows and a row alone (batch invariance). 33 chunks are refused (kernel 2) and run by the row
 // kernel (automatic). Row kernel vs CPU: expect_near_cpu (the exp caveat above).
 TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
@@ -753,7 +754,11 @@ TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
       a.kernel = kernel, a.cluster = cluster;
       std::vector<float> out[4];
       const cudaError_t e = run(out);
-      if (cluster == 16 && major != 9 && e == cudaErrorInvalidValue) continue;  // 16-block clusters: sm_90 only
+      if (cluster == 16 && e == cudaErrorInvalidValue) {  // a non-portable size: not every device (or MIG slice)
+        std::cout << "[note] this device runs no 16-block cluster of the mHC mixes (sm_" << major
+                  << "x); the automatic size is 8\n";
+        continue;
+      }
       FS_ASSERT_OK(cuda_status(e, "chunk-split mixes"));
       for (int i = 0; i < 4; ++i) expect_bitwise(out[i], row_out[i], names[i]);
     }
