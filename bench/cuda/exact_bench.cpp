@@ -3,7 +3,9 @@
 // median of `reps` samples of 10 launches, weights in rotating copies (>= 3x the L2) so HBM is
 // measured. The chunked linear is timed with both kernels (LinearArgs::kernel 1: a block per
 // (row, output), the former kernel; 2: the GEMV), which give the same bits; so is the decode
-// attention (ModelAttnArgs::kernel 1: the former kernel, 2: the staged one).
+// attention (ModelAttnArgs::kernel 1: the former kernel, 2: the staged one) and the mHC mixes
+// (HcMixArgs::kernel 1: the row kernel; automatic: the chunk-split kernel). The small row ops
+// (rms_norm, mHC mixes, RoPE, quant_sim, ...) read data that stays in L2: their times are latency.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -180,6 +182,32 @@ Result<std::string> exact_kernels_bench(int reps) {
   for (int64_t dim : {512, 1024, 4096, 16384}) {
     FS_RETURN_IF_ERROR(row_op("rms_norm", fmt::format("1 x {}", dim), [&]() -> Status {
       FS_CUDA_RETURN_IF_ERROR(cd::launch_model_rms_norm(x, gamma, y, 1, dim, 1e-6f, false, bench::g_st));
+      return {};
+    }));
+  }
+  // mHC mixes at the decode shape (hc 4 x 4096, one row; fn 24 x 16384 FP32, 1.5 MB): the row
+  // kernel (HcMixArgs::kernel 1, a cluster of 8 blocks) and the automatic choice (the chunk-split
+  // kernel); same bits.
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(y, 24 * 16384, 13, 0.02f, nullptr));
+  for (int kernel : {1, 0}) {
+    FS_RETURN_IF_ERROR(row_op(kernel == 1 ? "hc_mixes, row kernel" : "hc_mixes, automatic (chunk-split)",
+                              "1 x 4 x 4096", [&]() -> Status {
+      cd::HcMixArgs h;
+      h.x = x, h.fn = y, h.base = gamma, h.scale = gamma + 24, h.rows = 1, h.hc = 4, h.dim = 4096;
+      h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.sinkhorn_iters = 20, h.kernel = kernel;
+      h.pre = buf, h.post = buf + 4, h.comb = buf + 8;
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(h, bench::g_st));
+      return {};
+    }));
+  }
+  // RoPE of one decode row: 64 query heads of 512 and the KV row (rope_dim 64), in place on a copy.
+  FS_ASSIGN_OR_RETURN(int64_t* pos, ar.alloc<int64_t>(1));
+  const int64_t pos_h = 4095;
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(pos, &pos_h, sizeof(pos_h), cudaMemcpyHostToDevice));
+  FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(buf, x, size_t(64 * 512) * 4, cudaMemcpyDeviceToDevice));
+  for (int64_t n_vec : {64, 1}) {
+    FS_RETURN_IF_ERROR(row_op("rope", fmt::format("1 x {} x 512, rope 64", n_vec), [&]() -> Status {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_rope(buf, pos, gamma, 1, n_vec, 512, 64, false, false, bench::g_st));
       return {};
     }));
   }

@@ -610,6 +610,7 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
       detail::HcMixArgs h;
       h.x = X, h.fn = hc_fn[size_t(r) % hc_fn.size()], h.base = hc_base, h.scale = hc_scale, h.rows = m;
       h.hc = kHc, h.dim = kHidden, h.sinkhorn_iters = 20, h.norm_eps = 1e-6f, h.hc_eps = 1e-6f, h.cluster = cl, h.tiled = tl;
+      h.kernel = tl == 0 ? 1 : 0;  // the row kernel itself (automatic would take the decode chunk-split kernel)
       h.pre = pre, h.post = post, h.comb = comb;
       FS_CUDA_RETURN_IF_ERROR(detail::launch_hc_mixes(h, g_st));
       return cuda_status(detail::launch_hc_collapse(X, pre, x, m, kHc, kHidden, false, g_st), "hc collapse");

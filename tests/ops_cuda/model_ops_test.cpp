@@ -77,8 +77,10 @@ TEST(CudaModelOps, QuantSimsMatchCpuBitwise) {
 // their CPU twins, memcmp-equal, on odd shapes: quantisation blocks 16 / 32 / 64 / 128 over whole
 // and partial rows (a prefix of a strided row; the tail must stay untouched) with zero, tiny and
 // outlier blocks; Hadamard dims 1..16384 (the largest through the one-thread-per-row fallback);
-// norms over dims around the chunk edge, weighted or not, BF16 out or not, in place; the BF16
-// head norm over dims up to and past its shared-memory limit.
+// norms over dims around the chunk edge, weighted or not, BF16 out or not, in place (rows sharing
+// a block when short, 5 rows: a block with rows past the end; unaligned rows: scalar loads; 3
+// chunks; 20000 past the register kernel's 16 chunks: the wide kernel); the BF16 head norm over
+// dims up to and past its shared-memory limit.
 TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   uint64_t seed = 900;
@@ -124,8 +126,8 @@ TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
       expect_bitwise(d.to_host(), ref, tag.c_str());
     }
   }
-  for (int64_t dim : {1, 7, 512, 1023, 1024, 1025, 4096, 16384}) {
-    for (int64_t rows : {1, 3}) {
+  for (int64_t dim : {1, 7, 512, 1023, 1024, 1025, 2100, 4096, 16384, 20000}) {
+    for (int64_t rows : {1, 3, 5}) {
       for (int variant = 0; variant < 3; ++variant) {  // 0: weighted; 1: unweighted, BF16; 2: weighted, in place
         const auto x = randn(static_cast<size_t>(rows * dim), ++seed, 2.0f);
         const auto g = randn(static_cast<size_t>(dim), ++seed);
@@ -568,7 +570,8 @@ TEST(CudaModelOps, EngramGateMatchesCpuBitwise) {
 }
 
 // mHC mixes at full width (4 x 5120: 20 chunks), a ragged last chunk (4 x 257) and exactly one
-// chunk (4 x 256); head-only mixes against ops::hc_head_pre; 1, 3 and 8 blocks per row.
+// chunk (4 x 256); head-only mixes against ops::hc_head_pre; 1, 3 and the automatic number of
+// blocks per row (the chunk-split kernel where hc·dim > 1024, else the row kernel).
 TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   const int64_t rows = 2, hc = 4, n_mix = (2 + hc) * hc;
@@ -585,7 +588,7 @@ TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
     cd::HcMixArgs a;
     a.x = dx.get(), a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
     a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.pre = dpre.get(), a.post = dpost.get(), a.comb = dcomb.get();
-    for (int cluster : {1, 3, 0}) {  // one block, 3 and the default 8 blocks per row: same bits
+    for (int cluster : {1, 3, 0}) {  // one block, 3 and the default blocks per row: same bits
       SCOPED_TRACE(cluster);
       a.cluster = cluster, a.head_only = false;
       FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
@@ -596,8 +599,15 @@ TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
       FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "head mixes"));
       expect_bitwise(dpre.to_host(), hpre, "head pre");
     }
-    a.cluster = 9;
+    a.cluster = 17;
     EXPECT_NE(cd::launch_hc_mixes(a, 0), cudaSuccess);
+    a.cluster = 0, a.kernel = 3;
+    EXPECT_NE(cd::launch_hc_mixes(a, 0), cudaSuccess);
+    a.kernel = 2;  // the chunk-split kernel needs hc·dim > 1024
+    if (dim == 256) {
+      EXPECT_NE(cd::launch_hc_mixes(a, 0), cudaSuccess);
+    }
+    a.kernel = 0;
   }
 }
 
@@ -670,6 +680,104 @@ TEST(CudaModelOps, HcMixesRowTilesMatchRowKernelBitwise) {
       expect_bitwise(out[3], row_out[3], "head pre vs row kernel");
     }
   }
+}
+
+// The chunk-split mixes (HcMixArgs::kernel 2, automatic for hc·dim > 1024 up to 32 chunks: the
+// decode path) give the row kernel's bits (pre, post, comb, head-only pre) on every path it has:
+// the decode shape 4 x 4096 (16 chunks, one per block at 16 blocks per row), 20 chunks (blocks with
+// 2 or 3 chunks at 16 / 8 blocks), 32 chunks (the most), a ragged last chunk (4 x 257: 4 values),
+// hc 1 / 2 (3 and 8 mixes; hc·dim = 2002 not a multiple of 4: unaligned rows, scalar loads), hc 6
+// (48 mixes: more items than warps; hc·hc = 36: the block-wide Sinkhorn), clusters of 1, 2, 5
+// (more blocks than chunks for 2-chunk rows), 8 and 16 blocks (where the device runs 16: a note
+// otherwise) and the automatic size, several
+// rows and a row alone (batch invariance). 33 chunks are refused (kernel 2) and run by the row
+// kernel (automatic). Row kernel vs CPU: expect_near_cpu (the exp caveat above).
+TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
+  FS_REQUIRE_GPU();
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  struct Case { int64_t rows, hc, dim; };
+  for (const Case c : {Case{1, 4, 4096}, Case{3, 4, 5120}, Case{2, 4, 8192}, Case{2, 4, 257}, Case{3, 1, 3000},
+                       Case{2, 2, 1001}, Case{2, 6, 700}, Case{2, 4, 8200}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " rows, hc " << c.hc << ", dim " << c.dim);
+    const int64_t rows = c.rows, hc = c.hc, dim = c.dim, n_mix = (2 + hc) * hc;
+    const int64_t chunks = (hc * dim + 1023) / 1024;
+    const auto x = randn(static_cast<size_t>(rows * hc * dim), 60 + uint64_t(dim), 2.0f);
+    const auto fn = randn(static_cast<size_t>(n_mix * hc * dim), 61 + uint64_t(dim), 0.02f);
+    const auto base = randn(static_cast<size_t>(n_mix), 62);
+    const std::vector<float> scale = {0.7f, 1.3f, 2.1f};
+    std::vector<float> pre(static_cast<size_t>(rows * hc)), post(pre.size()), comb(static_cast<size_t>(rows * hc * hc)),
+        hpre(pre.size());
+    hc_mixes({x.data(), fn.data(), base.data(), scale.data(), rows, hc, dim, 1e-6f, 1e-6f, 20, pre.data(), post.data(),
+              comb.data()});
+    hc_head_pre(x.data(), fn.data(), base.data(), scale.data(), hpre.data(), rows, hc, dim, 1e-6f, 1e-6f);
+    DeviceBuffer<float> dx(x), dfn(fn), db(base), ds(scale), dpre(pre.size()), dpost(post.size()), dcomb(comb.size());
+    cd::HcMixArgs a;
+    a.x = dx.get(), a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
+    a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.pre = dpre.get(), a.post = dpost.get(), a.comb = dcomb.get();
+    auto run = [&](std::vector<float> out[4]) -> cudaError_t {  // pre, post, comb, head pre (poisoned first)
+      if (cudaMemset(dpre.get(), 0xff, pre.size() * 4) != cudaSuccess ||
+          cudaMemset(dpost.get(), 0xff, post.size() * 4) != cudaSuccess ||
+          cudaMemset(dcomb.get(), 0xff, comb.size() * 4) != cudaSuccess)
+        return cudaErrorUnknown;
+      a.head_only = false;
+      cudaError_t e = cd::launch_hc_mixes(a, 0);
+      if (e != cudaSuccess) return e;
+      out[0] = dpre.to_host(), out[1] = dpost.to_host(), out[2] = dcomb.to_host();
+      if (cudaMemset(dpre.get(), 0xff, pre.size() * 4) != cudaSuccess) return cudaErrorUnknown;
+      a.head_only = true;
+      e = cd::launch_hc_mixes(a, 0);
+      if (e != cudaSuccess) return e;
+      out[3] = dpre.to_host();
+      return cudaSuccess;
+    };
+    std::vector<float> row_out[4];
+    a.kernel = 1, a.cluster = 1;
+    FS_ASSERT_OK(cuda_status(run(row_out), "row kernel"));
+    expect_near_cpu(row_out[0], pre, "row kernel pre vs CPU");
+    expect_near_cpu(row_out[1], post, "row kernel post vs CPU");
+    expect_near_cpu(row_out[2], comb, "row kernel comb vs CPU");
+    expect_near_cpu(row_out[3], hpre, "row kernel head pre vs CPU");
+    const char* names[4] = {"pre", "post", "comb (Sinkhorn)", "head pre"};
+    if (chunks > 32) {
+      a.kernel = 2, a.cluster = 0;
+      EXPECT_NE(cd::launch_hc_mixes(a, 0), cudaSuccess) << "more than 32 chunks: no chunk-split kernel";
+      a.kernel = 0;
+      std::vector<float> out[4];
+      FS_ASSERT_OK(cuda_status(run(out), "automatic"));
+      for (int i = 0; i < 4; ++i) expect_bitwise(out[i], row_out[i], names[i]);
+      continue;
+    }
+    for (const auto& [kernel, cluster] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{2, 5}, std::pair{2, 8},
+                                          std::pair{2, 16}, std::pair{2, 0}, std::pair{0, 0}}) {
+      SCOPED_TRACE(::testing::Message() << "kernel " << kernel << ", cluster " << cluster);
+      a.kernel = kernel, a.cluster = cluster;
+      std::vector<float> out[4];
+      const cudaError_t e = run(out);
+      if (cluster == 16 && e == cudaErrorInvalidValue) {  // a non-portable size: not every device (or MIG slice)
+        std::cout << "[note] this device runs no 16-block cluster of the mHC mixes (sm_" << major
+                  << "x); the automatic size is 8\n";
+        continue;
+      }
+      FS_ASSERT_OK(cuda_status(e, "chunk-split mixes"));
+      for (int i = 0; i < 4; ++i) expect_bitwise(out[i], row_out[i], names[i]);
+    }
+    // The last row alone: the same bits as in the batch.
+    a.kernel = 0, a.cluster = 0;
+    const int64_t last = rows - 1;
+    DeviceBuffer<float> dx1(std::vector<float>(x.begin() + last * hc * dim, x.end()));
+    a.x = dx1.get(), a.rows = 1;
+    std::vector<float> out[4];
+    FS_ASSERT_OK(cuda_status(run(out), "one row"));
+    for (int i = 0; i < 4; ++i) {  // the first row's entries of out (the buffers hold `rows`)
+      const int64_t per = int64_t(row_out[i].size()) / rows;
+      out[i].resize(size_t(per));
+      expect_bitwise(out[i], std::vector<float>(row_out[i].begin() + per * last, row_out[i].begin() + per * rows), names[i]);
+    }
+  }
+  cd::HcMixArgs bad;
+  bad.hc = 4, bad.dim = 4096, bad.rows = 1, bad.cluster = 17;
+  EXPECT_NE(cd::launch_hc_mixes(bad, 0), cudaSuccess) << "more than 16 blocks per row";
 }
 
 // Radix-select top-k on 128k+ candidates with heavy ties (a few distinct values, -0 and +0),

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cfloat>
 
 #include "ops/cuda/runtime/launch.cuh"
@@ -702,9 +704,108 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
   }
 }
 
-// ops::rms_norm: double sum of squares in the sum_order.h order (one warp per 1024-value chunk,
-// a short row being one chunk; the chunk tree), FP32 scaling.
-__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
+// The stride-doubling chunk tree of sum_order.h (c[i] += c[i + st] for i = 0, 2st, 4st.. with
+// i + st < m) over lanes: lane c holds chunk sum c (m <= 32), lane 0 returns the root. Each lane
+// that adds holds c[i] and receives c[i + st], so every addition is the serial tree's.
+template <typename Acc>
+__device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
+  const int lane = int(threadIdx.x & 31);
+  for (int st = 1; st < m; st *= 2) {
+    const Acc o = __shfl_down_sync(0xffffffffu, v, unsigned(st));
+    if ((lane & (2 * st - 1)) == 0 && lane + st < m) v = v + o;
+  }
+  return v;
+}
+
+// ops::rms_norm: double sum of squares in the sum_order.h order, FP32 scaling. Warp c of a row
+// owns chunk c (a short row is one chunk): its values (and the weights) stay in registers from
+// the sum of squares to the scaled store, so x and w are read once, in one round of 16-byte loads
+// (lane l: values 128i + 4l .. +3, the chunk order's partials); after one block barrier every warp
+// of the row folds the row's chunk sums in the chunk tree by shuffles. norm_rows_per_block(m) rows share a block when rows are
+// short. Rows of more than kNormMaxChunks chunks: rms_norm_wide_kernel. y may alias x (every
+// value is read before the block barrier, written after it).
+constexpr int kNormMaxChunks = 16, kNormThreads = 512;
+__host__ __device__ constexpr int norm_rows_per_block(int64_t m) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
+
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, float* y, int64_t rows,
+                                                        int64_t dim, float eps, bool bf16) {
+  __shared__ double csq[32];
+  const int m = int((dim + kSumChunk - 1) / kSumChunk);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int rw = warp / m, c = warp % m;  // row within the block, chunk
+  const int64_t row = int64_t(blockIdx.x) * norm_rows_per_block(m) + rw;
+  const bool live = row < rows;
+  const int64_t off = int64_t(c) * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
+  const float* xr = x + (live ? row : 0) * dim + off;
+  const float* wr = w ? w + off : nullptr;
+  float* yr = y + (live ? row : 0) * dim + off;
+  const bool vec = len == kSumChunk &&
+                   ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(yr) |
+                     reinterpret_cast<uintptr_t>(wr)) & 15) == 0;
+  float xv[32], wv[32];  // [i][q]: value 128i + 4·lane + q of the chunk
+  if (live) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 v = *reinterpret_cast<const float4*>(xr + 128 * i + 4 * lane);  // not __ldg: y may alias x
+        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+      }
+      if (wr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(wr + 128 * i + 4 * lane));
+          wv[4 * i] = v.x, wv[4 * i + 1] = v.y, wv[4 * i + 2] = v.z, wv[4 * i + 3] = v.w;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t k = 128 * i + 4 * lane + q;
+          xv[4 * i + q] = k < len ? xr[k] : 0.0f;
+          wv[4 * i + q] = wr && k < len ? wr[k] : 0.0f;
+        }
+    }
+  }
+  double p[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (live && 128 * i + 4 * lane + q < len)
+        p[q] = __dadd_rn(p[q], __dmul_rn(double(xv[4 * i + q]), double(xv[4 * i + q])));
+  double v = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) csq[warp] = v;
+  __syncthreads();
+  if (!live) return;
+  // Every warp of the row folds the row's chunk sums itself (the same additions): no second barrier.
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
+  const float ri = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
+#pragma unroll
+  for (int k = 0; k < 32; ++k) {  // scaled in place
+    float t = __fmul_rn(xv[k], ri);
+    if (wr) t = __fmul_rn(t, wv[k]);
+    xv[k] = bf16 ? dev_round_bf16(t) : t;
+  }
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      *reinterpret_cast<float4*>(yr + 128 * i + 4 * lane) = make_float4(xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (128 * i + 4 * lane + q < len) yr[128 * i + 4 * lane + q] = xv[4 * i + q];
+  }
+}
+
+// Rows of more than kNormMaxChunks chunks: warps loop over the chunks (the same sums), thread 0
+// folds them, every thread scales its values.
+__global__ void rms_norm_wide_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
   extern __shared__ double csq[];
   __shared__ float r_inv;
   const float* xr = x + int64_t(blockIdx.x) * dim;
@@ -744,6 +845,94 @@ __device__ __forceinline__ float* hc_dot_slot(const HcMixArgs& a, int64_t r, int
   if (mix < hc) return a.pre + r * hc + mix;
   if (mix < 2 * hc) return a.post + r * hc + mix - hc;
   return a.comb + r * hc * hc + mix - 2 * hc;
+}
+
+// The pre / post mixes of entry i < hc of row r from the scaled dots mu (ops::hc_mixes).
+__device__ __forceinline__ float hc_sigm(float v) { return 1.0f / (1.0f + dev_exp(-v)); }
+__device__ __forceinline__ void hc_pre_post(const HcMixArgs& a, const float* mu, int64_t r, int i) {
+  const int64_t hc = a.hc;
+  a.pre[r * hc + i] = hc_sigm(mul_add(mu[i], a.scale[0], a.base[i])) + a.hc_eps;
+  if (!a.head_only) a.post[r * hc + i] = 2.0f * hc_sigm(mul_add(mu[hc + i], a.scale[1], a.base[hc + i]));
+}
+
+// Row softmax + Sinkhorn of row r's comb by one warp (hc·hc <= 32; all 32 lanes call it): lane
+// j·hc + k owns P[j][k]; a row or column sum takes the hc entries from their lanes by shuffles and
+// adds them in the CPU's order (q = 0, 1, ..), so every lane of that row / column forms the same
+// sum the serial loop does, without a block barrier per step. Each exp is taken once, by its owner.
+__device__ __forceinline__ void hc_sinkhorn_warp(const HcMixArgs& a, const float* mu, int64_t r) {
+  const int hc = int(a.hc), lane = int(threadIdx.x & 31);
+  const bool own = lane < hc * hc;
+  const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
+  const float eps = a.hc_eps;
+  const float lg = own ? mul_add(mu[2 * hc + lane], a.scale[2], a.base[2 * hc + lane]) : 0.0f;
+  float mx = __shfl_sync(0xffffffffu, lg, j * hc);
+  for (int q = 1; q < hc; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, lg, j * hc + q));
+  const float e = dev_exp(lg - mx);
+  float s = 0;
+  for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, e, j * hc + q);
+  float pv = e / s + eps;  // row softmax, then + eps
+  const int64_t iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;
+  for (int64_t it = 0; it < iters; ++it) {
+    if (it > 0) {  // row normalisation
+      s = 0;
+      for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, pv, j * hc + q);
+      pv = pv / (s + eps);
+    }
+    s = 0;  // column normalisation
+    for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, pv, q * hc + k);
+    pv = pv / (s + eps);
+  }
+  if (own) a.comb[r * int64_t(hc) * hc + lane] = pv;
+}
+
+// pre, post and comb of row r from mu [n_mix] (shared memory, complete); every thread of the block
+// calls it (blockDim >= 64). hc·hc <= 32: warp 1 the pre/post mixes, warp 0 Sinkhorn by shuffles;
+// larger hc: one thread per comb entry with a block barrier per step (P [hc, hc] shared scratch).
+__device__ void hc_mix_epilogue(const HcMixArgs& a, const float* mu, float* P, int64_t r) {
+  const int64_t hc = a.hc;
+  if (hc * hc <= 32) {
+    const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+    if (warp == 1 && lane < hc) hc_pre_post(a, mu, r, lane);
+    if (warp == 0 && !a.head_only) hc_sinkhorn_warp(a, mu, r);
+    return;
+  }
+  if (threadIdx.x < hc) hc_pre_post(a, mu, r, int(threadIdx.x));
+  if (a.head_only) return;
+  const float eps = a.hc_eps;
+  const bool own = threadIdx.x < hc * hc;
+  const int64_t j = own ? threadIdx.x / hc : 0, k = own ? threadIdx.x % hc : 0;
+  float* prow = P + j * hc;
+  float pv = 0;
+  if (own) {  // row softmax, then + eps (every thread of row j recomputes the row's sum)
+    float mx = mul_add(mu[2 * hc + j * hc], a.scale[2], a.base[2 * hc + j * hc]);
+    for (int64_t q = 1; q < hc; ++q) mx = fmaxf(mx, mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]));
+    float s = 0, mine = 0;
+    for (int64_t q = 0; q < hc; ++q) {
+      const float e = dev_exp(mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]) - mx);
+      s += e;
+      if (q == k) mine = e;
+    }
+    pv = mine / s + eps;
+    prow[k] = pv;
+  }
+  __syncthreads();
+  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+    if (it > 0) {
+      float s = 0;
+      if (own)
+        for (int64_t q = 0; q < hc; ++q) s += prow[q];
+      __syncthreads();
+      if (own) prow[k] = pv = pv / (s + eps);
+      __syncthreads();
+    }
+    float s = 0;
+    if (own)
+      for (int64_t q = 0; q < hc; ++q) s += P[q * hc + k];
+    __syncthreads();
+    if (own) prow[k] = pv = pv / (s + eps);
+    __syncthreads();
+  }
+  if (own) a.comb[r * hc * hc + j * hc + k] = pv;
 }
 
 // dots_ready: the row-tile kernel below has left each mix dot (the full chunked sum) in its
@@ -811,49 +1000,124 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
   for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
     mu[i] = __fmul_rn(dots_ready ? *hc_dot_slot(a, row, i) : m > 1 ? dev_chunk_tree(part + i * m, m) : part[i], rs);
   __syncthreads();
-  const int64_t r = row;
-  auto sigm = [](float v) { return 1.0f / (1.0f + dev_exp(-v)); };
-  if (threadIdx.x < hc) {
-    const int64_t i = threadIdx.x;
-    a.pre[r * hc + i] = sigm(mul_add(mu[i], a.scale[0], a.base[i])) + a.hc_eps;
-    if (!a.head_only) a.post[r * hc + i] = 2.0f * sigm(mul_add(mu[hc + i], a.scale[1], a.base[hc + i]));
+  hc_mix_epilogue(a, mu, P, row);
+}
+
+// The row's mix dots and flat sum of squares split by chunk over a cluster (decode: few rows,
+// flat = hc·dim > kSumChunk, m <= kSplitMaxChunks chunks). Block b of the row's cluster owns the
+// chunks b, b + csize, ..; for each it stages the chunk of x in shared memory (one round of loads,
+// issued together with the fn loads) and its warps take one work item each: item 0 the chunk's
+// sum of squares, item 1 + i mix i's chunk dot (lane l: the partials 4l..4l+3 over the 8
+// 128-value slices of the chunk, then the xor butterfly: warp_dot_chunk's and warp_sumsq_chunk's
+// order). Each chunk sum is stored into rank 0's shared memory (distributed shared memory); after
+// one cluster barrier rank 0 alone goes on: each warp folds the m chunk sums of squares and then
+// its mixes' chunk sums in the chunk tree (warp_chunk_tree), scales them, and after one block
+// barrier hc_mix_epilogue. Same bits as hc_mixes_kernel.
+constexpr int kSplitMaxChunks = 32;
+constexpr int kSplitMaxCluster = 16;  // a non-portable cluster size (sm_90: where the device allows it)
+constexpr int kSplitMaxWarps = 25;    // hc 4: one warp per item (24 mixes + the sum of squares)
+__global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcMixArgs a, int csize) {
+  extern __shared__ float4 ssm[];
+  const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
+  const int m = int((flat + kSumChunk - 1) / kSumChunk);
+  float* xs = reinterpret_cast<float*>(ssm);                        // [kSumChunk] x of the chunk
+  double* sq = reinterpret_cast<double*>(xs + kSumChunk);           // [m] chunk sums of squares (rank 0)
+  float* part = reinterpret_cast<float*>(sq + m);                   // [n_mix, m] chunk dots (rank 0)
+  float* mu = part + n_mix * m;                                     // [n_mix]
+  float* P = mu + n_mix;                                            // [hc, hc] (hc·hc > 32)
+  const int64_t row = blockIdx.x / unsigned(csize);
+  const int rank = int(blockIdx.x % unsigned(csize));
+  const float* x = a.x + row * flat;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), n_warps = int(blockDim.x / 32);
+  const int64_t items = n_mix + 1;
+  namespace cg = cooperative_groups;
+  double* sq0 = sq;
+  float* part0 = part;
+  bool started = csize == 1;  // every block of the cluster has started (its shared memory may be written)
+  if (csize > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    sq0 = cluster.map_shared_rank(sq, 0), part0 = cluster.map_shared_rank(part, 0);
+    cluster.barrier_arrive();  // waited for after the first loads are out
   }
-  if (a.head_only) return;
-  const float eps = a.hc_eps;
-  const bool own = threadIdx.x < hc * hc;
-  const int64_t j = own ? threadIdx.x / hc : 0, k = own ? threadIdx.x % hc : 0;
-  float* prow = P + j * hc;
-  float pv = 0;
-  if (own) {  // row softmax, then + eps (every thread of row j recomputes the row's sum)
-    float mx = mul_add(mu[2 * hc + j * hc], a.scale[2], a.base[2 * hc + j * hc]);
-    for (int64_t q = 1; q < hc; ++q) mx = fmaxf(mx, mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]));
-    float s = 0, mine = 0;
-    for (int64_t q = 0; q < hc; ++q) {
-      const float e = dev_exp(mul_add(mu[2 * hc + j * hc + q], a.scale[2], a.base[2 * hc + j * hc + q]) - mx);
-      s += e;
-      if (q == k) mine = e;
+  for (int c = rank; c < m; c += csize) {
+    const int64_t off = int64_t(c) * kSumChunk, len = flat - off < kSumChunk ? flat - off : kSumChunk;
+    if (c != rank) __syncthreads();  // every warp is done with the previous chunk's xs
+    // The first item's fn loads go out before the x staging barrier (one round of memory latency).
+    const bool fvec = len == kSumChunk && ((reinterpret_cast<uintptr_t>(a.fn) | uintptr_t(flat * 4)) & 15) == 0;
+    float4 fv[8];
+    if (fvec && warp >= 1 && warp < items) {
+      const float* f = a.fn + int64_t(warp - 1) * flat + off + 4 * lane;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fv[i] = __ldg(reinterpret_cast<const float4*>(f + 128 * i));
     }
-    pv = mine / s + eps;
-    prow[k] = pv;
+    if (len == kSumChunk && (reinterpret_cast<uintptr_t>(x + off) & 15) == 0) {
+      for (int i = int(threadIdx.x); i < kSumChunk / 4; i += int(blockDim.x))
+        reinterpret_cast<float4*>(xs)[i] = __ldg(reinterpret_cast<const float4*>(x + off) + i);
+    } else {
+      for (int i = int(threadIdx.x); i < kSumChunk; i += int(blockDim.x)) xs[i] = i < len ? x[off + i] : 0.0f;
+    }
+    __syncthreads();
+    if (!started) cg::this_cluster().barrier_wait(), started = true;
+    for (int64_t item = warp; item < items; item += n_warps) {
+      if (item == 0) {  // the chunk's double sum of squares
+        double p[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int k = 128 * i + 4 * lane + q;
+            if (k < len) p[q] = __dadd_rn(p[q], __dmul_rn(double(xs[k]), double(xs[k])));
+          }
+        double v = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) sq0[c] = v;
+        continue;
+      }
+      const float* f = a.fn + (item - 1) * flat + off;
+      float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+      if (fvec) {
+        if (item != warp) {  // a later item of this warp (n_mix + 1 > warps): its loads now
+#pragma unroll
+          for (int i = 0; i < 8; ++i) fv[i] = __ldg(reinterpret_cast<const float4*>(f + 128 * i + 4 * lane));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 xv = reinterpret_cast<const float4*>(xs)[32 * i + lane];
+          p0 = mul_add(fv[i].x, xv.x, p0), p1 = mul_add(fv[i].y, xv.y, p1);
+          p2 = mul_add(fv[i].z, xv.z, p2), p3 = mul_add(fv[i].w, xv.w, p3);
+        }
+      } else {
+        for (int64_t i = 4 * lane; i < len; i += 128) {
+          p0 = mul_add(f[i], xs[i], p0);
+          if (i + 1 < len) p1 = mul_add(f[i + 1], xs[i + 1], p1);
+          if (i + 2 < len) p2 = mul_add(f[i + 2], xs[i + 2], p2);
+          if (i + 3 < len) p3 = mul_add(f[i + 3], xs[i + 3], p3);
+        }
+      }
+      float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) part0[(item - 1) * m + c] = v;
+    }
+  }
+  if (csize > 1) {
+    if (!started) cg::this_cluster().barrier_wait();  // a block without chunks (csize > m)
+    cg::this_cluster().sync();  // every chunk sum is in rank 0's shared memory
+    if (rank != 0) return;
+  } else {
+    __syncthreads();
+  }
+  // The chunk trees: every warp folds the sums of squares itself (the same additions), then its
+  // mixes' dots, a warp per mix.
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? sq[lane] : 0.0, m), 0);
+  const float rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  for (int64_t mix = warp; mix < n_mix; mix += n_warps) {
+    const float d = warp_chunk_tree(lane < m ? part[mix * m + lane] : 0.0f, m);
+    if (lane == 0) mu[mix] = __fmul_rn(d, rs);
   }
   __syncthreads();
-  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
-    if (it > 0) {
-      float s = 0;
-      if (own)
-        for (int64_t q = 0; q < hc; ++q) s += prow[q];
-      __syncthreads();
-      if (own) prow[k] = pv = pv / (s + eps);
-      __syncthreads();
-    }
-    float s = 0;
-    if (own)
-      for (int64_t q = 0; q < hc; ++q) s += P[q * hc + k];
-    __syncthreads();
-    if (own) prow[k] = pv = pv / (s + eps);
-    __syncthreads();
-  }
-  if (own) a.comb[r * hc * hc + j * hc + k] = pv;
+  hc_mix_epilogue(a, mu, P, row);
 }
 
 // Row tiles (large M): the mix dots as a small FP32 GEMM [rows, flat] x [n_mix, flat]ᵀ in the
@@ -1437,18 +1701,63 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
                                   bool bf16, cudaStream_t s) {
   if (dim <= 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  const size_t smem = size_t((dim + kSumChunk - 1) / kSumChunk) * sizeof(double);
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  return launch_kernel(rms_norm_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  if (m <= kNormMaxChunks) {
+    const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    return launch_kernel(rms_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps, bf16);
+  }
+  const size_t smem = size_t(m) * sizeof(double);
+  if (smem > 48 * 1024 || rows > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_kernel(rms_norm_wide_kernel, unsigned(rows), 256, smem, s, x, w, y, dim, eps, bf16);
 }
 
+namespace {
+
+// The largest cluster hc_mixes_split_kernel may use on the current device: kSplitMaxCluster (a
+// non-portable size, allowed on the function here) where such a cluster of the largest block
+// (kSplitMaxWarps warps, 48 KB) can be resident, else kMixCluster. Cached per device, so that a decode
+// step under graph capture asks once.
+int hc_split_cluster_cap() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, else the cap
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return kMixCluster;
+  }
+  const int known = cache[dev].load(std::memory_order_acquire);
+  if (known) return known;
+  int cap = kMixCluster, major = 0, clusters = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+      cudaFuncSetAttribute(hc_mixes_split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kSplitMaxCluster), cfg.blockDim = dim3(kSplitMaxWarps * 32), cfg.dynamicSmemBytes = 48 * 1024;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kSplitMaxCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, hc_mixes_split_kernel, &cfg) == cudaSuccess && clusters > 0)
+      cap = kSplitMaxCluster;
+  }
+  (void)cudaGetLastError();  // a refused query leaves no sticky error behind
+  cache[dev].store(cap, std::memory_order_release);
+  return cap;
+}
+
+}  // namespace
+
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
-  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0 || a.cluster < 0 || a.cluster > 8) return cudaErrorInvalidValue;
+  if (a.hc <= 0 || a.hc > kMaxHc || a.dim <= 0 || a.cluster < 0 || a.cluster > kSplitMaxCluster || a.kernel < 0 ||
+      a.kernel > 2)
+    return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc, flat = a.hc * a.dim;
   const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
+  const bool split_ok = flat > kSumChunk && m <= kSplitMaxChunks;
+  if (a.kernel == 2 && !split_ok) return cudaErrorInvalidValue;
   const size_t smem = size_t(m) * sizeof(double) + size_t(n_mix * m + n_mix + a.hc * a.hc) * sizeof(float);
-  if (smem > 200 * 1024 || a.rows * 8 > INT32_MAX) return cudaErrorInvalidValue;
+  if (smem > 200 * 1024 || a.rows * kSplitMaxCluster > INT32_MAX) return cudaErrorInvalidValue;
   if (smem > 48 * 1024 &&
       cudaFuncSetAttribute(hc_mixes_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
     return cudaGetLastError();
@@ -1456,7 +1765,7 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
   // from kHcTileMinRows rows (the row kernel re-reads the whole fn matrix for every row).
   const bool tiles_ok = flat > kSumChunk && m <= kTileMaxChunks && flat % 4 == 0 &&
                         ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.fn)) & 15) == 0;
-  if (tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= kHcTileMinRows))) {
+  if (a.kernel == 0 && tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= kHcTileMinRows))) {
     const int slices = a.tiled == 1 || a.tiled == 4 ? a.tiled : 2;  // 128-column slices per ring stage
     const cudaError_t e = slices == 1   ? launch_hc_mix_dots_tiled<1>(a, n_mix, m, s)
                           : slices == 4 ? launch_hc_mix_dots_tiled<4>(a, n_mix, m, s)
@@ -1464,7 +1773,21 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, true);
   }
-  const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? a.cluster : kMixCluster;
+  if (split_ok && a.kernel != 1) {
+    const int cap = a.cluster == 0 || a.cluster > kMixCluster ? hc_split_cluster_cap() : kMixCluster;
+    if (a.cluster > cap) return cudaErrorInvalidValue;  // 9..16 blocks where the device cannot run them
+    const int csize = int(std::min<int64_t>(a.cluster > 0 ? a.cluster : cap, m));
+    const unsigned threads = unsigned(32 * std::min<int64_t>(n_mix + 1, kSplitMaxWarps));
+    const size_t ssmem = size_t(kSumChunk) * sizeof(float) + smem;  // x chunk + hc_mixes_kernel's layout
+    if (ssmem > 48 * 1024 &&
+        cudaFuncSetAttribute(hc_mixes_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ssmem)) != cudaSuccess)
+      return cudaGetLastError();
+    if (csize == 1) return launch_kernel(hc_mixes_split_kernel, unsigned(a.rows), threads, ssmem, s, a, 1);
+    return launch_kernel_cluster(hc_mixes_split_kernel, unsigned(a.rows * csize), threads, ssmem, s, unsigned(csize), a,
+                                 csize);
+  }
+  // The row kernel: clusters of at most kMixCluster blocks (same bits for any size).
+  const int csize = flat <= kSumChunk ? 1 : a.cluster > 0 ? std::min(a.cluster, kMixCluster) : kMixCluster;
   if (csize == 1) {
     return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, false);
   }

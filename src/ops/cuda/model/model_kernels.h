@@ -86,7 +86,10 @@ struct HcMixArgs {
   int64_t rows = 0, hc = 4, dim = 0, sinkhorn_iters = 20;
   float norm_eps = 0, hc_eps = 0;
   bool head_only = false;         // hc_head_pre: only the hc pre mixes
-  int cluster = 0;                // blocks per row, 1..8 (0: 8 when hc·dim > 1024; same bits for any)
+  int cluster = 0;                // blocks per row, 1..16 (0: automatic; the row kernel takes at most 8,
+                                  // 9..16 need a device that runs such a cluster); same bits for any
+  int kernel = 0;                 // 0 automatic, 1 the row kernel, 2 the chunk-split kernel (error where
+                                  // hc·dim <= 1024 or > 32 chunks); same bits
   int tiled = -1;                 // row tiles (16 rows share each fn slice): -1 from 64 rows, 0 never,
                                   // 1 / 2 / 4 always, staging 1 / 2 / 4 128-column slices per ring
                                   // stage (-1: 2); only where hc·dim > 1024, hc·dim % 4 == 0, x and fn
@@ -95,10 +98,13 @@ struct HcMixArgs {
   float* post = nullptr;          // [rows, hc]
   float* comb = nullptr;          // [rows, hc, hc]
 };
-// A thread-block cluster per row; the flat sum of squares and the mix dots in the sum_order.h
-// orders, one warp per 1024-value chunk, Sinkhorn with one thread per comb entry. Row tiles
-// (`tiled`): the mix dots by a row-tiled kernel (same order), then a block per row for the sum
-// of squares, the scaling and Sinkhorn.
+// The flat sum of squares and the mix dots in the sum_order.h orders, one warp per 1024-value
+// chunk; Sinkhorn by one warp (lane per comb entry, shuffles; hc > 5: one thread per entry).
+// Automatic choice: hc·dim > 1024 up to 32 chunks, the chunk-split kernel (a cluster of up to 16
+// blocks per row, block b the chunks b, b + 16.., a warp per mix, the chunk sums folded in rank
+// 0); otherwise the row kernel (a cluster of up to 8 blocks per row; hc·dim <= 1024: one block,
+// the short dot order). Row tiles (`tiled`, many rows): the mix dots by a row-tiled kernel (same
+// order), then a block per row for the sum of squares, the scaling and Sinkhorn.
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
