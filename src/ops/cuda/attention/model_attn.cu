@@ -15,7 +15,9 @@
 //           heads. P·V: the blocks split Dh; each thread owns (head, 4 / 2 / 1 dims) and walks the
 //           keys in order, summing the denominator in the same order itself (no serial softmax
 //           step). Rows are staged in chunks; each thread issues the loads of several of its
-//           quads before decoding any.
+//           quads before decoding any. Each key's row address and kind and each quad's code /
+//           scale offsets are worked out once per block (shared-memory tables), index math is
+//           32-bit, and the block fits twice on an SM (launch bounds 256 x 2).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -137,7 +139,8 @@ constexpr size_t kFaSmemCap = 200 * 1024;
 static_assert(kFaThreads == 64 * kFaHeads, "the exp and gather loops give each head 64 threads");
 static_assert(kFaThreads == 8 * 32, "logits: 32 groups of 8 lanes, one key row each");
 // Shared memory: refs [lde] (each key's row address), lut (kFaLut floats), mx (8 floats), qs
-// [4][ld], ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], desc
+// [4][8][qm] (q of each head, element k at (k % 8) * qm + k / 8: lane k % 8 of the logits reads
+// its elements four at a time), ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], desc
 // [3][nqt] (per row kind and quad: how to stage it, fa_desc), kinds [lde] (each key's row kind,
 // FaKind). Offsets up to desc are multiples of 16 bytes (lde is even).
 constexpr size_t kFaFixedBytes = size_t(kFaLut + 8) * 4;
@@ -160,7 +163,8 @@ constexpr uint32_t kFaOffMax = 4096;
 struct FaPlan {
   int cs = 1;            // blocks per cluster
   int rows = 32;         // key rows per logits chunk (<= 32: one 8-lane group per row)
-  int ld = 0;            // floats between staged full rows and between q rows: Dh rounded up to 32, + 8
+  int ld = 0;            // floats between staged full rows: Dh rounded up to 32, + 8
+  int qm = 0;            // floats of one lane's q slice: (Dh + 7) / 8 rounded up to a multiple of 4, qm / 4 odd
   int lde = 0;           // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
   int stage_floats = 0;  // rows * ld
   int nqt = 0;           // quads of a row: (Dh + 3) / 4
@@ -168,7 +172,7 @@ struct FaPlan {
 };
 
 inline size_t fa_smem_bytes(const FaPlan& p) {
-  return kFaFixedBytes + size_t(p.lde) * 9 + size_t(kFaHeads) * size_t(p.ld + 2 * p.lde) * 4 +
+  return kFaFixedBytes + size_t(p.lde) * 9 + size_t(kFaHeads) * size_t(8 * p.qm + 2 * p.lde) * 4 +
          size_t(p.stage_floats) * 4 + size_t(3 * p.nqt) * 4;
 }
 
@@ -358,11 +362,11 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
   float* lut = reinterpret_cast<float*>(refs + pl.lde);
   float* mx = lut + kFaLut;          // [0, 4): this block's max per head; [4, 8): the cluster's
   float* qs = mx + 8;
-  float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * pl.ld);
+  float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * 8 * pl.qm);
   float* stage = reinterpret_cast<float*>(ep + kFaHeads * pl.lde);
   uint32_t* desc = reinterpret_cast<uint32_t*>(stage + pl.stage_floats);
   uint8_t* kinds = reinterpret_cast<uint8_t*>(desc + 3 * pl.nqt);
-  const int cs = pl.cs, tid = int(threadIdx.x), ld = pl.ld, lde = pl.lde, nqt = pl.nqt;
+  const int cs = pl.cs, tid = int(threadIdx.x), ld = pl.ld, lde = pl.lde, nqt = pl.nqt, qm = pl.qm, ldq = 8 * qm;
   cg::cluster_group cl = cg::this_cluster();
   const int rank = cs > 1 ? int(cl.block_rank()) : 0;
   const int G = int((a.H + kFaHeads - 1) / kFaHeads), cid = int(blockIdx.x) / cs;  // grid < 2^31 (fa_plan)
@@ -409,13 +413,15 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
   const float* q = a.q + (t * a.H + h0) * a.Dh;
 #pragma unroll
   for (int hh = 0; hh < kFaHeads; ++hh)
-    for (int k = tid; k < Dh; k += kFaThreads) qs[hh * ld + k] = hh < hb ? q[hh * Dh + k] : 0.0f;
+    for (int k = tid; k < Dh; k += kFaThreads) qs[hh * ldq + (k & 7) * qm + (k >> 3)] = hh < hb ? q[hh * Dh + k] : 0.0f;
 
   // Logits of this block's keys [k0, k1): group grp of 8 lanes per key row, lane `part` owns the
-  // partial sums s[part] of the 4 heads (elements i % 8 == part in increasing i: dev_dot_f32_ld).
+  // partial sums s[part] of the 4 heads (elements k = part + 8 m, m < mk, in increasing k:
+  // dev_dot_f32_ld), q four elements at a time from its slice (8 lanes: 8 distinct bank quads).
   const int kpb = (n + cs - 1) / cs;
   const int k0 = rank * kpb < n ? rank * kpb : n, k1 = k0 + kpb < n ? k0 + kpb : n;
-  const int grp = tid >> 3, part = tid & 7;
+  const int grp = tid >> 3, part = tid & 7, mk = (Dh - part + 7) >> 3;
+  const float* qp = qs + part * qm;
   for (int c0 = k0; c0 < k1; c0 += pl.rows) {
     const int cnt = k1 - c0 < pl.rows ? k1 - c0 : pl.rows;
     fa_stage<kB>(a, cnt, 0, nqt, ld, Dh, refs + c0, kinds + c0, desc, nqt, lut, stage);
@@ -423,11 +429,26 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
       const bool valid = i < cnt;
       const float* r = stage + (valid ? i : 0) * ld;
       float s[kFaHeads] = {0, 0, 0, 0};
-#pragma unroll 4
-      for (int k = part; k < Dh; k += 8) {
-        const float rv = r[k];
+      int m = 0;
+#pragma unroll 2
+      for (; m + 4 <= mk; m += 4) {
+        float qv[kFaHeads][4];
 #pragma unroll
-        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qs[hh * ld + k], rv, s[hh]);
+        for (int hh = 0; hh < kFaHeads; ++hh) {
+          const float4 w = *reinterpret_cast<const float4*>(qp + hh * ldq + m);  // qm, m: multiples of 4
+          qv[hh][0] = w.x, qv[hh][1] = w.y, qv[hh][2] = w.z, qv[hh][3] = w.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float rv = r[part + 8 * (m + c)];
+#pragma unroll
+          for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qv[hh][c], rv, s[hh]);
+        }
+      }
+      for (; m < mk; ++m) {
+        const float rv = r[part + 8 * m];
+#pragma unroll
+        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qp[hh * ldq + m], rv, s[hh]);
       }
 #pragma unroll
       for (int hh = 0; hh < kFaHeads; ++hh) {
@@ -571,6 +592,8 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (level == 0) return false;
   FaPlan p;
   p.ld = int((a.Dh + 31) / 32 * 32 + 8);
+  p.qm = int((a.Dh + 7) / 8 + 3) / 4 * 4;
+  if ((p.qm / 4) % 2 == 0) p.qm += 4;
   p.lde = int((a.max_keys + 31) / 32 * 32 + 4);
   p.nqt = int((a.Dh + 3) / 4);
   p.rows = 0;
