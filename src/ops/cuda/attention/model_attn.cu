@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
 
 // Whether the current device runs the staged kernel with clusters of 8 at the largest shared
 // memory (0: no, 1: sm_90+ without such clusters, 2: yes), cached per device; sets the kernel's
-// shared-memory limit once per device.
+// shared-memory limit and carveout once per device.
 int fa_device_level() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, else level + 1
@@ -553,6 +553,10 @@ int fa_device_level() {
       cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFaSmemCap)) ==
           cudaSuccess) {
     level = 1;
+    // The most shared memory per SM (two ~105 KB blocks at Dh 512); a refusal only costs occupancy.
+    cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         int(cudaSharedmemCarveoutMaxShared));
+    cudaGetLastError();
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(kFaMaxCluster), cfg.blockDim = dim3(kFaThreads), cfg.dynamicSmemBytes = kFaSmemCap;
     cudaLaunchAttribute attr[1];
