@@ -425,7 +425,9 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
   for (int c0 = k0; c0 < k1; c0 += pl.rows) {
     const int cnt = k1 - c0 < pl.rows ? k1 - c0 : pl.rows;
     fa_stage<kB>(a, cnt, 0, nqt, ld, Dh, refs + c0, kinds + c0, desc, nqt, lut, stage);
-    for (int i = grp; i < (cnt + 31) / 32 * 32; i += 32) {  // the same trip count in every lane of a warp
+    // The same trip count in every lane of a warp (its 4 groups: rows 4w .. 4w + 3 + 32k, a bound
+    // that is a multiple of 4); warps whose rows are all past cnt skip the chunk.
+    for (int i = grp; i < (cnt + 3) / 4 * 4; i += 32) {
       const bool valid = i < cnt;
       const float* r = stage + (valid ? i : 0) * ld;
       float s[kFaHeads] = {0, 0, 0, 0};
