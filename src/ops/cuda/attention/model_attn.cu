@@ -138,6 +138,7 @@ constexpr int kFaLut = 256 + 256 + 16;
 constexpr size_t kFaSmemCap = 200 * 1024;
 static_assert(kFaThreads == 64 * kFaHeads, "the exp and gather loops give each head 64 threads");
 static_assert(kFaThreads == 8 * 32, "logits: 32 groups of 8 lanes, one key row each");
+static_assert(kSumChunk % kFaThreads == 0, "q: Dh <= kSumChunk values per head, kSumChunk / kFaThreads per thread");
 // Shared memory: refs [lde] (each key's row address), lut (kFaLut floats), mx (8 floats), qs
 // [4][8][qm] (q of each head, element k at (k % 8) * qm + k / 8: lane k % 8 of the logits reads
 // its elements four at a time), ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], desc
@@ -382,10 +383,24 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
   if (a.ckv) n_comp = int(a.topk ? int64_t(a.topk_n[t]) : (p + 1) / a.ratio);
   const int n = n_win + n_comp;
 
+  // q of the block's heads into registers first (4 x Dh <= 4 x 1024 values: 16 per thread), so
+  // that their latency overlaps the key table and the lookup tables below.
+  constexpr int kQu = kSumChunk / kFaThreads;
+  float qv[kFaHeads][kQu];
+  const float* q = a.q + (t * a.H + h0) * a.Dh;
+#pragma unroll
+  for (int hh = 0; hh < kFaHeads; ++hh)
+#pragma unroll
+    for (int u = 0; u < kQu; ++u) {
+      const int k = tid + kFaThreads * u;
+      qv[hh][u] = hh < hb && k < Dh ? q[hh * Dh + k] : 0.0f;
+    }
+
   {  // attn_key of every key: its row address and kind
     const int64_t s0 = p - n_win + 1, R = a.ring_size;  // s0: the position of key 0
     const int64_t rb = R > 0 ? s0 % R : 0;                // once per thread; then 32-bit where R allows
     const int64_t rstride = cache_row_stride(a.ring_fmt, a.Dh), cstride = cache_row_stride(a.ckv_fmt, a.Dh);
+#pragma unroll 4
     for (int j = tid; j < n; j += kFaThreads) {
       const uint8_t* r;
       int kind;
@@ -410,10 +425,13 @@ __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
                                                              : dev_e2m1_value(uint32_t(i - 512));
   for (int kind = 0; kind < 3; ++kind)
     for (int qd = tid; qd < nqt; qd += kFaThreads) desc[kind * nqt + qd] = fa_desc(a, kind, 4 * qd, Dh);
-  const float* q = a.q + (t * a.H + h0) * a.Dh;
 #pragma unroll
   for (int hh = 0; hh < kFaHeads; ++hh)
-    for (int k = tid; k < Dh; k += kFaThreads) qs[hh * ldq + (k & 7) * qm + (k >> 3)] = hh < hb ? q[hh * Dh + k] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kQu; ++u) {
+      const int k = tid + kFaThreads * u;
+      if (k < Dh) qs[hh * ldq + (k & 7) * qm + (k >> 3)] = qv[hh][u];
+    }
 
   // Logits of this block's keys [k0, k1): group grp of 8 lanes per key row, lane `part` owns the
   // partial sums s[part] of the 4 heads (elements k = part + 8 m, m < mk, in increasing k:
