@@ -148,8 +148,8 @@ Result<std::string> exact_kernels_bench(int reps) {
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(topk_n, tn.data(), tn.size() * 4, cudaMemcpyHostToDevice));
     md += "\nDecode attention (H 64, Dh 512, window 128 + top-512 compressed rows, ring FP8 + E8M0 528 B, compressed "
           "KV FP4 + E4M3 288 B, position 4096): kernel 1 = the former kernel (a block per (row, head)), 2 = the staged "
-          "kernel; same bits (the outputs of the last repetitions compared).\n\n| op | rows | kernel 1 us | kernel 2 us | "
-          "speed-up | same bits |\n|---|---|---|---|---|---|\n";
+          "kernel; same bits (the outputs of the last repetitions compared).\n\n"
+          "| op | rows | kernel 1 us | kernel 2 us | speed-up | same bits |\n|---|---|---|---|---|---|\n";
     for (int64_t T : {1, 6, 128}) {  // a decode row, a verify block, a prefill-like chunk
       double us[3] = {0, 0, 0};
       std::vector<float> outs[3];

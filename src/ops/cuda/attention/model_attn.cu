@@ -141,9 +141,9 @@ static_assert(kFaThreads == 8 * 32, "logits: 32 groups of 8 lanes, one key row e
 static_assert(kSumChunk % kFaThreads == 0, "q: Dh <= kSumChunk values per head, kSumChunk / kFaThreads per thread");
 // Shared memory: refs [lde] (each key's row address), lut (kFaLut floats), mx (8 floats), qs
 // [4][8][qm] (q of each head, element k at (k % 8) * qm + k / 8: lane k % 8 of the logits reads
-// its elements four at a time), ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], desc
-// [3][nqt] (per row kind and quad: how to stage it, fa_desc), kinds [lde] (each key's row kind,
-// FaKind). Offsets up to desc are multiples of 16 bytes (lde is even).
+// its elements four at a time), ep [4][lde] float2 (logit, then e_j and its probability), stage
+// [stage_floats], desc [3][nqt] (per row kind and quad: how to stage it, fa_desc), kinds [lde]
+// (each key's row kind, FaKind). Offsets up to desc are multiples of 16 bytes (lde is even).
 constexpr size_t kFaFixedBytes = size_t(kFaLut + 8) * 4;
 
 // Row kinds of the keys: which desc table stages a row's quads.
@@ -165,7 +165,7 @@ struct FaPlan {
   int cs = 1;            // blocks per cluster
   int rows = 32;         // key rows per logits chunk (<= 32: one 8-lane group per row)
   int ld = 0;            // floats between staged full rows: Dh rounded up to 32, + 8
-  int qm = 0;            // floats of one lane's q slice: (Dh + 7) / 8 rounded up to a multiple of 4, qm / 4 odd
+  int qm = 0;            // floats of a lane's q slice: (Dh + 7) / 8 up to a multiple of 4, qm / 4 odd
   int lde = 0;           // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
   int stage_floats = 0;  // rows * ld
   int nqt = 0;           // quads of a row: (Dh + 3) / 4
