@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -125,7 +126,7 @@ Result<std::string> exact_kernels_bench(int reps) {
   // former kernel (ModelAttnArgs::kernel 1) and the staged one (2), same bits. The ~0.3 MB of rows
   // stay in L2 between launches (as they do within a decode step's attention).
   {
-    const int64_t H = 64, Dh = 512, W = 128, k = 512, start = 4096, ratio = 4, maxT = 6;
+    const int64_t H = 64, Dh = 512, W = 128, k = 512, start = 4096, ratio = 4, maxT = 128;
     const CacheRowFormat rf{RowCodec::kFp8E8m0, 512, 512, 32}, cf{RowCodec::kFp4E4m3, 512, 512, 16};
     const int64_t n_ckv = (start + maxT) / ratio;
     FS_ASSIGN_OR_RETURN(float* q, ar.alloc<float>(maxT * H * Dh));
@@ -149,9 +150,11 @@ Result<std::string> exact_kernels_bench(int reps) {
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(topk_n, tn.data(), tn.size() * 4, cudaMemcpyHostToDevice));
     md += "\nDecode attention (H 64, Dh 512, window 128 + top-512 compressed rows, ring FP8 + E8M0 528 B, compressed "
           "KV FP4 + E4M3 288 B, position 4096): kernel 1 = the former kernel (a block per (row, head)), 2 = the staged "
-          "kernel; same bits.\n\n| op | rows | kernel 1 us | kernel 2 us | speed-up |\n|---|---|---|---|---|\n";
-    for (int64_t T : {1, 6}) {
+          "kernel; same bits (the outputs of the last repetitions compared).\n\n"
+          "| op | rows | kernel 1 us | kernel 2 us | speed-up | same bits |\n|---|---|---|---|---|---|\n";
+    for (int64_t T : {1, 6, 128}) {  // a decode row, a verify block, a prefill-like chunk
       double us[3] = {0, 0, 0};
+      std::vector<float> outs[3];
       for (int kernel : {1, 2}) {
         double med = 0, mn = 0;
         FS_RETURN_IF_ERROR(bench::time_op(
@@ -165,8 +168,13 @@ Result<std::string> exact_kernels_bench(int reps) {
             },
             reps, &med, &mn));
         us[kernel] = med;
+        FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(bench::g_st));
+        outs[kernel].resize(static_cast<size_t>(T * H * Dh));
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(outs[kernel].data(), out, outs[kernel].size() * 4, cudaMemcpyDeviceToHost));
       }
-      md += fmt::format("| attention, 640 keys | {} | {:.1f} | {:.1f} | {:.1f}x |\n", T, us[1], us[2], us[1] / us[2]);
+      const bool same = std::memcmp(outs[1].data(), outs[2].data(), outs[1].size() * 4) == 0;
+      md += fmt::format("| attention, 640 keys | {} | {:.1f} | {:.1f} | {:.1f}x | {} |\n", T, us[1], us[2],
+                        us[1] / us[2], same ? "yes" : "NO");
     }
   }
   md += "\n| op | shape | us |\n|---|---|---|\n";

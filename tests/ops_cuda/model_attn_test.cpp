@@ -5,7 +5,10 @@
 // T = 1, 6 and a 300-row prefill chunk, every cluster size, odd sizes (H 3 / 5, Dh 36 / 37: BF16
 // tails, scale blocks that are not multiples of 4, unaligned FP32 rows, key counts that are no
 // multiple of a chunk), the V4 HCA path without top-k (every visible compressed row: 1,628 keys),
-// several sequences per launch, and the fallback where the staged layout does not fit.
+// several sequences per launch, and the fallback where the staged layout does not fit; every
+// P·V split of the staged kernel (4 / 2 / 1 dims per thread, 1 / 2 / 4 items: Dh 64, 100, 200,
+// 512, 1024 over clusters of 1 to 8), rings longer than the window (wrap-around at another
+// modulus), FP4 rows with E8M0 scales, and rows with fewer keys than a cluster has blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,9 +102,10 @@ struct AttnData {
   std::vector<int32_t> topk, tn;
   std::unique_ptr<DeviceBuffer<uint8_t>> prg, pckv;
 
+  // ring_extra: ring slots beyond the window (the model's rings hold a speculative block more).
   AttnData(int64_t T_, int64_t H_, int64_t Dh_, int64_t W_, int64_t start_, int64_t k_, CacheRowFormat rf_,
-           CacheRowFormat cf_, uint32_t seed)
-      : T(T_), H(H_), Dh(Dh_), W(W_), start(start_), k(k_), ring(W_), rf(rf_), cf(cf_) {
+           CacheRowFormat cf_, uint32_t seed, int64_t ring_extra = 0)
+      : T(T_), H(H_), Dh(Dh_), W(W_), start(start_), k(k_), ring(W_ + ring_extra), rf(rf_), cf(cf_) {
     std::mt19937 g(seed);
     std::normal_distribution<float> nd(0.0f, 0.1f);
     q.resize(size_t(T * H * Dh));
@@ -159,7 +163,7 @@ void expect_staged_is_former(const AttnData& d, bool bf16, int64_t max_keys, int
   ASSERT_EQ(cd::launch_model_attention(a, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto former = o1.to_host();
-  for (int cluster : {0, 1, 2, 8}) {
+  for (int cluster : {0, 1, 2, 4, 8}) {
     DeviceBuffer<float> o2(n_out);
     ASSERT_EQ(cudaMemset(o2.get(), 0xff, n_out * 4), cudaSuccess);  // NaN: an unwritten output shows
     a.out = o2.get(), a.kernel = 2, a.cluster = cluster;
@@ -216,6 +220,37 @@ TEST(CudaModelAttention, StagedKernelIsBitwiseTheFormerAtOddSizes) {
     for (bool bf16 : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "H " << c.H << " Dh " << c.Dh << " bf16 " << bf16);
       const AttnData d(c.T, c.H, c.Dh, c.W, c.start, c.k, c.rf, c.cf, 7 + uint32_t(c.Dh));
+      expect_staged_is_former(d, bf16, d.max_keys(), 1);
+    }
+}
+
+// Every P·V split of the staged kernel: a block's slice of q quads gives 4 * q (head, quad) items,
+// run as 4, 2 or 1 dims per thread and 1, 2 or 4 items per thread (Dh 1024 in one block: 4 x 4,
+// cluster 2: 4 x 2, 4: 4 x 1, 8: 2 x 1; Dh 200 alone: 2 x 2; Dh 100 alone: 1 x 2; Dh 64: 1 x 1),
+// with rings longer than the window (slots = window + 7 / 5 / 3: the wrap at another modulus),
+// BF16 tails, FP4 rows with E8M0 scales in blocks of 20 (one 2-byte load per quad), and a first
+// chunk at position 0 whose rows have 1 and 2 keys (most of a cluster's blocks have none).
+TEST(CudaModelAttention, StagedKernelIsBitwiseTheFormerOnEveryOutputSplit) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t T, H, Dh, W, start, k, ring_extra;
+    CacheRowFormat rf, cf;
+  };
+  const Case cases[] = {
+      {3, 5, 100, 20, 300, 40, 7, {RowCodec::kFp8E8m0, 100, 96, 32}, {RowCodec::kFp4E8m0, 100, 100, 20}},
+      {2, 4, 200, 33, 1000, 64, 5, {RowCodec::kFp8E8m0, 200, 200, 8}, {RowCodec::kFp4E4m3, 200, 200, 8}},
+      {2, 4, 1024, 64, 2000, 96, 3, {RowCodec::kFp8E8m0, 1024, 1024, 128}, {RowCodec::kFp4E4m3, 1024, 1024, 16}},
+      {2, 4, 1024, 64, 2000, 96, 3, f32_fmt(1024), f32_fmt(1024)},
+      {2, 4, 64, 4, 0, 3, 0, {RowCodec::kFp8E8m0, 64, 64, 32}, {RowCodec::kFp4E4m3, 64, 64, 16}},
+  };
+  for (const Case& c : cases)
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "H " << c.H << " Dh " << c.Dh << " ring codec " << int(c.rf.codec)
+                                        << " bf16 " << bf16);
+      const AttnData d(c.T, c.H, c.Dh, c.W, c.start, c.k, c.rf, c.cf, 300 + uint32_t(c.Dh), c.ring_extra);
+      if (c.start == 0) {  // one key: seven of a cluster of 8 blocks hold none
+        ASSERT_EQ(d.keys(0).size(), 1u);
+      }
       expect_staged_is_former(d, bf16, d.max_keys(), 1);
     }
 }

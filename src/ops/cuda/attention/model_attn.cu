@@ -15,11 +15,15 @@
 //           heads. P·V: the blocks split Dh; each thread owns (head, 4 / 2 / 1 dims) and walks the
 //           keys in order, summing the denominator in the same order itself (no serial softmax
 //           step). Rows are staged in chunks; each thread issues the loads of several of its
-//           quads before decoding any.
+//           quads before decoding any. Each key's row address and kind and each quad's code /
+//           scale offsets are worked out once per block (shared-memory tables), index math is
+//           32-bit, and the block fits twice on an SM (launch bounds 256 x 2).
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -117,39 +121,65 @@ __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, con
 
 
 // ---- the staged kernel ---------------------------------------------------------------------
+// Index math is 32-bit (key counts fit shared memory, Dh <= 1024, quads <= 256): a 64-bit
+// division is an emulated subroutine on the GPU. Per-key and per-quad facts (row address, row
+// kind, where a quad's codes and scale lie) are worked out once per block into shared memory, so
+// that staging a quad is a few loads, table lookups and products.
 
 namespace cg = cooperative_groups;
 
 constexpr int kFaHeads = 4;          // heads per block (and per cluster)
 constexpr int kFaThreads = 256;
+constexpr int kFaMinBlocks = 2;      // launch bounds: two blocks per SM (<= 128 registers)
+constexpr int kFaBatch = 8;          // staged quads per thread whose loads are in flight together
 constexpr int kFaMaxCluster = 8;     // portable cluster size
 constexpr int kFaChunk = 256;        // rows of one staged P·V chunk at most
 constexpr int kFaLut = 256 + 256 + 16;
 constexpr size_t kFaSmemCap = 200 * 1024;
+static_assert(kFaThreads == 64 * kFaHeads, "the exp and gather loops give each head 64 threads");
+static_assert(kFaThreads == 8 * 32, "logits: 32 groups of 8 lanes, one key row each");
+static_assert(kSumChunk % kFaThreads == 0, "q: Dh <= kSumChunk values per head, kSumChunk / kFaThreads per thread");
 // Shared memory: refs [lde] (each key's row address), lut (kFaLut floats), mx (8 floats), qs
-// [4][ld], ep [4][lde] float2 (logit, then e_j and its probability), stage [stage_floats], kinds
-// [lde] (each key's row format: 0 chunk FP32, 1 ring, 2 compressed). Offsets up to kinds are
-// multiples of 16 bytes (lde is even).
+// [4][8][qm] (q of each head, element k at (k % 8) * qm + k / 8: lane k % 8 of the logits reads
+// its elements four at a time), ep [4][lde] float2 (logit, then e_j and its probability), stage
+// [stage_floats], desc [3][nqt] (per row kind and quad: how to stage it, fa_desc), kinds [lde]
+// (each key's row kind, FaKind). Offsets up to desc are multiples of 16 bytes (lde is even).
 constexpr size_t kFaFixedBytes = size_t(kFaLut + 8) * 4;
 
+// Row kinds of the keys: which desc table stages a row's quads.
+enum FaKind : uint8_t {
+  kFaF32 = 0,      // FP32 row at a 16-byte aligned address (chunk rows, FP32 ring / compressed rows)
+  kFaRing = 1,     // compact ring row (ring_fmt)
+  kFaCkv = 2,      // compact compressed row (ckv_fmt)
+  kFaF32Odd = 3,   // FP32 row at another address: value by value
+};
+
+// A quad's staging descriptor: bits [0, 12) the byte offset of its codes (FP32: of its 4 floats)
+// in the row, [12, 24) the byte offset of its scale, [24, 27) the mode, bit 27: E8M0 scale (else
+// E4M3). Mode 0: value by value (fa_stage_values: BF16 tails, scale blocks that are no multiple of
+// 4, the last quad of an odd Dh); 1: 4 FP32 in one 16-byte load; 2: 4 e4m3 codes (4 bytes) times
+// the scale; 3: 4 e2m1 codes (2 bytes) times the scale.
+constexpr uint32_t kFaOffMax = 4096;
+
 struct FaPlan {
-  int cs = 1;                 // blocks per cluster
-  int rows = 32;              // key rows per logits chunk (<= 32: one 8-lane group per row)
-  int64_t ld = 0;             // floats between staged full rows and between q rows: Dh rounded up to 32, + 8
-  int64_t lde = 0;            // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
-  int64_t stage_floats = 0;   // rows * ld
-  int64_t qpb = 0;            // quads of dims per block in P·V
-  bool wide = false;          // the <2, 2> build (clusters of 1, at least two blocks per SM to run)
+  int cs = 1;            // blocks per cluster
+  int rows = 32;         // key rows per logits chunk (<= 32: one 8-lane group per row)
+  int ld = 0;            // floats between staged full rows: Dh rounded up to 32, + 8
+  int qm = 0;            // floats of a lane's q slice: (Dh + 7) / 8 up to a multiple of 4, qm / 4 odd
+  int lde = 0;           // entries between the ep rows of two heads: max_keys rounded up to 32, + 4
+  int stage_floats = 0;  // rows * ld
+  int nqt = 0;           // quads of a row: (Dh + 3) / 4
+  int qpb = 0;           // quads of dims per block in P·V
 };
 
 inline size_t fa_smem_bytes(const FaPlan& p) {
-  return kFaFixedBytes + size_t(p.lde) * 9 + size_t(kFaHeads) * size_t(p.ld + 2 * p.lde) * 4 +
-         size_t(p.stage_floats) * 4;
+  return kFaFixedBytes + size_t(p.lde) * 9 + size_t(kFaHeads) * size_t(8 * p.qm + 2 * p.lde) * 4 +
+         size_t(p.stage_floats) * 4 + size_t(3 * p.nqt) * 4;
 }
 
 // Value d of a row of format f (cache_row_value) with the code values from the block's tables
 // (lut: e4m3 [0, 256), E8M0 [256, 512), e2m1 [512, 528), each entry the dev_*_value of its code).
-__device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t* row, int64_t d, const float* lut) {
+__device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t* row, int d, const float* lut) {
   if (f.codec == RowCodec::kF32) return reinterpret_cast<const float*>(row)[d];
   if (d >= f.coded) {
     const uint8_t* t = row + f.tail_offset() + 2 * (d - f.coded);
@@ -161,109 +191,132 @@ __device__ __forceinline__ float fa_value(const CacheRowFormat& f, const uint8_t
   return __fmul_rn(c, s);
 }
 
-// Decodes values [d0, d1) (d0 % 4 == 0) of the cnt keys whose row addresses and kinds are
-// refs[0, cnt), kinds[0, cnt) into stage[i * ld + (d - d0)]. Block-wide, with barriers before (the
-// previous chunk's readers) and after.
+// Values d .. d+3 of a row of format f into dst (0 past Dh), value by value: the rare quads
+// (mode 0), out of line so that the batched staging loop stays small.
+__device__ __noinline__ void fa_stage_values(CacheRowFormat f, const uint8_t* row, int d, int Dh, const float* lut,
+                                             float* dst) {
+  for (int c = 0; c < 4; ++c) dst[c] = d + c < Dh ? fa_value(f, row, d + c, lut) : 0.0f;
+}
+
+// The descriptor of quad d / 4 of a row of kind `kind` (FaKind: kFaF32, kFaRing or kFaCkv).
+__device__ __forceinline__ uint32_t fa_desc(const ModelAttnArgs& a, int kind, int d, int Dh) {
+  if (d + 3 >= Dh) return 0;
+  if (kind == kFaF32) return (1u << 24) | uint32_t(4 * d);
+  const CacheRowFormat f = kind == kFaRing ? a.ring_fmt : a.ckv_fmt;
+  if (!f.compact() || f.block <= 0 || f.block % 4 != 0 || d + 3 >= f.coded) return 0;
+  const int64_t code = f.fp4() ? d >> 1 : d, scale = f.scale_offset() + d / f.block;
+  if (code >= kFaOffMax || scale < 0 || scale >= kFaOffMax) return 0;
+  return ((f.fp4() ? 3u : 2u) << 24) | (f.codec == RowCodec::kFp4E4m3 ? 0u : 1u << 27) | (uint32_t(scale) << 12) |
+         uint32_t(code);
+}
+
+// Stages quads [q0, q0 + nq) (values [4 q0, min(4 (q0 + nq), Dh))) of the cnt keys whose row
+// addresses and kinds are refs[0, cnt), kinds[0, cnt): quad qq of key i into stage[i * ld + 4 qq]
+// (ld a multiple of 4), values past Dh as 0. Block-wide, with barriers before (the previous
+// chunk's readers) and after. Each thread takes items (key, quad) tid, tid + kFaThreads, ... in
+// batches of kB: first every item's descriptor, then all loads (independent, so in flight
+// together), then the products. The values are cache_row_value's (exact products).
 template <int kB>
-__device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int cnt, int64_t d0, int64_t d1, int64_t ld,
-                                         const uint8_t* const* refs, const uint8_t* kinds, const float* lut,
-                                         float* stage) {
+__device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int cnt, int q0, int nq, int ld, int Dh,
+                                         const uint8_t* const* refs, const uint8_t* kinds, const uint32_t* desc,
+                                         int nqt, const float* lut, float* stage) {
   __syncthreads();
-  // Batches of kB items per thread: first every item's addresses, then all loads (independent,
-  // so they are in flight together), then decoding. Quads in the coded part of a row (blocks of a
-  // multiple of 4) and aligned FP32 quads take one load (+ the scale byte); the rest (BF16 tails,
-  // other blocks, unaligned FP32 rows, the last quad of an odd Dh) go value by value.
-  const CacheRowFormat f32{};
-  const int64_t nq = (d1 - d0 + 3) / 4, total = cnt * nq;
-  for (int64_t base = threadIdx.x; base < total; base += kB * int64_t(blockDim.x)) {
-    int mode[kB], kd[kB], ii[kB], dd[kB];  // mode 0: no item, 1: FP32 x4, 2: e4m3 x4, 3: e2m1 x4, 4: value by value
-    const uint8_t *src[kB], *ssrc[kB];
+  const int tid = int(threadIdx.x);
+  // Item (i, qq) = key i, quad qq; the next item of a thread is kFaThreads further: (di, dq) on.
+  const int di = kFaThreads / nq, dq = kFaThreads - di * nq;
+  int i = tid / nq, qq = tid - (tid / nq) * nq;
+  while (i < cnt) {
+    uint32_t dsc[kB];
+    const uint8_t* src[kB];
+    int dst[kB];
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
-      const int64_t it = base + int64_t(b) * blockDim.x;
-      mode[b] = 0, kd[b] = 0, ii[b] = 0, dd[b] = 0;
-      src[b] = ssrc[b] = nullptr;
-      if (it >= total) continue;
-      const int i = int(it / nq), d = int(d0 + 4 * (it % nq));  // i < cnt <= kFaChunk, d < Dh <= 1024
-      const uint8_t* row = refs[i];
-      kd[b] = kinds[i], ii[b] = i, dd[b] = d;
-      const CacheRowFormat f = kd[b] == 0 ? f32 : kd[b] == 1 ? a.ring_fmt : a.ckv_fmt;
-      mode[b] = 4;
-      if (d + 3 < d1) {
-        if (f.codec == RowCodec::kF32) {
-          if ((reinterpret_cast<uintptr_t>(row + 4 * d) & 15) == 0) mode[b] = 1, src[b] = row + 4 * d;
-        } else if (d + 3 < f.coded && f.block % 4 == 0) {
-          mode[b] = f.fp4() ? 3 : 2;
-          src[b] = f.fp4() ? row + (d >> 1) : row + d;
-          ssrc[b] = row + f.scale_offset() + d / f.block;
-        }
+      dsc[b] = 0, src[b] = nullptr, dst[b] = 0;
+      if (i < cnt) {
+        const uint8_t* row = refs[i];
+        const int kd = kinds[i], q = q0 + qq;
+        const uint32_t ds = kd == kFaF32Odd ? 0u : desc[kd * nqt + q];
+        dst[b] = i * ld + 4 * qq;
+        if (((ds >> 24) & 7u) == 0)
+          fa_stage_values(kd == kFaRing ? a.ring_fmt : kd == kFaCkv ? a.ckv_fmt : CacheRowFormat{}, row, 4 * q, Dh,
+                          lut, stage + dst[b]);
+        else
+          dsc[b] = ds, src[b] = row;
+        i += di, qq += dq;
+        if (qq >= nq) qq -= nq, ++i;
       }
     }
     uint4 raw[kB];
     uint32_t sb[kB];
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
+      const uint32_t mode = (dsc[b] >> 24) & 7u;
       raw[b] = make_uint4(0, 0, 0, 0), sb[b] = 0;
-      if (mode[b] == 1) raw[b] = *reinterpret_cast<const uint4*>(src[b]);
-      if (mode[b] == 2) raw[b].x = *reinterpret_cast<const uint32_t*>(src[b]);
-      if (mode[b] == 3) raw[b].x = *reinterpret_cast<const uint16_t*>(src[b]);
-      if (mode[b] == 2 || mode[b] == 3) sb[b] = *ssrc[b];
+      if (mode == 0) continue;
+      const uint8_t* c = src[b] + (dsc[b] & 0xfffu);
+      if (mode == 1) {
+        raw[b] = __ldg(reinterpret_cast<const uint4*>(c));
+      } else {
+        raw[b].x = mode == 2 ? __ldg(reinterpret_cast<const unsigned int*>(c))
+                             : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(c)));
+        sb[b] = __ldg(src[b] + ((dsc[b] >> 12) & 0xfffu));
+      }
     }
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
-      if (mode[b] == 0) continue;
-      const CacheRowFormat f = kd[b] == 0 ? f32 : kd[b] == 1 ? a.ring_fmt : a.ckv_fmt;
-      float v[4];
-      if (mode[b] == 1) {
-        v[0] = __uint_as_float(raw[b].x), v[1] = __uint_as_float(raw[b].y);
-        v[2] = __uint_as_float(raw[b].z), v[3] = __uint_as_float(raw[b].w);
-      } else if (mode[b] == 4) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v[c] = dd[b] + c < d1 ? fa_value(f, refs[ii[b]], dd[b] + c, lut) : 0.0f;
+      const uint32_t mode = (dsc[b] >> 24) & 7u;
+      if (mode == 0) continue;
+      float4 v;
+      if (mode == 1) {
+        v = make_float4(__uint_as_float(raw[b].x), __uint_as_float(raw[b].y), __uint_as_float(raw[b].z),
+                        __uint_as_float(raw[b].w));
       } else {  // cache_row_value4: code · scale, exact products
-        const float s = f.codec == RowCodec::kFp4E4m3 ? lut[sb[b]] : lut[256 + sb[b]];
+        const float s = lut[((dsc[b] >> 19) & 256u) + sb[b]];  // bit 27: the E8M0 table at 256
         const uint32_t w = raw[b].x;
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          v[c] = __fmul_rn(mode[b] == 3 ? lut[512 + ((w >> (4 * c)) & 15u)] : lut[(w >> (8 * c)) & 255u], s);
+        if (mode == 3)
+          v = make_float4(__fmul_rn(lut[512 + (w & 15u)], s), __fmul_rn(lut[512 + ((w >> 4) & 15u)], s),
+                          __fmul_rn(lut[512 + ((w >> 8) & 15u)], s), __fmul_rn(lut[512 + ((w >> 12) & 15u)], s));
+        else
+          v = make_float4(__fmul_rn(lut[w & 255u], s), __fmul_rn(lut[(w >> 8) & 255u], s),
+                          __fmul_rn(lut[(w >> 16) & 255u], s), __fmul_rn(lut[w >> 24], s));
       }
-      // ld and d - d0 are multiples of 4: 16-byte aligned
-      *reinterpret_cast<float4*>(stage + ii[b] * ld + (dd[b] - d0)) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(stage + dst[b]) = v;  // ld and 4 qq are multiples of 4: 16-byte aligned
     }
   }
   __syncthreads();
 }
 
-// P·V of one block: dims [d0, d1) (wd = the staged width, a multiple of 4) of its heads, keys in
-// order. Item it = group * 4 + head owns V consecutive dims (U items per thread at most); every
-// thread also sums its head's denominator in key order.
+// P·V of one block: dims [d0, d1) (quads [qa, qa + nq), staged rows of wd = 4 nq floats) of its
+// heads, keys in order. Item it = group * 4 + head owns V consecutive dims (U items per thread at
+// most); every thread also sums its head's denominator in key order.
 template <int kB, int V, int U>
-__device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t n, int64_t d0, int64_t d1,
-                                      int64_t wd, int64_t stage_floats, int hb, int64_t h0, const float2* ep,
-                                      int64_t lde, const float* mxg, const uint8_t* const* refs,
-                                      const uint8_t* kinds, const float* lut, float* stage) {
+__device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int n, int qa, int nq, int Dh,
+                                      int stage_floats, int hb, int h0, const float2* ep, int lde, const float* mxg,
+                                      const uint8_t* const* refs, const uint8_t* kinds, const uint32_t* desc, int nqt,
+                                      const float* lut, float* stage) {
   const int tid = int(threadIdx.x);
-  const int64_t nitem = kFaHeads * (wd / V);
+  const int wd = 4 * nq, d0 = 4 * qa, d1 = 4 * (qa + nq) < Dh ? 4 * (qa + nq) : Dh;
+  const int nitem = kFaHeads * (wd / V);
   const int hh = tid % kFaHeads;  // the same head for each of the thread's items (kFaThreads % 4 == 0)
   const float2* eh = ep + hh * lde;
-  const int64_t rows2 = stage_floats / wd < kFaChunk ? stage_floats / wd : kFaChunk;
+  const int rows2 = stage_floats / wd < kFaChunk ? stage_floats / wd : kFaChunk;
   float acc[U][V];
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int c = 0; c < V; ++c) acc[u][c] = 0;
   float den = 0;
-  for (int64_t c0 = 0; c0 < n; c0 += rows2) {
-    const int cnt = int(n - c0 < rows2 ? n - c0 : rows2);
-    fa_stage<kB>(a, cnt, d0, d1, wd, refs + c0, kinds + c0, lut, stage);
+  for (int c0 = 0; c0 < n; c0 += rows2) {
+    const int cnt = n - c0 < rows2 ? n - c0 : rows2;
+    fa_stage<kB>(a, cnt, qa, nq, wd, Dh, refs + c0, kinds + c0, desc, nqt, lut, stage);
 #pragma unroll 2
     for (int jj = 0; jj < cnt; ++jj) {
       const float2 e = eh[c0 + jj];  // (e_j, its probability)
       den = __fadd_rn(den, e.x);
-      const float* vr = stage + int64_t(jj) * wd;
+      const float* vr = stage + jj * wd;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t it = tid + int64_t(kFaThreads) * u;
+        const int it = tid + kFaThreads * u;
         if (it < nitem) {
           float v[V];
           const float* src = vr + V * (it / kFaHeads);
@@ -287,9 +340,9 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
   float* o = a.out + (t * a.H + h0 + hh) * a.Dh;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int64_t it = tid + int64_t(kFaThreads) * u;
+    const int it = tid + kFaThreads * u;
     if (it >= nitem) continue;
-    const int64_t d = d0 + V * (it / kFaHeads);
+    const int d = d0 + V * (it / kFaHeads);
 #pragma unroll
     for (int c = 0; c < V; ++c) {
       if (d + c >= d1) break;
@@ -300,74 +353,122 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int64_t
 }
 
 // One cluster of p.cs blocks per (query row, group of kFaHeads heads); blockIdx.x = cluster *
-// p.cs + rank. With `seqs` as model_attn_kernel. Two builds: <8, 1> (8 loads in flight per
-// thread, one block per SM: decode, few blocks) and <2, 2> (two blocks per SM, one's staging
-// under the other's arithmetic: many rows, clusters of 1).
-template <int kB, int kMinBlocks>
-__global__ void __launch_bounds__(kFaThreads, kMinBlocks)
+// p.cs + rank. With `seqs` as model_attn_kernel.
+__global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
     model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq, FaPlan pl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kB = kFaBatch;
   extern __shared__ __align__(16) unsigned char fa_smem[];
   const uint8_t** refs = reinterpret_cast<const uint8_t**>(fa_smem);
   float* lut = reinterpret_cast<float*>(refs + pl.lde);
   float* mx = lut + kFaLut;          // [0, 4): this block's max per head; [4, 8): the cluster's
   float* qs = mx + 8;
-  float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * pl.ld);
+  float2* ep = reinterpret_cast<float2*>(qs + kFaHeads * 8 * pl.qm);
   float* stage = reinterpret_cast<float*>(ep + kFaHeads * pl.lde);
-  uint8_t* kinds = reinterpret_cast<uint8_t*>(stage + pl.stage_floats);
-  const int cs = pl.cs, tid = int(threadIdx.x);
+  uint32_t* desc = reinterpret_cast<uint32_t*>(stage + pl.stage_floats);
+  uint8_t* kinds = reinterpret_cast<uint8_t*>(desc + 3 * pl.nqt);
+  const int cs = pl.cs, tid = int(threadIdx.x), ld = pl.ld, lde = pl.lde, nqt = pl.nqt, qm = pl.qm, ldq = 8 * qm;
   cg::cluster_group cl = cg::this_cluster();
   const int rank = cs > 1 ? int(cl.block_rank()) : 0;
-  const int64_t G = (a.H + kFaHeads - 1) / kFaHeads, cid = int64_t(blockIdx.x) / cs;
+  const int G = int((a.H + kFaHeads - 1) / kFaHeads), cid = int(blockIdx.x) / cs;  // grid < 2^31 (fa_plan)
   int64_t t = cid / G;
-  const int64_t h0 = (cid % G) * kFaHeads;
+  const int h0 = (cid % G) * kFaHeads;
   if (seqs) attn_row_seq(a, seqs, row_seq, t);
-  const int hb = int(a.H - h0 < kFaHeads ? a.H - h0 : kFaHeads);
+  const int Dh = int(a.Dh);  // <= kSumChunk (fa_plan)
+  const int hb = a.H - h0 < kFaHeads ? int(a.H - h0) : kFaHeads;
   const int64_t p = a.start + t;
-  const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
-  int64_t n_comp = 0;
-  if (a.ckv) n_comp = a.topk ? a.topk_n[t] : (p + 1) / a.ratio;
-  const int64_t n = n_win + n_comp;
+  // Key counts fit the shared memory (max_keys; fa_plan): 32-bit from here on.
+  const int n_win = int(p + 1 < a.window ? p + 1 : a.window);
+  int n_comp = 0;
+  if (a.ckv) n_comp = int(a.topk ? int64_t(a.topk_n[t]) : (p + 1) / a.ratio);
+  const int n = n_win + n_comp;
 
-  for (int64_t j = tid; j < n; j += kFaThreads) {  // attn_key of every key, the format as a kind
-    if (j < n_win) {
-      const int64_t s = p - n_win + 1 + j;
-      if (s >= a.start) {
-        refs[j] = reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), kinds[j] = 0;
+  // q of the block's heads into registers first (4 x Dh <= 4 x 1024 values: 16 per thread), so
+  // that their latency overlaps the key table and the lookup tables below.
+  constexpr int kQu = kSumChunk / kFaThreads;
+  float qv[kFaHeads][kQu];
+  const float* q = a.q + (t * a.H + h0) * a.Dh;
+#pragma unroll
+  for (int hh = 0; hh < kFaHeads; ++hh)
+#pragma unroll
+    for (int u = 0; u < kQu; ++u) {
+      const int k = tid + kFaThreads * u;
+      qv[hh][u] = hh < hb && k < Dh ? q[hh * Dh + k] : 0.0f;
+    }
+
+  {  // attn_key of every key: its row address and kind
+    const int64_t s0 = p - n_win + 1, R = a.ring_size;  // s0: the position of key 0
+    const int64_t rb = R > 0 ? s0 % R : 0;                // once per thread; then 32-bit where R allows
+    const int64_t rstride = cache_row_stride(a.ring_fmt, a.Dh), cstride = cache_row_stride(a.ckv_fmt, a.Dh);
+#pragma unroll 4
+    for (int j = tid; j < n; j += kFaThreads) {
+      const uint8_t* r;
+      int kind;
+      if (j < n_win) {
+        const int64_t s = s0 + j;
+        if (s >= a.start) {
+          r = reinterpret_cast<const uint8_t*>(a.kv_chunk + (s - a.start) * a.Dh), kind = kFaF32;
+        } else {
+          const int64_t rr = R <= INT32_MAX ? int64_t(uint32_t(rb + j) % uint32_t(R)) : (rb + j) % R;  // s % R
+          r = static_cast<const uint8_t*>(a.ring) + rr * rstride, kind = a.ring_fmt.compact() ? kFaRing : kFaF32;
+        }
       } else {
-        refs[j] = static_cast<const uint8_t*>(a.ring) + (s % a.ring_size) * cache_row_stride(a.ring_fmt, a.Dh);
-        kinds[j] = 1;
+        const int64_t row = a.topk ? int64_t(a.topk[t * a.topk_stride + (j - n_win)]) : int64_t(j - n_win);
+        r = static_cast<const uint8_t*>(a.ckv) + row * cstride, kind = a.ckv_fmt.compact() ? kFaCkv : kFaF32;
       }
-    } else {
-      const int64_t row = a.topk ? a.topk[t * a.topk_stride + (j - n_win)] : j - n_win;
-      refs[j] = static_cast<const uint8_t*>(a.ckv) + row * cache_row_stride(a.ckv_fmt, a.Dh), kinds[j] = 2;
+      if (kind == kFaF32 && (reinterpret_cast<uintptr_t>(r) & 15) != 0) kind = kFaF32Odd;
+      refs[j] = r, kinds[j] = uint8_t(kind);
     }
   }
   for (int i = tid; i < kFaLut; i += kFaThreads)
     lut[i] = i < 256 ? dev_e4m3_value(uint32_t(i)) : i < 512 ? dev_e8m0_value(uint32_t(i - 256))
                                                              : dev_e2m1_value(uint32_t(i - 512));
-  const float* q = a.q + (t * a.H + h0) * a.Dh;
-  for (int64_t i = tid; i < kFaHeads * a.Dh; i += kFaThreads)
-    qs[(i / a.Dh) * pl.ld + i % a.Dh] = i < hb * a.Dh ? q[i] : 0.0f;
+  for (int kind = 0; kind < 3; ++kind)
+    for (int qd = tid; qd < nqt; qd += kFaThreads) desc[kind * nqt + qd] = fa_desc(a, kind, 4 * qd, Dh);
+#pragma unroll
+  for (int hh = 0; hh < kFaHeads; ++hh)
+#pragma unroll
+    for (int u = 0; u < kQu; ++u) {
+      const int k = tid + kFaThreads * u;
+      if (k < Dh) qs[hh * ldq + (k & 7) * qm + (k >> 3)] = qv[hh][u];
+    }
 
   // Logits of this block's keys [k0, k1): group grp of 8 lanes per key row, lane `part` owns the
-  // partial sums s[part] of the 4 heads.
-  const int64_t kpb = (n + cs - 1) / cs;
-  const int64_t k0 = rank * kpb < n ? rank * kpb : n, k1 = k0 + kpb < n ? k0 + kpb : n;
-  const int grp = tid >> 3, part = tid & 7;
-  for (int64_t c0 = k0; c0 < k1; c0 += pl.rows) {
-    const int cnt = int(k1 - c0 < pl.rows ? k1 - c0 : pl.rows);
-    fa_stage<kB>(a, cnt, 0, a.Dh, pl.ld, refs + c0, kinds + c0, lut, stage);
-    for (int i = grp; i < (cnt + 31) / 32 * 32; i += 32) {  // the same trip count in every lane of a warp
+  // partial sums s[part] of the 4 heads (elements k = part + 8 m, m < mk, in increasing k:
+  // dev_dot_f32_ld), q four elements at a time from its slice (8 lanes: 8 distinct bank quads).
+  const int kpb = (n + cs - 1) / cs;
+  const int k0 = rank * kpb < n ? rank * kpb : n, k1 = k0 + kpb < n ? k0 + kpb : n;
+  const int grp = tid >> 3, part = tid & 7, mk = (Dh - part + 7) >> 3;
+  const float* qp = qs + part * qm;
+  for (int c0 = k0; c0 < k1; c0 += pl.rows) {
+    const int cnt = k1 - c0 < pl.rows ? k1 - c0 : pl.rows;
+    fa_stage<kB>(a, cnt, 0, nqt, ld, Dh, refs + c0, kinds + c0, desc, nqt, lut, stage);
+    // The same trip count in every lane of a warp (its 4 groups: rows 4w .. 4w + 3 + 32k, a bound
+    // that is a multiple of 4); warps whose rows are all past cnt skip the chunk.
+    for (int i = grp; i < (cnt + 3) / 4 * 4; i += 32) {
       const bool valid = i < cnt;
-      const float* r = stage + (valid ? i : 0) * pl.ld;
+      const float* r = stage + (valid ? i : 0) * ld;
       float s[kFaHeads] = {0, 0, 0, 0};
-      const int dh = int(a.Dh), ld = int(pl.ld);  // Dh <= 1024
-#pragma unroll 4
-      for (int k = part; k < dh; k += 8) {
-        const float rv = r[k];
+      int m = 0;
+#pragma unroll 2
+      for (; m + 4 <= mk; m += 4) {
+        float qv[kFaHeads][4];
 #pragma unroll
-        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qs[hh * ld + k], rv, s[hh]);
+        for (int hh = 0; hh < kFaHeads; ++hh) {
+          const float4 w = *reinterpret_cast<const float4*>(qp + hh * ldq + m);  // qm, m: multiples of 4
+          qv[hh][0] = w.x, qv[hh][1] = w.y, qv[hh][2] = w.z, qv[hh][3] = w.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float rv = r[part + 8 * (m + c)];
+#pragma unroll
+          for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qv[hh][c], rv, s[hh]);
+        }
+      }
+      for (; m < mk; ++m) {
+        const float rv = r[part + 8 * m];
+#pragma unroll
+        for (int hh = 0; hh < kFaHeads; ++hh) s[hh] = mul_add(qp[hh * ldq + m], rv, s[hh]);
       }
 #pragma unroll
       for (int hh = 0; hh < kFaHeads; ++hh) {
@@ -378,7 +479,7 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
         v = (part & 2) ? __fadd_rn(o, v) : __fadd_rn(v, o);
         o = __shfl_xor_sync(0xffffffffu, v, 1);
         v = (part & 1) ? __fadd_rn(o, v) : __fadd_rn(v, o);
-        if (valid && part == 0 && hh < hb) ep[hh * pl.lde + c0 + i] = make_float2(__fmul_rn(v, a.scale), 0.0f);
+        if (valid && part == 0 && hh < hb) ep[hh * lde + c0 + i] = make_float2(__fmul_rn(v, a.scale), 0.0f);
       }
     }
   }
@@ -388,7 +489,7 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
   const int warp = tid >> 5, lane = tid & 31;
   if (warp < kFaHeads) {
     float m = -INFINITY;
-    for (int64_t j = k0 + lane; j < k1; j += 32) m = fmaxf(m, ep[warp * pl.lde + j].x);
+    for (int j = k0 + lane; j < k1; j += 32) m = fmaxf(m, ep[warp * lde + j].x);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) mx[warp] = m;
   }
@@ -399,50 +500,67 @@ __global__ void __launch_bounds__(kFaThreads, kMinBlocks)
     mx[4 + tid] = m;
   }
   __syncthreads();
-  for (int64_t i = tid; i < hb * (k1 - k0); i += kFaThreads) {
-    float2* e = ep + (i / (k1 - k0)) * pl.lde + k0 + i % (k1 - k0);
-    const float x = dev_exp(e->x - mx[4 + i / (k1 - k0)]);
-    *e = make_float2(x, a.bf16 ? dev_round_bf16(x) : x);
-  }
-  if (cs > 1) {  // every block's e_j of its keys is final: gather the others'
-    cl.sync();
-    for (int r = 0; r < cs; ++r) {
-      const int64_t r0 = r * kpb < n ? r * kpb : n, r1 = r0 + kpb < n ? r0 + kpb : n;
-      if (r == rank || r1 <= r0) continue;
-      const float2* re = cl.map_shared_rank(ep, r);
-      for (int64_t i = tid; i < hb * (r1 - r0); i += kFaThreads) {
-        const int64_t off = (i / (r1 - r0)) * pl.lde + r0 + i % (r1 - r0);
-        ep[off] = re[off];
-      }
+  // exp(l - max) of this block's keys: head tid / 64, keys 64 apart.
+  const int eh = tid >> 6, el = tid & 63;
+  if (eh < hb)
+    for (int j = k0 + el; j < k1; j += 64) {
+      float2* e = ep + eh * lde + j;
+      const float x = dev_exp(e->x - mx[4 + eh]);
+      *e = make_float2(x, a.bf16 ? dev_round_bf16(x) : x);
     }
+  if (cs > 1) {  // every block's e_j of its keys is final: gather the others' (4 loads in flight)
+    cl.sync();
+    if (eh < hb)
+      for (int j0 = el; j0 < n; j0 += 4 * 64) {
+        float2 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int j = j0 + 64 * u;
+          v[u] = make_float2(0.0f, 0.0f);
+          if (j < n && (j < k0 || j >= k1)) v[u] = cl.map_shared_rank(ep, j / kpb)[eh * lde + j];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int j = j0 + 64 * u;
+          if (j < n && (j < k0 || j >= k1)) ep[eh * lde + j] = v[u];
+        }
+      }
   }
   __syncthreads();
 
-  // P·V over this block's quads [qa, qb) of dims. V dims per item: 4, or 2 / 1 where 4 would
-  // leave fewer than 128 threads busy (many blocks per cluster: short slices).
-  const int64_t quads = (a.Dh + 3) / 4;
-  const int64_t qa = rank * pl.qpb < quads ? rank * pl.qpb : quads;
-  const int64_t qb = qa + pl.qpb < quads ? qa + pl.qpb : quads;
-  if (qb > qa) {  // the same in every thread of the block
-    const int64_t d0 = 4 * qa, d1 = 4 * qb < a.Dh ? 4 * qb : a.Dh, wd = 4 * (qb - qa);
-    if (kFaHeads * (qb - qa) > 2 * kFaThreads)  // Dh > 512 in one block
-      fa_pv<kB, 4, 4>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
-    else if (kFaHeads * (qb - qa) >= 128)
-      fa_pv<kB, 4, 2>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
-    else if (kFaHeads * 2 * (qb - qa) >= 128)
-      fa_pv<kB, 2, 1>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+  // P·V over this block's quads [qa, qb) of dims. V dims per item: the largest of 4 / 2 / 1 that
+  // keeps every thread busy (short slices: many blocks per cluster), U = the items per thread.
+  const int qa = rank * pl.qpb < nqt ? rank * pl.qpb : nqt;
+  const int qb = qa + pl.qpb < nqt ? qa + pl.qpb : nqt;
+  const int nq = qb - qa, items4 = kFaHeads * nq;  // the same in every thread of the block
+#define FA_PV(KB, V, U) \
+  fa_pv<KB, V, U>(a, t, n, qa, nq, Dh, pl.stage_floats, hb, h0, ep, lde, mx + 4, refs, kinds, desc, nqt, lut, stage)
+  if (nq > 0) {
+    if (items4 > 2 * kFaThreads)
+      FA_PV(kB / 2, 4, 4);  // Dh > 512 in one block; half the batch keeps its 16 sums in registers
+    else if (items4 > kFaThreads)
+      FA_PV(kB, 4, 2);
+    else if (items4 == kFaThreads)
+      FA_PV(kB, 4, 1);
+    else if (2 * items4 > kFaThreads)
+      FA_PV(kB, 2, 2);
+    else if (2 * items4 == kFaThreads)
+      FA_PV(kB, 2, 1);
+    else if (4 * items4 > kFaThreads)
+      FA_PV(kB, 1, 2);
     else
-      fa_pv<kB, 1, 1>(a, t, n, d0, d1, wd, pl.stage_floats, hb, h0, ep, pl.lde, mx + 4, refs, kinds, lut, stage);
+      FA_PV(kB, 1, 1);
   }
+#undef FA_PV
   if (cs > 1) cl.sync();  // no block leaves while another may still read its shared memory
 #else
-  __trap();  // clusters and this layout need sm_90; fa_device_ok never picks this kernel there
+  __trap();  // clusters and this layout need sm_90; fa_device_level never picks this kernel there
 #endif
 }
 
 // Whether the current device runs the staged kernel with clusters of 8 at the largest shared
 // memory (0: no, 1: sm_90+ without such clusters, 2: yes), cached per device; sets the kernel's
-// shared-memory limit once per device.
+// shared-memory limit and carveout once per device.
 int fa_device_level() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, else level + 1
@@ -452,11 +570,13 @@ int fa_device_level() {
   if (c > 0) return c - 1;
   int major = 0, level = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-      cudaFuncSetAttribute(model_attn_staged_kernel<8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kFaSmemCap)) == cudaSuccess &&
-      cudaFuncSetAttribute(model_attn_staged_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kFaSmemCap)) == cudaSuccess) {
+      cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFaSmemCap)) ==
+          cudaSuccess) {
     level = 1;
+    // The most shared memory per SM (two ~105 KB blocks at Dh 512); a refusal only costs occupancy.
+    cudaFuncSetAttribute(model_attn_staged_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         int(cudaSharedmemCarveoutMaxShared));
+    cudaGetLastError();
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(kFaMaxCluster), cfg.blockDim = dim3(kFaThreads), cfg.dynamicSmemBytes = kFaSmemCap;
     cudaLaunchAttribute attr[1];
@@ -464,7 +584,7 @@ int fa_device_level() {
     attr[0].val.clusterDim.x = kFaMaxCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, model_attn_staged_kernel<8, 1>, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, model_attn_staged_kernel, &cfg) == cudaSuccess && clusters > 0)
       level = 2;
   }
   cudaGetLastError();  // a refused query is an answer here, not the launch's error
@@ -472,27 +592,34 @@ int fa_device_level() {
   return level;
 }
 
-int fa_sm_count() {
+// A device attribute of the current device (at least 1), cached per device and attribute slot.
+int fa_device_attr(int slot, cudaDeviceAttr attr) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];
+  static std::atomic<int> cache[2][kMaxDevices];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
-  int c = cache[dev].load(std::memory_order_acquire);
+  int c = cache[slot][dev].load(std::memory_order_acquire);
   if (c > 0) return c;
-  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) c = 1;
-  cache[dev].store(c, std::memory_order_release);
+  if (cudaDeviceGetAttribute(&c, attr, dev) != cudaSuccess || c <= 0) c = 1;
+  cudaGetLastError();
+  cache[slot][dev].store(c, std::memory_order_release);
   return c;
 }
+int fa_sm_count() { return fa_device_attr(0, cudaDevAttrMultiProcessorCount); }
+int fa_smem_per_sm() { return fa_device_attr(1, cudaDevAttrMaxSharedMemoryPerMultiprocessor); }
 
 // The staged kernel's plan for `a` (rows = a.T query rows), or false where it cannot run.
 bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
-  if (a.kernel == 1 || a.Dh > kSumChunk || a.max_keys <= 0) return false;
+  if (a.kernel == 1 || a.Dh > kSumChunk || a.max_keys <= 0 || a.max_keys > (int64_t(1) << 20)) return false;
   if (a.cluster != 0 && a.cluster != 1 && a.cluster != 2 && a.cluster != 4 && a.cluster != 8) return false;
   const int level = fa_device_level();
   if (level == 0) return false;
   FaPlan p;
-  p.ld = (a.Dh + 31) / 32 * 32 + 8;
-  p.lde = (a.max_keys + 31) / 32 * 32 + 4;
+  p.ld = int((a.Dh + 31) / 32 * 32 + 8);
+  p.qm = int((a.Dh + 7) / 8 + 3) / 4 * 4;
+  if ((p.qm / 4) % 2 == 0) p.qm += 4;
+  p.lde = int((a.max_keys + 31) / 32 * 32 + 4);
+  p.nqt = int((a.Dh + 3) / 4);
   p.rows = 0;
   for (int r : {32, 16, 8}) {
     FaPlan c = p;
@@ -507,14 +634,17 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
   if (a.cluster != 0) {
     p.cs = a.cluster;
   } else {
-    // One block per SM at a time (the <8, 1> build's registers). Time ~ waves / cs (each block
-    // does 1/cs of a row's work); a larger cluster must gain 10 % over the best smaller one (its
-    // barriers, the exchange, and per block the same number of staging rounds).
-    const int64_t sms = fa_sm_count();
+    // Blocks resident per SM: the launch bounds' kFaMinBlocks where the shared memory allows (1 KB
+    // of it reserved per block). Time ~ waves / cs (each block does 1/cs of a row's work); a larger
+    // cluster must gain 10 % over the best smaller one (its barriers, the exchange, and per block
+    // the same number of staging rounds).
+    const int64_t per_sm = std::max<int64_t>(
+        1, std::min<int64_t>(kFaMinBlocks, int64_t(fa_smem_per_sm()) / int64_t(fa_smem_bytes(p) + 1024)));
+    const int64_t slots = int64_t(fa_sm_count()) * per_sm;
     double best = 0;
     p.cs = 1;
     for (int c = 1; c <= kFaMaxCluster; c *= 2) {
-      const double cost = double((base * c + sms - 1) / sms) / c;
+      const double cost = double((base * c + slots - 1) / slots) / c;
       if (c == 1 || cost < 0.9 * best) best = cost, p.cs = c;
     }
   }
@@ -523,9 +653,7 @@ bool fa_plan(const ModelAttnArgs& a, FaPlan* pl) {
     p.cs = 1;
   }
   if (base * p.cs > INT32_MAX) return false;
-  const int64_t quads = (a.Dh + 3) / 4;
-  p.qpb = (quads + p.cs - 1) / p.cs;
-  p.wide = p.cs == 1 && base >= 2 * int64_t(fa_sm_count());
+  p.qpb = (p.nqt + p.cs - 1) / p.cs;
   *pl = p;
   return true;
 }
@@ -536,10 +664,9 @@ cudaError_t launch_staged(const ModelAttnArgs& a, const ModelAttnSeq* seqs, cons
   const unsigned grid = unsigned(a.T * G * p.cs);
   const size_t smem = fa_smem_bytes(p);
   if (p.cs > 1)
-    return launch_kernel_cluster(model_attn_staged_kernel<8, 1>, grid, kFaThreads, smem, s, unsigned(p.cs), a, seqs,
-                                 row_seq, p);
-  if (p.wide) return launch_kernel(model_attn_staged_kernel<2, 2>, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
-  return launch_kernel(model_attn_staged_kernel<8, 1>, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
+    return launch_kernel_cluster(model_attn_staged_kernel, grid, kFaThreads, smem, s, unsigned(p.cs), a, seqs, row_seq,
+                                 p);
+  return launch_kernel(model_attn_staged_kernel, grid, kFaThreads, smem, s, a, seqs, row_seq, p);
 }
 
 }  // namespace
