@@ -146,6 +146,18 @@ struct Fmt {
   int64_t br, bc;
 };
 
+// Where the streaming GEMV (LinearArgs::kernel 3, model_kernels.cu linear_stream_kernel) applies,
+// as model_kernels.h states it: in > 1024, at most 8 rows, no sel, in a multiple of its load width
+// (up to 2 rows 16 bytes of weights, FP4 16 values; from 3 rows 4 values), FP8 scale blocks a power of two at
+// least that wide, rows x in padded to whole chunks within 32768 floats (test weights are aligned).
+bool stream_applies(WeightDtype dt, int64_t in, int64_t rows, int64_t bc, bool sel) {
+  int64_t width = 4;
+  if (rows <= 2) width = dt == WeightDtype::kF32 ? 4 : dt == WeightDtype::kFp8 || dt == WeightDtype::kFp4 ? 16 : 8;
+  const int64_t m = (in + 1023) / 1024;
+  if (in <= 1024 || rows > 8 || sel || in % width != 0 || rows * m * 1024 > 32768) return false;
+  return dt != WeightDtype::kFp8 || (bc >= width && (bc & (bc - 1)) == 0);
+}
+
 // Every format, widths across the short and chunked orders (FP4: multiples of 32), plain and
 // stacked, with x_row_div and strides: typed == FP32 weights, bit for bit.
 TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
@@ -207,17 +219,17 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
   FS_REQUIRE_GPU();
   const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kF16, 1, 1},
                       {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 1, 32}, {WeightDtype::kFp4, 1, 32}};
-  const int64_t outs[] = {1, 3, 33, 1000}, row_counts[] = {1, 2, 3, 4, 5, 200};
+  const int64_t outs[] = {1, 3, 33, 1000}, row_counts[] = {1, 2, 3, 4, 5, 6, 8, 200};
   Rng pick(2024);
   uint64_t seed = 500;
-  int64_t cases = 0, gemv_cases = 0;
+  int64_t cases = 0, gemv_cases = 0, stream_cases = 0;
   for (const Fmt& f : fmts) {
     const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4
                                             ? std::vector<int64_t>{32, 992, 1024, 1056, 4096, 5024}
                                             : std::vector<int64_t>{1, 7, 127, 1023, 1024, 1025, 4096, 5000};
     for (int64_t in : widths) {
       for (int rep = 0; rep < 3; ++rep) {
-        int64_t out = outs[pick.below(4)], rows = row_counts[pick.below(6)];
+        int64_t out = outs[pick.below(4)], rows = row_counts[pick.below(8)];
         while (rows * out * in > 6'000'000) out = out > 3 ? 33 : 1, rows = rows > 5 ? 5 : rows;
         const bool stacked = rep == 1, bf16 = rep != 0;
         const int64_t E = stacked ? 3 : 1, row0 = rep == 2 ? 5 : 0, x_div = stacked ? 2 : 1;
@@ -248,13 +260,20 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
         }
         DeviceBuffer<float> dx(x);
         DeviceBuffer<int32_t> dsel(sel);
-        for (int kernel : {0, 1, 2}) {
+        for (int kernel : {0, 1, 2, 3}) {
           DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
           cd::LinearArgs a;
           a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.sel = stacked ? dsel.get() : nullptr;
           a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div;
           a.bf16_out = bf16, a.kernel = kernel;
-          FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+          if (kernel == 3) {  // the streaming GEMV: refused exactly where it does not apply
+            const bool applies = stream_applies(f.dt, in, rows, f.bc, stacked);
+            EXPECT_EQ(cd::launch_linear(a, 0) == cudaSuccess, applies) << tag << " kernel 3";
+            if (!applies) continue;
+            ++stream_cases;
+          } else {
+            FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+          }
           expect_bitwise(dy.to_host(), want, tag + " kernel " + std::to_string(kernel));
           if (f.dt == WeightDtype::kF32) {  // the FP32 pointer path (a.w) through the same kernels
             DeviceBuffer<float> dy2(std::vector<float>(size_t(rows * ys), -7.0f));
@@ -271,11 +290,14 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
     }
   }
   EXPECT_GT(gemv_cases, 40);
-  std::printf("[typed] %lld launches compared, %lld of them the GEMV\n", (long long)cases, (long long)gemv_cases);
+  EXPECT_GT(stream_cases, 8);
+  std::printf("[typed] %lld launches compared, %lld of them the GEMV, %lld the streaming GEMV\n", (long long)cases,
+              (long long)gemv_cases, (long long)stream_cases);
 }
 
-// The kernel field is checked: 3 is refused, and the GEMV refuses rows longer than 16 chunks (its
-// padded input must fit shared memory) while the automatic choice falls back to the block kernel.
+// The kernel field is checked: 4 is refused, the streaming GEMV (3) refuses a width that is not a
+// multiple of 4, and the GEMV refuses rows longer than 16 chunks (its padded input must fit shared
+// memory) while the automatic choice falls back to the block kernel.
 TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   FS_REQUIRE_GPU();
   const int64_t in = 17 * 1024 + 1, out = 2;
@@ -289,6 +311,8 @@ TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   DeviceBuffer<float> dx(x), dy(static_cast<size_t>(out));
   cd::LinearArgs a;
   a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = in, a.out = out;
+  a.kernel = 4;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 3;
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 2;
@@ -327,7 +351,8 @@ TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
 // One grouped launch (LinearArgs::groups, as gpu_ops.cpp grouped_linear runs wo_a: group g reads
 // x columns [g·in, (g+1)·in) and rows [g·Ro, (g+1)·Ro) of [G·Ro, in], into output columns
 // [g·Ro, (g+1)·Ro)) equals the CPU twin group by group, bit for bit, for every kernel (short,
-// chunked, GEMV), typed and FP32-pointer weights; sel with groups is refused.
+// chunked, GEMV, streaming GEMV at 1 / 4 / 6 rows), typed and FP32-pointer weights; sel with
+// groups is refused.
 TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
   FS_REQUIRE_GPU();
   int64_t cases = 0;
@@ -336,7 +361,7 @@ TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
                       Fmt{WeightDtype::kF32, 1, 1}}) {
     for (const int64_t G : {1, 3, 8}) {
       for (const int64_t in : {96, 1025, 4096}) {
-        for (const int64_t T : {1, 4, 17}) {
+        for (const int64_t T : {1, 4, 6, 17}) {
           const int64_t Ro = G == 3 ? 40 : 33;  // 40: slices straddle the 32-row blocks
           const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.br) + " G=" + std::to_string(G) +
                                   " in=" + std::to_string(in) + " T=" + std::to_string(T);
@@ -355,8 +380,9 @@ TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
               std::copy(yg.begin(), yg.end(), want.begin() + t * G * Ro + g * Ro);
             }
           DeviceBuffer<float> dx(x);
-          for (int kernel : {0, 1, 2}) {
+          for (int kernel : {0, 1, 2, 3}) {
             if (kernel == 2 && T > 16) continue;  // the GEMV's row limit (automatic picks kernel 1)
+            if (kernel == 3 && !stream_applies(f.dt, in, T, f.bc, false)) continue;  // refusals: other tests
             for (const bool fp32_ptr : {false, true}) {
               if (fp32_ptr && f.dt != WeightDtype::kF32) continue;
               DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
