@@ -295,6 +295,132 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
               (long long)gemv_cases, (long long)stream_cases);
 }
 
+// The streaming GEMV (LinearArgs::kernel 3) against the CPU twin, memcmp-equal, on every path it
+// has: each stored format and load width (FP8 scale blocks of 128, 16 (exactly one 16-byte load)
+// and 8 (too narrow for 16-byte loads: refused up to 2 rows, taken from 3)), 1 / 2 / 3 / 6 / 8
+// rows (row bounds 1, 2, 4, 8 with skipped rows), widths with a partial last chunk (1040, 4100:
+// only 4-value loads), 3 and 5 chunks (tiles of several sets), 17 chunks at one row (512-thread
+// blocks, x over 64 KB), outputs that leave partial sets and tiles (1, 7, 33), row slices, strided
+// and shared x rows (x_row_div), BF16 outputs; outputs large enough that blocks walk several tiles
+// (the double-buffered chunk sums). Where it does not apply it must refuse; the automatic choice
+// and the GEMV (kernel 2) give the same bits.
+TEST(CudaTypedWeights, StreamingGemvMatchesCpuTwinBitwise) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1},      {WeightDtype::kBf16, 1, 1},   {WeightDtype::kF16, 1, 1},
+                      {WeightDtype::kFp8, 128, 128},  {WeightDtype::kFp8, 32, 16},  {WeightDtype::kFp8, 1, 8},
+                      {WeightDtype::kFp4, 1, 32}};
+  const int64_t row_counts[] = {1, 2, 3, 6, 8}, outs[] = {1, 7, 33};
+  struct Big {
+    WeightDtype dt;
+    int64_t bc, in, out, rows;
+  };
+  // Many tiles per block on any GPU of up to ~1000 resident blocks.
+  const Big bigs[] = {{WeightDtype::kBf16, 1, 4096, 4000, 1},
+                      {WeightDtype::kFp8, 128, 4096, 4000, 6},
+                      {WeightDtype::kFp8, 128, 2048, 8000, 1},
+                      {WeightDtype::kFp4, 32, 4096, 2000, 2}};
+  struct Case {
+    Fmt f;
+    int64_t in, out, rows;
+  };
+  std::vector<Case> cases;
+  int pick = 0;
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4 ? std::vector<int64_t>{1056, 3072, 4096, 5120, 17408}
+                                                                   : std::vector<int64_t>{1040, 3072, 4096, 4100, 5120, 17408};
+    for (int64_t in : widths)
+      for (int64_t rows : row_counts) {
+        if (in == 17408 && rows > 2) continue;  // refused (x over 128 KB) at 2 rows already
+        cases.push_back({f, in, outs[pick++ % 3], rows});
+      }
+  }
+  for (const Big& b : bigs) cases.push_back({{b.dt, b.dt == WeightDtype::kFp8 ? 128 : 1, b.bc}, b.in, b.out, b.rows});
+  uint64_t seed = 7000;
+  int64_t taken = 0, refused = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const bool bf16 = ci % 2 == 1, strided = ci % 3 == 1;
+    const int64_t row0 = ci % 4 == 2 ? 3 : 0, x_div = c.rows > 1 && ci % 5 == 3 ? 2 : 1;
+    const std::string tag = std::string(name_of(c.f.dt)) + " " + std::to_string(c.f.br) + "x" + std::to_string(c.f.bc) +
+                            " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out) + " rows=" +
+                            std::to_string(c.rows) + (row0 ? " row0" : "") + (x_div > 1 ? " x_div" : "") +
+                            (strided ? " strided" : "") + (bf16 ? " bf16" : "");
+    SCOPED_TRACE(tag);
+    const Stored s = make_stored(c.f.dt, c.out + row0, c.in, 1, c.f.br, c.f.bc, ++seed);
+    const DevStored ds(s);
+    Rng r(++seed);
+    const int64_t xs = c.in + (strided ? 5 : 0), ys = c.out + (strided ? 3 : 0), x_rows = (c.rows + x_div - 1) / x_div;
+    std::vector<float> x(size_t(x_rows * xs));
+    for (auto& v : x) v = float(r.normal());
+    std::vector<float> want(size_t(c.rows * ys), -7.0f);
+    for (int64_t i = 0; i < c.rows; ++i)
+      ops::linear({x.data() + (i / x_div) * xs, s.values.data() + row0 * c.in, want.data() + i * ys, 1, c.in, c.out, 0,
+                   false, bf16});
+    DeviceBuffer<float> dx(x);
+    const bool applies = stream_applies(c.f.dt, c.in, c.rows, c.f.bc, false);
+    for (int kernel : {3, 0, 2}) {
+      if (kernel == 2 && c.in > 16 * 1024) continue;  // beyond the GEMV's x limit
+      DeviceBuffer<float> dy(std::vector<float>(size_t(c.rows * ys), -7.0f));
+      cd::LinearArgs a;
+      a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.rows = c.rows, a.in = c.in, a.out = c.out;
+      a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div, a.bf16_out = bf16, a.kernel = kernel;
+      const cudaError_t e = cd::launch_linear(a, 0);
+      if (kernel == 3) {
+        EXPECT_EQ(e == cudaSuccess, applies) << "kernel 3";
+        if (e != cudaSuccess) {
+          ++refused;
+          continue;
+        }
+        ++taken;
+      } else {
+        FS_ASSERT_OK(cuda_status(e, "linear"));
+      }
+      const auto got = dy.to_host();
+      expect_bitwise(got, want, tag + " kernel " + std::to_string(kernel));
+      int64_t nonzero = 0;  // not a vacuous pass: the outputs were written
+      for (int64_t i = 0; i < c.rows; ++i)
+        for (int64_t o = 0; o < c.out; ++o) nonzero += got[size_t(i * ys + o)] != 0.0f;
+      EXPECT_GT(nonzero, c.rows * c.out / 2) << "kernel " << kernel;
+      if (c.f.dt == WeightDtype::kF32 && row0 == 0) {  // the FP32 pointer path (a.w), same kernel
+        DeviceBuffer<float> dy2(std::vector<float>(size_t(c.rows * ys), -7.0f));
+        a.wt = cd::WeightRef{}, a.w = ds.values.get(), a.y = dy2.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fp32 pointer"));
+        expect_bitwise(dy2.to_host(), want, tag + " fp32 pointer kernel " + std::to_string(kernel));
+      }
+    }
+  }
+  EXPECT_GT(taken, 100);
+  EXPECT_GT(refused, 20);
+  std::printf("[stream] %lld cases taken by the streaming GEMV, %lld refused\n", (long long)taken, (long long)refused);
+
+  // Refusals: sel (stacked experts), more than 8 rows, in <= 1024, an unaligned weight (the
+  // automatic choice then takes the GEMV, same bits).
+  const Stored s = make_stored(WeightDtype::kBf16, 5, 2048, 1, 1, 1, 31);
+  DeviceBuffer<uint8_t> shifted(s.data.size() + 16);
+  ASSERT_EQ(cudaMemcpy(shifted.get() + 2, s.data.data(), s.data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  const DevStored ds(s);
+  Rng r(32);
+  std::vector<float> x(size_t(9 * 2048));
+  for (auto& v : x) v = float(r.normal());
+  DeviceBuffer<float> dx(x), dy(size_t(9 * 5));
+  DeviceBuffer<int32_t> dsel(std::vector<int32_t>(9, 0));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 9, a.in = 2048, a.out = 5, a.kernel = 3;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "9 rows";
+  a.rows = 1, a.sel = dsel.get();
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "sel";
+  a.sel = nullptr, a.in = 1024, a.wt.cols = 1024;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "in = 1024";
+  a.in = 2048, a.wt = ds.ref(s), a.wt.data = shifted.get() + 2;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "unaligned weight";
+  a.kernel = 0;
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "unaligned weight, automatic"));
+  std::vector<float> want(5);
+  ops::linear({x.data(), s.values.data(), want.data(), 1, 2048, 5, 0, false, false});
+  const auto got = dy.to_host();
+  expect_bitwise(std::vector<float>(got.begin(), got.begin() + 5), want, "unaligned weight, automatic");
+}
+
 // The kernel field is checked: 4 is refused, the streaming GEMV (3) refuses a width that is not a
 // multiple of 4, and the GEMV refuses rows longer than 16 chunks (its padded input must fit shared
 // memory) while the automatic choice falls back to the block kernel.
