@@ -708,15 +708,18 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
 // ---- Streaming GEMV of the chunked linear (in > kSumChunk, at most 8 rows: decode, verify) ------
 // The same products, partials, butterfly and chunk tree as linear_gemv_kernel (warp_dot_chunk's
 // order, then dev_chunk_tree), laid out to keep HBM busy:
-//  - Wide loads: lane p of a group of 32/V lanes loads the 4V consecutive weights at columns
-//    128t + 4Vp .. 128t + 4Vp + 4V - 1 of slice t of one output's chunk (for 1-2 rows V = 1 / 2 /
-//    4 / 4 for F32 / BF16-F16 / FP8 / FP4: 16 / 16 / 16 / 8 bytes), i.e. it stands for lanes
-//    Vp .. Vp + V - 1 of warp_dot_chunk and keeps their four partials each (acc[..][4u + q]:
-//    lane Vp + u, partial q), each in slice order. A warp task is (set, chunk): the V groups of the
-//    warp take V outputs each NO outputs wide (the NO outputs of a lane share each x value).
+//  - Wide loads: lane l = V·p + g (group g = l % V, p = l / V) loads the 4V consecutive weights
+//    at columns 128t + 4Vp .. 128t + 4Vp + 4V - 1 of slice t of its group's output chunk (for 1-2
+//    rows V = 1 / 2 / 4 / 4 for F32 / BF16-F16 / FP8 / FP4: 16 / 16 / 16 / 8 bytes), i.e. it
+//    stands for lanes Vp .. Vp + V - 1 of warp_dot_chunk and keeps their four partials each
+//    (acc[..][4u + q]: lane Vp + u, partial q), each in slice order. A warp task is (set, chunk):
+//    group g takes NO outputs of the set's V·NO (the NO outputs of a lane share each x value).
+//    The V lanes of one p read the same x (a broadcast) and 8 consecutive lanes read 8 / V
+//    consecutive 16-byte words (no bank conflict).
 //  - The butterfly over those 32 lane values in warp_dot_chunk's level order: levels 16 .. V pair
-//    lane Vp + u with V(p ^ o/V) + u, a shuffle by o/V inside the group; levels V/2 .. 1 pair u
-//    with u ^ o inside the lane. Every level adds the same pairs (fadd is commutative).
+//    lane Vp + u with V(p ^ o/V) + u, held by lane l ^ o (a shuffle by o, same group); levels
+//    V/2 .. 1 pair u with u ^ o inside the lane. Every level adds the same pairs (fadd is
+//    commutative).
 //  - A ring of D slices per output: a slice's registers are refilled with the load D slices ahead
 //    (past the last slice: the warp's next task) as soon as they are decoded, so D loads per
 //    output stay in flight across tasks, tiles and barriers (D = 8: the whole next task).
@@ -734,13 +737,15 @@ constexpr int64_t kStreamMaxXFloats = 32768;  // rows x padded in: 128 KB of sha
 // Per (dtype, row bound R): V lanes per load, NO outputs per lane, D slices in flight, sized so
 // that the kernel stays within 128 registers without spilling. Up to 2 rows a 16-byte load per
 // slice (FP4: 8 bytes, V = 4); 4 and 8 rows (the products dominate) one lane value per load, at 4
-// rows two outputs per lane (each x value read from shared memory feeds two products).
+// rows two outputs per lane (each x value read from shared memory feeds two products). D = 8
+// (a whole task ahead) where the registers allow: at 8 rows a task's products take about as long
+// as a load's latency.
 template <WeightDtype F, int R>
 struct StreamShape {
   static constexpr int kHalfBytes = F == WeightDtype::kF32 ? 8 : F == WeightDtype::kFp8 ? 2 : F == WeightDtype::kFp4 ? 1 : 4;
   static constexpr int V = R <= 2 ? (8 / kHalfBytes < 4 ? 8 / kHalfBytes : 4) : 1;
   static constexpr int NO = R == 4 ? 2 : 1;
-  static constexpr int D = R == 1 ? 8 : R == 4 && F == WeightDtype::kF32 ? 2 : 4;
+  static constexpr int D = R == 1 || (R == 8 && F != WeightDtype::kF32) ? 8 : R == 4 && F == WeightDtype::kF32 ? 2 : 4;
   static constexpr int kLoadBytes = 2 * V * kHalfBytes;  // 4V weights
 };
 
@@ -842,11 +847,11 @@ template <WeightDtype F, int R>
 __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(LinearArgs a, int S, int64_t n_tiles,
                                                                           int bshift) {
   using Sh = StreamShape<F, R>;
-  constexpr int V = Sh::V, NO = Sh::NO, D = Sh::D, kGl = 32 / V, kSetOut = V * NO;
+  constexpr int V = Sh::V, NO = Sh::NO, D = Sh::D, kSetOut = V * NO;
   enter_group(a);
   extern __shared__ float4 tsm[];
   const int W = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
-  const int grp = lane / kGl, p = lane % kGl;
+  const int grp = lane % V, p = lane / V;
   const int nr = int(a.rows);
   const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk;
   const int64_t per_warp = int64_t(S) * m / W, cs_len = int64_t(S) * kSetOut * R * m;
@@ -930,7 +935,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
 #pragma unroll
           for (int o = 16; o >= V; o >>= 1)
 #pragma unroll
-            for (int u = 0; u < V; ++u) v[u] = __fadd_rn(v[u], __shfl_xor_sync(0xffffffffu, v[u], o / V));
+            for (int u = 0; u < V; ++u) v[u] = __fadd_rn(v[u], __shfl_xor_sync(0xffffffffu, v[u], o));
 #pragma unroll
           for (int o = V / 2; o >= 1; o >>= 1) {
             float nv[V];
@@ -1630,7 +1635,8 @@ int stream_sm_count() {
 // FP8 scale blocks a power of two >= 4V columns wide, rows x padded in within kStreamMaxXFloats.
 // 256 threads per block (512 when x takes more than 64 KB, so that an SM still holds 16 warps);
 // S sets per tile with S·m a multiple of the warps per block; as many blocks as fit on the GPU at
-// once (the occupancy of this kernel), split over the groups, at most one per tile.
+// once (the occupancy of this kernel), split over the groups (rounded down: no second wave), at
+// most one per tile.
 template <WeightDtype F, int R>
 cudaError_t launch_stream_r(const LinearArgs& a, cudaStream_t s, bool* taken) {
   using Sh = StreamShape<F, R>;
@@ -1656,7 +1662,7 @@ cudaError_t launch_stream_r(const LinearArgs& a, cudaStream_t s, bool* taken) {
   }
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem) != cudaSuccess || per_sm < 1) per_sm = 1;
-  const int64_t want = (int64_t(stream_sm_count()) * per_sm + a.groups - 1) / a.groups;
+  const int64_t want = int64_t(stream_sm_count()) * per_sm / a.groups;
   const int64_t blocks = std::min<int64_t>(n_tiles, std::max<int64_t>(1, want));
   return launch_kernel(k, dim3(unsigned(blocks), unsigned(a.groups)), threads, smem, s, a, S, n_tiles, bshift);
 }
