@@ -561,150 +561,6 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
   }
 }
 
-// ---- GEMV form of the short linear (in <= kSumChunk, few rows) ----------------------------------
-// ops::dot_f32's short order: element i into partial s[i % 8], each partial in index order, then
-// ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)). Here one thread owns one output and all eight partials, so
-// every 8-column step is one 32/16/8/4-byte weight load (F32 / BF16-F16 / FP8 / FP4) expanded in
-// registers and 8 products per row; the block's R input rows are staged once in shared memory
-// (zero-padded to a multiple of 8: +0 products leave a partial unchanged) and read as broadcasts.
-// V (vector loads) needs in % 8 == 0, aligned rows and (FP8) power-of-two scale blocks of >= 8
-// columns; otherwise the weights are read one value at a time through RowReader.
-constexpr int kShortThreads = 64;
-
-template <WeightDtype F>
-struct ShortRaw {
-  uint32_t v[F == WeightDtype::kF32 ? 8 : F == WeightDtype::kBf16 || F == WeightDtype::kF16 ? 4
-                                         : F == WeightDtype::kFp8 ? 2 : 1];
-  uint32_t s;
-};
-
-template <WeightDtype F>
-__device__ __forceinline__ void short_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
-                                           ShortRaw<F>& r) {
-  r.s = 0;
-  if constexpr (F == WeightDtype::kF32) {
-    const uint4 z = make_uint4(0, 0, 0, 0);
-    const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : z;
-    const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
-    r.v[0] = u0.x, r.v[1] = u0.y, r.v[2] = u0.z, r.v[3] = u0.w, r.v[4] = u1.x, r.v[5] = u1.y, r.v[6] = u1.z, r.v[7] = u1.w;
-  } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
-    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
-    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
-  } else if constexpr (F == WeightDtype::kFp8) {
-    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
-    r.v[0] = u.x, r.v[1] = u.y;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
-  } else {
-    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
-  }
-}
-
-// The 8 weights' FP32 values (RowReader's, exactly; all-zero raw bytes give +0).
-template <WeightDtype F>
-__device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]) {
-  if constexpr (F == WeightDtype::kF32) {
-#pragma unroll
-    for (int q = 0; q < 8; ++q) w[q] = __uint_as_float(r.v[q]);
-  } else if constexpr (F == WeightDtype::kBf16) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) w[2 * q] = __uint_as_float(r.v[q] << 16), w[2 * q + 1] = __uint_as_float(r.v[q] & 0xffff0000u);
-  } else if constexpr (F == WeightDtype::kF16) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r.v[q]));
-      w[2 * q] = f.x, w[2 * q + 1] = f.y;
-    }
-  } else if constexpr (F == WeightDtype::kFp8) {
-    const float s = dev_e8m0_value(r.s);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint32_t pair = (r.v[q / 2] >> (16 * (q % 2))) & 0xffffu;
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
-      w[2 * q] = __fmul_rn(f.x, s), w[2 * q + 1] = __fmul_rn(f.y, s);
-    }
-  } else {
-    const float s = dev_e8m0_value(r.s);
-#pragma unroll
-    for (int q = 0; q < 8; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[0] >> (4 * q)) & 15u), s);
-  }
-}
-
-// Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
-template <WeightDtype F, int R, bool V>
-__global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
-  enter_group(a);
-  extern __shared__ float4 ssm[];
-  float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
-  const int64_t xlen = (a.in + 7) / 8 * 8, steps = xlen / 8;
-  const int64_t rg = int64_t(blockIdx.x) % n_rg, tile = int64_t(blockIdx.x) / n_rg;
-  const int64_t r0 = rg * R, o = tile * kShortThreads + threadIdx.x;
-  const int nr = int(a.rows - r0 < R ? a.rows - r0 : R);
-  int64_t mat = 0;
-  if (a.sel) {  // R == 1; the whole block leaves together
-    const int32_t e = a.sel[r0];
-    if (e < 0) {  // another rank's expert (expert parallel): not computed
-      if (o < a.out) a.y[r0 * a.y_stride + o] = 0.0f;
-      return;
-    }
-    mat = e;
-  }
-  for (int i = 0; i < R; ++i) {
-    const float* src = i < nr ? a.x + ((r0 + i) / a.x_row_div) * a.x_stride : nullptr;
-    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads) xs[i * xlen + k] = src && k < a.in ? src[k] : 0.0f;
-  }
-  __syncthreads();
-  if (o >= a.out) return;
-  const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
-  float s[R][8];
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int q = 0; q < 8; ++q) s[i][q] = 0.0f;
-  auto step = [&](int64_t k, const float (&w)[8]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float4 x0 = ssm[(i * xlen + 8 * k) / 4], x1 = ssm[(i * xlen + 8 * k) / 4 + 1];
-      s[i][0] = mul_add(x0.x, w[0], s[i][0]), s[i][1] = mul_add(x0.y, w[1], s[i][1]);
-      s[i][2] = mul_add(x0.z, w[2], s[i][2]), s[i][3] = mul_add(x0.w, w[3], s[i][3]);
-      s[i][4] = mul_add(x1.x, w[4], s[i][4]), s[i][5] = mul_add(x1.y, w[5], s[i][5]);
-      s[i][6] = mul_add(x1.z, w[6], s[i][6]), s[i][7] = mul_add(x1.w, w[7], s[i][7]);
-    }
-  };
-  if constexpr (V) {
-    constexpr int kU = 4;  // steps in flight
-    for (int64_t k0 = 0; k0 < steps; k0 += kU) {
-      ShortRaw<F> raw[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) short_load<F>(rr.p, rr.sc, bshift, 8 * (k0 + u), k0 + u < steps, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if (k0 + u < steps) {
-          float w[8];
-          short_decode<F>(raw[u], w);
-          step(k0 + u, w);
-        }
-      }
-    }
-  } else {
-#pragma unroll 1
-    for (int64_t k = 0; k < steps; ++k) {
-      float w[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) w[q] = 8 * k + q < a.in ? rr(8 * k + q) : 0.0f;
-      step(k, w);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    if (i >= nr) break;
-    const float acc = __fadd_rn(__fadd_rn(__fadd_rn(s[i][0], s[i][4]), __fadd_rn(s[i][2], s[i][6])),
-                                __fadd_rn(__fadd_rn(s[i][1], s[i][5]), __fadd_rn(s[i][3], s[i][7])));
-    a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
-  }
-}
-
 // ---- Streaming GEMV of the chunked linear (in > kSumChunk, at most 8 rows: decode, verify) ------
 // The same products, partials, butterfly and chunk tree as linear_gemv_kernel (warp_dot_chunk's
 // order, then dev_chunk_tree), laid out to keep HBM busy:
@@ -960,6 +816,150 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
     }
     tile += gridDim.x;
     if (tile >= n_tiles) break;
+  }
+}
+
+// ---- GEMV form of the short linear (in <= kSumChunk, few rows) ----------------------------------
+// ops::dot_f32's short order: element i into partial s[i % 8], each partial in index order, then
+// ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)). Here one thread owns one output and all eight partials, so
+// every 8-column step is one 32/16/8/4-byte weight load (F32 / BF16-F16 / FP8 / FP4) expanded in
+// registers and 8 products per row; the block's R input rows are staged once in shared memory
+// (zero-padded to a multiple of 8: +0 products leave a partial unchanged) and read as broadcasts.
+// V (vector loads) needs in % 8 == 0, aligned rows and (FP8) power-of-two scale blocks of >= 8
+// columns; otherwise the weights are read one value at a time through RowReader.
+constexpr int kShortThreads = 64;
+
+template <WeightDtype F>
+struct ShortRaw {
+  uint32_t v[F == WeightDtype::kF32 ? 8 : F == WeightDtype::kBf16 || F == WeightDtype::kF16 ? 4
+                                         : F == WeightDtype::kFp8 ? 2 : 1];
+  uint32_t s;
+};
+
+template <WeightDtype F>
+__device__ __forceinline__ void short_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
+                                           ShortRaw<F>& r) {
+  r.s = 0;
+  if constexpr (F == WeightDtype::kF32) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : z;
+    const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
+    r.v[0] = u0.x, r.v[1] = u0.y, r.v[2] = u0.z, r.v[3] = u0.w, r.v[4] = u1.x, r.v[5] = u1.y, r.v[6] = u1.z, r.v[7] = u1.w;
+  } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
+    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
+    r.v[0] = u.x, r.v[1] = u.y;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+  } else {
+    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
+    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  }
+}
+
+// The 8 weights' FP32 values (RowReader's, exactly; all-zero raw bytes give +0).
+template <WeightDtype F>
+__device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]) {
+  if constexpr (F == WeightDtype::kF32) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __uint_as_float(r.v[q]);
+  } else if constexpr (F == WeightDtype::kBf16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[2 * q] = __uint_as_float(r.v[q] << 16), w[2 * q + 1] = __uint_as_float(r.v[q] & 0xffff0000u);
+  } else if constexpr (F == WeightDtype::kF16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r.v[q]));
+      w[2 * q] = f.x, w[2 * q + 1] = f.y;
+    }
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const float s = dev_e8m0_value(r.s);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t pair = (r.v[q / 2] >> (16 * (q % 2))) & 0xffffu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      w[2 * q] = __fmul_rn(f.x, s), w[2 * q + 1] = __fmul_rn(f.y, s);
+    }
+  } else {
+    const float s = dev_e8m0_value(r.s);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[0] >> (4 * q)) & 15u), s);
+  }
+}
+
+// Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
+template <WeightDtype F, int R, bool V>
+__global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
+  enter_group(a);
+  extern __shared__ float4 ssm[];
+  float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
+  const int64_t xlen = (a.in + 7) / 8 * 8, steps = xlen / 8;
+  const int64_t rg = int64_t(blockIdx.x) % n_rg, tile = int64_t(blockIdx.x) / n_rg;
+  const int64_t r0 = rg * R, o = tile * kShortThreads + threadIdx.x;
+  const int nr = int(a.rows - r0 < R ? a.rows - r0 : R);
+  int64_t mat = 0;
+  if (a.sel) {  // R == 1; the whole block leaves together
+    const int32_t e = a.sel[r0];
+    if (e < 0) {  // another rank's expert (expert parallel): not computed
+      if (o < a.out) a.y[r0 * a.y_stride + o] = 0.0f;
+      return;
+    }
+    mat = e;
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* src = i < nr ? a.x + ((r0 + i) / a.x_row_div) * a.x_stride : nullptr;
+    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads) xs[i * xlen + k] = src && k < a.in ? src[k] : 0.0f;
+  }
+  __syncthreads();
+  if (o >= a.out) return;
+  const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
+  float s[R][8];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) s[i][q] = 0.0f;
+  auto step = [&](int64_t k, const float (&w)[8]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float4 x0 = ssm[(i * xlen + 8 * k) / 4], x1 = ssm[(i * xlen + 8 * k) / 4 + 1];
+      s[i][0] = mul_add(x0.x, w[0], s[i][0]), s[i][1] = mul_add(x0.y, w[1], s[i][1]);
+      s[i][2] = mul_add(x0.z, w[2], s[i][2]), s[i][3] = mul_add(x0.w, w[3], s[i][3]);
+      s[i][4] = mul_add(x1.x, w[4], s[i][4]), s[i][5] = mul_add(x1.y, w[5], s[i][5]);
+      s[i][6] = mul_add(x1.z, w[6], s[i][6]), s[i][7] = mul_add(x1.w, w[7], s[i][7]);
+    }
+  };
+  if constexpr (V) {
+    constexpr int kU = 4;  // steps in flight
+    for (int64_t k0 = 0; k0 < steps; k0 += kU) {
+      ShortRaw<F> raw[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) short_load<F>(rr.p, rr.sc, bshift, 8 * (k0 + u), k0 + u < steps, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (k0 + u < steps) {
+          float w[8];
+          short_decode<F>(raw[u], w);
+          step(k0 + u, w);
+        }
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int64_t k = 0; k < steps; ++k) {
+      float w[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) w[q] = 8 * k + q < a.in ? rr(8 * k + q) : 0.0f;
+      step(k, w);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+    const float acc = __fadd_rn(__fadd_rn(__fadd_rn(s[i][0], s[i][4]), __fadd_rn(s[i][2], s[i][6])),
+                                __fadd_rn(__fadd_rn(s[i][1], s[i][5]), __fadd_rn(s[i][3], s[i][7])));
+    a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
   }
 }
 
