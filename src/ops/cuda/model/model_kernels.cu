@@ -719,21 +719,38 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
   StreamRaw<F, V> raw[D][NO];
 #pragma unroll
   for (int d = 0; d < D; ++d) stream_issue<F, V, NO>(a, cur, d, bshift, raw[d]);
-  // x, every row, while the first weights are in flight (several loads per thread before the stores).
-  for (int i = 0; i < nr; ++i) {
-    const float* src = a.x + (i / a.x_row_div) * a.x_stride;
-    float* dst = xs + i * xlen;
-    for (int64_t k0 = threadIdx.x; k0 < xlen; k0 += 4 * int64_t(blockDim.x)) {
-      float v[4];
+  // x, every row, while the first weights are in flight: 8 loads per thread issued before their
+  // stores (16-byte loads where x's rows are 16-byte aligned; in % 4 == 0 here), so staging takes
+  // one or two round trips to L2, not one per row.
+  {
+    const int64_t bd = blockDim.x;
+    if (((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride * 4)) & 15) == 0) {
+      const int64_t xl4 = xlen / 4, in4 = a.in / 4, total = nr * xl4;
+      for (int64_t e0 = threadIdx.x; e0 < total; e0 += 8 * bd) {
+        float4 v[8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t k = k0 + u * int64_t(blockDim.x);
-        v[u] = k < a.in ? __ldg(src + k) : 0.0f;
+        for (int u = 0; u < 8; ++u) {
+          const int64_t e = e0 + u * bd, i = e / xl4, k = e % xl4;
+          v[u] = e < total && k < in4
+                     ? __ldg(reinterpret_cast<const float4*>(a.x + (i / a.x_row_div) * a.x_stride) + k)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (e0 + u * bd < total) tsm[e0 + u * bd] = v[u];
       }
+    } else {
+      const int64_t total = nr * xlen;
+      for (int64_t e0 = threadIdx.x; e0 < total; e0 += 8 * bd) {
+        float v[8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t k = k0 + u * int64_t(blockDim.x);
-        if (k < xlen) dst[k] = v[u];
+        for (int u = 0; u < 8; ++u) {
+          const int64_t e = e0 + u * bd, i = e / xlen, k = e % xlen;
+          v[u] = e < total && k < a.in ? __ldg(a.x + (i / a.x_row_div) * a.x_stride + k) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (e0 + u * bd < total) xs[e0 + u * bd] = v[u];
       }
     }
   }
