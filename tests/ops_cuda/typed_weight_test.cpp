@@ -208,11 +208,13 @@ TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
   }
 }
 
-// Both kernels of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
-// block per (row, output); 2: the GEMVs) and the automatic choice against the CPU twin (ops::linear on model/quant.h's FP32 values, one
-// output row at a time), memcmp-equal: every stored format, widths around the chunk edges (1, 7,
-// 127, 1023, 1024, 1025, 4096, 5000; FP4 multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..5
-// and 200 (GEMV row groups of 1, 2 and 4 with a partial last group), stacked matrices with -1
+// Every kernel of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
+// block per (row, output); 2: the GEMVs; 3: the streaming GEMV, which must refuse exactly where
+// stream_applies says it does not apply) and the automatic choice against the CPU twin
+// (ops::linear on model/quant.h's FP32 values, one output row at a time), memcmp-equal: every
+// stored format, widths around the chunk edges (1, 7, 127, 1023, 1024, 1025, 4096, 5000; FP4
+// multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..6, 8 and 200 (GEMV row groups of 1, 2 and
+// 4 with a partial last group; streaming row bounds 1, 2, 4, 8), stacked matrices with -1
 // rows, x_row_div 2, strided x and y, a row slice (row0) and BF16 outputs on and off. The
 // (out, rows) pairs are drawn at random per width, bounded so the CPU side stays fast.
 TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
