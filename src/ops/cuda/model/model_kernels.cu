@@ -1667,16 +1667,18 @@ cudaError_t launch_stream_r(const LinearArgs& a, cudaStream_t s, bool* taken) {
     while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
     if (a.wt.block_cols < 4 * V || (int64_t(1) << bshift) != a.wt.block_cols) return cudaSuccess;
   }
-  *taken = true;
   const int threads = a.rows * xlen > 16384 ? 512 : 256, W = threads / 32;
   const int S = int(W / std::gcd(int64_t(W), m));
   const int64_t n_sets = (a.out + kSetOut - 1) / kSetOut, n_tiles = (n_sets + S - 1) / S;
   const size_t smem = size_t(a.rows * xlen + 2 * int64_t(S) * kSetOut * R * m) * sizeof(float);
   void (*k)(LinearArgs, int, int64_t, int) = linear_stream_kernel<F, R>;
-  if (smem > 48 * 1024) {  // set on every launch: the attribute belongs to the current device
-    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
+  // Set on every launch (the attribute belongs to the current device); a device with less shared
+  // memory per block than this launch needs leaves it to the GEMV.
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
   }
+  *taken = true;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem) != cudaSuccess || per_sm < 1) per_sm = 1;
   const int64_t want = int64_t(stream_sm_count()) * per_sm / a.groups;
