@@ -1,11 +1,12 @@
 // `flashseek bench --kernels exact` (kernel_bench.h): the exactness kernels of the GPU model
 // (ops/cuda/model/model_kernels.h) on the decode shapes of DeepSeek-V4.1-Flash, CUDA events,
 // median of `reps` samples of 10 launches, weights in rotating copies (>= 3x the L2) so HBM is
-// measured. The chunked linear is timed with both kernels (LinearArgs::kernel 1: a block per
-// (row, output), the former kernel; 2: the GEMV), which give the same bits; so is the decode
-// attention (ModelAttnArgs::kernel 1: the former kernel, 2: the staged one) and the mHC mixes
-// (HcMixArgs::kernel 1: the row kernel; automatic: the chunk-split kernel). The small row ops
-// (rms_norm, mHC mixes, RoPE, quant_sim, ...) read data that stays in L2: their times are latency.
+// measured. The chunked linear is timed with each kernel (LinearArgs::kernel 1: a block per
+// (row, output), the former kernel; 2: the GEMV; 3: the streaming GEMV, up to 8 rows), which give
+// the same bits; so is the decode attention (ModelAttnArgs::kernel 1: the former kernel, 2: the
+// staged one) and the mHC mixes (HcMixArgs::kernel 1: the row kernel; automatic: the chunk-split
+// kernel). The small row ops (rms_norm, mHC mixes, RoPE, quant_sim, ...) read data that stays in
+// L2: their times are latency.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -83,17 +84,22 @@ Result<std::string> exact_kernels_bench(int reps) {
       "### Exactness kernels of the GPU model (median of {} samples x 10 launches; copy bandwidth {:.0f} GB/s "
       "read + write)\n\n"
       "Linears: kernel 1 = the former kernels (in > 1024: one block per (row, output); in <= 1024: 8 lanes per "
-      "output), 2 = the GEMVs; same bits.\n\n"
-      "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 2 bandwidth (weights) | speed-up |\n"
-      "|---|---|---|---|---|---|---|\n",
+      "output), 2 = the GEMVs, 3 = the streaming GEMV (in > 1024, up to 8 rows; the automatic choice there); "
+      "same bits. Bandwidth: weight bytes over the time of the fastest of 2 and 3, against the copy bandwidth; "
+      "speed-up: kernel 1 over that.\n\n"
+      "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 3 us | best bandwidth (weights) | speed-up |\n"
+      "|---|---|---|---|---|---|---|---|\n",
       reps, copy_gbps);
   struct LinCase {
     const char* name;
     cd::WeightDtype dt;
     int64_t n, k, rows;
+    int64_t groups = 1;  // a grouped launch (LinearArgs::groups): n / groups outputs per group
   };
   const LinCase lcases[] = {
       {"LM head (BF16)", cd::WeightDtype::kBf16, 129280, 4096, 1},
+      {"wo_a, 8 groups in one launch (FP8 128x128, as the model runs it)", cd::WeightDtype::kFp8, 8192, 4096, 1, 8},
+      {"wo_a, 8 groups in one launch (FP8 128x128, as the model runs it)", cd::WeightDtype::kFp8, 8192, 4096, 6, 8},
       {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 1},
       {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 6},
       {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 16},
@@ -107,20 +113,26 @@ Result<std::string> exact_kernels_bench(int reps) {
   for (const LinCase& c : lcases) {
     TypedMat m;
     FS_RETURN_IF_ERROR(make_typed(ar, m, c.dt, c.n, c.k, ++seed));
-    double us[3] = {0, 0, 0};
-    for (int kernel : {1, 2}) {
+    double us[4] = {0, 0, 0, 0};
+    const bool stream = c.k > 1024 && c.rows <= 8;  // where kernel 3 applies (aligned weights, k % 16 == 0)
+    for (int kernel : {1, 2, 3}) {
+      if (kernel == 3 && !stream) continue;
       double med = 0, mn = 0;
       FS_RETURN_IF_ERROR(bench::time_op(
           [&](int call) {
             cd::LinearArgs a;
-            a.x = x, a.wt = m.ref(call), a.y = y, a.rows = c.rows, a.in = c.k, a.out = c.n, a.kernel = kernel;
+            a.x = x, a.wt = m.ref(call), a.y = y, a.rows = c.rows, a.in = c.k, a.out = c.n / c.groups, a.kernel = kernel;
+            if (c.groups > 1)  // group g: x columns [g·k, (g+1)·k), outputs [g·n/G, (g+1)·n/G) of each row
+              a.groups = c.groups, a.x_stride = c.groups * c.k, a.x_group = c.k, a.y_stride = c.n, a.y_group = a.out;
             return cuda_status(cd::launch_linear(a, bench::g_st), "exact linear");
           },
           reps, &med, &mn));
       us[kernel] = med;
     }
-    md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
-                      us[2], pct(m.bytes(), us[2], copy_gbps), us[1] / us[2]);
+    const double best = stream ? std::min(us[2], us[3]) : us[2];
+    md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
+                      us[2], stream ? fmt::format("{:.1f}", us[3]) : std::string("-"), pct(m.bytes(), best, copy_gbps),
+                      us[1] / best);
   }
   // Decode attention at the real V4.1 width (model_attn.cu), compact cache rows, position 4096: the
   // former kernel (ModelAttnArgs::kernel 1) and the staged one (2), same bits. The ~0.3 MB of rows

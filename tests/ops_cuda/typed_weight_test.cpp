@@ -146,6 +146,18 @@ struct Fmt {
   int64_t br, bc;
 };
 
+// Where the streaming GEMV (LinearArgs::kernel 3, model_kernels.cu linear_stream_kernel) applies,
+// as model_kernels.h states it: in > 1024, at most 8 rows, no sel, in a multiple of its load width
+// (up to 2 rows 16 bytes of weights, FP4 16 values; from 3 rows 4 values), FP8 scale blocks a power of two at
+// least that wide, rows x in padded to whole chunks within 32768 floats (test weights are aligned).
+bool stream_applies(WeightDtype dt, int64_t in, int64_t rows, int64_t bc, bool sel) {
+  int64_t width = 4;
+  if (rows <= 2) width = dt == WeightDtype::kF32 ? 4 : dt == WeightDtype::kFp8 || dt == WeightDtype::kFp4 ? 16 : 8;
+  const int64_t m = (in + 1023) / 1024;
+  if (in <= 1024 || rows > 8 || sel || in % width != 0 || rows * m * 1024 > 32768) return false;
+  return dt != WeightDtype::kFp8 || (bc >= width && (bc & (bc - 1)) == 0);
+}
+
 // Every format, widths across the short and chunked orders (FP4: multiples of 32), plain and
 // stacked, with x_row_div and strides: typed == FP32 weights, bit for bit.
 TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
@@ -196,28 +208,30 @@ TEST(CudaTypedWeights, LinearMatchesFp32WeightsBitwise) {
   }
 }
 
-// Both kernels of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
-// block per (row, output); 2: the GEMVs) and the automatic choice against the CPU twin (ops::linear on model/quant.h's FP32 values, one
-// output row at a time), memcmp-equal: every stored format, widths around the chunk edges (1, 7,
-// 127, 1023, 1024, 1025, 4096, 5000; FP4 multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..5
-// and 200 (GEMV row groups of 1, 2 and 4 with a partial last group), stacked matrices with -1
+// Every kernel of each order (LinearArgs::kernel 1: the former kernels, 8 lanes per output or a
+// block per (row, output); 2: the GEMVs; 3: the streaming GEMV, which must refuse exactly where
+// stream_applies says it does not apply) and the automatic choice against the CPU twin
+// (ops::linear on model/quant.h's FP32 values, one output row at a time), memcmp-equal: every
+// stored format, widths around the chunk edges (1, 7, 127, 1023, 1024, 1025, 4096, 5000; FP4
+// multiples of 32), outputs 1 / 3 / 33 / 1000, rows 1..6, 8 and 200 (GEMV row groups of 1, 2 and
+// 4 with a partial last group; streaming row bounds 1, 2, 4, 8), stacked matrices with -1
 // rows, x_row_div 2, strided x and y, a row slice (row0) and BF16 outputs on and off. The
 // (out, rows) pairs are drawn at random per width, bounded so the CPU side stays fast.
 TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
   FS_REQUIRE_GPU();
   const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kF16, 1, 1},
                       {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 1, 32}, {WeightDtype::kFp4, 1, 32}};
-  const int64_t outs[] = {1, 3, 33, 1000}, row_counts[] = {1, 2, 3, 4, 5, 200};
+  const int64_t outs[] = {1, 3, 33, 1000}, row_counts[] = {1, 2, 3, 4, 5, 6, 8, 200};
   Rng pick(2024);
   uint64_t seed = 500;
-  int64_t cases = 0, gemv_cases = 0;
+  int64_t cases = 0, gemv_cases = 0, stream_cases = 0;
   for (const Fmt& f : fmts) {
     const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4
                                             ? std::vector<int64_t>{32, 992, 1024, 1056, 4096, 5024}
                                             : std::vector<int64_t>{1, 7, 127, 1023, 1024, 1025, 4096, 5000};
     for (int64_t in : widths) {
       for (int rep = 0; rep < 3; ++rep) {
-        int64_t out = outs[pick.below(4)], rows = row_counts[pick.below(6)];
+        int64_t out = outs[pick.below(4)], rows = row_counts[pick.below(8)];
         while (rows * out * in > 6'000'000) out = out > 3 ? 33 : 1, rows = rows > 5 ? 5 : rows;
         const bool stacked = rep == 1, bf16 = rep != 0;
         const int64_t E = stacked ? 3 : 1, row0 = rep == 2 ? 5 : 0, x_div = stacked ? 2 : 1;
@@ -248,13 +262,20 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
         }
         DeviceBuffer<float> dx(x);
         DeviceBuffer<int32_t> dsel(sel);
-        for (int kernel : {0, 1, 2}) {
+        for (int kernel : {0, 1, 2, 3}) {
           DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
           cd::LinearArgs a;
           a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.sel = stacked ? dsel.get() : nullptr;
           a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div;
           a.bf16_out = bf16, a.kernel = kernel;
-          FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+          if (kernel == 3) {  // the streaming GEMV: refused exactly where it does not apply
+            const bool applies = stream_applies(f.dt, in, rows, f.bc, stacked);
+            EXPECT_EQ(cd::launch_linear(a, 0) == cudaSuccess, applies) << tag << " kernel 3";
+            if (!applies) continue;
+            ++stream_cases;
+          } else {
+            FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "typed linear"));
+          }
           expect_bitwise(dy.to_host(), want, tag + " kernel " + std::to_string(kernel));
           if (f.dt == WeightDtype::kF32) {  // the FP32 pointer path (a.w) through the same kernels
             DeviceBuffer<float> dy2(std::vector<float>(size_t(rows * ys), -7.0f));
@@ -271,11 +292,140 @@ TEST(CudaTypedWeights, LinearKernelsMatchCpuTwinBitwise) {
     }
   }
   EXPECT_GT(gemv_cases, 40);
-  std::printf("[typed] %lld launches compared, %lld of them the GEMV\n", (long long)cases, (long long)gemv_cases);
+  EXPECT_GT(stream_cases, 8);
+  std::printf("[typed] %lld launches compared, %lld of them the GEMV, %lld the streaming GEMV\n", (long long)cases,
+              (long long)gemv_cases, (long long)stream_cases);
 }
 
-// The kernel field is checked: 3 is refused, and the GEMV refuses rows longer than 16 chunks (its
-// padded input must fit shared memory) while the automatic choice falls back to the block kernel.
+// The streaming GEMV (LinearArgs::kernel 3) against the CPU twin, memcmp-equal, on every path it
+// has: each stored format and load width (FP8 scale blocks of 128, 16 (exactly one 16-byte load)
+// and 8 (too narrow for 16-byte loads: refused up to 2 rows, taken from 3)), 1 / 2 / 3 / 6 / 8
+// rows (row bounds 1, 2, 4, 8 with skipped rows), widths with a partial last chunk (1040, 4100:
+// only 4-value loads), 3 and 5 chunks (tiles of several sets), 17 chunks at one row (512-thread
+// blocks, x over 64 KB), outputs that leave partial sets and tiles (1, 7, 33), row slices, strided
+// and shared x rows (x_row_div), BF16 outputs; outputs large enough that blocks walk several tiles
+// (the double-buffered chunk sums). Where it does not apply it must refuse; the automatic choice
+// and the GEMV (kernel 2) give the same bits.
+TEST(CudaTypedWeights, StreamingGemvMatchesCpuTwinBitwise) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1},      {WeightDtype::kBf16, 1, 1},   {WeightDtype::kF16, 1, 1},
+                      {WeightDtype::kFp8, 128, 128},  {WeightDtype::kFp8, 32, 16},  {WeightDtype::kFp8, 1, 8},
+                      {WeightDtype::kFp4, 1, 32}};
+  const int64_t row_counts[] = {1, 2, 3, 6, 8}, outs[] = {1, 7, 33};
+  struct Big {
+    WeightDtype dt;
+    int64_t bc, in, out, rows;
+  };
+  // Many tiles per block on any GPU of up to ~1000 resident blocks.
+  const Big bigs[] = {{WeightDtype::kBf16, 1, 4096, 4000, 1},
+                      {WeightDtype::kFp8, 128, 4096, 4000, 6},
+                      {WeightDtype::kFp8, 128, 2048, 8000, 1},
+                      {WeightDtype::kFp4, 32, 4096, 2000, 2}};
+  struct Case {
+    Fmt f;
+    int64_t in, out, rows;
+  };
+  std::vector<Case> cases;
+  int pick = 0;
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4 ? std::vector<int64_t>{1056, 3072, 4096, 5120, 17408}
+                                                                   : std::vector<int64_t>{1040, 3072, 4096, 4100, 5120, 17408};
+    for (int64_t in : widths)
+      for (int64_t rows : row_counts) {
+        if (in == 17408 && rows > 2) continue;  // refused (x over 128 KB) at 2 rows already
+        cases.push_back({f, in, outs[pick++ % 3], rows});
+      }
+  }
+  for (const Big& b : bigs) cases.push_back({{b.dt, b.dt == WeightDtype::kFp8 ? 128 : 1, b.bc}, b.in, b.out, b.rows});
+  uint64_t seed = 7000;
+  int64_t taken = 0, refused = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const bool bf16 = ci % 2 == 1, strided = ci % 3 == 1;
+    const int64_t row0 = ci % 4 == 2 ? 3 : 0, x_div = c.rows > 1 && ci % 5 == 3 ? 2 : 1;
+    const std::string tag = std::string(name_of(c.f.dt)) + " " + std::to_string(c.f.br) + "x" + std::to_string(c.f.bc) +
+                            " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out) + " rows=" +
+                            std::to_string(c.rows) + (row0 ? " row0" : "") + (x_div > 1 ? " x_div" : "") +
+                            (strided ? " strided" : "") + (bf16 ? " bf16" : "");
+    SCOPED_TRACE(tag);
+    const Stored s = make_stored(c.f.dt, c.out + row0, c.in, 1, c.f.br, c.f.bc, ++seed);
+    const DevStored ds(s);
+    Rng r(++seed);
+    const int64_t xs = c.in + (strided ? 5 : 0), ys = c.out + (strided ? 3 : 0), x_rows = (c.rows + x_div - 1) / x_div;
+    std::vector<float> x(size_t(x_rows * xs));
+    for (auto& v : x) v = float(r.normal());
+    std::vector<float> want(size_t(c.rows * ys), -7.0f);
+    for (int64_t i = 0; i < c.rows; ++i)
+      ops::linear({x.data() + (i / x_div) * xs, s.values.data() + row0 * c.in, want.data() + i * ys, 1, c.in, c.out, 0,
+                   false, bf16});
+    DeviceBuffer<float> dx(x);
+    const bool applies = stream_applies(c.f.dt, c.in, c.rows, c.f.bc, false);
+    for (int kernel : {3, 0, 2}) {
+      if (kernel == 2 && c.in > 16 * 1024) continue;  // beyond the GEMV's x limit
+      DeviceBuffer<float> dy(std::vector<float>(size_t(c.rows * ys), -7.0f));
+      cd::LinearArgs a;
+      a.x = dx.get(), a.wt = ds.ref(s, row0), a.y = dy.get(), a.rows = c.rows, a.in = c.in, a.out = c.out;
+      a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div, a.bf16_out = bf16, a.kernel = kernel;
+      const cudaError_t e = cd::launch_linear(a, 0);
+      if (kernel == 3) {
+        EXPECT_EQ(e == cudaSuccess, applies) << "kernel 3";
+        if (e != cudaSuccess) {
+          ++refused;
+          continue;
+        }
+        ++taken;
+      } else {
+        FS_ASSERT_OK(cuda_status(e, "linear"));
+      }
+      const auto got = dy.to_host();
+      expect_bitwise(got, want, tag + " kernel " + std::to_string(kernel));
+      int64_t nonzero = 0;  // not a vacuous pass: the outputs were written
+      for (int64_t i = 0; i < c.rows; ++i)
+        for (int64_t o = 0; o < c.out; ++o) nonzero += got[size_t(i * ys + o)] != 0.0f;
+      EXPECT_GT(nonzero, c.rows * c.out / 2) << "kernel " << kernel;
+      if (c.f.dt == WeightDtype::kF32 && row0 == 0) {  // the FP32 pointer path (a.w), same kernel
+        DeviceBuffer<float> dy2(std::vector<float>(size_t(c.rows * ys), -7.0f));
+        a.wt = cd::WeightRef{}, a.w = ds.values.get(), a.y = dy2.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fp32 pointer"));
+        expect_bitwise(dy2.to_host(), want, tag + " fp32 pointer kernel " + std::to_string(kernel));
+      }
+    }
+  }
+  EXPECT_GT(taken, 100);
+  EXPECT_GT(refused, 20);
+  std::printf("[stream] %lld cases taken by the streaming GEMV, %lld refused\n", (long long)taken, (long long)refused);
+
+  // Refusals: sel (stacked experts), more than 8 rows, in <= 1024, an unaligned weight (the
+  // automatic choice then takes the GEMV, same bits).
+  const Stored s = make_stored(WeightDtype::kBf16, 5, 2048, 1, 1, 1, 31);
+  DeviceBuffer<uint8_t> shifted(s.data.size() + 16);
+  ASSERT_EQ(cudaMemcpy(shifted.get() + 2, s.data.data(), s.data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  const DevStored ds(s);
+  Rng r(32);
+  std::vector<float> x(size_t(9 * 2048));
+  for (auto& v : x) v = float(r.normal());
+  DeviceBuffer<float> dx(x), dy(size_t(9 * 5));
+  DeviceBuffer<int32_t> dsel(std::vector<int32_t>(9, 0));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 9, a.in = 2048, a.out = 5, a.kernel = 3;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "9 rows";
+  a.rows = 1, a.sel = dsel.get();
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "sel";
+  a.sel = nullptr, a.in = 1024, a.wt.cols = 1024;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "in = 1024";
+  a.in = 2048, a.wt = ds.ref(s), a.wt.data = shifted.get() + 2;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "unaligned weight";
+  a.kernel = 0;
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "unaligned weight, automatic"));
+  std::vector<float> want(5);
+  ops::linear({x.data(), s.values.data(), want.data(), 1, 2048, 5, 0, false, false});
+  const auto got = dy.to_host();
+  expect_bitwise(std::vector<float>(got.begin(), got.begin() + 5), want, "unaligned weight, automatic");
+}
+
+// The kernel field is checked: 4 is refused, the streaming GEMV (3) refuses a width that is not a
+// multiple of 4, and the GEMV refuses rows longer than 16 chunks (its padded input must fit shared
+// memory) while the automatic choice falls back to the block kernel.
 TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   FS_REQUIRE_GPU();
   const int64_t in = 17 * 1024 + 1, out = 2;
@@ -289,6 +439,8 @@ TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   DeviceBuffer<float> dx(x), dy(static_cast<size_t>(out));
   cd::LinearArgs a;
   a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = in, a.out = out;
+  a.kernel = 4;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 3;
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 2;
@@ -327,7 +479,8 @@ TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
 // One grouped launch (LinearArgs::groups, as gpu_ops.cpp grouped_linear runs wo_a: group g reads
 // x columns [g·in, (g+1)·in) and rows [g·Ro, (g+1)·Ro) of [G·Ro, in], into output columns
 // [g·Ro, (g+1)·Ro)) equals the CPU twin group by group, bit for bit, for every kernel (short,
-// chunked, GEMV), typed and FP32-pointer weights; sel with groups is refused.
+// chunked, GEMV, streaming GEMV at 1 / 4 / 6 rows), typed and FP32-pointer weights; sel with
+// groups is refused.
 TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
   FS_REQUIRE_GPU();
   int64_t cases = 0;
@@ -336,7 +489,7 @@ TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
                       Fmt{WeightDtype::kF32, 1, 1}}) {
     for (const int64_t G : {1, 3, 8}) {
       for (const int64_t in : {96, 1025, 4096}) {
-        for (const int64_t T : {1, 4, 17}) {
+        for (const int64_t T : {1, 4, 6, 17}) {
           const int64_t Ro = G == 3 ? 40 : 33;  // 40: slices straddle the 32-row blocks
           const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.br) + " G=" + std::to_string(G) +
                                   " in=" + std::to_string(in) + " T=" + std::to_string(T);
@@ -355,8 +508,9 @@ TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
               std::copy(yg.begin(), yg.end(), want.begin() + t * G * Ro + g * Ro);
             }
           DeviceBuffer<float> dx(x);
-          for (int kernel : {0, 1, 2}) {
+          for (int kernel : {0, 1, 2, 3}) {
             if (kernel == 2 && T > 16) continue;  // the GEMV's row limit (automatic picks kernel 1)
+            if (kernel == 3 && !stream_applies(f.dt, in, T, f.bc, false)) continue;  // refusals: other tests
             for (const bool fp32_ptr : {false, true}) {
               if (fp32_ptr && f.dt != WeightDtype::kF32) continue;
               DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));

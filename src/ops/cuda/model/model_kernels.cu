@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <numeric>
 
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
@@ -557,6 +558,281 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     if (o >= a.out || i >= nr) continue;
     const float acc = dev_chunk_tree(csum + q * m, m);
     a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+  }
+}
+
+// ---- Streaming GEMV of the chunked linear (in > kSumChunk, at most 8 rows: decode, verify) ------
+// The same products, partials, butterfly and chunk tree as linear_gemv_kernel (warp_dot_chunk's
+// order, then dev_chunk_tree), laid out to keep HBM busy:
+//  - Wide loads: lane l = V·p + g (group g = l % V, p = l / V) loads the 4V consecutive weights
+//    at columns 128t + 4Vp .. 128t + 4Vp + 4V - 1 of slice t of its group's output chunk (for 1-2
+//    rows V = 1 / 2 / 4 / 4 for F32 / BF16-F16 / FP8 / FP4: 16 / 16 / 16 / 8 bytes), i.e. it
+//    stands for lanes Vp .. Vp + V - 1 of warp_dot_chunk and keeps their four partials each
+//    (acc[..][4u + q]: lane Vp + u, partial q), each in slice order. A warp task is (set, chunk):
+//    group g takes NO outputs of the set's V·NO (the NO outputs of a lane share each x value).
+//    The V lanes of one p read the same x (a broadcast) and 8 consecutive lanes read 8 / V
+//    consecutive 16-byte words (no bank conflict).
+//  - The butterfly over those 32 lane values in warp_dot_chunk's level order: levels 16 .. V pair
+//    lane Vp + u with V(p ^ o/V) + u, held by lane l ^ o (a shuffle by o, same group); levels
+//    V/2 .. 1 pair u with u ^ o inside the lane. Every level adds the same pairs (fadd is
+//    commutative).
+//  - A ring of D slices per output: a slice's registers are refilled with the load D slices ahead
+//    (past the last slice: the warp's next task) as soon as they are decoded, so D loads per
+//    output stay in flight across tasks, tiles and barriers (D = 8: the whole next task).
+//  - Persistent blocks: all rows of x (zero-padded to whole chunks) staged once per block; a block
+//    walks output tiles of S sets (gridDim.x apart), each tile's S·m tasks dealt round-robin to the
+//    warps (S·m is a multiple of the warp count), the chunk sums in shared memory (two buffers: one
+//    barrier per tile), then one thread per (output, row) folds them in the stride-doubling tree.
+// Columns past `in` are zero on both sides (+0 products leave a partial unchanged: a partial is
+// never -0), as in linear_gemv_kernel. Needs in % 4V == 0, L-aligned rows and (FP8) power-of-two
+// scale blocks of >= 4V columns (launch_linear_stream checks); rows >= nr are skipped (uniform).
+constexpr int kStreamMaxThreads = 512;
+constexpr int64_t kStreamMaxRows = 8;
+constexpr int64_t kStreamMaxXFloats = 32768;  // rows x padded in: 128 KB of shared memory at most
+
+// Per (dtype, row bound R): V lanes per load, NO outputs per lane, D slices in flight, sized so
+// that the kernel stays within 128 registers without spilling. Up to 2 rows a 16-byte load per
+// slice (FP4: 8 bytes, V = 4); 4 and 8 rows (the products dominate) one lane value per load, at 4
+// rows two outputs per lane (each x value read from shared memory feeds two products). D = 8
+// (a whole task ahead) where the registers allow: at 8 rows a task's products take about as long
+// as a load's latency.
+template <WeightDtype F, int R>
+struct StreamShape {
+  static constexpr int kHalfBytes = F == WeightDtype::kF32 ? 8 : F == WeightDtype::kFp8 ? 2 : F == WeightDtype::kFp4 ? 1 : 4;
+  static constexpr int V = R <= 2 ? (8 / kHalfBytes < 4 ? 8 / kHalfBytes : 4) : 1;
+  static constexpr int NO = R == 4 ? 2 : 1;
+  static constexpr int D = R == 1 || (R == 8 && F != WeightDtype::kF32) ? 8 : R == 4 && F == WeightDtype::kF32 ? 2 : 4;
+  static constexpr int kLoadBytes = 2 * V * kHalfBytes;  // 4V weights
+};
+
+template <WeightDtype F, int V>
+struct StreamRaw {
+  static constexpr int kHalfBytes = StreamShape<F, 1>::kHalfBytes;
+  static constexpr int kBytes = 2 * V * kHalfBytes;
+  static_assert(kBytes >= 2 && kBytes <= 16, "one load of 2..16 bytes");
+  uint32_t v[kBytes >= 4 ? kBytes / 4 : 1];
+  uint32_t s;  // E8M0 scale (kFp8, kFp4)
+};
+
+template <WeightDtype F, int V>
+__device__ __forceinline__ void stream_load(const uint8_t* p, const uint8_t* sc, int bshift, int64_t col, bool ok,
+                                            StreamRaw<F, V>& r) {
+  constexpr int kB = StreamRaw<F, V>::kBytes;
+  const uint8_t* q = p + col * StreamRaw<F, V>::kHalfBytes / 2;
+  if constexpr (kB == 16) {
+    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(q)) : make_uint4(0, 0, 0, 0);
+    r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+  } else if constexpr (kB == 8) {
+    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(q)) : make_uint2(0, 0);
+    r.v[0] = u.x, r.v[1] = u.y;
+  } else if constexpr (kB == 4) {
+    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(q)) : 0u;
+  } else {
+    r.v[0] = ok ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(q))) : 0u;
+  }
+  if constexpr (F == WeightDtype::kFp8) r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+  else if constexpr (F == WeightDtype::kFp4) r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  else r.s = 0;
+}
+
+// The 4V weights' FP32 values: exactly gemv_decode's / RowReader's (all-zero raw bytes give +0).
+template <WeightDtype F, int V>
+__device__ __forceinline__ void stream_decode(const StreamRaw<F, V>& r, float (&w)[4 * V]) {
+  if constexpr (F == WeightDtype::kF32) {
+#pragma unroll
+    for (int q = 0; q < 4 * V; ++q) w[q] = __uint_as_float(r.v[q]);
+  } else if constexpr (F == WeightDtype::kBf16) {
+#pragma unroll
+    for (int k = 0; k < 2 * V; ++k)
+      w[2 * k] = __uint_as_float(r.v[k] << 16), w[2 * k + 1] = __uint_as_float(r.v[k] & 0xffff0000u);
+  } else if constexpr (F == WeightDtype::kF16) {
+#pragma unroll
+    for (int k = 0; k < 2 * V; ++k) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r.v[k]));
+      w[2 * k] = f.x, w[2 * k + 1] = f.y;
+    }
+  } else if constexpr (F == WeightDtype::kFp8) {
+    const float s = dev_e8m0_value(r.s);
+#pragma unroll
+    for (int k = 0; k < 2 * V; ++k) {
+      const uint32_t pair = (r.v[k / 2] >> (16 * (k % 2))) & 0xffffu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      w[2 * k] = __fmul_rn(f.x, s), w[2 * k + 1] = __fmul_rn(f.y, s);
+    }
+  } else {
+    const float s = dev_e8m0_value(r.s);
+#pragma unroll
+    for (int q = 0; q < 4 * V; ++q) w[q] = __fmul_rn(dev_e2m1_bits((r.v[q / 8] >> (4 * (q % 8))) & 15u), s);
+  }
+}
+
+// The rows of one warp task's NO outputs (row pointers resolved once per task).
+template <WeightDtype F, int NO>
+struct StreamTask {
+  const uint8_t* p[NO];
+  const uint8_t* sc[NO];
+  bool ok[NO];
+  int64_t col0;  // the lane's first column: chunk start + 4V·p
+};
+
+template <WeightDtype F, int V, int NO>
+__device__ __forceinline__ StreamTask<F, NO> stream_task(const LinearArgs& a, int64_t set, int64_t c, int grp, int p) {
+  StreamTask<F, NO> k;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int64_t o = (set * V + grp) * NO + j;
+    k.ok[j] = o < a.out;
+    const RowReader<F> rr(a.wt, 0, a.wt.row0 + (k.ok[j] ? o : 0));
+    k.p[j] = rr.p, k.sc[j] = rr.sc;
+  }
+  k.col0 = c * kSumChunk + 4 * V * p;
+  return k;
+}
+
+template <WeightDtype F, int V, int NO>
+__device__ __forceinline__ void stream_issue(const LinearArgs& a, const StreamTask<F, NO>& k, int t, int bshift,
+                                             StreamRaw<F, V> (&dst)[NO]) {
+  const int64_t col = k.col0 + 128 * t;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) stream_load<F, V>(k.p[j], k.sc[j], bshift, col, k.ok[j] && col < a.in, dst[j]);
+}
+
+// Grid: (blocks walking the tiles, groups). Shared memory: x [nr][m·1024], chunk sums [2][S·V·NO][R][m].
+template <WeightDtype F, int R>
+__global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(LinearArgs a, int S, int64_t n_tiles,
+                                                                          int bshift) {
+  using Sh = StreamShape<F, R>;
+  constexpr int V = Sh::V, NO = Sh::NO, D = Sh::D, kSetOut = V * NO;
+  enter_group(a);
+  extern __shared__ float4 tsm[];
+  const int W = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int grp = lane % V, p = lane / V;
+  const int nr = int(a.rows);
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk;
+  const int64_t per_warp = int64_t(S) * m / W, cs_len = int64_t(S) * kSetOut * R * m;
+  float* xs = reinterpret_cast<float*>(tsm);
+  float* csum = xs + nr * xlen;
+  int64_t tile = blockIdx.x;
+  if (tile >= n_tiles) return;  // the whole block (the grid is at most n_tiles wide)
+  StreamTask<F, NO> cur = stream_task<F, V, NO>(a, tile * S + warp / m, warp % m, grp, p);
+  StreamRaw<F, V> raw[D][NO];
+#pragma unroll
+  for (int d = 0; d < D; ++d) stream_issue<F, V, NO>(a, cur, d, bshift, raw[d]);
+  // x, every row, while the first weights are in flight: 8 loads per thread issued before their
+  // stores (16-byte loads where x's rows are 16-byte aligned; in % 4 == 0 here), so staging takes
+  // one or two round trips to L2, not one per row.
+  {
+    const int64_t bd = blockDim.x;
+    if (((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride * 4)) & 15) == 0) {
+      const int64_t xl4 = xlen / 4, in4 = a.in / 4, total = nr * xl4;
+      for (int64_t e0 = threadIdx.x; e0 < total; e0 += 8 * bd) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int64_t e = e0 + u * bd, i = e / xl4, k = e % xl4;
+          v[u] = e < total && k < in4
+                     ? __ldg(reinterpret_cast<const float4*>(a.x + (i / a.x_row_div) * a.x_stride) + k)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (e0 + u * bd < total) tsm[e0 + u * bd] = v[u];
+      }
+    } else {
+      const int64_t total = nr * xlen;
+      for (int64_t e0 = threadIdx.x; e0 < total; e0 += 8 * bd) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int64_t e = e0 + u * bd, i = e / xlen, k = e % xlen;
+          v[u] = e < total && k < a.in ? __ldg(a.x + (i / a.x_row_div) * a.x_stride + k) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (e0 + u * bd < total) xs[e0 + u * bd] = v[u];
+      }
+    }
+  }
+  __syncthreads();
+  for (int buf = 0;; buf ^= 1) {
+    float* cs = csum + buf * cs_len;
+    for (int64_t kk = 0; kk < per_warp; ++kk) {
+      const int64_t tau = warp + kk * W, c = tau % m;
+      int64_t ntile = tile, ntau = tau + W;
+      if (kk + 1 == per_warp) ntile = tile + gridDim.x, ntau = warp;
+      const bool has_next = ntile < n_tiles;
+      const StreamTask<F, NO> nxt = stream_task<F, V, NO>(a, ntile * S + ntau / m, ntau % m, grp, p);
+      float acc[R][NO][4 * V];
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < NO; ++j)
+#pragma unroll
+          for (int q = 0; q < 4 * V; ++q) acc[i][j][q] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        float w[NO][4 * V];
+#pragma unroll
+        for (int j = 0; j < NO; ++j) stream_decode<F, V>(raw[t % D][j], w[j]);
+        if (t + D < 8) stream_issue<F, V, NO>(a, cur, t + D, bshift, raw[t % D]);
+        else if (has_next) stream_issue<F, V, NO>(a, nxt, t + D - 8, bshift, raw[t % D]);
+        const float4* x4 = tsm + (c * kSumChunk + 128 * t + 4 * V * p) / 4;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          if (i >= nr) break;
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+            const float4 xv = x4[i * xlen / 4 + u];
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+              acc[i][j][4 * u + 0] = mul_add(xv.x, w[j][4 * u + 0], acc[i][j][4 * u + 0]);
+              acc[i][j][4 * u + 1] = mul_add(xv.y, w[j][4 * u + 1], acc[i][j][4 * u + 1]);
+              acc[i][j][4 * u + 2] = mul_add(xv.z, w[j][4 * u + 2], acc[i][j][4 * u + 2]);
+              acc[i][j][4 * u + 3] = mul_add(xv.w, w[j][4 * u + 3], acc[i][j][4 * u + 3]);
+            }
+          }
+        }
+      }
+      const int64_t set_local = tau / m;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (i >= nr) break;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+          float v[V];
+#pragma unroll
+          for (int u = 0; u < V; ++u)
+            v[u] = __fadd_rn(__fadd_rn(acc[i][j][4 * u], acc[i][j][4 * u + 1]),
+                             __fadd_rn(acc[i][j][4 * u + 2], acc[i][j][4 * u + 3]));
+#pragma unroll
+          for (int o = 16; o >= V; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < V; ++u) v[u] = __fadd_rn(v[u], __shfl_xor_sync(0xffffffffu, v[u], o));
+#pragma unroll
+          for (int o = V / 2; o >= 1; o >>= 1) {
+            float nv[V];
+#pragma unroll
+            for (int u = 0; u < V; ++u) nv[u] = __fadd_rn(v[u], v[u ^ o]);
+#pragma unroll
+            for (int u = 0; u < V; ++u) v[u] = nv[u];
+          }
+          if (p == 0) cs[((set_local * kSetOut + grp * NO + j) * R + i) * m + c] = v[0];
+        }
+      }
+      cur = nxt;
+    }
+    __syncthreads();  // the tile's chunk sums are in cs (the other buffer is free since the last barrier)
+    const int64_t nq = int64_t(S) * kSetOut * R;
+    for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) {
+      const int i = int(q % R);
+      const int64_t o = tile * S * kSetOut + q / R;
+      if (i >= nr || o >= a.out) continue;
+      const float acc = dev_chunk_tree(cs + q * m, m);
+      a.y[i * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+    }
+    tile += gridDim.x;
+    if (tile >= n_tiles) break;
   }
 }
 
@@ -1621,6 +1897,85 @@ cudaError_t launch_short_gemv_typed(const LinearArgs& a, cudaStream_t s) {
   return launch_short_gemv_r<F, 4>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
 }
 
+int stream_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
+  int c = cache[dev].load(std::memory_order_acquire);
+  if (c > 0) return c;
+  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) c = 1;
+  cache[dev].store(c, std::memory_order_release);
+  return c;
+}
+
+// The streaming GEMV (linear_stream_kernel) with R the smallest of 1, 2, 4, 8 that holds the rows.
+// *taken = false (nothing launched) where its conditions do not hold: in % 4V, an L-aligned weight,
+// FP8 scale blocks a power of two >= 4V columns wide, rows x padded in within kStreamMaxXFloats.
+// 256 threads per block (512 when x takes more than 64 KB, so that an SM still holds 16 warps);
+// S sets per tile with S·m a multiple of the warps per block; as many blocks as fit on the GPU at
+// once (the occupancy of this kernel), split over the groups (rounded down: no second wave), at
+// most one per tile.
+template <WeightDtype F, int R>
+cudaError_t launch_stream_r(const LinearArgs& a, cudaStream_t s, bool* taken) {
+  using Sh = StreamShape<F, R>;
+  constexpr int V = Sh::V, kSetOut = V * Sh::NO, L = Sh::kLoadBytes;
+  *taken = false;
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk;
+  if (a.in % (4 * V) != 0 || reinterpret_cast<uintptr_t>(a.wt.data) % L != 0) return cudaSuccess;
+  if (a.rows * xlen > kStreamMaxXFloats) return cudaSuccess;
+  int bshift = 0;
+  if (F == WeightDtype::kFp8) {
+    while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
+    if (a.wt.block_cols < 4 * V || (int64_t(1) << bshift) != a.wt.block_cols) return cudaSuccess;
+  }
+  const int threads = a.rows * xlen > 16384 ? 512 : 256, W = threads / 32;
+  const int S = int(W / std::gcd(int64_t(W), m));
+  const int64_t n_sets = (a.out + kSetOut - 1) / kSetOut, n_tiles = (n_sets + S - 1) / S;
+  const size_t smem = size_t(a.rows * xlen + 2 * int64_t(S) * kSetOut * R * m) * sizeof(float);
+  void (*k)(LinearArgs, int, int64_t, int) = linear_stream_kernel<F, R>;
+  // Set on every launch (the attribute belongs to the current device); a device with less shared
+  // memory per block than this launch needs leaves it to the GEMV.
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  *taken = true;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem) != cudaSuccess || per_sm < 1) per_sm = 1;
+  const int64_t want = int64_t(stream_sm_count()) * per_sm / a.groups;
+  const int64_t blocks = std::min<int64_t>(n_tiles, std::max<int64_t>(1, want));
+  return launch_kernel(k, dim3(unsigned(blocks), unsigned(a.groups)), threads, smem, s, a, S, n_tiles, bshift);
+}
+
+template <WeightDtype F>
+cudaError_t launch_stream_typed(const LinearArgs& a, cudaStream_t s, bool* taken) {
+  if (a.rows <= 1) return launch_stream_r<F, 1>(a, s, taken);
+  if (a.rows <= 2) return launch_stream_r<F, 2>(a, s, taken);
+  if (a.rows <= 4) return launch_stream_r<F, 4>(a, s, taken);
+  return launch_stream_r<F, 8>(a, s, taken);
+}
+
+// The streaming GEMV of a chunked linear with at most kStreamMaxRows rows and no sel; *taken =
+// false where it does not apply (launch_stream_r's conditions), and nothing was launched.
+cudaError_t launch_linear_stream(const LinearArgs& a0, cudaStream_t s, bool* taken) {
+  *taken = false;
+  if (a0.in <= kSumChunk || a0.rows > kStreamMaxRows || a0.sel) return cudaSuccess;
+  LinearArgs a = a0;
+  if (a.w) {  // an FP32 matrix [out, in]: the same kernel through a kF32 reference
+    a.wt = WeightRef{};
+    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
+  }
+  switch (a.wt.dtype) {
+    case WeightDtype::kF32: return launch_stream_typed<WeightDtype::kF32>(a, s, taken);
+    case WeightDtype::kBf16: return launch_stream_typed<WeightDtype::kBf16>(a, s, taken);
+    case WeightDtype::kF16: return launch_stream_typed<WeightDtype::kF16>(a, s, taken);
+    case WeightDtype::kFp8: return launch_stream_typed<WeightDtype::kFp8>(a, s, taken);
+    case WeightDtype::kFp4: return launch_stream_typed<WeightDtype::kFp4>(a, s, taken);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.w) {  // an FP32 matrix [E?, out, in]: the same kernel through a kF32 reference
@@ -1659,13 +2014,19 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 2)
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 3)
     return cudaErrorInvalidValue;
   if (a.groups < 1 || a.groups > 65535 || (a.groups > 1 && a.sel)) return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
+  if (a.kernel == 3 || (a.kernel == 0 && chunked && a.rows <= kStreamMaxRows && !a.sel)) {
+    bool taken = false;
+    const cudaError_t e = launch_linear_stream(a, s, &taken);
+    if (taken || e != cudaSuccess) return e;
+    if (a.kernel == 3) return cudaErrorInvalidValue;  // forced, but its conditions do not hold
+  }
   {
     const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
