@@ -2021,7 +2021,10 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
-  if (a.kernel == 3 || (a.kernel == 0 && chunked && a.rows <= kStreamMaxRows && !a.sel)) {
+  // Automatic: the streaming GEMV for FP8 weights only; for BF16 / FP32 rows (the LM head, the
+  // router gate) the GEMV's two row groups read as fast or faster (bench --kernels exact).
+  const bool stream_auto = typed && a.wt.dtype == WeightDtype::kFp8 && chunked && a.rows <= kStreamMaxRows && !a.sel;
+  if (a.kernel == 3 || (a.kernel == 0 && stream_auto)) {
     bool taken = false;
     const cudaError_t e = launch_linear_stream(a, s, &taken);
     if (taken || e != cudaSuccess) return e;
