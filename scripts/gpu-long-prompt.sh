@@ -3,14 +3,14 @@
 # `flashseek run` per prompt length, the prompt prefilled in chunks, then a few decode steps at
 # that context. Prints each run's memory plan (the sequence state in the compact formats), the
 # prefill tok/s and the decode tok/s at that context.
-# Usage: scripts/gpu-long-prompt.sh [--lengths 131072] [--chunk 8192] [--layers 4] [--experts 16]
+# Usage: scripts/gpu-long-prompt.sh [--lengths 131072] [--chunk 8192] [--layers 8] [--experts 16]
 #                                   [--tokens 16] [--gpus 0] [--timeout 300]
-# --layers N keeps every layer role (--num-layers). FLASHSEEK_BIN selects the binary
+# --layers N (>= 8) keeps every layer role (--num-layers). FLASHSEEK_BIN selects the binary
 # (default build/bin/flashseek).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-lengths=131072 chunk=8192 layers=4 experts=16 tokens=16 gpus=0 limit=300
+lengths=131072 chunk=8192 layers=8 experts=16 tokens=16 gpus=0 limit=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --lengths) lengths="$2"; shift 2 ;;
@@ -32,6 +32,6 @@ for n in ${lengths//,/ }; do
   timeout "$limit" "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
     --prompt-ids @"$work/p.json" --max-tokens "$tokens" --ignore-eos --speculative off \
     --prefill-chunk "$chunk" --max-step-tokens "$chunk" --max-context $((n + tokens + 64)) >"$work/run.log" 2>&1 \
-    || echo "run exited $?"
+    || { echo "run exited $?"; grep -iE 'error|refused|fits' "$work/run.log" | tail -5; }
   grep -E '^(prompt .* tok/s|  state per sequence|  total for|memory plan|run exited)' "$work/run.log" | tail -6
 done
