@@ -98,6 +98,8 @@ Result<std::string> exact_kernels_bench(int reps) {
   };
   const LinCase lcases[] = {
       {"LM head (BF16)", cd::WeightDtype::kBf16, 129280, 4096, 1},
+      {"LM head (BF16), the DSpark draft's rows", cd::WeightDtype::kBf16, 129280, 4096, 5},
+      {"LM head (BF16), a 6-token verify block", cd::WeightDtype::kBf16, 129280, 4096, 6},
       {"wo_a, 8 groups in one launch (FP8 128x128, as the model runs it)", cd::WeightDtype::kFp8, 8192, 4096, 1, 8},
       {"wo_a, 8 groups in one launch (FP8 128x128, as the model runs it)", cd::WeightDtype::kFp8, 8192, 4096, 6, 8},
       {"wo_a group (FP8 128x128)", cd::WeightDtype::kFp8, 1024, 4096, 1},
