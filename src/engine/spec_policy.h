@@ -39,9 +39,8 @@ struct SpecPolicyOptions {
   int64_t max_probe_every = 256;
   // While off, probes are also spaced so that their extra cost (a verify + the draft − a plain
   // step) stays below this fraction of the plain decoding time in between, even beyond
-  // max_probe_every: on the CPU a probe costs ~20 plain steps, so ~1 probe per 1,000 steps; on
-  // the GPU `demo` checkpoint ~7 steps, so ~1 per 350 (a budget of 5 % cost 5 % of the tokens/s of a
-  // never-accepting draft there, against `off`).
+  // max_probe_every. It is what `auto` gives up against `off` on a draft that never agrees: on
+  // the CPU a probe costs ~20 plain steps, so ~1 probe per 1,000 steps; on the GPU ~7, ~1 per 350.
   double max_probe_overhead = 0.02;
   // The longest gap between probes while off, whatever a probe costs: a draft that starts to
   // agree is picked up again within this many decode steps of the sequence (the probes' share
