@@ -423,6 +423,7 @@ class GpuModel final : public Model, public Backend {
   int64_t act_block_ = 0, expert_act_block_ = 0;
   uint32_t fast_linears_ = kAllGpuLinearRoles;  // GpuLoadOptions::fast_linears
   int index_scores_kernel_ = 0;                 // GpuLoadOptions::index_scores_kernel
+  GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).
   int64_t fast_act(GpuLinearRole r, int64_t act) const { return fast_linears_ & gpu_linear_bit(r) ? act : 0; }

@@ -561,6 +561,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->expert_act_block_ = ab.experts;
   m->fast_linears_ = opts.fast_linears;
   m->index_scores_kernel_ = opts.index_scores_kernel;
+  m->prefill_attention_ = opts.prefill_attention;
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
                // matrices are sliced as they go up)
     m->shard_ = *shard;

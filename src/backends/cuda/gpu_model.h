@@ -72,6 +72,23 @@ inline constexpr uint32_t kAllGpuLinearRoles = (uint32_t(1) << uint32_t(GpuLinea
 const char* gpu_linear_role_name(GpuLinearRole r);
 
 // How the CUDA backend keeps the weights and runs steps.
+// The attention kernel of prefill chunks (docs/cuda.md, "Prefill attention on the tensor cores").
+// kAuto: in reference numerics, each sequence's chunk of at least kGpuPrefillAttnMinRows rows runs
+// the tensor-core prefill attention (ops/cuda/model/prefill_kernels.h
+// launch_model_prefill_attention: the same keys, softmax with sink and scale; q, keys and
+// probabilities in BF16, another summation order) where it applies (head dims 64 / 128 / 256 /
+// 512; its BF16 key pool no larger than the (row, key) pairs it serves). Everything else, and
+// everything with kStaged, runs the exact-order model kernel (launch_model_attention); exact
+// numerics always do. The library default is kStaged: the bitwise contracts of the GPU tests
+// (chunking and batch invariance, CPU == GPU where they are bitwise) hold for the exact-order
+// kernel only; the CLI (`run`, `serve`, `bench`: --prefill-attention) defaults to auto.
+enum class GpuPrefillAttention { kAuto, kStaged };
+// Rows of a sequence's chunk from which kAuto uses the tensor-core kernel: it runs one block per
+// query row (all heads), the staged kernel 16 clusters per row, so below a few hundred rows (the
+// H200 has 132 SMs) the tensor-core kernel leaves most SMs idle; decode steps and verify blocks
+// (<= kGpuGraphMaxTokens rows) never take it.
+inline constexpr int64_t kGpuPrefillAttnMinRows = 64;
+
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks: their slices (gpu_tp.h)
   GpuGraphs graphs = GpuGraphs::kPatch;
@@ -93,6 +110,8 @@ struct GpuLoadOptions {
   // (key tiles in shared memory), 1 one thread per key, 2 / 3 tiles with 1 / 2 keys per thread;
   // documented as the same bits. Tests and diagnostics only.
   int index_scores_kernel = 0;
+  // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
+  GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
