@@ -79,9 +79,12 @@ const auto ckpt_name = [](const ::testing::TestParamInfo<Ckpt>& info) {
   return t;
 };
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuTensorCorePrefill,
-                         ::testing::Values(Ckpt{"tiny-v41", false}, Ckpt{"tiny-v4", false}, Ckpt{"tiny-v41", true, true},
-                                           Ckpt{"tiny-v4", true, true}),
-                         ckpt_name);
+                         ::testing::Values(Ckpt{"tiny-v41", false}, Ckpt{"tiny-v4", false}), ckpt_name);
+// The tie-free well-conditioned checkpoints: a flipped code stays local there, so the noise follows
+// the size of the perturbation, and BF16 attention inputs perturb far more than the bound's 1e-7
+// of each product (docs/cuda.md); listed apart so that their result reads on its own.
+INSTANTIATE_TEST_SUITE_P(WellConditioned, GpuTensorCorePrefill,
+                         ::testing::Values(Ckpt{"tiny-v41", true, true}, Ckpt{"tiny-v4", true, true}), ckpt_name);
 
 }  // namespace
 }  // namespace flashseek::forward

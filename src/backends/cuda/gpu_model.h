@@ -71,7 +71,6 @@ inline constexpr uint32_t kAllGpuLinearRoles = (uint32_t(1) << uint32_t(GpuLinea
 // "draft" ("?" for kCount or beyond).
 const char* gpu_linear_role_name(GpuLinearRole r);
 
-// How the CUDA backend keeps the weights and runs steps.
 // The attention kernel of prefill chunks (docs/cuda.md, "Prefill attention on the tensor cores").
 // kAuto: in reference numerics, each sequence's chunk of at least kGpuPrefillAttnMinRows rows runs
 // the tensor-core prefill attention (ops/cuda/model/prefill_kernels.h
@@ -83,12 +82,15 @@ const char* gpu_linear_role_name(GpuLinearRole r);
 // (chunking and batch invariance, CPU == GPU where they are bitwise) hold for the exact-order
 // kernel only; the CLI (`run`, `serve`, `bench`: --prefill-attention) defaults to auto.
 enum class GpuPrefillAttention { kAuto, kStaged };
-// Rows of a sequence's chunk from which kAuto uses the tensor-core kernel: it runs one block per
-// query row (all heads), the staged kernel 16 clusters per row, so below a few hundred rows (the
-// H200 has 132 SMs) the tensor-core kernel leaves most SMs idle; decode steps and verify blocks
-// (<= kGpuGraphMaxTokens rows) never take it.
+// Rows of a sequence's chunk from which kAuto uses the tensor-core kernel. It runs one block per
+// query row (all 64 heads of a block), the staged kernel one cluster per (row, 4 heads), so a short
+// chunk gives the tensor-core kernel fewer blocks than the GPU has SMs (132 on an H200) while the
+// staged kernel still fills them; 64 is not measured as the crossover (bench --prefill times both
+// paths at the chunk size it is given). Decode steps and verify blocks (<= kGpuGraphMaxTokens
+// rows) never take it.
 inline constexpr int64_t kGpuPrefillAttnMinRows = 64;
 
+// How the CUDA backend keeps the weights and runs steps.
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks: their slices (gpu_tp.h)
   GpuGraphs graphs = GpuGraphs::kPatch;
