@@ -1018,6 +1018,12 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   ops::BlockLinearParams p;
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
+  if (rows > kGpuGraphMaxTokens) {  // prefill-sized: quantise x once, not in every block (same bits)
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, xq, xs, stream_));
+    p.xq = xq, p.xs = xs;
+  }
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, stream_));
   return {};

@@ -280,11 +280,25 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
     gstart = d_gstart, gexpert = sel, prow = d_prow;
   }
+  // Prefill-sized steps (more pairs than 8 per expert group: the GEMV's wide passes) quantise
+  // each input once for all blocks (the same bits as quantising inside the GEMV).
+  const bool preq = grouped && TK > 8 * n_groups;
+  auto quantize = [&](const char* tag, const float* x, int64_t rows, int64_t k, int64_t act,
+                      std::pair<const uint8_t*, const float*>& out) -> Status {
+    if (!preq) return {};
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>(std::string(tag) + "_q8", rows * k));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>(std::string(tag) + "_qs", rows * (k / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, k, act, xq, xs, stream_));
+    out = {xq, xs};
+    return {};
+  };
+  std::pair<const uint8_t*, const float*> xq_cur{nullptr, nullptr};
   // y[s] = fq8(x[row(s)]) · W[expert of s]ᵀ for every (sorted) pair s.
   auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k,
                  float* y) -> Status {
     ops::ExpertGemvParams q;
     q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    q.xq = xq_cur.first, q.xs = xq_cur.second;
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;
@@ -294,6 +308,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
+  if (n1.act_block != n3.act_block) return internal_error("moe: gate and up projections with different act blocks");
+  FS_RETURN_IF_ERROR(quantize("moe_x", m, T, D, n1.act_block, xq_cur));
   FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
   FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
   if (R) {
@@ -301,6 +317,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
   }
   FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
+  xq_cur = {nullptr, nullptr};
+  FS_RETURN_IF_ERROR(quantize("moe_h", h, TK, I, n2.act_block, xq_cur));
   FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
   // Each expert's output rounded to BF16 before the combine, as the CPU (linear_raw bf16_out)
   // and the exactness path (linear bf16_out) do; the expert GEMV writes FP32. Without it the
