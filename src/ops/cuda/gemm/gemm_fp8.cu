@@ -630,7 +630,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
           const uint8_t* raw = sraw + slot * kWs4RawBytes;
           uint8_t* dst = sb + slot * kWsBBytes;
-#pragma unroll 2
+#pragma unroll 1
           for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
             const int r = j >> 3, c = j & 7;
             const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
