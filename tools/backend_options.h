@@ -20,6 +20,7 @@ struct BackendOpts {
   std::string device_sampling = "on";  // on | off
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
+  int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log and --engram-tables

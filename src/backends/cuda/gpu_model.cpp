@@ -504,6 +504,8 @@ std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
+  if (opts.moe_gemm_min_tokens < 0)
+    return invalid_argument("moe_gemm_min_tokens {}: expected >= 0 (0: off)", opts.moe_gemm_min_tokens);
   if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
     return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
   std::string why;
@@ -561,6 +563,13 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->expert_act_block_ = ab.experts;
   m->fast_linears_ = opts.fast_linears;
   m->index_scores_kernel_ = opts.index_scores_kernel;
+  m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
+  {
+    int major = 0, minor = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m->device_));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, m->device_));
+    m->sm90a_ = major == 9 && minor == 0;
+  }
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
                // matrices are sliced as they go up)
     m->shard_ = *shard;
