@@ -24,6 +24,11 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--gpu-graphs-log", o.gpu_graphs_log, "print the CUDA-graph counters to stderr at the end");
+  cmd->add_option("--moe-gemm-min-tokens", o.moe_gemm_min_tokens,
+                  "GPU backend: forward chunks of at least this many tokens run the MXFP4 routed experts as "
+                  "grouped FP8 GEMMs (FP4 expanded in the kernel) instead of the expert GEMV; 0: always the GEMV")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -65,6 +70,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.load_threads = o.threads;
   g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
   g.prefill_attention = prefill_attention(o.prefill_attention);
+  g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   return g;
 }
 

@@ -21,10 +21,11 @@ struct BackendOpts {
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
+  int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
 };
 
-// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --engram-tables and
-// --prefill-attention to `cmd`.
+// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
+// --engram-tables and --prefill-attention to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.

@@ -1,6 +1,7 @@
 // Prefill layer benchmark (see prefill_bench.h). One Layer holds every weight of one layer (dense
 // FP8 parts in rotating copies; all 384 routed experts once, as FP8 e4m3 copies of their FP4
-// values); each kernel is a closure over the rep index that launches it on g_st.
+// values, and once more as stored, MXFP4, for the FP4 grouped GEMM rows); each kernel is a
+// closure over the rep index that launches it on g_st.
 #include "bench/cuda/prefill_bench.h"
 
 #include <algorithm>
@@ -240,6 +241,20 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_gus, kExperts * gu_s, 902, 2, nullptr));
   FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_dn, kExperts * dn_w, 903, 1, nullptr));
   FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_dns, kExperts * dn_s, 904, 2, nullptr));
+  // The same experts as the checkpoint stores them (MXFP4: e2m1 pairs + one E8M0 scale per row and
+  // 32-block), for the FP4 grouped GEMM (expanded to e4m3 inside the kernel): half the code bytes.
+  const int64_t gu_w4 = weight_code_bytes(WeightFormat::kFp4, 2 * kInter, kHidden),
+                gu_s4 = weight_scale_bytes(WeightFormat::kFp4, 2 * kInter, kHidden, 32);
+  const int64_t dn_w4 = weight_code_bytes(WeightFormat::kFp4, kHidden, kInter),
+                dn_s4 = weight_scale_bytes(WeightFormat::kFp4, kHidden, kInter, 32);
+  FS_ASSIGN_OR_RETURN(uint8_t* e4_gu, ar.alloc<uint8_t>(kExperts * gu_w4));
+  FS_ASSIGN_OR_RETURN(uint8_t* e4_gus, ar.alloc<uint8_t>(kExperts * gu_s4));
+  FS_ASSIGN_OR_RETURN(uint8_t* e4_dn, ar.alloc<uint8_t>(kExperts * dn_w4));
+  FS_ASSIGN_OR_RETURN(uint8_t* e4_dns, ar.alloc<uint8_t>(kExperts * dn_s4));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_gu, kExperts * gu_w4, 905, 0, nullptr));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_gus, kExperts * gu_s4, 906, 2, nullptr));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_dn, kExperts * dn_w4, 907, 0, nullptr));
+  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_dns, kExperts * dn_s4, 908, 2, nullptr));
   std::vector<float*> hc_fn;
   for (int c = 0; c < 2; ++c) {
     FS_ASSIGN_OR_RETURN(float* f, floats(ar, kMix * kHc * kHidden, 1100 + c, 0.01f));
@@ -408,6 +423,15 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
     gp.w = up ? e_gu : e_dn, gp.w_scale = up ? e_gus : e_dns, gp.row_start = rt.row_start;
     gp.y = up ? rgu : ry, gp.groups = kExperts, gp.rows = m * kTopK;
     gp.n = up ? 2 * kInter : kHidden, gp.k = up ? kHidden : kInter;
+    return gemm_fp8_grouped_cuda(gp, g_st);
+  };
+  // The same grouped GEMM on the FP4 experts (gemm_fp8_grouped_cuda, w_format kFp4).
+  auto expert_grouped_fp4 = [&](const Routing& rt, bool up) -> Status {
+    GemmFp8GroupedParams gp;
+    gp.xq = up ? qperm.q : qrh.q, gp.xs = up ? qperm.s : qrh.s;
+    gp.w = up ? e4_gu : e4_dn, gp.w_scale = up ? e4_gus : e4_dns, gp.row_start = rt.row_start;
+    gp.y = up ? rgu : ry, gp.groups = kExperts, gp.rows = m * kTopK;
+    gp.n = up ? 2 * kInter : kHidden, gp.k = up ? kHidden : kInter, gp.w_format = WeightFormat::kFp4;
     return gemm_fp8_grouped_cuda(gp, g_st);
   };
   auto route_of = [&](int r) -> const Routing& { return routes[size_t(r) % routes.size()]; };
@@ -637,6 +661,22 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   else
     FS_RETURN_IF_ERROR(add(extra(dn_grp, "info", 0, 0, e_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
                            [&](int r) { return expert_grouped(route_of(r), false); }));
+  // The grouped GEMMs on the FP4 experts as stored (information: the layer keeps the FP8 copies).
+  const double e4_gu_bytes = rep.mean_distinct * (double(gu_w4) + double(gu_s4));
+  const double e4_dn_bytes = rep.mean_distinct * (double(dn_w4) + double(dn_s4));
+  FS_RETURN_IF_ERROR(add(extra(fmt::format("routed gate+up: ONE grouped GEMM over {} experts [4608,5120], FP4 experts "
+                                           "(e2m1 expanded in the kernel)", kExperts), "info", 0, 0,
+                               e4_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter, r_gu_flops, true),
+                         [&](int r) { return expert_grouped_fp4(route_of(r), true); }));
+  FS_RETURN_IF_ERROR(add(extra(fmt::format("routed down: ONE grouped GEMM over {} experts [5120,2304], FP4 experts "
+                                           "(e2m1 expanded in the kernel)", kExperts), "info", 0, 0,
+                               e4_dn_bytes + qbytes(m * kTopK, kInter) + 4.0 * pairs * kHidden, r_dn_flops, true),
+                         [&](int r) { return expert_grouped_fp4(route_of(r), false); }));
+  if (!grouped) {  // the FP8 grouped gate+up too, for the side-by-side
+    FS_RETURN_IF_ERROR(add(extra(gu_grp, "info", 0, 0, e_gu_bytes + qbytes(m * kTopK, kHidden) + 4.0 * pairs * 2 * kInter,
+                                 r_gu_flops, true),
+                           [&](int r) { return expert_grouped(route_of(r), true); }));
+  }
   for (int alt : {1, 4, 8, 16}) {
     if (alt == ns && !grouped) continue;
     FS_RETURN_IF_ERROR(add(extra(fmt::format("routed gate+up on {} stream{}", alt, alt == 1 ? "" : "s"), "info", 0, 0,

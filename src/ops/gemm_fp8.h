@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/status.h"
+#include "ops/linear_quant.h"
 
 namespace flashseek::ops {
 
@@ -83,16 +84,25 @@ Status gemm_fp8_ref(const GemmFp8Params& p);
 //   Y[rows of g] = (xq·xs)[rows of g] · dq(W_g)ᵀ
 // Same numbers per group as gemm_fp8 on that group's rows. row_start: a device array for the
 // CUDA op (the launch needs no host knowledge of the group sizes), a host array for the twin.
+//
+// w_format kFp4 (MXFP4 routed experts as the checkpoint stores them): w holds e2m1 codes
+// [groups, n, k/2] (two per byte, low nibble = even k) and w_scale one E8M0 scale per row and
+// 32-block [groups, n, k/32] (w_block must be 32). Every e2m1 value is exact in e4m3, so the
+// numbers are those of the kFp8 GEMM on the e4m3 copy of the codes with the scale taken per
+// (row, 32-block) instead of per 32 × 32 tile: Y = Σ_kb (Xq·Wq)_kb · xs[m, kb] · ws[n, kb]; where
+// the 32 rows of every tile share their scales the two formats give identical bits.
 struct GemmFp8GroupedParams {
   const uint8_t* xq = nullptr;  // [rows, k] e4m3
   const float* xs = nullptr;    // [rows, k/32]
-  const uint8_t* w = nullptr;   // [groups, n, k] e4m3
-  const uint8_t* w_scale = nullptr;  // [groups, ceil(n/w_block), k/w_block] e8m0
+  const uint8_t* w = nullptr;   // kFp8: [groups, n, k] e4m3; kFp4: [groups, n, k/2] e2m1 pairs
+  const uint8_t* w_scale = nullptr;  // kFp8: [groups, ceil(n/w_block), k/w_block] e8m0;
+                                     // kFp4: [groups, n, k/32] e8m0
   const int32_t* row_start = nullptr;  // [groups + 1]
   void* y = nullptr;            // [rows, n] FP32, or BF16 bits when bf16_out
   bool bf16_out = false;
   int64_t groups = 0, rows = 0, n = 0, k = 0;
   int64_t w_block = 32;
+  WeightFormat w_format = WeightFormat::kFp8;  // kFp8 or kFp4
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
@@ -105,6 +115,11 @@ inline Status validate(const GemmFp8GroupedParams& p) {
     return invalid_argument("gemm_fp8_grouped: k={} must be a positive multiple of 128", p.k);
   if (p.w_block != 32 && p.w_block != 128)
     return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
+  if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
+    return invalid_argument("gemm_fp8_grouped: the weight format must be kFp8 or kFp4");
+  if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
+    return invalid_argument("gemm_fp8_grouped: FP4 weights have one scale per 1 x 32 block (w_block={})",
+                            p.w_block);
   if (p.rows >= (int64_t(1) << 31) / 128 || p.n * p.groups >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30))
     return out_of_range("gemm_fp8_grouped: rows={}, groups·n={} or k={} too large", p.rows, p.n * p.groups, p.k);
   return {};

@@ -28,6 +28,11 @@ struct BlockLinearParams {
   int64_t w_block = 32;            // FP8 scale block edge: 32 (V4.1) or 128 (V4); FP4 ignores it
   int64_t act_block = 32;          // activation quant block: 32 (V4.1) or 128 (V4)
   bool bf16_out = false;
+  // Optional (CUDA only; the CPU twin ignores them): x already quantised by gemv_quantize_cuda
+  // with this act_block (codes [m, k], scales [m, k/32]). Prefill-sized launches then read these
+  // instead of quantising x in every block; y is the same bits. x must still be set.
+  const uint8_t* xq = nullptr;
+  const float* xs = nullptr;
 };
 
 // Shape rules shared by both backends: k a multiple of 32, of act_block and (FP8) of w_block;

@@ -35,6 +35,11 @@ struct ExpertGemvParams {
   // order; a caller whose results must not depend on how many groups share the launch (a model
   // step batching several sequences) passes a fixed value.
   int64_t split_groups = 0;
+  // Optional (CUDA only; the CPU twin ignores them): the rows of x quantised by gemv_quantize_cuda
+  // with this act_block (codes [rows, k], scales [rows, k/32]), read instead of quantising x in
+  // every block on prefill-sized launches; the same bits. x must still be set.
+  const uint8_t* xq = nullptr;
+  const float* xs = nullptr;
 };
 
 // Host-checkable rules (index arrays live on the device and are not read here).

@@ -39,6 +39,7 @@ Status validate(const BlockLinearParams& p) {
   if (!p.x || !p.w || !p.w_scale || !p.y)
     return invalid_argument("block_linear: x, w, w_scale and y must be set");
   if (p.m <= 0) return invalid_argument("block_linear: m must be positive, got {}", p.m);
+  if (bool(p.xq) != bool(p.xs)) return invalid_argument("block_linear: xq and xs must be set together");
   return check_dims("block_linear", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 
@@ -47,6 +48,7 @@ Status validate(const ExpertGemvParams& p) {
     return invalid_argument("expert_gemv: x, w, w_scale, y, group_expert, group_start must be set");
   if (bool(p.w_up) != bool(p.w_up_scale))
     return invalid_argument("expert_gemv: w_up and w_up_scale must be set together");
+  if (bool(p.xq) != bool(p.xs)) return invalid_argument("expert_gemv: xq and xs must be set together");
   if (p.n_groups <= 0 || p.n_pairs <= 0 || p.n_experts <= 0)
     return invalid_argument("expert_gemv: n_groups={}, n_pairs={}, n_experts={} must be positive",
                             p.n_groups, p.n_pairs, p.n_experts);

@@ -328,6 +328,147 @@ TEST(CudaGemmFp8, GroupedMatchesPerGroupKernelAndCpuTwin) {
   }
 }
 
+// FP4 (MXFP4) weights in the grouped GEMM: e2m1 codes [G, n, k/2] + one E8M0 scale per
+// (row, 32-block), expanded to e4m3 inside the kernel. Two checks per case:
+// * tile scales (the 32 rows of each 32 × 32 block share their scale): bitwise equal to the FP8
+//   grouped GEMM on the e4m3 copy of the codes with those tile scales (the expansion is exact
+//   and the promotion forms the same sx · sw products);
+// * independent random per-row scales: within the GEMM bound of the CPU twin (FP4 format), as
+//   run_grouped (every product x_q · w is still exact in FP32).
+// Group sizes with empty groups, tails past 128, n not a multiple of 128 or 32 (odd n too).
+uint8_t e2m1_to_e4m3_code(uint8_t nib) {
+  static constexpr uint8_t kMag[8] = {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C};
+  return uint8_t(kMag[nib & 7] | ((nib & 8) << 4));
+}
+
+void run_grouped_fp4(const GroupedCase& c, uint32_t seed) {
+  const int64_t G = int64_t(c.sizes.size()), n = c.n, k = c.k, kb = k / 32;
+  SCOPED_TRACE(::testing::Message() << "fp4 groups=" << G << " n=" << n << " k=" << k << " bf16_out=" << c.bf16_out);
+  std::vector<int32_t> starts(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + c.sizes[size_t(g)];
+  const int64_t rows = starts[size_t(G)];
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> w4(size_t(G * n * k / 2));
+  for (auto& b : w4) b = uint8_t(rng());
+  // The e4m3 copy [G, n, k] of the codes (low nibble = even k).
+  std::vector<uint8_t> w8(size_t(G * n * k));
+  for (size_t i = 0; i < w8.size(); ++i) w8[i] = e2m1_to_e4m3_code(uint8_t((w4[i / 2] >> (4 * (i & 1))) & 15));
+  for (size_t i = 0; i < w8.size(); ++i)
+    ASSERT_EQ(e4m3_to_f32(w8[i]), e2m1_to_f32(uint8_t((w4[i / 2] >> (4 * (i & 1))) & 15))) << i;
+  const int64_t nsb = (n + 31) / 32;
+  const std::vector<uint8_t> tile_s = random_e8m0_scales(rng, size_t(G * nsb * kb));
+  std::vector<uint8_t> row_s(size_t(G * n * kb));  // the tile scales per row
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t b = 0; b < kb; ++b)
+        row_s[size_t((g * n + r) * kb + b)] = tile_s[size_t((g * nsb + r / 32) * kb + b)];
+  const std::vector<uint8_t> free_s = random_e8m0_scales(rng, size_t(G * n * kb));
+  const std::vector<float> x = random_block_activations(rng, rows, k);
+
+  DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy4(size_t(rows * n)), dy8(size_t(rows * n));
+  DeviceBuffer<uint8_t> dxq(size_t(rows * k)), dw4(w4), dw8(w8), dts(tile_s), drs(row_s), dfs(free_s);
+  DeviceBuffer<int32_t> dstarts(starts);
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, dxq.get(), dxs.get(), nullptr));
+  const size_t ob = c.bf16_out ? 2 : 4;
+  ASSERT_EQ(cudaMemset(dy4.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy8.get(), 0xee, size_t(rows * n) * 4), cudaSuccess);
+  GemmFp8GroupedParams gp;
+  gp.xq = dxq.get(), gp.xs = dxs.get(), gp.row_start = dstarts.get(), gp.bf16_out = c.bf16_out;
+  gp.groups = G, gp.rows = rows, gp.n = n, gp.k = k, gp.w_block = 32;
+  GemmFp8GroupedParams g8 = gp, g4 = gp;
+  g8.w = dw8.get(), g8.w_scale = dts.get(), g8.y = dy8.get();
+  g4.w = dw4.get(), g4.w_scale = drs.get(), g4.y = dy4.get(), g4.w_format = WeightFormat::kFp4;
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(g8, nullptr));
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(g4, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    const std::vector<float> y4 = dy4.to_host(), y8 = dy8.to_host();
+    const size_t bytes = size_t(rows * n) * ob;
+    size_t diff = 0;
+    for (size_t i = 0; i < bytes; ++i)
+      diff += reinterpret_cast<const uint8_t*>(y4.data())[i] != reinterpret_cast<const uint8_t*>(y8.data())[i];
+    ASSERT_EQ(diff, 0u) << "FP4 != FP8 on the e4m3 copy with the same (tile) scales";
+  }
+
+  // Free per-row scales against the CPU twin.
+  g4.w_scale = dfs.get();
+  ASSERT_EQ(cudaMemset(dy4.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(g4, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y4 = dy4.to_host();
+  std::vector<uint8_t> xq = dxq.to_host(), xqa(xq), w4a(w4);
+  const std::vector<float> xs = dxs.to_host();
+  for (auto& b : xqa) b &= 0x7f;
+  for (auto& b : w4a) b &= 0x77;  // |code| of both nibbles
+  std::vector<float> ref(size_t(rows * n)), bound(ref.size());
+  GemmFp8GroupedParams hp = g4;
+  hp.xq = xq.data(), hp.xs = xs.data(), hp.w = w4.data(), hp.w_scale = free_s.data(), hp.row_start = starts.data();
+  hp.y = ref.data(), hp.bf16_out = false;
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(hp));
+  hp.xq = xqa.data(), hp.w = w4a.data(), hp.y = bound.data();
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(hp));
+  for (int64_t i = 0; i < rows * n; ++i) {
+    float got;
+    if (c.bf16_out) got = bf16_to_f32(reinterpret_cast<const uint16_t*>(y4.data())[i]);
+    else got = y4[size_t(i)];
+    ASSERT_TRUE(std::isfinite(got)) << "output " << i << " not written or not finite";
+    const double tol = std::ldexp(double(bound[size_t(i)]), -8) + (c.bf16_out ? std::fabs(ref[size_t(i)]) / 128 : 0.0) + 1e-30;
+    ASSERT_LE(std::fabs(double(got) - ref[size_t(i)]), tol) << "row " << i / n << " col " << i % n;
+  }
+}
+
+TEST(CudaGemmFp8, GroupedFp4MatchesFp8CopyAndCpuTwin) {
+  FS_REQUIRE_GPU();
+  std::vector<GroupedCase> cases = {
+      {{0, 1, 127, 129, 0, 300, 5, 128, 0}, 200, 384, 32, false},
+      {{129, 0, 1, 127, 64}, 256, 640, 32, true},
+      {{3, 0, 70}, 33, 128, 32, false},  // odd n, a partial 32-row scale tile
+  };
+  std::mt19937 rng(9);
+  GroupedCase many{{}, 128, 256, 32, false};
+  for (int g = 0; g < 384; ++g) many.sizes.push_back(int32_t(rng() % 5 == 0 ? 0 : rng() % 41));
+  cases.push_back(many);
+  uint32_t seed = 170;
+  for (const auto& c : cases) {
+    run_grouped_fp4(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The CPU twin's FP4 format against its FP8 format on the e4m3 copy (tile scales): the same sums
+// in the same order, so the same bits. Runs without a GPU.
+TEST(CudaGemmFp8, GroupedFp4TwinMatchesFp8TwinOnCopy) {
+  const int64_t G = 3, n = 40, k = 256, kb = k / 32, nsb = (n + 31) / 32;
+  std::vector<int32_t> starts = {0, 5, 5, 12};
+  const int64_t rows = 12;
+  std::mt19937 rng(3);
+  std::vector<uint8_t> w4(size_t(G * n * k / 2)), w8(size_t(G * n * k)), xq(size_t(rows * k));
+  for (auto& b : w4) b = uint8_t(rng());
+  for (size_t i = 0; i < w8.size(); ++i) w8[i] = e2m1_to_e4m3_code(uint8_t((w4[i / 2] >> (4 * (i & 1))) & 15));
+  const std::vector<uint8_t> ts = random_e8m0_scales(rng, size_t(G * nsb * kb)), xc = random_fp8_codes(rng, xq.size());
+  std::vector<uint8_t> rs(size_t(G * n * kb));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t b = 0; b < kb; ++b) rs[size_t((g * n + r) * kb + b)] = ts[size_t((g * nsb + r / 32) * kb + b)];
+  std::vector<float> xs(size_t(rows * kb));
+  for (auto& v : xs) v = std::ldexp(1.0f, int(rng() % 9) - 6);
+  std::vector<float> y4(size_t(rows * n)), y8(y4.size());
+  GemmFp8GroupedParams p;
+  p.xq = xc.data(), p.xs = xs.data(), p.row_start = starts.data(), p.groups = G, p.rows = rows, p.n = n, p.k = k;
+  GemmFp8GroupedParams p4 = p, p8 = p;
+  p8.w = w8.data(), p8.w_scale = ts.data(), p8.y = y8.data();
+  p4.w = w4.data(), p4.w_scale = rs.data(), p4.y = y4.data(), p4.w_format = WeightFormat::kFp4;
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(p8));
+  FS_ASSERT_OK(gemm_fp8_grouped_ref(p4));
+  ASSERT_EQ(0, std::memcmp(y4.data(), y8.data(), y4.size() * 4));
+  bool any_nonzero = false;
+  for (float v : y4) any_nonzero |= v != 0.0f;
+  EXPECT_TRUE(any_nonzero);
+  p4.w_block = 128;
+  const Status s = gemm_fp8_grouped_ref(p4);
+  EXPECT_NE(s.message().find("1 x 32"), std::string::npos) << s.message();
+}
+
 TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   // Runs without a GPU: every check fires before any device call.
   alignas(16) uint8_t b[256] = {};
@@ -354,6 +495,16 @@ TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   starts[2] = 2, p.xq = b + 1;
   s = gemm_fp8_grouped_cuda(p, nullptr);
   EXPECT_NE(s.message().find("aligned"), std::string::npos) << s.message();
+  // FP4 weights: one scale per 1 x 32 block (w_block 32 only), 4-byte aligned scales.
+  p.xq = b, p.w_format = WeightFormat::kFp4, p.w_block = 128;
+  s = gemm_fp8_grouped_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("1 x 32"), std::string::npos) << s.message();
+  p.w_block = 32, p.w_scale = b + 2;
+  s = gemm_fp8_grouped_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("4-byte aligned"), std::string::npos) << s.message();
+  p.w_scale = b, p.w_format = static_cast<WeightFormat>(7);
+  s = gemm_fp8_grouped_ref(p);
+  EXPECT_NE(s.message().find("kFp8 or kFp4"), std::string::npos) << s.message();
 }
 
 }  // namespace

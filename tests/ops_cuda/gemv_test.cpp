@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -524,6 +526,126 @@ TEST(CudaExpertGemv, TwinRejectsBadIndices) {
   const Status st = expert_gemv_ref(p, 1);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("group_expert[0]=5"), std::string::npos) << st.message();
+}
+
+
+// ---- pre-quantised activations (prefill-sized launches) ----------------------------------------
+
+// gemv_quantize_cuda gives exactly the CPU's FP8 quantisation (ops::fp8_quant_dequant): each
+// code times its block's scale is the dequantised value, bit for bit; zero blocks, outliers,
+// act_block 32 and 128, rows not a multiple of anything.
+TEST(CudaGemvPrequant, QuantisationIsTheCpusBitForBit) {
+  FS_REQUIRE_GPU();
+  const std::tuple<int64_t, int64_t, int64_t> cases[] = {{1, 32, 32}, {3, 96, 32}, {37, 2304, 32}, {5, 512, 128},
+                                                          {129, 4096, 128}};
+  for (const auto& [m, k, ab] : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " ab=" << ab);
+    std::mt19937 rng(uint32_t(m * 131 + k + ab));
+    std::vector<float> x = random_block_activations(rng, m, k);
+    for (int64_t i = 0; i < 32 && i < k; ++i) x[size_t(i)] = 0.0f;  // an all-zero block
+    x[size_t(k / 2)] = 3.0e4f;                                         // an outlier
+    std::vector<float> want(x);
+    fp8_quant_dequant(want.data(), m, k, ab);
+    DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
+    DeviceBuffer<uint8_t> dxq(size_t(m * k));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, dxq.get(), dxs.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto q = dxq.to_host();
+    const auto s = dxs.to_host();
+    for (int64_t i = 0; i < m * k; ++i) {
+      const float got = e4m3_to_f32(q[size_t(i)]) * s[size_t(i / 32)];
+      ASSERT_EQ(0, std::memcmp(&got, &want[size_t(i)], 4)) << i << ": " << got << " vs " << want[size_t(i)];
+    }
+  }
+  DeviceBuffer<float> dx(size_t(64)), dxs(size_t(2));
+  DeviceBuffer<uint8_t> dxq(size_t(64));
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 48, 32, dxq.get(), dxs.get(), nullptr).ok());  // k % 32
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 32, 128, dxq.get(), dxs.get(), nullptr).ok());  // k % act_block
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 0, 32, 32, dxq.get(), dxs.get(), nullptr).ok());
+}
+
+// The linear with pre-quantised x (32-token passes, cached weights) is bitwise the plain launch,
+// and every row is bitwise what that row alone gives (m = 1: the decode): batch invariance.
+TEST(CudaGemvPrequant, LinearIsTheSameBitsAsQuantisingInside) {
+  FS_REQUIRE_GPU();
+  const LinCase cases[] = {
+      {WeightFormat::kFp8, 9, 77, 256, 32, 32},      {WeightFormat::kFp8, 33, 130, 2304, 32, 32},
+      {WeightFormat::kFp8, 100, 1000, 4096, 32, 32}, {WeightFormat::kFp8, 257, 64, 1024, 128, 128},
+      {WeightFormat::kFp8, 70, 200, 512, 128, 32},   {WeightFormat::kFp4, 41, 96, 2304, 32, 32},
+      {WeightFormat::kFp4, 300, 33, 512, 32, 32},    {WeightFormat::kFp8, 17, 4096, 1024, 32, 32},
+  };
+  for (const LinCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " m=" << c.m << " n=" << c.n << " k=" << c.k
+                                      << " wb=" << c.w_block << " ab=" << c.act_block);
+    std::mt19937 rng(uint32_t(c.m * 7 + c.n * 3 + c.k));
+    const Weights w = random_weights(rng, c.f, c.n, c.k, c.w_block);
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    DeviceBuffer<float> dx(x), dy0(size_t(c.m * c.n)), dy1(size_t(c.m * c.n)), dy2(size_t(c.n));
+    DeviceBuffer<float> dxs(size_t(c.m * c.k / 32));
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dxq(size_t(c.m * c.k));
+    BlockLinearParams p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
+    p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy0.get();
+    FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, dxq.get(), dxs.get(), nullptr));
+    p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
+    FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto plain = dy0.to_host(), preq = dy1.to_host();
+    ASSERT_EQ(0, std::memcmp(plain.data(), preq.data(), plain.size() * 4));
+    for (const int64_t r : {int64_t(0), c.m / 2, c.m - 1}) {  // each row alone, as a decode step
+      BlockLinearParams one = p;
+      one.m = 1, one.x = dx.get() + r * c.k, one.xq = nullptr, one.xs = nullptr, one.y = dy2.get();
+      FS_ASSERT_OK(block_linear_cuda(one, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto row = dy2.to_host();
+      ASSERT_EQ(0, std::memcmp(row.data(), preq.data() + r * c.n, size_t(c.n) * 4)) << "row " << r;
+    }
+    std::vector<float> twin(size_t(c.m * c.n));  // and within the twin's bound (the CPU ignores xq)
+    BlockLinearParams h = p;
+    h.x = x.data(), h.w = w.codes.data(), h.w_scale = w.scales.data(), h.y = twin.data(), h.xq = nullptr, h.xs = nullptr;
+    FS_ASSERT_OK(block_linear_ref(h));
+    double scale = 0;
+    for (float v : twin) scale = std::max(scale, double(std::fabs(v)));
+    for (size_t i = 0; i < twin.size(); ++i) ASSERT_LE(std::fabs(double(preq[i]) - twin[i]), 1e-4 * scale + 1e-30) << i;
+  }
+}
+
+// The grouped expert GEMV with pre-quantised rows (prefill: more than 8 pairs per group; token rows
+// through pair_row as for gate / up, and per-pair rows as for down) is bitwise the plain launch.
+TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
+  FS_REQUIRE_GPU();
+  const std::tuple<int, int, int, int64_t, int64_t, bool> cases[] = {
+      {97, 6, 16, 96, 512, false}, {300, 6, 9, 70, 2304, false}, {64, 2, 4, 130, 1024, true}, {211, 6, 16, 33, 2304, true}};
+  for (const auto& [tokens, topk, n_experts, n, k, per_pair] : cases) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << tokens << " experts=" << n_experts << " n=" << n << " k=" << k
+                                      << " per_pair=" << per_pair);
+    std::mt19937 rng(uint32_t(tokens * 17 + n + k));
+    const Routing r = random_routing(rng, tokens, topk, n_experts);
+    const int64_t pairs = int64_t(r.pair_row.size());
+    ASSERT_GT(pairs, 8 * int64_t(r.group_expert.size())) << "the case must take the wide pre-quantised passes";
+    const int64_t rows = per_pair ? pairs : tokens;
+    const Weights w = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+    const std::vector<float> x = random_block_activations(rng, rows, k);
+    DeviceBuffer<float> dx(x), dy0(size_t(pairs * n)), dy1(size_t(pairs * n)), dxs(size_t(rows * k / 32));
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dxq(size_t(rows * k));
+    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+    ExpertGemvParams p;
+    p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get();
+    p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+    p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+    p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = per_pair ? nullptr : dpr.get();
+    p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+    p.n = n, p.k = k, p.split_groups = topk;
+    p.y = dy0.get();
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, k, 32, dxq.get(), dxs.get(), nullptr));
+    p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto plain = dy0.to_host(), preq = dy1.to_host();
+    ASSERT_EQ(0, std::memcmp(plain.data(), preq.data(), plain.size() * 4));
+  }
 }
 
 }  // namespace

@@ -256,6 +256,9 @@ class GpuModel final : public Model, public Backend {
   // pair (t, k) when not t·K + k (grouped).
   Status moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
                     const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of);
+  // Whether moe_native runs the chunk through the grouped FP8 GEMMs over the FP4 experts.
+  bool moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3, int64_t T,
+                     int64_t E) const;
   // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
   // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
   // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
@@ -424,6 +427,8 @@ class GpuModel final : public Model, public Backend {
   uint32_t fast_linears_ = kAllGpuLinearRoles;  // GpuLoadOptions::fast_linears
   int index_scores_kernel_ = 0;                 // GpuLoadOptions::index_scores_kernel
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
+  int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
+  bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).
   int64_t fast_act(GpuLinearRole r, int64_t act) const { return fast_linears_ & gpu_linear_bit(r) ? act : 0; }

@@ -504,6 +504,8 @@ std::vector<WeightStager::Range> upload_order(const model::Checkpoint& ck, const
 Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numerics numerics, int device,
                                                  const TpShard* shard, ops::cuda::Communicator* comm,
                                                  const GpuLoadOptions& opts) {
+  if (opts.moe_gemm_min_tokens < 0)
+    return invalid_argument("moe_gemm_min_tokens {}: expected >= 0 (0: off)", opts.moe_gemm_min_tokens);
   if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
     return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
   std::string why;
@@ -562,6 +564,13 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->fast_linears_ = opts.fast_linears;
   m->index_scores_kernel_ = opts.index_scores_kernel;
   m->prefill_attention_ = opts.prefill_attention;
+  m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
+  {
+    int major = 0, minor = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m->device_));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, m->device_));
+    m->sm90a_ = major == 9 && minor == 0;
+  }
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
                // matrices are sliced as they go up)
     m->shard_ = *shard;
@@ -1019,6 +1028,12 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   ops::BlockLinearParams p;
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
+  if (rows > kGpuGraphMaxTokens) {  // prefill-sized: quantise x once, not in every block (same bits)
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, xq, xs, stream_));
+    p.xq = xq, p.xs = xs;
+  }
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, stream_));
   return {};

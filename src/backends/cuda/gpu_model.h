@@ -114,6 +114,15 @@ struct GpuLoadOptions {
   int index_scores_kernel = 0;
   // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
   GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
+  // Routed experts of a forward step of at least this many tokens (MXFP4 experts, widths that are
+  // multiples of 128, sm_90a, every expert on this GPU): the pairs, grouped by expert, run as
+  // grouped FP8 GEMMs over the FP4 weights (ops/cuda/gemm/gemm_fp8.h, w_format kFp4) instead of
+  // the grouped expert GEMV. Same quantisation and rounding points; tensor-core sums, so not the
+  // GEMV's bits (docs/cuda.md, "Whole-model parity"), and a step's bits then depend on which side
+  // of the threshold its token count falls. 0 (this struct's default, which the bitwise chunking
+  // and batch-invariance tests rely on): always the GEMV. The CLI (tools/backend_options.h) passes
+  // 64: on for prefill.
+  int64_t moe_gemm_min_tokens = 0;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call

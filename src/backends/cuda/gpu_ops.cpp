@@ -10,6 +10,7 @@
 
 #include "backends/cuda/gpu_impl.h"
 #include "ops/cuda/cache/cache_rows.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/prefill_kernels.h"
@@ -281,11 +282,25 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
     gstart = d_gstart, gexpert = sel, prow = d_prow;
   }
+  // Prefill-sized steps (more pairs than 8 per expert group: the GEMV's wide passes) quantise
+  // each input once for all blocks (the same bits as quantising inside the GEMV).
+  const bool preq = grouped && TK > 8 * n_groups;
+  auto quantize = [&](const char* tag, const float* x, int64_t rows, int64_t k, int64_t act,
+                      std::pair<const uint8_t*, const float*>& out) -> Status {
+    if (!preq) return {};
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>(std::string(tag) + "_q8", rows * k));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>(std::string(tag) + "_qs", rows * (k / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, k, act, xq, xs, stream_));
+    out = {xq, xs};
+    return {};
+  };
+  std::pair<const uint8_t*, const float*> xq_cur{nullptr, nullptr};
   // y[s] = fq8(x[row(s)]) · W[expert of s]ᵀ for every (sorted) pair s.
   auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k,
                  float* y) -> Status {
     ops::ExpertGemvParams q;
     q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    q.xq = xq_cur.first, q.xs = xq_cur.second;
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;
@@ -294,7 +309,41 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
+  if (grouped && moe_gemm_path(n1, n2, n3, T, E)) {
+    // Prefill chunks (GpuLoadOptions::moe_gemm_min_tokens): the same function through the grouped
+    // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
+    // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
+    // roundings and SwiGLU with the routing weight as below, h quantised (the down GEMV's fq8),
+    // the down GEMM; ybuf rows in sorted order (row_of). Tensor-core 32-blocks: not the GEMV's
+    // bits (docs/cuda.md, "Whole-model parity").
+    const int64_t act = n1.act_block;
+    FS_ASSIGN_OR_RETURN(uint8_t* xq_t, scratch<uint8_t>("moe_gemm_xq_t", T * D));
+    FS_ASSIGN_OR_RETURN(float* xs_t, scratch<float>("moe_gemm_xs_t", T * D / 32));
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("moe_gemm_xq", TK * std::max(D, I)));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("moe_gemm_xs", TK * std::max(D, I) / 32));
+    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(m, ops::ActDtype::kF32, T, D, act, xq_t, xs_t, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_gather_fp8_rows(xq_t, xs_t, prow, TK, D, xq, xs, stream_));
+    auto gemm = [&](const NativeMatrix& w, int64_t n_out, int64_t k, float* y) -> Status {
+      ops::GemmFp8GroupedParams q;
+      q.xq = xq, q.xs = xs, q.w = w.codes.get(), q.w_scale = w.scales.get(), q.row_start = gstart, q.y = y;
+      q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
+      return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+    };
+    FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
+    FS_RETURN_IF_ERROR(gemm(n3, I, D, u));
+    if (R) {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+    }
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
+    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_));
+    FS_RETURN_IF_ERROR(gemm(n2, D, I, ybuf));
+    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
+    return {};
+  }
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
+  if (n1.act_block != n3.act_block) return internal_error("moe: gate and up projections with different act blocks");
+  FS_RETURN_IF_ERROR(quantize("moe_x", m, T, D, n1.act_block, xq_cur));
   FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
   FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
   if (R) {
@@ -302,12 +351,30 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
   }
   FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
+  xq_cur = {nullptr, nullptr};
+  FS_RETURN_IF_ERROR(quantize("moe_h", h, TK, I, n2.act_block, xq_cur));
   FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
   // Each expert's output rounded to BF16 before the combine, as the CPU (linear_raw bf16_out)
   // and the exactness path (linear bf16_out) do; the expert GEMV writes FP32. Without it the
   // routed experts were the one role off the parity bound (GpuParityDiag).
   if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
   return {};
+}
+
+// The grouped-GEMM route of moe_native: a chunk of at least moe_gemm_min_tokens_ tokens on an
+// sm_90a device, MXFP4 experts (every expert here, unpadded [n, k/2] codes and [n, k/32] scales,
+// one activation block of 32 or 128), widths the GEMM takes (multiples of 128), at most the GEMM's
+// 1024 groups.
+bool GpuModel::moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3, int64_t T,
+                             int64_t E) const {
+  if (moe_gemm_min_tokens_ <= 0 || T < moe_gemm_min_tokens_ || !sm90a_) return false;
+  if (E > 1024) return false;
+  for (const NativeMatrix* w : {&n1, &n2, &n3}) {
+    if (w->format != ops::WeightFormat::kFp4 || w->count != E || w->k % 128 != 0 || w->n <= 0) return false;
+    if (w->code_bytes != w->n * (w->k / 2) || w->scale_bytes != w->n * (w->k / 32)) return false;
+    if (w->act_block != 32 && w->act_block != 128) return false;
+  }
+  return n1.n == n3.n && n1.k == n3.k && n2.k == n1.n && n2.n == n1.k && n1.act_block == n3.act_block;
 }
 
 Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K, int64_t D,

@@ -53,6 +53,33 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
       return invalid_argument("gemm_fp8_grouped: row_start decreases at group {}", g);
   const int64_t kbw = p.k / p.w_block, nsb = (p.n + p.w_block - 1) / p.w_block;
   const size_t out_bytes = p.bf16_out ? 2 : 4;
+  if (p.w_format == WeightFormat::kFp4) {
+    // e2m1 codes · per-(row, 32-block) scale against the dequantised activations, FP32 dots (the
+    // same sums as gemm_fp8_ref on the e4m3 copy: every e2m1 value is exact in e4m3).
+    const int64_t kb = p.k / 32;
+    std::vector<float> xq, wrow(static_cast<size_t>(p.k));
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
+      if (r1 == r0) continue;
+      xq.resize(size_t((r1 - r0) * p.k));
+      for (int64_t i = 0; i < (r1 - r0) * p.k; ++i)
+        xq[size_t(i)] = e4m3_to_f32(p.xq[r0 * p.k + i]) * p.xs[r0 * kb + i / 32];
+      for (int64_t r = 0; r < p.n; ++r) {
+        const uint8_t* c = p.w + (g * p.n + r) * (p.k / 2);
+        const uint8_t* s = p.w_scale + (g * p.n + r) * kb;
+        for (int64_t i = 0; i < p.k; ++i)
+          wrow[size_t(i)] = e2m1_to_f32(uint8_t((c[i / 2] >> (4 * (i & 1))) & 15)) * e8m0_to_f32(s[i / 32]);
+        for (int64_t t = r0; t < r1; ++t) {
+          const float v = dot_f32(xq.data() + (t - r0) * p.k, wrow.data(), p.k);
+          if (p.bf16_out)
+            static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
+          else
+            static_cast<float*>(p.y)[t * p.n + r] = v;
+        }
+      }
+    }
+    return {};
+  }
   for (int64_t g = 0; g < p.groups; ++g) {
     const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
     if (r1 == r0) continue;

@@ -79,13 +79,17 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   FS_RETURN_IF_ERROR(validate(p));
   if (!aligned16(p.xq) || !aligned16(p.xs) || !aligned16(p.w))
     return invalid_argument("gemm_fp8_grouped: xq, xs and w must be 16-byte aligned");
+  const bool fp4 = p.w_format == WeightFormat::kFp4;
+  // FP4: the kernel reads a stage's four E8M0 scales of a row as one 4-byte word.
+  if (fp4 && (reinterpret_cast<uintptr_t>(p.w_scale) & 3) != 0)
+    return invalid_argument("gemm_fp8_grouped: FP4 w_scale must be 4-byte aligned");
   FS_RETURN_IF_ERROR(check_device());
   if (p.rows == 0) return {};
   detail::GemmFp8Args a{};
   a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
-  a.row_start = p.row_start, a.groups = int(p.groups);
+  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

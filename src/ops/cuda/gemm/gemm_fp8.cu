@@ -401,6 +401,17 @@ constexpr int kWsGroupedSmemBytes = kWsSmemBytes + 2 * (kGemmFp8MaxGroups + 1) *
 constexpr int kWsFullArrivals = 17, kWsEmptyArrivals = 8;  // empty: one per consumer warp
 static_assert(kWsTxBytes < (1 << 20), "an mbarrier's transaction count is below 2^20");
 static_assert(kWsFullArrivals == 16 + 1 && kWsEmptyArrivals == 2 * 4, "see the comment above");
+// FP4 weights (grouped only): 4 stages (the extra buffers do not fit 6). A stage adds the raw
+// e2m1 bytes of the W tile (TMA, 128 rows × 64 bytes, unswizzled, own "raw" barrier) and the W
+// scales per (32-block, row) as FP32; the W slot itself is written by the converter warps.
+constexpr int kWs4Stages = 4, kWs4RawBytes = kWsBN * 64, kWs4SwFloats = 4 * kWsBN;
+constexpr int kWs4TxBytes = kWsABytes + kWsSxBytes;  // TMA bytes on the full barrier (X side)
+constexpr int kWs4SmemBytes =
+    kWs4Stages * (kWsABytes + kWsBBytes + kWsSxBytes + kWs4SwFloats * 4 + kWs4RawBytes) +
+    3 * kWs4Stages * 8 + 1024 + 2 * (kGemmFp8MaxGroups + 1) * 4;
+// Full barrier (FP4): the TMA issuer's expect_tx + one arrival per converter warp (warps 1-3).
+constexpr int kWs4ConvWarps = 3, kWs4FullArrivals = 1 + kWs4ConvWarps;
+static_assert(kWs4SmemBytes <= 227 * 1024, "FP4 ring over the sm_90 shared-memory limit");
 
 struct WsParams {
   CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
@@ -448,6 +459,16 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
+// Four e2m1 codes (nibbles of h[15:0], first value in the low nibble) → four e4m3 bytes (first
+// value in the low byte); exact: e2m1 {0, .5, 1, 1.5, 2, 3, 4, 6} are e4m3 0x00, 0x30, 0x38, 0x3C,
+// 0x40, 0x44, 0x48, 0x4C. Magnitudes by one byte permute from an 8-entry table (selector bit 3,
+// prmt's sign-replicate flag, masked off); sign bits moved from bit 3 / 7 of each source byte to
+// bit 7 of the target bytes.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t h) {
+  const uint32_t mag = __byte_perm(0x3C383000u, 0x4C484440u, h & 0x7777u);
+  const uint32_t x = __byte_perm(h, 0u, 0x1100u);  // bytes h0 h0 h1 h1
+  return mag | ((x << 4) & 0x00800080u) | (x & 0x80008000u);
+}
 #endif  // FS_GEMM_FP8_SM90
 
 // kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
@@ -455,27 +476,39 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // kernel 3 on the TMA/producer pipeline). kPersist: one block per SM walks the tiles (the
 // producer runs ahead into the next tile while the consumers write the last one out); else one
 // block per tile. kGrouped (with kPersist): the tiles of all groups (GemmFp8Args::groups).
-template <bool kPipe2, bool kPersist, bool kGrouped = false>
+// kFp4 (grouped only): W arrives as e2m1 bytes; warps 1-3 of the producer warpgroup expand each
+// stage into the swizzled e4m3 W slot once its TMA lands (and publish the per-row W scales), then
+// arrive on the stage's full barrier; the consumers promote with a scale per output column.
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
+  static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
+  constexpr int S = kFp4 ? kWs4Stages : kWsStages;    // ring slots
+  constexpr int kSwSlot = kFp4 ? kWs4SwFloats : 16;    // W scales per slot
+  constexpr int kRawSlot = kFp4 ? kWs4RawBytes : 0;    // raw e2m1 bytes per slot
 #ifdef FS_GEMM_FP8_SM90
   const GemmFp8Args& a = P.a;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem =
       smem_raw + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   uint8_t* sa = smem;                              // [slot][128 rows][128] swizzled
-  uint8_t* sb = sa + kWsStages * kWsABytes;        // [slot][128 rows][128] swizzled
-  float* ssx = reinterpret_cast<float*>(sb + kWsStages * kWsBBytes);  // [slot][128][4]
-  float* ssw = ssx + kWsStages * kWsBM * 4;                           // [slot][kb 4][grp 4]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(ssw + kWsStages * 16);  // full[S], empty[S]
+  uint8_t* sb = sa + S * kWsABytes;        // [slot][128 rows][128] swizzled
+  float* ssx = reinterpret_cast<float*>(sb + S * kWsBBytes);  // [slot][128][4]
+  // W scales: FP8 [slot][kb 4][grp 4]; FP4 [slot][kb 4][128 rows].
+  float* ssw = ssx + S * kWsBM * 4;
+  uint8_t* sraw = reinterpret_cast<uint8_t*>(ssw + S * kSwSlot);  // FP4: [slot][128 rows][64]
+  // full[S], empty[S], FP4: raw[S]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sraw + S * kRawSlot);
   const uint32_t sa_u = uint32_t(__cvta_generic_to_shared(sa));
   const uint32_t sb_u = uint32_t(__cvta_generic_to_shared(sb));
   const uint32_t ssx_u = uint32_t(__cvta_generic_to_shared(ssx));
+  const uint32_t sraw_u = uint32_t(__cvta_generic_to_shared(sraw));
   const uint32_t bar_u = uint32_t(__cvta_generic_to_shared(bars));
   auto full_bar = [&](int slot) { return bar_u + uint32_t(slot * 8); };
-  auto empty_bar = [&](int slot) { return bar_u + uint32_t((kWsStages + slot) * 8); };
-  int* tile_pref = reinterpret_cast<int*>(bars + 2 * kWsStages);  // grouped: [groups + 1]
+  auto empty_bar = [&](int slot) { return bar_u + uint32_t((S + slot) * 8); };
+  auto raw_bar = [&](int slot) { return bar_u + uint32_t((2 * S + slot) * 8); };
+  int* tile_pref = reinterpret_cast<int*>(bars + (kFp4 ? 3 : 2) * S);  // grouped: [groups + 1]
   int* row_pref = tile_pref + kGemmFp8MaxGroups + 1;             // grouped: [groups + 1]
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int nst = a.k / kBK;
@@ -537,9 +570,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   };
 
   if (tid == 0) {
-    for (int s = 0; s < kWsStages; ++s) {
-      mbar_init(full_bar(s), kWsFullArrivals);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full_bar(s), kFp4 ? kWs4FullArrivals : kWsFullArrivals);
       mbar_init(empty_bar(s), kWsEmptyArrivals);
+      if constexpr (kFp4) mbar_init(raw_bar(s), 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_proxy_async();
@@ -550,6 +584,74 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg == 0) {
     // Producer warpgroup: warp 0 feeds the ring, the other three leave.
     setmaxnreg_dec<40>();
+    if constexpr (kFp4) {
+      if (warp == 0) {
+        if (lane != 0) return;
+        // Lane 0 of warp 0: X codes + X scales onto the full barrier, the raw W bytes onto the
+        // raw barrier (the converters' signal).
+        int it = 0;
+#pragma unroll 1
+        for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+          int m0, n0, g, m_end;
+          tile_origin(tile, m0, n0, g, m_end);
+#pragma unroll 1
+          for (int s = 0; s < nst; ++s, ++it) {
+            const int slot = it % S, round = it / S;
+            if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
+            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWs4TxBytes));
+            tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * kBK, m0);
+            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * 4, m0);
+            mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kWs4RawBytes));
+            tma_load_2d(sraw_u + uint32_t(slot * kWs4RawBytes), &P.tb, raw_bar(slot), s * (kBK / 2),
+                        g * a.n + n0);
+          }
+        }
+        return;
+      }
+      // Warps 1-3 (96 threads): per stage, the W scales of the tile's 128 rows (thread ct: rows
+      // ct and ct + 96; one 4-byte load = the stage's four 32-blocks), then the 1024 16-byte
+      // chunks of the e4m3 tile: chunk j = (row j/8, k chunk j%8) from raw bytes row·64 + 8·(j%8),
+      // stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte swizzle).
+      const int ct = tid - 32;
+      const int kb_row = a.k / 32;
+      int it = 0;
+#pragma unroll 1
+      for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+        int m0, n0, g, m_end;
+        tile_origin(tile, m0, n0, g, m_end);
+        const uint8_t* sc0 = a.ws + (int64_t(g) * a.n + min(n0 + ct, a.n - 1)) * kb_row;
+        const uint8_t* sc1 = a.ws + (int64_t(g) * a.n + min(n0 + ct + 96, a.n - 1)) * kb_row;
+#pragma unroll 1
+        for (int s = 0; s < nst; ++s, ++it) {
+          const int slot = it % S, round = it / S;
+          // Issued before the wait: the latency hides behind it.
+          const uint32_t w0 = __ldg(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
+          const uint32_t w1 = ct < 32 ? __ldg(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
+          mbar_wait(raw_bar(slot), uint32_t(round & 1));
+          const uint8_t* raw = sraw + slot * kWs4RawBytes;
+          uint8_t* dst = sb + slot * kWsBBytes;
+#pragma unroll 1
+          for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
+            const int r = j >> 3, c = j & 7;
+            const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
+            uint4 o;
+            o.x = e2m1x4_to_e4m3(v.x), o.y = e2m1x4_to_e4m3(v.x >> 16);
+            o.z = e2m1x4_to_e4m3(v.y), o.w = e2m1x4_to_e4m3(v.y >> 16);
+            *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = o;
+          }
+          float* sw = ssw + slot * kWs4SwFloats;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
+            if (ct < 32) sw[i * kWsBN + ct + 96] = e8m0f(uint8_t(w1 >> (8 * i)));
+          }
+          fence_proxy_async();  // the generic-proxy stores, visible to the wgmma (async proxy)
+          __syncwarp();
+          if (lane == 0) mbar_arrive(full_bar(slot));
+        }
+      }
+      return;
+    }
     if (warp != 0) return;
     // Lane l < 16 publishes the W scale of (k-block l/4, 32-row group l%4) of each stage.
     const int wkb = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
@@ -561,7 +663,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int wn = g * nsb + min(n0 + (lane & 3) * 32, a.n - 1) / a.w_block;
 #pragma unroll 1
       for (int s = 0; s < nst; ++s, ++it) {
-        const int slot = it % kWsStages, round = it / kWsStages;
+        const int slot = it % S, round = it / S;
         // Issued before the wait: its latency hides behind it.
         const uint32_t swv =
             lane < 16 ? __ldg(a.ws + int64_t(wn) * wkb + (s * kBK + (lane >> 2) * 32) / a.w_block)
@@ -601,6 +703,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
   auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
     if (a.skip_promote) return;  // timing diagnostic only (wrong results)
+    if constexpr (kFp4) {
+      // One W scale per column: this thread's columns 8·nt + 2·(lane%4) + {0, 1}. The scale
+      // product sx·sw is formed as in the FP8 branch, so equal scales give equal bits.
+      const float2* sw2 = reinterpret_cast<const float2*>(ssw + slot * kWs4SwFloats + i * kWsBN) + (lane & 3);
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const float2 w = sw2[nt * 4];
+        acc[nt * 4 + 0] = fmaf(p[nt * 4 + 0], sx0 * w.x, acc[nt * 4 + 0]);
+        acc[nt * 4 + 1] = fmaf(p[nt * 4 + 1], sx0 * w.y, acc[nt * 4 + 1]);
+        acc[nt * 4 + 2] = fmaf(p[nt * 4 + 2], sx1 * w.x, acc[nt * 4 + 2]);
+        acc[nt * 4 + 3] = fmaf(p[nt * 4 + 3], sx1 * w.y, acc[nt * 4 + 3]);
+      }
+      return;
+    }
     const float4 sw = *reinterpret_cast<const float4*>(ssw + slot * 16 + i * 4);
     const float swg[4] = {sw.x, sw.y, sw.z, sw.w};
 #pragma unroll
@@ -638,8 +754,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
-      const int slot = it % kWsStages;
-      mbar_wait(full_bar(slot), uint32_t((it / kWsStages) & 1));
+      const int slot = it % S;
+      mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
       if (idle) {
         release(slot);
         continue;
@@ -817,23 +933,27 @@ int sm_count() {
   return n;
 }
 
-template <bool kPipe2, bool kPersist, bool kGrouped = false>
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
-  // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n).
+  // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n). FP4: the
+  // [groups · n, k/2] e2m1 bytes, box 128 rows × 64 bytes (one k stage), unswizzled.
   const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
+  const bool w_map = kFp4 ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+                                     uint64_t(a.k / 2), kWsBN, kBK / 2, false)
+                          : make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+                                     uint64_t(a.k), kWsBN, 128, true);
   if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k),
                 kWsBM, 128, true) ||
-      !make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows, uint64_t(a.k), kWsBN,
-                128, true) ||
+      !w_map ||
       !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
                 uint64_t(a.k / 32), kWsBM, 4, false))
     return cudaErrorInvalidValue;
-  constexpr int smem = kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
+  constexpr int smem = kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped>), smem, attr_set);
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4>), smem, attr_set);
       e != cudaSuccess)
     return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
@@ -841,7 +961,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -850,8 +970,10 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
+    if (a.w_fp4) return launch_ws<true, true, true, true>(a, stream);
     return launch_ws<true, true, true>(a, stream);
   }
+  if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
   switch (a.variant) {
     case 1:
       return launch_variant<2, 2, kInterleave>(a, stream);

@@ -36,6 +36,11 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 // Grouped GEMM (ops/gemm_fp8.h), one persistent launch of kernel 6 over the tiles of all groups;
 // p.row_start is a DEVICE array read by the kernel (no host sync on the group sizes). Each
 // group's rows are bitwise what gemm_fp8_cuda (kernel 6) gives on that group alone.
+// w_format kFp4: the TMA brings each stage's e2m1 bytes (half the FP8 weight bytes) and three
+// warps of the producer warpgroup expand them into the swizzled e4m3 W slot (exact) together
+// with the per-row scales, then release the stage to the consumers (4-slot ring: the raw bytes
+// need room); the consumers promote with sx · sw[column]. Bitwise equal to the kFp8 launch on the
+// e4m3 copy wherever the 32 rows of each scale tile share their scales.
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
 
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales

@@ -29,6 +29,9 @@ struct GemmFp8Args {
   // (they belong to the next group) but not stored.
   const int32_t* row_start;
   int groups;
+  // Grouped only: W holds e2m1 codes [groups · n, k/2] (low nibble = even k) and ws one E8M0
+  // scale per (row, 32-block) [groups · n, k/32]; expanded to e4m3 in shared memory.
+  bool w_fp4;
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;

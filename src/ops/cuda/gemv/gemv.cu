@@ -65,7 +65,9 @@ struct WRaw {
   static constexpr int kWords = kFp4 ? 1 : 2;
 };
 
-template <bool kFp4, int kChunk>
+// kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
+// tile); else streamed with evict-first loads (decode reads them once).
+template <bool kFp4, int kChunk, bool kKeep = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
                                        uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
@@ -89,11 +91,12 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
       for (int j = 0; j < kChunk; ++j) {
         const int kb = kb0 + j;
         if constexpr (kFp4) {
-          A[mt][j][h][0] = __ldcs(reinterpret_cast<const unsigned int*>(
-              w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4));
+          const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
+          A[mt][j][h][0] = kKeep ? __ldg(p) : __ldcs(p);
           packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
         } else {
-          const uint2 u = __ldcs(reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8));
+          const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
+          const uint2 u = kKeep ? __ldg(p) : __ldcs(p);
           A[mt][j][h][0] = u.x;
           A[mt][j][h][1] = u.y;
         }
@@ -166,6 +169,24 @@ __device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, 
   }
 }
 
+// The pre-quantised form of quant_x (GemvArgs::xq / xs, written by quantize_kernel with the same
+// arithmetic): this thread's 8 codes of each block and the block's scale for token row `row`
+// (< 0: absent token, zero codes and scale).
+template <int kChunk>
+__device__ __forceinline__ void load_xq(const GemvArgs& a, int64_t row, int kb0, int q,
+                                        uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    B[j][0] = B[j][1] = 0u;
+    xs[j] = 0.0f;
+    if (row >= 0) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(a.xq + row * a.k + (kb0 + j) * 32 + q * 8));
+      B[j][0] = u.x, B[j][1] = u.y;
+      xs[j] = __ldg(a.xs + row * (a.k / 32) + kb0 + j);
+    }
+  }
+}
+
 template <bool kFp4, int kChunk>
 __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
                                                const uint32_t (&sc)[2][2],
@@ -214,7 +235,9 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
-template <bool kFp4, int kChunk, bool kGated, int kNt>
+// kPreQ: the activations come pre-quantised (GemvArgs::xq / xs) and the weights are cached
+// (wide prefill passes); the sums are the same in the same order, so y is the same bits.
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPreQ = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   constexpr int kToks = 8 * kNt;
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
@@ -246,15 +269,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   constexpr int kMats = kGated ? 2 : 1;
   for (int64_t tt = 0; tt < count; tt += kToks) {
     const int ntok = count - tt < kToks ? int(count - tt) : kToks;
-    const float* xrow[kNt];
+    int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
       const int slot = nt * 8 + g;
-      xrow[nt] = nullptr;
+      xr[nt] = -1;
       if (slot < ntok) {
         const int64_t p = start + tt + slot;
-        const int64_t row = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
-        xrow[nt] = a.x + row * a.k;
+        xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
       }
     }
     float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
@@ -266,7 +288,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         if (nt == 1 && ntok <= 8) break;  // warp-uniform
         uint32_t B[kChunk][2];
         float xs[kChunk];
-        quant_x<kChunk>(xrow[nt], kb0, q, a.act_block, B, xs);
+        if constexpr (kPreQ) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
+        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
@@ -275,8 +298,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
       const int kb0 = c * kChunk;
       Words A, AU;
       uint32_t sc[2][2], scu[2][2];
-      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+      load_w<kFp4, kChunk, kPreQ>(a, w, ws, row0, kb0, g, q, A, sc);
+      if constexpr (kGated) load_w<kFp4, kChunk, kPreQ>(a, wu, wsu, row0, kb0, g, q, AU, scu);
       compute(kb0, A, sc, AU, scu);
     }
     stash<kNt>(red[0][warp], acc, g, q);
@@ -386,20 +409,20 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPreQ = false>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt>;
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kPreQ>;
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
-template <bool kFp4, bool kGated, int kNt>
+template <bool kFp4, bool kGated, int kNt, bool kPreQ = false>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
-  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
@@ -412,8 +435,58 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
+  // Pre-quantised activations (prefill-sized launches): no quantisation in the loop, so 32-token
+  // passes (the weight rows of a block loaded once per pass for twice the tokens) with 1- and
+  // 2-block chunks, 16-token passes with 4-block chunks (32 would spill). Gated launches keep the
+  // paths below (two accumulator sets).
+  if constexpr (!kGated) {
+    if (a.xq && !small) {
+      if (t.chunk == 4) return launch_k<kFp4, 4, false, 2, true>(a, n_groups, t.split, stream);
+      if (t.chunk == 2) return launch_k<kFp4, 2, false, 4, true>(a, n_groups, t.split, stream);
+      return launch_k<kFp4, 1, false, 4, true>(a, n_groups, t.split, stream);
+    }
+  }
   const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
+}
+
+// One thread per 8 consecutive values of the flattened [m, k] (k % 32 == 0, so a quad of lanes
+// is one 32-block of one row; act_block 128: 16 lanes); quant_vals' arithmetic.
+__global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t total8, int act_block, uint8_t* xq,
+                                                       float* xs) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration (shuffles)
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
+    const bool live = t < total8;
+    float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+    if (live) {
+      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
+      lo = __ldg(p), hi = __ldg(p + 1);
+    }
+    float v[1][8] = {{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+    float m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[0][i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (act_block == 128) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    }
+    uint32_t u = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
+    const float s = __uint_as_float(u);
+    const float inv = 1.0f / s;  // exact: s is a power of two
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[0][2 * i] * inv, v[0][2 * i + 1] * inv), __NV_SATFINITE,
+                                           __NV_E4M3);
+    if (live) {
+      reinterpret_cast<uint2*>(xq)[t] = make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      if ((t & 3) == 0) xs[t / 4] = s;
+    }
+  }
 }
 
 }  // namespace
@@ -421,6 +494,16 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 void set_gemv_tuning(int split, int chunk) {
   g_split_override = split;
   g_chunk_override = chunk == 1 || chunk == 2 || chunk == 4 ? chunk : 0;
+}
+
+cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, uint8_t* xq, float* xs,
+                                 cudaStream_t stream) {
+  const int64_t total8 = m * k / 8;
+  if (total8 <= 0) return cudaSuccess;
+  const DeviceInfo d = device_info();
+  const int64_t want = (total8 + 255) / 256, cap = int64_t(std::max(d.sms, 1)) * 16;
+  return launch_kernel(quantize_kernel, dim3(unsigned(std::min(want, cap))), 256, 0, stream, x, total8, act_block,
+                       xq, xs);
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {

@@ -13,6 +13,13 @@ namespace flashseek::ops::cuda {
 // tiles inside each block, re-reading its weight tile.
 Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream);
 
+// x [m, k] FP32 → xq [m, k] e4m3 codes + xs [m, k/32] power-of-two scales per act_block
+// (repeated over its 32-blocks): exactly the values the GEMVs quantise x to, for their optional
+// xq / xs inputs (one quantisation shared by several prefill-sized launches on the same x).
+// k % 32 == 0 and k % act_block == 0; x 16-byte and xq 8-byte aligned; xs holds m·k/32 floats.
+Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_block, uint8_t* xq, float* xs,
+                          cudaStream_t stream);
+
 // Grouped expert GEMV (gate/up fused SwiGLU when p.w_up is set). Groups larger than 16 pairs are
 // handled in 16-pair tiles.
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);

@@ -9,6 +9,10 @@ namespace flashseek::ops::cuda::detail {
 
 struct GemvArgs {
   const float* x;
+  // Optional: x already quantised by launch_gemv_quantize (codes [rows, k], scales [rows, k/32]);
+  // wide passes then read these instead of quantising x again in every block (same bits).
+  const uint8_t* xq;
+  const float* xs;
   const uint8_t *w, *ws, *wu, *wsu;  // wu/wsu: up matrix (gated) or null
   int64_t e_stride, e_sstride;       // bytes between experts
   const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens
@@ -23,6 +27,12 @@ struct GemvArgs {
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream);
+
+// x [m, k] FP32 (16-byte aligned, k % 32 == 0, k % act_block == 0) → xq [m, k] e4m3 codes and
+// xs [m, k/32] power-of-two scales (per act_block, repeated over its 32-blocks), bit for bit what
+// the GEMV computes from x inside its kernel.
+cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, uint8_t* xq, float* xs,
+                                 cudaStream_t stream);
 
 // Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
