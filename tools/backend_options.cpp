@@ -36,6 +36,20 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "either way")
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
+  add_prefill_attention_option(cmd, o.prefill_attention);
+}
+
+void add_prefill_attention_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--prefill-attention", value,
+                  "attention of prefill chunks on a GPU backend: auto (chunks of 64+ rows in reference numerics on "
+                  "the tensor cores: q, keys and probabilities in BF16, another summation order) | staged (the "
+                  "exact-order kernel everywhere)")
+      ->check(CLI::IsMember({"auto", "staged"}))
+      ->capture_default_str();
+}
+
+forward::GpuPrefillAttention prefill_attention(const std::string& value) {
+  return value == "staged" ? forward::GpuPrefillAttention::kStaged : forward::GpuPrefillAttention::kAuto;
 }
 
 bool engram_on_device(const BackendOpts& o) { return o.engram_tables == "device"; }
@@ -55,6 +69,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
                                     : forward::TpComm::kAuto;
   g.load_threads = o.threads;
   g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
+  g.prefill_attention = prefill_attention(o.prefill_attention);
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   return g;
 }

@@ -20,17 +20,22 @@ struct BackendOpts {
   std::string device_sampling = "on";  // on | off
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
+  std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
 };
 
-// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log and --engram-tables
-// to `cmd`.
+// Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
+// --engram-tables and --prefill-attention to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
 Status apply_threads(const BackendOpts& o);
 
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
+
+// Adds --prefill-attention (auto | staged) to `cmd` (also used by `bench`'s model bench).
+void add_prefill_attention_option(CLI::App* cmd, std::string& value);
+forward::GpuPrefillAttention prefill_attention(const std::string& value);
 
 // --engram-tables device.
 bool engram_on_device(const BackendOpts& o);

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
+#include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
 
@@ -33,6 +34,7 @@ struct ModelBenchOpts {
   std::string numerics = "reference";
   int prompt = 16;
   int batch = 1;
+  std::string prefill_attention = "auto";  // --prefill-attention (GpuLoadOptions::prefill_attention)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -52,6 +54,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   forward::GpuLoadOptions lo;
   lo.load_threads = o.source.threads;
   lo.load_progress = load_progress_printer(lo.load_threads);
+  lo.prefill_attention = prefill_attention(o.prefill_attention);
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -136,6 +139,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--batch", mo->batch, "model bench: sequences decoded together")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  add_prefill_attention_option(cmd, mo->prefill_attention);  // the model bench's prefill
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");

@@ -690,6 +690,58 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   if (new_attn)
     FS_RETURN_IF_ERROR(add(extra(pool_name, "info", 0, 0, attn_bytes, attn_flops), [&](int) { return attn_pool(o); }));
 
+  // The model's attention of this chunk at position 131,072 over the compact caches (V4.1 ring
+  // rows e4m3 + E8M0, compressed rows FP4 + E4M3, top-512 lists, the chunk's FP32 kv rows) as
+  // GpuModel::attention runs it: --prefill-attention auto (BF16 pool decode + key lists + the
+  // prefill kernel) and staged (the exact-order kernel). Info rows: the layer above times the
+  // kernel alone on a ready BF16 pool.
+  {
+    const CacheRowFormat rf{RowCodec::kFp8E8m0, int32_t(kHeadDim), int32_t(kHeadDim), 32};
+    const CacheRowFormat cf{RowCodec::kFp4E4m3, int32_t(kHeadDim), int32_t(kHeadDim), 16};
+    const int64_t start = 131072, n_ckv = (start + m) / 4;
+    FS_ASSIGN_OR_RETURN(uint8_t* ring, ar.alloc<uint8_t>(kWindow * rf.row_bytes()));
+    FS_ASSIGN_OR_RETURN(uint8_t* ckv, ar.alloc<uint8_t>(n_ckv * cf.row_bytes()));
+    // 0x22 bytes: finite codes and scales everywhere (values do not matter for the timing).
+    FS_CUDA_RETURN_IF_ERROR(cudaMemset(ring, 0x22, size_t(kWindow * rf.row_bytes())));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemset(ckv, 0x22, size_t(n_ckv * cf.row_bytes())));
+    FS_ASSIGN_OR_RETURN(float* kvc, floats(ar, m * kHeadDim, 31));
+    std::vector<int32_t> tk(static_cast<size_t>(m * kTopIdx));
+    const std::vector<int32_t> tn(static_cast<size_t>(m), static_cast<int32_t>(kTopIdx));
+    for (int64_t t = 0; t < m; ++t) {  // ascending, distinct, visible
+      const int64_t step = (start + t + 1) / 4 / kTopIdx;
+      for (int64_t j = 0; j < kTopIdx; ++j) tk[size_t(t * kTopIdx + j)] = int32_t(j * step + t % step);
+    }
+    FS_ASSIGN_OR_RETURN(int32_t* dtk, ar.alloc<int32_t>(m * kTopIdx));
+    FS_ASSIGN_OR_RETURN(int32_t* dtn, ar.alloc<int32_t>(m));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtk, tk.data(), tk.size() * 4, cudaMemcpyHostToDevice));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtn, tn.data(), tn.size() * 4, cudaMemcpyHostToDevice));
+    detail::ModelAttnArgs a;
+    a.q = q, a.kv_chunk = kvc, a.ring = ring, a.ckv = ckv, a.ring_fmt = rf, a.ckv_fmt = cf, a.topk = dtk, a.topk_n = dtn;
+    a.topk_stride = kTopIdx, a.ratio = 4, a.sink = sink, a.out = o, a.T = m, a.H = kHeads, a.Dh = kHeadDim;
+    a.window = kWindow, a.ring_size = kWindow, a.start = start, a.max_keys = n_keys;
+    a.scale = 1.0f / std::sqrt(float(kHeadDim)), a.bf16 = true;
+    detail::ModelAttnSeq sq;
+    sq.ring = ring, sq.ckv = ckv, sq.start = start, sq.T = m, sq.ring_size = kWindow;
+    int64_t pool_rows = 0, n_idx = 0;
+    const size_t wsb = detail::model_prefill_attn_workspace(a, &sq, 1, &pool_rows, &n_idx);
+    if (wsb == 0) return internal_error("model prefill attention: no workspace layout");
+    FS_ASSIGN_OR_RETURN(uint8_t* ws, ar.alloc<uint8_t>(int64_t(wsb)));
+    const double decode_bytes = double(kWindow) * rf.row_bytes() + double(n_ckv) * cf.row_bytes() + f4 * kHeadDim +
+                                2.0 * double(pool_rows) * kHeadDim + 4.0 * double(m) * n_idx;
+    FS_RETURN_IF_ERROR(add(extra(fmt::format("model attention, --prefill-attention auto (BF16 pool of {} rows + key "
+                                             "lists + prefill kernel; compact caches at 131,072)", pool_rows),
+                                 "info", 0, 0, attn_bytes + decode_bytes, attn_flops),
+                           [&](int) {
+                             return cuda_status(detail::launch_model_prefill_attention(a, &sq, 1, ws, wsb, g_st),
+                                                "model prefill attention");
+                           }));
+    FS_RETURN_IF_ERROR(add(extra("model attention, --prefill-attention staged (exact-order kernel, same caches)", "info",
+                                 0, 0, attn_bytes, attn_flops),
+                           [&](int) {
+                             return cuda_status(detail::launch_model_attention(a, g_st), "model attention (staged)");
+                           }));
+  }
+
   // ---- role extras -----------------------------------------------------------------------------
   FS_RETURN_IF_ERROR(add(extra("compressor wkv+wgate GEMM [1024,5120] (FP8 stand-in for FP32)", "ratio-2 kv source", kRatio2Sources, 0,
                                gemm_bytes(comp2, m), gemm_flops(comp2, m), true), [&](int r) { return gemm(qx, comp2, r, misc, m); }));

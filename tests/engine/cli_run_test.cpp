@@ -262,7 +262,8 @@ TEST_F(CliRun, ThreadsSizeThePoolAndDoNotChangeTheResult) {
     ASSERT_EQ(three.exit_code, 0) << three.output;
     EXPECT_FALSE(nlohmann::json::parse(one.output)["tokens"].empty());
     EXPECT_EQ(one.output, three.output);
-    auto gpu_opts = run(req + sampling + " --gpu-graphs off --tp-comm host --device-sampling off");
+    auto gpu_opts =
+        run(req + sampling + " --gpu-graphs off --tp-comm host --device-sampling off --prefill-attention staged");
     ASSERT_EQ(gpu_opts.exit_code, 0) << gpu_opts.output;
     EXPECT_EQ(one.output, gpu_opts.output);
   }
@@ -290,6 +291,7 @@ TEST_F(CliRun, BadBackendOptionsFailWithAMessage) {
   expect_fail("run", ck + "--gpu-graphs maybe", "--gpu-graphs: maybe not in {on,record,off}");
   expect_fail("run", ck + "--tp-comm mpi", "--tp-comm: mpi not in {auto,nccl,host}");
   expect_fail("run", ck + "--device-sampling 0", "--device-sampling: 0 not in {on,off}");
+  expect_fail("run", ck + "--prefill-attention mma", "--prefill-attention: mma not in {auto,staged}");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --threads 5000", "--threads 5000: expected 1..1024");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --gpu-graphs 1", "--gpu-graphs: 1 not in {on,record,off}");
 }

@@ -9,10 +9,14 @@
 // P·V split of the staged kernel (4 / 2 / 1 dims per thread, 1 / 2 / 4 items: Dh 64, 100, 200,
 // 512, 1024 over clusters of 1 to 8), rings longer than the window (wrap-around at another
 // modulus), FP4 rows with E8M0 scales, and rows with fewer keys than a cluster has blocks.
+// The tensor-core prefill path of the same attention (launch_model_prefill_attention,
+// prefill_kernels.h) against the CPU op ops::sparse_attention within a derived bound
+// (CudaModelPrefillAttention.*, below).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -22,8 +26,10 @@
 #include "core/numeric.h"
 #include "cache_rows_util.h"
 #include "gpu_util.h"
+#include "ops/attention.h"
 #include "ops/cache_row.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
 #include "ops/linear.h"
 #include "ops/quant.h"
 
@@ -361,6 +367,260 @@ TEST(CudaModelAttention, StagedSeqsLaunchIsBitwiseTheFormerPerSequence) {
             << "bf16 " << bf16 << " cluster " << cluster << " row " << r;
     }
   }
+}
+
+// ---- the tensor-core prefill path (launch_model_prefill_attention) -------------------------
+//
+// Reference: the CPU op ops::sparse_attention over the same FP32 key rows (AttnData::keys: the
+// window, then the top-k / every visible compressed row), BF16 probabilities and a BF16-rounded
+// output when bf16 (as the model's kernels). The tensor-core path differs by
+//   (1) BF16 inputs: q and the key rows rounded to BF16 (the compact rows are exact in BF16, the
+//       chunk's FP32 rows and FP32 caches are not); this logit shift is computed exactly here in
+//       double (d_in,j = scale·|Σ bf16(q)·bf16(k) − Σ q·k|) and the value shift
+//       V_d = Σ_j w_j·|bf16(k_jd) − k_jd| as well;
+//   (2) FP32 dot orders: both logits are FP32 sums of D products, each within
+//       γ·Σ|terms| of the exact sum; γ = (D + 2)·2^-23 (twice the round-to-nearest γ_D, so that
+//       a truncating tensor-core accumulation is covered): d_acc,j = scale·(A_j + Ã_j)·γ;
+//   (3) BF16 probabilities of different values (online softmax: exp against a running max,
+//       rescaled later): relative u = 2^-9 on each side's weight, 2u between them;
+//   (4) P·V and the normalisation in FP32 in other orders: (n + 64)·2^-22 relative to Σ w|v|.
+// With every logit off by at most d = max_j (d_in,j + d_acc,j) (the sink's term exact), each
+// normalised weight moves by a factor within e^{±2d}; so per output d,
+//   |got − ref| <= (S_d + V_d)·(e^{2d}·(1 + 2u)·(1 + 2^-20) − 1 + (n + 64)·2^-22) + V_d,
+// S_d = Σ_j w_j·|k_jd| (exact weights), and with a BF16 output both sides round once more:
+// E·(1 + u) + 2u·S_d. The test also shows that this bound sees a wrong key set: removing the
+// heaviest key of a head must move some output of most heads past it.
+constexpr double kU = 1.0 / 512;  // BF16 unit roundoff (round to nearest)
+
+struct BoundStats {
+  int64_t heads = 0, discriminating = 0;
+  double worst = 0;  // max |got - ref| / bound
+};
+
+void expect_within_bound(const AttnData& d, int64_t t, const float* q, const float* got, const float* sink, bool bf16,
+                         float scale, BoundStats* st) {
+  const std::vector<const float*> keys = d.keys(t);
+  const int64_t H = d.H, D = d.Dh, n = int64_t(keys.size());
+  std::vector<float> ref(size_t(H * D));
+  SparseAttnParams p;
+  p.q = q, p.keys = keys.data(), p.n_keys = n, p.n_heads = H, p.head_dim = D, p.sink = sink, p.scale = scale;
+  p.bf16_probs = bf16, p.out = ref.data();
+  sparse_attention(p);
+  if (bf16)
+    for (float& v : ref) v = round_bf16(v);
+  const double gamma = double(D + 2) * std::ldexp(1.0, -23);
+  std::vector<double> l(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+  for (int64_t h = 0; h < H; ++h) {
+    const float* qh = q + h * D;
+    double dmax = 0, m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, sb = 0, a = 0, ab = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        const double x = double(qh[i]) * keys[size_t(j)][i];
+        const double xb = double(round_bf16(qh[i])) * round_bf16(keys[size_t(j)][i]);
+        s += x, sb += xb, a += std::fabs(x), ab += std::fabs(xb);
+      }
+      l[size_t(j)] = s * scale;
+      dmax = std::max(dmax, double(scale) * (std::fabs(sb - s) + (a + ab) * gamma));
+      m = std::max(m, l[size_t(j)]);
+    }
+    double den = std::exp(double(sink[h]) - m);
+    for (int64_t j = 0; j < n; ++j) den += (w[size_t(j)] = std::exp(l[size_t(j)] - m));
+    int64_t heavy = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      w[size_t(j)] /= den;
+      if (w[size_t(j)] > w[size_t(heavy)]) heavy = j;
+    }
+    const double f = std::exp(2 * dmax) * (1 + 2 * kU) * (1 + std::ldexp(1.0, -20)) - 1 + double(n + 64) * std::ldexp(1.0, -22);
+    bool seen = false;
+    for (int64_t dd = 0; dd < D; ++dd) {
+      double S = 0, V = 0, exact = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float k = keys[size_t(j)][dd];
+        S += w[size_t(j)] * std::fabs(k), V += w[size_t(j)] * std::fabs(double(round_bf16(k)) - k);
+        exact += w[size_t(j)] * k;
+      }
+      double bound = (S + V) * f + V;
+      if (bf16) bound = bound * (1 + kU) + 2 * kU * S;
+      const double diff = std::fabs(double(got[h * D + dd]) - double(ref[size_t(h * D + dd)]));
+      ASSERT_TRUE(std::isfinite(got[h * D + dd])) << "row " << t << " head " << h << " dim " << dd;
+      ASSERT_LE(diff, bound) << "row " << t << " head " << h << " dim " << dd << ": got " << got[h * D + dd]
+                             << " cpu " << ref[size_t(h * D + dd)];
+      if (bound > 0) st->worst = std::max(st->worst, diff / bound);
+      // Without the heaviest key (renormalised): outside the bound somewhere?
+      const double wh = w[size_t(heavy)], without = (exact - wh * keys[size_t(heavy)][dd]) / (1 - wh);
+      if (std::fabs(without - exact) > bound + std::fabs(double(ref[size_t(h * D + dd)]) - exact)) seen = true;
+    }
+    ++st->heads;
+    st->discriminating += seen;
+  }
+}
+
+// Runs the tensor-core path over the sequences `ds` (one launch; `no_ckv`: sequences whose
+// compressed rows do not exist yet) and checks every `check_every`-th row of each (and its last).
+void expect_prefill_path_within_bound(const std::vector<const AttnData*>& ds, const std::vector<bool>& no_ckv,
+                                      const std::vector<float>& sink, bool bf16, int64_t check_every) {
+  const AttnData& d0 = *ds[0];
+  const int64_t H = d0.H, Dh = d0.Dh, k = d0.k;
+  std::vector<float> q, kv;
+  std::vector<int32_t> topk, tn;
+  std::vector<cd::ModelAttnSeq> seqs;
+  int64_t rows = 0;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    const AttnData& d = *ds[i];
+    cd::ModelAttnSeq s;
+    s.ring = d.prg->get(), s.ckv = no_ckv[i] ? nullptr : d.pckv->get(), s.start = d.start, s.row0 = rows;
+    s.T = d.T, s.ring_size = d.ring;
+    seqs.push_back(s);
+    q.insert(q.end(), d.q.begin(), d.q.end()), kv.insert(kv.end(), d.kv.begin(), d.kv.end());
+    if (k > 0) {
+      std::vector<int32_t> tk = d.topk;
+      for (int64_t t = 0; t < d.T; ++t)  // the indexer's padding past the count
+        for (int64_t j = d.tn[size_t(t)]; j < k; ++j) tk[size_t(t * k + j)] = -1;
+      topk.insert(topk.end(), tk.begin(), tk.end()), tn.insert(tn.end(), d.tn.begin(), d.tn.end());
+    }
+    rows += d.T;
+  }
+  DeviceBuffer<float> dq(q), dkv(kv), dsink(sink), out(size_t(rows * H * Dh));
+  std::unique_ptr<DeviceBuffer<int32_t>> dtk, dtn;
+  if (k > 0) dtk = std::make_unique<DeviceBuffer<int32_t>>(topk), dtn = std::make_unique<DeviceBuffer<int32_t>>(tn);
+  cd::ModelAttnArgs a;
+  a.q = dq.get(), a.kv_chunk = dkv.get(), a.ckv = d0.pckv->get();
+  a.ring_fmt = d0.rf.compact() ? d0.rf : CacheRowFormat{}, a.ckv_fmt = d0.cf.compact() ? d0.cf : CacheRowFormat{};
+  a.topk = k > 0 ? dtk->get() : nullptr, a.topk_n = k > 0 ? dtn->get() : nullptr, a.topk_stride = k;
+  a.ratio = d0.ratio, a.sink = dsink.get(), a.out = out.get(), a.T = rows, a.H = H, a.Dh = Dh, a.window = d0.W;
+  a.scale = 1.0f / std::sqrt(float(Dh)), a.bf16 = bf16;
+  ASSERT_TRUE(cd::model_prefill_attn_supports(a));
+  int64_t pool_rows = 0, n_idx = 0;
+  const size_t ws_bytes = cd::model_prefill_attn_workspace(a, seqs.data(), int64_t(seqs.size()), &pool_rows, &n_idx);
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  ASSERT_EQ(cd::launch_model_prefill_attention(a, seqs.data(), int64_t(seqs.size()), ws.get(), ws_bytes - 1, 0),
+            cudaErrorInvalidValue);  // a workspace one byte short
+  ASSERT_EQ(cd::launch_model_prefill_attention(a, seqs.data(), int64_t(seqs.size()), ws.get(), ws_bytes, 0),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = out.to_host();
+  BoundStats st;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    const AttnData& d = *ds[i];
+    if (no_ckv[i]) {  // its lists must be empty: the reference reads no compressed row either
+      for (int32_t c : d.tn) ASSERT_EQ(c, 0);
+    }
+    for (int64_t t = 0; t < d.T; ++t) {
+      if (t % check_every != 0 && t != d.T - 1) continue;
+      const int64_t r = seqs[i].row0 + t;
+      expect_within_bound(d, t, d.q.data() + t * H * Dh, got.data() + r * H * Dh, sink.data(), bf16, a.scale, &st);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  std::printf("[prefill-attn] H %lld Dh %lld bf16 %d: %lld rows, pool %lld rows, %lld key slots; worst |diff|/bound "
+              "%.3g; heaviest key visible past the bound in %lld of %lld heads\n",
+              (long long)H, (long long)Dh, int(bf16), (long long)rows, (long long)pool_rows, (long long)n_idx, st.worst,
+              (long long)st.discriminating, (long long)st.heads);
+  EXPECT_GE(2 * st.discriminating, st.heads) << "the bound is too loose to see a missing key";
+}
+
+// Queries of a model scale (logits with a standard deviation of about 2: a few keys carry most of
+// the weight) and sinks that are negligible, comparable or dominant by head.
+void prefill_inputs(AttnData& d) {
+  for (float& v : d.q) v *= 10.0f;
+  for (int64_t h = 0; h < d.H; ++h) d.sink[size_t(h)] = h % 3 == 0 ? 8.0f : h % 3 == 1 ? 2.0f : -20.0f;
+}
+
+// The real V4.1 width (64 heads x 512, window 128, top-512 of FP4 compressed rows, e4m3 ring
+// rows), a 301-row chunk at position 4096 and at 50 (a partial window, lists shorter than 512:
+// -1 padding), and a first chunk at 0 (rows with 1 .. 77 window keys, no compressed row for the
+// first 3); BF16 on and off.
+TEST(CudaModelPrefillAttention, WithinTheBoundOfTheCpuOpAtRealWidth) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t T, start;
+  };
+  for (const Case& c : {Case{301, 4096}, Case{133, 50}, Case{77, 0}})
+    for (bool bf16 : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "T " << c.T << " start " << c.start << " bf16 " << bf16);
+      AttnData d(c.T, 64, 512, 128, c.start, 512, kRingV41, kCkvV41, 900 + uint32_t(c.T));
+      prefill_inputs(d);
+      expect_prefill_path_within_bound({&d}, {false}, d.sink, bf16, c.T > 100 ? 37 : 5);
+    }
+}
+
+// Odd shapes: the tiny checkpoints' (16 heads x 128 with the V4 HCA path: every visible compressed
+// row, ratio 2, and a BF16 tail; 4 heads x 64, window 8, top-4), 80 heads x 256 (a second block
+// of 16 heads), FP32 ring and compressed rows (rounded to BF16 on the way), a ring longer than
+// the window, odd chunk lengths.
+TEST(CudaModelPrefillAttention, WithinTheBoundOfTheCpuOpAtOddShapes) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t T, H, Dh, W, start, k, ring_extra, ratio;
+    CacheRowFormat rf, cf;
+  };
+  const Case cases[] = {
+      {70, 16, 128, 128, 3000, 0, 0, 2, {RowCodec::kFp8E8m0, 128, 64, 32}, {RowCodec::kFp8E8m0, 128, 64, 32}},
+      {97, 4, 64, 8, 41, 4, 3, 4, {RowCodec::kFp8E8m0, 64, 48, 16}, {RowCodec::kFp4E4m3, 64, 64, 16}},
+      {33, 80, 256, 19, 500, 48, 5, 4, f32_fmt(256), f32_fmt(256)},
+      {65, 16, 128, 8, 0, 4, 0, 4, {RowCodec::kFp8E8m0, 128, 64, 32}, {RowCodec::kFp4E4m3, 128, 128, 16}},
+  };
+  for (const Case& c : cases)
+    for (bool bf16 : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "T " << c.T << " H " << c.H << " Dh " << c.Dh << " k " << c.k << " bf16 "
+                                        << bf16);
+      AttnData d(c.T, c.H, c.Dh, c.W, c.start, c.k, c.rf, c.cf, 40 + uint32_t(c.Dh + c.H), c.ring_extra);
+      if (c.ratio != d.ratio) {  // n_ckv was sized for ratio 4: regenerate
+        d.ratio = c.ratio;
+        d.n_ckv = std::max<int64_t>(1, (d.start + d.T) / d.ratio);
+        d.ckv = rows_of(c.cf, d.n_ckv, 41);
+        d.pckv.reset(packed(c.cf, d.ckv));
+      }
+      prefill_inputs(d);
+      expect_prefill_path_within_bound({&d}, {false}, d.sink, bf16, 7);
+    }
+}
+
+// Several sequences in one launch (a chunk of a 4096-deep sequence, one at 50, one at 2 with no
+// compressed row yet): each row against the CPU op over its own sequence's keys.
+TEST(CudaModelPrefillAttention, SeveralSequencesWithinTheBound) {
+  FS_REQUIRE_GPU();
+  AttnData a(100, 64, 512, 128, 4096, 512, kRingV41, kCkvV41, 71), b(37, 64, 512, 128, 50, 512, kRingV41, kCkvV41, 72),
+      c(2, 64, 512, 128, 2, 512, kRingV41, kCkvV41, 73);
+  for (AttnData* d : {&a, &b, &c}) prefill_inputs(*d);
+  expect_prefill_path_within_bound({&a, &b, &c}, {false, false, true}, a.sink, true, 9);
+}
+
+// Shapes the kernel does not have (head dims other than 64 / 128 / 256 / 512) and malformed
+// sequence lists are refused; the model runs the staged kernel for them (gpu_ops.cpp).
+TEST(CudaModelPrefillAttention, RefusesWhatItDoesNotRun) {
+  FS_REQUIRE_GPU();
+  const AttnData d(4, 3, 64, 8, 20, 4, f32_fmt(64), f32_fmt(64), 5);
+  DeviceBuffer<float> dq(d.q), dkv(d.kv), dsink(d.sink), o(size_t(d.T * d.H * d.Dh));
+  DeviceBuffer<int32_t> dtk(d.topk), dtn(d.tn);
+  cd::ModelAttnArgs a;
+  a.q = dq.get(), a.kv_chunk = dkv.get(), a.ckv = d.pckv->get(), a.topk = dtk.get(), a.topk_n = dtn.get();
+  a.topk_stride = d.k, a.ratio = d.ratio, a.sink = dsink.get(), a.out = o.get(), a.T = d.T, a.H = d.H, a.Dh = d.Dh;
+  a.window = d.W, a.scale = 0.125f;
+  cd::ModelAttnSeq s;
+  s.ring = d.prg->get(), s.ckv = d.pckv->get(), s.start = d.start, s.T = d.T, s.ring_size = d.ring;
+  const size_t ws_bytes = cd::model_prefill_attn_workspace(a, &s, 1);
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  EXPECT_EQ(cd::launch_model_prefill_attention(a, &s, 1, ws.get(), ws_bytes, 0), cudaSuccess);
+  for (int64_t dh : {36, 37, 100, 1024}) {
+    cd::ModelAttnArgs b = a;
+    b.Dh = dh;
+    EXPECT_FALSE(cd::model_prefill_attn_supports(b)) << dh;
+    EXPECT_EQ(cd::launch_model_prefill_attention(b, &s, 1, ws.get(), ws_bytes, 0), cudaErrorInvalidValue) << dh;
+  }
+  cd::ModelAttnSeq bad = s;
+  bad.T = d.T + 1;  // rows do not add up to a.T
+  EXPECT_EQ(cd::model_prefill_attn_workspace(a, &bad, 1), 0u);
+  EXPECT_EQ(cd::launch_model_prefill_attention(a, &bad, 1, ws.get(), ws_bytes, 0), cudaErrorInvalidValue);
+  bad = s, bad.ring_size = d.W - 1;  // a ring shorter than the window
+  EXPECT_EQ(cd::model_prefill_attn_workspace(a, &bad, 1), 0u);
+  cd::ModelAttnArgs hca = a;
+  hca.topk = nullptr, hca.topk_n = nullptr, hca.ratio = 0;  // every visible row needs the ratio
+  EXPECT_EQ(cd::model_prefill_attn_workspace(hca, &s, 1), 0u);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace

@@ -97,8 +97,10 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
     }
   }
   detail::PrefillAttnArgs bad;
-  bad.heads = 32, bad.dim = 512, bad.m = 1;
-  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "only 64 x 512 is supported";
+  bad.heads = 64, bad.dim = 100, bad.m = 1;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "head dims 64 / 128 / 256 / 512 only";
+  bad.heads = 0, bad.dim = 512;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "no heads";
 }
 
 TEST(CudaPrefillIndexScores, MatchesBf16ReferenceAndMasksUnreachableKeys) {

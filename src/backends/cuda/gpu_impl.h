@@ -426,6 +426,7 @@ class GpuModel final : public Model, public Backend {
   int64_t act_block_ = 0, expert_act_block_ = 0;
   uint32_t fast_linears_ = kAllGpuLinearRoles;  // GpuLoadOptions::fast_linears
   int index_scores_kernel_ = 0;                 // GpuLoadOptions::index_scores_kernel
+  GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the

@@ -563,6 +563,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->expert_act_block_ = ab.experts;
   m->fast_linears_ = opts.fast_linears;
   m->index_scores_kernel_ = opts.index_scores_kernel;
+  m->prefill_attention_ = opts.prefill_attention;
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
   {
     int major = 0, minor = 0;

@@ -71,6 +71,25 @@ inline constexpr uint32_t kAllGpuLinearRoles = (uint32_t(1) << uint32_t(GpuLinea
 // "draft" ("?" for kCount or beyond).
 const char* gpu_linear_role_name(GpuLinearRole r);
 
+// The attention kernel of prefill chunks (docs/cuda.md, "Prefill attention on the tensor cores").
+// kAuto: in reference numerics, each sequence's chunk of at least kGpuPrefillAttnMinRows rows runs
+// the tensor-core prefill attention (ops/cuda/model/prefill_kernels.h
+// launch_model_prefill_attention: the same keys, softmax with sink and scale; q, keys and
+// probabilities in BF16, another summation order) where it applies (head dims 64 / 128 / 256 /
+// 512; its BF16 key pool no larger than the (row, key) pairs it serves). Everything else, and
+// everything with kStaged, runs the exact-order model kernel (launch_model_attention); exact
+// numerics always do. The library default is kStaged: the bitwise contracts of the GPU tests
+// (chunking and batch invariance, CPU == GPU where they are bitwise) hold for the exact-order
+// kernel only; the CLI (`run`, `serve`, `bench`: --prefill-attention) defaults to auto.
+enum class GpuPrefillAttention { kAuto, kStaged };
+// Rows of a sequence's chunk from which kAuto uses the tensor-core kernel. It runs one block per
+// query row (all 64 heads of a block), the staged kernel one cluster per (row, 4 heads), so a short
+// chunk gives the tensor-core kernel fewer blocks than the GPU has SMs (132 on an H200) while the
+// staged kernel still fills them; 64 is not measured as the crossover (bench --prefill times both
+// paths at the chunk size it is given). Decode steps and verify blocks (<= kGpuGraphMaxTokens
+// rows) never take it.
+inline constexpr int64_t kGpuPrefillAttnMinRows = 64;
+
 // How the CUDA backend keeps the weights and runs steps.
 struct GpuLoadOptions {
   GpuWeights weights = GpuWeights::kNative;  // tensor-parallel ranks: their slices (gpu_tp.h)
@@ -93,6 +112,8 @@ struct GpuLoadOptions {
   // (key tiles in shared memory), 1 one thread per key, 2 / 3 tiles with 1 / 2 keys per thread;
   // documented as the same bits. Tests and diagnostics only.
   int index_scores_kernel = 0;
+  // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
+  GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
   // Routed experts of a forward step of at least this many tokens (MXFP4 experts, widths that are
   // multiples of 128, sm_90a, every expert on this GPU): the pairs, grouped by expert, run as
   // grouped FP8 GEMMs over the FP4 weights (ops/cuda/gemm/gemm_fp8.h, w_format kFp4) instead of

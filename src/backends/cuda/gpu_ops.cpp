@@ -590,16 +590,61 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   }
   attn_seqs_ = nullptr;
   attn_seqs_layer_ = -1;
+  if (seqs.size() > 1) {  // ring_write reads the descriptors too
+    const int64_t bytes = int64_t(seqs.size() * sizeof(cd::ModelAttnSeq));
+    FS_ASSIGN_OR_RETURN(uint8_t* ds, scratch<uint8_t>("attn_seqs", bytes));
+    FS_RETURN_IF_ERROR(upload(ds, seqs.data(), size_t(bytes)));
+    attn_seqs_ = reinterpret_cast<const cd::ModelAttnSeq*>(ds);
+    attn_seqs_layer_ = l;
+  }
+  // Prefill chunks on the tensor cores (GpuLoadOptions::prefill_attention, gpu_model.h): each
+  // segment of kGpuPrefillAttnMinRows+ rows (never part of a graph step) in reference numerics,
+  // with shapes the kernel has and a BF16 key pool no larger than the (row, key) pairs it serves,
+  // runs alone; a segment's bits then depend on itself only (not on the other segments of the
+  // step). The other segments of such a step run the staged kernel one by one (the bits of the
+  // several-sequence launch: launch_model_attention_seqs computes each row as its sequence alone).
+  static_assert(kGpuPrefillAttnMinRows > kGpuGraphMaxTokens, "graph steps never take the tensor-core path");
+  if (prefill_attention_ == GpuPrefillAttention::kAuto && bf16 && cd::model_prefill_attn_supports(p)) {
+    // The args of segment i alone (rows [row0, row0 + T) of the step).
+    auto seg_args = [&](size_t i) {
+      const cd::ModelAttnSeq& sq = seqs[i];
+      cd::ModelAttnArgs b = p;
+      b.q = p.q + sq.row0 * H * Dh, b.out = p.out + sq.row0 * H * Dh, b.kv_chunk = p.kv_chunk + sq.row0 * Dh;
+      if (b.topk) b.topk += sq.row0 * b.topk_stride, b.topk_n += sq.row0;
+      b.T = sq.T, b.ring = sq.ring, b.ring_size = sq.ring_size, b.start = sq.start;
+      if (b.ckv) b.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(b.kv_chunk);  // none yet: never read
+      return b;
+    };
+    std::vector<size_t> ws(seqs.size(), 0);  // > 0: the segment runs on the tensor cores
+    bool any = false;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].T < kGpuPrefillAttnMinRows) continue;
+      cd::ModelAttnSeq one = seqs[i];
+      one.row0 = 0;
+      int64_t pool_rows = 0, n_idx = 0;
+      const size_t bytes = cd::model_prefill_attn_workspace(seg_args(i), &one, 1, &pool_rows, &n_idx);
+      if (bytes > 0 && pool_rows <= seqs[i].T * n_idx) ws[i] = bytes, any = true;
+    }
+    if (any) {
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const cd::ModelAttnArgs b = seg_args(i);
+        if (ws[i] == 0) {
+          FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(b, stream_));
+          continue;
+        }
+        cd::ModelAttnSeq one = seqs[i];
+        one.row0 = 0;
+        FS_ASSIGN_OR_RETURN(uint8_t* w, scratch<uint8_t>("prefill_attn_ws", int64_t(ws[i])));
+        FS_CUDA_RETURN_IF_ERROR(cd::launch_model_prefill_attention(b, &one, 1, w, ws[i], stream_));
+      }
+      return {};
+    }
+  }
   if (seqs.size() == 1) {
     p.ring = seqs[0].ring, p.ring_size = seqs[0].ring_size, p.start = seqs[0].start;
     FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
     return {};
   }
-  const int64_t bytes = int64_t(seqs.size() * sizeof(cd::ModelAttnSeq));
-  FS_ASSIGN_OR_RETURN(uint8_t* ds, scratch<uint8_t>("attn_seqs", bytes));
-  FS_RETURN_IF_ERROR(upload(ds, seqs.data(), size_t(bytes)));
-  attn_seqs_ = reinterpret_cast<const cd::ModelAttnSeq*>(ds);
-  attn_seqs_layer_ = l;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(p, attn_seqs_, ctx.row_seq.i32(), stream_));
   return {};
 }

@@ -1,23 +1,29 @@
-// Prefill sparse MQA attention with sinks, specialised for V4.1's 64 heads x 512 (see
-// prefill_kernels.h). One block per query row, 8 warps: warp w owns heads [16·(w % 4), +16) and
-// output dims [256·(w / 4), +256). Key rows are gathered 32 at a time into a 2-stage cp.async ring
-// (16-byte pieces, absent rows zero-filled). Per tile: S = Q·Kᵀ with mma.m16n8k16 BF16 (the two
-// dim halves of a head group both compute it: cheaper than a shared-memory exchange), online
-// softmax on the fragments, O += P·V with P re-packed as the A operand and V fragments read by
-// ldmatrix.trans. The sink joins the denominator at the end; the output is normalised in place
-// (no split workspace, no combine pass). Numerics as sparse_attention_pool_cuda: BF16 q, keys
-// and probabilities, FP32 accumulation and softmax statistics; a query with no valid key gets 0.
+// Prefill sparse MQA attention with sinks on the tensor cores (see prefill_kernels.h): head dims
+// 64 / 128 / 256 / 512 (a template), any head count in blocks of 64 heads (grid y; a block's heads
+// past H compute on zero queries and write nothing). One block per (query row, 64 heads), 8
+// warps: warp w owns heads [16·(w % 4), +16) and output dims [D/2·(w / 4), +D/2). Key rows are
+// gathered 32 at a time into a 2-stage cp.async ring (16-byte pieces, absent rows zero-filled).
+// Per tile: S = Q·Kᵀ with mma.m16n8k16 BF16 (the two dim halves of a head group both compute it:
+// cheaper than a shared-memory exchange), online softmax on the fragments, O += P·V with P
+// re-packed as the A operand and V fragments read by ldmatrix.trans. The sink joins the
+// denominator at the end; the output is normalised in place (no split workspace, no combine
+// pass), rounded to BF16 when asked. Numerics as sparse_attention_pool_cuda: BF16 q, keys and
+// probabilities, FP32 accumulation and softmax statistics; a query with no valid key gets 0.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
 
-constexpr int kH = 64, kD = 512, kLd = kD + 8;  // +8 BF16: rows 4 banks apart
+constexpr int kH = 64;  // heads per block
 constexpr int kKt = 32, kWarps = 8, kThreads = kWarps * 32;
-constexpr int kSmem = (kH + 2 * kKt) * kLd * 2;
+template <int kD>
+constexpr int kLdOf = kD + 8;  // +8 BF16: rows 4 banks apart
+template <int kD>
+constexpr int kSmemOf = (kH + 2 * kKt) * kLdOf<kD> * 2;
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -38,8 +44,11 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) 
 }
 
 // Gathers tile `tile` of query t into stage buffer k_s; flags absent rows in valid_s.
+template <int kD>
 __device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, int tile, uint16_t* k_s,
                                           int* valid_s) {
+  constexpr int kLd = kLdOf<kD>;
+  static_assert(kKt * (kD / 8) % kThreads == 0, "whole 16-byte pieces per thread");
   const int k0 = tile * kKt;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(k_s));
   // 32 rows x 64 pieces of 16 B = 2048 pieces, 8 per thread.
@@ -56,34 +65,37 @@ __device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, i
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnArgs a) {
+  constexpr int kLd = kLdOf<kD>, kN = kD / 16;  // kN: n-tiles of 8 dims in a warp's half of kD
   extern __shared__ __align__(16) uint16_t sm[];
   __shared__ int valid_s[2][kKt];
   uint16_t* q_s = sm;                 // [64][kLd]
   uint16_t* k_s0 = q_s + kH * kLd;    // 2 x [32][kLd]
   const int64_t t = blockIdx.x;
+  const int hb = int(blockIdx.y) * kH, nh = a.heads - hb < kH ? a.heads - hb : kH;  // this block's heads
   const int n_tiles = (a.n_idx + kKt - 1) / kKt;
-  if (n_tiles > 0) load_tile(a, t, 0, k_s0, valid_s[0]);
-  {  // Q → BF16 shared
-    const float4* q4 = reinterpret_cast<const float4*>(a.q + t * kH * kD);
+  if (n_tiles > 0) load_tile<kD>(a, t, 0, k_s0, valid_s[0]);
+  {  // Q → BF16 shared (heads past nh: zero)
+    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
     for (int i = threadIdx.x; i < kH * kD / 4; i += kThreads) {
-      const float4 v = __ldg(q4 + i);
       const int e = i * 4, h = e / kD, d = e % kD;
+      const float4 v = h < nh ? __ldg(q4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * kLd + d);
       dst[0] = pack2(v.x, v.y), dst[1] = pack2(v.z, v.w);
     }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int h0 = (warp & 3) * 16, d0 = (warp >> 2) * (kD / 2);
-  float o[32][4];
+  float o[kN][4];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+  for (int i = 0; i < kN; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0, 0};  // l: this thread's partial sum
   const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int st = tile & 1;
     if (tile + 1 < n_tiles) {
-      load_tile(a, t, tile + 1, k_s0 + (st ^ 1) * kKt * kLd, valid_s[st ^ 1]);
+      load_tile<kD>(a, t, tile + 1, k_s0 + (st ^ 1) * kKt * kLd, valid_s[st ^ 1]);
       asm volatile("cp.async.wait_group 1;\n" ::);
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::);
@@ -137,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
         l_run[r] += s[j][e];
       }
 #pragma unroll
-    for (int n = 0; n < 32; ++n) o[n][0] *= f[0], o[n][1] *= f[0], o[n][2] *= f[1], o[n][3] *= f[1];
+    for (int n = 0; n < kN; ++n) o[n][0] *= f[0], o[n][1] *= f[0], o[n][2] *= f[1], o[n][3] *= f[1];
     const uint32_t k_base = uint32_t(__cvta_generic_to_shared(k_s));
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {  // keys 16·kk .. +15
@@ -149,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
       // ldmatrix.x2.trans: lanes 0-7 address keys 16kk+0..7, lanes 8-15 keys 16kk+8..15.
       const uint32_t row_addr = k_base + uint32_t(((16 * kk + (lane & 15)) * kLd + d0) * 2);
 #pragma unroll
-      for (int n = 0; n < 32; ++n) {
+      for (int n = 0; n < kN; ++n) {
         uint32_t bf[2];
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                      : "=r"(bf[0]), "=r"(bf[1])
@@ -159,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
     }
     __syncthreads();  // every warp is done with stage st before it is refilled
   }
-  float* out = a.out + t * kH * kD;
+  float* out = a.out + (t * a.heads + hb) * kD;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
@@ -169,26 +181,44 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    inv[r] = m_run[r] == -INFINITY ? 0.0f : 1.0f / (l_run[r] + expf(a.sink[hr[r]] - m_run[r]));
+    inv[r] = m_run[r] == -INFINITY || hr[r] >= nh ? 0.0f : 1.0f / (l_run[r] + expf(a.sink[hb + hr[r]] - m_run[r]));
+  // The model's BF16 output (ModelAttnArgs::bf16): round to nearest even, as dev_round_bf16.
+  auto fin = [&](float x) { return a.bf16_out ? __bfloat162float(__float2bfloat16_rn(x)) : x; };
 #pragma unroll
-  for (int n = 0; n < 32; ++n) {
+  for (int n = 0; n < kN; ++n) {
     const int d = d0 + n * 8 + 2 * c;
-    *reinterpret_cast<float2*>(out + hr[0] * kD + d) = make_float2(o[n][0] * inv[0], o[n][1] * inv[0]);
-    *reinterpret_cast<float2*>(out + hr[1] * kD + d) = make_float2(o[n][2] * inv[1], o[n][3] * inv[1]);
+    if (hr[0] < nh)
+      *reinterpret_cast<float2*>(out + hr[0] * kD + d) = make_float2(fin(o[n][0] * inv[0]), fin(o[n][1] * inv[0]));
+    if (hr[1] < nh)
+      *reinterpret_cast<float2*>(out + hr[1] * kD + d) = make_float2(fin(o[n][2] * inv[1]), fin(o[n][3] * inv[1]));
   }
+}
+
+template <int kD>
+cudaError_t launch_d(const PrefillAttnArgs& a, cudaStream_t s) {
+  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
+  const void* fn = reinterpret_cast<const void*>(prefill_attn_kernel<kD>);
+  if (const cudaError_t e = ensure_smem_limit(fn, kSmemOf<kD>, attr); e != cudaSuccess) return e;
+  const dim3 grid(unsigned(a.m), unsigned((a.heads + kH - 1) / kH));
+  return launch_kernel(prefill_attn_kernel<kD>, grid, dim3(kThreads), size_t(kSmemOf<kD>), s, a);
 }
 
 }  // namespace
 
+bool prefill_attn_supports(int64_t heads, int64_t dim) {
+  return heads > 0 && heads <= 65535 * int64_t(kH) && (dim == 64 || dim == 128 || dim == 256 || dim == 512);
+}
+
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
-  if (a.heads != kH || a.dim != kD || a.m < 0 || a.n_idx < 0) return cudaErrorInvalidValue;
+  if (!prefill_attn_supports(a.heads, a.dim) || a.m < 0 || a.m > INT32_MAX || a.n_idx < 0 || a.n_rows < 0)
+    return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
-  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
-  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(prefill_attn_kernel), kSmem, attr);
-      e != cudaSuccess)
-    return e;
-  prefill_attn_kernel<<<unsigned(a.m), kThreads, kSmem, s>>>(a);
-  return cudaGetLastError();
+  switch (a.dim) {
+    case 64: return launch_d<64>(a, s);
+    case 128: return launch_d<128>(a, s);
+    case 256: return launch_d<256>(a, s);
+    default: return launch_d<512>(a, s);
+  }
 }
 
 }  // namespace flashseek::ops::cuda::detail

@@ -1,11 +1,16 @@
-// Glue kernels of the prefill layer benchmark (bench/cuda/prefill_bench.cpp): the routed-expert row
-// permutation, the fused SwiGLU + FP8 quantisation feeding the down GEMMs, and the un-permuting
-// combine. Plain cudaError_t launchers (nvcc cannot compile core/status.h); device pointers;
-// nothing is allocated. Not used by the model (yet): the bench times them as a prefill MoE would.
+// Prefill kernels. Glue kernels of the prefill layer benchmark (bench/cuda/prefill_bench.cpp): the
+// routed-expert row permutation, the fused SwiGLU + FP8 quantisation feeding the down GEMMs, and
+// the un-permuting combine; not used by the model (yet): the bench times them as a prefill MoE
+// would. The tensor-core prefill attention, which the model's prefill chunks also run
+// (launch_model_prefill_attention). Plain cudaError_t launchers (nvcc cannot compile
+// core/status.h); device pointers; nothing is allocated.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
 
@@ -26,11 +31,12 @@ cudaError_t launch_swiglu_quant_fp8(const float* gu, const float* weight, int64_
 cudaError_t launch_combine_rows(const float* y, const int32_t* inv, const float* ys, int64_t T,
                                 int64_t k, int64_t dim, float* out, cudaStream_t s);
 
-// Prefill sparse attention with sinks (prefill_attn.cu), only 64 heads x 512: out [m, 64, 512]
+// Prefill sparse attention with sinks on the tensor cores (prefill_attn.cu): out [m, heads, dim]
 // FP32, normalised, the same function as sparse_attention_pool_cuda (BF16 q / keys /
-// probabilities, FP32 statistics; no valid key: 0), one block per query, no split workspace.
+// probabilities, FP32 statistics; no valid key: 0), one block per (query, 64 heads), no split
+// workspace. Head dims 64, 128, 256 and 512, any head count (prefill_attn_supports).
 struct PrefillAttnArgs {
-  const float* q = nullptr;       // [m, heads, dim], RoPE applied
+  const float* q = nullptr;       // [m, heads, dim], RoPE applied (16-byte aligned)
   const uint16_t* kv = nullptr;   // [n_rows, dim] BF16 rows (16-byte aligned)
   const int32_t* idx = nullptr;   // [m, n_idx]; < 0 or >= n_rows: padding
   const float* sink = nullptr;    // [heads]
@@ -38,8 +44,33 @@ struct PrefillAttnArgs {
   int64_t m = 0;
   int n_idx = 0, n_rows = 0, heads = 0, dim = 0;
   float scale = 0;
+  bool bf16_out = false;          // round the output to BF16 (the model's ModelAttnArgs::bf16)
 };
+bool prefill_attn_supports(int64_t heads, int64_t dim);
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s);
+
+// The model's attention (launch_model_attention: window ring rows of ring_fmt, this chunk's FP32
+// kv rows, compressed rows of ckv_fmt by top-k list or every visible one (V4 HCA), sink, scale,
+// BF16 output when a.bf16) on the tensor cores (model_prefill_attn.cu): the same keys and the same
+// softmax with sink, in another order and with q, the key values and the probabilities rounded to
+// BF16 (FP32 products and sums). The compact codes times their scales are exact in BF16 (at most
+// 4 + 2 significant bits), so a compact key loses nothing; FP32 rows (chunk rows, FP32 caches)
+// are rounded. Several sequences: `seqs` (host array, n_seqs; rows [row0, row0 + T) of the step
+// each, a.T the sum) as for launch_model_attention_seqs; a.ring / a.start / a.ring_size are
+// ignored. A compressed layer (a.ckv non-null) needs a.ratio > 0 (with or without top-k lists):
+// a sequence holds (start + T) / ratio compressed rows (a seq's ckv nullptr: none).
+// Steps: every key row the chunk can read is decoded once into a BF16 pool in `ws` (per sequence:
+// its window rows before the chunk, the chunk's rows, its compressed rows), then each query row's
+// key list as pool indices (window slots, then top-k slots; absent: -1), then launch_prefill_attn.
+// The staged kernel stays the model's kernel where this one does not apply
+// (model_prefill_attn_supports: head dims 64 / 128 / 256 / 512, key counts within int32).
+bool model_prefill_attn_supports(const ModelAttnArgs& a);
+// Workspace bytes for these args (0 where they are invalid); *pool_rows (if given): the BF16 rows
+// decoded, *n_idx: key slots per query row.
+size_t model_prefill_attn_workspace(const ModelAttnArgs& a, const ModelAttnSeq* seqs, int64_t n_seqs,
+                                    int64_t* pool_rows = nullptr, int64_t* n_idx = nullptr);
+cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAttnSeq* seqs, int64_t n_seqs, void* ws,
+                                           size_t ws_bytes, cudaStream_t s);
 
 // Indexer scores on the tensor cores (prefill_index.cu), 32 heads x 128 only:
 // scores[t, s] = Σ_h w[t, h] · relu(q[t, h] · keys[s]) with q and keys rounded to BF16, FP32
