@@ -608,5 +608,173 @@ TEST(CudaTypedWeights, EmbedMatchesFp32Bitwise) {
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
 }
 
+
+// LinearArgs' input pre-processing (bf16_in, act_block: the BF16 rounding and the FP8 block
+// quantisation of x as the kernels stage it; the former kernels through a pre-pass into
+// x_scratch) against the unfused sequence GpuModel::linear ran before (quant_sim kBf16 / kFp8 on
+// a device copy of x, then the launch without flags) and the CPU twin (ops::linear with the same
+// act_block and bf16_in), memcmp-equal: every kernel (automatic, 1, 2, 3 where it applies), every
+// stored format, act_block 0 / 32 / 128 with and without the BF16 rounding, widths across the
+// short and chunked orders, rows 1..16 and 200, stacked matrices with sel (-1 rows) and
+// x_row_div 2, strided x and y, BF16 outputs; x itself is never written. Then the grouped launch
+// (wo_a) with bf16_in, and the refusals (no x_scratch for the former kernels, in not a multiple of
+// act_block).
+TEST(CudaTypedWeights, FusedInputQuantEqualsQuantSimThenLinear) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1}, {WeightDtype::kBf16, 1, 1}, {WeightDtype::kFp8, 128, 128},
+                      {WeightDtype::kFp8, 1, 32}, {WeightDtype::kFp4, 1, 32}};
+  struct Flags {
+    bool bf16;
+    int64_t act;
+  };
+  const Flags flag_sets[] = {{true, 0}, {false, 32}, {true, 32}, {false, 128}, {true, 128}};
+  const int64_t row_counts[] = {1, 2, 3, 5, 8, 11, 16, 200}, outs[] = {1, 7, 33, 300};
+  Rng pick(77);
+  uint64_t seed = 3000;
+  int64_t cases = 0, stream_cases = 0;
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4 ? std::vector<int64_t>{32, 96, 1024, 1056, 4096, 5120}
+                                                                   : std::vector<int64_t>{7, 96, 1024, 1025, 4096, 4100, 5120};
+    for (const Flags& fl : flag_sets) {
+      for (int64_t in : widths) {
+        if (fl.act > 0 && in % fl.act != 0) continue;
+        int64_t rows = row_counts[pick.below(8)], out = outs[pick.below(4)];
+        while (rows * out * in > 6'000'000) out = out > 7 ? 7 : 1, rows = rows > 16 ? 16 : rows;
+        const bool stacked = pick.below(3) == 0, strided = pick.below(2) == 0, bf16_out = pick.below(2) == 0;
+        const int64_t E = stacked ? 3 : 1, x_div = stacked ? 2 : 1;
+        const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.br) + "x" + std::to_string(f.bc) +
+                                " in=" + std::to_string(in) + " out=" + std::to_string(out) + " rows=" +
+                                std::to_string(rows) + " bf16_in=" + std::to_string(fl.bf16) + " act=" +
+                                std::to_string(fl.act) + (stacked ? " stacked" : "") + (strided ? " strided" : "") +
+                                (bf16_out ? " bf16_out" : "");
+        SCOPED_TRACE(tag);
+        const Stored s = make_stored(f.dt, out, in, E, f.br, f.bc, ++seed);
+        const DevStored ds(s);
+        Rng r(++seed);
+        const int64_t xs = in + (strided ? 3 : 0), ys = out + (strided ? 2 : 0), x_rows = (rows + x_div - 1) / x_div;
+        std::vector<float> x(size_t(x_rows * xs));
+        for (size_t i = 0; i < x.size(); ++i) {  // blocks of zeros, tiny values and outliers too
+          const int64_t blk = int64_t(i % size_t(xs)) / 32;
+          float v = float(r.normal());
+          if (blk % 7 == 3) v = 0.0f;
+          if (blk % 7 == 5) v *= 1e-6f;
+          if (i % 97 == 11) v *= 3000.0f;
+          x[i] = v;
+        }
+        std::vector<int32_t> sel(static_cast<size_t>(rows));
+        for (auto& v : sel) v = int32_t(r.below(uint64_t(E)));
+        if (stacked && rows > 1) sel[1] = -1;
+        std::vector<float> want(size_t(rows * ys), -7.0f);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* yr = want.data() + i * ys;
+          if (stacked && sel[size_t(i)] < 0) {
+            std::fill(yr, yr + out, 0.0f);
+            continue;
+          }
+          const float* w = s.values.data() + int64_t(sel[size_t(i)]) * out * in;
+          ops::linear({x.data() + (i / x_div) * xs, w, yr, 1, in, out, fl.act, fl.bf16, bf16_out});
+        }
+        DeviceBuffer<float> dx(x), dscratch(x.size());
+        DeviceBuffer<int32_t> dsel(sel);
+        // The former sequence: quant_sims on a copy, then the plain launch (automatic kernel).
+        DeviceBuffer<float> xq(x), y_unfused(std::vector<float>(size_t(rows * ys), -7.0f));
+        if (fl.bf16) {
+          ASSERT_EQ(cd::launch_quant_sim(xq.get(), x_rows, xs, in, 1, cd::QuantSim::kBf16, 0), cudaSuccess);
+        }
+        if (fl.act) {
+          ASSERT_EQ(cd::launch_quant_sim(xq.get(), x_rows, xs, in, fl.act, cd::QuantSim::kFp8, 0), cudaSuccess);
+        }
+        {
+          cd::LinearArgs a;
+          a.x = xq.get(), a.wt = ds.ref(s), a.y = y_unfused.get(), a.sel = stacked ? dsel.get() : nullptr;
+          a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div;
+          a.bf16_out = bf16_out;
+          FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "unfused linear"));
+        }
+        expect_bitwise(y_unfused.to_host(), want, tag + " unfused vs twin");
+        for (int kernel : {0, 1, 2, 3}) {
+          if (kernel == 3 && !stream_applies(f.dt, in, rows, f.bc, stacked)) continue;
+          DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
+          cd::LinearArgs a;
+          a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.sel = stacked ? dsel.get() : nullptr;
+          a.rows = rows, a.in = in, a.out = out, a.x_stride = xs, a.y_stride = ys, a.x_row_div = x_div;
+          a.bf16_out = bf16_out, a.kernel = kernel;
+          a.bf16_in = fl.bf16, a.act_block = fl.act, a.x_scratch = dscratch.get();
+          FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "fused linear"));
+          expect_bitwise(dy.to_host(), want, tag + " fused kernel " + std::to_string(kernel));
+          ++cases, stream_cases += kernel == 3;
+        }
+        ASSERT_EQ(dx.to_host(), x) << tag << ": x was written";
+      }
+    }
+  }
+  EXPECT_GT(cases, 120);
+  EXPECT_GT(stream_cases, 10);
+  std::printf("[fused input] %lld fused launches compared, %lld of them the streaming GEMV\n", (long long)cases,
+              (long long)stream_cases);
+
+  // The grouped launch (wo_a) with BF16 inputs: the CPU twin per group, every kernel.
+  for (const Fmt f : {Fmt{WeightDtype::kFp8, 128, 128}, Fmt{WeightDtype::kBf16, 1, 1}}) {
+    for (const int64_t G : {3, 8}) {
+      for (const int64_t in : {96, 4096}) {
+        for (const int64_t T : {1, 6, 17}) {
+          const int64_t Ro = 33;
+          const std::string tag = std::string(name_of(f.dt)) + " grouped G=" + std::to_string(G) + " in=" +
+                                  std::to_string(in) + " T=" + std::to_string(T);
+          SCOPED_TRACE(tag);
+          const Stored s = make_stored(f.dt, G * Ro, in, 1, f.br, f.bc, ++seed);
+          const DevStored ds(s);
+          Rng r(++seed);
+          std::vector<float> x(size_t(T * G * in));
+          for (auto& v : x) v = float(r.normal());
+          std::vector<float> want(size_t(T * G * Ro));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t g = 0; g < G; ++g) {
+              std::vector<float> yg(static_cast<size_t>(Ro));
+              ops::linear({x.data() + t * G * in + g * in, s.values.data() + g * Ro * in, yg.data(), 1, in, Ro, 0, true,
+                           true});
+              std::copy(yg.begin(), yg.end(), want.begin() + t * G * Ro + g * Ro);
+            }
+          DeviceBuffer<float> dx(x), dscratch(x.size());
+          for (int kernel : {0, 1, 2, 3}) {
+            if (kernel == 3 && !stream_applies(f.dt, in, T, f.bc, false)) continue;
+            DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
+            cd::LinearArgs a;
+            a.x = dx.get(), a.x_stride = G * in, a.x_group = in;
+            a.y = dy.get(), a.y_stride = G * Ro, a.y_group = Ro;
+            a.rows = T, a.in = in, a.out = Ro, a.bf16_out = true, a.groups = G, a.kernel = kernel;
+            a.wt = ds.ref(s), a.bf16_in = true, a.x_scratch = dscratch.get();
+            FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "grouped fused"));
+            expect_bitwise(dy.to_host(), want, tag + " kernel " + std::to_string(kernel));
+          }
+          ASSERT_EQ(dx.to_host(), x) << tag << ": x was written";
+        }
+      }
+    }
+  }
+
+  // Refusals: the former kernels need x_scratch; in must be a multiple of act_block.
+  const Stored s = make_stored(WeightDtype::kBf16, 4, 64, 1, 1, 1, 5);
+  const DevStored ds(s);
+  DeviceBuffer<float> dx(std::vector<float>(64, 1.0f)), dy(std::vector<float>(4, 0.0f));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = 64, a.out = 4, a.kernel = 1;
+  a.bf16_in = true;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "kernel 1 without x_scratch";
+  // The workspace the callers allocate: only for the former kernels.
+  EXPECT_EQ(cd::linear_scratch_floats(a), 64);
+  a.kernel = 0;
+  EXPECT_EQ(cd::linear_scratch_floats(a), 0) << "1 row: the short GEMV";
+  a.rows = 17;
+  EXPECT_EQ(cd::linear_scratch_floats(a), 17 * 64) << "17 rows of a short linear: the former kernel";
+  a.in = 2048, a.x_stride = 2050;
+  EXPECT_EQ(cd::linear_scratch_floats(a), 0) << "a chunked linear: the GEMV at any row count";
+  a.in = 64, a.x_stride = 0, a.rows = 1, a.kernel = 1;
+  a.bf16_in = false, a.act_block = 128, a.kernel = 0;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "in = 64, act_block = 128";
+  a.act_block = 32;
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "act_block 32, automatic (the GEMV: no scratch needed)"));
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda
