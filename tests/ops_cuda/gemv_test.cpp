@@ -730,6 +730,9 @@ TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto plain = dy0.to_host(), preq = dy1.to_host();
     ASSERT_EQ(0, std::memcmp(plain.data(), preq.data(), plain.size() * 4));
+  }
+}
+
 // The grouped expert GEMV's bf16_round_out (the routed experts' gate, up and down projections in
 // reference numerics) == the GEMV then quant_sim kBf16 on its output, memcmp-equal: decode-style
 // groups of one pair (the cluster k split), grouped pairs (more pairs than experts), groups of more
