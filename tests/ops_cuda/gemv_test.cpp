@@ -11,7 +11,6 @@
 #include <random>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,7 +20,6 @@
 #include "ops/block_scaled_data.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
-#include "ops/cuda/model/model_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
@@ -226,89 +224,6 @@ TEST(CudaBlockLinear, Bf16OutputIsTheRoundedF32Output) {
   const auto f = dyf.to_host();
   const auto b = dyb.to_host();
   for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], f32_to_bf16(f[i])) << i;
-}
-
-// The fused BF16 roundings (BlockLinearParams::bf16_in, bf16_round_out) against the unfused
-// sequence the model ran before: quant_sim kBf16 on a device copy of x, the GEMV, quant_sim kBf16
-// on y. memcmp-equal for every flag combination, FP8 (blocks of 32 and 128) and FP4 weights, odd
-// shapes, rows 1..16 (one and two 8-token tiles) and beyond one pass (17, 40), under the automatic
-// tuning and forced k splits / chunk widths; the fused result is also within the GEMV's usual bound
-// of the CPU twin run with the same flags (same bits would need the twin's summation order).
-TEST(CudaBlockLinear, FusedBf16RoundingsEqualQuantSimThenGemv) {
-  FS_REQUIRE_GPU();
-  namespace cd = detail;
-  struct Case {
-    WeightFormat f;
-    int64_t n, k, wb, ab;
-  };
-  const Case shapes[] = {{WeightFormat::kFp8, 77, 640, 32, 32},   {WeightFormat::kFp8, 33, 2304, 32, 32},
-                         {WeightFormat::kFp8, 129, 1024, 128, 128}, {WeightFormat::kFp4, 45, 2304, 32, 32},
-                         {WeightFormat::kFp4, 31, 160, 32, 32}};
-  const int64_t row_counts[] = {1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 40};
-  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
-  std::mt19937 rng(4242);
-  int64_t compared = 0;
-  for (const auto& t : tunings) {
-    cd::set_gemv_tuning(t.first, t.second);
-    for (const Case& c : shapes) {
-      for (int64_t m : row_counts) {
-        if (t.first != 0 && m > 9 && m != 17) continue;  // forced tunings: a few row counts
-        const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb);
-        std::vector<float> x = random_block_activations(rng, m, c.k);
-        for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1.0f + 1.0f / 512;  // mantissas BF16 drops
-        DeviceBuffer<float> dx(x);
-        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
-        for (int flags = 1; flags < 4; ++flags) {
-          const bool bin = flags & 1, bout = flags & 2;
-          SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " m=" << m << " n=" << c.n << " k=" << c.k
-                                            << " ab=" << c.ab << " bf16_in=" << bin << " bf16_round_out=" << bout
-                                            << " split=" << t.first << " chunk=" << t.second);
-          BlockLinearParams p;
-          p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
-          p.w = dw.get(), p.w_scale = ds.get();
-          // Unfused: the former model sequence.
-          DeviceBuffer<float> xcopy(x), y_ref(size_t(m * c.n)), y_fused(size_t(m * c.n));
-          if (bin) {
-            ASSERT_EQ(cd::launch_quant_sim(xcopy.get(), m, c.k, c.k, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
-          }
-          p.x = xcopy.get(), p.y = y_ref.get();
-          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
-          if (bout) {
-            ASSERT_EQ(cd::launch_quant_sim(y_ref.get(), m, c.n, c.n, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
-          }
-          // Fused.
-          p.x = dx.get(), p.y = y_fused.get(), p.bf16_in = bin, p.bf16_round_out = bout;
-          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          const auto want = y_ref.to_host(), got = y_fused.to_host();
-          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
-          ASSERT_EQ(dx.to_host(), x) << "x was modified";
-          // The CPU twin with the same flags, and its |x|·|W| error scale.
-          std::vector<float> ref(got.size()), bound(got.size());
-          std::vector<float> xa(x);
-          for (auto& v : xa) v = std::fabs(v);
-          const std::vector<uint8_t> wa = abs_codes(w.codes, c.f);
-          p.x = x.data(), p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = ref.data();
-          FS_ASSERT_OK(block_linear_ref(p));
-          p.x = xa.data(), p.w = wa.data(), p.y = bound.data(), p.bf16_round_out = false;
-          FS_ASSERT_OK(block_linear_ref(p));
-          for (size_t i = 0; i < got.size(); ++i) {
-            // One BF16 ulp of slack where the output is rounded (the GEMV's FP32 sum may sit on
-            // the other side of a BF16 rounding boundary than the twin's).
-            const double slack = bout ? std::fabs(double(ref[i])) * (1.0 / 128) : 0.0;
-            ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-4 * bound[i] + slack + 1e-30)
-                << "output " << i << " gpu " << got[i] << " twin " << ref[i];
-            if (bout) {
-              ASSERT_EQ(got[i], round_bf16(got[i])) << "output " << i << " not a BF16 value";
-            }
-          }
-          ++compared;
-        }
-      }
-    }
-  }
-  cd::set_gemv_tuning(0, 0);
-  EXPECT_GT(compared, 150);
 }
 
 TEST(CudaBlockLinear, RejectsBadShapesWithNamedField) {
@@ -730,75 +645,6 @@ TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto plain = dy0.to_host(), preq = dy1.to_host();
     ASSERT_EQ(0, std::memcmp(plain.data(), preq.data(), plain.size() * 4));
-  }
-}
-
-// The grouped expert GEMV's bf16_round_out (the routed experts' gate, up and down projections in
-// reference numerics) == the GEMV then quant_sim kBf16 on its output, memcmp-equal: decode-style
-// groups of one pair (the cluster k split), grouped pairs (more pairs than experts), groups of more
-// than 8 pairs, another rank's expert (zeros), and the fused SwiGLU variant; the twin with the same
-// flag within its usual bound.
-TEST(CudaExpertGemv, Bf16RoundOutEqualsGemvThenQuantSim) {
-  FS_REQUIRE_GPU();
-  namespace cd = detail;
-  struct Case {
-    WeightFormat f;
-    int tokens, topk, n_experts;
-    int64_t n, k;
-    bool gated, other_rank;
-  };
-  const Case cases[] = {{WeightFormat::kFp4, 1, 6, 16, 200, 2304, false, false},
-                        {WeightFormat::kFp4, 6, 6, 13, 96, 512, false, true},
-                        {WeightFormat::kFp4, 20, 2, 3, 45, 160, false, false},
-                        {WeightFormat::kFp8, 3, 1, 2, 70, 384, false, false},
-                        {WeightFormat::kFp4, 5, 3, 7, 130, 2304, true, false}};
-  uint32_t seed = 900;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " tokens=" << c.tokens << " topk=" << c.topk
-                                      << " n=" << c.n << " k=" << c.k << " gated=" << c.gated);
-    std::mt19937 rng(seed++);
-    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
-    if (c.other_rank) r.group_expert[0] = -1;
-    const int64_t cb = weight_code_bytes(c.f, c.n, c.k), sb = weight_scale_bytes(c.f, c.n, c.k, 32);
-    const Weights wg = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
-    const Weights wu = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
-    std::vector<float> x = random_block_activations(rng, c.tokens, c.k);
-    for (auto& v : x) v *= 0.05f;
-    const int64_t pairs = int64_t(r.pair_row.size());
-    DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * c.n)), y1(size_t(pairs * c.n));
-    DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales);
-    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
-    ExpertGemvParams p;
-    p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
-    if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
-    p.expert_stride = cb, p.expert_scale_stride = sb;
-    p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
-    p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
-    p.n = c.n, p.k = c.k, p.format = c.f, p.split_groups = c.topk;
-    p.y = y0.get();
-    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
-    ASSERT_EQ(cd::launch_quant_sim(y0.get(), pairs, c.n, c.n, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
-    p.y = y1.get(), p.bf16_round_out = true;
-    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto want = y0.to_host(), got = y1.to_host();
-    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
-    // The twin with the same flag: outputs are BF16 values within the GEMV bound plus one BF16 ulp.
-    std::vector<float> ref(got.size());
-    p.x = x.data(), p.w = wg.codes.data(), p.w_scale = wg.scales.data();
-    p.w_up = c.gated ? wu.codes.data() : nullptr, p.w_up_scale = c.gated ? wu.scales.data() : nullptr;
-    p.group_expert = r.group_expert.data(), p.group_start = r.group_start.data(), p.pair_row = r.pair_row.data();
-    p.pair_weight = c.gated ? r.pair_weight.data() : nullptr, p.y = ref.data();
-    FS_ASSERT_OK(expert_gemv_ref(p, c.tokens));
-    double mean_abs = 0;
-    for (float v : ref) mean_abs += std::fabs(v);
-    mean_abs /= double(ref.size());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_EQ(ref[i], round_bf16(ref[i])) << i;
-      ASSERT_EQ(got[i], round_bf16(got[i])) << i;
-      ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-3 * (std::fabs(ref[i]) + mean_abs) + std::fabs(ref[i]) / 128)
-          << "pair output " << i << " gpu " << got[i] << " twin " << ref[i];
-    }
   }
 }
 

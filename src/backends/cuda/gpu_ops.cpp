@@ -92,17 +92,14 @@ Status GpuModel::linear(const LinearCall& c) {
 Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
                                 const Tensor& z, bool bf16) {
   const int64_t width = groups * in;
+  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output.
+  if (bf16) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, width, width, 1, cd::QuantSim::kBf16, stream_));
   // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
-  // stored matrix. BF16 inputs (the reference's BF16 GEMM): rounded as the kernel stages x
-  // (bf16_in), x itself is left as it is (the CPU twin copies it, too).
+  // stored matrix.
   cd::LinearArgs la;
   la.x = x.f32(), la.x_stride = width, la.x_group = in;
   la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
   la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
-  la.bf16_in = bf16;
-  if (const int64_t n = cd::linear_scratch_floats(la); n > 0) {  // the former kernels' pre-pass
-    FS_ASSIGN_OR_RETURN(la.x_scratch, scratch<float>("linear_xq", n));
-  }
   set_weight(la, d(w), 0);
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   return {};
@@ -310,7 +307,6 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.n_groups = n_groups, q.n_pairs = TK, q.n_experts = E, q.n = n_out, q.k = k;
     q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
     q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
-    q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
   if (grouped && moe_gemm_path(n1, n2, n3, T, E)) {
@@ -348,16 +344,20 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
   if (n1.act_block != n3.act_block) return internal_error("moe: gate and up projections with different act blocks");
   FS_RETURN_IF_ERROR(quantize("moe_x", m, T, D, n1.act_block, xq_cur));
-  // Reference numerics: gate and up rounded to BF16 (bf16_round_out in `run`) before the SwiGLU.
   FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
   FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
+  if (R) {
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
+  }
   FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
   xq_cur = {nullptr, nullptr};
   FS_RETURN_IF_ERROR(quantize("moe_h", h, TK, I, n2.act_block, xq_cur));
-  // Each expert's output rounded to BF16 before the combine (bf16_round_out), as the CPU
-  // (linear_raw bf16_out) and the exactness path (linear bf16_out) do. Without it the routed
-  // experts were the one role off the parity bound (GpuParityDiag).
   FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
+  // Each expert's output rounded to BF16 before the combine, as the CPU (linear_raw bf16_out)
+  // and the exactness path (linear bf16_out) do; the expert GEMV writes FP32. Without it the
+  // routed experts were the one role off the parity bound (GpuParityDiag).
+  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
   return {};
 }
 

@@ -112,10 +112,8 @@ template <int kChunk>
 __device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
                                            uint32_t (&B)[kChunk][2], float (&xs)[kChunk]);
 
-// bf16_in: each value first rounded to BF16 (dev_round_bf16, quant_sim kBf16's rounding), as if
-// x had been rounded in place before the launch.
 template <int kChunk>
-__device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block, bool bf16_in,
+__device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block,
                                         uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
   float v[kChunk][8];
 #pragma unroll
@@ -128,10 +126,6 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
     }
     v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
     v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
-    if (bf16_in) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[j][i] = dev_round_bf16(v[j][i]);
-    }
   }
   quant_vals<kChunk>(v, xrow != nullptr, act_block, B, xs);
 }
@@ -295,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         uint32_t B[kChunk][2];
         float xs[kChunk];
         if constexpr (kPreQ) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
+        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
@@ -348,8 +342,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         }
         if (a.bf16_out) {
           reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
-        } else if (a.bf16_round_out) {  // quant_sim kBf16 on the FP32 output, fused
-          reinterpret_cast<float*>(a.y)[out_row * a.n + row] = dev_round_bf16(v);
         } else {
           reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
         }

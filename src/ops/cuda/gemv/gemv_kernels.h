@@ -22,8 +22,6 @@ struct GemvArgs {
   int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
   int n, k, w_block, act_block;
   bool bf16_out;
-  bool bf16_in;         // x rounded to BF16 (RNE) before its FP8 quantisation
-  bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
   float limit;
 };
 

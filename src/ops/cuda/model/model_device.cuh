@@ -78,20 +78,6 @@ __device__ __forceinline__ float dev_pow2_ceil(float v) {
   return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
 }
 
-// quant_sim kFp8 (ops::fp8_quant_dequant) of one block of `block` values at b (global or shared
-// memory) by the 32 lanes of a warp: the block maximum by a warp max reduction (max is order-free
-// and exact; fmaxf ignores NaN as std::max(amax, |x|) does), then each value scaled by the
-// power-of-two block scale, rounded to e4m3 and scaled back. Each lane rewrites only the values it
-// read. launch_quant_sim and the exactness linears' staged inputs both use it (same bits).
-__device__ __forceinline__ void dev_fp8_block_warp(float* b, int64_t block, int lane) {
-  float amax = 0;
-  for (int64_t i = lane; i < block; i += 32) amax = fmaxf(amax, fabsf(b[i]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int64_t i = lane; i < block; i += 32) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
-}
-
 // exp/log1p through double: correctly rounded to FP32 in practice, like the CPU's libm (the FP32
 // intrinsics are off by up to 2 ulp, which flips BF16/FP8 rounding points downstream).
 __device__ __forceinline__ float dev_exp(float x) { return float(exp(double(x))); }

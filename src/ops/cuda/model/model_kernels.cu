@@ -56,14 +56,15 @@ __global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, in
   const int lane = int(threadIdx.x & 31);
   if (id >= rows * per_row) return;
   float* b = x + (id / per_row) * stride + (id % per_row) * block;
-  if (kind == QuantSim::kFp8) {
-    dev_fp8_block_warp(b, block, lane);
-    return;
-  }
   float amax = 0;
   for (int64_t i = lane; i < block; i += 32) amax = fmaxf(amax, fabsf(b[i]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (kind == QuantSim::kFp8) {
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = lane; i < block; i += 32) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    return;
+  }
   float sc;
   if (kind == QuantSim::kFp4E8m0) sc = dev_pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) * (1.0f / 6.0f));
   else sc = dev_round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
@@ -165,20 +166,6 @@ __device__ __forceinline__ void enter_group(LinearArgs& a) {
   a.y += g * a.y_group;
   if (a.w) a.w += g * a.out * a.in;  // FP32 kernels read w; the typed ones wt (row0 is a stored row)
   a.wt.row0 += g * a.out;
-}
-
-// LinearArgs' input pre-processing on staged x: the BF16 rounding of one value as it is staged ...
-__device__ __forceinline__ float stage_x(const LinearArgs& a, float v) { return a.bf16_in ? dev_round_bf16(v) : v; }
-
-// ... and, once the staged rows are in shared memory (after a barrier), the FP8 quantisation of
-// rows [0, nr) of xs (`ld` floats apart) in blocks of act_block, one warp per block, then a
-// barrier. Every thread of the block calls it (act_block is uniform).
-__device__ __forceinline__ void stage_fp8(const LinearArgs& a, float* xs, int nr, int64_t ld) {
-  if (a.act_block <= 0) return;
-  const int nw = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
-  const int64_t per = a.in / a.act_block, n = nr * per;
-  for (int64_t id = warp; id < n; id += nw) dev_fp8_block_warp(xs + (id / per) * ld + (id % per) * a.act_block, a.act_block, lane);
-  __syncthreads();
 }
 
 __global__ void linear_short_kernel(LinearArgs a) {
@@ -538,13 +525,12 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     float* dst = xs + i * xlen;
     if (i < nr) {
       const float* src = a.x + ((r0 + i) / a.x_row_div) * a.x_stride;
-      for (int64_t k = threadIdx.x; k < xlen; k += kGemvThreads) dst[k] = k < a.in ? stage_x(a, src[k]) : 0.0f;
+      for (int64_t k = threadIdx.x; k < xlen; k += kGemvThreads) dst[k] = k < a.in ? src[k] : 0.0f;
     } else {
       for (int64_t k = threadIdx.x; k < xlen; k += kGemvThreads) dst[k] = 0.0f;
     }
   }
   __syncthreads();
-  stage_fp8(a, xs, nr, xlen);
   for (int64_t task = warp; task < tasks; task += kGemvWarps) {
     const int64_t g = task / m, c = task % m;
     float acc[R][NO][4];
@@ -749,12 +735,6 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
                      ? __ldg(reinterpret_cast<const float4*>(a.x + (i / a.x_row_div) * a.x_stride) + k)
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        if (a.bf16_in) {
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            v[u] = make_float4(dev_round_bf16(v[u].x), dev_round_bf16(v[u].y), dev_round_bf16(v[u].z),
-                               dev_round_bf16(v[u].w));
-        }
 #pragma unroll
         for (int u = 0; u < 8; ++u)
           if (e0 + u * bd < total) tsm[e0 + u * bd] = v[u];
@@ -766,7 +746,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int64_t e = e0 + u * bd, i = e / xlen, k = e % xlen;
-          v[u] = e < total && k < a.in ? stage_x(a, __ldg(a.x + (i / a.x_row_div) * a.x_stride + k)) : 0.0f;
+          v[u] = e < total && k < a.in ? __ldg(a.x + (i / a.x_row_div) * a.x_stride + k) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u)
@@ -775,7 +755,6 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
     }
   }
   __syncthreads();
-  stage_fp8(a, xs, nr, xlen);
   for (int buf = 0;; buf ^= 1) {
     float* cs = csum + buf * cs_len;
     for (int64_t kk = 0; kk < per_warp; ++kk) {
@@ -948,11 +927,9 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
   }
   for (int i = 0; i < R; ++i) {
     const float* src = i < nr ? a.x + ((r0 + i) / a.x_row_div) * a.x_stride : nullptr;
-    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads)
-      xs[i * xlen + k] = src && k < a.in ? stage_x(a, src[k]) : 0.0f;
+    for (int64_t k = threadIdx.x; k < xlen; k += kShortThreads) xs[i * xlen + k] = src && k < a.in ? src[k] : 0.0f;
   }
   __syncthreads();
-  stage_fp8(a, xs, nr, xlen);
   if (o >= a.out) return;
   const RowReader<F> rr(a.wt, mat, a.wt.row0 + o);
   float s[R][8];
@@ -2025,21 +2002,6 @@ cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   return cudaErrorInvalidValue;
 }
 
-// LinearArgs' input pre-processing for the former kernels: x's rows (every group's columns)
-// copied to x_scratch, the quant_sims run there, x pointed at the copy.
-cudaError_t linear_prepass(LinearArgs& a, cudaStream_t s) {
-  if (!a.bf16_in && a.act_block <= 0) return cudaSuccess;
-  const int64_t xr = (a.rows + a.x_row_div - 1) / a.x_row_div, span = (a.groups - 1) * a.x_group + a.in;
-  if (!a.x_scratch || a.x_group < 0 || span > a.x_stride) return cudaErrorInvalidValue;
-  cudaError_t e = cudaMemcpy2DAsync(a.x_scratch, size_t(a.x_stride) * 4, a.x, size_t(a.x_stride) * 4, size_t(span) * 4,
-                                    size_t(xr), cudaMemcpyDeviceToDevice, s);
-  if (e == cudaSuccess && a.bf16_in) e = launch_quant_sim(a.x_scratch, xr, a.x_stride, span, 1, QuantSim::kBf16, s);
-  for (int64_t g = 0; e == cudaSuccess && a.act_block > 0 && g < a.groups; ++g)
-    e = launch_quant_sim(a.x_scratch + g * a.x_group, xr, a.x_stride, a.in, a.act_block, QuantSim::kFp8, s);
-  a.x = a.x_scratch;
-  return e;
-}
-
 template <WeightDtype F>
 cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                                int64_t dim, cudaStream_t s) {
@@ -2048,15 +2010,6 @@ cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float*
 
 }  // namespace
 
-int64_t linear_scratch_floats(const LinearArgs& a) {
-  if ((!a.bf16_in && a.act_block <= 0) || a.in <= 0 || a.x_row_div <= 0) return 0;
-  const bool chunked = a.in > kSumChunk;
-  const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
-  const bool gemv = a.kernel == 2 || a.kernel == 3 || (a.kernel == 0 && gemv_ok && (chunked || a.rows <= kGemvMaxRows));
-  if (gemv) return 0;  // (kernel 3 that does not apply is refused, it never falls back)
-  return (a.rows + a.x_row_div - 1) / a.x_row_div * (a.x_stride > 0 ? a.x_stride : a.in);
-}
-
 cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
@@ -2064,7 +2017,6 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 3)
     return cudaErrorInvalidValue;
   if (a.groups < 1 || a.groups > 65535 || (a.groups > 1 && a.sel)) return cudaErrorInvalidValue;
-  if (a.act_block < 0 || (a.act_block > 0 && a.in % a.act_block != 0)) return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
@@ -2090,8 +2042,6 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
     if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && (chunked || a.rows <= kGemvMaxRows)))
       return launch_linear_gemv(a, s);
   }
-  // The former kernels read x from global memory: the input pre-processing as a pre-pass.
-  if (const cudaError_t e = linear_prepass(a, s); e != cudaSuccess) return e;
   int64_t blocks = 0;
   size_t smem = 0;
   if (!chunked) {

@@ -62,15 +62,6 @@ struct LinearArgs {
   // reads x + g·x_group, writes y + g·y_group and uses the matrix rows [g·out, (g+1)·out) (the
   // weight holds groups·out rows). Each output's sum is the ungrouped one (same bits). Not with sel.
   int64_t groups = 1, x_group = 0, y_group = 0;
-  // Input pre-processing, with the numerics of quant_sim on a copy of x (x itself is only read):
-  // bf16_in rounds each value to BF16 (kBf16), then act_block > 0 FP8-quantises each block of
-  // act_block values of a row (kFp8; in % act_block == 0, and with groups x_group too). The GEMVs
-  // (kernels 2, 3) apply it as they stage x in shared memory; the former kernels (kernel 1) run
-  // the two quant_sims on a copy of x in x_scratch first ([ceil(rows / x_row_div), x_stride]
-  // floats; required there, else cudaErrorInvalidValue). Same bits as quant_sim then the launch.
-  bool bf16_in = false;
-  int64_t act_block = 0;
-  float* x_scratch = nullptr;
   // 0 automatic (in > 1024: the streaming GEMV up to 8 rows without sel where it applies, for FP8
   // weights and from 2 rows for BF16 / F16 / F32 matrices >= 32 MB, else the GEMV at any row
   // count; in <= 1024: the GEMV up to 16 rows; else the former kernels), 1 the former kernels
@@ -89,10 +80,6 @@ struct LinearArgs {
 // A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
 // are the same, so y is bitwise the FP32-weight result.
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
-// Floats of x_scratch that launch_linear(a) needs: 0 where no input pre-processing is asked for or
-// where its kernel choice (a.kernel, rows, in) is a GEMV, which applies it while staging x; else
-// ceil(rows / x_row_div) · x_stride (the former kernels' pre-pass).
-int64_t linear_scratch_floats(const LinearArgs& a);
 
 // ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
 struct HcMixArgs {
