@@ -6,15 +6,15 @@
 # --context N: the prompt is N tokens (prefilled as one chunk), so the decode step profiled runs at
 # context N (attention over the window and the compressed caches, indexer scores + top-k over them).
 # --prefill: report the first forward (the N-token prefill chunk) instead of the last decode step.
-# --prefill-attention staged|auto: the run's prefill attention (staged, the default: the exact-order
-# kernel; auto: the tensor-core kernel for chunks of 64+ rows), to compare the two.
+# --prefill-attention auto|staged: the run's prefill attention (auto, the default: the tensor-core
+# kernel for chunks of 64+ rows; staged: the exact-order kernel), to compare the two.
 # Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8] [--prefill]
 #        [--prefill-attention auto|staged]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8 which=last pfattn=staged
+layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;

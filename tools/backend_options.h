@@ -20,7 +20,7 @@ struct BackendOpts {
   std::string device_sampling = "on";  // on | off
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
-  std::string prefill_attention = "staged";  // auto | staged (GpuLoadOptions::prefill_attention)
+  std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
 };
 

@@ -34,7 +34,7 @@ struct ModelBenchOpts {
   std::string numerics = "reference";
   int prompt = 16;
   int batch = 1;
-  std::string prefill_attention = "staged";  // --prefill-attention (GpuLoadOptions::prefill_attention)
+  std::string prefill_attention = "auto";  // --prefill-attention (GpuLoadOptions::prefill_attention)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.

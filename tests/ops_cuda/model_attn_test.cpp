@@ -578,12 +578,13 @@ TEST(CudaModelPrefillAttention, WithinTheBoundOfTheCpuOpAtOddShapes) {
     }
 }
 
-// Several sequences in one launch (a chunk of a 4096-deep sequence, one at 50, one at 2 with no
-// compressed row yet): each row against the CPU op over its own sequence's keys.
+// Several sequences in one launch (a chunk of a 4096-deep sequence, one at 50, and positions 1-2,
+// which see no compressed row yet: ratio 4 makes the first one visible at position 3): each row
+// against the CPU op over its own sequence's keys.
 TEST(CudaModelPrefillAttention, SeveralSequencesWithinTheBound) {
   FS_REQUIRE_GPU();
   AttnData a(100, 64, 512, 128, 4096, 512, kRingV41, kCkvV41, 71), b(37, 64, 512, 128, 50, 512, kRingV41, kCkvV41, 72),
-      c(2, 64, 512, 128, 2, 512, kRingV41, kCkvV41, 73);
+      c(2, 64, 512, 128, 1, 512, kRingV41, kCkvV41, 73);
   for (AttnData* d : {&a, &b, &c}) prefill_inputs(*d);
   expect_prefill_path_within_bound({&a, &b, &c}, {false, false, true}, a.sink, true, 9);
 }

@@ -2021,15 +2021,9 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const bool chunked = a.in > kSumChunk;
-  // Automatic: the streaming GEMV for FP8 weights, and for other formats from 2 rows on large
-  // matrices (>= 32 MB: the LM head over a draft or verify block, which the GEMV reads once per
-  // row group of up to 4 rows at a fraction of the bandwidth). At 1 row the GEMV reads a BF16 LM
-  // head as fast or faster, and on small matrices (the router gate) its short launch wins
-  // (bench --kernels exact).
-  const int64_t wbytes = typed ? a.out * a.groups * a.in * int64_t(a.wt.dtype == WeightDtype::kF32 ? 4 : 2) : 0;
-  const bool stream_auto = typed && chunked && a.rows <= kStreamMaxRows && !a.sel &&
-                           (a.wt.dtype == WeightDtype::kFp8 ||
-                            (a.rows >= 2 && a.wt.dtype != WeightDtype::kFp4 && wbytes >= (int64_t(32) << 20)));
+  // Automatic: the streaming GEMV for FP8 weights only; for BF16 / FP32 rows (the LM head, the
+  // router gate) the GEMV's two row groups read as fast or faster (bench --kernels exact).
+  const bool stream_auto = typed && a.wt.dtype == WeightDtype::kFp8 && chunked && a.rows <= kStreamMaxRows && !a.sel;
   if (a.kernel == 3 || (a.kernel == 0 && stream_auto)) {
     bool taken = false;
     const cudaError_t e = launch_linear_stream(a, s, &taken);

@@ -62,10 +62,10 @@ struct LinearArgs {
   // reads x + g·x_group, writes y + g·y_group and uses the matrix rows [g·out, (g+1)·out) (the
   // weight holds groups·out rows). Each output's sum is the ungrouped one (same bits). Not with sel.
   int64_t groups = 1, x_group = 0, y_group = 0;
-  // 0 automatic (in > 1024: the streaming GEMV up to 8 rows without sel where it applies, for FP8
-  // weights and from 2 rows for BF16 / F16 / F32 matrices >= 32 MB, else the GEMV at any row
-  // count; in <= 1024: the GEMV up to 16 rows; else the former kernels), 1 the former kernels
-  // (in <= 1024: 8 lanes per output; longer: one block per (row, output)), 2 GEMV
+  // 0 automatic (in > 1024: for FP8 weights the streaming GEMV up to 8 rows without sel where it
+  // applies, else the GEMV at any row count; in <= 1024: the GEMV up to 16 rows; else the former
+  // kernels), 1 the former kernels (in <= 1024: 8 lanes per output; longer: one block per (row,
+  // output)), 2 GEMV
   // (error if in > 16 chunks), 3 the streaming GEMV (error where it does not apply: in <= 1024,
   // > 8 rows, sel, in not a multiple of its load width, unaligned weights, FP8 scale blocks not a
   // power of two >= its load width, x over 128 KB or the device's shared memory per block).
