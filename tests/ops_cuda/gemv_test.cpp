@@ -648,5 +648,78 @@ TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
   }
 }
 
+// The tiled prefill kernel (pre-quantised x, more than 8 tokens) adds each output's blocks in the
+// GEMV's order for every k split and chunk width the tuning can pick: bitwise the plain launch
+// (the GEMV's wide passes) for odd row counts (not a multiple of the 64-row CTA tile), token counts
+// across several 64-token tiles, FP8 (32- and 128-row scale blocks) and FP4, and the grouped gated
+// launch with routing weights, a SwiGLU limit and a group routed to another rank (expert -1).
+TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
+  FS_REQUIRE_GPU();
+  const LinCase cases[] = {{WeightFormat::kFp8, 150, 97, 2048, 128, 32}, {WeightFormat::kFp4, 77, 160, 1024, 32, 32},
+                           {WeightFormat::kFp8, 65, 64, 512, 128, 128}};
+  for (const LinCase& c : cases)
+    for (int split : {1, 2, 3, 8})
+      for (int chunk : {1, 2, 4}) {
+        if (c.act_block == 128 && chunk != 4) continue;  // V4's act_block 128 always takes 4
+        SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " m=" << c.m << " n=" << c.n << " k=" << c.k
+                                          << " split=" << split << " chunk=" << chunk);
+        std::mt19937 rng(uint32_t(c.m + c.n + c.k + split * 10 + chunk));
+        const Weights w = random_weights(rng, c.f, c.n, c.k, c.w_block);
+        const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+        DeviceBuffer<float> dx(x), dy0(size_t(c.m * c.n)), dy1(size_t(c.m * c.n)), dxs(size_t(c.m * c.k / 32));
+        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dxq(size_t(c.m * c.k));
+        BlockLinearParams p;
+        p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
+        p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy0.get();
+        detail::set_gemv_tuning(split, chunk);
+        FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, dxq.get(), dxs.get(), nullptr));
+        p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
+        FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        detail::set_gemv_tuning(0, 0);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto plain = dy0.to_host(), tiled = dy1.to_host();
+        ASSERT_EQ(0, std::memcmp(plain.data(), tiled.data(), plain.size() * 4));
+      }
+  // Grouped, gated (gate ‖ up with SwiGLU and routing weights), token rows through pair_row.
+  for (int split : {1, 3})
+    for (int chunk : {1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "gated split=" << split << " chunk=" << chunk);
+      std::mt19937 rng(uint32_t(400 + split * 10 + chunk));
+      const int tokens = 150, topk = 4, n_experts = 6;
+      const int64_t n = 96, k = 1024;
+      Routing r = random_routing(rng, tokens, topk, n_experts);
+      r.group_expert[1] = -1;  // its pairs belong to another rank: zeros
+      const int64_t pairs = int64_t(r.pair_row.size());
+      const Weights wg = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+      const Weights wu = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+      std::vector<float> x = random_block_activations(rng, tokens, k);
+      for (auto& v : x) v *= 0.05f;
+      DeviceBuffer<float> dx(x), dy0(size_t(pairs * n)), dy1(size_t(pairs * n)), dxs(size_t(tokens * k / 32));
+      DeviceBuffer<float> dpw(r.pair_weight);
+      DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(tokens * k));
+      DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+      ExpertGemvParams p;
+      p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
+      p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+      p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+      p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get(), p.pair_weight = dpw.get();
+      p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+      p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.swiglu_limit = 7.0f, p.split_groups = topk;
+      p.y = dy0.get();
+      detail::set_gemv_tuning(split, chunk);
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), tokens, k, 32, dxq.get(), dxs.get(), nullptr));
+      p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      detail::set_gemv_tuning(0, 0);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto plain = dy0.to_host(), tiled = dy1.to_host();
+      ASSERT_EQ(0, std::memcmp(plain.data(), tiled.data(), plain.size() * 4));
+      for (int64_t q = r.group_start[1]; q < r.group_start[2]; ++q)
+        for (int64_t o = 0; o < n; ++o) ASSERT_EQ(tiled[size_t(q * n + o)], 0.0f) << "pair " << q;
+    }
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda

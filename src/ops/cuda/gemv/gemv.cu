@@ -20,6 +20,10 @@
 // k ranges and CTA rank 0 adds the partials from distributed shared memory in rank order, so the
 // result stays deterministic and needs no workspace. The split is used only while all CTAs
 // still fit in one wave (pick_tuning below).
+//
+// Prefill (x pre-quantised by launch_gemv_quantize, more than 8 tokens per group):
+// gemv_tiled_kernel forms the same sums in the same order as a GEMM of 64-row x 64-token tiles,
+// so a prompt's rows are the same bits whether prefilled in any chunking or decoded one by one.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -233,11 +237,31 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
       }
 }
 
+// Output (out_row, row) of the launch: FP32, or BF16 with bf16_out.
+__device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, int row, float v) {
+  if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
+  else reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
+}
+
+// The epilogue of one output's sums (v; gated: gate v, up u): SwiGLU with the pair's routing
+// weight when gated, then store_out.
+template <bool kGated>
+__device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, int row, float v, float u) {
+  if constexpr (kGated) {
+    if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
+    const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
+    // SwiGLU as the CPU twin (ops::swiglu) and the model's swiglu kernel compute it, with
+    // dev_exp (model_device.cuh: correctly rounded like the host's libm; CUDA's expf is off
+    // by up to 2 ulp, which can move the down projection's FP8 activation codes).
+    v = __fmul_rn(__fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, dev_exp(-v))), u), pw);
+  }
+  store_out(a, out_row, row, v);
+}
+
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
-// kPreQ: the activations come pre-quantised (GemvArgs::xq / xs) and the weights are cached
-// (wide prefill passes); the sums are the same in the same order, so y is the same bits.
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPreQ = false>
+// (Pre-quantised x, prefill: gemv_tiled_kernel below, the same sums.)
+template <bool kFp4, int kChunk, bool kGated, int kNt>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   constexpr int kToks = 8 * kNt;
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
@@ -256,8 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
           const int row = row0 + int(o % kRows);
           const int64_t out_row = start + o / kRows;
           if (row >= a.n) continue;
-          if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(0.0f);
-          else reinterpret_cast<float*>(a.y)[out_row * a.n + row] = 0.0f;
+          store_out(a, out_row, row, 0.0f);
         }
       return;
     }
@@ -288,8 +311,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         if (nt == 1 && ntok <= 8) break;  // warp-uniform
         uint32_t B[kChunk][2];
         float xs[kChunk];
-        if constexpr (kPreQ) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, B, xs);
+        quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
@@ -298,8 +320,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
       const int kb0 = c * kChunk;
       Words A, AU;
       uint32_t sc[2][2], scu[2][2];
-      load_w<kFp4, kChunk, kPreQ>(a, w, ws, row0, kb0, g, q, A, sc);
-      if constexpr (kGated) load_w<kFp4, kChunk, kPreQ>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
       compute(kb0, A, sc, AU, scu);
     }
     stash<kNt>(red[0][warp], acc, g, q);
@@ -332,19 +354,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         }
 #endif
         const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-        if constexpr (kGated) {
-          if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
-          const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
-          // SwiGLU as the CPU twin (ops::swiglu) and the model's swiglu kernel compute it, with
-          // dev_exp (model_device.cuh: correctly rounded like the host's libm; CUDA's expf is off
-          // by up to 2 ulp, which can move the down projection's FP8 activation codes).
-          v = __fmul_rn(__fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, dev_exp(-v))), u), pw);
-        }
-        if (a.bf16_out) {
-          reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
-        } else {
-          reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
-        }
+        finish_out<kGated>(a, out_row, row, v, u);
       }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -354,6 +364,126 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     }
 #endif
     __syncthreads();
+  }
+}
+
+// ---- Tiled passes for prefill (pre-quantised x) --------------------------------------------------
+// The same sums as gemv_kernel, bit for bit, laid out as a GEMM: a warp owns 32 output rows x 8·kNt
+// tokens and adds every k block of the matrix itself, in gemv_kernel's order. For each output,
+// gemv_kernel forms: per cluster rank rk (chunks [rk·C/split, (rk+1)·C/split)), per warp w, the
+// warp's sum over its chunks c = c_begin + w, c_begin + w + 8, ... (each chunk's blocks in order,
+// one m16n8k32 MMA per 32-block times its scales, the same fragment permutation); the CTA's sum
+// 0 + warp 0 + warp 1 + ... + warp 7; then rank 0's sum + rank 1's + ... The tiled warp walks the
+// chunks in that order with three accumulator sets (the warp's, the rank's, the total), using the
+// same load / MMA / promotion code (load_w, load_xq, mma_accumulate), so every output is the GEMV's
+// bits for any token count while the weights are read once per 64-token tile of the CTA (not once
+// per 16-32-token pass with a cluster reduction, as gemv_kernel does). The tuning (split, chunk)
+// comes from pick_tuning exactly as for the GEMV: a function of the matrix only.
+// CTA: kTRowWarps x kTTokWarps warps (64 rows x 32·kNt tokens); grid x = 64-row tiles, y = group,
+// z = token slices (each CTA loops over token tiles z, z + gridDim.z, ...). No barriers: a warp
+// past the last row returns.
+constexpr int kTRowWarps = 2, kTTokWarps = 4;
+static_assert(kTRowWarps * kTTokWarps == kWarps, "the tiled CTA is kWarps warps");
+
+template <int kNt>
+__device__ __forceinline__ void acc_add(float (&dst)[kNt][2][4], const float (&src)[kNt][2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dst[nt][mt][i] += src[nt][mt][i];
+}
+
+template <bool kFp4, bool kGated, int kNt>
+__global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int split, int chunk) {
+  constexpr int kWarpToks = 8 * kNt, kCtaToks = kWarpToks * kTTokWarps;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int wr = warp % kTRowWarps, wt = warp / kTRowWarps;
+  const int row0 = (int(blockIdx.x) * kTRowWarps + wr) * kRows;
+  if (row0 >= a.n) return;
+  int64_t start = 0, count = a.m;
+  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  bool absent = false;  // pairs routed to another rank's expert: their outputs are 0
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) absent = true;
+    else {
+      w += e * a.e_stride, ws += e * a.e_sstride;
+      if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+    }
+  }
+  const int n_chunks = a.k / 32 / chunk;
+  for (int64_t tt = (int64_t(blockIdx.z) * kTTokWarps + wt) * kWarpToks; tt < count;
+       tt += int64_t(gridDim.z) * kCtaToks) {
+    const int ntok = count - tt < kWarpToks ? int(count - tt) : kWarpToks;
+    float tot[kNt][2][4] = {}, totu[kNt][2][4] = {};
+    if (!absent) {
+      int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int slot = nt * 8 + g;
+        xr[nt] = -1;
+        if (slot < ntok) {
+          const int64_t p = start + tt + slot;
+          xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
+        }
+      }
+      using Words = uint32_t[2][1][2][WRaw<kFp4>::kWords];
+      for (int rk = 0; rk < split; ++rk) {
+        const int c_begin = rk * n_chunks / split, c_end = (rk + 1) * n_chunks / split;
+        float cta[kNt][2][4] = {}, ctau[kNt][2][4] = {};
+        for (int wi = 0; wi < kWarps; ++wi) {
+          float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
+          // A chunk's blocks one at a time (gemv_kernel's j order): the same arithmetic per
+          // block as its chunk-wide loads, in fewer registers.
+          for (int c = c_begin + wi; c < c_end; c += kWarps)
+#pragma unroll 1
+            for (int kb = c * chunk; kb < (c + 1) * chunk; ++kb) {
+              Words A, AU;
+              uint32_t sc[2][2], scu[2][2];
+              load_w<kFp4, 1, true>(a, w, ws, row0, kb, g, q, A, sc);
+              if constexpr (kGated) load_w<kFp4, 1, true>(a, wu, wsu, row0, kb, g, q, AU, scu);
+#pragma unroll
+              for (int nt = 0; nt < kNt; ++nt) {
+                if (nt * 8 >= ntok) break;  // warp-uniform
+                uint32_t B[1][2];
+                float xs[1];
+                load_xq<1>(a, xr[nt], kb, q, B, xs);
+                mma_accumulate<kFp4, 1>(A, sc, B, xs, q, acc[nt]);
+                if constexpr (kGated) mma_accumulate<kFp4, 1>(AU, scu, B, xs, q, accu[nt]);
+              }
+            }
+          acc_add<kNt>(cta, acc);  // gemv_kernel's v = 0; v += red[warp] in warp order
+          if constexpr (kGated) acc_add<kNt>(ctau, accu);
+        }
+        if (rk == 0) {  // gemv_kernel's v = rank 0's sum; v += rank rk's
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) tot[nt][mt][i] = cta[nt][mt][i], totu[nt][mt][i] = ctau[nt][mt][i];
+        } else {
+          acc_add<kNt>(tot, cta);
+          if constexpr (kGated) acc_add<kNt>(totu, ctau);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = row0 + mt * 16 + g + (i >= 2 ? 8 : 0), t = nt * 8 + q * 2 + (i & 1);
+          if (row >= a.n || t >= ntok) continue;
+          const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+          if (absent) store_out(a, out_row, row, 0.0f);
+          else finish_out<kGated>(a, out_row, row, tot[nt][mt][i], totu[nt][mt][i]);
+        }
   }
 }
 
@@ -409,20 +539,42 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kPreQ = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kPreQ>;
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt>;
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
-template <bool kFp4, bool kGated, int kNt, bool kPreQ = false>
+template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
-  return launch_k<kFp4, 1, kGated, kNt, kPreQ>(a, n_groups, t.split, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+}
+
+// The tiled kernel over every token of the launch: 64-row x (32·kNt)-token CTA tiles; token
+// slices in grid z (dense: one per tile, up to 65535; grouped: about twice the average group's
+// tiles, each CTA looping over the rest).
+template <bool kFp4, bool kGated, int kNt>
+cudaError_t launch_tiled_k(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  constexpr int64_t kCtaToks = 8 * kNt * kTTokWarps;
+  const int64_t row_tiles = (a.n + kTRowWarps * kRows - 1) / (kTRowWarps * kRows);
+  const int64_t per_group = a.group_start ? (a.m + n_groups - 1) / n_groups : a.m;
+  int64_t slices = (per_group + kCtaToks - 1) / kCtaToks;
+  if (a.group_start) slices = 2 * slices;
+  slices = std::max<int64_t>(1, std::min<int64_t>(slices, 65535));
+  const dim3 grid{unsigned(row_tiles), unsigned(n_groups), unsigned(slices)};
+  return launch_kernel(gemv_tiled_kernel<kFp4, kGated, kNt>, grid, kThreads, 0, stream, a, t.split, t.chunk);
+}
+
+// Two 8-token MMA tiles per warp for one matrix, one for gate + up (two accumulator sets of each
+// of the three levels); the token width never changes a row's sums.
+template <bool kFp4, bool kGated>
+cudaError_t launch_tiled(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  return launch_tiled_k<kFp4, kGated, kGated ? 1 : 2>(a, n_groups, t, stream);
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
@@ -435,17 +587,8 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
-  // Pre-quantised activations (prefill-sized launches): no quantisation in the loop, so 32-token
-  // passes (the weight rows of a block loaded once per pass for twice the tokens) with 1- and
-  // 2-block chunks, 16-token passes with 4-block chunks (32 would spill). Gated launches keep the
-  // paths below (two accumulator sets).
-  if constexpr (!kGated) {
-    if (a.xq && !small) {
-      if (t.chunk == 4) return launch_k<kFp4, 4, false, 2, true>(a, n_groups, t.split, stream);
-      if (t.chunk == 2) return launch_k<kFp4, 2, false, 4, true>(a, n_groups, t.split, stream);
-      return launch_k<kFp4, 1, false, 4, true>(a, n_groups, t.split, stream);
-    }
-  }
+  // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
+  if (a.xq && !small) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
   const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }

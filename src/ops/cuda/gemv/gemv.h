@@ -10,7 +10,8 @@
 namespace flashseek::ops::cuda {
 
 // y = quant(x) · Wᵀ. Efficient for m <= 16 (weights read once); larger m loops over 16-token
-// tiles inside each block, re-reading its weight tile.
+// tiles inside each block, re-reading its weight tile, unless x comes pre-quantised (p.xq / p.xs:
+// then tiled GEMM passes over 64-token tiles, the same bits).
 Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream);
 
 // x [m, k] FP32 → xq [m, k] e4m3 codes + xs [m, k/32] power-of-two scales per act_block
