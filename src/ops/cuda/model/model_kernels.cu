@@ -1000,6 +1000,7 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
 //    of lane L ^ 8 (again its output); levels 4, 2, 1 are the xor butterfly within groups of 8.
 //    Every level adds the pair of values that warp_dot_chunk's level adds (fadd is commutative),
 //    with 6 shuffles per row for 4 outputs instead of 20. Lane 8k ends with output k's chunk sum.
+//    In a full unit a row's butterfly is issued together with the next row's products.
 //  - Chunk sums go to shared memory; after the last chunk one thread per (row, output) folds them
 //    in the stride-doubling tree.
 // Columns past `in` are zero on both sides (+0 products leave a partial unchanged: a partial is
@@ -1027,27 +1028,29 @@ __device__ __forceinline__ void tiled_cp4(float* dst, const float* src, int byte
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
 }
 
-// Stages x rows [r_first, r_first + 8) x columns of chunk c into buf (zeros past `in` / `rows`).
+// Stages x rows [8·sp, 8·sp + 8) of the block (row pointers xrow, nullptr past the last row) x
+// columns of chunk c into buf (zeros past `in` and for absent rows). Thread j copies column
+// piece j of each row: the row is the same for the whole block at each step.
 template <bool VX>
-__device__ __forceinline__ void tiled_stage(const LinearArgs& a, int64_t r_first, int64_t c, float4* buf) {
+__device__ __forceinline__ void tiled_stage(const float* const* xrow, int64_t in, int sp, int64_t c, float4* buf) {
   const int64_t col_base = c * kSumChunk;
   if constexpr (VX) {
+    const int64_t col = col_base + 4 * int(threadIdx.x), left = in - col;
+    const int full = left <= 0 ? 0 : left >= 4 ? 16 : int(4 * left);
 #pragma unroll
-    for (int e0 = 0; e0 < kTiledUnitF4; e0 += kTiledThreads) {
-      const int e = e0 + int(threadIdx.x);
-      const int64_t r = r_first + e / int(kSumChunk / 4), col = col_base + 4 * (e % int(kSumChunk / 4));
-      const int64_t left = a.in - col;
-      const int bytes = r < a.rows && left > 0 ? (left >= 4 ? 16 : int(4 * left)) : 0;
-      tiled_cp16(buf + e, bytes ? a.x + (r / a.x_row_div) * a.x_stride + col : a.x, bytes);
+    for (int i = 0; i < kTiledSubRows; ++i) {
+      const float* row = xrow[sp * kTiledSubRows + i];
+      const int bytes = row ? full : 0;
+      tiled_cp16(buf + i * int(kSumChunk / 4) + int(threadIdx.x), bytes ? row + col : xrow[0], bytes);
     }
   } else {
     float* fb = reinterpret_cast<float*>(buf);
 #pragma unroll 4
-    for (int e0 = 0; e0 < 4 * kTiledUnitF4; e0 += kTiledThreads) {
-      const int e = e0 + int(threadIdx.x);
-      const int64_t r = r_first + e / int(kSumChunk), col = col_base + e % int(kSumChunk);
-      const int bytes = r < a.rows && col < a.in ? 4 : 0;
-      tiled_cp4(fb + e, bytes ? a.x + (r / a.x_row_div) * a.x_stride + col : a.x, bytes);
+    for (int e0 = 0; e0 < kTiledSubRows * int(kSumChunk); e0 += kTiledThreads) {
+      const float* row = xrow[sp * kTiledSubRows + e0 / int(kSumChunk)];
+      const int64_t col = col_base + e0 % int(kSumChunk) + int(threadIdx.x);
+      const int bytes = row && col < in ? 4 : 0;
+      tiled_cp4(fb + e0 + int(threadIdx.x), bytes ? row + col : xrow[0], bytes);
     }
   }
 }
@@ -1093,6 +1096,39 @@ __device__ __forceinline__ void tiled_weights(const LinearArgs& a, int64_t o_w, 
   }
 }
 
+// One row's lane values: v[s] = ((p0+p1)+(p2+p3)) of output slot s, the partials p_q summed over
+// the slices t in order (xr: the row's staged chunk, offset by the lane).
+__device__ __forceinline__ void tiled_row_lanes(const float4* xr, const float4 (&w)[kTiledOut][8], float (&v)[kTiledOut]) {
+  float acc[kTiledOut][4];
+#pragma unroll
+  for (int s = 0; s < kTiledOut; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const float4 xv = xr[32 * t];
+#pragma unroll
+    for (int s = 0; s < kTiledOut; ++s) {
+      acc[s][0] = mul_add(xv.x, w[s][t].x, acc[s][0]);
+      acc[s][1] = mul_add(xv.y, w[s][t].y, acc[s][1]);
+      acc[s][2] = mul_add(xv.z, w[s][t].z, acc[s][2]);
+      acc[s][3] = mul_add(xv.w, w[s][t].w, acc[s][3]);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kTiledOut; ++s) v[s] = __fadd_rn(__fadd_rn(acc[s][0], acc[s][1]), __fadd_rn(acc[s][2], acc[s][3]));
+}
+
+// The transposed butterfly of one row's lane values (see above): lane 8k stores output k's chunk
+// sum at dst (dst: this lane's output's entry).
+__device__ __forceinline__ void tiled_row_fold(const float (&v)[kTiledOut], float* dst, int lane) {
+  const float u0 = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[2], 16));
+  const float u1 = __fadd_rn(v[1], __shfl_xor_sync(0xffffffffu, v[3], 16));
+  float z = __fadd_rn(u0, __shfl_xor_sync(0xffffffffu, u1, 8));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 4));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 1));
+  if ((lane & 7) == 0) *dst = z;
+}
+
 // Grid: (output tiles of 32, fastest) x (row tiles of 8·n_sub rows), groups. Shared memory: the
 // ring [kTiledStages][8][1024] floats, then the chunk sums [8·n_sub rows][32 outputs][cs >= m].
 template <WeightDtype F, bool VW, bool VX>
@@ -1100,62 +1136,64 @@ __global__ void __launch_bounds__(kTiledThreads, 1) linear_tiled_kernel(LinearAr
                                                                         int bshift) {
   enter_group(a);
   extern __shared__ float4 tlsm[];
+  __shared__ const float* xrow[kTiledMaxSub * kTiledSubRows];  // the block's x rows (nullptr: past the last)
   float* csum = reinterpret_cast<float*>(tlsm + kTiledStages * kTiledUnitF4);
   const int64_t ot = int64_t(blockIdx.x) % n_ot, rt = int64_t(blockIdx.x) / n_ot;
   const int64_t o0 = ot * kTiledBlockOut, r0 = rt * n_sub * kTiledSubRows;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), key = (lane >> 3) & 3;
-  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, units = m * n_sub;
+  const int m = int((a.in + kSumChunk - 1) / kSumChunk), units = m * n_sub;
   const int64_t o_w = o0 + warp * kTiledOut;
   const bool active = o_w < a.out;  // warp-uniform: a warp past the last output only stages x
+  if (threadIdx.x < n_sub * kTiledSubRows) {
+    const int64_t r = r0 + threadIdx.x;
+    xrow[threadIdx.x] = r < a.rows ? a.x + (r / a.x_row_div) * a.x_stride : nullptr;
+  }
+  __syncthreads();
+  // Unit u = (chunk u / n_sub, rows 8·(u % n_sub)..) lives in ring buffer u % kTiledStages.
 #pragma unroll
   for (int u = 0; u < kTiledStages - 1; ++u) {
-    if (u < units) tiled_stage<VX>(a, r0 + (u % n_sub) * kTiledSubRows, u / n_sub, tlsm + u * kTiledUnitF4);
+    if (u < units) tiled_stage<VX>(xrow, a.in, u % n_sub, u / n_sub, tlsm + u * kTiledUnitF4);
     asm volatile("cp.async.commit_group;\n" ::);
   }
+  int c = 0, sp = 0, buf = 0;  // unit u's chunk, row unit and buffer
+  int nc = (kTiledStages - 1) / n_sub, nsp = (kTiledStages - 1) % n_sub, nbuf = kTiledStages - 1;  // unit u + 2's
   float4 w[kTiledOut][8];
-  for (int64_t u = 0; u < units; ++u) {
+  for (int u = 0; u < units; ++u) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kTiledStages - 2));
     __syncthreads();  // unit u is staged; every warp is done with unit u - 1, whose buffer is refilled next
-    {
-      const int64_t nu = u + kTiledStages - 1;
-      if (nu < units)
-        tiled_stage<VX>(a, r0 + (nu % n_sub) * kTiledSubRows, nu / n_sub, tlsm + (nu % kTiledStages) * kTiledUnitF4);
-      asm volatile("cp.async.commit_group;\n" ::);
-    }
+    if (u + kTiledStages - 1 < units) tiled_stage<VX>(xrow, a.in, nsp, nc, tlsm + nbuf * kTiledUnitF4);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (++nsp == n_sub) nsp = 0, ++nc;
+    if (++nbuf == kTiledStages) nbuf = 0;
+    const int cur_c = c, cur_sp = sp, cur_buf = buf;
+    if (++sp == n_sub) sp = 0, ++c;
+    if (++buf == kTiledStages) buf = 0;
     if (!active) continue;
-    const int64_t c = u / n_sub;
-    const int sp = int(u % n_sub);
-    if (sp == 0) tiled_weights<F, VW>(a, o_w, key, c, bshift, w);
-    const float4* ub = tlsm + (u % kTiledStages) * kTiledUnitF4 + lane;
+    if (cur_sp == 0) tiled_weights<F, VW>(a, o_w, key, cur_c, bshift, w);
+    const float4* ub = tlsm + cur_buf * kTiledUnitF4 + lane;
+    float* cs_unit = csum + (cur_sp * kTiledSubRows * kTiledBlockOut + warp * kTiledOut + key) * cs + cur_c;
+    const int64_t left = a.rows - (r0 + cur_sp * kTiledSubRows);
+    if (left >= kTiledSubRows) {
+      // A full unit: row i's butterfly is issued with row i + 1's products (independent work that
+      // hides the shuffles' latency).
+      float pv[kTiledOut];
+      tiled_row_lanes(ub, w, pv);
 #pragma unroll 1
-    for (int i = 0; i < kTiledSubRows; ++i) {
-      const int rb = sp * kTiledSubRows + i;
-      if (r0 + rb >= a.rows) break;
-      const float4* xr = ub + i * int(kSumChunk / 4);
-      float acc[kTiledOut][4];
+      for (int i = 1; i < kTiledSubRows; ++i) {
+        float v[kTiledOut];
+        tiled_row_lanes(ub + i * int(kSumChunk / 4), w, v);
+        tiled_row_fold(pv, cs_unit + (i - 1) * kTiledBlockOut * cs, lane);
 #pragma unroll
-      for (int s = 0; s < kTiledOut; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const float4 xv = xr[32 * t];
-#pragma unroll
-        for (int s = 0; s < kTiledOut; ++s) {
-          acc[s][0] = mul_add(xv.x, w[s][t].x, acc[s][0]);
-          acc[s][1] = mul_add(xv.y, w[s][t].y, acc[s][1]);
-          acc[s][2] = mul_add(xv.z, w[s][t].z, acc[s][2]);
-          acc[s][3] = mul_add(xv.w, w[s][t].w, acc[s][3]);
-        }
+        for (int s = 0; s < kTiledOut; ++s) pv[s] = v[s];
       }
-      float v[kTiledOut];
-#pragma unroll
-      for (int s = 0; s < kTiledOut; ++s) v[s] = __fadd_rn(__fadd_rn(acc[s][0], acc[s][1]), __fadd_rn(acc[s][2], acc[s][3]));
-      const float u0 = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[2], 16));
-      const float u1 = __fadd_rn(v[1], __shfl_xor_sync(0xffffffffu, v[3], 16));
-      float z = __fadd_rn(u0, __shfl_xor_sync(0xffffffffu, u1, 8));
-      z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 4));
-      z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
-      z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 1));
-      if ((lane & 7) == 0) csum[(int64_t(rb) * kTiledBlockOut + warp * kTiledOut + key) * cs + c] = z;
+      tiled_row_fold(pv, cs_unit + (kTiledSubRows - 1) * kTiledBlockOut * cs, lane);
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < left; ++i) {
+        float v[kTiledOut];
+        tiled_row_lanes(ub + i * int(kSumChunk / 4), w, v);
+        tiled_row_fold(v, cs_unit + i * kTiledBlockOut * cs, lane);
+      }
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
