@@ -2228,7 +2228,9 @@ cudaError_t launch_tiled_typed(const LinearArgs& a, cudaStream_t s, bool* taken)
   const int cs = int(m % 2 == 0 ? m + 1 : m);  // odd stride: the tree threads read distinct banks
   const int64_t ring = int64_t(kTiledStages) * kTiledUnitF4 * 16;
   auto smem_of = [&](int n_sub) { return ring + int64_t(n_sub) * kTiledSubRows * kTiledBlockOut * cs * 4; };
-  const int64_t limit = tiled_smem_optin(), n_ot = (a.out + kTiledBlockOut - 1) / kTiledBlockOut;
+  // The dynamic shared memory may take the device's limit per block less the static row pointers.
+  const int64_t limit = tiled_smem_optin() - int64_t(kTiledMaxSub * kTiledSubRows * sizeof(const float*));
+  const int64_t n_ot = (a.out + kTiledBlockOut - 1) / kTiledBlockOut;
   auto blocks_of = [&](int n_sub) { return n_ot * ((a.rows + n_sub * kTiledSubRows - 1) / (n_sub * kTiledSubRows)); };
   int n_sub = kTiledMaxSub;
   while (n_sub > 1 && (smem_of(n_sub) > limit || int64_t(n_sub / 2) * kTiledSubRows >= a.rows ||
