@@ -3,7 +3,7 @@
 // median of `reps` samples of 10 launches, weights in rotating copies (>= 3x the L2) so HBM is
 // measured. The chunked linear is timed with each kernel (LinearArgs::kernel 1: a block per
 // (row, output), the former kernel; 2: the GEMV; 3: the streaming GEMV, up to 8 rows), which give
-// the same bits; so is the decode attention (ModelAttnArgs::kernel 1: the former kernel, 2: the
+// the same bits, and at 4096 prefill rows the GEMV against the tiled kernel (4); so is the decode attention (ModelAttnArgs::kernel 1: the former kernel, 2: the
 // staged one) and the mHC mixes (HcMixArgs::kernel 1: the row kernel; automatic: the chunk-split
 // kernel). The small row ops (rms_norm, mHC mixes, RoPE, quant_sim, ...) read data that stays in
 // L2: their times are latency.
@@ -135,6 +135,60 @@ Result<std::string> exact_kernels_bench(int reps) {
     md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
                       us[2], stream ? fmt::format("{:.1f}", us[3]) : std::string("-"), pct(m.bytes(), best, copy_gbps),
                       us[1] / best);
+  }
+  // Prefill rows: 4096 rows of a prefill chunk through the GEMV (kernel 2) and the tiled kernel (4),
+  // same bits (the outputs compared). These are compute-bound (each weight feeds 4096 rows): the
+  // rate is 2·rows·n·k / time against the FP32 FMA peak of an H200 (~67 TFLOPs); the exact order's
+  // products and sums are separate FMUL and FADD instructions (mul_add: no FMA, the CPU twin's
+  // rounding), so its bound is half that. Few samples: kernel 2 takes tens of ms here.
+  {
+    const int64_t kRows = 4096;
+    md += "\nPrefill rows (exactness linears over a 4096-token chunk): kernel 2 = the GEMV (row groups of 4), 4 = the "
+          "tiled kernel (weights of a chunk in registers, 4 outputs per x value, up to 64 rows per block); same bits "
+          "(compared). TFLOPs: 2 x rows x n x k over the time, % of the 67 TFLOPs FP32 FMA peak (the exact order uses "
+          "a separate FMUL and FADD per product: its bound is ~33.5).\n\n"
+          "| op | shape | rows | kernel 2 us | kernel 4 us | kernel 2 TFLOPs | kernel 4 TFLOPs (% of 67) | speed-up | "
+          "same bits |\n|---|---|---|---|---|---|---|---|---|\n";
+    const LinCase pcases[] = {
+        {"wo_a, 8 groups in one launch (FP8 128x128, as the model runs it)", cd::WeightDtype::kFp8, 8192, 4096, kRows, 8},
+        {"4096 -> 512 projection (BF16)", cd::WeightDtype::kBf16, 512, 4096, kRows},
+        {"router gate (BF16)", cd::WeightDtype::kBf16, 256, 4096, kRows},
+    };
+    FS_ASSIGN_OR_RETURN(float* px, ar.alloc<float>(kRows * 8 * 4096));
+    FS_ASSIGN_OR_RETURN(float* py, ar.alloc<float>(kRows * 8192));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_fill_floats(px, kRows * 8 * 4096, 14, 1.0f, nullptr));
+    const int preps = std::max(3, std::min(reps, 7));
+    for (const LinCase& c : pcases) {
+      TypedMat m;
+      FS_RETURN_IF_ERROR(make_typed(ar, m, c.dt, c.n, c.k, ++seed));
+      double us[5] = {0, 0, 0, 0, 0};
+      std::vector<float> outs[5];
+      for (int kernel : {2, 4}) {
+        double med = 0, mn = 0;
+        FS_RETURN_IF_ERROR(bench::time_op(
+            [&](int call) {
+              cd::LinearArgs a;
+              a.x = px, a.wt = m.ref(call), a.y = py, a.rows = c.rows, a.in = c.k, a.out = c.n / c.groups;
+              a.kernel = kernel;
+              if (c.groups > 1)
+                a.groups = c.groups, a.x_stride = c.groups * c.k, a.x_group = c.k, a.y_stride = c.n, a.y_group = a.out;
+              return cuda_status(cd::launch_linear(a, bench::g_st), "exact linear (prefill rows)");
+            },
+            preps, &med, &mn, 1));
+        us[kernel] = med;
+        // The last launch used copy (3 + preps - 1); both kernels' last launches read the same copy.
+        FS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(bench::g_st));
+        outs[kernel].resize(static_cast<size_t>(c.rows * c.n));
+        FS_CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(outs[kernel].data(), py, outs[kernel].size() * 4, cudaMemcpyDeviceToHost));
+      }
+      const bool same = std::memcmp(outs[2].data(), outs[4].data(), outs[2].size() * 4) == 0;
+      const double flops = 2.0 * double(c.rows) * double(c.n) * double(c.k);
+      auto tf = [&](double t) { return flops / (t * 1e-6) / 1e12; };
+      md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} ({:.0f} %) | {:.2f}x | {} |\n", c.name,
+                        c.n, c.k, c.rows, us[2], us[4], tf(us[2]), tf(us[4]), 100.0 * tf(us[4]) / 67.0,
+                        us[2] / us[4], same ? "yes" : "NO");
+    }
   }
   // Decode attention at the real V4.1 width (model_attn.cu), compact cache rows, position 4096: the
   // former kernel (ModelAttnArgs::kernel 1) and the staged one (2), same bits. The ~0.3 MB of rows

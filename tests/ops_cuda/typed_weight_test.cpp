@@ -423,9 +423,9 @@ TEST(CudaTypedWeights, StreamingGemvMatchesCpuTwinBitwise) {
   expect_bitwise(std::vector<float>(got.begin(), got.begin() + 5), want, "unaligned weight, automatic");
 }
 
-// The kernel field is checked: 4 is refused, the streaming GEMV (3) refuses a width that is not a
-// multiple of 4, and the GEMV refuses rows longer than 16 chunks (its padded input must fit shared
-// memory) while the automatic choice falls back to the block kernel.
+// The kernel field is checked: 5 is refused, the streaming GEMV (3) refuses a width that is not a
+// multiple of 4, and the GEMV and the tiled kernel (4) refuse rows longer than 16 chunks (their
+// shared memory) while the automatic choice falls back to the block kernel.
 TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   FS_REQUIRE_GPU();
   const int64_t in = 17 * 1024 + 1, out = 2;
@@ -439,6 +439,8 @@ TEST(CudaTypedWeights, ChunkedKernelChoiceIsChecked) {
   DeviceBuffer<float> dx(x), dy(static_cast<size_t>(out));
   cd::LinearArgs a;
   a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = in, a.out = out;
+  a.kernel = 5;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 4;
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
   a.kernel = 3;
@@ -479,7 +481,7 @@ TEST(CudaTypedWeights, RowSlicesMatchFp32Bitwise) {
 // One grouped launch (LinearArgs::groups, as gpu_ops.cpp grouped_linear runs wo_a: group g reads
 // x columns [g·in, (g+1)·in) and rows [g·Ro, (g+1)·Ro) of [G·Ro, in], into output columns
 // [g·Ro, (g+1)·Ro)) equals the CPU twin group by group, bit for bit, for every kernel (short,
-// chunked, GEMV, streaming GEMV at 1 / 4 / 6 rows), typed and FP32-pointer weights; sel with
+// chunked, GEMV, streaming GEMV at 1 / 4 / 6 rows, the tiled kernel), typed and FP32-pointer weights; sel with
 // groups is refused.
 TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
   FS_REQUIRE_GPU();
@@ -508,9 +510,10 @@ TEST(CudaTypedWeights, GroupedLaunchMatchesCpuTwinPerGroupBitwise) {
               std::copy(yg.begin(), yg.end(), want.begin() + t * G * Ro + g * Ro);
             }
           DeviceBuffer<float> dx(x);
-          for (int kernel : {0, 1, 2, 3}) {
+          for (int kernel : {0, 1, 2, 3, 4}) {
             if (kernel == 2 && T > 16) continue;  // the GEMV's row limit (automatic picks kernel 1)
             if (kernel == 3 && !stream_applies(f.dt, in, T, f.bc, false)) continue;  // refusals: other tests
+            if (kernel == 4 && in <= 1024) continue;  // the tiled kernel: chunked rows only
             for (const bool fp32_ptr : {false, true}) {
               if (fp32_ptr && f.dt != WeightDtype::kF32) continue;
               DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
@@ -606,6 +609,120 @@ TEST(CudaTypedWeights, EmbedMatchesFp32Bitwise) {
   a.wt = d4.ref(f4);
   a.wt.cols = 32;
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess);
+}
+
+// The tiled kernel (LinearArgs::kernel 4, the prefill rows) against the CPU twin (ops::linear on
+// model/quant.h's FP32 values, one output row at a time) and the GEMV (kernel 2), memcmp-equal,
+// and the automatic choice (kernel 0: the tiled kernel from 32 rows) too: every stored format
+// (FP8 scale blocks of 128 and 32 columns: 4-value loads; 48: RowReader one value at a time),
+// widths with a partial last chunk and not a multiple of 4 (1025, 2051: 4-byte x copies and
+// scalar weights), 4 and 5 chunks and the 16-chunk maximum, outputs that leave a partial 32-output
+// tile and idle warps (1, 7, 33, 100), rows 1..5, 17, 33, 100, 257 (partial 8-row units and
+// 64-row tiles), grouped launches with row slices, x_row_div 2, strided and misaligned x, strided
+// y and BF16 outputs; the FP32 pointer path for F32 weights. Then launches large enough for
+// several row and output tiles per group, and the refusals (no launch: y untouched).
+TEST(CudaTypedWeights, TiledKernelMatchesGemvAndCpuTwinBitwise) {
+  FS_REQUIRE_GPU();
+  const Fmt fmts[] = {{WeightDtype::kF32, 1, 1},     {WeightDtype::kBf16, 1, 1},   {WeightDtype::kF16, 1, 1},
+                      {WeightDtype::kFp8, 128, 128}, {WeightDtype::kFp8, 1, 32},   {WeightDtype::kFp8, 32, 48},
+                      {WeightDtype::kFp4, 1, 32}};
+  const int64_t outs[] = {1, 7, 33, 100}, row_counts[] = {1, 2, 3, 4, 5, 17, 33, 100, 257};
+  struct Case {
+    Fmt f;
+    int64_t in, out, rows, groups, x_div;
+    bool strided, bf16, misaligned;
+    int64_t row0;
+  };
+  std::vector<Case> cases;
+  Rng pick(4242);
+  for (const Fmt& f : fmts) {
+    const std::vector<int64_t> widths = f.dt == WeightDtype::kFp4 ? std::vector<int64_t>{1056, 4096, 5024, 16384}
+                                                                   : std::vector<int64_t>{1025, 2051, 4096, 5000, 16384};
+    for (size_t wi = 0; wi < widths.size(); ++wi)
+      for (int rep = 0; rep < 3; ++rep) {
+        Case c{f, widths[wi], outs[pick.below(4)], row_counts[pick.below(9)], rep == 2 ? 3 : 1, rep == 1 ? 2 : 1,
+               rep == 1, rep != 0, rep == 0 && wi % 2 == 1, rep == 2 ? 5 : 0};
+        while (c.rows * c.out * c.in * c.groups > 12'000'000) {
+          if (c.out > 7) c.out = c.out == 100 ? 33 : 7;
+          else c.rows = c.rows > 5 ? c.rows / 3 : 5;
+        }
+        cases.push_back(c);
+      }
+  }
+  cases.push_back({{WeightDtype::kFp8, 128, 128}, 4096, 100, 257, 1, 1, false, false, false, 0});
+  cases.push_back({{WeightDtype::kBf16, 1, 1}, 4096, 70, 300, 2, 1, true, true, false, 0});
+  cases.push_back({{WeightDtype::kFp4, 1, 32}, 2048, 64, 130, 1, 2, false, true, true, 3});
+  cases.push_back({{WeightDtype::kF32, 1, 1}, 3072, 40, 200, 1, 1, true, false, false, 0});
+  cases.push_back({{WeightDtype::kFp8, 128, 128}, 4096, 33, 77, 8, 1, false, true, false, 0});  // wo_a-like
+  uint64_t seed = 12000;
+  int64_t launches = 0, many_rows = 0;
+  for (const Case& c : cases) {
+    const int64_t G = c.groups, in = c.in, out = c.out, rows = c.rows;
+    const std::string tag = std::string(name_of(c.f.dt)) + " " + std::to_string(c.f.br) + "x" + std::to_string(c.f.bc) +
+                            " in=" + std::to_string(in) + " out=" + std::to_string(out) + " rows=" +
+                            std::to_string(rows) + " G=" + std::to_string(G) + (c.x_div > 1 ? " x_div" : "") +
+                            (c.strided ? " strided" : "") + (c.misaligned ? " misaligned" : "") +
+                            (c.row0 ? " row0" : "") + (c.bf16 ? " bf16" : "");
+    SCOPED_TRACE(tag);
+    const Stored s = make_stored(c.f.dt, c.row0 + G * out, in, 1, c.f.br, c.f.bc, ++seed);
+    const DevStored ds(s);
+    Rng r(++seed);
+    const int64_t xg = in + (c.strided ? 4 : 0), xs = G * xg + (c.strided ? 3 : 0);
+    const int64_t yg = out, ys = G * out + (c.strided ? 2 : 0), x_rows = (rows + c.x_div - 1) / c.x_div;
+    const int64_t off = c.misaligned ? 1 : 0;  // x one float past a 16-byte boundary
+    std::vector<float> x(size_t(off + x_rows * xs));
+    for (auto& v : x) v = float(r.normal());
+    std::vector<float> want(size_t(rows * ys), -7.0f);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < rows; ++i)
+        ops::linear({x.data() + off + g * xg + (i / c.x_div) * xs, s.values.data() + (c.row0 + g * out) * in,
+                     want.data() + g * yg + i * ys, 1, in, out, 0, false, c.bf16});
+    DeviceBuffer<float> dx(x);
+    for (int kernel : {4, 2, 0}) {
+      for (const bool fp32_ptr : {false, true}) {
+        if (fp32_ptr && (c.f.dt != WeightDtype::kF32 || c.row0 != 0)) continue;  // a.w has no row slice
+        DeviceBuffer<float> dy(std::vector<float>(size_t(rows * ys), -7.0f));
+        cd::LinearArgs a;
+        a.x = dx.get() + off, a.y = dy.get(), a.rows = rows, a.in = in, a.out = out;
+        a.x_stride = xs, a.y_stride = ys, a.x_row_div = c.x_div, a.bf16_out = c.bf16, a.kernel = kernel;
+        if (G > 1) a.groups = G, a.x_group = xg, a.y_group = yg;
+        if (fp32_ptr) a.w = ds.values.get();
+        else a.wt = ds.ref(s, c.row0);
+        FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "linear"));
+        const auto got = dy.to_host();
+        expect_bitwise(got, want, tag + " kernel " + std::to_string(kernel) + (fp32_ptr ? " fp32 ptr" : ""));
+        int64_t nonzero = 0;  // not a vacuous pass: the outputs were written
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t o = 0; o < G * out; ++o) nonzero += got[size_t(i * ys + o)] != 0.0f;
+        EXPECT_GT(nonzero, rows * G * out / 2) << "kernel " << kernel;
+        ++launches, many_rows += kernel == 4 && rows >= 64;
+      }
+    }
+  }
+  EXPECT_GE(many_rows, 6);
+  std::printf("[tiled] %zu cases, %lld launches compared with the CPU twin (kernels 4, 2, 0), %lld tiled launches "
+              "of >= 64 rows\n",
+              cases.size(), (long long)launches, (long long)many_rows);
+
+  // Refusals (kernel 4 forced where it cannot run): in <= 1024 (the short order), in over 16
+  // chunks, sel; nothing is launched (y keeps its sentinel). Kernel 5 does not exist.
+  const Stored s = make_stored(WeightDtype::kBf16, 8, 16385, 2, 1, 1, 77);
+  const DevStored ds(s);
+  DeviceBuffer<float> dx(std::vector<float>(size_t(40 * 16385), 1.0f)), dy(std::vector<float>(size_t(40 * 8), -7.0f));
+  DeviceBuffer<int32_t> dsel(std::vector<int32_t>(40, 1));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 40, a.in = 16385, a.out = 8, a.kernel = 4;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "17 chunks";
+  a.in = 1024, a.wt.cols = 1024;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "in = 1024";
+  a.in = 2048, a.wt.cols = 2048, a.sel = dsel.get();
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "sel";
+  a.sel = nullptr, a.kernel = 5;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "kernel 5";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (float v : dy.to_host()) ASSERT_EQ(v, -7.0f) << "a refused launch wrote y";
+  a.kernel = 4;  // the same args without the refusal reasons run
+  FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "tiled"));
 }
 
 }  // namespace

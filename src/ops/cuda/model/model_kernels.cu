@@ -980,6 +980,233 @@ __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(Linear
   }
 }
 
+// ---- Tiled exactness linear (in > kSumChunk, many rows: prefill) --------------------------------
+// The same products, partials, lane values, butterfly and chunk tree as linear_gemv_kernel
+// (warp_dot_chunk's order, then dev_chunk_tree), with the weights held in registers:
+//  - A block owns 32 consecutive outputs (4 per warp) and up to 64 rows (n_sub units of 8 rows).
+//    It walks the chunks c; at the start of each chunk a warp loads its 4 outputs' 1024 weights
+//    of the chunk (lane l: columns c·1024 + 128t + 4l.., t = 0..7, gemv_load / gemv_decode or
+//    RowReader: the GEMV's values) and keeps them in registers (128 floats per lane) for every row
+//    of the block, so each weight is decoded once per block, not once per row group.
+//  - x comes through shared memory: the block stages units of (8 rows, one chunk) in a ring of
+//    3 buffers by cp.async (zero-filled past `in` and past the last row), one barrier per unit.
+//    For each row, lane l reads its 4 columns of each slice t (one 16-byte load) and feeds each x
+//    value to the 4 outputs: the partials acc[s][q] (output slot s, partial 4l + q) are summed in
+//    slice order exactly as the GEMV sums them, one row at a time.
+//  - The lane values ((p0+p1)+(p2+p3)) of the 4 outputs are combined by a transposed butterfly:
+//    lane L keeps output slot s for output s ^ key(L) (key = bits 4..3 of L, the weights are
+//    loaded in that order), so at level 16 a lane keeps slots 0, 1 and receives slots 2, 3 of
+//    lane L ^ 16, which hold the same two outputs; at level 8 it keeps slot 0 and receives slot 1
+//    of lane L ^ 8 (again its output); levels 4, 2, 1 are the xor butterfly within groups of 8.
+//    Every level adds the pair of values that warp_dot_chunk's level adds (fadd is commutative),
+//    with 6 shuffles per row for 4 outputs instead of 20. Lane 8k ends with output k's chunk sum.
+//    In a full unit a row's butterfly is issued together with the next row's products.
+//  - Chunk sums go to shared memory; after the last chunk one thread per (row, output) folds them
+//    in the stride-doubling tree.
+// Columns past `in` are zero on both sides (+0 products leave a partial unchanged: a partial is
+// never -0), as in linear_gemv_kernel. VW: 4-value weight loads (in % 4 == 0, aligned weights,
+// FP8 scale blocks a power of two >= 4 columns), else RowReader one value at a time. VX: 16-byte
+// x copies (16-byte aligned x, x_stride and x_group multiples of 4), else 4-byte copies.
+constexpr int kTiledThreads = 256, kTiledWarps = kTiledThreads / 32;
+constexpr int kTiledOut = 4;                                  // outputs per warp
+constexpr int kTiledBlockOut = kTiledWarps * kTiledOut;       // outputs per block
+constexpr int kTiledSubRows = 8;                              // rows per staged unit
+constexpr int kTiledStages = 3;                               // staged units in the ring
+constexpr int kTiledMaxSub = 8;                               // units of rows per block: 64 rows
+constexpr int kTiledUnitF4 = kTiledSubRows * int(kSumChunk) / 4;  // float4 per unit (32 KB)
+constexpr int64_t kTiledMaxChunks = 16;
+// Automatic choice: from this many rows (chunked linears without sel). Below it the GEMV's row
+// groups (and for FP8 up to 8 rows the streaming GEMV) keep more blocks busy on few rows.
+constexpr int64_t kTiledMinRows = 32;
+
+__device__ __forceinline__ void tiled_cp16(float4* dst, const float* src, int bytes) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tiled_cp4(float* dst, const float* src, int bytes) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+
+// Stages x rows [8·sp, 8·sp + 8) of the block (row pointers xrow, nullptr past the last row) x
+// columns of chunk c into buf (zeros past `in` and for absent rows). Thread j copies column
+// piece j of each row: the row is the same for the whole block at each step.
+template <bool VX>
+__device__ __forceinline__ void tiled_stage(const float* const* xrow, int64_t in, int sp, int64_t c, float4* buf) {
+  const int64_t col_base = c * kSumChunk;
+  if constexpr (VX) {
+    const int64_t col = col_base + 4 * int(threadIdx.x), left = in - col;
+    const int full = left <= 0 ? 0 : left >= 4 ? 16 : int(4 * left);
+#pragma unroll
+    for (int i = 0; i < kTiledSubRows; ++i) {
+      const float* row = xrow[sp * kTiledSubRows + i];
+      const int bytes = row ? full : 0;
+      tiled_cp16(buf + i * int(kSumChunk / 4) + int(threadIdx.x), bytes ? row + col : xrow[0], bytes);
+    }
+  } else {
+    float* fb = reinterpret_cast<float*>(buf);
+#pragma unroll 4
+    for (int e0 = 0; e0 < kTiledSubRows * int(kSumChunk); e0 += kTiledThreads) {
+      const float* row = xrow[sp * kTiledSubRows + e0 / int(kSumChunk)];
+      const int64_t col = col_base + e0 % int(kSumChunk) + int(threadIdx.x);
+      const int bytes = row && col < in ? 4 : 0;
+      tiled_cp4(fb + e0 + int(threadIdx.x), bytes ? row + col : xrow[0], bytes);
+    }
+  }
+}
+
+// A warp's weights of chunk c: w[s][t] = the 4 weights of output o_w + (s ^ key) at columns
+// c·1024 + 128t + 4·lane.. (zero past `in` or `out`), the values gemv_decode / RowReader give.
+template <WeightDtype F, bool VW>
+__device__ __forceinline__ void tiled_weights(const LinearArgs& a, int64_t o_w, int key, int64_t c, int bshift,
+                                              float4 (&w)[kTiledOut][8]) {
+  const int64_t col0 = c * kSumChunk + 4 * int(threadIdx.x & 31);
+  if constexpr (VW) {
+    GemvRaw<F> raw[kTiledOut][8];
+#pragma unroll
+    for (int s = 0; s < kTiledOut; ++s) {
+      const int64_t o = o_w + (s ^ key);
+      const bool ok = o < a.out;
+      const RowReader<F> rr(a.wt, 0, a.wt.row0 + (ok ? o : 0));
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int64_t col = col0 + 128 * t;
+        gemv_load<F>(rr.p, rr.sc, bshift, col, ok && col < a.in, raw[s][t]);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kTiledOut; ++s)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) w[s][t] = gemv_decode<F>(raw[s][t]);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kTiledOut; ++s) {
+      const int64_t o = o_w + (s ^ key);
+      const bool ok = o < a.out;
+      const RowReader<F> rr(a.wt, 0, a.wt.row0 + (ok ? o : 0));
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int64_t col = col0 + 128 * t;
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = ok && col + q < a.in ? rr(col + q) : 0.0f;
+        w[s][t] = make_float4(v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+}
+
+// One row's lane values: v[s] = ((p0+p1)+(p2+p3)) of output slot s, the partials p_q summed over
+// the slices t in order (xr: the row's staged chunk, offset by the lane).
+__device__ __forceinline__ void tiled_row_lanes(const float4* xr, const float4 (&w)[kTiledOut][8], float (&v)[kTiledOut]) {
+  float acc[kTiledOut][4];
+#pragma unroll
+  for (int s = 0; s < kTiledOut; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const float4 xv = xr[32 * t];
+#pragma unroll
+    for (int s = 0; s < kTiledOut; ++s) {
+      acc[s][0] = mul_add(xv.x, w[s][t].x, acc[s][0]);
+      acc[s][1] = mul_add(xv.y, w[s][t].y, acc[s][1]);
+      acc[s][2] = mul_add(xv.z, w[s][t].z, acc[s][2]);
+      acc[s][3] = mul_add(xv.w, w[s][t].w, acc[s][3]);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kTiledOut; ++s) v[s] = __fadd_rn(__fadd_rn(acc[s][0], acc[s][1]), __fadd_rn(acc[s][2], acc[s][3]));
+}
+
+// The transposed butterfly of one row's lane values (see above): lane 8k stores output k's chunk
+// sum at dst (dst: this lane's output's entry).
+__device__ __forceinline__ void tiled_row_fold(const float (&v)[kTiledOut], float* dst, int lane) {
+  const float u0 = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[2], 16));
+  const float u1 = __fadd_rn(v[1], __shfl_xor_sync(0xffffffffu, v[3], 16));
+  float z = __fadd_rn(u0, __shfl_xor_sync(0xffffffffu, u1, 8));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 4));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));
+  z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 1));
+  if ((lane & 7) == 0) *dst = z;
+}
+
+// Grid: (output tiles of 32, fastest) x (row tiles of 8·n_sub rows), groups. Shared memory: the
+// ring [kTiledStages][8][1024] floats, then the chunk sums [8·n_sub rows][32 outputs][cs >= m].
+template <WeightDtype F, bool VW, bool VX>
+__global__ void __launch_bounds__(kTiledThreads, 1) linear_tiled_kernel(LinearArgs a, int64_t n_ot, int n_sub, int cs,
+                                                                        int bshift) {
+  enter_group(a);
+  extern __shared__ float4 tlsm[];
+  __shared__ const float* xrow[kTiledMaxSub * kTiledSubRows];  // the block's x rows (nullptr: past the last)
+  float* csum = reinterpret_cast<float*>(tlsm + kTiledStages * kTiledUnitF4);
+  const int64_t ot = int64_t(blockIdx.x) % n_ot, rt = int64_t(blockIdx.x) / n_ot;
+  const int64_t o0 = ot * kTiledBlockOut, r0 = rt * n_sub * kTiledSubRows;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), key = (lane >> 3) & 3;
+  const int m = int((a.in + kSumChunk - 1) / kSumChunk), units = m * n_sub;
+  const int64_t o_w = o0 + warp * kTiledOut;
+  const bool active = o_w < a.out;  // warp-uniform: a warp past the last output only stages x
+  if (threadIdx.x < n_sub * kTiledSubRows) {
+    const int64_t r = r0 + threadIdx.x;
+    xrow[threadIdx.x] = r < a.rows ? a.x + (r / a.x_row_div) * a.x_stride : nullptr;
+  }
+  __syncthreads();
+  // Unit u = (chunk u / n_sub, rows 8·(u % n_sub)..) lives in ring buffer u % kTiledStages.
+#pragma unroll
+  for (int u = 0; u < kTiledStages - 1; ++u) {
+    if (u < units) tiled_stage<VX>(xrow, a.in, u % n_sub, u / n_sub, tlsm + u * kTiledUnitF4);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  int c = 0, sp = 0, buf = 0;  // unit u's chunk, row unit and buffer
+  int nc = (kTiledStages - 1) / n_sub, nsp = (kTiledStages - 1) % n_sub, nbuf = kTiledStages - 1;  // unit u + 2's
+  float4 w[kTiledOut][8];
+  for (int u = 0; u < units; ++u) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kTiledStages - 2));
+    __syncthreads();  // unit u is staged; every warp is done with unit u - 1, whose buffer is refilled next
+    if (u + kTiledStages - 1 < units) tiled_stage<VX>(xrow, a.in, nsp, nc, tlsm + nbuf * kTiledUnitF4);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (++nsp == n_sub) nsp = 0, ++nc;
+    if (++nbuf == kTiledStages) nbuf = 0;
+    const int cur_c = c, cur_sp = sp, cur_buf = buf;
+    if (++sp == n_sub) sp = 0, ++c;
+    if (++buf == kTiledStages) buf = 0;
+    if (!active) continue;
+    if (cur_sp == 0) tiled_weights<F, VW>(a, o_w, key, cur_c, bshift, w);
+    const float4* ub = tlsm + cur_buf * kTiledUnitF4 + lane;
+    float* cs_unit = csum + (cur_sp * kTiledSubRows * kTiledBlockOut + warp * kTiledOut + key) * cs + cur_c;
+    const int64_t left = a.rows - (r0 + cur_sp * kTiledSubRows);
+    if (left >= kTiledSubRows) {
+      // A full unit: row i's butterfly is issued with row i + 1's products (independent work that
+      // hides the shuffles' latency).
+      float pv[kTiledOut];
+      tiled_row_lanes(ub, w, pv);
+#pragma unroll 1
+      for (int i = 1; i < kTiledSubRows; ++i) {
+        float v[kTiledOut];
+        tiled_row_lanes(ub + i * int(kSumChunk / 4), w, v);
+        tiled_row_fold(pv, cs_unit + (i - 1) * kTiledBlockOut * cs, lane);
+#pragma unroll
+        for (int s = 0; s < kTiledOut; ++s) pv[s] = v[s];
+      }
+      tiled_row_fold(pv, cs_unit + (kTiledSubRows - 1) * kTiledBlockOut * cs, lane);
+    } else {
+#pragma unroll 1
+      for (int i = 0; i < left; ++i) {
+        float v[kTiledOut];
+        tiled_row_lanes(ub + i * int(kSumChunk / 4), w, v);
+        tiled_row_fold(v, cs_unit + i * kTiledBlockOut * cs, lane);
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  const int nq = n_sub * kTiledSubRows * kTiledBlockOut;
+  for (int q = int(threadIdx.x); q < nq; q += kTiledThreads) {
+    const int64_t r = r0 + q / kTiledBlockOut, o = o0 + q % kTiledBlockOut;
+    if (r >= a.rows || o >= a.out) continue;
+    const float acc = dev_chunk_tree(csum + int64_t(q) * cs, m);
+    a.y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
+  }
+}
+
 // The stride-doubling chunk tree of sum_order.h (c[i] += c[i + st] for i = 0, 2st, 4st.. with
 // i + st < m) over lanes: lane c holds chunk sum c (m <= 32), lane 0 returns the root. Each lane
 // that adds holds c[i] and receives c[i + st], so every addition is the serial tree's.
@@ -1976,6 +2203,81 @@ cudaError_t launch_linear_stream(const LinearArgs& a0, cudaStream_t s, bool* tak
   return cudaSuccess;
 }
 
+int tiled_smem_optin() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 48 * 1024;
+  int c = cache[dev].load(std::memory_order_acquire);
+  if (c > 0) return c;
+  if (cudaDeviceGetAttribute(&c, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || c <= 0) c = 48 * 1024;
+  cache[dev].store(c, std::memory_order_release);
+  return c;
+}
+
+// The tiled kernel (linear_tiled_kernel) of a chunked linear without sel; *taken = false (nothing
+// launched) where it does not apply: in > kTiledMaxChunks chunks, or its shared memory (the ring
+// and one row unit's chunk sums) over the device's limit per block. n_sub: 8 units of rows per
+// block (64 rows), halved while half of them would hold all rows, while the shared memory is over
+// the limit, and while the grid would have fewer than 2 blocks per SM.
+template <WeightDtype F>
+cudaError_t launch_tiled_typed(const LinearArgs& a, cudaStream_t s, bool* taken) {
+  *taken = false;
+  const int64_t m = (a.in + kSumChunk - 1) / kSumChunk;
+  if (a.in <= kSumChunk || m > kTiledMaxChunks || a.sel) return cudaSuccess;
+  const int cs = int(m % 2 == 0 ? m + 1 : m);  // odd stride: the tree threads read distinct banks
+  const int64_t ring = int64_t(kTiledStages) * kTiledUnitF4 * 16;
+  auto smem_of = [&](int n_sub) { return ring + int64_t(n_sub) * kTiledSubRows * kTiledBlockOut * cs * 4; };
+  // The dynamic shared memory may take the device's limit per block less the static row pointers.
+  const int64_t limit = tiled_smem_optin() - int64_t(kTiledMaxSub * kTiledSubRows * sizeof(const float*));
+  const int64_t n_ot = (a.out + kTiledBlockOut - 1) / kTiledBlockOut;
+  auto blocks_of = [&](int n_sub) { return n_ot * ((a.rows + n_sub * kTiledSubRows - 1) / (n_sub * kTiledSubRows)); };
+  int n_sub = kTiledMaxSub;
+  while (n_sub > 1 && (smem_of(n_sub) > limit || int64_t(n_sub / 2) * kTiledSubRows >= a.rows ||
+                       blocks_of(n_sub) * a.groups < 2 * int64_t(stream_sm_count())))
+    n_sub /= 2;
+  const int64_t smem = smem_of(n_sub), blocks = blocks_of(n_sub);
+  if (smem > limit) return cudaSuccess;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  const int64_t align = F == WeightDtype::kF32 ? 16 : F == WeightDtype::kFp8 ? 4 : F == WeightDtype::kFp4 ? 2 : 8;
+  bool vw = a.in % 4 == 0 && reinterpret_cast<uintptr_t>(a.wt.data) % align == 0;
+  int bshift = 0;
+  if (F == WeightDtype::kFp8) {
+    while ((int64_t(1) << bshift) < a.wt.block_cols) ++bshift;
+    vw = vw && a.wt.block_cols >= 4 && (int64_t(1) << bshift) == a.wt.block_cols;
+  }
+  const bool vx = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0 && a.x_group % 4 == 0;
+  void (*k)(LinearArgs, int64_t, int, int, int) =
+      vw ? (vx ? linear_tiled_kernel<F, true, true> : linear_tiled_kernel<F, true, false>)
+         : (vx ? linear_tiled_kernel<F, false, true> : linear_tiled_kernel<F, false, false>);
+  // Set on every launch: the attribute belongs to the current device (the ring alone is 96 KB).
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  *taken = true;
+  return launch_kernel(k, dim3(unsigned(blocks), unsigned(a.groups)), kTiledThreads, size_t(smem), s, a, n_ot, n_sub,
+                       cs, bshift);
+}
+
+// The tiled kernel of a chunked linear (FP32 weights through a kF32 reference); *taken as above.
+cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* taken) {
+  *taken = false;
+  LinearArgs a = a0;
+  if (a.w) {
+    a.wt = WeightRef{};
+    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
+  }
+  switch (a.wt.dtype) {
+    case WeightDtype::kF32: return launch_tiled_typed<WeightDtype::kF32>(a, s, taken);
+    case WeightDtype::kBf16: return launch_tiled_typed<WeightDtype::kBf16>(a, s, taken);
+    case WeightDtype::kF16: return launch_tiled_typed<WeightDtype::kF16>(a, s, taken);
+    case WeightDtype::kFp8: return launch_tiled_typed<WeightDtype::kFp8>(a, s, taken);
+    case WeightDtype::kFp4: return launch_tiled_typed<WeightDtype::kFp4>(a, s, taken);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.w) {  // an FP32 matrix [E?, out, in]: the same kernel through a kF32 reference
@@ -2014,7 +2316,7 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 3)
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 4)
     return cudaErrorInvalidValue;
   if (a.groups < 1 || a.groups > 65535 || (a.groups > 1 && a.sel)) return cudaErrorInvalidValue;
   const bool typed = !a.w;
@@ -2024,6 +2326,13 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   // Automatic: the streaming GEMV for FP8 weights only; for BF16 / FP32 rows (the LM head, the
   // router gate) the GEMV's two row groups read as fast or faster (bench --kernels exact).
   const bool stream_auto = typed && a.wt.dtype == WeightDtype::kFp8 && chunked && a.rows <= kStreamMaxRows && !a.sel;
+  // Automatic: the tiled kernel from kTiledMinRows rows (prefill), where it applies.
+  if (a.kernel == 4 || (a.kernel == 0 && chunked && !a.sel && a.rows >= kTiledMinRows)) {
+    bool taken = false;
+    const cudaError_t e = launch_linear_tiled(a, s, &taken);
+    if (taken || e != cudaSuccess) return e;
+    if (a.kernel == 4) return cudaErrorInvalidValue;  // forced, but its conditions do not hold
+  }
   if (a.kernel == 3 || (a.kernel == 0 && stream_auto)) {
     bool taken = false;
     const cudaError_t e = launch_linear_stream(a, s, &taken);

@@ -62,21 +62,25 @@ struct LinearArgs {
   // reads x + g·x_group, writes y + g·y_group and uses the matrix rows [g·out, (g+1)·out) (the
   // weight holds groups·out rows). Each output's sum is the ungrouped one (same bits). Not with sel.
   int64_t groups = 1, x_group = 0, y_group = 0;
-  // 0 automatic (in > 1024: for FP8 weights the streaming GEMV up to 8 rows without sel where it
-  // applies, else the GEMV at any row count; in <= 1024: the GEMV up to 16 rows; else the former
-  // kernels), 1 the former kernels (in <= 1024: 8 lanes per output; longer: one block per (row,
-  // output)), 2 GEMV
-  // (error if in > 16 chunks), 3 the streaming GEMV (error where it does not apply: in <= 1024,
-  // > 8 rows, sel, in not a multiple of its load width, unaligned weights, FP8 scale blocks not a
-  // power of two >= its load width, x over 128 KB or the device's shared memory per block).
-  // Same bits for every kernel; tests and the benchmark force one.
+  // 0 automatic (in > 1024: the tiled kernel from 32 rows without sel where it applies, for FP8
+  // weights the streaming GEMV up to 8 rows without sel where it applies, else the GEMV at any
+  // row count; in <= 1024: the GEMV up to 16 rows; else the former kernels), 1 the former kernels
+  // (in <= 1024: 8 lanes per output; longer: one block per (row, output)), 2 GEMV (error if in >
+  // 16 chunks), 3 the streaming GEMV (error where it does not apply: in <= 1024, > 8 rows, sel,
+  // in not a multiple of its load width, unaligned weights, FP8 scale blocks not a power of two
+  // >= its load width, x over 128 KB or the device's shared memory per block), 4 the tiled kernel
+  // for many rows (error where it does not apply: in <= 1024, in > 16 chunks, sel, or its ~100 KB
+  // of shared memory over the device's limit per block). Same bits for every kernel; tests and
+  // the benchmark force one.
   int kernel = 0;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
 // Few rows (decode): a GEMV, x staged once per block in shared memory and wide weight loads; in <=
 // 1024 one thread per output holds the eight partials, longer rows are warp tasks of (outputs,
-// chunk) whose chunk sums are combined per output in the same tree.
+// chunk) whose chunk sums are combined per output in the same tree. Many rows (prefill, in >
+// 1024): the tiled kernel, each warp's weights of a chunk decoded once into registers and applied
+// to up to 64 rows staged in shared memory (4 outputs per x value), the same sums.
 // A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
 // are the same, so y is bitwise the FP32-weight result.
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
