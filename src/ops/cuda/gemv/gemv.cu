@@ -373,117 +373,210 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 // gemv_kernel forms: per cluster rank rk (chunks [rk·C/split, (rk+1)·C/split)), per warp w, the
 // warp's sum over its chunks c = c_begin + w, c_begin + w + 8, ... (each chunk's blocks in order,
 // one m16n8k32 MMA per 32-block times its scales, the same fragment permutation); the CTA's sum
-// 0 + warp 0 + warp 1 + ... + warp 7; then rank 0's sum + rank 1's + ... The tiled warp walks the
-// chunks in that order with three accumulator sets (the warp's, the rank's, the total), using the
-// same load / MMA / promotion code (load_w, load_xq, mma_accumulate), so every output is the GEMV's
-// bits for any token count while the weights are read once per 64-token tile of the CTA (not once
-// per 16-32-token pass with a cluster reduction, as gemv_kernel does). The tuning (split, chunk)
-// comes from pick_tuning exactly as for the GEMV: a function of the matrix only.
+// 0 + warp 0 + ... + warp 7; then rank 0's sum + rank 1's + ... The tiled kernel walks the k
+// blocks in exactly that sequence (a table built once per CTA, each entry flagged where a warp's
+// or a rank's sum ends) with three accumulator sets (the warp's, the rank's, the total) and
+// gemv_kernel's MMA / promotion code (mma_accumulate), so every output is the GEMV's bits for any
+// token count. Adding a group's sum to a running sum that starts at +0 is the GEMV's first
+// assignment exactly: no partial is ever -0 (each starts at +0 and only adds). The tuning (split,
+// chunk) comes from pick_tuning as for the GEMV: a function of the matrix only.
 // CTA: kTRowWarps x kTTokWarps warps (64 rows x 32·kNt tokens); grid x = 64-row tiles, y = group,
-// z = token slices (each CTA loops over token tiles z, z + gridDim.z, ...). No barriers: a warp
-// past the last row returns.
-constexpr int kTRowWarps = 2, kTTokWarps = 4;
+// z = token slices (each CTA loops over token tiles z, z + gridDim.z, ...). Per k block a stage
+// holds the CTA's weight rows and token codes (cp.async, zero-filled for absent tokens) and their
+// scales (weight scale bytes loaded one iteration before they are stored, so no thread waits on
+// them); kTStages stages in flight, one barrier per block.
+constexpr int kTRowWarps = 2, kTTokWarps = 4, kTStages = 8, kTMaxBlocks = 1024;
+constexpr int kTRows = kTRowWarps * kRows;  // 64
 static_assert(kTRowWarps * kTTokWarps == kWarps, "the tiled CTA is kWarps warps");
+constexpr uint32_t kTWarpEnd = 1u << 30, kTRankEnd = 1u << 31;
+
+__device__ __forceinline__ void tcp16(void* dst, const void* src, bool ok) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void tcp4(void* dst, const void* src, bool ok) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
 
 template <int kNt>
-__device__ __forceinline__ void acc_add(float (&dst)[kNt][2][4], const float (&src)[kNt][2][4]) {
+__device__ __forceinline__ void acc_fold(float (&dst)[kNt][2][4], float (&src)[kNt][2][4]) {
 #pragma unroll
   for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dst[nt][mt][i] += src[nt][mt][i];
+      for (int i = 0; i < 4; ++i) dst[nt][mt][i] += src[nt][mt][i], src[nt][mt][i] = 0.0f;
 }
 
 template <bool kFp4, bool kGated, int kNt>
+struct TiledSmem {
+  static constexpr int kMats = kGated ? 2 : 1, kToks = 8 * kNt * kTTokWarps;
+  static constexpr int kRowBytes = kFp4 ? 16 : 32;  // one 32-block of a weight row
+  uint8_t w[kTStages][kMats][kTRows][kRowBytes];
+  uint8_t x[kTStages][kToks][32];
+  float xs[kTStages][kToks];
+  uint8_t sc[kTStages][kMats][kTRows];
+  uint32_t seq[kTMaxBlocks];
+  int64_t xr[kToks];
+};
+
+template <bool kFp4, bool kGated, int kNt>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int split, int chunk) {
-  constexpr int kWarpToks = 8 * kNt, kCtaToks = kWarpToks * kTTokWarps;
+  using Sm = TiledSmem<kFp4, kGated, kNt>;
+  constexpr int kMats = Sm::kMats, kToks = Sm::kToks, kRowBytes = Sm::kRowBytes, kWarpToks = 8 * kNt;
+  constexpr int kWChunks = kMats * kTRows * kRowBytes / 16, kXChunks = kToks * 2;
+  __shared__ __align__(16) Sm sm;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int wr = warp % kTRowWarps, wt = warp / kTRowWarps;
-  const int row0 = (int(blockIdx.x) * kTRowWarps + wr) * kRows;
-  if (row0 >= a.n) return;
+  const int cta_row0 = int(blockIdx.x) * kTRows, row0 = cta_row0 + wr * kRows;
+  const int nkb = a.k / 32;
   int64_t start = 0, count = a.m;
-  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  const uint8_t *wm0 = a.w, *wm1 = a.wu, *wsm0 = a.ws, *wsm1 = a.wsu;
   bool absent = false;  // pairs routed to another rank's expert: their outputs are 0
   if (a.group_start) {
     start = a.group_start[blockIdx.y];
     count = a.group_start[blockIdx.y + 1] - start;
     const int64_t e = a.group_expert[blockIdx.y];
     if (e < 0) absent = true;
-    else {
-      w += e * a.e_stride, ws += e * a.e_sstride;
-      if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+    else
+      wm0 += e * a.e_stride, wsm0 += e * a.e_sstride;
+      if constexpr (kGated) wm1 += e * a.e_stride, wsm1 += e * a.e_sstride;
+  }
+  if (int64_t(blockIdx.z) * kToks >= count) return;  // no token tile: before any barrier, CTA-uniform
+  // The block sequence of gemv_kernel's sums (see above), built once by one thread.
+  if (threadIdx.x == 0) {
+    const int n_chunks = nkb / chunk;
+    int i = 0;
+    for (int rk = 0; rk < split; ++rk) {
+      const int cb = rk * n_chunks / split, ce = (rk + 1) * n_chunks / split;
+      int last = -1;
+      for (int wi = 0; wi < kWarps; ++wi) {
+        for (int c = cb + wi; c < ce; c += kWarps)
+          for (int j = 0; j < chunk; ++j) sm.seq[i++] = uint32_t(c * chunk + j);
+        if (i > 0 && cb + wi < ce) sm.seq[i - 1] |= kTWarpEnd, last = i - 1;
+      }
+      if (last >= 0) sm.seq[last] |= kTRankEnd;
     }
   }
-  const int n_chunks = a.k / 32 / chunk;
-  for (int64_t tt = (int64_t(blockIdx.z) * kTTokWarps + wt) * kWarpToks; tt < count;
-       tt += int64_t(gridDim.z) * kCtaToks) {
-    const int ntok = count - tt < kWarpToks ? int(count - tt) : kWarpToks;
-    float tot[kNt][2][4] = {}, totu[kNt][2][4] = {};
-    if (!absent) {
-      int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int slot = nt * 8 + g;
-        xr[nt] = -1;
-        if (slot < ntok) {
-          const int64_t p = start + tt + slot;
-          xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
-        }
+  const int kbw = a.k / (a.w_block > 0 ? a.w_block : 32);
+  for (int64_t tt = int64_t(blockIdx.z) * kToks; tt < count; tt += int64_t(gridDim.z) * kToks) {
+    const int ntok = count - tt < kToks ? int(count - tt) : kToks;
+    __syncthreads();  // the table is built; the previous tile's stages are all read
+    for (int s = threadIdx.x; s < kToks; s += kThreads) {
+      int64_t r = -1;
+      if (s < ntok) {
+        const int64_t p = start + tt + s;
+        r = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + s;
       }
-      using Words = uint32_t[2][1][2][WRaw<kFp4>::kWords];
-      for (int rk = 0; rk < split; ++rk) {
-        const int c_begin = rk * n_chunks / split, c_end = (rk + 1) * n_chunks / split;
-        float cta[kNt][2][4] = {}, ctau[kNt][2][4] = {};
-        for (int wi = 0; wi < kWarps; ++wi) {
-          float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
-          // A chunk's blocks one at a time (gemv_kernel's j order): the same arithmetic per
-          // block as its chunk-wide loads, in fewer registers.
-          for (int c = c_begin + wi; c < c_end; c += kWarps)
-#pragma unroll 1
-            for (int kb = c * chunk; kb < (c + 1) * chunk; ++kb) {
-              Words A, AU;
-              uint32_t sc[2][2], scu[2][2];
-              load_w<kFp4, 1, true>(a, w, ws, row0, kb, g, q, A, sc);
-              if constexpr (kGated) load_w<kFp4, 1, true>(a, wu, wsu, row0, kb, g, q, AU, scu);
-#pragma unroll
-              for (int nt = 0; nt < kNt; ++nt) {
-                if (nt * 8 >= ntok) break;  // warp-uniform
-                uint32_t B[1][2];
-                float xs[1];
-                load_xq<1>(a, xr[nt], kb, q, B, xs);
-                mma_accumulate<kFp4, 1>(A, sc, B, xs, q, acc[nt]);
-                if constexpr (kGated) mma_accumulate<kFp4, 1>(AU, scu, B, xs, q, accu[nt]);
-              }
-            }
-          acc_add<kNt>(cta, acc);  // gemv_kernel's v = 0; v += red[warp] in warp order
-          if constexpr (kGated) acc_add<kNt>(ctau, accu);
-        }
-        if (rk == 0) {  // gemv_kernel's v = rank 0's sum; v += rank rk's
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) tot[nt][mt][i] = cta[nt][mt][i], totu[nt][mt][i] = ctau[nt][mt][i];
-        } else {
-          acc_add<kNt>(tot, cta);
-          if constexpr (kGated) acc_add<kNt>(totu, ctau);
-        }
-      }
+      sm.xr[s] = r;
     }
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = row0 + mt * 16 + g + (i >= 2 ? 8 : 0), t = nt * 8 + q * 2 + (i & 1);
-          if (row >= a.n || t >= ntok) continue;
-          const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-          if (absent) store_out(a, out_row, row, 0.0f);
-          else finish_out<kGated>(a, out_row, row, tot[nt][mt][i], totu[nt][mt][i]);
+    __syncthreads();
+    // Issues the loads of sequence position i into its stage; the weight scale byte of this
+    // thread's (matrix, row), if it has one, comes back in *sc_pending (stored by the caller).
+    auto issue = [&](int i, uint32_t* sc_pending) {
+      const int st = i % kTStages;
+      const int kb = int(sm.seq[i] & (kTWarpEnd - 1));
+      for (int c = threadIdx.x; c < kWChunks + kXChunks; c += kThreads) {
+        if (c < kWChunks) {
+          const int per_mat = kTRows * kRowBytes / 16, mi = c / per_mat, rc = c % per_mat;
+          const int r = rc / (kRowBytes / 16), part = rc % (kRowBytes / 16);
+          const int row = min(cta_row0 + r, a.n - 1);  // tail rows: loaded, never stored
+          const uint8_t* src = (mi == 0 ? wm0 : wm1) + int64_t(row) * (kFp4 ? a.k / 2 : a.k) + kb * kRowBytes + part * 16;
+          tcp16(&sm.w[st][mi][r][part * 16], src, true);
+        } else {
+          const int xc = c - kWChunks, t = xc / 2, part = xc % 2;
+          const int64_t r = sm.xr[t];
+          tcp16(&sm.x[st][t][part * 16], r >= 0 ? a.xq + r * a.k + kb * 32 + part * 16 : a.xq, r >= 0);
         }
+      }
+      if (threadIdx.x < kToks) {
+        const int64_t r = sm.xr[threadIdx.x];
+        tcp4(&sm.xs[st][threadIdx.x], r >= 0 ? a.xs + r * nkb + kb : a.xs, r >= 0);
+      }
+      const int sc_t = int(threadIdx.x) - (kThreads - kMats * kTRows);  // the last threads
+      if (sc_t >= 0) {
+        const int mi = sc_t / kTRows, r = sc_t % kTRows;
+        const int row = min(cta_row0 + r, a.n - 1);
+        if constexpr (kFp4) {
+          *sc_pending = __ldg((mi == 0 ? wsm0 : wsm1) + int64_t(row) * nkb + kb);
+        } else {  // one scale row per w_block rows (32 or 128), as load_w reads it
+          *sc_pending = __ldg((mi == 0 ? wsm0 : wsm1) + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
+        }
+      }
+    };
+    auto store_sc = [&](int i, uint32_t v) {
+      const int sc_t = int(threadIdx.x) - (kThreads - kMats * kTRows);
+      if (sc_t >= 0 && i < nkb) sm.sc[i % kTStages][sc_t / kTRows][sc_t % kTRows] = uint8_t(v);
+    };
+    float acc[kMats][kNt][2][4] = {}, cta[kMats][kNt][2][4] = {}, tot[kMats][kNt][2][4] = {};
+    if (!absent) {
+      for (int i = 0; i < kTStages - 1; ++i) {
+        uint32_t v = 0;
+        if (i < nkb) issue(i, &v), store_sc(i, v);
+        asm volatile("cp.async.commit_group;\n" ::);
+      }
+      uint32_t pending = 0;
+      int pending_i = -1;
+      for (int i = 0; i < nkb; ++i) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kTStages - 2));
+        if (pending_i >= 0) store_sc(pending_i, pending), pending_i = -1;
+        __syncthreads();  // stage i landed for every thread; stage i - 1 is read by every warp
+        if (i + kTStages - 1 < nkb) issue(i + kTStages - 1, &pending), pending_i = i + kTStages - 1;
+        asm volatile("cp.async.commit_group;\n" ::);
+        const int st = i % kTStages;
+        const uint32_t e = sm.seq[i];
+        using Words = uint32_t[2][1][2][WRaw<kFp4>::kWords];
+#pragma unroll
+        for (int mi = 0; mi < kMats; ++mi) {
+          Words A;
+          uint32_t sc[2][2];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = wr * kRows + mt * 16 + h * 8 + g;
+              if constexpr (kFp4) {
+                A[mt][0][h][0] = *reinterpret_cast<const uint32_t*>(&sm.w[st][mi][r][q * 4]);
+              } else {
+                const uint2 u = *reinterpret_cast<const uint2*>(&sm.w[st][mi][r][q * 8]);
+                A[mt][0][h][0] = u.x, A[mt][0][h][1] = u.y;
+              }
+              sc[mt][h] = sm.sc[st][mi][r];
+            }
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt) {
+            const int t = wt * kWarpToks + nt * 8 + g;
+            const uint2 u = *reinterpret_cast<const uint2*>(&sm.x[st][t][q * 8]);
+            uint32_t B[1][2] = {{u.x, u.y}};
+            float xs[1] = {sm.xs[st][t]};
+            mma_accumulate<kFp4, 1>(A, sc, B, xs, q, acc[mi][nt]);
+          }
+        }
+        if (e & kTWarpEnd)  // gemv_kernel's v = 0; v += red[warp] in warp order
+#pragma unroll
+          for (int mi = 0; mi < kMats; ++mi) acc_fold<kNt>(cta[mi], acc[mi]);
+        if (e & kTRankEnd)  // v = rank 0's sum; v += rank rk's
+#pragma unroll
+          for (int mi = 0; mi < kMats; ++mi) acc_fold<kNt>(tot[mi], cta[mi]);
+      }
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    if (row0 < a.n) {
+      const int wtok0 = wt * kWarpToks;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int row = row0 + mt * 16 + g + (i >= 2 ? 8 : 0), t = wtok0 + nt * 8 + q * 2 + (i & 1);
+            if (row >= a.n || t >= ntok) continue;
+            const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+            if (absent) store_out(a, out_row, row, 0.0f);
+            else finish_out<kGated>(a, out_row, row, tot[0][nt][mt][i], tot[kMats - 1][nt][mt][i]);
+          }
+    }
   }
 }
 
@@ -561,7 +654,7 @@ cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStre
 template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_tiled_k(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
   constexpr int64_t kCtaToks = 8 * kNt * kTTokWarps;
-  const int64_t row_tiles = (a.n + kTRowWarps * kRows - 1) / (kTRowWarps * kRows);
+  const int64_t row_tiles = (a.n + kTRows - 1) / kTRows;
   const int64_t per_group = a.group_start ? (a.m + n_groups - 1) / n_groups : a.m;
   int64_t slices = (per_group + kCtaToks - 1) / kCtaToks;
   if (a.group_start) slices = 2 * slices;
@@ -588,7 +681,11 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
-  if (a.xq && !small) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
+  // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks.)
+  const bool tiled_ok = a.k / 32 <= kTMaxBlocks && reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (!a.wu || reinterpret_cast<uintptr_t>(a.wu) % 16 == 0) &&
+                        (!a.group_start || a.e_stride % 16 == 0);
+  if (a.xq && !small && tiled_ok) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
   const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
