@@ -28,9 +28,16 @@ struct BlockLinearParams {
   int64_t w_block = 32;            // FP8 scale block edge: 32 (V4.1) or 128 (V4); FP4 ignores it
   int64_t act_block = 32;          // activation quant block: 32 (V4.1) or 128 (V4)
   bool bf16_out = false;
+  // x rounded to BF16 (RNE, core/numeric.h round_bf16) before the FP8 quantisation: the result of
+  // rounding x in place first (quant_sim kBf16), without touching x.
+  bool bf16_in = false;
+  // y stays FP32, each value rounded to BF16 (RNE) and widened back: the result of a kBf16
+  // quant_sim on the FP32 output, without a second pass. Not with bf16_out.
+  bool bf16_round_out = false;
   // Optional (CUDA only; the CPU twin ignores them): x already quantised by gemv_quantize_cuda
-  // with this act_block (codes [m, k], scales [m, k/32]). Prefill-sized launches then read these
-  // instead of quantising x in every block; y is the same bits. x must still be set.
+  // with this act_block and this bf16_in (codes [m, k], scales [m, k/32]). Prefill-sized launches
+  // then read these instead of quantising x in every block; y is the same bits. x must still be
+  // set (launches small enough to quantise inside read it, rounding it by bf16_in).
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
 };
@@ -43,7 +50,8 @@ Status validate(const BlockLinearParams& p);
 int64_t weight_code_bytes(WeightFormat f, int64_t n, int64_t k);
 int64_t weight_scale_bytes(WeightFormat f, int64_t n, int64_t k, int64_t w_block);
 
-// CPU twin (ops/cpu/linear_quant.cpp): dequantise, quantise x, FP32 dot per output.
+// CPU twin (ops/cpu/linear_quant.cpp): dequantise, (round x to BF16,) quantise x, FP32 dot per
+// output (, rounded to BF16).
 Status block_linear_ref(const BlockLinearParams& p);
 
 }  // namespace flashseek::ops

@@ -31,6 +31,9 @@ struct ExpertGemvParams {
   int64_t w_block = 32;
   int64_t act_block = 32;
   float swiglu_limit = 0;              // <= 0: no clamp
+  // Each written value rounded to BF16 (RNE) and kept in FP32 (BlockLinearParams::bf16_round_out;
+  // with w_up: the SwiGLU result). Zeros of another rank's expert stay 0.
+  bool bf16_round_out = false;
   // Groups assumed when the kernel picks its k split (0: n_groups). The split sets the summation
   // order; a caller whose results must not depend on how many groups share the launch (a model
   // step batching several sequences) passes a fixed value.

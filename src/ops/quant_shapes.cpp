@@ -40,6 +40,8 @@ Status validate(const BlockLinearParams& p) {
     return invalid_argument("block_linear: x, w, w_scale and y must be set");
   if (p.m <= 0) return invalid_argument("block_linear: m must be positive, got {}", p.m);
   if (bool(p.xq) != bool(p.xs)) return invalid_argument("block_linear: xq and xs must be set together");
+  if (p.bf16_out && p.bf16_round_out)
+    return invalid_argument("block_linear: bf16_out and bf16_round_out are exclusive");
   return check_dims("block_linear", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 

@@ -1,8 +1,12 @@
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/numeric.h"
+#include "ops/linear_quant.h"
+#include "ops/moe_quant.h"
 #include "ops/quant.h"
 #include "test_util.h"
 
@@ -83,6 +87,66 @@ TEST(Quant, HadamardIsOrthonormalAndSylvesterOrdered) {
   hadamard_inplace(y.data(), 1, 128);
   hadamard_inplace(y.data(), 1, 128);  // H is its own inverse
   for (int i = 0; i < 128; ++i) EXPECT_NEAR(y[i], x[i], 1e-5);
+}
+
+// The block-scaled linear's BF16 flags (BlockLinearParams::bf16_in, bf16_round_out; the CPU twin of
+// the GEMV's fused roundings) are exactly the roundings around the plain twin: bf16_in == the twin
+// on round_bf16(x) (x untouched), bf16_round_out == round_bf16 of the twin's output; with
+// bf16_out they are refused. The grouped expert twin's bf16_round_out rounds each written value
+// (the plain projection and the fused SwiGLU).
+TEST(BlockLinearRef, Bf16FlagsAreRoundingsAroundThePlainTwin) {
+  Rng rng(11);
+  const int64_t m = 3, n = 19, k = 96;
+  std::vector<uint8_t> w(size_t(n * k)), ws(size_t((n + 31) / 32 * (k / 32)));
+  for (auto& c : w) c = uint8_t(rng.below(256) & 0xf7);  // no NaN codes (S.1111.111)
+  for (auto& c : ws) c = uint8_t(120 + rng.below(8));
+  auto x = randn(rng, m * k, 3.0);
+  const auto x0 = x;
+  std::vector<float> xr(x);
+  for (auto& v : xr) v = round_bf16(v);
+  ASSERT_NE(xr, x) << "inputs that BF16 rounding leaves unchanged";
+  BlockLinearParams p;
+  p.m = m, p.n = n, p.k = k, p.w = w.data(), p.w_scale = ws.data();
+  std::vector<float> plain(size_t(m * n)), on_rounded(plain.size()), got(plain.size());
+  p.x = x.data(), p.y = plain.data();
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  p.x = xr.data(), p.y = on_rounded.data();
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  p.x = x.data(), p.y = got.data(), p.bf16_in = true;
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  EXPECT_EQ(got, on_rounded);
+  EXPECT_EQ(x, x0);
+  p.bf16_in = false, p.bf16_round_out = true;
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  int64_t changed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], round_bf16(plain[i])) << i;
+    changed += got[i] != plain[i];
+  }
+  EXPECT_GT(changed, 0);
+  p.bf16_out = true;
+  EXPECT_FALSE(block_linear_ref(p).ok());
+
+  // Grouped expert twin: 2 experts, 4 pairs of 2 rows.
+  const std::vector<int32_t> ge = {0, 1}, gs = {0, 2, 4}, pr = {0, 1, 1, 0};
+  const std::vector<float> pw = {0.5f, 1.25f, 0.75f, 1.0f};
+  std::vector<uint8_t> w2(size_t(2 * n * k)), ws2(2 * ws.size());
+  for (auto& c : w2) c = uint8_t(rng.below(256) & 0xf7);
+  for (auto& c : ws2) c = uint8_t(118 + rng.below(6));
+  for (const bool gated : {false, true}) {
+    ExpertGemvParams q;
+    q.x = x.data(), q.w = w2.data(), q.w_scale = ws2.data();
+    if (gated) q.w_up = w2.data(), q.w_up_scale = ws2.data(), q.pair_weight = pw.data(), q.swiglu_limit = 7.0f;
+    q.expert_stride = n * k, q.expert_scale_stride = int64_t(ws.size());
+    q.group_expert = ge.data(), q.group_start = gs.data(), q.pair_row = pr.data();
+    q.n_groups = 2, q.n_pairs = 4, q.n_experts = 2, q.n = n, q.k = k, q.format = WeightFormat::kFp8;
+    std::vector<float> y0(size_t(4 * n)), y1(y0.size());
+    q.y = y0.data();
+    ASSERT_TRUE(expert_gemv_ref(q, m).ok());
+    q.y = y1.data(), q.bf16_round_out = true;
+    ASSERT_TRUE(expert_gemv_ref(q, m).ok());
+    for (size_t i = 0; i < y0.size(); ++i) EXPECT_EQ(y1[i], round_bf16(y0[i])) << "gated " << gated << " " << i;
+  }
 }
 
 }  // namespace flashseek::ops

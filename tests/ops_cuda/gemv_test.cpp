@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "ops/block_scaled_data.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/cuda/model/model_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
@@ -224,6 +226,113 @@ TEST(CudaBlockLinear, Bf16OutputIsTheRoundedF32Output) {
   const auto f = dyf.to_host();
   const auto b = dyb.to_host();
   for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], f32_to_bf16(f[i])) << i;
+}
+
+// The fused BF16 roundings (BlockLinearParams::bf16_in, bf16_round_out) against the unfused
+// sequence the model ran before: quant_sim kBf16 on a device copy of x, the GEMV, quant_sim kBf16
+// on y. memcmp-equal for every flag combination, FP8 (blocks of 32 and 128) and FP4 weights, odd
+// shapes, rows 1..16 (one and two 8-token tiles) and beyond one pass (17, 40, 70), under the
+// automatic tuning and forced k splits / chunk widths. The pre-quantised input too (xq / xs, the
+// prefill launches): gemv_quantize_cuda with bf16_in gives the codes and scales of quantising the
+// rounded copy (memcmp), and the launch on them equals quant_sim, gemv_quantize, the GEMV,
+// quant_sim on y (and the fused launch quantising inside); at m <= 8 the launch ignores xq and
+// quantises x inside, rounding it by bf16_in. The fused result is also within the GEMV's usual
+// bound of the CPU twin run with the same flags (same bits would need the twin's summation order).
+TEST(CudaBlockLinear, FusedBf16RoundingsEqualQuantSimThenGemv) {
+  FS_REQUIRE_GPU();
+  namespace cd = detail;
+  struct TuningReset {
+    ~TuningReset() { detail::set_gemv_tuning(0, 0); }  // also when an assertion returns early
+  } reset_tuning;
+  struct Case {
+    WeightFormat f;
+    int64_t n, k, wb, ab;
+  };
+  const Case shapes[] = {{WeightFormat::kFp8, 77, 640, 32, 32},   {WeightFormat::kFp8, 33, 2304, 32, 32},
+                         {WeightFormat::kFp8, 129, 1024, 128, 128}, {WeightFormat::kFp4, 45, 2304, 32, 32},
+                         {WeightFormat::kFp4, 31, 160, 32, 32}};
+  const int64_t row_counts[] = {1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 40, 70};
+  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
+  std::mt19937 rng(4242);
+  int64_t compared = 0;
+  for (const auto& t : tunings) {
+    cd::set_gemv_tuning(t.first, t.second);
+    for (const Case& c : shapes) {
+      for (int64_t m : row_counts) {
+        if (t.first != 0 && m > 9 && m != 17 && m != 40) continue;  // forced tunings: a few row counts
+        const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb);
+        std::vector<float> x = random_block_activations(rng, m, c.k);
+        for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1.0f + 1.0f / 512;  // mantissas BF16 drops
+        DeviceBuffer<float> dx(x);
+        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+        for (int flags = 1; flags < 4; ++flags) {
+          const bool bin = flags & 1, bout = flags & 2;
+          SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " m=" << m << " n=" << c.n << " k=" << c.k
+                                            << " ab=" << c.ab << " bf16_in=" << bin << " bf16_round_out=" << bout
+                                            << " split=" << t.first << " chunk=" << t.second);
+          BlockLinearParams p;
+          p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
+          p.w = dw.get(), p.w_scale = ds.get();
+          const size_t ny = size_t(m * c.n), nq = size_t(m * c.k), ns = size_t(m * c.k / 32);
+          DeviceBuffer<float> xcopy(x), y_ref(ny), y_fused(ny), y_ref_pq(ny), y_fused_pq(ny);
+          DeviceBuffer<float> xs0(ns), xs1(ns);
+          DeviceBuffer<uint8_t> xq0(nq), xq1(nq);
+          // Unfused: the former model sequence, x quantised inside and pre-quantised.
+          if (bin) {
+            ASSERT_EQ(cd::launch_quant_sim(xcopy.get(), m, c.k, c.k, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
+          }
+          p.x = xcopy.get(), p.y = y_ref.get();
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+          FS_ASSERT_OK(gemv_quantize_cuda(xcopy.get(), m, c.k, c.ab, false, xq0.get(), xs0.get(), nullptr));
+          p.xq = xq0.get(), p.xs = xs0.get(), p.y = y_ref_pq.get();
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+          if (bout) {
+            ASSERT_EQ(cd::launch_quant_sim(y_ref.get(), m, c.n, c.n, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
+            ASSERT_EQ(cd::launch_quant_sim(y_ref_pq.get(), m, c.n, c.n, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
+          }
+          // Fused, x quantised inside and pre-quantised with bf16_in.
+          p.x = dx.get(), p.xq = nullptr, p.xs = nullptr, p.y = y_fused.get();
+          p.bf16_in = bin, p.bf16_round_out = bout;
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+          FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, c.k, c.ab, bin, xq1.get(), xs1.get(), nullptr));
+          p.xq = xq1.get(), p.xs = xs1.get(), p.y = y_fused_pq.get();
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ASSERT_TRUE(xq0.to_host() == xq1.to_host()) << "pre-quantised codes";
+          const auto s0 = xs0.to_host(), s1 = xs1.to_host();
+          ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), s1.size() * sizeof(float))) << "pre-quantised scales";
+          const auto want = y_ref.to_host(), got = y_fused.to_host();
+          const auto want_pq = y_ref_pq.to_host(), got_pq = y_fused_pq.to_host();
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+          ASSERT_EQ(0, std::memcmp(want_pq.data(), got_pq.data(), got.size() * sizeof(float))) << "pre-quantised";
+          ASSERT_EQ(0, std::memcmp(got.data(), got_pq.data(), got.size() * sizeof(float))) << "pre-quantised vs inside";
+          ASSERT_TRUE(dx.to_host() == x) << "x was modified";
+          // The CPU twin with the same flags, and its |x|·|W| error scale.
+          std::vector<float> ref(got.size()), bound(got.size());
+          std::vector<float> xa(x);
+          for (auto& v : xa) v = std::fabs(v);
+          const std::vector<uint8_t> wa = abs_codes(w.codes, c.f);
+          p.xq = nullptr, p.xs = nullptr;
+          p.x = x.data(), p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = ref.data();
+          FS_ASSERT_OK(block_linear_ref(p));
+          p.x = xa.data(), p.w = wa.data(), p.y = bound.data(), p.bf16_round_out = false;
+          FS_ASSERT_OK(block_linear_ref(p));
+          for (size_t i = 0; i < got.size(); ++i) {
+            // One BF16 ulp of slack where the output is rounded (the GEMV's FP32 sum may sit on
+            // the other side of a BF16 rounding boundary than the twin's).
+            const double slack = bout ? std::fabs(double(ref[i])) * (1.0 / 128) : 0.0;
+            ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-4 * bound[i] + slack + 1e-30)
+                << "output " << i << " gpu " << got[i] << " twin " << ref[i];
+            if (bout) {
+              ASSERT_EQ(got[i], round_bf16(got[i])) << "output " << i << " not a BF16 value";
+            }
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 150);
 }
 
 TEST(CudaBlockLinear, RejectsBadShapesWithNamedField) {
@@ -528,6 +637,95 @@ TEST(CudaExpertGemv, TwinRejectsBadIndices) {
   EXPECT_NE(st.message().find("group_expert[0]=5"), std::string::npos) << st.message();
 }
 
+// The grouped expert GEMV's bf16_round_out (the routed experts' gate, up and down projections in
+// reference numerics) == the GEMV then quant_sim kBf16 on its output, memcmp-equal: decode-style
+// groups of one pair (the cluster k split), grouped pairs (more pairs than experts), groups of more
+// than 8 pairs, another rank's expert (zeros), the fused SwiGLU variant, and pre-quantised rows
+// (xq / xs: prefill-sized groups, token rows through pair_row as for gate / up and per-pair rows as
+// for down; also equal to the fused launch quantising inside); the twin with the same flag within
+// its usual bound.
+TEST(CudaExpertGemv, Bf16RoundOutEqualsGemvThenQuantSim) {
+  FS_REQUIRE_GPU();
+  namespace cd = detail;
+  struct Case {
+    WeightFormat f;
+    int tokens, topk, n_experts;
+    int64_t n, k;
+    bool gated, other_rank, preq, per_pair;
+  };
+  const Case cases[] = {{WeightFormat::kFp4, 1, 6, 16, 200, 2304, false, false, false, false},
+                        {WeightFormat::kFp4, 6, 6, 13, 96, 512, false, true, false, false},
+                        {WeightFormat::kFp4, 20, 2, 3, 45, 160, false, false, false, false},
+                        {WeightFormat::kFp8, 3, 1, 2, 70, 384, false, false, false, false},
+                        {WeightFormat::kFp4, 5, 3, 7, 130, 2304, true, false, false, false},
+                        {WeightFormat::kFp4, 40, 2, 3, 45, 160, false, false, true, false},
+                        {WeightFormat::kFp4, 97, 6, 16, 96, 512, false, true, true, true},
+                        {WeightFormat::kFp4, 64, 2, 4, 130, 1024, false, false, true, true}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " tokens=" << c.tokens << " topk=" << c.topk
+                                      << " n=" << c.n << " k=" << c.k << " gated=" << c.gated
+                                      << " preq=" << c.preq << " per_pair=" << c.per_pair);
+    std::mt19937 rng(seed++);
+    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
+    if (c.other_rank) r.group_expert[0] = -1;
+    const int64_t pairs = int64_t(r.pair_row.size());
+    if (c.preq) {
+      ASSERT_GT(pairs, 8 * int64_t(r.group_expert.size())) << "the case must take the pre-quantised passes";
+    }
+    const int64_t rows = c.per_pair ? pairs : c.tokens;
+    const int64_t cb = weight_code_bytes(c.f, c.n, c.k), sb = weight_scale_bytes(c.f, c.n, c.k, 32);
+    const Weights wg = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
+    const Weights wu = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
+    std::vector<float> x = random_block_activations(rng, rows, c.k);
+    for (auto& v : x) v *= 0.05f;
+    DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * c.n)), y1(size_t(pairs * c.n));
+    DeviceBuffer<float> y2(size_t(pairs * c.n)), dxs(size_t(rows * c.k / 32));
+    DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(rows * c.k));
+    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+    ExpertGemvParams p;
+    p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
+    if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
+    p.expert_stride = cb, p.expert_scale_stride = sb;
+    p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = c.per_pair ? nullptr : dpr.get();
+    p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
+    p.n = c.n, p.k = c.k, p.format = c.f, p.split_groups = c.topk;
+    if (c.preq) {
+      FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, c.k, 32, false, dxq.get(), dxs.get(), nullptr));
+      p.xq = dxq.get(), p.xs = dxs.get();
+    }
+    p.y = y0.get();
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    ASSERT_EQ(cd::launch_quant_sim(y0.get(), pairs, c.n, c.n, 1, cd::QuantSim::kBf16, nullptr), cudaSuccess);
+    p.y = y1.get(), p.bf16_round_out = true;
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    p.xq = nullptr, p.xs = nullptr, p.y = y2.get();  // quantising inside
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto want = y0.to_host(), got = y1.to_host(), inside = y2.to_host();
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+    ASSERT_EQ(0, std::memcmp(inside.data(), got.data(), got.size() * sizeof(float)));
+    // The twin with the same flag: outputs are BF16 values within the GEMV bound plus one BF16 ulp.
+    std::vector<float> ref(got.size());
+    p.x = x.data(), p.w = wg.codes.data(), p.w_scale = wg.scales.data();
+    p.w_up = c.gated ? wu.codes.data() : nullptr, p.w_up_scale = c.gated ? wu.scales.data() : nullptr;
+    p.group_expert = r.group_expert.data(), p.group_start = r.group_start.data();
+    p.pair_row = c.per_pair ? nullptr : r.pair_row.data();
+    p.pair_weight = c.gated ? r.pair_weight.data() : nullptr, p.y = ref.data();
+    FS_ASSERT_OK(expert_gemv_ref(p, rows));
+    double mean_abs = 0;
+    for (float v : ref) mean_abs += std::fabs(v);
+    mean_abs /= double(ref.size());
+    ASSERT_GT(mean_abs, 0);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_EQ(ref[i], round_bf16(ref[i])) << i;
+      ASSERT_EQ(got[i], round_bf16(got[i])) << i;
+      ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-3 * (std::fabs(ref[i]) + mean_abs) + std::fabs(ref[i]) / 128)
+          << "pair output " << i << " gpu " << got[i] << " twin " << ref[i];
+    }
+  }
+}
+
 
 // ---- pre-quantised activations (prefill-sized launches) ----------------------------------------
 
@@ -548,7 +746,7 @@ TEST(CudaGemvPrequant, QuantisationIsTheCpusBitForBit) {
     fp8_quant_dequant(want.data(), m, k, ab);
     DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
     DeviceBuffer<uint8_t> dxq(size_t(m * k));
-    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, dxq.get(), dxs.get(), nullptr));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, false, dxq.get(), dxs.get(), nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto q = dxq.to_host();
     const auto s = dxs.to_host();
@@ -559,9 +757,37 @@ TEST(CudaGemvPrequant, QuantisationIsTheCpusBitForBit) {
   }
   DeviceBuffer<float> dx(size_t(64)), dxs(size_t(2));
   DeviceBuffer<uint8_t> dxq(size_t(64));
-  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 48, 32, dxq.get(), dxs.get(), nullptr).ok());  // k % 32
-  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 32, 128, dxq.get(), dxs.get(), nullptr).ok());  // k % act_block
-  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 0, 32, 32, dxq.get(), dxs.get(), nullptr).ok());
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 48, 32, false, dxq.get(), dxs.get(), nullptr).ok());  // k % 32
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 1, 32, 128, false, dxq.get(), dxs.get(), nullptr).ok());  // k % act_block
+  EXPECT_FALSE(gemv_quantize_cuda(dx.get(), 0, 32, 32, false, dxq.get(), dxs.get(), nullptr).ok());
+}
+
+// gemv_quantize_cuda with bf16_in: the CPU's FP8 quantisation of x rounded to BF16 first
+// (round_bf16, then fp8_quant_dequant), bit for bit; x itself is left as it was.
+TEST(CudaGemvPrequant, Bf16InQuantisesTheRoundedInput) {
+  FS_REQUIRE_GPU();
+  const std::tuple<int64_t, int64_t, int64_t> cases[] = {{1, 32, 32}, {7, 160, 32}, {37, 2304, 32}, {9, 1024, 128}};
+  for (const auto& [m, k, ab] : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " ab=" << ab);
+    std::mt19937 rng(uint32_t(m * 977 + k + ab));
+    std::vector<float> x = random_block_activations(rng, m, k);
+    x[size_t(k / 2)] = 3.0e4f + 7.0f;  // an outlier whose low mantissa bits BF16 drops
+    std::vector<float> want(x);
+    for (float& v : want) v = round_bf16(v);
+    ASSERT_NE(want, x);
+    fp8_quant_dequant(want.data(), m, k, ab);
+    DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
+    DeviceBuffer<uint8_t> dxq(size_t(m * k));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, true, dxq.get(), dxs.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto q = dxq.to_host();
+    const auto s = dxs.to_host();
+    for (int64_t i = 0; i < m * k; ++i) {
+      const float got = e4m3_to_f32(q[size_t(i)]) * s[size_t(i / 32)];
+      ASSERT_EQ(0, std::memcmp(&got, &want[size_t(i)], 4)) << i << ": " << got << " vs " << want[size_t(i)];
+    }
+    ASSERT_TRUE(dx.to_host() == x) << "x was modified";
+  }
 }
 
 // The linear with pre-quantised x (32-token passes, cached weights) is bitwise the plain launch,
@@ -587,7 +813,7 @@ TEST(CudaGemvPrequant, LinearIsTheSameBitsAsQuantisingInside) {
     p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
     p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy0.get();
     FS_ASSERT_OK(block_linear_cuda(p, nullptr));
-    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, dxq.get(), dxs.get(), nullptr));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, false, dxq.get(), dxs.get(), nullptr));
     p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
     FS_ASSERT_OK(block_linear_cuda(p, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -639,7 +865,7 @@ TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
     p.n = n, p.k = k, p.split_groups = topk;
     p.y = dy0.get();
     FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
-    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, k, 32, dxq.get(), dxs.get(), nullptr));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, k, 32, false, dxq.get(), dxs.get(), nullptr));
     p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
     FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -673,7 +899,7 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
         p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.y = dy0.get();
         detail::set_gemv_tuning(split, chunk);
         FS_ASSERT_OK(block_linear_cuda(p, nullptr));
-        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, dxq.get(), dxs.get(), nullptr));
+        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, false, dxq.get(), dxs.get(), nullptr));
         p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
         FS_ASSERT_OK(block_linear_cuda(p, nullptr));
         detail::set_gemv_tuning(0, 0);
@@ -709,7 +935,7 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
       p.y = dy0.get();
       detail::set_gemv_tuning(split, chunk);
       FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
-      FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), tokens, k, 32, dxq.get(), dxs.get(), nullptr));
+      FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), tokens, k, 32, false, dxq.get(), dxs.get(), nullptr));
       p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
       FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
       detail::set_gemv_tuning(0, 0);

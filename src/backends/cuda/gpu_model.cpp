@@ -1011,7 +1011,7 @@ Status GpuModel::embed_rows(const float* table, const int32_t* tokens, float* X,
   return {};
 }
 
-// A native FP8 matrix: y = fq8(bf16?(x)) · dq(W)ᵀ by the block-scaled GEMV kernel (ops/cuda/gemv.h),
+// A native FP8 matrix: y = bf16?(fq8(bf16?(x)) · dq(W)ᵀ) by the block-scaled GEMV kernel (ops/cuda/gemv.h),
 // the numerics of the FP32 path's quant_sim + FP32 dot (only the summation order differs).
 Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out,
                                float* y, int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel,
@@ -1019,23 +1019,20 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   if (sel || x_row_div != 1 || in != nw.k || out != nw.n || act_block != nw.act_block)
     return internal_error("gpu linear: native {}x{} matrix (act block {}) used as {}x{} (act block {}{})", nw.n,
                           nw.k, nw.act_block, out, in, act_block, sel ? ", selected rows" : "");
-  if (bf16_in) {
-    FS_ASSIGN_OR_RETURN(float* xb, scratch<float>("linear_xq", rows * in));
-    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(xb, x, size_t(rows * in) * 4, cudaMemcpyDeviceToDevice, stream_));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(xb, rows, in, in, 1, cd::QuantSim::kBf16, stream_));
-    x = xb;
-  }
+  // The BF16 roundings of x and y happen inside the GEMV (and its pre-quantisation): x is not
+  // touched, y is FP32 holding the BF16-rounded values; the same bits as a kBf16 quant_sim on a
+  // copy of x before and on y after.
   ops::BlockLinearParams p;
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
+  p.bf16_in = bf16_in, p.bf16_round_out = bf16_out;
   if (rows > kGpuGraphMaxTokens) {  // prefill-sized: quantise x once, not in every block (same bits)
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
-    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, xq, xs, stream_));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, bf16_in, xq, xs, stream_));
     p.xq = xq, p.xs = xs;
   }
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
-  if (bf16_out) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(y, rows, out, out, 1, cd::QuantSim::kBf16, stream_));
   return {};
 }
 

@@ -290,7 +290,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     if (!preq) return {};
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>(std::string(tag) + "_q8", rows * k));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>(std::string(tag) + "_qs", rows * (k / 32)));
-    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, k, act, xq, xs, stream_));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, k, act, /*bf16_in=*/false, xq, xs, stream_));
     out = {xq, xs};
     return {};
   };
@@ -307,6 +307,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.n_groups = n_groups, q.n_pairs = TK, q.n_experts = E, q.n = n_out, q.k = k;
     q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
     q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
+    q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
   if (grouped && moe_gemm_path(n1, n2, n3, T, E)) {
@@ -344,20 +345,16 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
   if (n1.act_block != n3.act_block) return internal_error("moe: gate and up projections with different act blocks");
   FS_RETURN_IF_ERROR(quantize("moe_x", m, T, D, n1.act_block, xq_cur));
+  // Reference numerics: gate and up rounded to BF16 (bf16_round_out in `run`) before the SwiGLU.
   FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
   FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
-  if (R) {
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
-  }
   FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
   xq_cur = {nullptr, nullptr};
   FS_RETURN_IF_ERROR(quantize("moe_h", h, TK, I, n2.act_block, xq_cur));
+  // Each expert's output rounded to BF16 before the combine (bf16_round_out in `run`), as the
+  // CPU (linear_raw bf16_out) and the exactness path (linear bf16_out) do. Without it the routed
+  // experts were the one role off the parity bound (GpuParityDiag).
   FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
-  // Each expert's output rounded to BF16 before the combine, as the CPU (linear_raw bf16_out)
-  // and the exactness path (linear bf16_out) do; the expert GEMV writes FP32. Without it the
-  // routed experts were the one role off the parity bound (GpuParityDiag).
-  if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
   return {};
 }
 

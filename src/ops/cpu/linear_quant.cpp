@@ -32,6 +32,8 @@ void dequant_row(const BlockLinearParams& p, int64_t r, float* out) {
 Status block_linear_ref(const BlockLinearParams& p) {
   FS_RETURN_IF_ERROR(validate(p));
   std::vector<float> xq(p.x, p.x + p.m * p.k);
+  if (p.bf16_in)
+    for (float& v : xq) v = round_bf16(v);
   fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
   std::vector<float> wrow(static_cast<size_t>(p.k));
   for (int64_t r = 0; r < p.n; ++r) {
@@ -39,7 +41,7 @@ Status block_linear_ref(const BlockLinearParams& p) {
     for (int64_t t = 0; t < p.m; ++t) {
       const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
       if (p.bf16_out) static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
-      else static_cast<float*>(p.y)[t * p.n + r] = v;
+      else static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
     }
   }
   return {};

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/numeric.h"
 #include "ops/moe.h"
 
 namespace flashseek::ops {
@@ -48,6 +49,7 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
       lp.w = p.w + e * p.expert_stride;
       lp.w_scale = p.w_scale + e * p.expert_scale_stride;
       lp.y = p.w_up ? g.data() : p.y + i * p.n;
+      lp.bf16_round_out = p.bf16_round_out && !p.w_up;
       FS_RETURN_IF_ERROR(block_linear_ref(lp));
       if (!p.w_up) continue;
       lp.w = p.w_up + e * p.expert_stride;
@@ -56,6 +58,8 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
       FS_RETURN_IF_ERROR(block_linear_ref(lp));
       swiglu(g.data(), u.data(), p.y + i * p.n, p.n, p.swiglu_limit,
              p.pair_weight ? p.pair_weight[i] : 1.0f);
+      if (p.bf16_round_out)
+        for (int64_t j = 0; j < p.n; ++j) p.y[i * p.n + j] = round_bf16(p.y[i * p.n + j]);
     }
   }
   return {};

@@ -14,8 +14,8 @@ Status check_int_dims(const char* op, int64_t n, int64_t k) {
 }
 }  // namespace
 
-Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_block, uint8_t* xq, float* xs,
-                          cudaStream_t stream) {
+Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_block, bool bf16_in, uint8_t* xq,
+                          float* xs, cudaStream_t stream) {
   if (!x || !xq || !xs) return invalid_argument("gemv_quantize: x, xq and xs must be set");
   if (m <= 0 || k <= 0 || k % 32 != 0) return invalid_argument("gemv_quantize: m={}, k={} (k a multiple of 32)", m, k);
   if (act_block != 32 && act_block != 128) return invalid_argument("gemv_quantize: act_block={} must be 32 or 128", act_block);
@@ -23,7 +23,8 @@ Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_bloc
   if ((reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(xq) & 7) || (reinterpret_cast<uintptr_t>(xs) & 3))
     return invalid_argument("gemv_quantize: x must be 16-byte, xq 8-byte and xs 4-byte aligned");
   if (m >= (int64_t(1) << 31) / 32) return out_of_range("gemv_quantize: m={} too large", m);
-  return cuda_status(detail::launch_gemv_quantize(x, m, k, int(act_block), xq, xs, stream), "gemv_quantize kernel launch");
+  return cuda_status(detail::launch_gemv_quantize(x, m, k, int(act_block), bf16_in, xq, xs, stream),
+                     "gemv_quantize kernel launch");
 }
 
 Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
@@ -32,7 +33,7 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
   detail::GemvArgs a{};
   a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.m = p.m;
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
-  a.bf16_out = p.bf16_out;
+  a.bf16_out = p.bf16_out, a.bf16_in = p.bf16_in, a.bf16_round_out = p.bf16_round_out;
   a.xq = p.xq, a.xs = p.xs;
   return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
                      "block_linear kernel launch");
@@ -49,6 +50,7 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
   a.limit = p.swiglu_limit;
   a.split_groups = p.split_groups;
+  a.bf16_round_out = p.bf16_round_out;
   a.xq = p.xq, a.xs = p.xs;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");

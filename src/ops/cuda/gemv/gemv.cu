@@ -111,13 +111,15 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
 }
 
 // Loads and FP8-quantises this thread's 8 values of each block for one token row (nullptr =
-// absent token: zero codes, zero scale). Matches ops::fp8_quant_dequant bit for bit.
+// absent token: zero codes, zero scale). Matches ops::fp8_quant_dequant bit for bit; with bf16_in
+// each value is first rounded to BF16 (dev_round_bf16, quant_sim kBf16's rounding), the result of
+// rounding x in place before the launch, without touching x.
 template <int kChunk>
 __device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, int act_block,
                                            uint32_t (&B)[kChunk][2], float (&xs)[kChunk]);
 
 template <int kChunk>
-__device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block,
+__device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int act_block, bool bf16_in,
                                         uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
   float v[kChunk][8];
 #pragma unroll
@@ -130,6 +132,10 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
     }
     v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
     v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
+    if (bf16_in) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[j][i] = dev_round_bf16(v[j][i]);
+    }
   }
   quant_vals<kChunk>(v, xrow != nullptr, act_block, B, xs);
 }
@@ -237,9 +243,11 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
       }
 }
 
-// Output (out_row, row) of the launch: FP32, or BF16 with bf16_out.
+// Output (out_row, row) of the launch: FP32, BF16 with bf16_out, or FP32 holding the BF16-rounded
+// value with bf16_round_out.
 __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, int row, float v) {
   if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
+  else if (a.bf16_round_out) reinterpret_cast<float*>(a.y)[out_row * a.n + row] = dev_round_bf16(v);  // quant_sim kBf16, fused
   else reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
 }
 
@@ -311,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         if (nt == 1 && ntok <= 8) break;  // warp-uniform
         uint32_t B[kChunk][2];
         float xs[kChunk];
-        quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, B, xs);
+        quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
@@ -691,9 +699,9 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 }
 
 // One thread per 8 consecutive values of the flattened [m, k] (k % 32 == 0, so a quad of lanes
-// is one 32-block of one row; act_block 128: 16 lanes); quant_vals' arithmetic.
-__global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t total8, int act_block, uint8_t* xq,
-                                                       float* xs) {
+// is one 32-block of one row; act_block 128: 16 lanes); quant_x's arithmetic (bf16_in included).
+__global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t total8, int act_block, bool bf16_in,
+                                                       uint8_t* xq, float* xs) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration (shuffles)
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
@@ -704,6 +712,10 @@ __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t t
       lo = __ldg(p), hi = __ldg(p + 1);
     }
     float v[1][8] = {{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+    if (bf16_in) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[0][i] = dev_round_bf16(v[0][i]);
+    }
     float m = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[0][i]));
@@ -736,14 +748,14 @@ void set_gemv_tuning(int split, int chunk) {
   g_chunk_override = chunk == 1 || chunk == 2 || chunk == 4 ? chunk : 0;
 }
 
-cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, uint8_t* xq, float* xs,
-                                 cudaStream_t stream) {
+cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, bool bf16_in, uint8_t* xq,
+                                 float* xs, cudaStream_t stream) {
   const int64_t total8 = m * k / 8;
   if (total8 <= 0) return cudaSuccess;
   const DeviceInfo d = device_info();
   const int64_t want = (total8 + 255) / 256, cap = int64_t(std::max(d.sms, 1)) * 16;
   return launch_kernel(quantize_kernel, dim3(unsigned(std::min(want, cap))), 256, 0, stream, x, total8, act_block,
-                       xq, xs);
+                       bf16_in, xq, xs);
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {

@@ -17,9 +17,11 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream);
 // x [m, k] FP32 → xq [m, k] e4m3 codes + xs [m, k/32] power-of-two scales per act_block
 // (repeated over its 32-blocks): exactly the values the GEMVs quantise x to, for their optional
 // xq / xs inputs (one quantisation shared by several prefill-sized launches on the same x).
+// bf16_in: x rounded to BF16 first, as BlockLinearParams::bf16_in makes the GEMV do (the
+// launches reading these codes then set bf16_in too). x is not modified.
 // k % 32 == 0 and k % act_block == 0; x 16-byte and xq 8-byte aligned; xs holds m·k/32 floats.
-Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_block, uint8_t* xq, float* xs,
-                          cudaStream_t stream);
+Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_block, bool bf16_in, uint8_t* xq,
+                          float* xs, cudaStream_t stream);
 
 // Grouped expert GEMV (gate/up fused SwiGLU when p.w_up is set). Groups larger than 16 pairs are
 // handled in 16-pair tiles.

@@ -22,6 +22,8 @@ struct GemvArgs {
   int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
   int n, k, w_block, act_block;
   bool bf16_out;
+  bool bf16_in;         // x rounded to BF16 (RNE) before its FP8 quantisation (not read with xq)
+  bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
   float limit;
 };
 
@@ -30,9 +32,10 @@ cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t 
 
 // x [m, k] FP32 (16-byte aligned, k % 32 == 0, k % act_block == 0) → xq [m, k] e4m3 codes and
 // xs [m, k/32] power-of-two scales (per act_block, repeated over its 32-blocks), bit for bit what
-// the GEMV computes from x inside its kernel.
-cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, uint8_t* xq, float* xs,
-                                 cudaStream_t stream);
+// the GEMV computes from x inside its kernel (with bf16_in: from x rounded to BF16 first, as the
+// GEMV's GemvArgs::bf16_in does).
+cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, bool bf16_in, uint8_t* xq,
+                                 float* xs, cudaStream_t stream);
 
 // Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
