@@ -729,6 +729,26 @@ TEST(CudaExpertGemv, Bf16RoundOutEqualsGemvThenQuantSim) {
 
 // ---- pre-quantised activations (prefill-sized launches) ----------------------------------------
 
+// gemv_quantize_cuda's codes times scales against the CPU's FP8 quantisation of x (rounded to
+// BF16 first with bf16_in), bit for bit; x on the device is left as it was.
+void expect_quantize_is_cpus(const std::vector<float>& x, int64_t m, int64_t k, int64_t ab, bool bf16_in) {
+  std::vector<float> want(x);
+  if (bf16_in)
+    for (float& v : want) v = round_bf16(v);
+  fp8_quant_dequant(want.data(), m, k, ab);
+  DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
+  DeviceBuffer<uint8_t> dxq(size_t(m * k));
+  FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, bf16_in, dxq.get(), dxs.get(), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto q = dxq.to_host();
+  const auto s = dxs.to_host();
+  for (int64_t i = 0; i < m * k; ++i) {
+    const float got = e4m3_to_f32(q[size_t(i)]) * s[size_t(i / 32)];
+    ASSERT_EQ(0, std::memcmp(&got, &want[size_t(i)], 4)) << i << ": " << got << " vs " << want[size_t(i)];
+  }
+  ASSERT_TRUE(dx.to_host() == x) << "x was modified";
+}
+
 // gemv_quantize_cuda gives exactly the CPU's FP8 quantisation (ops::fp8_quant_dequant): each
 // code times its block's scale is the dequantised value, bit for bit; zero blocks, outliers,
 // act_block 32 and 128, rows not a multiple of anything.
@@ -742,18 +762,7 @@ TEST(CudaGemvPrequant, QuantisationIsTheCpusBitForBit) {
     std::vector<float> x = random_block_activations(rng, m, k);
     for (int64_t i = 0; i < 32 && i < k; ++i) x[size_t(i)] = 0.0f;  // an all-zero block
     x[size_t(k / 2)] = 3.0e4f;                                         // an outlier
-    std::vector<float> want(x);
-    fp8_quant_dequant(want.data(), m, k, ab);
-    DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
-    DeviceBuffer<uint8_t> dxq(size_t(m * k));
-    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, false, dxq.get(), dxs.get(), nullptr));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto q = dxq.to_host();
-    const auto s = dxs.to_host();
-    for (int64_t i = 0; i < m * k; ++i) {
-      const float got = e4m3_to_f32(q[size_t(i)]) * s[size_t(i / 32)];
-      ASSERT_EQ(0, std::memcmp(&got, &want[size_t(i)], 4)) << i << ": " << got << " vs " << want[size_t(i)];
-    }
+    expect_quantize_is_cpus(x, m, k, ab, false);
   }
   DeviceBuffer<float> dx(size_t(64)), dxs(size_t(2));
   DeviceBuffer<uint8_t> dxq(size_t(64));
@@ -772,21 +781,10 @@ TEST(CudaGemvPrequant, Bf16InQuantisesTheRoundedInput) {
     std::mt19937 rng(uint32_t(m * 977 + k + ab));
     std::vector<float> x = random_block_activations(rng, m, k);
     x[size_t(k / 2)] = 3.0e4f + 7.0f;  // an outlier whose low mantissa bits BF16 drops
-    std::vector<float> want(x);
-    for (float& v : want) v = round_bf16(v);
-    ASSERT_NE(want, x);
-    fp8_quant_dequant(want.data(), m, k, ab);
-    DeviceBuffer<float> dx(x), dxs(size_t(m * k / 32));
-    DeviceBuffer<uint8_t> dxq(size_t(m * k));
-    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), m, k, ab, true, dxq.get(), dxs.get(), nullptr));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto q = dxq.to_host();
-    const auto s = dxs.to_host();
-    for (int64_t i = 0; i < m * k; ++i) {
-      const float got = e4m3_to_f32(q[size_t(i)]) * s[size_t(i / 32)];
-      ASSERT_EQ(0, std::memcmp(&got, &want[size_t(i)], 4)) << i << ": " << got << " vs " << want[size_t(i)];
-    }
-    ASSERT_TRUE(dx.to_host() == x) << "x was modified";
+    std::vector<float> r(x);
+    for (float& v : r) v = round_bf16(v);
+    ASSERT_NE(r, x);
+    expect_quantize_is_cpus(x, m, k, ab, true);
   }
 }
 

@@ -2183,16 +2183,23 @@ cudaError_t launch_stream_typed(const LinearArgs& a, cudaStream_t s, bool* taken
   return launch_stream_r<F, 8>(a, s, taken);
 }
 
+// The args with an FP32 weight pointer [E?, out, in] turned into a kF32 reference: the typed
+// kernels read it as they read any stored format (same values, so the same sums).
+LinearArgs with_typed_weight(const LinearArgs& a0) {
+  LinearArgs a = a0;
+  if (a.w) {
+    a.wt = WeightRef{};
+    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
+  }
+  return a;
+}
+
 // The streaming GEMV of a chunked linear with at most kStreamMaxRows rows and no sel; *taken =
 // false where it does not apply (launch_stream_r's conditions), and nothing was launched.
 cudaError_t launch_linear_stream(const LinearArgs& a0, cudaStream_t s, bool* taken) {
   *taken = false;
   if (a0.in <= kSumChunk || a0.rows > kStreamMaxRows || a0.sel) return cudaSuccess;
-  LinearArgs a = a0;
-  if (a.w) {  // an FP32 matrix [out, in]: the same kernel through a kF32 reference
-    a.wt = WeightRef{};
-    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
-  }
+  const LinearArgs a = with_typed_weight(a0);
   switch (a.wt.dtype) {
     case WeightDtype::kF32: return launch_stream_typed<WeightDtype::kF32>(a, s, taken);
     case WeightDtype::kBf16: return launch_stream_typed<WeightDtype::kBf16>(a, s, taken);
@@ -2263,11 +2270,7 @@ cudaError_t launch_tiled_typed(const LinearArgs& a, cudaStream_t s, bool* taken)
 // The tiled kernel of a chunked linear (FP32 weights through a kF32 reference); *taken as above.
 cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* taken) {
   *taken = false;
-  LinearArgs a = a0;
-  if (a.w) {
-    a.wt = WeightRef{};
-    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
-  }
+  const LinearArgs a = with_typed_weight(a0);
   switch (a.wt.dtype) {
     case WeightDtype::kF32: return launch_tiled_typed<WeightDtype::kF32>(a, s, taken);
     case WeightDtype::kBf16: return launch_tiled_typed<WeightDtype::kBf16>(a, s, taken);
@@ -2279,11 +2282,7 @@ cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* take
 }
 
 cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
-  LinearArgs a = a0;
-  if (a.w) {  // an FP32 matrix [E?, out, in]: the same kernel through a kF32 reference
-    a.wt = WeightRef{};
-    a.wt.dtype = WeightDtype::kF32, a.wt.data = a.w, a.wt.cols = a.in, a.wt.matrix_bytes = a.out * a.in * 4;
-  }
+  const LinearArgs a = with_typed_weight(a0);
   if (a.in <= kSumChunk) {
     switch (a.wt.dtype) {
       case WeightDtype::kF32: return launch_short_gemv_typed<WeightDtype::kF32>(a, s);
