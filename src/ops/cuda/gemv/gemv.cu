@@ -390,10 +390,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 // chunk) comes from pick_tuning as for the GEMV: a function of the matrix only.
 // CTA: kTRowWarps x kTTokWarps warps (64 rows x 32·kNt tokens); grid x = 64-row tiles, y = group,
 // z = token slices (each CTA loops over token tiles z, z + gridDim.z, ...). Per k block a stage
-// holds the CTA's weight rows and token codes (cp.async, zero-filled for absent tokens) and their
-// scales (weight scale bytes loaded one iteration before they are stored, so no thread waits on
-// them); kTStages stages in flight, one barrier per block.
-constexpr int kTRowWarps = 2, kTTokWarps = 4, kTStages = 8, kTMaxBlocks = 1024;
+// holds the CTA's weight rows, token codes and token scales (cp.async, zero-filled for absent
+// tokens); kTStages stages in flight, one barrier per block. The weight scale bytes of the CTA's
+// rows (every k block: FP4 one per row, FP8 one per 32-row tile) are read once per CTA into
+// dynamic shared memory (tiled_scale_bytes), so no load in the k loop waits on a global read.
+constexpr int kTRowWarps = 2, kTTokWarps = 4, kTStages = 8, kTMaxBlocks = 1024, kTMaxFp4Blocks = 256;
 constexpr int kTRows = kTRowWarps * kRows;  // 64
 static_assert(kTRowWarps * kTTokWarps == kWarps, "the tiled CTA is kWarps warps");
 constexpr uint32_t kTWarpEnd = 1u << 30, kTRankEnd = 1u << 31;
@@ -424,7 +425,6 @@ struct TiledSmem {
   uint8_t w[kTStages][kMats][kTRows][kRowBytes];
   uint8_t x[kTStages][kToks][32];
   float xs[kTStages][kToks];
-  uint8_t sc[kTStages][kMats][kTRows];
   uint32_t seq[kTMaxBlocks];
   int64_t xr[kToks];
 };
@@ -435,6 +435,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
   constexpr int kMats = Sm::kMats, kToks = Sm::kToks, kRowBytes = Sm::kRowBytes, kWarpToks = 8 * kNt;
   constexpr int kWChunks = kMats * kTRows * kRowBytes / 16, kXChunks = kToks * 2;
   __shared__ __align__(16) Sm sm;
+  extern __shared__ uint8_t wsc[];  // [kMats][FP4: kTRows rows | FP8: 2 row tiles][nkb] scale bytes
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int wr = warp % kTRowWarps, wt = warp / kTRowWarps;
   const int cta_row0 = int(blockIdx.x) * kTRows, row0 = cta_row0 + wr * kRows;
@@ -468,6 +469,18 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
     }
   }
   const int kbw = a.k / (a.w_block > 0 ? a.w_block : 32);
+  constexpr int kScRows = kFp4 ? kTRows : kTRowWarps;  // FP8: one scale row per 32-row tile
+  if (!absent)
+    for (int idx = threadIdx.x; idx < kMats * kScRows * nkb; idx += kThreads) {
+      const int mi = idx / (kScRows * nkb), r = idx / nkb % kScRows, kb = idx % nkb;
+      const uint8_t* base = mi == 0 ? wsm0 : wsm1;
+      if constexpr (kFp4) {
+        wsc[idx] = __ldg(base + int64_t(min(cta_row0 + r, a.n - 1)) * nkb + kb);
+      } else {  // as load_w: the scale row of the tile's first row (w_block 32 or 128)
+        const int row = min(cta_row0 + r * kRows, a.n - 1);
+        wsc[idx] = __ldg(base + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
+      }
+    }
   for (int64_t tt = int64_t(blockIdx.z) * kToks; tt < count; tt += int64_t(gridDim.z) * kToks) {
     const int ntok = count - tt < kToks ? int(count - tt) : kToks;
     __syncthreads();  // the table is built; the previous tile's stages are all read
@@ -480,9 +493,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
       sm.xr[s] = r;
     }
     __syncthreads();
-    // Issues the loads of sequence position i into its stage; the weight scale byte of this
-    // thread's (matrix, row), if it has one, comes back in *sc_pending (stored by the caller).
-    auto issue = [&](int i, uint32_t* sc_pending) {
+    // Issues the loads of sequence position i into its stage.
+    auto issue = [&](int i) {
       const int st = i % kTStages;
       const int kb = int(sm.seq[i] & (kTWarpEnd - 1));
       for (int c = threadIdx.x; c < kWChunks + kXChunks; c += kThreads) {
@@ -502,38 +514,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
         const int64_t r = sm.xr[threadIdx.x];
         tcp4(&sm.xs[st][threadIdx.x], r >= 0 ? a.xs + r * nkb + kb : a.xs, r >= 0);
       }
-      const int sc_t = int(threadIdx.x) - (kThreads - kMats * kTRows);  // the last threads
-      if (sc_t >= 0) {
-        const int mi = sc_t / kTRows, r = sc_t % kTRows;
-        const int row = min(cta_row0 + r, a.n - 1);
-        if constexpr (kFp4) {
-          *sc_pending = __ldg((mi == 0 ? wsm0 : wsm1) + int64_t(row) * nkb + kb);
-        } else {  // one scale row per w_block rows (32 or 128), as load_w reads it
-          *sc_pending = __ldg((mi == 0 ? wsm0 : wsm1) + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
-        }
-      }
-    };
-    auto store_sc = [&](int i, uint32_t v) {
-      const int sc_t = int(threadIdx.x) - (kThreads - kMats * kTRows);
-      if (sc_t >= 0 && i < nkb) sm.sc[i % kTStages][sc_t / kTRows][sc_t % kTRows] = uint8_t(v);
     };
     float acc[kMats][kNt][2][4] = {}, cta[kMats][kNt][2][4] = {}, tot[kMats][kNt][2][4] = {};
     if (!absent) {
       for (int i = 0; i < kTStages - 1; ++i) {
-        uint32_t v = 0;
-        if (i < nkb) issue(i, &v), store_sc(i, v);
+        if (i < nkb) issue(i);
         asm volatile("cp.async.commit_group;\n" ::);
       }
-      uint32_t pending = 0;
-      int pending_i = -1;
       for (int i = 0; i < nkb; ++i) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(kTStages - 2));
-        if (pending_i >= 0) store_sc(pending_i, pending), pending_i = -1;
         __syncthreads();  // stage i landed for every thread; stage i - 1 is read by every warp
-        if (i + kTStages - 1 < nkb) issue(i + kTStages - 1, &pending), pending_i = i + kTStages - 1;
+        if (i + kTStages - 1 < nkb) issue(i + kTStages - 1);
         asm volatile("cp.async.commit_group;\n" ::);
         const int st = i % kTStages;
         const uint32_t e = sm.seq[i];
+        const int kb = int(e & (kTWarpEnd - 1));
         using Words = uint32_t[2][1][2][WRaw<kFp4>::kWords];
 #pragma unroll
         for (int mi = 0; mi < kMats; ++mi) {
@@ -550,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
                 const uint2 u = *reinterpret_cast<const uint2*>(&sm.w[st][mi][r][q * 8]);
                 A[mt][0][h][0] = u.x, A[mt][0][h][1] = u.y;
               }
-              sc[mt][h] = sm.sc[st][mi][r];
+              sc[mt][h] = kFp4 ? wsc[(mi * kTRows + r) * nkb + kb] : wsc[(mi * kTRowWarps + wr) * nkb + kb];
             }
 #pragma unroll
           for (int nt = 0; nt < kNt; ++nt) {
@@ -656,6 +651,11 @@ cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStre
   return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
 }
 
+// Dynamic shared memory of gemv_tiled_kernel: the scale bytes of its rows for every k block.
+size_t tiled_scale_bytes(int k, bool fp4, bool gated) {
+  return size_t(gated ? 2 : 1) * (fp4 ? kTRows : kTRowWarps) * size_t(k / 32);
+}
+
 // The tiled kernel over every token of the launch: 64-row x (32·kNt)-token CTA tiles; token
 // slices in grid z (dense: one per tile, up to 65535; grouped: about twice the average group's
 // tiles, each CTA looping over the rest).
@@ -668,7 +668,13 @@ cudaError_t launch_tiled_k(const GemvArgs& a, int n_groups, const Tuning& t, cud
   if (a.group_start) slices = 2 * slices;
   slices = std::max<int64_t>(1, std::min<int64_t>(slices, 65535));
   const dim3 grid{unsigned(row_tiles), unsigned(n_groups), unsigned(slices)};
-  return launch_kernel(gemv_tiled_kernel<kFp4, kGated, kNt>, grid, kThreads, 0, stream, a, t.split, t.chunk);
+  auto* kernel = gemv_tiled_kernel<kFp4, kGated, kNt>;
+  const size_t dyn = tiled_scale_bytes(a.k, kFp4, kGated);
+  if (sizeof(TiledSmem<kFp4, kGated, kNt>) + dyn > 48 * 1024) {  // set per launch: the attribute is per device
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dyn));
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(kernel, grid, kThreads, dyn, stream, a, t.split, t.chunk);
 }
 
 // Two 8-token MMA tiles per warp for one matrix, one for gate + up (two accumulator sets of each
@@ -689,8 +695,9 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
-  // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks.)
-  const bool tiled_ok = a.k / 32 <= kTMaxBlocks && reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 &&
+  // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks, FP4
+  // kTMaxFp4Blocks: its scale table holds a byte per row and block.)
+  const bool tiled_ok = a.k / 32 <= (kFp4 ? kTMaxFp4Blocks : kTMaxBlocks) && reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (!a.wu || reinterpret_cast<uintptr_t>(a.wu) % 16 == 0) &&
                         (!a.group_start || a.e_stride % 16 == 0);
   if (a.xq && !small && tiled_ok) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
