@@ -44,6 +44,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -363,26 +364,10 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
         v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
       }
     }
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    if (act_block == 128) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-    }
-    uint32_t u = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
-    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;  // round up to a power of two
-    const float s = __uint_as_float(u), inv = 1.0f / s;      // exact: s is a power of two
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv),
-                                           __NV_SATFINITE, __NV_E4M3);
+    const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
+    const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      *reinterpret_cast<uint2*>(xq + t * 8) =
-          make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      *reinterpret_cast<uint2*>(xq + t * 8) = codes;
       if ((t & 3) == 0) xs[t >> 2] = s;
     }
   }

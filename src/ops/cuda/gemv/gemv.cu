@@ -145,14 +145,7 @@ __device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, 
                                            uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
   float amax[kChunk];
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) {
-    float m = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[j][i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    amax[j] = m;
-  }
+  for (int j = 0; j < kChunk; ++j) amax[j] = dev_fp8_block_amax(v[j], 32);
   if (act_block == 128) {  // kChunk == 4 here: one scale over the 4 blocks
     float m = 0;
 #pragma unroll
@@ -162,19 +155,9 @@ __device__ __forceinline__ void quant_vals(float (&v)[kChunk][8], bool present, 
   }
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
-    // s = 2^ceil(log2(max(amax, 1e-4) / 448)): round the float up to a power of two.
-    uint32_t u = __float_as_uint(fmaxf(amax[j], 1e-4f) / 448.0f);
-    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
-    const float s = __uint_as_float(u);
-    const float inv = 1.0f / s;  // exact: s is a power of two
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = make_float2(v[j][2 * i] * inv, v[j][2 * i + 1] * inv);
-      packed[i] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-    }
-    B[j][0] = packed[0] | (packed[1] << 16);
-    B[j][1] = packed[2] | (packed[3] << 16);
+    const float s = dev_fp8_block_scale(amax[j]);
+    const uint2 codes = dev_fp8_pack8(v[j], 1.0f / s);  // exact: s is a power of two
+    B[j][0] = codes.x, B[j][1] = codes.y;
     xs[j] = present ? s : 0.0f;
   }
 }
@@ -718,31 +701,15 @@ __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t t
       const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
       lo = __ldg(p), hi = __ldg(p + 1);
     }
-    float v[1][8] = {{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+    float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     if (bf16_in) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[0][i] = dev_round_bf16(v[0][i]);
+      for (int i = 0; i < 8; ++i) v[i] = dev_round_bf16(v[i]);
     }
-    float m = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[0][i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    if (act_block == 128) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-    }
-    uint32_t u = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
-    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
-    const float s = __uint_as_float(u);
-    const float inv = 1.0f / s;  // exact: s is a power of two
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[0][2 * i] * inv, v[0][2 * i + 1] * inv), __NV_SATFINITE,
-                                           __NV_E4M3);
+    const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
+    const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      reinterpret_cast<uint2*>(xq)[t] = make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      reinterpret_cast<uint2*>(xq)[t] = codes;
       if ((t & 3) == 0) xs[t / 4] = s;
     }
   }

@@ -2,6 +2,7 @@
 // the model kernels. Only included from .cu files.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -76,6 +77,40 @@ __device__ __forceinline__ float dev_pow2_ceil(float v) {
   int e;
   const float m = frexpf(v, &e);
   return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
+}
+
+// FP8 activation blocks (v41 §1.4), with the layout the GEMVs and GEMMs use: a lane holds 8
+// consecutive values, a quad of lanes one 32-block. The shared arithmetic of the GEMV's in-kernel
+// quantisation, gemv_quantize, gemm_fp8_quantize and the fused SwiGLU quantisation, so that their
+// codes are the same bits.
+// The block's |max| over the quad (act_block 128: over 4 quads, 16 lanes).
+__device__ __forceinline__ float dev_fp8_block_amax(const float (&v)[8], int act_block) {
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  if (act_block == 128) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+  }
+  return m;
+}
+// The block's scale 2^ceil(log2(max(amax, 1e-4) / 448)): the float rounded up to a power of two
+// by its bits.
+__device__ __forceinline__ float dev_fp8_block_scale(float amax) {
+  uint32_t u = __float_as_uint(fmaxf(amax, 1e-4f) / 448.0f);
+  if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
+  return __uint_as_float(u);
+}
+// The lane's 8 values times inv (1 / scale, exact: a power of two) as saturating e4m3 codes,
+// value 0 in the lowest byte.
+__device__ __forceinline__ uint2 dev_fp8_pack8(const float (&v)[8], float inv) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+  return make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
 }
 
 // exp/log1p through double: correctly rounded to FP32 in practice, like the CPU's libm (the FP32

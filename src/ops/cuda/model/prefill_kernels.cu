@@ -3,6 +3,8 @@
 
 #include <cuda_fp8.h>
 
+#include "ops/cuda/model/model_device.cuh"
+
 namespace flashseek::ops::cuda::detail {
 namespace {
 
@@ -56,22 +58,10 @@ __global__ void __launch_bounds__(256) swiglu_quant_kernel(const float* gu, cons
         v[i] = a / (1.0f + __expf(-a)) * b * w;
       }
     }
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    uint32_t ub = __float_as_uint(fmaxf(m, 1e-4f) / 448.0f);
-    if (ub & 0x7fffffu) ub = (ub & 0x7f800000u) + 0x00800000u;  // round up to a power of two
-    const float s = __uint_as_float(ub), inv = 1.0f / s;
-    uint32_t packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      packed[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i] * inv, v[2 * i + 1] * inv),
-                                           __NV_SATFINITE, __NV_E4M3);
+    const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, 32));
+    const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      *reinterpret_cast<uint2*>(xq + t * 8) =
-          make_uint2(packed[0] | (packed[1] << 16), packed[2] | (packed[3] << 16));
+      *reinterpret_cast<uint2*>(xq + t * 8) = codes;
       if ((t & 3) == 0) xs[t >> 2] = s;
     }
   }
