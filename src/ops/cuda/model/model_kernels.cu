@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cfloat>
 #include <numeric>
+#include <type_traits>
 
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/model/model_device.cuh"
@@ -2031,6 +2032,20 @@ cudaError_t launch_scale(float* x, int64_t n, float scale, bool bf16, cudaStream
 
 namespace {
 
+// Calls fn(std::integral_constant<WeightDtype, F>{}) for the weight format d (`unknown` for a value
+// outside the enum): one place that maps the runtime format to the typed launches' template.
+template <class Fn>
+cudaError_t with_dtype(WeightDtype d, cudaError_t unknown, Fn&& fn) {
+  switch (d) {
+    case WeightDtype::kF32: return fn(std::integral_constant<WeightDtype, WeightDtype::kF32>{});
+    case WeightDtype::kBf16: return fn(std::integral_constant<WeightDtype, WeightDtype::kBf16>{});
+    case WeightDtype::kF16: return fn(std::integral_constant<WeightDtype, WeightDtype::kF16>{});
+    case WeightDtype::kFp8: return fn(std::integral_constant<WeightDtype, WeightDtype::kFp8>{});
+    case WeightDtype::kFp4: return fn(std::integral_constant<WeightDtype, WeightDtype::kFp4>{});
+  }
+  return unknown;
+}
+
 // The shape rules of a typed weight read as [.., cols] rows (row0 + rows used inside the matrix
 // is the caller's contract, as the FP32 pointer's extent is).
 bool weight_ref_ok(const WeightRef& w, int64_t cols) {
@@ -2200,14 +2215,9 @@ cudaError_t launch_linear_stream(const LinearArgs& a0, cudaStream_t s, bool* tak
   *taken = false;
   if (a0.in <= kSumChunk || a0.rows > kStreamMaxRows || a0.sel) return cudaSuccess;
   const LinearArgs a = with_typed_weight(a0);
-  switch (a.wt.dtype) {
-    case WeightDtype::kF32: return launch_stream_typed<WeightDtype::kF32>(a, s, taken);
-    case WeightDtype::kBf16: return launch_stream_typed<WeightDtype::kBf16>(a, s, taken);
-    case WeightDtype::kF16: return launch_stream_typed<WeightDtype::kF16>(a, s, taken);
-    case WeightDtype::kFp8: return launch_stream_typed<WeightDtype::kFp8>(a, s, taken);
-    case WeightDtype::kFp4: return launch_stream_typed<WeightDtype::kFp4>(a, s, taken);
-  }
-  return cudaSuccess;
+  return with_dtype(a.wt.dtype, cudaSuccess, [&](auto f) {
+    return launch_stream_typed<decltype(f)::value>(a, s, taken);
+  });
 }
 
 int tiled_smem_optin() {
@@ -2271,36 +2281,21 @@ cudaError_t launch_tiled_typed(const LinearArgs& a, cudaStream_t s, bool* taken)
 cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* taken) {
   *taken = false;
   const LinearArgs a = with_typed_weight(a0);
-  switch (a.wt.dtype) {
-    case WeightDtype::kF32: return launch_tiled_typed<WeightDtype::kF32>(a, s, taken);
-    case WeightDtype::kBf16: return launch_tiled_typed<WeightDtype::kBf16>(a, s, taken);
-    case WeightDtype::kF16: return launch_tiled_typed<WeightDtype::kF16>(a, s, taken);
-    case WeightDtype::kFp8: return launch_tiled_typed<WeightDtype::kFp8>(a, s, taken);
-    case WeightDtype::kFp4: return launch_tiled_typed<WeightDtype::kFp4>(a, s, taken);
-  }
-  return cudaSuccess;
+  return with_dtype(a.wt.dtype, cudaSuccess, [&](auto f) {
+    return launch_tiled_typed<decltype(f)::value>(a, s, taken);
+  });
 }
 
 cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   const LinearArgs a = with_typed_weight(a0);
   if (a.in <= kSumChunk) {
-    switch (a.wt.dtype) {
-      case WeightDtype::kF32: return launch_short_gemv_typed<WeightDtype::kF32>(a, s);
-      case WeightDtype::kBf16: return launch_short_gemv_typed<WeightDtype::kBf16>(a, s);
-      case WeightDtype::kF16: return launch_short_gemv_typed<WeightDtype::kF16>(a, s);
-      case WeightDtype::kFp8: return launch_short_gemv_typed<WeightDtype::kFp8>(a, s);
-      case WeightDtype::kFp4: return launch_short_gemv_typed<WeightDtype::kFp4>(a, s);
-    }
-    return cudaErrorInvalidValue;
+    return with_dtype(a.wt.dtype, cudaErrorInvalidValue, [&](auto f) {
+      return launch_short_gemv_typed<decltype(f)::value>(a, s);
+    });
   }
-  switch (a.wt.dtype) {
-    case WeightDtype::kF32: return launch_gemv_typed<WeightDtype::kF32>(a, s);
-    case WeightDtype::kBf16: return launch_gemv_typed<WeightDtype::kBf16>(a, s);
-    case WeightDtype::kF16: return launch_gemv_typed<WeightDtype::kF16>(a, s);
-    case WeightDtype::kFp8: return launch_gemv_typed<WeightDtype::kFp8>(a, s);
-    case WeightDtype::kFp4: return launch_gemv_typed<WeightDtype::kFp4>(a, s);
-  }
-  return cudaErrorInvalidValue;
+  return with_dtype(a.wt.dtype, cudaErrorInvalidValue, [&](auto f) {
+    return launch_gemv_typed<decltype(f)::value>(a, s);
+  });
 }
 
 template <WeightDtype F>
@@ -2355,14 +2350,9 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
     if (smem > 48 * 1024 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   }
   if (typed) {
-    switch (a.wt.dtype) {
-      case WeightDtype::kF32: return launch_linear_typed<WeightDtype::kF32>(a, chunked, unsigned(blocks), smem, s);
-      case WeightDtype::kBf16: return launch_linear_typed<WeightDtype::kBf16>(a, chunked, unsigned(blocks), smem, s);
-      case WeightDtype::kF16: return launch_linear_typed<WeightDtype::kF16>(a, chunked, unsigned(blocks), smem, s);
-      case WeightDtype::kFp8: return launch_linear_typed<WeightDtype::kFp8>(a, chunked, unsigned(blocks), smem, s);
-      case WeightDtype::kFp4: return launch_linear_typed<WeightDtype::kFp4>(a, chunked, unsigned(blocks), smem, s);
-    }
-    return cudaErrorInvalidValue;
+    return with_dtype(a.wt.dtype, cudaErrorInvalidValue, [&](auto f) {
+      return launch_linear_typed<decltype(f)::value>(a, chunked, unsigned(blocks), smem, s);
+    });
   }
   const dim3 grid(unsigned(blocks), unsigned(a.groups));
   if (!chunked) return launch_kernel(linear_short_kernel, grid, kLinThreads, 0, s, a);
@@ -2490,14 +2480,9 @@ cudaError_t launch_embed_w(const WeightRef& w, const int32_t* tokens, float* X, 
                            int64_t dim, cudaStream_t s) {
   if (!weight_ref_ok(w, dim)) return cudaErrorInvalidValue;
   if (T * hc * dim == 0) return cudaSuccess;
-  switch (w.dtype) {
-    case WeightDtype::kF32: return launch_embed_typed<WeightDtype::kF32>(w, tokens, X, T, hc, dim, s);
-    case WeightDtype::kBf16: return launch_embed_typed<WeightDtype::kBf16>(w, tokens, X, T, hc, dim, s);
-    case WeightDtype::kF16: return launch_embed_typed<WeightDtype::kF16>(w, tokens, X, T, hc, dim, s);
-    case WeightDtype::kFp8: return launch_embed_typed<WeightDtype::kFp8>(w, tokens, X, T, hc, dim, s);
-    case WeightDtype::kFp4: return launch_embed_typed<WeightDtype::kFp4>(w, tokens, X, T, hc, dim, s);
-  }
-  return cudaErrorInvalidValue;
+  return with_dtype(w.dtype, cudaErrorInvalidValue, [&](auto f) {
+    return launch_embed_typed<decltype(f)::value>(w, tokens, X, T, hc, dim, s);
+  });
 }
 
 cudaError_t launch_engram_gate(float* x, const float* kv, const float* wqk, int64_t rows, int64_t hc,
