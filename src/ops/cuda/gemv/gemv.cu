@@ -210,6 +210,11 @@ __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2]
   }
 }
 
+// The place of accumulator acc[nt][mt][i] of lane (g = lane / 4, q = lane % 4) in a warp's tile of
+// 32 rows x 8·kNt tokens (the m16n8 MMA's D fragment layout).
+__device__ __forceinline__ int frag_row(int mt, int i, int g) { return mt * 16 + g + (i >= 2 ? 8 : 0); }
+__device__ __forceinline__ int frag_tok(int nt, int i, int q) { return nt * 8 + q * 2 + (i & 1); }
+
 // Writes a thread's accumulators into its warp's slice of `red` ([kRows][8·kNt] per warp).
 template <int kNt>
 __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4], int g, int q) {
@@ -220,9 +225,7 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = mt * 16 + g + (i >= 2 ? 8 : 0);
-        const int t = nt * 8 + q * 2 + (i & 1);
-        red[r * kToks + t] = acc[nt][mt][i];
+        red[frag_row(mt, i, g) * kToks + frag_tok(nt, i, q)] = acc[nt][mt][i];
       }
 }
 
@@ -556,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int row = row0 + mt * 16 + g + (i >= 2 ? 8 : 0), t = wtok0 + nt * 8 + q * 2 + (i & 1);
+            const int row = row0 + frag_row(mt, i, g), t = wtok0 + frag_tok(nt, i, q);
             if (row >= a.n || t >= ntok) continue;
             const int64_t out_row = a.group_start ? start + tt + t : tt + t;
             if (absent) store_out(a, out_row, row, 0.0f);
