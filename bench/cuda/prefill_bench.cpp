@@ -233,28 +233,28 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   // Routed experts: FP8 e4m3 copies of the FP4 values (exact), gate ‖ up [4608, 5120], down [5120, 2304].
   const int64_t gu_w = 2 * kInter * kHidden, gu_s = weight_scale_bytes(WeightFormat::kFp8, 2 * kInter, kHidden, 32);
   const int64_t dn_w = kHidden * kInter, dn_s = weight_scale_bytes(WeightFormat::kFp8, kHidden, kInter, 32);
-  FS_ASSIGN_OR_RETURN(uint8_t* e_gu, ar.alloc<uint8_t>(kExperts * gu_w));
-  FS_ASSIGN_OR_RETURN(uint8_t* e_gus, ar.alloc<uint8_t>(kExperts * gu_s));
-  FS_ASSIGN_OR_RETURN(uint8_t* e_dn, ar.alloc<uint8_t>(kExperts * dn_w));
-  FS_ASSIGN_OR_RETURN(uint8_t* e_dns, ar.alloc<uint8_t>(kExperts * dn_s));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_gu, kExperts * gu_w, 901, 1, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_gus, kExperts * gu_s, 902, 2, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_dn, kExperts * dn_w, 903, 1, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e_dns, kExperts * dn_s, 904, 2, nullptr));
+  // kExperts matrices of `code_bytes` random codes (fill mode 1: FP8 without NaN codes, 0: any FP4
+  // byte) and `scale_bytes` E8M0 scales near 1 (mode 2), seeds `seed` and `seed + 1`.
+  auto experts = [&](int64_t code_bytes, int64_t scale_bytes, int code_mode, uint32_t seed, uint8_t** codes,
+                     uint8_t** scales) -> Status {
+    FS_ASSIGN_OR_RETURN(*codes, ar.alloc<uint8_t>(kExperts * code_bytes));
+    FS_ASSIGN_OR_RETURN(*scales, ar.alloc<uint8_t>(kExperts * scale_bytes));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(*codes, kExperts * code_bytes, seed, code_mode, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(*scales, kExperts * scale_bytes, seed + 1, 2, nullptr));
+    return {};
+  };
+  uint8_t *e_gu = nullptr, *e_gus = nullptr, *e_dn = nullptr, *e_dns = nullptr;
+  FS_RETURN_IF_ERROR(experts(gu_w, gu_s, 1, 901, &e_gu, &e_gus));
+  FS_RETURN_IF_ERROR(experts(dn_w, dn_s, 1, 903, &e_dn, &e_dns));
   // The same experts as the checkpoint stores them (MXFP4: e2m1 pairs + one E8M0 scale per row and
   // 32-block), for the FP4 grouped GEMM (expanded to e4m3 inside the kernel): half the code bytes.
   const int64_t gu_w4 = weight_code_bytes(WeightFormat::kFp4, 2 * kInter, kHidden),
                 gu_s4 = weight_scale_bytes(WeightFormat::kFp4, 2 * kInter, kHidden, 32);
   const int64_t dn_w4 = weight_code_bytes(WeightFormat::kFp4, kHidden, kInter),
                 dn_s4 = weight_scale_bytes(WeightFormat::kFp4, kHidden, kInter, 32);
-  FS_ASSIGN_OR_RETURN(uint8_t* e4_gu, ar.alloc<uint8_t>(kExperts * gu_w4));
-  FS_ASSIGN_OR_RETURN(uint8_t* e4_gus, ar.alloc<uint8_t>(kExperts * gu_s4));
-  FS_ASSIGN_OR_RETURN(uint8_t* e4_dn, ar.alloc<uint8_t>(kExperts * dn_w4));
-  FS_ASSIGN_OR_RETURN(uint8_t* e4_dns, ar.alloc<uint8_t>(kExperts * dn_s4));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_gu, kExperts * gu_w4, 905, 0, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_gus, kExperts * gu_s4, 906, 2, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_dn, kExperts * dn_w4, 907, 0, nullptr));
-  FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(e4_dns, kExperts * dn_s4, 908, 2, nullptr));
+  uint8_t *e4_gu = nullptr, *e4_gus = nullptr, *e4_dn = nullptr, *e4_dns = nullptr;
+  FS_RETURN_IF_ERROR(experts(gu_w4, gu_s4, 0, 905, &e4_gu, &e4_gus));
+  FS_RETURN_IF_ERROR(experts(dn_w4, dn_s4, 0, 907, &e4_dn, &e4_dns));
   std::vector<float*> hc_fn;
   for (int c = 0; c < 2; ++c) {
     FS_ASSIGN_OR_RETURN(float* f, floats(ar, kMix * kHc * kHidden, 1100 + c, 0.01f));
