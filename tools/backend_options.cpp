@@ -37,6 +37,12 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
   add_prefill_attention_option(cmd, o.prefill_attention);
+  cmd->add_option("--index-scores", o.index_scores,
+                  "indexer scores on a GPU backend: auto (reference numerics: the integer tensor cores over the FP4 "
+                  "queries and keys, the FP32 kernel's bits wherever its dots are exact) | fp32 (the FP32 kernel "
+                  "everywhere, for comparison)")
+      ->check(CLI::IsMember({"auto", "fp32"}))
+      ->capture_default_str();
 }
 
 void add_prefill_attention_option(CLI::App* cmd, std::string& value) {
@@ -71,6 +77,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
   g.prefill_attention = prefill_attention(o.prefill_attention);
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
+  g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   return g;
 }
 

@@ -22,10 +22,11 @@ struct BackendOpts {
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
+  std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
-// --engram-tables and --prefill-attention to `cmd`.
+// --engram-tables, --prefill-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.

@@ -61,13 +61,19 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
     FS_ASSIGN_OR_RETURN(ctx.row_seq, b_.scratch("row_seq", ElemType::kI32, T));
     FS_RETURN_IF_ERROR(b_.upload(ctx.row_seq, row_seq.data(), size_t(T) * 4));
   }
-  // Candidate masks: each sequence's own [T_s, start_s + T_s] region.
-  FS_ASSIGN_OR_RETURN(Tensor cand, b_.scratch("cand", ElemType::kU8, std::max<int64_t>(cand_bytes, 1)));
+  // Candidate masks (V4.1's candidate stage only; a byte per row and position, 8 GB for an
+  // 8192-token chunk at 1M context): each sequence's own [T_s, start_s + T_s] region.
+  const bool has_cand = c_.candidate_source_layer >= 0;
+  Tensor cand;
+  if (has_cand) {
+    FS_ASSIGN_OR_RETURN(cand, b_.scratch("cand", ElemType::kU8, std::max<int64_t>(cand_bytes, 1)));
+  }
   int64_t cand_off = 0;
   for (FwdSeg& g : ctx.segs) {
     g.tokens_d = ctx.tokens.rows_from(g.row0, g.T);
     g.pos_d = ctx.pos.rows_from(g.row0, g.T);
-    g.cand = cand.view(cand.numel(), 1).rows_from(cand_off, g.T * (g.start + g.T)).view(g.T, g.start + g.T);
+    if (has_cand)
+      g.cand = cand.view(cand.numel(), 1).rows_from(cand_off, g.T * (g.start + g.T)).view(g.T, g.start + g.T);
     cand_off += g.T * (g.start + g.T);
   }
   if (v41 && !c_.engram_layer_ids.empty()) engram_ids(ctx);

@@ -102,7 +102,16 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   // experts' intermediates and a logits row per token (FP32).
   const uint64_t per_token = 4 * uint64_t(8 * cfg.hc_mult * cfg.hidden_size + 3 * cfg.num_heads * cfg.head_dim +
                                           3 * cfg.n_experts_per_tok * cfg.moe_inter_dim + cfg.vocab_size);
-  p.workspace = uint64_t(std::max<int64_t>(opt.step_tokens, 1)) * per_token;
+  const uint64_t step = uint64_t(std::max<int64_t>(opt.step_tokens, 1));
+  p.workspace = step * per_token;
+  // The indexer's per-(row, visible position) buffers at the longest context: the candidate mask
+  // (a byte, kept over the step's layers) and, on a GPU, the scores, block maxima and kept-block
+  // flags (9 bytes, computed in row slices of at most 2 GiB: GpuModel::index_topk).
+  if (cfg.index_n_heads > 0) {
+    const uint64_t entries = step * uint64_t(std::max<int64_t>(p.max_context, 1));
+    if (opt.gpu) p.workspace += std::min<uint64_t>(9 * entries, uint64_t(2) << 30);
+    if (cfg.candidate_source_layer >= 0) p.workspace += entries;
+  }
   p.total = p.weights + p.workspace + uint64_t(std::max<int64_t>(p.max_batch, 0)) * p.state.total();
   return p;
 }

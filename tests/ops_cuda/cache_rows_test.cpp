@@ -21,6 +21,7 @@
 #include "ops/cache_row.h"
 #include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/indexer.h"
 #include "ops/quant.h"
 
 namespace flashseek::ops::cuda {
@@ -490,6 +491,141 @@ TEST(CudaCacheRows, IndexScoresOverCompactKeysAreBitwiseTheFp32Scores) {
       }
     }
   }
+}
+
+// FP4 rows (e2m1 x E8M0, 32-blocks) whose block magnitudes are 2^[-3, 3] x `scale`: the spread
+// of block scales in the model's index queries and keys, where every FP32 dot of a query head and
+// a key is exact (see index_imma.cu).
+std::vector<float> fp4_rows_narrow(const CacheRowFormat& f, int64_t rows, uint32_t seed, float scale) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows * f.dim));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b0 = 0; b0 < f.dim; b0 += f.block) {
+      const float m = std::ldexp(scale, int(g() % 7) - 3);
+      const int pat = int(g() % 6);  // 0: all zero, 1: -0 and values, else values
+      for (int64_t i = b0; i < b0 + f.block; ++i)
+        x[size_t(r * f.dim + i)] = pat == 0 ? 0.0f : pat == 1 && g() % 3 == 0 ? -0.0f : nd(g) * m;
+    }
+  testing::quantise_cache_rows(f, x.data(), rows);
+  return x;
+}
+
+// Index scores on the integer tensor cores (kernel 4; the automatic choice when q is FP4 and a
+// workspace is given) against ops::index_scores. With the model's spread of block scales every
+// dot is exact, so the scores are the CPU's bits (causal rows, clen 0 rows, heads 1-64 with
+// padded m-tiles, head dims 32 / 64 / 96 / 128, rows split over blocks and looped, 35k and 131k
+// keys); entries past clen stay unwritten.
+// With block magnitudes from 1e-6 to 7.5 in one row (dots not exact in FP32) every score is within
+// the reordering bound of the CPU's FP32 dot (plus one BF16 step per rounding it crosses).
+TEST(CudaCacheRows, IndexScoresOnIntegerTensorCoresMatchTheCpu) {
+  FS_REQUIRE_GPU();
+  struct Case { int64_t T, start, ratio, nI, dI; };
+  const Case cases[] = {{5, 40, 1, 4, 128},    {6, 2001, 2, 32, 128}, {2, 700, 2, 64, 128}, {3, 300, 1, 20, 128},
+                        {9, 0, 4, 5, 128},     {3, 69998, 2, 2, 128}, {40, 5000, 1, 32, 128},
+                        {1, 131071, 1, 32, 128}, {17, 511, 2, 48, 128}, {7, 90, 1, 2, 32},  // tiny-v41 dims
+                        {5, 300, 2, 3, 64},    {3, 200, 1, 17, 96}};
+  const double u = std::ldexp(1.0, -24);
+  auto gamma = [&](double n) { return n * u / (1 - n * u); };
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    const CacheRowFormat f{RowCodec::kFp4E8m0, int32_t(c.dI), int32_t(c.dI), 32};
+    for (int narrow = 1; narrow >= 0; --narrow) {
+      const int64_t stride = c.start + c.T, n_keys = stride / c.ratio, dI = c.dI;
+      const auto q = narrow ? fp4_rows_narrow(f, c.T * c.nI, ++seed, 0.5f) : rows_of(f, c.T * c.nI, ++seed, true);
+      const auto keys = narrow ? fp4_rows_narrow(f, std::max<int64_t>(n_keys, 1), ++seed, 2.0f)
+                               : rows_of(f, std::max<int64_t>(n_keys, 1), ++seed, true);
+      std::vector<float> w(size_t(c.T * c.nI));
+      std::mt19937 g(++seed);
+      std::normal_distribution<float> nd(0.0f, 0.3f);
+      for (float& x : w) x = round_bf16(nd(g));
+      std::unique_ptr<DeviceBuffer<uint8_t>> pk(packed(f, keys));
+      for (bool bf16 : {false, true}) {
+        for (int kernel : {4, 0}) {
+          DeviceBuffer<float> dq(q), dw(w), dsc(size_t(c.T * stride));  // poisoned
+          cd::IndexScoreArgs s;
+          s.q = dq.get(), s.w = dw.get(), s.keys = pk->get(), s.key_fmt = f, s.scores = dsc.get(), s.T = c.T;
+          s.nI = c.nI, s.dI = dI, s.start = c.start, s.ratio = c.ratio, s.stride = stride, s.bf16 = bf16;
+          s.q_fp4 = true, s.kernel = kernel;
+          const size_t wb = cd::index_scores_work_bytes(s);
+          ASSERT_GT(wb, 0u);
+          DeviceBuffer<uint8_t> work(wb);
+          s.work = work.get(), s.work_bytes = wb;
+          ASSERT_EQ(cd::launch_index_scores(s, 0), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto got = dsc.to_host();
+          size_t bad = 0, differ = 0;
+          for (int64_t t = 0; t < c.T; ++t) {
+            const int64_t clen = (c.start + t + 1) / c.ratio;
+            std::vector<float> ref(size_t(std::max<int64_t>(clen, 1)));
+            const float* qt = q.data() + t * c.nI * dI;
+            const float* wt = w.data() + t * c.nI;
+            ops::index_scores({qt, wt, keys.data(), clen, c.nI, dI, bf16, ref.data()});
+            for (int64_t i = 0; i < stride; ++i) {
+              const float gv = got[size_t(t * stride + i)];
+              if (i >= clen) {
+                if (std::bit_cast<uint32_t>(gv) != 0xFFFFFFFFu && ++bad <= 3) ADD_FAILURE() << "written past clen " << t << " " << i;
+                continue;
+              }
+              const float r = ref[size_t(i)];
+              if (std::bit_cast<uint32_t>(gv) == std::bit_cast<uint32_t>(r)) continue;
+              ++differ;
+              bool ok = !narrow;
+              if (ok) {  // the reordering bound, with a BF16 step per rounding crossed
+                double bound = 0, vsum = 0;
+                for (int64_t h = 0; h < c.nI; ++h) {
+                  double A = 0, dd = 0;
+                  for (int64_t k = 0; k < dI; ++k) {
+                    A += std::fabs(double(qt[h * dI + k]) * keys[size_t(i * dI + k)]);
+                    dd += double(qt[h * dI + k]) * keys[size_t(i * dI + k)];
+                  }
+                  const double e = 2 * gamma(dI) * A, aw = std::fabs(double(wt[h]));
+                  bound += aw * e * 1.02 + (bf16 ? std::ldexp(1.0, -6) * aw * (std::fabs(dd) + e) : 0.0);
+                  vsum += aw * (std::fabs(dd) + e);
+                }
+                bound = bound * (1 + gamma(double(c.nI))) + 2 * gamma(double(c.nI)) * vsum +
+                        (bf16 ? std::ldexp(1.0, -6) * (vsum + bound) : 0.0);
+                ok = std::fabs(double(gv) - double(r)) <= bound;
+                if (!ok && bad < 3)
+                  ADD_FAILURE() << "bound " << bound << " |d| " << std::fabs(double(gv) - double(r));
+              }
+              if (!ok && ++bad <= 3)
+                ADD_FAILURE() << "T=" << c.T << " nI=" << c.nI << " narrow=" << narrow << " bf16=" << bf16 << " kernel "
+                              << kernel << " t=" << t << " i=" << i << ": " << gv << " vs " << r;
+            }
+          }
+          EXPECT_EQ(bad, 0u) << "T=" << c.T << " nI=" << c.nI << " narrow=" << narrow << " bf16=" << bf16;
+          if (!narrow) std::printf("[imma] T=%lld nI=%lld wide spread bf16=%d: %zu of the scores differ from the CPU's bits\n",
+                                   static_cast<long long>(c.T), static_cast<long long>(c.nI), int(bf16), differ);
+        }
+      }
+    }
+  }
+}
+
+// Kernel 4 refuses what it cannot compute: queries not marked FP4, FP32 or FP4/E4M3 keys, dI
+// not a multiple of 32 or over 128, more than 64 heads, no or a short workspace.
+TEST(CudaCacheRows, IndexScoresIntegerKernelRefusesWhatItCannotCompute) {
+  FS_REQUIRE_GPU();
+  const CacheRowFormat f{RowCodec::kFp4E8m0, 128, 128, 32};
+  DeviceBuffer<float> q(size_t(2 * 65 * 128)), w(size_t(2 * 65)), sc(size_t(2 * 100));
+  DeviceBuffer<uint8_t> keys(size_t(100 * f.row_bytes())), work(size_t(1) << 20);
+  cd::IndexScoreArgs s;
+  s.q = q.get(), s.w = w.get(), s.keys = keys.get(), s.key_fmt = f, s.scores = sc.get(), s.T = 2, s.nI = 32;
+  s.dI = 128, s.start = 98, s.ratio = 1, s.stride = 100, s.q_fp4 = true, s.kernel = 4;
+  s.work = work.get(), s.work_bytes = cd::index_scores_work_bytes(s);
+  ASSERT_GT(s.work_bytes, 0u);
+  auto refused = [&](cd::IndexScoreArgs a) { return cd::launch_index_scores(a, 0) == cudaErrorInvalidValue; };
+  { auto a = s; a.q_fp4 = false; EXPECT_TRUE(refused(a)); EXPECT_EQ(cd::index_scores_work_bytes(a), 0u); }
+  { auto a = s; a.key_fmt = CacheRowFormat{RowCodec::kFp4E4m3, 128, 128, 16}; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.key_fmt = f32_row_format(128); EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.nI = 65; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.dI = 48, a.key_fmt = CacheRowFormat{RowCodec::kFp4E8m0, 48, 48, 16}; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.dI = 160, a.key_fmt = CacheRowFormat{RowCodec::kFp4E8m0, 160, 160, 32}; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.work = nullptr; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.work_bytes -= 1; EXPECT_TRUE(refused(a)); }
+  { auto a = s; a.kernel = 5; EXPECT_TRUE(refused(a)); }
+  cudaGetLastError();
 }
 
 }  // namespace

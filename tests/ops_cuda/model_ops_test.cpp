@@ -353,7 +353,9 @@ TEST(CudaModelOps, IndexScoresRejectBadArgs) {
   cd::IndexScoreArgs s;
   s.T = 1, s.nI = 1, s.dI = 8, s.stride = 4, s.ratio = 0;
   EXPECT_EQ(cd::launch_index_scores(s, 0), cudaErrorInvalidValue);
-  s.ratio = 1, s.kernel = 4;
+  s.ratio = 1, s.kernel = 5;
+  EXPECT_EQ(cd::launch_index_scores(s, 0), cudaErrorInvalidValue);
+  s.kernel = 4;  // FP32 queries and keys: the integer kernel cannot run them
   EXPECT_EQ(cd::launch_index_scores(s, 0), cudaErrorInvalidValue);
   cudaGetLastError();
 }

@@ -506,8 +506,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
                                                  const GpuLoadOptions& opts) {
   if (opts.moe_gemm_min_tokens < 0)
     return invalid_argument("moe_gemm_min_tokens {}: expected >= 0 (0: off)", opts.moe_gemm_min_tokens);
-  if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 3)
-    return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2 or 3", opts.index_scores_kernel);
+  if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 4)
+    return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2, 3 or 4", opts.index_scores_kernel);
   std::string why;
   if (!ops::cuda::cuda_device_available(&why)) return Status(StatusCode::kUnavailable, fmt::format("--gpus {}: {}", device, why));
   int n = 0;

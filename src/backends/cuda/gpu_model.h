@@ -109,8 +109,9 @@ struct GpuLoadOptions {
   // the exactness kernels. Tests and diagnostics only (gpu_parity_diag_test.cpp).
   uint32_t fast_linears = kAllGpuLinearRoles;
   // The indexer-score kernel (ops/cuda/model/model_kernels.h IndexScoreArgs::kernel): 0 automatic
-  // (key tiles in shared memory), 1 one thread per key, 2 / 3 tiles with 1 / 2 keys per thread;
-  // documented as the same bits. Tests and diagnostics only.
+  // (reference numerics: 4, else key tiles in shared memory), 1 one thread per key, 2 / 3 tiles
+  // with 1 / 2 keys per thread, 4 the integer tensor cores over FP4 queries and keys (the same
+  // bits wherever the FP32 dot is exact). The CLI's --index-scores fp32 passes 3.
   int index_scores_kernel = 0;
   // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
   GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;

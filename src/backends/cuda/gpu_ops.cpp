@@ -522,28 +522,45 @@ Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
 }
 
 // Scores over the keys of this layer's own kv source (v41 §9.x), rows strided by start + T, and
-// the top-k of one sequence.
+// the top-k of one sequence. The scores, block maxima and kept-block flags take 9 bytes per (row,
+// visible key): the rows go through in slices that keep them within kIndexScratchBytes (one slice
+// up to ~29k context at 8192 rows; an 8192-row chunk at 1M context would need 77 GB at once).
+// Every row is computed alone by both kernels, so the slicing does not change a bit.
 Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
                             const Tensor& out_n) {
+  constexpr int64_t kIndexScratchBytes = int64_t(2) << 30;
   const auto& c = config();
   const auto& role = c.role(l);
-  const int64_t T = seg.T, stride = seg.start + T;
-  FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", T * stride));
-  FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", T * stride));
-  FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", T * stride));
+  const int64_t T = seg.T, stride = seg.start + T, nI = c.index_n_heads, dI = c.index_head_dim, K = c.index_topk;
+  const int64_t rows = std::clamp<int64_t>(kIndexScratchBytes / (9 * stride), 1, T);
+  FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", rows * stride));
+  FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", rows * stride));
+  FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", rows * stride));
   cd::IndexScoreArgs s;
-  s.q = iq.f32(), s.w = wts.f32(), s.keys = layer_state(seg, role.kv_src).ikeys.get(), s.scores = sc;
-  s.key_fmt = cache_fmt_.ikeys;
-  s.T = T, s.nI = c.index_n_heads, s.dI = c.index_head_dim, s.start = seg.start, s.ratio = role.ratio;
-  s.stride = stride, s.bf16 = ref();
+  s.keys = layer_state(seg, role.kv_src).ikeys.get(), s.scores = sc, s.key_fmt = cache_fmt_.ikeys;
+  s.nI = nI, s.dI = dI, s.ratio = role.ratio, s.stride = stride, s.bf16 = ref();
   s.kernel = index_scores_kernel_;  // GpuLoadOptions::index_scores_kernel (0: automatic)
-  if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
+  // Reference numerics quantise the index queries to FP4 (flow.cpp index_select): the integer
+  // tensor-core kernel can score them against FP4 keys, with its packed queries in scratch.
+  s.q_fp4 = ref();
+  s.T = rows;
+  if (const size_t wb = cd::index_scores_work_bytes(s); wb > 0) {
+    FS_ASSIGN_OR_RETURN(uint8_t* work, scratch<uint8_t>("idx_qpack", int64_t(wb)));
+    s.work = work, s.work_bytes = wb;
+  }
   cd::IndexTopkArgs t;
-  t.scores = sc, t.cand = seg.cand.u8(), t.block_scratch = bs, t.taken = taken, t.out = out.i32(), t.out_n = out_n.i32();
-  t.T = T, t.start = seg.start, t.ratio = role.ratio, t.stride = stride, t.k = c.index_topk;
+  t.scores = sc, t.block_scratch = bs, t.taken = taken;
+  t.ratio = role.ratio, t.stride = stride, t.k = K;
   t.cand_block = c.candidate_block_size, t.cand_top = c.candidate_topk_blocks;
   t.mode = role.candidate_source ? 1 : role.candidate_filtered ? 2 : 0;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, stream_));
+  for (int64_t r0 = 0; r0 < T; r0 += rows) {
+    const int64_t n = std::min(rows, T - r0);
+    s.q = iq.f32() + r0 * nI * dI, s.w = wts.f32() + r0 * nI, s.T = n, s.start = seg.start + r0;
+    if (s.keys) FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
+    t.cand = seg.cand.data ? seg.cand.u8() + r0 * stride : nullptr, t.out = out.i32() + r0 * K, t.out_n = out_n.i32() + r0;
+    t.T = n, t.start = seg.start + r0;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, stream_));
+  }
   return {};
 }
 

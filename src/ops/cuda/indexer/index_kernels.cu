@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/indexer/index_imma.h"
 #include "ops/cuda/indexer/topk.h"
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/runtime/launch.cuh"
@@ -700,9 +701,14 @@ cudaError_t launch_index_scores_tiled(const IndexScoreArgs& a, size_t smem, int 
 }
 }  // namespace
 
+size_t index_scores_work_bytes(const IndexScoreArgs& a) {
+  return index_scores_imma_applies(a) ? index_scores_imma_work_bytes(a.T, a.nI) : 0;
+}
+
 cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.stride == 0) return cudaSuccess;
-  if (a.ratio <= 0 || a.T > 65535 * 1024 || a.kernel < 0 || a.kernel > 3) return cudaErrorInvalidValue;
+  if (a.ratio <= 0 || a.T > 65535 * 1024 || a.kernel < 0 || a.kernel > 4) return cudaErrorInvalidValue;
+  if (a.kernel == 4 || (a.kernel == 0 && index_scores_imma_applies(a) && a.work)) return launch_index_scores_imma(a, s);
   int kind = a.kernel;
   if (kind != 1 && a.nI > 0 && a.dI > 0 && a.dI <= kSumChunk) {
     int dev = 0, optin = 0, sms = 0;

@@ -225,11 +225,23 @@ struct IndexScoreArgs {
   float* scores = nullptr;         // [T, stride]
   int64_t T = 0, nI = 0, dI = 0, start = 0, ratio = 1, stride = 0;
   bool bf16 = false;
-  // 0: automatic (2 or 3 by tiles x rows); 1: one thread per key; 2 / 3: key tiles in shared
-  // memory, 1 / 2 keys per thread (dI > 1024 or a tile over the shared-memory limit: kernel 1).
-  // Same bits for every kernel; tests and the benchmarks force one.
+  // The query rows are FP4 values (the e2m1 x E8M0 32-block quant-dequant of reference
+  // numerics): with kFp4E8m0 keys of 32-blocks and dI 128, kernel 4 can run.
+  bool q_fp4 = false;
+  // Kernel 4's workspace (index_scores_work_bytes; 16-byte aligned); nullptr: kernel 4 cannot run.
+  void* work = nullptr;
+  size_t work_bytes = 0;
+  // 0: automatic (4 where it can run, else 2 or 3 by tiles x rows); 1: one thread per key; 2 / 3:
+  // key tiles in shared memory, 1 / 2 keys per thread (dI > 1024 or a tile over the shared-memory
+  // limit: kernel 1); 4: integer tensor cores over the FP4 codes (q_fp4, FP4 keys, dI 128,
+  // nI <= 64, a workspace). Kernels 1-3 give the same bits; kernel 4 gives them too whenever the
+  // CPU's FP32 dot is exact (block scales of a dot within ~2^9 of each other, nothing subnormal),
+  // else it may differ within the reordering bound of the dot (docs/cuda.md, "Indexer scores").
+  // Tests and the benchmarks force one.
   int kernel = 0;
 };
+// Workspace kernel 4 needs for `a` (0 when it cannot run a).
+size_t index_scores_work_bytes(const IndexScoreArgs& a);
 cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s);
 
 // Per query row: mode 1 publishes the candidate mask (ops::candidate_mask), mode 2 filters the
