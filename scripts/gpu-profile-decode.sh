@@ -6,15 +6,17 @@
 # --context N: the prompt is N tokens (prefilled as one chunk), so the decode step profiled runs at
 # context N (attention over the window and the compressed caches, indexer scores + top-k over them).
 # --prefill: report the first forward (the N-token prefill chunk) instead of the last decode step.
+# --chunk C (with --prefill, C < N): the prompt is prefilled in chunks of C tokens and the last
+# chunk is reported (the one that runs at context N - C .. N; --max-tokens 1, so no decode step).
 # --prefill-attention auto|staged: the run's prefill attention (auto, the default: the tensor-core
 # kernel for chunks of 64+ rows; staged: the exact-order kernel), to compare the two.
 # Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8] [--prefill]
-#        [--prefill-attention auto|staged]
+#        [--chunk C] [--prefill-attention auto|staged]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto
+layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
@@ -22,10 +24,14 @@ while [ $# -gt 0 ]; do
     --gpus) gpus="$2"; shift 2 ;;
     --context) context="$2"; shift 2 ;;
     --prefill) which=first; shift ;;
+    --chunk) chunk="$2"; shift 2 ;;
     --prefill-attention) pfattn="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+[ "$chunk" -gt 0 ] 2>/dev/null || chunk=$context
+tokens=3
+if [ "$which" = first ] && [ "$chunk" -lt "$context" ]; then which=last tokens=1; fi
 command -v ncu >/dev/null || { echo "ncu not found" >&2; exit 2; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -34,6 +40,6 @@ python3 -c "import json,sys; print(json.dumps([1000 + (i * 7919) % 100000 for i 
 maxctx=$(( context + 64 > 4096 ? context + 64 : 4096 ))
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
-  --prompt-ids @"$work/prompt.json" --max-tokens 3 --ignore-eos --speculative off \
-  --prefill-chunk "$context" --max-step-tokens "$context" --gpu-graphs off --max-context "$maxctx" --prefill-attention "$pfattn" >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
+  --prompt-ids @"$work/prompt.json" --max-tokens "$tokens" --ignore-eos --speculative off \
+  --prefill-chunk "$chunk" --max-step-tokens "$chunk" --gpu-graphs off --max-context "$maxctx" --prefill-attention "$pfattn" >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
 python3 "$here/ncu_step_profile.py" "$work/ncu.csv" "$which"

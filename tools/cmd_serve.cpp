@@ -226,7 +226,8 @@ int serve(const ServeOpts& o) {
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context,
                                         *weights_mode == forward::GpuWeights::kNative,
                                         engram_on_device(o.backend),
-                                        o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference);
+                                        o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
+                                        budget->max_step_tokens);
       !st.ok())
     return fail(st);
   const std::string own_name =

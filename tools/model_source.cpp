@@ -150,7 +150,7 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o) {
 
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,
-                             bool engram_on_device, forward::Numerics numerics) {
+                             bool engram_on_device, forward::Numerics numerics, int64_t step_tokens) {
   const model::ModelConfig& c = src.config;
   const int64_t context = max_context > 0 ? max_context : c.max_position_embeddings;
   forward::SnapshotGeometry g;
@@ -165,6 +165,7 @@ Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, con
   forward::MemoryPlanOptions po;
   po.max_batch = max_batch;
   po.max_context = context;
+  po.step_tokens = step_tokens;
   po.utilization = o.gpu_memory_utilization;
   po.gpu = !gpus.empty();
   po.numerics = numerics;

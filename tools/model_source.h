@@ -67,10 +67,11 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o);
 // bytes needed and available when it does not fit. Runs before dummy weights are generated.
 // `native_weights` (--gpu-weights native): one GPU keeps every matrix as stored, as the CUDA
 // backend's loader does; `engram_on_device` (--engram-tables device): the Engram tables count
-// against every GPU's memory instead of host memory; `numerics` sets the GPU caches' row formats.
+// against every GPU's memory instead of host memory; `numerics` sets the GPU caches' row formats;
+// `step_tokens` is the engine's step budget (--max-step-tokens), which sizes the step's workspace.
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,
                              bool engram_on_device = false,
-                             forward::Numerics numerics = forward::Numerics::kReference);
+                             forward::Numerics numerics = forward::Numerics::kReference, int64_t step_tokens = 256);
 
 }  // namespace flashseek::tools
