@@ -906,17 +906,20 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
         ASSERT_EQ(0, std::memcmp(plain.data(), tiled.data(), plain.size() * 4));
       }
   // Grouped, gated (gate ‖ up with SwiGLU and routing weights), token rows through pair_row.
+  // FP4 (the routed experts) and FP8 with 128 x 128 scale blocks (a gated FP8 matrix).
+  for (const WeightFormat f : {WeightFormat::kFp4, WeightFormat::kFp8})
   for (int split : {1, 3})
     for (int chunk : {1, 2, 4}) {
-      SCOPED_TRACE(::testing::Message() << "gated split=" << split << " chunk=" << chunk);
+      SCOPED_TRACE(::testing::Message() << "gated fmt=" << int(f) << " split=" << split << " chunk=" << chunk);
+      const int64_t wb = f == WeightFormat::kFp4 ? 32 : 128;
       std::mt19937 rng(uint32_t(400 + split * 10 + chunk));
       const int tokens = 150, topk = 4, n_experts = 6;
       const int64_t n = 96, k = 1024;
       Routing r = random_routing(rng, tokens, topk, n_experts);
       r.group_expert[1] = -1;  // its pairs belong to another rank: zeros
       const int64_t pairs = int64_t(r.pair_row.size());
-      const Weights wg = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
-      const Weights wu = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+      const Weights wg = random_weights(rng, f, n * n_experts, k, wb);
+      const Weights wu = random_weights(rng, f, n * n_experts, k, wb);
       std::vector<float> x = random_block_activations(rng, tokens, k);
       for (auto& v : x) v *= 0.05f;
       DeviceBuffer<float> dx(x), dy0(size_t(pairs * n)), dy1(size_t(pairs * n)), dxs(size_t(tokens * k / 32));
@@ -925,11 +928,11 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
       DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
       ExpertGemvParams p;
       p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
-      p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
-      p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+      p.expert_stride = weight_code_bytes(f, n, k);
+      p.expert_scale_stride = weight_scale_bytes(f, n, k, wb);
       p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get(), p.pair_weight = dpw.get();
       p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
-      p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.swiglu_limit = 7.0f, p.split_groups = topk;
+      p.n = n, p.k = k, p.format = f, p.w_block = wb, p.swiglu_limit = 7.0f, p.split_groups = topk;
       p.y = dy0.get();
       detail::set_gemv_tuning(split, chunk);
       FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));

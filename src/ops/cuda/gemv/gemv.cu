@@ -377,21 +377,24 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 // CTA: kTRowWarps x kTTokWarps warps (64 rows x 32·kNt tokens); grid x = 64-row tiles, y = group,
 // z = token slices (each CTA loops over token tiles z, z + gridDim.z, ...). Per k block a stage
 // holds the CTA's weight rows, token codes and token scales (cp.async, zero-filled for absent
-// tokens); kTStages stages in flight, one barrier per block. The weight scale bytes of the CTA's
+// tokens); kTStages stages in flight, one barrier per block. Each thread's cp.async sources and
+// destinations are set up once per token tile, so issuing a stage is a few adds. The warp's and
+// the rank's sums live in registers; the total over the ranks, folded in at most `split` times per
+// tile, lives in the thread's own column of shared memory (registers for 8 MMAs per k block per
+// warp: 32 tokens x 32 rows, or 16 tokens of gate and up). The weight scale bytes of the CTA's
 // rows (every k block: FP4 one per row, FP8 one per 32-row tile) are read once per CTA into
-// dynamic shared memory (tiled_scale_bytes), so no load in the k loop waits on a global read.
+// shared memory (tiled_scale_bytes), so no load in the k loop waits on a global read. All of the
+// kernel's shared memory is dynamic (TiledSmem, then the scale table).
 constexpr int kTRowWarps = 2, kTTokWarps = 4, kTStages = 8, kTMaxBlocks = 1024, kTMaxFp4Blocks = 256;
 constexpr int kTRows = kTRowWarps * kRows;  // 64
 static_assert(kTRowWarps * kTTokWarps == kWarps, "the tiled CTA is kWarps warps");
 constexpr uint32_t kTWarpEnd = 1u << 30, kTRankEnd = 1u << 31;
 
-__device__ __forceinline__ void tcp16(void* dst, const void* src, bool ok) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+__device__ __forceinline__ void tcp16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
 }
-__device__ __forceinline__ void tcp4(void* dst, const void* src, bool ok) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+__device__ __forceinline__ void tcp4(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
 }
 
 template <int kNt>
@@ -406,11 +409,12 @@ __device__ __forceinline__ void acc_fold(float (&dst)[kNt][2][4], float (&src)[k
 
 template <bool kFp4, bool kGated, int kNt>
 struct TiledSmem {
-  static constexpr int kMats = kGated ? 2 : 1, kToks = 8 * kNt * kTTokWarps;
+  static constexpr int kMats = kGated ? 2 : 1, kToks = 8 * kNt * kTTokWarps, kAcc = kMats * kNt * 8;
   static constexpr int kRowBytes = kFp4 ? 16 : 32;  // one 32-block of a weight row
   uint8_t w[kTStages][kMats][kTRows][kRowBytes];
   uint8_t x[kTStages][kToks][32];
   float xs[kTStages][kToks];
+  float tot[kAcc][kThreads];  // the total over cluster ranks, a column per thread
   uint32_t seq[kTMaxBlocks];
   int64_t xr[kToks];
 };
@@ -420,8 +424,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
   using Sm = TiledSmem<kFp4, kGated, kNt>;
   constexpr int kMats = Sm::kMats, kToks = Sm::kToks, kRowBytes = Sm::kRowBytes, kWarpToks = 8 * kNt;
   constexpr int kWChunks = kMats * kTRows * kRowBytes / 16, kXChunks = kToks * 2;
-  __shared__ __align__(16) Sm sm;
-  extern __shared__ uint8_t wsc[];  // [kMats][FP4: kTRows rows | FP8: 2 row tiles][nkb] scale bytes
+  constexpr int kChunksPer = (kWChunks + kXChunks + kThreads - 1) / kThreads;  // cp.async chunks per thread
+  extern __shared__ __align__(16) uint8_t tiled_dyn[];
+  Sm& sm = *reinterpret_cast<Sm*>(tiled_dyn);
+  uint8_t* wsc = tiled_dyn + sizeof(Sm);  // [kMats][FP4: kTRows rows | FP8: 2 row tiles][nkb] scale bytes
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int wr = warp % kTRowWarps, wt = warp / kTRowWarps;
   const int cta_row0 = int(blockIdx.x) * kTRows, row0 = cta_row0 + wr * kRows;
@@ -467,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
         wsc[idx] = __ldg(base + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
       }
     }
+  const uint32_t sm_base = static_cast<uint32_t>(__cvta_generic_to_shared(tiled_dyn));
   for (int64_t tt = int64_t(blockIdx.z) * kToks; tt < count; tt += int64_t(gridDim.z) * kToks) {
     const int ntok = count - tt < kToks ? int(count - tt) : kToks;
     __syncthreads();  // the table is built; the previous tile's stages are all read
@@ -479,29 +486,48 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
       sm.xr[s] = r;
     }
     __syncthreads();
+    // This thread's cp.async chunks of a stage: source at k block 0 and shared destination in
+    // stage 0; info = bytes per k block | stage stride << 6 | zero-fill-free bit 31 (a chunk past
+    // the stage: no bits). Stages are `stride` bytes apart in each array.
+    const uint8_t* csrc[kChunksPer];
+    uint32_t cdst[kChunksPer], cinfo[kChunksPer];
+#pragma unroll
+    for (int u = 0; u < kChunksPer; ++u) {
+      const int c = int(threadIdx.x) + u * kThreads;
+      csrc[u] = a.w, cdst[u] = sm_base, cinfo[u] = 0;
+      if (c < kWChunks) {
+        const int per_mat = kTRows * kRowBytes / 16, mi = c / per_mat, rc = c % per_mat;
+        const int r = rc / (kRowBytes / 16), part = rc % (kRowBytes / 16);
+        const int row = min(cta_row0 + r, a.n - 1);  // tail rows: loaded, never stored
+        csrc[u] = (mi == 0 ? wm0 : wm1) + int64_t(row) * (kFp4 ? a.k / 2 : a.k) + part * 16;
+        cdst[u] = sm_base + uint32_t(reinterpret_cast<uintptr_t>(&sm.w[0][mi][r][part * 16]) -
+                                     reinterpret_cast<uintptr_t>(&sm));
+        cinfo[u] = uint32_t(kRowBytes) | uint32_t(sizeof(sm.w[0])) << 6 | 1u << 31;
+      } else if (c < kWChunks + kXChunks) {
+        const int xc = c - kWChunks, t = xc / 2, part = xc % 2;
+        const int64_t r = sm.xr[t];
+        csrc[u] = r >= 0 ? a.xq + r * a.k + part * 16 : a.xq;
+        cdst[u] = sm_base + uint32_t(reinterpret_cast<uintptr_t>(&sm.x[0][t][part * 16]) - reinterpret_cast<uintptr_t>(&sm));
+        cinfo[u] = uint32_t(sizeof(sm.x[0])) << 6 | (r >= 0 ? 32u | 1u << 31 : 0u);
+      }
+    }
+    const int64_t sxr = threadIdx.x < kToks ? sm.xr[threadIdx.x] : -1;
+    const float* ssrc = sxr >= 0 ? a.xs + sxr * nkb : a.xs;
+    const uint32_t sdst = sm_base + uint32_t(reinterpret_cast<uintptr_t>(&sm.xs[0][threadIdx.x < kToks ? threadIdx.x : 0]) -
+                                             reinterpret_cast<uintptr_t>(&sm));
     // Issues the loads of sequence position i into its stage.
     auto issue = [&](int i) {
-      const int st = i % kTStages;
+      const uint32_t st = uint32_t(i % kTStages);
       const int kb = int(sm.seq[i] & (kTWarpEnd - 1));
-      for (int c = threadIdx.x; c < kWChunks + kXChunks; c += kThreads) {
-        if (c < kWChunks) {
-          const int per_mat = kTRows * kRowBytes / 16, mi = c / per_mat, rc = c % per_mat;
-          const int r = rc / (kRowBytes / 16), part = rc % (kRowBytes / 16);
-          const int row = min(cta_row0 + r, a.n - 1);  // tail rows: loaded, never stored
-          const uint8_t* src = (mi == 0 ? wm0 : wm1) + int64_t(row) * (kFp4 ? a.k / 2 : a.k) + kb * kRowBytes + part * 16;
-          tcp16(&sm.w[st][mi][r][part * 16], src, true);
-        } else {
-          const int xc = c - kWChunks, t = xc / 2, part = xc % 2;
-          const int64_t r = sm.xr[t];
-          tcp16(&sm.x[st][t][part * 16], r >= 0 ? a.xq + r * a.k + kb * 32 + part * 16 : a.xq, r >= 0);
-        }
-      }
-      if (threadIdx.x < kToks) {
-        const int64_t r = sm.xr[threadIdx.x];
-        tcp4(&sm.xs[st][threadIdx.x], r >= 0 ? a.xs + r * nkb + kb : a.xs, r >= 0);
-      }
+#pragma unroll
+      for (int u = 0; u < kChunksPer; ++u)
+        if (cinfo[u] != 0)
+          tcp16(cdst[u] + st * ((cinfo[u] >> 6) & 0xffffu), csrc[u] + kb * int(cinfo[u] & 63u), (cinfo[u] >> 31) != 0);
+      if (threadIdx.x < kToks) tcp4(sdst + st * uint32_t(sizeof(sm.xs[0])), ssrc + (sxr >= 0 ? kb : 0), sxr >= 0);
     };
-    float acc[kMats][kNt][2][4] = {}, cta[kMats][kNt][2][4] = {}, tot[kMats][kNt][2][4] = {};
+    float acc[kMats][kNt][2][4] = {}, cta[kMats][kNt][2][4] = {};
+#pragma unroll
+    for (int e = 0; e < Sm::kAcc; ++e) sm.tot[e][threadIdx.x] = 0.0f;  // the thread's own column
     if (!absent) {
       for (int i = 0; i < kTStages - 1; ++i) {
         if (i < nkb) issue(i);
@@ -545,9 +571,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
         if (e & kTWarpEnd)  // gemv_kernel's v = 0; v += red[warp] in warp order
 #pragma unroll
           for (int mi = 0; mi < kMats; ++mi) acc_fold<kNt>(cta[mi], acc[mi]);
-        if (e & kTRankEnd)  // v = rank 0's sum; v += rank rk's
+        if (e & kTRankEnd) {  // v = rank 0's sum; v += rank rk's
 #pragma unroll
-          for (int mi = 0; mi < kMats; ++mi) acc_fold<kNt>(tot[mi], cta[mi]);
+          for (int mi = 0; mi < kMats; ++mi)
+#pragma unroll
+            for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  float& tv = sm.tot[((mi * kNt + nt) * 2 + mt) * 4 + j][threadIdx.x];
+                  tv += cta[mi][nt][mt][j], cta[mi][nt][mt][j] = 0.0f;
+                }
+        }
       }
       asm volatile("cp.async.wait_group 0;\n" ::);
     }
@@ -562,8 +598,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
             const int row = row0 + frag_row(mt, i, g), t = wtok0 + frag_tok(nt, i, q);
             if (row >= a.n || t >= ntok) continue;
             const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-            if (absent) store_out(a, out_row, row, 0.0f);
-            else finish_out<kGated>(a, out_row, row, tot[0][nt][mt][i], tot[kMats - 1][nt][mt][i]);
+            if (absent) {
+              store_out(a, out_row, row, 0.0f);
+            } else {
+              const float v = sm.tot[(nt * 2 + mt) * 4 + i][threadIdx.x];
+              const float u = sm.tot[(((kMats - 1) * kNt + nt) * 2 + mt) * 4 + i][threadIdx.x];
+              finish_out<kGated>(a, out_row, row, v, u);
+            }
           }
     }
   }
@@ -655,19 +696,19 @@ cudaError_t launch_tiled_k(const GemvArgs& a, int n_groups, const Tuning& t, cud
   slices = std::max<int64_t>(1, std::min<int64_t>(slices, 65535));
   const dim3 grid{unsigned(row_tiles), unsigned(n_groups), unsigned(slices)};
   auto* kernel = gemv_tiled_kernel<kFp4, kGated, kNt>;
-  const size_t dyn = tiled_scale_bytes(a.k, kFp4, kGated);
-  if (sizeof(TiledSmem<kFp4, kGated, kNt>) + dyn > 48 * 1024) {  // set per launch: the attribute is per device
+  const size_t dyn = sizeof(TiledSmem<kFp4, kGated, kNt>) + tiled_scale_bytes(a.k, kFp4, kGated);
+  if (dyn > 48 * 1024) {  // set per launch: the attribute is per device
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dyn));
     if (e != cudaSuccess) return e;
   }
   return launch_kernel(kernel, grid, kThreads, dyn, stream, a, t.split, t.chunk);
 }
 
-// Two 8-token MMA tiles per warp for one matrix, one for gate + up (two accumulator sets of each
-// of the three levels); the token width never changes a row's sums.
+// Four 8-token MMA tiles per warp for one matrix, two for gate + up (8 MMAs per k block either
+// way); the token width never changes a row's sums.
 template <bool kFp4, bool kGated>
 cudaError_t launch_tiled(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  return launch_tiled_k<kFp4, kGated, kGated ? 1 : 2>(a, n_groups, t, stream);
+  return launch_tiled_k<kFp4, kGated, kGated ? 2 : 4>(a, n_groups, t, stream);
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
