@@ -3,6 +3,9 @@
 // stays resident on the host for them; the CPU backend's plan does not depend on the option.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "forward/cache_format.h"
 #include "forward/memory_plan.h"
 #include "forward/state_io.h"
@@ -42,6 +45,36 @@ TEST(MemoryPlanEngram, DeviceTablesCountAgainstEveryGpu) {
   MemoryPlanOptions cpu_dev = cpu;
   cpu_dev.engram_on_device = true;  // host memory either way
   EXPECT_EQ(plan_memory(*cfg, g, true, cpu, 1ull << 40).total, plan_memory(*cfg, g, true, cpu_dev, 1ull << 40).total);
+}
+
+// The step's workspace grows with the step budget and, for the indexer, with the context: on a
+// GPU the scores / block maxima / kept-block flags (9 bytes per row and position, capped at the
+// 2 GiB of GpuModel::index_topk's row slices), and the candidate mask (a byte per row and
+// position) only for configs with a candidate stage (V4.1, not V4).
+TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
+  for (const char* name : {"tiny-v41", "tiny-v4"}) {
+    auto cfg = model::builtin_config(name);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+    ASSERT_GT(cfg->index_n_heads, 0) << name;
+    const bool cand = cfg->candidate_source_layer >= 0;
+    EXPECT_EQ(cand, cfg->is_v41()) << name;
+    const SnapshotGeometry g = snapshot_geometry(*cfg, false, false, 4096);
+    auto plan = [&](bool gpu, int64_t step, int64_t ctx) {
+      MemoryPlanOptions o;
+      o.gpu = gpu, o.native_weights = gpu, o.step_tokens = step, o.max_context = ctx;
+      return plan_memory(*cfg, g, false, o, uint64_t(1) << 50).workspace;
+    };
+    const uint64_t two_gib = uint64_t(2) << 30;
+    // Per-token activations scale with the step; subtract them to see the indexer's part.
+    const uint64_t per_token = plan(true, 2, 1) - plan(true, 1, 1) - 9 - (cand ? 1 : 0);
+    ASSERT_GT(per_token, 0u) << name;
+    for (const auto& [step, ctx] : {std::pair<int64_t, int64_t>{256, 4096}, {8192, 1048576}, {4096, 65536}}) {
+      const uint64_t e = uint64_t(step) * uint64_t(ctx);
+      const uint64_t idx_gpu = std::min<uint64_t>(9 * e, two_gib) + (cand ? e : 0), idx_cpu = cand ? e : 0;
+      EXPECT_EQ(plan(true, step, ctx), uint64_t(step) * per_token + idx_gpu) << name << " step " << step << " ctx " << ctx;
+      EXPECT_EQ(plan(false, step, ctx), uint64_t(step) * per_token + idx_cpu) << name << " step " << step << " ctx " << ctx;
+    }
+  }
 }
 
 // A multi-GPU model keeps the draft whole on rank 0 (backends/cuda/gpu_tp.h), so the per-GPU plan
