@@ -33,6 +33,7 @@
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -697,10 +698,15 @@ cudaError_t launch_tiled_k(const GemvArgs& a, int n_groups, const Tuning& t, cud
   const dim3 grid{unsigned(row_tiles), unsigned(n_groups), unsigned(slices)};
   auto* kernel = gemv_tiled_kernel<kFp4, kGated, kNt>;
   const size_t dyn = sizeof(TiledSmem<kFp4, kGated, kNt>) + tiled_scale_bytes(a.k, kFp4, kGated);
-  if (dyn > 48 * 1024) {  // set per launch: the attribute is per device
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dyn));
-    if (e != cudaSuccess) return e;
-  }
+  // The limit is raised once per device to the largest this instantiation can ask for (the most
+  // k blocks it takes), never to one launch's size: threads driving ranks on one device (host-
+  // staged tensor parallelism) would otherwise lower it under each other's launches.
+  static std::atomic<uint64_t> smem_done{0};
+  const size_t dyn_max =
+      sizeof(TiledSmem<kFp4, kGated, kNt>) + tiled_scale_bytes(32 * (kFp4 ? kTMaxFp4Blocks : kTMaxBlocks), kFp4, kGated);
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(kernel), int(dyn_max), smem_done);
+      e != cudaSuccess)
+    return e;
   return launch_kernel(kernel, grid, kThreads, dyn, stream, a, t.split, t.chunk);
 }
 

@@ -23,12 +23,14 @@
 // shared tile, and lane k sums key k's heads in order and stores its score.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "ops/cuda/indexer/index_imma.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -199,10 +201,13 @@ cudaError_t launch_imma(const IndexScoreArgs& a, const uint4* frag, const float4
   splits = splits < 1 ? 1 : splits > a.T ? a.T : splits;
   if (splits > 65535) splits = 65535;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
-  const size_t smem = size_t(kWarps) * MT * 16 * kLd * sizeof(float);
-  if (smem > 48 * 1024 && cudaFuncSetAttribute(index_scores_imma_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(smem)) != cudaSuccess)
-    return cudaGetLastError();
+  const size_t smem = size_t(kWarps) * MT * 16 * kLd * sizeof(float);  // a constant of MT
+  static std::atomic<uint64_t> smem_done{0};
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        ensure_smem_limit(reinterpret_cast<const void*>(index_scores_imma_kernel<MT>), int(smem), smem_done);
+    if (e != cudaSuccess) return e;
+  }
   return launch_kernel(index_scores_imma_kernel<MT>, dim3(unsigned(tiles), unsigned(splits)), kThreads, smem, s, a, frag,
                        qscale);
 }
