@@ -57,7 +57,7 @@ inline double sumsq_chunk(const float* x, int64_t len) {
 
 inline float dot_chunked(const float* a, const float* b, int64_t n) {
   const int64_t m = (n + kSumChunk - 1) / kSumChunk;
-  float stack_buf[64];
+  float stack_buf[64] = {};  // every chunk sum is written before the tree reads it (zeroed for GCC's warning)
   std::vector<float> heap;
   float* c = stack_buf;
   if (m > 64) heap.resize(size_t(m)), c = heap.data();
