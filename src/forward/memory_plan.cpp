@@ -106,10 +106,10 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
   p.workspace = step * per_token;
   // The indexer's per-(row, visible position) buffers at the longest context: the candidate mask
   // (a byte, kept over the step's layers) and, on a GPU, the scores, block maxima and kept-block
-  // flags (9 bytes, computed in row slices of at most 2 GiB: GpuModel::index_topk).
+  // flags (kGpuIndexEntryBytes, in row slices of at most kGpuIndexScratchBytes).
   if (cfg.index_n_heads > 0) {
     const uint64_t entries = step * uint64_t(std::max<int64_t>(p.max_context, 1));
-    if (opt.gpu) p.workspace += std::min<uint64_t>(9 * entries, uint64_t(2) << 30);
+    if (opt.gpu) p.workspace += std::min<uint64_t>(uint64_t(kGpuIndexEntryBytes) * entries, uint64_t(kGpuIndexScratchBytes));
     if (cfg.candidate_source_layer >= 0) p.workspace += entries;
   }
   p.total = p.weights + p.workspace + uint64_t(std::max<int64_t>(p.max_batch, 0)) * p.state.total();

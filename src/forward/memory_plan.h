@@ -12,6 +12,12 @@
 
 namespace flashseek::forward {
 
+// A GPU forward's indexer scratch per (query row, visible position): scores and block maxima
+// (FP32) and kept-block flags (a byte), filled in row slices of at most kGpuIndexScratchBytes
+// (GpuModel::index_topk); the memory plan counts the same.
+inline constexpr int64_t kGpuIndexEntryBytes = 9;
+inline constexpr int64_t kGpuIndexScratchBytes = int64_t(2) << 30;
+
 struct MemoryPlanOptions {
   int64_t max_batch = 1;       // concurrent sequences
   int64_t max_context = 0;     // tokens per sequence (0: the config's max_position_embeddings)

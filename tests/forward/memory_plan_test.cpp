@@ -65,6 +65,8 @@ TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
       return plan_memory(*cfg, g, false, o, uint64_t(1) << 50).workspace;
     };
     const uint64_t two_gib = uint64_t(2) << 30;
+    ASSERT_EQ(uint64_t(kGpuIndexScratchBytes), two_gib);  // GpuModel::index_topk's slice bound
+    ASSERT_EQ(kGpuIndexEntryBytes, 9);                    // FP32 score + FP32 block maximum + flag
     // Per-token activations scale with the step; subtract them to see the indexer's part.
     const uint64_t per_token = plan(true, 2, 1) - plan(true, 1, 1) - 9 - (cand ? 1 : 0);
     ASSERT_GT(per_token, 0u) << name;

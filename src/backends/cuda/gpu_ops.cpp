@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "backends/cuda/gpu_impl.h"
+#include "forward/memory_plan.h"
 #include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemv/gemv.h"
@@ -523,16 +524,16 @@ Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
 
 // Scores over the keys of this layer's own kv source (v41 §9.x), rows strided by start + T, and
 // the top-k of one sequence. The scores, block maxima and kept-block flags take 9 bytes per (row,
-// visible key): the rows go through in slices that keep them within kIndexScratchBytes (one slice
+// visible key, kGpuIndexEntryBytes): the rows go through in slices that keep them within
+// kGpuIndexScratchBytes (forward/memory_plan.h, which the plan counts; one slice
 // up to ~29k context at 8192 rows; an 8192-row chunk at 1M context would need 77 GB at once).
 // Every row is computed alone by both kernels, so the slicing does not change a bit.
 Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
                             const Tensor& out_n) {
-  constexpr int64_t kIndexScratchBytes = int64_t(2) << 30;
   const auto& c = config();
   const auto& role = c.role(l);
   const int64_t T = seg.T, stride = seg.start + T, nI = c.index_n_heads, dI = c.index_head_dim, K = c.index_topk;
-  const int64_t rows = std::clamp<int64_t>(kIndexScratchBytes / (9 * stride), 1, T);
+  const int64_t rows = std::clamp<int64_t>(kGpuIndexScratchBytes / (kGpuIndexEntryBytes * stride), 1, T);
   FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", rows * stride));
   FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", rows * stride));
   FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", rows * stride));
