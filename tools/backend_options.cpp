@@ -36,6 +36,11 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "either way")
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-pdl", o.gpu_pdl,
+                  "GPU backend: programmatic dependent launch, each kernel's launch overlapping the previous "
+                  "kernel's end: on | off (the same results)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_prefill_attention_option(cmd, o.prefill_attention);
   cmd->add_option("--index-scores", o.index_scores,
                   "indexer scores on a GPU backend: auto (reference numerics: the integer tensor cores over the FP4 "
@@ -78,6 +83,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.prefill_attention = prefill_attention(o.prefill_attention);
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
+  g.programmatic_launch = o.gpu_pdl != "off";
   return g;
 }
 

@@ -23,6 +23,7 @@ struct BackendOpts {
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
+  std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,

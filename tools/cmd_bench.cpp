@@ -22,6 +22,7 @@
 #include "bench/cuda/prefill_bench.h"
 #include "bench/cuda/spec_bench.h"
 #include "bench/cuda/tp_bench.h"
+#include "ops/cuda/runtime/launch.cuh"
 #endif
 
 namespace flashseek::tools {
@@ -35,6 +36,9 @@ struct ModelBenchOpts {
   int prompt = 16;
   int batch = 1;
   std::string prefill_attention = "auto";  // --prefill-attention (GpuLoadOptions::prefill_attention)
+  int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
+  int prefill_chunk = 8192;                // most tokens in one prefill forward
+  std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -55,6 +59,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.load_threads = o.source.threads;
   lo.load_progress = load_progress_printer(lo.load_threads);
   lo.prefill_attention = prefill_attention(o.prefill_attention);
+  lo.programmatic_launch = o.pdl != "off";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -71,20 +76,43 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   }
   std::vector<float> logits;
   std::vector<forward::BatchItem> items(size_t(o.batch));
-  for (int b = 0; b < o.batch; ++b) items[size_t(b)] = {seqs[size_t(b)].get(), prompts[size_t(b)]};
+  // Prefill: one forward of every sequence's prompt while the step holds at most prefill_chunk
+  // tokens; otherwise each sequence alone, in chunks of at most prefill_chunk tokens (the GPU's
+  // activation scratch grows with the step's tokens).
   const auto p0 = clock::now();
-  if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
+  if (int64_t(o.batch) * o.prompt <= o.prefill_chunk) {
+    for (int b = 0; b < o.batch; ++b) items[size_t(b)] = {seqs[size_t(b)].get(), prompts[size_t(b)]};
+    if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
+  } else {
+    std::vector<float> part;
+    for (int b = 0; b < o.batch; ++b)
+      for (int i = 0; i < o.prompt; i += o.prefill_chunk) {
+        const int n = std::min(o.prefill_chunk, o.prompt - i);
+        forward::BatchItem one{seqs[size_t(b)].get(), std::span<const int32_t>(prompts[size_t(b)]).subspan(size_t(i), size_t(n))};
+        part.clear();
+        if (Status st = m.forward(std::span<forward::BatchItem>(&one, 1), part); !st.ok()) return fail(st);
+        if (i + n == o.prompt) logits.insert(logits.end(), part.begin(), part.end());  // the last row
+      }
+  }
   const double prefill_s = std::chrono::duration<double>(clock::now() - p0).count();
   double checksum = 0;
   for (float x : logits) checksum += double(x);
   std::vector<double> steps;
-  std::vector<int32_t> next(size_t(o.batch));
+  // Each step feeds every sequence its greedy next token and, for a verify block's shape,
+  // step_tokens - 1 more, with logits for every row (as a verify step asks for).
+  const size_t S = size_t(o.step_tokens);
+  std::vector<int32_t> next(size_t(o.batch) * S);
+  size_t rows_per_item = 1;  // logits rows per sequence in the previous forward (the prefill: 1)
   for (int r = 0; r < reps; ++r) {
     for (int b = 0; b < o.batch; ++b) {
-      const float* row = logits.data() + size_t(b) * size_t(c.vocab_size);
-      next[size_t(b)] = int32_t(std::max_element(row, row + c.vocab_size) - row);  // greedy
-      items[size_t(b)] = {seqs[size_t(b)].get(), std::span<const int32_t>(&next[size_t(b)], 1)};
+      const float* row = logits.data() + (size_t(b) + 1) * rows_per_item * size_t(c.vocab_size) - size_t(c.vocab_size);
+      int32_t* nb = next.data() + size_t(b) * S;
+      nb[0] = int32_t(std::max_element(row, row + c.vocab_size) - row);  // greedy after the last row
+      for (size_t j = 1; j < S; ++j) nb[j] = int32_t((uint64_t(nb[j - 1]) * 2654435761u + j) % uint64_t(c.vocab_size));
+      items[size_t(b)] = {seqs[size_t(b)].get(), std::span<const int32_t>(nb, S)};
+      items[size_t(b)].all_logits = S > 1;
     }
+    rows_per_item = S;
     logits.clear();
     const auto s0 = clock::now();
     if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
@@ -97,9 +125,10 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
               m.backend_kind().c_str(), o.numerics.c_str());
   std::printf("prefill: %d x %d tokens in %.3f s (%.1f tok/s)\n", o.batch, o.prompt, prefill_s,
               prefill_s > 0 ? o.batch * o.prompt / prefill_s : 0.0);
-  std::printf("decode: batch %d, median %.3f ms/step over %d steps (%.3f ms per layer, %.1f tok/s aggregate)\n",
-              o.batch, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
-              med > 0 ? o.batch / med : 0.0);
+  std::printf("decode: batch %d x %d tokens, median %.3f ms/step over %d steps (%.3f ms per layer, %.1f tok/s "
+              "aggregate)\n",
+              o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
+              med > 0 ? o.batch * o.step_tokens / med : 0.0);
   std::printf("logits checksum (prefill rows): %.9g\n", checksum);
   return 0;
 }
@@ -140,6 +169,17 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   add_prefill_attention_option(cmd, mo->prefill_attention);  // the model bench's prefill
+  cmd->add_option("--prefill-chunk", mo->prefill_chunk, "model bench: most tokens in one prefill forward")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--step-tokens", mo->step_tokens,
+                  "model bench: tokens per sequence in each timed step (1: decode; 6: a verify block's shape)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--gpu-pdl", mo->pdl,
+                  "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -184,6 +224,7 @@ std::function<int()> setup_bench(CLI::App& app) {
         mo->source.num_layers > 0)
       return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
+    ops::cuda::set_programmatic_launch(mo->pdl != "off");
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

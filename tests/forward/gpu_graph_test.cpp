@@ -150,6 +150,39 @@ TEST_P(GpuGraphDecode, GraphsOnEqualGraphsOffBitwise) {
   }
 }
 
+// Programmatic dependent launch (GpuLoadOptions::programmatic_launch, on by default): kernels
+// overlap their predecessors' ends only in launch and scheduling, so the logits are bitwise those
+// with it off, in patched graphs and eager; and graphs captured with its programmatic edges are
+// still replayed by patching.
+TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto opts = [](bool graphs, bool pdl) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.programmatic_launch = pdl;
+    return o;
+  };
+  auto load_with = [&](const GpuLoadOptions& o) {
+    auto m = load_model_gpu(dir, p.numerics, 0, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto graph_pdl = load_with(opts(true, true)), graph_plain = load_with(opts(true, false));
+  auto eager_pdl = load_with(opts(false, true)), eager_plain = load_with(opts(false, false));
+  ASSERT_TRUE(graph_pdl && graph_plain && eager_pdl && eager_plain);
+  const auto a = decode_run(*eager_plain, 7), b = decode_run(*eager_pdl, 7);
+  const auto c = decode_run(*graph_plain, 7), d = decode_run(*graph_pdl, 7);
+  const int64_t V = graph_pdl->config().vocab_size;
+  EXPECT_TRUE(bitwise_equal(a, b)) << "eager, PDL on vs off: max|d| " << compare_logits(a, b, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(a, c)) << "graphs without PDL vs eager: max|d| " << compare_logits(a, c, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(a, d)) << "graphs with PDL vs eager: max|d| " << compare_logits(a, d, V).max_abs;
+  const GpuGraphStats s = stats(*graph_pdl);
+  print_stats((std::string(p.config) + " graphs + PDL").c_str(), s);
+  EXPECT_GE(s.patched, s.eligible * 8 / 10);
+  EXPECT_EQ(s.eager_fallbacks, 0);
+}
+
 // Verify blocks of 6 tokens (all logits) each followed by a rollback of 0..5 of them, as DSpark
 // speculation does; graphs on and off agree bitwise, and so do the logits of a final decode.
 TEST_P(GpuGraphDecode, VerifyBlocksWithRollbackBitwise) {

@@ -428,6 +428,7 @@ class GpuModel final : public Model, public Backend {
   int index_scores_kernel_ = 0;                 // GpuLoadOptions::index_scores_kernel
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
+  bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).

@@ -76,6 +76,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include "core/thread_pool.h"
 #include "model/weights.h"
 #include "ops/cuda/runtime/comm.h"
+#include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/model/kernels.h"
 #include "ops/cuda/model/model_kernels.h"
@@ -565,6 +566,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->index_scores_kernel_ = opts.index_scores_kernel;
   m->prefill_attention_ = opts.prefill_attention;
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
+  m->programmatic_launch_ = opts.programmatic_launch;
   {
     int major = 0, minor = 0;
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m->device_));
@@ -1056,6 +1058,7 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
 
 Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  ops::cuda::set_programmatic_launch(programmatic_launch_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

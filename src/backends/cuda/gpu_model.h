@@ -124,6 +124,10 @@ struct GpuLoadOptions {
   // and batch-invariance tests rely on): always the GEMV. The CLI (tools/backend_options.h) passes
   // 64: on for prefill.
   int64_t moe_gemm_min_tokens = 0;
+  // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
+  // kernel's launch and block scheduling overlap its predecessor's end. The same results either
+  // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
+  bool programmatic_launch = true;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call

@@ -29,6 +29,7 @@
 
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 
@@ -67,6 +68,7 @@ __device__ __forceinline__ void attn_row_seq(ModelAttnArgs& a, const ModelAttnSe
 // One block per (query row, head). Shared: logits/probabilities of every key. With `seqs`, the
 // row's sequence replaces the per-sequence fields and t becomes the row's index in it.
 __global__ void model_attn_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq) {
+  pdl_prologue();
   extern __shared__ float prob[];
   __shared__ float denom_s;
   int64_t t = blockIdx.x / a.H;
@@ -356,6 +358,7 @@ __device__ __forceinline__ void fa_pv(const ModelAttnArgs& a, int64_t t, int n, 
 // p.cs + rank. With `seqs` as model_attn_kernel.
 __global__ void __launch_bounds__(kFaThreads, kFaMinBlocks)
     model_attn_staged_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq, FaPlan pl) {
+  pdl_prologue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kB = kFaBatch;
   extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -708,6 +711,7 @@ cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnS
 namespace {
 __global__ void ring_write_seqs_kernel(const ModelAttnSeq* seqs, const int32_t* row_seq, const float* kv,
                                        const int64_t* pos, int64_t rows, int64_t dim) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * dim) return;
   const int64_t r = id / dim, d = id % dim;

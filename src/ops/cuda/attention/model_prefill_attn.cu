@@ -22,6 +22,7 @@
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -36,6 +37,7 @@ struct PoolSeq {
 
 // Pool rows of one sequence as BF16 (round to nearest even; the compact values are exact).
 __global__ void pool_kernel(PoolSeq g, CacheRowFormat rf, CacheRowFormat cf, int64_t Dh, uint16_t* pool) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t rows = g.n_r + g.T + g.n_ckv;
   if (id >= rows * Dh) return;
@@ -56,6 +58,7 @@ __global__ void pool_kernel(PoolSeq g, CacheRowFormat rf, CacheRowFormat cf, int
 // Key slots of the sequence's query rows (see the file comment).
 __global__ void idx_kernel(PoolSeq g, const int32_t* topk, const int32_t* topk_n, int64_t topk_stride, int64_t ratio,
                            int64_t window, bool comp, int n_idx, int32_t* idx) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= g.T * n_idx) return;
   const int64_t t = id / n_idx, j = id % n_idx, row = g.row0 + t, p = g.start + t;

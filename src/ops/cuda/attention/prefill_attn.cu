@@ -13,6 +13,7 @@
 
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -67,6 +68,7 @@ __device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, i
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnArgs a) {
+  pdl_prologue();
   constexpr int kLd = kLdOf<kD>, kN = kD / 16;  // kN: n-tiles of 8 dims in a warp's half of kD
   extern __shared__ __align__(16) uint16_t sm[];
   __shared__ int valid_s[2][kKt];

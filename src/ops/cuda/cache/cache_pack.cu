@@ -5,6 +5,7 @@
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -194,6 +195,7 @@ __device__ __forceinline__ int64_t warp_id() { return (int64_t(blockIdx.x) * blo
 
 __global__ void __launch_bounds__(kThreads) pack_rows_kernel(CacheRowFormat f, const float* src, int64_t n,
                                                             uint8_t* dst, int* bad) {
+  pdl_prologue();
   const int64_t U = warps_per_row(f), w = warp_id();
   if (w >= n * U) return;  // whole warps
   const int64_t r = w / U;
@@ -201,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) pack_rows_kernel(CacheRowFormat f, c
 }
 
 __global__ void unpack_rows_kernel(CacheRowFormat f, const uint8_t* src, int64_t n, float* dst) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= n * f.dim) return;
   const int64_t r = id / f.dim, d = id % f.dim;
@@ -210,6 +213,7 @@ __global__ void unpack_rows_kernel(CacheRowFormat f, const uint8_t* src, int64_t
 __global__ void __launch_bounds__(kThreads) pack_ring_kernel(CacheRowFormat f, uint8_t* ring, const float* kv,
                                                             const int64_t* pos, int64_t t0, int64_t T,
                                                             int64_t ring_size, int* bad) {
+  pdl_prologue();
   const int64_t U = warps_per_row(f), w = warp_id();
   if (w >= (T - t0) * U) return;
   const int64_t t = t0 + w / U;
@@ -219,6 +223,7 @@ __global__ void __launch_bounds__(kThreads) pack_ring_kernel(CacheRowFormat f, u
 __global__ void __launch_bounds__(kThreads) pack_ring_seqs_kernel(CacheRowFormat f, const ModelAttnSeq* seqs,
                                                                  const int32_t* row_seq, const float* kv,
                                                                  const int64_t* pos, int64_t rows, int* bad) {
+  pdl_prologue();
   const int64_t U = warps_per_row(f), w = warp_id();
   if (w >= rows * U) return;
   const int64_t r = w / U;

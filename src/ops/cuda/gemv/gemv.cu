@@ -33,6 +33,7 @@
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -258,6 +259,7 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // (Pre-quantised x, prefill: gemv_tiled_kernel below, the same sums.)
 template <bool kFp4, int kChunk, bool kGated, int kNt>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
+  pdl_prologue();
   constexpr int kToks = 8 * kNt;
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -422,6 +424,7 @@ struct TiledSmem {
 
 template <bool kFp4, bool kGated, int kNt>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int split, int chunk) {
+  pdl_prologue();
   using Sm = TiledSmem<kFp4, kGated, kNt>;
   constexpr int kMats = Sm::kMats, kToks = Sm::kToks, kRowBytes = Sm::kRowBytes, kWarpToks = 8 * kNt;
   constexpr int kWChunks = kMats * kTRows * kRowBytes / 16, kXChunks = kToks * 2;
@@ -742,6 +745,7 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
 // is one 32-block of one row; act_block 128: 16 lanes); quant_x's arithmetic (bf16_in included).
 __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t total8, int act_block, bool bf16_in,
                                                        uint8_t* xq, float* xs) {
+  pdl_prologue();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration (shuffles)
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {

@@ -30,6 +30,7 @@
 #include "ops/cuda/indexer/index_imma.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -68,6 +69,7 @@ __device__ __forceinline__ void imma16832(int32_t* c, const uint4& a, uint32_t b
 // gets a NaN scale, so its scores are NaN as the CPU's would be non-finite.
 __global__ void __launch_bounds__(512) index_q_pack_kernel(const float* __restrict__ q, int64_t nI, int dI, int MT,
                                                           uint32_t* __restrict__ frag, float* __restrict__ qscale) {
+  pdl_prologue();
   const int64_t t = blockIdx.x;
   const int m = int(blockIdx.y), w = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int64_t h = int64_t(m) * 16 + w;
@@ -101,6 +103,7 @@ __global__ void __launch_bounds__(512) index_q_pack_kernel(const float* __restri
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexScoreArgs a, const uint4* __restrict__ frag,
                                                                         const float4* __restrict__ qscale) {
+  pdl_prologue();
   extern __shared__ float imma_smem[];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), gq = lane / 4, tig = lane % 4;
   float* vs = imma_smem + warp * (MT * 16 * kLd);  // [head][kLd]: relu·w of this warp's keys

@@ -9,6 +9,7 @@
 #include "ops/cuda/indexer/topk.h"
 #include "ops/cuda/cache/cache_row.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 
@@ -21,6 +22,7 @@ __device__ __forceinline__ float relu_cpu(float d) { return d < 0.0f ? 0.0f : d;
 // grid (T, ceil(stride / 128)), one thread per key (ops::index_scores order). The reference
 // kernel: kept for dI > kSumChunk (chunked dot order) and tiles that do not fit shared memory.
 __global__ void index_scores_kernel(IndexScoreArgs a) {
+  pdl_prologue();
   const int64_t t = blockIdx.x, i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t clen = (a.start + t + 1) / a.ratio;
   if (i >= clen) return;
@@ -114,6 +116,7 @@ __device__ __forceinline__ void is_stage_compact_rows(float* dst, const uint8_t*
 // KPT keys per thread; DP: dI rounded up to 32 when known at compile time (128: V4 / V4.1), else 0.
 template <int KPT, int DP>
 __global__ void __launch_bounds__(kIsThreads, KPT == 1 ? 3 : 2) index_scores_tiled_kernel(IndexScoreArgs a) {
+  pdl_prologue();
   extern __shared__ float4 is_smem4[];
   constexpr int tile = int(is_tile(KPT));
   const int dI = int(a.dI), nI = int(a.nI);
@@ -371,6 +374,7 @@ __device__ void block_select_gather(KeyOf key_of, int64_t n, int64_t k, SelectSh
 }
 
 __global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   __shared__ SelectShared sh;
   const int64_t t = blockIdx.x, clen = (a.start + t + 1) / a.ratio;
   float* s = a.scores + t * a.stride;
@@ -467,6 +471,7 @@ __device__ __forceinline__ int64_t mb_key(const IndexTopkArgs& a, int64_t t, int
 }
 
 __global__ void topk_mb_zero_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   unsigned* h = reinterpret_cast<unsigned*>(a.block_scratch + blockIdx.x * a.stride);
   for (int64_t i = threadIdx.x; i < kMbHeader; i += blockDim.x) h[i] = 0;
 }
@@ -485,6 +490,7 @@ __device__ __forceinline__ unsigned warp_append(unsigned* ctr, bool pred) {
 // flags.
 template <bool kBlk>
 __global__ void __launch_bounds__(kMbThreads) topk_mb_hist_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   __shared__ unsigned hist[kMbBins];
   const int64_t t = blockIdx.y;
   const MbRow r = mb_row<kBlk>(a, t);
@@ -565,6 +571,7 @@ __device__ MbSplit mb_find_split(const unsigned* g, int64_t k) {
 
 template <bool kBlk>
 __global__ void __launch_bounds__(kMbThreads) topk_mb_part_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   const int64_t t = blockIdx.y;
   const MbRow r = mb_row<kBlk>(a, t);
   const int64_t lo = int64_t(blockIdx.x) * kMbChunk;
@@ -596,6 +603,7 @@ __global__ void __launch_bounds__(kMbThreads) topk_mb_part_kernel(IndexTopkArgs 
 
 template <bool kBlk>
 __global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   __shared__ SelectShared sh;
   __shared__ int32_t sorted[kBlk ? 1 : kMbMaxK];
   __shared__ unsigned pos, eq_total;
@@ -676,6 +684,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_mb_finish_kernel(IndexTopkA
 
 // Mode 1: the published candidate mask from the kept blocks.
 __global__ void topk_mb_mask_kernel(IndexTopkArgs a) {
+  pdl_prologue();
   const int64_t t = blockIdx.y, clen = mb_clen(a, t);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < clen) a.cand[t * a.stride + i] = a.taken[t * a.stride + i / a.cand_block];

@@ -30,6 +30,7 @@
 
 #include "ops/cuda/indexer/topk.h"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -102,6 +103,7 @@ __device__ void ct_find_split(unsigned h0, unsigned h1, unsigned need, CtShared&
 
 template <int KPT>
 __global__ void __launch_bounds__(kCtThreads, 1) topk_cluster_kernel(IndexTopkArgs a, int csize) {
+  pdl_prologue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(KPT * kCtWarps <= kCtThreads && KPT * kCtThreads < 65536, "scan table / 16-bit counts");
   __shared__ CtShared sh;

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 
@@ -25,6 +26,7 @@ unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) 
 // One thread per block of `block` elements (serial inside, as the CPU does).
 __global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
                                  QuantSim kind) {
+  pdl_prologue();
   const int64_t per_row = qdim / block;
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * per_row) return;
@@ -52,6 +54,7 @@ __global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t
 // expressions as quant_sim_kernel, so the result is bitwise the same.
 __global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, int64_t qdim, int64_t block,
                                       QuantSim kind) {
+  pdl_prologue();
   const int64_t per_row = qdim / block;
   const int64_t id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // the same for the whole warp
   const int lane = int(threadIdx.x & 31);
@@ -77,6 +80,7 @@ __global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, in
 // loop does (every element sees the same sequence of additions / subtractions), so the result is
 // bitwise hadamard_kernel's.
 __global__ void hadamard_block_kernel(float* x, int64_t dim) {
+  pdl_prologue();
   extern __shared__ float hv[];
   float* v = x + int64_t(blockIdx.x) * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) hv[i] = v[i];
@@ -99,6 +103,7 @@ __global__ void hadamard_block_kernel(float* x, int64_t dim) {
 constexpr int kHeadsWarps = 4;
 constexpr int64_t kHeadsMaxDim = 2048;
 __global__ void rms_bf16_heads_warp_kernel(float* x, int64_t rows, int64_t dim, float eps) {
+  pdl_prologue();
   extern __shared__ float hsq[];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
   const int64_t r = int64_t(blockIdx.x) * kHeadsWarps + warp;
@@ -120,6 +125,7 @@ __global__ void rms_bf16_heads_warp_kernel(float* x, int64_t rows, int64_t dim, 
 }
 
 __global__ void hadamard_kernel(float* x, int64_t rows, int64_t dim) {
+  pdl_prologue();
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   float* v = x + r * dim;
@@ -135,6 +141,7 @@ __global__ void hadamard_kernel(float* x, int64_t rows, int64_t dim) {
 }
 
 __global__ void rms_bf16_heads_kernel(float* x, int64_t rows, int64_t dim, float eps) {
+  pdl_prologue();
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   float* v = x + r * dim;
@@ -147,6 +154,7 @@ __global__ void rms_bf16_heads_kernel(float* x, int64_t rows, int64_t dim, float
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float scale, bool bf16) {
+  pdl_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = bf16 ? dev_round_bf16(x[i] * scale) : x[i] * scale;
 }
@@ -170,6 +178,7 @@ __device__ __forceinline__ void enter_group(LinearArgs& a) {
 }
 
 __global__ void linear_short_kernel(LinearArgs a) {
+  pdl_prologue();
   enter_group(a);
   const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
   const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
@@ -257,6 +266,7 @@ __device__ __forceinline__ float warp_dot_chunk_w(const float* a, const WR& w, i
 // linear_short_kernel with a typed weight.
 template <WeightDtype F>
 __global__ void linear_short_typed_kernel(LinearArgs a) {
+  pdl_prologue();
   enter_group(a);
   const int64_t r = int64_t(blockIdx.x) % a.rows, ob = int64_t(blockIdx.x) / a.rows;
   const int64_t o = ob * (kLinThreads / 8) + threadIdx.x / 8;
@@ -274,6 +284,7 @@ __global__ void linear_short_typed_kernel(LinearArgs a) {
 // linear_chunked_kernel with a typed weight.
 template <WeightDtype F>
 __global__ void linear_chunked_typed_kernel(LinearArgs a) {
+  pdl_prologue();
   enter_group(a);
   extern __shared__ float csum[];
   const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
@@ -298,6 +309,7 @@ __global__ void linear_chunked_typed_kernel(LinearArgs a) {
 // Linear, in > kSumChunk: one 128-thread block per (row, output); warp w sums chunks w, w + 4...
 // into shared memory, thread 0 combines them in the fixed tree.
 __global__ void linear_chunked_kernel(LinearArgs a) {
+  pdl_prologue();
   enter_group(a);
   extern __shared__ float csum[];
   const int64_t r = int64_t(blockIdx.x) % a.rows, o = int64_t(blockIdx.x) / a.rows;
@@ -497,6 +509,7 @@ __device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t ma
 // flight while a task's lane values and butterflies run.
 template <WeightDtype F, int R, bool V>
 __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs a, int64_t n_rg, int G, int bshift) {
+  pdl_prologue();
   enter_group(a);
   constexpr int NO = gemv_outputs_per_task<F, R>();
   extern __shared__ float4 gsm[];
@@ -703,6 +716,7 @@ __device__ __forceinline__ void stream_issue(const LinearArgs& a, const StreamTa
 template <WeightDtype F, int R>
 __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(LinearArgs a, int S, int64_t n_tiles,
                                                                           int bshift) {
+  pdl_prologue();
   using Sh = StreamShape<F, R>;
   constexpr int V = Sh::V, NO = Sh::NO, D = Sh::D, kSetOut = V * NO;
   enter_group(a);
@@ -910,6 +924,7 @@ __device__ __forceinline__ void short_decode(const ShortRaw<F>& r, float (&w)[8]
 // Grid: (row groups of R rows, fastest) x (tiles of kShortThreads outputs). With sel, R == 1.
 template <WeightDtype F, int R, bool V>
 __global__ void __launch_bounds__(kShortThreads) linear_short_gemv_kernel(LinearArgs a, int64_t n_rg, int bshift) {
+  pdl_prologue();
   enter_group(a);
   extern __shared__ float4 ssm[];
   float* xs = reinterpret_cast<float*>(ssm);  // [R][xlen]
@@ -1135,6 +1150,7 @@ __device__ __forceinline__ void tiled_row_fold(const float (&v)[kTiledOut], floa
 template <WeightDtype F, bool VW, bool VX>
 __global__ void __launch_bounds__(kTiledThreads, 1) linear_tiled_kernel(LinearArgs a, int64_t n_ot, int n_sub, int cs,
                                                                         int bshift) {
+  pdl_prologue();
   enter_group(a);
   extern __shared__ float4 tlsm[];
   __shared__ const float* xrow[kTiledMaxSub * kTiledSubRows];  // the block's x rows (nullptr: past the last)
@@ -1233,6 +1249,7 @@ __host__ __device__ constexpr int norm_rows_per_block(int64_t m) { return m == 1
 
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, float* y, int64_t rows,
                                                         int64_t dim, float eps, bool bf16) {
+  pdl_prologue();
   __shared__ double csq[32];
   const int m = int((dim + kSumChunk - 1) / kSumChunk);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
@@ -1310,6 +1327,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
 // Rows of more than kNormMaxChunks chunks: warps loop over the chunks (the same sums), thread 0
 // folds them, every thread scales its values.
 __global__ void rms_norm_wide_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
+  pdl_prologue();
   extern __shared__ double csq[];
   __shared__ float r_inv;
   const float* xr = x + int64_t(blockIdx.x) * dim;
@@ -1442,6 +1460,7 @@ __device__ void hc_mix_epilogue(const HcMixArgs& a, const float* mu, float* P, i
 // dots_ready: the row-tile kernel below has left each mix dot (the full chunked sum) in its
 // hc_dot_slot; only the sum of squares is computed here (csize 1).
 __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int csize, bool dots_ready) {
+  pdl_prologue();
   extern __shared__ double hsm[];
   const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
   const int64_t m = flat > kSumChunk ? (flat + kSumChunk - 1) / kSumChunk : 1;
@@ -1521,6 +1540,7 @@ constexpr int kSplitMaxChunks = 32;
 constexpr int kSplitMaxCluster = 16;  // a non-portable cluster size (sm_90: where the device allows it)
 constexpr int kSplitMaxWarps = 25;    // hc 4: one warp per item (24 mixes + the sum of squares)
 __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcMixArgs a, int csize) {
+  pdl_prologue();
   extern __shared__ float4 ssm[];
   const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
   const int m = int((flat + kSumChunk - 1) / kSumChunk);
@@ -1653,6 +1673,7 @@ __device__ __forceinline__ void hc_cp_async16(float4* dst, const float* src) {
 
 template <int kSlices>
 __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMixArgs a, int n_mix, int mix_blocks) {
+  pdl_prologue();
   using T = HcTile<kSlices>;
   extern __shared__ float4 tsm[];
   __shared__ const float* slot_src[kTileSlots];  // row of each staged slot (nullptr: zeros)
@@ -1762,6 +1783,7 @@ cudaError_t launch_hc_mix_dots_tiled(const HcMixArgs& a, int64_t n_mix, int64_t 
 
 __global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                    int64_t dim, bool bf16) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * dim) return;
   const int64_t r = id / dim, d = id % dim;
@@ -1773,6 +1795,7 @@ __global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, i
 constexpr int kMaxHc = 16;
 __global__ void hc_post_kernel(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                                int64_t hc, int64_t dim, bool bf16) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * dim) return;
   const int64_t r = id / dim, d = id % dim;
@@ -1789,6 +1812,7 @@ __global__ void hc_post_kernel(const float* f, float* x, const float* post, cons
 
 __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                              int64_t dim) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * hc * dim) return;
   const int64_t t = id / (hc * dim), d = id % dim;
@@ -1797,6 +1821,7 @@ __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X
 
 template <WeightDtype F>
 __global__ void embed_typed_kernel(WeightRef w, const int32_t* tokens, float* X, int64_t T, int64_t hc, int64_t dim) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * hc * dim) return;
   const int64_t t = id / (hc * dim), d = id % dim;
@@ -1828,6 +1853,7 @@ constexpr int64_t kEngramMaxChunks = 64;  // dim <= 64 · kSumChunk (launch_engr
 // then the gated update.
 __global__ void engram_gate_kernel(float* xall, const float* kvall, const float* wqk, int64_t hc, int64_t dim,
                                    float eps, bool bf16) {
+  pdl_prologue();
   __shared__ float gate;
   __shared__ double csx[kEngramMaxChunks], csk[kEngramMaxChunks];
   __shared__ float cdot[kEngramMaxChunks];
@@ -1871,6 +1897,7 @@ __global__ void engram_gate_kernel(float* xall, const float* kvall, const float*
 
 __global__ void ring_write_kernel(float* ring, const float* kv, const int64_t* pos, int64_t t0, int64_t T,
                                   int64_t ring_size, int64_t dim) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= (T - t0) * dim) return;
   const int64_t t = t0 + id / dim, d = id % dim;
@@ -1879,6 +1906,7 @@ __global__ void ring_write_kernel(float* ring, const float* kv, const int64_t* p
 
 __global__ void add_ape_kernel(float* z, const float* ape, const int64_t* pos, int64_t T, int64_t width,
                                int64_t ratio) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * width) return;
   const int64_t t = id / width, j = id % width;
@@ -1887,6 +1915,7 @@ __global__ void add_ape_kernel(float* z, const float* ape, const int64_t* pos, i
 
 __global__ void softmax_pool_kernel(const float* const* v, const float* const* z, int64_t n_slots, int64_t dim,
                                     float* out) {
+  pdl_prologue();
   const int64_t g = blockIdx.y, d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= dim) return;
   const float* const* vs = v + g * n_slots;
@@ -1905,6 +1934,7 @@ __global__ void softmax_pool_kernel(const float* const* v, const float* const* z
 
 __global__ void swiglu_kernel(const float* g, const float* u, float* h, const float* weight, int64_t rows,
                               int64_t n, float limit, bool bf16) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * n) return;
   float gv = g[id], uv = u[id];
@@ -1918,6 +1948,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* h, const fl
 
 __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                    int64_t dim, bool bf16, const int32_t* row_of) {
+  pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * dim) return;
   const int64_t t = id / dim, d = id % dim;
@@ -1941,6 +1972,7 @@ constexpr int64_t kMoeGroupMaxExperts = 4096;
 __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
                                  int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
                                  int32_t* bad) {
+  pdl_prologue();
   __shared__ int32_t next[kMoeGroupMaxExperts];
   __shared__ int32_t tile[kMoeGroupThreads];
   for (int e = threadIdx.x; e < n_experts; e += blockDim.x) next[e] = 0;

@@ -7,6 +7,7 @@
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
@@ -22,6 +23,7 @@ __device__ __forceinline__ float round_bf16(float v) {
 constexpr int kRopeThreads = 256;
 __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq, int64_t n_vec, int64_t vec_dim,
                             int64_t rope_dim, int64_t pblocks, bool inverse, bool bf16_out) {
+  pdl_prologue();
   extern __shared__ float trig[];  // [half] cos, [half] sin
   const int64_t half = rope_dim / 2, r = blockIdx.x / pblocks;
   const int64_t id = (blockIdx.x % pblocks) * kRopeThreads + threadIdx.x;  // pair of the row

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 
@@ -15,6 +16,7 @@ namespace {
 // lane 0, top-K by K warp argmaxes (value desc, lower expert id first), the weights by lane 0.
 constexpr int kRouteThreads = 128;
 __global__ void route_kernel(RouteArgs a) {
+  pdl_prologue();
   const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x & 31);
   if (t >= a.T) return;  // whole warps leave together

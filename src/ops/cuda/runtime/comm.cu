@@ -4,11 +4,13 @@
 #include <cstdint>
 
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
 
 __global__ void remap_experts_kernel(int32_t* sel, float* weight, int64_t n, int32_t e0, int32_t n_local) {
+  pdl_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int32_t e = sel[i] - e0;

@@ -1,7 +1,16 @@
 // The per-thread launch tape of ops/cuda/launch.cuh.
 #include "ops/cuda/runtime/launch.cuh"
 
+#include <atomic>
+
 namespace flashseek::ops::cuda {
+
+namespace {
+std::atomic<bool> g_programmatic_launch{true};
+}  // namespace
+
+void set_programmatic_launch(bool on) { g_programmatic_launch.store(on, std::memory_order_relaxed); }
+bool programmatic_launch() { return g_programmatic_launch.load(std::memory_order_relaxed); }
 
 LaunchTape& launch_tape() {
   thread_local LaunchTape t;

@@ -10,6 +10,15 @@
 //            argument bytes; or the copy / memset parameters). No CUDA call.
 // Work that cannot be put on the tape (a library call such as CUB or NCCL) calls
 // launch_tape_unpatchable() so that the caller falls back to recording the step.
+//
+// Programmatic dependent launch (PDL, sm_90+): while programmatic_launch() is on, launch_kernel*
+// launch with cudaLaunchAttributeProgrammaticStreamSerialization, so a kernel's blocks may be
+// scheduled while the previous kernel on the stream still runs; a decode step is ~350 short
+// kernels and this hides the launch and ramp of each behind its predecessor. That is only sound
+// because every kernel launched here begins with pdl_prologue() (runtime/pdl.cuh), which waits
+// for the previous grid to finish and its writes to be visible before anything else;
+// tests/ops/pdl_prologue_check.py fails the build's tests when a kernel of a file that includes
+// this header lacks it. Kernels launched otherwise (<<<>>>, libraries) keep full serialization.
 // C++17 (included by .cu files); the launch templates need nvcc, the tape itself does not.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -72,6 +81,11 @@ struct LaunchTape {
 // This thread's tape.
 LaunchTape& launch_tape();
 
+// Process-wide PDL switch (on by default; GpuLoadOptions::programmatic_launch sets it before each
+// forward of a model). Kernels are correct either way.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
 // A call that bypasses the tape (CUB, NCCL, ...) is about to queue work: a tape in use fails.
 inline void launch_tape_unpatchable() {
   LaunchTape& t = launch_tape();
@@ -119,13 +133,37 @@ void tape_kernel(LaunchTape& t, void (*k)(P...), dim3 grid, dim3 block, size_t s
 }  // namespace launch_detail
 
 #ifdef __CUDACC__
-// k<<<grid, block, smem, s>>>(args...), returning the launch error (cudaGetLastError).
+namespace launch_detail {
+// cudaLaunchKernelEx with a cluster of `cluster` blocks along x (1: none) and, while
+// programmatic_launch() is on, programmatic stream serialization.
+template <typename... P, typename... A>
+cudaError_t launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, unsigned cluster,
+                      A&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (programmatic_launch()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr, cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
+}
+}  // namespace launch_detail
+
+// k<<<grid, block, smem, s>>>(args...), returning the launch error.
 template <typename... P, typename... A>
 cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
   LaunchTape& t = launch_tape();
   if (t.mode != LaunchTape::kPatch) {
-    k<<<grid, block, smem, s>>>(args...);
-    const cudaError_t e = cudaGetLastError();
+    const cudaError_t e = launch_detail::launch_ex(k, grid, block, smem, s, 1, args...);
     if (e != cudaSuccess || t.mode == LaunchTape::kOff) return e;
   }
   launch_detail::tape_kernel(t, k, grid, block, smem, 1, s, std::forward<A>(args)...);
@@ -138,13 +176,7 @@ cudaError_t launch_kernel_cluster(void (*k)(P...), dim3 grid, dim3 block, size_t
                                    A&&... args) {
   LaunchTape& t = launch_tape();
   if (t.mode != LaunchTape::kPatch) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    const cudaError_t e = launch_detail::launch_ex(k, grid, block, smem, s, cluster, args...);
     if (e != cudaSuccess || t.mode == LaunchTape::kOff) return e;
   }
   launch_detail::tape_kernel(t, k, grid, block, smem, cluster, s, std::forward<A>(args)...);

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/sampling/sample_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
@@ -189,6 +190,7 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ row, int V,
                                                           int32_t* out) {
+  pdl_prologue();
   __shared__ float sv[kWarps];
   __shared__ int si[kWarps];
   float bv = 0.0f;
@@ -270,12 +272,14 @@ __device__ int draw_ascending(const float* __restrict__ row, int V, const Sample
 
 __global__ void __launch_bounds__(kThreads) ascending_kernel(const float* __restrict__ row, int V,
                                                              SampleRowSpec s, int32_t* out) {
+  pdl_prologue();
   __shared__ Scratch sm;
   const int t = draw_ascending(row, V, s, sm);
   if (threadIdx.x == 0) *out = t;
 }
 
 __global__ void sort_input_kernel(const float* __restrict__ row, int V, uint32_t* keys, int32_t* ids) {
+  pdl_prologue();
   const int j = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
   if (j >= V) return;
   keys[j] = sort_key(row[j]);
@@ -287,6 +291,7 @@ __global__ void __launch_bounds__(kThreads) sorted_kernel(const float* __restric
                                                           const uint32_t* __restrict__ keys,
                                                           const int32_t* __restrict__ ids,
                                                           SampleRowSpec s, int32_t* out) {
+  pdl_prologue();
   __shared__ Scratch sm;
   const int nf = block_count(V, [=](int j) { return keys[j] != 0u; }, sm);
   int t = -1;

@@ -1,0 +1,19 @@
+// The first statement of every kernel launched through launch_kernel* (runtime/launch.cuh), which
+// may launch it with programmatic dependent launch (PDL): `griddepcontrol.launch_dependents` lets
+// the next kernel on the stream be scheduled as soon as every block of this one has started, and
+// `griddepcontrol.wait` holds this kernel until the previous grid has completed and its memory is
+// visible. So nothing here reads or writes memory before its predecessors are done: the results
+// are those of plain stream order, and what PDL overlaps is only the launch and block scheduling.
+// Without PDL (or before sm_90) both instructions are no-ops.
+#pragma once
+
+namespace flashseek::ops::cuda {
+
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+}  // namespace flashseek::ops::cuda
