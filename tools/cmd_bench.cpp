@@ -2,6 +2,7 @@
 // Without a CUDA build or a device it fails with a clear message.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -12,11 +13,13 @@
 
 #include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
+#include "model/counts.h"
 #include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
 
 #if FLASHSEEK_HAVE_CUDA
+#include "bench/cuda/bench_util.h"
 #include "bench/cuda/kernel_bench.h"
 #include "bench/cuda/layer_bench.h"
 #include "bench/cuda/prefill_bench.h"
@@ -130,6 +133,31 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
               o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
               med > 0 ? o.batch * o.step_tokens / med : 0.0);
   std::printf("logits checksum (prefill rows): %.9g\n", checksum);
+  // The HBM floor of a step: the weight bytes it must read (every matrix but the embedding table
+  // and the Engram tables, of which it reads a row each; the routed experts by the distinct
+  // experts its tokens touch, in expectation under uniform top-k routing), over the device's
+  // measured copy bandwidth (read + write bytes per second, as the layer slices' "% of copy BW").
+  const model::ModelCounts counts = model::count_from_config(c);
+  auto comp = [&](model::Component k) { return double(counts.components[size_t(k)].bytes); };
+  const double embed_table = double(c.vocab_size) * double(c.hidden_size) * 2.0;  // BF16
+  const double E = double(std::max<int64_t>(c.n_routed_experts, 1)), K = double(c.n_experts_per_tok);
+  const double tokens = double(o.batch) * double(o.step_tokens);
+  const double touched = E * (1.0 - std::pow(1.0 - std::min(K / E, 1.0), tokens));
+  const double bytes = comp(model::Component::kAttention) + comp(model::Component::kSharedRouters) +
+                       comp(model::Component::kEmbedHead) - embed_table + comp(model::Component::kEngramProj) +
+                       comp(model::Component::kCompressors) + comp(model::Component::kRoutedExperts) * touched / E;
+  std::printf("step bytes (floor): %.1f MB (routed experts: %.1f of %.0f per layer touched in expectation)\n",
+              bytes / 1e6, touched, E);
+#if FLASHSEEK_HAVE_CUDA
+  if (!o.gpus.empty()) {
+    double gbps = 0;
+    if (Status st = ops::cuda::bench::measure_copy(&gbps); !st.ok()) return fail(st);
+    const double floor_ms = bytes / (gbps * 1e9) * 1e3;
+    std::printf("HBM floor: %.3f ms at the measured copy bandwidth %.0f GB/s; the step is %.1f %% of it "
+                "(%.2fx the floor)\n",
+                floor_ms, gbps, med > 0 ? 100.0 * floor_ms / (med * 1e3) : 0.0, floor_ms > 0 ? med * 1e3 / floor_ms : 0.0);
+  }
+#endif
   return 0;
 }
 

@@ -153,7 +153,7 @@ namespace {
 std::string bench_checksum(const std::string& args) {
   auto r = testing::run_command(testing::flashseek_bin() + " bench " + args + " --reps 2 --batch 2 --prompt-tokens 5 2>&1");
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
-  EXPECT_NE(r.output.find("decode: batch 2, median"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("decode: batch 2 x 1 tokens, median"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("loaded "), std::string::npos) << r.output;
   const size_t at = r.output.find("logits checksum");
   return at == std::string::npos ? "" : r.output.substr(at, r.output.find('\n', at) - at);
@@ -208,6 +208,33 @@ TEST(EngramTables, CpuAcceptsBothGpuPlanCountsTheTables) {
   auto bad = testing::run_command(testing::flashseek_bin() + " run " + base + " --engram-tables disk" + kRunArgs + " 2>&1");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--engram-tables"), std::string::npos) << bad.output;
+}
+
+// The model bench's step shapes: a prompt prefilled in chunks (--prefill-chunk) leaves the same
+// state as one forward of it (the CPU backend is chunk-invariant bit for bit), so the first
+// decode step's logits agree; verify-block steps (--step-tokens) time every sequence's block
+// with all its logits, and the floor line counts the step's bytes.
+TEST(BenchLoadFormat, ChunkedPrefillAndVerifyBlocks) {
+  auto run = [](const std::string& extra) {
+    auto r = testing::run_command(testing::flashseek_bin() +
+                                  " bench --load-format dummy --config tiny-v41 --seed 5 --reps 1 --batch 2 "
+                                  "--prompt-tokens 13 " + extra + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << extra << "\n" << r.output;
+    return r.output;
+  };
+  const std::string one = run(""), chunked = run("--prefill-chunk 4"), block = run("--step-tokens 6");
+  auto line = [](const std::string& out, const char* key) {
+    const size_t at = out.find(key);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  // The checksum covers the prefill's last rows: with chunks it is summed from the same rows.
+  EXPECT_FALSE(line(one, "logits checksum").empty()) << one;
+  EXPECT_EQ(line(one, "logits checksum"), line(chunked, "logits checksum")) << one << chunked;
+  EXPECT_NE(block.find("decode: batch 2 x 6 tokens, median"), std::string::npos) << block;
+  EXPECT_NE(one.find("step bytes (floor): "), std::string::npos) << one;
+  auto bad = testing::run_command(testing::flashseek_bin() +
+                                  " bench --load-format dummy --config tiny-v41 --step-tokens 0 2>&1");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
 }
 
 }  // namespace
