@@ -41,6 +41,11 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "kernel's end: on | off (the same results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--bf16-linears", o.bf16_linears,
+                  "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
+                  "CPU's summation order) | tensor (BF16 tensor cores: the same products, another FP32 order)")
+      ->check(CLI::IsMember({"exact", "tensor"}))
+      ->capture_default_str();
   add_prefill_attention_option(cmd, o.prefill_attention);
   cmd->add_option("--index-scores", o.index_scores,
                   "indexer scores on a GPU backend: auto (reference numerics: the integer tensor cores over the FP4 "
@@ -84,6 +89,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
+  g.tensor_core_linears = o.bf16_linears == "tensor";
   return g;
 }
 

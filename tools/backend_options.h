@@ -24,10 +24,11 @@ struct BackendOpts {
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
+  std::string bf16_linears = "exact";  // exact | tensor (GpuLoadOptions::tensor_core_linears)
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
-// --engram-tables, --prefill-attention and --index-scores to `cmd`.
+// --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.

@@ -42,6 +42,7 @@ struct ModelBenchOpts {
   int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
+  std::string bf16_linears = "exact";      // --bf16-linears (GpuLoadOptions::tensor_core_linears)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -63,6 +64,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.load_progress = load_progress_printer(lo.load_threads);
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.programmatic_launch = o.pdl != "off";
+  lo.tensor_core_linears = o.bf16_linears == "tensor";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -203,6 +205,11 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--step-tokens", mo->step_tokens,
                   "model bench: tokens per sequence in each timed step (1: decode; 6: a verify block's shape)")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--bf16-linears", mo->bf16_linears,
+                  "model bench, GPU, reference numerics: wo_a and the LM head by the exactness kernels (exact) or "
+                  "the BF16 tensor cores (tensor)")
+      ->check(CLI::IsMember({"exact", "tensor"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

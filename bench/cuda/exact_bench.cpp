@@ -86,9 +86,12 @@ Result<std::string> exact_kernels_bench(int reps) {
       "Linears: kernel 1 = the former kernels (in > 1024: one block per (row, output); in <= 1024: 8 lanes per "
       "output), 2 = the GEMVs, 3 = the streaming GEMV (in > 1024, up to 8 rows; the automatic choice there); "
       "same bits. Bandwidth: weight bytes over the time of the fastest of 2 and 3, against the copy bandwidth; "
-      "speed-up: kernel 1 over that.\n\n"
-      "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 3 us | best bandwidth (weights) | speed-up |\n"
-      "|---|---|---|---|---|---|---|---|\n",
+      "speed-up: kernel 1 over that. Kernel 5 = the BF16 tensor-core linear of BF16 inputs (LinearArgs::x_bf16: "
+      "another summation order, the model's choice for wo_a and the LM head in reference numerics), its weight "
+      "bandwidth.\n\n"
+      "| op | shape | rows | kernel 1 us | kernel 2 us | kernel 3 us | best bandwidth (weights) | speed-up | kernel 5 us "
+      "| kernel 5 bandwidth |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n",
       reps, copy_gbps);
   struct LinCase {
     const char* name;
@@ -115,15 +118,16 @@ Result<std::string> exact_kernels_bench(int reps) {
   for (const LinCase& c : lcases) {
     TypedMat m;
     FS_RETURN_IF_ERROR(make_typed(ar, m, c.dt, c.n, c.k, ++seed));
-    double us[4] = {0, 0, 0, 0};
+    double us[6] = {0, 0, 0, 0, 0, 0};
     const bool stream = c.k > 1024 && c.rows <= 8;  // where kernel 3 applies (aligned weights, k % 16 == 0)
-    for (int kernel : {1, 2, 3}) {
+    for (int kernel : {1, 2, 3, 5}) {
       if (kernel == 3 && !stream) continue;
       double med = 0, mn = 0;
       FS_RETURN_IF_ERROR(bench::time_op(
           [&](int call) {
             cd::LinearArgs a;
             a.x = x, a.wt = m.ref(call), a.y = y, a.rows = c.rows, a.in = c.k, a.out = c.n / c.groups, a.kernel = kernel;
+            a.x_bf16 = kernel == 5;
             if (c.groups > 1)  // group g: x columns [g·k, (g+1)·k), outputs [g·n/G, (g+1)·n/G) of each row
               a.groups = c.groups, a.x_stride = c.groups * c.k, a.x_group = c.k, a.y_stride = c.n, a.y_group = a.out;
             return cuda_status(cd::launch_linear(a, bench::g_st), "exact linear");
@@ -132,9 +136,9 @@ Result<std::string> exact_kernels_bench(int reps) {
       us[kernel] = med;
     }
     const double best = stream ? std::min(us[2], us[3]) : us[2];
-    md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {} | {:.2f}x |\n", c.name, c.n, c.k, c.rows, us[1],
-                      us[2], stream ? fmt::format("{:.1f}", us[3]) : std::string("-"), pct(m.bytes(), best, copy_gbps),
-                      us[1] / best);
+    md += fmt::format("| {} | [{} x {}] | {} | {:.1f} | {:.1f} | {} | {} | {:.2f}x | {:.1f} | {} |\n", c.name, c.n, c.k,
+                      c.rows, us[1], us[2], stream ? fmt::format("{:.1f}", us[3]) : std::string("-"),
+                      pct(m.bytes(), best, copy_gbps), us[1] / best, us[5], pct(m.bytes(), us[5], copy_gbps));
   }
   // Prefill rows: 4096 rows of a prefill chunk through the GEMV (kernel 2) and the tiled kernel (4),
   // same bits (the outputs compared). These are compute-bound (each weight feeds 4096 rows): the

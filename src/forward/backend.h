@@ -116,6 +116,10 @@ struct LinearCall {
   int64_t act_block = 0;
   bool bf16_out = false, bf16_in = false;
   LinearKey key;
+  // x holds BF16 values (reference numerics: the final norm's output before the LM head): a
+  // backend may then sum the exact products in another FP32 order (the CUDA backend's BF16 tensor
+  // cores); the CPU backend keeps its order.
+  bool x_bf16 = false;
 };
 
 // mHC mixes of `rows` streams [rows, hc, dim] (ops/mhc.h): pre/post [rows, hc], comb [rows, hc, hc].

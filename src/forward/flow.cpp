@@ -143,7 +143,9 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
   FS_ASSIGN_OR_RETURN(Tensor lg, scratch_f("logits", nr, Vr));
   FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
-  FS_RETURN_IF_ERROR(b_.linear(lin(y, w_.head, nr, D, Vr, lg, 0, false)));
+  LinearCall head = lin(y, w_.head, nr, D, Vr, lg, 0, false);
+  head.x_bf16 = R();  // y is the BF16-rounded norm output
+  FS_RETURN_IF_ERROR(b_.linear(head));
   int64_t o = 0;
   for (FwdSeg& g : ctx.segs) {  // per item, in order: its logits rows, or the token sampled from its last row
     const int64_t n = g.all_logits ? g.T : 1;
@@ -507,7 +509,9 @@ Result<DraftBlock> Forward::propose(ModelState& st, int32_t x0, const DraftChoos
   FS_ASSIGN_OR_RETURN(Tensor U, scratch_f("dr_U", B, V));
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, hf, B, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(hf, &W.norm, y, B, D, float(c_.rms_norm_eps), R()));
-  FS_RETURN_IF_ERROR(b_.draft_head(lin(y, w_.head, B, D, V, U, 0, false)));  // every vocabulary row
+  LinearCall head = lin(y, w_.head, B, D, V, U, 0, false);  // every vocabulary row
+  head.x_bf16 = R();
+  FS_RETURN_IF_ERROR(b_.draft_head(head));
   std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
   FS_RETURN_IF_ERROR(b_.download_now(hU.data(), U, hU.size() * 4));
   FS_RETURN_IF_ERROR(b_.download_now(hhf.data(), hf, hhf.size() * 4));
@@ -581,7 +585,9 @@ Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, con
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, y, n, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &M.norm, y, n, D, eps, R()));
   FS_ASSIGN_OR_RETURN(*logits, scratch_f("mtp_logits", n, c_.vocab_size));
-  FS_RETURN_IF_ERROR(b_.draft_head({y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}}));
+  LinearCall head{y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}};
+  head.x_bf16 = R();
+  FS_RETURN_IF_ERROR(b_.draft_head(head));
   return kv_rows;
 }
 

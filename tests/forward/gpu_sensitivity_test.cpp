@@ -19,6 +19,9 @@
 // disabled; a relative perturbation of the result under-models a reordered sum whose terms cancel.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
+
 #include "backends/cuda/gpu_model.h"
 #include "parity_test_util.h"
 
@@ -51,24 +54,40 @@ void print_against_bound(const Ckpt& c, const char* how, const ParityStats& s, c
                 static_cast<long long>(f.position), f.ref_gap, f.max_diff);
 }
 
+// Both settings of GpuLoadOptions::tensor_core_linears (wo_a and the LM head by the exactness
+// kernels, or on the BF16 tensor cores in another FP32 order): each within the bound, prefill and
+// decode; and the tensor-core linears keep prefill == decode exactly where the exactness kernels
+// do (their order never depends on the row count).
 TEST_P(GpuSensitivity, CudaNoWorseThanCpuSelfSensitivity) {
   FS_REQUIRE_GPU();
   const Ckpt c = GetParam();
   const Measured& m = measured(c);
   ASSERT_EQ(m.ref.size(), size_t(kTokens * m.vocab));
-  auto gpu = load_model_gpu(m.dir, Numerics::kReference, 0);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
   const ParityStats& bound = m.sens.worst;
-  for (int64_t chunk : {kTokens, int64_t(1)}) {
-    const ParityStats s = stats(m.ref, gpu_logits(*gpu.value(), chunk), m.vocab);
-    const char* how = chunk == kTokens ? "prefill" : "decode";
-    print_against_bound(c, how, s, bound);
-    EXPECT_TRUE(s.finite) << how;
-    EXPECT_EQ(s.positions, kTokens) << how;
-    EXPECT_LE(s.median, bound.median) << how << ": median max|dlogit| above the CPU self-sensitivity";
-    EXPECT_LE(s.p99, bound.p99) << how << ": p99 max|dlogit| above the CPU self-sensitivity";
-    EXPECT_GE(s.argmax_agreement(), bound.argmax_agreement()) << how << ": argmax agreement below the CPU's";
+  bool same[2] = {false, false};
+  for (const bool tc : {false, true}) {
+    GpuLoadOptions o;
+    o.tensor_core_linears = tc;
+    auto gpu = load_model_gpu(m.dir, Numerics::kReference, 0, o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+    std::vector<float> by_chunk[2];
+    for (int64_t chunk : {kTokens, int64_t(1)}) {
+      const std::string how = std::string(chunk == kTokens ? "prefill" : "decode") + (tc ? ", tensor-core linears" : "");
+      by_chunk[chunk == 1] = gpu_logits(*gpu.value(), chunk);
+      const ParityStats s = stats(m.ref, by_chunk[chunk == 1], m.vocab);
+      print_against_bound(c, how.c_str(), s, bound);
+      EXPECT_TRUE(s.finite) << how;
+      EXPECT_EQ(s.positions, kTokens) << how;
+      EXPECT_LE(s.median, bound.median) << how << ": median max|dlogit| above the CPU self-sensitivity";
+      EXPECT_LE(s.p99, bound.p99) << how << ": p99 max|dlogit| above the CPU self-sensitivity";
+      EXPECT_GE(s.argmax_agreement(), bound.argmax_agreement()) << how << ": argmax agreement below the CPU's";
+    }
+    same[tc] = by_chunk[0].size() == by_chunk[1].size() &&
+               std::memcmp(by_chunk[0].data(), by_chunk[1].data(), by_chunk[0].size() * sizeof(float)) == 0;
   }
+  std::printf("[parity] %s prefill == decode bitwise: exactness linears %s, tensor-core linears %s\n", c.tag().c_str(),
+              same[0] ? "yes" : "no", same[1] ? "yes" : "no");
+  EXPECT_EQ(same[1], same[0]) << "the tensor-core linears changed whether prefill equals decode";
 }
 
 const auto ckpt_name = [](const ::testing::TestParamInfo<Ckpt>& info) {

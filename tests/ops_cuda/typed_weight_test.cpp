@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -705,7 +706,7 @@ TEST(CudaTypedWeights, TiledKernelMatchesGemvAndCpuTwinBitwise) {
               cases.size(), (long long)launches, (long long)many_rows);
 
   // Refusals (kernel 4 forced where it cannot run): in <= 1024 (the short order), in over 16
-  // chunks, sel; nothing is launched (y keeps its sentinel). Kernel 5 does not exist.
+  // chunks, sel; nothing is launched (y keeps its sentinel). Kernel 6 does not exist.
   const Stored s = make_stored(WeightDtype::kBf16, 8, 16385, 2, 1, 1, 77);
   const DevStored ds(s);
   DeviceBuffer<float> dx(std::vector<float>(size_t(40 * 16385), 1.0f)), dy(std::vector<float>(size_t(40 * 8), -7.0f));
@@ -717,12 +718,119 @@ TEST(CudaTypedWeights, TiledKernelMatchesGemvAndCpuTwinBitwise) {
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "in = 1024";
   a.in = 2048, a.wt.cols = 2048, a.sel = dsel.get();
   EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "sel";
-  a.sel = nullptr, a.kernel = 5;
-  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "kernel 5";
+  a.sel = nullptr, a.kernel = 6;
+  EXPECT_NE(cd::launch_linear(a, 0), cudaSuccess) << "kernel 6";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float v : dy.to_host()) ASSERT_EQ(v, -7.0f) << "a refused launch wrote y";
   a.kernel = 4;  // the same args without the refusal reasons run
   FS_ASSERT_OK(cuda_status(cd::launch_linear(a, 0), "tiled"));
+}
+
+}  // namespace
+}  // namespace flashseek::ops::cuda
+
+namespace flashseek::ops::cuda {
+namespace {
+
+// The BF16 tensor-core linear (LinearArgs::x_bf16, kernel 5; model_kernels.h, linear_mma.cu) on
+// inputs that are BF16 values: the exact products of the CPU twin (ops::linear) summed in another
+// FP32 order, so within the reordering bound |Δ| <= 2·in·2^-24·Σ|x·w| (linear_abs_terms) of every
+// output; and that order depends on `in` only: a row's outputs are bitwise the same at any row
+// count (1, the 8-token decode path, the 32-token prefill path), grouped or per group, and in
+// BF16 output the BF16 rounding of the FP32 result.
+TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
+  FS_REQUIRE_GPU();
+  uint64_t seed = 4100;
+  int64_t cases = 0;
+  double worst = 0;
+  for (const Fmt f : {Fmt{WeightDtype::kFp8, 128, 128}, Fmt{WeightDtype::kFp8, 32, 32}, Fmt{WeightDtype::kFp8, 16, 16},
+                      Fmt{WeightDtype::kBf16, 1, 1}}) {
+    for (const int64_t G : {1, 8}) {
+      for (const int64_t in : {256, 1280, 4096}) {
+        const int64_t Ro = G == 1 ? 1001 : 40;  // odd tile counts; 40: slices straddle the scale blocks
+        const std::string tag = std::string(name_of(f.dt)) + " " + std::to_string(f.bc) + " G=" + std::to_string(G) +
+                                " in=" + std::to_string(in);
+        SCOPED_TRACE(tag);
+        const Stored s = make_stored(f.dt, G * Ro, in, 1, f.br, f.bc, ++seed);
+        const DevStored ds(s);
+        constexpr int64_t kMaxT = 77;
+        Rng r(++seed);
+        std::vector<float> x(size_t(kMaxT * G * in));
+        for (auto& v : x) v = round_bf16(float(r.normal()));
+        DeviceBuffer<float> dx(x);
+        // The CPU twin and the magnitude of each output's terms.
+        std::vector<float> want(size_t(kMaxT * G * Ro)), mag(want.size());
+        for (int64_t t = 0; t < kMaxT; ++t)
+          for (int64_t g = 0; g < G; ++g) {
+            ops::LinearParams p{x.data() + t * G * in + g * in, s.values.data() + g * Ro * in, nullptr, 1, in, Ro};
+            p.y = want.data() + t * G * Ro + g * Ro;
+            ops::linear(p);
+            p.y = mag.data() + t * G * Ro + g * Ro;
+            ops::linear_abs_terms(p);
+          }
+        auto run = [&](int64_t T, int64_t x_row0, bool bf16_out, int kernel) {
+          DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
+          cd::LinearArgs a;
+          a.x = dx.get() + x_row0 * G * in, a.x_stride = G * in, a.x_group = in;
+          a.y = dy.get(), a.y_stride = G * Ro, a.y_group = Ro;
+          a.rows = T, a.in = in, a.out = Ro, a.bf16_out = bf16_out, a.groups = G, a.kernel = kernel, a.x_bf16 = true;
+          a.wt = ds.ref(s);
+          EXPECT_TRUE(cd::linear_mma_applies(a));
+          EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
+          return dy.to_host();
+        };
+        const std::vector<float> all = run(kMaxT, 0, false, 5), automatic = run(kMaxT, 0, false, 0);
+        expect_bitwise(automatic, all, tag + ": x_bf16 picks kernel 5");
+        size_t over = 0;
+        for (size_t i = 0; i < all.size(); ++i) {
+          const double d = std::fabs(double(all[i]) - double(want[i])), bound = 2.0 * double(in) * 0x1p-24 * mag[i];
+          if (mag[i] > 0) worst = std::max(worst, d / mag[i]);
+          if (!(d <= bound) && ++over <= 3) ADD_FAILURE() << tag << " [" << i << "] " << all[i] << " vs " << want[i] << " bound " << bound;
+        }
+        EXPECT_EQ(over, 0u);
+        // Row counts: 1 (decode), 6 and 8 (the 8-token path), 9 and 33 (the 32-token path), from
+        // several starting rows: each row's outputs are those of the 77-row launch.
+        for (const int64_t T : {1, 6, 8, 9, 33}) {
+          const int64_t row0 = T == 1 ? 41 : 3;
+          const std::vector<float> part = run(T, row0, false, 5);
+          expect_bitwise(part, std::vector<float>(all.begin() + row0 * G * Ro, all.begin() + (row0 + T) * G * Ro),
+                         tag + " T=" + std::to_string(T));
+        }
+        // BF16 output: the rounding of the FP32 result.
+        std::vector<float> rounded = all;
+        for (auto& v : rounded) v = round_bf16(v);
+        expect_bitwise(run(kMaxT, 0, true, 5), rounded, tag + " bf16_out");
+        // A group alone (its row slice) gives the grouped launch's outputs.
+        if (G > 1) {
+          DeviceBuffer<float> dy(std::vector<float>(size_t(6 * Ro), -7.0f));
+          cd::LinearArgs a;
+          a.x = dx.get() + 5 * in, a.x_stride = G * in, a.y = dy.get(), a.rows = 6, a.in = in, a.out = Ro;
+          a.wt = ds.ref(s, 5 * Ro), a.kernel = 5, a.x_bf16 = true;
+          EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
+          const std::vector<float> one = dy.to_host();
+          for (int64_t t = 0; t < 6; ++t)
+            expect_bitwise(std::vector<float>(one.begin() + t * Ro, one.begin() + (t + 1) * Ro),
+                           std::vector<float>(all.begin() + t * G * Ro + 5 * Ro, all.begin() + t * G * Ro + 6 * Ro),
+                           tag + " group 5 alone, row " + std::to_string(t));
+        }
+        ++cases;
+      }
+    }
+  }
+  std::printf("[tensor-core linear] %lld shapes; worst |gpu - cpu| / sum|x*w| = %.3g (bound 2*in*2^-24)\n",
+              (long long)cases, worst);
+  // Where it does not apply: forced, it refuses; automatic, x_bf16 falls back to the exact kernels.
+  const Stored s = make_stored(WeightDtype::kBf16, 8, 96, 1, 1, 1, 7);
+  const DevStored ds(s);
+  DeviceBuffer<float> dx(std::vector<float>(96, 1.0f)), dy(std::vector<float>(8, 0.0f));
+  cd::LinearArgs a;
+  a.x = dx.get(), a.wt = ds.ref(s), a.y = dy.get(), a.rows = 1, a.in = 96, a.out = 8, a.x_bf16 = true;
+  EXPECT_FALSE(cd::linear_mma_applies(a));
+  a.kernel = 5;
+  EXPECT_EQ(cd::launch_linear(a, 0), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  a.kernel = 0;
+  EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
 }
 
 }  // namespace

@@ -237,7 +237,7 @@ class GpuModel final : public Model, public Backend {
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
   Status linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
-                int64_t x_row_div = 1);
+                int64_t x_row_div = 1, bool x_bf16 = false);
 
   // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
   // its download to `out` (written at the forward's sync).
@@ -429,6 +429,7 @@ class GpuModel final : public Model, public Backend {
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
+  bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).

@@ -567,6 +567,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_attention_ = opts.prefill_attention;
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
   m->programmatic_launch_ = opts.programmatic_launch;
+  m->tensor_core_linears_ = opts.tensor_core_linears;
   {
     int major = 0, minor = 0;
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m->device_));
@@ -968,7 +969,8 @@ template Result<uint8_t*> GpuModel::scratch<uint8_t>(const std::string&, int64_t
 template Result<const float**> GpuModel::scratch<const float*>(const std::string&, int64_t);
 
 Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
-                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div) {
+                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div,
+                        bool x_bf16) {
   if (!w) return internal_error("gpu linear: missing weight ({}x{})", out, in);
   const NativeMatrix* nw = native(w);
   if (nw && nw->fast && !sel && x_row_div == 1 && act_block == nw->act_block)
@@ -989,6 +991,7 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
   a.x = x, a.y = y, a.sel = sel, a.rows = rows, a.in = in, a.out = out, a.x_row_div = x_row_div;
   set_weight(a, w, 0);
   a.bf16_out = bf16_out;
+  a.x_bf16 = x_bf16 && tensor_core_linears_;  // x holds BF16 values: the tensor-core linear may run
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
   return {};
 }

@@ -128,6 +128,11 @@ struct GpuLoadOptions {
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
   bool programmatic_launch = true;
+  // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
+  // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
+  // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's
+  // --bf16-linears tensor|exact.
+  bool tensor_core_linears = false;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call

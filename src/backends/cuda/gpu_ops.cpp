@@ -87,7 +87,8 @@ Status GpuModel::embed(const Vec& table, const Tensor& tokens, const Tensor& X, 
 }
 
 Status GpuModel::linear(const LinearCall& c) {
-  return linear(c.x.f32(), d(*c.w), c.rows, c.in, c.out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in);
+  return linear(c.x.f32(), d(*c.w), c.rows, c.in, c.out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in, nullptr, 1,
+                c.x_bf16);
 }
 
 Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
@@ -101,6 +102,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
   la.x = x.f32(), la.x_stride = width, la.x_group = in;
   la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
   la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
+  la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
   set_weight(la, d(w), 0);
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   return {};

@@ -208,7 +208,8 @@ Status GpuModel::head_slice(std::span<const float> y, int64_t rows, std::span<fl
   FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(yd.data, y.data(), y.size() * 4, cudaMemcpyHostToDevice, stream_));
   LinearCall c;
   c.x = yd, c.w = &w_.head, c.rows = rows, c.in = D, c.out = Vr, c.y = lg;
-  FS_RETURN_IF_ERROR(linear(c));  // FP32 dots, as the backbone's head
+  c.x_bf16 = numerics_ == Numerics::kReference;  // the norm's BF16 output, as the flow's head call says
+  FS_RETURN_IF_ERROR(linear(c));  // the backbone's head kernels
   return download_now(out.data(), lg, out.size() * 4);
 }
 

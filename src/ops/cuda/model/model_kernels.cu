@@ -2342,12 +2342,14 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 4)
+  if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 5)
     return cudaErrorInvalidValue;
   if (a.groups < 1 || a.groups > 65535 || (a.groups > 1 && a.sel)) return cudaErrorInvalidValue;
   const bool typed = !a.w;
   if (typed && !weight_ref_ok(a.wt, a.in)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
+  // BF16 inputs: the tensor-core linear (another summation order; the same at every row count).
+  if (a.kernel == 5 || (a.kernel == 0 && a.x_bf16 && linear_mma_applies(a))) return launch_linear_mma(a, s);
   const bool chunked = a.in > kSumChunk;
   // Automatic: the streaming GEMV for FP8 weights only; for BF16 / FP32 rows (the LM head, the
   // router gate) the GEMV's two row groups read as fast or faster (bench --kernels exact).

@@ -72,7 +72,14 @@ struct LinearArgs {
   // for many rows (error where it does not apply: in <= 1024, in > 16 chunks, sel, or its ~100 KB
   // of shared memory over the device's limit per block). Same bits for every kernel; tests and
   // the benchmark force one.
+  // 5: the BF16 tensor-core linear (linear_mma.cu), automatic wherever x_bf16 is set and it
+  // applies (typed BF16 or FP8 weights, no sel, in a multiple of 32 / 64, aligned): the same exact
+  // products, another FP32 summation order (not the bits of kernels 1-4), the same order at any row
+  // count; error where forced and it does not apply.
   int kernel = 0;
+  // Every x value is a BF16 value (reference numerics: the inputs of wo_a and of the LM head), so
+  // BF16 tensor-core products are exact: kernel 5 may run.
+  bool x_bf16 = false;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
@@ -84,6 +91,9 @@ struct LinearArgs {
 // A typed weight (wt) is read in its stored format, each value expanded in registers; the sums
 // are the same, so y is bitwise the FP32-weight result.
 cudaError_t launch_linear(const LinearArgs& a, cudaStream_t s);
+// Kernel 5 (linear_mma.cu): where it applies, and its launch (cudaErrorInvalidValue where not).
+bool linear_mma_applies(const LinearArgs& a);
+cudaError_t launch_linear_mma(const LinearArgs& a, cudaStream_t s);
 
 // ---- mHC (ops/mhc.h) ---------------------------------------------------------------------------
 struct HcMixArgs {

@@ -1,0 +1,222 @@
+// The linear of BF16 inputs on the BF16 tensor cores (LinearArgs::x_bf16, kernel 5): y = x · Wᵀ
+// where every x value is a BF16 value (reference numerics round the inputs of wo_a and the LM
+// head to BF16) and W is stored as BF16 or as FP8 e4m3 codes with E8M0 block scales (each code
+// times its scale is a BF16 value). So every product x·w is exact in FP32, as in the exactness
+// kernels; what differs is the order of the FP32 sum: per output, 16-wide m16n8k16 MMA steps with
+// FP32 accumulation, in ascending k, the k values of a step permuted the same way for W and x.
+// That order depends on `in` only: never on the rows (tokens) of the launch, the outputs, the
+// groups or the tiling, so decode rows, verify blocks, prefill chunks and tensor-parallel slices
+// of the same output give the same bits (batch invariance; prefill == decode). Against the CPU's
+// exact order the difference is a reordering of an FP32 sum (tests bound it by K·2^-23·Σ|x·w|).
+//
+// Work: a CTA owns 16 outputs (one group's) and 8·kNt tokens; its kWarps warps split `in` into
+// kWarps equal ranges (always, so the split depends on `in` only) and their partial sums are
+// added in warp order at the end. Each warp's x sub-chunk of kChunk k values for the CTA's tokens
+// is converted to BF16 in shared memory (rows padded so that the eight token rows of a fragment
+// load fall in different banks). Each thread streams 16 bytes of each of its two weight rows per
+// step (BF16: 8 values, 2 MMAs; FP8: 16 codes, 4 MMAs) with kAhead steps of loads in flight across
+// the sub-chunks. Token slices of 8·kNt are in grid y.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/model/model_device.cuh"
+#include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
+#include "ops/cuda/runtime/smem_limit.cuh"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kChunk = 256;            // k values of x staged per warp and round
+constexpr int kPad = 8;                // BF16 values of padding per staged token row
+constexpr int kRowStride = kChunk + kPad;
+constexpr int kAhead = 4;              // weight steps in flight per thread
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four values of a 16-byte weight load as two BF16 pairs (values 4j..4j+3 of the load): BF16
+// weights are already pairs; FP8 codes are expanded exactly (code value times the block scale).
+template <bool kFp8>
+__device__ __forceinline__ void weight_pairs(const uint4& raw, int j, float scale, uint32_t& lo, uint32_t& hi) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
+  if constexpr (!kFp8) {
+    lo = w[2 * j], hi = w[2 * j + 1];
+  } else {
+    // Four e4m3 codes (lowest byte first) → f16 pairs by the hardware conversion (exact: e4m3 is a
+    // subset of f16), → FP32, times the power-of-two scale (exact: dev_e4m3_value's products), →
+    // BF16 (exact wherever the value is within BF16's range, as every model weight is).
+    const uint32_t c = w[j];
+    const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c & 0xffffu), __NV_E4M3);
+    const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c >> 16), __NV_E4M3);
+    const float2 f01 = __half22float2(__half2(h01)), f23 = __half22float2(__half2(h23));
+    lo = pack_bf16(__fmul_rn(f01.x, scale), __fmul_rn(f01.y, scale));
+    hi = pack_bf16(__fmul_rn(f23.x, scale), __fmul_rn(f23.y, scale));
+  }
+}
+
+// Grid: x = group · tiles + 16-output tile of the group, y = token slice.
+template <bool kFp8, int kNt>
+__global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int64_t tiles) {
+  pdl_prologue();
+  constexpr int kE = kFp8 ? 16 : 8;   // values per 16-byte load
+  constexpr int kStep = 4 * kE;       // k values per step (four threads of a row)
+  constexpr int kMmas = kE / 4;       // MMAs per step and token tile
+  constexpr int kToks = 8 * kNt;
+  constexpr int kWb = kFp8 ? 1 : 2;   // bytes per weight value
+  extern __shared__ __align__(16) __nv_bfloat16 xs[];  // [kWarps][kToks][kRowStride]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t group = blockIdx.x / tiles, out0 = (blockIdx.x % tiles) * 16;
+  const int64_t tok0 = int64_t(blockIdx.y) * kToks;
+  const int n_tok = int(a.rows - tok0 < kToks ? a.rows - tok0 : kToks);
+  const float* x = a.x + group * a.x_group;
+  const int64_t span = a.in / kWarps, k_begin = warp * span;  // this warp's k range
+  const int nsteps = int(span / kStep), chunk_steps = kChunk / kStep;
+  // This thread's two weight rows (clamped inside the matrix; rows past `out` are not stored).
+  const int64_t last = a.out - 1;
+  const int64_t oa = out0 + g < last ? out0 + g : last, ob = out0 + g + 8 < last ? out0 + g + 8 : last;
+  const int64_t ra = a.wt.row0 + group * a.out + oa, rb = a.wt.row0 + group * a.out + ob;
+  const uint8_t* wa = static_cast<const uint8_t*>(a.wt.data) + ra * a.in * kWb + (k_begin + q * kE) * kWb;
+  const uint8_t* wb = static_cast<const uint8_t*>(a.wt.data) + rb * a.in * kWb + (k_begin + q * kE) * kWb;
+  const int64_t sc_cols = kFp8 ? (a.in + a.wt.block_cols - 1) / a.wt.block_cols : 0;
+  const uint8_t* sa = kFp8 ? a.wt.scale + (ra / a.wt.block_rows) * sc_cols : nullptr;
+  const uint8_t* sb = kFp8 ? a.wt.scale + (rb / a.wt.block_rows) * sc_cols : nullptr;
+  __nv_bfloat16* xw = xs + warp * kToks * kRowStride;  // this warp's sub-chunk
+  float acc[kNt][4];
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  uint4 la[kAhead], lb[kAhead];
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i)
+    if (i < nsteps) {
+      la[i] = __ldg(reinterpret_cast<const uint4*>(wa + int64_t(i) * kStep * kWb));
+      lb[i] = __ldg(reinterpret_cast<const uint4*>(wb + int64_t(i) * kStep * kWb));
+    }
+  for (int s0 = 0; s0 < nsteps; s0 += kAhead) {
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int s = s0 + i;
+      if (s >= nsteps) break;  // uniform over the CTA (every warp has nsteps steps)
+      if (s % chunk_steps == 0) {  // stage every warp's next x sub-chunk (BF16 values: exact)
+        __syncthreads();  // the previous sub-chunks' fragment loads are done
+        // Only the launch's token rows: a fragment column of a missing token reads whatever the
+        // shared memory holds, and only that token's outputs (never stored) see it.
+        const int64_t kc = int64_t(s) * kStep;
+        for (int e = threadIdx.x; e < kWarps * n_tok * (kChunk / 4); e += kThreads) {
+          const int w = e / (n_tok * (kChunk / 4)), rem = e % (n_tok * (kChunk / 4));
+          const int t = rem / (kChunk / 4), c = (rem % (kChunk / 4)) * 4;
+          const int64_t r = tok0 + t, kk = w * span + kc + c;
+          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (kc + c < span) v = *reinterpret_cast<const float4*>(x + r * a.x_stride + kk);
+          uint2 p;
+          p.x = pack_bf16(v.x, v.y), p.y = pack_bf16(v.z, v.w);
+          *reinterpret_cast<uint2*>(xs + (w * kToks + t) * kRowStride + c) = p;
+        }
+        __syncthreads();
+      }
+      const uint4 ca = la[i], cb = lb[i];
+      if (s + kAhead < nsteps) {  // refill this slot kAhead steps ahead
+        la[i] = __ldg(reinterpret_cast<const uint4*>(wa + int64_t(s + kAhead) * kStep * kWb));
+        lb[i] = __ldg(reinterpret_cast<const uint4*>(wb + int64_t(s + kAhead) * kStep * kWb));
+      }
+      const int64_t k = k_begin + int64_t(s) * kStep + q * kE;  // this thread's first k of the step
+      float sca = 1.0f, scb = 1.0f;
+      if constexpr (kFp8) {
+        sca = dev_e8m0_value(sa[k / a.wt.block_cols]);
+        scb = dev_e8m0_value(sb[k / a.wt.block_cols]);
+      }
+      const int xc = (s % chunk_steps) * kStep + q * kE;
+#pragma unroll
+      for (int j = 0; j < kMmas; ++j) {
+        // A (16 outputs x 16 k): logical columns 2q, 2q+1, 2q+8, 2q+9 of this thread are the
+        // values 4j..4j+3 of its load; B (16 k x 8 tokens) takes the same k from x.
+        uint32_t a0, a2, a1, a3;
+        weight_pairs<kFp8>(ca, j, sca, a0, a2);
+        weight_pairs<kFp8>(cb, j, scb, a1, a3);
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          const uint2 b = *reinterpret_cast<const uint2*>(xw + (nt * 8 + g) * kRowStride + xc + 4 * j);
+          mma_bf16(acc[nt], a0, a1, a2, a3, b.x, b.y);
+        }
+      }
+    }
+  }
+  // The warps' partial sums, added in warp order (the staging area is free after the barrier).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(xs);  // [kWarps][32][kNt·4]
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * kNt * 4 + nt * 4 + i] = acc[nt][i];
+  __syncthreads();
+  if (warp != 0) return;
+  float* y = a.y + group * a.y_group;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = red[lane * kNt * 4 + nt * 4 + i];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[(w * 32 + lane) * kNt * 4 + nt * 4 + i]);
+      // D fragment: (output g, tokens 2q, 2q+1) and (output g + 8, the same tokens).
+      const int64_t o = out0 + g + (i >= 2 ? 8 : 0), r = tok0 + nt * 8 + 2 * q + (i & 1);
+      if (o >= a.out || r >= a.rows) continue;
+      y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(v) : v;
+    }
+}
+
+template <bool kFp8, int kNt>
+cudaError_t launch_mma(const LinearArgs& a, cudaStream_t s) {
+  const int64_t tiles = (a.out + 15) / 16;
+  const int64_t slices = (a.rows + 8 * kNt - 1) / (8 * kNt);
+  if (tiles * a.groups > INT32_MAX || slices > 65535) return cudaErrorInvalidValue;
+  const size_t smem = std::max(size_t(kWarps) * 8 * kNt * kRowStride * sizeof(__nv_bfloat16),
+                               size_t(kWarps) * 32 * kNt * 4 * sizeof(float));
+  auto* kernel = linear_mma_kernel<kFp8, kNt>;
+  static std::atomic<uint64_t> smem_done{0};
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(kernel), int(smem), smem_done);
+      e != cudaSuccess)
+    return e;
+  return launch_kernel(kernel, dim3(unsigned(tiles * a.groups), unsigned(slices)), kThreads, smem, s, a, tiles);
+}
+
+}  // namespace
+
+bool linear_mma_applies(const LinearArgs& a) {
+  if (a.w || a.sel || a.x_row_div != 1 || !a.wt.data) return false;  // typed weights, plain rows
+  if (a.wt.dtype != WeightDtype::kBf16 && a.wt.dtype != WeightDtype::kFp8) return false;
+  const bool fp8 = a.wt.dtype == WeightDtype::kFp8;
+  // Each warp's quarter of `in` whole steps (64 FP8 / 32 BF16 values).
+  if (a.in <= 0 || a.in % (kWarps * (fp8 ? 64 : 32)) != 0 || a.out <= 0 || a.rows <= 0) return false;
+  if (reinterpret_cast<uintptr_t>(a.wt.data) % 16 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) return false;
+  if (a.x_stride % 4 != 0 || (a.groups > 1 && a.x_group % 4 != 0)) return false;
+  // FP8: a thread's 16 codes of a row share one scale (scale blocks of >= 16 columns, aligned).
+  if (fp8 && (!a.wt.scale || a.wt.block_rows <= 0 || a.wt.block_cols < 16 || a.wt.block_cols % 16 != 0)) return false;
+  return true;
+}
+
+cudaError_t launch_linear_mma(const LinearArgs& a, cudaStream_t s) {
+  if (!linear_mma_applies(a)) return cudaErrorInvalidValue;
+  const bool fp8 = a.wt.dtype == WeightDtype::kFp8;
+  if (a.rows <= 8) return fp8 ? launch_mma<true, 1>(a, s) : launch_mma<false, 1>(a, s);
+  return fp8 ? launch_mma<true, 4>(a, s) : launch_mma<false, 4>(a, s);
+}
+
+}  // namespace flashseek::ops::cuda::detail
