@@ -212,7 +212,10 @@ bool linear_mma_applies(const LinearArgs& a) {
   return true;
 }
 
-cudaError_t launch_linear_mma(const LinearArgs& a, cudaStream_t s) {
+cudaError_t launch_linear_mma(const LinearArgs& a0, cudaStream_t s) {
+  LinearArgs a = a0;
+  if (a.x_stride == 0) a.x_stride = a.in;
+  if (a.y_stride == 0) a.y_stride = a.out;
   if (!linear_mma_applies(a)) return cudaErrorInvalidValue;
   const bool fp8 = a.wt.dtype == WeightDtype::kFp8;
   if (a.rows <= 8) return fp8 ? launch_mma<true, 1>(a, s) : launch_mma<false, 1>(a, s);

@@ -13,12 +13,12 @@
 //
 // Programmatic dependent launch (PDL, sm_90+): while programmatic_launch() is on, launch_kernel*
 // launch with cudaLaunchAttributeProgrammaticStreamSerialization, so a kernel's blocks may be
-// scheduled while the previous kernel on the stream still runs; a decode step is ~350 short
-// kernels and this hides the launch and ramp of each behind its predecessor. That is only sound
-// because every kernel launched here begins with pdl_prologue() (runtime/pdl.cuh), which waits
-// for the previous grid to finish and its writes to be visible before anything else;
-// tests/ops/pdl_prologue_check.py fails the build's tests when a kernel of a file that includes
-// this header lacks it. Kernels launched otherwise (<<<>>>, libraries) keep full serialization.
+// scheduled while the previous kernel on the stream still runs (its launch and block scheduling
+// overlap the predecessor's end). That is only sound because every kernel launched here begins
+// with pdl_prologue() (runtime/pdl.cuh), which waits for the previous grid to finish and its
+// writes to be visible before anything else; scripts/check_pdl_prologue.py (the ctest
+// PdlPrologue.*) fails when a kernel of a file that launches through here lacks it. Kernels
+// launched otherwise (<<<>>>, libraries) keep full serialization.
 // C++17 (included by .cu files); the launch templates need nvcc, the tape itself does not.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -154,7 +154,9 @@ cudaError_t launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaS
     ++n;
   }
   cfg.attrs = attr, cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();  // returned here, not left for a later check (as <<<>>> + cudaGetLastError)
+  return e;
 }
 }  // namespace launch_detail
 
