@@ -20,6 +20,15 @@ LinearCall lin(const Tensor& x, const Vec& w, int64_t rows, int64_t in, int64_t 
   c.act_block = act_block, c.bf16_out = bf16_out, c.bf16_in = bf16_in, c.key = key;
   return c;
 }
+
+// The LM head over rows of y, the norm's output (FP32 dots; BF16 values in reference numerics,
+// which lets a backend take exact BF16 products in another order: LinearCall::x_bf16).
+LinearCall head_call(const Tensor& y, const Vec& head, int64_t rows, int64_t D, int64_t V, const Tensor& out,
+                     bool bf16_y) {
+  LinearCall c = lin(y, head, rows, D, V, out, 0, false);
+  c.x_bf16 = bf16_y;
+  return c;
+}
 }  // namespace
 
 Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
@@ -143,9 +152,7 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
   FS_ASSIGN_OR_RETURN(Tensor lg, scratch_f("logits", nr, Vr));
   FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
-  LinearCall head = lin(y, w_.head, nr, D, Vr, lg, 0, false);
-  head.x_bf16 = R();  // y is the BF16-rounded norm output
-  FS_RETURN_IF_ERROR(b_.linear(head));
+  FS_RETURN_IF_ERROR(b_.linear(head_call(y, w_.head, nr, D, Vr, lg, R())));
   int64_t o = 0;
   for (FwdSeg& g : ctx.segs) {  // per item, in order: its logits rows, or the token sampled from its last row
     const int64_t n = g.all_logits ? g.T : 1;
@@ -509,9 +516,7 @@ Result<DraftBlock> Forward::propose(ModelState& st, int32_t x0, const DraftChoos
   FS_ASSIGN_OR_RETURN(Tensor U, scratch_f("dr_U", B, V));
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, hf, B, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(hf, &W.norm, y, B, D, float(c_.rms_norm_eps), R()));
-  LinearCall head = lin(y, w_.head, B, D, V, U, 0, false);  // every vocabulary row
-  head.x_bf16 = R();
-  FS_RETURN_IF_ERROR(b_.draft_head(head));
+  FS_RETURN_IF_ERROR(b_.draft_head(head_call(y, w_.head, B, D, V, U, R())));  // every vocabulary row
   std::vector<float> hU(size_t(B * V)), hhf(size_t(B * D));
   FS_RETURN_IF_ERROR(b_.download_now(hU.data(), U, hU.size() * 4));
   FS_RETURN_IF_ERROR(b_.download_now(hhf.data(), hf, hhf.size() * 4));
@@ -585,9 +590,7 @@ Result<Tensor> Forward::mtp_block(const SequenceState& st, const Tensor& xm, con
   FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre, y, n, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &M.norm, y, n, D, eps, R()));
   FS_ASSIGN_OR_RETURN(*logits, scratch_f("mtp_logits", n, c_.vocab_size));
-  LinearCall head{y, &w_.head, n, D, c_.vocab_size, *logits, 0, false, false, {}};
-  head.x_bf16 = R();
-  FS_RETURN_IF_ERROR(b_.draft_head(head));
+  FS_RETURN_IF_ERROR(b_.draft_head(head_call(y, w_.head, n, D, c_.vocab_size, *logits, R())));
   return kv_rows;
 }
 

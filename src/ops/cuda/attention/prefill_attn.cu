@@ -11,6 +11,7 @@
 // probabilities, FP32 accumulation and softmax statistics; a query with no valid key gets 0.
 #include <cuda_bf16.h>
 
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
@@ -25,19 +26,6 @@ template <int kD>
 constexpr int kLdOf = kD + 8;  // +8 BF16: rows 4 banks apart
 template <int kD>
 constexpr int kSmemOf = (kH + 2 * kKt) * kLdOf<kD> * 2;
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // 0: zero-fill
@@ -84,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
       const int e = i * 4, h = e / kD, d = e % kD;
       const float4 v = h < nh ? __ldg(q4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * kLd + d);
-      dst[0] = pack2(v.x, v.y), dst[1] = pack2(v.z, v.w);
+      dst[0] = dev_pack_bf16x2(v.x, v.y), dst[1] = dev_pack_bf16x2(v.z, v.w);
     }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -120,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
         uint32_t bf[2];
         bf[0] = k32[((j * 8 + g) * kLd + kk + 2 * c) / 2];
         bf[1] = k32[((j * 8 + g) * kLd + kk + 2 * c + 8) / 2];
-        mma16816(s[j], af, bf);
+        dev_mma_bf16_16816(s[j], af, bf);
       }
     }
     float mt[2] = {-INFINITY, -INFINITY};
@@ -156,10 +144,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {  // keys 16·kk .. +15
       uint32_t pf[4];
-      pf[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-      pf[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-      pf[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pf[0] = dev_pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+      pf[1] = dev_pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+      pf[2] = dev_pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[3] = dev_pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       // ldmatrix.x2.trans: lanes 0-7 address keys 16kk+0..7, lanes 8-15 keys 16kk+8..15.
       const uint32_t row_addr = k_base + uint32_t(((16 * kk + (lane & 15)) * kLd + d0) * 2);
 #pragma unroll
@@ -168,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                      : "=r"(bf[0]), "=r"(bf[1])
                      : "r"(row_addr + uint32_t(n * 16)));
-        mma16816(o[n], pf, bf);
+        dev_mma_bf16_16816(o[n], pf, bf);
       }
     }
     __syncthreads();  // every warp is done with stage st before it is refilled

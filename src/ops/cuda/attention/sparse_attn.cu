@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
@@ -192,19 +193,6 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs 
 constexpr int kMmaWarps = 16;
 constexpr int kPad = 8;  // bf16 row padding: rows land 4 banks apart (conflict-free fragments)
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a) {
   extern __shared__ uint16_t sm16[];
   __shared__ int key_row[kTile];
@@ -230,8 +218,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
       if (i >= n4) break;
       const int e = i * 4, h = e / a.dim, d = e % a.dim;
       uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * ld + d);
-      dst[0] = pack_bf16(buf[u].x, buf[u].y);
-      dst[1] = pack_bf16(buf[u].z, buf[u].w);
+      dst[0] = dev_pack_bf16x2(buf[u].x, buf[u].y);
+      dst[1] = dev_pack_bf16x2(buf[u].z, buf[u].w);
     }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -273,7 +261,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
         uint32_t bf[2];
         bf[0] = k32[((nt * 8 + g) * ld + kk + 2 * c) / 2];
         bf[1] = k32[((nt * 8 + g) * ld + kk + 2 * c + 8) / 2];
-        mma_bf16(s[nt], af, bf);
+        dev_mma_bf16_16816(s[nt], af, bf);
       }
     }
     // Scaled logits; absent keys −inf. Row r = 0 (head h0+g) uses s[.][0..1], r = 1 (g+8) s[.][2..3].
@@ -310,10 +298,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
       l_run[r] = l_run[r] * f[r] + sum[r];
     }
     uint32_t pf[4];  // P as the A operand: BF16 probabilities (the denominator keeps FP32)
-    pf[0] = pack_bf16(s[0][0], s[0][1]);
-    pf[1] = pack_bf16(s[0][2], s[0][3]);
-    pf[2] = pack_bf16(s[1][0], s[1][1]);
-    pf[3] = pack_bf16(s[1][2], s[1][3]);
+    pf[0] = dev_pack_bf16x2(s[0][0], s[0][1]);
+    pf[1] = dev_pack_bf16x2(s[0][2], s[0][3]);
+    pf[2] = dev_pack_bf16x2(s[1][0], s[1][1]);
+    pf[3] = dev_pack_bf16x2(s[1][2], s[1][3]);
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
       if (nt >= n_nt) break;
@@ -322,7 +310,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) attn_mma_kernel(AttnArgs a)
       uint32_t bf[2];
       bf[0] = uint32_t(k_s[(2 * c) * ld + n]) | (uint32_t(k_s[(2 * c + 1) * ld + n]) << 16);
       bf[1] = uint32_t(k_s[(2 * c + 8) * ld + n]) | (uint32_t(k_s[(2 * c + 9) * ld + n]) << 16);
-      mma_bf16(o[nt], pf, bf);
+      dev_mma_bf16_16816(o[nt], pf, bf);
     }
   }
   if (!active) return;

@@ -6,6 +6,7 @@
 // and by shuffles; keys a query cannot see (>= (start + t + 1) / ratio) get −inf.
 #include <cuda_bf16.h>
 
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
@@ -15,19 +16,6 @@ namespace {
 constexpr int kNh = 32, kDi = 128, kLd = kDi + 8;  // +8 BF16: rows 4 banks apart
 constexpr int kQb = 16, kKt = 64, kRange = 2048, kThreads = 256;
 constexpr int kSmem = (kQb * kNh + 2 * kKt) * kLd * 2;
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 __global__ void __launch_bounds__(kThreads, 1) index_scores_mma_kernel(IndexScoreMmaArgs a) {
   extern __shared__ __align__(16) uint16_t sm[];
@@ -56,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, 1) index_scores_mma_kernel(IndexScor
     float4 v = make_float4(0, 0, 0, 0);
     if (t0 + row / kNh < a.T) v = __ldg(reinterpret_cast<const float4*>(a.q + (t0 * kNh + row) * kDi + d));
     uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + row * kLd + d);
-    dst[0] = pack2(v.x, v.y), dst[1] = pack2(v.z, v.w);
+    dst[0] = dev_pack_bf16x2(v.x, v.y), dst[1] = dev_pack_bf16x2(v.z, v.w);
   }
   constexpr int kPer = kKt * kDi / 4 / kThreads;  // float4 per thread per key tile (8)
   float4 pre[kPer];
@@ -74,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) index_scores_mma_kernel(IndexScor
     for (int u = 0; u < kPer; ++u) {
       const int i = threadIdx.x + u * kThreads, j = i / (kDi / 4), d = (i % (kDi / 4)) * 4;
       uint32_t* dst = reinterpret_cast<uint32_t*>(k_s + j * kLd + d);
-      dst[0] = pack2(pre[u].x, pre[u].y), dst[1] = pack2(pre[u].z, pre[u].w);
+      dst[0] = dev_pack_bf16x2(pre[u].x, pre[u].y), dst[1] = dev_pack_bf16x2(pre[u].z, pre[u].w);
     }
   };
   fetch(0);
@@ -107,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) index_scores_mma_kernel(IndexScor
         bf[0] = k32[((j * 8 + g) * kLd + kk + 2 * c) / 2];
         bf[1] = k32[((j * 8 + g) * kLd + kk + 2 * c + 8) / 2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) mma16816(acc[i][j], af[i], bf);
+        for (int i = 0; i < 4; ++i) dev_mma_bf16_16816(acc[i][j], af[i], bf);
       }
     }
     // relu · weight, summed over the 32 heads of each of the warp's two queries.

@@ -38,20 +38,6 @@ constexpr int kPad = 8;                // BF16 values of padding per staged toke
 constexpr int kRowStride = kChunk + kPad;
 constexpr int kAhead = 4;              // weight steps in flight per thread
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Four values of a 16-byte weight load as two BF16 pairs (values 4j..4j+3 of the load): BF16
 // weights are already pairs; FP8 codes are expanded exactly (code value times the block scale).
 template <bool kFp8>
@@ -67,8 +53,8 @@ __device__ __forceinline__ void weight_pairs(const uint4& raw, int j, float scal
     const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c & 0xffffu), __NV_E4M3);
     const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c >> 16), __NV_E4M3);
     const float2 f01 = __half22float2(__half2(h01)), f23 = __half22float2(__half2(h23));
-    lo = pack_bf16(__fmul_rn(f01.x, scale), __fmul_rn(f01.y, scale));
-    hi = pack_bf16(__fmul_rn(f23.x, scale), __fmul_rn(f23.y, scale));
+    lo = dev_pack_bf16x2(__fmul_rn(f01.x, scale), __fmul_rn(f01.y, scale));
+    hi = dev_pack_bf16x2(__fmul_rn(f23.x, scale), __fmul_rn(f23.y, scale));
   }
 }
 
@@ -126,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
           float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
           if (kc + c < span) v = *reinterpret_cast<const float4*>(x + r * a.x_stride + kk);
           uint2 p;
-          p.x = pack_bf16(v.x, v.y), p.y = pack_bf16(v.z, v.w);
+          p.x = dev_pack_bf16x2(v.x, v.y), p.y = dev_pack_bf16x2(v.z, v.w);
           *reinterpret_cast<uint2*>(xs + (w * kToks + t) * kRowStride + c) = p;
         }
         __syncthreads();
@@ -147,13 +133,14 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
       for (int j = 0; j < kMmas; ++j) {
         // A (16 outputs x 16 k): logical columns 2q, 2q+1, 2q+8, 2q+9 of this thread are the
         // values 4j..4j+3 of its load; B (16 k x 8 tokens) takes the same k from x.
-        uint32_t a0, a2, a1, a3;
-        weight_pairs<kFp8>(ca, j, sca, a0, a2);
-        weight_pairs<kFp8>(cb, j, scb, a1, a3);
+        uint32_t af[4];  // rows g (0, 2) and g + 8 (1, 3)
+        weight_pairs<kFp8>(ca, j, sca, af[0], af[2]);
+        weight_pairs<kFp8>(cb, j, scb, af[1], af[3]);
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           const uint2 b = *reinterpret_cast<const uint2*>(xw + (nt * 8 + g) * kRowStride + xc + 4 * j);
-          mma_bf16(acc[nt], a0, a1, a2, a3, b.x, b.y);
+          const uint32_t bf[2] = {b.x, b.y};
+          dev_mma_bf16_16816(acc[nt], af, bf);
         }
       }
     }

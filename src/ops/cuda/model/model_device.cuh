@@ -8,6 +8,22 @@
 
 namespace flashseek::ops::cuda::detail {
 
+// Two floats as a BF16 pair (RNE), lo in the low half: one register of a BF16 MMA fragment.
+__device__ __forceinline__ uint32_t dev_pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c += a · b by one m16n8k16 BF16 MMA with FP32 accumulation (a: 4 registers of the row-major
+// 16x16 A fragment, b: 2 of the column-major 16x8 B fragment, c: the 16x8 FP32 D fragment).
+__device__ __forceinline__ void dev_mma_bf16_16816(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 __device__ __forceinline__ float dev_round_bf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
