@@ -71,8 +71,23 @@ struct WRaw {
   static constexpr int kWords = kFp4 ? 1 : 2;
 };
 
+// Decode's streamed weight loads: read-only, not kept in L1, and each asks the L2 for the whole
+// 256-byte span around it. A warp's load takes 8 (FP8) or 4 (FP4) bytes of each row from four
+// threads, 16-32 bytes of each of 32 rows; with the hint DRAM serves each row in 256-byte runs
+// that the next k blocks' loads then find in L2 (as the tensor-core linear's loads, linear_mma.cu).
+__device__ __forceinline__ uint2 ld_stream(const uint2* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ unsigned int ld_stream(const unsigned int* p) {
+  unsigned int v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
-// tile); else streamed with evict-first loads (decode reads them once).
+// tile); else streamed (ld_stream: decode reads them once).
 template <bool kFp4, int kChunk, bool kKeep = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
@@ -98,11 +113,11 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
         const int kb = kb0 + j;
         if constexpr (kFp4) {
           const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
-          A[mt][j][h][0] = kKeep ? __ldg(p) : __ldcs(p);
+          A[mt][j][h][0] = kKeep ? __ldg(p) : ld_stream(p);
           packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
         } else {
           const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
-          const uint2 u = kKeep ? __ldg(p) : __ldcs(p);
+          const uint2 u = kKeep ? __ldg(p) : ld_stream(p);
           A[mt][j][h][0] = u.x;
           A[mt][j][h][1] = u.y;
         }

@@ -16,6 +16,9 @@
 // load fall in different banks). Each thread streams 16 bytes of each of its two weight rows per
 // step (BF16: 8 values, 2 MMAs; FP8: 16 codes, 4 MMAs) with kAhead steps of loads in flight across
 // the sub-chunks. Token slices of 8·kNt are in grid y.
+// A warp's load takes 64 bytes of each of 16 rows; the loads ask the L2 for the whole 256-byte
+// span of each (load_weights), so that DRAM serves the rows in long runs: without the hint the
+// LM head streamed at ~55 % of the copy bandwidth, with it ~90 % (bench/RESULTS.md, session 15).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -37,6 +40,15 @@ constexpr int kChunk = 256;            // k values of x staged per warp and roun
 constexpr int kPad = 8;                // BF16 values of padding per staged token row
 constexpr int kRowStride = kChunk + kPad;
 constexpr int kAhead = 4;              // weight steps in flight per thread
+
+// 16 weight bytes, read-only, not kept in L1, with a 256-byte L2 prefetch (see above).
+__device__ __forceinline__ uint4 load_weights(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 
 // Four values of a 16-byte weight load as two BF16 pairs (values 4j..4j+3 of the load): BF16
 // weights are already pairs; FP8 codes are expanded exactly (code value times the block scale).
@@ -92,8 +104,8 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
 #pragma unroll
   for (int i = 0; i < kAhead; ++i)
     if (i < nsteps) {
-      la[i] = __ldg(reinterpret_cast<const uint4*>(wa + int64_t(i) * kStep * kWb));
-      lb[i] = __ldg(reinterpret_cast<const uint4*>(wb + int64_t(i) * kStep * kWb));
+      la[i] = load_weights(wa + int64_t(i) * kStep * kWb);
+      lb[i] = load_weights(wb + int64_t(i) * kStep * kWb);
     }
   for (int s0 = 0; s0 < nsteps; s0 += kAhead) {
 #pragma unroll
@@ -119,8 +131,8 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
       }
       const uint4 ca = la[i], cb = lb[i];
       if (s + kAhead < nsteps) {  // refill this slot kAhead steps ahead
-        la[i] = __ldg(reinterpret_cast<const uint4*>(wa + int64_t(s + kAhead) * kStep * kWb));
-        lb[i] = __ldg(reinterpret_cast<const uint4*>(wb + int64_t(s + kAhead) * kStep * kWb));
+        la[i] = load_weights(wa + int64_t(s + kAhead) * kStep * kWb);
+        lb[i] = load_weights(wb + int64_t(s + kAhead) * kStep * kWb);
       }
       const int64_t k = k_begin + int64_t(s) * kStep + q * kE;  // this thread's first k of the step
       float sca = 1.0f, scb = 1.0f;
