@@ -103,6 +103,12 @@ struct GemmFp8GroupedParams {
   int64_t groups = 0, rows = 0, n = 0, k = 0;
   int64_t w_block = 32;
   WeightFormat w_format = WeightFormat::kFp8;  // kFp8 or kFp4
+  // kFp4 only: xq holds [rows, k] f16 values (2 bytes each: the e4m3 codes' values, exact;
+  // gemm_fp8_quantize_cuda with f16_codes), and the CUDA kernel forms each 32-block's sum with
+  // f16 tensor-core steps (FP32 accumulation) instead of the e4m3 one, whose 32-product sums keep
+  // only ~14 bits below the block's largest product (up to 2^-8 · Σ|x·w|): the same function,
+  // block sums at FP32 precision. The twin reads the f16 values; its numbers are unchanged.
+  bool x_f16 = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
@@ -117,6 +123,8 @@ inline Status validate(const GemmFp8GroupedParams& p) {
     return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
   if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
     return invalid_argument("gemm_fp8_grouped: the weight format must be kFp8 or kFp4");
+  if (p.x_f16 && p.w_format != WeightFormat::kFp4)
+    return invalid_argument("gemm_fp8_grouped: f16 activations (x_f16) need FP4 weights");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
     return invalid_argument("gemm_fp8_grouped: FP4 weights have one scale per 1 x 32 block (w_block={})",
                             p.w_block);

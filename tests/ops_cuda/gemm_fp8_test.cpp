@@ -329,12 +329,14 @@ TEST(CudaGemmFp8, GroupedMatchesPerGroupKernelAndCpuTwin) {
 }
 
 // FP4 (MXFP4) weights in the grouped GEMM: e2m1 codes [G, n, k/2] + one E8M0 scale per
-// (row, 32-block), expanded to e4m3 inside the kernel. Two checks per case:
+// (row, 32-block), expanded to e4m3 inside the kernel. Three checks per case:
 // * tile scales (the 32 rows of each 32 × 32 block share their scale): bitwise equal to the FP8
 //   grouped GEMM on the e4m3 copy of the codes with those tile scales (the expansion is exact
 //   and the promotion forms the same sx · sw products);
 // * independent random per-row scales: within the GEMM bound of the CPU twin (FP4 format), as
 //   run_grouped (every product x_q · w is still exact in FP32).
+// * x_f16 (f16 operands, f16 tensor-core steps per 32-block) with those per-row scales: within
+//   2^-16 · Σ|x_q·w| of the twin, 2^-20 on average (FP32-precision block sums).
 // Group sizes with empty groups, tails past 128, n not a multiple of 128 or 32 (odd n too).
 uint8_t e2m1_to_e4m3_code(uint8_t nib) {
   static constexpr uint8_t kMag[8] = {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C};
@@ -415,6 +417,46 @@ void run_grouped_fp4(const GroupedCase& c, uint32_t seed) {
     const double tol = std::ldexp(double(bound[size_t(i)]), -8) + (c.bf16_out ? std::fabs(ref[size_t(i)]) / 128 : 0.0) + 1e-30;
     ASSERT_LE(std::fabs(double(got) - ref[size_t(i)]), tol) << "row " << i / n << " col " << i % n;
   }
+
+  // x_f16: the same codes as f16 values (the quantisation's f16_codes output) and f16 tensor-core
+  // steps per 32-block: every product exact and summed at FP32 precision, so the result is within
+  // FP32 roundings of Σ|x_q·w| of the twin (an FP32 dot of the same products: error
+  // ≤ (k/8 + 3)·2^-24·Σ; the GPU's promotion adds k/32 more roundings, its tensor-core sums
+  // truncate below ~2^-23 of a block's largest product). Held to 2^-16·Σ per element (256x
+  // tighter than the e4m3 wgmma's 2^-8) and 2^-20·Σ on average (the e4m3 wgmma's ~14-bit block
+  // sums: mean 5e-5·Σ, 50x that).
+  DeviceBuffer<uint16_t> dxh(size_t(rows * k));
+  DeviceBuffer<float> dxsh(size_t(rows * k / 32)), dyh(size_t(rows * n));
+  ASSERT_TRUE(dxh.ok() && dxsh.ok() && dyh.ok());
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, reinterpret_cast<uint8_t*>(dxh.get()),
+                                      dxsh.get(), nullptr, /*f16_codes=*/true));
+  ASSERT_EQ(cudaMemset(dyh.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  GemmFp8GroupedParams gh = g4;
+  gh.xq = reinterpret_cast<const uint8_t*>(dxh.get()), gh.xs = dxsh.get(), gh.y = dyh.get(), gh.x_f16 = true;
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gh, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> xh = dxh.to_host();
+  const std::vector<float> xsh = dxsh.to_host(), yh = dyh.to_host();
+  for (size_t i = 0; i < xq.size(); ++i)
+    ASSERT_EQ(f16_to_f32(xh[i]), e4m3_to_f32(xq[i])) << "f16 code " << i << " is not the e4m3 code's value";
+  ASSERT_EQ(0, std::memcmp(xsh.data(), xs.data(), xs.size() * 4)) << "f16_codes changed the scales";
+  double worst = 0, mean = 0;
+  for (int64_t i = 0; i < rows * n; ++i) {
+    float got;
+    if (c.bf16_out) got = bf16_to_f32(reinterpret_cast<const uint16_t*>(yh.data())[i]);
+    else got = yh[size_t(i)];
+    ASSERT_TRUE(std::isfinite(got)) << "x_f16 output " << i << " not written or not finite";
+    const double err = std::fabs(double(got) - ref[size_t(i)]);
+    const double tol = std::ldexp(double(bound[size_t(i)]), -16) + (c.bf16_out ? std::fabs(ref[size_t(i)]) / 128 : 0.0) + 1e-30;
+    ASSERT_LE(err, tol) << "x_f16: row " << i / n << " col " << i % n << " gpu " << got << " ref " << ref[size_t(i)];
+    const double rel = err / (double(bound[size_t(i)]) + 1e-30);
+    worst = std::max(worst, rel), mean += rel / double(rows * n);
+  }
+  if (!c.bf16_out) {
+    EXPECT_LE(mean, std::ldexp(1.0, -20)) << "x_f16: mean |error| / Σ|x_q·w|";
+  }
+  std::printf("grouped fp4 x_f16 n=%lld k=%lld bf16_out=%d: |err| / Σ|x_q·w| worst %.2e mean %.2e\n", (long long)n,
+              (long long)k, int(c.bf16_out), worst, mean);
 }
 
 TEST(CudaGemmFp8, GroupedFp4MatchesFp8CopyAndCpuTwin) {
@@ -502,7 +544,10 @@ TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   p.w_block = 32, p.w_scale = b + 2;
   s = gemm_fp8_grouped_cuda(p, nullptr);
   EXPECT_NE(s.message().find("4-byte aligned"), std::string::npos) << s.message();
-  p.w_scale = b, p.w_format = static_cast<WeightFormat>(7);
+  p.w_scale = b, p.w_format = WeightFormat::kFp8, p.x_f16 = true;
+  s = gemm_fp8_grouped_cuda(p, nullptr);
+  EXPECT_NE(s.message().find("x_f16"), std::string::npos) << s.message();
+  p.x_f16 = false, p.w_format = static_cast<WeightFormat>(7);
   s = gemm_fp8_grouped_ref(p);
   EXPECT_NE(s.message().find("kFp8 or kFp4"), std::string::npos) << s.message();
 }

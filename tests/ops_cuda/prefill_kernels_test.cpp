@@ -180,6 +180,23 @@ TEST(CudaPrefillMoeGlue, GatherSwigluQuantCombine) {
   }
   EXPECT_EQ(detail::launch_gather_fp8_rows(dc.get(), dsc.get(), dperm.get(), 1, 100, dgc.get(), dgs.get(), nullptr),
             cudaErrorInvalidValue);
+  // code_bytes 2 (f16 values, 2·k bytes per row): the same rows of half the width k / 2.
+  DeviceBuffer<float> dgs2(size_t(n_out * k / 64));
+  ASSERT_EQ(cudaMemset(dgc.get(), 0, size_t(n_out * k)), cudaSuccess);
+  ASSERT_EQ(detail::launch_gather_fp8_rows(dc.get(), dsc.get(), dperm.get(), n_out, k / 2, dgc.get(), dgs2.get(),
+                                           nullptr, 2),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto gc2 = dgc.to_host();
+  const auto gs2 = dgs2.to_host();
+  for (int64_t p = 0; p < n_out; ++p) {
+    const int64_t r = perm[size_t(p)];
+    ASSERT_EQ(0, std::memcmp(gc2.data() + p * k, codes.data() + r * k, size_t(k))) << "f16 row " << p;
+    ASSERT_EQ(0, std::memcmp(gs2.data() + p * (k / 64), scales.data() + r * (k / 64), size_t(k / 64) * 4))
+        << "f16 row " << p;
+  }
+  EXPECT_EQ(detail::launch_gather_fp8_rows(dc.get(), dsc.get(), dperm.get(), 1, 128, dgc.get(), dgs.get(), nullptr, 3),
+            cudaErrorInvalidValue);
 
   // SwiGLU x weight, quantised: the decoded value is within half an e4m3 step of the FP32 value.
   const int64_t r2 = 7, n = 96;

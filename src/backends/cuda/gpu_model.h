@@ -117,8 +117,9 @@ struct GpuLoadOptions {
   GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
   // Routed experts of a forward step of at least this many tokens (MXFP4 experts, widths that are
   // multiples of 128, sm_90a, every expert on this GPU): the pairs, grouped by expert, run as
-  // grouped FP8 GEMMs over the FP4 weights (ops/cuda/gemm/gemm_fp8.h, w_format kFp4) instead of
-  // the grouped expert GEMV. Same quantisation and rounding points; tensor-core sums, so not the
+  // grouped GEMMs over the FP4 weights (ops/cuda/gemm/gemm_fp8.h, w_format kFp4, x_f16: f16
+  // tensor-core steps, FP32-precision 32-block sums) instead of the grouped expert GEMV. Same
+  // quantisation and rounding points; the block sums in another FP32 order, so not always the
   // GEMV's bits (docs/cuda.md, "Whole-model parity"), and a step's bits then depend on which side
   // of the threshold its token count falls. 0 (this struct's default, which the bitwise chunking
   // and batch-invariance tests rely on): always the GEMV. The CLI (tools/backend_options.h) passes
@@ -159,6 +160,8 @@ struct GpuGraphStats {
   // Decode-sized forwards (graphs on or off): how many, host time until the final stream sync
   // (host code, launches or recording or patching) and time waiting in that sync, in ns.
   int64_t timed = 0, host_ns = 0, wait_ns = 0;
+  // MoE layers whose routed experts ran as grouped GEMMs (GpuLoadOptions::moe_gemm_min_tokens).
+  int64_t moe_gemm_layers = 0;
 };
 // The counters of a CUDA model (one GPU or tensor-parallel); an error for other models.
 Result<GpuGraphStats> gpu_graph_stats(const Model& m);

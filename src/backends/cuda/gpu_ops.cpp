@@ -318,21 +318,29 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
     // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
     // roundings and SwiGLU with the routing weight as below, h quantised (the down GEMV's fq8),
-    // the down GEMM; ybuf rows in sorted order (row_of). Tensor-core 32-blocks: not the GEMV's
-    // bits (docs/cuda.md, "Whole-model parity").
+    // the down GEMM; ybuf rows in sorted order (row_of). The GEMM's x_f16 mode (codes as f16
+    // values, f16 tensor-core steps with FP32 accumulation per 32-block): the e4m3 wgmma keeps
+    // only ~14 bits below each 32-block's largest product (mean 5e-5 · Σ|x·w| per dot, 500x the
+    // 1e-7 of the parity bound's reordering model), the f16 steps sum the exact products at FP32
+    // precision, as the GEMV's MMA does; only the FP32 order of the block sums differs
+    // (docs/cuda.md, "Whole-model parity").
     const int64_t act = n1.act_block;
-    FS_ASSIGN_OR_RETURN(uint8_t* xq_t, scratch<uint8_t>("moe_gemm_xq_t", T * D));
+    constexpr int64_t kCodeBytes = 2;  // f16 values of the e4m3 codes
+    FS_ASSIGN_OR_RETURN(uint8_t* xq_t, scratch<uint8_t>("moe_gemm_xq_t", T * D * kCodeBytes));
     FS_ASSIGN_OR_RETURN(float* xs_t, scratch<float>("moe_gemm_xs_t", T * D / 32));
-    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("moe_gemm_xq", TK * std::max(D, I)));
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("moe_gemm_xq", TK * std::max(D, I) * kCodeBytes));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("moe_gemm_xs", TK * std::max(D, I) / 32));
-    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(m, ops::ActDtype::kF32, T, D, act, xq_t, xs_t, stream_));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_gather_fp8_rows(xq_t, xs_t, prow, TK, D, xq, xs, stream_));
+    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(m, ops::ActDtype::kF32, T, D, act, xq_t, xs_t, stream_,
+                                                         /*f16_codes=*/true));
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_gather_fp8_rows(xq_t, xs_t, prow, TK, D, xq, xs, stream_, int(kCodeBytes)));
     auto gemm = [&](const NativeMatrix& w, int64_t n_out, int64_t k, float* y) -> Status {
       ops::GemmFp8GroupedParams q;
       q.xq = xq, q.xs = xs, q.w = w.codes.get(), q.w_scale = w.scales.get(), q.row_start = gstart, q.y = y;
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
+      q.x_f16 = true;
       return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
     };
+    ++gstats_.moe_gemm_layers;
     FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
     FS_RETURN_IF_ERROR(gemm(n3, I, D, u));
     if (R) {
@@ -340,7 +348,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
     }
     FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
-    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_));
+    FS_RETURN_IF_ERROR(
+        ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_, true));
     FS_RETURN_IF_ERROR(gemm(n2, D, I, ybuf));
     if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
     return {};

@@ -271,6 +271,7 @@ class TpModel final : public Model {
       t.patched += s.patched, t.patched_nodes += s.patched_nodes, t.patch_misses += s.patch_misses;
       t.timed += s.timed, t.host_ns += s.host_ns, t.wait_ns += s.wait_ns;
       t.eager_fallbacks += s.eager_fallbacks;
+      t.moe_gemm_layers += s.moe_gemm_layers;
     }
     return t;
   }

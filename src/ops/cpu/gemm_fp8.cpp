@@ -62,8 +62,10 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
       const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
       if (r1 == r0) continue;
       xq.resize(size_t((r1 - r0) * p.k));
+      const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // x_f16: the codes' values
       for (int64_t i = 0; i < (r1 - r0) * p.k; ++i)
-        xq[size_t(i)] = e4m3_to_f32(p.xq[r0 * p.k + i]) * p.xs[r0 * kb + i / 32];
+        xq[size_t(i)] = (p.x_f16 ? f16_to_f32(xh[r0 * p.k + i]) : e4m3_to_f32(p.xq[r0 * p.k + i])) *
+                        p.xs[r0 * kb + i / 32];
       for (int64_t r = 0; r < p.n; ++r) {
         const uint8_t* c = p.w + (g * p.n + r) * (p.k / 2);
         const uint8_t* s = p.w_scale + (g * p.n + r) * kb;

@@ -33,7 +33,8 @@ Status check_device() {
 }  // namespace
 
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
-                              int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream) {
+                              int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
+                              bool f16_codes) {
   if (!x || !xq || !xs) return invalid_argument("gemm_fp8_quantize: x, xq and xs must be set");
   if (m <= 0 || k <= 0 || k % 128 != 0)
     return invalid_argument("gemm_fp8_quantize: m={} must be positive, k={} a multiple of 128", m,
@@ -43,7 +44,7 @@ Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_
   if (!aligned16(x) || !aligned16(xq) || !aligned16(xs))
     return invalid_argument("gemm_fp8_quantize: x, xq and xs must be 16-byte aligned");
   return cuda_status(detail::launch_quantize_fp8(x, x_dtype == ActDtype::kBf16, m, k,
-                                                 int(act_block), xq, xs, stream),
+                                                 int(act_block), xq, xs, stream, f16_codes),
                      "gemm_fp8_quantize kernel launch");
 }
 
@@ -89,7 +90,7 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
-  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4;
+  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

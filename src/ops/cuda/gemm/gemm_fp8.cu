@@ -339,8 +339,10 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
 
 // Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
 // Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
+// f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
 __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
-                                                           int act_block, uint8_t* xq, float* xs) {
+                                                           int act_block, uint8_t* xq, float* xs,
+                                                           bool f16_codes) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
@@ -367,7 +369,19 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
     const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
     const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      *reinterpret_cast<uint2*>(xq + t * 8) = codes;
+      if (f16_codes) {
+        const uint32_t w[2] = {codes.x, codes.y};
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+              __nv_fp8x2_storage_t((w[i >> 1] >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
+          h[i] = uint32_t(r.x) | (uint32_t(r.y) << 16);
+        }
+        *reinterpret_cast<uint4*>(xq + t * 16) = make_uint4(h[0], h[1], h[2], h[3]);
+      } else {
+        *reinterpret_cast<uint2*>(xq + t * 8) = codes;
+      }
       if ((t & 3) == 0) xs[t >> 2] = s;
     }
   }
@@ -397,6 +411,15 @@ constexpr int kWs4SmemBytes =
 // Full barrier (FP4): the TMA issuer's expect_tx + one arrival per converter warp (warps 1-3).
 constexpr int kWs4ConvWarps = 3, kWs4FullArrivals = 1 + kWs4ConvWarps;
 static_assert(kWs4SmemBytes <= 227 * 1024, "FP4 ring over the sm_90 shared-memory limit");
+// FP4 weights with f16 operands (GemmFp8Args::x_f16): a stage is 64 k (two 32-blocks, one 128-byte
+// swizzle row of f16), so the operand tiles keep the FP8 byte layout (128 rows × 128 bytes); X f16
+// by TMA, W expanded from 32 raw bytes per row into f16. The X scales: the same 128 × 4 box at
+// k-block 2·s (the last stage's two extra columns are past k/32: zero-filled, unused).
+constexpr int kWsHStages = 5, kWsHBK = 64, kWsHRawBytes = kWsBN * 32, kWsHSwFloats = 2 * kWsBN;
+constexpr int kWsHSmemBytes =
+    kWsHStages * (kWsABytes + kWsBBytes + kWsSxBytes + kWsHSwFloats * 4 + kWsHRawBytes) +
+    3 * kWsHStages * 8 + 1024 + 2 * (kGemmFp8MaxGroups + 1) * 4;
+static_assert(kWsHSmemBytes <= 227 * 1024, "FP4/f16 ring over the sm_90 shared-memory limit");
 
 struct WsParams {
   CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
@@ -454,6 +477,43 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t h) {
   const uint32_t x = __byte_perm(h, 0u, 0x1100u);  // bytes h0 h0 h1 h1
   return mag | ((x << 4) & 0x00800080u) | (x & 0x80008000u);
 }
+// Eight e2m1 codes (nibbles of v, first value in the low nibble) → eight f16 values (exact: e2m1
+// {0, .5, 1, 1.5, 2, 3, 4, 6} are f16 0x0000, 0x3800, 0x3C00, 0x3E00, 0x4000, 0x4200, 0x4400,
+// 0x4600: only the high byte is non-zero). The high bytes as e2m1x4_to_e4m3 forms its codes
+// (another table, the same sign moves), then spread into the high byte of each 16-bit half.
+__device__ __forceinline__ uint32_t e2m1x4_to_f16_hi(uint32_t h) {
+  const uint32_t mag = __byte_perm(0x3E3C3800u, 0x46444240u, h & 0x7777u);
+  const uint32_t x = __byte_perm(h, 0u, 0x1100u);  // bytes h0 h0 h1 h1
+  return mag | ((x << 4) & 0x00800080u) | (x & 0x80008000u);
+}
+__device__ __forceinline__ uint4 e2m1x8_to_f16(uint32_t v) {
+  const uint32_t lo = e2m1x4_to_f16_hi(v & 0xffffu), hi = e2m1x4_to_f16_hi(v >> 16);
+  uint4 o;
+  o.x = __byte_perm(lo, 0u, 0x1404u), o.y = __byte_perm(lo, 0u, 0x3424u);  // values 0-1, 2-3
+  o.z = __byte_perm(hi, 0u, 0x1404u), o.w = __byte_perm(hi, 0u, 0x3424u);  // values 4-5, 6-7
+  return o;
+}
+// D (+)= A · B: one m64n128k16 f16 wgmma (FP32 accumulation), A and B from shared memory, both
+// k-major; scale-d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+#define FS_R8(i)                                                                              \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
+      : "l"(da), "l"(db), "r"(scale_d));
+#undef FS_R8
+}
 #endif  // FS_GEMM_FP8_SM90
 
 // kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
@@ -464,14 +524,19 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3(uint32_t h) {
 // kFp4 (grouped only): W arrives as e2m1 bytes; warps 1-3 of the producer warpgroup expand each
 // stage into the swizzled e4m3 W slot once its TMA lands (and publish the per-row W scales), then
 // arrive on the stage's full barrier; the consumers promote with a scale per output column.
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false>
+// kF16 (with kFp4; GemmFp8Args::x_f16): X arrives as f16 (the e4m3 values), the converters expand
+// W into f16, and each 32-block is two m64n128k16 f16 wgmmas (FP32 accumulation) instead of one
+// e4m3 wgmma, whose 32-product sum keeps only ~14 bits below the largest product; stages of 64 k.
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
-  constexpr int S = kFp4 ? kWs4Stages : kWsStages;    // ring slots
-  constexpr int kSwSlot = kFp4 ? kWs4SwFloats : 16;    // W scales per slot
-  constexpr int kRawSlot = kFp4 ? kWs4RawBytes : 0;    // raw e2m1 bytes per slot
+  static_assert(!kF16 || (kFp4 && kPipe2), "f16 operands: FP4 weights only");
+  constexpr int S = kF16 ? kWsHStages : kFp4 ? kWs4Stages : kWsStages;           // ring slots
+  constexpr int kSwSlot = kF16 ? kWsHSwFloats : kFp4 ? kWs4SwFloats : 16;        // W scales per slot
+  constexpr int kRawSlot = kF16 ? kWsHRawBytes : kFp4 ? kWs4RawBytes : 0;        // raw e2m1 bytes per slot
+  constexpr int kStageK = kF16 ? kWsHBK : kBK;                                    // k per stage
 #ifdef FS_GEMM_FP8_SM90
   const GemmFp8Args& a = P.a;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -496,7 +561,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   int* tile_pref = reinterpret_cast<int*>(bars + (kFp4 ? 3 : 2) * S);  // grouped: [groups + 1]
   int* row_pref = tile_pref + kGemmFp8MaxGroups + 1;             // grouped: [groups + 1]
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int nst = a.k / kBK;
+  const int nst = a.k / kStageK;
   const int tiles_m = (a.m + kWsBM - 1) / kWsBM, tiles_n = (a.n + kWsBN - 1) / kWsBN;
   if constexpr (kGrouped) {
     // Warp 1: row starts and the prefix of the groups' tile counts (ceil(rows/128) · tiles_n)
@@ -584,10 +649,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             const int slot = it % S, round = it / S;
             if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
             mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWs4TxBytes));
-            tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * kBK, m0);
-            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * 4, m0);
-            mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kWs4RawBytes));
-            tma_load_2d(sraw_u + uint32_t(slot * kWs4RawBytes), &P.tb, raw_bar(slot), s * (kBK / 2),
+            // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 values).
+            tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
+            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * (kStageK / 32), m0);
+            mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
+            tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), s * (kStageK / 2),
                         g * a.n + n0);
           }
         }
@@ -610,23 +676,40 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int s = 0; s < nst; ++s, ++it) {
           const int slot = it % S, round = it / S;
           // Issued before the wait: the latency hides behind it.
-          const uint32_t w0 = __ldg(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
-          const uint32_t w1 = ct < 32 ? __ldg(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
-          mbar_wait(raw_bar(slot), uint32_t(round & 1));
-          const uint8_t* raw = sraw + slot * kWs4RawBytes;
-          uint8_t* dst = sb + slot * kWsBBytes;
-#pragma unroll 1
-          for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
-            const int r = j >> 3, c = j & 7;
-            const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
-            uint4 o;
-            o.x = e2m1x4_to_e4m3(v.x), o.y = e2m1x4_to_e4m3(v.x >> 16);
-            o.z = e2m1x4_to_e4m3(v.y), o.w = e2m1x4_to_e4m3(v.y >> 16);
-            *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = o;
+          uint32_t w0, w1;
+          if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
+            w0 = __ldg(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
+            w1 = ct < 32 ? __ldg(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
+          } else {
+            w0 = __ldg(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
+            w1 = ct < 32 ? __ldg(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
           }
-          float* sw = ssw + slot * kWs4SwFloats;
+          mbar_wait(raw_bar(slot), uint32_t(round & 1));
+          const uint8_t* raw = sraw + slot * kRawSlot;
+          uint8_t* dst = sb + slot * kWsBBytes;
+          if constexpr (kF16) {
+            // Chunk j = (row j/8, 16-byte chunk j%8 = f16 values 8·(j%8) ... +7) from raw bytes
+            // row·32 + 4·(j%8).
+#pragma unroll 1
+            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
+              const int r = j >> 3, c = j & 7;
+              const uint32_t v = *reinterpret_cast<const uint32_t*>(raw + r * 32 + c * 4);
+              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = e2m1x8_to_f16(v);
+            }
+          } else {
+#pragma unroll 1
+            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
+              const int r = j >> 3, c = j & 7;
+              const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
+              uint4 o;
+              o.x = e2m1x4_to_e4m3(v.x), o.y = e2m1x4_to_e4m3(v.x >> 16);
+              o.z = e2m1x4_to_e4m3(v.y), o.w = e2m1x4_to_e4m3(v.y >> 16);
+              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = o;
+            }
+          }
+          float* sw = ssw + slot * kSwSlot;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
+          for (int i = 0; i < kStageK / 32; ++i) {
             sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
             if (ct < 32) sw[i * kWsBN + ct + 96] = e8m0f(uint8_t(w1 >> (8 * i)));
           }
@@ -685,13 +768,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes + i * 32), 16u, 1024u, 1u);
     wgmma_m64n128k32(d, da, db);
   };
+  // kF16: 32-block i of the stage = f16 k-steps 2i and 2i+1 (32 bytes each along the 128-byte
+  // swizzled row), the second accumulating onto the first.
+  auto issue_f16 = [&](int slot, int i, float(&d)[64]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t ko = uint32_t((2 * i + h) * 32);
+      const uint64_t da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
+      const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
+      wgmma_m64n128k16_f16(d, da, db, h);
+    }
+  };
   // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
   auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
     if (a.skip_promote) return;  // timing diagnostic only (wrong results)
     if constexpr (kFp4) {
       // One W scale per column: this thread's columns 8·nt + 2·(lane%4) + {0, 1}. The scale
       // product sx·sw is formed as in the FP8 branch, so equal scales give equal bits.
-      const float2* sw2 = reinterpret_cast<const float2*>(ssw + slot * kWs4SwFloats + i * kWsBN) + (lane & 3);
+      const float2* sw2 = reinterpret_cast<const float2*>(ssw + slot * kSwSlot + i * kWsBN) + (lane & 3);
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         const float2 w = sw2[nt * 4];
@@ -747,7 +841,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       float4 x0, x1;
       load_sx(slot, x0, x1);
-      if constexpr (kPipe2) {
+      if constexpr (kF16) {
+        // Two 32-blocks per stage: both issued, the first promoted while the second runs.
+        fence_regs(t0);
+        fence_regs(t1);
+        wgmma_fence();
+        issue_f16(slot, 0, t0);
+        wgmma_commit();
+        issue_f16(slot, 1, t1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(t0);
+        promote(t0, slot, 0, x0.x, x1.x);
+        wgmma_wait<0>();
+        fence_regs(t1);
+        promote(t1, slot, 1, x0.y, x1.y);
+      } else if constexpr (kPipe2) {
         // Blocks 0 and 1 issued; then each wait<1> retires the older block, which is promoted
         // while the next one runs; the stage's last block is promoted after wait<0> (keeping
         // the in-flight set inside one iteration lets ptxas pipeline the wgmmas: no C7514).
@@ -918,27 +1027,29 @@ int sm_count() {
   return n;
 }
 
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false>
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
   // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n). FP4: the
-  // [groups · n, k/2] e2m1 bytes, box 128 rows × 64 bytes (one k stage), unswizzled.
+  // [groups · n, k/2] e2m1 bytes, box 128 rows × one k stage (64 bytes; kF16: 32), unswizzled.
+  // X: [m, k] bytes (kF16: [m, 2k] bytes of f16 values), box 128 rows × 128 bytes, swizzled.
+  constexpr int kStageK = kF16 ? kWsHBK : kBK;
   const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
   const bool w_map = kFp4 ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
-                                     uint64_t(a.k / 2), kWsBN, kBK / 2, false)
+                                     uint64_t(a.k / 2), kWsBN, kStageK / 2, false)
                           : make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
                                      uint64_t(a.k), kWsBN, 128, true);
-  if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k),
+  if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k) * (kF16 ? 2 : 1),
                 kWsBM, 128, true) ||
       !w_map ||
       !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
                 uint64_t(a.k / 32), kWsBM, 4, false))
     return cudaErrorInvalidValue;
-  constexpr int smem = kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
+  constexpr int smem = kF16 ? kWsHSmemBytes : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4>), smem, attr_set);
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16>), smem, attr_set);
       e != cudaSuccess)
     return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
@@ -946,7 +1057,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -955,10 +1066,12 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
+    if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
     if (a.w_fp4) return launch_ws<true, true, true, true>(a, stream);
+    if (a.x_f16) return cudaErrorInvalidValue;  // f16 operands: FP4 weights only
     return launch_ws<true, true, true>(a, stream);
   }
-  if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.w_fp4 || a.x_f16) return cudaErrorInvalidValue;  // FP4 weights: grouped only
   switch (a.variant) {
     case 1:
       return launch_variant<2, 2, kInterleave>(a, stream);
@@ -984,11 +1097,11 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
 }
 
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
-                                uint8_t* xq, float* xs, cudaStream_t stream) {
+                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes) {
   const int64_t total8 = m * k / 8;
   const int64_t want = (total8 + 255) / 256;
   const int blocks = int(want < 132 * 16 ? want : 132 * 16);
-  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs);
+  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs, f16_codes);
   return cudaGetLastError();
 }
 

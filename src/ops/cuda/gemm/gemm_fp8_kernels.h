@@ -32,6 +32,11 @@ struct GemmFp8Args {
   // Grouped only: W holds e2m1 codes [groups · n, k/2] (low nibble = even k) and ws one E8M0
   // scale per (row, 32-block) [groups · n, k/32]; expanded to e4m3 in shared memory.
   bool w_fp4;
+  // Grouped FP4 only: xq holds [m, k] f16 values (the e4m3 values, exact; launch_quantize_fp8
+  // with f16_codes) and each 32-block is summed by two m64n128k16 f16 wgmmas (FP32 accumulation:
+  // the exact products, summed at FP32 precision) instead of one e4m3 wgmma (whose 32-product sum
+  // keeps only ~14 bits below the largest product).
+  bool x_f16;
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;
@@ -41,7 +46,9 @@ int gemm_fp8_smem_bytes(int variant);
 
 cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream);
 
+// f16_codes: xq receives each code's value as f16 (2 bytes per input; exact) instead of the
+// e4m3 byte.
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
-                                uint8_t* xq, float* xs, cudaStream_t stream);
+                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes = false);
 
 }  // namespace flashseek::ops::cuda::detail

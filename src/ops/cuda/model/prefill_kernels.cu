@@ -13,18 +13,21 @@ int grid_for(int64_t threads) {
   return int(b < 132 * 32 ? b : 132 * 32);
 }
 
-// One thread per 16 code bytes (and, every second thread, one FP32 scale of the 32-block).
+// One thread per 16 code bytes (and, for the first chunk of each 32-block, its FP32 scale):
+// `cpb` 16-byte chunks per 32-block (2: e4m3 codes, 4: f16 values).
 __global__ void __launch_bounds__(256) gather_fp8_rows_kernel(const uint8_t* src_q, const float* src_s,
                                                               const int32_t* rows, int64_t n_rows,
-                                                              int64_t k, uint8_t* dst_q, float* dst_s) {
-  const int64_t per_row = k / 16;
+                                                              int64_t k, uint8_t* dst_q, float* dst_s,
+                                                              int cpb) {
+  const int64_t per_row = k / 32 * cpb, row_bytes = per_row * 16;
   const int64_t total = n_rows * per_row;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = i / per_row, c = i % per_row;
     const int64_t r = rows[p];
-    reinterpret_cast<uint4*>(dst_q + p * k)[c] = __ldg(reinterpret_cast<const uint4*>(src_q + r * k) + c);
-    if ((c & 1) == 0) dst_s[p * (k / 32) + c / 2] = __ldg(src_s + r * (k / 32) + c / 2);
+    reinterpret_cast<uint4*>(dst_q + p * row_bytes)[c] =
+        __ldg(reinterpret_cast<const uint4*>(src_q + r * row_bytes) + c);
+    if (c % cpb == 0) dst_s[p * (k / 32) + c / cpb] = __ldg(src_s + r * (k / 32) + c / cpb);
   }
 }
 
@@ -87,11 +90,11 @@ __global__ void __launch_bounds__(256) combine_rows_kernel(const float* y, const
 
 cudaError_t launch_gather_fp8_rows(const uint8_t* src_q, const float* src_s, const int32_t* rows,
                                    int64_t n_rows, int64_t k, uint8_t* dst_q, float* dst_s,
-                                   cudaStream_t s) {
+                                   cudaStream_t s, int code_bytes) {
   if (n_rows <= 0) return cudaSuccess;
-  if (k % 128 != 0) return cudaErrorInvalidValue;
-  gather_fp8_rows_kernel<<<grid_for(n_rows * (k / 16)), 256, 0, s>>>(src_q, src_s, rows, n_rows, k,
-                                                                     dst_q, dst_s);
+  if (k % 128 != 0 || (code_bytes != 1 && code_bytes != 2)) return cudaErrorInvalidValue;
+  gather_fp8_rows_kernel<<<grid_for(n_rows * (k / 16) * code_bytes), 256, 0, s>>>(
+      src_q, src_s, rows, n_rows, k, dst_q, dst_s, 2 * code_bytes);
   return cudaGetLastError();
 }
 

@@ -15,10 +15,11 @@
 namespace flashseek::ops::cuda::detail {
 
 // dst row p = src row rows[p] for p < n_rows: FP8 codes [*, k] and their FP32 scales [*, k/32]
-// (the layout of gemm_fp8_quantize_cuda). k a multiple of 128.
+// (the layout of gemm_fp8_quantize_cuda). k a multiple of 128. code_bytes 2: the codes are f16
+// values (gemm_fp8_quantize_cuda with f16_codes), 2·k bytes per row.
 cudaError_t launch_gather_fp8_rows(const uint8_t* src_q, const float* src_s, const int32_t* rows,
                                    int64_t n_rows, int64_t k, uint8_t* dst_q, float* dst_s,
-                                   cudaStream_t s);
+                                   cudaStream_t s, int code_bytes = 1);
 
 // h = swiglu(gu[:, :n], gu[:, n:]) · weight[row] (clamped at `limit` as the model's swiglu when
 // limit > 0; weight nullptr: 1), quantised to e4m3 per 32 values with a power-of-two scale
