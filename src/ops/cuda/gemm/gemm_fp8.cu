@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWs4TxBytes));
             // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 values).
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
-            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), s * (kStageK / 32), m0);
+            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
             tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), s * (kStageK / 2),
                         g * a.n + n0);
@@ -852,10 +852,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(t0);
-        promote(t0, slot, 0, x0.x, x1.x);
+        const bool odd = (s & 1) != 0;  // the box starts at the 4-aligned column (s/2)·4
+        promote(t0, slot, 0, odd ? x0.z : x0.x, odd ? x1.z : x1.x);
         wgmma_wait<0>();
         fence_regs(t1);
-        promote(t1, slot, 1, x0.y, x1.y);
+        promote(t1, slot, 1, odd ? x0.w : x0.y, odd ? x1.w : x1.y);
       } else if constexpr (kPipe2) {
         // Blocks 0 and 1 issued; then each wait<1> retires the older block, which is promoted
         // while the next one runs; the stage's last block is promoted after wait<0> (keeping
