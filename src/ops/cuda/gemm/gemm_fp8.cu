@@ -414,7 +414,8 @@ static_assert(kWs4SmemBytes <= 227 * 1024, "FP4 ring over the sm_90 shared-memor
 // FP4 weights with f16 operands (GemmFp8Args::x_f16): a stage is 64 k (two 32-blocks, one 128-byte
 // swizzle row of f16), so the operand tiles keep the FP8 byte layout (128 rows × 128 bytes); X f16
 // by TMA, W expanded from 32 raw bytes per row into f16. The X scales: the same 128 × 4 box at
-// k-block 2·s (the last stage's two extra columns are past k/32: zero-filled, unused).
+// the 4-aligned k-block 4·(s/2) (a box must start 16-byte aligned: at 2·s the tensor copy stops
+// the kernel with an illegal instruction), odd stages using its second pair; past k/32 zero-filled.
 constexpr int kWsHStages = 5, kWsHBK = 64, kWsHRawBytes = kWsBN * 32, kWsHSwFloats = 2 * kWsBN;
 constexpr int kWsHSmemBytes =
     kWsHStages * (kWsABytes + kWsBBytes + kWsSxBytes + kWsHSwFloats * 4 + kWsHRawBytes) +
