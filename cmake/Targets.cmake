@@ -27,6 +27,11 @@ function(fs_add_test_dir dir)
   target_link_libraries(${_name} PRIVATE ${ARGN} fs_source_dir GTest::gtest GTest::gtest_main GTest::gmock)
   # Tests that drive the CLI find the binary through FLASHSEEK_BIN (env overrides the build path).
   target_compile_definitions(${_name} PRIVATE FLASHSEEK_BIN_PATH="$<TARGET_FILE:flashseek>")
+  if(FLASHSEEK_TEST_PCH)
+    # (The test folders hold C++ files only.)
+    target_precompile_headers(${_name} PRIVATE <gtest/gtest.h> <nlohmann/json.hpp> <algorithm> <cstdint>
+                              <filesystem> <functional> <map> <memory> <string> <thread> <vector>)
+  endif()
   add_dependencies(${_name} flashseek)
   gtest_discover_tests(${_name} DISCOVERY_TIMEOUT 60
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
