@@ -11,7 +11,7 @@
 #                                   FLASHSEEK_GPU_PREBUILT=1 skips the build and uses the pack.
 #   scripts/gpu-check.sh archs      compile-only check of the CUDA code for 90a;100a;103a.
 #
-# Results go to $OUT (if set) else build-gpu/results: log, tests.txt, bench.md, results.md.
+# Results go to $OUT (if set) else build-gpu/results: log, tests.txt, bench.md, model.md, results.md.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -94,6 +94,20 @@ fi
 
 "$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
 bench_rc=$?
+# The engine's model at real V4.1 widths (dummy weights, 8 layers of every role, 16 experts, the
+# CLI's defaults): decode steps at 4k context for batch 1, a 6-token verify block and batch 8,
+# each with the HBM floor of the bytes it reads -> model.md. FLASHSEEK_MODEL_BENCH=0 skips it.
+model_rc=0
+if [ "${FLASHSEEK_MODEL_BENCH:-1}" = 1 ]; then
+  python3 scripts/realwidth_config.py --experts 16 "$out/realwidth.json" >/dev/null || model_rc=1
+  for shape in "--batch 1" "--step-tokens 6" "--batch 8"; do
+    echo "model bench $shape:"
+    # shellcheck disable=SC2086  # $shape is two words
+    "$fs_bin" bench --load-format dummy --config "$out/realwidth.json" --num-layers 8 --gpus 0 --reps 20 \
+      --prompt-tokens 4096 $shape >"$out/model_run.txt" 2>&1 || model_rc=1
+    grep -E 'prefill:|decode:|step bytes|HBM floor' "$out/model_run.txt" | sed 's/^/    /'
+  done >"$out/model.md"
+fi
 # Baseline in the same run: transformers' DeepseekV4ForCausalLM (or the torch bf16 layer when
 # this transformers lacks it), decode step per layer at 4k context -> baseline.md.
 # FLASHSEEK_BASELINE=0 skips it.
@@ -102,12 +116,14 @@ if [ "${FLASHSEEK_BASELINE:-1}" = 1 ]; then
 fi
 {
   echo "# gpu-check $(date -u +%F) $(git rev-parse --short HEAD 2>/dev/null || true)"
-  echo "tests rc=$test_rc, bench rc=$bench_rc"
+  echo "tests rc=$test_rc, bench rc=$bench_rc, model bench rc=$model_rc"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/tests.txt" || grep -E 'tests passed|tests failed' "$out/tests.txt"
   echo
   cat "$out/bench.md" 2>/dev/null
   echo
+  cat "$out/model.md" 2>/dev/null
+  echo
   cat "$out/baseline.md" 2>/dev/null
 } > "$out/results.md"
 cat "$out/results.md"
-[ "$test_rc" = 0 ] && [ "$bench_rc" = 0 ]
+[ "$test_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$model_rc" = 0 ]
