@@ -43,6 +43,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
+  int64_t moe_gemm_min_tokens = 0;         // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -65,6 +66,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.programmatic_launch = o.pdl != "off";
   lo.tensor_core_linears = o.bf16_linears == "tensor";
+  lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -210,6 +212,11 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU, reference numerics: wo_a and the LM head by the exactness kernels (exact) or "
                   "the BF16 tensor cores (tensor)")
       ->check(CLI::IsMember({"exact", "tensor"}))
+      ->capture_default_str();
+  cmd->add_option("--moe-gemm-min-tokens", mo->moe_gemm_min_tokens,
+                  "model bench, GPU: forwards of at least this many tokens run the routed experts as grouped "
+                  "GEMMs over the FP4 weights (0: the grouped expert GEMV always), as run / serve")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
