@@ -24,9 +24,8 @@ struct BackendOpts {
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
-  // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off: the
-  // bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant,
-  // and faster at every batch shape measured (bench/RESULTS.md, session 15).
+  // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
+  // the bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant.
   std::string bf16_linears = "tensor";
 };
 

@@ -17,8 +17,7 @@
 // step (BF16: 8 values, 2 MMAs; FP8: 16 codes, 4 MMAs) with kAhead steps of loads in flight across
 // the sub-chunks. Token slices of 8·kNt are in grid y.
 // A warp's load takes 64 bytes of each of 16 rows; the loads ask the L2 for the whole 256-byte
-// span of each (load_weights), so that DRAM serves the rows in long runs: without the hint the
-// LM head streamed at ~55 % of the copy bandwidth, with it ~90 % (bench/RESULTS.md, session 15).
+// span of each (load_weights), so that DRAM serves the rows in long runs instead of 64-byte pieces.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
