@@ -10,13 +10,14 @@
 # chunk is reported (the one that runs at context N - C .. N; --max-tokens 1, so no decode step).
 # --prefill-attention auto|staged: the run's prefill attention (auto, the default: the tensor-core
 # kernel for chunks of 64+ rows; staged: the exact-order kernel), to compare the two.
+# --extra "ARGS": more `run` options (e.g. "--moe-gemm-min-tokens 64"), word-split.
 # Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8] [--prefill]
-#        [--chunk C] [--prefill-attention auto|staged]
+#        [--chunk C] [--prefill-attention auto|staged] [--extra "ARGS"]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0
+layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0 extra=
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
@@ -26,6 +27,7 @@ while [ $# -gt 0 ]; do
     --prefill) which=first; shift ;;
     --chunk) chunk="$2"; shift 2 ;;
     --prefill-attention) pfattn="$2"; shift 2 ;;
+    --extra) extra="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -38,8 +40,9 @@ trap 'rm -rf "$work"' EXIT
 python3 "$here/realwidth_config.py" --experts "$experts" "$work/config.json"
 python3 -c "import json,sys; print(json.dumps([1000 + (i * 7919) % 100000 for i in range(int(sys.argv[1]))]))" "$context" >"$work/prompt.json"
 maxctx=$(( context + 64 > 4096 ? context + 64 : 4096 ))
+# shellcheck disable=SC2086  # $extra is word-split on purpose
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
   --prompt-ids @"$work/prompt.json" --max-tokens "$tokens" --ignore-eos --speculative off \
-  --prefill-chunk "$chunk" --max-step-tokens "$chunk" --gpu-graphs off --max-context "$maxctx" --prefill-attention "$pfattn" >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
+  --prefill-chunk "$chunk" --max-step-tokens "$chunk" --gpu-graphs off --max-context "$maxctx" --prefill-attention "$pfattn" $extra >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
 python3 "$here/ncu_step_profile.py" "$work/ncu.csv" "$which"

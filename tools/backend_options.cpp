@@ -25,8 +25,15 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->capture_default_str();
   cmd->add_flag("--gpu-graphs-log", o.gpu_graphs_log, "print the CUDA-graph counters to stderr at the end");
   cmd->add_option("--moe-gemm-min-tokens", o.moe_gemm_min_tokens,
-                  "GPU backend: forward chunks of at least this many tokens run the MXFP4 routed experts as "
-                  "grouped FP8 GEMMs (FP4 expanded in the kernel) instead of the expert GEMV; 0: always the GEMV")
+                  "GPU backend: a sequence with at least this many tokens in a forward step runs its MXFP4 routed "
+                  "experts as grouped FP8 GEMMs (FP4 expanded in the kernel) instead of the expert GEMV; 0: always "
+                  "the GEMV (the GEMV's bits whatever the chunking)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--dense-gemm-min-tokens", o.dense_gemm_min_tokens,
+                  "GPU backend: a sequence with at least this many tokens in a forward step runs its FP8 token "
+                  "linears (attention projections, shared expert) through the FP8 GEMM instead of the "
+                  "block-scaled GEMV; 0: always the GEMV (the GEMV's bits whatever the chunking)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
@@ -87,6 +94,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
   g.prefill_attention = prefill_attention(o.prefill_attention);
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
+  g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.tensor_core_linears = o.bf16_linears == "tensor";

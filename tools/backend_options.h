@@ -22,6 +22,7 @@ struct BackendOpts {
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
   int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
+  int64_t dense_gemm_min_tokens = 0;   // GpuLoadOptions::dense_gemm_min_tokens (0: off)
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
@@ -30,6 +31,7 @@ struct BackendOpts {
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
+// --dense-gemm-min-tokens,
 // --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 

@@ -44,6 +44,7 @@ struct ModelBenchOpts {
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 0;         // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
+  int64_t dense_gemm_min_tokens = 0;       // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -67,6 +68,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.programmatic_launch = o.pdl != "off";
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
+  lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -216,6 +218,11 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--moe-gemm-min-tokens", mo->moe_gemm_min_tokens,
                   "model bench, GPU: forwards of at least this many tokens run the routed experts as grouped "
                   "GEMMs over the FP4 weights (0: the grouped expert GEMV always), as run / serve")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--dense-gemm-min-tokens", mo->dense_gemm_min_tokens,
+                  "model bench, GPU: forwards of at least this many tokens run the FP8 token linears through the "
+                  "FP8 GEMM (0: the block-scaled GEMV always), as run / serve")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,

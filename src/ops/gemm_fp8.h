@@ -30,6 +30,13 @@ struct GemmFp8Params {
   const uint8_t* w_scale = nullptr;
   void* y = nullptr;  // [m, n] FP32, or BF16 bits when bf16_out
   bool bf16_out = false;
+  bool bf16_round_out = false;  // FP32 y holding each output rounded to BF16 (not with bf16_out)
+  // xq holds [m, k] f16 values (2 bytes each: the e4m3 codes' values, exact;
+  // gemm_fp8_quantize_cuda with f16_codes), and the CUDA kernel forms each 32-block's sum with f16
+  // tensor-core steps (FP32 accumulation), W expanded from e4m3 to f16 in shared memory: the same
+  // function, block sums at FP32 precision (GemmFp8GroupedParams::x_f16). Pre-quantised x only;
+  // kernel 6's schedule whatever `kernel` says.
+  bool x_f16 = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t w_block = 32;    // 32 (V4.1) or 128 (V4)
   int64_t act_block = 32;  // 32 (V4.1) or 128 (V4)
@@ -58,6 +65,9 @@ inline Status validate(const GemmFp8Params& p) {
     return invalid_argument("gemm_fp8: give either x or the pre-quantised xq/xs, not {}",
                             p.x ? "both" : "neither");
   if (p.xq && !p.xs) return invalid_argument("gemm_fp8: xq needs its scales xs");
+  if (p.x_f16 && !p.xq) return invalid_argument("gemm_fp8: x_f16 needs the pre-quantised xq (f16 codes)");
+  if (p.bf16_out && p.bf16_round_out)
+    return invalid_argument("gemm_fp8: bf16_out and bf16_round_out exclude each other");
   if (p.m <= 0 || p.n <= 0)
     return invalid_argument("gemm_fp8: m={} and n={} must be positive", p.m, p.n);
   if (p.k <= 0 || p.k % 128 != 0)
@@ -100,14 +110,16 @@ struct GemmFp8GroupedParams {
   const int32_t* row_start = nullptr;  // [groups + 1]
   void* y = nullptr;            // [rows, n] FP32, or BF16 bits when bf16_out
   bool bf16_out = false;
+  bool bf16_round_out = false;  // FP32 y holding each output rounded to BF16 (not with bf16_out)
   int64_t groups = 0, rows = 0, n = 0, k = 0;
   int64_t w_block = 32;
   WeightFormat w_format = WeightFormat::kFp8;  // kFp8 or kFp4
-  // kFp4 only: xq holds [rows, k] f16 values (2 bytes each: the e4m3 codes' values, exact;
+  // xq holds [rows, k] f16 values (2 bytes each: the e4m3 codes' values, exact;
   // gemm_fp8_quantize_cuda with f16_codes), and the CUDA kernel forms each 32-block's sum with
   // f16 tensor-core steps (FP32 accumulation) instead of the e4m3 one, whose 32-product sums keep
   // only ~14 bits below the block's largest product (up to 2^-8 · Σ|x·w|): the same function,
-  // block sums at FP32 precision. The twin reads the f16 values; its numbers are unchanged.
+  // block sums at FP32 precision. The twin reads the f16 values; its numbers are unchanged. W
+  // (kFp8 or kFp4) is expanded to f16 in shared memory.
   bool x_f16 = false;
 };
 
@@ -123,8 +135,8 @@ inline Status validate(const GemmFp8GroupedParams& p) {
     return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
   if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
     return invalid_argument("gemm_fp8_grouped: the weight format must be kFp8 or kFp4");
-  if (p.x_f16 && p.w_format != WeightFormat::kFp4)
-    return invalid_argument("gemm_fp8_grouped: f16 activations (x_f16) need FP4 weights");
+  if (p.bf16_out && p.bf16_round_out)
+    return invalid_argument("gemm_fp8_grouped: bf16_out and bf16_round_out exclude each other");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
     return invalid_argument("gemm_fp8_grouped: FP4 weights have one scale per 1 x 32 block (w_block={})",
                             p.w_block);

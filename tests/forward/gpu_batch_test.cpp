@@ -7,6 +7,11 @@
 //   same step) == each alone;
 // * a 6-token verify block == the same tokens decoded one at a time, and a long prompt in one
 //   chunk == the same prompt in odd chunks.
+// With the prefill GEMMs on (GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens 64, the
+// `_gemm` cases) the same holds, the choice being per sequence: the steps mix sequences above and
+// below the threshold in unsorted order (the model reorders them, runs the GEMMs on the long ones
+// and returns logits and samples in the callers' order); the chunked prompt compares chunk sizes
+// on the same side of the threshold (260 vs 130: both GEMM), and the GEMMs must have run.
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -26,6 +31,7 @@ using namespace gpu_test;  // NOLINT: test helpers (gpu_test_util.h)
 struct Param {
   const char* config;
   bool native;
+  bool gemms = false;  // the prefill GEMMs from 64 tokens per sequence
 };
 
 std::vector<int32_t> random_tokens(uint64_t seed, int64_t n, int64_t vocab) {
@@ -70,6 +76,7 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   const std::string dir = tiny_checkpoint(std::string("fs_batch_") + p.config, cfg.value(), 5);
   GpuLoadOptions opt;
   opt.weights = p.native ? GpuWeights::kNative : GpuWeights::kFp32;
+  if (p.gemms) opt.moe_gemm_min_tokens = opt.dense_gemm_min_tokens = 64;
   auto loaded = load_model_gpu(dir, Numerics::kReference, 0, opt);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model& m = *loaded.value();
@@ -141,16 +148,24 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   // A prompt in one chunk equals it in odd chunks (prefill rows go through the same kernels).
   {
     const auto prompt = random_tokens(31, 260, V);
-    EXPECT_TRUE(same_bits(run_chunked(m, prompt, 260), run_chunked(m, prompt, 37))) << "prefill vs chunks of 37";
+    const int64_t chunk = p.gemms ? 130 : 37;
+    EXPECT_TRUE(same_bits(run_chunked(m, prompt, 260), run_chunked(m, prompt, chunk))) << "prefill vs chunks of " << chunk;
+  }
+  if (p.gemms) {  // the GEMMs ran (tiny-v41's expert width 64 is no multiple of 128: its experts keep the GEMV)
+    const auto st = gpu_graph_stats(m);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_GT(st.value().dense_gemm_linears, 0) << "the dense prefill GEMM never ran";
+    if (std::string(p.config) == "tiny-v4") EXPECT_GT(st.value().moe_gemm_layers, 0) << "the MoE prefill GEMM never ran";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuBatch,
                          ::testing::Values(Param{"tiny-v41", true}, Param{"tiny-v4", true}, Param{"tiny-v41", false},
-                                           Param{"tiny-v4", false}),
+                                           Param{"tiny-v4", false}, Param{"tiny-v41", true, true},
+                                           Param{"tiny-v4", true, true}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(std::string(info.param.config) == "tiny-v41" ? "v41" : "v4") +
-                                  (info.param.native ? "_native" : "_fp32");
+                                  (info.param.native ? "_native" : "_fp32") + (info.param.gemms ? "_gemm" : "");
                          });
 
 }  // namespace

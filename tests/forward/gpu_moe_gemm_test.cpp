@@ -12,6 +12,10 @@
 // actually run: the model's counter of GEMM-path MoE layers (gpu_graph_stats moe_gemm_layers).
 // Where every FP32 sum is exact its logits may be the GEMV path's bits.
 //
+// GpuPrefillGemm: the same with the dense FP8 token linears through the FP8 GEMM too
+// (GpuLoadOptions::dense_gemm_min_tokens, GemmFp8Params::x_f16), i.e. the whole prefill GEMM path;
+// the dense counter must move as well.
+//
 // Checkpoints: tiny-v4 (hidden 256, expert width 128: the GEMM's k is a multiple of 128), standard
 // and tie-free well-conditioned (held to max|Δlogit| < 5e-2 and argmax agreement >= 99 % too, as
 // GpuWellConditioned), and tiny-v41 with the expert width raised from 64 to 128 (the built-in 64 is
@@ -34,9 +38,12 @@ using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
 
 // Teacher-forced logits of the prompt in one chunk on the GPU with the given threshold (0: the
 // expert GEMV for every chunk); *gemm_layers: the MoE layers that ran the grouped GEMMs.
-std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers) {
+// *dense_linears: the FP8 token linears that ran the dense GEMM (dense_gemm_min_tokens).
+std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers,
+                                  int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr) {
   GpuLoadOptions o;
   o.moe_gemm_min_tokens = moe_gemm_min_tokens;
+  o.dense_gemm_min_tokens = dense_gemm_min_tokens;
   *gemm_layers = -1;
   auto gpu = load_model_gpu(dir, Numerics::kReference, 0, o);
   EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
@@ -46,6 +53,7 @@ std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_t
   const auto st = gpu_graph_stats(*gpu.value());
   EXPECT_TRUE(st.ok()) << st.status().to_string();
   if (st.ok()) *gemm_layers = st.value().moe_gemm_layers;
+  if (st.ok() && dense_linears) *dense_linears = st.value().dense_gemm_linears;
   return l.ok() ? std::move(l).value() : std::vector<float>{};
 }
 
@@ -69,17 +77,21 @@ void check_within(const ParityStats& s, const ParityStats& bound, const char* wh
   }
 }
 
+// dense: the dense FP8 token linears take their GEMM as well.
 void run_case(const std::string& tag, const std::string& dir, const std::vector<float>& ref, int64_t vocab,
-              const ParityStats& bound, bool tight) {
+              const ParityStats& bound, bool tight, bool dense = false) {
   ASSERT_EQ(ref.size(), size_t(kTokens * vocab));
-  int64_t gemv_layers = 0, gemm_layers = 0;
-  const std::vector<float> gemv = prefill_logits(dir, 0, &gemv_layers), gemm = prefill_logits(dir, 64, &gemm_layers);
+  int64_t gemv_layers = 0, gemm_layers = 0, gemv_dense = 0, gemm_dense = 0;
+  const std::vector<float> gemv = prefill_logits(dir, 0, &gemv_layers, 0, &gemv_dense),
+                           gemm = prefill_logits(dir, 64, &gemm_layers, dense ? 64 : 0, &gemm_dense);
   ASSERT_EQ(gemv.size(), ref.size());
   ASSERT_EQ(gemm.size(), ref.size());
   EXPECT_EQ(gemv_layers, 0) << "threshold 0 ran the GEMM path";
+  EXPECT_EQ(gemv_dense, 0) << "threshold 0 ran the dense GEMM";
   EXPECT_GT(gemm_layers, 0) << "the GEMM path did not run";
-  std::printf("[parity] %s gemm path: %lld MoE layers, logits %s the GEMV path's\n", tag.c_str(),
-              static_cast<long long>(gemm_layers),
+  if (dense) EXPECT_GT(gemm_dense, 0) << "the dense GEMM did not run";
+  std::printf("[parity] %s gemm path: %lld MoE layers, %lld dense GEMM linears, logits %s the GEMV path's\n",
+              tag.c_str(), static_cast<long long>(gemm_layers), static_cast<long long>(gemm_dense),
               std::memcmp(gemv.data(), gemm.data(), gemv.size() * sizeof(float)) == 0 ? "bitwise equal to" : "differ from");
   const ParityStats on_off = stats(gemv, gemm, vocab), on_ref = stats(ref, gemm, vocab), off_ref = stats(ref, gemv, vocab);
   print_stats(tag, "gemm-path vs gemv-path", on_off, bound);
@@ -97,6 +109,23 @@ TEST_P(GpuMoeGemm, PrefillWithinCpuSelfSensitivityOfGemvAndCpu) {
   const Measured& m = measured(c);
   run_case(c.tag(), m.dir, m.ref, m.vocab, m.sens.worst, c.tie_free && c.well_conditioned);
 }
+
+class GpuPrefillGemm : public ::testing::TestWithParam<Ckpt> {};
+
+TEST_P(GpuPrefillGemm, DenseAndMoeWithinCpuSelfSensitivityOfGemvAndCpu) {
+  FS_REQUIRE_GPU();
+  const Ckpt c = GetParam();
+  const Measured& m = measured(c);
+  run_case(c.tag() + "+dense", m.dir, m.ref, m.vocab, m.sens.worst, c.tie_free && c.well_conditioned, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,
+                         ::testing::Values(Ckpt{"tiny-v4", false}, Ckpt{"tiny-v4", true, true}),
+                         [](const ::testing::TestParamInfo<Ckpt>& info) {
+                           std::string t = info.param.tag();
+                           std::replace(t.begin(), t.end(), '-', '_');
+                           return t;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuMoeGemm,
                          ::testing::Values(Ckpt{"tiny-v4", false}, Ckpt{"tiny-v4", true, true}),
@@ -126,6 +155,8 @@ TEST(GpuMoeGemm, TinyV41WideExpertsPrefillWithinBound) {
   ASSERT_GT(vocab, 0);
   const Sensitivity sens = self_sensitivity(dir.string(), ref, vocab, tag, kBoundMode);
   run_case(tag, dir.string(), ref, vocab, sens.worst, false);
+  if (HasFatalFailure()) return;
+  run_case(tag + "+dense", dir.string(), ref, vocab, sens.worst, false, true);
 }
 
 }  // namespace

@@ -511,6 +511,171 @@ TEST(CudaGemmFp8, GroupedFp4TwinMatchesFp8TwinOnCopy) {
   EXPECT_NE(s.message().find("1 x 32"), std::string::npos) << s.message();
 }
 
+// FP8 weights in the x_f16 mode (the serving path's prefill linears, GemmFp8Params::x_f16, and the
+// grouped form with kFp8): x quantised with f16 codes (optionally rounding FP32 inputs to BF16
+// first, as the reference's BF16 activations), W e4m3 expanded to f16 in shared memory, tile
+// scales looked up per row. Against the CPU twin (the same function, one FP32 dot): within
+// 2^-16 · Σ|x_q·w| per element and 2^-20 · Σ on average (FP32-precision block sums, as the FP4
+// x_f16 case above); BF16-rounded FP32 outputs within one BF16 step of the twin's rounding. The
+// quantisation with bf16_round_in equals the plain one on BF16-rounded inputs, bit for bit. Odd m
+// and n (tails of the 128 tiles), both scale granularities, a grouped launch with empty groups.
+struct F16Case {
+  int64_t m, n, k, w_block, act_block;
+  bool round_in, round_out;
+};
+
+void run_f16_fp8(const F16Case& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "f16/fp8 m=" << c.m << " n=" << c.n << " k=" << c.k << " wb=" << c.w_block
+                                    << " ab=" << c.act_block << " round_in=" << c.round_in
+                                    << " round_out=" << c.round_out);
+  std::mt19937 rng(seed);
+  const size_t ns = size_t((c.n + c.w_block - 1) / c.w_block * (c.k / c.w_block));
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(c.n * c.k)), ws = random_e8m0_scales(rng, ns);
+  std::vector<float> x = random_block_activations(rng, c.m, c.k);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1.0f + 1.0f / 1024;  // values BF16 rounding changes
+  std::vector<float> xr(x);
+  if (c.round_in)
+    for (auto& v : xr) v = round_bf16(v);
+  DeviceBuffer<float> dx(x), dxr(xr), dxs(size_t(c.m * c.k / 32)), dxs2(size_t(c.m * c.k / 32)), dy(size_t(c.m * c.n));
+  DeviceBuffer<uint16_t> dxh(size_t(c.m * c.k)), dxh2(size_t(c.m * c.k));
+  DeviceBuffer<uint8_t> dw(w), dws(ws);
+  ASSERT_TRUE(dx.ok() && dxr.ok() && dxs.ok() && dxs2.ok() && dy.ok() && dxh.ok() && dxh2.ok() && dw.ok() && dws.ok());
+  auto* xh = reinterpret_cast<uint8_t*>(dxh.get());
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, c.m, c.k, c.act_block, xh, dxs.get(), nullptr,
+                                      /*f16_codes=*/true, /*bf16_round_in=*/c.round_in));
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dxr.get(), ActDtype::kF32, c.m, c.k, c.act_block,
+                                      reinterpret_cast<uint8_t*>(dxh2.get()), dxs2.get(), nullptr, true));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> codes = dxh.to_host();
+  const std::vector<float> scales = dxs.to_host();
+  {
+    const std::vector<uint16_t> codes2 = dxh2.to_host();
+    const std::vector<float> scales2 = dxs2.to_host();
+    ASSERT_EQ(0, std::memcmp(codes.data(), codes2.data(), codes.size() * 2)) << "bf16_round_in codes";
+    ASSERT_EQ(0, std::memcmp(scales.data(), scales2.data(), scales.size() * 4)) << "bf16_round_in scales";
+  }
+  // The twin on the same f16 codes; the bound on |codes|, |W|.
+  GemmFp8Params hp;
+  hp.m = c.m, hp.n = c.n, hp.k = c.k, hp.w_block = c.w_block, hp.act_block = c.act_block, hp.x_f16 = true;
+  std::vector<float> ref(size_t(c.m * c.n)), bound(ref.size());
+  std::vector<uint16_t> codes_abs(codes);
+  for (auto& h : codes_abs) h &= 0x7fff;
+  std::vector<uint8_t> wa(w);
+  for (auto& b : wa) b &= 0x7f;
+  hp.xq = reinterpret_cast<const uint8_t*>(codes.data()), hp.xs = scales.data(), hp.w = w.data(), hp.w_scale = ws.data();
+  hp.y = ref.data();
+  FS_ASSERT_OK(gemm_fp8_ref(hp));
+  hp.xq = reinterpret_cast<const uint8_t*>(codes_abs.data()), hp.w = wa.data(), hp.y = bound.data();
+  FS_ASSERT_OK(gemm_fp8_ref(hp));
+  auto check = [&](const std::vector<float>& got, const char* what) {
+    double worst = 0, mean = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << ": output " << i << " not written or not finite";
+      const double r = c.round_out ? round_bf16(ref[i]) : ref[i];
+      const double err = std::fabs(double(got[i]) - r);
+      if (c.round_out) {
+        ASSERT_EQ(got[i], round_bf16(got[i])) << what << ": output " << i << " is not a BF16 value";
+        // Two FP32 sums within 2^-16·Σ of each other round to the same or neighbouring BF16 values.
+        ASSERT_LE(err, std::ldexp(double(bound[i]), -16) + std::fabs(ref[i]) / 128 + 1e-30) << what << " " << i;
+        continue;
+      }
+      ASSERT_LE(err, std::ldexp(double(bound[i]), -16) + 1e-30)
+          << what << ": row " << i / c.n << " col " << i % c.n << " gpu " << got[i] << " ref " << ref[i];
+      const double rel = err / (double(bound[i]) + 1e-30);
+      worst = std::max(worst, rel), mean += rel / double(ref.size());
+    }
+    if (!c.round_out) {
+      EXPECT_LE(mean, std::ldexp(1.0, -20)) << what << ": mean |error| / Σ|x_q·w|";
+    }
+    std::printf("%s fp8 x_f16 m=%lld n=%lld k=%lld wb=%lld: |err| / Σ|x_q·w| worst %.2e mean %.2e\n", what,
+                (long long)c.m, (long long)c.n, (long long)c.k, (long long)c.w_block, worst, mean);
+  };
+  GemmFp8Params p = hp;
+  p.xq = xh, p.xs = dxs.get(), p.w = dw.get(), p.w_scale = dws.get(), p.y = dy.get(), p.bf16_round_out = c.round_out;
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, ref.size() * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y1 = dy.to_host();
+  check(y1, "dense");
+  if (::testing::Test::HasFatalFailure()) return;
+  // Deterministic: the same launch gives the same bits.
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y2 = dy.to_host();
+  ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  // The grouped launch with one weight (groups 2, the first empty): the same bits per row.
+  const std::vector<int32_t> starts = {0, 0, int32_t(c.m)};
+  std::vector<uint8_t> w2(size_t(2 * c.n * c.k)), ws2(2 * ns);
+  std::copy(w.begin(), w.end(), w2.begin() + c.n * c.k);
+  std::copy(ws.begin(), ws.end(), ws2.begin() + int64_t(ns));
+  DeviceBuffer<int32_t> dst(starts);
+  DeviceBuffer<uint8_t> dw2(w2), dws2(ws2);
+  ASSERT_TRUE(dst.ok() && dw2.ok() && dws2.ok());
+  GemmFp8GroupedParams gp;
+  gp.xq = xh, gp.xs = dxs.get(), gp.w = dw2.get(), gp.w_scale = dws2.get(), gp.row_start = dst.get(), gp.y = dy.get();
+  gp.groups = 2, gp.rows = c.m, gp.n = c.n, gp.k = c.k, gp.w_block = c.w_block, gp.x_f16 = true;
+  gp.bf16_round_out = c.round_out;
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, ref.size() * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gp, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y3 = dy.to_host();
+  ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * 4)) << "grouped x_f16 != dense x_f16";
+}
+
+TEST(CudaGemmFp8, F16ModeFp8WeightsMatchCpuTwin) {
+  FS_REQUIRE_GPU();
+  const F16Case cases[] = {
+      {1, 1, 128, 32, 32, false, false},      {7, 33, 256, 32, 32, true, false},
+      {129, 200, 384, 128, 128, false, true}, {300, 4096, 1024, 128, 128, true, true},
+      {513, 257, 7168, 128, 128, false, false}, {256, 512, 4096, 32, 32, true, true},
+  };
+  uint32_t seed = 300;
+  for (const auto& c : cases) {
+    run_f16_fp8(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The CPU twin's x_f16 input and bf16_round_out (no GPU): f16 codes give the e4m3 codes' numbers,
+// and the rounded output is the BF16 rounding of the plain one.
+TEST(CudaGemmFp8, TwinF16CodesAndRoundedOutput) {
+  const int64_t m = 3, n = 5, k = 128;
+  std::mt19937 rng(4);
+  const std::vector<uint8_t> xq = random_fp8_codes(rng, size_t(m * k)), w = random_fp8_codes(rng, size_t(n * k));
+  const std::vector<uint8_t> ws = random_e8m0_scales(rng, size_t(k / 32));
+  // f16 bits of each e4m3 value: the pattern whose value it is (every e4m3 value is an f16).
+  std::vector<uint16_t> to_f16(256, 0);
+  for (uint32_t h = 0; h < 65536; ++h)
+    for (int c = 0; c < 256; ++c)
+      if ((h & 0x7fff) < 0x7c00 && f16_to_f32(uint16_t(h)) == e4m3_to_f32(uint8_t(c)) &&
+          std::signbit(f16_to_f32(uint16_t(h))) == std::signbit(e4m3_to_f32(uint8_t(c))))
+        to_f16[size_t(c)] = uint16_t(h);
+  std::vector<uint16_t> xh(xq.size());
+  for (size_t i = 0; i < xq.size(); ++i) xh[i] = to_f16[xq[i]];
+  for (size_t i = 0; i < xq.size(); ++i) ASSERT_EQ(f16_to_f32(xh[i]), e4m3_to_f32(xq[i])) << i;
+  std::vector<float> xs(size_t(m * k / 32), 0.25f), y8(size_t(m * n)), yh(y8.size()), yr(y8.size());
+  GemmFp8Params p;
+  p.m = m, p.n = n, p.k = k, p.xs = xs.data(), p.w = w.data(), p.w_scale = ws.data();
+  GemmFp8Params p8 = p, ph = p, pr = p;
+  p8.xq = xq.data(), p8.y = y8.data();
+  ph.xq = reinterpret_cast<const uint8_t*>(xh.data()), ph.x_f16 = true, ph.y = yh.data();
+  pr.xq = xq.data(), pr.bf16_round_out = true, pr.y = yr.data();
+  FS_ASSERT_OK(gemm_fp8_ref(p8));
+  FS_ASSERT_OK(gemm_fp8_ref(ph));
+  FS_ASSERT_OK(gemm_fp8_ref(pr));
+  ASSERT_EQ(0, std::memcmp(y8.data(), yh.data(), y8.size() * 4));
+  bool changed = false;
+  for (size_t i = 0; i < y8.size(); ++i) {
+    ASSERT_EQ(yr[i], round_bf16(y8[i])) << i;
+    changed |= yr[i] != y8[i];
+  }
+  EXPECT_TRUE(changed) << "no output changed by the BF16 rounding: the check is empty";
+  pr.bf16_out = true;
+  EXPECT_NE(gemm_fp8_ref(pr).message().find("bf16_round_out"), std::string::npos);
+  ph.xq = nullptr, ph.x = xs.data();
+  EXPECT_NE(gemm_fp8_ref(ph).message().find("x_f16"), std::string::npos);
+}
+
 TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   // Runs without a GPU: every check fires before any device call.
   alignas(16) uint8_t b[256] = {};
@@ -544,10 +709,10 @@ TEST(CudaGemmFp8, GroupedRejectsBadInput) {
   p.w_block = 32, p.w_scale = b + 2;
   s = gemm_fp8_grouped_cuda(p, nullptr);
   EXPECT_NE(s.message().find("4-byte aligned"), std::string::npos) << s.message();
-  p.w_scale = b, p.w_format = WeightFormat::kFp8, p.x_f16 = true;
+  p.w_scale = b, p.w_format = WeightFormat::kFp8, p.bf16_out = true, p.bf16_round_out = true;
   s = gemm_fp8_grouped_cuda(p, nullptr);
-  EXPECT_NE(s.message().find("x_f16"), std::string::npos) << s.message();
-  p.x_f16 = false, p.w_format = static_cast<WeightFormat>(7);
+  EXPECT_NE(s.message().find("bf16_round_out"), std::string::npos) << s.message();
+  p.bf16_out = p.bf16_round_out = false, p.w_format = static_cast<WeightFormat>(7);
   s = gemm_fp8_grouped_ref(p);
   EXPECT_NE(s.message().find("kFp8 or kFp4"), std::string::npos) << s.message();
 }

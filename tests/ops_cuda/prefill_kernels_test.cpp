@@ -249,5 +249,38 @@ TEST(CudaPrefillMoeGlue, GatherSwigluQuantCombine) {
     }
 }
 
+// The merged row positions of a step's routed pairs run in two parts (the GPU model's split MoE)
+// against merge_row_of_ref: either part with or without its own positions (nullptr: identity),
+// pairs of other ranks' experts (-1), empty parts, sizes across block boundaries.
+TEST(CudaPrefillMoeGlue, MergeRowOfMatchesTwin) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int64_t sizes[][2] = {{0, 5}, {7, 0}, {255, 257}, {1000, 3}, {1, 1}};
+  for (const auto& sz : sizes)
+    for (int mode = 0; mode < 4; ++mode) {
+      const int64_t na = sz[0], nb = sz[1];
+      SCOPED_TRACE(::testing::Message() << "na=" << na << " nb=" << nb << " mode=" << mode);
+      std::vector<int32_t> a(size_t(std::max<int64_t>(na, 1))), b(size_t(std::max<int64_t>(nb, 1)));
+      for (auto& v : a) v = int32_t(rng() % 5000);
+      for (auto& v : b) v = rng() % 7 == 0 ? -1 : int32_t(rng() % 5000);
+      const bool has_a = mode & 1, has_b = mode & 2;
+      const int32_t off = int32_t(na * 3 + 11);
+      std::vector<int32_t> want(size_t(na + nb) + 1, 0);
+      detail::merge_row_of_ref(has_a ? a.data() : nullptr, na, has_b ? b.data() : nullptr, nb, off, want.data());
+      DeviceBuffer<int32_t> da(a), db(b), dout(want.size());
+      ASSERT_TRUE(da.ok() && db.ok() && dout.ok());
+      ASSERT_EQ(cudaMemset(dout.get(), 0x7f, want.size() * 4), cudaSuccess);
+      ASSERT_EQ(detail::launch_merge_row_of(has_a ? da.get() : nullptr, na, has_b ? db.get() : nullptr, nb, off,
+                                            dout.get(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<int32_t> got = dout.to_host();
+      EXPECT_EQ(got.back(), 0x7f7f7f7f) << "wrote past na + nb";
+      got.back() = want.back() = 0;
+      ASSERT_EQ(got, want);
+    }
+  EXPECT_EQ(detail::launch_merge_row_of(nullptr, -1, nullptr, 0, 0, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda

@@ -254,11 +254,17 @@ class GpuModel final : public Model, public Backend {
   }
   // Routed experts as stored through the block-scaled grouped expert GEMV; *row_of: ybuf's row of
   // pair (t, k) when not t·K + k (grouped).
+  // gemm: the rows take the grouped FP8 GEMMs over the FP4 experts where moe_gemm_path allows;
+  // `tag` names the scratch of *row_of (two calls of one step keep theirs apart).
   Status moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
-                    const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of);
-  // Whether moe_native runs the chunk through the grouped FP8 GEMMs over the FP4 experts.
-  bool moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3, int64_t T,
-                     int64_t E) const;
+                    const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of, bool gemm = false,
+                    const char* tag = "moe_grp_pos");
+  // Whether the routed experts' weights and widths suit the grouped FP8 GEMMs over FP4 experts.
+  bool moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3, int64_t E) const;
+  // An FP8 token linear of the step (LinearCall key) whose sequences' rows from dense_row0_ on run
+  // through the FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens), the rows before it through the
+  // GEMV; false: not such a call (the caller runs the usual path).
+  Result<bool> linear_gemm(const LinearCall& c);
   // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
   // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
   // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
@@ -428,6 +434,10 @@ class GpuModel final : public Model, public Backend {
   int index_scores_kernel_ = 0;                 // GpuLoadOptions::index_scores_kernel
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
+  int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
+  // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
+  // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
+  int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

@@ -115,16 +115,21 @@ struct GpuLoadOptions {
   int index_scores_kernel = 0;
   // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
   GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
-  // Routed experts of a forward step of at least this many tokens (MXFP4 experts, widths that are
-  // multiples of 128, sm_90a, every expert on this GPU): the pairs, grouped by expert, run as
-  // grouped GEMMs over the FP4 weights (ops/cuda/gemm/gemm_fp8.h, w_format kFp4, x_f16: f16
-  // tensor-core steps, FP32-precision 32-block sums) instead of the grouped expert GEMV. Same
-  // quantisation and rounding points; the block sums in another FP32 order, so not always the
-  // GEMV's bits (docs/cuda.md, "Whole-model parity"), and a step's bits then depend on which side
-  // of the threshold its token count falls. 0 (this struct's default, which the bitwise chunking
-  // and batch-invariance tests rely on): always the GEMV. The CLI (tools/backend_options.h) passes
-  // 64: on for prefill.
+  // Prefill GEMMs. A sequence whose rows in a forward step number at least moe_gemm_min_tokens
+  // (and more than kGpuGraphMaxTokens) runs its routed experts as grouped GEMMs over the FP4
+  // weights (MXFP4 experts, widths that are multiples of 128, sm_90a, every expert on this GPU;
+  // ops/cuda/gemm/gemm_fp8.h, w_format kFp4) instead of the grouped expert GEMV; at least
+  // dense_gemm_min_tokens: its FP8 token linears (wq_a, wq_b, wkv, wo_b, the indexer's wq_b, the
+  // shared expert) run through the FP8 GEMM (GemmFp8Params::x_f16) instead of the block-scaled
+  // GEMV. Both in the x_f16 mode: f16 tensor-core steps, FP32-precision 32-block sums; the same
+  // quantisation and rounding points, the block sums in another FP32 order, so within the parity
+  // bound of the GEMV path but not its bits (docs/cuda.md, "Whole-model parity"). The choice is
+  // per sequence (a step's rows are ordered by their sequence's row count, the GEMM taking the
+  // long ones), so a sequence's bits never depend on the other sequences of its step; they do
+  // depend on the chunk sizes it is fed in. 0 (this struct's default, which the bitwise chunking
+  // tests rely on): always the GEMV. The CLI (tools/backend_options.h) sets both.
   int64_t moe_gemm_min_tokens = 0;
+  int64_t dense_gemm_min_tokens = 0;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
@@ -162,6 +167,9 @@ struct GpuGraphStats {
   int64_t timed = 0, host_ns = 0, wait_ns = 0;
   // MoE layers whose routed experts ran as grouped GEMMs (GpuLoadOptions::moe_gemm_min_tokens).
   int64_t moe_gemm_layers = 0;
+  // FP8 token linears that ran (some of) their rows through the FP8 GEMM
+  // (GpuLoadOptions::dense_gemm_min_tokens).
+  int64_t dense_gemm_linears = 0;
 };
 // The counters of a CUDA model (one GPU or tensor-parallel); an error for other models.
 Result<GpuGraphStats> gpu_graph_stats(const Model& m);

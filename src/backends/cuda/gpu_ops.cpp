@@ -87,8 +87,51 @@ Status GpuModel::embed(const Vec& table, const Tensor& tokens, const Tensor& X, 
 }
 
 Status GpuModel::linear(const LinearCall& c) {
+  FS_ASSIGN_OR_RETURN(const bool done, linear_gemm(c));
+  if (done) return {};
   return linear(c.x.f32(), d(*c.w), c.rows, c.in, c.out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in, nullptr, 1,
                 c.x_bf16);
+}
+
+// The prefill FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens) of a step's token linear: rows
+// [dense_row0_, T) belong to sequences with enough rows and run through gemm_fp8_cuda in its
+// x_f16 mode (x quantised once with f16 codes, BF16 input / output roundings as the GEMV does
+// them); rows [0, dense_row0_) through the usual GEMV, so each sequence's numbers depend only on
+// its own row count.
+Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
+  if (dense_gemm_min_tokens_ <= 0 || !sm90a_ || c.rows != step_rows_ || dense_row0_ >= c.rows || !c.w) return false;
+  switch (c.key.op) {  // the FP8-activation linears over the step's token rows
+    case DotOp::kWqA: case DotOp::kWqB: case DotOp::kWkv: case DotOp::kWoB: case DotOp::kIdxWqB:
+      break;
+    case DotOp::kW1: case DotOp::kW2: case DotOp::kW3:
+      if (c.key.expert >= 0) return false;  // routed experts: moe_native
+      break;
+    default:
+      return false;
+  }
+  const NativeMatrix* nw = native(d(*c.w));
+  if (!nw || !nw->fast || nw->format != ops::WeightFormat::kFp8 || nw->count != 1) return false;
+  if (c.in != nw->k || c.out != nw->n || c.act_block != nw->act_block || c.in % 128 != 0) return false;
+  if (c.act_block != 32 && c.act_block != 128) return false;
+  if (nw->w_block != 32 && nw->w_block != 128) return false;
+  const int64_t r0 = dense_row0_, m = c.rows - r0, in = c.in, out = c.out;
+  if (r0 > 0)
+    FS_RETURN_IF_ERROR(linear_native(*nw, c.x.f32(), r0, in, out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in,
+                                     nullptr, 1));
+  constexpr int64_t kCodeBytes = 2;  // f16 values of the e4m3 codes
+  FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("dense_gemm_xq", m * in * kCodeBytes));
+  FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("dense_gemm_xs", m * (in / 32)));
+  FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(c.x.f32() + r0 * in, ops::ActDtype::kF32, m, in, c.act_block,
+                                                       xq, xs, stream_, /*f16_codes=*/true,
+                                                       /*bf16_round_in=*/c.bf16_in));
+  ops::GemmFp8Params g;
+  g.xq = xq, g.xs = xs, g.x_f16 = true;
+  g.w = nw->codes.get(), g.w_scale = nw->scales.get();
+  g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
+  g.m = m, g.n = out, g.k = in, g.w_block = nw->w_block, g.act_block = c.act_block;
+  FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(g, stream_));
+  ++gstats_.dense_gemm_linears;
+  return true;
 }
 
 Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
@@ -226,9 +269,25 @@ Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tens
   const auto& ek = *fd.experts;  // w1, w2, w3: FP32 stacks or as stored
   *row_of = Tensor{};
   if (const NativeMatrix* n1 = native(ek[0]); n1 && n1->fast) {  // block-scaled expert GEMV (reference)
+    // The step's rows from moe_row0_ on belong to sequences that take the grouped GEMMs
+    // (GpuLoadOptions::moe_gemm_min_tokens); a step with both kinds runs them as two parts, the
+    // first by the GEMV, and merges their row positions.
+    const int64_t r0 = T == step_rows_ && moe_gemm_min_tokens_ > 0 ? moe_row0_ : T;
     const int32_t* rows = nullptr;
-    FS_RETURN_IF_ERROR(moe_native(ek, T, E, K, m.f32(), sel.i32(), wt.f32(), ybuf.f32(), &rows));
-    if (rows) *row_of = Tensor{const_cast<int32_t*>(rows), ElemType::kI32, TK, 1};
+    if (r0 <= 0 || r0 >= T) {
+      FS_RETURN_IF_ERROR(moe_native(ek, T, E, K, m.f32(), sel.i32(), wt.f32(), ybuf.f32(), &rows, r0 <= 0));
+      if (rows) *row_of = Tensor{const_cast<int32_t*>(rows), ElemType::kI32, TK, 1};
+      return {};
+    }
+    const int32_t* rows_b = nullptr;
+    const int64_t Tb = T - r0;
+    FS_RETURN_IF_ERROR(moe_native(ek, r0, E, K, m.f32(), sel.i32(), wt.f32(), ybuf.f32(), &rows, false));
+    FS_RETURN_IF_ERROR(moe_native(ek, Tb, E, K, m.f32() + r0 * D, sel.i32() + r0 * K, wt.f32() + r0 * K,
+                                  ybuf.f32() + r0 * K * D, &rows_b, true, "moe_grp_pos_b"));
+    FS_ASSIGN_OR_RETURN(int32_t* merged, scratch<int32_t>("moe_row_of", TK));
+    FS_CUDA_RETURN_IF_ERROR(
+        cd::launch_merge_row_of(rows, r0 * K, rows_b, Tb * K, int32_t(r0 * K), merged, stream_));
+    *row_of = Tensor{merged, ElemType::kI32, TK, 1};
     return {};
   }
   // The exactness kernels over the [T·K] (row, slot) pairs, stacked weights selected by sel.
@@ -251,7 +310,8 @@ Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tens
 // dot products run in the same order (the k split is fixed by split_groups, tokens are
 // independent MMA columns).
 Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
-                            const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of) {
+                            const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of, bool gemm,
+                            const char* tag) {
   const auto& c = config();
   const bool R = ref();
   const int64_t D = c.hidden_size, I = c.moe_inter_dim, TK = T * K;
@@ -268,7 +328,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
     FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_grp_row", TK));
     FS_ASSIGN_OR_RETURN(float* d_w, scratch<float>("moe_grp_w", TK));
-    FS_ASSIGN_OR_RETURN(int32_t* d_pos, scratch<int32_t>("moe_grp_pos", TK));
+    FS_ASSIGN_OR_RETURN(int32_t* d_pos, scratch<int32_t>(tag, TK));
     if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
     // The route kernel only emits ids in [0, E): no range flag to read back.
     FS_CUDA_RETURN_IF_ERROR(
@@ -313,7 +373,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
-  if (grouped && moe_gemm_path(n1, n2, n3, T, E)) {
+  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E)) {
     // Prefill chunks (GpuLoadOptions::moe_gemm_min_tokens): the same function through the grouped
     // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
     // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
@@ -370,13 +430,12 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   return {};
 }
 
-// The grouped-GEMM route of moe_native: a chunk of at least moe_gemm_min_tokens_ tokens on an
-// sm_90a device, MXFP4 experts (every expert here, unpadded [n, k/2] codes and [n, k/32] scales,
-// one activation block of 32 or 128), widths the GEMM takes (multiples of 128), at most the GEMM's
-// 1024 groups.
-bool GpuModel::moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3, int64_t T,
+// The grouped-GEMM route of moe_native: an sm_90a device, MXFP4 experts (every expert here,
+// unpadded [n, k/2] codes and [n, k/32] scales, one activation block of 32 or 128), widths the
+// GEMM takes (multiples of 128), at most the GEMM's 1024 groups.
+bool GpuModel::moe_gemm_path(const NativeMatrix& n1, const NativeMatrix& n2, const NativeMatrix& n3,
                              int64_t E) const {
-  if (moe_gemm_min_tokens_ <= 0 || T < moe_gemm_min_tokens_ || !sm90a_) return false;
+  if (!sm90a_) return false;
   if (E > 1024) return false;
   for (const NativeMatrix* w : {&n1, &n2, &n3}) {
     if (w->format != ops::WeightFormat::kFp4 || w->count != E || w->k % 128 != 0 || w->n <= 0) return false;

@@ -23,6 +23,9 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
       xq.assign(xf, xf + mk);
     }
     fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
+  } else if (p.x_f16) {
+    const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // the codes' values
+    for (size_t i = 0; i < mk; ++i) xq[i] = f16_to_f32(xh[i]) * p.xs[i / 32];
   } else {
     for (size_t i = 0; i < mk; ++i) xq[i] = e4m3_to_f32(p.xq[i]) * p.xs[i / 32];
   }
@@ -37,7 +40,7 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
       if (p.bf16_out)
         static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
       else
-        static_cast<float*>(p.y)[t * p.n + r] = v;
+        static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
     }
   }
   return {};
@@ -76,7 +79,7 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
           if (p.bf16_out)
             static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
           else
-            static_cast<float*>(p.y)[t * p.n + r] = v;
+            static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
         }
       }
     }
@@ -86,10 +89,10 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
     const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
     if (r1 == r0) continue;
     GemmFp8Params q;
-    q.xq = p.xq + r0 * p.k, q.xs = p.xs + r0 * (p.k / 32);
+    q.xq = p.xq + r0 * p.k * (p.x_f16 ? 2 : 1), q.xs = p.xs + r0 * (p.k / 32), q.x_f16 = p.x_f16;
     q.w = p.w + g * p.n * p.k, q.w_scale = p.w_scale + g * nsb * kbw;
     q.y = static_cast<uint8_t*>(p.y) + size_t(r0 * p.n) * out_bytes;
-    q.bf16_out = p.bf16_out, q.m = r1 - r0, q.n = p.n, q.k = p.k, q.w_block = p.w_block;
+    q.bf16_out = p.bf16_out, q.bf16_round_out = p.bf16_round_out, q.m = r1 - r0, q.n = p.n, q.k = p.k, q.w_block = p.w_block;
     FS_RETURN_IF_ERROR(gemm_fp8_ref(q));
   }
   return {};

@@ -34,7 +34,7 @@ Status check_device() {
 
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
                               int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
-                              bool f16_codes) {
+                              bool f16_codes, bool bf16_round_in) {
   if (!x || !xq || !xs) return invalid_argument("gemm_fp8_quantize: x, xq and xs must be set");
   if (m <= 0 || k <= 0 || k % 128 != 0)
     return invalid_argument("gemm_fp8_quantize: m={} must be positive, k={} a multiple of 128", m,
@@ -44,7 +44,8 @@ Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_
   if (!aligned16(x) || !aligned16(xq) || !aligned16(xs))
     return invalid_argument("gemm_fp8_quantize: x, xq and xs must be 16-byte aligned");
   return cuda_status(detail::launch_quantize_fp8(x, x_dtype == ActDtype::kBf16, m, k,
-                                                 int(act_block), xq, xs, stream, f16_codes),
+                                                 int(act_block), xq, xs, stream, f16_codes,
+                                                 bf16_round_in && x_dtype == ActDtype::kF32),
                      "gemm_fp8_quantize kernel launch");
 }
 
@@ -70,8 +71,8 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   detail::GemmFp8Args a{};
   a.xq = xq, a.xs = xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.m), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
-  a.bf16_out = p.bf16_out;
-  a.variant = p.kernel == 0 ? default_kernel(p.m) : p.kernel;
+  a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16;
+  a.variant = p.kernel == 0 || p.x_f16 ? default_kernel(p.m) : p.kernel;
   a.desc_swap = 0, a.skip_promote = 0;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8 kernel launch");
 }
@@ -89,7 +90,7 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   detail::GemmFp8Args a{};
   a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
-  a.bf16_out = p.bf16_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
+  a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
   a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }

@@ -76,6 +76,8 @@ struct Tile {
 #endif
 
 #ifdef FS_GEMM_FP8_SM90
+// FP32 output holding the BF16 rounding of the value (GemmFp8Args::bf16_round_out).
+__device__ __forceinline__ float bf16_round_dev(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
@@ -313,7 +315,8 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
     for (int h = 0; h < 2; ++h) {
       const int r = h ? r1 : r0;
       if (r >= a.m || c >= a.n) continue;
-      const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+      float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+      if (a.bf16_round_out) v0 = bf16_round_dev(v0), v1 = bf16_round_dev(v1);  // FP32 out, BF16 values
       const int64_t o = int64_t(r) * a.n + c;
       if (a.bf16_out) {
         auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
@@ -342,7 +345,7 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
 // f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
 __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
                                                            int act_block, uint8_t* xq, float* xs,
-                                                           bool f16_codes) {
+                                                           bool f16_codes, bool round_bf16) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
@@ -364,6 +367,10 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
         const float4 lo = __ldg(p), hi = __ldg(p + 1);
         v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
         v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        if (round_bf16) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(__float2bfloat16_rn(v[i]));
+        }
       }
     }
     const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
@@ -421,6 +428,14 @@ constexpr int kWsHSmemBytes =
     kWsHStages * (kWsABytes + kWsBBytes + kWsSxBytes + kWsHSwFloats * 4 + kWsHRawBytes) +
     3 * kWsHStages * 8 + 1024 + 2 * (kGemmFp8MaxGroups + 1) * 4;
 static_assert(kWsHSmemBytes <= 227 * 1024, "FP4/f16 ring over the sm_90 shared-memory limit");
+// FP8 weights with f16 operands (GemmFp8Args::x_f16 without w_fp4): the same 64-k stages, the raw
+// e4m3 bytes of the W tile (128 rows × 64 bytes) expanded to f16 by the converter warps, one W
+// scale per (row, 32-block) looked up from the w_block × w_block tile scales.
+constexpr int kWsH8RawBytes = kWsBN * 64;
+constexpr int kWsH8SmemBytes =
+    kWsHStages * (kWsABytes + kWsBBytes + kWsSxBytes + kWsHSwFloats * 4 + kWsH8RawBytes) +
+    3 * kWsHStages * 8 + 1024 + 2 * (kGemmFp8MaxGroups + 1) * 4;
+static_assert(kWsH8SmemBytes <= 227 * 1024, "FP8/f16 ring over the sm_90 shared-memory limit");
 
 struct WsParams {
   CUtensorMap ta;   // X codes [m, k] u8, box 128 × 128, 128-byte swizzle
@@ -494,6 +509,16 @@ __device__ __forceinline__ uint4 e2m1x8_to_f16(uint32_t v) {
   o.z = __byte_perm(hi, 0u, 0x1404u), o.w = __byte_perm(hi, 0u, 0x3424u);  // values 4-5, 6-7
   return o;
 }
+// Eight e4m3 codes (first value in the low byte of v.x) → eight f16 values (exact: every e4m3
+// value is an f16), two per cvt.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t h) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h & 0xffffu), __NV_E4M3);
+  return uint32_t(r.x) | (uint32_t(r.y) << 16);
+}
+__device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 v) {
+  return make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y),
+                    e4m3x2_to_f16x2(v.y >> 16));
+}
 // D (+)= A · B: one m64n128k16 f16 wgmma (FP32 accumulation), A and B from shared memory, both
 // k-major; scale-d = 0 overwrites D.
 __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
@@ -525,18 +550,21 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da
 // kFp4 (grouped only): W arrives as e2m1 bytes; warps 1-3 of the producer warpgroup expand each
 // stage into the swizzled e4m3 W slot once its TMA lands (and publish the per-row W scales), then
 // arrive on the stage's full barrier; the consumers promote with a scale per output column.
-// kF16 (with kFp4; GemmFp8Args::x_f16): X arrives as f16 (the e4m3 values), the converters expand
-// W into f16, and each 32-block is two m64n128k16 f16 wgmmas (FP32 accumulation) instead of one
-// e4m3 wgmma, whose 32-product sum keeps only ~14 bits below the largest product; stages of 64 k.
+// kF16 (GemmFp8Args::x_f16): X arrives as f16 (the e4m3 values), the converters expand W (e2m1
+// with kFp4, else e4m3 with its tile scales looked up per row) into f16, and each 32-block is two
+// m64n128k16 f16 wgmmas (FP32 accumulation) instead of one e4m3 wgmma, whose 32-product sum keeps
+// only ~14 bits below the largest product; stages of 64 k. kConv = kFp4 || kF16: the converter
+// pipeline (raw W bytes by TMA, expanded by warps 1-3 of the producer warpgroup).
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
-  static_assert(!kF16 || (kFp4 && kPipe2), "f16 operands: FP4 weights only");
+  static_assert(!kF16 || kPipe2, "f16 operands: the overlapped schedule only");
+  constexpr bool kConv = kFp4 || kF16;                                            // converter pipeline
   constexpr int S = kF16 ? kWsHStages : kFp4 ? kWs4Stages : kWsStages;           // ring slots
   constexpr int kSwSlot = kF16 ? kWsHSwFloats : kFp4 ? kWs4SwFloats : 16;        // W scales per slot
-  constexpr int kRawSlot = kF16 ? kWsHRawBytes : kFp4 ? kWs4RawBytes : 0;        // raw e2m1 bytes per slot
+  constexpr int kRawSlot = kF16 ? (kFp4 ? kWsHRawBytes : kWsH8RawBytes) : kFp4 ? kWs4RawBytes : 0;  // raw W bytes per slot
   constexpr int kStageK = kF16 ? kWsHBK : kBK;                                    // k per stage
 #ifdef FS_GEMM_FP8_SM90
   const GemmFp8Args& a = P.a;
@@ -559,7 +587,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto full_bar = [&](int slot) { return bar_u + uint32_t(slot * 8); };
   auto empty_bar = [&](int slot) { return bar_u + uint32_t((S + slot) * 8); };
   auto raw_bar = [&](int slot) { return bar_u + uint32_t((2 * S + slot) * 8); };
-  int* tile_pref = reinterpret_cast<int*>(bars + (kFp4 ? 3 : 2) * S);  // grouped: [groups + 1]
+  int* tile_pref = reinterpret_cast<int*>(bars + (kConv ? 3 : 2) * S);  // grouped: [groups + 1]
   int* row_pref = tile_pref + kGemmFp8MaxGroups + 1;             // grouped: [groups + 1]
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int nst = a.k / kStageK;
@@ -622,9 +650,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), kFp4 ? kWs4FullArrivals : kWsFullArrivals);
+      mbar_init(full_bar(s), kConv ? kWs4FullArrivals : kWsFullArrivals);
       mbar_init(empty_bar(s), kWsEmptyArrivals);
-      if constexpr (kFp4) mbar_init(raw_bar(s), 1);
+      if constexpr (kConv) mbar_init(raw_bar(s), 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_proxy_async();
@@ -635,7 +663,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg == 0) {
     // Producer warpgroup: warp 0 feeds the ring, the other three leave.
     setmaxnreg_dec<40>();
-    if constexpr (kFp4) {
+    if constexpr (kConv) {
       if (warp == 0) {
         if (lane != 0) return;
         // Lane 0 of warp 0: X codes + X scales onto the full barrier, the raw W bytes onto the
@@ -654,7 +682,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
             tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
-            tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), s * (kStageK / 2),
+            tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), kFp4 ? s * (kStageK / 2) : s * kStageK,
                         g * a.n + n0);
           }
         }
@@ -664,21 +692,31 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // ct and ct + 96; one 4-byte load = the stage's four 32-blocks), then the 1024 16-byte
       // chunks of the e4m3 tile: chunk j = (row j/8, k chunk j%8) from raw bytes row·64 + 8·(j%8),
       // stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte swizzle).
+      // FP8 weights (kF16 without kFp4): raw bytes row·64 + 8·(j%8), each byte an e4m3 code
+      // expanded to f16; a row's scale of 32-block kb is its w_block tile's.
       const int ct = tid - 32;
       const int kb_row = a.k / 32;
+      const int wkb = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
       int it = 0;
 #pragma unroll 1
       for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
         int m0, n0, g, m_end;
         tile_origin(tile, m0, n0, g, m_end);
-        const uint8_t* sc0 = a.ws + (int64_t(g) * a.n + min(n0 + ct, a.n - 1)) * kb_row;
-        const uint8_t* sc1 = a.ws + (int64_t(g) * a.n + min(n0 + ct + 96, a.n - 1)) * kb_row;
+        const int r0 = min(n0 + ct, a.n - 1), r1 = min(n0 + ct + 96, a.n - 1);
+        const uint8_t* sc0 = kFp4 ? a.ws + (int64_t(g) * a.n + r0) * kb_row
+                                  : a.ws + (int64_t(g) * nsb + r0 / a.w_block) * wkb;
+        const uint8_t* sc1 = kFp4 ? a.ws + (int64_t(g) * a.n + r1) * kb_row
+                                  : a.ws + (int64_t(g) * nsb + r1 / a.w_block) * wkb;
 #pragma unroll 1
         for (int s = 0; s < nst; ++s, ++it) {
           const int slot = it % S, round = it / S;
           // Issued before the wait: the latency hides behind it.
           uint32_t w0, w1;
-          if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
+          if constexpr (kF16 && !kFp4) {  // the scales of the stage's 32-blocks 2s and 2s + 1
+            const int b0 = (2 * s) * 32 / a.w_block, b1 = (2 * s + 1) * 32 / a.w_block;
+            w0 = uint32_t(__ldg(sc0 + b0)) | (uint32_t(__ldg(sc0 + b1)) << 8);
+            w1 = ct < 32 ? uint32_t(__ldg(sc1 + b0)) | (uint32_t(__ldg(sc1 + b1)) << 8) : 0u;
+          } else if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
             w0 = __ldg(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
             w1 = ct < 32 ? __ldg(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
           } else {
@@ -688,7 +726,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
           const uint8_t* raw = sraw + slot * kRawSlot;
           uint8_t* dst = sb + slot * kWsBBytes;
-          if constexpr (kF16) {
+          if constexpr (kF16 && !kFp4) {
+            // Chunk j = (row j/8, 16-byte chunk j%8 = f16 values 8·(j%8) ... +7) from the e4m3
+            // bytes row·64 + 8·(j%8) (hardware conversion, exact).
+#pragma unroll 1
+            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
+              const int r = j >> 3, c = j & 7;
+              const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
+              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = e4m3x8_to_f16(v);
+            }
+          } else if constexpr (kF16) {
             // Chunk j = (row j/8, 16-byte chunk j%8 = f16 values 8·(j%8) ... +7) from raw bytes
             // row·32 + 4·(j%8).
 #pragma unroll 1
@@ -783,7 +830,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
   auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
     if (a.skip_promote) return;  // timing diagnostic only (wrong results)
-    if constexpr (kFp4) {
+    if constexpr (kConv) {
       // One W scale per column: this thread's columns 8·nt + 2·(lane%4) + {0, 1}. The scale
       // product sx·sw is formed as in the FP8 branch, so equal scales give equal bits.
       const float2* sw2 = reinterpret_cast<const float2*>(ssw + slot * kSwSlot + i * kWsBN) + (lane & 3);
@@ -926,7 +973,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int r = h ? r1 : r0;
         if (r >= m_end || c >= a.n) continue;
-        const float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+        float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
+        if (a.bf16_round_out) v0 = bf16_round_dev(v0), v1 = bf16_round_dev(v1);  // FP32 out, BF16 values
         const int64_t o = int64_t(r) * a.n + c;
         if (a.bf16_out) {
           auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
@@ -1036,19 +1084,23 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n). FP4: the
   // [groups · n, k/2] e2m1 bytes, box 128 rows × one k stage (64 bytes; kF16: 32), unswizzled.
   // X: [m, k] bytes (kF16: [m, 2k] bytes of f16 values), box 128 rows × 128 bytes, swizzled.
+  // FP8 with kF16: the [groups · n, k] e4m3 bytes, box 128 rows × 64 bytes, unswizzled (raw).
   constexpr int kStageK = kF16 ? kWsHBK : kBK;
   const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
-  const bool w_map = kFp4 ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
-                                     uint64_t(a.k / 2), kWsBN, kStageK / 2, false)
-                          : make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
-                                     uint64_t(a.k), kWsBN, 128, true);
+  const bool w_map = kFp4  ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+                                      uint64_t(a.k / 2), kWsBN, kStageK / 2, false)
+                     : kF16 ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+                                       uint64_t(a.k), kWsBN, kStageK, false)
+                            : make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+                                       uint64_t(a.k), kWsBN, 128, true);
   if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k) * (kF16 ? 2 : 1),
                 kWsBM, 128, true) ||
       !w_map ||
       !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
                 uint64_t(a.k / 32), kWsBM, 4, false))
     return cudaErrorInvalidValue;
-  constexpr int smem = kF16 ? kWsHSmemBytes : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
+  constexpr int smem = kF16 ? (kFp4 ? kWsHSmemBytes : kWsH8SmemBytes)
+                       : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
           reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16>), smem, attr_set);
@@ -1070,10 +1122,11 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
       return cudaErrorInvalidValue;
     if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
     if (a.w_fp4) return launch_ws<true, true, true, true>(a, stream);
-    if (a.x_f16) return cudaErrorInvalidValue;  // f16 operands: FP4 weights only
+    if (a.x_f16) return launch_ws<true, true, true, false, true>(a, stream);
     return launch_ws<true, true, true>(a, stream);
   }
-  if (a.w_fp4 || a.x_f16) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.x_f16) return launch_ws<true, true, false, false, true>(a, stream);  // kernel 6's schedule
   switch (a.variant) {
     case 1:
       return launch_variant<2, 2, kInterleave>(a, stream);
@@ -1099,11 +1152,12 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
 }
 
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
-                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes) {
+                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes,
+                                bool round_bf16) {
   const int64_t total8 = m * k / 8;
   const int64_t want = (total8 + 255) / 256;
   const int blocks = int(want < 132 * 16 ? want : 132 * 16);
-  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs, f16_codes);
+  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs, f16_codes, round_bf16);
   return cudaGetLastError();
 }
 

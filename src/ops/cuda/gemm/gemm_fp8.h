@@ -41,18 +41,20 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 // with the per-row scales, then release the stage to the consumers (4-slot ring: the raw bytes
 // need room); the consumers promote with sx · sw[column]. Bitwise equal to the kFp8 launch on the
 // e4m3 copy wherever the 32 rows of each scale tile share their scales.
-// x_f16 (kFp4 only): X as f16 values, W expanded to f16, every 32-block summed by two f16 wgmmas
+// x_f16: X as f16 values, W (kFp4 or kFp8) expanded to f16, every 32-block summed by two f16 wgmmas
 // (k16, FP32 accumulation) and promoted as above: the e4m3 wgmma's ~14-bit block sums (above,
 // "Accuracy") become FP32-precision sums of the exact products, at half the tensor-core rate
-// (5-slot ring of 64-k stages).
+// (5-slot ring of 64-k stages). gemm_fp8_cuda takes the same mode (GemmFp8Params::x_f16) for
+// one FP8 matrix, the prefill linears of the serving path.
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
 
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales
 // (per act_block; repeated over the 32-blocks of a 128-block). k a multiple of 128.
 // f16_codes: xq receives [m, k] f16 values (2·m·k bytes), each code's e4m3 value (exact), the
-// input of the grouped GEMM's x_f16 mode; the same quantisation.
+// input of the x_f16 mode; the same quantisation. bf16_round_in (FP32 x): each input rounded to
+// BF16 first (the reference's BF16 activation before its FP8 quantisation).
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
                               int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
-                              bool f16_codes = false);
+                              bool f16_codes = false, bool bf16_round_in = false);
 
 }  // namespace flashseek::ops::cuda

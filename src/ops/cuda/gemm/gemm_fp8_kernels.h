@@ -32,11 +32,14 @@ struct GemmFp8Args {
   // Grouped only: W holds e2m1 codes [groups · n, k/2] (low nibble = even k) and ws one E8M0
   // scale per (row, 32-block) [groups · n, k/32]; expanded to e4m3 in shared memory.
   bool w_fp4;
-  // Grouped FP4 only: xq holds [m, k] f16 values (the e4m3 values, exact; launch_quantize_fp8
-  // with f16_codes) and each 32-block is summed by two m64n128k16 f16 wgmmas (FP32 accumulation:
-  // the exact products, summed at FP32 precision) instead of one e4m3 wgmma (whose 32-product sum
-  // keeps only ~14 bits below the largest product).
+  // xq holds [m, k] f16 values (the e4m3 values, exact; launch_quantize_fp8 with f16_codes) and
+  // each 32-block is summed by two m64n128k16 f16 wgmmas (FP32 accumulation: the exact products,
+  // summed at FP32 precision) instead of one e4m3 wgmma (whose 32-product sum keeps only ~14 bits
+  // below the largest product); W (e2m1 or e4m3) expanded to f16 in shared memory. Kernel 6's
+  // schedule (the variant is ignored).
   bool x_f16;
+  // FP32 output (bf16_out false) holding each value rounded to BF16.
+  bool bf16_round_out;
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;
@@ -47,8 +50,9 @@ int gemm_fp8_smem_bytes(int variant);
 cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream);
 
 // f16_codes: xq receives each code's value as f16 (2 bytes per input; exact) instead of the
-// e4m3 byte.
+// e4m3 byte. round_bf16 (FP32 x): each input rounded to BF16 before the quantisation.
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
-                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes = false);
+                                uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes = false,
+                                bool round_bf16 = false);
 
 }  // namespace flashseek::ops::cuda::detail

@@ -86,7 +86,26 @@ __global__ void __launch_bounds__(256) combine_rows_kernel(const float* y, const
   }
 }
 
+__global__ void __launch_bounds__(256) merge_row_of_kernel(const int32_t* a, int64_t na, const int32_t* b,
+                                                           int64_t nb, int32_t b_off, int32_t* out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < na) {
+    out[i] = a ? a[i] : int32_t(i);
+  } else if (i < na + nb) {
+    const int64_t j = i - na;
+    out[i] = b ? (b[j] < 0 ? -1 : b[j] + b_off) : int32_t(j) + b_off;
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_merge_row_of(const int32_t* a, int64_t na, const int32_t* b, int64_t nb, int32_t b_off,
+                                int32_t* out, cudaStream_t s) {
+  if (na < 0 || nb < 0 || !out) return cudaErrorInvalidValue;
+  if (na + nb == 0) return cudaSuccess;
+  merge_row_of_kernel<<<unsigned((na + nb + 255) / 256), 256, 0, s>>>(a, na, b, nb, b_off, out);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_gather_fp8_rows(const uint8_t* src_q, const float* src_s, const int32_t* rows,
                                    int64_t n_rows, int64_t k, uint8_t* dst_q, float* dst_s,

@@ -28,6 +28,18 @@ cudaError_t launch_gather_fp8_rows(const uint8_t* src_q, const float* src_s, con
 cudaError_t launch_swiglu_quant_fp8(const float* gu, const float* weight, int64_t rows, int64_t n,
                                     float limit, uint8_t* xq, float* xs, cudaStream_t s);
 
+// The row positions of two runs of routed pairs computed apart (a step's pairs split in two, each
+// run's expert outputs in its own sorted order): out[i] = a[i] for i < na (a nullptr: i), and
+// out[na + j] = b[j] + b_off for j < nb (b nullptr: j + b_off; b[j] < 0, a pair no local expert
+// takes: -1). The CPU twin is merge_row_of_ref.
+cudaError_t launch_merge_row_of(const int32_t* a, int64_t na, const int32_t* b, int64_t nb, int32_t b_off,
+                                int32_t* out, cudaStream_t s);
+inline void merge_row_of_ref(const int32_t* a, int64_t na, const int32_t* b, int64_t nb, int32_t b_off,
+                             int32_t* out) {
+  for (int64_t i = 0; i < na; ++i) out[i] = a ? a[i] : int32_t(i);
+  for (int64_t j = 0; j < nb; ++j) out[na + j] = b ? (b[j] < 0 ? -1 : b[j] + b_off) : int32_t(j) + b_off;
+}
+
 // out[t] = ys[t] + Σ_j y[inv[t·k + j]] (ys nullptr: 0): FP32 rows of `dim` values, dim % 4 == 0.
 cudaError_t launch_combine_rows(const float* y, const int32_t* inv, const float* ys, int64_t T,
                                 int64_t k, int64_t dim, float* out, cudaStream_t s);
