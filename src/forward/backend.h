@@ -269,6 +269,11 @@ class Backend {
   virtual int64_t groups() const = 0;
   virtual int64_t vocab_rows() const = 0;
   virtual bool split() const { return false; }
+  // The flow lays a step's sequences out in the order of their token counts (stable) instead of
+  // the batch's; outputs (logits rows, samples) still follow the batch's order. Row-wise ops give
+  // the same values either way; a backend that picks a kernel per sequence by its row count then
+  // sees those rows as one run at the end of the step.
+  virtual bool rows_by_length() const { return false; }
   virtual Status tp_allreduce(const Tensor& x, int64_t n, bool bf16) { return {}; }
   virtual Status tp_remap_experts(const Tensor& sel, const Tensor& wt, int64_t n) { return {}; }
   // The drafts' LM head (DSpark's U, the MTP block's logits): `c` over every vocabulary row

@@ -38,7 +38,13 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
   std::vector<int32_t> tok;
   std::vector<int64_t> pos;
   int64_t cand_bytes = 0;
-  for (auto& item : batch) {
+  std::vector<size_t> order(batch.size());  // segment s holds batch item order[s]
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (b_.rows_by_length())
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return batch[a].tokens.size() < batch[b].tokens.size(); });
+  for (const size_t idx : order) {
+    BatchItem& item = batch[idx];
     FwdSeg g;
     g.st = static_cast<ModelState*>(item.state);
     g.tokens = item.tokens;
@@ -153,12 +159,20 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
   FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
   FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
   FS_RETURN_IF_ERROR(b_.linear(head_call(y, w_.head, nr, D, Vr, lg, R())));
-  int64_t o = 0;
-  for (FwdSeg& g : ctx.segs) {  // per item, in order: its logits rows, or the token sampled from its last row
-    const int64_t n = g.all_logits ? g.T : 1;
+  // Per item, in the batch's order: its logits rows, or the token sampled from its last row (lg
+  // holds the segments' rows in segment order).
+  std::vector<int64_t> lg_row(ctx.segs.size());
+  std::vector<size_t> seg_of(batch.size());
+  for (int64_t s = 0, o = 0; s < int64_t(ctx.segs.size()); ++s) {
+    lg_row[size_t(s)] = o;
+    o += ctx.segs[size_t(s)].all_logits ? ctx.segs[size_t(s)].T : 1;
+    seg_of[order[size_t(s)]] = size_t(s);
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    FwdSeg& g = ctx.segs[seg_of[i]];
+    const int64_t n = g.all_logits ? g.T : 1, o = lg_row[seg_of[i]];
     if (g.sample) FS_RETURN_IF_ERROR(b_.sample_row(lg.rows_from(o + n - 1, 1), *g.sample, g.sampled));
     else FS_RETURN_IF_ERROR(b_.logits_out(lg.rows_from(o, n), n * Vr, logits));
-    o += n;
   }
   if (w_.has_mtp && b_.mtp_state())
     for (FwdSeg& g : ctx.segs) FS_RETURN_IF_ERROR(b_.mtp_advance(g, X.rows_from(g.row0 * hc, g.T * hc)));

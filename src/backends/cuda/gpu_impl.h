@@ -355,6 +355,9 @@ class GpuModel final : public Model, public Backend {
   Status head_slice(std::span<const float> y, int64_t rows, std::span<float> out);
   using TpHead = std::function<Status(std::span<const float> y, int64_t rows, std::span<float> out)>;
   void set_tp_head(TpHead f) { tp_head_ = std::move(f); }
+  // With a prefill GEMM on, the step's sequences run in the order of their row counts, so the
+  // rows that take it form one run at the end (GpuModel::run_items, linear_gemm, routed_experts).
+  bool rows_by_length() const override { return moe_gemm_min_tokens_ > 0 || dense_gemm_min_tokens_ > 0; }
   Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) override {
     return download_logits(lg.f32(), n, logits);
   }

@@ -1098,13 +1098,14 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
 }
 
 // The first row of the step whose sequences take a prefill GEMM of threshold `min_tokens`
-// (GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens), the items in row order sorted
-// by their row counts; T (none) when the GEMM is off or no sequence is long enough.
-static int64_t gemm_row0(std::span<const BatchItem> items, int64_t min_tokens) {
+// (GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens), the flow having put the
+// sequences in the order of their row counts (rows_by_length); T (none) when the GEMM is off or
+// no sequence is long enough.
+static int64_t gemm_row0(std::vector<int64_t> rows, int64_t min_tokens) {
+  std::stable_sort(rows.begin(), rows.end());
   int64_t row = 0;
   const int64_t need = std::max(min_tokens, kGpuGraphMaxTokens + 1);
-  for (const BatchItem& it : items) {
-    const int64_t n = int64_t(it.tokens.size());
+  for (const int64_t n : rows) {
     if (min_tokens > 0 && n >= need) return row;
     row += n;
   }
@@ -1114,61 +1115,18 @@ static int64_t gemm_row0(std::span<const BatchItem> items, int64_t min_tokens) {
 Status GpuModel::run_items(std::span<BatchItem> batch, std::vector<float>& logits) {
   for (auto& item : batch)
     if (item.sample && item.all_logits) return invalid_argument("forward: an item cannot ask for all logits and a sample");
-  auto by_rows = [](const BatchItem& a, const BatchItem& b) { return a.tokens.size() < b.tokens.size(); };
-  const bool gemms = moe_gemm_min_tokens_ > 0 || dense_gemm_min_tokens_ > 0;
-  // The step's rows, for the per-sequence choice of the prefill GEMMs: reset on every exit.
+  // The step's rows, for the per-sequence choice of the prefill GEMMs (reset on every exit).
   struct StepRows {
     GpuModel* m;
     ~StepRows() { m->step_rows_ = -1, m->dense_row0_ = m->moe_row0_ = 0; }
   } reset{this};
-  auto run = [&](std::span<BatchItem> items, std::vector<float>& out) -> Status {
-    int64_t T = 0;
-    for (const BatchItem& it : items) T += int64_t(it.tokens.size());
-    step_rows_ = T;
-    dense_row0_ = gemm_row0(items, dense_gemm_min_tokens_);
-    moe_row0_ = gemm_row0(items, moe_gemm_min_tokens_);
-    return Forward(flow_params(), *this).forward(items, out);
-  };
-  bool any_long = false;  // a sequence that may take a GEMM: only then does the order matter
-  for (const BatchItem& it : batch) {
-    const int64_t n = int64_t(it.tokens.size());
-    any_long = any_long || (n > kGpuGraphMaxTokens && ((moe_gemm_min_tokens_ > 0 && n >= moe_gemm_min_tokens_) ||
-                                                       (dense_gemm_min_tokens_ > 0 && n >= dense_gemm_min_tokens_)));
-  }
-  if (!gemms || !any_long || std::is_sorted(batch.begin(), batch.end(), by_rows)) return run(batch, logits);
-  // With the prefill GEMMs on, the sequences run in the order of their row counts (stable), so
-  // the rows that take a GEMM are one run at the end; the logits rows and samples go back to the
-  // callers' order afterwards (every row is computed independently of its neighbours, so the
-  // order changes no value).
-  std::vector<size_t> order(batch.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return batch[a].tokens.size() < batch[b].tokens.size(); });
-  std::vector<BatchItem> sorted;
-  sorted.reserve(batch.size());
-  for (size_t i : order) sorted.push_back(batch[i]);
-  std::vector<float> out;
-  FS_RETURN_IF_ERROR(run(sorted, out));
-  auto out_rows = [](const BatchItem& it) -> int64_t {
-    return it.sample ? 0 : it.all_logits ? int64_t(it.tokens.size()) : 1;
-  };
-  int64_t rows = 0;
-  for (const BatchItem& it : sorted) rows += out_rows(it);
-  if (rows > 0 && out.size() % size_t(rows) != 0)
-    return internal_error("forward: {} logits for {} rows", out.size(), rows);
-  const size_t width = rows > 0 ? out.size() / size_t(rows) : 0;
-  std::vector<size_t> at(batch.size());  // offset of each sorted item's rows in `out`
-  size_t off = 0;
-  for (size_t k = 0; k < sorted.size(); ++k) at[k] = off, off += size_t(out_rows(sorted[k])) * width;
-  std::vector<size_t> pos_of(batch.size());
-  for (size_t k = 0; k < order.size(); ++k) pos_of[order[k]] = k;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const size_t k = pos_of[i];
-    const size_t n = size_t(out_rows(sorted[k])) * width;
-    logits.insert(logits.end(), out.begin() + std::ptrdiff_t(at[k]), out.begin() + std::ptrdiff_t(at[k] + n));
-    batch[i].sampled = sorted[k].sampled;
-  }
-  return {};
+  std::vector<int64_t> rows;
+  for (const BatchItem& it : batch) rows.push_back(int64_t(it.tokens.size()));
+  step_rows_ = 0;
+  for (const int64_t n : rows) step_rows_ += n;
+  dense_row0_ = gemm_row0(rows, dense_gemm_min_tokens_);
+  moe_row0_ = gemm_row0(rows, moe_gemm_min_tokens_);
+  return Forward(flow_params(), *this).forward(batch, logits);
 }
 
 Status GpuModel::upload_staged(void* dst, const void* staged, size_t bytes) {
