@@ -21,8 +21,10 @@ struct BackendOpts {
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
-  int64_t moe_gemm_min_tokens = 0;     // GpuLoadOptions::moe_gemm_min_tokens (0: off)
-  int64_t dense_gemm_min_tokens = 0;   // GpuLoadOptions::dense_gemm_min_tokens (0: off)
+  // GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens (0: off). On from one GEMM tile
+  // (128 rows) per sequence: prefill chunks take the GEMMs, decode and verify rows the GEMVs.
+  int64_t moe_gemm_min_tokens = 128;
+  int64_t dense_gemm_min_tokens = 128;
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that

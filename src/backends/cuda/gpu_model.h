@@ -120,14 +120,14 @@ struct GpuLoadOptions {
   // weights (MXFP4 experts, widths that are multiples of 128, sm_90a, every expert on this GPU;
   // ops/cuda/gemm/gemm_fp8.h, w_format kFp4) instead of the grouped expert GEMV; at least
   // dense_gemm_min_tokens: its FP8 token linears (wq_a, wq_b, wkv, wo_b, the indexer's wq_b, the
-  // shared expert) run through the FP8 GEMM (GemmFp8Params::x_f16) instead of the block-scaled
+  // shared expert, Engram's wkv) run through the FP8 GEMM (GemmFp8Params::x_f16) instead of the block-scaled
   // GEMV. Both in the x_f16 mode: f16 tensor-core steps, FP32-precision 32-block sums; the same
   // quantisation and rounding points, the block sums in another FP32 order, so within the parity
   // bound of the GEMV path but not its bits (docs/cuda.md, "Whole-model parity"). The choice is
   // per sequence (a step's rows are ordered by their sequence's row count, the GEMM taking the
   // long ones), so a sequence's bits never depend on the other sequences of its step; they do
   // depend on the chunk sizes it is fed in. 0 (this struct's default, which the bitwise chunking
-  // tests rely on): always the GEMV. The CLI (tools/backend_options.h) sets both.
+  // tests rely on): always the GEMV. The CLI (tools/backend_options.h) sets both to 128.
   int64_t moe_gemm_min_tokens = 0;
   int64_t dense_gemm_min_tokens = 0;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each

@@ -102,6 +102,7 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
   if (dense_gemm_min_tokens_ <= 0 || !sm90a_ || c.rows != step_rows_ || dense_row0_ >= c.rows || !c.w) return false;
   switch (c.key.op) {  // the FP8-activation linears over the step's token rows
     case DotOp::kWqA: case DotOp::kWqB: case DotOp::kWkv: case DotOp::kWoB: case DotOp::kIdxWqB:
+    case DotOp::kEngramWkv:
       break;
     case DotOp::kW1: case DotOp::kW2: case DotOp::kW3:
       if (c.key.expert >= 0) return false;  // routed experts: moe_native
@@ -393,25 +394,22 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(m, ops::ActDtype::kF32, T, D, act, xq_t, xs_t, stream_,
                                                          /*f16_codes=*/true));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_gather_fp8_rows(xq_t, xs_t, prow, TK, D, xq, xs, stream_, int(kCodeBytes)));
+    // Reference numerics: gate, up and each expert's output rounded to BF16 in the GEMM's epilogue
+    // (bf16_round_out: the RNE rounding a kBf16 quant_sim would apply afterwards).
     auto gemm = [&](const NativeMatrix& w, int64_t n_out, int64_t k, float* y) -> Status {
       ops::GemmFp8GroupedParams q;
       q.xq = xq, q.xs = xs, q.w = w.codes.get(), q.w_scale = w.scales.get(), q.row_start = gstart, q.y = y;
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
-      q.x_f16 = true;
+      q.x_f16 = true, q.bf16_round_out = R;
       return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
     };
     ++gstats_.moe_gemm_layers;
     FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
     FS_RETURN_IF_ERROR(gemm(n3, I, D, u));
-    if (R) {
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(g, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(u, TK, I, I, 1, cd::QuantSim::kBf16, stream_));
-    }
     FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
     FS_RETURN_IF_ERROR(
         ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_, true));
     FS_RETURN_IF_ERROR(gemm(n2, D, I, ybuf));
-    if (R) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(ybuf, TK, D, D, 1, cd::QuantSim::kBf16, stream_));
     return {};
   }
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
