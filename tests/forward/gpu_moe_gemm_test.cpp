@@ -110,6 +110,13 @@ TEST_P(GpuMoeGemm, PrefillWithinCpuSelfSensitivityOfGemvAndCpu) {
   run_case(c.tag(), m.dir, m.ref, m.vocab, m.sens.worst, c.tie_free && c.well_conditioned);
 }
 
+// Test names: the checkpoint tag with '-' → '_'.
+std::string ckpt_name(const ::testing::TestParamInfo<Ckpt>& info) {
+  std::string t = info.param.tag();
+  std::replace(t.begin(), t.end(), '-', '_');
+  return t;
+}
+
 class GpuPrefillGemm : public ::testing::TestWithParam<Ckpt> {};
 
 TEST_P(GpuPrefillGemm, DenseAndMoeWithinCpuSelfSensitivityOfGemvAndCpu) {
@@ -121,19 +128,11 @@ TEST_P(GpuPrefillGemm, DenseAndMoeWithinCpuSelfSensitivityOfGemvAndCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,
                          ::testing::Values(Ckpt{"tiny-v4", false}, Ckpt{"tiny-v4", true, true}),
-                         [](const ::testing::TestParamInfo<Ckpt>& info) {
-                           std::string t = info.param.tag();
-                           std::replace(t.begin(), t.end(), '-', '_');
-                           return t;
-                         });
+                         ckpt_name);
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuMoeGemm,
                          ::testing::Values(Ckpt{"tiny-v4", false}, Ckpt{"tiny-v4", true, true}),
-                         [](const ::testing::TestParamInfo<Ckpt>& info) {
-                           std::string t = info.param.tag();
-                           std::replace(t.begin(), t.end(), '-', '_');
-                           return t;
-                         });
+                         ckpt_name);
 
 // tiny-v41 with expert width 128 (its own checkpoint, CPU reference and self-sensitivity).
 TEST(GpuMoeGemm, TinyV41WideExpertsPrefillWithinBound) {
