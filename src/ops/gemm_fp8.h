@@ -37,6 +37,9 @@ struct GemmFp8Params {
   // function, block sums at FP32 precision (GemmFp8GroupedParams::x_f16). Pre-quantised x only;
   // kernel 6's schedule whatever `kernel` says.
   bool x_f16 = false;
+  // x_f16 only: row strides of xq (its scales: x_stride / 32) and y in elements; 0: k and n. A
+  // column slice of a wider matrix (the groups of a grouped linear), x_stride a multiple of 128.
+  int64_t x_stride = 0, y_stride = 0;
   int64_t m = 0, n = 0, k = 0;
   int64_t w_block = 32;    // 32 (V4.1) or 128 (V4)
   int64_t act_block = 32;  // 32 (V4.1) or 128 (V4)
@@ -68,6 +71,13 @@ inline Status validate(const GemmFp8Params& p) {
   if (p.x_f16 && !p.xq) return invalid_argument("gemm_fp8: x_f16 needs the pre-quantised xq (f16 codes)");
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("gemm_fp8: bf16_out and bf16_round_out exclude each other");
+  if ((p.x_stride != 0 || p.y_stride != 0) && !p.x_f16)
+    return invalid_argument("gemm_fp8: row strides need the x_f16 mode");
+  if (p.x_stride != 0 && (p.x_stride < p.k || p.x_stride % 128 != 0))
+    return invalid_argument("gemm_fp8: x_stride={} must be >= k={} and a multiple of 128", p.x_stride, p.k);
+  if (p.y_stride != 0 && (p.y_stride < p.n || p.y_stride >= (int64_t(1) << 30)))
+    return invalid_argument("gemm_fp8: y_stride={} must be >= n={}", p.y_stride, p.n);
+  if (p.x_stride >= (int64_t(1) << 30)) return out_of_range("gemm_fp8: x_stride={} too large", p.x_stride);
   if (p.m <= 0 || p.n <= 0)
     return invalid_argument("gemm_fp8: m={} and n={} must be positive", p.m, p.n);
   if (p.k <= 0 || p.k % 128 != 0)
@@ -85,6 +95,14 @@ inline Status validate(const GemmFp8Params& p) {
 
 // CPU twin: quantise x exactly like the GPU (or dequantise xq·xs), dequantise W, FP32 dots.
 Status gemm_fp8_ref(const GemmFp8Params& p);
+
+// x [m, k] (k a multiple of 32) → f16 codes [m, k] (bits) and one power-of-two scale per 32
+// values, s = 2^(ceil(log2(amax)) - 15) (amax floored at 2^-100; 1 for an all-zero block), code =
+// f16_rn(x / s): the input of the x_f16 GEMM for activations that are not FP8-quantised (BF16
+// values, e.g. wo_a's). Every BF16 value of a block whose others are at most 2^32 times larger is
+// exact (code · s == x); smaller ones are off by at most 2^-25 · s. CPU twin of
+// gemm_f16_quantize_cuda.
+void quantize_f16_blocks_ref(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs);
 
 // Grouped FP8 GEMM (the routed experts of a prefill chunk in one launch): `groups` problems that
 // share n, k and w_block. The activations come pre-quantised and stacked by group: group g owns

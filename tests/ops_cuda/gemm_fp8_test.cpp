@@ -636,6 +636,96 @@ TEST(CudaGemmFp8, F16ModeFp8WeightsMatchCpuTwin) {
   }
 }
 
+// BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
+// block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
+// (code · scale == x, blocks of a moderate range, zero blocks included); then a column slice per
+// group (x_stride, y_stride) through the GEMM against the twin on the same codes, within
+// 2^-16 · Σ|x·w|, with rows past the slice's columns untouched.
+TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
+  FS_REQUIRE_GPU();
+  const int64_t m = 197, G = 3, k = 256, n = 160, ldx = G * k, ldy = G * n + 8;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(m * ldx));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(nd(rng) * std::ldexp(1.0f, int(rng() % 24) - 12));
+  for (int64_t i = 0; i < 32; ++i) x[size_t(5 * ldx + 64 + i)] = 0.0f;  // an all-zero block
+  std::vector<uint16_t> hq(x.size());
+  std::vector<float> hs(x.size() / 32);
+  quantize_f16_blocks_ref(x.data(), m, ldx, hq.data(), hs.data());
+  size_t inexact = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    float amax = 0.0f;
+    for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float back = f16_to_f32(hq[i]) * hs[i / 32];
+    if (std::fabs(x[i]) >= std::ldexp(amax, -32)) {
+      ASSERT_EQ(back, x[i]) << "BF16 value " << i << " not exact";
+    } else {
+      ++inexact;
+      ASSERT_LE(std::fabs(back - x[i]), std::ldexp(hs[i / 32], -25)) << i;
+    }
+  }
+  EXPECT_LT(inexact, x.size() / 1000) << "too few values checked exactly";
+  DeviceBuffer<float> dx(x), dxs(hs.size());
+  DeviceBuffer<uint16_t> dxq(hq.size());
+  ASSERT_TRUE(dx.ok() && dxs.ok() && dxq.ok());
+  FS_ASSERT_OK(gemm_f16_quantize_cuda(dx.get(), m, ldx, dxq.get(), dxs.get(), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(dxq.to_host(), hq) << "f16 codes differ from the twin";
+  {
+    const std::vector<float> gs = dxs.to_host();
+    ASSERT_EQ(0, std::memcmp(gs.data(), hs.data(), hs.size() * 4)) << "scales differ from the twin";
+  }
+  // Group g: x columns [g·k, (g+1)·k), W_g [n, k] (FP8, 32 blocks), y columns [g·n, (g+1)·n).
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(G * n * k));
+  const std::vector<uint8_t> ws = random_e8m0_scales(rng, size_t(G * (n / 32) * (k / 32)));
+  DeviceBuffer<uint8_t> dw(w), dws(ws);
+  DeviceBuffer<float> dy(size_t(m * ldy));
+  ASSERT_TRUE(dw.ok() && dws.ok() && dy.ok());
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, size_t(m * ldy) * 4), cudaSuccess);
+  std::vector<float> ref(size_t(m * ldy), 0.0f), bound(ref.size(), 0.0f);
+  std::vector<uint16_t> qa(hq);
+  for (auto& h : qa) h &= 0x7fff;
+  std::vector<uint8_t> wa(w);
+  for (auto& b : wa) b &= 0x7f;
+  for (int64_t g = 0; g < G; ++g) {
+    GemmFp8Params p;
+    p.m = m, p.n = n, p.k = k, p.w_block = 32, p.act_block = 32, p.x_f16 = true, p.bf16_round_out = g == 1;
+    p.x_stride = ldx, p.y_stride = ldy;
+    p.xq = reinterpret_cast<const uint8_t*>(dxq.get() + g * k), p.xs = dxs.get() + g * k / 32;
+    p.w = dw.get() + g * n * k, p.w_scale = dws.get() + g * (n / 32) * (k / 32), p.y = dy.get() + g * n;
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    GemmFp8Params h = p;
+    h.xq = reinterpret_cast<const uint8_t*>(hq.data() + g * k), h.xs = hs.data() + g * k / 32;
+    h.w = w.data() + g * n * k, h.w_scale = ws.data() + g * (n / 32) * (k / 32), h.y = ref.data() + g * n;
+    FS_ASSERT_OK(gemm_fp8_ref(h));
+    h.xq = reinterpret_cast<const uint8_t*>(qa.data() + g * k), h.w = wa.data() + g * n * k, h.y = bound.data() + g * n;
+    h.bf16_round_out = false;
+    FS_ASSERT_OK(gemm_fp8_ref(h));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y = dy.to_host();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < ldy; ++c) {
+      const size_t i = size_t(r * ldy + c);
+      if (c >= G * n) {  // past the last slice: never written
+        uint32_t u = 0;
+        std::memcpy(&u, &y[i], 4);
+        ASSERT_EQ(u, 0xffffffffu) << "row " << r << " col " << c << " written";
+        continue;
+      }
+      const bool rounded = c / n == 1;
+      const double tol = std::ldexp(double(bound[i]), -16) + (rounded ? std::fabs(ref[i]) / 128 : 0.0) + 1e-30;
+      ASSERT_LE(std::fabs(double(y[i]) - ref[i]), tol) << "row " << r << " col " << c << " gpu " << y[i] << " ref " << ref[i];
+      if (rounded) ASSERT_EQ(y[i], round_bf16(y[i])) << "row " << r << " col " << c;
+    }
+  GemmFp8Params bad;
+  bad.m = 1, bad.n = 1, bad.k = 128, bad.xq = reinterpret_cast<const uint8_t*>(hq.data()), bad.xs = hs.data();
+  bad.w = w.data(), bad.w_scale = ws.data(), bad.y = ref.data(), bad.x_stride = 256;
+  EXPECT_NE(validate(bad).message().find("x_f16"), std::string::npos);
+  bad.x_f16 = true, bad.x_stride = 200;
+  EXPECT_NE(validate(bad).message().find("x_stride"), std::string::npos);
+}
+
 // The CPU twin's x_f16 input and bf16_round_out (no GPU): f16 codes give the e4m3 codes' numbers,
 // and the rounded output is the BF16 rounding of the plain one.
 TEST(CudaGemmFp8, TwinF16CodesAndRoundedOutput) {

@@ -140,15 +140,43 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
   const int64_t width = groups * in;
   // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output.
   if (bf16) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, width, width, 1, cd::QuantSim::kBf16, stream_));
-  // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
-  // stored matrix.
-  cd::LinearArgs la;
-  la.x = x.f32(), la.x_stride = width, la.x_group = in;
-  la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
-  la.rows = rows, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
-  la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
-  set_weight(la, d(w), 0);
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
+  // Rows [r_gemm, rows): the sequences that take the prefill GEMMs (dense_gemm_min_tokens, as
+  // linear_gemm) with a stored FP8 matrix: the x_f16 GEMM per group on x's f16 block codes (exact
+  // for BF16 values), the same products in another FP32 order.
+  const NativeMatrix* nw = native(d(w));
+  int64_t r_gemm = rows;
+  if (bf16 && dense_gemm_min_tokens_ > 0 && sm90a_ && rows == step_rows_ && dense_row0_ < rows && nw &&
+      nw->dtype == cd::WeightDtype::kFp8 && nw->count == 1 && nw->block_rows == nw->block_cols &&
+      (nw->block_rows == 32 || nw->block_rows == 128) && nw->k == in && nw->n == groups * out && in % 128 == 0 &&
+      out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
+    r_gemm = dense_row0_;
+  if (r_gemm > 0) {
+    // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
+    // stored matrix.
+    cd::LinearArgs la;
+    la.x = x.f32(), la.x_stride = width, la.x_group = in;
+    la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
+    la.rows = r_gemm, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
+    la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
+    set_weight(la, d(w), 0);
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
+  }
+  if (r_gemm < rows) {
+    const int64_t m = rows - r_gemm, wb = nw->block_rows;
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("grouped_gemm_xq", m * width * 2));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("grouped_gemm_xs", m * (width / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemm_f16_quantize_cuda(x.f32() + r_gemm * width, m, width,
+                                                         reinterpret_cast<uint16_t*>(xq), xs, stream_));
+    for (int64_t g = 0; g < groups; ++g) {
+      ops::GemmFp8Params p;
+      p.xq = xq + g * in * 2, p.xs = xs + g * (in / 32), p.x_f16 = true, p.x_stride = width;
+      p.w = nw->codes.get() + g * out * in, p.w_scale = nw->scales.get() + (g * out / wb) * (in / wb);
+      p.y = z.f32() + r_gemm * groups * out + g * out, p.y_stride = groups * out, p.bf16_round_out = bf16;
+      p.m = m, p.n = out, p.k = in, p.w_block = wb, p.act_block = 32;
+      FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(p, stream_));
+    }
+    ++gstats_.dense_gemm_linears;
+  }
   return {};
 }
 

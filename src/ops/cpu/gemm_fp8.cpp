@@ -25,7 +25,10 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
     fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
   } else if (p.x_f16) {
     const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // the codes' values
-    for (size_t i = 0; i < mk; ++i) xq[i] = f16_to_f32(xh[i]) * p.xs[i / 32];
+    const int64_t ld = p.x_stride ? p.x_stride : p.k;
+    for (int64_t r = 0; r < p.m; ++r)
+      for (int64_t i = 0; i < p.k; ++i)
+        xq[size_t(r * p.k + i)] = f16_to_f32(xh[r * ld + i]) * p.xs[(r * ld + i) / 32];
   } else {
     for (size_t i = 0; i < mk; ++i) xq[i] = e4m3_to_f32(p.xq[i]) * p.xs[i / 32];
   }
@@ -37,13 +40,30 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
       wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
     for (int64_t t = 0; t < p.m; ++t) {
       const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+      const int64_t ldy = p.y_stride ? p.y_stride : p.n;
       if (p.bf16_out)
-        static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
+        static_cast<uint16_t*>(p.y)[t * ldy + r] = f32_to_bf16(v);
       else
-        static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
+        static_cast<float*>(p.y)[t * ldy + r] = p.bf16_round_out ? round_bf16(v) : v;
     }
   }
   return {};
+}
+
+void quantize_f16_blocks_ref(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs) {
+  for (int64_t b = 0; b < m * k / 32; ++b) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    float s = 1.0f;
+    if (amax > 0.0f) {
+      const float a = std::max(amax, std::ldexp(1.0f, -100));
+      int e = 0;
+      const float f = std::frexp(a, &e);  // a = f · 2^e, f in [0.5, 1): ceil(log2 a) = e, or e - 1 when f == 0.5
+      s = std::ldexp(1.0f, (f == 0.5f ? e - 1 : e) - 15);
+    }
+    xs[b] = s;
+    for (int64_t i = 0; i < 32; ++i) xq[b * 32 + i] = f32_to_f16(x[b * 32 + i] / s);
+  }
 }
 
 Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {

@@ -72,9 +72,19 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   a.xq = xq, a.xs = xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.m), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16;
+  a.ldx = int(p.x_stride), a.ldy = int(p.y_stride);
   a.variant = p.kernel == 0 || p.x_f16 ? default_kernel(p.m) : p.kernel;
   a.desc_swap = 0, a.skip_promote = 0;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8 kernel launch");
+}
+
+Status gemm_f16_quantize_cuda(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs, cudaStream_t stream) {
+  if (!x || !xq || !xs) return invalid_argument("gemm_f16_quantize: x, xq and xs must be set");
+  if (m <= 0 || k <= 0 || k % 32 != 0)
+    return invalid_argument("gemm_f16_quantize: m={} must be positive, k={} a multiple of 32", m, k);
+  if (!aligned16(x) || !aligned16(xq) || !aligned16(xs))
+    return invalid_argument("gemm_f16_quantize: x, xq and xs must be 16-byte aligned");
+  return cuda_status(detail::launch_quantize_f16(x, m, k, xq, xs, stream), "gemm_f16_quantize kernel launch");
 }
 
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream) {

@@ -41,6 +41,7 @@
 // Without sm_90a (e.g. a 100a build) the kernel body is empty and the host launcher refuses.
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
@@ -343,6 +344,45 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
 // Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
 // Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
 // f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
+// Eight inputs per thread, 4 threads per 32-block (amax by shuffles): s = 2^(ceil(log2(amax)) -
+// 15) (amax floored at 2^-100; 1 for a zero block), codes f16_rn(x · 2^-e) (exact power-of-two
+// scaling first). As ops::quantize_f16_blocks_ref.
+__global__ void __launch_bounds__(256) quantize_f16_kernel(const float* x, int64_t total8, uint16_t* xq,
+                                                           float* xs) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
+    const bool live = t < total8;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    if (live) {
+      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
+      const float4 lo = __ldg(p), hi = __ldg(p + 1);
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+      v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    }
+    const float amax = dev_fp8_block_amax(v, 32);
+    float s = 1.0f;
+    if (amax > 0.0f) {
+      uint32_t u = __float_as_uint(fmaxf(amax, 0x1p-100f));
+      int e = int((u >> 23) & 0xff) - 127 + ((u & 0x7fffffu) ? 1 : 0);  // ceil(log2(amax))
+      s = ldexpf(1.0f, e - 15);
+    }
+    const float inv = 1.0f / s;  // exact: a power of two
+    if (live) {
+      uint32_t h[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __half2 c = __floats2half2_rn(v[2 * i] * inv, v[2 * i + 1] * inv);
+        h[i] = *reinterpret_cast<const uint32_t*>(&c);
+      }
+      *reinterpret_cast<uint4*>(xq + t * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+      if ((t & 3) == 0) xs[t >> 2] = s;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
                                                            int act_block, uint8_t* xq, float* xs,
                                                            bool f16_codes, bool round_bf16) {
@@ -965,7 +1005,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
     // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
     const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
-    const bool pair_ok = (a.n & 1) == 0;
+    const int64_t ldy = a.ldy > 0 ? a.ldy : a.n;
+    const bool pair_ok = (a.n & 1) == 0 && (ldy & 1) == 0;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
       const int c = n0 + nt * 8 + 2 * q;
@@ -975,7 +1016,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (r >= m_end || c >= a.n) continue;
         float v0 = acc[nt * 4 + 2 * h], v1 = acc[nt * 4 + 2 * h + 1];
         if (a.bf16_round_out) v0 = bf16_round_dev(v0), v1 = bf16_round_dev(v1);  // FP32 out, BF16 values
-        const int64_t o = int64_t(r) * a.n + c;
+        const int64_t o = int64_t(r) * ldy + c;
         if (a.bf16_out) {
           auto* y = reinterpret_cast<__nv_bfloat16*>(a.y);
           if (pair_ok) {
@@ -1052,12 +1093,14 @@ EncodeTiledFn encode_tiled_fn() {
 }
 
 // 2-D tensor map over a row-major [rows, cols] matrix (cols contiguous), box [box_rows, box_cols].
+// row_bytes: the distance between rows (0: cols · elem_bytes; a multiple of 16).
 bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dt, int elem_bytes,
-              uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols, bool swizzle) {
+              uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols, bool swizzle,
+              uint64_t row_bytes = 0) {
   EncodeTiledFn fn = encode_tiled_fn();
   if (!fn) return false;
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {cols * uint64_t(elem_bytes)};
+  const cuuint64_t strides[1] = {row_bytes ? row_bytes : cols * uint64_t(elem_bytes)};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t estr[2] = {1, 1};
   return fn(map, dt, 2, const_cast<void*>(base), dims, strides, box, estr,
@@ -1093,11 +1136,12 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                                        uint64_t(a.k), kWsBN, kStageK, false)
                             : make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
                                        uint64_t(a.k), kWsBN, 128, true);
+  const uint64_t ldx = uint64_t(a.ldx > 0 ? a.ldx : a.k);
   if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k) * (kF16 ? 2 : 1),
-                kWsBM, 128, true) ||
+                kWsBM, 128, true, ldx * (kF16 ? 2 : 1)) ||
       !w_map ||
       !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
-                uint64_t(a.k / 32), kWsBM, 4, false))
+                uint64_t(a.k / 32), kWsBM, 4, false, ldx / 32 * 4))
     return cudaErrorInvalidValue;
   constexpr int smem = kF16 ? (kFp4 ? kWsHSmemBytes : kWsH8SmemBytes)
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
@@ -1149,6 +1193,15 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t launch_quantize_f16(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs,
+                                cudaStream_t stream) {
+  const int64_t total8 = m * k / 8;
+  const int64_t want = (total8 + 255) / 256;
+  const int blocks = int(want < 132 * 16 ? want : 132 * 16);
+  if (blocks > 0) quantize_f16_kernel<<<blocks, 256, 0, stream>>>(x, total8, xq, xs);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,

@@ -57,4 +57,9 @@ Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_
                               int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
                               bool f16_codes = false, bool bf16_round_in = false);
 
+// x [m, k] FP32 (k a multiple of 32, 16-byte aligned) → f16 codes xq [m, k] and power-of-two
+// scales xs [m, k/32] (ops::quantize_f16_blocks_ref, bitwise): the x_f16 GEMM's input for
+// activations that are BF16 values rather than FP8-quantised ones.
+Status gemm_f16_quantize_cuda(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs, cudaStream_t stream);
+
 }  // namespace flashseek::ops::cuda

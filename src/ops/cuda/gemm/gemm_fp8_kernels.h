@@ -40,6 +40,8 @@ struct GemmFp8Args {
   bool x_f16;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
+  // x_f16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
+  int ldx, ldy;
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;
@@ -54,5 +56,9 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream);
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
                                 uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes = false,
                                 bool round_bf16 = false);
+// FP32 x [m, k] → f16 codes [m, k] and a power-of-two scale per 32 values, s = 2^(ceil(log2(amax))
+// - 15) (1 for a zero block): code = f16_rn(x / s). CPU twin: ops::quantize_f16_blocks_ref.
+cudaError_t launch_quantize_f16(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs,
+                                cudaStream_t stream);
 
 }  // namespace flashseek::ops::cuda::detail
