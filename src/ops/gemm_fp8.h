@@ -99,9 +99,9 @@ Status gemm_fp8_ref(const GemmFp8Params& p);
 // x [m, k] (k a multiple of 32) → f16 codes [m, k] (bits) and one power-of-two scale per 32
 // values, s = 2^(ceil(log2(amax)) - 15) (amax floored at 2^-100; 1 for an all-zero block), code =
 // f16_rn(x / s): the input of the x_f16 GEMM for activations that are not FP8-quantised (BF16
-// values, e.g. wo_a's). Every BF16 value of a block whose others are at most 2^32 times larger is
-// exact (code · s == x); smaller ones are off by at most 2^-25 · s. CPU twin of
-// gemm_f16_quantize_cuda.
+// values, e.g. wo_a's). A BF16 value of at least 2^-30 of its block's amax is exact (code · s ==
+// x: its last bit is at least 2^-24 · s, the f16 subnormal step); smaller ones are off by at most
+// 2^-25 · s. CPU twin of gemm_f16_quantize_cuda.
 void quantize_f16_blocks_ref(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs);
 
 // Grouped FP8 GEMM (the routed experts of a prefill chunk in one launch): `groups` problems that

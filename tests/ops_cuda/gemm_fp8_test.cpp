@@ -638,11 +638,11 @@ TEST(CudaGemmFp8, F16ModeFp8WeightsMatchCpuTwin) {
 
 // BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
 // block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
-// (code · scale == x, blocks of a moderate range, zero blocks included); then a column slice per
+// (code · scale == x for every value at least 2^-30 of its block's amax, zero blocks included); then a column slice per
 // group (x_stride, y_stride) through the GEMM against the twin on the same codes, within
 // 2^-16 · Σ|x·w|, with rows past the slice's columns untouched.
+// The twin's exactness is checked on every machine, the rest on a GPU.
 TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
-  FS_REQUIRE_GPU();
   const int64_t m = 197, G = 3, k = 256, n = 160, ldx = G * k, ldy = G * n + 8;
   std::mt19937 rng(21);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -657,7 +657,7 @@ TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
     float amax = 0.0f;
     for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float back = f16_to_f32(hq[i]) * hs[i / 32];
-    if (std::fabs(x[i]) >= std::ldexp(amax, -32)) {
+    if (std::fabs(x[i]) >= std::ldexp(amax, -30)) {
       ASSERT_EQ(back, x[i]) << "BF16 value " << i << " not exact";
     } else {
       ++inexact;
@@ -665,6 +665,7 @@ TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
     }
   }
   EXPECT_LT(inexact, x.size() / 1000) << "too few values checked exactly";
+  FS_REQUIRE_GPU();
   DeviceBuffer<float> dx(x), dxs(hs.size());
   DeviceBuffer<uint16_t> dxq(hq.size());
   ASSERT_TRUE(dx.ok() && dxs.ok() && dxq.ok());

@@ -341,9 +341,6 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
 #endif  // FS_GEMM_FP8_SM90
 }
 
-// Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
-// Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
-// f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
 // Eight inputs per thread, 4 threads per 32-block (amax by shuffles): s = 2^(ceil(log2(amax)) -
 // 15) (amax floored at 2^-100; 1 for a zero block), codes f16_rn(x · 2^-e) (exact power-of-two
 // scaling first). As ops::quantize_f16_blocks_ref.
@@ -383,6 +380,9 @@ __global__ void __launch_bounds__(256) quantize_f16_kernel(const float* x, int64
   }
 }
 
+// Eight inputs per thread; 4 (act_block 32) or 16 (128) threads share a block's amax by shuffles.
+// Matches ops::fp8_quant_dequant bit for bit: s = 2^ceil(log2(max(amax, 1e-4) / 448)).
+// f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
 __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
                                                            int act_block, uint8_t* xq, float* xs,
                                                            bool f16_codes, bool round_bf16) {
