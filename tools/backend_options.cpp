@@ -36,6 +36,12 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "block-scaled GEMV; 0: always the GEMV (the GEMV's bits whatever the chunking)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
+                  "GPU backend: the prefill GEMMs' operands: bf16 (activations and weights expanded to BF16 values, "
+                  "one FP32 sum over k) | f16 (f16 codes, FP32-precision 32-block sums promoted one by one); both "
+                  "within the parity bound")
+      ->check(CLI::IsMember({"bf16", "f16"}))
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -95,6 +101,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.prefill_attention = prefill_attention(o.prefill_attention);
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
+  g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.tensor_core_linears = o.bf16_linears == "tensor";

@@ -45,6 +45,7 @@ struct ModelBenchOpts {
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
+  std::string prefill_gemm_operands = "bf16";  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -69,6 +70,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
+  lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -238,6 +240,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "FP8 GEMM (0: the block-scaled GEMV always), as run / serve")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
+                  "model bench, GPU: the prefill GEMMs' operands, bf16 | f16, as run / serve")
+      ->check(CLI::IsMember({"bf16", "f16"}))
+      ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
       ->check(CLI::IsMember({"on", "off"}))
@@ -272,7 +278,8 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--kernels", o->kernels,
                   "kernel micro-benchmarks instead of the layer slice, comma-separated: sampling (device "
                   "sampling vs copy + host sampler, V = 129,280), gemm (every FP8 GEMM kernel variant on the "
-                  "V4.1 prefill shapes), topk (the indexer top-512 of 131,072 keys at M = 1 and 6 on every path), "
+                  "V4.1 prefill shapes), gemm16 (the prefill GEMM's f16 and bf16 operand modes against e4m3, with "
+                  "the promotion or the W expansion left out as timing diagnostics), topk (the indexer top-512 of 131,072 keys at M = 1 and 6 on every path), "
                   "exact (the GPU model's exactness kernels on decode shapes, former vs GEMV linear, former vs staged "
                   "decode attention at 4k context), h2d (pinned "
                   "host-to-device copy GB/s, the ceiling of loading from a warm page cache) "

@@ -404,6 +404,85 @@ Result<std::string> gemm_bench(const std::string& skip) {
   return md;
 }
 
+// The prefill GEMM's operand modes (GemmFp8Params::x_f16 / x_bf16) against kernel 6's e4m3 mode
+// on the serving path's shapes, TFLOP/s: the BF16 mode with each promotion granularity, and two
+// timing diagnostics (wrong results, cost split only): without the FP32 promotion (skip_promote
+// 1) and without the converter warps' expansion of W (skip_promote 2).
+Result<std::string> gemm16_bench() {
+  cudaDeviceProp prop{};
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {
+      {"wq_a+wkv [1792,5120]", 8192, 1792, 5120}, {"wq_b [32768,1280]", 8192, 32768, 1280},
+      {"wo_b [5120,8192]", 8192, 5120, 8192},     {"shared gate+up [4608,5120]", 8192, 4608, 5120},
+      {"square 8192^3", 8192, 8192, 8192},
+  };
+  struct Col {
+    const char* name;
+    int mode;  // 0 e4m3, 1 f16, 2 bf16
+    int skip;
+    int promote;  // bf16: GemmFp8Args::bf16_promote
+  };
+  const Col cols[] = {{"e4m3 (k6)", 0, 0, 0},         {"f16", 1, 0, 0},
+                      {"f16 no-promote", 1, 1, 0},    {"f16 no-convert", 1, 2, 0},
+                      {"f16 neither", 1, 3, 0},       {"bf16 promote/32", 2, 0, 1},
+                      {"bf16 promote/64", 2, 0, 2},   {"bf16 one sum", 2, 0, 0},
+                      {"bf16 promote/32 no-convert", 2, 2, 1}};
+  std::string md = fmt::format("\n### Prefill GEMM operand modes, TFLOP/s ({}, {} SMs)\n\n| shape | m | n | k |",
+                               prop.name, prop.multiProcessorCount);
+  for (const auto& c : cols) md += fmt::format(" {} |", c.name);
+  md += "\n|---|---|---|---|";
+  for (size_t i = 0; i < std::size(cols); ++i) md += "---|";
+  md += "\n";
+  for (const auto& s : shapes) {
+    uint64_t seed = 0x4321 + uint64_t(s.n) * 31 + uint64_t(s.k);
+    std::vector<uint8_t> w(size_t(s.n * s.k));
+    for (size_t i = 0; i < w.size(); i += 8) {
+      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;
+      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
+    }
+    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
+    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+    std::vector<float> x(size_t(s.m * s.k));
+    for (auto& v : x) v = float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f;
+    bench::Arena ar;
+    FS_ASSIGN_OR_RETURN(float* dx, ar.alloc<float>(s.m * s.k));
+    FS_ASSIGN_OR_RETURN(float* dy, ar.alloc<float>(s.m * s.n));
+    FS_ASSIGN_OR_RETURN(uint8_t* dw, ar.alloc<uint8_t>(int64_t(w.size())));
+    FS_ASSIGN_OR_RETURN(uint8_t* dws, ar.alloc<uint8_t>(int64_t(ws.size())));
+    FS_ASSIGN_OR_RETURN(uint8_t* dq8, ar.alloc<uint8_t>(s.m * s.k));
+    FS_ASSIGN_OR_RETURN(uint8_t* dq16, ar.alloc<uint8_t>(2 * s.m * s.k));
+    FS_ASSIGN_OR_RETURN(uint8_t* dqb, ar.alloc<uint8_t>(2 * s.m * s.k));
+    FS_ASSIGN_OR_RETURN(float* dxs, ar.alloc<float>(s.m * s.k / 32));
+    FS_RETURN_IF_ERROR(upload(dx, x));
+    FS_RETURN_IF_ERROR(upload(dw, w));
+    FS_RETURN_IF_ERROR(upload(dws, ws));
+    FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dq8, dxs, nullptr));
+    FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dq16, dxs, nullptr, true));
+    FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dqb, dxs, nullptr, false, false, true));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    md += fmt::format("| {} | {} | {} | {} |", s.name, s.m, s.n, s.k);
+    for (const auto& c : cols) {
+      detail::GemmFp8Args a{};
+      a.xq = c.mode == 0 ? dq8 : c.mode == 1 ? dq16 : dqb, a.xs = dxs, a.w = dw, a.ws = dws, a.y = dy;
+      a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.variant = 6;
+      a.x_f16 = c.mode == 1, a.x_bf16 = c.mode == 2, a.bf16_promote = c.promote;
+      a.skip_promote = c.skip;  // bit 0: no promotion, bit 1: no expansion
+      auto launch = [&] { return detail::launch_gemm_fp8(a, nullptr); };
+      FS_CUDA_RETURN_IF_ERROR(launch());
+      FS_ASSIGN_OR_RETURN(const double us, time_us([&] { (void)launch(); }, 10));
+      md += fmt::format(" {:.0f} |", flop / us * 1e-6);
+    }
+    md += "\n";
+    FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return md;
+}
+
 }  // namespace
 
 Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
@@ -416,6 +495,9 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     if (k == "sampling") {
       FS_ASSIGN_OR_RETURN(std::string md, sampling_bench(opt.reps));
       out += md + "\n";
+    } else if (k == "gemm16") {
+      FS_ASSIGN_OR_RETURN(std::string md, gemm16_bench());
+      out += md;
     } else if (k == "gemm") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm_bench(opt.skip_variants));
       out += md + "\n";
@@ -430,7 +512,7 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       FS_ASSIGN_OR_RETURN(std::string pack, cache_pack_bench(opt.reps));
       out += md + "\n" + pack + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, topk, exact, h2d)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, topk, exact, h2d)", k);
     }
   }
   return out;

@@ -37,8 +37,16 @@ struct GemmFp8Params {
   // function, block sums at FP32 precision (GemmFp8GroupedParams::x_f16). Pre-quantised x only;
   // kernel 6's schedule whatever `kernel` says.
   bool x_f16 = false;
-  // x_f16 only: row strides of xq (its scales: x_stride / 32) and y in elements; 0: k and n. A
-  // column slice of a wider matrix (the groups of a grouped linear), x_stride a multiple of 128.
+  // xq holds [m, k] BF16 values, the activations themselves (the dequantised e4m3 code · scale,
+  // exact in BF16: gemm_fp8_quantize_cuda with XqMode::kBf16Values; or BF16-valued activations
+  // that are not FP8-quantised, gemm_bf16_pack_cuda); xs is not read. The CUDA kernel expands W to
+  // BF16 with its block scale folded in (exact: e4m3 and e2m1 values times a power of two are BF16
+  // values) and sums the exact products over all of k in FP32 on BF16 tensor cores, with no
+  // per-block promotion: the same function, the products summed in another FP32 order.
+  bool x_bf16 = false;
+  // x_f16 / x_bf16 only: row strides of xq (x_f16: its scales x_stride / 32) and y in elements; 0:
+  // k and n. A column slice of a wider matrix (the groups of a grouped linear), x_stride a
+  // multiple of 128.
   int64_t x_stride = 0, y_stride = 0;
   int64_t m = 0, n = 0, k = 0;
   int64_t w_block = 32;    // 32 (V4.1) or 128 (V4)
@@ -67,12 +75,14 @@ inline Status validate(const GemmFp8Params& p) {
   if (bool(p.x) == bool(p.xq))
     return invalid_argument("gemm_fp8: give either x or the pre-quantised xq/xs, not {}",
                             p.x ? "both" : "neither");
-  if (p.xq && !p.xs) return invalid_argument("gemm_fp8: xq needs its scales xs");
+  if (p.xq && !p.xs && !p.x_bf16) return invalid_argument("gemm_fp8: xq needs its scales xs");
   if (p.x_f16 && !p.xq) return invalid_argument("gemm_fp8: x_f16 needs the pre-quantised xq (f16 codes)");
+  if (p.x_bf16 && !p.xq) return invalid_argument("gemm_fp8: x_bf16 needs xq (BF16 values)");
+  if (p.x_bf16 && p.x_f16) return invalid_argument("gemm_fp8: x_f16 and x_bf16 exclude each other");
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("gemm_fp8: bf16_out and bf16_round_out exclude each other");
-  if ((p.x_stride != 0 || p.y_stride != 0) && !p.x_f16)
-    return invalid_argument("gemm_fp8: row strides need the x_f16 mode");
+  if ((p.x_stride != 0 || p.y_stride != 0) && !p.x_f16 && !p.x_bf16)
+    return invalid_argument("gemm_fp8: row strides need the x_f16 or x_bf16 mode");
   if (p.x_stride != 0 && (p.x_stride < p.k || p.x_stride % 128 != 0))
     return invalid_argument("gemm_fp8: x_stride={} must be >= k={} and a multiple of 128", p.x_stride, p.k);
   if (p.y_stride != 0 && (p.y_stride < p.n || p.y_stride >= (int64_t(1) << 30)))
@@ -139,11 +149,15 @@ struct GemmFp8GroupedParams {
   // block sums at FP32 precision. The twin reads the f16 values; its numbers are unchanged. W
   // (kFp8 or kFp4) is expanded to f16 in shared memory.
   bool x_f16 = false;
+  // xq holds [rows, k] BF16 values (GemmFp8Params::x_bf16; xs is not read): W (kFp8 or kFp4)
+  // expanded to BF16 with its scales folded in, the exact products summed over all of k in FP32.
+  bool x_bf16 = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
-  if (!p.xq || !p.xs || !p.w || !p.w_scale || !p.row_start || !p.y)
-    return invalid_argument("gemm_fp8_grouped: xq, xs, w, w_scale, row_start and y must be set");
+  if (!p.xq || (!p.xs && !p.x_bf16) || !p.w || !p.w_scale || !p.row_start || !p.y)
+    return invalid_argument("gemm_fp8_grouped: xq, xs (but with x_bf16), w, w_scale, row_start and y must be set");
+  if (p.x_bf16 && p.x_f16) return invalid_argument("gemm_fp8_grouped: x_f16 and x_bf16 exclude each other");
   if (p.groups <= 0 || p.groups > 1024)
     return invalid_argument("gemm_fp8_grouped: groups={} must be in 1..1024", p.groups);
   if (p.rows < 0 || p.n <= 0) return invalid_argument("gemm_fp8_grouped: rows={}, n={}", p.rows, p.n);

@@ -343,6 +343,12 @@ uint8_t e2m1_to_e4m3_code(uint8_t nib) {
   return uint8_t(kMag[nib & 7] | ((nib & 8) << 4));
 }
 
+// The x_bf16 GEMM against its twin, per element, relative to Σ|x_q·w|: the products are exact;
+// each k16 wgmma adds 16 of them to the FP32 accumulator (at most 2·2^-24 of the larger of the
+// running sum and the step's Σ|p|, both at most Σ|x_q·w|: k/8 · 2^-24 over k), and the twin's own
+// FP32 dot is within (k/8 + 3) · 2^-24 of the exact sum. Never below the x_f16 mode's 2^-16.
+double bf16_gemm_tol(int64_t k) { return std::max(std::ldexp(1.0, -16), double(k / 4 + 3) * std::ldexp(1.0, -24)); }
+
 void run_grouped_fp4(const GroupedCase& c, uint32_t seed) {
   const int64_t G = int64_t(c.sizes.size()), n = c.n, k = c.k, kb = k / 32;
   SCOPED_TRACE(::testing::Message() << "fp4 groups=" << G << " n=" << n << " k=" << k << " bf16_out=" << c.bf16_out);
@@ -456,6 +462,41 @@ void run_grouped_fp4(const GroupedCase& c, uint32_t seed) {
     EXPECT_LE(mean, std::ldexp(1.0, -20)) << "x_f16: mean |error| / Σ|x_q·w|";
   }
   std::printf("grouped fp4 x_f16 n=%lld k=%lld bf16_out=%d: |err| / Σ|x_q·w| worst %.2e mean %.2e\n", (long long)n,
+              (long long)k, int(c.bf16_out), worst, mean);
+
+  // x_bf16: the activations as BF16 values (bf16_values: code · scale, exact), W expanded to BF16
+  // with its per-row scales folded in (both the one- and the two-multiply expansion: the scales
+  // reach 2^2, and 2^126 · 2^2 passes 2^127), every product exact and summed in FP32 over all of
+  // k: within bf16_gemm_tol of the twin.
+  DeviceBuffer<uint16_t> dxb(size_t(rows * k));
+  ASSERT_TRUE(dxb.ok());
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, reinterpret_cast<uint8_t*>(dxb.get()),
+                                      dxsh.get(), nullptr, false, false, /*bf16_values=*/true));
+  ASSERT_EQ(cudaMemset(dyh.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  GemmFp8GroupedParams gb = g4;
+  gb.xq = reinterpret_cast<const uint8_t*>(dxb.get()), gb.xs = nullptr, gb.y = dyh.get(), gb.x_bf16 = true;
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gb, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> xb = dxb.to_host();
+  const std::vector<float> yb = dyh.to_host();
+  for (size_t i = 0; i < xq.size(); ++i)
+    ASSERT_EQ(bf16_to_f32(xb[i]), e4m3_to_f32(xq[i]) * xs[i / 32]) << "BF16 value " << i << " is not code · scale";
+  worst = 0, mean = 0;
+  for (int64_t i = 0; i < rows * n; ++i) {
+    float got;
+    if (c.bf16_out) got = bf16_to_f32(reinterpret_cast<const uint16_t*>(yb.data())[i]);
+    else got = yb[size_t(i)];
+    ASSERT_TRUE(std::isfinite(got)) << "x_bf16 output " << i << " not written or not finite";
+    const double err = std::fabs(double(got) - ref[size_t(i)]);
+    const double tol = bf16_gemm_tol(k) * double(bound[size_t(i)]) + (c.bf16_out ? std::fabs(ref[size_t(i)]) / 128 : 0.0) + 1e-30;
+    ASSERT_LE(err, tol) << "x_bf16: row " << i / n << " col " << i % n << " gpu " << got << " ref " << ref[size_t(i)];
+    const double rel = err / (double(bound[size_t(i)]) + 1e-30);
+    worst = std::max(worst, rel), mean += rel / double(rows * n);
+  }
+  if (!c.bf16_out) {
+    EXPECT_LE(mean, std::ldexp(1.0, -20)) << "x_bf16: mean |error| / Σ|x_q·w|";
+  }
+  std::printf("grouped fp4 x_bf16 n=%lld k=%lld bf16_out=%d: |err| / Σ|x_q·w| worst %.2e mean %.2e\n", (long long)n,
               (long long)k, int(c.bf16_out), worst, mean);
 }
 
@@ -636,6 +677,123 @@ TEST(CudaGemmFp8, F16ModeFp8WeightsMatchCpuTwin) {
   }
 }
 
+// The x_bf16 mode with FP8 weights (the serving path's prefill linears): the quantisation's BF16
+// values equal code · scale of the e4m3 quantisation, bit for bit (with and without the BF16
+// input rounding); the GEMM within bf16_gemm_tol of the twin (and 2^-20 · Σ on average), BF16-
+// rounded outputs within one BF16 step; deterministic; the grouped launch with one weight gives the
+// dense launch's bits. Large weight scales (2^10: 2^120 · 2^10 passes 2^127, the two-multiply
+// expansion) in one case; odd m and n; both scale granularities.
+struct Bf16Case {
+  int64_t m, n, k, w_block, act_block;
+  bool round_in, round_out, big_scales;
+};
+
+void run_bf16_fp8(const Bf16Case& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "bf16/fp8 m=" << c.m << " n=" << c.n << " k=" << c.k << " wb=" << c.w_block
+                                    << " ab=" << c.act_block << " round_in=" << c.round_in
+                                    << " round_out=" << c.round_out << " big=" << c.big_scales);
+  std::mt19937 rng(seed);
+  const size_t ns = size_t((c.n + c.w_block - 1) / c.w_block * (c.k / c.w_block));
+  const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(c.n * c.k));
+  std::vector<uint8_t> ws = random_e8m0_scales(rng, ns);
+  if (c.big_scales)
+    for (size_t i = 0; i < ws.size(); i += 3) ws[i] = 127 + 10;
+  std::vector<float> x = random_block_activations(rng, c.m, c.k);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1.0f + 1.0f / 1024;  // values BF16 rounding changes
+  DeviceBuffer<float> dx(x), dxs(size_t(c.m * c.k / 32)), dxs8(size_t(c.m * c.k / 32)), dy(size_t(c.m * c.n));
+  DeviceBuffer<uint16_t> dxb(size_t(c.m * c.k));
+  DeviceBuffer<uint8_t> dxq(size_t(c.m * c.k)), dw(w), dws(ws);
+  ASSERT_TRUE(dx.ok() && dxs.ok() && dxs8.ok() && dy.ok() && dxb.ok() && dxq.ok() && dw.ok() && dws.ok());
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, c.m, c.k, c.act_block,
+                                      reinterpret_cast<uint8_t*>(dxb.get()), dxs.get(), nullptr, false, c.round_in,
+                                      /*bf16_values=*/true));
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, c.m, c.k, c.act_block, dxq.get(), dxs8.get(), nullptr,
+                                      false, c.round_in));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> xb = dxb.to_host();
+  {
+    const std::vector<uint8_t> q8 = dxq.to_host();
+    const std::vector<float> s8 = dxs8.to_host();
+    for (size_t i = 0; i < xb.size(); ++i)
+      ASSERT_EQ(bf16_to_f32(xb[i]), e4m3_to_f32(q8[i]) * s8[i / 32]) << "BF16 value " << i << " is not code · scale";
+  }
+  GemmFp8Params hp;
+  hp.m = c.m, hp.n = c.n, hp.k = c.k, hp.w_block = c.w_block, hp.act_block = c.act_block, hp.x_bf16 = true;
+  std::vector<float> ref(size_t(c.m * c.n)), bound(ref.size());
+  std::vector<uint16_t> xb_abs(xb);
+  for (auto& h : xb_abs) h &= 0x7fff;
+  std::vector<uint8_t> wa(w);
+  for (auto& b : wa) b &= 0x7f;
+  hp.xq = reinterpret_cast<const uint8_t*>(xb.data()), hp.w = w.data(), hp.w_scale = ws.data(), hp.y = ref.data();
+  FS_ASSERT_OK(gemm_fp8_ref(hp));
+  hp.xq = reinterpret_cast<const uint8_t*>(xb_abs.data()), hp.w = wa.data(), hp.y = bound.data();
+  FS_ASSERT_OK(gemm_fp8_ref(hp));
+  const double tol_rel = bf16_gemm_tol(c.k);
+  GemmFp8Params p = hp;
+  p.xq = reinterpret_cast<const uint8_t*>(dxb.get()), p.w = dw.get(), p.w_scale = dws.get(), p.y = dy.get();
+  p.bf16_round_out = c.round_out;
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, ref.size() * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y1 = dy.to_host();
+  double worst = 0, mean = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y1[i])) << "output " << i << " not written or not finite";
+    const double r = c.round_out ? round_bf16(ref[i]) : ref[i];
+    const double err = std::fabs(double(y1[i]) - r);
+    if (c.round_out) {
+      ASSERT_EQ(y1[i], round_bf16(y1[i])) << "output " << i << " is not a BF16 value";
+      ASSERT_LE(err, tol_rel * double(bound[i]) + std::fabs(ref[i]) / 128 + 1e-30) << i;
+      continue;
+    }
+    ASSERT_LE(err, tol_rel * double(bound[i]) + 1e-30)
+        << "row " << i / c.n << " col " << i % c.n << " gpu " << y1[i] << " ref " << ref[i];
+    const double rel = err / (double(bound[i]) + 1e-30);
+    worst = std::max(worst, rel), mean += rel / double(ref.size());
+  }
+  if (!c.round_out) {
+    EXPECT_LE(mean, std::ldexp(1.0, -20)) << "mean |error| / Σ|x_q·w|";
+  }
+  std::printf("dense fp8 x_bf16 m=%lld n=%lld k=%lld wb=%lld big=%d: |err| / Σ|x_q·w| worst %.2e mean %.2e (bound %.2e)\n",
+              (long long)c.m, (long long)c.n, (long long)c.k, (long long)c.w_block, int(c.big_scales), worst, mean,
+              tol_rel);
+  FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y2 = dy.to_host();
+  ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "not deterministic";
+  const std::vector<int32_t> starts = {0, 0, int32_t(c.m)};
+  std::vector<uint8_t> w2(size_t(2 * c.n * c.k)), ws2(2 * ns);
+  std::copy(w.begin(), w.end(), w2.begin() + c.n * c.k);
+  std::copy(ws.begin(), ws.end(), ws2.begin() + int64_t(ns));
+  DeviceBuffer<int32_t> dst(starts);
+  DeviceBuffer<uint8_t> dw2(w2), dws2(ws2);
+  ASSERT_TRUE(dst.ok() && dw2.ok() && dws2.ok());
+  GemmFp8GroupedParams gp;
+  gp.xq = p.xq, gp.w = dw2.get(), gp.w_scale = dws2.get(), gp.row_start = dst.get(), gp.y = dy.get();
+  gp.groups = 2, gp.rows = c.m, gp.n = c.n, gp.k = c.k, gp.w_block = c.w_block, gp.x_bf16 = true;
+  gp.bf16_round_out = c.round_out;
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, ref.size() * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gp, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y3 = dy.to_host();
+  ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * 4)) << "grouped x_bf16 != dense x_bf16";
+}
+
+TEST(CudaGemmFp8, Bf16ModeFp8WeightsMatchCpuTwin) {
+  FS_REQUIRE_GPU();
+  const Bf16Case cases[] = {
+      {1, 1, 128, 32, 32, false, false, false},       {7, 33, 256, 32, 32, true, false, true},
+      {129, 200, 384, 128, 128, false, true, false},  {300, 4096, 1024, 128, 128, true, true, true},
+      {513, 257, 7168, 128, 128, false, false, false}, {256, 512, 4096, 32, 32, true, false, true},
+      {1000, 1536, 4096, 128, 128, false, false, false},
+  };
+  uint32_t seed = 900;
+  for (const auto& c : cases) {
+    run_bf16_fp8(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
 // block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
 // (code · scale == x for every value at least 2^-30 of its block's amax, zero blocks included); then a column slice per
@@ -719,6 +877,54 @@ TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
       ASSERT_LE(std::fabs(double(y[i]) - ref[i]), tol) << "row " << r << " col " << c << " gpu " << y[i] << " ref " << ref[i];
       if (rounded) ASSERT_EQ(y[i], round_bf16(y[i])) << "row " << r << " col " << c;
     }
+  // The same slices in the x_bf16 mode (wo_a's path): x packed to BF16 (exact: BF16 values), one
+  // GEMM per group with the row strides, against the twin on the same values.
+  {
+    DeviceBuffer<uint16_t> dxb(x.size());
+    ASSERT_TRUE(dxb.ok());
+    FS_ASSERT_OK(gemm_bf16_pack_cuda(dx.get(), int64_t(x.size()), dxb.get(), nullptr));
+    ASSERT_EQ(cudaMemset(dy.get(), 0xff, size_t(m * ldy) * 4), cudaSuccess);
+    std::vector<uint16_t> xb(x.size()), xba(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]), xba[i] = xb[i] & 0x7fff;
+    std::fill(ref.begin(), ref.end(), 0.0f), std::fill(bound.begin(), bound.end(), 0.0f);
+    for (int64_t g = 0; g < G; ++g) {
+      GemmFp8Params p;
+      p.m = m, p.n = n, p.k = k, p.w_block = 32, p.act_block = 32, p.x_bf16 = true, p.bf16_round_out = g == 1;
+      p.x_stride = ldx, p.y_stride = ldy;
+      p.xq = reinterpret_cast<const uint8_t*>(dxb.get() + g * k);
+      p.w = dw.get() + g * n * k, p.w_scale = dws.get() + g * (n / 32) * (k / 32), p.y = dy.get() + g * n;
+      FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+      GemmFp8Params h = p;
+      h.xq = reinterpret_cast<const uint8_t*>(xb.data() + g * k);
+      h.w = w.data() + g * n * k, h.w_scale = ws.data() + g * (n / 32) * (k / 32), h.y = ref.data() + g * n;
+      FS_ASSERT_OK(gemm_fp8_ref(h));
+      h.xq = reinterpret_cast<const uint8_t*>(xba.data() + g * k), h.w = wa.data() + g * n * k, h.y = bound.data() + g * n;
+      h.bf16_round_out = false;
+      FS_ASSERT_OK(gemm_fp8_ref(h));
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    {
+      const std::vector<uint16_t> got = dxb.to_host();
+      ASSERT_EQ(got, xb) << "gemm_bf16_pack_cuda is not the BF16 bits of x";
+    }
+    const std::vector<float> yb = dy.to_host();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < ldy; ++c) {
+        const size_t i = size_t(r * ldy + c);
+        if (c >= G * n) {
+          uint32_t u = 0;
+          std::memcpy(&u, &yb[i], 4);
+          ASSERT_EQ(u, 0xffffffffu) << "x_bf16: row " << r << " col " << c << " written";
+          continue;
+        }
+        const bool rounded = c / n == 1;
+        const double tol = bf16_gemm_tol(k) * double(bound[i]) + (rounded ? std::fabs(ref[i]) / 128 : 0.0) + 1e-30;
+        ASSERT_LE(std::fabs(double(yb[i]) - ref[i]), tol) << "x_bf16: row " << r << " col " << c;
+        if (rounded) {
+          ASSERT_EQ(yb[i], round_bf16(yb[i])) << "x_bf16: row " << r << " col " << c;
+        }
+      }
+  }
   GemmFp8Params bad;
   bad.m = 1, bad.n = 1, bad.k = 128, bad.xq = reinterpret_cast<const uint8_t*>(hq.data()), bad.xs = hs.data();
   bad.w = w.data(), bad.w_scale = ws.data(), bad.y = ref.data(), bad.x_stride = 256;

@@ -438,6 +438,7 @@ class GpuModel final : public Model, public Backend {
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
+  bool prefill_gemm_bf16_ = true;               // GpuLoadOptions::prefill_gemm_bf16
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;

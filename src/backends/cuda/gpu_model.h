@@ -130,6 +130,12 @@ struct GpuLoadOptions {
   // tests rely on): always the GEMV. The CLI (tools/backend_options.h) sets both to 128.
   int64_t moe_gemm_min_tokens = 0;
   int64_t dense_gemm_min_tokens = 0;
+  // The prefill GEMMs' operands. true (the default; the CLI's --prefill-gemm-operands bf16): the
+  // x_bf16 mode (GemmFp8Params::x_bf16): the activations as BF16 values (code · scale, exact), W
+  // expanded to BF16 with its scales, the exact products summed in FP32 over all of k without
+  // per-block promotion; false (f16): the x_f16 mode above, FP32-precision 32-block sums promoted
+  // one by one. Both within the parity bound; the BF16 mode needs no promotion work.
+  bool prefill_gemm_bf16 = true;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

@@ -119,14 +119,15 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
   if (r0 > 0)
     FS_RETURN_IF_ERROR(linear_native(*nw, c.x.f32(), r0, in, out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in,
                                      nullptr, 1));
-  constexpr int64_t kCodeBytes = 2;  // f16 values of the e4m3 codes
-  FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("dense_gemm_xq", m * in * kCodeBytes));
+  constexpr int64_t kValueBytes = 2;  // f16 values of the e4m3 codes, or BF16 values code · scale
+  const bool bv = prefill_gemm_bf16_;
+  FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("dense_gemm_xq", m * in * kValueBytes));
   FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("dense_gemm_xs", m * (in / 32)));
   FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(c.x.f32() + r0 * in, ops::ActDtype::kF32, m, in, c.act_block,
-                                                       xq, xs, stream_, /*f16_codes=*/true,
-                                                       /*bf16_round_in=*/c.bf16_in));
+                                                       xq, xs, stream_, /*f16_codes=*/!bv,
+                                                       /*bf16_round_in=*/c.bf16_in, /*bf16_values=*/bv));
   ops::GemmFp8Params g;
-  g.xq = xq, g.xs = xs, g.x_f16 = true;
+  g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv;
   g.w = nw->codes.get(), g.w_scale = nw->scales.get();
   g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
   g.m = m, g.n = out, g.k = in, g.w_block = nw->w_block, g.act_block = c.act_block;
@@ -162,14 +163,21 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
   if (r_gemm < rows) {
+    // x_bf16: x packed to BF16 (exact); x_f16: f16 block codes of x (exact for BF16 values).
     const int64_t m = rows - r_gemm, wb = nw->block_rows;
+    const bool bv = prefill_gemm_bf16_;
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("grouped_gemm_xq", m * width * 2));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("grouped_gemm_xs", m * (width / 32)));
-    FS_RETURN_IF_ERROR(ops::cuda::gemm_f16_quantize_cuda(x.f32() + r_gemm * width, m, width,
-                                                         reinterpret_cast<uint16_t*>(xq), xs, stream_));
+    if (bv)
+      FS_RETURN_IF_ERROR(ops::cuda::gemm_bf16_pack_cuda(x.f32() + r_gemm * width, m * width,
+                                                        reinterpret_cast<uint16_t*>(xq), stream_));
+    else
+      FS_RETURN_IF_ERROR(ops::cuda::gemm_f16_quantize_cuda(x.f32() + r_gemm * width, m, width,
+                                                           reinterpret_cast<uint16_t*>(xq), xs, stream_));
     for (int64_t g = 0; g < groups; ++g) {
       ops::GemmFp8Params p;
-      p.xq = xq + g * in * 2, p.xs = xs + g * (in / 32), p.x_f16 = true, p.x_stride = width;
+      p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;
+      p.x_stride = width;
       p.w = nw->codes.get() + g * out * in, p.w_scale = nw->scales.get() + (g * out / wb) * (in / wb);
       p.y = z.f32() + r_gemm * groups * out + g * out, p.y_stride = groups * out, p.bf16_round_out = bf16;
       p.m = m, p.n = out, p.k = in, p.w_block = wb, p.act_block = 32;
@@ -414,13 +422,14 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     // precision, as the GEMV's MMA does; only the FP32 order of the block sums differs
     // (docs/cuda.md, "Whole-model parity").
     const int64_t act = n1.act_block;
-    constexpr int64_t kCodeBytes = 2;  // f16 values of the e4m3 codes
+    constexpr int64_t kCodeBytes = 2;  // f16 values of the e4m3 codes, or BF16 values code · scale
+    const bool bv = prefill_gemm_bf16_;
     FS_ASSIGN_OR_RETURN(uint8_t* xq_t, scratch<uint8_t>("moe_gemm_xq_t", T * D * kCodeBytes));
     FS_ASSIGN_OR_RETURN(float* xs_t, scratch<float>("moe_gemm_xs_t", T * D / 32));
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("moe_gemm_xq", TK * std::max(D, I) * kCodeBytes));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("moe_gemm_xs", TK * std::max(D, I) / 32));
     FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(m, ops::ActDtype::kF32, T, D, act, xq_t, xs_t, stream_,
-                                                         /*f16_codes=*/true));
+                                                         /*f16_codes=*/!bv, false, /*bf16_values=*/bv));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_gather_fp8_rows(xq_t, xs_t, prow, TK, D, xq, xs, stream_, int(kCodeBytes)));
     // Reference numerics: gate, up and each expert's output rounded to BF16 in the GEMM's epilogue
     // (bf16_round_out: the RNE rounding a kBf16 quant_sim would apply afterwards).
@@ -428,15 +437,16 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       ops::GemmFp8GroupedParams q;
       q.xq = xq, q.xs = xs, q.w = w.codes.get(), q.w_scale = w.scales.get(), q.row_start = gstart, q.y = y;
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
-      q.x_f16 = true, q.bf16_round_out = R;
+      q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R;
+      if (bv) q.xs = nullptr;
       return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
     };
     ++gstats_.moe_gemm_layers;
     FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
     FS_RETURN_IF_ERROR(gemm(n3, I, D, u));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
-    FS_RETURN_IF_ERROR(
-        ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_, true));
+    FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_quantize_cuda(h, ops::ActDtype::kF32, TK, I, n2.act_block, xq, xs, stream_,
+                                                         !bv, false, bv));
     FS_RETURN_IF_ERROR(gemm(n2, D, I, ybuf));
     return {};
   }

@@ -23,12 +23,13 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
       xq.assign(xf, xf + mk);
     }
     fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
-  } else if (p.x_f16) {
-    const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // the codes' values
+  } else if (p.x_f16 || p.x_bf16) {
+    const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // the codes' values, or the BF16 values
     const int64_t ld = p.x_stride ? p.x_stride : p.k;
     for (int64_t r = 0; r < p.m; ++r)
       for (int64_t i = 0; i < p.k; ++i)
-        xq[size_t(r * p.k + i)] = f16_to_f32(xh[r * ld + i]) * p.xs[(r * ld + i) / 32];
+        xq[size_t(r * p.k + i)] = p.x_bf16 ? bf16_to_f32(xh[r * ld + i])
+                                           : f16_to_f32(xh[r * ld + i]) * p.xs[(r * ld + i) / 32];
   } else {
     for (size_t i = 0; i < mk; ++i) xq[i] = e4m3_to_f32(p.xq[i]) * p.xs[i / 32];
   }
@@ -85,10 +86,11 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
       const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
       if (r1 == r0) continue;
       xq.resize(size_t((r1 - r0) * p.k));
-      const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // x_f16: the codes' values
+      const auto* xh = reinterpret_cast<const uint16_t*>(p.xq);  // x_f16: the codes' values; x_bf16: the values
       for (int64_t i = 0; i < (r1 - r0) * p.k; ++i)
-        xq[size_t(i)] = (p.x_f16 ? f16_to_f32(xh[r0 * p.k + i]) : e4m3_to_f32(p.xq[r0 * p.k + i])) *
-                        p.xs[r0 * kb + i / 32];
+        xq[size_t(i)] = p.x_bf16 ? bf16_to_f32(xh[r0 * p.k + i])
+                                 : (p.x_f16 ? f16_to_f32(xh[r0 * p.k + i]) : e4m3_to_f32(p.xq[r0 * p.k + i])) *
+                                       p.xs[r0 * kb + i / 32];
       for (int64_t r = 0; r < p.n; ++r) {
         const uint8_t* c = p.w + (g * p.n + r) * (p.k / 2);
         const uint8_t* s = p.w_scale + (g * p.n + r) * kb;
@@ -109,7 +111,8 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
     const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
     if (r1 == r0) continue;
     GemmFp8Params q;
-    q.xq = p.xq + r0 * p.k * (p.x_f16 ? 2 : 1), q.xs = p.xs + r0 * (p.k / 32), q.x_f16 = p.x_f16;
+    q.xq = p.xq + r0 * p.k * (p.x_f16 || p.x_bf16 ? 2 : 1), q.x_f16 = p.x_f16, q.x_bf16 = p.x_bf16;
+    q.xs = p.x_bf16 ? nullptr : p.xs + r0 * (p.k / 32);
     q.w = p.w + g * p.n * p.k, q.w_scale = p.w_scale + g * nsb * kbw;
     q.y = static_cast<uint8_t*>(p.y) + size_t(r0 * p.n) * out_bytes;
     q.bf16_out = p.bf16_out, q.bf16_round_out = p.bf16_round_out, q.m = r1 - r0, q.n = p.n, q.k = p.k, q.w_block = p.w_block;

@@ -16,6 +16,11 @@ namespace {
 // same without persistence) ties it at m = 128.
 int default_kernel(int64_t /*m*/) { return 6; }
 
+// x_bf16: each 32-block summed on the tensor core from zero and added to the FP32 accumulator
+// (GemmFp8Args::bf16_promote 1), so that its truncating accumulation spans 32 products, as in the
+// x_f16 mode, rather than all of k.
+constexpr int kBf16Promote = 1;
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The wgmma kernel exists only for compute capability 9.0 (built for sm_90a).
@@ -34,8 +39,9 @@ Status check_device() {
 
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
                               int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
-                              bool f16_codes, bool bf16_round_in) {
+                              bool f16_codes, bool bf16_round_in, bool bf16_values) {
   if (!x || !xq || !xs) return invalid_argument("gemm_fp8_quantize: x, xq and xs must be set");
+  if (f16_codes && bf16_values) return invalid_argument("gemm_fp8_quantize: f16_codes and bf16_values exclude each other");
   if (m <= 0 || k <= 0 || k % 128 != 0)
     return invalid_argument("gemm_fp8_quantize: m={} must be positive, k={} a multiple of 128", m,
                             k);
@@ -45,7 +51,7 @@ Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_
     return invalid_argument("gemm_fp8_quantize: x, xq and xs must be 16-byte aligned");
   return cuda_status(detail::launch_quantize_fp8(x, x_dtype == ActDtype::kBf16, m, k,
                                                  int(act_block), xq, xs, stream, f16_codes,
-                                                 bf16_round_in && x_dtype == ActDtype::kF32),
+                                                 bf16_round_in && x_dtype == ActDtype::kF32, bf16_values),
                      "gemm_fp8_quantize kernel launch");
 }
 
@@ -71,9 +77,10 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   detail::GemmFp8Args a{};
   a.xq = xq, a.xs = xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.m), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
-  a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16;
+  a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
+  a.bf16_promote = kBf16Promote;
   a.ldx = int(p.x_stride), a.ldy = int(p.y_stride);
-  a.variant = p.kernel == 0 || p.x_f16 ? default_kernel(p.m) : p.kernel;
+  a.variant = p.kernel == 0 || p.x_f16 || p.x_bf16 ? default_kernel(p.m) : p.kernel;
   a.desc_swap = 0, a.skip_promote = 0;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8 kernel launch");
 }
@@ -85,6 +92,14 @@ Status gemm_f16_quantize_cuda(const float* x, int64_t m, int64_t k, uint16_t* xq
   if (!aligned16(x) || !aligned16(xq) || !aligned16(xs))
     return invalid_argument("gemm_f16_quantize: x, xq and xs must be 16-byte aligned");
   return cuda_status(detail::launch_quantize_f16(x, m, k, xq, xs, stream), "gemm_f16_quantize kernel launch");
+}
+
+Status gemm_bf16_pack_cuda(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+  if (!x || !y) return invalid_argument("gemm_bf16_pack: x and y must be set");
+  if (n < 0 || n % 4 != 0) return invalid_argument("gemm_bf16_pack: n={} must be a multiple of 4", n);
+  if (!aligned16(x) || (reinterpret_cast<uintptr_t>(y) & 7) != 0)
+    return invalid_argument("gemm_bf16_pack: x must be 16-byte and y 8-byte aligned");
+  return cuda_status(detail::launch_pack_bf16(x, n, y, stream), "gemm_bf16_pack kernel launch");
 }
 
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream) {
@@ -101,7 +116,8 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
-  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16;
+  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
+  a.bf16_promote = kBf16Promote;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

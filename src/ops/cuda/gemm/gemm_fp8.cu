@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(256) quantize_f16_kernel(const float* x, int64
 // f16_codes: the codes' values as f16 (exact: every e4m3 value is an f16), 16 bytes per thread.
 __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool bf16, int64_t total8,
                                                            int act_block, uint8_t* xq, float* xs,
-                                                           bool f16_codes, bool round_bf16) {
+                                                           bool f16_codes, bool round_bf16, bool bf16_values) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t total_r = (total8 + 31) / 32 * 32;  // whole warps run every iteration
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total_r; t += stride) {
@@ -416,7 +416,20 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
     const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
     const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      if (f16_codes) {
+      if (bf16_values) {
+        // Each code's value times s as BF16 (exact: at most 4 significant bits).
+        const uint32_t w[2] = {codes.x, codes.y};
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+              __nv_fp8x2_storage_t((w[i >> 1] >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+          const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
+          h[i] = *reinterpret_cast<const uint32_t*>(&b);
+        }
+        *reinterpret_cast<uint4*>(xq + t * 16) = make_uint4(h[0], h[1], h[2], h[3]);
+      } else if (f16_codes) {
         const uint32_t w[2] = {codes.x, codes.y};
         uint32_t h[4];
 #pragma unroll
@@ -580,6 +593,79 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da
       : "l"(da), "l"(db), "r"(scale_d));
 #undef FS_R8
 }
+// D (+)= A · B: one m64n128k16 BF16 wgmma (FP32 accumulation), A and B from shared memory,
+// k-major; scale-d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t da, uint64_t db, int scale_d = 1) {
+#define FS_R8(i)                                                                              \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
+      : "l"(da), "l"(db), "r"(scale_d));
+#undef FS_R8
+}
+// BF16 expansion with the weight's scale folded in (x_bf16). The codes' bits are first placed in
+// BF16 fields, which gives each value times a fixed power of two (2^-120 for e4m3, 2^-126 for
+// e2m1, subnormal codes included: the code's exponent field lands in the low bits of BF16's, its
+// mantissa bits on top of BF16's), then one BF16 multiply by 2^bias · scale, exact (a power of
+// two times a value of at most 4 significant bits), or two when 2^bias · scale passes 2^127.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+struct ChunkU2S {  // a converter chunk's raw codes and its scale
+  uint2 v;
+  float sc;
+};
+struct ChunkU1S {
+  uint32_t v;
+  float sc;
+};
+struct Bf16Scale {
+  uint32_t m1, m2;  // multipliers (BF16 pairs); m2 only when two
+  bool two;
+};
+// bias_exp: 120 (e4m3) or 126 (e2m1); sc: the E8M0 scale's value.
+__device__ __forceinline__ Bf16Scale bf16_scale(float sc, float bias) {
+  const float f = sc * bias;  // 2^bias · sc (a power of two, 0 or inf)
+  Bf16Scale r;
+  r.two = !(f <= 0x1p127f);
+  const uint32_t h1 = __bfloat16_as_ushort(__float2bfloat16_rn(r.two ? bias : f));
+  const uint32_t h2 = __bfloat16_as_ushort(__float2bfloat16_rn(sc));
+  r.m1 = h1 | (h1 << 16), r.m2 = h2 | (h2 << 16);
+  return r;
+}
+__device__ __forceinline__ uint32_t bf16_apply(uint32_t bits, const Bf16Scale& s) {
+  const uint32_t v = bf16x2_mul(bits, s.m1);
+  return s.two ? bf16x2_mul(v, s.m2) : v;
+}
+// Eight e4m3 codes (first value in the low byte of v.x) → eight BF16 values · scale.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint2 v, const Bf16Scale& s) {
+  auto pair = [&](uint32_t w, uint32_t sel) {  // two codes in the low bytes of the 16-bit halves
+    const uint32_t x = __byte_perm(w, 0u, sel);
+    return bf16_apply(((x << 8) & 0x80008000u) | ((x << 4) & 0x07f007f0u), s);
+  };
+  return make_uint4(pair(v.x, 0x4140u), pair(v.x, 0x4342u), pair(v.y, 0x4140u), pair(v.y, 0x4342u));
+}
+// Eight e2m1 codes (nibbles of v, first value in the low nibble) → eight BF16 values · scale.
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) {
+  auto pair = [&](uint32_t b) {  // byte b: two codes, into the low nibbles of the 16-bit halves
+    const uint32_t x = (b & 0xfu) | ((b << 12) & 0xf0000u);
+    return bf16_apply(((x & 0x00070007u) << 6) | ((x & 0x00080008u) << 12), s);
+  };
+  return make_uint4(pair(v), pair(v >> 8), pair(v >> 16), pair(v >> 24));
+}
 #endif  // FS_GEMM_FP8_SM90
 
 // kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
@@ -595,9 +681,14 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da
 // m64n128k16 f16 wgmmas (FP32 accumulation) instead of one e4m3 wgmma, whose 32-product sum keeps
 // only ~14 bits below the largest product; stages of 64 k. kConv = kFp4 || kF16: the converter
 // pipeline (raw W bytes by TMA, expanded by warps 1-3 of the producer warpgroup).
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false>
+// kBv (with kF16; GemmFp8Args::x_bf16): X arrives as BF16 values (no X scales), the converters
+// expand W into BF16 with its scale folded in, and each stage is four m64n128k16 BF16 wgmmas onto
+// one accumulator: no promotion; the stage's wgmmas stay in flight while the next stage's are
+// issued, and a slot is released once the wgmmas that read it have retired.
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
+  static_assert(!kBv || kF16, "BF16 operands use the f16 pipeline's stages");
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
   static_assert(!kF16 || kPipe2, "f16 operands: the overlapped schedule only");
@@ -717,10 +808,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           for (int s = 0; s < nst; ++s, ++it) {
             const int slot = it % S, round = it / S;
             if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
-            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWs4TxBytes));
-            // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 values).
+            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kBv ? kWsABytes : kWs4TxBytes));
+            // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 / BF16 values).
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
-            tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
+            if constexpr (!kBv)
+              tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
             tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), kFp4 ? s * (kStageK / 2) : s * kStageK,
                         g * a.n + n0);
@@ -763,28 +855,63 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             w0 = __ldg(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
             w1 = ct < 32 ? __ldg(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
           }
+          float* sw = ssw + slot * kSwSlot;
+          if constexpr (kBv) {
+            // The stage's scales first (rows ct, ct + 96; 32-blocks 0 and 1), read back per chunk
+            // below by any of the 96 converter threads (named barrier 1). A slot's scales are
+            // rewritten S stages later, after S more of these barriers, so no reader is left.
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
+              if (ct < 32) sw[i * kWsBN + ct + 96] = e8m0f(uint8_t(w1 >> (8 * i)));
+            }
+            asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWs4ConvWarps) : "memory");
+          }
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
           const uint8_t* raw = sraw + slot * kRawSlot;
           uint8_t* dst = sb + slot * kWsBBytes;
-          if constexpr (kF16 && !kFp4) {
-            // Chunk j = (row j/8, 16-byte chunk j%8 = f16 values 8·(j%8) ... +7) from the e4m3
-            // bytes row·64 + 8·(j%8) (hardware conversion, exact).
+          // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,
+          // in 32-block (j%8)/4), stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte
+          // swizzle), from raw bytes row·64 + 8·(j%8) (e4m3) or row·32 + 4·(j%8) (e2m1). The
+          // 96 threads take chunks ct, ct + 96, ... four at a time, the four loads first, so
+          // that their latencies overlap (one at a time, the expansion bounded the GEMM).
+          auto for_chunks = [&](auto&& load, auto&& conv) {
+            constexpr int kStride = 32 * kWs4ConvWarps, kChunks = kWsBN * 8;
 #pragma unroll 1
-            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
-              const int r = j >> 3, c = j & 7;
-              const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
-              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = e4m3x8_to_f16(v);
+            for (int j0 = ct; j0 < kChunks; j0 += 4 * kStride) {
+              decltype(load(0)) v[4];
+#pragma unroll
+              for (int u = 0; u < 4; ++u)
+                if (j0 + u * kStride < kChunks) v[u] = load(j0 + u * kStride);
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                const int j = j0 + u * kStride;
+                if (j < kChunks) {
+                  const int r = j >> 3, c = j & 7;
+                  *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = conv(v[u]);
+                }
+              }
             }
+          };
+          if (a.skip_promote & 2) {
+            // Timing diagnostic only (wrong results): no expansion.
+          } else if constexpr (kBv && kFp4) {
+            for_chunks([&](int j) { return ChunkU1S{*reinterpret_cast<const uint32_t*>(raw + (j >> 3) * 32 + (j & 7) * 4),
+                                                    sw[((j & 7) >> 2) * kWsBN + (j >> 3)]}; },
+                       [&](const ChunkU1S& l) { return e2m1x8_to_bf16(l.v, bf16_scale(l.sc, 0x1p126f)); });
+          } else if constexpr (kBv) {
+            for_chunks([&](int j) { return ChunkU2S{*reinterpret_cast<const uint2*>(raw + (j >> 3) * 64 + (j & 7) * 8),
+                                                    sw[((j & 7) >> 2) * kWsBN + (j >> 3)]}; },
+                       [&](const ChunkU2S& l) { return e4m3x8_to_bf16(l.v, bf16_scale(l.sc, 0x1p120f)); });
+          } else if constexpr (kF16 && !kFp4) {
+            // e4m3 → f16, hardware conversion, exact.
+            for_chunks([&](int j) { return *reinterpret_cast<const uint2*>(raw + (j >> 3) * 64 + (j & 7) * 8); },
+                       [&](const uint2& v) { return e4m3x8_to_f16(v); });
           } else if constexpr (kF16) {
-            // Chunk j = (row j/8, 16-byte chunk j%8 = f16 values 8·(j%8) ... +7) from raw bytes
-            // row·32 + 4·(j%8).
-#pragma unroll 1
-            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
-              const int r = j >> 3, c = j & 7;
-              const uint32_t v = *reinterpret_cast<const uint32_t*>(raw + r * 32 + c * 4);
-              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = e2m1x8_to_f16(v);
-            }
+            for_chunks([&](int j) { return *reinterpret_cast<const uint32_t*>(raw + (j >> 3) * 32 + (j & 7) * 4); },
+                       [&](const uint32_t& v) { return e2m1x8_to_f16(v); });
           } else {
+            // e2m1 → e4m3 (the e4m3 ring, 128-k stages): 8 raw bytes (16 codes) per 16-byte chunk.
 #pragma unroll 1
             for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
               const int r = j >> 3, c = j & 7;
@@ -795,11 +922,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = o;
             }
           }
-          float* sw = ssw + slot * kSwSlot;
+          if constexpr (!kBv) {
 #pragma unroll
-          for (int i = 0; i < kStageK / 32; ++i) {
-            sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
-            if (ct < 32) sw[i * kWsBN + ct + 96] = e8m0f(uint8_t(w1 >> (8 * i)));
+            for (int i = 0; i < kStageK / 32; ++i) {
+              sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
+              if (ct < 32) sw[i * kWsBN + ct + 96] = e8m0f(uint8_t(w1 >> (8 * i)));
+            }
           }
           fence_proxy_async();  // the generic-proxy stores, visible to the wgmma (async proxy)
           __syncwarp();
@@ -869,7 +997,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   };
   // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
   auto promote = [&](const float(&p)[64], int slot, int i, float sx0, float sx1) {
-    if (a.skip_promote) return;  // timing diagnostic only (wrong results)
+    if (a.skip_promote & 1) return;  // timing diagnostic only (wrong results)
     if constexpr (kConv) {
       // One W scale per column: this thread's columns 8·nt + 2·(lane%4) + {0, 1}. The scale
       // product sx·sw is formed as in the FP8 branch, so equal scales give equal bits.
@@ -919,6 +1047,87 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
     // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
+    if constexpr (kBv) {
+     auto bdesc = [&](int slot, int q, uint64_t& da, uint64_t& db) {
+        const uint32_t ko = uint32_t(q * 32);
+        da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
+        db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
+      };
+     if (a.bf16_promote != 0) {
+      // Promoted: each 32-block (bf16_promote 1: two wgmmas into t0 / t1, the second block's in
+      // flight while the first is added) or each 64-k stage (2: four wgmmas into t0) summed by
+      // the tensor core from zero, then added to acc in FP32 (round to nearest): the tensor
+      // core's truncating accumulation spans 32 or 64 products, not all of k.
+#pragma unroll 1
+      for (int s = 0; s < nst; ++s, ++it) {
+        const int slot = it % S;
+        mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
+        if (idle) {
+          release(slot);
+          continue;
+        }
+        uint64_t da, db;
+        if (a.bf16_promote == 1) {
+          fence_regs(t0);
+          fence_regs(t1);
+          wgmma_fence();
+#pragma unroll
+          for (int q = 0; q < 2; ++q) bdesc(slot, q, da, db), wgmma_m64n128k16_bf16(t0, da, db, q);
+          wgmma_commit();
+#pragma unroll
+          for (int q = 0; q < 2; ++q) bdesc(slot, 2 + q, da, db), wgmma_m64n128k16_bf16(t1, da, db, q);
+          wgmma_commit();
+          wgmma_wait<1>();
+          fence_regs(t0);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += t0[i];
+          wgmma_wait<0>();
+          fence_regs(t1);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += t1[i];
+        } else {
+          fence_regs(t0);
+          wgmma_fence();
+#pragma unroll
+          for (int q = 0; q < 4; ++q) bdesc(slot, q, da, db), wgmma_m64n128k16_bf16(t0, da, db, q);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(t0);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += t0[i];
+        }
+        release(slot);
+      }
+     } else {
+      // One accumulator over all of k: stage s's four wgmmas are issued, then the wait for all
+      // but the newest group retires stage s-1's, whose slot is released.
+      int prev = -1;
+#pragma unroll 1
+      for (int s = 0; s < nst; ++s, ++it) {
+        const int slot = it % S;
+        mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
+        if (idle) {
+          release(slot);
+          continue;
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t ko = uint32_t(q * 32);
+          const uint64_t da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
+          const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
+          wgmma_m64n128k16_bf16(acc, da, db);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (prev >= 0) release(prev);
+        prev = slot;
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (prev >= 0) release(prev);
+     }
+    } else {
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
@@ -1002,6 +1211,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       release(slot);
     }
+    }  // !kBv
 
     // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
     const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;
@@ -1120,13 +1330,14 @@ int sm_count() {
   return n;
 }
 
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false>
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
   // Grouped: one W map over the stacked [groups · n, k] codes (group g from row g · n). FP4: the
   // [groups · n, k/2] e2m1 bytes, box 128 rows × one k stage (64 bytes; kF16: 32), unswizzled.
-  // X: [m, k] bytes (kF16: [m, 2k] bytes of f16 values), box 128 rows × 128 bytes, swizzled.
+  // X: [m, k] bytes (kF16: [m, 2k] bytes of f16 or, kBv, BF16 values), box 128 rows × 128
+  // bytes, swizzled. kBv reads no X scales (no map).
   // FP8 with kF16: the [groups · n, k] e4m3 bytes, box 128 rows × 64 bytes, unswizzled (raw).
   constexpr int kStageK = kF16 ? kWsHBK : kBK;
   const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
@@ -1140,14 +1351,14 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   if (!make_map(&P.ta, a.xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(a.m), uint64_t(a.k) * (kF16 ? 2 : 1),
                 kWsBM, 128, true, ldx * (kF16 ? 2 : 1)) ||
       !w_map ||
-      !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
-                uint64_t(a.k / 32), kWsBM, 4, false, ldx / 32 * 4))
+      (!kBv && !make_map(&P.tsx, a.xs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, uint64_t(a.m),
+                         uint64_t(a.k / 32), kWsBM, 4, false, ldx / 32 * 4)))
     return cudaErrorInvalidValue;
   constexpr int smem = kF16 ? (kFp4 ? kWsHSmemBytes : kWsH8SmemBytes)
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16>), smem, attr_set);
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv>), smem, attr_set);
       e != cudaSuccess)
     return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
@@ -1155,7 +1366,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -1164,12 +1375,15 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
+    if (a.w_fp4 && a.x_bf16) return launch_ws<true, true, true, true, true, true>(a, stream);
+    if (a.x_bf16) return launch_ws<true, true, true, false, true, true>(a, stream);
     if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
     if (a.w_fp4) return launch_ws<true, true, true, true>(a, stream);
     if (a.x_f16) return launch_ws<true, true, true, false, true>(a, stream);
     return launch_ws<true, true, true>(a, stream);
   }
   if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.x_bf16) return launch_ws<true, true, false, false, true, true>(a, stream);
   if (a.x_f16) return launch_ws<true, true, false, false, true>(a, stream);  // kernel 6's schedule
   switch (a.variant) {
     case 1:
@@ -1206,11 +1420,29 @@ cudaError_t launch_quantize_f16(const float* x, int64_t m, int64_t k, uint16_t* 
 
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
                                 uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes,
-                                bool round_bf16) {
+                                bool round_bf16, bool bf16_values) {
   const int64_t total8 = m * k / 8;
   const int64_t want = (total8 + 255) / 256;
   const int blocks = int(want < 132 * 16 ? want : 132 * 16);
-  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs, f16_codes, round_bf16);
+  quantize_fp8_kernel<<<blocks, 256, 0, stream>>>(x, bf16, total8, act_block, xq, xs, f16_codes, round_bf16,
+                                                  bf16_values);
+  return cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(256) pack_bf16_kernel(const float* x, int64_t total4, uint2* y) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total4; t += stride) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x) + t);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    y[t] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+
+cudaError_t launch_pack_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+  const int64_t total4 = n / 4;
+  const int64_t want = (total4 + 255) / 256;
+  const int blocks = int(want < 132 * 16 ? want : 132 * 16);
+  if (blocks > 0) pack_bf16_kernel<<<blocks, 256, 0, stream>>>(x, total4, reinterpret_cast<uint2*>(y));
   return cudaGetLastError();
 }
 

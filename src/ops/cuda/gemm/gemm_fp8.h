@@ -45,7 +45,11 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 // (k16, FP32 accumulation) and promoted as above: the e4m3 wgmma's ~14-bit block sums (above,
 // "Accuracy") become FP32-precision sums of the exact products, at half the tensor-core rate
 // (5-slot ring of 64-k stages). gemm_fp8_cuda takes the same mode (GemmFp8Params::x_f16) for
-// one FP8 matrix, the prefill linears of the serving path.
+// one FP8 matrix.
+// x_bf16 (GemmFp8Params::x_bf16, the serving path's prefill mode): X as BF16 values, W expanded
+// to BF16 with its scale folded in by the same converter warps, four BF16 wgmmas per 64-k stage
+// onto one FP32 accumulator (no promotion, the wgmmas of consecutive stages overlapped): the
+// exact products summed in FP32 over all of k, in the tensor core's order.
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
 
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales
@@ -55,7 +59,15 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
 // BF16 first (the reference's BF16 activation before its FP8 quantisation).
 Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_t k,
                               int64_t act_block, uint8_t* xq, float* xs, cudaStream_t stream,
-                              bool f16_codes = false, bool bf16_round_in = false);
+                              bool f16_codes = false, bool bf16_round_in = false,
+                              bool bf16_values = false);
+// bf16_values (above): xq receives [m, k] BF16 values (2·m·k bytes), code · scale (exact), the
+// input of the x_bf16 mode; xs is written as well.
+
+// x [n] FP32 → BF16 bits (round to nearest even; exact on BF16 values): the x_bf16 input of
+// activations that are BF16 values and not FP8-quantised (wo_a's). n a multiple of 4, x 16-byte
+// and y 8-byte aligned.
+Status gemm_bf16_pack_cuda(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
 
 // x [m, k] FP32 (k a multiple of 32, 16-byte aligned) → f16 codes xq [m, k] and power-of-two
 // scales xs [m, k/32] (ops::quantize_f16_blocks_ref, bitwise): the x_f16 GEMM's input for

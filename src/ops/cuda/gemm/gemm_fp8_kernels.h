@@ -21,7 +21,8 @@ struct GemmFp8Args {
                      // warpgroups, 128×128 tile (6/8 overlapped promotion, 7/9 batched;
                      // 6/7 persistent)
   int desc_swap;     // test hook (unswizzled variants): swap the descriptor's byte offsets
-  int skip_promote;  // timing diagnostic: skip the FP32 promotion (results are wrong)
+  int skip_promote;  // timing diagnostics (results are wrong): bit 0 skips the FP32 promotion,
+                     // bit 1 the converter warps' expansion of W (x_f16 / x_bf16 / FP4)
   // Grouped (variant 6 only; groups > 0): `groups` problems sharing n, k and w_block; group g
   // owns rows [row_start[g], row_start[g+1]) of xq / xs / y (device array, non-decreasing, m =
   // the total rows) and the weights w + g·n·k, ws + g·ceil(n/w_block)·(k/w_block). The persistent
@@ -38,9 +39,15 @@ struct GemmFp8Args {
   // below the largest product); W (e2m1 or e4m3) expanded to f16 in shared memory. Kernel 6's
   // schedule (the variant is ignored).
   bool x_f16;
+  // xq holds [m, k] BF16 values (GemmFp8Params::x_bf16; xs unused): W expanded to BF16 with its
+  // scales, four m64n128k16 BF16 wgmmas per 64-k stage onto one FP32 accumulator.
+  bool x_bf16;
+  // x_bf16: 0 sums all of k on the tensor core; 1 / 2 sum each 32-block / 64-k stage there and add
+  // it to the FP32 accumulator (gemm_fp8.cu, kBv).
+  int bf16_promote;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
-  // x_f16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
+  // x_f16 / x_bf16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
   int ldx, ldy;
 };
 
@@ -55,7 +62,9 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream);
 // e4m3 byte. round_bf16 (FP32 x): each input rounded to BF16 before the quantisation.
 cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, int act_block,
                                 uint8_t* xq, float* xs, cudaStream_t stream, bool f16_codes = false,
-                                bool round_bf16 = false);
+                                bool round_bf16 = false, bool bf16_values = false);
+// FP32 [n] (n a multiple of 4) → BF16 bits, round to nearest even (exact on BF16 values).
+cudaError_t launch_pack_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
 // FP32 x [m, k] → f16 codes [m, k] and a power-of-two scale per 32 values, s = 2^(ceil(log2(amax))
 // - 15) (1 for a zero block): code = f16_rn(x / s). CPU twin: ops::quantize_f16_blocks_ref.
 cudaError_t launch_quantize_f16(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs,
