@@ -37,10 +37,10 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
-                  "GPU backend: the prefill GEMMs' operands: bf16 (activations and weights expanded to BF16 values, "
-                  "one FP32 sum over k) | f16 (f16 codes, FP32-precision 32-block sums promoted one by one); both "
-                  "within the parity bound")
-      ->check(CLI::IsMember({"bf16", "f16"}))
+                  "GPU backend: the operands of the FP8/FP4 prefill GEMMs: f16 (f16 codes, each 32-block's sum "
+                  "promoted with its scales) | bf16 (activations and weights as BF16 values, scales folded in, each "
+                  "32-block's sum added in FP32); the same precision, both within the parity bound")
+      ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "

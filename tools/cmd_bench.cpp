@@ -45,7 +45,7 @@ struct ModelBenchOpts {
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
-  std::string prefill_gemm_operands = "bf16";  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16)
+  std::string prefill_gemm_operands = "f16";  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -241,8 +241,8 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
-                  "model bench, GPU: the prefill GEMMs' operands, bf16 | f16, as run / serve")
-      ->check(CLI::IsMember({"bf16", "f16"}))
+                  "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16, as run / serve")
+      ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

@@ -319,10 +319,15 @@ Status Forward::compress(int l, FwdChunk& ctx, const Tensor& a) {
   auto project = [&](const CompressorWeights& cw, int64_t width, const std::string& tag, Tensor& v,
                      Tensor& z) -> Status {
     FS_ASSIGN_OR_RETURN(v, scratch_f(tag + "_v", T, width));
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, cw.wkv, T, D, width, v, 0, R() && v41 && ratio == 1)));
+    // `a` holds BF16 values in reference numerics (the norm's rounded output): LinearCall::x_bf16.
+    LinearCall cv = lin(a, cw.wkv, T, D, width, v, 0, R() && v41 && ratio == 1);
+    cv.x_bf16 = R();
+    FS_RETURN_IF_ERROR(b_.linear(cv));
     if (!b_.has(cw.wgate)) return {};
     FS_ASSIGN_OR_RETURN(z, scratch_f(tag + "_z", T, width));
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, cw.wgate, T, D, width, z, 0, false)));
+    LinearCall cz = lin(a, cw.wgate, T, D, width, z, 0, false);
+    cz.x_bf16 = R();
+    FS_RETURN_IF_ERROR(b_.linear(cz));
     if (b_.has(cw.ape)) FS_RETURN_IF_ERROR(b_.add_ape(z, cw.ape, ctx.pos, T, width, ratio));
     return {};
   };
@@ -413,7 +418,9 @@ Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor
     }
     FS_RETURN_IF_ERROR(b_.quant_sim(iq, T * nI, dI, dI, 32, QuantSim::kFp4E8m0));
   }
-  FS_RETURN_IF_ERROR(b_.linear(lin(a, A.idx_weights_proj, T, D, nI, wts, 0, R())));  // no FP8 input
+  LinearCall cw = lin(a, A.idx_weights_proj, T, D, nI, wts, 0, R());  // no FP8 input; BF16 values (R)
+  cw.x_bf16 = R();
+  FS_RETURN_IF_ERROR(b_.linear(cw));
   FS_RETURN_IF_ERROR(b_.scale(wts, T * nI, 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI)), R()));
   // This layer's lists for every row (later layers read them through their idx_src).
   FS_ASSIGN_OR_RETURN(Tensor out, b_.scratch("topk" + std::to_string(l), ElemType::kI32, T, K));
@@ -435,7 +442,9 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
   FS_ASSIGN_OR_RETURN(Tensor logits, scratch_f(tag + "logits", T, E));
   FS_ASSIGN_OR_RETURN(Tensor sel, b_.scratch(tag + "sel", ElemType::kI32, T, K));
   FS_ASSIGN_OR_RETURN(Tensor wt, scratch_f(tag + "wt", T, K));
-  FS_RETURN_IF_ERROR(b_.linear(lin(m, F.gate, T, D, E, logits, 0, false)));  // FP32 router
+  LinearCall cg = lin(m, F.gate, T, D, E, logits, 0, false);  // FP32 router logits
+  cg.x_bf16 = R();  // m: the norm's BF16 output in reference numerics
+  FS_RETURN_IF_ERROR(b_.linear(cg));
   FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
   if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
   // Routed experts: outputs per (row, slot), summed in slot order (ascending expert id).

@@ -44,6 +44,10 @@ struct GemmFp8Params {
   // values) and sums the exact products over all of k in FP32 on BF16 tensor cores, with no
   // per-block promotion: the same function, the products summed in another FP32 order.
   bool x_bf16 = false;
+  // x_bf16 only: w holds [n, k] BF16 bits (a matrix the checkpoint stores in BF16, e.g. the
+  // compressor's and the indexer's projections in reference numerics), w_scale is not read: the
+  // exact BF16 products summed in FP32 as above. The CUDA kernel loads W as it is (no expansion).
+  bool w_bf16 = false;
   // x_f16 / x_bf16 only: row strides of xq (x_f16: its scales x_stride / 32) and y in elements; 0:
   // k and n. A column slice of a wider matrix (the groups of a grouped linear), x_stride a
   // multiple of 128.
@@ -71,7 +75,9 @@ inline int64_t gemm_fp8_workspace_bytes(int64_t m, int64_t k) {
 // Shape rules of both backends: k a positive multiple of 128 (the GEMM's k stage), w_block and
 // act_block in {32, 128}, m >= 1, n >= 1, exactly one activation source, non-null pointers.
 inline Status validate(const GemmFp8Params& p) {
-  if (!p.w || !p.w_scale || !p.y) return invalid_argument("gemm_fp8: w, w_scale and y must be set");
+  if (!p.w || (!p.w_scale && !p.w_bf16) || !p.y)
+    return invalid_argument("gemm_fp8: w, w_scale (but with w_bf16) and y must be set");
+  if (p.w_bf16 && !p.x_bf16) return invalid_argument("gemm_fp8: w_bf16 needs the x_bf16 mode");
   if (bool(p.x) == bool(p.xq))
     return invalid_argument("gemm_fp8: give either x or the pre-quantised xq/xs, not {}",
                             p.x ? "both" : "neither");

@@ -794,6 +794,73 @@ TEST(CudaGemmFp8, Bf16ModeFp8WeightsMatchCpuTwin) {
   }
 }
 
+// BF16 weights (w_bf16, the compressor's and indexer's projections of long prefill chunks): x BF16
+// values (gemm_bf16_pack_cuda of BF16-valued FP32), W BF16 bits loaded as they are, against the
+// twin within bf16_gemm_tol (mean 2^-20 · Σ|x·w|), rounded outputs BF16 values within one step;
+// odd m and n, widths 16..1024 as the model's; w_bf16 without x_bf16 refused.
+TEST(CudaGemmFp8, Bf16WeightsMatchCpuTwin) {
+  FS_REQUIRE_GPU();
+  struct C {
+    int64_t m, n, k;
+    bool round_out;
+  };
+  const C cases[] = {{1, 16, 128, false}, {129, 32, 5120, true}, {300, 512, 5120, false}, {1024, 1024, 4096, false},
+                     {77, 200, 384, true}};
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const C& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " round=" << c.round_out);
+    std::vector<float> x(size_t(c.m * c.k));
+    for (auto& v : x) v = round_bf16(nd(rng) * (rng() % 16 == 0 ? 100.0f : 1.0f));
+    std::vector<uint16_t> w(size_t(c.n * c.k)), wa(w.size()), xb(x.size()), xba(x.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(nd(rng) * 0.02f), wa[i] = w[i] & 0x7fff;
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]), xba[i] = xb[i] & 0x7fff;
+    DeviceBuffer<float> dx(x), dy(size_t(c.m * c.n));
+    DeviceBuffer<uint16_t> dxb(x.size()), dw(w);
+    ASSERT_TRUE(dx.ok() && dy.ok() && dxb.ok() && dw.ok());
+    FS_ASSERT_OK(gemm_bf16_pack_cuda(dx.get(), int64_t(x.size()), dxb.get(), nullptr));
+    ASSERT_EQ(cudaMemset(dy.get(), 0xff, size_t(c.m * c.n) * 4), cudaSuccess);
+    GemmFp8Params p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.x_bf16 = true, p.w_bf16 = true, p.bf16_round_out = c.round_out;
+    p.xq = reinterpret_cast<const uint8_t*>(dxb.get()), p.w = reinterpret_cast<const uint8_t*>(dw.get()), p.y = dy.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> ref(size_t(c.m * c.n)), bound(ref.size());
+    GemmFp8Params h = p;
+    h.xq = reinterpret_cast<const uint8_t*>(xb.data()), h.w = reinterpret_cast<const uint8_t*>(w.data()), h.y = ref.data();
+    FS_ASSERT_OK(gemm_fp8_ref(h));
+    h.xq = reinterpret_cast<const uint8_t*>(xba.data()), h.w = reinterpret_cast<const uint8_t*>(wa.data());
+    h.y = bound.data(), h.bf16_round_out = false;
+    FS_ASSERT_OK(gemm_fp8_ref(h));
+    const std::vector<float> y = dy.to_host();
+    const double tol_rel = bf16_gemm_tol(c.k);
+    double worst = 0, mean = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y[i])) << "output " << i << " not written";
+      const double err = std::fabs(double(y[i]) - (c.round_out ? round_bf16(ref[i]) : ref[i]));
+      ASSERT_LE(err, tol_rel * bound[i] + (c.round_out ? std::fabs(ref[i]) / 128 : 0.0) + 1e-30)
+          << "row " << i / c.n << " col " << i % c.n << " gpu " << y[i] << " ref " << ref[i];
+      if (c.round_out) {
+        ASSERT_EQ(y[i], round_bf16(y[i])) << i;
+        continue;
+      }
+      const double rel = err / (double(bound[i]) + 1e-30);
+      worst = std::max(worst, rel), mean += rel / double(y.size());
+    }
+    if (!c.round_out) {
+      EXPECT_LE(mean, std::ldexp(1.0, -20));
+    }
+    std::printf("bf16 weights m=%lld n=%lld k=%lld: |err| / Σ|x·w| worst %.2e mean %.2e\n", (long long)c.m,
+                (long long)c.n, (long long)c.k, worst, mean);
+  }
+  GemmFp8Params bad;
+  std::vector<uint16_t> one(128);
+  std::vector<float> out(1);
+  bad.m = 1, bad.n = 1, bad.k = 128, bad.w_bf16 = true, bad.w = reinterpret_cast<const uint8_t*>(one.data());
+  bad.xq = reinterpret_cast<const uint8_t*>(one.data()), bad.xs = out.data(), bad.y = out.data();
+  EXPECT_NE(validate(bad).message().find("x_bf16"), std::string::npos);
+}
+
 // BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
 // block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
 // (code · scale == x for every value at least 2^-30 of its block's amax, zero blocks included); then a column slice per

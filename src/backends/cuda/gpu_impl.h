@@ -265,6 +265,7 @@ class GpuModel final : public Model, public Backend {
   // through the FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens), the rows before it through the
   // GEMV; false: not such a call (the caller runs the usual path).
   Result<bool> linear_gemm(const LinearCall& c);
+  Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
   // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
   // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
   // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
@@ -438,7 +439,7 @@ class GpuModel final : public Model, public Backend {
   GpuPrefillAttention prefill_attention_ = GpuPrefillAttention::kStaged;  // GpuLoadOptions::prefill_attention
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
-  bool prefill_gemm_bf16_ = true;               // GpuLoadOptions::prefill_gemm_bf16
+  bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;

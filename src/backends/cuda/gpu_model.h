@@ -130,12 +130,14 @@ struct GpuLoadOptions {
   // tests rely on): always the GEMV. The CLI (tools/backend_options.h) sets both to 128.
   int64_t moe_gemm_min_tokens = 0;
   int64_t dense_gemm_min_tokens = 0;
-  // The prefill GEMMs' operands. true (the default; the CLI's --prefill-gemm-operands bf16): the
-  // x_bf16 mode (GemmFp8Params::x_bf16): the activations as BF16 values (code · scale, exact), W
-  // expanded to BF16 with its scales, the exact products summed in FP32 over all of k without
-  // per-block promotion; false (f16): the x_f16 mode above, FP32-precision 32-block sums promoted
-  // one by one. Both within the parity bound; the BF16 mode needs no promotion work.
-  bool prefill_gemm_bf16 = true;
+  // The operands of the FP8 / FP4 prefill GEMMs (the CLI's --prefill-gemm-operands). false (f16,
+  // the default): the x_f16 mode above. true (bf16): GemmFp8Params::x_bf16, the activations as
+  // BF16 values (code · scale, exact) and W expanded to BF16 with its scales folded in, each
+  // 32-block summed on the tensor core and added in FP32: the same precision, measured no faster
+  // (the W expansion bounds both). BF16 matrices over BF16-valued inputs (the router gate, the
+  // compressor and indexer projections in reference numerics) take the BF16 GEMM (w_bf16) under
+  // dense_gemm_min_tokens whatever this says.
+  bool prefill_gemm_bf16 = false;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

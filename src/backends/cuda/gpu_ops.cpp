@@ -86,11 +86,41 @@ Status GpuModel::embed(const Vec& table, const Tensor& tokens, const Tensor& X, 
   return embed_rows(d(table), tokens.i32(), X.f32(), T, hc, D);
 }
 
+// The BF16 tensor-core linear (kernel 5) takes BF16-valued inputs only for wide matrices (the LM
+// head): its CTAs of 16 outputs leave most SMs idle on the compressor and indexer projections
+// (16-1024 outputs), which keep the exactness kernel at decode (a choice by shape only, so rows
+// stay batch-invariant).
+constexpr int64_t kTensorCoreLinearMinOut = 4096;
+
 Status GpuModel::linear(const LinearCall& c) {
   FS_ASSIGN_OR_RETURN(const bool done, linear_gemm(c));
   if (done) return {};
   return linear(c.x.f32(), d(*c.w), c.rows, c.in, c.out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in, nullptr, 1,
-                c.x_bf16);
+                c.x_bf16 && c.out >= kTensorCoreLinearMinOut);
+}
+
+// The prefill GEMM of a BF16 matrix over BF16-valued inputs (the compressor's and the indexer's
+// projections in reference numerics: LinearCall::x_bf16 or bf16_in): rows [dense_row0_, T) packed
+// to BF16 (exact, or the bf16_in rounding) through gemm_fp8_cuda with w_bf16 (the exact products
+// summed in FP32, 32-block partial sums on the tensor core); rows before it through the
+// exactness kernel as at decode.
+Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw) {
+  if (c.act_block != 0 || !(c.x_bf16 || c.bf16_in)) return false;
+  if (nw.dtype != cd::WeightDtype::kBf16 || nw.count != 1 || nw.k != c.in || nw.n != c.out || c.in % 128 != 0)
+    return false;
+  const int64_t r0 = dense_row0_, m = c.rows - r0, in = c.in, out = c.out;
+  if (r0 > 0)
+    FS_RETURN_IF_ERROR(linear(c.x.f32(), d(*c.w), r0, in, out, c.y.f32(), 0, c.bf16_out, c.bf16_in, nullptr, 1,
+                              c.x_bf16 && out >= kTensorCoreLinearMinOut));
+  FS_ASSIGN_OR_RETURN(uint8_t* xb, scratch<uint8_t>("dense_gemm_xb", m * in * 2));  // BF16 values
+  FS_RETURN_IF_ERROR(ops::cuda::gemm_bf16_pack_cuda(c.x.f32() + r0 * in, m * in, reinterpret_cast<uint16_t*>(xb), stream_));
+  ops::GemmFp8Params g;
+  g.xq = xb, g.x_bf16 = true, g.w_bf16 = true;
+  g.w = nw.codes.get(), g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
+  g.m = m, g.n = out, g.k = in;
+  FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(g, stream_));
+  ++gstats_.dense_gemm_linears;
+  return true;
 }
 
 // The prefill FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens) of a step's token linear: rows
@@ -108,6 +138,7 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
       if (c.key.expert >= 0) return false;  // routed experts: moe_native
       break;
     default:
+      if (const NativeMatrix* nb = native(d(*c.w)); nb && !nb->fast) return linear_gemm_bf16(c, *nb);
       return false;
   }
   const NativeMatrix* nw = native(d(*c.w));

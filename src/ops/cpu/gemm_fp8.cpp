@@ -36,9 +36,14 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
   std::vector<float> wrow(static_cast<size_t>(p.k));
   const int64_t kbw = p.k / p.w_block;
   for (int64_t r = 0; r < p.n; ++r) {
-    const uint8_t* s = p.w_scale + (r / p.w_block) * kbw;
-    for (int64_t i = 0; i < p.k; ++i)
-      wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+    if (p.w_bf16) {
+      const auto* w16 = reinterpret_cast<const uint16_t*>(p.w) + r * p.k;
+      for (int64_t i = 0; i < p.k; ++i) wrow[size_t(i)] = bf16_to_f32(w16[i]);
+    } else {
+      const uint8_t* s = p.w_scale + (r / p.w_block) * kbw;
+      for (int64_t i = 0; i < p.k; ++i)
+        wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+    }
     for (int64_t t = 0; t < p.m; ++t) {
       const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
       const int64_t ldy = p.y_stride ? p.y_stride : p.n;

@@ -78,7 +78,7 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   a.xq = xq, a.xs = xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.m), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
-  a.bf16_promote = kBf16Promote;
+  a.bf16_promote = kBf16Promote, a.w_bf16 = p.w_bf16;
   a.ldx = int(p.x_stride), a.ldy = int(p.y_stride);
   a.variant = p.kernel == 0 || p.x_f16 || p.x_bf16 ? default_kernel(p.m) : p.kernel;
   a.desc_swap = 0, a.skip_promote = 0;

@@ -685,10 +685,14 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 // expand W into BF16 with its scale folded in, and each stage is four m64n128k16 BF16 wgmmas onto
 // one accumulator: no promotion; the stage's wgmmas stay in flight while the next stage's are
 // issued, and a slot is released once the wgmmas that read it have retired.
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false>
+// kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix, brought by the TMA straight into the
+// swizzled W slot like X (no converter work: warps 1-3 leave).
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
+          bool kWb = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kBv || kF16, "BF16 operands use the f16 pipeline's stages");
+  static_assert(!kWb || (kBv && !kFp4 && !kGrouped), "BF16 weights: dense BF16-value GEMM only");
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
   static_assert(!kF16 || kPipe2, "f16 operands: the overlapped schedule only");
@@ -781,7 +785,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar(s), kConv ? kWs4FullArrivals : kWsFullArrivals);
+      mbar_init(full_bar(s), kWb ? 1 : kConv ? kWs4FullArrivals : kWsFullArrivals);
       mbar_init(empty_bar(s), kWsEmptyArrivals);
       if constexpr (kConv) mbar_init(raw_bar(s), 1);
     }
@@ -808,9 +812,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           for (int s = 0; s < nst; ++s, ++it) {
             const int slot = it % S, round = it / S;
             if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
-            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kBv ? kWsABytes : kWs4TxBytes));
+            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWb ? kWsABytes + kWsBBytes : kBv ? kWsABytes : kWs4TxBytes));
             // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 / BF16 values).
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
+            if constexpr (kWb) {  // W: 64 BF16 values of each row, swizzled, onto the full barrier
+              tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * 128, n0);
+              continue;
+            }
             if constexpr (!kBv)
               tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
@@ -826,6 +834,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte swizzle).
       // FP8 weights (kF16 without kFp4): raw bytes row·64 + 8·(j%8), each byte an e4m3 code
       // expanded to f16; a row's scale of 32-block kb is its w_block tile's.
+      if constexpr (kWb) return;
       const int ct = tid - 32;
       const int kb_row = a.k / 32;
       const int wkb = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
@@ -873,18 +882,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,
           // in 32-block (j%8)/4), stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte
           // swizzle), from raw bytes row·64 + 8·(j%8) (e4m3) or row·32 + 4·(j%8) (e2m1). The
-          // 96 threads take chunks ct, ct + 96, ... four at a time, the four loads first, so
-          // that their latencies overlap (one at a time, the expansion bounded the GEMM).
+          // 96 threads take chunks ct, ct + 96, ... kBatch at a time (the loads of a batch
+          // first). The expansion bounds the x_f16 / x_bf16 GEMMs (bench --kernels gemm16);
+          // batches of 4 made them slower than one chunk at a time (bench/RESULTS.md).
           auto for_chunks = [&](auto&& load, auto&& conv) {
-            constexpr int kStride = 32 * kWs4ConvWarps, kChunks = kWsBN * 8;
+            constexpr int kStride = 32 * kWs4ConvWarps, kChunks = kWsBN * 8, kBatch = 1;
 #pragma unroll 1
-            for (int j0 = ct; j0 < kChunks; j0 += 4 * kStride) {
-              decltype(load(0)) v[4];
+            for (int j0 = ct; j0 < kChunks; j0 += kBatch * kStride) {
+              decltype(load(0)) v[kBatch];
 #pragma unroll
-              for (int u = 0; u < 4; ++u)
+              for (int u = 0; u < kBatch; ++u)
                 if (j0 + u * kStride < kChunks) v[u] = load(j0 + u * kStride);
 #pragma unroll
-              for (int u = 0; u < 4; ++u) {
+              for (int u = 0; u < kBatch; ++u) {
                 const int j = j0 + u * kStride;
                 if (j < kChunks) {
                   const int r = j >> 3, c = j & 7;
@@ -1330,7 +1340,8 @@ int sm_count() {
   return n;
 }
 
-template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false>
+template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
+          bool kWb = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
@@ -1341,7 +1352,10 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   // FP8 with kF16: the [groups · n, k] e4m3 bytes, box 128 rows × 64 bytes, unswizzled (raw).
   constexpr int kStageK = kF16 ? kWsHBK : kBK;
   const uint64_t w_rows = uint64_t(a.n) * uint64_t(kGrouped ? a.groups : 1);
-  const bool w_map = kFp4  ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
+  // kWb: the [n, k] BF16 matrix as [n, 2k] bytes, box 128 rows × 128 bytes, swizzled (as X).
+  const bool w_map = kWb ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows, uint64_t(a.k) * 2, kWsBN,
+                                    128, true)
+                     : kFp4  ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
                                       uint64_t(a.k / 2), kWsBN, kStageK / 2, false)
                      : kF16 ? make_map(&P.tb, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, w_rows,
                                        uint64_t(a.k), kWsBN, kStageK, false)
@@ -1358,7 +1372,8 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv>), smem, attr_set);
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb>), smem,
+          attr_set);
       e != cudaSuccess)
     return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
@@ -1366,7 +1381,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -1375,6 +1390,7 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
+    if (a.w_bf16) return cudaErrorInvalidValue;  // BF16 weights: dense only
     if (a.w_fp4 && a.x_bf16) return launch_ws<true, true, true, true, true, true>(a, stream);
     if (a.x_bf16) return launch_ws<true, true, true, false, true, true>(a, stream);
     if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
@@ -1383,6 +1399,7 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
     return launch_ws<true, true, true>(a, stream);
   }
   if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.w_bf16) return a.x_bf16 ? launch_ws<true, true, false, false, true, true, true>(a, stream) : cudaErrorInvalidValue;
   if (a.x_bf16) return launch_ws<true, true, false, false, true, true>(a, stream);
   if (a.x_f16) return launch_ws<true, true, false, false, true>(a, stream);  // kernel 6's schedule
   switch (a.variant) {

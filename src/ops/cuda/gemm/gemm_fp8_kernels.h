@@ -45,6 +45,8 @@ struct GemmFp8Args {
   // x_bf16: 0 sums all of k on the tensor core; 1 / 2 sum each 32-block / 64-k stage there and add
   // it to the FP32 accumulator (gemm_fp8.cu, kBv).
   int bf16_promote;
+  // x_bf16, not grouped: w holds [n, k] BF16 values (ws unused), loaded by the TMA as they are.
+  bool w_bf16;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
   // x_f16 / x_bf16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
