@@ -38,11 +38,12 @@ struct GemmFp8Params {
   // kernel 6's schedule whatever `kernel` says.
   bool x_f16 = false;
   // xq holds [m, k] BF16 values, the activations themselves (the dequantised e4m3 code · scale,
-  // exact in BF16: gemm_fp8_quantize_cuda with XqMode::kBf16Values; or BF16-valued activations
-  // that are not FP8-quantised, gemm_bf16_pack_cuda); xs is not read. The CUDA kernel expands W to
-  // BF16 with its block scale folded in (exact: e4m3 and e2m1 values times a power of two are BF16
-  // values) and sums the exact products over all of k in FP32 on BF16 tensor cores, with no
-  // per-block promotion: the same function, the products summed in another FP32 order.
+  // exact in BF16: gemm_fp8_quantize_cuda with bf16_values; or BF16-valued activations that are
+  // not FP8-quantised, gemm_bf16_pack_cuda); xs is not read. The CUDA kernel expands W to BF16
+  // with its block scale folded in (exact: e4m3 and e2m1 values times a power of two are BF16
+  // values), sums each 32-block's exact products on the BF16 tensor cores and adds the block sums
+  // in FP32 (no scale work): the same function, the products summed in another FP32 order, at
+  // the x_f16 mode's precision.
   bool x_bf16 = false;
   // x_bf16 only: w holds [n, k] BF16 bits (a matrix the checkpoint stores in BF16, e.g. the
   // compressor's and the indexer's projections in reference numerics), w_scale is not read: the
@@ -156,7 +157,7 @@ struct GemmFp8GroupedParams {
   // (kFp8 or kFp4) is expanded to f16 in shared memory.
   bool x_f16 = false;
   // xq holds [rows, k] BF16 values (GemmFp8Params::x_bf16; xs is not read): W (kFp8 or kFp4)
-  // expanded to BF16 with its scales folded in, the exact products summed over all of k in FP32.
+  // expanded to BF16 with its scales folded in, 32-block sums of the exact products added in FP32.
   bool x_bf16 = false;
 };
 

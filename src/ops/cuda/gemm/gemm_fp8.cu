@@ -682,9 +682,10 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 // only ~14 bits below the largest product; stages of 64 k. kConv = kFp4 || kF16: the converter
 // pipeline (raw W bytes by TMA, expanded by warps 1-3 of the producer warpgroup).
 // kBv (with kF16; GemmFp8Args::x_bf16): X arrives as BF16 values (no X scales), the converters
-// expand W into BF16 with its scale folded in, and each stage is four m64n128k16 BF16 wgmmas onto
-// one accumulator: no promotion; the stage's wgmmas stay in flight while the next stage's are
-// issued, and a slot is released once the wgmmas that read it have retired.
+// expand W into BF16 with its scale folded in, and each stage is four m64n128k16 BF16 wgmmas.
+// bf16_promote 1 / 2: each 32-block / stage summed from zero into a scratch accumulator and added
+// to acc in FP32 (no scale work); 0: all onto acc, the stage's wgmmas in flight while the next
+// stage's are issued, a slot released once the wgmmas that read it have retired.
 // kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix, brought by the TMA straight into the
 // swizzled W slot like X (no converter work: warps 1-3 leave).
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,

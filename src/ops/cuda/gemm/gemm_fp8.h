@@ -46,10 +46,11 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 // "Accuracy") become FP32-precision sums of the exact products, at half the tensor-core rate
 // (5-slot ring of 64-k stages). gemm_fp8_cuda takes the same mode (GemmFp8Params::x_f16) for
 // one FP8 matrix.
-// x_bf16 (GemmFp8Params::x_bf16, the serving path's prefill mode): X as BF16 values, W expanded
-// to BF16 with its scale folded in by the same converter warps, four BF16 wgmmas per 64-k stage
-// onto one FP32 accumulator (no promotion, the wgmmas of consecutive stages overlapped): the
-// exact products summed in FP32 over all of k, in the tensor core's order.
+// x_bf16 (GemmFp8Params::x_bf16; --prefill-gemm-operands bf16, and the BF16 matrices with
+// w_bf16): X as BF16 values, W expanded to BF16 with its scale folded in by the same converter
+// warps (w_bf16: loaded by the TMA as stored), two BF16 wgmmas per 32-block into a scratch
+// accumulator, added in FP32 (the tensor core's truncating sum over all of k drifted: mean 2e-6
+// · Σ|x·w| at k = 4-7k). Not faster than x_f16 when W is expanded here (bench --kernels gemm16).
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
 
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales

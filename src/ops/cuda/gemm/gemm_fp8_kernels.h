@@ -40,7 +40,7 @@ struct GemmFp8Args {
   // schedule (the variant is ignored).
   bool x_f16;
   // xq holds [m, k] BF16 values (GemmFp8Params::x_bf16; xs unused): W expanded to BF16 with its
-  // scales, four m64n128k16 BF16 wgmmas per 64-k stage onto one FP32 accumulator.
+  // scales, m64n128k16 BF16 wgmmas, partial sums added in FP32 per bf16_promote.
   bool x_bf16;
   // x_bf16: 0 sums all of k on the tensor core; 1 / 2 sum each 32-block / 64-k stage there and add
   // it to the FP32 accumulator (gemm_fp8.cu, kBv).
