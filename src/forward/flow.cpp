@@ -21,13 +21,17 @@ LinearCall lin(const Tensor& x, const Vec& w, int64_t rows, int64_t in, int64_t 
   return c;
 }
 
-// The LM head over rows of y, the norm's output (FP32 dots; BF16 values in reference numerics,
-// which lets a backend take exact BF16 products in another order: LinearCall::x_bf16).
+// c with LinearCall::x_bf16 = on: its x holds BF16 values (a norm's rounded output in reference
+// numerics), which lets a backend take the exact BF16 products in another order.
+LinearCall bf16_x(LinearCall c, bool on) {
+  c.x_bf16 = on;
+  return c;
+}
+
+// The LM head over rows of y, the norm's output (FP32 dots; BF16 values in reference numerics).
 LinearCall head_call(const Tensor& y, const Vec& head, int64_t rows, int64_t D, int64_t V, const Tensor& out,
                      bool bf16_y) {
-  LinearCall c = lin(y, head, rows, D, V, out, 0, false);
-  c.x_bf16 = bf16_y;
-  return c;
+  return bf16_x(lin(y, head, rows, D, V, out, 0, false), bf16_y);
 }
 }  // namespace
 
@@ -319,15 +323,10 @@ Status Forward::compress(int l, FwdChunk& ctx, const Tensor& a) {
   auto project = [&](const CompressorWeights& cw, int64_t width, const std::string& tag, Tensor& v,
                      Tensor& z) -> Status {
     FS_ASSIGN_OR_RETURN(v, scratch_f(tag + "_v", T, width));
-    // `a` holds BF16 values in reference numerics (the norm's rounded output): LinearCall::x_bf16.
-    LinearCall cv = lin(a, cw.wkv, T, D, width, v, 0, R() && v41 && ratio == 1);
-    cv.x_bf16 = R();
-    FS_RETURN_IF_ERROR(b_.linear(cv));
+    FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(a, cw.wkv, T, D, width, v, 0, R() && v41 && ratio == 1), R())));
     if (!b_.has(cw.wgate)) return {};
     FS_ASSIGN_OR_RETURN(z, scratch_f(tag + "_z", T, width));
-    LinearCall cz = lin(a, cw.wgate, T, D, width, z, 0, false);
-    cz.x_bf16 = R();
-    FS_RETURN_IF_ERROR(b_.linear(cz));
+    FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(a, cw.wgate, T, D, width, z, 0, false), R())));
     if (b_.has(cw.ape)) FS_RETURN_IF_ERROR(b_.add_ape(z, cw.ape, ctx.pos, T, width, ratio));
     return {};
   };
@@ -418,9 +417,7 @@ Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor
     }
     FS_RETURN_IF_ERROR(b_.quant_sim(iq, T * nI, dI, dI, 32, QuantSim::kFp4E8m0));
   }
-  LinearCall cw = lin(a, A.idx_weights_proj, T, D, nI, wts, 0, R());  // no FP8 input; BF16 values (R)
-  cw.x_bf16 = R();
-  FS_RETURN_IF_ERROR(b_.linear(cw));
+  FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(a, A.idx_weights_proj, T, D, nI, wts, 0, R()), R())));  // no FP8 input
   FS_RETURN_IF_ERROR(b_.scale(wts, T * nI, 1.0f / std::sqrt(float(dI)) / std::sqrt(float(nI)), R()));
   // This layer's lists for every row (later layers read them through their idx_src).
   FS_ASSIGN_OR_RETURN(Tensor out, b_.scratch("topk" + std::to_string(l), ElemType::kI32, T, K));
@@ -442,9 +439,7 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
   FS_ASSIGN_OR_RETURN(Tensor logits, scratch_f(tag + "logits", T, E));
   FS_ASSIGN_OR_RETURN(Tensor sel, b_.scratch(tag + "sel", ElemType::kI32, T, K));
   FS_ASSIGN_OR_RETURN(Tensor wt, scratch_f(tag + "wt", T, K));
-  LinearCall cg = lin(m, F.gate, T, D, E, logits, 0, false);  // FP32 router logits
-  cg.x_bf16 = R();  // m: the norm's BF16 output in reference numerics
-  FS_RETURN_IF_ERROR(b_.linear(cg));
+  FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R())));  // FP32 router logits
   FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
   if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
   // Routed experts: outputs per (row, slot), summed in slot order (ascending expert id).
