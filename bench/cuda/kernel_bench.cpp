@@ -318,6 +318,18 @@ Result<std::string> gemm_probe(const std::string& skip) {
   return md;
 }
 
+// A random FP8 weight [n, k] for the GEMM benchmarks: e4m3 codes without NaN (|v| <= 240) and
+// E8M0 scales 2^-7 .. 2^0 per 32 × 32 block.
+void random_fp8_weight(uint64_t& seed, int64_t n, int64_t k, std::vector<uint8_t>& w, std::vector<uint8_t>& ws) {
+  w.resize(size_t(n * k));
+  for (size_t i = 0; i < w.size(); i += 8) {
+    uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;
+    std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
+  }
+  ws.resize(size_t(n / 32 * (k / 32)));
+  for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+}
+
 Result<std::string> gemm_bench(const std::string& skip) {
   cudaDeviceProp prop{};
   FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
@@ -350,13 +362,8 @@ Result<std::string> gemm_bench(const std::string& skip) {
   md += "\n";
   for (const auto& s : shapes) {
     uint64_t seed = 0x1234 + uint64_t(s.n) * 31 + uint64_t(s.k);
-    std::vector<uint8_t> w(size_t(s.n * s.k));
-    for (size_t i = 0; i < w.size(); i += 8) {
-      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;  // no NaN codes, |v| <= 240
-      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
-    }
-    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
-    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+    std::vector<uint8_t> w, ws;
+    random_fp8_weight(seed, s.n, s.k, w, ws);
     std::vector<uint16_t> xb(size_t(s.m * s.k));
     for (auto& v : xb) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
     bench::Arena ar;
@@ -405,8 +412,7 @@ Result<std::string> gemm_bench(const std::string& skip) {
 }
 
 // The prefill GEMM's operand modes (GemmFp8Params::x_f16 / x_bf16) against kernel 6's e4m3 mode
-// on the serving path's shapes, TFLOP/s: the BF16 mode with each promotion granularity, and two
-// timing diagnostics (wrong results, cost split only): without the FP32 promotion (skip_promote
+// on the serving path's shapes, TFLOP/s, and two timing diagnostics (wrong results, cost split only): without the FP32 promotion (skip_promote
 // 1) and without the converter warps' expansion of W (skip_promote 2).
 Result<std::string> gemm16_bench() {
   cudaDeviceProp prop{};
@@ -424,13 +430,10 @@ Result<std::string> gemm16_bench() {
     const char* name;
     int mode;  // 0 e4m3, 1 f16, 2 bf16
     int skip;
-    int promote;  // bf16: GemmFp8Args::bf16_promote
   };
-  const Col cols[] = {{"e4m3 (k6)", 0, 0, 0},         {"f16", 1, 0, 0},
-                      {"f16 no-promote", 1, 1, 0},    {"f16 no-convert", 1, 2, 0},
-                      {"f16 neither", 1, 3, 0},       {"bf16 promote/32", 2, 0, 1},
-                      {"bf16 promote/64", 2, 0, 2},   {"bf16 one sum", 2, 0, 0},
-                      {"bf16 promote/32 no-convert", 2, 2, 1}};
+  const Col cols[] = {{"e4m3 (k6)", 0, 0},      {"f16", 1, 0},          {"f16 no-promote", 1, 1},
+                      {"f16 no-convert", 1, 2}, {"f16 neither", 1, 3},  {"bf16", 2, 0},
+                      {"bf16 no-convert", 2, 2}};
   std::string md = fmt::format("\n### Prefill GEMM operand modes, TFLOP/s ({}, {} SMs)\n\n| shape | m | n | k |",
                                prop.name, prop.multiProcessorCount);
   for (const auto& c : cols) md += fmt::format(" {} |", c.name);
@@ -439,13 +442,8 @@ Result<std::string> gemm16_bench() {
   md += "\n";
   for (const auto& s : shapes) {
     uint64_t seed = 0x4321 + uint64_t(s.n) * 31 + uint64_t(s.k);
-    std::vector<uint8_t> w(size_t(s.n * s.k));
-    for (size_t i = 0; i < w.size(); i += 8) {
-      uint64_t r = splitmix(seed) & 0x7e7e7e7e7e7e7e7eull;
-      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
-    }
-    std::vector<uint8_t> ws(size_t(s.n / 32 * (s.k / 32)));
-    for (auto& v : ws) v = uint8_t(120 + splitmix(seed) % 8);
+    std::vector<uint8_t> w, ws;
+    random_fp8_weight(seed, s.n, s.k, w, ws);
     std::vector<float> x(size_t(s.m * s.k));
     for (auto& v : x) v = float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f;
     bench::Arena ar;
@@ -470,7 +468,7 @@ Result<std::string> gemm16_bench() {
       detail::GemmFp8Args a{};
       a.xq = c.mode == 0 ? dq8 : c.mode == 1 ? dq16 : dqb, a.xs = dxs, a.w = dw, a.ws = dws, a.y = dy;
       a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.variant = 6;
-      a.x_f16 = c.mode == 1, a.x_bf16 = c.mode == 2, a.bf16_promote = c.promote;
+      a.x_f16 = c.mode == 1, a.x_bf16 = c.mode == 2;
       a.skip_promote = c.skip;  // bit 0: no promotion, bit 1: no expansion
       auto launch = [&] { return detail::launch_gemm_fp8(a, nullptr); };
       FS_CUDA_RETURN_IF_ERROR(launch());

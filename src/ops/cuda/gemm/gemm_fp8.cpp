@@ -16,11 +16,6 @@ namespace {
 // same without persistence) ties it at m = 128.
 int default_kernel(int64_t /*m*/) { return 6; }
 
-// x_bf16: each 32-block summed on the tensor core from zero and added to the FP32 accumulator
-// (GemmFp8Args::bf16_promote 1), so that its truncating accumulation spans 32 products, as in the
-// x_f16 mode, rather than all of k.
-constexpr int kBf16Promote = 1;
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The wgmma kernel exists only for compute capability 9.0 (built for sm_90a).
@@ -78,7 +73,7 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream) {
   a.xq = xq, a.xs = xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.m), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
-  a.bf16_promote = kBf16Promote, a.w_bf16 = p.w_bf16;
+  a.w_bf16 = p.w_bf16;
   a.ldx = int(p.x_stride), a.ldy = int(p.y_stride);
   a.variant = p.kernel == 0 || p.x_f16 || p.x_bf16 ? default_kernel(p.m) : p.kernel;
   a.desc_swap = 0, a.skip_promote = 0;
@@ -117,7 +112,6 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
   a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
-  a.bf16_promote = kBf16Promote;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

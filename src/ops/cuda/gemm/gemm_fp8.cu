@@ -416,27 +416,21 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
     const float s = dev_fp8_block_scale(dev_fp8_block_amax(v, act_block));
     const uint2 codes = dev_fp8_pack8(v, 1.0f / s);  // exact: s is a power of two
     if (live) {
-      if (bf16_values) {
-        // Each code's value times s as BF16 (exact: at most 4 significant bits).
+      if (f16_codes || bf16_values) {
+        // The codes' values as f16 pairs (exact); bf16_values: times s as BF16 (exact: at most 4
+        // significant bits times a power of two).
         const uint32_t w[2] = {codes.x, codes.y};
         uint32_t h[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
-              __nv_fp8x2_storage_t((w[i >> 1] >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
-          const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
-          h[i] = *reinterpret_cast<const uint32_t*>(&b);
-        }
-        *reinterpret_cast<uint4*>(xq + t * 16) = make_uint4(h[0], h[1], h[2], h[3]);
-      } else if (f16_codes) {
-        const uint32_t w[2] = {codes.x, codes.y};
-        uint32_t h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
-              __nv_fp8x2_storage_t((w[i >> 1] >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
+          __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i >> 1] >> (16 * (i & 1))) & 0xffffu),
+                                                    __NV_E4M3);
           h[i] = uint32_t(r.x) | (uint32_t(r.y) << 16);
+          if (bf16_values) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+            const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
+            h[i] = *reinterpret_cast<const uint32_t*>(&b);
+          }
         }
         *reinterpret_cast<uint4*>(xq + t * 16) = make_uint4(h[0], h[1], h[2], h[3]);
       } else {
@@ -572,48 +566,31 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 v) {
   return make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y),
                     e4m3x2_to_f16x2(v.y >> 16));
 }
-// D (+)= A · B: one m64n128k16 f16 wgmma (FP32 accumulation), A and B from shared memory, both
-// k-major; scale-d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+// D (+)= A · B: one m64n128k16 wgmma of 16-bit operands (f16 or BF16; FP32 accumulation), A and
+// B from shared memory, both k-major; scale-d = 0 overwrites D.
 #define FS_R8(i)                                                                              \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
-      : "l"(da), "l"(db), "r"(scale_d));
+#define FS_WGMMA_M64N128K16(NAME, TYPE)                                                             \
+  __device__ __forceinline__ void NAME(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {    \
+    asm volatile(                                                                                  \
+        "{\n"                                                                                      \
+        ".reg .pred p;\n"                                                                          \
+        "setp.ne.b32 p, %66, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                            \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                  \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "         \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "         \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "        \
+        "%64, %65, p, 1, 1, 0, 0;\n"                                                               \
+        "}\n"                                                                                      \
+        : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)    \
+        : "l"(da), "l"(db), "r"(scale_d));                                                         \
+  }
+FS_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16")
+FS_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16")
+#undef FS_WGMMA_M64N128K16
 #undef FS_R8
-}
-// D (+)= A · B: one m64n128k16 BF16 wgmma (FP32 accumulation), A and B from shared memory,
-// k-major; scale-d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t da, uint64_t db, int scale_d = 1) {
-#define FS_R8(i)                                                                              \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56)
-      : "l"(da), "l"(db), "r"(scale_d));
-#undef FS_R8
-}
 // BF16 expansion with the weight's scale folded in (x_bf16). The codes' bits are first placed in
 // BF16 fields, which gives each value times a fixed power of two (2^-120 for e4m3, 2^-126 for
 // e2m1, subnormal codes included: the code's exponent field lands in the low bits of BF16's, its
@@ -624,14 +601,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-struct ChunkU2S {  // a converter chunk's raw codes and its scale
-  uint2 v;
-  float sc;
-};
-struct ChunkU1S {
-  uint32_t v;
-  float sc;
-};
 struct Bf16Scale {
   uint32_t m1, m2;  // multipliers (BF16 pairs); m2 only when two
   bool two;
@@ -682,10 +651,9 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 // only ~14 bits below the largest product; stages of 64 k. kConv = kFp4 || kF16: the converter
 // pipeline (raw W bytes by TMA, expanded by warps 1-3 of the producer warpgroup).
 // kBv (with kF16; GemmFp8Args::x_bf16): X arrives as BF16 values (no X scales), the converters
-// expand W into BF16 with its scale folded in, and each stage is four m64n128k16 BF16 wgmmas.
-// bf16_promote 1 / 2: each 32-block / stage summed from zero into a scratch accumulator and added
-// to acc in FP32 (no scale work); 0: all onto acc, the stage's wgmmas in flight while the next
-// stage's are issued, a slot released once the wgmmas that read it have retired.
+// expand W into BF16 with its scale folded in, and each 32-block is two m64n128k16 BF16 wgmmas
+// into a scratch accumulator, added to acc in FP32 (no scale work): the tensor core's truncating
+// sum spans 32 products, as in the f16 mode (summed over all of k it drifted: bench/RESULTS.md).
 // kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix, brought by the TMA straight into the
 // swizzled W slot like X (no converter work: warps 1-3 leave).
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
@@ -882,56 +850,37 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           uint8_t* dst = sb + slot * kWsBBytes;
           // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,
           // in 32-block (j%8)/4), stored at row·128 + ((j%8) ^ (row%8))·16 (the TMA's 128-byte
-          // swizzle), from raw bytes row·64 + 8·(j%8) (e4m3) or row·32 + 4·(j%8) (e2m1). The
-          // 96 threads take chunks ct, ct + 96, ... kBatch at a time (the loads of a batch
-          // first). The expansion bounds the x_f16 / x_bf16 GEMMs (bench --kernels gemm16);
-          // batches of 4 made them slower than one chunk at a time (bench/RESULTS.md).
-          auto for_chunks = [&](auto&& load, auto&& conv) {
-            constexpr int kStride = 32 * kWs4ConvWarps, kChunks = kWsBN * 8, kBatch = 1;
+          // swizzle), from raw bytes row·64 + 8·(j%8) (e4m3; the e4m3 ring's e2m1: 16 codes) or
+          // row·32 + 4·(j%8) (e2m1); the 96 threads take chunks ct, ct + 96, ...
+          auto for_chunks = [&](auto&& expand) {  // expand(row, chunk) → the 16 output bytes
 #pragma unroll 1
-            for (int j0 = ct; j0 < kChunks; j0 += kBatch * kStride) {
-              decltype(load(0)) v[kBatch];
-#pragma unroll
-              for (int u = 0; u < kBatch; ++u)
-                if (j0 + u * kStride < kChunks) v[u] = load(j0 + u * kStride);
-#pragma unroll
-              for (int u = 0; u < kBatch; ++u) {
-                const int j = j0 + u * kStride;
-                if (j < kChunks) {
-                  const int r = j >> 3, c = j & 7;
-                  *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = conv(v[u]);
-                }
-              }
+            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
+              const int r = j >> 3, c = j & 7;
+              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = expand(r, c);
             }
           };
           if (a.skip_promote & 2) {
             // Timing diagnostic only (wrong results): no expansion.
           } else if constexpr (kBv && kFp4) {
-            for_chunks([&](int j) { return ChunkU1S{*reinterpret_cast<const uint32_t*>(raw + (j >> 3) * 32 + (j & 7) * 4),
-                                                    sw[((j & 7) >> 2) * kWsBN + (j >> 3)]}; },
-                       [&](const ChunkU1S& l) { return e2m1x8_to_bf16(l.v, bf16_scale(l.sc, 0x1p126f)); });
+            for_chunks([&](int r, int c) {
+              return e2m1x8_to_bf16(*reinterpret_cast<const uint32_t*>(raw + r * 32 + c * 4),
+                                    bf16_scale(sw[(c >> 2) * kWsBN + r], 0x1p126f));
+            });
           } else if constexpr (kBv) {
-            for_chunks([&](int j) { return ChunkU2S{*reinterpret_cast<const uint2*>(raw + (j >> 3) * 64 + (j & 7) * 8),
-                                                    sw[((j & 7) >> 2) * kWsBN + (j >> 3)]}; },
-                       [&](const ChunkU2S& l) { return e4m3x8_to_bf16(l.v, bf16_scale(l.sc, 0x1p120f)); });
-          } else if constexpr (kF16 && !kFp4) {
-            // e4m3 → f16, hardware conversion, exact.
-            for_chunks([&](int j) { return *reinterpret_cast<const uint2*>(raw + (j >> 3) * 64 + (j & 7) * 8); },
-                       [&](const uint2& v) { return e4m3x8_to_f16(v); });
+            for_chunks([&](int r, int c) {
+              return e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(raw + r * 64 + c * 8),
+                                    bf16_scale(sw[(c >> 2) * kWsBN + r], 0x1p120f));
+            });
+          } else if constexpr (kF16 && !kFp4) {  // e4m3 → f16, hardware conversion, exact
+            for_chunks([&](int r, int c) { return e4m3x8_to_f16(*reinterpret_cast<const uint2*>(raw + r * 64 + c * 8)); });
           } else if constexpr (kF16) {
-            for_chunks([&](int j) { return *reinterpret_cast<const uint32_t*>(raw + (j >> 3) * 32 + (j & 7) * 4); },
-                       [&](const uint32_t& v) { return e2m1x8_to_f16(v); });
-          } else {
-            // e2m1 → e4m3 (the e4m3 ring, 128-k stages): 8 raw bytes (16 codes) per 16-byte chunk.
-#pragma unroll 1
-            for (int j = ct; j < kWsBN * 8; j += 32 * kWs4ConvWarps) {
-              const int r = j >> 3, c = j & 7;
+            for_chunks([&](int r, int c) { return e2m1x8_to_f16(*reinterpret_cast<const uint32_t*>(raw + r * 32 + c * 4)); });
+          } else {  // e2m1 → e4m3 (the e4m3 ring, 128-k stages)
+            for_chunks([&](int r, int c) {
               const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
-              uint4 o;
-              o.x = e2m1x4_to_e4m3(v.x), o.y = e2m1x4_to_e4m3(v.x >> 16);
-              o.z = e2m1x4_to_e4m3(v.y), o.w = e2m1x4_to_e4m3(v.y >> 16);
-              *reinterpret_cast<uint4*>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = o;
-            }
+              return make_uint4(e2m1x4_to_e4m3(v.x), e2m1x4_to_e4m3(v.x >> 16), e2m1x4_to_e4m3(v.y),
+                                e2m1x4_to_e4m3(v.y >> 16));
+            });
           }
           if constexpr (!kBv) {
 #pragma unroll
@@ -995,15 +944,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes + i * 32), 16u, 1024u, 1u);
     wgmma_m64n128k32(d, da, db);
   };
-  // kF16: 32-block i of the stage = f16 k-steps 2i and 2i+1 (32 bytes each along the 128-byte
-  // swizzled row), the second accumulating onto the first.
+  // kF16: 32-block i of the stage = 16-bit k-steps 2i and 2i+1 (32 bytes each along the 128-byte
+  // swizzled row; f16, or BF16 with kBv), the second accumulating onto the first.
   auto issue_f16 = [&](int slot, int i, float(&d)[64]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t ko = uint32_t((2 * i + h) * 32);
       const uint64_t da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
       const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
-      wgmma_m64n128k16_f16(d, da, db, h);
+      if constexpr (kBv) wgmma_m64n128k16_bf16(d, da, db, h);
+      else wgmma_m64n128k16_f16(d, da, db, h);
     }
   };
   // acc += P · (sx · sw) for 32-block i of the stage in `slot`; sx0 / sx1: this thread's rows.
@@ -1058,87 +1008,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
     // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
-    if constexpr (kBv) {
-     auto bdesc = [&](int slot, int q, uint64_t& da, uint64_t& db) {
-        const uint32_t ko = uint32_t(q * 32);
-        da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
-        db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
-      };
-     if (a.bf16_promote != 0) {
-      // Promoted: each 32-block (bf16_promote 1: two wgmmas into t0 / t1, the second block's in
-      // flight while the first is added) or each 64-k stage (2: four wgmmas into t0) summed by
-      // the tensor core from zero, then added to acc in FP32 (round to nearest): the tensor
-      // core's truncating accumulation spans 32 or 64 products, not all of k.
-#pragma unroll 1
-      for (int s = 0; s < nst; ++s, ++it) {
-        const int slot = it % S;
-        mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
-        if (idle) {
-          release(slot);
-          continue;
-        }
-        uint64_t da, db;
-        if (a.bf16_promote == 1) {
-          fence_regs(t0);
-          fence_regs(t1);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < 2; ++q) bdesc(slot, q, da, db), wgmma_m64n128k16_bf16(t0, da, db, q);
-          wgmma_commit();
-#pragma unroll
-          for (int q = 0; q < 2; ++q) bdesc(slot, 2 + q, da, db), wgmma_m64n128k16_bf16(t1, da, db, q);
-          wgmma_commit();
-          wgmma_wait<1>();
-          fence_regs(t0);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc[i] += t0[i];
-          wgmma_wait<0>();
-          fence_regs(t1);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc[i] += t1[i];
-        } else {
-          fence_regs(t0);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < 4; ++q) bdesc(slot, q, da, db), wgmma_m64n128k16_bf16(t0, da, db, q);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(t0);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc[i] += t0[i];
-        }
-        release(slot);
-      }
-     } else {
-      // One accumulator over all of k: stage s's four wgmmas are issued, then the wait for all
-      // but the newest group retires stage s-1's, whose slot is released.
-      int prev = -1;
-#pragma unroll 1
-      for (int s = 0; s < nst; ++s, ++it) {
-        const int slot = it % S;
-        mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
-        if (idle) {
-          release(slot);
-          continue;
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t ko = uint32_t(q * 32);
-          const uint64_t da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
-          const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
-          wgmma_m64n128k16_bf16(acc, da, db);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (prev >= 0) release(prev);
-        prev = slot;
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (prev >= 0) release(prev);
-     }
-    } else {
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
@@ -1147,10 +1016,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         release(slot);
         continue;
       }
-      float4 x0, x1;
-      load_sx(slot, x0, x1);
+      float4 x0{}, x1{};
+      if constexpr (!kBv) load_sx(slot, x0, x1);
       if constexpr (kF16) {
-        // Two 32-blocks per stage: both issued, the first promoted while the second runs.
+        // Two 32-blocks per stage: both issued, the first promoted while the second runs. kBv:
+        // the scales are folded into the operands, so a block's sum is added as it is.
         fence_regs(t0);
         fence_regs(t1);
         wgmma_fence();
@@ -1160,11 +1030,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(t0);
-        const bool odd = (s & 1) != 0;  // the box starts at the 4-aligned column (s/2)·4
-        promote(t0, slot, 0, odd ? x0.z : x0.x, odd ? x1.z : x1.x);
+        [[maybe_unused]] const bool odd = (s & 1) != 0;  // the box starts at the 4-aligned column (s/2)·4
+        if constexpr (kBv) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += t0[i];
+        } else {
+          promote(t0, slot, 0, odd ? x0.z : x0.x, odd ? x1.z : x1.x);
+        }
         wgmma_wait<0>();
         fence_regs(t1);
-        promote(t1, slot, 1, odd ? x0.w : x0.y, odd ? x1.w : x1.y);
+        if constexpr (kBv) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += t1[i];
+        } else {
+          promote(t1, slot, 1, odd ? x0.w : x0.y, odd ? x1.w : x1.y);
+        }
       } else if constexpr (kPipe2) {
         // Blocks 0 and 1 issued; then each wait<1> retires the older block, which is promoted
         // while the next one runs; the stage's last block is promoted after wait<0> (keeping
@@ -1222,7 +1102,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       release(slot);
     }
-    }  // !kBv
 
     // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
     const int r0 = m0 + lr0, r1 = r0 + 8, q = lane & 3;

@@ -40,11 +40,8 @@ struct GemmFp8Args {
   // schedule (the variant is ignored).
   bool x_f16;
   // xq holds [m, k] BF16 values (GemmFp8Params::x_bf16; xs unused): W expanded to BF16 with its
-  // scales, m64n128k16 BF16 wgmmas, partial sums added in FP32 per bf16_promote.
+  // scales, each 32-block's sum (two m64n128k16 BF16 wgmmas) added in FP32.
   bool x_bf16;
-  // x_bf16: 0 sums all of k on the tensor core; 1 / 2 sum each 32-block / 64-k stage there and add
-  // it to the FP32 accumulator (gemm_fp8.cu, kBv).
-  int bf16_promote;
   // x_bf16, not grouped: w holds [n, k] BF16 values (ws unused), loaded by the TMA as they are.
   bool w_bf16;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
