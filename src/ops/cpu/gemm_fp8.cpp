@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/thread_pool.h"
 #include "ops/linear.h"
 #include "ops/quant.h"
 
@@ -33,26 +34,30 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
   } else {
     for (size_t i = 0; i < mk; ++i) xq[i] = e4m3_to_f32(p.xq[i]) * p.xs[i / 32];
   }
-  std::vector<float> wrow(static_cast<size_t>(p.k));
   const int64_t kbw = p.k / p.w_block;
-  for (int64_t r = 0; r < p.n; ++r) {
-    if (p.w_bf16) {
-      const auto* w16 = reinterpret_cast<const uint16_t*>(p.w) + r * p.k;
-      for (int64_t i = 0; i < p.k; ++i) wrow[size_t(i)] = bf16_to_f32(w16[i]);
-    } else {
-      const uint8_t* s = p.w_scale + (r / p.w_block) * kbw;
-      for (int64_t i = 0; i < p.k; ++i)
-        wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+  // Output columns in parallel (each output is one dot of its own, so the thread count changes
+  // no bit): the GPU tests' twins at prefill shapes would otherwise take minutes of device time.
+  ThreadPool::global().parallel_for(p.n, [&](int64_t r0, int64_t r1) {
+    std::vector<float> wrow(static_cast<size_t>(p.k));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (p.w_bf16) {
+        const auto* w16 = reinterpret_cast<const uint16_t*>(p.w) + r * p.k;
+        for (int64_t i = 0; i < p.k; ++i) wrow[size_t(i)] = bf16_to_f32(w16[i]);
+      } else {
+        const uint8_t* s = p.w_scale + (r / p.w_block) * kbw;
+        for (int64_t i = 0; i < p.k; ++i)
+          wrow[size_t(i)] = e4m3_to_f32(p.w[r * p.k + i]) * e8m0_to_f32(s[i / p.w_block]);
+      }
+      for (int64_t t = 0; t < p.m; ++t) {
+        const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+        const int64_t ldy = p.y_stride ? p.y_stride : p.n;
+        if (p.bf16_out)
+          static_cast<uint16_t*>(p.y)[t * ldy + r] = f32_to_bf16(v);
+        else
+          static_cast<float*>(p.y)[t * ldy + r] = p.bf16_round_out ? round_bf16(v) : v;
+      }
     }
-    for (int64_t t = 0; t < p.m; ++t) {
-      const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
-      const int64_t ldy = p.y_stride ? p.y_stride : p.n;
-      if (p.bf16_out)
-        static_cast<uint16_t*>(p.y)[t * ldy + r] = f32_to_bf16(v);
-      else
-        static_cast<float*>(p.y)[t * ldy + r] = p.bf16_round_out ? round_bf16(v) : v;
-    }
-  }
+  });
   return {};
 }
 
