@@ -23,8 +23,7 @@ using json = nlohmann::json;
 
 // Bytes the allocator has handed out and not yet got back (all arenas, mmapped blocks included).
 // A leak shows here; the resident set size does not tell it apart from glibc keeping freed
-// memory in per-thread arenas and from fragmentation, which depend on how requests interleave
-// (it varied by 100+ MiB between identical runs).
+// memory in per-thread arenas and from fragmentation, which depend on how requests interleave.
 int64_t heap_in_use_kib() {
   const struct mallinfo2 m = mallinfo2();
   return static_cast<int64_t>((m.uordblks + m.hblkhd) / 1024);

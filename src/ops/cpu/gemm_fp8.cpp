@@ -36,7 +36,7 @@ Status gemm_fp8_ref(const GemmFp8Params& p) {
   }
   const int64_t kbw = p.k / p.w_block;
   // Output columns in parallel (each output is one dot of its own, so the thread count changes
-  // no bit): the GPU tests' twins at prefill shapes would otherwise take minutes of device time.
+  // no bit): the GPU tests check prefill-sized shapes against this twin.
   ThreadPool::global().parallel_for(p.n, [&](int64_t r0, int64_t r1) {
     std::vector<float> wrow(static_cast<size_t>(p.k));
     for (int64_t r = r0; r < r1; ++r) {

@@ -652,8 +652,8 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 // pipeline (raw W bytes by TMA, expanded by warps 1-3 of the producer warpgroup).
 // kBv (with kF16; GemmFp8Args::x_bf16): X arrives as BF16 values (no X scales), the converters
 // expand W into BF16 with its scale folded in, and each 32-block is two m64n128k16 BF16 wgmmas
-// into a scratch accumulator, added to acc in FP32 (no scale work): the tensor core's truncating
-// sum spans 32 products, as in the f16 mode (summed over all of k it drifted: bench/RESULTS.md).
+// into a scratch accumulator, added to acc in FP32 (no scale work), so that the tensor core's
+// truncating sum spans 32 products, as in the f16 mode, rather than all of k.
 // kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix, brought by the TMA straight into the
 // swizzled W slot like X (no converter work: warps 1-3 leave).
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,

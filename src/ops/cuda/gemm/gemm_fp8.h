@@ -49,8 +49,8 @@ Status gemm_fp8_cuda(const GemmFp8Params& p, cudaStream_t stream);
 // x_bf16 (GemmFp8Params::x_bf16; --prefill-gemm-operands bf16, and the BF16 matrices with
 // w_bf16): X as BF16 values, W expanded to BF16 with its scale folded in by the same converter
 // warps (w_bf16: loaded by the TMA as stored), two BF16 wgmmas per 32-block into a scratch
-// accumulator, added in FP32 (the tensor core's truncating sum over all of k drifted: mean 2e-6
-// · Σ|x·w| at k = 4-7k). Not faster than x_f16 when W is expanded here (bench --kernels gemm16).
+// accumulator, added in FP32, so that the tensor core's truncating sum spans 32 products, not all
+// of k.
 Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream);
 
 // X [m, k] (FP32 or BF16) → xq [m, k] e4m3 codes and xs [m, k/32] FP32 power-of-two scales
