@@ -39,8 +39,10 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
                   "GPU backend: the operands of the FP8/FP4 prefill GEMMs: f16 (f16 codes, each 32-block's sum "
                   "promoted with its scales) | bf16 (activations and weights as BF16 values, scales folded in, each "
-                  "32-block's sum added in FP32); the same precision, both within the parity bound")
-      ->check(CLI::IsMember({"f16", "bf16"}))
+                  "32-block's sum added in FP32) | bf16-expanded (bf16 with each weight matrix expanded to BF16 once "
+                  "per GEMM into scratch that the memory plan counts, instead of per tile inside it: the same "
+                  "bits as bf16); the same precision, all within the parity bound")
+      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
@@ -102,6 +104,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
+  g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.tensor_core_linears = o.bf16_linears == "tensor";

@@ -25,7 +25,8 @@ struct BackendOpts {
   // (128 rows) per sequence: prefill chunks take the GEMMs, decode and verify rows the GEMVs.
   int64_t moe_gemm_min_tokens = 128;
   int64_t dense_gemm_min_tokens = 128;
-  std::string prefill_gemm_operands = "f16";  // f16 | bf16 (GpuLoadOptions::prefill_gemm_bf16)
+  // f16 | bf16 | bf16-expanded (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
+  std::string prefill_gemm_operands = "bf16-expanded";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that

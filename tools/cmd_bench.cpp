@@ -45,7 +45,8 @@ struct ModelBenchOpts {
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
-  std::string prefill_gemm_operands = "f16";  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16)
+  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
+  std::string prefill_gemm_operands = "bf16-expanded";
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -71,6 +72,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
+  lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -154,6 +156,10 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
               o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
               med > 0 ? o.batch * o.step_tokens / med : 0.0);
   std::printf("logits checksum (prefill rows): %.9g\n", checksum);
+  if (auto st = forward::gpu_graph_stats(m); st.ok())
+    std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions\n",
+                static_cast<long long>(st->dense_gemm_linears), static_cast<long long>(st->moe_gemm_layers),
+                static_cast<long long>(st->weight_expansions));
   // The HBM floor of a step: the weight bytes it must read (every matrix but the embedding table
   // and the Engram tables, of which it reads a row each; the routed experts by the distinct
   // experts its tokens touch, in expectation under uniform top-k routing), over the device's
@@ -241,8 +247,8 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
-                  "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16, as run / serve")
-      ->check(CLI::IsMember({"f16", "bf16"}))
+                  "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")
+      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

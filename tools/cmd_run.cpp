@@ -146,7 +146,8 @@ int run(const RunOpts& o) {
   // The plan is checked before anything big is allocated (dummy weights included).
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, 1, o.max_context,
                                         *gpu_weights == forward::GpuWeights::kNative,
-                                        engram_on_device(o.backend), numerics, budget->max_step_tokens);
+                                        engram_on_device(o.backend), numerics, budget->max_step_tokens,
+                                        load_opts.prefill_gemm_expand_w);
       !st.ok())
     return fail(st.message());
   if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) return fail(st.message());

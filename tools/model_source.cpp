@@ -150,7 +150,8 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o) {
 
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,
-                             bool engram_on_device, forward::Numerics numerics, int64_t step_tokens) {
+                             bool engram_on_device, forward::Numerics numerics, int64_t step_tokens,
+                             bool prefill_weight_expansion) {
   const model::ModelConfig& c = src.config;
   const int64_t context = max_context > 0 ? max_context : c.max_position_embeddings;
   forward::SnapshotGeometry g;
@@ -173,6 +174,7 @@ Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, con
   for (char ch : gpus) po.tensor_parallel += ch == ',' ? 1 : 0;
   po.native_weights = po.gpu && native_weights;
   po.engram_on_device = po.gpu && engram_on_device;
+  po.prefill_weight_expansion = po.gpu && prefill_weight_expansion;
   if (src.dummy) po.resident_checkpoint_bytes = model::count_from_config(c).total.bytes;
   uint64_t available = o.memory_limit;
   if (available == 0) {

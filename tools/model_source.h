@@ -68,10 +68,13 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o);
 // `native_weights` (--gpu-weights native): one GPU keeps every matrix as stored, as the CUDA
 // backend's loader does; `engram_on_device` (--engram-tables device): the Engram tables count
 // against every GPU's memory instead of host memory; `numerics` sets the GPU caches' row formats;
-// `step_tokens` is the engine's step budget (--max-step-tokens), which sizes the step's workspace.
+// `step_tokens` is the engine's step budget (--max-step-tokens), which sizes the step's workspace;
+// `prefill_weight_expansion` (--prefill-gemm-operands bf16-expanded) adds the GEMMs' BF16 weight
+// scratch to it.
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,
                              bool engram_on_device = false,
-                             forward::Numerics numerics = forward::Numerics::kReference, int64_t step_tokens = 256);
+                             forward::Numerics numerics = forward::Numerics::kReference, int64_t step_tokens = 256,
+                             bool prefill_weight_expansion = false);
 
 }  // namespace flashseek::tools

@@ -112,6 +112,33 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
     if (opt.gpu) p.workspace += std::min<uint64_t>(uint64_t(kGpuIndexEntryBytes) * entries, uint64_t(kGpuIndexScratchBytes));
     if (cfg.candidate_source_layer >= 0) p.workspace += entries;
   }
+  if (opt.gpu && opt.prefill_weight_expansion) {
+    // BF16 values of the largest FP8 matrix a dense prefill GEMM expands, and of one chunk of
+    // routed-expert matrices (whole matrices, at most kMoeExpandChunkBytes, at least one; at most
+    // this rank's experts).
+    uint64_t dense = 0, experts = 0;
+    const int64_t rank_experts = std::max<int64_t>(1, cfg.n_routed_experts / world);
+    for (const model::WeightSpec& w : model::expected_weights(cfg)) {
+      if (w.optional || w.component == Component::kVision || w.shape.size() != 2) continue;
+      if (!has_draft && (w.component == Component::kDraftDense || w.component == Component::kDraftExperts)) continue;
+      const bool routed = w.kind == model::WeightKind::kExpert && w.name.find(".ffn.experts.") != std::string::npos;
+      if (!routed) {  // the dense GEMMs expand the FP8 linears
+        if (w.kind != model::WeightKind::kLinear) continue;
+        const std::vector<model::StoredTensor> st = model::release_tensors(w, cfg);
+        if (st.empty() || st[0].dtype != DType::kF8E4M3) continue;
+      }
+      const uint64_t values = uint64_t(shape_numel(w.shape));
+      if (routed) {
+        const uint64_t bytes = 2 * values;
+        const uint64_t per_chunk = std::max<uint64_t>(1, uint64_t(kMoeExpandChunkBytes) / bytes);
+        experts = std::max(experts, bytes * std::min(per_chunk, uint64_t(rank_experts)));
+      } else {
+        const auto [num, den] = rank0_share(w.name, cfg, world);
+        dense = std::max(dense, 2 * values * uint64_t(num) / uint64_t(den));
+      }
+    }
+    p.workspace += dense + experts;
+  }
   p.total = p.weights + p.workspace + uint64_t(std::max<int64_t>(p.max_batch, 0)) * p.state.total();
   return p;
 }

@@ -18,6 +18,10 @@ namespace flashseek::forward {
 inline constexpr int64_t kGpuIndexEntryBytes = 9;
 inline constexpr int64_t kGpuIndexScratchBytes = int64_t(2) << 30;
 
+// The BF16 scratch of a prefill GEMM's weight expansion (GpuLoadOptions::prefill_gemm_expand_w):
+// the routed experts are expanded in chunks of whole matrices of at most this many bytes.
+inline constexpr int64_t kMoeExpandChunkBytes = int64_t(1) << 30;
+
 struct MemoryPlanOptions {
   int64_t max_batch = 1;       // concurrent sequences
   int64_t max_context = 0;     // tokens per sequence (0: the config's max_position_embeddings)
@@ -36,6 +40,10 @@ struct MemoryPlanOptions {
   bool engram_on_device = false;
   // GPU: the caches are stored in the row formats of these numerics (forward/cache_format.h).
   Numerics numerics = Numerics::kReference;
+  // GPU (--prefill-gemm-operands bf16-expanded): the prefill GEMMs expand their weights to BF16
+  // in scratch; the workspace counts the largest FP8 matrix (this rank's share) plus one chunk of
+  // routed-expert matrices (kMoeExpandChunkBytes), both as BF16.
+  bool prefill_weight_expansion = false;
 };
 
 struct MemoryPlan {

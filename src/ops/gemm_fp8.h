@@ -159,12 +159,18 @@ struct GemmFp8GroupedParams {
   // xq holds [rows, k] BF16 values (GemmFp8Params::x_bf16; xs is not read): W (kFp8 or kFp4)
   // expanded to BF16 with its scales folded in, 32-block sums of the exact products added in FP32.
   bool x_bf16 = false;
+  // x_bf16 only: w holds [groups, n, k] BF16 bits (w_format and w_scale are not read; e.g. the
+  // experts expanded once by gemm_expand_bf16), loaded as they are: the x_bf16 mode's numbers
+  // without the per-tile expansion.
+  bool w_bf16 = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
-  if (!p.xq || (!p.xs && !p.x_bf16) || !p.w || !p.w_scale || !p.row_start || !p.y)
-    return invalid_argument("gemm_fp8_grouped: xq, xs (but with x_bf16), w, w_scale, row_start and y must be set");
+  if (!p.xq || (!p.xs && !p.x_bf16) || !p.w || (!p.w_scale && !p.w_bf16) || !p.row_start || !p.y)
+    return invalid_argument(
+        "gemm_fp8_grouped: xq, xs (but with x_bf16), w, w_scale (but with w_bf16), row_start and y must be set");
   if (p.x_bf16 && p.x_f16) return invalid_argument("gemm_fp8_grouped: x_f16 and x_bf16 exclude each other");
+  if (p.w_bf16 && !p.x_bf16) return invalid_argument("gemm_fp8_grouped: w_bf16 needs the x_bf16 mode");
   if (p.groups <= 0 || p.groups > 1024)
     return invalid_argument("gemm_fp8_grouped: groups={} must be in 1..1024", p.groups);
   if (p.rows < 0 || p.n <= 0) return invalid_argument("gemm_fp8_grouped: rows={}, n={}", p.rows, p.n);
@@ -186,5 +192,45 @@ inline Status validate(const GemmFp8GroupedParams& p) {
 
 // CPU twin: gemm_fp8_ref per non-empty group (row_start on the host, checked).
 Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p);
+
+// Stored weights → their BF16 values, code · scale, once per GEMM (the x_bf16 GEMM with w_bf16
+// then reads W as it is instead of expanding every W tile again for each 128-row m-tile):
+//   kFp8: w [count, n, k] e4m3 with w_scale [count, ceil(n/w_block), k/w_block] E8M0 tile scales;
+//   kFp4: w [count, n, k/2] e2m1 (low nibble = even k) with w_scale [count, n, k/32] (w_block 32).
+// y [count, n, k] BF16 bits. Exact (a value of at most 4 significant bits times a power of two)
+// wherever the product is a normal BF16 value; the CUDA op rounds the rest as one BF16 multiply
+// would, the twin as f32_to_bf16 of the FP32 product: the same bits for every finite input the
+// checkpoints hold (the e4m3 NaN codes 0x7f / 0xff excluded). row_start (optional, [count + 1]; a
+// device array for the CUDA op, a host array for the twin): matrix e is skipped (its y left as it
+// is) when row_start[e + 1] <= row_start[e], i.e. the experts no row of the step reaches.
+struct GemmExpandBf16Params {
+  const uint8_t* w = nullptr;
+  const uint8_t* w_scale = nullptr;
+  uint16_t* y = nullptr;
+  int64_t count = 1, n = 0, k = 0;
+  int64_t w_block = 128;
+  WeightFormat w_format = WeightFormat::kFp8;
+  const int32_t* row_start = nullptr;
+};
+
+inline Status validate(const GemmExpandBf16Params& p) {
+  if (!p.w || !p.w_scale || !p.y) return invalid_argument("gemm_expand_bf16: w, w_scale and y must be set");
+  if (p.count <= 0 || p.n <= 0 || p.k <= 0 || p.k % 32 != 0)
+    return invalid_argument("gemm_expand_bf16: count={} and n={} must be positive, k={} a positive multiple of 32",
+                            p.count, p.n, p.k);
+  if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
+    return invalid_argument("gemm_expand_bf16: the weight format must be kFp8 or kFp4");
+  if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
+    return invalid_argument("gemm_expand_bf16: FP4 weights have one scale per 1 x 32 block (w_block={})", p.w_block);
+  if (p.w_format == WeightFormat::kFp8 && ((p.w_block != 32 && p.w_block != 128) || p.k % p.w_block != 0))
+    return invalid_argument("gemm_expand_bf16: w_block={} must be 32 or 128 and divide k={}", p.w_block, p.k);
+  if (p.count > (int64_t(1) << 20) || p.n >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30) ||
+      p.count * p.n > (int64_t(1) << 40) / p.k)
+    return out_of_range("gemm_expand_bf16: count={}, n={}, k={} too large", p.count, p.n, p.k);
+  return {};
+}
+
+// CPU twin of gemm_expand_bf16_cuda: f32_to_bf16(value · scale) per weight.
+Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p);
 
 }  // namespace flashseek::ops

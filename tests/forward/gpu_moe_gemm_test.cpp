@@ -39,11 +39,16 @@ using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
 // Teacher-forced logits of the prompt in one chunk on the GPU with the given threshold (0: the
 // expert GEMV for every chunk); *gemm_layers: the MoE layers that ran the grouped GEMMs.
 // *dense_linears: the FP8 token linears that ran the dense GEMM (dense_gemm_min_tokens).
+// operands: 0 f16 (the default), 1 bf16 (GpuLoadOptions::prefill_gemm_bf16), 2 bf16 with the
+// weights expanded once per GEMM (prefill_gemm_expand_w).
 std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers,
-                                  int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr) {
+                                  int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr,
+                                  int operands = 0, int64_t* expansions = nullptr) {
   GpuLoadOptions o;
   o.moe_gemm_min_tokens = moe_gemm_min_tokens;
   o.dense_gemm_min_tokens = dense_gemm_min_tokens;
+  o.prefill_gemm_bf16 = operands >= 1;
+  o.prefill_gemm_expand_w = operands == 2;
   *gemm_layers = -1;
   auto gpu = load_model_gpu(dir, Numerics::kReference, 0, o);
   EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
@@ -54,6 +59,7 @@ std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_t
   EXPECT_TRUE(st.ok()) << st.status().to_string();
   if (st.ok()) *gemm_layers = st.value().moe_gemm_layers;
   if (st.ok() && dense_linears) *dense_linears = st.value().dense_gemm_linears;
+  if (st.ok() && expansions) *expansions = st.value().weight_expansions;
   return l.ok() ? std::move(l).value() : std::vector<float>{};
 }
 
@@ -124,6 +130,40 @@ TEST_P(GpuPrefillGemm, DenseAndMoeWithinCpuSelfSensitivityOfGemvAndCpu) {
   const Ckpt c = GetParam();
   const Measured& m = measured(c);
   run_case(c.tag() + "+dense", m.dir, m.ref, m.vocab, m.sens.worst, c.tie_free && c.well_conditioned, true);
+}
+
+// --prefill-gemm-operands bf16-expanded: every prefill GEMM (dense, wo_a's groups, the routed
+// experts) over weights expanded to BF16 once per GEMM. Its logits must be the bits of the bf16
+// mode that expands each tile inside the GEMM (the same values summed in the same order), and
+// within the parity bound of the GEMV path and the CPU like the default mode.
+TEST_P(GpuPrefillGemm, ExpandedBf16WeightsAreTheBf16ModesBitsAndWithinBound) {
+  FS_REQUIRE_GPU();
+  const Ckpt c = GetParam();
+  const Measured& m = measured(c);
+  int64_t layers_b = 0, layers_e = 0, dense_b = 0, dense_e = 0, gemv_layers = 0, exp_b = -1, exp_e = -1;
+  const std::vector<float> bf16 = prefill_logits(m.dir, 64, &layers_b, 64, &dense_b, 1, &exp_b),
+                           expanded = prefill_logits(m.dir, 64, &layers_e, 64, &dense_e, 2, &exp_e),
+                           gemv = prefill_logits(m.dir, 0, &gemv_layers);
+  ASSERT_EQ(bf16.size(), m.ref.size());
+  ASSERT_EQ(expanded.size(), m.ref.size());
+  ASSERT_EQ(gemv.size(), m.ref.size());
+  EXPECT_GT(layers_e, 0) << "the expanded MoE GEMM did not run";
+  EXPECT_GT(dense_e, 0) << "the expanded dense GEMM did not run";
+  EXPECT_EQ(layers_e, layers_b);
+  EXPECT_EQ(dense_e, dense_b);
+  EXPECT_EQ(exp_b, 0) << "the bf16 mode expanded weights outside the GEMM";
+  // At least one expansion per MoE layer's gate, up and down, and one for the dense FP8 linears
+  // (dense_gemm_linears also counts the BF16 matrices' GEMMs, which need none).
+  EXPECT_GE(exp_e, 3 * layers_e + 1) << "the weights were not expanded";
+  EXPECT_EQ(0, std::memcmp(bf16.data(), expanded.data(), bf16.size() * sizeof(float)))
+      << "expanded weights changed the bf16 mode's logits";
+  const ParityStats vs_gemv = stats(gemv, expanded, m.vocab), vs_ref = stats(m.ref, expanded, m.vocab);
+  const std::string tag = c.tag() + "+bf16-expanded";
+  print_stats(tag, "gemm-path vs gemv-path", vs_gemv, m.sens.worst);
+  print_stats(tag, "gemm-path vs cpu", vs_ref, m.sens.worst);
+  const bool tight = c.tie_free && c.well_conditioned;
+  check_within(vs_gemv, m.sens.worst, "bf16-expanded vs gemv path", tight);
+  check_within(vs_ref, m.sens.worst, "bf16-expanded vs cpu", tight);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/dtype.h"
 #include "forward/cache_format.h"
 #include "forward/memory_plan.h"
 #include "forward/state_io.h"
@@ -75,6 +76,55 @@ TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
       const uint64_t idx_gpu = std::min<uint64_t>(9 * e, two_gib) + (cand ? e : 0), idx_cpu = cand ? e : 0;
       EXPECT_EQ(plan(true, step, ctx), uint64_t(step) * per_token + idx_gpu) << name << " step " << step << " ctx " << ctx;
       EXPECT_EQ(plan(false, step, ctx), uint64_t(step) * per_token + idx_cpu) << name << " step " << step << " ctx " << ctx;
+    }
+  }
+}
+
+// --prefill-gemm-operands bf16-expanded: the workspace grows by the BF16 values of the largest FP8
+// linear (the dense GEMMs' expansion scratch) plus one chunk of routed-expert matrices: whole
+// matrices of at most kMoeExpandChunkBytes, at least one, at most the experts there are. Checked
+// on the tiny configs (every expert in one chunk) and on tiny-v41 with experts wide enough that
+// the chunk bound cuts the count; nothing changes off the GPU.
+TEST(MemoryPlanWorkspace, CountsThePrefillWeightExpansion) {
+  ASSERT_EQ(kMoeExpandChunkBytes, int64_t(1) << 30);
+  struct Case {
+    const char* name;
+    int64_t inter;  // moe_inter_dim (0: the config's)
+  };
+  for (const Case& cs : {Case{"tiny-v41", 0}, Case{"tiny-v4", 0}, Case{"tiny-v41", 1 << 21}}) {
+    auto cfg = model::builtin_config(cs.name);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+    model::ModelConfig c = *cfg;
+    if (cs.inter) c.moe_inter_dim = cs.inter;
+    uint64_t dense = 0, expert = 0;  // BF16 bytes of the largest FP8 linear / of one routed expert matrix
+    for (const model::WeightSpec& w : model::expected_weights(c)) {
+      if (w.optional || w.shape.size() != 2 || w.component == model::Component::kVision ||
+          w.component == model::Component::kDraftDense || w.component == model::Component::kDraftExperts)
+        continue;  // not loaded (the plans below are without a draft)
+      const uint64_t bf16 = 2 * uint64_t(w.shape[0]) * uint64_t(w.shape[1]);
+      if (w.kind == model::WeightKind::kExpert && w.name.find(".ffn.experts.") != std::string::npos)
+        expert = std::max(expert, bf16);
+      else if (w.kind == model::WeightKind::kLinear && model::release_tensors(w, c)[0].dtype == DType::kF8E4M3)
+        dense = std::max(dense, bf16);
+    }
+    ASSERT_GT(dense, 0u) << cs.name;
+    ASSERT_GT(expert, 0u) << cs.name;
+    const uint64_t chunk = std::min<uint64_t>(uint64_t(c.n_routed_experts),
+                                              std::max<uint64_t>(1, uint64_t(kMoeExpandChunkBytes) / expert));
+    if (cs.inter) {
+      EXPECT_LT(chunk, uint64_t(c.n_routed_experts)) << "the chunk bound should cut the experts";
+    } else {
+      EXPECT_EQ(chunk, uint64_t(c.n_routed_experts));
+    }
+    const SnapshotGeometry g = snapshot_geometry(c, false, false, 256);
+    for (bool gpu : {true, false}) {
+      MemoryPlanOptions o;
+      o.gpu = gpu, o.native_weights = gpu, o.max_context = 256;
+      const MemoryPlan off = plan_memory(c, g, false, o, uint64_t(1) << 50);
+      o.prefill_weight_expansion = true;
+      const MemoryPlan on = plan_memory(c, g, false, o, uint64_t(1) << 50);
+      EXPECT_EQ(on.workspace - off.workspace, gpu ? dense + chunk * expert : 0) << cs.name << " gpu " << gpu;
+      EXPECT_EQ(on.total - off.total, on.workspace - off.workspace) << cs.name;
     }
   }
 }

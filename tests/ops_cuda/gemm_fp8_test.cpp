@@ -861,6 +861,113 @@ TEST(CudaGemmFp8, Bf16WeightsMatchCpuTwin) {
   EXPECT_NE(validate(bad).message().find("x_bf16"), std::string::npos);
 }
 
+// The weight expansion (gemm_expand_bf16_cuda) and the x_bf16 GEMMs over its output (w_bf16): the
+// expansion equals its twin bit for bit (FP8 with both tile sizes, odd n, scales up to 2^60 so the
+// two-multiply expansion runs; FP4 with experts skipped by row_start left as they were), and the
+// GEMMs over the expanded weights give exactly the bits of the x_bf16 GEMMs that expand each tile
+// themselves: dense FP8, grouped FP4, and the grouped FP4 GEMM run in chunks of experts through
+// row_start + e0 (the serving path's kMoeExpandChunkBytes chunks).
+TEST(CudaGemmFp8, ExpandedWeightsGiveTheInKernelExpansionsBits) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  struct D {
+    int64_t m, n, k, wb;
+  };
+  for (const D c : {D{300, 257, 384, 128}, D{129, 96, 256, 32}, D{7, 1536, 1024, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "dense m " << c.m << " n " << c.n << " k " << c.k << " wb " << c.wb);
+    const int64_t nsb = (c.n + c.wb - 1) / c.wb, kbw = c.k / c.wb;
+    const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(c.n * c.k));
+    std::vector<uint8_t> ws = random_e8m0_scales(rng, size_t(nsb * kbw));
+    for (size_t i = 0; i < ws.size(); i += 4) ws[i] = uint8_t(127 + 10 + int(rng() % 50));
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    DeviceBuffer<float> dx(x), dxs(size_t(c.m * c.k / 32)), dy1(size_t(c.m * c.n)), dy2(size_t(c.m * c.n));
+    DeviceBuffer<uint16_t> dxb(size_t(c.m * c.k)), dwe(size_t(c.n * c.k));
+    DeviceBuffer<uint8_t> dw(w), dws(ws);
+    ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dxb.ok() && dwe.ok() && dw.ok() && dws.ok());
+    GemmExpandBf16Params ep;
+    ep.w = dw.get(), ep.w_scale = dws.get(), ep.y = dwe.get(), ep.n = c.n, ep.k = c.k, ep.w_block = c.wb;
+    FS_ASSERT_OK(gemm_expand_bf16_cuda(ep, nullptr));
+    std::vector<uint16_t> twin(size_t(c.n * c.k));
+    GemmExpandBf16Params hp = ep;
+    hp.w = w.data(), hp.w_scale = ws.data(), hp.y = twin.data();
+    FS_ASSERT_OK(gemm_expand_bf16_ref(hp));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(dwe.to_host(), twin) << "expansion != twin";
+    FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, c.m, c.k, c.wb == 32 ? 32 : 128,
+                                        reinterpret_cast<uint8_t*>(dxb.get()), dxs.get(), nullptr, false, true,
+                                        /*bf16_values=*/true));
+    GemmFp8Params p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.w_block = c.wb, p.act_block = c.wb == 32 ? 32 : 128, p.x_bf16 = true;
+    p.bf16_round_out = c.m == 129;
+    p.xq = reinterpret_cast<const uint8_t*>(dxb.get()), p.w = dw.get(), p.w_scale = dws.get(), p.y = dy1.get();
+    ASSERT_EQ(cudaMemset(dy1.get(), 0xff, size_t(c.m * c.n) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dy2.get(), 0xee, size_t(c.m * c.n) * 4), cudaSuccess);
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    GemmFp8Params pe = p;
+    pe.w = reinterpret_cast<const uint8_t*>(dwe.get()), pe.w_scale = nullptr, pe.w_bf16 = true, pe.y = dy2.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(pe, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host();
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_TRUE(std::isfinite(y1[i])) << i;
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "expanded W != in-kernel expansion";
+  }
+
+  // Grouped FP4 experts, some without rows.
+  const int64_t n = 256, k = 384, kb = k / 32;
+  const std::vector<int32_t> sizes = {0, 130, 1, 0, 257, 64, 0, 3};
+  const int64_t G = int64_t(sizes.size());
+  std::vector<int32_t> starts(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + sizes[size_t(g)];
+  const int64_t rows = starts.back();
+  std::vector<uint8_t> w4(size_t(G * n * k / 2));
+  for (auto& b : w4) b = uint8_t(rng());
+  const std::vector<uint8_t> s4 = random_e8m0_scales(rng, size_t(G * n * kb));
+  const std::vector<float> x = random_block_activations(rng, rows, k);
+  DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n)),
+      dy3(size_t(rows * n));
+  DeviceBuffer<uint16_t> dxb(size_t(rows * k)), dwe(size_t(G * n * k));
+  DeviceBuffer<uint8_t> dw4(w4), ds4(s4);
+  DeviceBuffer<int32_t> dst(starts);
+  ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dy3.ok() && dxb.ok() && dwe.ok() && dw4.ok() && ds4.ok() &&
+              dst.ok());
+  ASSERT_EQ(cudaMemset(dwe.get(), 0x5a, size_t(G * n * k) * 2), cudaSuccess);
+  GemmExpandBf16Params ep;
+  ep.w = dw4.get(), ep.w_scale = ds4.get(), ep.y = dwe.get(), ep.count = G, ep.n = n, ep.k = k, ep.w_block = 32;
+  ep.w_format = WeightFormat::kFp4, ep.row_start = dst.get();
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(ep, nullptr));
+  std::vector<uint16_t> twin(size_t(G * n * k), 0x5a5a);
+  GemmExpandBf16Params hp = ep;
+  hp.w = w4.data(), hp.w_scale = s4.data(), hp.y = twin.data(), hp.row_start = starts.data();
+  FS_ASSERT_OK(gemm_expand_bf16_ref(hp));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(dwe.to_host(), twin) << "FP4 expansion != twin (or an expert without rows was written)";
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, reinterpret_cast<uint8_t*>(dxb.get()),
+                                      dxs.get(), nullptr, false, false, /*bf16_values=*/true));
+  GemmFp8GroupedParams g;
+  g.xq = reinterpret_cast<const uint8_t*>(dxb.get()), g.x_bf16 = true, g.row_start = dst.get();
+  g.groups = G, g.rows = rows, g.n = n, g.k = k, g.w_block = 32, g.bf16_round_out = true;
+  GemmFp8GroupedParams g4 = g, gb = g;
+  g4.w = dw4.get(), g4.w_scale = ds4.get(), g4.w_format = WeightFormat::kFp4, g4.y = dy1.get();
+  gb.w = reinterpret_cast<const uint8_t*>(dwe.get()), gb.w_bf16 = true, gb.y = dy2.get();
+  for (auto* y : {&dy1, &dy2, &dy3}) ASSERT_EQ(cudaMemset(y->get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(g4, nullptr));
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gb, nullptr));
+  for (int64_t e0 = 0; e0 < G; e0 += 3) {  // chunks of three experts
+    GemmFp8GroupedParams q = gb;
+    q.groups = std::min<int64_t>(3, G - e0), q.row_start = dst.get() + e0;
+    q.w = reinterpret_cast<const uint8_t*>(dwe.get() + e0 * n * k), q.y = dy3.get();
+    FS_ASSERT_OK(gemm_fp8_grouped_cuda(q, nullptr));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host();
+  for (size_t i = 0; i < y1.size(); ++i) ASSERT_TRUE(std::isfinite(y1[i])) << i;
+  ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "grouped: expanded W != in-kernel expansion";
+  ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * 4)) << "grouped in chunks of experts != one launch";
+  GemmExpandBf16Params bad = ep;
+  bad.y = dwe.get() + 1;  // not 16-byte aligned
+  EXPECT_FALSE(gemm_expand_bf16_cuda(bad, nullptr).ok());
+}
+
 // BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
 // block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
 // (code · scale == x for every value at least 2^-30 of its block's amax, zero blocks included); then a column slice per

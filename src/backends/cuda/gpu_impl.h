@@ -266,6 +266,11 @@ class GpuModel final : public Model, public Backend {
   // GEMV; false: not such a call (the caller runs the usual path).
   Result<bool> linear_gemm(const LinearCall& c);
   Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
+  // Matrices [e0, e0 + count) of w expanded to BF16 values into scratch `name` (sized exactly, not
+  // geometrically: GpuLoadOptions::prefill_gemm_expand_w); row_start (device, [w.count + 1]):
+  // skip the matrices no row reaches.
+  Result<const uint8_t*> expand_weight(const NativeMatrix& w, int64_t e0, int64_t count, const int32_t* row_start,
+                                       const std::string& name);
   // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
   // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
   // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
@@ -440,6 +445,7 @@ class GpuModel final : public Model, public Backend {
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
+  bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;

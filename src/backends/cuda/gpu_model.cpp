@@ -569,7 +569,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_attention_ = opts.prefill_attention;
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
   m->dense_gemm_min_tokens_ = opts.dense_gemm_min_tokens;
-  m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16;
+  m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w;
+  m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   {

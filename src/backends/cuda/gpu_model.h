@@ -138,6 +138,14 @@ struct GpuLoadOptions {
   // compressor and indexer projections in reference numerics) take the BF16 GEMM (w_bf16) under
   // dense_gemm_min_tokens whatever this says.
   bool prefill_gemm_bf16 = false;
+  // With the BF16 operands (implies prefill_gemm_bf16; the CLI's --prefill-gemm-operands
+  // bf16-expanded): each FP8 / FP4 matrix of a prefill GEMM is expanded to its BF16 values once
+  // per GEMM into scratch (ops::cuda::gemm_expand_bf16_cuda; the routed experts in chunks of at
+  // most kMoeExpandChunkBytes, only the experts the step reaches) and the GEMM reads them as BF16
+  // weights (w_bf16): the same bits as prefill_gemm_bf16, without expanding every W tile again
+  // for each 128-row m-tile. The scratch is counted by the memory plan
+  // (MemoryPlanOptions::prefill_weight_expansion).
+  bool prefill_gemm_expand_w = false;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
@@ -178,6 +186,9 @@ struct GpuGraphStats {
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM
   // (GpuLoadOptions::dense_gemm_min_tokens).
   int64_t dense_gemm_linears = 0;
+  // Weight matrices (routed experts: chunks of them) expanded to BF16 for a prefill GEMM
+  // (GpuLoadOptions::prefill_gemm_expand_w).
+  int64_t weight_expansions = 0;
 };
 // The counters of a CUDA model (one GPU or tensor-parallel); an error for other models.
 Result<GpuGraphStats> gpu_graph_stats(const Model& m);

@@ -126,13 +126,13 @@ Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix&
 // The prefill FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens) of a step's token linear: rows
 // [dense_row0_, T) belong to sequences with enough rows and run through gemm_fp8_cuda in its
 // x_f16 mode (x quantised once with f16 codes, BF16 input / output roundings as the GEMV does
-// them); rows [0, dense_row0_) through the usual GEMV, so each sequence's numbers depend only on
-// its own row count.
+// them); rows [0, dense_row0_) through the kernel decode uses (the GEMV, or the exactness kernel
+// for the draft's matrices), so each sequence's numbers depend only on its own row count.
 Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
   if (dense_gemm_min_tokens_ <= 0 || !sm90a_ || c.rows != step_rows_ || dense_row0_ >= c.rows || !c.w) return false;
   switch (c.key.op) {  // the FP8-activation linears over the step's token rows
     case DotOp::kWqA: case DotOp::kWqB: case DotOp::kWkv: case DotOp::kWoB: case DotOp::kIdxWqB:
-    case DotOp::kEngramWkv:
+    case DotOp::kEngramWkv: case DotOp::kMainProj:  // kMainProj, the DSpark stages' kWkv: the draft rings' writes
       break;
     case DotOp::kW1: case DotOp::kW2: case DotOp::kW3:
       if (c.key.expert >= 0) return false;  // routed experts: moe_native
@@ -142,14 +142,23 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
       return false;
   }
   const NativeMatrix* nw = native(d(*c.w));
-  if (!nw || !nw->fast || nw->format != ops::WeightFormat::kFp8 || nw->count != 1) return false;
-  if (c.in != nw->k || c.out != nw->n || c.act_block != nw->act_block || c.in % 128 != 0) return false;
+  if (!nw || nw->format != ops::WeightFormat::kFp8 || nw->count != 1) return false;
+  // The block-scaled GEMVs' matrices (fast), or FP8 matrices that decode runs through the exactness
+  // kernels (the DSpark draft's main_proj and wkv, act_block 0) in the GEMM's tile-scale layout.
+  if (nw->fast ? c.act_block != nw->act_block
+               : nw->dtype != cd::WeightDtype::kFp8 || nw->block_rows != nw->w_block || nw->block_cols != nw->w_block ||
+                     nw->code_bytes != nw->n * nw->k ||
+                     nw->scale_bytes != (nw->n + nw->w_block - 1) / nw->w_block * (nw->k / nw->w_block))
+    return false;
+  if (c.in != nw->k || c.out != nw->n || c.in % 128 != 0) return false;
   if (c.act_block != 32 && c.act_block != 128) return false;
   if (nw->w_block != 32 && nw->w_block != 128) return false;
   const int64_t r0 = dense_row0_, m = c.rows - r0, in = c.in, out = c.out;
-  if (r0 > 0)
+  if (r0 > 0 && nw->fast)
     FS_RETURN_IF_ERROR(linear_native(*nw, c.x.f32(), r0, in, out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in,
                                      nullptr, 1));
+  if (r0 > 0 && !nw->fast)  // the exactness kernel, as these rows run at decode
+    FS_RETURN_IF_ERROR(linear(c.x.f32(), d(*c.w), r0, in, out, c.y.f32(), c.act_block, c.bf16_out, c.bf16_in, nullptr, 1));
   constexpr int64_t kValueBytes = 2;  // f16 values of the e4m3 codes, or BF16 values code · scale
   const bool bv = prefill_gemm_bf16_;
   FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("dense_gemm_xq", m * in * kValueBytes));
@@ -160,6 +169,10 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
   ops::GemmFp8Params g;
   g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv;
   g.w = nw->codes.get(), g.w_scale = nw->scales.get();
+  if (prefill_gemm_expand_w_) {
+    FS_ASSIGN_OR_RETURN(g.w, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
+    g.w_scale = nullptr, g.w_bf16 = true;
+  }
   g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
   g.m = m, g.n = out, g.k = in, g.w_block = nw->w_block, g.act_block = c.act_block;
   FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(g, stream_));
@@ -170,8 +183,6 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
 Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
                                 const Tensor& z, bool bf16) {
   const int64_t width = groups * in;
-  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output.
-  if (bf16) FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rows, width, width, 1, cd::QuantSim::kBf16, stream_));
   // Rows [r_gemm, rows): the sequences that take the prefill GEMMs (dense_gemm_min_tokens, as
   // linear_gemm) with a stored FP8 matrix: the x_f16 GEMM per group on x's f16 block codes (exact
   // for BF16 values), the same products in another FP32 order.
@@ -182,6 +193,11 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       (nw->block_rows == 32 || nw->block_rows == 128) && nw->k == in && nw->n == groups * out && in % 128 == 0 &&
       out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
     r_gemm = dense_row0_;
+  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output. The BF16
+  // GEMM's rows need no pass of their own: gemm_bf16_pack_cuda rounds them (RNE, the same bits).
+  const int64_t rounded = r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
+  if (bf16 && rounded > 0)
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rounded, width, width, 1, cd::QuantSim::kBf16, stream_));
   if (r_gemm > 0) {
     // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
     // stored matrix.
@@ -205,11 +221,16 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     else
       FS_RETURN_IF_ERROR(ops::cuda::gemm_f16_quantize_cuda(x.f32() + r_gemm * width, m, width,
                                                            reinterpret_cast<uint16_t*>(xq), xs, stream_));
+    const uint8_t* wexp = nullptr;  // prefill_gemm_expand_w: the whole matrix in BF16, group g from row g · out
+    if (prefill_gemm_expand_w_) {
+      FS_ASSIGN_OR_RETURN(wexp, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
+    }
     for (int64_t g = 0; g < groups; ++g) {
       ops::GemmFp8Params p;
       p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;
       p.x_stride = width;
       p.w = nw->codes.get() + g * out * in, p.w_scale = nw->scales.get() + (g * out / wb) * (in / wb);
+      if (wexp) p.w = wexp + g * out * in * 2, p.w_scale = nullptr, p.w_bf16 = true;
       p.y = z.f32() + r_gemm * groups * out + g * out, p.y_stride = groups * out, p.bf16_round_out = bf16;
       p.m = m, p.n = out, p.k = in, p.w_block = wb, p.act_block = 32;
       FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(p, stream_));
@@ -470,7 +491,18 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
       q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R;
       if (bv) q.xs = nullptr;
-      return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+      if (!prefill_gemm_expand_w_) return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+      // The experts in chunks of whole matrices (at most kMoeExpandChunkBytes of BF16 values), each
+      // chunk expanded (the experts without rows skipped) and run as its own grouped GEMM: groups
+      // [e0, e0 + ce) through row_start + e0 (the rows stay absolute).
+      const int64_t ce = std::max<int64_t>(1, kMoeExpandChunkBytes / (w.n * w.k * 2));
+      for (int64_t e0 = 0; e0 < E; e0 += ce) {
+        const int64_t cnt = std::min(ce, E - e0);
+        FS_ASSIGN_OR_RETURN(q.w, expand_weight(w, e0, cnt, gstart, "moe_gemm_wexp"));
+        q.w_scale = nullptr, q.w_bf16 = true, q.row_start = gstart + e0, q.groups = cnt;
+        FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_grouped_cuda(q, stream_));
+      }
+      return {};
     };
     ++gstats_.moe_gemm_layers;
     FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
@@ -495,6 +527,24 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   // experts were the one role off the parity bound (GpuParityDiag).
   FS_RETURN_IF_ERROR(run(n2, h, nullptr, D, I, ybuf));
   return {};
+}
+
+Result<const uint8_t*> GpuModel::expand_weight(const NativeMatrix& w, int64_t e0, int64_t count,
+                                               const int32_t* row_start, const std::string& name) {
+  const int64_t values = count * w.n * w.k;
+  auto& a = scratch_[name];
+  FS_RETURN_IF_ERROR(a.reserve(size_t(values) * 2, false, /*geometric=*/false));
+  ops::GemmExpandBf16Params p;
+  p.w = w.codes.get() + e0 * w.code_bytes, p.w_scale = w.scales.get() + e0 * w.scale_bytes;
+  p.y = reinterpret_cast<uint16_t*>(a.get());
+  p.count = count, p.n = w.n, p.k = w.k, p.w_format = w.format;
+  p.w_block = w.w_block;
+  if (w.format == ops::WeightFormat::kFp8 && (w.block_rows != w.w_block || w.block_cols != w.w_block))
+    return internal_error("expand_weight: FP8 scales of {}x{} blocks are not w_block tiles", w.block_rows, w.block_cols);
+  p.row_start = row_start ? row_start + e0 : nullptr;
+  FS_RETURN_IF_ERROR(ops::cuda::gemm_expand_bf16_cuda(p, stream_));
+  ++gstats_.weight_expansions;
+  return reinterpret_cast<const uint8_t*>(a.get());
 }
 
 // The grouped-GEMM route of moe_native: an sm_90a device, MXFP4 experts (every expert here,

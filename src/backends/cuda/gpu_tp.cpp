@@ -272,6 +272,8 @@ class TpModel final : public Model {
       t.timed += s.timed, t.host_ns += s.host_ns, t.wait_ns += s.wait_ns;
       t.eager_fallbacks += s.eager_fallbacks;
       t.moe_gemm_layers += s.moe_gemm_layers;
+      t.dense_gemm_linears += s.dense_gemm_linears;
+      t.weight_expansions += s.weight_expansions;
     }
     return t;
   }

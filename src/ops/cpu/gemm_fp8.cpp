@@ -87,7 +87,7 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
       return invalid_argument("gemm_fp8_grouped: row_start decreases at group {}", g);
   const int64_t kbw = p.k / p.w_block, nsb = (p.n + p.w_block - 1) / p.w_block;
   const size_t out_bytes = p.bf16_out ? 2 : 4;
-  if (p.w_format == WeightFormat::kFp4) {
+  if (p.w_format == WeightFormat::kFp4 && !p.w_bf16) {
     // e2m1 codes · per-(row, 32-block) scale against the dequantised activations, FP32 dots (the
     // same sums as gemm_fp8_ref on the e4m3 copy: every e2m1 value is exact in e4m3).
     const int64_t kb = p.k / 32;
@@ -121,12 +121,45 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
     const int64_t r0 = p.row_start[g], r1 = p.row_start[g + 1];
     if (r1 == r0) continue;
     GemmFp8Params q;
+    if (p.w_bf16) {
+      q.w = p.w + g * p.n * p.k * 2, q.w_bf16 = true;
+    } else {
+      q.w = p.w + g * p.n * p.k, q.w_scale = p.w_scale + g * nsb * kbw;
+    }
     q.xq = p.xq + r0 * p.k * (p.x_f16 || p.x_bf16 ? 2 : 1), q.x_f16 = p.x_f16, q.x_bf16 = p.x_bf16;
     q.xs = p.x_bf16 ? nullptr : p.xs + r0 * (p.k / 32);
-    q.w = p.w + g * p.n * p.k, q.w_scale = p.w_scale + g * nsb * kbw;
     q.y = static_cast<uint8_t*>(p.y) + size_t(r0 * p.n) * out_bytes;
     q.bf16_out = p.bf16_out, q.bf16_round_out = p.bf16_round_out, q.m = r1 - r0, q.n = p.n, q.k = p.k, q.w_block = p.w_block;
     FS_RETURN_IF_ERROR(gemm_fp8_ref(q));
+  }
+  return {};
+}
+
+Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p) {
+  FS_RETURN_IF_ERROR(validate(p));
+  if (p.row_start)
+    for (int64_t e = 0; e < p.count; ++e)
+      if (p.row_start[e + 1] < p.row_start[e])
+        return invalid_argument("gemm_expand_bf16: row_start decreases at matrix {}", e);
+  const bool fp4 = p.w_format == WeightFormat::kFp4;
+  const int64_t nsb = (p.n + p.w_block - 1) / p.w_block, kbw = p.k / p.w_block;
+  for (int64_t e = 0; e < p.count; ++e) {
+    if (p.row_start && p.row_start[e + 1] <= p.row_start[e]) continue;
+    for (int64_t r = 0; r < p.n; ++r) {
+      const int64_t row = e * p.n + r;
+      uint16_t* y = p.y + row * p.k;
+      for (int64_t i = 0; i < p.k; ++i) {
+        float v, s;
+        if (fp4) {
+          v = e2m1_to_f32(uint8_t((p.w[row * (p.k / 2) + i / 2] >> (4 * (i & 1))) & 15));
+          s = e8m0_to_f32(p.w_scale[row * (p.k / 32) + i / 32]);
+        } else {
+          v = e4m3_to_f32(p.w[row * p.k + i]);
+          s = e8m0_to_f32(p.w_scale[(e * nsb + r / p.w_block) * kbw + i / p.w_block]);
+        }
+        y[i] = f32_to_bf16(v * s);
+      }
+    }
   }
   return {};
 }

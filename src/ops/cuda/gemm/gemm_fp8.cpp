@@ -89,6 +89,18 @@ Status gemm_f16_quantize_cuda(const float* x, int64_t m, int64_t k, uint16_t* xq
   return cuda_status(detail::launch_quantize_f16(x, m, k, xq, xs, stream), "gemm_f16_quantize kernel launch");
 }
 
+Status gemm_expand_bf16_cuda(const GemmExpandBf16Params& p, cudaStream_t stream) {
+  FS_RETURN_IF_ERROR(validate(p));
+  const bool fp4 = p.w_format == WeightFormat::kFp4;
+  if ((reinterpret_cast<uintptr_t>(p.w) & (fp4 ? 3 : 7)) != 0 || !aligned16(p.y))
+    return invalid_argument("gemm_expand_bf16: w must be {}-byte and y 16-byte aligned", fp4 ? 4 : 8);
+  FS_RETURN_IF_ERROR(check_device());
+  detail::GemmExpandArgs a{};
+  a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.count = p.count, a.n = p.n, a.k = p.k;
+  a.w_block = int(p.w_block), a.fp4 = fp4, a.row_start = p.row_start;
+  return cuda_status(detail::launch_expand_bf16(a, stream), "gemm_expand_bf16 kernel launch");
+}
+
 Status gemm_bf16_pack_cuda(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (!x || !y) return invalid_argument("gemm_bf16_pack: x and y must be set");
   if (n < 0 || n % 4 != 0) return invalid_argument("gemm_bf16_pack: n={} must be a multiple of 4", n);
@@ -101,7 +113,7 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   FS_RETURN_IF_ERROR(validate(p));
   if (!aligned16(p.xq) || !aligned16(p.xs) || !aligned16(p.w))
     return invalid_argument("gemm_fp8_grouped: xq, xs and w must be 16-byte aligned");
-  const bool fp4 = p.w_format == WeightFormat::kFp4;
+  const bool fp4 = p.w_format == WeightFormat::kFp4 && !p.w_bf16;
   // FP4: the kernel reads a stage's four E8M0 scales of a row as one 4-byte word.
   if (fp4 && (reinterpret_cast<uintptr_t>(p.w_scale) & 3) != 0)
     return invalid_argument("gemm_fp8_grouped: FP4 w_scale must be 4-byte aligned");
@@ -111,7 +123,8 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   a.xq = p.xq, a.xs = p.xs, a.w = p.w, a.ws = p.w_scale, a.y = p.y;
   a.m = int(p.rows), a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block);
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
-  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
+  a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4 && !p.w_bf16, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
+  a.w_bf16 = p.w_bf16;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

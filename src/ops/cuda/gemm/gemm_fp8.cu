@@ -637,6 +637,37 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 }
 #endif  // FS_GEMM_FP8_SM90
 
+// Stored weights → BF16 values · scale (GemmExpandArgs), eight values per thread and step with the
+// GEMM's own expansion (e4m3x8_to_bf16 / e2m1x8_to_bf16), so the x_bf16 GEMM over the result
+// gives the bits of the x_bf16 GEMM that expands each tile itself.
+__global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a) {
+#ifdef FS_GEMM_FP8_SM90
+  const int64_t per_matrix = a.n * a.k / 8, total = a.count * per_matrix;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t k8 = a.k / 8, kbw = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += stride) {
+    const int64_t e = t / per_matrix;
+    if (a.row_start && __ldg(a.row_start + e + 1) <= __ldg(a.row_start + e)) {
+      // Matrix e is skipped: move to this thread's last unit inside it; the loop step leaves it.
+      const int64_t last = (e + 1) * per_matrix - 1;
+      t += (last - t) / stride * stride;
+      continue;
+    }
+    const int64_t row = t / k8, i = (t % k8) * 8;  // row of [count · n], first k of the eight
+    uint4 out;
+    if (a.fp4) {
+      const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(a.w + row * (a.k / 2) + i / 2));
+      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(__ldg(a.ws + row * (a.k / 32) + i / 32)), 0x1p126f));
+    } else {
+      const int64_t r = row - e * a.n;
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(a.w + row * a.k + i));
+      out = e4m3x8_to_bf16(v, bf16_scale(e8m0f(__ldg(a.ws + (e * nsb + r / a.w_block) * kbw + i / a.w_block)), 0x1p120f));
+    }
+    *reinterpret_cast<uint4*>(a.y + row * a.k + i) = out;
+  }
+#endif
+}
+
 // kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
 // while kb is promoted; else two 32-blocks per batch, waited for, then promoted (the schedule of
 // kernel 3 on the TMA/producer pipeline). kPersist: one block per SM walks the tiles (the
@@ -654,14 +685,15 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
 // expand W into BF16 with its scale folded in, and each 32-block is two m64n128k16 BF16 wgmmas
 // into a scratch accumulator, added to acc in FP32 (no scale work), so that the tensor core's
 // truncating sum spans 32 products, as in the f16 mode, rather than all of k.
-// kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix, brought by the TMA straight into the
-// swizzled W slot like X (no converter work: warps 1-3 leave).
+// kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix (grouped: group g's from row g · n of the
+// stack), brought by the TMA straight into the swizzled W slot like X (no converter work: warps
+// 1-3 leave).
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
           bool kWb = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kBv || kF16, "BF16 operands use the f16 pipeline's stages");
-  static_assert(!kWb || (kBv && !kFp4 && !kGrouped), "BF16 weights: dense BF16-value GEMM only");
+  static_assert(!kWb || (kBv && !kFp4), "BF16 weights: BF16-value GEMM only");
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
   static_assert(!kF16 || kPipe2, "f16 operands: the overlapped schedule only");
@@ -785,7 +817,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 / BF16 values).
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
             if constexpr (kWb) {  // W: 64 BF16 values of each row, swizzled, onto the full barrier
-              tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * 128, n0);
+              tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * 128, g * a.n + n0);
               continue;
             }
             if constexpr (!kBv)
@@ -1270,7 +1302,7 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
-    if (a.w_bf16) return cudaErrorInvalidValue;  // BF16 weights: dense only
+    if (a.w_bf16) return a.x_bf16 ? launch_ws<true, true, true, false, true, true, true>(a, stream) : cudaErrorInvalidValue;
     if (a.w_fp4 && a.x_bf16) return launch_ws<true, true, true, true, true, true>(a, stream);
     if (a.x_bf16) return launch_ws<true, true, true, false, true, true>(a, stream);
     if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
@@ -1340,6 +1372,14 @@ cudaError_t launch_pack_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_
   const int64_t want = (total4 + 255) / 256;
   const int blocks = int(want < 132 * 16 ? want : 132 * 16);
   if (blocks > 0) pack_bf16_kernel<<<blocks, 256, 0, stream>>>(x, total4, reinterpret_cast<uint2*>(y));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_expand_bf16(const GemmExpandArgs& a, cudaStream_t stream) {
+  const int64_t total8 = a.count * a.n * a.k / 8;
+  const int64_t want = (total8 + 255) / 256;
+  const int blocks = int(want < 132 * 16 ? want : 132 * 16);
+  if (blocks > 0) expand_bf16_kernel<<<blocks, 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -65,6 +65,12 @@ Status gemm_fp8_quantize_cuda(const void* x, ActDtype x_dtype, int64_t m, int64_
 // bf16_values (above): xq receives [m, k] BF16 values (2·m·k bytes), code · scale (exact), the
 // input of the x_bf16 mode; xs is written as well.
 
+// Stored weights → BF16 values code · scale (ops::GemmExpandBf16Params, twin gemm_expand_bf16_ref,
+// the same bits): the w_bf16 operand of the x_bf16 GEMM, expanded once per GEMM instead of per
+// 128-row m-tile inside it. w 8-byte (FP8) or 4-byte (FP4) aligned, y 16-byte aligned; an sm_90a
+// device (the expansion is the GEMM's own BF16 arithmetic).
+Status gemm_expand_bf16_cuda(const GemmExpandBf16Params& p, cudaStream_t stream);
+
 // x [n] FP32 → BF16 bits (round to nearest even; exact on BF16 values): the x_bf16 input of
 // activations that are BF16 values and not FP8-quantised (wo_a's). n a multiple of 4, x 16-byte
 // and y 8-byte aligned.

@@ -42,7 +42,8 @@ struct GemmFp8Args {
   // xq holds [m, k] BF16 values (GemmFp8Params::x_bf16; xs unused): W expanded to BF16 with its
   // scales, each 32-block's sum (two m64n128k16 BF16 wgmmas) added in FP32.
   bool x_bf16;
-  // x_bf16, not grouped: w holds [n, k] BF16 values (ws unused), loaded by the TMA as they are.
+  // x_bf16: w holds [n, k] (grouped: [groups · n, k]) BF16 values (ws unused), loaded by the TMA
+  // as they are.
   bool w_bf16;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
@@ -51,6 +52,20 @@ struct GemmFp8Args {
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;
+
+// Stored weights → BF16 values (ops::GemmExpandBf16Params): w / ws / y device pointers, y 16-byte
+// aligned, k a multiple of 32; fp4: e2m1 codes and one scale per (row, 32-block), else e4m3 with
+// w_block × w_block tile scales; row_start (optional, [count + 1]) skips the empty matrices.
+struct GemmExpandArgs {
+  const uint8_t* w;
+  const uint8_t* ws;
+  uint16_t* y;
+  int64_t count, n, k;
+  int w_block;
+  bool fp4;
+  const int32_t* row_start;
+};
+cudaError_t launch_expand_bf16(const GemmExpandArgs& a, cudaStream_t stream);
 
 // Dynamic shared memory of a GEMM kernel variant (bytes).
 int gemm_fp8_smem_bytes(int variant);
