@@ -1020,7 +1020,8 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
     bool skew;
   };
   for (const Case c : {Case{1, 1, 1}, Case{255, 7, 5}, Case{256, 384, 6}, Case{257, 384, 1}, Case{3000, 384, 6},
-                       Case{3000, 16, 6}, Case{1234, 384, 2}}) {
+                       Case{3000, 16, 6}, Case{1234, 384, 2}, Case{2048, 256, 8}, Case{2049, 256, 1},
+                       Case{49152, 16, 6}, Case{49152, 256, 6}, Case{20001, 4096, 3}, Case{9000, 256, 6, true}}) {
     Rng rng(uint64_t(c.pairs * 131 + c.experts));
     std::vector<int32_t> sel(static_cast<size_t>(c.pairs));
     std::vector<float> w(static_cast<size_t>(c.pairs));
@@ -1036,14 +1037,20 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
                                       pos.data()));
     DeviceBuffer<int32_t> dsel(sel), dgs(gs.size()), drow(row.size()), dpos(pos.size()), dbad(std::vector<int32_t>{0});
     DeviceBuffer<float> dw(w), dsw(sw.size());
-    FS_ASSERT_OK(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(), drow.get(),
-                                                  dsw.get(), dpos.get(), dbad.get(), 0),
-                             "moe_group"));
-    EXPECT_EQ(dgs.to_host(), gs) << c.pairs << " pairs";
-    EXPECT_EQ(drow.to_host(), row) << c.pairs << " pairs";
-    EXPECT_EQ(dpos.to_host(), pos) << c.pairs << " pairs";
-    EXPECT_EQ(dsw.to_host(), sw) << c.pairs << " pairs";
-    EXPECT_EQ(dbad.to_host()[0], 0);
+    // One block, then (with the counts scratch) a block per chunk of 2048 pairs.
+    DeviceBuffer<int32_t> dcounts(size_t(std::max<int64_t>(1, cd::moe_group_scratch_ints(c.pairs, c.experts))));
+    for (int32_t* counts : {static_cast<int32_t*>(nullptr), dcounts.get()}) {
+      ASSERT_EQ(cudaMemset(drow.get(), 0xff, row.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dpos.get(), 0xff, pos.size() * 4), cudaSuccess);
+      FS_ASSERT_OK(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(),
+                                                    drow.get(), dsw.get(), dpos.get(), dbad.get(), 0, counts),
+                               "moe_group"));
+      EXPECT_EQ(dgs.to_host(), gs) << c.pairs << " pairs, chunked " << bool(counts);
+      EXPECT_EQ(drow.to_host(), row) << c.pairs << " pairs, chunked " << bool(counts);
+      EXPECT_EQ(dpos.to_host(), pos) << c.pairs << " pairs, chunked " << bool(counts);
+      EXPECT_EQ(dsw.to_host(), sw) << c.pairs << " pairs, chunked " << bool(counts);
+      EXPECT_EQ(dbad.to_host()[0], 0);
+    }
     // Stability: within an expert, pairs keep their slot order.
     for (int64_t p = 1; p < c.pairs; ++p)
       if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
@@ -1059,6 +1066,21 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
       cd::launch_moe_group(dsel.get(), dw.get(), 3, 3, 1, dgs.get(), drow.get(), dsw.get(), dpos.get(), dbad.get(), 0),
       "moe_group"));
   EXPECT_EQ(dbad.to_host()[0], 1);
+  {  // an id out of range among 5000 pairs, chunked: flagged, no row, the rest grouped
+    std::vector<int32_t> sel5(5000);
+    for (size_t i = 0; i < sel5.size(); ++i) sel5[i] = int32_t(i % 7);
+    sel5[4321] = -1;
+    std::vector<float> w5(sel5.size(), 1.0f);
+    DeviceBuffer<int32_t> s5(sel5), g5(8), r5(sel5.size()), p5(sel5.size()), b5(std::vector<int32_t>{0}),
+        c5(size_t(cd::moe_group_scratch_ints(5000, 7)));
+    DeviceBuffer<float> dw5(w5), sw5(sel5.size());
+    FS_ASSERT_OK(cuda_status(cd::launch_moe_group(s5.get(), dw5.get(), 5000, 7, 1, g5.get(), r5.get(), sw5.get(),
+                                                  p5.get(), b5.get(), 0, c5.get()),
+                             "moe_group"));
+    EXPECT_EQ(b5.to_host()[0], 1);
+    EXPECT_EQ(p5.to_host()[4321], -1);
+    EXPECT_EQ(g5.to_host()[7], 4999);
+  }
   EXPECT_NE(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), 3, 0, 1, dgs.get(), drow.get(), dsw.get(), dpos.get(),
                                              nullptr, 0),
                         "moe_group").code(),

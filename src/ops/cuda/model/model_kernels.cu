@@ -13,6 +13,8 @@
 #include <numeric>
 #include <type_traits>
 
+#include <cub/block/block_scan.cuh>
+
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
@@ -1963,12 +1965,55 @@ __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, 
   out[id] = bf16 ? dev_round_bf16(s) : s;
 }
 
-// One block: expert counts (shared atomics: order-free), an exclusive scan by thread 0, then a
-// stable scatter over tiles of kMoeGroupThreads consecutive pairs: a pair's sorted position is its
-// expert's running offset plus the number of lower-indexed pairs of the tile with the same expert;
-// the last such pair of the tile then moves the offset past them.
+// Grouping routed pairs by expert, a stable counting sort. One block (few pairs): expert counts
+// (shared atomics: order-free), an exclusive scan by thread 0, then the stable scatter
+// (moe_scatter_tiles). Many pairs (launch_moe_group with counts scratch): chunks of kMoeGroupChunk
+// pairs, one block each: moe_count_kernel writes each chunk's expert counts, then
+// moe_scatter_kernel gives every block its experts' first positions (the experts' totals scanned,
+// plus the earlier chunks' pairs of the same expert) and scatters its chunk: the same positions.
 constexpr int kMoeGroupThreads = 256;
 constexpr int64_t kMoeGroupMaxExperts = 4096;
+constexpr int kMoeGroupChunk = 2048;
+constexpr int kMoeScanItems = int(kMoeGroupMaxExperts) / kMoeGroupThreads;  // experts per thread in the scan
+
+// The stable scatter of pairs [begin, end) over tiles of kMoeGroupThreads consecutive pairs, next[e]
+// holding expert e's next sorted position: a pair's position is its expert's offset plus the number
+// of lower-indexed pairs of the tile with the same expert; the last such pair of the tile then
+// moves the offset past them.
+__device__ void moe_scatter_tiles(const int32_t* sel, const float* weight, int begin, int end, int n_experts, int k,
+                                  int32_t* next, int32_t* tile, int32_t* pair_row, float* sorted_weight,
+                                  int32_t* slot_pos) {
+  for (int base = begin; base < end; base += blockDim.x) {
+    const int p = base + int(threadIdx.x);
+    const int e = p < end ? sel[p] : -1;
+    const bool ok = e >= 0 && e < n_experts;
+    if (!ok && p < end) slot_pos[p] = -1;  // no sorted row: the combine adds +0 for it
+    tile[threadIdx.x] = ok ? e : -1;
+    __syncthreads();
+    int rank = 0;  // earlier pairs of this tile with the same expert
+    if (ok)
+      for (int j = 0; j < int(threadIdx.x); ++j) rank += tile[j] == e;
+    if (ok) {
+      const int s = next[e] + rank;
+      pair_row[s] = p / k;
+      sorted_weight[s] = weight[p];
+      slot_pos[p] = s;
+    }
+    __syncthreads();  // every thread has read next[] for this tile
+    if (ok) {
+      // The last pair of each expert in the tile moves the expert's offset past the tile's pairs.
+      bool last = true;
+      for (int j = int(threadIdx.x) + 1; j < kMoeGroupThreads && base + j < end; ++j)
+        if (tile[j] == e) {
+          last = false;
+          break;
+        }
+      if (last) next[e] += rank + 1;
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
                                  int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
                                  int32_t* bad) {
@@ -1997,35 +2042,69 @@ __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_
     group_start[n_experts] = run;
   }
   __syncthreads();
-  for (int base = 0; base < n_pairs; base += blockDim.x) {
-    const int p = base + int(threadIdx.x);
-    const int e = p < n_pairs ? sel[p] : -1;
-    const bool ok = e >= 0 && e < n_experts;
-    if (!ok && p < n_pairs) slot_pos[p] = -1;  // no sorted row: the combine adds +0 for it
-    tile[threadIdx.x] = ok ? e : -1;
-    __syncthreads();
-    int rank = 0;  // earlier pairs of this tile with the same expert
-    if (ok)
-      for (int j = 0; j < int(threadIdx.x); ++j) rank += tile[j] == e;
-    if (ok) {
-      const int s = next[e] + rank;
-      pair_row[s] = p / k;
-      sorted_weight[s] = weight[p];
-      slot_pos[p] = s;
+  moe_scatter_tiles(sel, weight, 0, n_pairs, n_experts, k, next, tile, pair_row, sorted_weight, slot_pos);
+}
+
+// counts[b · n_experts + e]: pairs of chunk b routed to expert e.
+__global__ void moe_count_kernel(const int32_t* sel, int n_pairs, int n_experts, int32_t* counts, int32_t* bad) {
+  pdl_prologue();
+  __shared__ int32_t c[kMoeGroupMaxExperts];
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) c[e] = 0;
+  __syncthreads();
+  const int begin = int(blockIdx.x) * kMoeGroupChunk, end = min(begin + kMoeGroupChunk, n_pairs);
+  for (int p = begin + int(threadIdx.x); p < end; p += blockDim.x) {
+    const int e = sel[p];
+    if (e < 0 || e >= n_experts) {
+      if (bad) *bad = 1;
+    } else {
+      atomicAdd(&c[e], 1);
     }
-    __syncthreads();  // every thread has read next[] for this tile
-    if (ok) {
-      // The last pair of each expert in the tile moves the expert's offset past the tile's pairs.
-      bool last = true;
-      for (int j = int(threadIdx.x) + 1; j < kMoeGroupThreads && base + j < n_pairs; ++j)
-        if (tile[j] == e) {
-          last = false;
-          break;
-        }
-      if (last) next[e] += rank + 1;
-    }
-    __syncthreads();
   }
+  __syncthreads();
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) counts[int64_t(blockIdx.x) * n_experts + e] = c[e];
+}
+
+__global__ void __launch_bounds__(kMoeGroupThreads) moe_scatter_kernel(const int32_t* sel, const float* weight,
+                                                                     int n_pairs, int n_experts, int k,
+                                                                     const int32_t* counts, int32_t* group_start,
+                                                                     int32_t* pair_row, float* sorted_weight,
+                                                                     int32_t* slot_pos) {
+  pdl_prologue();
+  using Scan = cub::BlockScan<int32_t, kMoeGroupThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int32_t next[kMoeGroupMaxExperts];
+  __shared__ int32_t tile[kMoeGroupThreads];
+  const int b = int(blockIdx.x), nb = int(gridDim.x);
+  // Thread t owns experts t · kMoeScanItems .. + kMoeScanItems - 1 (blocked, for the scan): their
+  // totals over all chunks, and in next[] the pairs of the chunks before this one.
+  int32_t total[kMoeScanItems];
+#pragma unroll
+  for (int i = 0; i < kMoeScanItems; ++i) {
+    const int e = int(threadIdx.x) * kMoeScanItems + i;
+    int32_t t = 0, before = 0;
+    if (e < n_experts)
+      for (int bb = 0; bb < nb; ++bb) {
+        const int32_t c = counts[int64_t(bb) * n_experts + e];
+        t += c;
+        before += bb < b ? c : 0;
+      }
+    total[i] = t;
+    if (e < n_experts) next[e] = before;
+  }
+  int32_t sum = 0;
+  Scan(scan_tmp).ExclusiveSum(total, total, sum);
+#pragma unroll
+  for (int i = 0; i < kMoeScanItems; ++i) {
+    const int e = int(threadIdx.x) * kMoeScanItems + i;
+    if (e < n_experts) {
+      next[e] += total[i];
+      if (b == 0) group_start[e] = total[i];
+    }
+  }
+  if (b == 0 && threadIdx.x == 0) group_start[n_experts] = sum;
+  __syncthreads();
+  const int begin = b * kMoeGroupChunk, end = min(begin + kMoeGroupChunk, n_pairs);
+  moe_scatter_tiles(sel, weight, begin, end, n_experts, k, next, tile, pair_row, sorted_weight, slot_pos);
 }
 
 }  // namespace
@@ -2556,13 +2635,25 @@ cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int6
   return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16, row_of);
 }
 
+int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts) {
+  return (n_pairs + kMoeGroupChunk - 1) / kMoeGroupChunk * n_experts;
+}
+
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s) {
+                             int32_t* bad, cudaStream_t s, int32_t* counts) {
   if (n_experts <= 0 || n_experts > kMoeGroupMaxExperts || k <= 0 || n_pairs < 0 || n_pairs > INT32_MAX)
     return cudaErrorInvalidValue;
-  return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts), int(k),
-                       group_start, pair_row, sorted_weight, slot_pos, bad);
+  if (!counts || n_pairs <= kMoeGroupChunk)
+    return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts),
+                         int(k), group_start, pair_row, sorted_weight, slot_pos, bad);
+  const int chunks = int((n_pairs + kMoeGroupChunk - 1) / kMoeGroupChunk);
+  if (const cudaError_t e = launch_kernel(moe_count_kernel, chunks, kMoeGroupThreads, 0, s, sel, int(n_pairs),
+                                          int(n_experts), counts, bad);
+      e != cudaSuccess)
+    return e;
+  return launch_kernel(moe_scatter_kernel, chunks, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts),
+                       int(k), static_cast<const int32_t*>(counts), group_start, pair_row, sorted_weight, slot_pos);
 }
 
 }  // namespace flashseek::ops::cuda::detail

@@ -172,12 +172,15 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 // (another rank's expert) adds +0.
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
-// ops::group_pairs_by_expert on the device (one block; nothing read back to the host, so it runs
-// under graph capture). A pair whose expert id is out of range (-1: another rank's expert under
-// expert parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1.
+// ops::group_pairs_by_expert on the device (nothing read back to the host, so it runs under graph
+// capture). A pair whose expert id is out of range (-1: another rank's expert under expert
+// parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,
+// or with `counts` (moe_group_scratch_ints(n_pairs, n_experts) ints of device scratch) a block per
+// chunk of 2048 pairs when there are more: the same results.
+int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts);
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s);
+                             int32_t* bad, cudaStream_t s, int32_t* counts = nullptr);
 
 // ---- attention (attention/model_attn.cu), indexer (indexer/index_kernels.cu), router (route.cu) --
 // One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
