@@ -433,6 +433,10 @@ constexpr int64_t kMbChunk = int64_t(kMbThreads) * kMbUnroll;
 constexpr int64_t kMbHeader = kMbBins + 8;
 constexpr int64_t kMbMaxK = 2048;     // the finish block orders k indices in shared memory
 constexpr int64_t kMbMinKeys = 8192;  // shorter rows: one block per row is as fast
+// Automatic path (path 0) with this many rows or more (prefill chunks): one block per row. The
+// per-row cluster / multi-block paths spread a row over the SMs, which a decode step's few rows
+// need; a chunk's rows fill every SM on their own.
+constexpr int64_t kTopkRowKernelMinRows = 512;
 constexpr int kMbStage = 4096;        // candidates the finish block stages in shared memory
 
 struct MbRow {
@@ -767,9 +771,10 @@ cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.path == 2 && !mb_ok) return cudaErrorInvalidValue;
   // The cluster path: one launch (mode 1: after the candidate-block launches).
   int csize = 0, kpt = 0;
-  const bool ct_ok = (a.path == 3 || (a.path == 0 && clen_max >= kMbMinKeys)) && cluster_plan(a, &csize, &kpt);
+  const bool spread = clen_max >= kMbMinKeys && a.T < kTopkRowKernelMinRows;  // path 0: spread a row over blocks
+  const bool ct_ok = (a.path == 3 || (a.path == 0 && spread)) && cluster_plan(a, &csize, &kpt);
   if (a.path == 3 && !ct_ok) return cudaErrorInvalidValue;
-  if (!ct_ok && !(a.path == 2 || (a.path == 0 && mb_ok && clen_max >= kMbMinKeys)))
+  if (!ct_ok && !(a.path == 2 || (a.path == 0 && mb_ok && spread)))
     return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
   const auto chunks = [](int64_t n) { return unsigned(n > 0 ? (n + kMbChunk - 1) / kMbChunk : 1); };
   const dim3 grid(chunks(clen_max), unsigned(a.T));

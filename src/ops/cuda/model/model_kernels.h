@@ -274,7 +274,8 @@ struct IndexTopkArgs {
   int32_t* out_n = nullptr;        // [T]
   int64_t T = 0, start = 0, ratio = 1, stride = 0, k = 0, cand_block = 1, cand_top = 0;
   int mode = 0;
-  // 0: by row length (rows of 8192+ keys: 3 where it can run, else 2); 1: one block per row;
+  // 0: by row length and count (fewer than 512 rows of 8192+ keys: 3 where it can run, else 2;
+  // otherwise one block per row); 1: one block per row;
   // 2: over blocks; 3: one cluster per row (2 and 3: error if the args do not allow it).
   int path = 0;
   int cluster = 0;  // path 3: blocks per cluster, 8 or 16 (0: 16 while all rows fit at once, else 8)
