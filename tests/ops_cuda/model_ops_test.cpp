@@ -185,6 +185,26 @@ TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {
   expect_bitwise(dn.to_host(), nref, "rms_norm");
 }
 
+// hc_post on its own: the 4-stream kernel (the configs' hc_mult) and the generic one, widths that
+// leave partial blocks, with and without the BF16 rounding, bitwise the CPU's.
+TEST(CudaModelOps, HcPostEveryStreamCountMatchesCpu) {
+  FS_REQUIRE_GPU();
+  uint64_t seed = 40;
+  for (const int64_t hc : {1, 3, 4, 5})
+    for (const int64_t dim : {96, 1000, 4099})
+      for (const bool bf16 : {false, true}) {
+        const int64_t rows = 7;
+        const auto x = randn(static_cast<size_t>(rows * hc * dim), seed++), f = randn(static_cast<size_t>(rows * dim), seed++);
+        const auto post = randn(static_cast<size_t>(rows * hc), seed++), comb = randn(static_cast<size_t>(rows * hc * hc), seed++);
+        std::vector<float> xo(x.size());
+        hc_post(f.data(), x.data(), post.data(), comb.data(), xo.data(), rows, hc, dim, bf16);
+        DeviceBuffer<float> dx(x), df(f), dpost(post), dcomb(comb);
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_post(df.get(), dx.get(), dpost.get(), dcomb.get(), rows, hc, dim, bf16, 0),
+                                 "post"));
+        expect_bitwise(dx.to_host(), xo, ("hc_post hc " + std::to_string(hc) + " dim " + std::to_string(dim)).c_str());
+      }
+}
+
 TEST(CudaModelOps, HcMixesCollapsePostMatchCpu) {
   FS_REQUIRE_GPU();
   const int64_t rows = 3, hc = 4, dim = 96, n_mix = (2 + hc) * hc;
