@@ -227,7 +227,7 @@ int serve(const ServeOpts& o) {
                                         *weights_mode == forward::GpuWeights::kNative,
                                         engram_on_device(o.backend),
                                         o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
-                                        budget->max_step_tokens, o.backend.prefill_gemm_operands == "bf16-expanded");
+                                        budget->max_step_tokens, gpu_load_options(o.backend).prefill_gemm_expand_w);
       !st.ok())
     return fail(st);
   const std::string own_name =

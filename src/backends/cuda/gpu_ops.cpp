@@ -147,8 +147,8 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
   // kernels (the DSpark draft's main_proj and wkv, act_block 0) in the GEMM's tile-scale layout.
   if (nw->fast ? c.act_block != nw->act_block
                : nw->dtype != cd::WeightDtype::kFp8 || nw->block_rows != nw->w_block || nw->block_cols != nw->w_block ||
-                     nw->code_bytes != nw->n * nw->k ||
-                     nw->scale_bytes != (nw->n + nw->w_block - 1) / nw->w_block * (nw->k / nw->w_block))
+                     nw->code_bytes != ops::weight_code_bytes(nw->format, nw->n, nw->k) ||
+                     nw->scale_bytes != ops::weight_scale_bytes(nw->format, nw->n, nw->k, nw->w_block))
     return false;
   if (c.in != nw->k || c.out != nw->n || c.in % 128 != 0) return false;
   if (c.act_block != 32 && c.act_block != 128) return false;

@@ -2039,23 +2039,29 @@ __device__ void moe_scatter_tiles(const int32_t* sel, const float* weight, int b
   }
 }
 
+// The expert counts of pairs [begin, end) into the block's shared c[n_experts] (zeroed here;
+// shared atomics, order-free); an id out of range sets *bad (nullable). Ends with a block barrier.
+__device__ void moe_count_range(const int32_t* sel, int begin, int end, int n_experts, int32_t* c, int32_t* bad) {
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) c[e] = 0;
+  __syncthreads();
+  for (int p = begin + int(threadIdx.x); p < end; p += blockDim.x) {
+    const int e = sel[p];
+    if (e < 0 || e >= n_experts) {
+      if (bad) *bad = 1;
+    } else {
+      atomicAdd(&c[e], 1);
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
                                  int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
                                  int32_t* bad) {
   pdl_prologue();
   __shared__ int32_t next[kMoeGroupMaxExperts];
   __shared__ int32_t tile[kMoeGroupThreads];
-  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) next[e] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
-    const int e = sel[p];
-    if (e < 0 || e >= n_experts) {
-      if (bad) *bad = 1;
-    } else {
-      atomicAdd(&next[e], 1);
-    }
-  }
-  __syncthreads();
+  moe_count_range(sel, 0, n_pairs, n_experts, next, bad);
   if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
     int run = 0;
     for (int e = 0; e < n_experts; ++e) {
@@ -2074,18 +2080,8 @@ __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_
 __global__ void moe_count_kernel(const int32_t* sel, int n_pairs, int n_experts, int32_t* counts, int32_t* bad) {
   pdl_prologue();
   __shared__ int32_t c[kMoeGroupMaxExperts];
-  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) c[e] = 0;
-  __syncthreads();
-  const int begin = int(blockIdx.x) * kMoeGroupChunk, end = min(begin + kMoeGroupChunk, n_pairs);
-  for (int p = begin + int(threadIdx.x); p < end; p += blockDim.x) {
-    const int e = sel[p];
-    if (e < 0 || e >= n_experts) {
-      if (bad) *bad = 1;
-    } else {
-      atomicAdd(&c[e], 1);
-    }
-  }
-  __syncthreads();
+  const int begin = int(blockIdx.x) * kMoeGroupChunk;
+  moe_count_range(sel, begin, min(begin + kMoeGroupChunk, n_pairs), n_experts, c, bad);
   for (int e = threadIdx.x; e < n_experts; e += blockDim.x) counts[int64_t(blockIdx.x) * n_experts + e] = c[e];
 }
 
