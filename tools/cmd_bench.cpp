@@ -45,6 +45,7 @@ struct ModelBenchOpts {
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
+  int64_t gemv_tiled_min_rows = 0;         // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
 };
@@ -71,6 +72,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
+  lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   const auto t0 = clock::now();
@@ -244,6 +246,11 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--dense-gemm-min-tokens", mo->dense_gemm_min_tokens,
                   "model bench, GPU: forwards of at least this many tokens run the FP8 token linears through the "
                   "FP8 GEMM (0: the block-scaled GEMV always), as run / serve")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--gemv-tiled-min-rows", mo->gemv_tiled_min_rows,
+                  "model bench, GPU: block-scaled GEMV launches of at least this many rows take the tiled kernel, "
+                  "smaller ones 16-token passes (the same bits), as run / serve")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,

@@ -168,5 +168,53 @@ INSTANTIATE_TEST_SUITE_P(Tiny, GpuBatch,
                                   (info.param.native ? "_native" : "_fp32") + (info.param.gemms ? "_gemm" : "");
                          });
 
+// GpuLoadOptions::gemv_tiled_min_rows only picks the kernel of the block-scaled GEMVs above
+// kGpuGraphMaxTokens rows (the tiled kernel over pre-quantised inputs, or the decode GEMV in
+// 16-token passes): the logits are the same bits either way, for a prefill chunk and for a step
+// of many short sequences (the routed experts' groups above 8 pairs on average).
+class GpuGemvPasses : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuGemvPasses, TiledKernelAndPassesGiveTheSameBits) {
+  FS_REQUIRE_GPU();
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = tiny_checkpoint(std::string("fs_gemvpass_") + GetParam(), cfg.value(), 7);
+  GpuLoadOptions tiled, passes;
+  tiled.weights = passes.weights = GpuWeights::kNative;
+  passes.gemv_tiled_min_rows = int64_t(1) << 40;
+  auto a = load_model_gpu(dir, Numerics::kReference, 0, tiled);
+  auto b = load_model_gpu(dir, Numerics::kReference, 0, passes);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const int64_t V = a.value()->config().vocab_size;
+  const auto prompt = random_tokens(41, 203, V);
+  const auto pa = run_step(*a.value(), {{a.value()->new_sequence().get(), prompt}}, true);
+  const auto pb = run_step(*b.value(), {{b.value()->new_sequence().get(), prompt}}, true);
+  ASSERT_EQ(pa.size(), 1u);
+  ASSERT_EQ(pb.size(), 1u);
+  EXPECT_TRUE(same_bits(pa[0], pb[0])) << "203-token prefill";
+  // 40 sequences of 3 tokens in one step (120 rows), then one decode token each (40 rows).
+  constexpr int kSeqs = 40;
+  std::vector<std::unique_ptr<SequenceState>> sa, sb;
+  for (int i = 0; i < kSeqs; ++i) sa.push_back(a.value()->new_sequence()), sb.push_back(b.value()->new_sequence());
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::pair<SequenceState*, std::vector<int32_t>>> ia, ib;
+    for (int i = 0; i < kSeqs; ++i) {
+      const auto toks = random_tokens(300 + uint64_t(step * kSeqs + i), step == 0 ? 3 : 1, V);
+      ia.emplace_back(sa[size_t(i)].get(), toks);
+      ib.emplace_back(sb[size_t(i)].get(), toks);
+    }
+    const auto ga = run_step(*a.value(), ia, true), gb = run_step(*b.value(), ib, true);
+    ASSERT_EQ(ga.size(), size_t(kSeqs));
+    ASSERT_EQ(gb.size(), size_t(kSeqs));
+    for (int i = 0; i < kSeqs; ++i) EXPECT_TRUE(same_bits(ga[size_t(i)], gb[size_t(i)])) << "step " << step << " sequence " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, GpuGemvPasses, ::testing::Values("tiny-v41", "tiny-v4"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(std::string(info.param) == "tiny-v41" ? "v41" : "v4");
+                         });
+
 }  // namespace
 }  // namespace flashseek::forward

@@ -509,6 +509,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("moe_gemm_min_tokens {}: expected >= 0 (0: off)", opts.moe_gemm_min_tokens);
   if (opts.dense_gemm_min_tokens < 0)
     return invalid_argument("dense_gemm_min_tokens {}: expected >= 0 (0: off)", opts.dense_gemm_min_tokens);
+  if (opts.gemv_tiled_min_rows < 0)
+    return invalid_argument("gemv_tiled_min_rows {}: expected >= 0", opts.gemv_tiled_min_rows);
   if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 4)
     return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2, 3 or 4", opts.index_scores_kernel);
   std::string why;
@@ -569,6 +571,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_attention_ = opts.prefill_attention;
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
   m->dense_gemm_min_tokens_ = opts.dense_gemm_min_tokens;
+  m->gemv_tiled_min_rows_ = opts.gemv_tiled_min_rows;
   m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
@@ -1036,7 +1039,7 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
   p.bf16_in = bf16_in, p.bf16_round_out = bf16_out;
-  if (rows > kGpuGraphMaxTokens) {  // prefill-sized: quantise x once, not in every block (same bits)
+  if (rows > kGpuGraphMaxTokens && rows >= gemv_tiled_min_rows_) {  // quantise x once for the tiled kernel (same bits)
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
     FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, bf16_in, xq, xs, stream_));
