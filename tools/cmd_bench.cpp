@@ -131,6 +131,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   const size_t S = size_t(o.step_tokens);
   std::vector<int32_t> next(size_t(o.batch) * S);
   size_t rows_per_item = 1;  // logits rows per sequence in the previous forward (the prefill: 1)
+  const auto g0 = forward::gpu_graph_stats(m);  // the timed steps' graph counters (GPU backends)
   for (int r = 0; r < reps; ++r) {
     for (int b = 0; b < o.batch; ++b) {
       const float* row = logits.data() + (size_t(b) + 1) * rows_per_item * size_t(c.vocab_size) - size_t(c.vocab_size);
@@ -146,6 +147,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
     if (Status st = m.forward(items, logits); !st.ok()) return fail(st);
     steps.push_back(std::chrono::duration<double>(clock::now() - s0).count());
   }
+  const auto g1 = forward::gpu_graph_stats(m);
   std::sort(steps.begin(), steps.end());
   const double med = steps.empty() ? 0 : steps[steps.size() / 2];
   std::printf("model bench: %s, %lld layers, backend %s (%s), numerics %s\n", source->name.c_str(),
@@ -158,6 +160,17 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
               o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
               med > 0 ? o.batch * o.step_tokens / med : 0.0);
   std::printf("logits checksum (prefill rows): %.9g\n", checksum);
+  if (g0.ok() && g1.ok() && reps > 0) {
+    // How the timed steps ran: replayed graphs (patched) or recorded ones, or eagerly; the host
+    // time until the step's final sync and the time waiting in it, per step.
+    const auto d = [&](int64_t forward::GpuGraphStats::*f) { return static_cast<long long>((*g1).*f - (*g0).*f); };
+    const double n = double(std::max<int64_t>(g1->timed - g0->timed, 1));
+    std::printf("decode steps: %lld graph launches (%lld patched, %lld new executables), %lld eager; host %.3f ms, "
+                "sync wait %.3f ms per step\n",
+                d(&forward::GpuGraphStats::launches), d(&forward::GpuGraphStats::patched),
+                d(&forward::GpuGraphStats::instantiations), d(&forward::GpuGraphStats::eager_fallbacks),
+                double(g1->host_ns - g0->host_ns) / n * 1e-6, double(g1->wait_ns - g0->wait_ns) / n * 1e-6);
+  }
   if (auto st = forward::gpu_graph_stats(m); st.ok())
     std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions\n",
                 static_cast<long long>(st->dense_gemm_linears), static_cast<long long>(st->moe_gemm_layers),

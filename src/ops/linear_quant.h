@@ -40,6 +40,10 @@ struct BlockLinearParams {
   // set (launches small enough to quantise inside read it, rounding it by bf16_in).
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
+  // With xq (CUDA only): the launch may take the tiled kernel (64-row x 128-token CTA tiles over
+  // the whole of k, built for prefill chunks); false: the decode GEMV's token passes over each
+  // weight tile (k split across warps and clusters), reading xq. The same bits either way.
+  bool tiled = true;
 };
 
 // Shape rules shared by both backends: k a multiple of 32, of act_block and (FP8) of w_block;

@@ -43,6 +43,7 @@ struct ExpertGemvParams {
   // every block on prefill-sized launches; the same bits. x must still be set.
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
+  bool tiled = true;  // BlockLinearParams::tiled
 };
 
 // Host-checkable rules (index arrays live on the device and are not read here).

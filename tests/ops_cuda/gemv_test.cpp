@@ -869,6 +869,11 @@ TEST(CudaGemvPrequant, ExpertGemvIsTheSameBitsAsQuantisingInside) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto plain = dy0.to_host(), preq = dy1.to_host();
     ASSERT_EQ(0, std::memcmp(plain.data(), preq.data(), plain.size() * 4));
+    p.tiled = false, p.y = dy1.get();  // the GEMV's token passes over the pre-quantised rows
+    FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto passes = dy1.to_host();
+    ASSERT_EQ(0, std::memcmp(plain.data(), passes.data(), plain.size() * 4)) << "passes over xq";
   }
 }
 
@@ -890,7 +895,8 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
         std::mt19937 rng(uint32_t(c.m + c.n + c.k + split * 10 + chunk));
         const Weights w = random_weights(rng, c.f, c.n, c.k, c.w_block);
         const std::vector<float> x = random_block_activations(rng, c.m, c.k);
-        DeviceBuffer<float> dx(x), dy0(size_t(c.m * c.n)), dy1(size_t(c.m * c.n)), dxs(size_t(c.m * c.k / 32));
+        DeviceBuffer<float> dx(x), dy0(size_t(c.m * c.n)), dy1(size_t(c.m * c.n)), dy2(size_t(c.m * c.n));
+        DeviceBuffer<float> dxs(size_t(c.m * c.k / 32));
         DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dxq(size_t(c.m * c.k));
         BlockLinearParams p;
         p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block, p.act_block = c.act_block;
@@ -900,10 +906,13 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
         FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, false, dxq.get(), dxs.get(), nullptr));
         p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
         FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        p.tiled = false, p.y = dy2.get();  // the GEMV's 32-token passes over the pre-quantised x
+        FS_ASSERT_OK(block_linear_cuda(p, nullptr));
         detail::set_gemv_tuning(0, 0);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const auto plain = dy0.to_host(), tiled = dy1.to_host();
+        const auto plain = dy0.to_host(), tiled = dy1.to_host(), passes = dy2.to_host();
         ASSERT_EQ(0, std::memcmp(plain.data(), tiled.data(), plain.size() * 4));
+        ASSERT_EQ(0, std::memcmp(plain.data(), passes.data(), plain.size() * 4)) << "passes over xq";
       }
   // Grouped, gated (gate ‖ up with SwiGLU and routing weights), token rows through pair_row.
   // FP4 (the routed experts) and FP8 with 128 x 128 scale blocks (a gated FP8 matrix).
@@ -923,7 +932,7 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
       std::vector<float> x = random_block_activations(rng, tokens, k);
       for (auto& v : x) v *= 0.05f;
       DeviceBuffer<float> dx(x), dy0(size_t(pairs * n)), dy1(size_t(pairs * n)), dxs(size_t(tokens * k / 32));
-      DeviceBuffer<float> dpw(r.pair_weight);
+      DeviceBuffer<float> dpw(r.pair_weight), dy2(size_t(pairs * n));
       DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(tokens * k));
       DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
       ExpertGemvParams p;
@@ -939,10 +948,13 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
       FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), tokens, k, 32, false, dxq.get(), dxs.get(), nullptr));
       p.xq = dxq.get(), p.xs = dxs.get(), p.y = dy1.get();
       FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      p.tiled = false, p.y = dy2.get();  // the GEMV's passes over the pre-quantised x
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
       detail::set_gemv_tuning(0, 0);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto plain = dy0.to_host(), tiled = dy1.to_host();
+      const auto plain = dy0.to_host(), tiled = dy1.to_host(), passes = dy2.to_host();
       ASSERT_EQ(0, std::memcmp(plain.data(), tiled.data(), plain.size() * 4));
+      ASSERT_EQ(0, std::memcmp(plain.data(), passes.data(), plain.size() * 4)) << "passes over xq";
       for (int64_t q = r.group_start[1]; q < r.group_start[2]; ++q)
         for (int64_t o = 0; o < n; ++o) ASSERT_EQ(tiled[size_t(q * n + o)], 0.0f) << "pair " << q;
     }

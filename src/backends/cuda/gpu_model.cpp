@@ -1039,11 +1039,12 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
   p.bf16_in = bf16_in, p.bf16_round_out = bf16_out;
-  if (rows > kGpuGraphMaxTokens && rows >= gemv_tiled_min_rows_) {  // quantise x once for the tiled kernel (same bits)
+  if (rows > kGpuGraphMaxTokens) {  // wide launches: quantise x once, not in every block (same bits)
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
     FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, bf16_in, xq, xs, stream_));
     p.xq = xq, p.xs = xs;
+    p.tiled = rows >= gemv_tiled_min_rows_;  // else the GEMV's token passes (GpuLoadOptions::gemv_tiled_min_rows)
   }
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   return {};

@@ -155,13 +155,13 @@ struct GpuLoadOptions {
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's
   // --bf16-linears tensor|exact.
   bool tensor_core_linears = false;
-  // The block-scaled GEMVs of steps with more than kGpuGraphMaxTokens rows (ops/cuda/gemv): a
-  // launch of at least this many token rows (the routed experts: this many pairs per expert on
-  // average) quantises its input once and runs the tiled kernel (64-row x 128-token CTA tiles,
-  // built for prefill chunks); a smaller one runs the decode GEMV in 16-token passes over each
-  // weight tile (k split over clusters, the passes re-reading the tile from L2). The same sums in
-  // the same order either way, so only speed depends on it. 0: the tiled kernel from
-  // kGpuGraphMaxTokens + 1 rows on. The CLI's --gemv-tiled-min-rows.
+  // The block-scaled GEMVs of steps with more than kGpuGraphMaxTokens rows (ops/cuda/gemv), whose
+  // inputs are quantised once per launch: a launch of at least this many token rows (the routed
+  // experts: this many pairs per expert on average) runs the tiled kernel (64-row x 128-token CTA
+  // tiles over the whole of k, built for prefill chunks); a smaller one the decode GEMV in token
+  // passes over each weight tile (k split across warps and clusters, later passes re-reading the
+  // tile). The same sums in the same order either way, so only speed depends on it. 0: the tiled
+  // kernel from kGpuGraphMaxTokens + 1 rows on. The CLI's --gemv-tiled-min-rows.
   int64_t gemv_tiled_min_rows = 0;
 };
 

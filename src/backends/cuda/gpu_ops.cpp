@@ -435,10 +435,11 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
     gstart = d_gstart, gexpert = sel, prow = d_prow;
   }
-  // Prefill-sized steps (more pairs than 8 per expert group, and at least gemv_tiled_min_rows_ on
-  // average) quantise each input once for all blocks and take the tiled GEMV; smaller ones the
-  // GEMV's 16-token passes, which quantise inside (the same bits either way).
-  const bool preq = grouped && TK > 8 * n_groups && TK >= gemv_tiled_min_rows_ * n_groups;
+  // Steps of more pairs than 8 per expert group quantise each input once for all blocks (the
+  // same bits as quantising inside the GEMV); from gemv_tiled_min_rows_ pairs per group on
+  // average they take the tiled GEMV, below it the GEMV's token passes.
+  const bool preq = grouped && TK > 8 * n_groups;
+  const bool tiled = TK >= gemv_tiled_min_rows_ * n_groups;
   auto quantize = [&](const char* tag, const float* x, int64_t rows, int64_t k, int64_t act,
                       std::pair<const uint8_t*, const float*>& out) -> Status {
     if (!preq) return {};
@@ -454,7 +455,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
                  float* y) -> Status {
     ops::ExpertGemvParams q;
     q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
-    q.xq = xq_cur.first, q.xs = xq_cur.second;
+    q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;

@@ -270,8 +270,10 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 }
 
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
-// kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators).
-// (Pre-quantised x, prefill: gemv_tiled_kernel below, the same sums.)
+// kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators;
+// 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
+// often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
+// (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
 template <bool kFp4, int kChunk, bool kGated, int kNt>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
@@ -320,10 +322,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
                        const uint32_t (&scu)[2][2]) {
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
-        if (nt == 1 && ntok <= 8) break;  // warp-uniform
+        if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
         uint32_t B[kChunk][2];
         float xs[kChunk];
-        quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
+        if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
+        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
         mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
         if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
       }
@@ -736,9 +739,10 @@ cudaError_t launch_tiled(const GemvArgs& a, int n_groups, const Tuning& t, cudaS
 }
 
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
-// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes,
-// except with 4-block chunks of one FP8 matrix (16-token passes would spill; V4's act_block 128
-// has no other choice). The pass width never changes a row's summation order.
+// several passes (correct, re-reading the weight tile), so wide batches use 16-token passes
+// (32 over pre-quantised x, below), except with 4-block chunks of one FP8 matrix quantised inside
+// (16-token passes would spill; V4's act_block 128 has no other choice). The pass width never
+// changes a row's summation order.
 template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t groups = a.group_start && a.split_groups > 0 ? a.split_groups : n_groups;
@@ -751,8 +755,17 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const bool tiled_ok = a.k / 32 <= (kFp4 ? kTMaxFp4Blocks : kTMaxBlocks) && reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (!a.wu || reinterpret_cast<uintptr_t>(a.wu) % 16 == 0) &&
                         (!a.group_start || a.e_stride % 16 == 0);
-  if (a.xq && !small && tiled_ok) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
-  const bool wide = !small && !(t.chunk == 4 && a.act_block != 128);
+  if (a.xq && !small && tiled_ok && a.tiled) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
+  // Pre-quantised x without the tiled kernel: 32-token passes where the groups average more than
+  // 16 tokens, for one matrix (32 tokens of gate and up would need 64 KB of shared memory) in
+  // chunks of at most 2 blocks (4-block chunks would spill).
+  const int64_t per_group = a.group_start ? (a.m + n_groups - 1) / n_groups : a.m;
+  if constexpr (!kGated)
+    if (a.xq && per_group > 16 && t.chunk <= 2)
+      return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4>(a, n_groups, t.split, stream)
+                          : launch_k<kFp4, 1, kGated, 4>(a, n_groups, t.split, stream);
+  // (16-token passes of x quantised inside with 4-block chunks of one FP8 matrix would spill.)
+  const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
 

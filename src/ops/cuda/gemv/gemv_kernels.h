@@ -10,9 +10,10 @@ namespace flashseek::ops::cuda::detail {
 struct GemvArgs {
   const float* x;
   // Optional: x already quantised by launch_gemv_quantize (codes [rows, k], scales [rows, k/32]);
-  // wide passes then read these instead of quantising x again in every block (same bits).
+  // wide launches then read these instead of quantising x again in every block (same bits).
   const uint8_t* xq;
   const float* xs;
+  bool tiled;  // with xq: the tiled kernel may run (else the GEMV's token passes over xq)
   const uint8_t *w, *ws, *wu, *wsu;  // wu/wsu: up matrix (gated) or null
   int64_t e_stride, e_sstride;       // bytes between experts
   const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens

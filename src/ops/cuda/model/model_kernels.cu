@@ -1659,7 +1659,9 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
 constexpr int kTileRows = 16, kTileMix = 12, kTileThreads = 256;
 constexpr int kTileSlots = kTileRows + kTileMix;  // staged rows of one 128-column slice
 constexpr int kTileSliceF4 = kTileSlots * 32;     // float4 per staged slice
-constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 64;
+// kHcTileMinRows: a row tile's CTA adds 16 rows x 12 mixes over the whole of flat; below ~256
+// rows too few of them run to beat the split row kernel, whose clusters re-read fn per row.
+constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 256;
 template <int kSlices>
 struct HcTile {
   static constexpr int kStages = kSlices >= 4 ? 3 : 4;
