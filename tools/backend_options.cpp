@@ -38,7 +38,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->capture_default_str();
   cmd->add_option("--gemv-tiled-min-rows", o.gemv_tiled_min_rows,
                   "GPU backend: block-scaled GEMV launches of at least this many token rows (routed experts: pairs "
-                  "per expert) take the tiled kernel, smaller ones the decode GEMV in 16-token passes; the same "
+                  "per expert) take the tiled kernel, smaller ones the decode GEMV in token passes over each weight tile; the same "
                   "bits either way (0: the tiled kernel above 8 rows)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

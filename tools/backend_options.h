@@ -25,7 +25,7 @@ struct BackendOpts {
   // (128 rows) per sequence: prefill chunks take the GEMMs, decode and verify rows the GEMVs.
   int64_t moe_gemm_min_tokens = 128;
   int64_t dense_gemm_min_tokens = 128;
-  int64_t gemv_tiled_min_rows = 0;  // GpuLoadOptions::gemv_tiled_min_rows
+  int64_t gemv_tiled_min_rows = 192;  // GpuLoadOptions::gemv_tiled_min_rows
   // f16 | bf16 | bf16-expanded (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)

@@ -45,7 +45,7 @@ struct ModelBenchOpts {
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
-  int64_t gemv_tiled_min_rows = 0;         // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
+  int64_t gemv_tiled_min_rows = 192;       // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
 };

@@ -181,6 +181,7 @@ TEST_P(GpuGemvPasses, TiledKernelAndPassesGiveTheSameBits) {
   const std::string dir = tiny_checkpoint(std::string("fs_gemvpass_") + GetParam(), cfg.value(), 7);
   GpuLoadOptions tiled, passes;
   tiled.weights = passes.weights = GpuWeights::kNative;
+  tiled.gemv_tiled_min_rows = 0;  // the tiled kernel from 9 rows on
   passes.gemv_tiled_min_rows = int64_t(1) << 40;
   auto a = load_model_gpu(dir, Numerics::kReference, 0, tiled);
   auto b = load_model_gpu(dir, Numerics::kReference, 0, passes);

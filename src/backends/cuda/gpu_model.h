@@ -161,8 +161,11 @@ struct GpuLoadOptions {
   // tiles over the whole of k, built for prefill chunks); a smaller one the decode GEMV in token
   // passes over each weight tile (k split across warps and clusters, later passes re-reading the
   // tile). The same sums in the same order either way, so only speed depends on it. 0: the tiled
-  // kernel from kGpuGraphMaxTokens + 1 rows on. The CLI's --gemv-tiled-min-rows.
-  int64_t gemv_tiled_min_rows = 0;
+  // kernel from kGpuGraphMaxTokens + 1 rows on. The default lies between the row counts measured
+  // on an H200 at real widths (bench/RESULTS.md, session 20): decode steps of 16-128 sequences
+  // run faster with the passes, prefill steps of 240 and 800 rows with the tiled kernel. The
+  // CLI's --gemv-tiled-min-rows.
+  int64_t gemv_tiled_min_rows = 192;
 };
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
