@@ -509,8 +509,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("moe_gemm_min_tokens {}: expected >= 0 (0: off)", opts.moe_gemm_min_tokens);
   if (opts.dense_gemm_min_tokens < 0)
     return invalid_argument("dense_gemm_min_tokens {}: expected >= 0 (0: off)", opts.dense_gemm_min_tokens);
-  if (opts.gemv_tiled_min_rows < 0)
-    return invalid_argument("gemv_tiled_min_rows {}: expected >= 0", opts.gemv_tiled_min_rows);
+  if (opts.gemv_tiled_min_rows < 0 || opts.gemv_tiled_min_rows > kMaxGemvTiledMinRows)  // times groups stays in int64
+    return invalid_argument("gemv_tiled_min_rows {}: expected 0..{}", opts.gemv_tiled_min_rows, kMaxGemvTiledMinRows);
   if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 4)
     return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2, 3 or 4", opts.index_scores_kernel);
   std::string why;

@@ -167,6 +167,8 @@ struct GpuLoadOptions {
   // CLI's --gemv-tiled-min-rows.
   int64_t gemv_tiled_min_rows = 192;
 };
+// The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
+inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;
 
 // CUDA graphs of decode-sized forwards (docs/cuda.md, "CUDA graphs"): a GpuModel::forward call
 // whose items all have at most kGpuGraphMaxTokens tokens runs as a CUDA graph on the model's
