@@ -40,7 +40,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "GPU backend: block-scaled GEMV launches of at least this many token rows (routed experts: pairs "
                   "per expert) take the tiled kernel, smaller ones the decode GEMV in token passes over each weight tile; the same "
                   "bits either way (0: the tiled kernel above 8 rows)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->check(CLI::Range(int64_t(0), forward::kMaxGemvTiledMinRows))
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
                   "GPU backend: the operands of the FP8/FP4 prefill GEMMs: f16 (f16 codes, each 32-block's sum "

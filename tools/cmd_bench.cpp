@@ -263,8 +263,8 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gemv-tiled-min-rows", mo->gemv_tiled_min_rows,
                   "model bench, GPU: block-scaled GEMV launches of at least this many rows take the tiled kernel, "
-                  "smaller ones 16-token passes (the same bits), as run / serve")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+                  "smaller ones the decode GEMV in token passes (the same bits), as run / serve")
+      ->check(CLI::Range(int64_t(0), forward::kMaxGemvTiledMinRows))
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")

@@ -160,11 +160,10 @@ struct GpuLoadOptions {
   // experts: this many pairs per expert on average) runs the tiled kernel (64-row x 128-token CTA
   // tiles over the whole of k, built for prefill chunks); a smaller one the decode GEMV in token
   // passes over each weight tile (k split across warps and clusters, later passes re-reading the
-  // tile). The same sums in the same order either way, so only speed depends on it. 0: the tiled
-  // kernel from kGpuGraphMaxTokens + 1 rows on. The default lies between the row counts measured
-  // on an H200 at real widths (bench/RESULTS.md, session 20): decode steps of 16-128 sequences
-  // run faster with the passes, prefill steps of 240 and 800 rows with the tiled kernel. The
-  // CLI's --gemv-tiled-min-rows.
+  // tile). The same sums in the same order either way, so only speed depends on it: the passes
+  // suit decode steps of many sequences (a few tokens per matrix), the tiled kernel prefill steps
+  // (many token tiles per weight tile). 0: the tiled kernel from kGpuGraphMaxTokens + 1 rows on.
+  // The CLI's --gemv-tiled-min-rows.
   int64_t gemv_tiled_min_rows = 192;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).

@@ -764,7 +764,6 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
     if (a.xq && per_group > 16 && t.chunk <= 2)
       return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4>(a, n_groups, t.split, stream)
                           : launch_k<kFp4, 1, kGated, 4>(a, n_groups, t.split, stream);
-  // (16-token passes of x quantised inside with 4-block chunks of one FP8 matrix would spill.)
   const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
