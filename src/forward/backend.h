@@ -136,11 +136,13 @@ enum class Cache { kCkv, kIkeys };
 // Which compressor of a layer feeds it.
 enum class Compressor { kKv, kIndex };
 
-// Rows just pooled by a compressor, at the end of their cache and not yet committed, with the
-// group index of each.
+// Rows just pooled by a compressor for every sequence of a chunk, at the end of their caches and
+// not yet committed: segment s's rows follow segment s-1's, seg_n[s] of them, with the group
+// index of each row.
 struct PooledRows {
   Tensor rows;                  // [n, c]
   std::vector<int64_t> groups;  // [n]
+  std::vector<int64_t> seg_n;   // [segments], summing to n
 };
 
 class Backend {
@@ -215,17 +217,19 @@ class Backend {
                              float eps, bool bf16) = 0;
 
   // ---- per-sequence state ----
-  // Feeds one sequence's compressor rows v / z [T, width] into its state (rollback history
-  // included) and pools every group the chunk completes into new rows at the end of the cache
-  // the compressor feeds (kKv → kCkv, kIndex → kIkeys), not yet committed.
-  virtual Result<PooledRows> compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v,
+  // Feeds every sequence's compressor rows (v / z [chunk.T, width], the chunk's rows) into its
+  // state (rollback history included) and pools every group the chunk completes into new rows at
+  // the end of the cache the compressor feeds (kKv → kCkv, kIndex → kIkeys), not yet committed.
+  virtual Result<PooledRows> compressor_feed(FwdChunk& chunk, int layer, Compressor which, const Tensor& v,
                                              const Tensor& z, int64_t ratio, int64_t c, bool overlap) = 0;
-  // n writable rows at the end of a cache of the sequence's layer, then their commit.
-  virtual Result<Tensor> cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) = 0;
-  virtual Status cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) = 0;
-  // Index scores of one sequence's queries iq [T, nI·dI] / weights [T, nI] over the index keys of
-  // the layer's kv source, candidate masks (V4.1) and the top-k lists out [T, k] / counts [T].
-  virtual Status index_topk(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+  // seg_n[s] writable rows at the end of a cache of segment s's layer (all segments' rows back to
+  // back), then their commit.
+  virtual Result<Tensor> cache_reserve(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) = 0;
+  virtual Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) = 0;
+  // Index scores of every sequence's queries iq [chunk.T, nI·dI] / weights [chunk.T, nI] over the
+  // index keys of its layer's kv source, candidate masks (V4.1) and the top-k lists out
+  // [chunk.T, k] / counts [chunk.T] (each segment's rows at its row0).
+  virtual Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                             const Tensor& out_n) = 0;
   // Sparse attention of every sequence's rows over [its window ‖ its selected compressed rows]
   // with sinks: q [T, H, Dh], the chunk's window rows kv [T, Dh] → o [T, H·Dh] (BF16 when bf16).

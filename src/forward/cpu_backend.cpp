@@ -329,13 +329,25 @@ LayerState& CpuOps::layer_state(FwdSeg& seg, int layer) const {
   return static_cast<CpuSequenceState*>(seg.st)->layers[size_t(layer)];
 }
 
-Result<PooledRows> CpuOps::compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z,
-                                           int64_t ratio, int64_t c, bool overlap) {
-  CompressorState& cs = which == Compressor::kKv ? layer_state(seg, layer).comp : layer_state(seg, layer).icomp;
-  const int64_t width = overlap ? 2 * c : c, T = seg.T;
+Result<PooledRows> CpuOps::compressor_feed(FwdChunk& ctx, int layer, Compressor which, const Tensor& v,
+                                           const Tensor& z, int64_t ratio, int64_t c, bool overlap) {
   std::vector<float>& entries = pending_[which == Compressor::kKv ? 0 : 1];
   entries.clear();
   PooledRows out;
+  for (FwdSeg& g : ctx.segs) {
+    const size_t n0 = out.groups.size();
+    feed_seg(g, layer, which, v.rows_from(g.row0, g.T), z.rows_from(g.row0, g.T), ratio, c, overlap, entries,
+             out.groups);
+    out.seg_n.push_back(int64_t(out.groups.size() - n0));
+  }
+  out.rows = Tensor{entries.data(), ElemType::kF32, int64_t(out.groups.size()), c};
+  return out;
+}
+
+void CpuOps::feed_seg(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z, int64_t ratio,
+                      int64_t c, bool overlap, std::vector<float>& entries, std::vector<int64_t>& groups) {
+  CompressorState& cs = which == Compressor::kKv ? layer_state(seg, layer).comp : layer_state(seg, layer).icomp;
+  const int64_t width = overlap ? 2 * c : c, T = seg.T;
   const float* pv = cf(v);
   const float* pz = cf(z);
   // Each row joins the open group (and the rollback history); a full group pools into an entry.
@@ -365,7 +377,7 @@ Result<PooledRows> CpuOps::compressor_feed(FwdSeg& seg, int layer, Compressor wh
     std::vector<float> e(static_cast<size_t>(c));
     ops::softmax_pool({vs.data(), zs.data(), int64_t(vs.size()), c, e.data()});
     entries.insert(entries.end(), e.begin(), e.end());
-    out.groups.push_back(seg.pos[size_t(t)] / ratio);
+    groups.push_back(seg.pos[size_t(t)] / ratio);
     if (overlap) {
       cs.prev_v = cs.v;
       cs.prev_z = cs.z;
@@ -375,30 +387,47 @@ Result<PooledRows> CpuOps::compressor_feed(FwdSeg& seg, int layer, Compressor wh
     cs.z.clear();
     cs.n_pend = 0;
   }
-  out.rows = Tensor{entries.data(), ElemType::kF32, int64_t(out.groups.size()), c};
-  return out;
 }
 
-Result<Tensor> CpuOps::cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) {
+Result<Tensor> CpuOps::cache_reserve(FwdChunk&, int, Cache which, std::span<const int64_t> seg_n) {
   const int64_t width = which == Cache::kCkv ? c_.head_dim : c_.index_head_dim;
+  int64_t n = 0;
+  for (const int64_t k : seg_n) n += k;
   std::vector<float>& rows = pending_[which == Cache::kCkv ? 0 : 1];
   rows.assign(size_t(n * width), 0.0f);
   return Tensor{rows.data(), ElemType::kF32, n, width};
 }
 
-Status CpuOps::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
-  LayerState& LS = layer_state(seg, layer);
-  PagedRows& dst = which == Cache::kCkv ? LS.ckv : LS.ikeys;
+Status CpuOps::cache_commit(FwdChunk& ctx, int layer, Cache which, std::span<const int64_t> seg_n) {
   std::vector<float>& rows = pending_[which == Cache::kCkv ? 0 : 1];
-  if (int64_t(rows.size()) != n * dst.width())
-    return internal_error("cache_commit: {} rows of width {} were not reserved", n, dst.width());
-  dst.append(rows);
+  if (seg_n.size() != ctx.segs.size())
+    return internal_error("cache_commit: {} row counts for {} sequences", seg_n.size(), ctx.segs.size());
+  const int64_t width = which == Cache::kCkv ? c_.head_dim : c_.index_head_dim;
+  int64_t n = 0;
+  for (const int64_t k : seg_n) n += k;
+  if (int64_t(rows.size()) != n * width)
+    return internal_error("cache_commit: {} rows of width {} were not reserved", n, width);
+  const float* src = rows.data();
+  for (size_t s = 0; s < seg_n.size(); ++s) {
+    LayerState& LS = layer_state(ctx.segs[s], layer);
+    PagedRows& dst = which == Cache::kCkv ? LS.ckv : LS.ikeys;
+    dst.append(std::span<const float>(src, size_t(seg_n[s] * width)));
+    src += seg_n[s] * width;
+  }
   rows.clear();
   return {};
 }
 
-Status CpuOps::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+Status CpuOps::index_topk(int l, FwdChunk& ctx, const Tensor& iq, const Tensor& wts, const Tensor& out,
                           const Tensor& out_n) {
+  for (FwdSeg& g : ctx.segs)
+    index_topk_seg(l, g, iq.rows_from(g.row0, g.T), wts.rows_from(g.row0, g.T), out.rows_from(g.row0, g.T),
+                   out_n.rows_from(g.row0, g.T));
+  return {};
+}
+
+void CpuOps::index_topk_seg(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                            const Tensor& out_n) {
   const auto& role = c_.role(l);
   const bool R = m_.ref();
   const int64_t T = seg.T, nI = c_.index_n_heads, dI = c_.index_head_dim, ratio = role.ratio, K = c_.index_topk;
@@ -427,7 +456,6 @@ Status CpuOps::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wt
       out_n.i32()[t] = int32_t(idx.size());
     }
   });
-  return {};
 }
 
 Status CpuOps::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,

@@ -63,11 +63,11 @@ class CpuOps final : public Backend {
   Status engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,
                      float eps, bool bf16) override;
 
-  Result<PooledRows> compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z,
+  Result<PooledRows> compressor_feed(FwdChunk& chunk, int layer, Compressor which, const Tensor& v, const Tensor& z,
                                      int64_t ratio, int64_t c, bool overlap) override;
-  Result<Tensor> cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) override;
-  Status cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) override;
-  Status index_topk(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+  Result<Tensor> cache_reserve(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
+  Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
+  Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                    int64_t H, bool bf16) override;
@@ -100,6 +100,13 @@ class CpuOps final : public Backend {
   void linear_raw(const float* x, const Vec& w, int64_t rows, int64_t in, int64_t out, float* y, int64_t act_block,
                   bool bf16_out, bool bf16_in, const LinearKey& key) const;
   LayerState& layer_state(FwdSeg& seg, int layer) const;
+  // One sequence's part of compressor_feed (its rows v / z [seg.T, width]): pooled rows are
+  // appended to entries, their groups to groups.
+  void feed_seg(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z, int64_t ratio, int64_t c,
+                bool overlap, std::vector<float>& entries, std::vector<int64_t>& groups);
+  // One sequence's part of index_topk (its rows of iq, wts, out, out_n).
+  void index_topk_seg(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                      const Tensor& out_n);
 
   const CpuModel& m_;
   const model::ModelConfig& c_;

@@ -333,37 +333,30 @@ Status Forward::compress(int l, FwdChunk& ctx, const Tensor& a) {
   Tensor v, z, iv, iz;
   FS_RETURN_IF_ERROR(project(A.compressor, coff * Dh, "cmp", v, z));
   if (A.has_idx_compressor) FS_RETURN_IF_ERROR(project(A.idx_compressor, coff * dI, "icmp", iv, iz));
-  for (FwdSeg& g : ctx.segs) {
-    auto rows = [&](const Tensor& t) { return t.empty() ? t : t.rows_from(g.row0, g.T); };
-    FS_RETURN_IF_ERROR(compress_seg(l, g, rows(v), rows(z), rows(iv), rows(iz)));
-  }
-  return {};
-}
-
-Status Forward::compress_seg(int l, FwdSeg& seg, const Tensor& v, const Tensor& z, const Tensor& iv,
-                             const Tensor& iz) {
-  const auto& role = c_.role(l);
-  const AttentionWeights& A = w_.layers[size_t(l)].attn;
-  const bool v41 = c_.is_v41();
-  const int64_t T = seg.T, Dh = c_.head_dim, dI = c_.index_head_dim, ratio = role.ratio;
+  // Every sequence at once: the state ops take the chunk, the entry ops are row-wise.
   const bool overlap = !v41 && ratio == 4;
   if (v41 && ratio == 1) {  // a plain projection: every row is an entry
-    FS_ASSIGN_OR_RETURN(Tensor e, b_.cache_reserve(seg, l, Cache::kCkv, T));
+    std::vector<int64_t> seg_n, groups;
+    for (const FwdSeg& g : ctx.segs) {
+      seg_n.push_back(g.T);
+      groups.insert(groups.end(), g.pos.begin(), g.pos.end());
+    }
+    FS_ASSIGN_OR_RETURN(Tensor e, b_.cache_reserve(ctx, l, Cache::kCkv, seg_n));
     FS_RETURN_IF_ERROR(b_.copy(e, v, size_t(T * Dh) * 4));
-    FS_RETURN_IF_ERROR(finish_entries(l, seg, Compressor::kKv, e, seg.pos));
+    FS_RETURN_IF_ERROR(finish_entries(l, ctx, Compressor::kKv, e, groups, seg_n));
   } else {
-    FS_ASSIGN_OR_RETURN(PooledRows p, b_.compressor_feed(seg, l, Compressor::kKv, v, z, ratio, Dh, overlap));
-    if (!p.groups.empty()) FS_RETURN_IF_ERROR(finish_entries(l, seg, Compressor::kKv, p.rows, p.groups));
+    FS_ASSIGN_OR_RETURN(PooledRows p, b_.compressor_feed(ctx, l, Compressor::kKv, v, z, ratio, Dh, overlap));
+    if (!p.groups.empty()) FS_RETURN_IF_ERROR(finish_entries(l, ctx, Compressor::kKv, p.rows, p.groups, p.seg_n));
   }
   if (!A.has_idx_compressor) return {};
   // V4 indexer compressor (c = dI): the same pooling, then Hadamard + FP4 (reference).
-  FS_ASSIGN_OR_RETURN(PooledRows p, b_.compressor_feed(seg, l, Compressor::kIndex, iv, iz, ratio, dI, overlap));
-  if (!p.groups.empty()) FS_RETURN_IF_ERROR(finish_entries(l, seg, Compressor::kIndex, p.rows, p.groups));
+  FS_ASSIGN_OR_RETURN(PooledRows p, b_.compressor_feed(ctx, l, Compressor::kIndex, iv, iz, ratio, dI, overlap));
+  if (!p.groups.empty()) FS_RETURN_IF_ERROR(finish_entries(l, ctx, Compressor::kIndex, p.rows, p.groups, p.seg_n));
   return {};
 }
 
-Status Forward::finish_entries(int l, FwdSeg& seg, Compressor which, const Tensor& e,
-                               const std::vector<int64_t>& groups) {
+Status Forward::finish_entries(int l, FwdChunk& ctx, Compressor which, const Tensor& e,
+                               const std::vector<int64_t>& groups, std::span<const int64_t> seg_n) {
   const auto& role = c_.role(l);
   const AttentionWeights& A = w_.layers[size_t(l)].attn;
   const bool v41 = c_.is_v41();
@@ -383,22 +376,22 @@ Status Forward::finish_entries(int l, FwdSeg& seg, Compressor which, const Tenso
       FS_RETURN_IF_ERROR(b_.quant_sim(e, n, dI, dI, 1, QuantSim::kBf16));
       FS_RETURN_IF_ERROR(b_.quant_sim(e, n, dI, dI, 32, QuantSim::kFp4E8m0));
     }
-    return b_.cache_commit(seg, l, Cache::kIkeys, n);
+    return b_.cache_commit(ctx, l, Cache::kIkeys, seg_n);
   }
   if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(e, n, Dh, Dh, 1, QuantSim::kBf16));
   FS_RETURN_IF_ERROR(b_.rms_norm(e, &A.compressor.norm, e, n, Dh, eps, R()));
   if (v41 && b_.has(A.idx_wk)) {  // V4.1 index keys from the pre-RoPE latent: k_norm(wk(latent)), RoPE, FP4
-    FS_ASSIGN_OR_RETURN(Tensor k, b_.cache_reserve(seg, l, Cache::kIkeys, n));
+    FS_ASSIGN_OR_RETURN(Tensor k, b_.cache_reserve(ctx, l, Cache::kIkeys, seg_n));
     FS_RETURN_IF_ERROR(b_.linear(lin(e, A.idx_wk, n, Dh, dI, k, 0, R(), {}, R())));
     FS_RETURN_IF_ERROR(b_.rms_norm(k, &A.idx_k_norm, k, n, dI, eps, R()));
     FS_RETURN_IF_ERROR(b_.rope(k, gpos, A.rope_inv_freq, n, 1, dI, Dr, false, R()));
     if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(k, n, dI, dI, 32, QuantSim::kFp4E8m0));
-    FS_RETURN_IF_ERROR(b_.cache_commit(seg, l, Cache::kIkeys, n));
+    FS_RETURN_IF_ERROR(b_.cache_commit(ctx, l, Cache::kIkeys, seg_n));
   }
   FS_RETURN_IF_ERROR(b_.rope(e, gpos, A.rope_inv_freq, n, 1, Dh, Dr, false, R()));
   if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(e, n, Dh, Dh, 16, QuantSim::kFp4E4m3));
   if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(e, n, Dh, Dh - Dr, 64, QuantSim::kFp8));
-  return b_.cache_commit(seg, l, Cache::kCkv, n);
+  return b_.cache_commit(ctx, l, Cache::kCkv, seg_n);
 }
 
 Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor& qlat) {
@@ -422,11 +415,10 @@ Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor
   // This layer's lists for every row (later layers read them through their idx_src).
   FS_ASSIGN_OR_RETURN(Tensor out, b_.scratch("topk" + std::to_string(l), ElemType::kI32, T, K));
   FS_ASSIGN_OR_RETURN(Tensor out_n, b_.scratch("topk_n" + std::to_string(l), ElemType::kI32, T));
+  FS_RETURN_IF_ERROR(b_.index_topk(l, ctx, iq, wts, out, out_n));
   for (FwdSeg& g : ctx.segs) {
-    const Tensor o = out.rows_from(g.row0, g.T), on = out_n.rows_from(g.row0, g.T);
-    FS_RETURN_IF_ERROR(b_.index_topk(l, g, iq.rows_from(g.row0, g.T), wts.rows_from(g.row0, g.T), o, on));
-    g.topk[size_t(l)] = o;
-    g.topk_n[size_t(l)] = on;
+    g.topk[size_t(l)] = out.rows_from(g.row0, g.T);
+    g.topk_n[size_t(l)] = out_n.rows_from(g.row0, g.T);
   }
   return {};
 }

@@ -90,9 +90,10 @@ class Forward {
   Status engram(int layer, FwdChunk& ctx, const Tensor& X);
   Status attention(int layer, FwdChunk& ctx, const Tensor& a, const Tensor& out);
   Status compress(int layer, FwdChunk& ctx, const Tensor& a);
-  Status compress_seg(int layer, FwdSeg& seg, const Tensor& v, const Tensor& z, const Tensor& iv, const Tensor& iz);
-  // Norm, RoPE and quantisation of rows a compressor just pooled (and V4.1's index keys from them).
-  Status finish_entries(int layer, FwdSeg& seg, Compressor which, const Tensor& e, const std::vector<int64_t>& groups);
+  // Norm, RoPE and quantisation of rows a compressor just pooled for every sequence (and V4.1's
+  // index keys from them): groups [n] of the rows, seg_n [segments] rows per sequence.
+  Status finish_entries(int layer, FwdChunk& ctx, Compressor which, const Tensor& e, const std::vector<int64_t>& groups,
+                        std::span<const int64_t> seg_n);
   Status index_select(int layer, FwdChunk& ctx, const Tensor& a, const Tensor& qlat);
   Status write_draft_rings(FwdChunk& ctx, const Tensor& taps);
   Status draft_attention(int stage, FwdSeg& seg, const Tensor& pos, const Tensor& a, const Tensor& out);

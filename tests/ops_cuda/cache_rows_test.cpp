@@ -603,6 +603,175 @@ TEST(CudaCacheRows, IndexScoresOnIntegerTensorCoresMatchTheCpu) {
   }
 }
 
+// Several sequences in one launch (IndexScoreArgs::segs, IndexTopkArgs::segs) give every row
+// the bytes a launch for its sequence alone gives: scores (poison past each row's clen intact),
+// candidate masks, top-k lists and counts. Sequences of decode rows at odd positions, one before
+// its first key (clen 0, no keys yet), verify / prefill blocks, tiny-v41 and real head counts.
+TEST(CudaCacheRows, IndexOfSeveralSequencesIsEachSequenceAlone) {
+  FS_REQUIRE_GPU();
+  struct Seg { int64_t start, T; };
+  struct Case { int64_t ratio, nI, dI, k; std::vector<Seg> segs; };
+  const std::vector<Case> cases = {
+      {4, 32, 128, 64, {{4095, 1}, {2, 1}, {1000, 1}, {77, 6}, {3, 1}, {5001, 1}, {300, 13}}},
+      {4, 64, 128, 512, {{2000, 1}, {8191, 1}, {0, 1}, {4000, 2}}},  // k above some rows' clen
+      {1, 2, 32, 7, {{90, 1}, {17, 5}, {1, 1}, {40, 1}}},              // tiny-v41 dims
+      {128, 4, 128, 16, {{130000, 1}, {300, 1}, {12800, 3}}},          // HCA-like ratio
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    const CacheRowFormat f{RowCodec::kFp4E8m0, int32_t(c.dI), int32_t(c.dI), 32};
+    const int64_t n = int64_t(c.segs.size());
+    int64_t T = 0, total = 0, max_len = 0, max_T = 0;
+    std::vector<cd::IndexSeg> segs;
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> keys;
+    std::vector<int32_t> row_seg;
+    for (int64_t i = 0; i < n; ++i) {
+      const Seg& g = c.segs[size_t(i)];
+      const int64_t n_keys = (g.start + g.T) / c.ratio;
+      keys.emplace_back(n_keys > 0 ? packed(f, rows_of(f, n_keys, ++seed, true)) : nullptr);
+      segs.push_back({keys.back() ? keys.back()->get() : nullptr, g.start, g.T, T, total});
+      row_seg.insert(row_seg.end(), size_t(g.T), int32_t(i));
+      T += g.T, total += g.T * (g.start + g.T);
+      max_len = std::max(max_len, g.start + g.T), max_T = std::max(max_T, g.T);
+    }
+    const auto q = rows_of(f, T * c.nI, ++seed, true);
+    std::vector<float> w(size_t(T * c.nI));
+    std::mt19937 gen(++seed);
+    std::normal_distribution<float> nd(0.0f, 0.3f);
+    for (float& x : w) x = round_bf16(nd(gen));
+    DeviceBuffer<float> dq(q), dw(w);
+    DeviceBuffer<cd::IndexSeg> dsegs(segs);
+    DeviceBuffer<int32_t> drow(row_seg);
+    for (bool bf16 : {false, true}) {
+      const std::string at = "ratio " + std::to_string(c.ratio) + " nI " + std::to_string(c.nI) + " bf16 " +
+                             std::to_string(int(bf16));
+      cd::IndexScoreArgs s;
+      s.q = dq.get(), s.w = dw.get(), s.key_fmt = f, s.nI = c.nI, s.dI = c.dI, s.ratio = c.ratio, s.bf16 = bf16;
+      s.q_fp4 = true, s.kernel = 4;
+      // Alone: each sequence's rows into its own region.
+      DeviceBuffer<float> alone(static_cast<size_t>(total)), many(static_cast<size_t>(total));  // poisoned
+      for (int64_t i = 0; i < n; ++i) {
+        const cd::IndexSeg& g = segs[size_t(i)];
+        if (!g.keys) continue;  // as the model does: nothing to score
+        cd::IndexScoreArgs a = s;
+        a.q = dq.get() + g.row0 * c.nI * c.dI, a.w = dw.get() + g.row0 * c.nI, a.keys = g.keys;
+        a.scores = alone.get() + g.off, a.T = g.T, a.start = g.start, a.stride = g.start + g.T;
+        const size_t wb = cd::index_scores_work_bytes(a);
+        DeviceBuffer<uint8_t> work(wb);
+        a.work = work.get(), a.work_bytes = wb;
+        ASSERT_EQ(cd::launch_index_scores(a, 0), cudaSuccess) << at;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << at;
+      }
+      cd::IndexScoreArgs m = s;
+      m.scores = many.get(), m.T = T, m.stride = max_len, m.segs = dsegs.get(), m.n_segs = n, m.seg_rows = max_T;
+      const size_t wb = cd::index_scores_work_bytes(m);
+      DeviceBuffer<uint8_t> work(wb);
+      m.work = work.get(), m.work_bytes = wb;
+      ASSERT_EQ(cd::launch_index_scores(m, 0), cudaSuccess) << at;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << at;
+      const auto sa = alone.to_host(), sm = many.to_host();
+      ASSERT_EQ(std::memcmp(sa.data(), sm.data(), sa.size() * 4), 0) << at << ": scores differ";
+      { auto bad = m; bad.kernel = 3; EXPECT_EQ(cd::launch_index_scores(bad, 0), cudaErrorInvalidValue) << at; }
+      // Top-k over those scores, coarsened for ties and with some -inf, every mode.
+      std::vector<float> sc = sa;
+      for (size_t i = 0; i < sc.size(); ++i)
+        sc[i] = i % 11 == 5 ? -std::numeric_limits<float>::infinity() : std::round(sc[i] * 4.0f) / 4.0f;
+      std::vector<uint8_t> cand0(static_cast<size_t>(total));
+      for (size_t i = 0; i < cand0.size(); ++i) cand0[i] = uint8_t((i * 7) % 3 != 0);
+      for (int mode : {0, 1, 2}) {
+        std::vector<int32_t> outs[2], ns[2];
+        std::vector<uint8_t> cands[2];
+        for (int multi = 0; multi < 2; ++multi) {
+          DeviceBuffer<float> dsc(sc), dbs(static_cast<size_t>(total));
+          DeviceBuffer<uint8_t> dcand(cand0), dtaken(static_cast<size_t>(total));
+          DeviceBuffer<int32_t> dout(static_cast<size_t>(T * c.k)), dn(static_cast<size_t>(T));
+          cd::IndexTopkArgs a;
+          a.block_scratch = dbs.get(), a.taken = dtaken.get(), a.ratio = c.ratio, a.k = c.k, a.mode = mode;
+          a.cand_block = 3, a.cand_top = 5, a.path = 1;
+          if (multi) {
+            a.scores = dsc.get(), a.cand = dcand.get(), a.out = dout.get(), a.out_n = dn.get(), a.T = T;
+            a.stride = max_len, a.segs = dsegs.get(), a.row_seg = drow.get(), a.n_segs = n;
+            ASSERT_EQ(cd::launch_index_topk(a, 0), cudaSuccess) << at;
+            { auto b = a; b.path = 2; EXPECT_EQ(cd::launch_index_topk(b, 0), cudaErrorInvalidValue) << at; }
+          } else {
+            for (const cd::IndexSeg& g : segs) {
+              cd::IndexTopkArgs b = a;
+              b.scores = dsc.get() + g.off, b.cand = dcand.get() + g.off, b.block_scratch = dbs.get() + g.off;
+              b.taken = dtaken.get() + g.off, b.out = dout.get() + g.row0 * c.k, b.out_n = dn.get() + g.row0;
+              b.T = g.T, b.start = g.start, b.stride = g.start + g.T;
+              ASSERT_EQ(cd::launch_index_topk(b, 0), cudaSuccess) << at;
+            }
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << at;
+          outs[multi] = dout.to_host(), ns[multi] = dn.to_host(), cands[multi] = dcand.to_host();
+        }
+        EXPECT_EQ(ns[0], ns[1]) << at << " mode " << mode;
+        for (int64_t r = 0; r < T; ++r)  // entries past a row's count are not written by either
+          for (int32_t j = 0; j < ns[0][size_t(r)]; ++j)
+            ASSERT_EQ(outs[0][size_t(r * c.k + j)], outs[1][size_t(r * c.k + j)]) << at << " mode " << mode << " row " << r;
+        EXPECT_EQ(cands[0], cands[1]) << at << " mode " << mode;
+      }
+    }
+  }
+  cudaGetLastError();
+}
+
+// Packing rows to a table of row addresses writes the bytes of the contiguous pack at each address.
+TEST(CudaCacheRows, PackRowsToAddressesIsThePack) {
+  FS_REQUIRE_GPU();
+  for (const CacheRowFormat& f : kFormats) {
+    for (const int64_t n : {1, 37}) {
+      const std::string at = name_of(f) + " rows " + std::to_string(n);
+      const int64_t rb = f.row_bytes();
+      const std::vector<float> x = rows_of(f, n, 11 + uint32_t(f.dim) + uint32_t(n));
+      DeviceBuffer<float> dx(x);
+      DeviceBuffer<uint8_t> flat(size_t(n * rb)), spread(size_t(3 * n * rb));
+      ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), n, flat.get(), nullptr, 0), cudaSuccess) << at;
+      std::vector<uint8_t*> addr;
+      for (int64_t r = 0; r < n; ++r) addr.push_back(spread.get() + ((r * 7) % n * 3 + 1) * rb);  // permuted, gaps
+      DeviceBuffer<uint8_t*> daddr(addr);
+      ASSERT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, daddr.get(), nullptr, 0), cudaSuccess) << at;
+      const auto a = flat.to_host(), b = spread.to_host();
+      for (int64_t r = 0; r < n; ++r) {
+        const size_t o = size_t(((r * 7) % n * 3 + 1) * rb);
+        ASSERT_EQ(std::memcmp(a.data() + r * rb, b.data() + o, size_t(rb)), 0) << at << " row " << r;
+        ASSERT_EQ(b[o - 1], 0xFF) << at << ": wrote before row " << r;  // gaps untouched
+      }
+      EXPECT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, nullptr, nullptr, 0), cudaErrorInvalidValue) << at;
+    }
+  }
+}
+
+// Row copies by address tables: every row lands whole at its destination, nothing else is written.
+TEST(CudaCacheRows, CopyRowsByAddressesMovesEachRow) {
+  FS_REQUIRE_GPU();
+  for (const int64_t width : {1, 37, 128, 1024}) {
+    const int64_t n = 23;
+    std::vector<float> src(size_t(n * width));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = float(i) * 0.5f - 3.0f;
+    DeviceBuffer<float> dsrc(src), ddst(size_t(2 * n * width));
+    std::vector<const float*> from;
+    std::vector<float*> to;
+    for (int64_t r = 0; r < n; ++r) {
+      from.push_back(dsrc.get() + ((r * 5) % n) * width);
+      to.push_back(ddst.get() + (2 * r + 1) * width);
+    }
+    DeviceBuffer<const float*> dfrom(from);
+    DeviceBuffer<float*> dto(to);
+    ASSERT_EQ(cd::launch_copy_rows_table(dfrom.get(), dto.get(), n, width, 0), cudaSuccess);
+    const auto got = ddst.to_host();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t d = 0; d < width; ++d) {
+        ASSERT_EQ(got[size_t((2 * r + 1) * width + d)], src[size_t(((r * 5) % n) * width + d)]) << width << " " << r;
+        uint32_t bits;
+        std::memcpy(&bits, &got[size_t(2 * r * width + d)], 4);
+        ASSERT_EQ(bits, 0xFFFFFFFFu) << "gap written, width " << width;
+      }
+    EXPECT_EQ(cd::launch_copy_rows_table(nullptr, dto.get(), n, width, 0), cudaErrorInvalidValue);
+    EXPECT_EQ(cd::launch_copy_rows_table(dfrom.get(), dto.get(), 0, width, 0), cudaSuccess);
+  }
+}
+
 // Kernel 4 refuses what it cannot compute: queries not marked FP4, FP32 or FP4/E4M3 keys, dI
 // not a multiple of 32 or over 128, more than 64 heads, no or a short workspace.
 TEST(CudaCacheRows, IndexScoresIntegerKernelRefusesWhatItCannotCompute) {

@@ -271,13 +271,22 @@ class GpuModel final : public Model, public Backend {
   // skip the matrices no row reaches.
   Result<const uint8_t*> expand_weight(const NativeMatrix& w, int64_t e0, int64_t count, const int32_t* row_start,
                                        const std::string& name);
-  // Feeds rows v/z [T, width] of one sequence into `cs` and pools every completed group into dst
-  // rows [n_dst, n_dst + n) (CPU twin: CpuOps::compressor_feed).
-  // The pooled rows go to FP32 staging scratch `tag`_stage (*rows; cache_commit packs them into
-  // the cache).
-  Status pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
-              int64_t ratio, int64_t c, bool overlap, float** rows, std::vector<int64_t>& groups,
-              const std::string& tag);
+  // The device work of compressor_feed for every sequence of a chunk, planned on the host: the
+  // pool kernel's slot tables (v then z rows of each completed group), then two passes of row
+  // copies (a: rollback history and previous windows, b: the open groups' rows; b writes rows that
+  // the pool and a read).
+  struct FeedPlan {
+    std::vector<const float*> tab_v, tab_z;
+    std::vector<const float*> a_src, b_src;
+    std::vector<float*> a_dst, b_dst;
+  };
+  // Plans one sequence's rows v/z [T, width] into `cs` (CPU twin: CpuOps::feed_seg) and advances
+  // its host counters; completed groups go to `groups`.
+  Status plan_feed(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t ratio, int64_t c,
+                   bool overlap, FeedPlan& plan, std::vector<int64_t>& groups);
+  // index_topk of one sequence (its rows of iq, wts, out, out_n).
+  Status index_topk_seg(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                        const Tensor& out_n);
 
  public:
   // ---- Backend (gpu_ops.cpp) ----
@@ -322,11 +331,11 @@ class GpuModel final : public Model, public Backend {
   Status engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) override;
   Status engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,
                      float eps, bool bf16) override;
-  Result<PooledRows> compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v, const Tensor& z,
+  Result<PooledRows> compressor_feed(FwdChunk& chunk, int layer, Compressor which, const Tensor& v, const Tensor& z,
                                      int64_t ratio, int64_t c, bool overlap) override;
-  Result<Tensor> cache_reserve(FwdSeg& seg, int layer, Cache which, int64_t n) override;
-  Status cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) override;
-  Status index_topk(int layer, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+  Result<Tensor> cache_reserve(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
+  Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
+  Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                    int64_t H, bool bf16) override;
@@ -376,9 +385,10 @@ class GpuModel final : public Model, public Backend {
   // GPU. Expert-parallel routing: slots of other ranks' experts get weight 0.
   Status tp_allreduce(float* x, int64_t n, bool bf16);
   Status tp_remap_experts(int32_t* sel, float* weight, int64_t n);
-  // Rollback history of a compressor: rows v/z [T, width] of the chunk's positions.
-  Status record_history(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t width,
-                        int64_t ratio);
+  // Rollback history of a compressor: rows v/z [T, width] of the sequence's positions, as copies
+  // into `plan` (pass a).
+  Status plan_history(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t width,
+                      int64_t ratio, FeedPlan& plan);
   // DSpark weights (gpu_draft.cpp).
   Status upload_draft_weights();
   // V4 MTP (gpu_mtp.cpp; the block is Forward::mtp_block): weights as stored like the

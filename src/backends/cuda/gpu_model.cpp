@@ -975,6 +975,7 @@ template Result<int32_t*> GpuModel::scratch<int32_t>(const std::string&, int64_t
 template Result<int64_t*> GpuModel::scratch<int64_t>(const std::string&, int64_t);
 template Result<uint8_t*> GpuModel::scratch<uint8_t>(const std::string&, int64_t);
 template Result<const float**> GpuModel::scratch<const float*>(const std::string&, int64_t);
+template Result<uint8_t**> GpuModel::scratch<uint8_t*>(const std::string&, int64_t);
 
 Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                         int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div,

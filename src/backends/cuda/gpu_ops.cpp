@@ -13,6 +13,7 @@
 #include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemv/gemv.h"
+#include "ops/cuda/indexer/index_imma.h"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
@@ -612,18 +613,17 @@ Status GpuModel::engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, 
 
 // ---- per-sequence state ----
 
-// Feeds the rows v/z [T, width] into `cs` and pools every group completed in this chunk into dst
-// rows [n_dst, n_dst + n). Slot pointers go to the kernel as tables; the open group's rows and
-// the previous window are then copied into the state.
-Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const std::vector<int64_t>& pos,
-                      int64_t ratio, int64_t c, bool overlap, float** rows, std::vector<int64_t>& groups,
-                      const std::string& tag) {
-  const int64_t width = overlap ? 2 * c : c, T = int64_t(pos.size());
+// Plans the rows v/z [T, width] of one sequence into `cs`: each completed group's slot rows go to
+// the pool tables (rows of earlier chunks from the state, new rows from v / z), the last previous
+// window (overlap) and the open group's rows become copies into the state.
+Status GpuModel::plan_feed(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t ratio,
+                           int64_t c, bool overlap, FeedPlan& plan, std::vector<int64_t>& groups) {
+  const int64_t width = overlap ? 2 * c : c, T = seg.T;
   FS_RETURN_IF_ERROR(cs.v.reserve(size_t(ratio * width), true));
   FS_RETURN_IF_ERROR(cs.z.reserve(size_t(ratio * width), true));
   FS_RETURN_IF_ERROR(cs.prev_v.reserve(size_t(ratio * width), true));
   FS_RETURN_IF_ERROR(cs.prev_z.reserve(size_t(ratio * width), true));
-  std::vector<const float*> cur_v, cur_z, prev_v, prev_z, tab_v, tab_z;
+  std::vector<const float*> cur_v, cur_z, prev_v, prev_z;
   for (int64_t i = 0; i < cs.n_pend; ++i) cur_v.push_back(cs.v.get() + i * width), cur_z.push_back(cs.z.get() + i * width);
   if (cs.has_prev)
     for (int64_t s = 0; s < ratio; ++s)
@@ -635,80 +635,128 @@ Status GpuModel::pool(GpuCompState& cs, const float* v, const float* z, const st
     if (int64_t(cur_v.size()) < ratio) continue;
     if (overlap)
       for (int64_t s = 0; s < ratio; ++s) {
-        tab_v.push_back(prev_v.empty() ? nullptr : prev_v[size_t(s)]);
-        tab_z.push_back(prev_z.empty() ? nullptr : prev_z[size_t(s)]);
+        plan.tab_v.push_back(prev_v.empty() ? nullptr : prev_v[size_t(s)]);
+        plan.tab_z.push_back(prev_z.empty() ? nullptr : prev_z[size_t(s)]);
       }
     for (int64_t s = 0; s < ratio; ++s) {
-      tab_v.push_back(cur_v[size_t(s)] + (overlap ? c : 0));
-      tab_z.push_back(cur_z[size_t(s)] + (overlap ? c : 0));
+      plan.tab_v.push_back(cur_v[size_t(s)] + (overlap ? c : 0));
+      plan.tab_z.push_back(cur_z[size_t(s)] + (overlap ? c : 0));
     }
-    groups.push_back(pos[size_t(t)] / ratio);
+    groups.push_back(seg.pos[size_t(t)] / ratio);
     if (overlap) prev_v = cur_v, prev_z = cur_z, new_prev = true;
     cur_v.clear();
     cur_z.clear();
   }
-  const int64_t n = int64_t(groups.size()), n_slots = overlap ? 2 * ratio : ratio;
-  if (n > 0) {
-    FS_ASSIGN_OR_RETURN(float* dst, scratch<float>(tag + "_stage", n * c));
-    *rows = dst;
-    FS_ASSIGN_OR_RETURN(const float** tv, scratch<const float*>(tag + "_tab", 2 * n * n_slots));
-    tab_v.insert(tab_v.end(), tab_z.begin(), tab_z.end());
-    FS_RETURN_IF_ERROR(upload(tv, tab_v.data(), tab_v.size() * sizeof(void*)));
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(tv, tv + n * n_slots, n, n_slots, c, dst, stream_));
-  }
-  // State update, stream-ordered after the pool kernel: previous window first (its rows may sit in
-  // the pending buffer), then the open group's rows.
-  const size_t row_bytes = size_t(width) * 4;
+  // Pass a: the previous window (its rows may sit in the open-group buffer, which pass b rewrites).
   if (new_prev)
     for (int64_t s = 0; s < ratio; ++s) {
-      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_v.get() + s * width, prev_v[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
-      FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.prev_z.get() + s * width, prev_z[size_t(s)], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+      plan.a_src.push_back(prev_v[size_t(s)]), plan.a_dst.push_back(cs.prev_v.get() + s * width);
+      plan.a_src.push_back(prev_z[size_t(s)]), plan.a_dst.push_back(cs.prev_z.get() + s * width);
     }
+  // Pass b: the open group's new rows (old pending rows are already in place).
   for (size_t i = 0; i < cur_v.size(); ++i) {
-    if (cur_v[i] == cs.v.get() + i * width) continue;  // an old pending row already in place
-    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.v.get() + i * width, cur_v[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
-    FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(cs.z.get() + i * width, cur_z[i], row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (cur_v[i] == cs.v.get() + i * width) continue;
+    plan.b_src.push_back(cur_v[i]), plan.b_dst.push_back(cs.v.get() + i * width);
+    plan.b_src.push_back(cur_z[i]), plan.b_dst.push_back(cs.z.get() + i * width);
   }
   cs.n_pend = int64_t(cur_v.size());
   cs.has_prev = cs.has_prev || new_prev;
   return {};
 }
 
-Result<PooledRows> GpuModel::compressor_feed(FwdSeg& seg, int layer, Compressor which, const Tensor& v,
+// Every sequence at once: one upload of the tables, one pool launch for all completed groups (to
+// FP32 staging rows: cache_commit packs them into the caches), two copy launches.
+Result<PooledRows> GpuModel::compressor_feed(FwdChunk& ctx, int layer, Compressor which, const Tensor& v,
                                              const Tensor& z, int64_t ratio, int64_t c, bool overlap) {
-  GpuLayerState& LS = layer_state(seg, layer);
   const bool kv = which == Compressor::kKv;
-  GpuCompState& cs = kv ? LS.comp : LS.icomp;
-  FS_RETURN_IF_ERROR(record_history(cs, v.f32(), z.f32(), seg, overlap ? 2 * c : c, ratio));  // rollback
+  const int64_t width = overlap ? 2 * c : c, n_slots = overlap ? 2 * ratio : ratio;
+  FeedPlan plan;
   PooledRows out;
+  for (FwdSeg& g : ctx.segs) {
+    GpuLayerState& LS = layer_state(g, layer);
+    GpuCompState& cs = kv ? LS.comp : LS.icomp;
+    const float* sv = v.f32() + g.row0 * width;
+    const float* sz = z.f32() + g.row0 * width;
+    FS_RETURN_IF_ERROR(plan_history(cs, sv, sz, g, width, ratio, plan));  // rollback
+    const size_t n0 = out.groups.size();
+    FS_RETURN_IF_ERROR(plan_feed(cs, sv, sz, g, ratio, c, overlap, plan, out.groups));
+    out.seg_n.push_back(int64_t(out.groups.size() - n0));
+  }
+  const int64_t n = int64_t(out.groups.size()), na = int64_t(plan.a_src.size()), nb = int64_t(plan.b_src.size());
+  const std::string tag = kv ? "cmp" : "icmp";
+  // One table: pool v slots, pool z slots, a sources, a destinations, b sources, b destinations.
+  std::vector<const void*> tab;
+  tab.reserve(size_t(2 * n * n_slots + 2 * na + 2 * nb));
+  tab.insert(tab.end(), plan.tab_v.begin(), plan.tab_v.end());
+  tab.insert(tab.end(), plan.tab_z.begin(), plan.tab_z.end());
+  tab.insert(tab.end(), plan.a_src.begin(), plan.a_src.end());
+  tab.insert(tab.end(), plan.a_dst.begin(), plan.a_dst.end());
+  tab.insert(tab.end(), plan.b_src.begin(), plan.b_src.end());
+  tab.insert(tab.end(), plan.b_dst.begin(), plan.b_dst.end());
   float* rows = nullptr;
-  FS_RETURN_IF_ERROR(pool(cs, v.f32(), z.f32(), seg.pos, ratio, c, overlap, &rows, out.groups, kv ? "cmp" : "icmp"));
+  if (!tab.empty()) {
+    FS_ASSIGN_OR_RETURN(const float** d_tab, scratch<const float*>(tag + "_tab", int64_t(tab.size())));
+    FS_RETURN_IF_ERROR(upload(d_tab, tab.data(), tab.size() * sizeof(void*)));
+    const float* const* t = d_tab;
+    if (n > 0) {
+      FS_ASSIGN_OR_RETURN(rows, scratch<float>(tag + "_stage", n * c));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_softmax_pool(t, t + n * n_slots, n, n_slots, c, rows, stream_));
+    }
+    t += 2 * n * n_slots;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_copy_rows_table(t, const_cast<float* const*>(t + na), na, width, stream_));
+    t += 2 * na;
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_copy_rows_table(t, const_cast<float* const*>(t + nb), nb, width, stream_));
+  }
   stage_[kv ? 0 : 1] = rows;
-  out.rows = Tensor{rows, ElemType::kF32, int64_t(out.groups.size()), c};
+  out.rows = Tensor{rows, ElemType::kF32, n, c};
   return out;
 }
 
 // New cache rows are FP32 staging rows (the flow finishes them in place); cache_commit packs them
 // into the cache's row format (exactly representable: the flow quantised them to that format).
-Result<Tensor> GpuModel::cache_reserve(FwdSeg&, int, Cache which, int64_t n) {
+Result<Tensor> GpuModel::cache_reserve(FwdChunk&, int, Cache which, std::span<const int64_t> seg_n) {
   const bool kv = which == Cache::kCkv;
   const int64_t width = kv ? config().head_dim : config().index_head_dim;
+  int64_t n = 0;
+  for (const int64_t k : seg_n) n += k;
   FS_ASSIGN_OR_RETURN(float* rows, scratch<float>(kv ? "cmp_stage" : "icmp_stage", n * width));
   stage_[kv ? 0 : 1] = rows;
   return Tensor{rows, ElemType::kF32, n, width};
 }
 
-Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
-  GpuLayerState& LS = layer_state(seg, layer);
+// Each sequence's rows at the end of its cache: one launch (a table of row addresses when the rows
+// go to several caches).
+Status GpuModel::cache_commit(FwdChunk& ctx, int layer, Cache which, std::span<const int64_t> seg_n) {
+  if (seg_n.size() != ctx.segs.size())
+    return internal_error("cache_commit: {} row counts for {} sequences", seg_n.size(), ctx.segs.size());
   const bool kv = which == Cache::kCkv;
   const ops::CacheRowFormat& f = kv ? cache_fmt_.ckv : cache_fmt_.ikeys;
-  DevArray<uint8_t>& dst = kv ? LS.ckv : LS.ikeys;
-  int64_t& count = kv ? LS.n_ckv : LS.n_ikeys;
-  if (n <= 0) return {};
-  FS_RETURN_IF_ERROR(dst.reserve(size_t((count + n) * f.row_bytes()), true));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_rows(f, stage_[kv ? 0 : 1], n, dst.get() + count * f.row_bytes(),
-                                                     nullptr, stream_));
-  count += n;
+  const int64_t rb = f.row_bytes();
+  std::vector<uint8_t*> dst_rows;
+  uint8_t* single = nullptr;
+  int64_t n = 0, segs_with_rows = 0;
+  for (size_t s = 0; s < seg_n.size(); ++s) {
+    const int64_t k = seg_n[s];
+    if (k <= 0) continue;
+    GpuLayerState& LS = layer_state(ctx.segs[s], layer);
+    DevArray<uint8_t>& dst = kv ? LS.ckv : LS.ikeys;
+    int64_t& count = kv ? LS.n_ckv : LS.n_ikeys;
+    FS_RETURN_IF_ERROR(dst.reserve(size_t((count + k) * rb), true));
+    single = dst.get() + count * rb;
+    for (int64_t i = 0; i < k; ++i) dst_rows.push_back(dst.get() + (count + i) * rb);
+    count += k;
+    n += k;
+    ++segs_with_rows;
+  }
+  if (n == 0) return {};
+  const float* src = stage_[kv ? 0 : 1];
+  if (segs_with_rows == 1) {  // contiguous rows of one cache
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_rows(f, src, n, single, nullptr, stream_));
+    return {};
+  }
+  FS_ASSIGN_OR_RETURN(uint8_t** d_rows, scratch<uint8_t*>(kv ? "ckv_rows" : "ikeys_rows", n));
+  FS_RETURN_IF_ERROR(upload(d_rows, dst_rows.data(), dst_rows.size() * sizeof(void*)));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_cache_pack_rows_table(f, src, n, d_rows, nullptr, stream_));
   return {};
 }
 
@@ -718,8 +766,69 @@ Status GpuModel::cache_commit(FwdSeg& seg, int layer, Cache which, int64_t n) {
 // kGpuIndexScratchBytes (forward/memory_plan.h, which the plan counts; one slice
 // up to ~29k context at 8192 rows; an 8192-row chunk at 1M context would need 77 GB at once).
 // Every row is computed alone by both kernels, so the slicing does not change a bit.
-Status GpuModel::index_topk(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+// Several sequences whose rows all fit the scratch at once, with the integer tensor-core scores
+// and one block per top-k row (what each one alone would run): one q pack, one scores and one top-k
+// launch for all of them (IndexScoreArgs::segs), the same bits as a launch per sequence. Else a
+// launch per sequence.
+Status GpuModel::index_topk(int l, FwdChunk& ctx, const Tensor& iq, const Tensor& wts, const Tensor& out,
                             const Tensor& out_n) {
+  const auto& c = config();
+  const auto& role = c.role(l);
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim, K = c.index_topk, T = ctx.T;
+  int64_t total = 0, max_len = 0, max_T = 0;
+  for (const FwdSeg& g : ctx.segs) {
+    total += g.T * (g.start + g.T);
+    max_len = std::max(max_len, g.start + g.T);
+    max_T = std::max(max_T, g.T);
+  }
+  cd::IndexScoreArgs s;
+  s.key_fmt = cache_fmt_.ikeys, s.nI = nI, s.dI = dI, s.ratio = role.ratio, s.bf16 = ref();
+  s.kernel = index_scores_kernel_, s.q_fp4 = ref(), s.T = T;
+  const bool batched = ctx.segs.size() > 1 && !ctx.row_seq.empty() && total * kGpuIndexEntryBytes <= kGpuIndexScratchBytes &&
+                       (s.kernel == 0 || s.kernel == 4) && cd::index_scores_imma_applies(s) &&
+                       cd::index_topk_segs_applies(max_len, role.ratio);
+  if (!batched) {
+    for (FwdSeg& g : ctx.segs)
+      FS_RETURN_IF_ERROR(index_topk_seg(l, g, iq.rows_from(g.row0, g.T), wts.rows_from(g.row0, g.T),
+                                        out.rows_from(g.row0, g.T), out_n.rows_from(g.row0, g.T)));
+    return {};
+  }
+  // Regions of every sequence back to back, as the flow lays out its candidate masks.
+  const bool has_cand = role.candidate_source || role.candidate_filtered;
+  std::vector<cd::IndexSeg> segs;
+  int64_t off = 0;
+  for (FwdSeg& g : ctx.segs) {
+    if (has_cand && g.cand.u8() != ctx.segs.front().cand.u8() + off)
+      return internal_error("layer {}: candidate masks are not laid out back to back", l);
+    segs.push_back({layer_state(g, role.kv_src).ikeys.get(), g.start, g.T, g.row0, off});
+    off += g.T * (g.start + g.T);
+  }
+  FS_ASSIGN_OR_RETURN(float* sc, scratch<float>("idx_scores", total));
+  FS_ASSIGN_OR_RETURN(float* bs, scratch<float>("idx_blocks", total));
+  FS_ASSIGN_OR_RETURN(uint8_t* taken, scratch<uint8_t>("idx_taken", total));
+  FS_ASSIGN_OR_RETURN(uint8_t* d_segs, scratch<uint8_t>("idx_segs", int64_t(segs.size() * sizeof(cd::IndexSeg))));
+  FS_RETURN_IF_ERROR(upload(d_segs, segs.data(), segs.size() * sizeof(cd::IndexSeg)));
+  const auto* ds = reinterpret_cast<const cd::IndexSeg*>(d_segs);
+  s.q = iq.f32(), s.w = wts.f32(), s.scores = sc, s.stride = max_len;
+  s.segs = ds, s.n_segs = int64_t(segs.size()), s.seg_rows = max_T;
+  const size_t wb = cd::index_scores_work_bytes(s);
+  FS_ASSIGN_OR_RETURN(uint8_t* work, scratch<uint8_t>("idx_qpack", int64_t(wb)));
+  s.work = work, s.work_bytes = wb;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_scores(s, stream_));
+  cd::IndexTopkArgs t;
+  t.scores = sc, t.block_scratch = bs, t.taken = taken;
+  t.cand = has_cand ? ctx.segs.front().cand.u8() : nullptr;
+  t.ratio = role.ratio, t.stride = max_len, t.k = K, t.T = T;
+  t.cand_block = c.candidate_block_size, t.cand_top = c.candidate_topk_blocks;
+  t.mode = role.candidate_source ? 1 : role.candidate_filtered ? 2 : 0;
+  t.out = out.i32(), t.out_n = out_n.i32();
+  t.segs = ds, t.row_seg = ctx.row_seq.i32(), t.n_segs = int64_t(segs.size());
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_index_topk(t, stream_));
+  return {};
+}
+
+Status GpuModel::index_topk_seg(int l, FwdSeg& seg, const Tensor& iq, const Tensor& wts, const Tensor& out,
+                                const Tensor& out_n) {
   const auto& c = config();
   const auto& role = c.role(l);
   const int64_t T = seg.T, stride = seg.start + T, nI = c.index_n_heads, dI = c.index_head_dim, K = c.index_topk;

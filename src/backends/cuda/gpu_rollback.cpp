@@ -55,15 +55,17 @@ Status restore(GpuCompState& cs, int64_t ratio, int64_t width, bool overlap, int
 
 }  // namespace
 
-Status GpuModel::record_history(GpuCompState& cs, const float* v, const float* z, const FwdSeg& ctx, int64_t width,
-                                int64_t ratio) {
-  const int64_t cap = gpu_hist_rows(ratio), T = ctx.T;
+Status GpuModel::plan_history(GpuCompState& cs, const float* v, const float* z, const FwdSeg& seg, int64_t width,
+                              int64_t ratio, FeedPlan& plan) {
+  const int64_t cap = gpu_hist_rows(ratio), T = seg.T;
   FS_RETURN_IF_ERROR(cs.hist_v.reserve(size_t(cap * width), true));
   FS_RETURN_IF_ERROR(cs.hist_z.reserve(size_t(cap * width), true));
-  const int64_t t0 = std::max<int64_t>(0, T - cap);
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_v.get(), v, ctx.pos_d.i64(), t0, T, cap, width, stream_));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(cs.hist_z.get(), z, ctx.pos_d.i64(), t0, T, cap, width, stream_));
-  cs.hist_lo = std::max(cs.hist_lo, ctx.start + T - cap);
+  for (int64_t t = std::max<int64_t>(0, T - cap); t < T; ++t) {  // distinct slots: at most cap rows
+    const int64_t slot = seg.pos[size_t(t)] % cap;
+    plan.a_src.push_back(v + t * width), plan.a_dst.push_back(cs.hist_v.get() + slot * width);
+    plan.a_src.push_back(z + t * width), plan.a_dst.push_back(cs.hist_z.get() + slot * width);
+  }
+  cs.hist_lo = std::max(cs.hist_lo, seg.start + T - cap);
   return {};
 }
 

@@ -224,7 +224,7 @@ Result<std::unique_ptr<SequenceState>> GpuModel::import_state(const CpuSequenceS
   auto comp = [&](const CompressorState& h, GpuCompState& g, const StateLayerShape& ls, int64_t width) -> Status {
     if (!ls.pooled) return {};
     const int64_t ratio = ls.ratio, cap = gpu_hist_rows(ratio);
-    // The sizes GpuModel::pool and record_history reserve.
+    // The sizes GpuModel::plan_feed and plan_history reserve.
     FS_RETURN_IF_ERROR(g.v.zeros(size_t(ratio * width)));
     FS_RETURN_IF_ERROR(g.z.zeros(size_t(ratio * width)));
     FS_RETURN_IF_ERROR(g.prev_v.zeros(size_t(ratio * width)));

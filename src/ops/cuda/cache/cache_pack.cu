@@ -202,6 +202,24 @@ __global__ void __launch_bounds__(kThreads) pack_rows_kernel(CacheRowFormat f, c
   pack_row_unit(f, src + r * f.dim, dst + r * cache_row_stride(f, f.dim), w % U, bad);
 }
 
+__global__ void __launch_bounds__(kThreads) pack_rows_table_kernel(CacheRowFormat f, const float* src, int64_t n,
+                                                                  uint8_t* const* dst, int* bad) {
+  pdl_prologue();
+  const int64_t U = warps_per_row(f), w = warp_id();
+  if (w >= n * U) return;  // whole warps
+  const int64_t r = w / U;
+  pack_row_unit(f, src + r * f.dim, dst[r], w % U, bad);
+}
+
+// Row r of n: dst[r][0, width) ← src[r][0, width), a thread per value.
+__global__ void copy_rows_table_kernel(const float* const* src, float* const* dst, int64_t n, int64_t width) {
+  pdl_prologue();
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= n * width) return;
+  const int64_t r = id / width, d = id % width;
+  dst[r][d] = src[r][d];
+}
+
 __global__ void unpack_rows_kernel(CacheRowFormat f, const uint8_t* src, int64_t n, float* dst) {
   pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -257,6 +275,20 @@ cudaError_t launch_cache_pack_rows(const CacheRowFormat& f, const float* src, in
   if (n <= 0) return cudaSuccess;
   if (!packable(f) || pack_grid(f, n) == 0) return cudaErrorInvalidValue;
   return launch_kernel(pack_rows_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, static_cast<uint8_t*>(dst), bad);
+}
+
+cudaError_t launch_cache_pack_rows_table(const CacheRowFormat& f, const float* src, int64_t n, uint8_t* const* dst,
+                                         int* bad, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (!packable(f) || !dst || pack_grid(f, n) == 0) return cudaErrorInvalidValue;
+  return launch_kernel(pack_rows_table_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, dst, bad);
+}
+
+cudaError_t launch_copy_rows_table(const float* const* src, float* const* dst, int64_t n, int64_t width,
+                                   cudaStream_t s) {
+  if (n <= 0 || width <= 0) return cudaSuccess;
+  if (!src || !dst || (n * width + 255) / 256 > 0x7fffffff) return cudaErrorInvalidValue;
+  return launch_kernel(copy_rows_table_kernel, unsigned((n * width + 255) / 256), 256, 0, s, src, dst, n, width);
 }
 
 cudaError_t launch_cache_unpack_rows(const CacheRowFormat& f, const void* src, int64_t n, float* dst, cudaStream_t s) {

@@ -17,6 +17,14 @@ namespace flashseek::ops::cuda::detail {
 // dst row r (f.row_bytes() apart; kF32: 4·dim) ← src [n, f.dim] FP32 row r.
 cudaError_t launch_cache_pack_rows(const CacheRowFormat& f, const float* src, int64_t n, void* dst, int* bad,
                                    cudaStream_t s);
+// The same with row r written at dst[r] (a device table of n row addresses: rows of several
+// caches in one launch).
+cudaError_t launch_cache_pack_rows_table(const CacheRowFormat& f, const float* src, int64_t n, uint8_t* const* dst,
+                                         int* bad, cudaStream_t s);
+// dst[r][0, width) ← src[r][0, width) for the n FP32 rows of two device address tables (rows of
+// many sequences' states in one launch). Rows may not overlap a row another entry writes.
+cudaError_t launch_copy_rows_table(const float* const* src, float* const* dst, int64_t n, int64_t width,
+                                   cudaStream_t s);
 // dst [n, f.dim] FP32 ← n packed rows.
 cudaError_t launch_cache_unpack_rows(const CacheRowFormat& f, const void* src, int64_t n, float* dst, cudaStream_t s);
 // launch_ring_write in a row format: ring slot pos[t] % ring_size ← kv[t] for t in [t0, T).

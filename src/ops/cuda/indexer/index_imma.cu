@@ -108,10 +108,14 @@ __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexSco
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), gq = lane / 4, tig = lane % 4;
   float* vs = imma_smem + warp * (MT * 16 * kLd);  // [head][kLd]: relu·w of this warp's keys
   const int64_t wk0 = int64_t(blockIdx.x) * kBlockKeys + warp * kWarpKeys;
-  const int64_t clen_max = (a.start + a.T) / a.ratio;
-  if (wk0 >= clen_max) return;  // warp-uniform; no block-wide barrier below
+  // This block's sequence (blockIdx.z of a multi-sequence launch): its keys, rows and scores.
+  IndexSeg sg{a.keys, a.start, a.T, 0, 0};
+  if (a.segs) sg = a.segs[blockIdx.z];
+  const int64_t stride = a.segs ? sg.start + sg.T : a.stride;
+  const int64_t clen_max = (sg.start + sg.T) / a.ratio;
+  if (wk0 >= clen_max || !sg.keys) return;  // warp-uniform; no block-wide barrier below
   const int nI = int(a.nI), G = int(a.dI / 32);
-  const uint8_t* keys = static_cast<const uint8_t*>(a.keys);
+  const uint8_t* keys = static_cast<const uint8_t*>(sg.keys);
   const int64_t rb = a.key_fmt.row_bytes(), so = a.key_fmt.scale_offset();
 
   // B fragments: key wk0 + 8·nt + gq, dims 32g + 4·tig .. +3 (b0) and 32g + 16 + 4·tig .. +3 (b1).
@@ -140,20 +144,20 @@ __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexSco
     }
   }
 
-  for (int64_t t = blockIdx.y; t < a.T; t += gridDim.y) {
-    const int64_t clen = (a.start + t + 1) / a.ratio;
+  for (int64_t t = blockIdx.y; t < sg.T; t += gridDim.y) {
+    const int64_t clen = (sg.start + t + 1) / a.ratio, r = sg.row0 + t;  // r: the launch's query row
     if (clen <= wk0) continue;  // warp-uniform
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       uint4 af[kGroups];
 #pragma unroll
       for (int g = 0; g < kGroups; ++g)
-        af[g] = g < G ? __ldg(frag + ((t * MT + m) * kGroups + g) * 32 + lane) : make_uint4(0, 0, 0, 0);
-      const float4 sq0 = __ldg(qscale + ((t * MT + m) * 2 + 0) * 8 + gq);
-      const float4 sq1 = __ldg(qscale + ((t * MT + m) * 2 + 1) * 8 + gq);
+        af[g] = g < G ? __ldg(frag + ((r * MT + m) * kGroups + g) * 32 + lane) : make_uint4(0, 0, 0, 0);
+      const float4 sq0 = __ldg(qscale + ((r * MT + m) * 2 + 0) * 8 + gq);
+      const float4 sq1 = __ldg(qscale + ((r * MT + m) * 2 + 1) * 8 + gq);
       const float sq[2][kGroups] = {{sq0.x, sq0.y, sq0.z, sq0.w}, {sq1.x, sq1.y, sq1.z, sq1.w}};
       const int h0 = m * 16 + gq, h1 = h0 + 8;
-      const float w0 = h0 < nI ? __ldg(a.w + t * nI + h0) : 0.0f, w1 = h1 < nI ? __ldg(a.w + t * nI + h1) : 0.0f;
+      const float w0 = h0 < nI ? __ldg(a.w + r * nI + h0) : 0.0f, w1 = h1 < nI ? __ldg(a.w + r * nI + h1) : 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
         if (wk0 + 8 * nt >= clen) break;  // warp-uniform
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexSco
     if (key < clen) {
       float s = 0.0f;
       for (int h = 0; h < nI; ++h) s = __fadd_rn(s, vs[h * kLd + lane]);
-      a.scores[t * a.stride + key] = a.bf16 ? dev_round_bf16(s) : s;
+      a.scores[sg.off + t * stride + key] = a.bf16 ? dev_round_bf16(s) : s;
     }
     __syncwarp();  // the tile is rewritten by the next row
   }
@@ -192,16 +196,18 @@ __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexSco
 
 int64_t pad_heads(int64_t nI) { return (nI + 15) / 16; }
 
+// rows_max: the most query rows of one sequence (a.T for one); the grid's z: the sequences.
 template <int MT>
-cudaError_t launch_imma(const IndexScoreArgs& a, const uint4* frag, const float4* qscale, cudaStream_t s) {
-  const int64_t clen_max = (a.start + a.T) / a.ratio;
-  const int64_t tiles = (clen_max + kBlockKeys - 1) / kBlockKeys;
+cudaError_t launch_imma(const IndexScoreArgs& a, int64_t rows_max, const uint4* frag, const float4* qscale,
+                        cudaStream_t s) {
+  const int64_t clen_max = (a.segs ? a.stride : a.start + a.T) / a.ratio;
+  const int64_t tiles = (clen_max + kBlockKeys - 1) / kBlockKeys, n_segs = a.segs ? a.n_segs : 1;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return cudaGetLastError();
   // Query rows spread over blockIdx.y until the grid covers ~4 blocks per SM.
-  int64_t splits = (4 * int64_t(sms) + tiles - 1) / tiles;
-  splits = splits < 1 ? 1 : splits > a.T ? a.T : splits;
+  int64_t splits = (4 * int64_t(sms) + tiles * n_segs - 1) / (tiles * n_segs);
+  splits = splits < 1 ? 1 : splits > rows_max ? rows_max : splits;
   if (splits > 65535) splits = 65535;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   const size_t smem = size_t(kWarps) * MT * 16 * kLd * sizeof(float);  // a constant of MT
@@ -211,8 +217,8 @@ cudaError_t launch_imma(const IndexScoreArgs& a, const uint4* frag, const float4
         ensure_smem_limit(reinterpret_cast<const void*>(index_scores_imma_kernel<MT>), int(smem), smem_done);
     if (e != cudaSuccess) return e;
   }
-  return launch_kernel(index_scores_imma_kernel<MT>, dim3(unsigned(tiles), unsigned(splits)), kThreads, smem, s, a, frag,
-                       qscale);
+  return launch_kernel(index_scores_imma_kernel<MT>, dim3(unsigned(tiles), unsigned(splits), unsigned(n_segs)), kThreads,
+                       smem, s, a, frag, qscale);
 }
 
 }  // namespace
@@ -230,10 +236,11 @@ size_t index_scores_imma_work_bytes(int64_t T, int64_t nI) {
 cudaError_t launch_index_scores_imma(const IndexScoreArgs& a, cudaStream_t s) {
   if (!index_scores_imma_applies(a) || !a.work || a.work_bytes < index_scores_imma_work_bytes(a.T, a.nI) ||
       (reinterpret_cast<uintptr_t>(a.work) & 15) != 0 || (reinterpret_cast<uintptr_t>(a.q) & 15) != 0 ||
-      a.T > 65535 * 1024)
+      a.T > 65535 * 1024 || (a.segs && (a.n_segs < 1 || a.n_segs > 65535 || a.stride < 1)))
     return cudaErrorInvalidValue;
-  const int64_t clen_max = (a.start + a.T) / a.ratio;
+  const int64_t clen_max = (a.segs ? a.stride : a.start + a.T) / a.ratio;
   if (clen_max <= 0) return cudaSuccess;
+  const int64_t rows_max = a.segs && a.seg_rows > 0 && a.seg_rows < a.T ? a.seg_rows : a.T;
   const int MT = int(pad_heads(a.nI));
   uint32_t* frag = static_cast<uint32_t*>(a.work);
   float* qscale = reinterpret_cast<float*>(frag + a.T * MT * kGroups * 128);
@@ -244,10 +251,10 @@ cudaError_t launch_index_scores_imma(const IndexScoreArgs& a, cudaStream_t s) {
   const auto* f4 = reinterpret_cast<const uint4*>(frag);
   const auto* s4 = reinterpret_cast<const float4*>(qscale);
   switch (MT) {
-    case 1: return launch_imma<1>(a, f4, s4, s);
-    case 2: return launch_imma<2>(a, f4, s4, s);
-    case 3: return launch_imma<3>(a, f4, s4, s);
-    default: return launch_imma<4>(a, f4, s4, s);
+    case 1: return launch_imma<1>(a, rows_max, f4, s4, s);
+    case 2: return launch_imma<2>(a, rows_max, f4, s4, s);
+    case 3: return launch_imma<3>(a, rows_max, f4, s4, s);
+    default: return launch_imma<4>(a, rows_max, f4, s4, s);
   }
 }
 

@@ -376,12 +376,17 @@ __device__ void block_select_gather(KeyOf key_of, int64_t n, int64_t k, SelectSh
 __global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs a) {
   pdl_prologue();
   __shared__ SelectShared sh;
-  const int64_t t = blockIdx.x, clen = (a.start + t + 1) / a.ratio;
-  float* s = a.scores + t * a.stride;
-  uint8_t* cand = a.cand + t * a.stride;
+  // Row r of the launch: row t of its sequence (a multi-sequence launch: rows of several).
+  const int64_t r = blockIdx.x;
+  IndexSeg sg{nullptr, a.start, a.T, 0, 0};
+  if (a.segs) sg = a.segs[a.row_seg[r]];
+  const int64_t t = r - sg.row0, stride = a.segs ? sg.start + sg.T : a.stride, o = sg.off + t * stride;
+  const int64_t clen = (sg.start + t + 1) / a.ratio;
+  float* s = a.scores + o;
+  uint8_t* cand = a.cand + o;
   if (a.mode == 1) {  // candidate mask: best blocks by max score, the last (partial) block pinned
-    float* b = a.block_scratch + t * a.stride;
-    uint8_t* kept = a.taken + t * a.stride;
+    float* b = a.block_scratch + o;
+    uint8_t* kept = a.taken + o;
     const int64_t nb = (clen + a.cand_block - 1) / a.cand_block;
     for (int64_t j = threadIdx.x; j < nb; j += blockDim.x) {
       float m = -INFINITY;
@@ -403,9 +408,9 @@ __global__ void __launch_bounds__(kTopkThreads) index_topk_kernel(IndexTopkArgs 
   __syncthreads();
   auto skey = [s](int64_t i) -> int64_t { const float x = s[i]; return isfinite(x) ? int64_t(order_key(x)) : -1; };
   block_radix_select(skey, clen, a.k, sh);
-  int32_t* out = a.out + t * a.k;
+  int32_t* out = a.out + r * a.k;
   block_select_gather(skey, clen, a.k, sh, [out](int64_t i, int64_t pos) { out[pos] = int32_t(i); });
-  if (threadIdx.x == 0) a.out_n[t] = int32_t(sh.total <= unsigned(a.k) ? sh.total : unsigned(a.k));
+  if (threadIdx.x == 0) a.out_n[r] = int32_t(sh.total <= unsigned(a.k) ? sh.total : unsigned(a.k));
 }
 
 // Multi-block top-k for long rows (decode and verify steps: a few rows of up to ~10^6 keys, where
@@ -722,6 +727,7 @@ cudaError_t launch_index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.T == 0 || a.stride == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.T > 65535 * 1024 || a.kernel < 0 || a.kernel > 4) return cudaErrorInvalidValue;
   if (a.kernel == 4 || (a.kernel == 0 && index_scores_imma_applies(a) && a.work)) return launch_index_scores_imma(a, s);
+  if (a.segs) return cudaErrorInvalidValue;  // several sequences: kernel 4 only
   int kind = a.kernel;
   if (kind != 1 && a.nI > 0 && a.dI > 0 && a.dI <= kSumChunk) {
     int dev = 0, optin = 0, sms = 0;
@@ -758,10 +764,17 @@ bool cluster_plan(const IndexTopkArgs& a, int* csize, int* kpt) {
 }
 }  // namespace
 
+bool index_topk_segs_applies(int64_t max_len, int64_t ratio) { return ratio > 0 && max_len / ratio < kMbMinKeys; }
+
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.ratio <= 0 || a.k <= 0 || a.k > INT32_MAX || (a.mode == 1 && a.cand_block <= 0)) return cudaErrorInvalidValue;
   if (a.stride > INT32_MAX || a.path < 0 || a.path > 3) return cudaErrorInvalidValue;
+  if (a.segs) {  // several sequences: one block per row
+    if (!a.row_seg || a.n_segs < 1 || a.path > 1 || a.T > INT32_MAX || !index_topk_segs_applies(a.stride, a.ratio))
+      return cudaErrorInvalidValue;
+    return launch_kernel(index_topk_kernel, unsigned(a.T), kTopkThreads, 0, s, a);
+  }
   const int64_t clen_max = (a.start + a.T) / a.ratio;
   // Mode 1 keeps the block maxima at the end of each scratch row, after the header and room for
   // as many block candidates.

@@ -229,6 +229,14 @@ cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnS
 cudaError_t launch_ring_write_seqs(const ModelAttnSeq* seqs, const int32_t* row_seq, const float* kv, const int64_t* pos,
                                    int64_t rows, int64_t dim, cudaStream_t s);
 
+// One sequence of a multi-sequence index launch (IndexScoreArgs::segs, IndexTopkArgs::segs): its
+// positions start .. start + T - 1 are rows row0 .. row0 + T - 1 of q / w / out / out_n, and its
+// [T, start + T] region of scores / cand / block_scratch / taken begins `off` elements in.
+struct IndexSeg {
+  const void* keys = nullptr;  // the index keys it scores (IndexScoreArgs::keys of this sequence)
+  int64_t start = 0, T = 0, row0 = 0, off = 0;
+};
+
 // ops::index_scores for every query row: clen(t) = (start + t + 1) / ratio visible keys.
 struct IndexScoreArgs {
   const float* q = nullptr;        // [T, nI, dI]
@@ -252,6 +260,12 @@ struct IndexScoreArgs {
   // else it may differ within the reordering bound of the dot (docs/cuda.md, "Indexer scores").
   // Tests and the benchmarks force one.
   int kernel = 0;
+  // Several sequences in one launch (kernel 4 only: error otherwise): device array [n_segs]; q / w
+  // hold all T rows, `keys` / `start` are ignored, stride = the longest sequence's start + T,
+  // seg_rows = the most rows of one sequence (0: T). Each row gets exactly the scores of a launch
+  // for its sequence alone.
+  const IndexSeg* segs = nullptr;
+  int64_t n_segs = 0, seg_rows = 0;
 };
 // Workspace kernel 4 needs for `a` (0 when it cannot run a).
 size_t index_scores_work_bytes(const IndexScoreArgs& a);
@@ -279,7 +293,17 @@ struct IndexTopkArgs {
   // 2: over blocks; 3: one cluster per row (2 and 3: error if the args do not allow it).
   int path = 0;
   int cluster = 0;  // path 3: blocks per cluster, 8 or 16 (0: 16 while all rows fit at once, else 8)
+  // Several sequences in one launch (path 0 or 1: one block per row; index_topk_segs_applies):
+  // device array [n_segs] and the sequence of each of the T rows (row_seg [T]); out / out_n hold
+  // all T rows, `start` is ignored, stride = the longest sequence's start + T. Each row gets
+  // exactly the lists of a launch for its sequence alone.
+  const IndexSeg* segs = nullptr;
+  const int32_t* row_seg = nullptr;
+  int64_t n_segs = 0;
 };
+// Whether path 0 runs a single sequence of up to max_len positions by one block per row (so a
+// multi-sequence launch of such sequences keeps each one's kernel).
+bool index_topk_segs_applies(int64_t max_len, int64_t ratio);
 // The cluster size path 3 would use for `a` (0: path 3 cannot run these args on this device).
 int index_topk_cluster_size(const IndexTopkArgs& a);
 cudaError_t launch_index_topk(const IndexTopkArgs& a, cudaStream_t s);
