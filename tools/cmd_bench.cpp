@@ -127,19 +127,29 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   for (float x : logits) checksum += double(x);
   std::vector<double> steps;
   // Each step feeds every sequence its greedy next token and, for a verify block's shape,
-  // step_tokens - 1 more, with logits for every row (as a verify step asks for).
+  // step_tokens - 1 more, with logits for every row (as a verify step asks for). One-token steps
+  // on a model that samples on its device draw the greedy token there, as the engine's decode
+  // steps do (no logits rows come back).
   const size_t S = size_t(o.step_tokens);
+  const bool dev_sample = S == 1 && m.samples_on_device();
+  ops::SampleSpec greedy;
+  greedy.temperature = 0;
   std::vector<int32_t> next(size_t(o.batch) * S);
   size_t rows_per_item = 1;  // logits rows per sequence in the previous forward (the prefill: 1)
   const auto g0 = forward::gpu_graph_stats(m);  // the timed steps' graph counters (GPU backends)
   for (int r = 0; r < reps; ++r) {
     for (int b = 0; b < o.batch; ++b) {
-      const float* row = logits.data() + (size_t(b) + 1) * rows_per_item * size_t(c.vocab_size) - size_t(c.vocab_size);
       int32_t* nb = next.data() + size_t(b) * S;
-      nb[0] = int32_t(std::max_element(row, row + c.vocab_size) - row);  // greedy after the last row
+      if (dev_sample && r > 0) {
+        nb[0] = std::max(items[size_t(b)].sampled, 0);  // the previous step's token (-1: no finite logit)
+      } else {
+        const float* row = logits.data() + (size_t(b) + 1) * rows_per_item * size_t(c.vocab_size) - size_t(c.vocab_size);
+        nb[0] = int32_t(std::max_element(row, row + c.vocab_size) - row);  // greedy after the last row
+      }
       for (size_t j = 1; j < S; ++j) nb[j] = int32_t((uint64_t(nb[j - 1]) * 2654435761u + j) % uint64_t(c.vocab_size));
       items[size_t(b)] = {seqs[size_t(b)].get(), std::span<const int32_t>(nb, S)};
       items[size_t(b)].all_logits = S > 1;
+      if (dev_sample) items[size_t(b)].sample = &greedy;
     }
     rows_per_item = S;
     logits.clear();
@@ -156,20 +166,23 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   std::printf("prefill: %d x %d tokens in %.3f s (%.1f tok/s)\n", o.batch, o.prompt, prefill_s,
               prefill_s > 0 ? o.batch * o.prompt / prefill_s : 0.0);
   std::printf("decode: batch %d x %d tokens, median %.3f ms/step over %d steps (%.3f ms per layer, %.1f tok/s "
-              "aggregate)\n",
+              "aggregate)%s\n",
               o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
-              med > 0 ? o.batch * o.step_tokens / med : 0.0);
+              med > 0 ? o.batch * o.step_tokens / med : 0.0, dev_sample ? ", greedy tokens drawn on the device" : "");
   std::printf("logits checksum (prefill rows): %.9g\n", checksum);
   if (g0.ok() && g1.ok() && reps > 0) {
     // How the timed steps ran: replayed graphs (patched) or recorded ones, or eagerly; the host
     // time until the step's final sync and the time waiting in it, per step.
     const auto d = [&](int64_t forward::GpuGraphStats::*f) { return static_cast<long long>((*g1).*f - (*g0).*f); };
     const double n = double(std::max<int64_t>(g1->timed - g0->timed, 1));
+    const double np = double(std::max<int64_t>(g1->patched - g0->patched, 1));
     std::printf("decode steps: %lld graph launches (%lld patched, %lld new executables), %lld eager; host %.3f ms, "
-                "sync wait %.3f ms per step\n",
+                "sync wait %.3f ms per step; patched steps: tape %.3f ms, %.0f node updates + launch %.3f ms per step\n",
                 d(&forward::GpuGraphStats::launches), d(&forward::GpuGraphStats::patched),
                 d(&forward::GpuGraphStats::instantiations), d(&forward::GpuGraphStats::eager_fallbacks),
-                double(g1->host_ns - g0->host_ns) / n * 1e-6, double(g1->wait_ns - g0->wait_ns) / n * 1e-6);
+                double(g1->host_ns - g0->host_ns) / n * 1e-6, double(g1->wait_ns - g0->wait_ns) / n * 1e-6,
+                double(g1->tape_ns - g0->tape_ns) / np * 1e-6,
+                double(g1->patched_nodes - g0->patched_nodes) / np, double(g1->apply_ns - g0->apply_ns) / np * 1e-6);
   }
   if (auto st = forward::gpu_graph_stats(m); st.ok())
     std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions\n",

@@ -288,8 +288,10 @@ class Backend {
   // ---- output ----
   // Appends rows [n] of logits to `logits` (possibly when the forward completes).
   virtual Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) = 0;
-  // Draws the token after logits `row` by `spec` into *out (when the forward completes).
-  virtual Status sample_row(const Tensor& row, const ops::SampleSpec& spec, int32_t* out) = 0;
+  // Draws the token after logits row rows[i] of lg by *specs[i] into *outs[i] for every i (when the
+  // forward completes).
+  virtual Status sample_rows(const Tensor& lg, std::span<const int64_t> rows, std::span<const ops::SampleSpec* const> specs,
+                             std::span<int32_t* const> outs) = 0;
 };
 
 }  // namespace flashseek::forward

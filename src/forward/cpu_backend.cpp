@@ -582,7 +582,8 @@ Status CpuOps::logits_out(const Tensor& lg, int64_t n, std::vector<float>& logit
   return {};
 }
 
-Status CpuOps::sample_row(const Tensor&, const ops::SampleSpec&, int32_t*) {
+Status CpuOps::sample_rows(const Tensor&, std::span<const int64_t>, std::span<const ops::SampleSpec* const>,
+                           std::span<int32_t* const>) {
   return Status(StatusCode::kUnimplemented, "the CPU backend samples on the host (samples_on_device is false)");
 }
 

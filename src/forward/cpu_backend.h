@@ -91,7 +91,8 @@ class CpuOps final : public Backend {
   int64_t vocab_rows() const override;
 
   Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) override;
-  Status sample_row(const Tensor& row, const ops::SampleSpec& spec, int32_t* out) override;
+  Status sample_rows(const Tensor& lg, std::span<const int64_t> rows, std::span<const ops::SampleSpec* const> specs,
+                     std::span<int32_t* const> outs) override;
 
  private:
   // ops::linear with the CPU load options' dot perturbation (CpuLoadOptions) on FP8-activation

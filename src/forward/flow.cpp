@@ -172,12 +172,16 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
     o += ctx.segs[size_t(s)].all_logits ? ctx.segs[size_t(s)].T : 1;
     seg_of[order[size_t(s)]] = size_t(s);
   }
+  std::vector<int64_t> s_rows;  // the items sampled on the device: all in one call
+  std::vector<const ops::SampleSpec*> s_specs;
+  std::vector<int32_t*> s_outs;
   for (size_t i = 0; i < batch.size(); ++i) {
     FwdSeg& g = ctx.segs[seg_of[i]];
     const int64_t n = g.all_logits ? g.T : 1, o = lg_row[seg_of[i]];
-    if (g.sample) FS_RETURN_IF_ERROR(b_.sample_row(lg.rows_from(o + n - 1, 1), *g.sample, g.sampled));
+    if (g.sample) s_rows.push_back(o + n - 1), s_specs.push_back(g.sample), s_outs.push_back(g.sampled);
     else FS_RETURN_IF_ERROR(b_.logits_out(lg.rows_from(o, n), n * Vr, logits));
   }
+  if (!s_rows.empty()) FS_RETURN_IF_ERROR(b_.sample_rows(lg, s_rows, s_specs, s_outs));
   if (w_.has_mtp && b_.mtp_state())
     for (FwdSeg& g : ctx.segs) FS_RETURN_IF_ERROR(b_.mtp_advance(g, X.rows_from(g.row0 * hc, g.T * hc)));
 

@@ -18,6 +18,7 @@
 #include "backends/cuda/gpu_model.h"
 
 #if FLASHSEEK_HAVE_CUDA
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -177,7 +178,9 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
   }
   tape.start(ops::cuda::LaunchTape::kPatch, stream_);
   guard.active = true;
+  const auto t0 = std::chrono::steady_clock::now();
   const Status s = run_items(batch, logits);
+  const auto t1 = std::chrono::steady_clock::now();
   guard.active = false;
   tape.mode = ops::cuda::LaunchTape::kOff;
   cudaGraph_t g = nullptr;
@@ -209,6 +212,9 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
     if (apply_tape(*x, set)) {
       x->used = ++exec_clock_;
       if (cudaGraphLaunch(x->exec, stream_) == cudaSuccess) {
+        const auto t2 = std::chrono::steady_clock::now();
+        gstats_.tape_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+        gstats_.apply_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
         done = true;
         patch_miss_run_ = 0;
         off_tape_run_ = 0;

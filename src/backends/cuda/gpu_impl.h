@@ -202,6 +202,8 @@ class GpuModel final : public Model, public Backend {
   // Queues a device → host copy of `bytes` to `host_dst` (an address that stays valid until the
   // forward returns, e.g. a BatchItem field); done by finish_forward, graph capture included.
   Status queue_download(void* host_dst, const void* d_src, size_t bytes);
+  // The same for dst.size() elements of `bytes` each at d_src: one copy, element i to dst[i].
+  Status queue_download_spread(std::span<void* const> dst, const void* d_src, size_t bytes);
   bool ref() const { return numerics_ == Numerics::kReference; }
   Status upload_weights();
   Status up(Vec& v);
@@ -241,7 +243,9 @@ class GpuModel final : public Model, public Backend {
 
   // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
   // its download to `out` (written at the forward's sync).
-  Status sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out);
+  // Device sampling of logits rows (gpu_sample.cpp).
+  Status sample_lg_rows(const float* lg, int64_t V, std::span<const int64_t> rows,
+                        std::span<const ops::SampleSpec* const> specs, std::span<int32_t* const> outs);
   FlowParams flow_params() const;
   // The device copies of an FFN's routed experts (w1, w2, w3 keys) and V4 hash table.
   struct FfnDev {
@@ -376,8 +380,9 @@ class GpuModel final : public Model, public Backend {
   Status logits_out(const Tensor& lg, int64_t n, std::vector<float>& logits) override {
     return download_logits(lg.f32(), n, logits);
   }
-  Status sample_row(const Tensor& row, const ops::SampleSpec& spec, int32_t* out) override {
-    return sample_last_row(row.f32(), spec, out);
+  Status sample_rows(const Tensor& lg, std::span<const int64_t> rows, std::span<const ops::SampleSpec* const> specs,
+                     std::span<int32_t* const> outs) override {
+    return sample_lg_rows(lg.f32(), lg.cols, rows, specs, outs);
   }
 
  private:

@@ -1170,6 +1170,14 @@ Status GpuModel::queue_download(void* host_dst, const void* d_src, size_t bytes)
   return {};
 }
 
+Status GpuModel::queue_download_spread(std::span<void* const> dst, const void* d_src, size_t bytes) {
+  if (dst.empty() || !bytes) return {};
+  FS_ASSIGN_OR_RETURN(void* h, staging_.alloc(bytes * dst.size()));
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::memcpy_async(h, d_src, bytes * dst.size(), cudaMemcpyDeviceToHost, stream_));
+  for (size_t i = 0; i < dst.size(); ++i) pending_bytes_.push_back({dst[i], static_cast<char*>(h) + i * bytes, bytes});
+  return {};
+}
+
 Status GpuModel::finish_forward(std::vector<float>& logits) {
   const auto t1 = std::chrono::steady_clock::now();
   Status s = ops::cuda::cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");

@@ -193,6 +193,9 @@ struct GpuGraphStats {
   // Decode-sized forwards (graphs on or off): how many, host time until the final stream sync
   // (host code, launches or recording or patching) and time waiting in that sync, in ns.
   int64_t timed = 0, host_ns = 0, wait_ns = 0;
+  // Of the patched steps' host time: the forward's host code writing the launch tape, then
+  // setting the changed nodes and launching the executable, in ns.
+  int64_t tape_ns = 0, apply_ns = 0;
   // MoE layers whose routed experts ran as grouped GEMMs (GpuLoadOptions::moe_gemm_min_tokens).
   int64_t moe_gemm_layers = 0;
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM

@@ -981,15 +981,30 @@ Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {
 
 // ---- DSpark ----
 
+// Every sequence's rows into its ring of the stage: one launch (sequence descriptors) for several.
 Status GpuModel::draft_ring_write(int stage, FwdChunk& ctx, const Tensor& kv) {
   const int64_t Dh = config().head_dim;
+  std::vector<cd::ModelAttnSeq> seqs;
   for (const FwdSeg& g : ctx.segs) {
     auto* st = static_cast<GpuSequenceState*>(g.st);
     if (st->draft_rings.size() <= size_t(stage)) return internal_error("GPU state has no DSpark draft rings");
-    const int64_t rs = st->ring_size;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(st->draft_rings[size_t(stage)].get(), kv.f32() + g.row0 * Dh,
-                                                  g.pos_d.i64(), std::max<int64_t>(0, g.T - rs), g.T, rs, Dh, stream_));
+    cd::ModelAttnSeq sq;
+    sq.ring = st->draft_rings[size_t(stage)].get(), sq.start = g.start, sq.row0 = g.row0, sq.T = g.T;
+    sq.ring_size = st->ring_size;
+    seqs.push_back(sq);
   }
+  if (seqs.size() == 1) {
+    const cd::ModelAttnSeq& q = seqs.front();
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write(static_cast<float*>(q.ring), kv.f32(), ctx.pos.i64(),
+                                                  std::max<int64_t>(0, q.T - q.ring_size), q.T, q.ring_size, Dh,
+                                                  stream_));
+    return {};
+  }
+  const int64_t bytes = int64_t(seqs.size() * sizeof(cd::ModelAttnSeq));
+  FS_ASSIGN_OR_RETURN(uint8_t* ds, scratch<uint8_t>("draft_ring_seqs" + std::to_string(stage), bytes));
+  FS_RETURN_IF_ERROR(upload(ds, seqs.data(), size_t(bytes)));
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_ring_write_seqs(reinterpret_cast<const cd::ModelAttnSeq*>(ds), ctx.row_seq.i32(),
+                                                     kv.f32(), ctx.pos.i64(), ctx.T, Dh, stream_));
   return {};
 }
 

@@ -13,20 +13,36 @@
 
 namespace flashseek::forward::gpu {
 
-Status GpuModel::sample_last_row(const float* row, const ops::SampleSpec& spec, int32_t* out) {
+Status GpuModel::sample_lg_rows(const float* lg, int64_t V, std::span<const int64_t> rows,
+                                std::span<const ops::SampleSpec* const> specs, std::span<int32_t* const> outs) {
   if (shard_.split())
     return internal_error("device sampling: a tensor-parallel rank holds only a vocabulary slice");
-  const int64_t V = config().vocab_size;
+  const int64_t n = int64_t(rows.size());
+  if (n == 0) return {};
+  if (specs.size() != rows.size() || outs.size() != rows.size())
+    return internal_error("sample_rows: {} rows, {} specs, {} outputs", rows.size(), specs.size(), outs.size());
+  if (V != config().vocab_size) return internal_error("sample_rows: logits rows of {}, vocabulary {}", V, config().vocab_size);
   if (sample_ws_bytes_ == 0) {
     FS_ASSIGN_OR_RETURN(sample_ws_bytes_, ops::cuda::sample_rows_workspace_bytes(V));
   }
   FS_ASSIGN_OR_RETURN(uint8_t* ws, scratch<uint8_t>("sample_ws", int64_t(sample_ws_bytes_)));
-  FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("sample_token", 1));
-  ops::SampleRowsParams p;
-  p.logits = row, p.rows = 1, p.vocab = V, p.specs = &spec, p.out = d_tok;
-  p.workspace = ws, p.workspace_bytes = sample_ws_bytes_;
-  FS_RETURN_IF_ERROR(ops::cuda::sample_rows_cuda(p, stream_));
-  return queue_download(out, d_tok, sizeof(int32_t));
+  FS_ASSIGN_OR_RETURN(int32_t* d_tok, scratch<int32_t>("sample_token", n));
+  // Runs of consecutive rows in one call each (the op launches consecutive greedy rows together).
+  std::vector<ops::SampleSpec> run;
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && rows[size_t(j)] == rows[size_t(j - 1)] + 1) ++j;
+    run.clear();
+    for (int64_t k = i; k < j; ++k) run.push_back(*specs[size_t(k)]);
+    ops::SampleRowsParams p;
+    p.logits = lg + rows[size_t(i)] * V, p.rows = j - i, p.vocab = V, p.specs = run.data(), p.out = d_tok + i;
+    p.workspace = ws, p.workspace_bytes = sample_ws_bytes_;
+    FS_RETURN_IF_ERROR(ops::cuda::sample_rows_cuda(p, stream_));
+    i = j;
+  }
+  // One copy back for all of them, spread to the items' fields when the forward completes.
+  std::vector<void*> dst(outs.begin(), outs.end());
+  return queue_download_spread(dst, d_tok, sizeof(int32_t));
 }
 
 }  // namespace flashseek::forward::gpu

@@ -270,6 +270,7 @@ class TpModel final : public Model {
       t.update_failures += s.update_failures;
       t.patched += s.patched, t.patched_nodes += s.patched_nodes, t.patch_misses += s.patch_misses;
       t.timed += s.timed, t.host_ns += s.host_ns, t.wait_ns += s.wait_ns;
+      t.tape_ns += s.tape_ns, t.apply_ns += s.apply_ns;
       t.eager_fallbacks += s.eager_fallbacks;
       t.moe_gemm_layers += s.moe_gemm_layers;
       t.dense_gemm_linears += s.dense_gemm_linears;

@@ -188,9 +188,12 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// Block b: the argmax of row b (rows V apart) into out[b].
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ row, int V,
                                                           int32_t* out) {
   pdl_prologue();
+  row += size_t(blockIdx.x) * size_t(V);
+  out += blockIdx.x;
   __shared__ float sv[kWarps];
   __shared__ int si[kWarps];
   float bv = 0.0f;
@@ -348,14 +351,18 @@ cudaError_t launch_sample_rows(const float* logits, int rows, int vocab, const S
   auto* ids_out = reinterpret_cast<int32_t*>(ws + 3 * a);
   void* temp = ws + 4 * a;
   size_t temp_bytes = workspace_bytes - 4 * a;
+  auto greedy_at = [&](int r) { return specs[r].temperature <= 0.0 || specs[r].top_k == 1; };
   for (int r = 0; r < rows; ++r) {
     const float* row = logits + size_t(r) * size_t(vocab);
     const SampleRowSpec& s = specs[r];
-    const bool greedy = s.temperature <= 0.0 || s.top_k == 1;
+    const bool greedy = greedy_at(r);
     const bool sorted = (s.top_k > 0 && s.top_k < vocab) || s.top_p < 1.0;
     cudaError_t e = cudaSuccess;
-    if (greedy) {
-      e = launch_kernel(argmax_kernel, 1, kThreads, 0, stream, row, vocab, out + r);
+    if (greedy) {  // this row and the greedy rows after it: a block each
+      int n = 1;
+      while (r + n < rows && greedy_at(r + n)) ++n;
+      e = launch_kernel(argmax_kernel, unsigned(n), kThreads, 0, stream, row, vocab, out + r);
+      r += n - 1;
     } else if (!sorted) {
       e = launch_kernel(ascending_kernel, 1, kThreads, 0, stream, row, vocab, s, out + r);
     } else {
