@@ -285,6 +285,7 @@ Status GpuModel::hc_mixes(const HcMixCall& c) {
   m.x = c.x.f32(), m.fn = d(*c.fn), m.base = d(*c.base), m.scale = d(*c.scale), m.rows = c.rows, m.hc = c.hc;
   m.dim = c.dim, m.norm_eps = c.norm_eps, m.hc_eps = c.hc_eps, m.sinkhorn_iters = c.sinkhorn_iters;
   m.pre = c.pre.f32(), m.post = c.post.f32(), m.comb = c.comb.f32();
+  FS_ASSIGN_OR_RETURN(m.work, scratch<float>("hc_mix_work", cd::hc_mixes_work_floats(m)));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(m, stream_));
   return {};
 }
@@ -294,6 +295,7 @@ Status GpuModel::hc_head_pre(const HcMixCall& c) {
   a.x = c.x.f32(), a.fn = d(*c.fn), a.base = d(*c.base), a.scale = d(*c.scale);
   a.rows = c.rows, a.hc = c.hc, a.dim = c.dim, a.norm_eps = c.norm_eps, a.hc_eps = c.hc_eps, a.head_only = true;
   a.pre = c.pre.f32();
+  FS_ASSIGN_OR_RETURN(a.work, scratch<float>("hc_mix_work", cd::hc_mixes_work_floats(a)));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_mixes(a, stream_));
   return {};
 }

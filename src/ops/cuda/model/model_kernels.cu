@@ -1661,7 +1661,7 @@ constexpr int kTileSlots = kTileRows + kTileMix;  // staged rows of one 128-colu
 constexpr int kTileSliceF4 = kTileSlots * 32;     // float4 per staged slice
 // kHcTileMinRows: a row tile's CTA adds 16 rows x 12 mixes over the whole of flat; below ~256
 // rows too few of them run to beat the split row kernel, whose clusters re-read fn per row.
-constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 256;
+constexpr int64_t kTileMaxChunks = 64, kHcTileMinRows = 256, kHcTileGroupMinRows = 16;
 template <int kSlices>
 struct HcTile {
   static constexpr int kStages = kSlices >= 4 ? 3 : 4;
@@ -1675,8 +1675,11 @@ __device__ __forceinline__ void hc_cp_async16(float4* dst, const float* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
 
+// Chunk groups (cpg < m): CTA (tile, mix block, group) adds chunks [group·cpg, +cpg) only and
+// writes their sums to a.work [rows, n_mix, m]; hc_mix_tree_kernel then folds each (row, mix).
 template <int kSlices>
-__global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMixArgs a, int n_mix, int mix_blocks) {
+__global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMixArgs a, int n_mix, int mix_blocks,
+                                                                            int cpg) {
   pdl_prologue();
   using T = HcTile<kSlices>;
   extern __shared__ float4 tsm[];
@@ -1684,9 +1687,11 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
   float4* ring = tsm;                                                // [stages][slices][slots][32]
   float* csum = reinterpret_cast<float*>(tsm + T::kStages * T::kStageF4);  // [16 x 12][m]
   const int64_t flat = a.hc * a.dim, m = (flat + kSumChunk - 1) / kSumChunk;
-  const int64_t stages = m * (8 / kSlices);
-  const int64_t row0 = int64_t(blockIdx.x / unsigned(mix_blocks)) * kTileRows;
-  const int mix0 = int(blockIdx.x % unsigned(mix_blocks)) * kTileMix;
+  const int64_t groups = (m + cpg - 1) / cpg, tm = blockIdx.x / groups, grp = blockIdx.x % groups;
+  const int64_t c_lo = grp * cpg, c_hi = c_lo + cpg < m ? c_lo + cpg : m;
+  const int64_t stages = c_hi * (8 / kSlices), st_lo = c_lo * (8 / kSlices);
+  const int64_t row0 = (tm / mix_blocks) * kTileRows;
+  const int mix0 = int(tm % mix_blocks) * kTileMix;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid & 31;
   const int wr = (warp % 4) * 4, wm = (warp / 4) * 6;
   if (tid < kTileSlots) {
@@ -1724,8 +1729,8 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
     for (int j = 0; j < 6; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  for (int st = 0; st < T::kStages - 1; ++st) load(st);
-  for (int64_t c = 0; c < m; ++c) {
+  for (int st = 0; st < T::kStages - 1; ++st) load(st_lo + st);
+  for (int64_t c = c_lo; c < c_hi; ++c) {
 #pragma unroll 1
     for (int64_t st = c * (8 / kSlices); st < (c + 1) * (8 / kSlices); ++st) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(T::kStages - 2));
@@ -1758,11 +1763,17 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
         float v = __fadd_rn(__fadd_rn(acc[i][j][0], acc[i][j][1]), __fadd_rn(acc[i][j][2], acc[i][j][3]));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-        if (lane == 0) csum[((wr + i) * kTileMix + wm + j) * m + c] = v;
+        if (lane == 0) {
+          const int64_t r = row0 + wr + i;
+          const int mix = mix0 + wm + j;
+          if (groups == 1) csum[((wr + i) * kTileMix + wm + j) * m + c] = v;
+          else if (r < a.rows && mix < n_mix) a.work[(r * n_mix + mix) * m + c] = v;
+        }
         acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
       }
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
+  if (groups > 1) return;  // hc_mix_tree_kernel folds the chunk sums
   __syncthreads();
   for (int o = tid; o < kTileRows * kTileMix; o += kTileThreads) {
     const int64_t r = row0 + o / kTileMix;
@@ -1771,18 +1782,46 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
   }
 }
 
+// One thread per (row, mix): the stride-doubling tree over its m chunk sums into its slot.
+__global__ void hc_mix_tree_kernel(HcMixArgs a, int n_mix) {
+  pdl_prologue();
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= a.rows * n_mix) return;
+  const int64_t m = (a.hc * a.dim + kSumChunk - 1) / kSumChunk;
+  *hc_dot_slot(a, id / n_mix, id % n_mix) = dev_chunk_tree(a.work + id * m, m);
+}
+
+// Chunks per group for the tiled dots: one group while the tiles alone give ~2 CTAs per SM (or
+// there is no workspace), else groups of chunks until they do.
+int64_t hc_tile_cpg(const HcMixArgs& a, int64_t n_mix, int64_t m) {
+  const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows * ((n_mix + kTileMix - 1) / kTileMix);
+  int dev = 0, sms = 0;
+  if (!a.work || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return m;
+  }
+  const int64_t want = (2 * int64_t(sms) + tiles - 1) / tiles;  // groups
+  if (want <= 1) return m;
+  const int64_t g = want < m ? want : m;
+  return (m + g - 1) / g;
+}
+
 template <int kSlices>
 cudaError_t launch_hc_mix_dots_tiled(const HcMixArgs& a, int64_t n_mix, int64_t m, cudaStream_t s) {
   const int mix_blocks = int((n_mix + kTileMix - 1) / kTileMix);
-  const int64_t blocks = (a.rows + kTileRows - 1) / kTileRows * mix_blocks;
+  const int64_t cpg = hc_tile_cpg(a, n_mix, m), groups = (m + cpg - 1) / cpg;
+  const int64_t blocks = (a.rows + kTileRows - 1) / kTileRows * mix_blocks * groups;
   const size_t smem = HcTile<kSlices>::kRingBytes + size_t(kTileRows * kTileMix * m) * sizeof(float);
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   // Set on every launch: the attribute belongs to the current device (TP ranks run on several).
   const cudaError_t e = cudaFuncSetAttribute(hc_mix_dots_tiled_kernel<kSlices>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  return launch_kernel(hc_mix_dots_tiled_kernel<kSlices>, unsigned(blocks), kTileThreads, smem, s, a, int(n_mix),
-                       mix_blocks);
+  const cudaError_t d = launch_kernel(hc_mix_dots_tiled_kernel<kSlices>, unsigned(blocks), kTileThreads, smem, s, a,
+                                      int(n_mix), mix_blocks, int(cpg));
+  if (d != cudaSuccess || groups == 1) return d;
+  return launch_kernel(hc_mix_tree_kernel, blocks_for(a.rows * n_mix, 256), 256, 0, s, a, int(n_mix));
 }
 
 __global__ void hc_collapse_kernel(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
@@ -2563,7 +2602,9 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
   // from kHcTileMinRows rows (the row kernel re-reads the whole fn matrix for every row).
   const bool tiles_ok = flat > kSumChunk && m <= kTileMaxChunks && flat % 4 == 0 &&
                         ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.fn)) & 15) == 0;
-  if (a.kernel == 0 && tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= kHcTileMinRows))) {
+  // With a workspace the tiles split the chunks over CTAs, so they pay from kHcTileGroupMinRows.
+  const int64_t tile_min = a.work ? kHcTileGroupMinRows : kHcTileMinRows;
+  if (a.kernel == 0 && tiles_ok && (a.tiled > 0 || (a.tiled < 0 && a.rows >= tile_min))) {
     const int slices = a.tiled == 1 || a.tiled == 4 ? a.tiled : 2;  // 128-column slices per ring stage
     const cudaError_t e = slices == 1   ? launch_hc_mix_dots_tiled<1>(a, n_mix, m, s)
                           : slices == 4 ? launch_hc_mix_dots_tiled<4>(a, n_mix, m, s)
@@ -2591,6 +2632,11 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
   }
   return launch_kernel_cluster(hc_mixes_kernel, unsigned(a.rows * csize), kMixThreads, smem, s, unsigned(csize), a, csize,
                                false);
+}
+
+int64_t hc_mixes_work_floats(const HcMixArgs& a) {
+  const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc;
+  return a.rows * n_mix * ((a.hc * a.dim + kSumChunk - 1) / kSumChunk);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,

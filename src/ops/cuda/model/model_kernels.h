@@ -108,14 +108,21 @@ struct HcMixArgs {
                                   // 9..16 need a device that runs such a cluster); same bits for any
   int kernel = 0;                 // 0 automatic, 1 the row kernel, 2 the chunk-split kernel (error where
                                   // hc·dim <= 1024 or > 32 chunks); same bits
-  int tiled = -1;                 // row tiles (16 rows share each fn slice): -1 from 64 rows, 0 never,
+  int tiled = -1;                 // row tiles (16 rows share each fn slice): -1 from 256 rows (16 with
+                                  // `work`), 0 never,
                                   // 1 / 2 / 4 always, staging 1 / 2 / 4 128-column slices per ring
                                   // stage (-1: 2); only where hc·dim > 1024, hc·dim % 4 == 0, x and fn
                                   // 16-byte aligned and hc·dim <= 64 chunks (else the row kernel); same bits
   float* pre = nullptr;           // [rows, hc]
   float* post = nullptr;          // [rows, hc]
   float* comb = nullptr;          // [rows, hc, hc]
+  // Row tiles' chunk sums [rows, n_mix, chunks] (hc_mixes_work_floats; nullptr: none): with it the
+  // tiles also split the chunks over CTAs (a second launch folds them; same bits) and run
+  // automatically from 16 rows.
+  float* work = nullptr;
 };
+// Floats of HcMixArgs::work for `a` (its rows, hc, dim, head_only).
+int64_t hc_mixes_work_floats(const HcMixArgs& a);
 // The flat sum of squares and the mix dots in the sum_order.h orders, one warp per 1024-value
 // chunk; Sinkhorn by one warp (lane per comb entry, shuffles; hc > 5: one thread per entry).
 // Automatic choice: hc·dim > 1024 up to 32 chunks, the chunk-split kernel (a cluster of up to 16
