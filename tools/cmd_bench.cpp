@@ -48,6 +48,7 @@ struct ModelBenchOpts {
   int64_t gemv_tiled_min_rows = 192;       // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
+  std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
 // `bench --load-format dummy` (or `--ckpt DIR`): the engine's own model, not a layer slice.
@@ -75,6 +76,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
+  lo.engram_on_device = o.engram_tables == "device";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
       source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus, lo);
@@ -278,6 +280,11 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU: block-scaled GEMV launches of at least this many rows take the tiled kernel, "
                   "smaller ones the decode GEMV in token passes (the same bits), as run / serve")
       ->check(CLI::Range(int64_t(0), forward::kMaxGemvTiledMinRows))
+      ->capture_default_str();
+  cmd->add_option("--engram-tables", mo->engram_tables,
+                  "model bench, GPU: Engram tables in host memory (rows gathered on the host each step) or on the "
+                  "device as stored, as run / serve")
+      ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")

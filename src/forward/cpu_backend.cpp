@@ -336,8 +336,8 @@ Result<PooledRows> CpuOps::compressor_feed(FwdChunk& ctx, int layer, Compressor 
   PooledRows out;
   for (FwdSeg& g : ctx.segs) {
     const size_t n0 = out.groups.size();
-    feed_seg(g, layer, which, v.rows_from(g.row0, g.T), z.rows_from(g.row0, g.T), ratio, c, overlap, entries,
-             out.groups);
+    auto rows = [&](const Tensor& t) { return t.empty() ? t : t.rows_from(g.row0, g.T); };
+    feed_seg(g, layer, which, rows(v), rows(z), ratio, c, overlap, entries, out.groups);
     out.seg_n.push_back(int64_t(out.groups.size() - n0));
   }
   out.rows = Tensor{entries.data(), ElemType::kF32, int64_t(out.groups.size()), c};

@@ -736,8 +736,8 @@ namespace {
 // inputs that are BF16 values: the exact products of the CPU twin (ops::linear) summed in another
 // FP32 order, so within the reordering bound |Δ| <= 2·in·2^-24·Σ|x·w| (linear_abs_terms) of every
 // output; and that order depends on `in` only: a row's outputs are bitwise the same at any row
-// count (1, the 8-token decode path, the 32-token prefill path), grouped or per group, and in
-// BF16 output the BF16 rounding of the FP32 result.
+// count (1, the 8-token decode path, the 32-token prefill path with 1, 2 or 4 output tiles per
+// CTA), grouped or per group, and in BF16 output the BF16 rounding of the FP32 result.
 TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
   FS_REQUIRE_GPU();
   uint64_t seed = 4100;
@@ -768,19 +768,21 @@ TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
             p.y = mag.data() + t * G * Ro + g * Ro;
             ops::linear_abs_terms(p);
           }
-        auto run = [&](int64_t T, int64_t x_row0, bool bf16_out, int kernel) {
+        auto run = [&](int64_t T, int64_t x_row0, bool bf16_out, int kernel, int mma_tiles = 0) {
           DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
           cd::LinearArgs a;
           a.x = dx.get() + x_row0 * G * in, a.x_stride = G * in, a.x_group = in;
           a.y = dy.get(), a.y_stride = G * Ro, a.y_group = Ro;
           a.rows = T, a.in = in, a.out = Ro, a.bf16_out = bf16_out, a.groups = G, a.kernel = kernel, a.x_bf16 = true;
-          a.wt = ds.ref(s);
+          a.wt = ds.ref(s), a.mma_tiles = mma_tiles;
           EXPECT_TRUE(cd::linear_mma_applies(a));
           EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
           return dy.to_host();
         };
         const std::vector<float> all = run(kMaxT, 0, false, 5), automatic = run(kMaxT, 0, false, 0);
         expect_bitwise(automatic, all, tag + ": x_bf16 picks kernel 5");
+        for (const int mt : {1, 2, 4})  // output tiles per CTA (ragged last tiles: Ro 1001 / 40)
+          expect_bitwise(run(kMaxT, 0, false, 5, mt), all, tag + ": " + std::to_string(mt) + " output tiles per CTA");
         size_t over = 0;
         for (size_t i = 0; i < all.size(); ++i) {
           const double d = std::fabs(double(all[i]) - double(want[i])), bound = 2.0 * double(in) * 0x1p-24 * mag[i];

@@ -9,7 +9,8 @@
 // of the same output give the same bits (batch invariance; prefill == decode). Against the CPU's
 // exact order the difference is a reordering of an FP32 sum (tests bound it by K·2^-23·Σ|x·w|).
 //
-// Work: a CTA owns 16 outputs (one group's) and 8·kNt tokens; its kWarps warps split `in` into
+// Work: a CTA owns 16 outputs (one group's; 32 or 64 for slices of 32 tokens where that still
+// fills the SMs) and 8·kNt tokens; its kWarps warps split `in` into
 // kWarps equal ranges (always, so the split depends on `in` only) and their partial sums are
 // added in warp order at the end. Each warp's x sub-chunk of kChunk k values for the CTA's tokens
 // is converted to BF16 in shared memory (rows padded so that the eight token rows of a fragment
@@ -69,8 +70,10 @@ __device__ __forceinline__ void weight_pairs(const uint4& raw, int j, float scal
   }
 }
 
-// Grid: x = group · tiles + 16-output tile of the group, y = token slice.
-template <bool kFp8, int kNt>
+// Grid: x = group · tiles + tile of 16·kMt outputs of the group, y = token slice. kMt > 1 (token
+// slices of 32): the CTA's output tiles share each staged x sub-chunk and each B fragment, so x is
+// staged once per 16·kMt outputs; every output's sum is the same sequence of MMA steps.
+template <bool kFp8, int kNt, int kMt>
 __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int64_t tiles) {
   pdl_prologue();
   constexpr int kE = kFp8 ? 16 : 8;   // values per 16-byte load
@@ -78,37 +81,51 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
   constexpr int kMmas = kE / 4;       // MMAs per step and token tile
   constexpr int kToks = 8 * kNt;
   constexpr int kWb = kFp8 ? 1 : 2;   // bytes per weight value
+  constexpr int kAh = kMt > 2 ? 1 : kMt > 1 ? 2 : kAhead;  // steps in flight (registers: 2·kMt loads per step)
   extern __shared__ __align__(16) __nv_bfloat16 xs[];  // [kWarps][kToks][kRowStride]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t group = blockIdx.x / tiles, out0 = (blockIdx.x % tiles) * 16;
+  const int64_t group = blockIdx.x / tiles, out0 = (blockIdx.x % tiles) * 16 * kMt;
   const int64_t tok0 = int64_t(blockIdx.y) * kToks;
   const int n_tok = int(a.rows - tok0 < kToks ? a.rows - tok0 : kToks);
   const float* x = a.x + group * a.x_group;
   const int64_t span = a.in / kWarps, k_begin = warp * span;  // this warp's k range
   const int nsteps = int(span / kStep), chunk_steps = kChunk / kStep;
-  // This thread's two weight rows (clamped inside the matrix; rows past `out` are not stored).
+  // This thread's two weight rows of each tile (clamped inside the matrix; rows past `out` are
+  // not stored).
   const int64_t last = a.out - 1;
-  const int64_t oa = out0 + g < last ? out0 + g : last, ob = out0 + g + 8 < last ? out0 + g + 8 : last;
-  const int64_t ra = a.wt.row0 + group * a.out + oa, rb = a.wt.row0 + group * a.out + ob;
-  const uint8_t* wa = static_cast<const uint8_t*>(a.wt.data) + ra * a.in * kWb + (k_begin + q * kE) * kWb;
-  const uint8_t* wb = static_cast<const uint8_t*>(a.wt.data) + rb * a.in * kWb + (k_begin + q * kE) * kWb;
+  const uint8_t* wa[kMt];
+  const uint8_t* wb[kMt];
+  const uint8_t* sa[kMt];
+  const uint8_t* sb[kMt];
   const int64_t sc_cols = kFp8 ? (a.in + a.wt.block_cols - 1) / a.wt.block_cols : 0;
-  const uint8_t* sa = kFp8 ? a.wt.scale + (ra / a.wt.block_rows) * sc_cols : nullptr;
-  const uint8_t* sb = kFp8 ? a.wt.scale + (rb / a.wt.block_rows) * sc_cols : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+    const int64_t o = out0 + mt * 16 + g;
+    const int64_t oa = o < last ? o : last, ob = o + 8 < last ? o + 8 : last;
+    const int64_t ra = a.wt.row0 + group * a.out + oa, rb = a.wt.row0 + group * a.out + ob;
+    wa[mt] = static_cast<const uint8_t*>(a.wt.data) + ra * a.in * kWb + (k_begin + q * kE) * kWb;
+    wb[mt] = static_cast<const uint8_t*>(a.wt.data) + rb * a.in * kWb + (k_begin + q * kE) * kWb;
+    sa[mt] = kFp8 ? a.wt.scale + (ra / a.wt.block_rows) * sc_cols : nullptr;
+    sb[mt] = kFp8 ? a.wt.scale + (rb / a.wt.block_rows) * sc_cols : nullptr;
+  }
   __nv_bfloat16* xw = xs + warp * kToks * kRowStride;  // this warp's sub-chunk
-  float acc[kNt][4];
+  float acc[kMt][kNt][4];
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  uint4 la[kAhead], lb[kAhead];
+  for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-  for (int i = 0; i < kAhead; ++i)
-    if (i < nsteps) {
-      la[i] = load_weights(wa + int64_t(i) * kStep * kWb);
-      lb[i] = load_weights(wb + int64_t(i) * kStep * kWb);
-    }
-  for (int s0 = 0; s0 < nsteps; s0 += kAhead) {
+    for (int nt = 0; nt < kNt; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+  uint4 la[kMt][kAh], lb[kMt][kAh];
 #pragma unroll
-    for (int i = 0; i < kAhead; ++i) {
+  for (int i = 0; i < kAh; ++i)
+    if (i < nsteps)
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        la[mt][i] = load_weights(wa[mt] + int64_t(i) * kStep * kWb);
+        lb[mt][i] = load_weights(wb[mt] + int64_t(i) * kStep * kWb);
+      }
+  for (int s0 = 0; s0 < nsteps; s0 += kAh) {
+#pragma unroll
+    for (int i = 0; i < kAh; ++i) {
       const int s = s0 + i;
       if (s >= nsteps) break;  // uniform over the CTA (every warp has nsteps steps)
       if (s % chunk_steps == 0) {  // stage every warp's next x sub-chunk (BF16 values: exact)
@@ -128,71 +145,107 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
         }
         __syncthreads();
       }
-      const uint4 ca = la[i], cb = lb[i];
-      if (s + kAhead < nsteps) {  // refill this slot kAhead steps ahead
-        la[i] = load_weights(wa + int64_t(s + kAhead) * kStep * kWb);
-        lb[i] = load_weights(wb + int64_t(s + kAhead) * kStep * kWb);
+      uint4 ca[kMt], cb[kMt];
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        ca[mt] = la[mt][i], cb[mt] = lb[mt][i];
+        if (s + kAh < nsteps) {  // refill this slot kAh steps ahead
+          la[mt][i] = load_weights(wa[mt] + int64_t(s + kAh) * kStep * kWb);
+          lb[mt][i] = load_weights(wb[mt] + int64_t(s + kAh) * kStep * kWb);
+        }
       }
       const int64_t k = k_begin + int64_t(s) * kStep + q * kE;  // this thread's first k of the step
-      float sca = 1.0f, scb = 1.0f;
-      if constexpr (kFp8) {
-        sca = dev_e8m0_value(sa[k / a.wt.block_cols]);
-        scb = dev_e8m0_value(sb[k / a.wt.block_cols]);
+      float sca[kMt], scb[kMt];
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        sca[mt] = 1.0f, scb[mt] = 1.0f;
+        if constexpr (kFp8) {
+          sca[mt] = dev_e8m0_value(sa[mt][k / a.wt.block_cols]);
+          scb[mt] = dev_e8m0_value(sb[mt][k / a.wt.block_cols]);
+        }
       }
       const int xc = (s % chunk_steps) * kStep + q * kE;
 #pragma unroll
       for (int j = 0; j < kMmas; ++j) {
-        // A (16 outputs x 16 k): logical columns 2q, 2q+1, 2q+8, 2q+9 of this thread are the
-        // values 4j..4j+3 of its load; B (16 k x 8 tokens) takes the same k from x.
-        uint32_t af[4];  // rows g (0, 2) and g + 8 (1, 3)
-        weight_pairs<kFp8>(ca, j, sca, af[0], af[2]);
-        weight_pairs<kFp8>(cb, j, scb, af[1], af[3]);
+        // B (16 k x 8 tokens) of each token tile, shared by the output tiles.
+        uint32_t bf[kNt][2];
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           const uint2 b = *reinterpret_cast<const uint2*>(xw + (nt * 8 + g) * kRowStride + xc + 4 * j);
-          const uint32_t bf[2] = {b.x, b.y};
-          dev_mma_bf16_16816(acc[nt], af, bf);
+          bf[nt][0] = b.x, bf[nt][1] = b.y;
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          // A (16 outputs x 16 k): logical columns 2q, 2q+1, 2q+8, 2q+9 of this thread are the
+          // values 4j..4j+3 of its load; B takes the same k from x.
+          uint32_t af[4];  // rows g (0, 2) and g + 8 (1, 3)
+          weight_pairs<kFp8>(ca[mt], j, sca[mt], af[0], af[2]);
+          weight_pairs<kFp8>(cb[mt], j, scb[mt], af[1], af[3]);
+#pragma unroll
+          for (int nt = 0; nt < kNt; ++nt) dev_mma_bf16_16816(acc[mt][nt], af, bf[nt]);
         }
       }
     }
   }
   // The warps' partial sums, added in warp order (the staging area is free after the barrier).
+  constexpr int kVals = kMt * kNt * 4;
   __syncthreads();
-  float* red = reinterpret_cast<float*>(xs);  // [kWarps][32][kNt·4]
+  float* red = reinterpret_cast<float*>(xs);  // [kWarps][32][kMt·kNt·4]
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt)
+  for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * kNt * 4 + nt * 4 + i] = acc[nt][i];
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * kVals + (mt * kNt + nt) * 4 + i] = acc[mt][nt][i];
   __syncthreads();
   if (warp != 0) return;
   float* y = a.y + group * a.y_group;
 #pragma unroll
-  for (int nt = 0; nt < kNt; ++nt)
+  for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v = red[lane * kNt * 4 + nt * 4 + i];
+    for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[(w * 32 + lane) * kNt * 4 + nt * 4 + i]);
-      // D fragment: (output g, tokens 2q, 2q+1) and (output g + 8, the same tokens).
-      const int64_t o = out0 + g + (i >= 2 ? 8 : 0), r = tok0 + nt * 8 + 2 * q + (i & 1);
-      if (o >= a.out || r >= a.rows) continue;
-      y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(v) : v;
-    }
+      for (int i = 0; i < 4; ++i) {
+        const int idx = (mt * kNt + nt) * 4 + i;
+        float v = red[lane * kVals + idx];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[(w * 32 + lane) * kVals + idx]);
+        // D fragment: (output g, tokens 2q, 2q+1) and (output g + 8, the same tokens).
+        const int64_t o = out0 + mt * 16 + g + (i >= 2 ? 8 : 0), r = tok0 + nt * 8 + 2 * q + (i & 1);
+        if (o >= a.out || r >= a.rows) continue;
+        y[r * a.y_stride + o] = a.bf16_out ? dev_round_bf16(v) : v;
+      }
 }
 
-template <bool kFp8, int kNt>
+template <bool kFp8, int kNt, int kMt>
 cudaError_t launch_mma(const LinearArgs& a, cudaStream_t s) {
-  const int64_t tiles = (a.out + 15) / 16;
+  const int64_t tiles = (a.out + 16 * kMt - 1) / (16 * kMt);
   const int64_t slices = (a.rows + 8 * kNt - 1) / (8 * kNt);
   if (tiles * a.groups > INT32_MAX || slices > 65535) return cudaErrorInvalidValue;
   const size_t smem = std::max(size_t(kWarps) * 8 * kNt * kRowStride * sizeof(__nv_bfloat16),
-                               size_t(kWarps) * 32 * kNt * 4 * sizeof(float));
-  auto* kernel = linear_mma_kernel<kFp8, kNt>;
+                               size_t(kWarps) * 32 * kMt * kNt * 4 * sizeof(float));
+  auto* kernel = linear_mma_kernel<kFp8, kNt, kMt>;
   static std::atomic<uint64_t> smem_done{0};
   if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(kernel), int(smem), smem_done);
       e != cudaSuccess)
     return e;
   return launch_kernel(kernel, dim3(unsigned(tiles * a.groups), unsigned(slices)), kThreads, smem, s, a, tiles);
+}
+
+// Output tiles per CTA for token slices of 32: the most of 4, 2, 1 that still gives a CTA per SM
+// (fewer x stagings per output, as long as the SMs stay busy). A choice by shape only: the bits
+// are the same either way.
+int mma_tiles_per_cta(const LinearArgs& a) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  if (a.mma_tiles == 1 || a.mma_tiles == 2 || a.mma_tiles == 4) return a.mma_tiles;
+  const int64_t slices = (a.rows + 31) / 32;
+  for (const int mt : {4, 2})
+    if ((a.out + 16 * mt - 1) / (16 * mt) * a.groups * slices >= sms) return mt;
+  return 1;
 }
 
 }  // namespace
@@ -214,10 +267,15 @@ cudaError_t launch_linear_mma(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (!linear_mma_applies(a)) return cudaErrorInvalidValue;
+  if (!linear_mma_applies(a) || (a.mma_tiles != 0 && a.mma_tiles != 1 && a.mma_tiles != 2 && a.mma_tiles != 4))
+    return cudaErrorInvalidValue;
   const bool fp8 = a.wt.dtype == WeightDtype::kFp8;
-  if (a.rows <= 8) return fp8 ? launch_mma<true, 1>(a, s) : launch_mma<false, 1>(a, s);
-  return fp8 ? launch_mma<true, 4>(a, s) : launch_mma<false, 4>(a, s);
+  if (a.rows <= 8) return fp8 ? launch_mma<true, 1, 1>(a, s) : launch_mma<false, 1, 1>(a, s);
+  switch (mma_tiles_per_cta(a)) {
+    case 4: return fp8 ? launch_mma<true, 4, 4>(a, s) : launch_mma<false, 4, 4>(a, s);
+    case 2: return fp8 ? launch_mma<true, 4, 2>(a, s) : launch_mma<false, 4, 2>(a, s);
+    default: return fp8 ? launch_mma<true, 4, 1>(a, s) : launch_mma<false, 4, 1>(a, s);
+  }
 }
 
 }  // namespace flashseek::ops::cuda::detail

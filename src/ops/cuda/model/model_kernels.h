@@ -80,6 +80,9 @@ struct LinearArgs {
   // Every x value is a BF16 value (reference numerics: the inputs of wo_a and of the LM head), so
   // BF16 tensor-core products are exact: kernel 5 may run.
   bool x_bf16 = false;
+  // Kernel 5 over more than 8 rows: 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, the most that
+  // still gives a CTA per SM). Same bits; tests force one.
+  int mma_tiles = 0;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
