@@ -308,10 +308,7 @@ Status CpuOps::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& o
 
 Status CpuOps::engram_rows(const EngramWeights& E, std::span<const int64_t> ids, const Tensor& e) {
   const int64_t de = c_.engram_head_dim;
-  for (size_t i = 0; i < ids.size(); ++i)
-    FS_RETURN_IF_ERROR(
-        m_.ck_->dequant_rows(E.table, ids[i], ids[i] + 1, std::span<float>(e.f32() + int64_t(i) * de, size_t(de))));
-  return {};
+  return m_.ck_->dequant_row_list(E.table, ids, std::span<float>(e.f32(), ids.size() * size_t(de)));
 }
 
 Status CpuOps::engram_gate(const Tensor& X, const Tensor& kv, const Vec& wqk, int64_t rows, int64_t hc, int64_t D,

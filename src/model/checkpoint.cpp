@@ -1,5 +1,6 @@
 #include "model/checkpoint.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/prefault.h"
+#include "core/thread_pool.h"
 #include "model/quant.h"
 #include "model/weights.h"
 
@@ -160,6 +162,44 @@ Status Checkpoint::dequant_rows(std::string_view name, int64_t row_begin, int64_
       return convert_to_f32(t.dtype, t.data.subspan(b0, b1 - b0), out);
     }
   }
+  return {};
+}
+
+Status Checkpoint::dequant_row_list(std::string_view name, std::span<const int64_t> ids, std::span<float> out) const {
+  FS_ASSIGN_OR_RETURN(TensorView t, find(name));
+  FS_ASSIGN_OR_RETURN(Decode d, plan_decode(*this, t));
+  const int64_t n = int64_t(ids.size());
+  if (int64_t(out.size()) != n * d.cols)
+    return invalid_argument("tensor {}: output holds {} floats, {} rows need {}", name, out.size(), n, n * d.cols);
+  for (const int64_t id : ids)
+    if (id < 0 || id >= d.rows) return out_of_range("tensor {}: row {} outside [0, {})", name, id, d.rows);
+  std::atomic<bool> bad{false};  // a plain-dtype conversion error (none for a validated tensor)
+  auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = ids[size_t(i)];
+      float* o = out.data() + i * d.cols;
+      switch (d.kind) {
+        case Decode::kFp8:
+          dequant_fp8_blocks(t.data.data(), d.scale, d.rows, d.cols, d.block_rows, d.block_cols, r, r + 1, o);
+          break;
+        case Decode::kFp4:
+          dequant_fp4(t.data.data(), d.scale, d.rows, d.cols, r, r + 1, o);
+          break;
+        case Decode::kPlain: {
+          const size_t es = dtype_size(t.dtype);
+          if (!convert_to_f32(t.dtype, t.data.subspan(size_t(r * d.cols) * es, size_t(d.cols) * es),
+                              std::span<float>(o, size_t(d.cols)))
+                   .ok())
+            bad = true;
+          break;
+        }
+      }
+    }
+  };
+  constexpr int64_t kRowsPerTask = 32;  // rows of a few hundred values: spread only long lists
+  if (n > kRowsPerTask) ThreadPool::global().parallel_for(n, rows, kRowsPerTask);
+  else rows(0, n);
+  if (bad) return invalid_argument("tensor {}: rows could not be converted from {}", name, dtype_name(t.dtype));
   return {};
 }
 

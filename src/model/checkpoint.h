@@ -63,6 +63,10 @@ class Checkpoint {
   // Rows [row_begin, row_end) of the logical 2-D view [shape[0], numel/shape[0]] into `out`
   // (size (row_end-row_begin) * cols): embedding and Engram row gathers.
   Status dequant_rows(std::string_view name, int64_t row_begin, int64_t row_end, std::span<float> out) const;
+  // Rows ids[i] of the same view into out[i·cols, (i + 1)·cols) (the same values dequant_rows
+  // gives each): one tensor lookup for the list, every id checked before any is read, the rows
+  // spread over the global thread pool when there are many (a step's Engram gather).
+  Status dequant_row_list(std::string_view name, std::span<const int64_t> ids, std::span<float> out) const;
   // Integer tensors (tid2eid: I64 or I32) widened to int64.
   Result<std::vector<int64_t>> read_ints(std::string_view name) const;
 

@@ -236,6 +236,43 @@ TEST(Checkpoint, FindAndRowsErrors) {
   EXPECT_FALSE(ck->read_ints("embed.weight").ok());
 }
 
+// A list of rows (dequant_row_list, the Engram gather of a step) gives each row's dequant_rows
+// bits, in list order with repeats, for an FP8 Engram table, a BF16 embedding and an FP8 matrix
+// with 128 x 128 blocks; short lists on the calling thread, long ones over the pool; a bad id or
+// output size is refused before anything is written.
+TEST(Checkpoint, RowListsAreTheRowsOneByOne) {
+  testutil::TempDir d;
+  ASSERT_TRUE(make_tiny_checkpoint(*builtin_config("tiny-v41"), {}, d.path()).ok());
+  auto ck = Checkpoint::open(d.path());
+  ASSERT_TRUE(ck.ok());
+  for (const char* name : {"layers.1.engram.embed.weight", "embed.weight", "layers.0.attn.wq_a.weight"}) {
+    SCOPED_TRACE(name);
+    auto shape = ck->logical_shape(name);
+    ASSERT_TRUE(shape.ok());
+    const int64_t rows = (*shape)[0], cols = shape_numel(*shape) / rows;
+    for (const int64_t n : {int64_t(1), int64_t(7), int64_t(300)}) {
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < n; ++i) ids.push_back((i * 7919 + 13) % rows);
+      if (n > 1) ids[1] = ids[0];  // a repeat
+      std::vector<float> got(size_t(n * cols), -1.0f), want(got.size());
+      ASSERT_TRUE(ck->dequant_row_list(name, ids, got).ok());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_TRUE(ck->dequant_rows(name, ids[size_t(i)], ids[size_t(i)] + 1,
+                                     std::span<float>(want.data() + i * cols, size_t(cols)))
+                        .ok());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << n << " rows";
+    }
+    std::vector<float> out(size_t(2 * cols), 5.0f);
+    const std::vector<int64_t> bad = {0, rows};
+    EXPECT_EQ(ck->dequant_row_list(name, bad, out).code(), StatusCode::kOutOfRange);
+    const std::vector<int64_t> neg = {-1, 0};
+    EXPECT_EQ(ck->dequant_row_list(name, neg, out).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(out[0], 5.0f);  // nothing written
+    const std::vector<int64_t> one = {0};
+    EXPECT_EQ(ck->dequant_row_list(name, one, out).code(), StatusCode::kInvalidArgument);  // 2 rows of room
+  }
+}
+
 // FP8 weight whose dims are not multiples of the block: ceil-divided scale grid.
 TEST(Checkpoint, Fp8EdgeBlocksThroughTheLoader) {
   testutil::TempDir d;

@@ -602,8 +602,7 @@ Status GpuModel::engram_rows(const EngramWeights& E, std::span<const int64_t> id
     return {};
   }
   FS_ASSIGN_OR_RETURN(float* h, staging<float>(n * de));
-  for (int64_t i = 0; i < n; ++i)
-    FS_RETURN_IF_ERROR(ck_->dequant_rows(E.table, ids[size_t(i)], ids[size_t(i)] + 1, std::span<float>(h + i * de, size_t(de))));
+  FS_RETURN_IF_ERROR(ck_->dequant_row_list(E.table, ids, std::span<float>(h, size_t(n * de))));
   return upload_staged(e.data, h, size_t(n * de) * 4);
 }
 
