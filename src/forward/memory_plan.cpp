@@ -99,9 +99,12 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
                     : sequence_state_bytes(geometry, p.max_context, StateFormat::kFp32);
   p.state_compact = sequence_state_bytes(geometry, p.max_context, StateFormat::kCompact);
   // Activations of one step: the mHC streams and block buffers, attention heads, the selected
-  // experts' intermediates and a logits row per token (FP32).
+  // experts' intermediates, a logits row per token and the mHC mixes' chunk sums (a GPU's row
+  // tiles: (2 + hc)·hc mixes per 1024-value chunk of hc·dim; counted for both backends) (FP32).
+  const int64_t mix_chunks = (cfg.hc_mult * cfg.hidden_size + 1023) / 1024;
   const uint64_t per_token = 4 * uint64_t(8 * cfg.hc_mult * cfg.hidden_size + 3 * cfg.num_heads * cfg.head_dim +
-                                          3 * cfg.n_experts_per_tok * cfg.moe_inter_dim + cfg.vocab_size);
+                                          3 * cfg.n_experts_per_tok * cfg.moe_inter_dim + cfg.vocab_size +
+                                          (2 + cfg.hc_mult) * cfg.hc_mult * mix_chunks);
   const uint64_t step = uint64_t(std::max<int64_t>(opt.step_tokens, 1));
   p.workspace = step * per_token;
   // The indexer's per-(row, visible position) buffers at the longest context: the candidate mask
