@@ -241,9 +241,9 @@ class GpuModel final : public Model, public Backend {
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
                 int64_t x_row_div = 1, bool x_bf16 = false);
 
-  // Device sampling (gpu_sample.cpp): draws the token after logits `row` [V] on stream_ and queues
-  // its download to `out` (written at the forward's sync).
-  // Device sampling of logits rows (gpu_sample.cpp).
+  // Device sampling (gpu_sample.cpp): draws the token after logits row rows[i] of lg [*, V] by
+  // *specs[i] on stream_ for every i and queues one download of them all (*outs[i] written at the
+  // forward's sync).
   Status sample_lg_rows(const float* lg, int64_t V, std::span<const int64_t> rows,
                         std::span<const ops::SampleSpec* const> specs, std::span<int32_t* const> outs);
   FlowParams flow_params() const;
