@@ -139,6 +139,26 @@ Result<Shape> Checkpoint::logical_shape(std::string_view name) const {
   return t.shape;
 }
 
+namespace {
+// Rows [r0, r1) of a planned tensor into out (checked by the caller).
+Status decode_rows(const TensorView& t, const Decode& d, int64_t r0, int64_t r1, float* out) {
+  switch (d.kind) {
+    case Decode::kFp8:
+      dequant_fp8_blocks(t.data.data(), d.scale, d.rows, d.cols, d.block_rows, d.block_cols, r0, r1, out);
+      return {};
+    case Decode::kFp4:
+      dequant_fp4(t.data.data(), d.scale, d.rows, d.cols, r0, r1, out);
+      return {};
+    case Decode::kPlain: {
+      const size_t es = dtype_size(t.dtype);
+      const size_t b0 = size_t(r0 * d.cols) * es, b1 = size_t(r1 * d.cols) * es;
+      return convert_to_f32(t.dtype, t.data.subspan(b0, b1 - b0), std::span<float>(out, size_t((r1 - r0) * d.cols)));
+    }
+  }
+  return {};
+}
+}  // namespace
+
 Status Checkpoint::dequant_rows(std::string_view name, int64_t row_begin, int64_t row_end,
                                 std::span<float> out) const {
   FS_ASSIGN_OR_RETURN(TensorView t, find(name));
@@ -148,21 +168,7 @@ Status Checkpoint::dequant_rows(std::string_view name, int64_t row_begin, int64_
   if (int64_t(out.size()) != (row_end - row_begin) * d.cols)
     return invalid_argument("tensor {}: output holds {} floats, rows [{}, {}) need {}", name, out.size(),
                             row_begin, row_end, (row_end - row_begin) * d.cols);
-  switch (d.kind) {
-    case Decode::kFp8:
-      dequant_fp8_blocks(t.data.data(), d.scale, d.rows, d.cols, d.block_rows, d.block_cols, row_begin, row_end,
-                         out.data());
-      return {};
-    case Decode::kFp4:
-      dequant_fp4(t.data.data(), d.scale, d.rows, d.cols, row_begin, row_end, out.data());
-      return {};
-    case Decode::kPlain: {
-      const size_t es = dtype_size(t.dtype);
-      const size_t b0 = size_t(row_begin * d.cols) * es, b1 = size_t(row_end * d.cols) * es;
-      return convert_to_f32(t.dtype, t.data.subspan(b0, b1 - b0), out);
-    }
-  }
-  return {};
+  return decode_rows(t, d, row_begin, row_end, out.data());
 }
 
 Status Checkpoint::dequant_row_list(std::string_view name, std::span<const int64_t> ids, std::span<float> out) const {
@@ -177,23 +183,7 @@ Status Checkpoint::dequant_row_list(std::string_view name, std::span<const int64
   auto rows = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = ids[size_t(i)];
-      float* o = out.data() + i * d.cols;
-      switch (d.kind) {
-        case Decode::kFp8:
-          dequant_fp8_blocks(t.data.data(), d.scale, d.rows, d.cols, d.block_rows, d.block_cols, r, r + 1, o);
-          break;
-        case Decode::kFp4:
-          dequant_fp4(t.data.data(), d.scale, d.rows, d.cols, r, r + 1, o);
-          break;
-        case Decode::kPlain: {
-          const size_t es = dtype_size(t.dtype);
-          if (!convert_to_f32(t.dtype, t.data.subspan(size_t(r * d.cols) * es, size_t(d.cols) * es),
-                              std::span<float>(o, size_t(d.cols)))
-                   .ok())
-            bad = true;
-          break;
-        }
-      }
+      if (!decode_rows(t, d, r, r + 1, out.data() + i * d.cols).ok()) bad = true;
     }
   };
   constexpr int64_t kRowsPerTask = 32;  // rows of a few hundred values: spread only long lists

@@ -245,8 +245,9 @@ TEST(CacheRowsModel, IsTheHostPackWhereTheHostPacksAndCountsWhatTheHostRefuses) 
 }
 
 // Quantised rows (what the model writes) of every codec and shape, 1 and 300 rows: the device
-// bytes are the host twin's, they unpack to the input bits, and nothing is counted; one value one
-// ulp off its grid in 3 rows (and a non-BF16 tail value) is counted once each.
+// bytes are the host twin's (also when packed to a table of row addresses), they unpack to the
+// input bits, and nothing is counted; one value one ulp off its grid in 3 rows (and a non-BF16
+// tail value) is counted once each.
 TEST(CudaCacheRows, PackAndUnpackMatchTheHost) {
   FS_REQUIRE_GPU();
   for (const CacheRowFormat& f : kFormats) {
@@ -264,6 +265,20 @@ TEST(CudaCacheRows, PackAndUnpackMatchTheHost) {
       ASSERT_EQ(cd::launch_cache_unpack_rows(f, dpk.get(), n, dback.get(), 0), cudaSuccess) << at;
       EXPECT_EQ(dbad.to_host()[0], 0) << at;
       EXPECT_EQ(dpk.to_host(), host) << at << ": device bytes differ from the host pack";
+      {  // the same rows packed to a table of permuted row addresses with gaps: each the host's bytes
+        DeviceBuffer<uint8_t> spread(size_t(3 * n * rb));
+        auto slot = [&](int64_t r) { return ((r * 7) % n * 3 + 1) * rb; };  // 7 is prime to n
+        std::vector<uint8_t*> addr;
+        for (int64_t r = 0; r < n; ++r) addr.push_back(spread.get() + slot(r));
+        DeviceBuffer<uint8_t*> daddr(addr);
+        ASSERT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, daddr.get(), nullptr, 0), cudaSuccess) << at;
+        const auto b = spread.to_host();
+        for (int64_t r = 0; r < n; ++r) {
+          ASSERT_EQ(std::memcmp(host.data() + r * rb, b.data() + slot(r), size_t(rb)), 0) << at << " row " << r;
+          ASSERT_EQ(b[size_t(slot(r) - 1)], 0xFF) << at << ": wrote before row " << r;  // gaps untouched
+        }
+        EXPECT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, nullptr, nullptr, 0), cudaErrorInvalidValue) << at;
+      }
       const auto back = dback.to_host();
       ASSERT_EQ(std::memcmp(back.data(), x.data(), x.size() * 4), 0) << at << ": unpack is not the input";
       if (!f.compact()) continue;
@@ -714,32 +729,6 @@ TEST(CudaCacheRows, IndexOfSeveralSequencesIsEachSequenceAlone) {
     }
   }
   cudaGetLastError();
-}
-
-// Packing rows to a table of row addresses writes the bytes of the contiguous pack at each address.
-TEST(CudaCacheRows, PackRowsToAddressesIsThePack) {
-  FS_REQUIRE_GPU();
-  for (const CacheRowFormat& f : kFormats) {
-    for (const int64_t n : {1, 37}) {
-      const std::string at = name_of(f) + " rows " + std::to_string(n);
-      const int64_t rb = f.row_bytes();
-      const std::vector<float> x = rows_of(f, n, 11 + uint32_t(f.dim) + uint32_t(n));
-      DeviceBuffer<float> dx(x);
-      DeviceBuffer<uint8_t> flat(size_t(n * rb)), spread(size_t(3 * n * rb));
-      ASSERT_EQ(cd::launch_cache_pack_rows(f, dx.get(), n, flat.get(), nullptr, 0), cudaSuccess) << at;
-      std::vector<uint8_t*> addr;
-      for (int64_t r = 0; r < n; ++r) addr.push_back(spread.get() + ((r * 7) % n * 3 + 1) * rb);  // permuted, gaps
-      DeviceBuffer<uint8_t*> daddr(addr);
-      ASSERT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, daddr.get(), nullptr, 0), cudaSuccess) << at;
-      const auto a = flat.to_host(), b = spread.to_host();
-      for (int64_t r = 0; r < n; ++r) {
-        const size_t o = size_t(((r * 7) % n * 3 + 1) * rb);
-        ASSERT_EQ(std::memcmp(a.data() + r * rb, b.data() + o, size_t(rb)), 0) << at << " row " << r;
-        ASSERT_EQ(b[o - 1], 0xFF) << at << ": wrote before row " << r;  // gaps untouched
-      }
-      EXPECT_EQ(cd::launch_cache_pack_rows_table(f, dx.get(), n, nullptr, nullptr, 0), cudaErrorInvalidValue) << at;
-    }
-  }
 }
 
 // Row copies by address tables: every row lands whole at its destination, nothing else is written.

@@ -1,8 +1,7 @@
-// Sampling on the device (BatchItem::sample, issue 4): the token after each sampled item's last
-// logits row is drawn on the model's stream by ops::cuda::sample_rows_cuda (the engine's rule,
-// ops/sample.h; a call per run of consecutive rows) and the step's tokens come back in one copy
-// instead of the [vocab] rows (queue_download_spread: written to BatchItem::sampled at the
-// forward's sync). The op's kernels go through the launch tape, so a
+// Sampling on the device (BatchItem::sample): each sampled item's token is drawn from its last
+// logits row on the model's stream by ops::cuda::sample_rows_cuda (the engine's rule,
+// ops/sample.h; one call per run of consecutive rows), and the step's tokens come back in one
+// copy (queue_download_spread, written to BatchItem::sampled at the forward's sync). The op's kernels go through the launch tape, so a
 // greedy or temperature/min-p step is replayed from a patched CUDA graph (the spec travels as
 // kernel arguments); a top-k/top-p step sorts with CUB, which the tape cannot hold, so it runs
 // eagerly (gpu_graph.cpp).

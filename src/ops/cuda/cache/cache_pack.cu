@@ -193,22 +193,15 @@ __device__ void pack_row_unit(const CacheRowFormat& f, const float* __restrict__
 // The calling warp's index over the grid (the same on its 32 lanes: blockDim is a multiple of 32).
 __device__ __forceinline__ int64_t warp_id() { return (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; }
 
+// Row r to dst_rows[r] when a table of row addresses is given, else to row r of dst.
 __global__ void __launch_bounds__(kThreads) pack_rows_kernel(CacheRowFormat f, const float* src, int64_t n,
-                                                            uint8_t* dst, int* bad) {
+                                                            uint8_t* dst, uint8_t* const* dst_rows, int* bad) {
   pdl_prologue();
   const int64_t U = warps_per_row(f), w = warp_id();
   if (w >= n * U) return;  // whole warps
   const int64_t r = w / U;
-  pack_row_unit(f, src + r * f.dim, dst + r * cache_row_stride(f, f.dim), w % U, bad);
-}
-
-__global__ void __launch_bounds__(kThreads) pack_rows_table_kernel(CacheRowFormat f, const float* src, int64_t n,
-                                                                  uint8_t* const* dst, int* bad) {
-  pdl_prologue();
-  const int64_t U = warps_per_row(f), w = warp_id();
-  if (w >= n * U) return;  // whole warps
-  const int64_t r = w / U;
-  pack_row_unit(f, src + r * f.dim, dst[r], w % U, bad);
+  uint8_t* row = dst_rows ? dst_rows[r] : dst + r * cache_row_stride(f, f.dim);
+  pack_row_unit(f, src + r * f.dim, row, w % U, bad);
 }
 
 // Row r of n: dst[r][0, width) ← src[r][0, width), a thread per value.
@@ -274,14 +267,16 @@ cudaError_t launch_cache_pack_rows(const CacheRowFormat& f, const float* src, in
                                    cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (!packable(f) || pack_grid(f, n) == 0) return cudaErrorInvalidValue;
-  return launch_kernel(pack_rows_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, static_cast<uint8_t*>(dst), bad);
+  return launch_kernel(pack_rows_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, static_cast<uint8_t*>(dst),
+                       static_cast<uint8_t* const*>(nullptr), bad);
 }
 
 cudaError_t launch_cache_pack_rows_table(const CacheRowFormat& f, const float* src, int64_t n, uint8_t* const* dst,
                                          int* bad, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (!packable(f) || !dst || pack_grid(f, n) == 0) return cudaErrorInvalidValue;
-  return launch_kernel(pack_rows_table_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, dst, bad);
+  return launch_kernel(pack_rows_kernel, pack_grid(f, n), kThreads, 0, s, f, src, n, static_cast<uint8_t*>(nullptr),
+                       dst, bad);
 }
 
 cudaError_t launch_copy_rows_table(const float* const* src, float* const* dst, int64_t n, int64_t width,

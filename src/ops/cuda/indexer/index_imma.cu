@@ -202,11 +202,8 @@ cudaError_t launch_imma(const IndexScoreArgs& a, int64_t rows_max, const uint4* 
                         cudaStream_t s) {
   const int64_t clen_max = (a.segs ? a.stride : a.start + a.T) / a.ratio;
   const int64_t tiles = (clen_max + kBlockKeys - 1) / kBlockKeys, n_segs = a.segs ? a.n_segs : 1;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return cudaGetLastError();
   // Query rows spread over blockIdx.y until the grid covers ~4 blocks per SM.
-  int64_t splits = (4 * int64_t(sms) + tiles * n_segs - 1) / (tiles * n_segs);
+  int64_t splits = (4 * int64_t(device_sm_count()) + tiles * n_segs - 1) / (tiles * n_segs);
   splits = splits < 1 ? 1 : splits > rows_max ? rows_max : splits;
   if (splits > 65535) splits = 65535;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;

@@ -236,13 +236,8 @@ cudaError_t launch_mma(const LinearArgs& a, cudaStream_t s) {
 // (fewer x stagings per output, as long as the SMs stay busy). A choice by shape only: the bits
 // are the same either way.
 int mma_tiles_per_cta(const LinearArgs& a) {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 1;
-  }
   if (a.mma_tiles == 1 || a.mma_tiles == 2 || a.mma_tiles == 4) return a.mma_tiles;
-  const int64_t slices = (a.rows + 31) / 32;
+  const int64_t sms = device_sm_count(), slices = (a.rows + 31) / 32;
   for (const int mt : {4, 2})
     if ((a.out + 16 * mt - 1) / (16 * mt) * a.groups * slices >= sms) return mt;
   return 1;

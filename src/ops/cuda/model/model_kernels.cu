@@ -21,6 +21,19 @@
 #include "ops/cuda/model/model_kernels.h"
 
 namespace flashseek::ops::cuda::detail {
+
+int device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
+  int c = cache[dev].load(std::memory_order_acquire);
+  if (c > 0) return c;
+  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) c = 1;
+  cache[dev].store(c, std::memory_order_release);
+  return c;
+}
+
 namespace {
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
@@ -1794,14 +1807,9 @@ __global__ void hc_mix_tree_kernel(HcMixArgs a, int n_mix) {
 // Chunks per group for the tiled dots: one group while the tiles alone give ~2 CTAs per SM (or
 // there is no workspace), else groups of chunks until they do.
 int64_t hc_tile_cpg(const HcMixArgs& a, int64_t n_mix, int64_t m) {
+  if (!a.work) return m;
   const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows * ((n_mix + kTileMix - 1) / kTileMix);
-  int dev = 0, sms = 0;
-  if (!a.work || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return m;
-  }
-  const int64_t want = (2 * int64_t(sms) + tiles - 1) / tiles;  // groups
+  const int64_t want = (2 * int64_t(device_sm_count()) + tiles - 1) / tiles;  // groups
   if (want <= 1) return m;
   const int64_t g = want < m ? want : m;
   return (m + g - 1) / g;
@@ -2312,18 +2320,6 @@ cudaError_t launch_short_gemv_typed(const LinearArgs& a, cudaStream_t s) {
   return launch_short_gemv_r<F, 4>(a, vec, n_rg, bshift, unsigned(blocks), smem, s);
 }
 
-int stream_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
-  int c = cache[dev].load(std::memory_order_acquire);
-  if (c > 0) return c;
-  if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0) c = 1;
-  cache[dev].store(c, std::memory_order_release);
-  return c;
-}
-
 // The streaming GEMV (linear_stream_kernel) with R the smallest of 1, 2, 4, 8 that holds the rows.
 // *taken = false (nothing launched) where its conditions do not hold: in % 4V, an L-aligned weight,
 // FP8 scale blocks a power of two >= 4V columns wide, rows x padded in within kStreamMaxXFloats.
@@ -2358,7 +2354,7 @@ cudaError_t launch_stream_r(const LinearArgs& a, cudaStream_t s, bool* taken) {
   *taken = true;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem) != cudaSuccess || per_sm < 1) per_sm = 1;
-  const int64_t want = int64_t(stream_sm_count()) * per_sm / a.groups;
+  const int64_t want = int64_t(device_sm_count()) * per_sm / a.groups;
   const int64_t blocks = std::min<int64_t>(n_tiles, std::max<int64_t>(1, want));
   return launch_kernel(k, dim3(unsigned(blocks), unsigned(a.groups)), threads, smem, s, a, S, n_tiles, bshift);
 }
@@ -2424,7 +2420,7 @@ cudaError_t launch_tiled_typed(const LinearArgs& a, cudaStream_t s, bool* taken)
   auto blocks_of = [&](int n_sub) { return n_ot * ((a.rows + n_sub * kTiledSubRows - 1) / (n_sub * kTiledSubRows)); };
   int n_sub = kTiledMaxSub;
   while (n_sub > 1 && (smem_of(n_sub) > limit || int64_t(n_sub / 2) * kTiledSubRows >= a.rows ||
-                       blocks_of(n_sub) * a.groups < 2 * int64_t(stream_sm_count())))
+                       blocks_of(n_sub) * a.groups < 2 * int64_t(device_sm_count())))
     n_sub /= 2;
   const int64_t smem = smem_of(n_sub), blocks = blocks_of(n_sub);
   if (smem > limit) return cudaSuccess;

@@ -239,6 +239,9 @@ cudaError_t launch_model_attention_seqs(const ModelAttnArgs& a, const ModelAttnS
 cudaError_t launch_ring_write_seqs(const ModelAttnSeq* seqs, const int32_t* row_seq, const float* kv, const int64_t* pos,
                                    int64_t rows, int64_t dim, cudaStream_t s);
 
+// Multiprocessors of the current device (queried once per device; 1 when the query fails).
+int device_sm_count();
+
 // One sequence of a multi-sequence index launch (IndexScoreArgs::segs, IndexTopkArgs::segs): its
 // positions start .. start + T - 1 are rows row0 .. row0 + T - 1 of q / w / out / out_n, and its
 // [T, start + T] region of scores / cand / block_scratch / taken begins `off` elements in.
