@@ -68,6 +68,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"exact", "tensor"}))
       ->capture_default_str();
   add_prefill_attention_option(cmd, o.prefill_attention);
+  add_decode_attention_option(cmd, o.decode_attention);
   cmd->add_option("--index-scores", o.index_scores,
                   "indexer scores on a GPU backend: auto (reference numerics: the integer tensor cores over the FP4 "
                   "queries and keys, the FP32 kernel's bits wherever its dots are exact) | fp32 (the FP32 kernel "
@@ -82,6 +83,15 @@ void add_prefill_attention_option(CLI::App* cmd, std::string& value) {
                   "the tensor cores: q, keys and probabilities in BF16, another summation order) | staged (the "
                   "exact-order kernel everywhere)")
       ->check(CLI::IsMember({"auto", "staged"}))
+      ->capture_default_str();
+}
+
+void add_decode_attention_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--decode-attention", value,
+                  "attention of decode steps, verify blocks and short chunks on a GPU backend, reference numerics: "
+                  "staged (the exact-order kernel) | tensor (the prefill chunks' tensor-core kernel, each row over "
+                  "its own keys: batch-invariant, the bits of --prefill-attention auto's rows)")
+      ->check(CLI::IsMember({"staged", "tensor"}))
       ->capture_default_str();
 }
 
@@ -107,6 +117,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.load_threads = o.threads;
   g.engram_on_device = engram_on_device(o);  // reading and converting the weights: as many threads as the backend
   g.prefill_attention = prefill_attention(o.prefill_attention);
+  g.decode_attention_tensor = o.decode_attention == "tensor";
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;

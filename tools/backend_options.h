@@ -21,6 +21,7 @@ struct BackendOpts {
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
+  std::string decode_attention = "staged";  // staged | tensor (GpuLoadOptions::decode_attention_tensor)
   // GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens (0: off). On from one GEMM tile
   // (128 rows) per sequence: prefill chunks take the GEMMs, decode and verify rows the GEMVs.
   int64_t moe_gemm_min_tokens = 128;
@@ -37,7 +38,8 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention and --index-scores to `cmd`.
+// --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention, --decode-attention and --index-scores
+// to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
@@ -47,6 +49,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
 
 // Adds --prefill-attention (auto | staged) to `cmd` (also used by `bench`'s model bench).
 void add_prefill_attention_option(CLI::App* cmd, std::string& value);
+void add_decode_attention_option(CLI::App* cmd, std::string& value);
 forward::GpuPrefillAttention prefill_attention(const std::string& value);
 
 // --engram-tables device.

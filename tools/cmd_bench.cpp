@@ -39,6 +39,7 @@ struct ModelBenchOpts {
   int prompt = 16;
   int batch = 1;
   std::string prefill_attention = "auto";  // --prefill-attention (GpuLoadOptions::prefill_attention)
+  std::string decode_attention = "staged";  // --decode-attention (GpuLoadOptions::decode_attention_tensor)
   int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
@@ -69,6 +70,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.load_threads = o.source.threads;
   lo.load_progress = load_progress_printer(lo.load_threads);
   lo.prefill_attention = prefill_attention(o.prefill_attention);
+  lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
@@ -254,6 +256,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   add_prefill_attention_option(cmd, mo->prefill_attention);  // the model bench's prefill
+  add_decode_attention_option(cmd, mo->decode_attention);
   cmd->add_option("--prefill-chunk", mo->prefill_chunk, "model bench: most tokens in one prefill forward")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -11,7 +11,10 @@
 // `_gemm` cases) the same holds, the choice being per sequence: the steps mix sequences above and
 // below the threshold in unsorted order (the model reorders them, runs the GEMMs on the long ones
 // and returns logits and samples in the callers' order); the chunked prompt compares chunk sizes
-// on the same side of the threshold (260 vs 130: both GEMM), and the GEMMs must have run.
+// on the same side of the threshold (260 vs 130: both GEMM), and the GEMMs must have run. The
+// `_attntc` cases run the attention on the tensor cores (GpuLoadOptions::prefill_attention kAuto
+// for chunks of 64+ rows, decode_attention_tensor for every other row): the same properties hold,
+// the 260-token prompt's one chunk (the prefill kernel) against chunks of 37 (the row kernel).
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -32,6 +35,7 @@ struct Param {
   const char* config;
   bool native;
   bool gemms = false;  // the prefill GEMMs from 64 tokens per sequence
+  bool attn_tc = false;  // the tensor-core attention for prefill chunks and for every other row
 };
 
 std::vector<int32_t> random_tokens(uint64_t seed, int64_t n, int64_t vocab) {
@@ -77,6 +81,7 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   GpuLoadOptions opt;
   opt.weights = p.native ? GpuWeights::kNative : GpuWeights::kFp32;
   if (p.gemms) opt.moe_gemm_min_tokens = opt.dense_gemm_min_tokens = 64;
+  if (p.attn_tc) opt.prefill_attention = GpuPrefillAttention::kAuto, opt.decode_attention_tensor = true;
   auto loaded = load_model_gpu(dir, Numerics::kReference, 0, opt);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model& m = *loaded.value();
@@ -162,10 +167,12 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuBatch,
                          ::testing::Values(Param{"tiny-v41", true}, Param{"tiny-v4", true}, Param{"tiny-v41", false},
                                            Param{"tiny-v4", false}, Param{"tiny-v41", true, true},
-                                           Param{"tiny-v4", true, true}),
+                                           Param{"tiny-v4", true, true}, Param{"tiny-v41", true, false, true},
+                                           Param{"tiny-v4", true, false, true}, Param{"tiny-v41", true, true, true}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(std::string(info.param.config) == "tiny-v41" ? "v41" : "v4") +
-                                  (info.param.native ? "_native" : "_fp32") + (info.param.gemms ? "_gemm" : "");
+                                  (info.param.native ? "_native" : "_fp32") + (info.param.gemms ? "_gemm" : "") +
+                                  (info.param.attn_tc ? "_attntc" : "");
                          });
 
 // GpuLoadOptions::gemv_tiled_min_rows only picks the kernel of the block-scaled GEMVs above

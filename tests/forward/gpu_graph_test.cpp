@@ -184,26 +184,33 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
 }
 
 // The tensor-core linears (GpuLoadOptions::tensor_core_linears: wo_a and the LM head on the BF16
-// tensor cores) keep batch invariance: a sequence decoded next to another gets the logits it gets
-// alone, bit for bit, with graphs on and off.
+// tensor cores), alone and with the tensor-core decode attention (decode_attention_tensor), keep
+// batch invariance: a sequence decoded next to another gets the logits it gets alone, bit for
+// bit, with graphs on and off; and graphs on equal graphs off.
 TEST_P(GpuGraphDecode, TensorCoreLinearsAreBatchInvariant) {
   FS_REQUIRE_GPU();
   const Param p = GetParam();
   if (p.numerics != Numerics::kReference) GTEST_SKIP() << "the tensor-core linears need reference numerics";
   const std::string dir = make_ckpt(p.config);
-  for (const bool graphs : {true, false}) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.tensor_core_linears = true;
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    ASSERT_TRUE(m.ok()) << m.status().to_string();
-    const int64_t V = m.value()->config().vocab_size;
-    const auto two = decode_run(*m.value(), 11, 2), one = decode_run(*m.value(), 11, 1);
-    ASSERT_EQ(two.size(), 2 * one.size());
-    std::vector<float> first(one.size());
-    for (int64_t i = 0; i < kSteps; ++i)  // sequence a's row of each two-item step
-      std::copy_n(two.begin() + (2 * i) * V, V, first.begin() + i * V);
-    EXPECT_TRUE(bitwise_equal(first, one)) << (graphs ? "graphs" : "eager") << ": batched vs alone max|d| "
-                                           << compare_logits(first, one, V).max_abs;
+  for (const bool attn : {false, true}) {
+    std::vector<float> by_graphs[2];
+    for (const bool graphs : {true, false}) {
+      GpuLoadOptions o = graph_options(graphs);
+      o.tensor_core_linears = true;
+      o.decode_attention_tensor = attn;
+      auto m = load_model_gpu(dir, p.numerics, 0, o);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      const int64_t V = m.value()->config().vocab_size;
+      const auto two = decode_run(*m.value(), 11, 2), one = decode_run(*m.value(), 11, 1);
+      ASSERT_EQ(two.size(), 2 * one.size());
+      std::vector<float> first(one.size());
+      for (int64_t i = 0; i < kSteps; ++i)  // sequence a's row of each two-item step
+        std::copy_n(two.begin() + (2 * i) * V, V, first.begin() + i * V);
+      EXPECT_TRUE(bitwise_equal(first, one)) << (graphs ? "graphs" : "eager") << (attn ? ", attention" : "")
+                                             << ": batched vs alone max|d| " << compare_logits(first, one, V).max_abs;
+      by_graphs[graphs] = one;
+    }
+    EXPECT_TRUE(bitwise_equal(by_graphs[0], by_graphs[1])) << (attn ? "attention: " : "") << "graphs vs eager";
   }
 }
 

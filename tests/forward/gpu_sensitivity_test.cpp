@@ -54,25 +54,30 @@ void print_against_bound(const Ckpt& c, const char* how, const ParityStats& s, c
                 static_cast<long long>(f.position), f.ref_gap, f.max_diff);
 }
 
-// Both settings of GpuLoadOptions::tensor_core_linears (wo_a and the LM head by the exactness
-// kernels, or on the BF16 tensor cores in another FP32 order): each within the bound, prefill and
-// decode; and the tensor-core linears keep prefill == decode exactly where the exactness kernels
-// do (their order never depends on the row count).
+// Three settings: the exactness kernels; GpuLoadOptions::tensor_core_linears (wo_a and the LM
+// head on the BF16 tensor cores in another FP32 order); and with it the tensor-core attention
+// everywhere (prefill_attention kAuto for the 410-row prefill, decode_attention_tensor for the
+// decode rows: the CLI's settings). Each within the bound, prefill and decode; and the
+// tensor-core settings keep prefill == decode exactly where the exactness kernels do (the
+// linears' order never depends on the row count; a prefill row of the tensor-core attention is
+// the bits of the same row decoded).
 TEST_P(GpuSensitivity, CudaNoWorseThanCpuSelfSensitivity) {
   FS_REQUIRE_GPU();
   const Ckpt c = GetParam();
   const Measured& m = measured(c);
   ASSERT_EQ(m.ref.size(), size_t(kTokens * m.vocab));
   const ParityStats& bound = m.sens.worst;
-  bool same[2] = {false, false};
-  for (const bool tc : {false, true}) {
+  bool same[3] = {false, false, false};
+  constexpr const char* kModes[3] = {"", ", tensor-core linears", ", tensor-core linears + attention"};
+  for (const int tc : {0, 1, 2}) {
     GpuLoadOptions o;
-    o.tensor_core_linears = tc;
+    o.tensor_core_linears = tc >= 1;
+    if (tc == 2) o.prefill_attention = GpuPrefillAttention::kAuto, o.decode_attention_tensor = true;
     auto gpu = load_model_gpu(m.dir, Numerics::kReference, 0, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
     std::vector<float> by_chunk[2];
     for (int64_t chunk : {kTokens, int64_t(1)}) {
-      const std::string how = std::string(chunk == kTokens ? "prefill" : "decode") + (tc ? ", tensor-core linears" : "");
+      const std::string how = std::string(chunk == kTokens ? "prefill" : "decode") + kModes[tc];
       by_chunk[chunk == 1] = gpu_logits(*gpu.value(), chunk);
       const ParityStats s = stats(m.ref, by_chunk[chunk == 1], m.vocab);
       print_against_bound(c, how.c_str(), s, bound);
@@ -85,9 +90,10 @@ TEST_P(GpuSensitivity, CudaNoWorseThanCpuSelfSensitivity) {
     same[tc] = by_chunk[0].size() == by_chunk[1].size() &&
                std::memcmp(by_chunk[0].data(), by_chunk[1].data(), by_chunk[0].size() * sizeof(float)) == 0;
   }
-  std::printf("[parity] %s prefill == decode bitwise: exactness linears %s, tensor-core linears %s\n", c.tag().c_str(),
-              same[0] ? "yes" : "no", same[1] ? "yes" : "no");
+  std::printf("[parity] %s prefill == decode bitwise: exactness linears %s, tensor-core linears %s, + attention %s\n",
+              c.tag().c_str(), same[0] ? "yes" : "no", same[1] ? "yes" : "no", same[2] ? "yes" : "no");
   EXPECT_EQ(same[1], same[0]) << "the tensor-core linears changed whether prefill equals decode";
+  EXPECT_EQ(same[2], same[0]) << "the tensor-core attention changed whether prefill equals decode";
 }
 
 const auto ckpt_name = [](const ::testing::TestParamInfo<Ckpt>& info) {

@@ -467,6 +467,7 @@ class GpuModel final : public Model, public Backend {
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
+  bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)
   // The fast_act argument of up_matrix / up_experts for a matrix of role `r`: `act` when the
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).

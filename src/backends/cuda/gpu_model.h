@@ -115,6 +115,13 @@ struct GpuLoadOptions {
   int index_scores_kernel = 0;
   // The attention of prefill chunks (GpuPrefillAttention; the CLI's --prefill-attention).
   GpuPrefillAttention prefill_attention = GpuPrefillAttention::kStaged;
+  // Reference numerics: every row the prefill chunks' tensor-core kernel does not take (decode
+  // steps, verify blocks, short chunks) runs the same tensor-core attention, each row over its own
+  // keys (ops/cuda/model/prefill_kernels.h launch_model_decode_attention): batch-invariant, a
+  // verify block the bits of its tokens decoded one by one, and with prefill_attention kAuto a
+  // prefill row the bits of the same row decoded; within the parity bound of the exact-order
+  // kernel, not its bits. false: the staged exact-order kernel. The CLI's --decode-attention.
+  bool decode_attention_tensor = false;
   // Prefill GEMMs. A sequence whose rows in a forward step number at least moe_gemm_min_tokens
   // (and more than kGpuGraphMaxTokens) runs its routed experts as grouped GEMMs over the FP4
   // weights (MXFP4 experts, widths that are multiples of 128, sm_90a, every expert on this GPU;

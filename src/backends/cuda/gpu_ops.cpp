@@ -919,6 +919,21 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   // step). The other segments of such a step run the staged kernel one by one (the bits of the
   // several-sequence launch: launch_model_attention_seqs computes each row as its sequence alone).
   static_assert(kGpuPrefillAttnMinRows > kGpuGraphMaxTokens, "graph steps never take the tensor-core path");
+  // The rows no prefill-chunk launch takes: the tensor-core kernel row by row
+  // (GpuLoadOptions::decode_attention_tensor), or the staged kernel.
+  const bool rows_tc = decode_attention_tensor_ && bf16 && cd::model_prefill_attn_supports(p);
+  auto run_rows = [&](const cd::ModelAttnArgs& b, const cd::ModelAttnSeq* dseqs, const int32_t* row_seq) -> Status {
+    if (rows_tc) {
+      const size_t bytes = cd::model_decode_attn_workspace(b);
+      FS_ASSIGN_OR_RETURN(uint8_t* w, scratch<uint8_t>("decode_attn_ws", int64_t(bytes)));
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_decode_attention(b, dseqs, row_seq, w, bytes, stream_));
+    } else if (dseqs) {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(b, dseqs, row_seq, stream_));
+    } else {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(b, stream_));
+    }
+    return {};
+  };
   if (prefill_attention_ == GpuPrefillAttention::kAuto && bf16 && cd::model_prefill_attn_supports(p)) {
     // The args of segment i alone (rows [row0, row0 + T) of the step).
     auto seg_args = [&](size_t i) {
@@ -942,9 +957,11 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
     }
     if (any) {
       for (size_t i = 0; i < seqs.size(); ++i) {
-        const cd::ModelAttnArgs b = seg_args(i);
+        cd::ModelAttnArgs b = seg_args(i);
         if (ws[i] == 0) {
-          FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(b, stream_));
+          if (rows_tc && b.ckv)  // the segment's own largest key count (the decode path's slots)
+            b.max_keys = W + (role.idx_src >= 0 ? c.index_topk : (seqs[i].start + seqs[i].T) / role.ratio);
+          FS_RETURN_IF_ERROR(run_rows(b, nullptr, nullptr));
           continue;
         }
         cd::ModelAttnSeq one = seqs[i];
@@ -957,11 +974,9 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   }
   if (seqs.size() == 1) {
     p.ring = seqs[0].ring, p.ring_size = seqs[0].ring_size, p.start = seqs[0].start;
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention(p, stream_));
-    return {};
+    return run_rows(p, nullptr, nullptr);
   }
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(p, attn_seqs_, ctx.row_seq.i32(), stream_));
-  return {};
+  return run_rows(p, attn_seqs_, ctx.row_seq.i32());
 }
 
 Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {

@@ -78,6 +78,65 @@ __global__ void idx_kernel(PoolSeq g, const int32_t* topk, const int32_t* topk_n
   idx[row * n_idx + j] = int32_t(r);
 }
 
+// Decode rows (launch_model_decode_attention): rows r0 .. r0 + rows - 1 of the step, each with
+// pool rows of its own, [lt·n_idx, (lt + 1)·n_idx) for local row lt, one per key slot in
+// idx_kernel's slot order and with pool_kernel's values (chunk rows rounded, compact rows decoded,
+// then BF16); idx the slots (absent: -1, their pool rows left unwritten: the attention zero-fills
+// absent rows). A thread per 8 values of a (row, slot). `seqs` / `row_seq` (device) give each
+// row's sequence; without them every row belongs to `one`.
+__global__ void decode_gather_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, const int32_t* row_seq,
+                                     ModelAttnSeq one, CacheRowFormat rf, CacheRowFormat cf, int64_t r0,
+                                     int64_t rows, int n_idx, uint16_t* pool, int32_t* idx) {
+  pdl_prologue();
+  const int64_t pieces = a.Dh / 8;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * n_idx * pieces) return;
+  const int64_t piece = id % pieces, j = (id / pieces) % n_idx, lt = id / pieces / n_idx, t = r0 + lt;
+  const ModelAttnSeq& sq = seqs ? seqs[row_seq[t]] : one;
+  const int64_t p = sq.start + (t - sq.row0);
+  const float* chunk_row = nullptr;
+  const uint8_t* row = nullptr;
+  CacheRowFormat f = rf;
+  if (j < a.window) {
+    const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
+    if (j < n_win) {
+      const int64_t pp = p - n_win + 1 + j;
+      if (pp >= sq.start) chunk_row = a.kv_chunk + (sq.row0 + pp - sq.start) * a.Dh;
+      else row = static_cast<const uint8_t*>(sq.ring) + (pp % sq.ring_size) * cache_row_stride(rf, a.Dh);
+    }
+  } else if (a.ckv && sq.ckv) {
+    const int64_t jj = j - a.window;
+    int64_t cnt = a.topk ? int64_t(a.topk_n[t]) : (p + 1) / a.ratio;
+    if (a.topk && cnt > a.topk_stride) cnt = a.topk_stride;
+    if (jj < cnt) {
+      const int64_t c = a.topk ? int64_t(a.topk[t * a.topk_stride + jj]) : jj;
+      if (c >= 0 && c < (sq.start + sq.T) / a.ratio)
+        row = static_cast<const uint8_t*>(sq.ckv) + c * cache_row_stride(cf, a.Dh), f = cf;
+    }
+  }
+  const bool ok = chunk_row || row;
+  const int64_t slot = lt * n_idx + j;
+  if (piece == 0) idx[slot] = ok ? int32_t(slot) : -1;
+  if (!ok) return;
+  const int64_t d0 = piece * 8;
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float v0 = chunk_row ? chunk_row[d0 + 2 * e] : cache_row_value(f, row, d0 + 2 * e);
+    const float v1 = chunk_row ? chunk_row[d0 + 2 * e + 1] : cache_row_value(f, row, d0 + 2 * e + 1);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v0, v1);
+    w[e] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(pool + slot * a.Dh + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Rows per decode launch: the pool of a chunk of rows stays within kDecodePoolBytes.
+constexpr int64_t kDecodePoolBytes = int64_t(64) << 20;
+int64_t decode_chunk_rows(const ModelAttnArgs& a, int64_t n_idx) {
+  const int64_t per_row = n_idx * a.Dh * 2;
+  return std::max<int64_t>(1, std::min<int64_t>(a.T, kDecodePoolBytes / std::max<int64_t>(per_row, 1)));
+}
+
 constexpr size_t kAlign = 256;
 size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
@@ -160,6 +219,50 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
   p.m = a.T, p.n_idx = int(n_idx), p.n_rows = int(rows), p.heads = int(a.H), p.dim = int(a.Dh);
   p.scale = a.scale, p.bf16_out = a.bf16;
   return launch_prefill_attn(p, s);
+}
+
+int64_t model_decode_attn_slots(const ModelAttnArgs& a) { return a.ckv ? std::max(a.max_keys, a.window) : a.window; }
+
+size_t model_decode_attn_workspace(const ModelAttnArgs& a) {
+  if (a.T <= 0 || a.Dh <= 0 || a.Dh % 8 != 0) return 0;
+  const int64_t n_idx = model_decode_attn_slots(a), rows = decode_chunk_rows(a, n_idx);
+  return align_up(size_t(rows * n_idx * a.Dh) * 2) + size_t(rows * n_idx) * 4;
+}
+
+cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
+                                          void* ws, size_t ws_bytes, cudaStream_t s) {
+  if (a.T == 0) return cudaSuccess;
+  if (!model_prefill_attn_supports(a) || !a.q || !a.kv_chunk || !a.sink || !a.out || !ws || a.window <= 0 ||
+      (seqs != nullptr) != (row_seq != nullptr) || (a.ckv && a.ratio <= 0) ||
+      (a.ckv && a.topk && (!a.topk_n || a.topk_stride <= 0)))
+    return cudaErrorInvalidValue;
+  if (!seqs && (!a.ring || a.ring_size < a.window)) return cudaErrorInvalidValue;
+  const int64_t n_idx = model_decode_attn_slots(a), chunk = decode_chunk_rows(a, n_idx);
+  if (ws_bytes < model_decode_attn_workspace(a) || chunk * n_idx > INT32_MAX) return cudaErrorInvalidValue;
+  const size_t pool_bytes = align_up(size_t(chunk * n_idx * a.Dh) * 2);
+  auto* pool = static_cast<uint16_t*>(ws);
+  auto* idx = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws) + pool_bytes);
+  const CacheRowFormat rf = a.ring_fmt.compact() ? a.ring_fmt : f32_row_format(a.Dh);
+  const CacheRowFormat cf = a.ckv_fmt.compact() ? a.ckv_fmt : f32_row_format(a.Dh);
+  ModelAttnSeq one;
+  one.ring = const_cast<void*>(a.ring), one.ckv = a.ckv, one.start = a.start, one.row0 = 0, one.T = a.T;
+  one.ring_size = a.ring_size;
+  constexpr unsigned kThreads = 256;
+  for (int64_t r0 = 0; r0 < a.T; r0 += chunk) {
+    const int64_t rows = std::min(chunk, a.T - r0), n = rows * n_idx * (a.Dh / 8);
+    if ((n + kThreads - 1) / kThreads > INT32_MAX) return cudaErrorInvalidValue;
+    if (cudaError_t e = launch_kernel(decode_gather_kernel, dim3(unsigned((n + kThreads - 1) / kThreads)),
+                                      dim3(kThreads), 0, s, a, seqs, row_seq, one, rf, cf, r0, rows, int(n_idx), pool,
+                                      idx);
+        e != cudaSuccess)
+      return e;
+    PrefillAttnArgs p;
+    p.q = a.q + r0 * a.H * a.Dh, p.kv = pool, p.idx = idx, p.sink = a.sink, p.out = a.out + r0 * a.H * a.Dh;
+    p.m = rows, p.n_idx = int(n_idx), p.n_rows = int(rows * n_idx), p.heads = int(a.H), p.dim = int(a.Dh);
+    p.scale = a.scale, p.bf16_out = a.bf16;
+    if (cudaError_t e = launch_prefill_attn(p, s); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace flashseek::ops::cuda::detail

@@ -40,6 +40,7 @@ constexpr int kChunk = 256;            // k values of x staged per warp and roun
 constexpr int kPad = 8;                // BF16 values of padding per staged token row
 constexpr int kRowStride = kChunk + kPad;
 constexpr int kAhead = 4;              // weight steps in flight per thread
+constexpr int kStageLoads = 8;         // x loads in flight per thread while staging
 
 // 16 weight bytes, read-only, not kept in L1, with a 256-byte L2 prefetch (see above).
 __device__ __forceinline__ uint4 load_weights(const uint8_t* p) {
@@ -132,16 +133,32 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
         __syncthreads();  // the previous sub-chunks' fragment loads are done
         // Only the launch's token rows: a fragment column of a missing token reads whatever the
         // shared memory holds, and only that token's outputs (never stored) see it.
+        // kStageLoads loads in flight per thread before any is converted (one at a time, each
+        // waited for, the staging of 32 tokens is latency-bound).
         const int64_t kc = int64_t(s) * kStep;
-        for (int e = threadIdx.x; e < kWarps * n_tok * (kChunk / 4); e += kThreads) {
-          const int w = e / (n_tok * (kChunk / 4)), rem = e % (n_tok * (kChunk / 4));
-          const int t = rem / (kChunk / 4), c = (rem % (kChunk / 4)) * 4;
-          const int64_t r = tok0 + t, kk = w * span + kc + c;
-          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (kc + c < span) v = *reinterpret_cast<const float4*>(x + r * a.x_stride + kk);
-          uint2 p;
-          p.x = dev_pack_bf16x2(v.x, v.y), p.y = dev_pack_bf16x2(v.z, v.w);
-          *reinterpret_cast<uint2*>(xs + (w * kToks + t) * kRowStride + c) = p;
+        const int total = kWarps * n_tok * (kChunk / 4);
+        for (int e0 = threadIdx.x; e0 < total; e0 += kThreads * kStageLoads) {
+          float4 v[kStageLoads];
+#pragma unroll
+          for (int u = 0; u < kStageLoads; ++u) {
+            const int e = e0 + u * kThreads;
+            const int c = (e % (kChunk / 4)) * 4;
+            v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (e < total && kc + c < span) {
+              const int w = e / (n_tok * (kChunk / 4)), t = (e % (n_tok * (kChunk / 4))) / (kChunk / 4);
+              v[u] = *reinterpret_cast<const float4*>(x + (tok0 + t) * a.x_stride + w * span + kc + c);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kStageLoads; ++u) {
+            const int e = e0 + u * kThreads;
+            if (e >= total) break;
+            const int w = e / (n_tok * (kChunk / 4)), rem = e % (n_tok * (kChunk / 4));
+            const int t = rem / (kChunk / 4), c = (rem % (kChunk / 4)) * 4;
+            uint2 p;
+            p.x = dev_pack_bf16x2(v[u].x, v[u].y), p.y = dev_pack_bf16x2(v[u].z, v[u].w);
+            *reinterpret_cast<uint2*>(xs + (w * kToks + t) * kRowStride + c) = p;
+          }
         }
         __syncthreads();
       }
