@@ -21,7 +21,10 @@ struct BackendOpts {
   bool gpu_graphs_log = false;         // print the CUDA-graph counters to stderr at the end
   std::string engram_tables = "host";  // host | device
   std::string prefill_attention = "auto";  // auto | staged (GpuLoadOptions::prefill_attention)
-  std::string decode_attention = "staged";  // staged | tensor (GpuLoadOptions::decode_attention_tensor)
+  // staged | tensor (GpuLoadOptions::decode_attention_tensor, whose library default stays off so
+  // that the bitwise CPU-order tests keep the exact-order kernel). tensor: within the parity bound,
+  // batch-invariant, prefill rows (--prefill-attention auto) the bits of decoded rows.
+  std::string decode_attention = "tensor";
   // GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens (0: off). On from one GEMM tile
   // (128 rows) per sequence: prefill chunks take the GEMMs, decode and verify rows the GEMVs.
   int64_t moe_gemm_min_tokens = 128;

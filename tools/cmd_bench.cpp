@@ -39,7 +39,7 @@ struct ModelBenchOpts {
   int prompt = 16;
   int batch = 1;
   std::string prefill_attention = "auto";  // --prefill-attention (GpuLoadOptions::prefill_attention)
-  std::string decode_attention = "staged";  // --decode-attention (GpuLoadOptions::decode_attention_tensor)
+  std::string decode_attention = "tensor";  // --decode-attention (GpuLoadOptions::decode_attention_tensor; as run / serve)
   int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)

@@ -51,7 +51,8 @@ TEST(MemoryPlanEngram, DeviceTablesCountAgainstEveryGpu) {
 // The step's workspace grows with the step budget and, for the indexer, with the context: on a
 // GPU the scores / block maxima / kept-block flags (9 bytes per row and position, capped at the
 // 2 GiB of GpuModel::index_topk's row slices), and the candidate mask (a byte per row and
-// position) only for configs with a candidate stage (V4.1, not V4).
+// position) only for configs with a candidate stage (V4.1, not V4); on a GPU also the constant
+// key pool of the tensor-core row attention.
 TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
   for (const char* name : {"tiny-v41", "tiny-v4"}) {
     auto cfg = model::builtin_config(name);
@@ -66,6 +67,8 @@ TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
       return plan_memory(*cfg, g, false, o, uint64_t(1) << 50).workspace;
     };
     const uint64_t two_gib = uint64_t(2) << 30;
+    // The tensor-core row attention's key pool and slot lists (a constant on a GPU).
+    const uint64_t attn_gpu = uint64_t(kGpuDecodeAttnPoolBytes + kGpuDecodeAttnPoolBytes / 32);
     ASSERT_EQ(uint64_t(kGpuIndexScratchBytes), two_gib);  // GpuModel::index_topk's slice bound
     ASSERT_EQ(kGpuIndexEntryBytes, 9);                    // FP32 score + FP32 block maximum + flag
     // Per-token activations scale with the step; subtract them to see the indexer's part.
@@ -74,7 +77,8 @@ TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
     for (const auto& [step, ctx] : {std::pair<int64_t, int64_t>{256, 4096}, {8192, 1048576}, {4096, 65536}}) {
       const uint64_t e = uint64_t(step) * uint64_t(ctx);
       const uint64_t idx_gpu = std::min<uint64_t>(9 * e, two_gib) + (cand ? e : 0), idx_cpu = cand ? e : 0;
-      EXPECT_EQ(plan(true, step, ctx), uint64_t(step) * per_token + idx_gpu) << name << " step " << step << " ctx " << ctx;
+      EXPECT_EQ(plan(true, step, ctx), uint64_t(step) * per_token + idx_gpu + attn_gpu)
+          << name << " step " << step << " ctx " << ctx;
       EXPECT_EQ(plan(false, step, ctx), uint64_t(step) * per_token + idx_cpu) << name << " step " << step << " ctx " << ctx;
     }
   }

@@ -56,6 +56,7 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
       {2, 40, 30, 1.0},     // every key padding: zero output
       {1, 1, 1, 0.0},       // one key
       {4, 100, 300, 0.5},
+      {40, 200, 500, 0.2},  // over 32 rows: 64-head blocks
   };
   uint32_t seed = 7;
   for (const auto& c : cases) {
@@ -95,6 +96,36 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
       // ulp per term; a wrong key or head is off by O(1).
       ASSERT_LE(std::fabs(got[i] - ref[i]), 4e-3f * (1.0f + std::fabs(ref[i]))) << "output " << i;
     }
+  }
+  // The block shape (64-head blocks over 33+ rows, 16-head blocks with a deeper key ring for
+  // fewer) changes no bit: 40 rows in one launch == each row launched alone; 80 heads (a partial
+  // head block in either shape) and head dim 128 as well.
+  for (const int kD : {512, 128}) {
+    constexpr int kM = 40, kNIdx = 150, kRows = 400, kH = 80;
+    std::mt19937 rng(uint32_t(90 + kD));
+    const auto q = randn(rng, size_t(kM) * kH * kD, 0.3f);
+    const auto kvf = randn(rng, size_t(kRows) * kD);
+    std::vector<uint16_t> kv(kvf.size());
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
+    const auto sink = randn(rng, kH, 2.0f);
+    std::vector<int32_t> idx(size_t(kM) * kNIdx);
+    for (auto& v : idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % kRows);
+    DeviceBuffer<float> dq(q), dsink(sink), dall(q.size()), done(q.size());
+    DeviceBuffer<uint16_t> dkv(kv);
+    DeviceBuffer<int32_t> didx(idx);
+    detail::PrefillAttnArgs a;
+    a.q = dq.get(), a.kv = dkv.get(), a.idx = didx.get(), a.sink = dsink.get(), a.out = dall.get();
+    a.m = kM, a.n_idx = kNIdx, a.n_rows = kRows, a.heads = kH, a.dim = kD, a.scale = 0.05f;
+    ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+    for (int t = 0; t < kM; ++t) {
+      detail::PrefillAttnArgs b = a;
+      b.m = 1, b.q = dq.get() + int64_t(t) * kH * kD, b.idx = didx.get() + int64_t(t) * kNIdx;
+      b.out = done.get() + int64_t(t) * kH * kD;
+      ASSERT_EQ(detail::launch_prefill_attn(b, nullptr), cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto all = dall.to_host(), one = done.to_host();
+    ASSERT_EQ(0, std::memcmp(all.data(), one.data(), all.size() * sizeof(float))) << "head dim " << kD;
   }
   detail::PrefillAttnArgs bad;
   bad.heads = 64, bad.dim = 100, bad.m = 1;

@@ -924,9 +924,11 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   const bool rows_tc = decode_attention_tensor_ && bf16 && cd::model_prefill_attn_supports(p);
   auto run_rows = [&](const cd::ModelAttnArgs& b, const cd::ModelAttnSeq* dseqs, const int32_t* row_seq) -> Status {
     if (rows_tc) {
-      const size_t bytes = cd::model_decode_attn_workspace(b);
+      // Key rows of at most kGpuDecodeAttnPoolBytes at a time (forward/memory_plan.h, which the plan counts).
+      const size_t bytes = cd::model_decode_attn_workspace(b, kGpuDecodeAttnPoolBytes);
       FS_ASSIGN_OR_RETURN(uint8_t* w, scratch<uint8_t>("decode_attn_ws", int64_t(bytes)));
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_model_decode_attention(b, dseqs, row_seq, w, bytes, stream_));
+      FS_CUDA_RETURN_IF_ERROR(
+          cd::launch_model_decode_attention(b, dseqs, row_seq, kGpuDecodeAttnPoolBytes, w, bytes, stream_));
     } else if (dseqs) {
       FS_CUDA_RETURN_IF_ERROR(cd::launch_model_attention_seqs(b, dseqs, row_seq, stream_));
     } else {

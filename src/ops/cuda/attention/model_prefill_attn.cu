@@ -130,11 +130,10 @@ __global__ void decode_gather_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, 
   *reinterpret_cast<uint4*>(pool + slot * a.Dh + d0) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Rows per decode launch: the pool of a chunk of rows stays within kDecodePoolBytes.
-constexpr int64_t kDecodePoolBytes = int64_t(64) << 20;
-int64_t decode_chunk_rows(const ModelAttnArgs& a, int64_t n_idx) {
+// Rows per decode launch: the key rows of a chunk of rows stay within pool_bytes (at least a row).
+int64_t decode_chunk_rows(const ModelAttnArgs& a, int64_t n_idx, int64_t pool_bytes) {
   const int64_t per_row = n_idx * a.Dh * 2;
-  return std::max<int64_t>(1, std::min<int64_t>(a.T, kDecodePoolBytes / std::max<int64_t>(per_row, 1)));
+  return std::max<int64_t>(1, std::min<int64_t>(a.T, pool_bytes / std::max<int64_t>(per_row, 1)));
 }
 
 constexpr size_t kAlign = 256;
@@ -223,25 +222,24 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
 
 int64_t model_decode_attn_slots(const ModelAttnArgs& a) { return a.ckv ? std::max(a.max_keys, a.window) : a.window; }
 
-size_t model_decode_attn_workspace(const ModelAttnArgs& a) {
+size_t model_decode_attn_workspace(const ModelAttnArgs& a, int64_t pool_bytes) {
   if (a.T <= 0 || a.Dh <= 0 || a.Dh % 8 != 0) return 0;
-  const int64_t n_idx = model_decode_attn_slots(a), rows = decode_chunk_rows(a, n_idx);
+  const int64_t n_idx = model_decode_attn_slots(a), rows = decode_chunk_rows(a, n_idx, pool_bytes);
   return align_up(size_t(rows * n_idx * a.Dh) * 2) + size_t(rows * n_idx) * 4;
 }
 
 cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
-                                          void* ws, size_t ws_bytes, cudaStream_t s) {
+                                          int64_t pool_bytes, void* ws, size_t ws_bytes, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (!model_prefill_attn_supports(a) || !a.q || !a.kv_chunk || !a.sink || !a.out || !ws || a.window <= 0 ||
       (seqs != nullptr) != (row_seq != nullptr) || (a.ckv && a.ratio <= 0) ||
       (a.ckv && a.topk && (!a.topk_n || a.topk_stride <= 0)))
     return cudaErrorInvalidValue;
   if (!seqs && (!a.ring || a.ring_size < a.window)) return cudaErrorInvalidValue;
-  const int64_t n_idx = model_decode_attn_slots(a), chunk = decode_chunk_rows(a, n_idx);
-  if (ws_bytes < model_decode_attn_workspace(a) || chunk * n_idx > INT32_MAX) return cudaErrorInvalidValue;
-  const size_t pool_bytes = align_up(size_t(chunk * n_idx * a.Dh) * 2);
+  const int64_t n_idx = model_decode_attn_slots(a), chunk = decode_chunk_rows(a, n_idx, pool_bytes);
+  if (ws_bytes < model_decode_attn_workspace(a, pool_bytes) || chunk * n_idx > INT32_MAX) return cudaErrorInvalidValue;
   auto* pool = static_cast<uint16_t*>(ws);
-  auto* idx = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws) + pool_bytes);
+  auto* idx = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws) + align_up(size_t(chunk * n_idx * a.Dh) * 2));
   const CacheRowFormat rf = a.ring_fmt.compact() ? a.ring_fmt : f32_row_format(a.Dh);
   const CacheRowFormat cf = a.ckv_fmt.compact() ? a.ckv_fmt : f32_row_format(a.Dh);
   ModelAttnSeq one;

@@ -20,12 +20,14 @@
 namespace flashseek::ops::cuda::detail {
 namespace {
 
-constexpr int kH = 64;  // heads per block
-constexpr int kKt = 32, kWarps = 8, kThreads = kWarps * 32;
+// kHG head groups of 16 per block (4: 64 heads, 8 warps; 1: 16 heads, 2 warps, for launches of
+// few rows, which then spread over 4x the SMs), kSt stages in the key ring. Neither changes a
+// bit: every warp computes its 16 heads x half the dims the same way in any block shape.
+constexpr int kKt = 32;
 template <int kD>
 constexpr int kLdOf = kD + 8;  // +8 BF16: rows 4 banks apart
-template <int kD>
-constexpr int kSmemOf = (kH + 2 * kKt) * kLdOf<kD> * 2;
+template <int kD, int kHG, int kSt>
+constexpr int kSmemOf = (16 * kHG + kSt * kKt) * kLdOf<kD> * 2;
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // 0: zero-fill
@@ -33,7 +35,7 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) 
 }
 
 // Gathers tile `tile` of query t into stage buffer k_s; flags absent rows in valid_s.
-template <int kD>
+template <int kD, int kThreads>
 __device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, int tile, uint16_t* k_s,
                                           int* valid_s) {
   constexpr int kLd = kLdOf<kD>;
@@ -54,18 +56,25 @@ __device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, int64_t t, i
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
-template <int kD>
-__global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnArgs a) {
+template <int kD, int kHG, int kSt>
+__global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnArgs a) {
   pdl_prologue();
+  constexpr int kH = 16 * kHG, kThreads = kHG * 64;  // heads and threads per block
   constexpr int kLd = kLdOf<kD>, kN = kD / 16;  // kN: n-tiles of 8 dims in a warp's half of kD
   extern __shared__ __align__(16) uint16_t sm[];
-  __shared__ int valid_s[2][kKt];
-  uint16_t* q_s = sm;                 // [64][kLd]
-  uint16_t* k_s0 = q_s + kH * kLd;    // 2 x [32][kLd]
+  __shared__ int valid_s[kSt][kKt];
+  uint16_t* q_s = sm;                 // [kH][kLd]
+  uint16_t* k_s0 = q_s + kH * kLd;    // kSt x [32][kLd]
   const int64_t t = blockIdx.x;
   const int hb = int(blockIdx.y) * kH, nh = a.heads - hb < kH ? a.heads - hb : kH;  // this block's heads
   const int n_tiles = (a.n_idx + kKt - 1) / kKt;
-  if (n_tiles > 0) load_tile<kD>(a, t, 0, k_s0, valid_s[0]);
+  // The first kSt - 1 tiles in flight (an empty group for each missing one, so that every
+  // iteration below waits for the same group count).
+#pragma unroll
+  for (int i = 0; i < kSt - 1; ++i) {
+    if (i < n_tiles) load_tile<kD, kThreads>(a, t, i, k_s0 + i * kKt * kLd, valid_s[i]);
+    else asm volatile("cp.async.commit_group;\n" ::);
+  }
   {  // Q → BF16 shared (heads past nh: zero)
     const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
     for (int i = threadIdx.x; i < kH * kD / 4; i += kThreads) {
@@ -76,20 +85,17 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
     }
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int h0 = (warp & 3) * 16, d0 = (warp >> 2) * (kD / 2);
+  const int h0 = (warp % kHG) * 16, d0 = (warp / kHG) * (kD / 2);
   float o[kN][4];
 #pragma unroll
   for (int i = 0; i < kN; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0, 0};  // l: this thread's partial sum
   const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q_s);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int st = tile & 1;
-    if (tile + 1 < n_tiles) {
-      load_tile<kD>(a, t, tile + 1, k_s0 + (st ^ 1) * kKt * kLd, valid_s[st ^ 1]);
-      asm volatile("cp.async.wait_group 1;\n" ::);
-    } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
-    }
+    const int st = tile % kSt, ahead = tile + kSt - 1;  // into the stage freed by tile - 1
+    if (ahead < n_tiles) load_tile<kD, kThreads>(a, t, ahead, k_s0 + (ahead % kSt) * kKt * kLd, valid_s[ahead % kSt]);
+    else asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSt - 1));  // tile `tile`'s group is complete
     __syncthreads();  // tile `tile` (and Q, first time) visible to every warp
     const uint16_t* k_s = k_s0 + st * kKt * kLd;
     const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k_s);
@@ -184,19 +190,28 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attn_kernel(PrefillAttnAr
   }
 }
 
+template <int kD, int kHG, int kSt>
+cudaError_t launch_shape(const PrefillAttnArgs& a, cudaStream_t s) {
+  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
+  const void* fn = reinterpret_cast<const void*>(prefill_attn_kernel<kD, kHG, kSt>);
+  if (const cudaError_t e = ensure_smem_limit(fn, kSmemOf<kD, kHG, kSt>, attr); e != cudaSuccess) return e;
+  const dim3 grid(unsigned(a.m), unsigned((a.heads + 16 * kHG - 1) / (16 * kHG)));
+  return launch_kernel(prefill_attn_kernel<kD, kHG, kSt>, grid, dim3(kHG * 64), size_t(kSmemOf<kD, kHG, kSt>), s, a);
+}
+
+// Launches of up to kFewRows rows (decode steps, verify blocks) take blocks of 16 heads and a
+// 4-stage ring: more SMs per row and more key tiles in flight for a latency-bound launch; others
+// 64-head blocks. The same bits either way.
+constexpr int64_t kFewRows = 32;
 template <int kD>
 cudaError_t launch_d(const PrefillAttnArgs& a, cudaStream_t s) {
-  static std::atomic<uint64_t> attr{0};  // per device (smem_limit.cuh)
-  const void* fn = reinterpret_cast<const void*>(prefill_attn_kernel<kD>);
-  if (const cudaError_t e = ensure_smem_limit(fn, kSmemOf<kD>, attr); e != cudaSuccess) return e;
-  const dim3 grid(unsigned(a.m), unsigned((a.heads + kH - 1) / kH));
-  return launch_kernel(prefill_attn_kernel<kD>, grid, dim3(kThreads), size_t(kSmemOf<kD>), s, a);
+  return a.m <= kFewRows ? launch_shape<kD, 1, 4>(a, s) : launch_shape<kD, 4, 2>(a, s);
 }
 
 }  // namespace
 
 bool prefill_attn_supports(int64_t heads, int64_t dim) {
-  return heads > 0 && heads <= 65535 * int64_t(kH) && (dim == 64 || dim == 128 || dim == 256 || dim == 512);
+  return heads > 0 && heads <= 65535 * int64_t(16) && (dim == 64 || dim == 128 || dim == 256 || dim == 512);
 }
 
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {

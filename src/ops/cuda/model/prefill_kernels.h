@@ -91,14 +91,15 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
 // into BF16 rows of its own in `ws` and the row attends to them as a prefill row does. So a row's
 // bits depend on its own keys only (batch-invariant; a verify block equals its tokens decoded one
 // by one) and equal the prefill path's for the same row (the same key values in the same slots;
-// trailing absent slots change nothing). Rows in chunks whose key rows fit 64 MB.
+// trailing absent slots change nothing). Rows in chunks whose key rows fit pool_bytes (at least
+// one row per chunk).
 // `seqs` / `row_seq` (device arrays, as launch_model_attention_seqs; both nullptr: one sequence
 // given by a.ring, a.ckv, a.start, a.ring_size). Key slots per row: a.window, plus a.max_keys −
 // a.window compressed slots on a compressed layer (a.max_keys: the launch's largest key count).
 int64_t model_decode_attn_slots(const ModelAttnArgs& a);
-size_t model_decode_attn_workspace(const ModelAttnArgs& a);
+size_t model_decode_attn_workspace(const ModelAttnArgs& a, int64_t pool_bytes);
 cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
-                                          void* ws, size_t ws_bytes, cudaStream_t s);
+                                          int64_t pool_bytes, void* ws, size_t ws_bytes, cudaStream_t s);
 
 // Indexer scores on the tensor cores (prefill_index.cu), 32 heads x 128 only:
 // scores[t, s] = Σ_h w[t, h] · relu(q[t, h] · keys[s]) with q and keys rounded to BF16, FP32
