@@ -55,6 +55,29 @@ __global__ void pool_kernel(PoolSeq g, CacheRowFormat rf, CacheRowFormat cf, int
   pool[(g.off + r) * Dh + d] = *reinterpret_cast<const uint16_t*>(&b);
 }
 
+// What key slot j of the query row at position p (step row `row`) holds: the window position
+// p - n_win + 1 + j (n_win = min(p + 1, window)), or compressed row c of the row's top-k list
+// (its first topk_n entries; without lists every visible row c < (p + 1) / ratio; rows outside
+// [0, n_ckv) absent), or nothing. `at` receives the position or the row.
+enum class SlotKey { kAbsent, kWindow, kCompressed };
+__device__ __forceinline__ SlotKey slot_key(int64_t p, int64_t j, int64_t window, bool comp, const int32_t* topk,
+                                            const int32_t* topk_n, int64_t topk_stride, int64_t ratio, int64_t row,
+                                            int64_t n_ckv, int64_t& at) {
+  if (j < window) {
+    const int64_t n_win = p + 1 < window ? p + 1 : window;
+    if (j >= n_win) return SlotKey::kAbsent;
+    at = p - n_win + 1 + j;
+    return SlotKey::kWindow;
+  }
+  if (!comp) return SlotKey::kAbsent;
+  const int64_t jj = j - window;
+  int64_t cnt = topk ? int64_t(topk_n[row]) : (p + 1) / ratio;
+  if (topk && cnt > topk_stride) cnt = topk_stride;
+  if (jj >= cnt) return SlotKey::kAbsent;
+  at = topk ? int64_t(topk[row * topk_stride + jj]) : jj;
+  return at >= 0 && at < n_ckv ? SlotKey::kCompressed : SlotKey::kAbsent;
+}
+
 // Key slots of the sequence's query rows (see the file comment).
 __global__ void idx_kernel(PoolSeq g, const int32_t* topk, const int32_t* topk_n, int64_t topk_stride, int64_t ratio,
                            int64_t window, bool comp, int n_idx, int32_t* idx) {
@@ -62,19 +85,10 @@ __global__ void idx_kernel(PoolSeq g, const int32_t* topk, const int32_t* topk_n
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= g.T * n_idx) return;
   const int64_t t = id / n_idx, j = id % n_idx, row = g.row0 + t, p = g.start + t;
-  int64_t r = -1;
-  if (j < window) {
-    const int64_t n_win = p + 1 < window ? p + 1 : window;
-    if (j < n_win) r = g.off + (p - n_win + 1 + j) - (g.start - g.n_r);
-  } else if (comp) {
-    const int64_t jj = j - window;
-    int64_t cnt = topk ? int64_t(topk_n[row]) : (p + 1) / ratio;
-    if (topk && cnt > topk_stride) cnt = topk_stride;
-    if (jj < cnt) {
-      const int64_t c = topk ? int64_t(topk[row * topk_stride + jj]) : jj;
-      if (c >= 0 && c < g.n_ckv) r = g.off + g.n_r + g.T + c;  // a row outside the sequence's: absent
-    }
-  }
+  int64_t r = -1, at = 0;
+  const SlotKey k = slot_key(p, j, window, comp, topk, topk_n, topk_stride, ratio, row, g.n_ckv, at);
+  if (k == SlotKey::kWindow) r = g.off + at - (g.start - g.n_r);
+  if (k == SlotKey::kCompressed) r = g.off + g.n_r + g.T + at;
   idx[row * n_idx + j] = int32_t(r);
 }
 
@@ -97,22 +111,15 @@ __global__ void decode_gather_kernel(ModelAttnArgs a, const ModelAttnSeq* seqs, 
   const float* chunk_row = nullptr;
   const uint8_t* row = nullptr;
   CacheRowFormat f = rf;
-  if (j < a.window) {
-    const int64_t n_win = p + 1 < a.window ? p + 1 : a.window;
-    if (j < n_win) {
-      const int64_t pp = p - n_win + 1 + j;
-      if (pp >= sq.start) chunk_row = a.kv_chunk + (sq.row0 + pp - sq.start) * a.Dh;
-      else row = static_cast<const uint8_t*>(sq.ring) + (pp % sq.ring_size) * cache_row_stride(rf, a.Dh);
-    }
-  } else if (a.ckv && sq.ckv) {
-    const int64_t jj = j - a.window;
-    int64_t cnt = a.topk ? int64_t(a.topk_n[t]) : (p + 1) / a.ratio;
-    if (a.topk && cnt > a.topk_stride) cnt = a.topk_stride;
-    if (jj < cnt) {
-      const int64_t c = a.topk ? int64_t(a.topk[t * a.topk_stride + jj]) : jj;
-      if (c >= 0 && c < (sq.start + sq.T) / a.ratio)
-        row = static_cast<const uint8_t*>(sq.ckv) + c * cache_row_stride(cf, a.Dh), f = cf;
-    }
+  int64_t at = 0;
+  const bool comp = a.ckv && sq.ckv;
+  const int64_t n_ckv = comp ? (sq.start + sq.T) / a.ratio : 0;
+  const SlotKey k = slot_key(p, j, a.window, comp, a.topk, a.topk_n, a.topk_stride, a.ratio, t, n_ckv, at);
+  if (k == SlotKey::kWindow) {
+    if (at >= sq.start) chunk_row = a.kv_chunk + (sq.row0 + at - sq.start) * a.Dh;
+    else row = static_cast<const uint8_t*>(sq.ring) + (at % sq.ring_size) * cache_row_stride(rf, a.Dh);
+  } else if (k == SlotKey::kCompressed) {
+    row = static_cast<const uint8_t*>(sq.ckv) + at * cache_row_stride(cf, a.Dh), f = cf;
   }
   const bool ok = chunk_row || row;
   const int64_t slot = lt * n_idx + j;
