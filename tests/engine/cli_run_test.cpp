@@ -263,7 +263,9 @@ TEST_F(CliRun, ThreadsSizeThePoolAndDoNotChangeTheResult) {
     EXPECT_FALSE(nlohmann::json::parse(one.output)["tokens"].empty());
     EXPECT_EQ(one.output, three.output);
     auto gpu_opts =
-        run(req + sampling + " --gpu-graphs off --tp-comm host --device-sampling off --prefill-attention staged --index-scores fp32");
+        run(req + sampling +
+            " --gpu-graphs off --tp-comm host --device-sampling off --prefill-attention staged --decode-attention staged"
+            " --index-scores fp32");
     ASSERT_EQ(gpu_opts.exit_code, 0) << gpu_opts.output;
     EXPECT_EQ(one.output, gpu_opts.output);
   }
@@ -293,6 +295,8 @@ TEST_F(CliRun, BadBackendOptionsFailWithAMessage) {
   expect_fail("run", ck + "--device-sampling 0", "--device-sampling: 0 not in {on,off}");
   expect_fail("run", ck + "--prefill-attention mma", "--prefill-attention: mma not in {auto,staged}");
   expect_fail("run", ck + "--index-scores imma", "--index-scores: imma not in {auto,fp32}");
+  expect_fail("run", ck + "--decode-attention mma", "--decode-attention: mma not in {staged,tensor}");
+  expect_fail("bench", "--load-format dummy --decode-attention mma", "--decode-attention: mma not in {staged,tensor}");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --threads 5000", "--threads 5000: expected 1..1024");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --gpu-graphs 1", "--gpu-graphs: 1 not in {on,record,off}");
 }
