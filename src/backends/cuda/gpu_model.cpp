@@ -576,7 +576,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->tensor_core_linears_ = opts.tensor_core_linears;
-  m->decode_attention_tensor_ = opts.decode_attention_tensor;
+  // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
+  // exact-order attention stays with them, as the exactness linears do.
+  m->decode_attention_tensor_ = opts.decode_attention_tensor && m->native_;
   {
     int major = 0, minor = 0;
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, m->device_));

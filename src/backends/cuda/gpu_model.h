@@ -120,7 +120,8 @@ struct GpuLoadOptions {
   // keys (ops/cuda/model/prefill_kernels.h launch_model_decode_attention): batch-invariant, a
   // verify block the bits of its tokens decoded one by one, and with prefill_attention kAuto a
   // prefill row the bits of the same row decoded; within the parity bound of the exact-order
-  // kernel, not its bits. false: the staged exact-order kernel. The CLI's --decode-attention.
+  // kernel, not its bits. false, or FP32 weight copies (GpuWeights::kFp32, the debug path that
+  // reproduces the CPU's order): the staged exact-order kernel. The CLI's --decode-attention.
   bool decode_attention_tensor = false;
   // Prefill GEMMs. A sequence whose rows in a forward step number at least moe_gemm_min_tokens
   // (and more than kGpuGraphMaxTokens) runs its routed experts as grouped GEMMs over the FP4
