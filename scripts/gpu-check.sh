@@ -95,16 +95,18 @@ fi
 "$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
 bench_rc=$?
 # The engine's model at real V4.1 widths (dummy weights, 8 layers of every role, 16 experts, the
-# CLI's defaults): decode steps at 4k context for batch 1, a 6-token verify block and batch 8,
-# each with the HBM floor of the bytes it reads -> model.md. FLASHSEEK_MODEL_BENCH=0 skips it.
+# CLI's defaults): decode steps at 4k context for batch 1, a 6-token verify block and batch 8, and
+# at 1k context for batch 16 and 64 (bench/RESULTS.md's batch sweeps), each with the HBM floor of
+# the bytes it reads -> model.md. FLASHSEEK_MODEL_BENCH=0 skips it.
 model_rc=0
 if [ "${FLASHSEEK_MODEL_BENCH:-1}" = 1 ]; then
   python3 scripts/realwidth_config.py --experts 16 "$out/realwidth.json" >/dev/null || model_rc=1
-  for shape in "--batch 1" "--step-tokens 6" "--batch 8"; do
+  for shape in "--prompt-tokens 4096 --batch 1" "--prompt-tokens 4096 --step-tokens 6" "--prompt-tokens 4096 --batch 8" \
+               "--prompt-tokens 1024 --batch 16" "--prompt-tokens 1024 --batch 64"; do
     echo "model bench $shape:"
-    # shellcheck disable=SC2086  # $shape is two words
+    # shellcheck disable=SC2086  # $shape is several words
     "$fs_bin" bench --load-format dummy --config "$out/realwidth.json" --num-layers 8 --gpus 0 --reps 20 \
-      --prompt-tokens 4096 $shape >"$out/model_run.txt" 2>&1 || model_rc=1
+      $shape >"$out/model_run.txt" 2>&1 || model_rc=1
     grep -E 'prefill:|decode:|step bytes|HBM floor' "$out/model_run.txt" | sed 's/^/    /'
   done >"$out/model.md"
 fi
