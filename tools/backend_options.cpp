@@ -67,8 +67,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "CPU's summation order) | tensor (BF16 tensor cores: the same products, another FP32 order)")
       ->check(CLI::IsMember({"exact", "tensor"}))
       ->capture_default_str();
-  add_prefill_attention_option(cmd, o.prefill_attention);
-  add_decode_attention_option(cmd, o.decode_attention);
+  add_attention_options(cmd, o.prefill_attention, o.decode_attention);
   cmd->add_option("--index-scores", o.index_scores,
                   "indexer scores on a GPU backend: auto (reference numerics: the integer tensor cores over the FP4 "
                   "queries and keys, the FP32 kernel's bits wherever its dots are exact) | fp32 (the FP32 kernel "
@@ -77,17 +76,14 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->capture_default_str();
 }
 
-void add_prefill_attention_option(CLI::App* cmd, std::string& value) {
-  cmd->add_option("--prefill-attention", value,
+void add_attention_options(CLI::App* cmd, std::string& prefill, std::string& decode) {
+  cmd->add_option("--prefill-attention", prefill,
                   "attention of prefill chunks on a GPU backend: auto (chunks of 64+ rows in reference numerics on "
                   "the tensor cores: q, keys and probabilities in BF16, another summation order) | staged (the "
                   "exact-order kernel everywhere)")
       ->check(CLI::IsMember({"auto", "staged"}))
       ->capture_default_str();
-}
-
-void add_decode_attention_option(CLI::App* cmd, std::string& value) {
-  cmd->add_option("--decode-attention", value,
+  cmd->add_option("--decode-attention", decode,
                   "attention of decode steps, verify blocks and short chunks on a GPU backend, reference numerics: "
                   "staged (the exact-order kernel) | tensor (the prefill chunks' tensor-core kernel, each row over "
                   "its own keys: batch-invariant, the bits of --prefill-attention auto's rows)")

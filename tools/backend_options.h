@@ -50,9 +50,9 @@ Status apply_threads(const BackendOpts& o);
 
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
 
-// Adds --prefill-attention (auto | staged) to `cmd` (also used by `bench`'s model bench).
-void add_prefill_attention_option(CLI::App* cmd, std::string& value);
-void add_decode_attention_option(CLI::App* cmd, std::string& value);
+// Adds --prefill-attention (auto | staged) and --decode-attention (staged | tensor) to `cmd` (run,
+// serve and `bench`'s model bench).
+void add_attention_options(CLI::App* cmd, std::string& prefill, std::string& decode);
 forward::GpuPrefillAttention prefill_attention(const std::string& value);
 
 // --engram-tables device.

@@ -255,8 +255,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--batch", mo->batch, "model bench: sequences decoded together")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  add_prefill_attention_option(cmd, mo->prefill_attention);  // the model bench's prefill
-  add_decode_attention_option(cmd, mo->decode_attention);
+  add_attention_options(cmd, mo->prefill_attention, mo->decode_attention);  // the model bench's
   cmd->add_option("--prefill-chunk", mo->prefill_chunk, "model bench: most tokens in one prefill forward")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -1,8 +1,9 @@
 // Prefill sparse MQA attention with sinks on the tensor cores (see prefill_kernels.h): head dims
-// 64 / 128 / 256 / 512 (a template), any head count in blocks of 64 heads (grid y; a block's heads
-// past H compute on zero queries and write nothing). One block per (query row, 64 heads), 8
-// warps: warp w owns heads [16·(w % 4), +16) and output dims [D/2·(w / 4), +D/2). Key rows are
-// gathered 32 at a time into a 2-stage cp.async ring (16-byte pieces, absent rows zero-filled).
+// 64 / 128 / 256 / 512 (a template), any head count in blocks of 16·kHG heads (grid y; a block's
+// heads past H compute on zero queries and write nothing). One block per (query row, 16·kHG
+// heads), 2·kHG warps: warp w owns heads [16·(w % kHG), +16) and output dims [D/2·(w / kHG),
+// +D/2) (kHG 4 for launches of many rows, 1 for few: launch_d). Key rows are gathered 32 at a time
+// into a kSt-stage cp.async ring (16-byte pieces, absent rows zero-filled).
 // Per tile: S = Q·Kᵀ with mma.m16n8k16 BF16 (the two dim halves of a head group both compute it:
 // cheaper than a shared-memory exchange), online softmax on the fragments, O += P·V with P
 // re-packed as the A operand and V fragments read by ldmatrix.trans. The sink joins the
