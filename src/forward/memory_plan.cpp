@@ -115,7 +115,7 @@ MemoryPlan plan_memory(const model::ModelConfig& cfg, const SnapshotGeometry& ge
     if (opt.gpu) p.workspace += std::min<uint64_t>(uint64_t(kGpuIndexEntryBytes) * entries, uint64_t(kGpuIndexScratchBytes));
     if (cfg.candidate_source_layer >= 0) p.workspace += entries;
   }
-  if (opt.gpu) p.workspace += uint64_t(kGpuDecodeAttnPoolBytes + kGpuDecodeAttnPoolBytes / 32);
+  if (opt.gpu) p.workspace += uint64_t(2 * kGpuDecodeAttnPoolBytes + kGpuDecodeAttnPoolBytes / 32);
   if (opt.gpu && opt.prefill_weight_expansion) {
     // BF16 values of the largest FP8 matrix a dense prefill GEMM expands, and of one chunk of
     // routed-expert matrices (whole matrices, at most kMoeExpandChunkBytes, at least one; at most

@@ -20,7 +20,8 @@ inline constexpr int64_t kGpuIndexScratchBytes = int64_t(2) << 30;
 
 // A GPU forward's tensor-core row attention (GpuLoadOptions::decode_attention_tensor) decodes the
 // key rows of at most this many bytes of query rows at a time, plus their key-slot lists (at most
-// 1/32 of it: 4 bytes per 2·head_dim >= 128 bytes of keys); the memory plan counts both.
+// 1/32 of it: 4 bytes per 2·head_dim >= 128 bytes of keys) and, for up to 32 rows, per-tile
+// partials of at most this many bytes again (the split form); the memory plan counts all three.
 inline constexpr int64_t kGpuDecodeAttnPoolBytes = int64_t(64) << 20;
 
 // The BF16 scratch of a prefill GEMM's weight expansion (GpuLoadOptions::prefill_gemm_expand_w):

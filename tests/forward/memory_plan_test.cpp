@@ -68,7 +68,7 @@ TEST(MemoryPlanWorkspace, CountsTheStepBudgetAndTheIndexersBuffers) {
     };
     const uint64_t two_gib = uint64_t(2) << 30;
     // The tensor-core row attention's key pool and slot lists (a constant on a GPU).
-    const uint64_t attn_gpu = uint64_t(kGpuDecodeAttnPoolBytes + kGpuDecodeAttnPoolBytes / 32);
+    const uint64_t attn_gpu = uint64_t(2 * kGpuDecodeAttnPoolBytes + kGpuDecodeAttnPoolBytes / 32);
     ASSERT_EQ(uint64_t(kGpuIndexScratchBytes), two_gib);  // GpuModel::index_topk's slice bound
     ASSERT_EQ(kGpuIndexEntryBytes, 9);                    // FP32 score + FP32 block maximum + flag
     // Per-token activations scale with the step; subtract them to see the indexer's part.

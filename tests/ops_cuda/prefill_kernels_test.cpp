@@ -46,7 +46,21 @@ float e4m3_value(uint8_t b) {
 struct AttnCase {
   int m, n_idx, n_rows;
   double pad_frac;
+  bool odd_tiles_absent = false;  // every key of 32-key tiles 1, 3, ... is padding
 };
+
+// The split form (a partials workspace) of launch a: a's own output buffer must differ from out.
+std::vector<float> run_split(detail::PrefillAttnArgs a, float* out, size_t n_out) {
+  const size_t bytes = detail::prefill_attn_split_bytes(a.m, a.n_idx, a.heads, a.dim);
+  EXPECT_GT(bytes, 0u);
+  DeviceBuffer<float> part(bytes / sizeof(float));
+  a.part = part.get(), a.part_bytes = bytes, a.out = out;
+  EXPECT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> h(n_out);
+  EXPECT_EQ(cudaMemcpy(h.data(), out, n_out * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
 
 TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   FS_REQUIRE_GPU();
@@ -57,11 +71,17 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
       {1, 1, 1, 0.0},       // one key
       {4, 100, 300, 0.5},
       {40, 200, 500, 0.2},  // over 32 rows: 64-head blocks
+      {3, 300, 400, 0.1, true},  // whole tiles without a valid key between valid ones
+      {1, 64, 100, 0.0, true},   // the last tile without a valid key
+      {10, 12, 40, 0.2},         // V4 tiny: 8 window + 4 selected slots, one tile
   };
   uint32_t seed = 7;
+  // The V4.1 shape, and V4's tiny one (16 heads of 128: one 16-head block; lists of one tile).
+  const std::pair<int, int> shapes[] = {{64, 512}, {16, 128}};
+  for (const auto& [kH, kD] : shapes)
   for (const auto& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n_idx=" << c.n_idx << " pad=" << c.pad_frac);
-    constexpr int kH = 64, kD = 512;
+    SCOPED_TRACE(::testing::Message() << "H=" << kH << " D=" << kD << " m=" << c.m << " n_idx=" << c.n_idx
+                                      << " pad=" << c.pad_frac);
     std::mt19937 rng(seed++);
     const auto q = randn(rng, size_t(c.m) * kH * kD, 0.3f);
     const auto kvf = randn(rng, size_t(c.n_rows) * kD);
@@ -70,9 +90,11 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
     const auto sink = randn(rng, kH, 2.0f);
     std::vector<int32_t> idx(size_t(c.m) * size_t(c.n_idx));
     std::uniform_real_distribution<double> u(0, 1);
-    for (auto& v : idx) {
+    for (size_t i = 0; i < idx.size(); ++i) {
+      int32_t& v = idx[i];
       v = int32_t(rng() % uint32_t(c.n_rows));
       if (u(rng) < c.pad_frac) v = (rng() % 4 == 0) ? c.n_rows + 3 : -1;
+      if (c.odd_tiles_absent && (i % size_t(c.n_idx)) / 32 % 2 == 1) v = -1;
     }
     SparseAttnPoolParams p;
     p.q = q.data(), p.kv = kv.data(), p.idx = idx.data(), p.sink = sink.data();
@@ -95,6 +117,17 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
       // BF16 probabilities relative to a running max (GPU) vs the global max (twin): up to one BF16
       // ulp per term; a wrong key or head is off by O(1).
       ASSERT_LE(std::fabs(got[i] - ref[i]), 4e-3f * (1.0f + std::fabs(ref[i]))) << "output " << i;
+    }
+    // The split form (one block per 32-key tile, then the fold launch) folds the same tile
+    // partials in the same order: the same bits (rows of more than 32 take the in-block fold).
+    for (const bool bf16 : {false, true}) {
+      a.bf16_out = bf16;
+      DeviceBuffer<float> in_block(q.size()), split(q.size());
+      a.out = in_block.get();
+      ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+      const auto s = run_split(a, split.get(), q.size());
+      const auto b = in_block.to_host();
+      ASSERT_EQ(0, std::memcmp(b.data(), s.data(), b.size() * sizeof(float))) << "bf16 " << bf16;
     }
   }
   // The block shape (64-head blocks over 33+ rows, 16-head blocks with a deeper key ring for
@@ -126,6 +159,17 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto all = dall.to_host(), one = done.to_host();
     ASSERT_EQ(0, std::memcmp(all.data(), one.data(), all.size() * sizeof(float))) << "head dim " << kD;
+    // The split form, each row alone and 6 rows at a time: the same bits.
+    DeviceBuffer<float> dsplit(q.size());
+    for (const int rows : {1, 6}) {
+      for (int t = 0; t < kM; t += rows) {
+        detail::PrefillAttnArgs b = a;
+        b.m = std::min(rows, kM - t), b.q = dq.get() + int64_t(t) * kH * kD, b.idx = didx.get() + int64_t(t) * kNIdx;
+        run_split(b, dsplit.get() + int64_t(t) * kH * kD, 1);
+      }
+      const auto split = dsplit.to_host();
+      ASSERT_EQ(0, std::memcmp(all.data(), split.data(), all.size() * sizeof(float))) << "head dim " << kD << " rows " << rows;
+    }
   }
   detail::PrefillAttnArgs bad;
   bad.heads = 64, bad.dim = 100, bad.m = 1;

@@ -229,10 +229,18 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
 
 int64_t model_decode_attn_slots(const ModelAttnArgs& a) { return a.ckv ? std::max(a.max_keys, a.window) : a.window; }
 
+// The split form's partials for chunks of `rows` rows (launch_prefill_attn): used for chunks of
+// up to 32 rows whose partials fit pool_bytes as well; else 0 (the in-block fold, the same bits).
+size_t decode_split_bytes(const ModelAttnArgs& a, int64_t n_idx, int64_t rows, int64_t pool_bytes) {
+  const size_t b = prefill_attn_split_bytes(rows, n_idx, a.H, a.Dh);
+  return rows <= 32 && b <= size_t(std::max<int64_t>(pool_bytes, 0)) ? b : 0;
+}
+
 size_t model_decode_attn_workspace(const ModelAttnArgs& a, int64_t pool_bytes) {
   if (a.T <= 0 || a.Dh <= 0 || a.Dh % 8 != 0) return 0;
   const int64_t n_idx = model_decode_attn_slots(a), rows = decode_chunk_rows(a, n_idx, pool_bytes);
-  return align_up(size_t(rows * n_idx * a.Dh) * 2) + size_t(rows * n_idx) * 4;
+  return align_up(size_t(rows * n_idx * a.Dh) * 2) + align_up(size_t(rows * n_idx) * 4) +
+         decode_split_bytes(a, n_idx, rows, pool_bytes);
 }
 
 cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAttnSeq* seqs, const int32_t* row_seq,
@@ -247,6 +255,9 @@ cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAtt
   if (ws_bytes < model_decode_attn_workspace(a, pool_bytes) || chunk * n_idx > INT32_MAX) return cudaErrorInvalidValue;
   auto* pool = static_cast<uint16_t*>(ws);
   auto* idx = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws) + align_up(size_t(chunk * n_idx * a.Dh) * 2));
+  // The split form's partials after the lists: tile outputs, then (max, sum) pairs.
+  const size_t split_bytes = decode_split_bytes(a, n_idx, chunk, pool_bytes);
+  auto* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(idx) + align_up(size_t(chunk * n_idx) * 4));
   const CacheRowFormat rf = a.ring_fmt.compact() ? a.ring_fmt : f32_row_format(a.Dh);
   const CacheRowFormat cf = a.ckv_fmt.compact() ? a.ckv_fmt : f32_row_format(a.Dh);
   ModelAttnSeq one;
@@ -265,6 +276,9 @@ cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAtt
     p.q = a.q + r0 * a.H * a.Dh, p.kv = pool, p.idx = idx, p.sink = a.sink, p.out = a.out + r0 * a.H * a.Dh;
     p.m = rows, p.n_idx = int(n_idx), p.n_rows = int(rows * n_idx), p.heads = int(a.H), p.dim = int(a.Dh);
     p.scale = a.scale, p.bf16_out = a.bf16;
+    if (split_bytes > 0) {  // this chunk's partials (a last, shorter chunk takes fewer)
+      p.part = part, p.part_bytes = split_bytes;
+    }
     if (cudaError_t e = launch_prefill_attn(p, s); e != cudaSuccess) return e;
   }
   return cudaSuccess;

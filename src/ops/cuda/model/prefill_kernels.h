@@ -46,8 +46,12 @@ cudaError_t launch_combine_rows(const float* y, const int32_t* inv, const float*
 
 // Prefill sparse attention with sinks on the tensor cores (prefill_attn.cu): out [m, heads, dim]
 // FP32, normalised, the same function as sparse_attention_pool_cuda (BF16 q / keys /
-// probabilities, FP32 statistics; no valid key: 0), one block per (query, 64 heads), no split
-// workspace. Head dims 64, 128, 256 and 512, any head count (prefill_attn_supports).
+// probabilities, FP32 statistics; no valid key: 0). Each 32-key tile of a row's list gets its own
+// softmax statistics and P·V, folded into the row in tile order. One block per (query, 16 or 64
+// heads) folds every tile; or, for launches of up to 32 rows given a workspace of
+// prefill_attn_split_bytes (part, part_bytes), one block per (query, tile, heads)
+// writes the tile's partials and a second launch folds them: the same bits, more blocks. Head
+// dims 64, 128, 256 and 512, any head count (prefill_attn_supports).
 struct PrefillAttnArgs {
   const float* q = nullptr;       // [m, heads, dim], RoPE applied (16-byte aligned)
   const uint16_t* kv = nullptr;   // [n_rows, dim] BF16 rows (16-byte aligned)
@@ -58,8 +62,12 @@ struct PrefillAttnArgs {
   int n_idx = 0, n_rows = 0, heads = 0, dim = 0;
   float scale = 0;
   bool bf16_out = false;          // round the output to BF16 (the model's ModelAttnArgs::bf16)
+  float* part = nullptr;          // split form: [m, tiles, heads, dim] tile outputs, then [m, tiles,
+  size_t part_bytes = 0;          //   heads] (max, sum) pairs (16-byte aligned; part_bytes: its size)
 };
 bool prefill_attn_supports(int64_t heads, int64_t dim);
+// Bytes of the split form's partials for these sizes; 0 for empty sizes.
+size_t prefill_attn_split_bytes(int64_t m, int64_t n_idx, int64_t heads, int64_t dim);
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s);
 
 // The model's attention (launch_model_attention: window ring rows of ring_fmt, this chunk's FP32
