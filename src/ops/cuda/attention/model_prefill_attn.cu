@@ -229,11 +229,11 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
 
 int64_t model_decode_attn_slots(const ModelAttnArgs& a) { return a.ckv ? std::max(a.max_keys, a.window) : a.window; }
 
-// The split form's partials for chunks of `rows` rows (launch_prefill_attn): used for chunks of
-// up to 32 rows whose partials fit pool_bytes as well; else 0 (the in-block fold, the same bits).
+// The split form's partials for chunks of `rows` rows (launch_prefill_attn): used for chunks that
+// may take it whose partials fit pool_bytes as well; else 0 (the in-block fold, the same bits).
 size_t decode_split_bytes(const ModelAttnArgs& a, int64_t n_idx, int64_t rows, int64_t pool_bytes) {
   const size_t b = prefill_attn_split_bytes(rows, n_idx, a.H, a.Dh);
-  return rows <= 32 && b <= size_t(std::max<int64_t>(pool_bytes, 0)) ? b : 0;
+  return rows <= kPrefillAttnSplitMaxRows && b <= size_t(std::max<int64_t>(pool_bytes, 0)) ? b : 0;
 }
 
 size_t model_decode_attn_workspace(const ModelAttnArgs& a, int64_t pool_bytes) {

@@ -353,7 +353,7 @@ cudaError_t launch_shape(const PrefillAttnArgs& a, cudaStream_t s) {
 constexpr int64_t kFewRows = 32;
 template <int kD>
 cudaError_t launch_d(const PrefillAttnArgs& a, cudaStream_t s) {
-  if (a.m <= kFewRows && a.n_idx > 0 && a.part && a.part_bytes >= prefill_attn_split_bytes(a.m, a.n_idx, a.heads, a.dim))
+  if (a.m <= kPrefillAttnSplitMaxRows && a.n_idx > 0 && a.part && a.part_bytes >= prefill_attn_split_bytes(a.m, a.n_idx, a.heads, a.dim))
     return launch_shape<kD, 1, 1>(a, s);
   return a.m <= kFewRows ? launch_shape<kD, 1, 4>(a, s) : launch_shape<kD, 4, 2>(a, s);
 }

@@ -48,7 +48,7 @@ cudaError_t launch_combine_rows(const float* y, const int32_t* inv, const float*
 // FP32, normalised, the same function as sparse_attention_pool_cuda (BF16 q / keys /
 // probabilities, FP32 statistics; no valid key: 0). Each 32-key tile of a row's list gets its own
 // softmax statistics and P·V, folded into the row in tile order. One block per (query, 16 or 64
-// heads) folds every tile; or, for launches of up to 32 rows given a workspace of
+// heads) folds every tile; or, for launches of up to kPrefillAttnSplitMaxRows rows given a workspace of
 // prefill_attn_split_bytes (part, part_bytes), one block per (query, tile, heads)
 // writes the tile's partials and a second launch folds them: the same bits, more blocks. Head
 // dims 64, 128, 256 and 512, any head count (prefill_attn_supports).
@@ -66,6 +66,8 @@ struct PrefillAttnArgs {
   size_t part_bytes = 0;          //   heads] (max, sum) pairs (16-byte aligned; part_bytes: its size)
 };
 bool prefill_attn_supports(int64_t heads, int64_t dim);
+// The most rows a launch may have to take the split form.
+inline constexpr int64_t kPrefillAttnSplitMaxRows = 32;
 // Bytes of the split form's partials for these sizes; 0 for empty sizes.
 size_t prefill_attn_split_bytes(int64_t m, int64_t n_idx, int64_t heads, int64_t dim);
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s);
