@@ -256,12 +256,13 @@ __device__ __forceinline__ void fa_stage(const ModelAttnArgs& a, int cnt, int q0
       raw[b] = make_uint4(0, 0, 0, 0), sb[b] = 0;
       if (mode == 0) continue;
       const uint8_t* c = src[b] + (dsc[b] & 0xfffu);
+      // Plain loads: the key rows (ring, compressed cache) are step-written (runtime/pdl.cuh).
       if (mode == 1) {
-        raw[b] = __ldg(reinterpret_cast<const uint4*>(c));
+        raw[b] = *reinterpret_cast<const uint4*>(c);
       } else {
-        raw[b].x = mode == 2 ? __ldg(reinterpret_cast<const unsigned int*>(c))
-                             : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(c)));
-        sb[b] = __ldg(src[b] + ((dsc[b] >> 12) & 0xfffu));
+        raw[b].x = mode == 2 ? *reinterpret_cast<const unsigned int*>(c)
+                             : uint32_t(*reinterpret_cast<const unsigned short*>(c));
+        sb[b] = src[b][(dsc[b] >> 12) & 0xfffu];
       }
     }
 #pragma unroll

@@ -71,8 +71,7 @@ __device__ __forceinline__ bool group_all(bool p, unsigned gmask) { return (__ba
 // lanes' order does not change it, and "every value decodes back to its own bits" is an AND over
 // the lanes). A block no candidate fits is written with the first valid candidate (or the
 // fallback) and counted, as is a block holding NaN or ±inf. All 32 lanes call this.
-__device__ void pack_code_warp(const CacheRowFormat& f, const float* __restrict__ x, uint8_t* __restrict__ row,
-                               int64_t cw, int* bad) {
+__device__ void pack_code_warp(const CacheRowFormat& f, const float* x, uint8_t* row, int64_t cw, int* bad) {
   const int lane = int(threadIdx.x & 31);
   const int n = f.block, G = lanes_per_block(n), li = lane % G, K = (n + G - 1) / G;
   const int64_t b = cw * (32 / G) + lane / G;
@@ -162,8 +161,7 @@ __device__ void pack_code_warp(const CacheRowFormat& f, const float* __restrict_
 }
 
 // The BF16 tail (a value that is not one is counted) and the row's padding, by one warp.
-__device__ void pack_tail_warp(const CacheRowFormat& f, const float* __restrict__ x, uint8_t* __restrict__ row,
-                               int* bad) {
+__device__ void pack_tail_warp(const CacheRowFormat& f, const float* x, uint8_t* row, int* bad) {
   const int lane = int(threadIdx.x & 31);
   int nonbf16 = 0;
   for (int64_t t = lane; t < f.tail_dims(); t += 32) {
@@ -177,9 +175,9 @@ __device__ void pack_tail_warp(const CacheRowFormat& f, const float* __restrict_
   if (bad && lane == 0 && nonbf16) atomicAdd(bad, nonbf16);
 }
 
-// Unit u (< warps_per_row(f)) of one row, by a whole warp.
-__device__ void pack_row_unit(const CacheRowFormat& f, const float* __restrict__ x, uint8_t* __restrict__ row,
-                              int64_t u, int* bad) {
+// Unit u (< warps_per_row(f)) of one row, by a whole warp. x and row are not __restrict__ here
+// or above: nvcc then reads the step-written x (and the kernels' seqs) with ld.global.nc.
+__device__ void pack_row_unit(const CacheRowFormat& f, const float* x, uint8_t* row, int64_t u, int* bad) {
   if (f.codec == RowCodec::kF32) {
     const int64_t d = u * 32 + int64_t(threadIdx.x & 31);
     if (d < f.dim) reinterpret_cast<float*>(row)[d] = x[d];

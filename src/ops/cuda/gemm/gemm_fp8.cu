@@ -354,8 +354,8 @@ __global__ void __launch_bounds__(256) quantize_f16_kernel(const float* x, int64
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     if (live) {
-      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
-      const float4 lo = __ldg(p), hi = __ldg(p + 1);
+      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;  // plain loads: x step-written
+      const float4 lo = p[0], hi = p[1];
       v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
       v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     }
@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     if (live) {
-      if (bf16) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(x) + t);
+      if (bf16) {  // plain loads: x is step-written (runtime/pdl.cuh)
+        const uint4 u = reinterpret_cast<const uint4*>(x)[t];
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(256) quantize_fp8_kernel(const void* x, bool b
         }
       } else {
         const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
-        const float4 lo = __ldg(p), hi = __ldg(p + 1);
+        const float4 lo = p[0], hi = p[1];
         v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
         v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
         if (round_bf16) {
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
   const int64_t k8 = a.k / 8, kbw = a.k / a.w_block, nsb = (a.n + a.w_block - 1) / a.w_block;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += stride) {
     const int64_t e = t / per_matrix;
-    if (a.row_start && __ldg(a.row_start + e + 1) <= __ldg(a.row_start + e)) {
+    if (a.row_start && a.row_start[e + 1] <= a.row_start[e]) {  // plain: group starts step-written
       // Matrix e is skipped: move to this thread's last unit inside it; the loop step leaves it.
       const int64_t last = (e + 1) * per_matrix - 1;
       t += (last - t) / stride * stride;
@@ -1361,7 +1361,7 @@ cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, 
 __global__ void __launch_bounds__(256) pack_bf16_kernel(const float* x, int64_t total4, uint2* y) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total4; t += stride) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x) + t);
+    const float4 v = reinterpret_cast<const float4*>(x)[t];  // plain: x step-written
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
     y[t] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }

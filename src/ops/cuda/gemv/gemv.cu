@@ -142,10 +142,10 @@ __device__ __forceinline__ void quant_x(const float* xrow, int kb0, int q, int a
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
     float4 lo = make_float4(0, 0, 0, 0), hi = lo;
-    if (xrow) {
+    if (xrow) {  // plain loads: x is step-written (runtime/pdl.cuh)
       const float4* p = reinterpret_cast<const float4*>(xrow + (kb0 + j) * 32 + q * 8);
-      lo = __ldg(p);
-      hi = __ldg(p + 1);
+      lo = p[0];
+      hi = p[1];
     }
     v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
     v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
@@ -189,10 +189,10 @@ __device__ __forceinline__ void load_xq(const GemvArgs& a, int64_t row, int kb0,
   for (int j = 0; j < kChunk; ++j) {
     B[j][0] = B[j][1] = 0u;
     xs[j] = 0.0f;
-    if (row >= 0) {
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(a.xq + row * a.k + (kb0 + j) * 32 + q * 8));
+    if (row >= 0) {  // plain loads: xq / xs are step-written (runtime/pdl.cuh)
+      const uint2 u = *reinterpret_cast<const uint2*>(a.xq + row * a.k + (kb0 + j) * 32 + q * 8);
       B[j][0] = u.x, B[j][1] = u.y;
-      xs[j] = __ldg(a.xs + row * (a.k / 32) + kb0 + j);
+      xs[j] = a.xs[row * (a.k / 32) + kb0 + j];
     }
   }
 }
@@ -779,8 +779,8 @@ __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t t
     const bool live = t < total8;
     float4 lo = make_float4(0, 0, 0, 0), hi = lo;
     if (live) {
-      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;
-      lo = __ldg(p), hi = __ldg(p + 1);
+      const float4* p = reinterpret_cast<const float4*>(x) + 2 * t;  // plain loads: x step-written
+      lo = p[0], hi = p[1];
     }
     float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     if (bf16_in) {

@@ -66,8 +66,9 @@ __device__ __forceinline__ void imma16832(int32_t* c, const uint4& a, uint32_t b
 // grid (T, MT), block 16 warps: warp w packs head m*16 + w of row t (zeros past nI). Lane L holds
 // dims 4L .. 4L+3 (block L / 8; lanes past dI idle). A value v of a block with |max| = M·2^e (M in [0.5, 1)) is
 // i · 2^(e−4) with |i| <= 15 when v is an FP4 value (see the file comment); a non-finite block
-// gets a NaN scale, so its scores are NaN as the CPU's would be non-finite.
-__global__ void __launch_bounds__(512) index_q_pack_kernel(const float* __restrict__ q, int64_t nI, int dI, int MT,
+// gets a NaN scale, so its scores are NaN as the CPU's would be non-finite. The step-written
+// inputs here and below are not const __restrict__: nvcc turns such loads into ld.global.nc.
+__global__ void __launch_bounds__(512) index_q_pack_kernel(const float* q, int64_t nI, int dI, int MT,
                                                           uint32_t* __restrict__ frag, float* __restrict__ qscale) {
   pdl_prologue();
   const int64_t t = blockIdx.x;
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(512) index_q_pack_kernel(const float* __restri
   const int64_t h = int64_t(m) * 16 + w;
   if (4 * lane >= dI) return;  // blocks past dI are never read (whole 8-lane groups)
   float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (h < nI) v = __ldg(reinterpret_cast<const float4*>(q + (t * nI + h) * dI) + lane);
+  if (h < nI) v = reinterpret_cast<const float4*>(q + (t * nI + h) * dI)[lane];  // plain: q step-written
   float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   bool bad = !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
   const unsigned lanes = __activemask();  // the 8-lane groups of blocks < dI / 32
@@ -101,8 +102,8 @@ __global__ void __launch_bounds__(512) index_q_pack_kernel(const float* __restri
 }
 
 template <int MT>
-__global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexScoreArgs a, const uint4* __restrict__ frag,
-                                                                        const float4* __restrict__ qscale) {
+__global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexScoreArgs a, const uint4* frag,
+                                                                        const float4* qscale) {
   pdl_prologue();
   extern __shared__ float imma_smem[];
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), gq = lane / 4, tig = lane % 4;
@@ -152,12 +153,13 @@ __global__ void __launch_bounds__(kThreads, 2) index_scores_imma_kernel(IndexSco
       uint4 af[kGroups];
 #pragma unroll
       for (int g = 0; g < kGroups; ++g)
-        af[g] = g < G ? __ldg(frag + ((r * MT + m) * kGroups + g) * 32 + lane) : make_uint4(0, 0, 0, 0);
-      const float4 sq0 = __ldg(qscale + ((r * MT + m) * 2 + 0) * 8 + gq);
-      const float4 sq1 = __ldg(qscale + ((r * MT + m) * 2 + 1) * 8 + gq);
+        af[g] = g < G ? frag[((r * MT + m) * kGroups + g) * 32 + lane] : make_uint4(0, 0, 0, 0);
+      // Plain loads: frag, qscale and w are written by this step (runtime/pdl.cuh).
+      const float4 sq0 = qscale[((r * MT + m) * 2 + 0) * 8 + gq];
+      const float4 sq1 = qscale[((r * MT + m) * 2 + 1) * 8 + gq];
       const float sq[2][kGroups] = {{sq0.x, sq0.y, sq0.z, sq0.w}, {sq1.x, sq1.y, sq1.z, sq1.w}};
       const int h0 = m * 16 + gq, h1 = h0 + 8;
-      const float w0 = h0 < nI ? __ldg(a.w + r * nI + h0) : 0.0f, w1 = h1 < nI ? __ldg(a.w + r * nI + h1) : 0.0f;
+      const float w0 = h0 < nI ? a.w[r * nI + h0] : 0.0f, w1 = h1 < nI ? a.w[r * nI + h1] : 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
         if (wk0 + 8 * nt >= clen) break;  // warp-uniform

@@ -65,7 +65,8 @@ inline size_t is_smem_bytes(int kpt, int64_t nI, int64_t dI) {
 
 // Copies rows [n_rows, dI] (row r at src + r * dI, r >= valid_rows: zeros) into shared rows of
 // stride S in the [partial][m] order (dims dI..Dp zero), shared row of r = row_of(r). Loads go in
-// batches of kIsBatch 16-byte reads per thread before any store, so that they overlap.
+// batches of kIsBatch 16-byte reads per thread before any store, so that they overlap. Plain
+// loads: keys and queries are step-written (runtime/pdl.cuh).
 template <int kIsBatch, typename RowOf>
 __device__ __forceinline__ void is_stage_rows(float* dst, const float* src, int n_rows, int64_t valid_rows, int dI,
                                               int Dp, int S, RowOf row_of) {
@@ -80,12 +81,12 @@ __device__ __forceinline__ void is_stage_rows(float* dst, const float* src, int 
       if (idx < total && r < valid_rows && d0 < dI) {
         const float* p = src + int64_t(r) * dI + d0;
         if (vec) {
-          v[u] = __ldg(reinterpret_cast<const float4*>(p));
+          v[u] = *reinterpret_cast<const float4*>(p);
         } else {
-          v[u].x = __ldg(p);
-          if (d0 + 1 < dI) v[u].y = __ldg(p + 1);
-          if (d0 + 2 < dI) v[u].z = __ldg(p + 2);
-          if (d0 + 3 < dI) v[u].w = __ldg(p + 3);
+          v[u].x = p[0];
+          if (d0 + 1 < dI) v[u].y = p[1];
+          if (d0 + 2 < dI) v[u].z = p[2];
+          if (d0 + 3 < dI) v[u].w = p[3];
         }
       }
     }

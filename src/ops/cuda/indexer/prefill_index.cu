@@ -42,18 +42,19 @@ __global__ void __launch_bounds__(kThreads, 1) index_scores_mma_kernel(IndexScor
   for (int i = threadIdx.x; i < kQb * kNh * kDi / 4; i += kThreads) {  // Q → BF16
     const int row = i / (kDi / 4), d = (i % (kDi / 4)) * 4;
     float4 v = make_float4(0, 0, 0, 0);
-    if (t0 + row / kNh < a.T) v = __ldg(reinterpret_cast<const float4*>(a.q + (t0 * kNh + row) * kDi + d));
+    if (t0 + row / kNh < a.T) v = *reinterpret_cast<const float4*>(a.q + (t0 * kNh + row) * kDi + d);
     uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + row * kLd + d);
     dst[0] = dev_pack_bf16x2(v.x, v.y), dst[1] = dev_pack_bf16x2(v.z, v.w);
   }
   constexpr int kPer = kKt * kDi / 4 / kThreads;  // float4 per thread per key tile (8)
   float4 pre[kPer];
+  // q and keys are step-written: plain loads, not ld.global.nc (runtime/pdl.cuh).
   auto fetch = [&](int tile) {
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int i = threadIdx.x + u * kThreads, j = i / (kDi / 4), d = (i % (kDi / 4)) * 4;
       const int64_t s = key_lo + int64_t(tile) * kKt + j;
-      pre[u] = s < a.stride ? __ldg(reinterpret_cast<const float4*>(a.keys + s * kDi + d)) : make_float4(0, 0, 0, 0);
+      pre[u] = s < a.stride ? *reinterpret_cast<const float4*>(a.keys + s * kDi + d) : make_float4(0, 0, 0, 0);
     }
   };
   auto stash = [&](int buf) {

@@ -225,6 +225,8 @@ __device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int
 
 // One chunk of the chunked dot by a whole warp (every lane returns the chunk sum): lane l holds
 // partials 4l..4l+3 (16-byte loads when a and b are 16-byte aligned), then the xor butterfly.
+// Plain loads for both: either operand may be step-written (x is a in linear_chunked_kernel, b in
+// hc_mixes_kernel), and ld.global.nc can read stale values under PDL (runtime/pdl.cuh).
 __device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, int64_t len) {
   const int lane = int(threadIdx.x & 31);
   float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
@@ -232,8 +234,8 @@ __device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, 
     float4 av[8], bv[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      av[i] = __ldg(reinterpret_cast<const float4*>(a + 128 * i + 4 * lane));
-      bv[i] = __ldg(reinterpret_cast<const float4*>(b + 128 * i + 4 * lane));
+      av[i] = *reinterpret_cast<const float4*>(a + 128 * i + 4 * lane);
+      bv[i] = *reinterpret_cast<const float4*>(b + 128 * i + 4 * lane);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -254,7 +256,7 @@ __device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, 
   return v;
 }
 
-// The same for the double sum of squares of one chunk.
+// The same for the double sum of squares of one chunk (x is step-written: plain loads).
 __device__ __forceinline__ double warp_sumsq_chunk(const float* x, int64_t len) {
   const int lane = int(threadIdx.x & 31);
   double p0 = 0, p1 = 0, p2 = 0, p3 = 0;
@@ -262,7 +264,7 @@ __device__ __forceinline__ double warp_sumsq_chunk(const float* x, int64_t len) 
   if (len == kSumChunk && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
     float4 xv[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(x + 128 * i + 4 * lane));
+    for (int i = 0; i < 8; ++i) xv[i] = *reinterpret_cast<const float4*>(x + 128 * i + 4 * lane);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       p0 = __dadd_rn(p0, sq(xv[i].x)), p1 = __dadd_rn(p1, sq(xv[i].y));

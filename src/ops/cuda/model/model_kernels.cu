@@ -751,7 +751,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
   for (int d = 0; d < D; ++d) stream_issue<F, V, NO>(a, cur, d, bshift, raw[d]);
   // x, every row, while the first weights are in flight: 8 loads per thread issued before their
   // stores (16-byte loads where x's rows are 16-byte aligned; in % 4 == 0 here), so staging takes
-  // one or two round trips to L2, not one per row.
+  // one or two round trips to L2, not one per row. Plain loads: x is step-written (runtime/pdl.cuh).
   {
     const int64_t bd = blockDim.x;
     if (((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.x_stride * 4)) & 15) == 0) {
@@ -762,7 +762,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
         for (int u = 0; u < 8; ++u) {
           const int64_t e = e0 + u * bd, i = e / xl4, k = e % xl4;
           v[u] = e < total && k < in4
-                     ? __ldg(reinterpret_cast<const float4*>(a.x + (i / a.x_row_div) * a.x_stride) + k)
+                     ? *(reinterpret_cast<const float4*>(a.x + (i / a.x_row_div) * a.x_stride) + k)
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
@@ -776,7 +776,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads) linear_stream_kernel(Linear
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int64_t e = e0 + u * bd, i = e / xlen, k = e % xlen;
-          v[u] = e < total && k < a.in ? __ldg(a.x + (i / a.x_row_div) * a.x_stride + k) : 0.0f;
+          v[u] = e < total && k < a.in ? a.x[(i / a.x_row_div) * a.x_stride + k] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u)
@@ -1591,7 +1591,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
     }
     if (len == kSumChunk && (reinterpret_cast<uintptr_t>(x + off) & 15) == 0) {
       for (int i = int(threadIdx.x); i < kSumChunk / 4; i += int(blockDim.x))
-        reinterpret_cast<float4*>(xs)[i] = __ldg(reinterpret_cast<const float4*>(x + off) + i);
+        reinterpret_cast<float4*>(xs)[i] = reinterpret_cast<const float4*>(x + off)[i];  // plain: x step-written
     } else {
       for (int i = int(threadIdx.x); i < kSumChunk; i += int(blockDim.x)) xs[i] = i < len ? x[off + i] : 0.0f;
     }

@@ -25,9 +25,10 @@ __global__ void __launch_bounds__(256) gather_fp8_rows_kernel(const uint8_t* src
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = i / per_row, c = i % per_row;
     const int64_t r = rows[p];
+    // Plain loads: the codes and scales are written by the step's quantisation (runtime/pdl.cuh).
     reinterpret_cast<uint4*>(dst_q + p * row_bytes)[c] =
-        __ldg(reinterpret_cast<const uint4*>(src_q + r * row_bytes) + c);
-    if (c % cpb == 0) dst_s[p * (k / 32) + c / cpb] = __ldg(src_s + r * (k / 32) + c / cpb);
+        *(reinterpret_cast<const uint4*>(src_q + r * row_bytes) + c);
+    if (c % cpb == 0) dst_s[p * (k / 32) + c / cpb] = src_s[r * (k / 32) + c / cpb];
   }
 }
 
@@ -49,9 +50,10 @@ __global__ void __launch_bounds__(256) swiglu_quant_kernel(const float* gu, cons
       const int64_t r = t / per_row, c = (t % per_row) * 8;
       const float* g = gu + r * 2 * n + c;
       const float* u = g + n;
-      const float w = weight ? __ldg(weight + r) : 1.0f;
-      const float4 g0 = __ldg(reinterpret_cast<const float4*>(g)), g1 = __ldg(reinterpret_cast<const float4*>(g) + 1);
-      const float4 u0 = __ldg(reinterpret_cast<const float4*>(u)), u1 = __ldg(reinterpret_cast<const float4*>(u) + 1);
+      // Plain loads: gu and the routing weights are written by the step (runtime/pdl.cuh).
+      const float w = weight ? weight[r] : 1.0f;
+      const float4 g0 = *reinterpret_cast<const float4*>(g), g1 = *(reinterpret_cast<const float4*>(g) + 1);
+      const float4 u0 = *reinterpret_cast<const float4*>(u), u1 = *(reinterpret_cast<const float4*>(u) + 1);
       const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
       const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
 #pragma unroll
@@ -77,9 +79,10 @@ __global__ void __launch_bounds__(256) combine_rows_kernel(const float* y, const
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_row, c = i % per_row;
-    float4 s = ys ? __ldg(reinterpret_cast<const float4*>(ys + t * dim) + c) : make_float4(0, 0, 0, 0);
+    // Plain loads: y and ys are the step's expert outputs (runtime/pdl.cuh).
+    float4 s = ys ? *(reinterpret_cast<const float4*>(ys + t * dim) + c) : make_float4(0, 0, 0, 0);
     for (int64_t j = 0; j < k; ++j) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(y + int64_t(inv[t * k + j]) * dim) + c);
+      const float4 v = *(reinterpret_cast<const float4*>(y + int64_t(inv[t * k + j]) * dim) + c);
       s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
     }
     reinterpret_cast<float4*>(out + t * dim)[c] = s;

@@ -188,9 +188,10 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// The logits rows, keys and ids below are step-written: not const __restrict__, which nvcc turns
+// into ld.global.nc loads (runtime/pdl.cuh).
 // Block b: the argmax of row b (rows V apart) into out[b].
-__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ row, int V,
-                                                          int32_t* out) {
+__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* row, int V, int32_t* out) {
   pdl_prologue();
   row += size_t(blockIdx.x) * size_t(V);
   out += blockIdx.x;
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
 }
 
 // Inverse-CDF draw over the finite entries of `row` in ascending id, with optional min-p.
-__device__ int draw_ascending(const float* __restrict__ row, int V, const SampleRowSpec& s, Scratch& sm) {
+__device__ int draw_ascending(const float* row, int V, const SampleRowSpec& s, Scratch& sm) {
   const double inv_t = 1.0 / s.temperature;
   double mx = -INFINITY;
   int nf = 0;
@@ -273,15 +274,14 @@ __device__ int draw_ascending(const float* __restrict__ row, int V, const Sample
   return block_reduce(last, Max{}, sm.i);
 }
 
-__global__ void __launch_bounds__(kThreads) ascending_kernel(const float* __restrict__ row, int V,
-                                                             SampleRowSpec s, int32_t* out) {
+__global__ void __launch_bounds__(kThreads) ascending_kernel(const float* row, int V, SampleRowSpec s, int32_t* out) {
   pdl_prologue();
   __shared__ Scratch sm;
   const int t = draw_ascending(row, V, s, sm);
   if (threadIdx.x == 0) *out = t;
 }
 
-__global__ void sort_input_kernel(const float* __restrict__ row, int V, uint32_t* keys, int32_t* ids) {
+__global__ void sort_input_kernel(const float* row, int V, uint32_t* keys, int32_t* ids) {
   pdl_prologue();
   const int j = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
   if (j >= V) return;
@@ -290,10 +290,8 @@ __global__ void sort_input_kernel(const float* __restrict__ row, int V, uint32_t
 }
 
 // After the descending sort: top-k cut, softmax, top-p cut, min-p, draw.
-__global__ void __launch_bounds__(kThreads) sorted_kernel(const float* __restrict__ row, int V,
-                                                          const uint32_t* __restrict__ keys,
-                                                          const int32_t* __restrict__ ids,
-                                                          SampleRowSpec s, int32_t* out) {
+__global__ void __launch_bounds__(kThreads) sorted_kernel(const float* row, int V, const uint32_t* keys,
+                                                          const int32_t* ids, SampleRowSpec s, int32_t* out) {
   pdl_prologue();
   __shared__ Scratch sm;
   const int nf = block_count(V, [=](int j) { return keys[j] != 0u; }, sm);
