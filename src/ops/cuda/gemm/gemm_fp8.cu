@@ -46,6 +46,7 @@
 
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
+#include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(Tile<kWG, kLayout>::kThreads, 1) gemm_fp8_kern
     const int grp = swi >> 2, i = swi & 3;
     const int n = min(n0 + grp * 32, a.n - 1);
     const int kk = s * kBK + i * 32;
-    return __ldg(a.ws + int64_t(n / a.w_block) * wkb + kk / a.w_block);
+    return ld_weight(a.ws + int64_t(n / a.w_block) * wkb + kk / a.w_block);
   };
   const bool sw_thread = swi >= 0 && swi < kSwFloats;
 
@@ -656,12 +657,12 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
     const int64_t row = t / k8, i = (t % k8) * 8;  // row of [count · n], first k of the eight
     uint4 out;
     if (a.fp4) {
-      const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(a.w + row * (a.k / 2) + i / 2));
-      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(__ldg(a.ws + row * (a.k / 32) + i / 32)), 0x1p126f));
+      const uint32_t v = ld_weight(reinterpret_cast<const uint32_t*>(a.w + row * (a.k / 2) + i / 2));
+      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + row * (a.k / 32) + i / 32)), 0x1p126f));
     } else {
       const int64_t r = row - e * a.n;
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(a.w + row * a.k + i));
-      out = e4m3x8_to_bf16(v, bf16_scale(e8m0f(__ldg(a.ws + (e * nsb + r / a.w_block) * kbw + i / a.w_block)), 0x1p120f));
+      const uint2 v = ld_weight(reinterpret_cast<const uint2*>(a.w + row * a.k + i));
+      out = e4m3x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + (e * nsb + r / a.w_block) * kbw + i / a.w_block)), 0x1p120f));
     }
     *reinterpret_cast<uint4*>(a.y + row * a.k + i) = out;
   }
@@ -856,14 +857,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           uint32_t w0, w1;
           if constexpr (kF16 && !kFp4) {  // the scales of the stage's 32-blocks 2s and 2s + 1
             const int b0 = (2 * s) * 32 / a.w_block, b1 = (2 * s + 1) * 32 / a.w_block;
-            w0 = uint32_t(__ldg(sc0 + b0)) | (uint32_t(__ldg(sc0 + b1)) << 8);
-            w1 = ct < 32 ? uint32_t(__ldg(sc1 + b0)) | (uint32_t(__ldg(sc1 + b1)) << 8) : 0u;
+            w0 = uint32_t(ld_weight(sc0 + b0)) | (uint32_t(ld_weight(sc0 + b1)) << 8);
+            w1 = ct < 32 ? uint32_t(ld_weight(sc1 + b0)) | (uint32_t(ld_weight(sc1 + b1)) << 8) : 0u;
           } else if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
-            w0 = __ldg(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
-            w1 = ct < 32 ? __ldg(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
+            w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
+            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
           } else {
-            w0 = __ldg(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
-            w1 = ct < 32 ? __ldg(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
+            w0 = ld_weight(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
+            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
           }
           float* sw = ssw + slot * kSwSlot;
           if constexpr (kBv) {
@@ -942,7 +943,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int slot = it % S, round = it / S;
         // Issued before the wait: its latency hides behind it.
         const uint32_t swv =
-            lane < 16 ? __ldg(a.ws + int64_t(wn) * wkb + (s * kBK + (lane >> 2) * 32) / a.w_block)
+            lane < 16 ? ld_weight(a.ws + int64_t(wn) * wkb + (s * kBK + (lane >> 2) * 32) / a.w_block)
                       : 0u;
         if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
         if (lane < 16) {

@@ -113,11 +113,11 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
         const int kb = kb0 + j;
         if constexpr (kFp4) {
           const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
-          A[mt][j][h][0] = kKeep ? __ldg(p) : ld_stream(p);
+          A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
           packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
         } else {
           const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
-          const uint2 u = kKeep ? __ldg(p) : ld_stream(p);
+          const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
           A[mt][j][h][0] = u.x;
           A[mt][j][h][1] = u.y;
         }
@@ -489,10 +489,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
       const int mi = idx / (kScRows * nkb), r = idx / nkb % kScRows, kb = idx % nkb;
       const uint8_t* base = mi == 0 ? wsm0 : wsm1;
       if constexpr (kFp4) {
-        wsc[idx] = __ldg(base + int64_t(min(cta_row0 + r, a.n - 1)) * nkb + kb);
+        wsc[idx] = ld_weight(base + int64_t(min(cta_row0 + r, a.n - 1)) * nkb + kb);
       } else {  // as load_w: the scale row of the tile's first row (w_block 32 or 128)
         const int row = min(cta_row0 + r * kRows, a.n - 1);
-        wsc[idx] = __ldg(base + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
+        wsc[idx] = ld_weight(base + int64_t(row / a.w_block) * kbw + (kb * 32) / a.w_block);
       }
     }
   const uint32_t sm_base = static_cast<uint32_t>(__cvta_generic_to_shared(tiled_dyn));

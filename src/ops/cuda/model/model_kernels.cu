@@ -387,17 +387,17 @@ __device__ __forceinline__ void gemv_load(const uint8_t* p, const uint8_t* sc, i
                                           GemvRaw<F>& r) {
   r.s = 0;
   if constexpr (F == WeightDtype::kF32) {
-    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : make_uint4(0, 0, 0, 0);
+    const uint4 u = ok ? ld_weight(reinterpret_cast<const uint4*>(p + col * 4)) : make_uint4(0, 0, 0, 0);
     r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
   } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
-    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col * 2)) : make_uint2(0, 0);
+    const uint2 u = ok ? ld_weight(reinterpret_cast<const uint2*>(p + col * 2)) : make_uint2(0, 0);
     r.v[0] = u.x, r.v[1] = u.y;
   } else if constexpr (F == WeightDtype::kFp8) {
-    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col)) : 0u;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+    r.v[0] = ok ? ld_weight(reinterpret_cast<const unsigned int*>(p + col)) : 0u;
+    r.s = ok ? uint32_t(ld_weight(sc + (col >> bshift))) : 0u;
   } else {
-    r.v[0] = ok ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p + col / 2))) : 0u;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+    r.v[0] = ok ? uint32_t(ld_weight(reinterpret_cast<const unsigned short*>(p + col / 2))) : 0u;
+    r.s = ok ? uint32_t(ld_weight(sc + (col >> 5))) : 0u;
   }
 }
 
@@ -649,18 +649,18 @@ __device__ __forceinline__ void stream_load(const uint8_t* p, const uint8_t* sc,
   constexpr int kB = StreamRaw<F, V>::kBytes;
   const uint8_t* q = p + col * StreamRaw<F, V>::kHalfBytes / 2;
   if constexpr (kB == 16) {
-    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(q)) : make_uint4(0, 0, 0, 0);
+    const uint4 u = ok ? ld_weight(reinterpret_cast<const uint4*>(q)) : make_uint4(0, 0, 0, 0);
     r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
   } else if constexpr (kB == 8) {
-    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(q)) : make_uint2(0, 0);
+    const uint2 u = ok ? ld_weight(reinterpret_cast<const uint2*>(q)) : make_uint2(0, 0);
     r.v[0] = u.x, r.v[1] = u.y;
   } else if constexpr (kB == 4) {
-    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(q)) : 0u;
+    r.v[0] = ok ? ld_weight(reinterpret_cast<const unsigned int*>(q)) : 0u;
   } else {
-    r.v[0] = ok ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(q))) : 0u;
+    r.v[0] = ok ? uint32_t(ld_weight(reinterpret_cast<const unsigned short*>(q))) : 0u;
   }
-  if constexpr (F == WeightDtype::kFp8) r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
-  else if constexpr (F == WeightDtype::kFp4) r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+  if constexpr (F == WeightDtype::kFp8) r.s = ok ? uint32_t(ld_weight(sc + (col >> bshift))) : 0u;
+  else if constexpr (F == WeightDtype::kFp4) r.s = ok ? uint32_t(ld_weight(sc + (col >> 5))) : 0u;
   else r.s = 0;
 }
 
@@ -889,19 +889,19 @@ __device__ __forceinline__ void short_load(const uint8_t* p, const uint8_t* sc, 
   r.s = 0;
   if constexpr (F == WeightDtype::kF32) {
     const uint4 z = make_uint4(0, 0, 0, 0);
-    const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4)) : z;
-    const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
+    const uint4 u0 = ok ? ld_weight(reinterpret_cast<const uint4*>(p + col * 4)) : z;
+    const uint4 u1 = ok ? ld_weight(reinterpret_cast<const uint4*>(p + col * 4 + 16)) : z;
     r.v[0] = u0.x, r.v[1] = u0.y, r.v[2] = u0.z, r.v[3] = u0.w, r.v[4] = u1.x, r.v[5] = u1.y, r.v[6] = u1.z, r.v[7] = u1.w;
   } else if constexpr (F == WeightDtype::kBf16 || F == WeightDtype::kF16) {
-    const uint4 u = ok ? __ldg(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
+    const uint4 u = ok ? ld_weight(reinterpret_cast<const uint4*>(p + col * 2)) : make_uint4(0, 0, 0, 0);
     r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
   } else if constexpr (F == WeightDtype::kFp8) {
-    const uint2 u = ok ? __ldg(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
+    const uint2 u = ok ? ld_weight(reinterpret_cast<const uint2*>(p + col)) : make_uint2(0, 0);
     r.v[0] = u.x, r.v[1] = u.y;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> bshift))) : 0u;
+    r.s = ok ? uint32_t(ld_weight(sc + (col >> bshift))) : 0u;
   } else {
-    r.v[0] = ok ? __ldg(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
-    r.s = ok ? uint32_t(__ldg(sc + (col >> 5))) : 0u;
+    r.v[0] = ok ? ld_weight(reinterpret_cast<const unsigned int*>(p + col / 2)) : 0u;
+    r.s = ok ? uint32_t(ld_weight(sc + (col >> 5))) : 0u;
   }
 }
 
@@ -1289,7 +1289,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
       if (wr) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const float4 v = __ldg(reinterpret_cast<const float4*>(wr + 128 * i + 4 * lane));
+          const float4 v = ld_weight(reinterpret_cast<const float4*>(wr + 128 * i + 4 * lane));
           wv[4 * i] = v.x, wv[4 * i + 1] = v.y, wv[4 * i + 2] = v.z, wv[4 * i + 3] = v.w;
         }
       }
@@ -1587,7 +1587,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
     if (fvec && warp >= 1 && warp < items) {
       const float* f = a.fn + int64_t(warp - 1) * flat + off + 4 * lane;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fv[i] = __ldg(reinterpret_cast<const float4*>(f + 128 * i));
+      for (int i = 0; i < 8; ++i) fv[i] = ld_weight(reinterpret_cast<const float4*>(f + 128 * i));
     }
     if (len == kSumChunk && (reinterpret_cast<uintptr_t>(x + off) & 15) == 0) {
       for (int i = int(threadIdx.x); i < kSumChunk / 4; i += int(blockDim.x))
@@ -1618,7 +1618,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
       if (fvec) {
         if (item != warp) {  // a later item of this warp (n_mix + 1 > warps): its loads now
 #pragma unroll
-          for (int i = 0; i < 8; ++i) fv[i] = __ldg(reinterpret_cast<const float4*>(f + 128 * i + 4 * lane));
+          for (int i = 0; i < 8; ++i) fv[i] = ld_weight(reinterpret_cast<const float4*>(f + 128 * i + 4 * lane));
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {

@@ -20,4 +20,12 @@ __device__ __forceinline__ void pdl_prologue() {
 #endif
 }
 
+// The read-only (non-coherent, ld.global.nc) load: for weights and tables uploaded at load time
+// only, never for data a kernel of the step writes (see above). The only __ldg of src/ops/cuda
+// (scripts/check_nc_loads.py).
+template <class T>
+__device__ __forceinline__ T ld_weight(const T* p) {
+  return __ldg(p);
+}
+
 }  // namespace flashseek::ops::cuda
