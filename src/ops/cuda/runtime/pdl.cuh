@@ -5,10 +5,11 @@
 // visible. So nothing here reads or writes memory before its predecessors are done: the results
 // are those of plain stream order, and what PDL overlaps is only the launch and block scheduling.
 // Without PDL (or before sm_90) both instructions are no-ops.
-// Data that a recent kernel writes is read with plain loads: ld.global.nc (__ldg) may be treated
-// as invariant over the kernel's lifetime, which PDL's overlap breaks, and is not guaranteed to
-// stay behind the wait (a batched __ldg of the attention's q read stale rows). __ldg is for
-// weights and other data no kernel of the step writes.
+// Data that a recent kernel writes is read with plain loads: ld.global.nc (__ldg, and what nvcc
+// emits for const __restrict__ pointers) is defined only for data read-only over the kernel's
+// lifetime, which PDL's overlap breaks, and is not guaranteed to stay behind the wait (a batched
+// __ldg of the attention's q read stale rows). ld_weight below is for weights and other data no
+// kernel of the step writes.
 #pragma once
 
 namespace flashseek::ops::cuda {
