@@ -102,7 +102,9 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
 // bits depend on its own keys only (batch-invariant; a verify block equals its tokens decoded one
 // by one) and equal the prefill path's for the same row (the same key values in the same slots;
 // trailing absent slots change nothing). Rows in chunks whose key rows fit pool_bytes (at least
-// one row per chunk).
+// one row per chunk); a chunk of up to kPrefillAttnSplitMaxRows rows whose split partials also fit
+// pool_bytes takes the split form, its partials after the key rows and lists in `ws`
+// (model_decode_attn_workspace counts all three).
 // `seqs` / `row_seq` (device arrays, as launch_model_attention_seqs; both nullptr: one sequence
 // given by a.ring, a.ckv, a.start, a.ring_size). Key slots per row: a.window, plus a.max_keys −
 // a.window compressed slots on a compressed layer (a.max_keys: the launch's largest key count).
