@@ -197,6 +197,16 @@ class Backend {
   // h = bf16?(silu(min(g, L)) · clamp(u, ±L) · weight[r]) (weights empty: 1).
   virtual Status swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& weights, int64_t rows,
                         int64_t inter, float limit, bool bf16) = 0;
+  // A gated FFN's first half: h = swiglu(linear(gate), linear(up)) as swiglu above (no weights),
+  // the two linears with their own roundings. gate.y and up.y are scratch a backend may leave
+  // unwritten: one that forms both sums in one pass over the two matrices, in each linear's own
+  // order, gives the same h.
+  virtual Status gated_linear(const LinearCall& gate, const LinearCall& up, const Tensor& h, int64_t rows,
+                              int64_t inter, float limit, bool bf16) {
+    FS_RETURN_IF_ERROR(linear(gate));
+    FS_RETURN_IF_ERROR(linear(up));
+    return swiglu(gate.y, up.y, h, Tensor{}, rows, inter, limit, bf16);
+  }
 
   // ---- MoE ----
   // Route every row from its gate logits [T, E] (bias or V4 hash ids of `tokens`): sel / wt [T, K].

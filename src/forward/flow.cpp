@@ -448,9 +448,9 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
     FS_ASSIGN_OR_RETURN(Tensor g, scratch_f(tag + "sg", T, I));
     FS_ASSIGN_OR_RETURN(Tensor u, scratch_f(tag + "su", T, I));
     FS_ASSIGN_OR_RETURN(Tensor h, scratch_f(tag + "sh", T, I));
-    FS_RETURN_IF_ERROR(b_.linear(lin(m, F.s_w1, T, D, I, g, p_.act_block, R(), {F.block, DotOp::kW1, -1})));
-    FS_RETURN_IF_ERROR(b_.linear(lin(m, F.s_w3, T, D, I, u, p_.act_block, R(), {F.block, DotOp::kW3, -1})));
-    FS_RETURN_IF_ERROR(b_.swiglu(g, u, h, Tensor{}, T, I, limit, R()));
+    FS_RETURN_IF_ERROR(b_.gated_linear(lin(m, F.s_w1, T, D, I, g, p_.act_block, R(), {F.block, DotOp::kW1, -1}),
+                                       lin(m, F.s_w3, T, D, I, u, p_.act_block, R(), {F.block, DotOp::kW3, -1}), h,
+                                       T, I, limit, R()));
     FS_RETURN_IF_ERROR(b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1})));
   } else {  // the shared expert lives on another rank
     FS_RETURN_IF_ERROR(b_.zero(ys));

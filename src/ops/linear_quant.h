@@ -44,6 +44,15 @@ struct BlockLinearParams {
   // the whole of k, built for prefill chunks); false: the decode GEMV's token passes over each
   // weight tile (k split across warps and clusters), reading xq. The same bits either way.
   bool tiled = true;
+  // Optional: the up matrix of a gated FFN (w is then the gate; same format, shape and scale
+  // layout). y = silu(min(g, L)) · clamp(u, ±L) with g = quant(x) · Wᵀ, u = quant(x) · W_upᵀ and
+  // L = swiglu_limit (<= 0: no clamp), the model's swiglu; with bf16_round_gate_up g and u are
+  // first rounded to BF16 (RNE), as two linears with bf16_round_out would give them. bf16_out /
+  // bf16_round_out apply to the SwiGLU result. Each sum keeps the order of the one-matrix launch.
+  const uint8_t* w_up = nullptr;
+  const uint8_t* w_up_scale = nullptr;
+  float swiglu_limit = 0;
+  bool bf16_round_gate_up = false;
 };
 
 // Shape rules shared by both backends: k a multiple of 32, of act_block and (FP8) of w_block;

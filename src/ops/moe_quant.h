@@ -34,6 +34,9 @@ struct ExpertGemvParams {
   // Each written value rounded to BF16 (RNE) and kept in FP32 (BlockLinearParams::bf16_round_out;
   // with w_up: the SwiGLU result). Zeros of another rank's expert stay 0.
   bool bf16_round_out = false;
+  // With w_up: the gate and up sums rounded to BF16 (RNE) before the SwiGLU, the rounding points
+  // of separate gate and up launches with bf16_round_out (reference numerics).
+  bool bf16_round_gate_up = false;
   // Groups assumed when the kernel picks its k split (0: n_groups). The split sets the summation
   // order; a caller whose results must not depend on how many groups share the launch (a model
   // step batching several sequences) passes a fixed value.

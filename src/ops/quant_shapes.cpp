@@ -42,6 +42,9 @@ Status validate(const BlockLinearParams& p) {
   if (bool(p.xq) != bool(p.xs)) return invalid_argument("block_linear: xq and xs must be set together");
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("block_linear: bf16_out and bf16_round_out are exclusive");
+  if (bool(p.w_up) != bool(p.w_up_scale))
+    return invalid_argument("block_linear: w_up and w_up_scale must be set together");
+  if (p.bf16_round_gate_up && !p.w_up) return invalid_argument("block_linear: bf16_round_gate_up needs w_up");
   return check_dims("block_linear", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 
@@ -51,6 +54,7 @@ Status validate(const ExpertGemvParams& p) {
   if (bool(p.w_up) != bool(p.w_up_scale))
     return invalid_argument("expert_gemv: w_up and w_up_scale must be set together");
   if (bool(p.xq) != bool(p.xs)) return invalid_argument("expert_gemv: xq and xs must be set together");
+  if (p.bf16_round_gate_up && !p.w_up) return invalid_argument("expert_gemv: bf16_round_gate_up needs w_up");
   if (p.n_groups <= 0 || p.n_pairs <= 0 || p.n_experts <= 0)
     return invalid_argument("expert_gemv: n_groups={}, n_pairs={}, n_experts={} must be positive",
                             p.n_groups, p.n_pairs, p.n_experts);

@@ -6,6 +6,7 @@
 
 #include "core/numeric.h"
 #include "ops/linear_quant.h"
+#include "ops/moe.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
 #include "test_util.h"
@@ -147,6 +148,60 @@ TEST(BlockLinearRef, Bf16FlagsAreRoundingsAroundThePlainTwin) {
     ASSERT_TRUE(expert_gemv_ref(q, m).ok());
     for (size_t i = 0; i < y0.size(); ++i) EXPECT_EQ(y1[i], round_bf16(y0[i])) << "gated " << gated << " " << i;
   }
+}
+
+// The gated twin (w_up) is the model's swiglu over the two one-matrix twins' outputs, bit for bit:
+// without roundings; with bf16_round_gate_up (gate and up rounded as bf16_round_out rounds them)
+// and bf16_round_out on the result; with and without a clamp that binds; the expert twin's
+// bf16_round_gate_up the same per pair.
+TEST(BlockLinearRef, GatedIsSwigluOfTheTwoLinears) {
+  Rng rng(77);
+  const int64_t m = 3, n = 40, k = 96;
+  std::vector<uint8_t> wg(size_t(n * k)), wu(wg.size()), ws(size_t((n + 31) / 32 * (k / 32)));
+  for (auto& c : wg) c = uint8_t(rng.below(256) & 0xf7);
+  for (auto& c : wu) c = uint8_t(rng.below(256) & 0xf7);
+  for (auto& c : ws) c = uint8_t(120 + rng.below(8));
+  const auto x = randn(rng, m * k, 3.0);
+  for (const bool round : {false, true})
+    for (const float limit : {0.0f, 2.0f}) {
+      SCOPED_TRACE(::testing::Message() << "round " << round << " limit " << limit);
+      BlockLinearParams p;
+      p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w_scale = ws.data(), p.bf16_round_out = round;
+      std::vector<float> g(size_t(m * n)), u(g.size()), want(g.size()), got(g.size());
+      p.w = wg.data(), p.y = g.data();
+      ASSERT_TRUE(block_linear_ref(p).ok());
+      p.w = wu.data(), p.y = u.data();
+      ASSERT_TRUE(block_linear_ref(p).ok());
+      for (int64_t t = 0; t < m; ++t) swiglu(g.data() + t * n, u.data() + t * n, want.data() + t * n, n, limit, 1.0f);
+      int64_t clamped = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (round) want[i] = round_bf16(want[i]);
+        clamped += limit > 0 && (g[i] > limit || std::fabs(u[i]) > limit);
+      }
+      if (limit > 0) EXPECT_GT(clamped, 0) << "the clamp never binds";
+      p.w = wg.data(), p.w_up = wu.data(), p.w_up_scale = ws.data(), p.swiglu_limit = limit;
+      p.bf16_round_gate_up = round, p.y = got.data();
+      ASSERT_TRUE(block_linear_ref(p).ok());
+      EXPECT_EQ(got, want);
+      // The expert twin, one expert, a pair per row: the same values.
+      const std::vector<int32_t> ge = {0}, gs = {0, int32_t(m)};
+      ExpertGemvParams q;
+      q.x = x.data(), q.w = wg.data(), q.w_scale = ws.data(), q.w_up = wu.data(), q.w_up_scale = ws.data();
+      q.group_expert = ge.data(), q.group_start = gs.data();
+      q.n_groups = 1, q.n_pairs = m, q.n_experts = 1, q.n = n, q.k = k, q.format = WeightFormat::kFp8;
+      q.swiglu_limit = limit, q.bf16_round_gate_up = round, q.bf16_round_out = round;
+      std::vector<float> ye(g.size());
+      q.y = ye.data();
+      ASSERT_TRUE(expert_gemv_ref(q, m).ok());
+      EXPECT_EQ(ye, want);
+    }
+  BlockLinearParams bad;
+  bad.m = 1, bad.n = n, bad.k = k, bad.x = x.data(), bad.w = wg.data(), bad.w_scale = ws.data();
+  std::vector<float> y(static_cast<size_t>(n));
+  bad.y = y.data(), bad.bf16_round_gate_up = true;
+  EXPECT_FALSE(block_linear_ref(bad).ok()) << "bf16_round_gate_up without w_up";
+  bad.bf16_round_gate_up = false, bad.w_up = wu.data();
+  EXPECT_FALSE(block_linear_ref(bad).ok()) << "w_up without its scales";
 }
 
 }  // namespace flashseek::ops

@@ -726,6 +726,130 @@ TEST(CudaExpertGemv, Bf16RoundOutEqualsGemvThenQuantSim) {
   }
 }
 
+// A gated launch (gate ‖ up, the SwiGLU in the epilogue) is the gate launch, the up launch and the
+// swiglu kernel, memcmp-equal, without and with the reference roundings (bf16_round_gate_up on gate
+// and up, bf16_round_out on h): so the model may run its experts either way. Routed experts
+// (grouped, FP4): one token's six pairs with the cluster k split, grouped pairs, another rank's
+// expert, pre-quantised rows through the tiled kernel and through the passes. The shared expert
+// (dense): FP8 for one token, a verify block and a prefill chunk (tiled and passes), V4's 128
+// blocks, FP4, and a shape whose FP8 tuning takes 4-block chunks (the gated launch must take its
+// one-matrix launches' tuning).
+TEST(CudaGemvGated, EqualsGateAndUpLaunchesThenSwiglu) {
+  FS_REQUIRE_GPU();
+  struct ExpertCase {
+    WeightFormat f;
+    int tokens, topk, n_experts;
+    int64_t n, k;
+    bool other_rank, preq, tiled;
+  };
+  const ExpertCase ecases[] = {{WeightFormat::kFp4, 1, 6, 16, 200, 2304, false, false, false},
+                               {WeightFormat::kFp4, 6, 6, 13, 96, 512, true, false, false},
+                               {WeightFormat::kFp4, 97, 6, 16, 96, 512, true, true, true},
+                               {WeightFormat::kFp4, 64, 2, 4, 130, 1024, false, true, false},
+                               {WeightFormat::kFp8, 5, 2, 3, 70, 384, false, false, false}};
+  uint32_t seed = 1300;
+  for (const ExpertCase& c : ecases)
+    for (const bool round : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "experts fmt=" << int(c.f) << " tokens=" << c.tokens << " n=" << c.n
+                                        << " k=" << c.k << " preq=" << c.preq << " tiled=" << c.tiled
+                                        << " round=" << round);
+      std::mt19937 rng(seed++);
+      Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
+      if (c.other_rank) r.group_expert[0] = -1;
+      const int64_t pairs = int64_t(r.pair_row.size());
+      const Weights wg = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
+      const Weights wu = random_weights(rng, c.f, c.n * c.n_experts, c.k, 32);
+      std::vector<float> x = random_block_activations(rng, c.tokens, c.k);
+      for (auto& v : x) v *= 0.05f;
+      const size_t ny = size_t(pairs * c.n);
+      DeviceBuffer<float> dx(x), dpw(r.pair_weight), fused(ny), g(ny), u(ny), h(ny), dxs(size_t(c.tokens * c.k / 32));
+      DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(c.tokens * c.k));
+      DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+      ExpertGemvParams p;
+      p.x = dx.get(), p.expert_stride = weight_code_bytes(c.f, c.n, c.k);
+      p.expert_scale_stride = weight_scale_bytes(c.f, c.n, c.k, 32);
+      p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+      p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
+      p.n = c.n, p.k = c.k, p.format = c.f, p.split_groups = c.topk, p.tiled = c.tiled;
+      if (c.preq) {
+        ASSERT_GT(pairs, 8 * int64_t(r.group_expert.size())) << "the case must take the pre-quantised passes";
+        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.tokens, c.k, 32, false, dxq.get(), dxs.get(), nullptr));
+        p.xq = dxq.get(), p.xs = dxs.get();
+      }
+      p.bf16_round_out = round;
+      p.w = dwg.get(), p.w_scale = dsg.get(), p.y = g.get();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      p.w = dwu.get(), p.w_scale = dsu.get(), p.y = u.get();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      ASSERT_EQ(detail::launch_swiglu(g.get(), u.get(), h.get(), dpw.get(), pairs, c.n, 7.0f, round, nullptr),
+                cudaSuccess);
+      p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
+      p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f, p.bf16_round_gate_up = round, p.y = fused.get();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto want = h.to_host(), got = fused.to_host();
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+      double mean_abs = 0;
+      for (float v : got) mean_abs += std::fabs(v);
+      ASSERT_GT(mean_abs, 0);
+    }
+  struct DenseCase {
+    WeightFormat f;
+    int64_t m, n, k, w_block, act_block;
+    bool preq, tiled;
+  };
+  const DenseCase dcases[] = {{WeightFormat::kFp8, 1, 2304, 5120, 32, 32, false, false},
+                              {WeightFormat::kFp8, 6, 200, 1024, 32, 32, false, false},
+                              {WeightFormat::kFp8, 70, 96, 512, 32, 32, true, true},
+                              {WeightFormat::kFp8, 40, 96, 512, 32, 32, true, false},
+                              {WeightFormat::kFp8, 3, 128, 1024, 128, 128, false, false},
+                              {WeightFormat::kFp8, 2, 64, 16384, 32, 32, false, false},
+                              {WeightFormat::kFp4, 5, 100, 768, 32, 32, false, false}};
+  for (const DenseCase& c : dcases)
+    for (const bool round : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dense fmt=" << int(c.f) << " m=" << c.m << " n=" << c.n << " k=" << c.k
+                                        << " preq=" << c.preq << " tiled=" << c.tiled << " round=" << round);
+      std::mt19937 rng(seed++);
+      const Weights wg = random_weights(rng, c.f, c.n, c.k, c.w_block);
+      const Weights wu = random_weights(rng, c.f, c.n, c.k, c.w_block);
+      std::vector<float> x = random_block_activations(rng, c.m, c.k);
+      for (auto& v : x) v *= 0.05f;
+      const size_t ny = size_t(c.m * c.n);
+      DeviceBuffer<float> dx(x), fused(ny), g(ny), u(ny), h(ny), dxs(size_t(c.m * c.k / 32));
+      DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(c.m * c.k));
+      BlockLinearParams p;
+      p.x = dx.get(), p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block;
+      p.act_block = c.act_block, p.tiled = c.tiled;
+      if (c.preq) {
+        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, false, dxq.get(), dxs.get(), nullptr));
+        p.xq = dxq.get(), p.xs = dxs.get();
+      }
+      p.bf16_round_out = round;
+      p.w = dwg.get(), p.w_scale = dsg.get(), p.y = g.get();
+      FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+      p.w = dwu.get(), p.w_scale = dsu.get(), p.y = u.get();
+      FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+      ASSERT_EQ(detail::launch_swiglu(g.get(), u.get(), h.get(), nullptr, c.m, c.n, 7.0f, round, nullptr), cudaSuccess);
+      p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
+      p.swiglu_limit = 7.0f, p.bf16_round_gate_up = round, p.y = fused.get();
+      FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto want = h.to_host(), got = fused.to_host();
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+      // And the gated twin within the GEMV's bound (plus one BF16 ulp of each rounding).
+      std::vector<float> ref(ny);
+      p.x = x.data(), p.w = wg.codes.data(), p.w_scale = wg.scales.data(), p.w_up = wu.codes.data();
+      p.w_up_scale = wu.scales.data(), p.xq = nullptr, p.xs = nullptr, p.y = ref.data();
+      FS_ASSERT_OK(block_linear_ref(p));
+      double mean_abs = 0;
+      for (float v : ref) mean_abs += std::fabs(v);
+      mean_abs /= double(ny);
+      ASSERT_GT(mean_abs, 0);
+      for (size_t i = 0; i < ny; ++i)
+        ASSERT_LE(std::fabs(double(got[i]) - ref[i]), 1e-3 * (std::fabs(ref[i]) + mean_abs) + std::fabs(ref[i]) / 64)
+            << "output " << i << " gpu " << got[i] << " twin " << ref[i];
+    }
+}
 
 // ---- pre-quantised activations (prefill-sized launches) ----------------------------------------
 

@@ -326,6 +326,8 @@ class GpuModel final : public Model, public Backend {
                  bool bf16) override;
   Status swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& weights, int64_t rows, int64_t inter,
                 float limit, bool bf16) override;
+  Status gated_linear(const LinearCall& gate, const LinearCall& up, const Tensor& h, int64_t rows, int64_t inter,
+                      float limit, bool bf16) override;
   Status route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
                const Tensor& sel, const Tensor& wt) override;
   Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,

@@ -333,6 +333,36 @@ Status GpuModel::swiglu(const Tensor& g, const Tensor& u, const Tensor& h, const
   return {};
 }
 
+// The shared expert's gate and up as one gated GEMV (ops::BlockLinearParams::w_up): the sums of
+// the two linear_native launches, rounded as they round them, and the swiglu kernel's SwiGLU, in
+// one pass over both matrices. Steps whose rows take the prefill GEMM (linear_gemm), and matrices
+// the GEMV does not run, go the unfused way.
+Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const Tensor& h, int64_t rows,
+                              int64_t inter, float limit, bool bf16) {
+  const NativeMatrix* ng = gc.w ? native(d(*gc.w)) : nullptr;
+  const NativeMatrix* nu = uc.w ? native(d(*uc.w)) : nullptr;
+  const bool gemm_rows = dense_gemm_min_tokens_ > 0 && sm90a_ && gc.rows == step_rows_ && dense_row0_ < gc.rows;
+  const bool fused = ng && nu && ng->fast && nu->fast && !gemm_rows && ng->format == nu->format &&
+                     ng->w_block == nu->w_block && ng->n == nu->n && ng->k == nu->k && ng->n == inter &&
+                     ng->k == gc.in && gc.act_block == ng->act_block && ng->act_block == nu->act_block &&
+                     gc.x.f32() == uc.x.f32() && gc.rows == rows && uc.rows == rows && gc.out == inter &&
+                     uc.out == inter && uc.in == gc.in && gc.bf16_out == uc.bf16_out && !gc.bf16_in && !uc.bf16_in;
+  if (!fused) return Backend::gated_linear(gc, uc, h, rows, inter, limit, bf16);
+  ops::BlockLinearParams p;
+  p.x = gc.x.f32(), p.w = ng->codes.get(), p.w_scale = ng->scales.get(), p.y = h.f32();
+  p.w_up = nu->codes.get(), p.w_up_scale = nu->scales.get();
+  p.m = rows, p.n = inter, p.k = gc.in, p.format = ng->format, p.w_block = ng->w_block, p.act_block = gc.act_block;
+  p.swiglu_limit = limit, p.bf16_round_gate_up = gc.bf16_out, p.bf16_round_out = bf16;
+  if (rows > kGpuGraphMaxTokens) {  // wide launches: quantise x once, as linear_native does (same bits)
+    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * gc.in));
+    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (gc.in / 32)));
+    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(p.x, rows, gc.in, gc.act_block, false, xq, xs, stream_));
+    p.xq = xq, p.xs = xs;
+    p.tiled = rows >= gemv_tiled_min_rows_;
+  }
+  return ops::cuda::block_linear_cuda(p, stream_);
+}
+
 // ---- MoE ----
 
 Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
@@ -408,8 +438,6 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   const bool R = ref();
   const int64_t D = c.hidden_size, I = c.moe_inter_dim, TK = T * K;
   const NativeMatrix &n1 = *native(ek[0]), &n2 = *native(ek[1]), &n3 = *native(ek[2]);
-  FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
-  FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
   const bool grouped = TK > E;
   const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
@@ -454,10 +482,17 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   };
   std::pair<const uint8_t*, const float*> xq_cur{nullptr, nullptr};
   // y[s] = fq8(x[row(s)]) · W[expert of s]ᵀ for every (sorted) pair s.
-  auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k,
-                 float* y) -> Status {
+  // With `up`: w is the gate and y = swiglu(gate, up) · routing weight, the gate and up sums
+  // rounded to BF16 first in reference numerics: the bits of the gate and up launches followed by
+  // the swiglu kernel (the gated GEMV keeps each matrix's summation order), in one pass.
+  auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k, float* y,
+                 const NativeMatrix* up = nullptr) -> Status {
     ops::ExpertGemvParams q;
     q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    if (up) {
+      q.w_up = up->codes.get(), q.w_up_scale = up->scales.get();
+      q.pair_weight = pw, q.swiglu_limit = float(c.swiglu_limit), q.bf16_round_gate_up = R;
+    }
     q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
@@ -511,6 +546,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       return {};
     };
     ++gstats_.moe_gemm_layers;
+    FS_ASSIGN_OR_RETURN(float* g, scratch<float>("moe_g", TK * I));
+    FS_ASSIGN_OR_RETURN(float* u, scratch<float>("moe_u", TK * I));
     FS_RETURN_IF_ERROR(gemm(n1, I, D, g));
     FS_RETURN_IF_ERROR(gemm(n3, I, D, u));
     FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
@@ -522,10 +559,12 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   if (n_groups > kMaxGemvGroups) return invalid_argument("moe: {} routed pairs in one step (at most {})", TK, kMaxGemvGroups);
   if (n1.act_block != n3.act_block) return internal_error("moe: gate and up projections with different act blocks");
   FS_RETURN_IF_ERROR(quantize("moe_x", m, T, D, n1.act_block, xq_cur));
-  // Reference numerics: gate and up rounded to BF16 (bf16_round_out in `run`) before the SwiGLU.
-  FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, g));
-  FS_RETURN_IF_ERROR(run(n3, m, prow, I, D, u));
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_swiglu(g, u, h, pw, TK, I, float(c.swiglu_limit), R, stream_));
+  if (n1.format != n3.format || n1.w_block != n3.w_block || n1.code_bytes != n3.code_bytes ||
+      n1.scale_bytes != n3.scale_bytes)
+    return internal_error("moe: gate and up projections stored differently");
+  // h = swiglu(gate, up) · routing weight in one gated launch; reference numerics round gate and
+  // up to BF16 before the SwiGLU and h after it (bf16_round_gate_up / bf16_round_out in `run`).
+  FS_RETURN_IF_ERROR(run(n1, m, prow, I, D, h, &n3));
   xq_cur = {nullptr, nullptr};
   FS_RETURN_IF_ERROR(quantize("moe_h", h, TK, I, n2.act_block, xq_cur));
   // Each expert's output rounded to BF16 before the combine (bf16_round_out in `run`), as the

@@ -6,6 +6,7 @@
 
 #include "core/numeric.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/quant.h"
 
 namespace flashseek::ops {
@@ -35,11 +36,21 @@ Status block_linear_ref(const BlockLinearParams& p) {
   if (p.bf16_in)
     for (float& v : xq) v = round_bf16(v);
   fp8_quant_dequant(xq.data(), p.m, p.k, p.act_block);
-  std::vector<float> wrow(static_cast<size_t>(p.k));
+  std::vector<float> wrow(static_cast<size_t>(p.k)), urow(p.w_up ? static_cast<size_t>(p.k) : 0);
+  BlockLinearParams up = p;
+  up.w = p.w_up, up.w_scale = p.w_up_scale;
   for (int64_t r = 0; r < p.n; ++r) {
     dequant_row(p, r, wrow.data());
+    if (p.w_up) dequant_row(up, r, urow.data());
     for (int64_t t = 0; t < p.m; ++t) {
-      const float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+      float v = dot_f32(xq.data() + t * p.k, wrow.data(), p.k);
+      if (p.w_up) {  // gated: the model's swiglu of the (rounded) gate and up sums
+        float u = dot_f32(xq.data() + t * p.k, urow.data(), p.k);
+        if (p.bf16_round_gate_up) v = round_bf16(v), u = round_bf16(u);
+        float h = 0;
+        swiglu(&v, &u, &h, 1, p.swiglu_limit, 1.0f);
+        v = h;
+      }
       if (p.bf16_out) static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
       else static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
     }

@@ -49,7 +49,7 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
       lp.w = p.w + e * p.expert_stride;
       lp.w_scale = p.w_scale + e * p.expert_scale_stride;
       lp.y = p.w_up ? g.data() : p.y + i * p.n;
-      lp.bf16_round_out = p.bf16_round_out && !p.w_up;
+      lp.bf16_round_out = p.w_up ? p.bf16_round_gate_up : p.bf16_round_out;
       FS_RETURN_IF_ERROR(block_linear_ref(lp));
       if (!p.w_up) continue;
       lp.w = p.w_up + e * p.expert_stride;

@@ -34,6 +34,7 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
   a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.m = p.m;
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
   a.bf16_out = p.bf16_out, a.bf16_in = p.bf16_in, a.bf16_round_out = p.bf16_round_out;
+  a.wu = p.w_up, a.wsu = p.w_up_scale, a.limit = p.swiglu_limit, a.bf16_round_gu = p.bf16_round_gate_up;
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled;
   return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
                      "block_linear kernel launch");
@@ -50,7 +51,7 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
   a.limit = p.swiglu_limit;
   a.split_groups = p.split_groups;
-  a.bf16_round_out = p.bf16_round_out;
+  a.bf16_round_out = p.bf16_round_out, a.bf16_round_gu = p.bf16_round_gate_up;
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");

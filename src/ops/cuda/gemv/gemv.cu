@@ -259,6 +259,7 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, in
 template <bool kGated>
 __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, int row, float v, float u) {
   if constexpr (kGated) {
+    if (a.bf16_round_gu) v = dev_round_bf16(v), u = dev_round_bf16(u);  // two launches' bf16_round_out
     if (a.limit > 0) v = fminf(v, a.limit), u = fminf(fmaxf(u, -a.limit), a.limit);
     const float pw = a.pair_weight ? a.pair_weight[out_row] : 1.0f;
     // SwiGLU as the CPU twin (ops::swiglu) and the model's swiglu kernel compute it, with
@@ -636,9 +637,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
 // * the k split over a cluster pays only while all CTAs fit in one wave (2 per SM): a CTA has a
 //   fixed cost (ramp, reduction, epilogue), and more, shorter CTAs lose once they spill into a
 //   second wave. Split = min(8, 2·SMs / tiles), at least 1.
-// * k blocks per warp iteration: 4 for one FP8 matrix when each warp still gets >= 2 iterations
-//   (wo_a, wo_b), else 2 (4 blocks spill with two matrices or FP4; wide batches then take 8-token
-//   passes). V4's act_block 128 needs exactly 4.
+// * k blocks per warp iteration: 4 for FP8 when each warp still gets >= 2 iterations (wo_a,
+//   wo_b), else 2 (4 blocks spill with FP4; wide batches then take 8-token passes). V4's
+//   act_block 128 needs exactly 4. A gated launch takes the tuning of its one-matrix launches (it
+//   may spill where 4 blocks of two matrices are picked) so that its gate and up sums are theirs,
+//   bit for bit.
 // * weights are loaded straight into registers (no shared-memory staging ring).
 int g_split_override = 0, g_chunk_override = 0;
 
@@ -662,11 +665,11 @@ DeviceInfo device_info() {
   return d;
 }
 
-// Depends on the matrix shape (n, k, format, gated) and, for grouped launches, on split_groups
+// Depends on the matrix shape (n, k, format; not on gated) and, for grouped launches, on split_groups
 // (a fixed group count chosen by the caller) only, never on the token count: a row's summation
 // order (which k blocks each warp and cluster rank adds, in which order) is then the same whatever
 // else shares the launch (batch invariance).
-Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const DeviceInfo& d) {
+Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo& d) {
   Tuning t;
   const int nkb = a.k / 32;
   if (d.major >= 9 && d.sms > 0) {
@@ -677,7 +680,7 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, bool gated, int64_t tiles, const
   int want = 2;
   if (a.act_block == 128) want = 4;
   else if (g_chunk_override > 0) want = g_chunk_override;
-  else if (!fp4 && !gated && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
+  else if (!fp4 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
   while (want > 1 && nkb % want != 0) want /= 2;
   t.chunk = want;
   t.split = std::max(1, std::min({t.split, nkb / t.chunk, 8}));
@@ -747,7 +750,7 @@ template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t groups = a.group_start && a.split_groups > 0 ? a.split_groups : n_groups;
   const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
-  const Tuning t = pick_tuning(a, kFp4, kGated, tiles, device_info());
+  const Tuning t = pick_tuning(a, kFp4, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
   // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks, FP4

@@ -25,6 +25,7 @@ struct GemvArgs {
   bool bf16_out;
   bool bf16_in;         // x rounded to BF16 (RNE) before its FP8 quantisation (not read with xq)
   bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
+  bool bf16_round_gu;   // gated: the gate and up sums rounded to BF16 (RNE) before the SwiGLU
   float limit;
 };
 
