@@ -1396,26 +1396,33 @@ __device__ __forceinline__ void hc_pre_post(const HcMixArgs& a, const float* mu,
 // j·hc + k owns P[j][k]; a row or column sum takes the hc entries from their lanes by shuffles and
 // adds them in the CPU's order (q = 0, 1, ..), so every lane of that row / column forms the same
 // sum the serial loop does, without a block barrier per step. Each exp is taken once, by its owner.
+// kHc > 0: hc known at compile time (the models' hc_mult 4), so the shuffles of a sum are
+// unrolled and issued together; the additions keep their order.
+template <int kHc>
 __device__ __forceinline__ void hc_sinkhorn_warp(const HcMixArgs& a, const float* mu, int64_t r) {
-  const int hc = int(a.hc), lane = int(threadIdx.x & 31);
+  const int hc = kHc > 0 ? kHc : int(a.hc), lane = int(threadIdx.x & 31);
   const bool own = lane < hc * hc;
   const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
   const float eps = a.hc_eps;
   const float lg = own ? mul_add(mu[2 * hc + lane], a.scale[2], a.base[2 * hc + lane]) : 0.0f;
   float mx = __shfl_sync(0xffffffffu, lg, j * hc);
+#pragma unroll
   for (int q = 1; q < hc; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, lg, j * hc + q));
   const float e = dev_exp(lg - mx);
   float s = 0;
+#pragma unroll
   for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, e, j * hc + q);
   float pv = e / s + eps;  // row softmax, then + eps
   const int64_t iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;
   for (int64_t it = 0; it < iters; ++it) {
     if (it > 0) {  // row normalisation
       s = 0;
+#pragma unroll
       for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, pv, j * hc + q);
       pv = pv / (s + eps);
     }
     s = 0;  // column normalisation
+#pragma unroll
     for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, pv, q * hc + k);
     pv = pv / (s + eps);
   }
@@ -1430,7 +1437,10 @@ __device__ void hc_mix_epilogue(const HcMixArgs& a, const float* mu, float* P, i
   if (hc * hc <= 32) {
     const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
     if (warp == 1 && lane < hc) hc_pre_post(a, mu, r, lane);
-    if (warp == 0 && !a.head_only) hc_sinkhorn_warp(a, mu, r);
+    if (warp == 0 && !a.head_only) {
+      if (hc == 4) hc_sinkhorn_warp<4>(a, mu, r);
+      else hc_sinkhorn_warp<0>(a, mu, r);
+    }
     return;
   }
   if (threadIdx.x < hc) hc_pre_post(a, mu, r, int(threadIdx.x));
