@@ -466,14 +466,14 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_RETURN_IF_ERROR(upload(d_prow, hrow.data(), hrow.size() * 4));
     gstart = d_gstart, gexpert = sel, prow = d_prow;
   }
-  // Steps of more pairs than 8 per expert group quantise each input once for all blocks (the
-  // same bits as quantising inside the GEMV); from gemv_tiled_min_rows_ pairs per group on
-  // average they take the tiled GEMV, below it the GEMV's token passes.
-  const bool preq = grouped && TK > 8 * n_groups;
+  // Each input is quantised once (one launch for gate and up, one for down; the same bits as
+  // quantising inside the GEMV), not by every CTA of the expert launches over again: at decode
+  // the FP4 GEMVs issue about as many instructions as they stream bytes. From
+  // gemv_tiled_min_rows_ pairs per group on average they take the tiled GEMV, below it the
+  // GEMV's token passes.
   const bool tiled = TK >= gemv_tiled_min_rows_ * n_groups;
   auto quantize = [&](const char* tag, const float* x, int64_t rows, int64_t k, int64_t act,
                       std::pair<const uint8_t*, const float*>& out) -> Status {
-    if (!preq) return {};
     FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>(std::string(tag) + "_q8", rows * k));
     FS_ASSIGN_OR_RETURN(float* xs, scratch<float>(std::string(tag) + "_qs", rows * (k / 32)));
     FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, k, act, /*bf16_in=*/false, xq, xs, stream_));
