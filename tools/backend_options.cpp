@@ -42,6 +42,11 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "bits either way (0: the tiled kernel above 8 rows)")
       ->check(CLI::Range(int64_t(0), forward::kMaxGemvTiledMinRows))
       ->capture_default_str();
+  cmd->add_option("--gemv-prequant-min-rows", o.gemv_prequant_min_rows,
+                  "GPU backend: dense block-scaled GEMV launches of at least this many token rows quantise their "
+                  "input once before the launch instead of in every block; the same bits either way")
+      ->check(CLI::Range(int64_t(1), forward::kMaxGemvTiledMinRows))
+      ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
                   "GPU backend: the operands of the FP8/FP4 prefill GEMMs: f16 (f16 codes, each 32-block's sum "
                   "promoted with its scales) | bf16 (activations and weights as BF16 values, scales folded in, each "
@@ -117,6 +122,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
+  g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;

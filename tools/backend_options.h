@@ -30,6 +30,7 @@ struct BackendOpts {
   int64_t moe_gemm_min_tokens = 128;
   int64_t dense_gemm_min_tokens = 128;
   int64_t gemv_tiled_min_rows = 192;  // GpuLoadOptions::gemv_tiled_min_rows
+  int64_t gemv_prequant_min_rows = 9;  // GpuLoadOptions::gemv_prequant_min_rows
   // f16 | bf16 | bf16-expanded (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
@@ -40,7 +41,7 @@ struct BackendOpts {
 };
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
-// --dense-gemm-min-tokens, --gemv-tiled-min-rows, --prefill-gemm-operands,
+// --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
 // --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention, --decode-attention and --index-scores
 // to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);

@@ -219,6 +219,51 @@ TEST_P(GpuGemvPasses, TiledKernelAndPassesGiveTheSameBits) {
   }
 }
 
+// GpuLoadOptions::gemv_prequant_min_rows only decides where the dense block-scaled GEMVs quantise
+// their input (once before the launch, or in every CTA): with 1 (every launch) the logits of a
+// prefill, of decode steps of one and of four sequences and of a 6-token verify block are the
+// default's bits. Out-of-range values are refused before any device work.
+TEST_P(GpuGemvPasses, PrequantisedDecodeInputsGiveTheSameBits) {
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = tiny_checkpoint(std::string("fs_gemvpreq_") + GetParam(), cfg.value(), 7);
+  GpuLoadOptions bad;
+  bad.weights = GpuWeights::kNative;
+  bad.gemv_prequant_min_rows = 0;
+  const auto refused = load_model_gpu(dir, Numerics::kReference, 0, bad);
+  ASSERT_FALSE(refused.ok());
+  if (refused.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << "this build has no CUDA backend";
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().to_string();
+  FS_REQUIRE_GPU();
+  GpuLoadOptions inside, once;
+  inside.weights = once.weights = GpuWeights::kNative;
+  once.gemv_prequant_min_rows = 1;
+  auto a = load_model_gpu(dir, Numerics::kReference, 0, inside);
+  auto b = load_model_gpu(dir, Numerics::kReference, 0, once);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const int64_t V = a.value()->config().vocab_size;
+  constexpr int kSeqs = 4;
+  std::vector<std::unique_ptr<SequenceState>> sa, sb;
+  for (int i = 0; i < kSeqs; ++i) sa.push_back(a.value()->new_sequence()), sb.push_back(b.value()->new_sequence());
+  // Step 0: four 30-token prompts; steps 1-3: sequence 0 alone decodes one token; steps 4-5: all
+  // four decode one token; step 6: sequence 1 takes a 6-token verify block alone.
+  for (int step = 0; step < 7; ++step) {
+    std::vector<std::pair<SequenceState*, std::vector<int32_t>>> ia, ib;
+    for (int i = 0; i < kSeqs; ++i) {
+      const bool in = step == 0 || (step <= 3 && i == 0) || (step >= 4 && step <= 5) || (step == 6 && i == 1);
+      if (!in) continue;
+      const auto toks = random_tokens(500 + uint64_t(step * kSeqs + i), step == 0 ? 30 : step == 6 ? 6 : 1, V);
+      ia.emplace_back(sa[size_t(i)].get(), toks);
+      ib.emplace_back(sb[size_t(i)].get(), toks);
+    }
+    const auto ga = run_step(*a.value(), ia, true), gb = run_step(*b.value(), ib, true);
+    ASSERT_EQ(ga.size(), ia.size());
+    ASSERT_EQ(gb.size(), ib.size());
+    for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(same_bits(ga[i], gb[i])) << "step " << step << " item " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuGemvPasses, ::testing::Values("tiny-v41", "tiny-v4"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(std::string(info.param) == "tiny-v41" ? "v41" : "v4");

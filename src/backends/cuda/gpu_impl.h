@@ -236,6 +236,8 @@ class GpuModel final : public Model, public Backend {
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
+  // p's input quantised once before the block-scaled GEMV (GpuLoadOptions::gemv_prequant_min_rows).
+  Status prequantize(ops::BlockLinearParams& p);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
   Status linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                 int64_t act_block, bool bf16_out, bool bf16_in = false, const int32_t* sel = nullptr,
@@ -462,6 +464,7 @@ class GpuModel final : public Model, public Backend {
   int64_t moe_gemm_min_tokens_ = 0;             // GpuLoadOptions::moe_gemm_min_tokens
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
+  int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the

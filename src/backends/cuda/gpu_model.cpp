@@ -511,6 +511,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("dense_gemm_min_tokens {}: expected >= 0 (0: off)", opts.dense_gemm_min_tokens);
   if (opts.gemv_tiled_min_rows < 0 || opts.gemv_tiled_min_rows > kMaxGemvTiledMinRows)  // times groups stays in int64
     return invalid_argument("gemv_tiled_min_rows {}: expected 0..{}", opts.gemv_tiled_min_rows, kMaxGemvTiledMinRows);
+  if (opts.gemv_prequant_min_rows < 1 || opts.gemv_prequant_min_rows > kMaxGemvTiledMinRows)
+    return invalid_argument("gemv_prequant_min_rows {}: expected 1..{}", opts.gemv_prequant_min_rows,
+                            kMaxGemvTiledMinRows);
   if (opts.index_scores_kernel < 0 || opts.index_scores_kernel > 4)
     return invalid_argument("index_scores_kernel {}: expected 0 (automatic), 1, 2, 3 or 4", opts.index_scores_kernel);
   std::string why;
@@ -572,6 +575,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_gemm_min_tokens_ = opts.moe_gemm_min_tokens;
   m->dense_gemm_min_tokens_ = opts.dense_gemm_min_tokens;
   m->gemv_tiled_min_rows_ = opts.gemv_tiled_min_rows;
+  m->gemv_prequant_min_rows_ = opts.gemv_prequant_min_rows;
   m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
@@ -1043,14 +1047,21 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
   p.bf16_in = bf16_in, p.bf16_round_out = bf16_out;
-  if (rows > kGpuGraphMaxTokens) {  // wide launches: quantise x once, not in every block (same bits)
-    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * in));
-    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (in / 32)));
-    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(x, rows, in, act_block, bf16_in, xq, xs, stream_));
-    p.xq = xq, p.xs = xs;
-    p.tiled = rows >= gemv_tiled_min_rows_;  // else the GEMV's token passes (GpuLoadOptions::gemv_tiled_min_rows)
-  }
+  FS_RETURN_IF_ERROR(prequantize(p));
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
+  return {};
+}
+
+// Launches of at least gemv_prequant_min_rows_ rows quantise x once (gemv_quantize_cuda, with
+// p.bf16_in) instead of in every CTA of the GEMV (the same bits); from gemv_tiled_min_rows_ rows
+// the GEMV may then take its tiled kernel, below it the token passes over the codes.
+Status GpuModel::prequantize(ops::BlockLinearParams& p) {
+  if (p.m < gemv_prequant_min_rows_) return {};
+  FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", p.m * p.k));
+  FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", p.m * (p.k / 32)));
+  FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(p.x, p.m, p.k, p.act_block, p.bf16_in, xq, xs, stream_));
+  p.xq = xq, p.xs = xs;
+  p.tiled = p.m >= gemv_tiled_min_rows_;
   return {};
 }
 

@@ -173,6 +173,12 @@ struct GpuLoadOptions {
   // (many token tiles per weight tile). 0: the tiled kernel from kGpuGraphMaxTokens + 1 rows on.
   // The CLI's --gemv-tiled-min-rows.
   int64_t gemv_tiled_min_rows = 192;
+  // The dense block-scaled linears (linear_native, the shared expert's gated GEMV) of at least
+  // this many token rows quantise their input once before the launch (gemv_quantize_cuda) and
+  // the GEMV reads the codes; smaller launches quantise inside every CTA. The same bits either
+  // way, so only speed depends on it (the routed experts quantise once at every size). Default:
+  // the launches above kGpuGraphMaxTokens (8) rows. The CLI's --gemv-prequant-min-rows.
+  int64_t gemv_prequant_min_rows = 9;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

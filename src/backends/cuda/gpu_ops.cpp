@@ -353,13 +353,7 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
   p.w_up = nu->codes.get(), p.w_up_scale = nu->scales.get();
   p.m = rows, p.n = inter, p.k = gc.in, p.format = ng->format, p.w_block = ng->w_block, p.act_block = gc.act_block;
   p.swiglu_limit = limit, p.bf16_round_gate_up = gc.bf16_out, p.bf16_round_out = bf16;
-  if (rows > kGpuGraphMaxTokens) {  // wide launches: quantise x once, as linear_native does (same bits)
-    FS_ASSIGN_OR_RETURN(uint8_t* xq, scratch<uint8_t>("linear_xq8", rows * gc.in));
-    FS_ASSIGN_OR_RETURN(float* xs, scratch<float>("linear_xs", rows * (gc.in / 32)));
-    FS_RETURN_IF_ERROR(ops::cuda::gemv_quantize_cuda(p.x, rows, gc.in, gc.act_block, false, xq, xs, stream_));
-    p.xq = xq, p.xs = xs;
-    p.tiled = rows >= gemv_tiled_min_rows_;
-  }
+  FS_RETURN_IF_ERROR(prequantize(p));
   return ops::cuda::block_linear_cuda(p, stream_);
 }
 
