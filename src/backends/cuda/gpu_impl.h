@@ -271,6 +271,11 @@ class GpuModel final : public Model, public Backend {
   // through the FP8 GEMM (GpuLoadOptions::dense_gemm_min_tokens), the rows before it through the
   // GEMV; false: not such a call (the caller runs the usual path).
   Result<bool> linear_gemm(const LinearCall& c);
+  // Whether a linear over `rows` token rows of this step gives some of them to the prefill GEMM
+  // (rows [dense_row0_, rows): sequences of at least dense_gemm_min_tokens_ rows).
+  bool dense_gemm_takes_rows(int64_t rows) const {
+    return dense_gemm_min_tokens_ > 0 && sm90a_ && rows == step_rows_ && dense_row0_ < rows;
+  }
   Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
   // Matrices [e0, e0 + count) of w expanded to BF16 values into scratch `name` (sized exactly, not
   // geometrically: GpuLoadOptions::prefill_gemm_expand_w); row_start (device, [w.count + 1]):

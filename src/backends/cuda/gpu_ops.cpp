@@ -130,7 +130,7 @@ Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix&
 // them); rows [0, dense_row0_) through the kernel decode uses (the GEMV, or the exactness kernel
 // for the draft's matrices), so each sequence's numbers depend only on its own row count.
 Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
-  if (dense_gemm_min_tokens_ <= 0 || !sm90a_ || c.rows != step_rows_ || dense_row0_ >= c.rows || !c.w) return false;
+  if (!dense_gemm_takes_rows(c.rows) || !c.w) return false;
   switch (c.key.op) {  // the FP8-activation linears over the step's token rows
     case DotOp::kWqA: case DotOp::kWqB: case DotOp::kWkv: case DotOp::kWoB: case DotOp::kIdxWqB:
     case DotOp::kEngramWkv: case DotOp::kMainProj:  // kMainProj, the DSpark stages' kWkv: the draft rings' writes
@@ -341,8 +341,7 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
                               int64_t inter, float limit, bool bf16) {
   const NativeMatrix* ng = gc.w ? native(d(*gc.w)) : nullptr;
   const NativeMatrix* nu = uc.w ? native(d(*uc.w)) : nullptr;
-  const bool gemm_rows = dense_gemm_min_tokens_ > 0 && sm90a_ && gc.rows == step_rows_ && dense_row0_ < gc.rows;
-  const bool fused = ng && nu && ng->fast && nu->fast && !gemm_rows && ng->format == nu->format &&
+  const bool fused = ng && nu && ng->fast && nu->fast && !dense_gemm_takes_rows(gc.rows) && ng->format == nu->format &&
                      ng->w_block == nu->w_block && ng->n == nu->n && ng->k == nu->k && ng->n == inter &&
                      ng->k == gc.in && gc.act_block == ng->act_block && ng->act_block == nu->act_block &&
                      gc.x.f32() == uc.x.f32() && gc.rows == rows && uc.rows == rows && gc.out == inter &&
