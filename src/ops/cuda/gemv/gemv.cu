@@ -29,6 +29,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
@@ -107,6 +108,8 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
                                        uint32_t (&sc)[2][2]) {
   static_assert(kChunk <= 4, "scale exponents are packed 4 per register");
   const int nkb = a.k / 32;
+  // FP4: a row's kChunk scale bytes in one load where they are aligned (nkb % kChunk == 0).
+  const bool wide_sc = kChunk > 1 && nkb % kChunk == 0 && reinterpret_cast<uintptr_t>(ws) % kChunk == 0;
   uint32_t sc8 = 0;
   if constexpr (!kFp4) {  // one scale row per 32-row tile (w_block 32 or 128, row0 % 32 == 0)
     const int kbw = a.k / a.w_block;
@@ -120,13 +123,22 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
     for (int h = 0; h < 2; ++h) {
       const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);  // tail rows: loaded, never stored
       uint32_t packed = sc8;
+      if constexpr (kFp4) {
+        const uint8_t* sp = ws + int64_t(row) * nkb + kb0;
+        if (wide_sc) {
+          if constexpr (kChunk == 4) packed = ld_weight(reinterpret_cast<const unsigned int*>(sp));
+          else if constexpr (kChunk == 2) packed = ld_weight(reinterpret_cast<const unsigned short*>(sp));
+        } else {
+#pragma unroll
+          for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_weight(sp + j)) << (8 * j);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
         const int kb = kb0 + j;
         if constexpr (kFp4) {
           const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
           A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
-          packed |= uint32_t(ws[int64_t(row) * nkb + kb]) << (8 * j);
         } else {
           const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
           const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
@@ -209,7 +221,9 @@ __device__ __forceinline__ void load_xq(const GemvArgs& a, int64_t row, int kb0,
   }
 }
 
-template <bool kFp4, int kChunk>
+// kOne: the tile holds one token (column 0), so the odd columns' accumulators (acc[.][1], [3],
+// never stored) are left alone: four fewer instructions per MMA at batch 1.
+template <bool kFp4, int kChunk, bool kOne = false>
 __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
                                                const uint32_t (&sc)[2][2],
                                                const uint32_t (&B)[kChunk][2],
@@ -218,7 +232,7 @@ __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2]
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
     const float s0 = __shfl_sync(0xffffffffu, xs[j], (q * 2) * 4);
-    const float s1 = __shfl_sync(0xffffffffu, xs[j], (q * 2 + 1) * 4);
+    const float s1 = kOne ? 0.0f : __shfl_sync(0xffffffffu, xs[j], (q * 2 + 1) * 4);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       uint32_t af[4];
@@ -232,9 +246,9 @@ __device__ __forceinline__ void mma_accumulate(const uint32_t (&A)[2][kChunk][2]
       mma_e4m3(d, af, B[j][0], B[j][1]);
       const float w0 = e8m0f(uint8_t(sc[mt][0] >> (8 * j))), w1 = e8m0f(uint8_t(sc[mt][1] >> (8 * j)));
       acc[mt][0] += d[0] * (w0 * s0);
-      acc[mt][1] += d[1] * (w0 * s1);
+      if (!kOne) acc[mt][1] += d[1] * (w0 * s1);
       acc[mt][2] += d[2] * (w1 * s0);
-      acc[mt][3] += d[3] * (w1 * s1);
+      if (!kOne) acc[mt][3] += d[3] * (w1 * s1);
     }
   }
 }
@@ -331,27 +345,30 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     }
     float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
     using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
-    auto compute = [&](int kb0, const Words& A, const uint32_t (&sc)[2][2], const Words& AU,
-                       const uint32_t (&scu)[2][2]) {
+    // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
+    auto chunks = [&](auto one) {
+      constexpr bool kOne = decltype(one)::value;
+      for (int c = c_begin + warp; c < c_end; c += kWarps) {
+        const int kb0 = c * kChunk;
+        Words A, AU;
+        uint32_t sc[2][2], scu[2][2];
+        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
-        uint32_t B[kChunk][2];
-        float xs[kChunk];
-        if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-        else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
-        mma_accumulate<kFp4, kChunk>(A, sc, B, xs, q, acc[nt]);
-        if constexpr (kGated) mma_accumulate<kFp4, kChunk>(AU, scu, B, xs, q, accu[nt]);
+        for (int nt = 0; nt < kNt; ++nt) {
+          if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
+          uint32_t B[kChunk][2];
+          float xs[kChunk];
+          if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
+          else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
+          mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
+          if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
+        }
       }
     };
-    for (int c = c_begin + warp; c < c_end; c += kWarps) {
-      const int kb0 = c * kChunk;
-      Words A, AU;
-      uint32_t sc[2][2], scu[2][2];
-      load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-      if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
-      compute(kb0, A, sc, AU, scu);
-    }
+    // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
+    if (kNt == 1 && !(kGated && kChunk == 4) && ntok == 1) chunks(std::true_type{});
+    else chunks(std::false_type{});
     stash<kNt>(red[0][warp], acc, g, q);
     if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
     __syncthreads();
