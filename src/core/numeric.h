@@ -32,9 +32,36 @@ inline float f16_to_f32(uint16_t bits) {
   if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
   return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
 }
+// Round to nearest, ties to even, in integer arithmetic: the conversion where the compiler has
+// no _Float16 (clang before 15 on x86-64, used for the fuzzing build). NaN stays NaN (quiet, the
+// top payload bits kept), overflow gives infinity, tiny values round into the subnormals.
+inline uint16_t f32_to_f16_soft(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 (and inf): infinity
+  if (a >= 0x38800000u) {                                  // normal binary16 (>= 2^-14)
+    uint32_t m = a - 0x38000000u;                          // exponent rebiased from 127 to 15
+    m += 0xfffu + ((m >> 13) & 1u);
+    return uint16_t(sign | (m >> 13));
+  }
+  if (a < 0x33000000u) return uint16_t(sign);  // below 2^-25 (2^-25 itself ties to 0)
+  // Subnormal: the value in units of 2^-24 is mant >> (126 - e), rounded to even (a carry into
+  // 0x400 is the smallest normal, correctly encoded).
+  const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return uint16_t(sign | q);
+}
 inline uint16_t f32_to_f16(float f) {
-  _Float16 h = static_cast<_Float16>(f);  // GCC/Clang on x86-64: IEEE binary16, RNE
+#ifdef __FLT16_MAX__  // the compiler has IEEE binary16 (_Float16): its cast rounds to nearest even
+  _Float16 h = static_cast<_Float16>(f);
   return std::bit_cast<uint16_t>(h);
+#else
+  return f32_to_f16_soft(f);
+#endif
 }
 
 // ---- FP8 E4M3 (fn) -------------------------------------------------------------------------

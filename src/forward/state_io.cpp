@@ -299,7 +299,8 @@ Result<DecodedSnapshot> deserialize_snapshot(std::span<const uint8_t> blob,
   DecodedSnapshot d;
   d.header = h;
   d.tokens.resize(size_t(h.n_tokens));
-  std::memcpy(d.tokens.data(), blob.data() + kSnapshotHeaderBytes, d.tokens.size() * 4);
+  if (!d.tokens.empty())  // (an empty vector's data() may be null: memcpy's pointers must not be)
+    std::memcpy(d.tokens.data(), blob.data() + kSnapshotHeaderBytes, d.tokens.size() * 4);
   const size_t payload_at = vp.second;
   Reader r(blob.subspan(payload_at, size_t(h.payload_bytes)), vp.first, source);
   d.state = std::make_unique<CpuSequenceState>();

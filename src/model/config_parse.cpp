@@ -276,7 +276,9 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
     // vision_config only appears in the nested layout: without text_config that file is broken.
     if (j.contains("text_config") || j.contains("vision_config")) return parse_nested_v41(j, source);
     const bool ref = j.contains("dim");
-    const std::string mt = j.value("model_type", std::string());
+    // (A model_type that is not a string reads as none: value() would throw on it.)
+    const auto mt_it = j.find("model_type");
+    const std::string mt = mt_it != j.end() && mt_it->is_string() ? mt_it->get<std::string>() : "";
     const bool v41 = mt.rfind("deepseek_v41", 0) == 0 ||
                      j.contains(ref ? "kv_source_layers" : "kv_source_layer_ids");
     return parse_flat(j, source, ref, v41);

@@ -18,11 +18,6 @@ bool truthy(const ChatJson& msg, const char* key) {
   return true;
 }
 
-std::string str_field(const ChatJson& msg, const char* key) {
-  auto it = msg.find(key);
-  return it != msg.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 std::string_view task_token(const std::string& task) {
   if (task == "action") return "<｜action｜>";
   if (task == "query") return "<｜query｜>";
@@ -108,15 +103,15 @@ Result<std::string> render_tool_calls(const ChatJson& msg, ChatFamily family,
 }
 
 std::string render_user(const ChatJson& msg) {
-  if (!truthy(msg, "content_blocks")) return std::string(kUser) + str_field(msg, "content");
+  if (!truthy(msg, "content_blocks")) return std::string(kUser) + string_field(msg, "content");
   std::string out(kUser);
   bool first = true;
   for (const ChatJson& b : msg["content_blocks"]) {
     if (!first) out += "\n\n";
     first = false;
-    const std::string type = b.is_object() ? b.value("type", "") : std::string();
+    const std::string type = string_field(b, "type");
     if (type == "text") {
-      out += str_field(b, "text");
+      out += string_field(b, "text");
     } else if (type == "tool_result") {
       std::string body;
       if (b.contains("content") && b["content"].is_array()) {
@@ -124,13 +119,13 @@ std::string render_user(const ChatJson& msg) {
         for (const ChatJson& p : b["content"]) {
           if (!first_part) body += "\n\n";
           first_part = false;
-          const std::string ptype = p.is_object() ? p.value("type", "") : std::string();
-          body += ptype == "text" ? str_field(p, "text") : "[Unsupported " + ptype + "]";
+          const std::string ptype = string_field(p, "type");
+          body += ptype == "text" ? string_field(p, "text") : "[Unsupported " + ptype + "]";
         }
       } else if (b.contains("content") && !b["content"].is_string()) {
         body = py_json_dumps(b["content"]);
       } else {
-        body = str_field(b, "content");
+        body = string_field(b, "content");
       }
       out += "<tool_result>" + body + "</tool_result>";
     } else {
@@ -150,8 +145,8 @@ Status render_assistant(const ChatJson& msgs, int i, const RenderContext& ctx, s
   // A turn answering a quick-instruction task has no thinking part (§7.7).
   const bool prev_has_task = i > 0 && truthy(msgs[static_cast<size_t>(i - 1)], "task");
   if (ctx.thinking && !prev_has_task && (!ctx.drop_thinking || i > ctx.last_user))
-    out += str_field(msg, "reasoning_content") + std::string(kThinkEnd);
-  out += str_field(msg, "content") + calls;
+    out += string_field(msg, "reasoning_content") + std::string(kThinkEnd);
+  out += string_field(msg, "content") + calls;
   if (!truthy(msg, "wo_eos")) out += kEos;
   return {};
 }
@@ -160,13 +155,13 @@ Status render_assistant(const ChatJson& msgs, int i, const RenderContext& ctx, s
 void render_transition(const ChatJson& msgs, int i, const RenderContext& ctx, std::string& out) {
   const size_t n = msgs.size();
   if (static_cast<size_t>(i) + 1 < n) {
-    const std::string next = str_field(msgs[static_cast<size_t>(i) + 1], "role");
+    const std::string next = string_field(msgs[static_cast<size_t>(i) + 1], "role");
     if (next != "assistant" && next != "latest_reminder") return;
   }
   const ChatJson& msg = msgs[static_cast<size_t>(i)];
-  const std::string role = str_field(msg, "role");
+  const std::string role = string_field(msg, "role");
   if (truthy(msg, "task")) {
-    const std::string task = str_field(msg, "task");
+    const std::string task = string_field(msg, "task");
     if (task != "action") {
       out += task_token(task);
     } else {
@@ -182,7 +177,7 @@ void render_transition(const ChatJson& msgs, int i, const RenderContext& ctx, st
 
 Status render_message(const ChatJson& msgs, int i, const RenderContext& ctx, std::string& out) {
   const ChatJson& msg = msgs[static_cast<size_t>(i)];
-  const std::string role = str_field(msg, "role");
+  const std::string role = string_field(msg, "role");
   if (i == 0) {
     // V4.1 hosts the effort line (and a leading system message) behind <｜System｜>.
     if (ctx.family == ChatFamily::kV41 && (!ctx.first_message_prefix.empty() || role == "system"))
@@ -191,16 +186,16 @@ Status render_message(const ChatJson& msgs, int i, const RenderContext& ctx, std
   }
   if (role == "system") {
     if (ctx.family == ChatFamily::kV41 && i > 0) out += kSystem;
-    out += str_field(msg, "content") + tool_and_format_blocks(msg, ctx.family);
+    out += string_field(msg, "content") + tool_and_format_blocks(msg, ctx.family);
   } else if (role == "developer") {
-    const std::string content = str_field(msg, "content");
+    const std::string content = string_field(msg, "content");
     if (content.empty())
       return invalid_argument("messages[{}].content: a developer message needs non-empty content", i);
     out += std::string(kUser) + content + tool_and_format_blocks(msg, ctx.family);
   } else if (role == "user") {
     out += render_user(msg);
   } else if (role == "latest_reminder") {
-    out += std::string(kLatestReminder) + str_field(msg, "content");
+    out += std::string(kLatestReminder) + string_field(msg, "content");
   } else if (role == "assistant") {
     FS_RETURN_IF_ERROR(render_assistant(msgs, i, ctx, out));
   } else {

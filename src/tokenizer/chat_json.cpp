@@ -53,6 +53,12 @@ void dump_into(const ChatJson& v, std::string& out) {
 
 }  // namespace
 
+std::string string_field(const ChatJson& obj, const char* key) {
+  if (!obj.is_object()) return {};
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 std::string py_json_dumps(const ChatJson& value) {
   std::string out;
   dump_into(value, out);

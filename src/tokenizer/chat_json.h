@@ -18,6 +18,10 @@ using ChatJson = nlohmann::ordered_json;
 // `json.dumps(value, ensure_ascii=False)` with default separators.
 std::string py_json_dumps(const ChatJson& value);
 
+// obj[key] when obj is an object holding a string there, else "". Never throws: request JSON can
+// hold any type anywhere (nlohmann's value(key, "") throws when the member is not a string).
+std::string string_field(const ChatJson& obj, const char* key);
+
 // Body of a JSON string literal (no surrounding quotes), escaped as Python does with
 // ensure_ascii=False: `"` `\` and control characters are escaped, all other bytes pass through.
 // Escaping works byte by byte, so escaping the pieces of a split string and concatenating

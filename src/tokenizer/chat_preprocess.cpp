@@ -27,10 +27,6 @@ bool has_non_null(const ChatJson& msg, const char* key) {
   return it != msg.end() && !it->is_null();
 }
 
-std::string string_or_empty(const ChatJson& obj, const char* key) {
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 // {"type":"image_url","image_url":{"url":…}} / {"type":"image",source|url|data} -> record.
 Result<ChatJson> image_record(const ChatJson& block, const std::string& where) {
@@ -40,7 +36,7 @@ Result<ChatJson> image_record(const ChatJson& block, const std::string& where) {
     if (it != block.end() && it->is_string()) {
       record["url"] = *it;
     } else if (it != block.end() && it->is_object()) {
-      record["url"] = string_or_empty(*it, "url");
+      record["url"] = string_field(*it, "url");
     }
   } else {
     for (const char* key : {"source", "url", "data"}) {
@@ -74,7 +70,7 @@ Result<ChatJson> process_blocks(const ChatJson& blocks, const std::string& where
       FS_ASSIGN_OR_RETURN(nb["content"], process_blocks(b["content"], bw + ".content", images));
       out.push_back(std::move(nb));
     } else if (type == "text") {
-      if (string_or_empty(b, "text").find(chat_tokens::kImage) != std::string::npos)
+      if (string_field(b, "text").find(chat_tokens::kImage) != std::string::npos)
         return invalid_argument("{}.text: contains the image placeholder {}; send images as image parts",
                                 bw, chat_tokens::kImage);
       out.push_back(b);
@@ -89,10 +85,10 @@ std::string join_text_blocks(const ChatJson& blocks) {
   std::string out;
   bool first = true;
   for (const auto& b : blocks) {
-    if (!b.is_object() || b.value("type", "") != "text") continue;
+    if (string_field(b, "type") != "text") continue;
     if (!first) out += "\n\n";
     first = false;
-    out += string_or_empty(b, "text");
+    out += string_field(b, "text");
   }
   return out;
 }
@@ -192,7 +188,7 @@ ChatJson merge_tool_messages(const ChatJson& messages, ChatFamily family) {
     const std::string role = role_of(msg);
     if (role == "tool") {
       ChatJson block = {{"type", "tool_result"},
-                        {"tool_use_id", string_or_empty(msg, "tool_call_id")},
+                        {"tool_use_id", string_field(msg, "tool_call_id")},
                         {"content", msg.contains("content") && !msg["content"].is_null()
                                         ? msg["content"] : ChatJson("")}};
       if (mergeable_user(false)) {
@@ -205,7 +201,7 @@ ChatJson merge_tool_messages(const ChatJson& messages, ChatFamily family) {
       if (family == ChatFamily::kV41 && has_non_null(msg, "content_blocks")) {
         blocks = msg["content_blocks"];
       } else {
-        blocks.push_back({{"type", "text"}, {"text", string_or_empty(msg, "content")}});
+        blocks.push_back({{"type", "text"}, {"text", string_field(msg, "content")}});
       }
       if (mergeable_user(true)) {
         for (auto& b : blocks) merged.back()["content_blocks"].push_back(std::move(b));
@@ -214,7 +210,7 @@ ChatJson merge_tool_messages(const ChatJson& messages, ChatFamily family) {
         m["content_blocks"] = std::move(blocks);
         merged.push_back(std::move(m));
       } else {
-        ChatJson m = {{"role", "user"}, {"content", string_or_empty(msg, "content")},
+        ChatJson m = {{"role", "user"}, {"content", string_field(msg, "content")},
                       {"content_blocks", std::move(blocks)}};
         for (const char* key : {"task", "wo_eos", "mask"}) {
           if (msg.contains(key)) m[key] = msg[key];
@@ -236,8 +232,8 @@ void sort_tool_results(ChatJson& messages) {
       order.clear();
       int idx = 0;
       for (const ChatJson& tc : msg["tool_calls"]) {
-        std::string id = string_or_empty(tc, "id");
-        if (id.empty() && tc.contains("function")) id = string_or_empty(tc["function"], "id");
+        std::string id = string_field(tc, "id");
+        if (id.empty() && tc.contains("function")) id = string_field(tc["function"], "id");
         if (!id.empty()) order[id] = idx;
         ++idx;
       }
@@ -245,20 +241,20 @@ void sort_tool_results(ChatJson& messages) {
       ChatJson& blocks = msg["content_blocks"];
       std::vector<ChatJson> results;
       for (const auto& b : blocks) {
-        if (b.is_object() && b.value("type", "") == "tool_result") results.push_back(b);
+        if (string_field(b, "type") == "tool_result") results.push_back(b);
       }
       if (results.size() <= 1 || order.empty()) continue;
       // Unknown ids sort as call 0, like the reference; the sort is stable.
       std::stable_sort(results.begin(), results.end(), [&](const ChatJson& a, const ChatJson& b) {
         auto key = [&](const ChatJson& r) {
-          auto it = order.find(string_or_empty(r, "tool_use_id"));
+          auto it = order.find(string_field(r, "tool_use_id"));
           return it == order.end() ? 0 : it->second;
         };
         return key(a) < key(b);
       });
       size_t k = 0;
       for (auto& b : blocks) {
-        if (b.is_object() && b.value("type", "") == "tool_result") b = results[k++];
+        if (string_field(b, "type") == "tool_result") b = results[k++];
       }
     }
   }

@@ -70,7 +70,7 @@ Result<ChatRequestEncoding> encode_chat_request(const ChatJson& request,
   FS_ASSIGN_OR_RETURN(ChatJson extras, system_extras(request));
   ChatJson messages = *mit;
   if (!extras.empty()) {
-    if (!(messages[0].is_object() && messages[0].value("role", "") == "system"))
+    if (string_field(messages[0], "role") != "system")
       messages.insert(messages.begin(), ChatJson{{"role", "system"}, {"content", ""}});
     for (auto it = extras.begin(); it != extras.end(); ++it) messages[0][it.key()] = it.value();
   }

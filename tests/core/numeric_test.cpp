@@ -1,3 +1,4 @@
+#include <bit>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -22,6 +23,30 @@ TEST(Numeric, F16RoundTrip) {
     const float f = f16_to_f32(uint16_t(b));
     if (std::isnan(f)) continue;
     EXPECT_EQ(f32_to_f16(f), b) << b;
+  }
+}
+
+// The integer conversion (for compilers without _Float16) against the compiler's own: every
+// binary16 value, the midpoints between neighbours and one float ulp either side of them (ties
+// to even, overflow to infinity, the subnormal range), and a sweep over all float bit patterns.
+TEST(Numeric, F16SoftConversionEqualsTheCompilers) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float f = f16_to_f32(uint16_t(b));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16_soft(f)))) << b;
+      continue;
+    }
+    EXPECT_EQ(f32_to_f16_soft(f), b) << b;
+    if ((b & 0x7fffu) >= 0x7c00u) continue;
+    const float next = f16_to_f32(uint16_t(b + 1));
+    const float mid = (b & 0x7fffu) == 0x7bffu ? std::copysign(65520.0f, f) : f + (next - f) / 2;
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, mid * 2)})
+      EXPECT_EQ(f32_to_f16_soft(x), f32_to_f16(x)) << b << " " << x;
+  }
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 251) {
+    const float x = std::bit_cast<float>(uint32_t(u));
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(f32_to_f16_soft(x), f32_to_f16(x)) << std::hex << u;
   }
 }
 

@@ -112,6 +112,18 @@ TEST(ConfigErrorsMisc, BadJsonAndWrongTopLevel) {
 
 // Issue 14: a deep value used to be dumped into the type error ("vocab_size: expected an
 // integer, got [[[...") and the 1M-level dump overflowed the stack; now the raw text is refused.
+// A member of the wrong type is an error naming it, never an exception: the format detection
+// once read model_type with nlohmann's value(), which throws on a number (found by fuzzing,
+// tests/fuzz/corpus/config).
+TEST(ConfigErrorsMisc, NonStringModelTypeIsAnErrorNotAnException) {
+  for (const char* text : {R"({"model_type": 129280, "dim": 182})", R"({"model_type": [1], "vocab_size": 10})",
+                           R"({"model_type": {"a": 1}})"}) {
+    Result<ModelConfig> r = parse_config(text, "typed.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("typed.json"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ConfigErrorsMisc, DeepConfigIsRejectedBeforeParsing) {
   const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
   auto a = parse_config(R"({"vocab_size":)" + deep + "}", "deep.json");

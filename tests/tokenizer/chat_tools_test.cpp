@@ -91,6 +91,23 @@ TEST(ChatTools, RequestToolsWithoutSystemInsertEmptySystem) {
   EXPECT_EQ(none->encoded.prompt, BOS + USR + "Weather?" + AST + ETH);
 }
 
+// Members of the wrong type where the encoder looks for strings ("type" of content parts and
+// tool results, "role" of the first message) give an error or a rendering, never an exception
+// (nlohmann's value(key, "") throws on a non-string member).
+TEST(ChatTools, WrongTypedMembersNeverThrow) {
+  for (const char* body : {
+           R"({"messages":[{"role":"user","content":[{"type":5,"text":"x"},{"type":"text","text":"y"}]}]})",
+           R"({"messages":[{"role":"user","content_blocks":[{"type":["tool_result"]},{"type":"text","text":"t"}]}]})",
+           R"({"messages":[{"role":"user","content_blocks":[{"type":"tool_result","tool_use_id":1,
+               "content":[{"type":{"k":1}},{"type":"text","text":"r"}]},{"type":"tool_result","content":"s"}]}]})",
+           R"({"messages":[{"role":7,"content":"hi"}],"tools":[]})",
+           R"({"messages":[{"role":{"x":1},"content":"hi"}],"response_format":{"type":"json_object"}})",
+           R"({"messages":["not an object"],"response_format":{"type":"json_object"}})"}) {
+    const ChatJson req = ChatJson::parse(body);
+    EXPECT_NO_THROW({ auto r = encode_chat_request(req, {}); (void)r; }) << body;
+  }
+}
+
 TEST(ChatTools, RequestToolsJoinExistingSystemAndKeepThinking) {
   ChatJson req = ChatJson::parse(R"({"messages":[{"role":"system","content":"Be brief."},
       {"role":"user","content":"u1"},{"role":"assistant","reasoning_content":"r1","content":"c1"},
