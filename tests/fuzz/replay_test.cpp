@@ -18,6 +18,8 @@
 #include <cstdio>
 
 #include "fuzz/targets.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer_locate.h"
 
 namespace flashseek::fuzz {
 namespace {
@@ -101,6 +103,10 @@ class FuzzReplay : public ::testing::TestWithParam<std::string> {};
 TEST_P(FuzzReplay, SeedsCorpusAndMutationsKeepTheProperties) {
   const Target* t = find_target(GetParam());
   ASSERT_NE(t, nullptr);
+  if (t->needs_tokenizer) {
+    if (auto where = tok::find_tokenizer_json(); !where.ok())
+      FS_SKIP_UNLESS_CI("tokenizer data missing: " << where.status().to_string());
+  }
   const std::vector<Bytes> seeds = t->seeds();
   ASSERT_FALSE(seeds.empty());
   // Every seed is accepted: the properties are checked on accepted inputs, so a seed the parser

@@ -32,6 +32,7 @@ struct Target {
   bool (*run)(std::span<const uint8_t> data);
   // Valid inputs for the mutations to start from (built in code: no binary files in the tree).
   std::vector<Bytes> (*seeds)();
+  bool needs_tokenizer = false;  // loads the V4.1 tokenizer (models/tokenizer, scripts/setup.sh)
 };
 
 std::span<const Target> targets();

@@ -19,9 +19,9 @@ constexpr Target kTargets[] = {
     {"state_cache", run_state_cache, seeds_state_cache},
     {"safetensors", run_safetensors, seeds_safetensors},
     {"config", run_config, seeds_config},
-    {"request", run_request, seeds_request},
+    {"request", run_request, seeds_request, /*needs_tokenizer=*/true},
     {"completion", run_completion, seeds_completion},
-    {"tokenizer", run_tokenizer, seeds_tokenizer},
+    {"tokenizer", run_tokenizer, seeds_tokenizer, /*needs_tokenizer=*/true},
     {"api_keys", run_api_keys, seeds_api_keys},
     {"redis_url", run_redis_url, seeds_redis_url},
 };
