@@ -10,6 +10,7 @@
 // tests/fuzz/corpus/<name>/ (inputs a campaign found) and seeded random mutations of the seeds.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +47,15 @@ const Target* find_target(std::string_view name);
   } while (0)
 
 inline Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
+// A little-endian u64 at `at` (the caller checks the bounds), and the offsets of the snapshot
+// header's fields (forward/state_io.h: magic, version, reserved, then these).
+inline uint64_t load_u64(std::span<const uint8_t> b, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, b.data() + at, 8);
+  return v;
+}
+inline constexpr size_t kSnapFingerprintAt = 16, kSnapTenantAt = 24, kSnapKeyAt = 32, kSnapTokensAt = 40;
+
 // A mode byte followed by text.
 inline Bytes with_mode(uint8_t mode, std::string_view s) {
   Bytes b{mode};

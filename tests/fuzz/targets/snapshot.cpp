@@ -15,16 +15,6 @@
 
 namespace flashseek::fuzz {
 
-namespace {
-
-uint64_t load_u64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-
-}  // namespace
-
 const forward::SnapshotGeometry& tiny_geometry(bool v4) {
   static std::mutex mu;
   static std::map<bool, forward::SnapshotGeometry> g;
@@ -43,7 +33,7 @@ bool run_snapshot(std::span<const uint8_t> d) {
   if ((mode & 1) && blob.size() >= forward::kSnapshotHeaderBytes + 8) {
     const uint64_t sum = XXH64(blob.data(), blob.size() - 8, 0);
     std::memcpy(blob.data() + blob.size() - 8, &sum, 8);
-    fingerprint = load_u64(blob.data() + 16);  // after magic, version and reserved
+    fingerprint = load_u64(blob, kSnapFingerprintAt);
   }
   const auto& g = tiny_geometry(mode & 2);
 

@@ -24,19 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kFingerprintAt = 16, kTenantAt = 24, kKeyAt = 32, kTokensAt = 40;
-
-uint64_t load_u64(const Bytes& b, size_t at) {
-  uint64_t v;
-  std::memcpy(&v, b.data() + at, 8);
-  return v;
-}
 void store_u64(Bytes& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
 
 // The token ids a blob claims to hold, when its header's count fits the blob.
 std::vector<int32_t> claimed_tokens(const Bytes& b) {
   if (b.size() < forward::kSnapshotHeaderBytes) return {};
-  const uint64_t n = load_u64(b, kTokensAt);
+  const uint64_t n = load_u64(b, kSnapTokensAt);
   if (n > (b.size() - forward::kSnapshotHeaderBytes) / 4) return {};
   std::vector<int32_t> t(n);
   if (n) std::memcpy(t.data(), b.data() + forward::kSnapshotHeaderBytes, n * 4);
@@ -65,8 +58,8 @@ bool run_state_cache(std::span<const uint8_t> d) {
   uint64_t fingerprint = 0x5eed;
   if ((mode & 1) && big_enough) {
     const auto tokens = claimed_tokens(blob);
-    store_u64(blob, kKeyAt, engine::prefix_hashes(load_u64(blob, kTenantAt), tokens).back());
-    fingerprint = load_u64(blob, kFingerprintAt);
+    store_u64(blob, kSnapKeyAt, engine::prefix_hashes(load_u64(blob, kSnapTenantAt), tokens).back());
+    fingerprint = load_u64(blob, kSnapFingerprintAt);
     store_u64(blob, blob.size() - 8, XXH64(blob.data(), blob.size() - 8, 0));
   }
   engine::StateCacheOptions o;
@@ -79,7 +72,7 @@ bool run_state_cache(std::span<const uint8_t> d) {
     for (const auto& e : fs::directory_iterator(cache_dir(), ec)) fs::remove_all(e.path(), ec);
     o.dir = cache_dir().string();
     // Named by the key the header claims, as the cache names its own files.
-    const uint64_t key = big_enough ? load_u64(blob, kKeyAt) : 0;
+    const uint64_t key = big_enough ? load_u64(blob, kSnapKeyAt) : 0;
     std::ofstream(cache_dir() / fmt::format("{:016x}.fss", key), std::ios::binary)
         .write(reinterpret_cast<const char*>(blob.data()), std::streamsize(blob.size()));
   }
@@ -90,7 +83,7 @@ bool run_state_cache(std::span<const uint8_t> d) {
 
   auto direct = forward::deserialize_snapshot(blob, fingerprint, o.geometry);
   std::vector<int32_t> tokens = claimed_tokens(blob);
-  const uint64_t tenant = big_enough ? load_u64(blob, kTenantAt) : 0;
+  const uint64_t tenant = big_enough ? load_u64(blob, kSnapTenantAt) : 0;
   tokens.push_back(0);  // lookups leave the last prompt token to the model
   const auto hit = (*cache)->lookup(tenant, tokens, int64_t(tokens.size()) - 1);
   if (!hit) return false;

@@ -11,6 +11,8 @@ namespace flashseek::fuzz {
 
 namespace {
 
+// Written here, not tokenizer_utf8.h's utf8_first_invalid: that is what encode_checked uses, and
+// the property needs an independent oracle.
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
