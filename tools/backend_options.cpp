@@ -47,9 +47,6 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "input once before the launch instead of in every block; the same bits either way")
       ->check(CLI::Range(int64_t(1), forward::kMaxGemvTiledMinRows))
       ->capture_default_str();
-  cmd->add_flag("--fused-row-ops", o.fused_row_ops,
-               "GPU backend: the mHC collapse + RMS norm and kv_norm + RoPE + FP8 simulation each in one launch "
-               "(the same bits; not yet run on a GPU, off by default)");
   cmd->add_option("--prefill-gemm-operands", o.prefill_gemm_operands,
                   "GPU backend: the operands of the FP8/FP4 prefill GEMMs: f16 (f16 codes, each 32-block's sum "
                   "promoted with its scales) | bf16 (activations and weights as BF16 values, scales folded in, each "
@@ -126,7 +123,6 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
-  g.fused_row_ops = o.fused_row_ops;
   g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;

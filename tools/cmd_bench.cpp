@@ -48,7 +48,6 @@ struct ModelBenchOpts {
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
   int64_t gemv_tiled_min_rows = 192;       // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   int64_t gemv_prequant_min_rows = 9;      // --gemv-prequant-min-rows (GpuLoadOptions::gemv_prequant_min_rows)
-  bool fused_row_ops = false;              // --fused-row-ops (GpuLoadOptions::fused_row_ops)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
@@ -79,7 +78,6 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
-  lo.fused_row_ops = o.fused_row_ops;
   lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
   lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   lo.engram_on_device = o.engram_tables == "device";
@@ -287,8 +285,6 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "smaller ones the decode GEMV in token passes (the same bits), as run / serve")
       ->check(CLI::Range(int64_t(0), forward::kMaxGemvTiledMinRows))
       ->capture_default_str();
-  cmd->add_flag("--fused-row-ops", mo->fused_row_ops,
-               "model bench, GPU: the fused row-wise ops (the same bits), as run / serve");
   cmd->add_option("--gemv-prequant-min-rows", mo->gemv_prequant_min_rows,
                   "model bench, GPU: dense block-scaled GEMV launches of at least this many rows quantise their "
                   "input once before the launch (the same bits), as run / serve")

@@ -189,24 +189,6 @@ class Backend {
   virtual Status hc_head_pre(const HcMixCall& c) = 0;
   virtual Status hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc,
                              int64_t dim, bool bf16) = 0;
-  // In place: x = rms_norm(x, w), RoPE on the last rope_dim values of each row at pos, then (q_block
-  // > 0) the FP8 simulation of the first q_prefix values in blocks of q_block; bf16 for each step
-  // as the three ops take it.
-  virtual Status norm_rope_quant(const Tensor& x, const Vec* w, const Tensor& pos, const Vec& inv_freq, int64_t rows,
-                                 int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t q_prefix,
-                                 int64_t q_block) {
-    FS_RETURN_IF_ERROR(rms_norm(x, w, x, rows, dim, eps, bf16));
-    FS_RETURN_IF_ERROR(rope(x, pos, inv_freq, rows, 1, dim, rope_dim, false, bf16));
-    return q_block > 0 ? quant_sim(x, rows, dim, q_prefix, q_block, QuantSim::kFp8) : Status{};
-  }
-  // y = rms_norm(hc_collapse(X, pre)) with the roundings of the two ops (bf16 for both); u [rows,
-  // dim] is scratch a backend may leave unwritten: one that norms the collapsed values without
-  // storing them gives the same y.
-  virtual Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec* w, const Tensor& y,
-                               int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
-    FS_RETURN_IF_ERROR(hc_collapse(X, pre, u, rows, hc, dim, bf16));
-    return rms_norm(u, w, y, rows, dim, eps, bf16);
-  }
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
   // Plain mean over the hc streams into y rows of stride y_stride (DSpark taps).

@@ -251,11 +251,13 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
   };
   FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
   // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
-  FS_RETURN_IF_ERROR(b_.collapse_norm(X, v41 ? pre_in : pre_a, u, &L.attn_norm, a, T, hc, D, eps, R()));
+  FS_RETURN_IF_ERROR(b_.hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R()));
+  FS_RETURN_IF_ERROR(b_.rms_norm(u, &L.attn_norm, a, T, D, eps, R()));
   FS_RETURN_IF_ERROR(attn(a, f));
   FS_RETURN_IF_ERROR(b_.hc_post(f, X, post, comb, T, hc, D, R()));
   FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
-  FS_RETURN_IF_ERROR(b_.collapse_norm(X, v41 ? pre_a : pre_f, u, &L.ffn_norm, a, T, hc, D, eps, R()));
+  FS_RETURN_IF_ERROR(b_.hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R()));
+  FS_RETURN_IF_ERROR(b_.rms_norm(u, &L.ffn_norm, a, T, D, eps, R()));
   FS_RETURN_IF_ERROR(ffn(a, f));
   FS_RETURN_IF_ERROR(b_.hc_post(f, X, post, comb, T, hc, D, R()));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
@@ -280,9 +282,11 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   FS_RETURN_IF_ERROR(b_.rope(q, pos, A.rope_inv_freq, T, H, Dh, Dr, false, R()));
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics).
   FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-  // kv_norm, RoPE, and in reference numerics the FP8 simulation (V4.1: RoPE tail included).
-  return b_.norm_rope_quant(kv, &A.kv_norm, pos, A.rope_inv_freq, T, Dh, Dr, eps, R(), v41 ? Dh : Dh - Dr,
-                            !R() ? 0 : v41 ? 32 : 64);
+  FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
+  FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
+  if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
+  if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
+  return {};
 }
 
 Status Forward::output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T,
@@ -472,8 +476,9 @@ Status Forward::write_draft_rings(FwdChunk& ctx, const Tensor& taps) {
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
     FS_RETURN_IF_ERROR(b_.linear(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-    FS_RETURN_IF_ERROR(b_.norm_rope_quant(kv, &A.kv_norm, ctx.pos, A.rope_inv_freq, T, Dh, c_.rope_head_dim, eps, R(),
-                                          Dh, R() ? 32 : 0));
+    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
+    FS_RETURN_IF_ERROR(b_.rope(kv, ctx.pos, A.rope_inv_freq, T, 1, Dh, c_.rope_head_dim, false, R()));
+    if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));
     FS_RETURN_IF_ERROR(b_.draft_ring_write(int(s), ctx, kv));
   }
   return {};

@@ -219,12 +219,27 @@ TEST_P(GpuGemvPasses, TiledKernelAndPassesGiveTheSameBits) {
   }
 }
 
-// Two GPU models of `dir` loaded with options that must not change a bit: the same prefill of
-// four 30-token prompts, decode steps of one and of four sequences and a 6-token verify block give
-// the same logits on both.
-void expect_same_steps(const std::string& dir, Numerics numerics, const GpuLoadOptions& oa, const GpuLoadOptions& ob) {
-  auto a = load_model_gpu(dir, numerics, 0, oa);
-  auto b = load_model_gpu(dir, numerics, 0, ob);
+// GpuLoadOptions::gemv_prequant_min_rows only decides where the dense block-scaled GEMVs quantise
+// their input (once before the launch, or in every CTA): with 1 (every launch) the logits of a
+// prefill, of decode steps of one and of four sequences and of a 6-token verify block are the
+// default's bits. Out-of-range values are refused before any device work.
+TEST_P(GpuGemvPasses, PrequantisedDecodeInputsGiveTheSameBits) {
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = tiny_checkpoint(std::string("fs_gemvpreq_") + GetParam(), cfg.value(), 7);
+  GpuLoadOptions bad;
+  bad.weights = GpuWeights::kNative;
+  bad.gemv_prequant_min_rows = 0;
+  const auto refused = load_model_gpu(dir, Numerics::kReference, 0, bad);
+  ASSERT_FALSE(refused.ok());
+  if (refused.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << "this build has no CUDA backend";
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().to_string();
+  FS_REQUIRE_GPU();
+  GpuLoadOptions inside, once;
+  inside.weights = once.weights = GpuWeights::kNative;
+  once.gemv_prequant_min_rows = 1;
+  auto a = load_model_gpu(dir, Numerics::kReference, 0, inside);
+  auto b = load_model_gpu(dir, Numerics::kReference, 0, once);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const int64_t V = a.value()->config().vocab_size;
@@ -246,44 +261,6 @@ void expect_same_steps(const std::string& dir, Numerics numerics, const GpuLoadO
     ASSERT_EQ(ga.size(), ia.size());
     ASSERT_EQ(gb.size(), ib.size());
     for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(same_bits(ga[i], gb[i])) << "step " << step << " item " << i;
-  }
-}
-
-// GpuLoadOptions::gemv_prequant_min_rows only decides where the dense block-scaled GEMVs quantise
-// their input (once before the launch, or in every CTA): with 1 (every launch) the logits of a
-// prefill, of decode steps of one and of four sequences and of a 6-token verify block are the
-// default's bits. Out-of-range values are refused before any device work.
-TEST_P(GpuGemvPasses, PrequantisedDecodeInputsGiveTheSameBits) {
-  auto cfg = model::builtin_config(GetParam());
-  ASSERT_TRUE(cfg.ok());
-  const std::string dir = tiny_checkpoint(std::string("fs_gemvpreq_") + GetParam(), cfg.value(), 7);
-  GpuLoadOptions bad;
-  bad.weights = GpuWeights::kNative;
-  bad.gemv_prequant_min_rows = 0;
-  const auto refused = load_model_gpu(dir, Numerics::kReference, 0, bad);
-  ASSERT_FALSE(refused.ok());
-  if (refused.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << "this build has no CUDA backend";
-  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().to_string();
-  FS_REQUIRE_GPU();
-  GpuLoadOptions inside, once;
-  inside.weights = once.weights = GpuWeights::kNative;
-  once.gemv_prequant_min_rows = 1;
-  expect_same_steps(dir, Numerics::kReference, inside, once);
-}
-
-// GpuLoadOptions::fused_row_ops (the mHC collapse + RMS norm and kv_norm + RoPE + FP8 simulation
-// in one launch each) gives the separate launches' logits bit for bit, in both numerics.
-TEST_P(GpuGemvPasses, FusedRowOpsGiveTheSameBits) {
-  auto cfg = model::builtin_config(GetParam());
-  ASSERT_TRUE(cfg.ok());
-  const std::string dir = tiny_checkpoint(std::string("fs_fusedrow_") + GetParam(), cfg.value(), 7);
-  FS_REQUIRE_GPU();
-  GpuLoadOptions plain, fused;
-  plain.weights = fused.weights = GpuWeights::kNative;
-  fused.fused_row_ops = true;
-  for (const Numerics n : {Numerics::kReference, Numerics::kExact}) {
-    SCOPED_TRACE(n == Numerics::kReference ? "reference" : "exact");
-    expect_same_steps(dir, n, plain, fused);
   }
 }
 

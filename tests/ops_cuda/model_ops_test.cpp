@@ -23,7 +23,6 @@
 #include "ops/norm.h"
 #include "ops/quant.h"
 #include "ops/cuda/model/model_kernels.h"
-#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {
@@ -184,100 +183,6 @@ TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {
   DeviceBuffer<float> dg(g), dn(x.size());
   FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx.get(), dg.get(), dn.get(), T, in, 1e-6f, false, 0), "norm"));
   expect_bitwise(dn.to_host(), nref, "rms_norm");
-}
-
-// The collapse and the RMS norm in one launch (launch_collapse_rms_norm, the model's
-// Backend::collapse_norm) against launch_hc_collapse then launch_model_rms_norm: memcmp-equal for
-// 1..6 streams, short rows (several per block), a ragged chunk (257, 1000: the scalar loads),
-// the model's 5120, the register norm's widest row (16 chunks), with and without the weight and
-// the BF16 roundings, 1..7 rows; a wider row is refused with cudaErrorNotSupported.
-TEST(CudaModelOps, CollapseNormEqualsCollapseThenNorm) {
-  FS_REQUIRE_GPU();
-  int64_t compared = 0;
-  for (const int64_t dim : {256, 257, 1000, 5120, 16384}) {
-    for (const int64_t hc : {1, 4, 6}) {
-      for (const int64_t rows : {1, 3, 7}) {
-        const auto x = randn(static_cast<size_t>(rows * hc * dim), 70 + uint64_t(dim + hc + rows), 2.0f);
-        const auto pre = randn(static_cast<size_t>(rows * hc), 71 + uint64_t(rows), 0.7f);
-        const auto w = randn(static_cast<size_t>(dim), 72, 1.0f);
-        DeviceBuffer<float> dx(x), dpre(pre), dw(w), du(static_cast<size_t>(rows * dim));
-        for (const bool with_w : {true, false})
-          for (const bool bf16 : {false, true}) {
-            SCOPED_TRACE(::testing::Message() << "dim " << dim << " hc " << hc << " rows " << rows << " w " << with_w
-                                              << " bf16 " << bf16);
-            DeviceBuffer<float> y0(static_cast<size_t>(rows * dim)), y1(static_cast<size_t>(rows * dim));
-            const float* wp = with_w ? dw.get() : nullptr;
-            FS_ASSERT_OK(cuda_status(cd::launch_hc_collapse(dx.get(), dpre.get(), du.get(), rows, hc, dim, bf16, 0), "collapse"));
-            FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(du.get(), wp, y0.get(), rows, dim, 1e-6f, bf16, 0), "norm"));
-            FS_ASSERT_OK(cuda_status(
-                cd::launch_collapse_rms_norm(dx.get(), dpre.get(), hc, wp, y1.get(), rows, dim, 1e-6f, bf16, bf16, 0),
-                "collapse + norm"));
-            expect_bitwise(y1.to_host(), y0.to_host(), "collapse + norm vs collapse then norm");
-            ++compared;
-          }
-      }
-    }
-  }
-  EXPECT_EQ(compared, 5 * 3 * 3 * 4);
-  DeviceBuffer<float> x(4 * 16385), pre(4), y(16385);
-  EXPECT_EQ(cd::launch_collapse_rms_norm(x.get(), pre.get(), 4, nullptr, y.get(), 1, 16385, 1e-6f, false, false, 0),
-            cudaErrorNotSupported);
-  EXPECT_EQ(cd::launch_collapse_rms_norm(x.get(), pre.get(), 17, nullptr, y.get(), 1, 256, 1e-6f, false, false, 0),
-            cudaErrorInvalidValue);
-}
-
-// RMS norm, RoPE and the FP8 simulation in one launch (launch_norm_rope_quant, the model's
-// Backend::norm_rope_quant for the window KV rows) against launch_model_rms_norm, launch_rope and
-// launch_quant_sim: memcmp-equal for the head width (512) and others up to one chunk (128, 1000,
-// 1024), V4.1's quantisation (blocks of 32 over the whole row), V4's (blocks of 64 before the
-// RoPE tail) and none, with and without the weight and the BF16 roundings, positions up to 1M,
-// 1..9 rows; wider rows and blocks that do not divide 128 are refused with cudaErrorNotSupported.
-TEST(CudaModelOps, NormRopeQuantEqualsTheThreeLaunches) {
-  FS_REQUIRE_GPU();
-  int64_t compared = 0;
-  const int64_t rope = 64;
-  for (const int64_t dim : {128, 512, 1000, 1024}) {
-    for (const int64_t rows : {1, 4, 9}) {
-      const auto x = randn(static_cast<size_t>(rows * dim), 80 + uint64_t(dim + rows), 3.0f);
-      const auto w = randn(static_cast<size_t>(dim), 81, 1.0f);
-      std::vector<float> inv(static_cast<size_t>(rope / 2));
-      for (size_t f = 0; f < inv.size(); ++f) inv[f] = std::pow(10000.0f, -2.0f * float(f) / float(rope));
-      std::vector<int64_t> pos(static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) pos[size_t(r)] = (r * 7919 + dim * 13) % 1048576;
-      DeviceBuffer<float> dw(w), dinv(inv);
-      DeviceBuffer<int64_t> dpos(pos);
-      const std::pair<int64_t, int64_t> quants[] = {{0, 0}, {dim, 32}, {dim - rope, 64}};
-      for (const auto& [qp, qb] : quants)
-        for (const bool with_w : {true, false})
-          for (const bool bf16 : {false, true}) {
-            if (qb == 64 && qp % 64 != 0) continue;  // V4's blocks: only where the prefix holds whole blocks
-            SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows << " q " << qp << "/" << qb << " w "
-                                              << with_w << " bf16 " << bf16);
-            DeviceBuffer<float> a(x), b(x);
-            const float* wp = with_w ? dw.get() : nullptr;
-            FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(a.get(), wp, a.get(), rows, dim, 1e-6f, bf16, 0), "norm"));
-            FS_ASSERT_OK(cuda_status(cd::launch_rope(a.get(), dpos.get(), dinv.get(), rows, 1, dim, rope, false, bf16, 0), "rope"));
-            if (qb > 0) {
-              FS_ASSERT_OK(cuda_status(cd::launch_quant_sim(a.get(), rows, dim, qp, qb, cd::QuantSim::kFp8, 0), "quant"));
-            }
-            FS_ASSERT_OK(cuda_status(cd::launch_norm_rope_quant(b.get(), wp, dpos.get(), dinv.get(), rows, dim, rope, 1e-6f,
-                                                                bf16, qp, qb, 0),
-                                     "norm + rope + quant"));
-            expect_bitwise(b.to_host(), a.to_host(), "norm + rope + quant vs the three launches");
-            ++compared;
-          }
-    }
-  }
-  EXPECT_GT(compared, 4 * 3 * 8);
-  DeviceBuffer<float> x(1025);
-  DeviceBuffer<int64_t> pos(std::vector<int64_t>{5});
-  DeviceBuffer<float> inv(32);
-  EXPECT_EQ(cd::launch_norm_rope_quant(x.get(), nullptr, pos.get(), inv.get(), 1, 1025, 64, 1e-6f, false, 0, 0, 0),
-            cudaErrorNotSupported);
-  EXPECT_EQ(cd::launch_norm_rope_quant(x.get(), nullptr, pos.get(), inv.get(), 1, 512, 64, 1e-6f, false, 480, 48, 0),
-            cudaErrorNotSupported);
-  EXPECT_EQ(cd::launch_norm_rope_quant(x.get(), nullptr, pos.get(), inv.get(), 1, 512, 65, 1e-6f, false, 0, 0, 0),
-            cudaErrorInvalidValue);
 }
 
 // hc_post on its own: the 4-stream kernel (the configs' hc_mult) and the generic one, widths that

@@ -327,11 +327,6 @@ class GpuModel final : public Model, public Backend {
   Status hc_head_pre(const HcMixCall& c) override;
   Status hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc, int64_t dim,
                      bool bf16) override;
-  Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec* w, const Tensor& y,
-                       int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
-  Status norm_rope_quant(const Tensor& x, const Vec* w, const Tensor& pos, const Vec& inv_freq, int64_t rows,
-                         int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t q_prefix,
-                         int64_t q_block) override;
   Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows, int64_t hc,
                  int64_t dim, bool bf16) override;
   Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
@@ -475,7 +470,6 @@ class GpuModel final : public Model, public Backend {
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
-  bool fused_row_ops_ = false;                  // GpuLoadOptions::fused_row_ops
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the

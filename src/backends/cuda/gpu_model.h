@@ -179,12 +179,6 @@ struct GpuLoadOptions {
   // way, so only speed depends on it (the routed experts quantise once at every size). Default:
   // the launches above kGpuGraphMaxTokens (8) rows. The CLI's --gemv-prequant-min-rows.
   int64_t gemv_prequant_min_rows = 9;
-  // Row-wise ops fused into one launch each (Backend::collapse_norm: the mHC collapse and the
-  // RMS norm; Backend::norm_rope_quant: kv_norm, RoPE and the FP8 simulation), the same bits as
-  // the separate launches by construction. Off by default until their GPU tests
-  // (CudaModelOps.CollapseNormEqualsCollapseThenNorm, NormRopeQuantEqualsTheThreeLaunches) and
-  // an A/B have run. The CLI's --fused-row-ops.
-  bool fused_row_ops = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

@@ -300,35 +300,6 @@ Status GpuModel::hc_head_pre(const HcMixCall& c) {
   return {};
 }
 
-// With fused_row_ops_: one launch (launch_collapse_rms_norm, the two ops' bits) where the row fits
-// the register norm.
-Status GpuModel::collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec* w, const Tensor& y,
-                               int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
-  if (!fused_row_ops_) return Backend::collapse_norm(X, pre, u, w, y, rows, hc, dim, eps, bf16);
-  const cudaError_t e =
-      cd::launch_collapse_rms_norm(X.f32(), pre.f32(), hc, w ? d(*w) : nullptr, y.f32(), rows, dim, eps, bf16, bf16, stream_);
-  if (e != cudaErrorNotSupported) {
-    FS_CUDA_RETURN_IF_ERROR(e);
-    return {};
-  }
-  return Backend::collapse_norm(X, pre, u, w, y, rows, hc, dim, eps, bf16);
-}
-
-// With fused_row_ops_: one launch (launch_norm_rope_quant, the three ops' bits) where a row is at
-// most one chunk.
-Status GpuModel::norm_rope_quant(const Tensor& x, const Vec* w, const Tensor& pos, const Vec& inv_freq, int64_t rows,
-                                 int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t q_prefix,
-                                 int64_t q_block) {
-  if (!fused_row_ops_) return Backend::norm_rope_quant(x, w, pos, inv_freq, rows, dim, rope_dim, eps, bf16, q_prefix, q_block);
-  const cudaError_t e = cd::launch_norm_rope_quant(x.f32(), w ? d(*w) : nullptr, pos.i64(), d(inv_freq), rows, dim,
-                                                   rope_dim, eps, bf16, q_prefix, q_block, stream_);
-  if (e != cudaErrorNotSupported) {
-    FS_CUDA_RETURN_IF_ERROR(e);
-    return {};
-  }
-  return Backend::norm_rope_quant(x, w, pos, inv_freq, rows, dim, rope_dim, eps, bf16, q_prefix, q_block);
-}
-
 Status GpuModel::hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc,
                              int64_t dim, bool bf16) {
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse(X.f32(), pre.f32(), y.f32(), rows, hc, dim, bf16, stream_));

@@ -1252,33 +1252,6 @@ __device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
   return v;
 }
 
-// A warp's chunk of a row in registers: v[4i + q] = value 128i + 4·lane + q (0 past len), the
-// layout of the chunk order's partials; plain loads (the rows are step-written).
-__device__ __forceinline__ void chunk_load(const float* p, int lane, int64_t len, float (&v)[32]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int64_t k = 128 * i + 4 * lane + q;
-      v[4 * i + q] = k < len ? p[k] : 0.0f;
-    }
-}
-
-// The chunk's double sum of squares in the chunk order (lane partials q, then the xor butterfly:
-// every lane ends with the same sum).
-__device__ __forceinline__ double chunk_sumsq(const float (&v)[32], int lane, int64_t len, bool live) {
-  double p[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (live && 128 * i + 4 * lane + q < len) p[q] = __dadd_rn(p[q], __dmul_rn(double(v[4 * i + q]), double(v[4 * i + q])));
-  double s = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-  return s;
-}
-
 // ops::rms_norm: double sum of squares in the sum_order.h order, FP32 scaling. Warp c of a row
 // owns chunk c (a short row is one chunk): its values (and the weights) stay in registers from
 // the sum of squares to the scaled store, so x and w are read once, in one round of 16-byte loads
@@ -1289,12 +1262,8 @@ __device__ __forceinline__ double chunk_sumsq(const float (&v)[32], int lane, in
 constexpr int kNormMaxChunks = 16, kNormThreads = 512;
 __host__ __device__ constexpr int norm_rows_per_block(int64_t m) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
 
-// With `pre` (collapse_rms_norm), x is the streams [rows, hc, dim] and each value is first the
-// collapse Σ_i pre[r, i] · x[r, i] (hc_collapse_kernel's arithmetic, BF16-rounded with bf16_in):
-// the two launches' bits, without writing and re-reading the collapsed row.
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, float* y, int64_t rows,
-                                                        int64_t dim, float eps, bool bf16, const float* pre = nullptr,
-                                                        int hc = 1, bool bf16_in = false) {
+                                                        int64_t dim, float eps, bool bf16) {
   pdl_prologue();
   __shared__ double csq[32];
   const int m = int((dim + kSumChunk - 1) / kSumChunk);
@@ -1303,62 +1272,48 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
   const int64_t row = int64_t(blockIdx.x) * norm_rows_per_block(m) + rw;
   const bool live = row < rows;
   const int64_t off = int64_t(c) * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
-  const int64_t streams = pre ? hc : 1;  // x rows per norm row
-  const float* xr = x + (live ? row : 0) * streams * dim + off;
+  const float* xr = x + (live ? row : 0) * dim + off;
   const float* wr = w ? w + off : nullptr;
   float* yr = y + (live ? row : 0) * dim + off;
-  const bool vec = len == kSumChunk && (!pre || dim % 4 == 0) &&
+  const bool vec = len == kSumChunk &&
                    ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(yr) |
                      reinterpret_cast<uintptr_t>(wr)) & 15) == 0;
   float xv[32], wv[32];  // [i][q]: value 128i + 4·lane + q of the chunk
-  if (live && pre) {  // the collapse: stream i's value times pre[i], added in stream order from 0
-    const float* pr = pre + row * hc;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) xv[k] = 0.0f;
-    for (int i = 0; i < hc; ++i) {
-      const float pi = pr[i];
-      const float* xi = xr + int64_t(i) * dim;
-#pragma unroll
-      for (int s8 = 0; s8 < 8; ++s8) {
-        if (vec) {
-          const float4 v = *reinterpret_cast<const float4*>(xi + 128 * s8 + 4 * lane);
-          xv[4 * s8] = mul_add(pi, v.x, xv[4 * s8]), xv[4 * s8 + 1] = mul_add(pi, v.y, xv[4 * s8 + 1]);
-          xv[4 * s8 + 2] = mul_add(pi, v.z, xv[4 * s8 + 2]), xv[4 * s8 + 3] = mul_add(pi, v.w, xv[4 * s8 + 3]);
-        } else {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int64_t k = 128 * s8 + 4 * lane + q;
-            if (k < len) xv[4 * s8 + q] = mul_add(pi, xi[k], xv[4 * s8 + q]);
-          }
-        }
-      }
-    }
-    if (bf16_in) {
-#pragma unroll
-      for (int k = 0; k < 32; ++k) xv[k] = dev_round_bf16(xv[k]);
-    }
-  }
   if (live) {
-    if (!pre && vec) {
+    if (vec) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float4 v = *reinterpret_cast<const float4*>(xr + 128 * i + 4 * lane);  // not __ldg: y may alias x
         xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
       }
-    } else if (!pre) {
-      chunk_load(xr, lane, len, xv);
-    }
-    if (wr && vec) {
+      if (wr) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 v = ld_weight(reinterpret_cast<const float4*>(wr + 128 * i + 4 * lane));
-        wv[4 * i] = v.x, wv[4 * i + 1] = v.y, wv[4 * i + 2] = v.z, wv[4 * i + 3] = v.w;
+        for (int i = 0; i < 8; ++i) {
+          const float4 v = ld_weight(reinterpret_cast<const float4*>(wr + 128 * i + 4 * lane));
+          wv[4 * i] = v.x, wv[4 * i + 1] = v.y, wv[4 * i + 2] = v.z, wv[4 * i + 3] = v.w;
+        }
       }
-    } else if (wr) {
-      chunk_load(wr, lane, len, wv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t k = 128 * i + 4 * lane + q;
+          xv[4 * i + q] = k < len ? xr[k] : 0.0f;
+          wv[4 * i + q] = wr && k < len ? wr[k] : 0.0f;
+        }
     }
   }
-  const double v = chunk_sumsq(xv, lane, len, live);
+  double p[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (live && 128 * i + 4 * lane + q < len)
+        p[q] = __dadd_rn(p[q], __dmul_rn(double(xv[4 * i + q]), double(xv[4 * i + q])));
+  double v = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (lane == 0) csq[warp] = v;
   __syncthreads();
   if (!live) return;
@@ -1382,70 +1337,6 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
       for (int q = 0; q < 4; ++q)
         if (128 * i + 4 * lane + q < len) yr[128 * i + 4 * lane + q] = xv[4 * i + q];
   }
-}
-
-// norm_rope_quant: rows of at most one chunk (dim <= 1024), a warp per row: rms_norm_kernel's
-// sum of squares and scaling, then RoPE on the last rope_dim values (rope_kernel's products, cos
-// and sin in double), then the FP8 quant_sim of the first q_prefix values in blocks of q_block
-// (quant_sim_warp_kernel's expressions; q_block 0: none), each step's BF16 rounding with bf16 as
-// the three launches do. The lane holding values 4l..4l+3 of each 128 holds whole RoPE pairs
-// ((dim - rope_dim) is even) and q_block / 4 lanes hold a quant block (q_block divides 128).
-constexpr int kNrqRows = 4;
-__global__ void __launch_bounds__(32 * kNrqRows) norm_rope_quant_kernel(float* x, const float* w, const int64_t* pos,
-                                                                         const float* inv_freq, int64_t rows, int64_t dim,
-                                                                         int64_t rope_dim, float eps, bool bf16,
-                                                                         int64_t q_prefix, int q_block) {
-  pdl_prologue();
-  const int lane = int(threadIdx.x & 31);
-  const int64_t row = int64_t(blockIdx.x) * kNrqRows + threadIdx.x / 32;
-  if (row >= rows) return;  // warp-uniform
-  float* xr = x + row * dim;
-  float xv[32], wv[32];
-  chunk_load(xr, lane, dim, xv);
-  if (w) chunk_load(w, lane, dim, wv);  // weights: plain loads are fine too
-  const double ss = chunk_sumsq(xv, lane, dim, true);
-  const float ri = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
-#pragma unroll
-  for (int k = 0; k < 32; ++k) {
-    float t = __fmul_rn(xv[k], ri);
-    if (w) t = __fmul_rn(t, wv[k]);
-    xv[k] = bf16 ? dev_round_bf16(t) : t;
-  }
-  const int64_t r0 = dim - rope_dim;
-  const float pp = float(pos[row]);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; q += 2) {
-      const int64_t k = 128 * i + 4 * lane + q;
-      if (k < r0 || k >= dim) continue;
-      const float ang = __fmul_rn(pp, inv_freq[(k - r0) / 2]);
-      const float cs = float(cos(double(ang))), sn = float(sin(double(ang)));
-      const float a = xv[4 * i + q], b = xv[4 * i + q + 1];
-      float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-      float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-      if (bf16) ra = dev_round_bf16(ra), rb = dev_round_bf16(rb);
-      xv[4 * i + q] = ra, xv[4 * i + q + 1] = rb;
-    }
-  if (q_block > 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float amax = 0;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) amax = fmaxf(amax, fabsf(xv[4 * i + q]));
-      for (int o = 1; o < q_block / 4; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (128 * i + 4 * lane + q < q_prefix)
-          xv[4 * i + q] = dev_round_e4m3(fminf(fmaxf(xv[4 * i + q] / sc, -448.0f), 448.0f)) * sc;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (128 * i + 4 * lane + q < dim) xr[128 * i + 4 * lane + q] = xv[4 * i + q];
 }
 
 // Rows of more than kNormMaxChunks chunks: warps loop over the chunks (the same sums), thread 0
@@ -2649,32 +2540,6 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   return launch_kernel(linear_chunked_kernel, grid, kLinThreads, smem, s, a);
 }
 
-cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
-                                   int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t q_prefix, int64_t q_block,
-                                   cudaStream_t s) {
-  if (dim <= 0 || rope_dim < 0 || rope_dim > dim || rope_dim % 2 != 0 || q_prefix < 0 || q_prefix > dim || q_block < 0)
-    return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  const bool q_ok = q_block == 0 || (q_block >= 4 && q_block <= 128 && (q_block & (q_block - 1)) == 0 && q_prefix % q_block == 0);
-  if (dim > kSumChunk || (dim - rope_dim) % 2 != 0 || !q_ok) return cudaErrorNotSupported;  // the three launches
-  const int64_t blocks = (rows + kNrqRows - 1) / kNrqRows;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(norm_rope_quant_kernel, unsigned(blocks), 32 * kNrqRows, 0, s, x, w, pos, inv_freq, rows, dim,
-                       rope_dim, eps, bf16, q_block > 0 ? q_prefix : int64_t(0), int(q_block));
-}
-
-cudaError_t launch_collapse_rms_norm(const float* X, const float* pre, int64_t hc, const float* w, float* y, int64_t rows,
-                                     int64_t dim, float eps, bool bf16_collapse, bool bf16, cudaStream_t s) {
-  if (dim <= 0 || hc <= 0 || hc > kMaxHc) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
-  if (m > kNormMaxChunks) return cudaErrorNotSupported;  // the wide norm: collapse, then norm
-  const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(rms_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, X, w, y, rows, dim, eps, bf16, pre,
-                       int(hc), bf16_collapse);
-}
-
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                                   bool bf16, cudaStream_t s) {
   if (dim <= 0) return cudaErrorInvalidValue;
@@ -2683,8 +2548,7 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
   if (m <= kNormMaxChunks) {
     const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-    return launch_kernel(rms_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps, bf16,
-                         static_cast<const float*>(nullptr), 1, false);
+    return launch_kernel(rms_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps, bf16);
   }
   const size_t smem = size_t(m) * sizeof(double);
   if (smem > 48 * 1024 || rows > INT32_MAX) return cudaErrorInvalidValue;

@@ -20,18 +20,6 @@ cudaError_t launch_quant_sim(float* x, int64_t rows, int64_t stride, int64_t qdi
 // ops::rms_norm bit for bit (double sum of squares in index order); y may alias x.
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                                   bool bf16, cudaStream_t s);
-// y = rms_norm(hc_collapse(X, pre)) in one launch, the bits of launch_hc_collapse (bf16_collapse)
-// then launch_model_rms_norm (bf16): X [rows, hc, dim], pre [rows, hc], y [rows, dim] (not X).
-// cudaErrorNotSupported for rows longer than the register norm takes (the caller runs the two).
-// In place: x = quant_sim_fp8(rope(rms_norm(x, w)), q_prefix, q_block) in one launch, the bits of
-// launch_model_rms_norm, launch_rope (one vector of dim per row, no inverse) and launch_quant_sim
-// (kFp8; q_block 0: none), each with bf16. cudaErrorNotSupported where the one-warp-per-row kernel
-// does not apply (dim > 1024, an odd RoPE start, q_block not a power of two dividing 128).
-cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
-                                   int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t q_prefix, int64_t q_block,
-                                   cudaStream_t s);
-cudaError_t launch_collapse_rms_norm(const float* X, const float* pre, int64_t hc, const float* w, float* y, int64_t rows,
-                                     int64_t dim, float eps, bool bf16_collapse, bool bf16, cudaStream_t s);
 cudaError_t launch_hadamard(float* x, int64_t rows, int64_t dim, cudaStream_t s);  // ops::hadamard_inplace
 cudaError_t launch_rms_norm_bf16_heads(float* x, int64_t rows, int64_t dim, float eps, cudaStream_t s);
 // x[i] = bf16?(x[i] · scale)
