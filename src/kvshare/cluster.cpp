@@ -2,12 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace flashseek::kvshare {
+
+namespace {
+constexpr size_t kHandOverTries = 4;  // peers tried per snapshot on a drain's hand-over
+}  // namespace
 
 Cluster::Cluster(engine::StateCache& cache, ClusterOptions options)
     : cache_(cache), options_(std::move(options)) {}
@@ -118,7 +123,8 @@ int64_t Cluster::hand_over(size_t n) {
   for (uint64_t hash : cache_.hottest(n)) {
     auto blob = cache_.blob(hash);
     if (!blob) continue;
-    for (size_t tries = 0; tries < peers.size(); ++tries) {
+    // A few peers per snapshot: each try may wait the full timeout, and a drain must end.
+    for (size_t tries = 0; tries < std::min<size_t>(peers.size(), kHandOverTries); ++tries) {
       const auto& [id, address] = *peer;
       if (++peer == peers.end()) peer = peers.begin();
       Status st = push_snapshot({address, id}, auth_, *blob, options_.timeout_ms);

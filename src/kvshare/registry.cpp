@@ -432,15 +432,15 @@ std::map<std::string, std::string> Registry::peers() {
   // SCAN (not KEYS): never blocks Redis for long, whatever the number of keys.
   std::vector<std::string> keys;
   std::string cursor = "0";
-  for (int rounds = 0; rounds < 10000; ++rounds) {
+  for (int rounds = 0; rounds < 10000 && keys.size() < kMaxPeers; ++rounds) {
     ReplyGuard r{command(ctx_, "SCAN %s MATCH fs:server:* COUNT 1000", cursor.c_str())};
     if (!r.r || r.r->type != REDIS_REPLY_ARRAY || r.r->elements != 2 ||
         r.r->element[0]->type != REDIS_REPLY_STRING || !r.r->element[0]->str ||
         r.r->element[1]->type != REDIS_REPLY_ARRAY)
       return out;
-    for (size_t i = 0; i < r.r->element[1]->elements; ++i) {
+    for (size_t i = 0; i < r.r->element[1]->elements && keys.size() < kMaxPeers; ++i) {
       const redisReply* k = r.r->element[1]->element[i];
-      if (k->type == REDIS_REPLY_STRING && k->str && k->len > 10 && k->len <= 10 + 255)
+      if (k && k->type == REDIS_REPLY_STRING && k->str && k->len > 10 && k->len <= 10 + 255)
         keys.push_back(std::string(k->str, k->len));
     }
     cursor.assign(r.r->element[0]->str, r.r->element[0]->len);

@@ -71,7 +71,10 @@ class Registry {
   void withdraw(uint64_t hash);
   // Blocking (bounded by the timeout): the first of `hashes` owned by a live peer (not us).
   std::optional<SnapshotLocation> find(std::span<const uint64_t> hashes);
-  // Live peers (id → address), ourselves excluded (SCAN over fs:server:*).
+  // Live peers (id → address), ourselves excluded (SCAN over fs:server:*), at most kMaxPeers: a
+  // Redis that lists more server keys than any cluster has (hostile or broken) cannot make the
+  // scan, the per-key GETs or a drain's hand-over unbounded.
+  static constexpr size_t kMaxPeers = 1024;
   std::map<std::string, std::string> peers();
   bool connected() const { return connected_; }
   int64_t reconnects() const { return reconnects_; }

@@ -51,11 +51,13 @@ TEST(RegistryAuth, PasswordAndUserPasswordAreSentAsAuth) {
   EXPECT_FALSE(redis.query("HGET fs:snap:0000000000000004 owner"));
 }
 
-// A tiny fake Redis: answers the subscription with malformed pushes (then one valid event) and
-// every other command with replies of unexpected types.
+// A tiny fake Redis. kMalformed: answers the subscription with malformed pushes (then one valid
+// event) and every other command with replies of unexpected types. kScanFlood: a SCAN that never
+// ends (cursor "1"), 500 new server keys per round, each key's GET a valid address.
 class FakeRedis {
  public:
-  FakeRedis() {
+  enum class Mode { kMalformed, kScanFlood };
+  explicit FakeRedis(Mode mode = Mode::kMalformed) : mode_(mode) {
     lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -74,6 +76,8 @@ class FakeRedis {
     ::close(lfd_);
   }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  int64_t scans() const { return scans_; }
+  int64_t gets() const { return gets_; }
 
  private:
   struct Conn {
@@ -113,6 +117,24 @@ class FakeRedis {
   }
   void answer(int fd, const std::vector<std::string>& cmd) {
     const std::string& name = cmd.empty() ? std::string() : cmd[0];
+    if (mode_ == Mode::kScanFlood) {
+      if (name == "SUBSCRIBE") {
+        say(fd, "*3\r\n" + bulk("subscribe") + bulk("fs:events") + ":1\r\n");
+      } else if (name == "SCAN") {
+        std::string keys;
+        for (int i = 0; i < 500; ++i) keys += bulk("fs:server:s" + std::to_string(scans_ * 500 + i));
+        ++scans_;
+        say(fd, "*2\r\n" + bulk("1") + "*500\r\n" + keys);
+      } else if (name == "GET") {
+        ++gets_;
+        say(fd, bulk("10.0.0.1:7000"));
+      } else if (name == "HGET") {
+        say(fd, "$-1\r\n");
+      } else {
+        say(fd, "+OK\r\n");
+      }
+      return;
+    }
     if (name == "SUBSCRIBE") {
       say(fd, "*3\r\n" + bulk("subscribe") + bulk("fs:events") + ":1\r\n");
       say(fd, "*3\r\n:1\r\n" + bulk("fs:events") + bulk("own 0000000000000009 evil"));  // int kind
@@ -154,7 +176,9 @@ class FakeRedis {
       }
     }
   }
+  const Mode mode_;
   int lfd_ = -1, port_ = 0;
+  std::atomic<int64_t> scans_{0}, gets_{0};
   std::atomic<bool> stop_{false};
   std::vector<int> conns_;
   std::thread thread_;
@@ -172,6 +196,23 @@ TEST(RegistryHostileRedis, MalformedRepliesAreIgnoredNotDereferenced) {
   EXPECT_FALSE(r.find(hashes));   // owners come back as arrays: no candidate
   EXPECT_TRUE(r.peers().empty()); // SCAN reply of the wrong shape: nothing
   EXPECT_TRUE(r.connected());
+}
+
+// A Redis listing server keys without end: peers() stops at Registry::kMaxPeers keys (before,
+// 10,000 SCAN rounds of keys and then one GET per key: millions of round trips under the lock
+// that find() waits on).
+TEST(RegistryHostileRedis, EndlessServerListStopsAtMaxPeers) {
+  FakeRedis fake(FakeRedis::Mode::kScanFlood);
+  kvshare::Registry r({fake.url(), "me", "127.0.0.1:1"});
+  ASSERT_TRUE(eventually([&] { return r.connected(); }));
+  const auto peers = r.peers();
+  EXPECT_EQ(peers.size(), kvshare::Registry::kMaxPeers);
+  EXPECT_EQ(fake.gets(), int64_t(kvshare::Registry::kMaxPeers));
+  EXPECT_EQ(fake.scans(), int64_t((kvshare::Registry::kMaxPeers + 499) / 500));
+  for (const auto& [id, address] : peers) {
+    EXPECT_EQ(id.rfind("s", 0), 0u);
+    EXPECT_EQ(address, "10.0.0.1:7000");
+  }
 }
 
 }  // namespace
