@@ -67,6 +67,13 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "kernel's end: on | off (the same results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-branches", o.gpu_branches,
+                  "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
+                  "compressors, the routed beside the shared expert, the DSpark rings beside the LM head) on two "
+                  "streams at once: off | on | priority (the side stream at the highest priority); the same "
+                  "results")
+      ->check(CLI::IsMember({"off", "on", "priority"}))
+      ->capture_default_str();
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
                   "CPU's summation order) | tensor (BF16 tensor cores: the same products, another FP32 order)")
@@ -107,6 +114,12 @@ Status apply_threads(const BackendOpts& o) {
   return ThreadPool::set_global_threads(o.threads);
 }
 
+forward::GpuBranches gpu_branches(const std::string& value) {
+  return value == "off"        ? forward::GpuBranches::kOff
+         : value == "priority" ? forward::GpuBranches::kPriority
+                               : forward::GpuBranches::kOn;
+}
+
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   forward::GpuLoadOptions g;
   g.graphs = o.gpu_graphs == "off"      ? forward::GpuGraphs::kOff
@@ -127,6 +140,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
+  g.branches = gpu_branches(o.gpu_branches);
   g.tensor_core_linears = o.bf16_linears == "tensor";
   return g;
 }

@@ -35,6 +35,7 @@ struct BackendOpts {
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
+  std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
   // the bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant.
   std::string bf16_linears = "tensor";
@@ -42,7 +43,7 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --bf16-linears, --prefill-attention, --decode-attention and --index-scores
+// --engram-tables, --gpu-pdl, --gpu-branches, --bf16-linears, --prefill-attention, --decode-attention and --index-scores
 // to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
@@ -50,6 +51,8 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o);
 Status apply_threads(const BackendOpts& o);
 
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
+// --gpu-branches off | on | priority (checked by CLI11).
+forward::GpuBranches gpu_branches(const std::string& value);
 
 // Adds --prefill-attention (auto | staged) and --decode-attention (staged | tensor) to `cmd` (run,
 // serve and `bench`'s model bench).

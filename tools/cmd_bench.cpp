@@ -43,6 +43,7 @@ struct ModelBenchOpts {
   int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
+  std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
@@ -73,6 +74,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
+  lo.branches = gpu_branches(o.branches);
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
@@ -298,6 +300,11 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")
       ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-branches", mo->branches,
+                  "model bench, GPU: a decode step's independent parts on two streams at once: off | on | priority, "
+                  "as run / serve")
+      ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

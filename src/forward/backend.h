@@ -277,6 +277,16 @@ class Backend {
     return Status(StatusCode::kUnimplemented, "mtp_attention: this backend keeps no MTP state");
   }
 
+  // ---- concurrency (hints; by default every op runs in call order) ----
+  // A side branch: the ops issued between side_begin() and side_end() depend on every op issued
+  // before side_begin(); those issued after side_end() form the main branch again, which does not
+  // wait for the side branch until side_join(), so a backend may run the two at the same time.
+  // After side_join() every op depends on both. The flow keeps the branches disjoint: until the
+  // join neither writes what the other reads or writes (Forward::branches). Not nested.
+  virtual Status side_begin() { return {}; }
+  virtual Status side_end() { return {}; }
+  virtual Status side_join() { return {}; }
+
   // ---- multi-GPU (no-ops on one device) ----
   // This rank's attention heads, output groups and vocabulary rows.
   virtual int64_t heads() const = 0;

@@ -124,7 +124,6 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
           return moe(LW.ffn, "moe_", ctx.tokens, T, c_.n_routed_experts, c_.n_experts_per_tok, a, f);
         }));
   }
-  if (!taps.empty()) FS_RETURN_IF_ERROR(write_draft_rings(ctx, taps));
 
   // The rows that leave as logits: every row of an all_logits item, else its last one; gathered
   // first when that is not every row.
@@ -136,33 +135,42 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
     else runs.emplace_back(r0, n);
     nr += n;
   }
-  Tensor Xr = X, pre = pre_in;
+  Tensor Xr = X, pre = pre_in, ph;
   if (nr < T) {
     FS_ASSIGN_OR_RETURN(Xr, scratch_f("final_x", nr * hc, D));
     FS_ASSIGN_OR_RETURN(pre, scratch_f("final_pre", nr, hc));
-    int64_t o = 0;
-    for (const auto& [r0, n] : runs) {
-      FS_RETURN_IF_ERROR(b_.copy(Xr.rows_from(o * hc, n * hc), X.rows_from(r0 * hc, n * hc), size_t(n * hc * D) * 4));
-      FS_RETURN_IF_ERROR(b_.copy(pre.rows_from(o, n), pre_in.rows_from(r0, n), size_t(n * hc) * 4));
-      o += n;
-    }
   }
-  // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
-  const float eps = float(c_.rms_norm_eps);
   if (!v41) {
-    FS_ASSIGN_OR_RETURN(Tensor ph, scratch_f("pre_head", nr, hc));
-    HcMixCall m;
-    m.x = Xr, m.fn = &w_.hc_head_fn, m.base = &w_.hc_head_base, m.scale = &w_.hc_head_scale;
-    m.rows = nr, m.hc = hc, m.dim = D, m.norm_eps = eps, m.hc_eps = float(c_.hc_eps), m.pre = ph;
-    FS_RETURN_IF_ERROR(b_.hc_head_pre(m));
-    pre = ph;
+    FS_ASSIGN_OR_RETURN(ph, scratch_f("pre_head", nr, hc));
   }
   FS_ASSIGN_OR_RETURN(Tensor y, scratch_f("final_y", nr, D));
   const int64_t Vr = b_.vocab_rows();
   FS_ASSIGN_OR_RETURN(Tensor lg, scratch_f("logits", nr, Vr));
-  FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
-  FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
-  FS_RETURN_IF_ERROR(b_.linear(head_call(y, w_.head, nr, D, Vr, lg, R())));
+  // Final collapse (V4.1: the last FFN pre; V4: hc_head), norm, FP32 head.
+  auto head = [&]() -> Status {
+    if (nr < T) {
+      int64_t o = 0;
+      for (const auto& [r0, n] : runs) {
+        FS_RETURN_IF_ERROR(b_.copy(Xr.rows_from(o * hc, n * hc), X.rows_from(r0 * hc, n * hc), size_t(n * hc * D) * 4));
+        FS_RETURN_IF_ERROR(b_.copy(pre.rows_from(o, n), pre_in.rows_from(r0, n), size_t(n * hc) * 4));
+        o += n;
+      }
+    }
+    const float eps = float(c_.rms_norm_eps);
+    if (!v41) {
+      HcMixCall m;
+      m.x = Xr, m.fn = &w_.hc_head_fn, m.base = &w_.hc_head_base, m.scale = &w_.hc_head_scale;
+      m.rows = nr, m.hc = hc, m.dim = D, m.norm_eps = eps, m.hc_eps = float(c_.hc_eps), m.pre = ph;
+      FS_RETURN_IF_ERROR(b_.hc_head_pre(m));
+      pre = ph;
+    }
+    FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
+    FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
+    return b_.linear(head_call(y, w_.head, nr, D, Vr, lg, R()));
+  };
+  // The DSpark rings' writes read only the taps (and write only the rings): beside the head.
+  auto rings = [&]() -> Status { return taps.empty() ? Status{} : write_draft_rings(ctx, taps); };
+  FS_RETURN_IF_ERROR(branches(rings, head));
   // Per item, in the batch's order: its logits rows, or the token sampled from its last row (lg
   // holds the segments' rows in segment order).
   std::vector<int64_t> lg_row(ctx.segs.size());
@@ -264,29 +272,40 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
 }
 
 Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos,
-                            int64_t T, int64_t H, Tensor& qlat, Tensor& q, Tensor& kv) {
+                            int64_t T, int64_t H, Tensor& qlat, Tensor& q, Tensor& kv,
+                            const std::function<Status()>& beside) {
   const bool v41 = c_.is_v41();
   const int64_t D = c_.hidden_size, Dh = c_.head_dim, Dr = c_.rope_head_dim, Rq = c_.q_lora_rank;
   const float eps = float(c_.rms_norm_eps);
   FS_ASSIGN_OR_RETURN(qlat, scratch_f(tag + "qlat", T, Rq));
   FS_ASSIGN_OR_RETURN(q, scratch_f(tag + "q", T, H * Dh));
   FS_ASSIGN_OR_RETURN(kv, scratch_f(tag + "kv", T, Dh));
-  // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE).
-  FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA})));
-  FS_RETURN_IF_ERROR(b_.rms_norm(qlat, &A.q_norm, qlat, T, Rq, eps, R()));
-  FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
-  if (!v41) {
-    if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
-    else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
-  }
-  FS_RETURN_IF_ERROR(b_.rope(q, pos, A.rope_inv_freq, T, H, Dh, Dr, false, R()));
-  // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics).
-  FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-  FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
-  FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
-  if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
-  if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
-  return {};
+  // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE). The longer chain,
+  // so the side branch (a backend may favour it).
+  auto query = [&]() -> Status {
+    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA})));
+    FS_RETURN_IF_ERROR(b_.rms_norm(qlat, &A.q_norm, qlat, T, Rq, eps, R()));
+    FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
+    if (!v41) {
+      if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
+      else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
+    }
+    return b_.rope(q, pos, A.rope_inv_freq, T, H, Dh, Dr, false, R());
+  };
+  // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics). Reads only `a`, writes
+  // only kv: independent of the query.
+  auto window_kv = [&]() -> Status {
+    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
+    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
+    FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
+    if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
+    if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
+    return {};
+  };
+  return branches(query, [&]() -> Status {
+    FS_RETURN_IF_ERROR(window_kv());
+    return beside ? beside() : Status{};
+  });
 }
 
 Status Forward::output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T,
@@ -304,8 +323,10 @@ Status Forward::attention(int l, FwdChunk& ctx, const Tensor& a, const Tensor& o
   const AttentionWeights& A = w_.layers[size_t(l)].attn;
   const int64_t T = ctx.T, D = c_.hidden_size, H = b_.heads(), Dh = c_.head_dim;
   Tensor qlat, q, kv;
-  FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv));
-  if (A.has_compressor) FS_RETURN_IF_ERROR(compress(l, ctx, a));
+  // The compressors read only `a` (their state and caches are not the query's or the window's):
+  // beside the query. The indexer reads the query's latent: after the join.
+  auto compressors = [&]() -> Status { return A.has_compressor ? compress(l, ctx, a) : Status{}; };
+  FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv, compressors));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
   FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("attn_o", T, H * Dh));
   FS_RETURN_IF_ERROR(b_.attention(l, ctx, q, kv, A.attn_sink, o, H, R()));
@@ -435,26 +456,30 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
   FS_ASSIGN_OR_RETURN(Tensor logits, scratch_f(tag + "logits", T, E));
   FS_ASSIGN_OR_RETURN(Tensor sel, b_.scratch(tag + "sel", ElemType::kI32, T, K));
   FS_ASSIGN_OR_RETURN(Tensor wt, scratch_f(tag + "wt", T, K));
-  FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R())));  // FP32 router logits
-  FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
-  if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
-  // Routed experts: outputs per (row, slot), summed in slot order (ascending expert id).
   FS_ASSIGN_OR_RETURN(Tensor ybuf, scratch_f(tag + "y", TK, D));
-  Tensor row_of;
-  FS_RETURN_IF_ERROR(b_.routed_experts(F, m, sel, wt, T, E, K, ybuf, &row_of));
-  // Shared expert: w2 · bf16?(silu(min(w1 m, L)) · clamp(w3 m)).
   FS_ASSIGN_OR_RETURN(Tensor ys, scratch_f(tag + "ys", T, D));
-  if (b_.has(F.s_w1)) {
+  Tensor row_of;
+  // Router and routed experts (the longer chain: the side branch): outputs per (row, slot),
+  // summed in slot order (ascending expert id).
+  auto routed = [&]() -> Status {
+    FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R())));  // FP32 router logits
+    FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
+    if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
+    return b_.routed_experts(F, m, sel, wt, T, E, K, ybuf, &row_of);
+  };
+  // Shared expert: w2 · bf16?(silu(min(w1 m, L)) · clamp(w3 m)). Reads only m, writes only ys and
+  // its own scratch: independent of the routed experts.
+  auto shared = [&]() -> Status {
+    if (!b_.has(F.s_w1)) return b_.zero(ys);  // the shared expert lives on another rank
     FS_ASSIGN_OR_RETURN(Tensor g, scratch_f(tag + "sg", T, I));
     FS_ASSIGN_OR_RETURN(Tensor u, scratch_f(tag + "su", T, I));
     FS_ASSIGN_OR_RETURN(Tensor h, scratch_f(tag + "sh", T, I));
     FS_RETURN_IF_ERROR(b_.gated_linear(lin(m, F.s_w1, T, D, I, g, p_.act_block, R(), {F.block, DotOp::kW1, -1}),
                                        lin(m, F.s_w3, T, D, I, u, p_.act_block, R(), {F.block, DotOp::kW3, -1}), h,
                                        T, I, limit, R()));
-    FS_RETURN_IF_ERROR(b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1})));
-  } else {  // the shared expert lives on another rank
-    FS_RETURN_IF_ERROR(b_.zero(ys));
-  }
+    return b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1}));
+  };
+  FS_RETURN_IF_ERROR(branches(routed, shared));
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !split, row_of));
   return split ? b_.tp_allreduce(out, T * D, R()) : Status{};

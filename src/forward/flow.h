@@ -64,8 +64,10 @@ class Forward {
   Status block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
                const Sublayer& attn, const Sublayer& ffn);
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
+  // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
+  // main branch after the window KV, concurrently with the query.
   Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
-                     int64_t H, Tensor& qlat, Tensor& q, Tensor& kv);
+                     int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {});
   // Inverse RoPE of o [T, H·Dh] at pos, grouped wo_a, wo_b into out [T, D] (BF16 when bf16_out).
   Status output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T, int64_t H,
                            int64_t G, const Tensor& o, const Tensor& out, bool bf16_out);
@@ -78,6 +80,18 @@ class Forward {
   // runs them.
   Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
              const Tensor& m, const Tensor& out, bool sharded = true);
+  // side() on a side branch and main_part() on the main branch, then the join
+  // (Backend::side_begin): the two must be independent (neither writes what the other reads or
+  // writes). The join is issued whatever fails, so the backend never keeps an open branch.
+  template <class Side, class Main>
+  Status branches(Side&& side, Main&& main_part) {
+    Status s = b_.side_begin();
+    if (s.ok()) s = side();
+    Status e = b_.side_end();
+    if (s.ok() && e.ok()) s = main_part();
+    Status j = b_.side_join();
+    return !s.ok() ? s : !e.ok() ? e : j;
+  }
   // V4 MTP block (v4 §3.8) over n pairs: xm [n, hc, D] the backbone's final streams at the
   // consecutive positions pos, tok [n] (I32) the next tokens. Returns the block's window KV rows
   // [n, Dh] (scratch "mtp_kv_rows": the caller writes them to its MTP ring) and, when logits is

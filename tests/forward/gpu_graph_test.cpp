@@ -183,6 +183,42 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
   EXPECT_EQ(s.eager_fallbacks, 0);
 }
 
+// Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
+// the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
+// stream, run the same kernels on the same inputs, so the logits are bitwise those of one
+// stream, eager and in patched graphs, at either side-stream priority; graphs with the
+// branches' fork and join edges still replay by patching, and the first step's new side-branch
+// buffers do not push it to an eager fallback.
+TEST_P(GpuGraphDecode, SideBranchesEqualOneStreamBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, GpuBranches br) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.branches = br;
+    auto m = load_model_gpu(dir, p.numerics, 0, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto one_stream = load_with(false, GpuBranches::kOff);
+  ASSERT_TRUE(one_stream);
+  const auto a = decode_run(*one_stream, 9);
+  const int64_t V = one_stream->config().vocab_size;
+  for (const GpuBranches br : {GpuBranches::kOn, GpuBranches::kPriority}) {
+    const char* name = br == GpuBranches::kOn ? "on" : "priority";
+    auto eager = load_with(false, br), graphs = load_with(true, br);
+    ASSERT_TRUE(eager && graphs);
+    const auto b = decode_run(*eager, 9), c = decode_run(*graphs, 9);
+    EXPECT_TRUE(bitwise_equal(a, b)) << "eager, branches " << name << " vs off: max|d| " << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << "graphs, branches " << name << " vs eager off: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+    const GpuGraphStats s = stats(*graphs);
+    print_stats((std::string(p.config) + " graphs + branches " + name).c_str(), s);
+    EXPECT_GE(s.patched, s.eligible * 8 / 10);
+    EXPECT_EQ(s.eager_fallbacks, 0);
+  }
+}
+
 // The tensor-core linears (GpuLoadOptions::tensor_core_linears: wo_a and the LM head on the BF16
 // tensor cores), alone and with the tensor-core decode attention (decode_attention_tensor), keep
 // batch invariance: a sequence decoded next to another gets the logits it gets alone, bit for

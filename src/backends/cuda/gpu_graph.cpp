@@ -76,7 +76,10 @@ void restore(const Snapshot& s) {
   }
 }
 
-constexpr int kMaxCaptures = 4;     // recordings of one step (each after growing buffers)
+// Recordings of one step, each after growing the buffers the previous one found too small (a
+// capture may stop at the first op whose new buffer is still null, so a step that meets many new
+// buffers, e.g. the first decode step with side branches, finds them one or a few at a time).
+constexpr int kMaxCaptures = 16;
 constexpr size_t kMaxExecs = 32;    // cached executables per model (least recently used go)
 constexpr int kPatchMissRun = 8;     // patch misses in a row that pause patching ...
 constexpr int kPatchBackoff = 16;    // ... for this many decode-sized steps
@@ -176,7 +179,7 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
     bool all = false, any = false;  // record the step, as the others will
     return comm_->vote(all, any);
   }
-  tape.start(ops::cuda::LaunchTape::kPatch, stream_);
+  tape.start(ops::cuda::LaunchTape::kPatch, stream_, side_stream_);
   guard.active = true;
   const auto t0 = std::chrono::steady_clock::now();
   const Status s = run_items(batch, logits);
@@ -336,7 +339,7 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
       return {};  // no capture: the step runs eagerly
     }
     // With patching on, the tape records every op with its node (the executable's patch map).
-    tape.start(patch_ ? ops::cuda::LaunchTape::kRecord : ops::cuda::LaunchTape::kOff, stream_);
+    tape.start(patch_ ? ops::cuda::LaunchTape::kRecord : ops::cuda::LaunchTape::kOff, stream_, side_stream_);
     guard.active = true;
     const Status s = run_items(batch, logits);
     guard.active = false;
@@ -441,7 +444,11 @@ GpuModel::~GpuModel() {
     if (x.exec) cudaGraphExecDestroy(x.exec);
     if (x.graph) cudaGraphDestroy(x.graph);
   }
+  if (side_stream_) cudaStreamSynchronize(side_stream_);
   if (stream_) cudaStreamDestroy(stream_);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
+  if (join_ev_) cudaEventDestroy(join_ev_);
 }
 
 }  // namespace flashseek::forward::gpu

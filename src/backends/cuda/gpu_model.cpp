@@ -558,6 +558,15 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->cache_fmt_ = cache_formats(m->ck_->config(), numerics);
   m->device_ = device;
   FS_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&m->stream_));  // blocking: orders with the legacy stream
+  m->main_stream_ = m->stream_;
+  if (opts.branches != GpuBranches::kOff) {
+    int least = 0, greatest = 0;
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const int prio = opts.branches == GpuBranches::kPriority ? greatest : least;
+    FS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&m->side_stream_, cudaStreamDefault, prio));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->fork_ev_, cudaEventDisableTiming));
+    FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->join_ev_, cudaEventDisableTiming));
+  }
   // CUDA graphs (gpu_graph.cpp): on by default, decode steps replay a cached executable by
   // patching (GpuLoadOptions::graphs kOff: eager; kRecord: record every step).
   m->graphs_ = opts.graphs != GpuGraphs::kOff;
@@ -971,9 +980,11 @@ Status GpuModel::upload_weights() {
   return {};
 }
 
+// A side branch's ops take their own scratch buffers: the ops of both branches use the same
+// names (e.g. a linear's pre-quantised input) and may run at the same time.
 template <typename T>
 Result<T*> GpuModel::scratch(const std::string& name, int64_t n) {
-  auto& a = scratch_[name];
+  auto& a = on_side_ ? scratch_[name + "|side"] : scratch_[name];
   FS_RETURN_IF_ERROR(a.reserve(std::max<size_t>(16, size_t(n) * sizeof(T)), false, /*geometric=*/true));
   return reinterpret_cast<T*>(a.get());
 }
@@ -983,6 +994,32 @@ template Result<int64_t*> GpuModel::scratch<int64_t>(const std::string&, int64_t
 template Result<uint8_t*> GpuModel::scratch<uint8_t>(const std::string&, int64_t);
 template Result<const float**> GpuModel::scratch<const float*>(const std::string&, int64_t);
 template Result<uint8_t**> GpuModel::scratch<uint8_t*>(const std::string&, int64_t);
+
+// Side branches run on their own stream only in decode-sized steps (run_items' rows at most
+// kGpuGraphMaxTokens), whose kernels leave most of the device idle; larger steps and the drafts'
+// forwards keep one stream.
+Status GpuModel::side_begin() {
+  if (!side_stream_ || side_open_ || step_rows_ < 0 || step_rows_ > kGpuGraphMaxTokens) return {};
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(main_stream_, side_stream_, fork_ev_, /*join=*/false));
+  side_open_ = on_side_ = true;
+  stream_ = side_stream_;
+  return {};
+}
+
+Status GpuModel::side_end() {
+  on_side_ = false;
+  stream_ = main_stream_;
+  return {};
+}
+
+Status GpuModel::side_join() {
+  on_side_ = false;
+  stream_ = main_stream_;
+  if (!side_open_) return {};
+  side_open_ = false;
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(side_stream_, main_stream_, join_ev_, /*join=*/true));
+  return {};
+}
 
 Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
                         int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div,

@@ -48,6 +48,10 @@ enum class GpuGraphs {
   kOff,     // eager launches
 };
 
+// A decode step's side branches on a second stream (GpuLoadOptions::branches; the CLI's
+// --gpu-branches off|on|priority).
+enum class GpuBranches { kOff, kOn, kPriority };
+
 // The FP8-activation linears of reference numerics on native weights, by role: each runs through
 // the block-scaled GEMVs (ops/cuda/gemv.h: another summation order than the CPU's) when its bit is
 // in GpuLoadOptions::fast_linears, else through the exactness kernels (the CPU's order, bitwise the
@@ -179,6 +183,15 @@ struct GpuLoadOptions {
   // way, so only speed depends on it (the routed experts quantise once at every size). Default:
   // the launches above kGpuGraphMaxTokens (8) rows. The CLI's --gemv-prequant-min-rows.
   int64_t gemv_prequant_min_rows = 9;
+  // Side branches (Backend::side_begin; forward/flow.cpp: the query beside the window KV and the
+  // compressors, the router and routed experts beside the shared expert, the DSpark rings beside
+  // the LM head) of decode-sized steps (at most kGpuGraphMaxTokens rows) run on a second stream,
+  // concurrently with the main branch (in a CUDA graph: parallel branches). The same kernels on
+  // the same inputs: the same bits. kPriority: the side stream at the device's highest priority,
+  // so that its blocks are scheduled before the main branch's waiting ones. Off by default: on
+  // the real-width dummy model it measured within the run-to-run spread (bench/RESULTS.md,
+  // session 28). The CLI's --gpu-branches off | on | priority.
+  GpuBranches branches = GpuBranches::kOff;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

@@ -18,7 +18,7 @@ LaunchTape& launch_tape() {
 }
 
 void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s) {
-  if (s != t.stream) t.failed = true;  // work on another stream is not part of the step's graph
+  if (s != t.stream && (!t.side || s != t.side)) t.failed = true;  // another stream: not the step's graph
   t.mix(uint64_t(op.kind) * 0x9E3779B97F4A7C15ull ^ op.cluster);
   t.mix(uint64_t(reinterpret_cast<uintptr_t>(op.func)));
   if (t.mode == LaunchTape::kRecord) {  // the op was just captured: it is the stream's only dependency
@@ -34,6 +34,13 @@ void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s) {
     }
   }
   t.ops.push_back(op);
+}
+
+cudaError_t stream_order(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, bool join) {
+  LaunchTape& t = launch_tape();
+  if (t.mode != LaunchTape::kOff) t.mix(join ? 0x6A6F696E6A6F696Eull : 0x666F726B666F726Bull);
+  if (const cudaError_t e = cudaEventRecord(ev, from); e != cudaSuccess) return e;
+  return cudaStreamWaitEvent(to, ev, 0);
 }
 
 cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
