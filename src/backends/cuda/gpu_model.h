@@ -188,9 +188,8 @@ struct GpuLoadOptions {
   // the LM head) of decode-sized steps (at most kGpuGraphMaxTokens rows) run on a second stream,
   // concurrently with the main branch (in a CUDA graph: parallel branches). The same kernels on
   // the same inputs: the same bits. kPriority: the side stream at the device's highest priority,
-  // so that its blocks are scheduled before the main branch's waiting ones. Off by default: on
-  // the real-width dummy model it measured within the run-to-run spread (bench/RESULTS.md,
-  // session 28). The CLI's --gpu-branches off | on | priority.
+  // so that its blocks are scheduled before the main branch's waiting ones. Off by default. The
+  // CLI's --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
