@@ -11,11 +11,21 @@ are compared (bench/RESULTS.md, sessions 24-25).
 
   scripts/gpu_ab.py [--rounds 3] [--layers 8] [--experts 16] [--shapes 1,v6,16,64]
                     [--prompt-tokens 1024] [--reps 10] [--gpus 0] [--timeout 120]
-                    VARIANT [VARIANT ...]
+                    [--slice BIN[::ARGS]] VARIANT [VARIANT ...]
 
 VARIANT: a flashseek binary, optionally followed by '::' and bench arguments for that variant
 alone (e.g. `build/bin/flashseek::--gemv-prequant-min-rows 1`). A shape is a batch size (1, 16,
 64) or vN for one sequence's N-token verify block (`--batch 1 --step-tokens N`).
+
+The engine's cost of one layer (issue 13): `--layers 8,12` runs every shape at both layer counts
+and prints (step(12) - step(8)) / 4 per variant, the marginal time of a layer with the LM head,
+sampling, embedding and the DSpark rings cancelled out. With the release config, the 8-layer
+model keeps one layer of every role (0,1,2,3,20,21,24,25) and the 12-layer one adds layers 4-7,
+ratio-2 layers that read layer 2's compressed KV and top-k (no compressor, no indexer, no
+Engram): the layer that the layer slice (`flashseek bench --tokens 1,6`, "graph replay
+us/layer") measures. `--slice BIN` runs that slice once per round (`--contexts` = the prompt
+length) and sets the engine's marginal layer against it at the shapes it measures (1 and vN).
+
 `--self-test` checks the parsing and the tables against a stand-in binary (no GPU needed).
 """
 import argparse
@@ -29,6 +39,8 @@ import tempfile
 
 MEDIAN = re.compile(r"median ([0-9.]+) ms/step")
 FLOOR = re.compile(r"the step is ([0-9.]+) % of it")
+# The layer slice's summary table: "| M | kernel sum us | graph replay us/layer | ..." rows.
+SLICE_HEAD = "| M | kernel sum us | graph replay us/layer |"
 
 
 def parse_variant(text):
@@ -50,6 +62,56 @@ def parse_shape(text):
     raise ValueError(f"shape '{text}': a batch size or vN")
 
 
+def parse_layers(text):
+    """'8' or '8,12' -> [8] / [8, 12] (strictly increasing layer counts)."""
+    try:
+        ls = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--layers '{text}': comma-separated layer counts")
+    if not ls or any(n < 1 for n in ls) or any(b <= a for a, b in zip(ls, ls[1:])):
+        raise ValueError(f"--layers '{text}': increasing counts >= 1")
+    return ls
+
+
+def shape_tokens(shape):
+    """Tokens per sequence of a shape when it is one sequence (1 or vN), else None."""
+    if shape == "1":
+        return 1
+    if shape.startswith("v"):
+        return int(shape[1:])
+    return None
+
+
+def run_slice(path, extra, contexts, tokens, timeout):
+    """{M: graph replay us per layer} printed by one layer-slice run."""
+    cmd = [path, "bench", "--tokens", ",".join(str(t) for t in tokens), "--contexts", str(contexts)] + extra
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timed out after {timeout} s: {shlex.join(cmd)}")
+    except OSError as e:
+        raise RuntimeError(f"cannot run {cmd[0]}: {e}")
+    out, res, inside = p.stdout + p.stderr, {}, False
+    for line in out.splitlines():
+        if line.startswith(SLICE_HEAD):
+            inside = True
+            continue
+        if inside:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 3 or cells[0].startswith("---"):
+                if res:
+                    break
+                continue
+            try:
+                res[int(cells[0])] = float(cells[2])
+            except ValueError:
+                break
+    if p.returncode != 0 or any(t not in res for t in tokens):
+        tail = "\n".join(out.strip().splitlines()[-8:])
+        raise RuntimeError(f"exit {p.returncode}, no graph replay row for M = {tokens}: {shlex.join(cmd)}\n{tail}")
+    return res
+
+
 def run_once(cmd, timeout):
     """(median ms/step, % of the HBM floor or None) printed by one bench run."""
     try:
@@ -67,22 +129,34 @@ def run_once(cmd, timeout):
     return float(m.group(1)), (float(f.group(1)) if f else None)
 
 
-def measure(variants, shapes, rounds, base_args, timeout, log=print):
-    """{shape: {label: [(ms, floor %), ...]}} over `rounds` interleaved rounds."""
-    res = {s: {v[0]: [] for v in variants} for s in shapes}
+def measure(variants, shapes, rounds, base_args, timeout, log=print, layers=None, slice_=None):
+    """({(shape, layers): {label: [(ms, floor %), ...]}}, {M: [slice us, ...]}) over `rounds`
+    interleaved rounds. base_args carry no --num-layers: each of `layers` is added per run.
+    slice_ = (path, extra args, contexts, [M, ...]) or None."""
+    layers = layers or [8]
+    res = {(s, n): {v[0]: [] for v in variants} for s in shapes for n in layers}
+    sl = {}
     for r in range(1, rounds + 1):
         for s in shapes:
-            for label, path, extra in variants:
-                ms, fl = run_once([path, "bench"] + base_args + parse_shape(s) + extra, timeout)
-                res[s][label].append((ms, fl))
-                log(f"round {r} shape {s:>4} {label}: {ms:.3f} ms/step" + ("" if fl is None else f" ({fl:.1f} % of the floor)"))
-    return res
+            for n in layers:
+                for label, path, extra in variants:
+                    ms, fl = run_once([path, "bench"] + base_args + ["--num-layers", str(n)] + parse_shape(s) + extra,
+                                      timeout)
+                    res[(s, n)][label].append((ms, fl))
+                    log(f"round {r} shape {s:>4} layers {n} {label}: {ms:.3f} ms/step" +
+                        ("" if fl is None else f" ({fl:.1f} % of the floor)"))
+        if slice_:
+            path, extra, contexts, tokens = slice_
+            for m, us in run_slice(path, extra, contexts, tokens, timeout).items():
+                sl.setdefault(m, []).append(us)
+                log(f"round {r} layer slice M = {m}: {us:.1f} us per layer")
+    return res, sl
 
 
-def tables(res):
+def tables(res, sl=None):
     lines = []
-    for s, by in res.items():
-        lines.append(f"\nshape {s} (ms per step; median of the runs)")
+    for (s, n), by in res.items():
+        lines.append(f"\nshape {s}, {n} layers (ms per step; median of the runs)")
         lines.append("| variant | runs | median | vs first | % of the HBM floor |")
         lines.append("|---|---|---|---|---|")
         first = None
@@ -92,6 +166,29 @@ def tables(res):
             fl = [f for _, f in runs if f is not None]
             fls = f"{statistics.median(fl):.1f}" if fl else "-"
             lines.append(f"| {label} | {' / '.join(f'{ms:.3f}' for ms, _ in runs)} | {med:.3f} | {med / first:.3f}x | {fls} |")
+    layers = sorted({n for _, n in res})
+    shapes = list(dict.fromkeys(s for s, _ in res))
+    if len(layers) > 1:
+        lo, hi = layers[0], layers[-1]
+        lines.append(f"\nthe engine's marginal layer: (step at {hi} layers - step at {lo}) / {hi - lo}, "
+                     "medians, us per layer" + ("; the layer slice's graph replay per layer in the same rounds"
+                                                 if sl else ""))
+        lines.append("| shape | variant | us per layer |" + (" slice us per layer | engine / slice |" if sl else ""))
+        lines.append("|---|---|---|" + ("---|---|" if sl else ""))
+        for s in shapes:
+            for label in res[(s, lo)]:
+                a = statistics.median(ms for ms, _ in res[(s, lo)][label])
+                b = statistics.median(ms for ms, _ in res[(s, hi)][label])
+                us = (b - a) * 1000.0 / (hi - lo)
+                row = f"| {s} | {label} | {us:.1f} |"
+                m = shape_tokens(s)
+                if sl:
+                    if m in sl:
+                        ref = statistics.median(sl[m])
+                        row += f" {ref:.1f} ({' / '.join(f'{x:.1f}' for x in sl[m])}) | {us / ref:.3f}x |"
+                    else:
+                        row += " - | - |"
+                lines.append(row)
     return "\n".join(lines)
 
 
@@ -106,7 +203,8 @@ def self_test():
                     "assert a[0] == 'bench' and '--load-format' in a, a\n"
                     "b = int(a[a.index('--batch') + 1])\n"
                     "t = int(a[a.index('--step-tokens') + 1]) if '--step-tokens' in a else 1\n"
-                    "ms = 3.0 + b * 0.2 + t * 0.5 - (0.5 if '--fast' in a else 0.0)\n"
+                    "n = int(a[a.index('--num-layers') + 1])\n"
+                    "ms = 3.0 + b * 0.2 + t * 0.5 - (0.5 if '--fast' in a else 0.0) + (n - 8) * 0.25\n"
                     "print(f'median {ms:.3f} ms/step over 10 steps')\n"
                     "print(f'HBM floor: 1.0 ms at the measured copy bandwidth 4200 GB/s; the step is {100.0 / ms:.1f} % of it')\n")
         os.chmod(fake, 0o755)
@@ -114,13 +212,65 @@ def self_test():
         with open(broken, "w") as f:
             f.write("#!/bin/sh\necho 'no numbers here'\nexit 3\n")
         os.chmod(broken, 0o755)
+        # A stand-in layer slice: the summary table's rows for the --tokens it is given; a
+        # second table with other numbers follows (it must not be read).
+        fslice = os.path.join(d, "fakeslice")
+        with open(fslice, "w") as f:
+            f.write("#!/usr/bin/env python3\n"
+                    "import sys\n"
+                    "a = sys.argv[1:]\n"
+                    "assert a[0] == 'bench' and a[a.index('--contexts') + 1] == '4096', a\n"
+                    "ms = [int(x) for x in a[a.index('--tokens') + 1].split(',')]\n"
+                    "print('| M | kernel | role (layers/step) | median us |')\n"
+                    "print('|---|---|---|---|')\n"
+                    "print('| 1 | wq_b (FP8) | every | 23.0 |')\n"
+                    "print()\n"
+                    "print('| M | kernel sum us | graph replay us/layer | graph/sum | layer MB |')\n"
+                    "print('|---|---|---|---|---|')\n"
+                    "for m in ms:\n"
+                    "    if m <= 8:\n"
+                    "        print(f'| {m} | 999.0 | {200.0 + 50.0 * m:.1f} | 0.9 | 80.0 |')\n"
+                    "print()\n"
+                    "print('| M | context | step ms |')\n"
+                    "print('|---|---|---|')\n"
+                    "print('| 1 | 4096 | 12.00 |')\n")
+        os.chmod(fslice, 0o755)
         variants = [parse_variant(fake), parse_variant(fake + "::--fast")]
-        res = measure(variants, ["1", "v6"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None)
-        assert [ms for ms, _ in res["1"]["fakebench"]] == [3.7, 3.7], res
-        assert [ms for ms, _ in res["v6"]["fakebench --fast"]] == [5.7, 5.7], res
-        assert abs(res["1"]["fakebench"][0][1] - 27.0) < 0.05, res
+        res, sl = measure(variants, ["1", "v6"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None)
+        assert not sl, sl
+        assert [ms for ms, _ in res[("1", 8)]["fakebench"]] == [3.7, 3.7], res
+        assert [ms for ms, _ in res[("v6", 8)]["fakebench --fast"]] == [5.7, 5.7], res
+        assert abs(res[("1", 8)]["fakebench"][0][1] - 27.0) < 0.05, res
         t = tables(res)
         assert "| fakebench --fast | 3.200 / 3.200 | 3.200 | 0.865x |" in t, t
+        assert "marginal" not in t, t
+        # Two layer counts: (step(12) - step(8)) / 4 = 0.25 ms = 250 us per layer, against the
+        # slice's 250 us (M = 1) and 500 us (M = 6).
+        res, sl = measure(variants, ["1", "v6", "16"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None,
+                          layers=[8, 12], slice_=(fslice, [], 4096, [1, 6]))
+        assert sl == {1: [250.0, 250.0], 6: [500.0, 500.0]}, sl
+        assert [ms for ms, _ in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
+        t = tables(res, sl)
+        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 / 250.0) | 1.000x |" in t, t
+        assert "| v6 | fakebench --fast | 250.0 | 500.0 (500.0 / 500.0) | 0.500x |" in t, t
+        assert "| 16 | fakebench | 250.0 | - | - |" in t, t
+        try:
+            run_slice(fslice, [], 4096, [1, 9], 30)  # the stand-in prints no row past M = 8
+            raise AssertionError("a slice run without a row for an M asked for must fail")
+        except RuntimeError as e:
+            assert "M = [1, 9]" in str(e), e
+        try:
+            run_slice(broken, [], 4096, [1], 30)
+            raise AssertionError("a slice run without its table must fail")
+        except RuntimeError as e:
+            assert "exit 3" in str(e) and "graph replay" in str(e), e
+        for bad in ["", "8,8", "12,8", "0,8", "x"]:
+            try:
+                parse_layers(bad)
+                raise AssertionError(f"--layers '{bad}' must be refused")
+            except ValueError:
+                pass
+        assert parse_layers("8,12") == [8, 12] and shape_tokens("v6") == 6 and shape_tokens("16") is None
         try:
             measure([parse_variant(broken)], ["1"], 1, [], 30, log=lambda *_: None)
             raise AssertionError("a run without a median line must fail")
@@ -145,7 +295,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="*", help="BIN or BIN::bench args")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", default="8", help="layer count, or two (e.g. 8,12) for the marginal layer")
+    ap.add_argument("--slice", help="BIN[::ARGS]: also run BIN's layer slice (with two --layers counts)")
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--shapes", default="1,v6,16,64")
     ap.add_argument("--prompt-tokens", type=int, default=1024)
@@ -158,13 +309,23 @@ def main():
         return self_test()
     if not a.variants:
         ap.error("name at least one variant (a flashseek binary)")
-    if a.rounds < 1 or a.layers < 1 or a.experts < 1 or a.reps < 1 or a.prompt_tokens < 1:
-        ap.error("--rounds, --layers, --experts, --reps and --prompt-tokens must be >= 1")
+    if a.rounds < 1 or a.experts < 1 or a.reps < 1 or a.prompt_tokens < 1:
+        ap.error("--rounds, --experts, --reps and --prompt-tokens must be >= 1")
     try:
         variants = [parse_variant(v) for v in a.variants]
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
         for s in shapes:
             parse_shape(s)
+        layers = parse_layers(a.layers)
+        slice_ = None
+        if a.slice:
+            if len(layers) < 2:
+                raise ValueError("--slice needs two --layers counts (the engine's marginal layer)")
+            _, path, extra = parse_variant(a.slice)
+            tokens = sorted({shape_tokens(s) for s in shapes if shape_tokens(s) is not None})
+            if not tokens:
+                raise ValueError("--slice needs a one-sequence shape (1 or vN)")
+            slice_ = (path, extra, a.prompt_tokens, tokens)
     except ValueError as e:
         ap.error(str(e))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -172,14 +333,14 @@ def main():
         cfg = os.path.join(d, "config.json")
         subprocess.run([sys.executable, os.path.join(here, "realwidth_config.py"), "--experts", str(a.experts), cfg],
                        check=True)
-        base = ["--load-format", "dummy", "--config", cfg, "--num-layers", str(a.layers), "--gpus", a.gpus,
+        base = ["--load-format", "dummy", "--config", cfg, "--gpus", a.gpus,
                 "--reps", str(a.reps), "--prompt-tokens", str(a.prompt_tokens)]
         try:
-            res = measure(variants, shapes, a.rounds, base, a.timeout)
+            res, sl = measure(variants, shapes, a.rounds, base, a.timeout, layers=layers, slice_=slice_)
         except RuntimeError as e:
             print(f"gpu_ab.py: {e}", file=sys.stderr)
             return 1
-    print(tables(res))
+    print(tables(res, sl))
     return 0
 
 
