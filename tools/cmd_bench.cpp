@@ -302,7 +302,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
       ->capture_default_str();
   cmd->add_option("--gpu-branches", mo->branches,
-                  "model bench, GPU: a decode step's independent parts on two streams at once: off | on | priority, "
+                  "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
                   "as run / serve")
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();

@@ -278,14 +278,18 @@ class Backend {
   }
 
   // ---- concurrency (hints; by default every op runs in call order) ----
-  // A side branch: the ops issued between side_begin() and side_end() depend on every op issued
-  // before side_begin(); those issued after side_end() form the main branch again, which does not
-  // wait for the side branch until side_join(), so a backend may run the two at the same time.
-  // After side_join() every op depends on both. The flow keeps the branches disjoint: until the
-  // join neither writes what the other reads or writes (Forward::branches). Not nested.
-  virtual Status side_begin() { return {}; }
-  virtual Status side_end() { return {}; }
-  virtual Status side_join() { return {}; }
+  // A side branch on lane `lane` (< kBranchLanes): the ops issued between side_begin(lane) and
+  // side_end(lane) depend on every op issued before side_begin(lane); those issued after
+  // side_end(lane) form the main branch again, which does not wait for the side branch until
+  // side_join(lane), so a backend may run the two at the same time. After side_join(lane) every op
+  // depends on both. The flow keeps the branches disjoint: until the join neither writes what the
+  // other reads or writes (Forward::branches). A lane holds one branch at a time; the main part of
+  // a lane-1 branch may hold lane-0 branches (an mHC sublayer's mixes beside the sublayer, whose
+  // own branches use lane 0), never the other way round, and no branch begins inside a side part.
+  static constexpr int kBranchLanes = 2;
+  virtual Status side_begin(int lane) { return {}; }
+  virtual Status side_end(int lane) { return {}; }
+  virtual Status side_join(int lane) { return {}; }
 
   // ---- multi-GPU (no-ops on one device) ----
   // This rank's attention heads, output groups and vocabulary rows.

@@ -96,12 +96,14 @@ class CpuModel final : public Model {
   StateGeometry state_geometry() const;
   // Records selections of subsequent forwards into `trace` (nullptr: off). Not thread-safe.
   void set_trace(ForwardTrace* trace) { trace_ = trace; }
+  // The flow's parameters for this model (a Forward over CpuOps, or over a backend that wraps
+  // them: tests/forward/branch_hazard_test.cpp).
+  FlowParams flow_params() const;
 
  private:
   friend class CpuOps;  // the backend ops (cpu_backend.h) read the weights and options
   CpuModel() = default;
   bool ref() const { return numerics_ == Numerics::kReference; }
-  FlowParams flow_params() const;
 
   std::unique_ptr<model::Checkpoint> ck_;
   ModelWeights w_;

@@ -257,17 +257,30 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
     m.pre = pre, m.post = post, m.comb = comb;
     return b_.hc_mixes(m);
   };
-  FS_RETURN_IF_ERROR(mixes(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a));
-  // V4.1 applies the previous sublayer's pre weights to the current stream (v41 §2 item 1).
-  FS_RETURN_IF_ERROR(b_.hc_collapse(X, v41 ? pre_in : pre_a, u, T, hc, D, R()));
-  FS_RETURN_IF_ERROR(b_.rms_norm(u, &L.attn_norm, a, T, D, eps, R()));
-  FS_RETURN_IF_ERROR(attn(a, f));
-  FS_RETURN_IF_ERROR(b_.hc_post(f, X, post, comb, T, hc, D, R()));
-  FS_RETURN_IF_ERROR(mixes(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f));
-  FS_RETURN_IF_ERROR(b_.hc_collapse(X, v41 ? pre_a : pre_f, u, T, hc, D, R()));
-  FS_RETURN_IF_ERROR(b_.rms_norm(u, &L.ffn_norm, a, T, D, eps, R()));
-  FS_RETURN_IF_ERROR(ffn(a, f));
-  FS_RETURN_IF_ERROR(b_.hc_post(f, X, post, comb, T, hc, D, R()));
+  // One sublayer: its mixes (pre, post, comb from X), the collapse of X by `pre_c`, the norm, the
+  // sublayer, then hc_post with the mixes' post and comb. V4.1 applies the previous sublayer's pre
+  // weights to the current stream (v41 §2 item 1), so there the collapse, norm and sublayer do not
+  // read what the mixes write: the mixes run beside them (a lane-1 branch, joined before hc_post).
+  // V4 collapses by the fresh pre: one chain.
+  auto sublayer = [&](const Vec& fn, const Vec& base, const Vec& scale, const Tensor& pre, const Tensor& pre_c,
+                      const Vec& norm_w, const Sublayer& body) -> Status {
+    auto mix = [&]() { return mixes(fn, base, scale, pre); };
+    auto rest = [&]() -> Status {
+      FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
+      FS_RETURN_IF_ERROR(b_.rms_norm(u, &norm_w, a, T, D, eps, R()));
+      return body(a, f);
+    };
+    if (v41) {
+      FS_RETURN_IF_ERROR(branches(mix, rest, /*lane=*/1));
+    } else {
+      FS_RETURN_IF_ERROR(mix());
+      FS_RETURN_IF_ERROR(rest());
+    }
+    return b_.hc_post(f, X, post, comb, T, hc, D, R());
+  };
+  FS_RETURN_IF_ERROR(sublayer(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, v41 ? pre_in : pre_a, L.attn_norm,
+                              attn));
+  FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, L.ffn_norm, ffn));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
 }
 

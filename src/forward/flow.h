@@ -80,16 +80,17 @@ class Forward {
   // runs them.
   Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
              const Tensor& m, const Tensor& out, bool sharded = true);
-  // side() on a side branch and main_part() on the main branch, then the join
+  // side() on a side branch of `lane` and main_part() on the main branch, then the join
   // (Backend::side_begin): the two must be independent (neither writes what the other reads or
-  // writes). The join is issued whatever fails, so the backend never keeps an open branch.
+  // writes). The join is issued whatever fails, so the backend never keeps an open branch. Lane 0
+  // for branches within a sublayer; lane 1 for a sublayer's mixes beside the sublayer (block).
   template <class Side, class Main>
-  Status branches(Side&& side, Main&& main_part) {
-    Status s = b_.side_begin();
+  Status branches(Side&& side, Main&& main_part, int lane = 0) {
+    Status s = b_.side_begin(lane);
     if (s.ok()) s = side();
-    Status e = b_.side_end();
+    Status e = b_.side_end(lane);
     if (s.ok() && e.ok()) s = main_part();
-    Status j = b_.side_join();
+    Status j = b_.side_join(lane);
     return !s.ok() ? s : !e.ok() ? e : j;
   }
   // V4 MTP block (v4 §3.8) over n pairs: xm [n, hc, D] the backbone's final streams at the

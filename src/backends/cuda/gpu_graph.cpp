@@ -179,7 +179,7 @@ Status GpuModel::patch_step(const std::vector<int64_t>& key, std::span<BatchItem
     bool all = false, any = false;  // record the step, as the others will
     return comm_->vote(all, any);
   }
-  tape.start(ops::cuda::LaunchTape::kPatch, stream_, side_stream_);
+  tape.start(ops::cuda::LaunchTape::kPatch, stream_, side_stream_[0], side_stream_[1]);
   guard.active = true;
   const auto t0 = std::chrono::steady_clock::now();
   const Status s = run_items(batch, logits);
@@ -339,7 +339,8 @@ Status GpuModel::forward_graph(std::span<BatchItem> batch, std::vector<float>& l
       return {};  // no capture: the step runs eagerly
     }
     // With patching on, the tape records every op with its node (the executable's patch map).
-    tape.start(patch_ ? ops::cuda::LaunchTape::kRecord : ops::cuda::LaunchTape::kOff, stream_, side_stream_);
+    tape.start(patch_ ? ops::cuda::LaunchTape::kRecord : ops::cuda::LaunchTape::kOff, stream_, side_stream_[0],
+               side_stream_[1]);
     guard.active = true;
     const Status s = run_items(batch, logits);
     guard.active = false;
@@ -444,11 +445,14 @@ GpuModel::~GpuModel() {
     if (x.exec) cudaGraphExecDestroy(x.exec);
     if (x.graph) cudaGraphDestroy(x.graph);
   }
-  if (side_stream_) cudaStreamSynchronize(side_stream_);
+  for (cudaStream_t s : side_stream_)
+    if (s) cudaStreamSynchronize(s);
   if (stream_) cudaStreamDestroy(stream_);
-  if (side_stream_) cudaStreamDestroy(side_stream_);
-  if (fork_ev_) cudaEventDestroy(fork_ev_);
-  if (join_ev_) cudaEventDestroy(join_ev_);
+  for (int l = 0; l < kLanes; ++l) {
+    if (side_stream_[size_t(l)]) cudaStreamDestroy(side_stream_[size_t(l)]);
+    if (fork_ev_[size_t(l)]) cudaEventDestroy(fork_ev_[size_t(l)]);
+    if (join_ev_[size_t(l)]) cudaEventDestroy(join_ev_[size_t(l)]);
+  }
 }
 
 }  // namespace flashseek::forward::gpu

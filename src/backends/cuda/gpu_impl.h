@@ -302,9 +302,9 @@ class GpuModel final : public Model, public Backend {
  public:
   // ---- Backend (gpu_ops.cpp) ----
   Result<Tensor> scratch(const std::string& name, ElemType type, int64_t rows, int64_t cols = 1) override;
-  Status side_begin() override;
-  Status side_end() override;
-  Status side_join() override;
+  Status side_begin(int lane) override;
+  Status side_end(int lane) override;
+  Status side_join(int lane) override;
   Status upload(const Tensor& dst, const void* host, size_t bytes) override { return upload(dst.data, host, bytes); }
   Status copy(const Tensor& dst, const Tensor& src, size_t bytes) override;
   Status copy_rows(const Tensor& dst, int64_t dst_stride, const Tensor& src, int64_t src_stride, int64_t rows,
@@ -486,15 +486,19 @@ class GpuModel final : public Model, public Backend {
   // role may use the block-scaled GEMVs, else 0 (the exactness kernels).
   int64_t fast_act(GpuLinearRole r, int64_t act) const { return fast_linears_ & gpu_linear_bit(r) ? act : 0; }
   // Every op of this model runs on stream_ (a blocking stream: it orders with the legacy-stream
-  // copies of DevArray growth and GpuSequenceState::clone). Inside a side branch stream_ is
-  // side_stream_ (also blocking) and main_stream_ the model's stream.
+  // copies of DevArray growth and GpuSequenceState::clone). Inside a side branch stream_ is that
+  // lane's side_stream_ (also blocking) and main_stream_ the model's stream.
   cudaStream_t stream_ = nullptr;
-  // Side branches (Backend::side_begin, GpuLoadOptions::branches): the second stream (null: off),
-  // the fork and join events, whether a fork onto it is open (decode-sized steps only) and
-  // whether ops now go to it (their scratch buffers then are the side's own: scratch<T>).
-  cudaStream_t main_stream_ = nullptr, side_stream_ = nullptr;
-  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
-  bool side_open_ = false, on_side_ = false;
+  // Side branches (Backend::side_begin, GpuLoadOptions::branches), per lane: the lane's stream
+  // (null: off), its fork and join events, whether a fork onto it is open (decode-sized steps
+  // only); on_lane_ the lane whose side part ops now go to (-1: the main branch; a side part's
+  // scratch buffers are its lane's own: scratch<T>).
+  static constexpr int kLanes = Backend::kBranchLanes;
+  cudaStream_t main_stream_ = nullptr;
+  std::array<cudaStream_t, kLanes> side_stream_{};
+  std::array<cudaEvent_t, kLanes> fork_ev_{}, join_ev_{};
+  std::array<bool, kLanes> side_open_{};
+  int on_lane_ = -1;
   PinnedArena staging_;
   struct PendingCopy {
     size_t off;          // into the caller's logits

@@ -563,9 +563,11 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     int least = 0, greatest = 0;
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     const int prio = opts.branches == GpuBranches::kPriority ? greatest : least;
-    FS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&m->side_stream_, cudaStreamDefault, prio));
-    FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->fork_ev_, cudaEventDisableTiming));
-    FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->join_ev_, cudaEventDisableTiming));
+    for (int l = 0; l < kLanes; ++l) {
+      FS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&m->side_stream_[size_t(l)], cudaStreamDefault, prio));
+      FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->fork_ev_[size_t(l)], cudaEventDisableTiming));
+      FS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m->join_ev_[size_t(l)], cudaEventDisableTiming));
+    }
   }
   // CUDA graphs (gpu_graph.cpp): on by default, decode steps replay a cached executable by
   // patching (GpuLoadOptions::graphs kOff: eager; kRecord: record every step).
@@ -980,11 +982,11 @@ Status GpuModel::upload_weights() {
   return {};
 }
 
-// A side branch's ops take their own scratch buffers: the ops of both branches use the same
-// names (e.g. a linear's pre-quantised input) and may run at the same time.
+// A side branch's ops take their own scratch buffers (per lane): the ops of the branches use the
+// same names (e.g. a linear's pre-quantised input) and may run at the same time.
 template <typename T>
 Result<T*> GpuModel::scratch(const std::string& name, int64_t n) {
-  auto& a = on_side_ ? scratch_[name + "|side"] : scratch_[name];
+  auto& a = on_lane_ < 0 ? scratch_[name] : scratch_[name + (on_lane_ == 0 ? "|side" : "|side1")];
   FS_RETURN_IF_ERROR(a.reserve(std::max<size_t>(16, size_t(n) * sizeof(T)), false, /*geometric=*/true));
   return reinterpret_cast<T*>(a.get());
 }
@@ -997,27 +999,34 @@ template Result<uint8_t**> GpuModel::scratch<uint8_t*>(const std::string&, int64
 
 // Side branches run on their own stream only in decode-sized steps (run_items' rows at most
 // kGpuGraphMaxTokens), whose kernels leave most of the device idle; larger steps and the drafts'
-// forwards keep one stream.
-Status GpuModel::side_begin() {
-  if (!side_stream_ || side_open_ || step_rows_ < 0 || step_rows_ > kGpuGraphMaxTokens) return {};
-  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(main_stream_, side_stream_, fork_ev_, /*join=*/false));
-  side_open_ = on_side_ = true;
-  stream_ = side_stream_;
+// forwards keep one stream. A fork is made only from the main branch (a begin inside a side part,
+// or on a lane already open, issues the branch in line), so at most one lane's side part is being
+// issued at a time.
+Status GpuModel::side_begin(int lane) {
+  if (lane < 0 || lane >= kLanes) return internal_error("side_begin: lane {} outside [0, {})", lane, kLanes);
+  const size_t l = size_t(lane);
+  if (!side_stream_[l] || side_open_[l] || on_lane_ >= 0 || step_rows_ < 0 || step_rows_ > kGpuGraphMaxTokens)
+    return {};
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(main_stream_, side_stream_[l], fork_ev_[l], /*join=*/false, lane));
+  side_open_[l] = true;
+  on_lane_ = lane;
+  stream_ = side_stream_[l];
   return {};
 }
 
-Status GpuModel::side_end() {
-  on_side_ = false;
-  stream_ = main_stream_;
+Status GpuModel::side_end(int lane) {
+  if (lane < 0 || lane >= kLanes) return internal_error("side_end: lane {} outside [0, {})", lane, kLanes);
+  if (on_lane_ == lane) on_lane_ = -1, stream_ = main_stream_;
   return {};
 }
 
-Status GpuModel::side_join() {
-  on_side_ = false;
-  stream_ = main_stream_;
-  if (!side_open_) return {};
-  side_open_ = false;
-  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(side_stream_, main_stream_, join_ev_, /*join=*/true));
+Status GpuModel::side_join(int lane) {
+  if (lane < 0 || lane >= kLanes) return internal_error("side_join: lane {} outside [0, {})", lane, kLanes);
+  const size_t l = size_t(lane);
+  if (on_lane_ == lane) on_lane_ = -1, stream_ = main_stream_;
+  if (!side_open_[l]) return {};
+  side_open_[l] = false;
+  FS_CUDA_RETURN_IF_ERROR(ops::cuda::stream_order(side_stream_[l], main_stream_, join_ev_[l], /*join=*/true, lane));
   return {};
 }
 

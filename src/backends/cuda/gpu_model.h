@@ -183,13 +183,14 @@ struct GpuLoadOptions {
   // way, so only speed depends on it (the routed experts quantise once at every size). Default:
   // the launches above kGpuGraphMaxTokens (8) rows. The CLI's --gemv-prequant-min-rows.
   int64_t gemv_prequant_min_rows = 9;
-  // Side branches (Backend::side_begin; forward/flow.cpp: the query beside the window KV and the
-  // compressors, the router and routed experts beside the shared expert, the DSpark rings beside
-  // the LM head) of decode-sized steps (at most kGpuGraphMaxTokens rows) run on a second stream,
-  // concurrently with the main branch (in a CUDA graph: parallel branches). The same kernels on
-  // the same inputs: the same bits. kPriority: the side stream at the device's highest priority,
-  // so that its blocks are scheduled before the main branch's waiting ones. Off by default. The
-  // CLI's --gpu-branches off | on | priority.
+  // Side branches (Backend::side_begin; forward/flow.cpp, lane 0: the query beside the window KV
+  // and the compressors, the router and routed experts beside the shared expert, the DSpark rings
+  // beside the LM head; lane 1, V4.1: each sublayer's mHC mixes beside the sublayer) of
+  // decode-sized steps (at most kGpuGraphMaxTokens rows) run on a stream per lane, concurrently
+  // with the main branch (in a CUDA graph: parallel branches). The same kernels on the same
+  // inputs: the same bits. kPriority: the side streams at the device's highest priority, so that
+  // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
+  // --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).

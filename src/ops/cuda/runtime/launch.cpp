@@ -18,7 +18,8 @@ LaunchTape& launch_tape() {
 }
 
 void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s) {
-  if (s != t.stream && (!t.side || s != t.side)) t.failed = true;  // another stream: not the step's graph
+  // Another stream: not the step's graph.
+  if (s != t.stream && (!t.side[0] || s != t.side[0]) && (!t.side[1] || s != t.side[1])) t.failed = true;
   t.mix(uint64_t(op.kind) * 0x9E3779B97F4A7C15ull ^ op.cluster);
   t.mix(uint64_t(reinterpret_cast<uintptr_t>(op.func)));
   if (t.mode == LaunchTape::kRecord) {  // the op was just captured: it is the stream's only dependency
@@ -36,9 +37,9 @@ void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s) {
   t.ops.push_back(op);
 }
 
-cudaError_t stream_order(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, bool join) {
+cudaError_t stream_order(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, bool join, int lane) {
   LaunchTape& t = launch_tape();
-  if (t.mode != LaunchTape::kOff) t.mix(join ? 0x6A6F696E6A6F696Eull : 0x666F726B666F726Bull);
+  if (t.mode != LaunchTape::kOff) t.mix((join ? 0x6A6F696E6A6F696Eull : 0x666F726B666F726Bull) + uint64_t(lane));
   if (const cudaError_t e = cudaEventRecord(ev, from); e != cudaSuccess) return e;
   return cudaStreamWaitEvent(to, ev, 0);
 }

@@ -52,17 +52,17 @@ struct LaunchTape {
   enum Mode { kOff = 0, kRecord = 1, kPatch = 2 };
   Mode mode = kOff;
   cudaStream_t stream = nullptr;  // the step's stream
-  cudaStream_t side = nullptr;    // and its side-branch stream (stream_order below), if any
+  cudaStream_t side[2] = {};      // and its side-branch streams (stream_order below), if any
   bool failed = false;            // an op the tape could not hold: the step cannot be patched
   uint64_t shape = 0;             // hash of the op kinds and functions in order
   std::vector<TapeOp> ops;
   std::vector<unsigned char> bytes;
   std::vector<uint32_t> arg_offs;
 
-  void start(Mode m, cudaStream_t s, cudaStream_t side_stream = nullptr) {
+  void start(Mode m, cudaStream_t s, cudaStream_t side0 = nullptr, cudaStream_t side1 = nullptr) {
     mode = m;
     stream = s;
-    side = side_stream;
+    side[0] = side0, side[1] = side1;
     failed = false;
     shape = 1469598103934665603ull;
     ops.clear();
@@ -98,11 +98,11 @@ inline void launch_tape_unpatchable() {
 void tape_push(LaunchTape& t, TapeOp& op, cudaStream_t s);
 
 // Makes `to` wait for the work queued so far on `from` (cudaEventRecord on `from` with `ev`, then
-// cudaStreamWaitEvent): a side branch's fork (main -> side) or join (side -> main). Under capture
-// this adds edges, no node; the tape notes it in its shape (a patched executable must have the
-// same branches). Patch mode calls it too: the step is then captured to catch work that bypasses
-// the tape, on the side stream as on the main one.
-cudaError_t stream_order(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, bool join);
+// cudaStreamWaitEvent): a side branch's fork (main -> side) or join (side -> main) on branch lane
+// `lane`. Under capture this adds edges, no node; the tape notes it and the lane in its shape (a
+// patched executable must have the same branches). Patch mode calls it too: the step is then
+// captured to catch work that bypasses the tape, on the side streams as on the main one.
+cudaError_t stream_order(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, bool join, int lane);
 
 // cudaMemcpyAsync / cudaMemsetAsync through the tape (1-D copies; host memory must be pinned
 // when the step may be captured).
