@@ -82,16 +82,22 @@ def shape_tokens(shape):
     return None
 
 
-def run_slice(path, extra, contexts, tokens, timeout):
-    """{M: graph replay us per layer} printed by one layer-slice run."""
-    cmd = [path, "bench", "--tokens", ",".join(str(t) for t in tokens), "--contexts", str(contexts)] + extra
+def run_cmd(cmd, timeout):
+    """(exit status, stdout + stderr) of cmd; RuntimeError when it cannot run or times out."""
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"timed out after {timeout} s: {shlex.join(cmd)}")
     except OSError as e:
         raise RuntimeError(f"cannot run {cmd[0]}: {e}")
-    out, res, inside = p.stdout + p.stderr, {}, False
+    return p.returncode, p.stdout + p.stderr
+
+
+def run_slice(path, extra, contexts, tokens, timeout):
+    """{M: graph replay us per layer} printed by one layer-slice run."""
+    cmd = [path, "bench", "--tokens", ",".join(str(t) for t in tokens), "--contexts", str(contexts)] + extra
+    rc, out = run_cmd(cmd, timeout)
+    res, inside = {}, False
     for line in out.splitlines():
         if line.startswith(SLICE_HEAD):
             inside = True
@@ -106,25 +112,19 @@ def run_slice(path, extra, contexts, tokens, timeout):
                 res[int(cells[0])] = float(cells[2])
             except ValueError:
                 break
-    if p.returncode != 0 or any(t not in res for t in tokens):
+    if rc != 0 or any(t not in res for t in tokens):
         tail = "\n".join(out.strip().splitlines()[-8:])
-        raise RuntimeError(f"exit {p.returncode}, no graph replay row for M = {tokens}: {shlex.join(cmd)}\n{tail}")
+        raise RuntimeError(f"exit {rc}, no graph replay row for M = {tokens}: {shlex.join(cmd)}\n{tail}")
     return res
 
 
 def run_once(cmd, timeout):
     """(median ms/step, % of the HBM floor or None) printed by one bench run."""
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"timed out after {timeout} s: {shlex.join(cmd)}")
-    except OSError as e:
-        raise RuntimeError(f"cannot run {cmd[0]}: {e}")
-    out = p.stdout + p.stderr
+    rc, out = run_cmd(cmd, timeout)
     m = MEDIAN.search(out)
-    if p.returncode != 0 or not m:
+    if rc != 0 or not m:
         tail = "\n".join(out.strip().splitlines()[-8:])
-        raise RuntimeError(f"exit {p.returncode}, no 'median ... ms/step' line: {shlex.join(cmd)}\n{tail}")
+        raise RuntimeError(f"exit {rc}, no 'median ... ms/step' line: {shlex.join(cmd)}\n{tail}")
     f = FLOOR.search(out)
     return float(m.group(1)), (float(f.group(1)) if f else None)
 
@@ -192,49 +192,50 @@ def tables(res, sl=None):
     return "\n".join(lines)
 
 
+def stand_in(d, name, text):
+    """An executable script `name` in folder d with `text`; its path."""
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
 def self_test():
     """A stand-in `flashseek` that prints a median from its arguments: the tables must follow."""
     with tempfile.TemporaryDirectory() as d:
-        fake = os.path.join(d, "fakebench")
-        with open(fake, "w") as f:
-            f.write("#!/usr/bin/env python3\n"
-                    "import sys\n"
-                    "a = sys.argv[1:]\n"
-                    "assert a[0] == 'bench' and '--load-format' in a, a\n"
-                    "b = int(a[a.index('--batch') + 1])\n"
-                    "t = int(a[a.index('--step-tokens') + 1]) if '--step-tokens' in a else 1\n"
-                    "n = int(a[a.index('--num-layers') + 1])\n"
-                    "ms = 3.0 + b * 0.2 + t * 0.5 - (0.5 if '--fast' in a else 0.0) + (n - 8) * 0.25\n"
-                    "print(f'median {ms:.3f} ms/step over 10 steps')\n"
-                    "print(f'HBM floor: 1.0 ms at the measured copy bandwidth 4200 GB/s; the step is {100.0 / ms:.1f} % of it')\n")
-        os.chmod(fake, 0o755)
-        broken = os.path.join(d, "broken")
-        with open(broken, "w") as f:
-            f.write("#!/bin/sh\necho 'no numbers here'\nexit 3\n")
-        os.chmod(broken, 0o755)
+        fake = stand_in(d, "fakebench", "#!/usr/bin/env python3\n"
+                                        "import sys\n"
+                                        "a = sys.argv[1:]\n"
+                                        "assert a[0] == 'bench' and '--load-format' in a, a\n"
+                                        "b = int(a[a.index('--batch') + 1])\n"
+                                        "t = int(a[a.index('--step-tokens') + 1]) if '--step-tokens' in a else 1\n"
+                                        "n = int(a[a.index('--num-layers') + 1])\n"
+                                        "ms = 3.0 + b * 0.2 + t * 0.5 - (0.5 if '--fast' in a else 0.0) + (n - 8) * 0.25\n"
+                                        "print(f'median {ms:.3f} ms/step over 10 steps')\n"
+                                        "print(f'HBM floor: 1.0 ms at the measured copy bandwidth 4200 GB/s; '\n"
+                                        "      f'the step is {100.0 / ms:.1f} % of it')\n")
+        broken = stand_in(d, "broken", "#!/bin/sh\necho 'no numbers here'\nexit 3\n")
         # A stand-in layer slice: the summary table's rows for the --tokens it is given; a
         # second table with other numbers follows (it must not be read).
-        fslice = os.path.join(d, "fakeslice")
-        with open(fslice, "w") as f:
-            f.write("#!/usr/bin/env python3\n"
-                    "import sys\n"
-                    "a = sys.argv[1:]\n"
-                    "assert a[0] == 'bench' and a[a.index('--contexts') + 1] == '4096', a\n"
-                    "ms = [int(x) for x in a[a.index('--tokens') + 1].split(',')]\n"
-                    "print('| M | kernel | role (layers/step) | median us |')\n"
-                    "print('|---|---|---|---|')\n"
-                    "print('| 1 | wq_b (FP8) | every | 23.0 |')\n"
-                    "print()\n"
-                    "print('| M | kernel sum us | graph replay us/layer | graph/sum | layer MB |')\n"
-                    "print('|---|---|---|---|---|')\n"
-                    "for m in ms:\n"
-                    "    if m <= 8:\n"
-                    "        print(f'| {m} | 999.0 | {200.0 + 50.0 * m:.1f} | 0.9 | 80.0 |')\n"
-                    "print()\n"
-                    "print('| M | context | step ms |')\n"
-                    "print('|---|---|---|')\n"
-                    "print('| 1 | 4096 | 12.00 |')\n")
-        os.chmod(fslice, 0o755)
+        fslice = stand_in(d, "fakeslice", "#!/usr/bin/env python3\n"
+                                          "import sys\n"
+                                          "a = sys.argv[1:]\n"
+                                          "assert a[0] == 'bench' and a[a.index('--contexts') + 1] == '4096', a\n"
+                                          "ms = [int(x) for x in a[a.index('--tokens') + 1].split(',')]\n"
+                                          "print('| M | kernel | role (layers/step) | median us |')\n"
+                                          "print('|---|---|---|---|')\n"
+                                          "print('| 1 | wq_b (FP8) | every | 23.0 |')\n"
+                                          "print()\n"
+                                          "print('| M | kernel sum us | graph replay us/layer | graph/sum | layer MB |')\n"
+                                          "print('|---|---|---|---|---|')\n"
+                                          "for m in ms:\n"
+                                          "    if m <= 8:\n"
+                                          "        print(f'| {m} | 999.0 | {200.0 + 50.0 * m:.1f} | 0.9 | 80.0 |')\n"
+                                          "print()\n"
+                                          "print('| M | context | step ms |')\n"
+                                          "print('|---|---|---|')\n"
+                                          "print('| 1 | 4096 | 12.00 |')\n")
         variants = [parse_variant(fake), parse_variant(fake + "::--fast")]
         res, sl = measure(variants, ["1", "v6"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None)
         assert not sl, sl

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <filesystem>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -17,12 +16,10 @@
 #include "forward/cpu_backend.h"
 #include "forward/cpu_model.h"
 #include "forward/flow.h"
-#include "model/make_tiny.h"
+#include "parity_test_util.h"
 
 namespace flashseek::forward {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct Range {
   uintptr_t lo = 0, hi = 0;  // [lo, hi)
@@ -434,39 +431,13 @@ struct Param {
   Numerics numerics;
 };
 
-std::vector<std::string>& made_dirs() {
-  static std::vector<std::string> dirs;
-  return dirs;
-}
-class RemoveTinyDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const auto& d : made_dirs()) fs::remove_all(d);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kRemoveTinyDirs =
-    ::testing::AddGlobalTestEnvironment(new RemoveTinyDirs);
-
-std::string tiny_dir(const char* name) {
-  const fs::path dir = fs::temp_directory_path() / (std::string("fs_hazard_") + name + "_" + std::to_string(::getpid()));
-  if (fs::exists(dir / "config.json")) return dir.string();
-  auto cfg = model::builtin_config(name);
-  EXPECT_TRUE(cfg.ok());
-  model::MakeTinyOptions opt;
-  opt.seed = 11;
-  made_dirs().push_back(dir.string());
-  auto st = model::make_tiny_checkpoint(cfg.value(), opt, dir.string());
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return dir.string();
-}
-
 class BranchHazard : public ::testing::TestWithParam<Param> {};
 
 // A prefill chunk, then decode steps of two sequences together and of one with a 3-token block:
 // no unordered conflict, the lanes used where the flow marks them, the plain model's bits.
 TEST_P(BranchHazard, BranchesTouchDisjointMemory) {
   const Param p = GetParam();
-  auto loaded = CpuModel::load(tiny_dir(p.config), p.numerics);
+  auto loaded = CpuModel::load(parity_test::checkpoint({p.config}), p.numerics);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   CpuModel& m = *loaded.value();
   const auto& c = m.config();
