@@ -69,9 +69,10 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
-                  "compressors, the routed beside the shared expert, the DSpark rings beside the LM head; V4.1: "
-                  "each sublayer's mHC mixes beside the sublayer) on side streams: off | on | priority (the side "
-                  "streams at the highest priority); the same results")
+                  "compressors, the ring write beside the output projection, the routed beside the shared "
+                  "expert, the DSpark rings beside the LM head; V4.1: each sublayer's mHC mixes beside the "
+                  "sublayer) on side streams: off | on | priority (the side streams at the highest priority); "
+                  "the same results")
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
   cmd->add_option("--bf16-linears", o.bf16_linears,

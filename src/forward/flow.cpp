@@ -343,11 +343,14 @@ Status Forward::attention(int l, FwdChunk& ctx, const Tensor& a, const Tensor& o
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
   FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("attn_o", T, H * Dh));
   FS_RETURN_IF_ERROR(b_.attention(l, ctx, q, kv, A.attn_sink, o, H, R()));
-  // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
-  FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split()));
-  FS_RETURN_IF_ERROR(b_.tp_allreduce(out, T * D, R()));
-  // Only now publish the chunk's window rows (the queries above read older ones from the ring).
-  return b_.ring_write(l, ctx, kv);
+  // Only now publish the chunk's window rows (the queries above read older ones from the ring),
+  // beside the output projection, which reads no state.
+  auto publish = [&]() { return b_.ring_write(l, ctx, kv); };
+  return branches(publish, [&]() -> Status {
+    // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
+    FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split()));
+    return b_.tp_allreduce(out, T * D, R());
+  });
 }
 
 Status Forward::compress(int l, FwdChunk& ctx, const Tensor& a) {

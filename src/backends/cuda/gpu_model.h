@@ -184,8 +184,8 @@ struct GpuLoadOptions {
   // the launches above kGpuGraphMaxTokens (8) rows. The CLI's --gemv-prequant-min-rows.
   int64_t gemv_prequant_min_rows = 9;
   // Side branches (Backend::side_begin; forward/flow.cpp, lane 0: the query beside the window KV
-  // and the compressors, the router and routed experts beside the shared expert, the DSpark rings
-  // beside the LM head; lane 1, V4.1: each sublayer's mHC mixes beside the sublayer) of
+  // and the compressors, the ring write beside the output projection, the router and routed
+  // experts beside the shared expert, the DSpark rings beside the LM head; lane 1, V4.1: each sublayer's mHC mixes beside the sublayer) of
   // decode-sized steps (at most kGpuGraphMaxTokens rows) run on a stream per lane, concurrently
   // with the main branch (in a CUDA graph: parallel branches). The same kernels on the same
   // inputs: the same bits. kPriority: the side streams at the device's highest priority, so that
