@@ -18,6 +18,11 @@ namespace cd = ops::cuda::detail;
 Status GpuModel::upload_draft_weights() {
   DSparkWeights& W = w_.dspark;
   const size_t ns = W.stages.size();
+  // As the backbone's layers and V4's MTP block: the linears with FP8 activations (act_block_,
+  // reference numerics) may run through the block-scaled GEMVs (GpuLinearRole::kDraft), the
+  // grouped wo_a and the router through the exactness kernel.
+  using R = GpuLinearRole;
+  const auto fa = [&](R r) { return fast_act(r, act_block_); };
   dw1_.resize(ns), dw2_.resize(ns), dw3_.resize(ns), dtid2eid_.resize(ns), dexperts_.resize(ns);
   for (size_t s = 0; s < ns; ++s) {
     LayerWeights& L = W.stages[s];
@@ -28,26 +33,27 @@ Status GpuModel::upload_draft_weights() {
       FS_RETURN_IF_ERROR(up(*v));
     AttentionWeights& A = L.attn;
     if (A.has_compressor || A.has_indexer) return internal_error("DSpark stage {}: expected a window-only block", s);
-    // The draft's linears run through the exactness kernel (same numerics as its FP32 copies).
     for (const auto& [v, name] : {std::pair<Vec*, const char*>{&A.wq_a, "attn.wq_a.weight"},
                                   {&A.wq_b, "attn.wq_b.weight"}, {&A.wkv, "attn.wkv.weight"},
-                                  {&A.wo_a, "attn.wo_a.weight"}, {&A.wo_b, "attn.wo_b.weight"}})
-      FS_RETURN_IF_ERROR(up_matrix(*v, p + name));
+                                  {&A.wo_b, "attn.wo_b.weight"}})
+      FS_RETURN_IF_ERROR(up_matrix(*v, p + name, fa(R::kDraft)));
+    FS_RETURN_IF_ERROR(up_matrix(A.wo_a, p + "attn.wo_a.weight"));
     for (Vec* v : {&A.q_norm, &A.kv_norm, &A.attn_sink, &A.rope_inv_freq}) FS_RETURN_IF_ERROR(up(*v));
     FfnWeights& F = L.ffn;
     FS_RETURN_IF_ERROR(up_matrix(F.gate, p + "ffn.gate.weight"));
     FS_RETURN_IF_ERROR(up(F.bias));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight"));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight"));
-    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight"));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w1, p + "ffn.shared_experts.w1.weight", fa(R::kDraft)));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w2, p + "ffn.shared_experts.w2.weight", fa(R::kDraft)));
+    FS_RETURN_IF_ERROR(up_matrix(F.s_w3, p + "ffn.shared_experts.w3.weight", fa(R::kDraft)));
     std::vector<DevArray<float>> stacks;
-    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", 0, stacks, dexperts_[s]));
+    FS_RETURN_IF_ERROR(up_experts(F.w1, F.w2, F.w3, p + "ffn.experts.", fast_act(R::kDraft, expert_act_block_), stacks,
+                                  dexperts_[s]));
     if (!stacks.empty()) dw1_[s] = std::move(stacks[0]), dw2_[s] = std::move(stacks[1]), dw3_[s] = std::move(stacks[2]);
     if (!F.tid2eid.empty()) FS_RETURN_IF_ERROR(dtid2eid_[s].upload(F.tid2eid.data(), F.tid2eid.size()));
   }
   // The Markov embedding/head run on the device (one [V, r] GEMV per draft token); the confidence
   // dot reads its embedding row from the checkpoint on the host.
-  FS_RETURN_IF_ERROR(up_matrix(W.main_proj, "mtp.0.main_proj.weight"));
+  FS_RETURN_IF_ERROR(up_matrix(W.main_proj, "mtp.0.main_proj.weight", fa(R::kDraft)));
   for (Vec* v : {&W.main_norm, &W.norm}) FS_RETURN_IF_ERROR(up(*v));
   const std::string last = fmt::format("mtp.{}.markov_head.", ns - 1);
   if (native_) {

@@ -66,7 +66,8 @@ enum class GpuLinearRole : uint32_t {
   kSharedExperts,  // ffn.shared_experts.w1 / w2 / w3
   kRoutedExperts,  // ffn.experts.N.w1 / w2 / w3 (the grouped expert GEMV)
   kEngramWkv,      // engram.wkv
-  kDraft,          // the V4 MTP block's FP8-activation linears and experts, e_proj, h_proj
+  kDraft,          // the drafts' FP8-activation linears and experts: V4 MTP's (+ e_proj, h_proj),
+                   // V4.1 DSpark's stages (wq_a, wq_b, wkv, wo_b, shared, routed) and main_proj
   kCount,
 };
 inline constexpr uint32_t gpu_linear_bit(GpuLinearRole r) { return uint32_t(1) << uint32_t(r); }
