@@ -75,6 +75,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "the same results")
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
+  add_exact_linears_option(cmd, o.gpu_exact_linears);
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
                   "CPU's summation order) | tensor (BF16 tensor cores: the same products, another FP32 order)")
@@ -115,6 +116,39 @@ Status apply_threads(const BackendOpts& o) {
   return ThreadPool::set_global_threads(o.threads);
 }
 
+Result<uint32_t> fast_linears_without(const std::string& exact_roles) {
+  using forward::GpuLinearRole;
+  uint32_t mask = forward::kAllGpuLinearRoles;
+  if (exact_roles == "none") return mask;
+  std::string names;  // the accepted names, for the error
+  for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r)
+    names += std::string(r ? ", " : "") + forward::gpu_linear_role_name(GpuLinearRole(r));
+  size_t at = 0;
+  while (at <= exact_roles.size()) {
+    const size_t end = std::min(exact_roles.find(',', at), exact_roles.size());
+    const std::string name = exact_roles.substr(at, end - at);
+    uint32_t bit = 0;
+    for (uint32_t r = 0; r < uint32_t(GpuLinearRole::kCount); ++r)
+      if (name == forward::gpu_linear_role_name(GpuLinearRole(r))) bit = forward::gpu_linear_bit(GpuLinearRole(r));
+    if (!bit) return invalid_argument("unknown role '{}' (none, or comma-separated: {})", name, names);
+    mask &= ~bit;
+    at = end + 1;
+  }
+  return mask;
+}
+
+void add_exact_linears_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--gpu-exact-linears", value,
+                  "GPU backend, reference numerics: linear roles kept on the exactness kernels (the CPU's summation "
+                  "order) instead of the block-scaled GEMVs: none, or comma-separated names of wq_a, wq_b, wkv, "
+                  "wo_b, indexer.wq_b, shared_experts, routed_experts, engram.wkv, draft (a debug / A-B knob)")
+      ->check([](const std::string& v) {
+        auto m = fast_linears_without(v);
+        return m.ok() ? std::string() : m.status().message();
+      })
+      ->capture_default_str();
+}
+
 forward::GpuBranches gpu_branches(const std::string& value) {
   return value == "off"        ? forward::GpuBranches::kOff
          : value == "priority" ? forward::GpuBranches::kPriority
@@ -143,6 +177,7 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);
   g.tensor_core_linears = o.bf16_linears == "tensor";
+  if (auto m = fast_linears_without(o.gpu_exact_linears); m.ok()) g.fast_linears = m.value();  // (checked by CLI11)
   return g;
 }
 

@@ -36,6 +36,9 @@ struct BackendOpts {
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
+  // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
+  // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
+  std::string gpu_exact_linears = "none";
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
   // the bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant.
   std::string bf16_linears = "tensor";
@@ -43,8 +46,8 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --gpu-branches, --bf16-linears, --prefill-attention, --decode-attention and --index-scores
-// to `cmd`.
+// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
@@ -53,6 +56,12 @@ Status apply_threads(const BackendOpts& o);
 forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
 // --gpu-branches off | on | priority (checked by CLI11).
 forward::GpuBranches gpu_branches(const std::string& value);
+// --gpu-exact-linears: "none" or comma-separated role names (gpu_linear_role_name) → the
+// GpuLoadOptions::fast_linears mask without those roles; a clear error for an unknown name.
+Result<uint32_t> fast_linears_without(const std::string& exact_roles);
+// Adds --gpu-exact-linears to `cmd` (run, serve and `bench`'s model bench), checked by
+// fast_linears_without.
+void add_exact_linears_option(CLI::App* cmd, std::string& value);
 
 // Adds --prefill-attention (auto | staged) and --decode-attention (staged | tensor) to `cmd` (run,
 // serve and `bench`'s model bench).

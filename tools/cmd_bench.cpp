@@ -44,6 +44,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
+  std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
@@ -75,6 +76,9 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.branches = gpu_branches(o.branches);
+  auto fast = fast_linears_without(o.exact_linears);
+  if (!fast.ok()) return fail(fast.status());
+  lo.fast_linears = fast.value();
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
@@ -301,6 +305,7 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")
       ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
       ->capture_default_str();
+  add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,
                   "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
                   "as run / serve")

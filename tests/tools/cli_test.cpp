@@ -38,5 +38,20 @@ TEST(Cli, UnknownCommandFails) {
   EXPECT_NE(r2.exit_code, 0) << "no subcommand must be an error";
 }
 
+// --gpu-exact-linears takes "none" or role names; an unknown name is refused by every command
+// that has it, naming the accepted ones.
+TEST(Cli, ExactLinearRolesAreChecked) {
+  for (const char* cmd : {"run", "serve", "bench"}) {
+    auto bad = run_command(flashseek_bin() + " " + cmd + " --gpu-exact-linears draft,bogus 2>&1");
+    EXPECT_NE(bad.exit_code, 0) << cmd << ": " << bad.output;
+    EXPECT_NE(bad.output.find("unknown role 'bogus'"), std::string::npos) << cmd << ": " << bad.output;
+    EXPECT_NE(bad.output.find("routed_experts"), std::string::npos) << cmd << ": " << bad.output;
+    auto good = run_command(flashseek_bin() + " " + cmd + " --gpu-exact-linears draft,wq_a --help 2>&1");
+    EXPECT_EQ(good.exit_code, 0) << cmd << ": " << good.output;
+    auto empty = run_command(flashseek_bin() + " " + cmd + " --gpu-exact-linears '' 2>&1");
+    EXPECT_NE(empty.output.find("unknown role ''"), std::string::npos) << cmd << ": " << empty.output;
+  }
+}
+
 }  // namespace
 }  // namespace flashseek
