@@ -8,13 +8,15 @@
 # every role).
 # --mode auto: the scripted runs use `--speculative auto` (the policy decides from the measured
 # costs and the scripted acceptance) instead of `on`.
+# --extra "ARGS": more `run` options for every run (e.g. "--gpu-exact-linears draft" to A/B the
+# draft's GEMV path, or "--gpu-branches on").
 # Usage: scripts/gpu-spec-script.sh [--layers N] [--experts N] [--gpus 0] [--tokens 256] [--reps 3]
-#        [--accept 2,3.5,5.6] [--mode on|auto]
+#        [--accept 2,3.5,5.6] [--mode on|auto] [--extra "ARGS"]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=384 gpus=0 tokens=256 reps=3 accept=2,3.5,5.6 mode=on
+layers=8 experts=384 gpus=0 tokens=256 reps=3 accept=2,3.5,5.6 mode=on extra=
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
     --reps) reps="$2"; shift 2 ;;
     --accept) accept="$2"; shift 2 ;;
     --mode) mode="$2"; shift 2 ;;
+    --extra) extra="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -32,4 +35,4 @@ trap 'rm -rf "$work"' EXIT
 python3 "$here/realwidth_config.py" --experts "$experts" "$work/config.json"
 python3 "$here/bench_spec.py" --bin "$bin" --ckpt '' --modes off --script-accept "$accept" --script-mode "$mode" \
   --reps "$reps" --max-tokens "$tokens" --prompt-ids 1000,2000,3000,4000,5000,6000,7000,8000 --timeout 600 \
-  --extra "--load-format dummy --config $work/config.json --num-layers $layers --gpus $gpus --max-context 4096"
+  --extra "--load-format dummy --config $work/config.json --num-layers $layers --gpus $gpus --max-context 4096${extra:+ $extra}"
