@@ -430,6 +430,10 @@ struct Param {
   const char* config;
   Numerics numerics;
 };
+// ctest listings show the checkpoint and numerics, not the struct's bytes.
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.config << (p.numerics == Numerics::kReference ? " reference" : " exact");
+}
 
 class BranchHazard : public ::testing::TestWithParam<Param> {};
 
