@@ -155,7 +155,7 @@ forward::GpuBranches gpu_branches(const std::string& value) {
                                : forward::GpuBranches::kOn;
 }
 
-forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
+Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   forward::GpuLoadOptions g;
   g.graphs = o.gpu_graphs == "off"      ? forward::GpuGraphs::kOff
              : o.gpu_graphs == "record" ? forward::GpuGraphs::kRecord
@@ -177,7 +177,9 @@ forward::GpuLoadOptions gpu_load_options(const BackendOpts& o) {
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);
   g.tensor_core_linears = o.bf16_linears == "tensor";
-  if (auto m = fast_linears_without(o.gpu_exact_linears); m.ok()) g.fast_linears = m.value();  // (checked by CLI11)
+  auto fast = fast_linears_without(o.gpu_exact_linears);
+  if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");
+  g.fast_linears = fast.value();
   return g;
 }
 

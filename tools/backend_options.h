@@ -53,7 +53,8 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o);
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.
 Status apply_threads(const BackendOpts& o);
 
-forward::GpuLoadOptions gpu_load_options(const BackendOpts& o);
+// The GpuLoadOptions these options select; an error for a value no option check let through.
+Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o);
 // --gpu-branches off | on | priority (checked by CLI11).
 forward::GpuBranches gpu_branches(const std::string& value);
 // --gpu-exact-linears: "none" or comma-separated role names (gpu_linear_role_name) → the

@@ -139,7 +139,9 @@ int run(const RunOpts& o) {
   if (Status st = apply_threads(o.backend); !st.ok()) return fail(st.message());
   auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
   if (!gpu_weights.ok()) return fail(gpu_weights.status().message());
-  forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
+  auto gpu_opts = gpu_load_options(o.backend);
+  if (!gpu_opts.ok()) return fail(gpu_opts.status().message());
+  forward::GpuLoadOptions load_opts = std::move(gpu_opts).value();
   load_opts.weights = *gpu_weights;
   auto source = resolve_model_source(o.source, o.seed);
   if (!source.ok()) return fail(source.status().message());

@@ -223,11 +223,13 @@ int serve(const ServeOpts& o) {
   // The memory plan refuses what does not fit before anything big is allocated.
   auto weights_mode = forward::parse_gpu_weights(o.gpu_weights);
   if (!weights_mode.ok()) return fail(weights_mode.status());
+  auto gpu_opts = gpu_load_options(o.backend);
+  if (!gpu_opts.ok()) return fail(gpu_opts.status());
   if (Status st = check_memory_plan_for(*source, o.plan, o.gpus, o.max_batch, o.max_context,
                                         *weights_mode == forward::GpuWeights::kNative,
                                         engram_on_device(o.backend),
                                         o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference,
-                                        budget->max_step_tokens, gpu_load_options(o.backend).prefill_gemm_expand_w);
+                                        budget->max_step_tokens, gpu_opts->prefill_gemm_expand_w);
       !st.ok())
     return fail(st);
   const std::string own_name =
@@ -256,16 +258,13 @@ int serve(const ServeOpts& o) {
       return fail(st);
     }
   }
-  auto gpu_weights = forward::parse_gpu_weights(o.gpu_weights);
-  forward::GpuLoadOptions load_opts = gpu_load_options(o.backend);
-  if (gpu_weights.ok()) load_opts.weights = *gpu_weights;
+  forward::GpuLoadOptions load_opts = *gpu_opts;
+  load_opts.weights = *weights_mode;
   load_opts.load_progress = load_progress_printer(load_opts.load_threads);
   const auto load_t0 = std::chrono::steady_clock::now();
-  auto model = gpu_weights.ok() ? forward::load_model_for(
-                                      source->name, o.numerics == "exact" ? forward::Numerics::kExact
-                                                                          : forward::Numerics::kReference,
-                                      o.gpus, load_opts)
-                                : Result<std::unique_ptr<forward::Model>>(gpu_weights.status());
+  auto model = forward::load_model_for(
+      source->name, o.numerics == "exact" ? forward::Numerics::kExact : forward::Numerics::kReference, o.gpus,
+      load_opts);
   // Failure after the listener started: stop it and the signal thread before returning.
   auto abort_with = [&](const Status& st) {
     http.stop();
