@@ -63,23 +63,22 @@ def parse_shape(text):
 
 
 def parse_layers(text):
-    """'8' or '8,12' -> [8] / [8, 12] (strictly increasing layer counts)."""
+    """'8' or '8,12' -> [8] / [8, 12]: one layer count, or two increasing ones (the marginal layer)."""
     try:
         ls = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"--layers '{text}': comma-separated layer counts")
-    if not ls or any(n < 1 for n in ls) or any(b <= a for a, b in zip(ls, ls[1:])):
-        raise ValueError(f"--layers '{text}': increasing counts >= 1")
+        raise ValueError(f"--layers '{text}': one or two comma-separated layer counts")
+    if not 1 <= len(ls) <= 2 or ls[0] < 1 or (len(ls) == 2 and ls[1] <= ls[0]):
+        raise ValueError(f"--layers '{text}': one count >= 1, or two increasing ones")
     return ls
 
 
 def shape_tokens(shape):
     """Tokens per sequence of a shape when it is one sequence (1 or vN), else None."""
-    if shape == "1":
-        return 1
-    if shape.startswith("v"):
-        return int(shape[1:])
-    return None
+    a = parse_shape(shape)
+    if a[1] != "1":
+        return None
+    return int(a[a.index("--step-tokens") + 1]) if "--step-tokens" in a else 1
 
 
 def run_cmd(cmd, timeout):
@@ -201,6 +200,16 @@ def stand_in(d, name, text):
     return path
 
 
+def refused(parse, values):
+    """Every value must make `parse` raise ValueError."""
+    for bad in values:
+        try:
+            parse(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{parse.__name__}('{bad}') must be refused")
+
+
 def self_test():
     """A stand-in `flashseek` that prints a median from its arguments: the tables must follow."""
     with tempfile.TemporaryDirectory() as d:
@@ -265,12 +274,7 @@ def self_test():
             raise AssertionError("a slice run without its table must fail")
         except RuntimeError as e:
             assert "exit 3" in str(e) and "graph replay" in str(e), e
-        for bad in ["", "8,8", "12,8", "0,8", "x"]:
-            try:
-                parse_layers(bad)
-                raise AssertionError(f"--layers '{bad}' must be refused")
-            except ValueError:
-                pass
+        refused(parse_layers, ["", "8,8", "12,8", "0,8", "x", "8,12,16"])
         assert parse_layers("8,12") == [8, 12] and shape_tokens("v6") == 6 and shape_tokens("16") is None
         try:
             measure([parse_variant(broken)], ["1"], 1, [], 30, log=lambda *_: None)
@@ -282,12 +286,7 @@ def self_test():
             raise AssertionError("a missing binary must fail")
         except RuntimeError as e:
             assert "cannot run" in str(e), e
-        for bad in ["0", "v", "v0", "x4", ""]:
-            try:
-                parse_shape(bad)
-                raise AssertionError(f"shape '{bad}' must be refused")
-            except ValueError:
-                pass
+        refused(parse_shape, ["0", "v", "v0", "x4", ""])
     print("gpu_ab.py self-test: ok")
     return 0
 
