@@ -36,6 +36,7 @@ struct BackendOpts {
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
+  std::string gemv_row_ops = "off";   // on | off (GpuLoadOptions::gemv_row_ops)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";
@@ -46,7 +47,7 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --gemv-row-ops, --bf16-linears, --prefill-attention,
 // --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 

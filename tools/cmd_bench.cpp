@@ -44,6 +44,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
+  std::string row_ops = "off";             // --gemv-row-ops (GpuLoadOptions::gemv_row_ops; as run / serve)
   std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
@@ -76,6 +77,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.branches = gpu_branches(o.branches);
+  lo.gemv_row_ops = o.row_ops == "on";
   auto fast = fast_linears_without(o.exact_linears);
   if (!fast.ok()) return fail(fast.status());
   lo.fast_linears = fast.value();
@@ -310,6 +312,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
                   "as run / serve")
       ->check(CLI::IsMember({"off", "on", "priority"}))
+      ->capture_default_str();
+  cmd->add_option("--gemv-row-ops", mo->row_ops,
+                  "model bench, GPU: the row ops after wq_a / wkv inside the GEMV's launch: on | off, as run / serve")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

@@ -122,6 +122,21 @@ struct LinearCall {
   bool x_bf16 = false;
 };
 
+// Row ops on a linear's output y [rows, out] (Backend::linear_rows), in this order, each exactly
+// the op of that name on y: rms_norm(y, norm_w, y, rows, out, eps, norm_bf16) when `norm`;
+// rope(y, pos, *inv_freq, rows, n_vec, vec, rope_dim, false, rope_bf16) when rope_dim > 0;
+// quant_sim(y, rows, out, q_prefix, q_block, kFp8) when q_prefix > 0.
+struct RowOps {
+  bool norm = false, norm_bf16 = false;
+  const Vec* norm_w = nullptr;
+  float eps = 0;
+  Tensor pos;
+  const Vec* inv_freq = nullptr;
+  int64_t n_vec = 1, vec = 0, rope_dim = 0;
+  bool rope_bf16 = false;
+  int64_t q_prefix = 0, q_block = 0;
+};
+
 // mHC mixes of `rows` streams [rows, hc, dim] (ops/mhc.h): pre/post [rows, hc], comb [rows, hc, hc].
 struct HcMixCall {
   Tensor x;
@@ -167,6 +182,16 @@ class Backend {
   // ---- row-wise math ----
   virtual Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) = 0;
   virtual Status linear(const LinearCall& c) = 0;
+  // linear(c), then the row ops `r` on c.y. A backend may run them inside the linear's launch
+  // (the CUDA decode GEMV's last CTA): the same bits as the ops one after another.
+  virtual Status linear_rows(const LinearCall& c, const RowOps& r) {
+    FS_RETURN_IF_ERROR(linear(c));
+    if (r.norm) FS_RETURN_IF_ERROR(rms_norm(c.y, r.norm_w, c.y, c.rows, c.out, r.eps, r.norm_bf16));
+    if (r.rope_dim > 0)
+      FS_RETURN_IF_ERROR(rope(c.y, r.pos, *r.inv_freq, c.rows, r.n_vec, r.vec, r.rope_dim, false, r.rope_bf16));
+    if (r.q_prefix > 0) FS_RETURN_IF_ERROR(quant_sim(c.y, c.rows, c.out, r.q_prefix, r.q_block, QuantSim::kFp8));
+    return {};
+  }
   // z[:, g·out:(g+1)·out] = bf16?(x[:, g·in:(g+1)·in]) · W[g·out:(g+1)·out]ᵀ for g < groups (wo_a).
   virtual Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in,
                                 int64_t out, const Tensor& z, bool bf16) = 0;

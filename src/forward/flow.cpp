@@ -284,6 +284,26 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
 }
 
+RowOps Forward::norm_rows(const Vec* w) const {
+  RowOps r;
+  r.norm = true, r.norm_w = w, r.eps = float(c_.rms_norm_eps), r.norm_bf16 = R();
+  return r;
+}
+
+// A window KV row after wkv: kv_norm, RoPE of its tail, and in reference numerics the FP8
+// simulation (V4.1: the whole row in blocks of 32, the RoPE tail included; V4: the values before
+// the tail in blocks of 64). The same for the DSpark stages' ring rows.
+RowOps Forward::window_kv_rows(const AttentionWeights& A, const Tensor& pos) const {
+  const int64_t Dh = c_.head_dim, Dr = c_.rope_head_dim;
+  RowOps r = norm_rows(&A.kv_norm);
+  r.pos = pos, r.inv_freq = &A.rope_inv_freq, r.n_vec = 1, r.vec = Dh, r.rope_dim = Dr, r.rope_bf16 = R();
+  if (R()) {
+    const bool v41 = c_.is_v41();
+    r.q_prefix = v41 ? Dh : Dh - Dr, r.q_block = v41 ? 32 : 64;
+  }
+  return r;
+}
+
 Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos,
                             int64_t T, int64_t H, Tensor& qlat, Tensor& q, Tensor& kv,
                             const std::function<Status()>& beside) {
@@ -296,8 +316,8 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE). The longer chain,
   // so the side branch (a backend may favour it).
   auto query = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA})));
-    FS_RETURN_IF_ERROR(b_.rms_norm(qlat, &A.q_norm, qlat, T, Rq, eps, R()));
+    FS_RETURN_IF_ERROR(b_.linear_rows(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA}),
+                                      norm_rows(&A.q_norm)));
     FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
     if (!v41) {
       if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
@@ -308,12 +328,8 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics). Reads only `a`, writes
   // only kv: independent of the query.
   auto window_kv = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
-    FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
-    if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
-    if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
-    return {};
+    return b_.linear_rows(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv}),
+                          window_kv_rows(A, pos));
   };
   return branches(query, [&]() -> Status {
     FS_RETURN_IF_ERROR(window_kv());
@@ -508,18 +524,15 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
 Status Forward::write_draft_rings(FwdChunk& ctx, const Tensor& taps) {
   const DSparkWeights& W = w_.dspark;
   const int64_t T = ctx.T, D = c_.hidden_size, Dh = c_.head_dim, n_in = int64_t(c_.dspark_target_layer_ids.size()) * D;
-  const float eps = float(c_.rms_norm_eps);
   FS_ASSIGN_OR_RETURN(Tensor cx, scratch_f("dspark_cx", T, D));
   FS_ASSIGN_OR_RETURN(Tensor kv, scratch_f("dspark_kv", T, Dh));
-  FS_RETURN_IF_ERROR(b_.linear(lin(taps, W.main_proj, T, n_in, D, cx, p_.act_block, R(),
-                                   {c_.num_layers, DotOp::kMainProj})));
-  FS_RETURN_IF_ERROR(b_.rms_norm(cx, &W.main_norm, cx, T, D, eps, R()));
+  FS_RETURN_IF_ERROR(b_.linear_rows(lin(taps, W.main_proj, T, n_in, D, cx, p_.act_block, R(),
+                                        {c_.num_layers, DotOp::kMainProj}),
+                                    norm_rows(&W.main_norm)));
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
-    FS_RETURN_IF_ERROR(b_.linear(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
-    FS_RETURN_IF_ERROR(b_.rope(kv, ctx.pos, A.rope_inv_freq, T, 1, Dh, c_.rope_head_dim, false, R()));
-    if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));
+    FS_RETURN_IF_ERROR(b_.linear_rows(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv}),
+                                      window_kv_rows(A, ctx.pos)));
     FS_RETURN_IF_ERROR(b_.draft_ring_write(int(s), ctx, kv));
   }
   return {};

@@ -66,6 +66,10 @@ class Forward {
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
   // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
   // main branch after the window KV, concurrently with the query.
+  // Row ops after a linear: the RMS norm by weight w (eps, reference rounding), and the window
+  // KV row's norm, RoPE and FP8 simulation (project_qkv, the DSpark rings).
+  RowOps norm_rows(const Vec* w) const;
+  RowOps window_kv_rows(const AttentionWeights& A, const Tensor& pos) const;
   Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
                      int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {});
   // Inverse RoPE of o [T, H·Dh] at pos, grouped wo_a, wo_b into out [T, D] (BF16 when bf16_out).

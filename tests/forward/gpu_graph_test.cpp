@@ -219,6 +219,38 @@ TEST_P(GpuGraphDecode, SideBranchesEqualOneStreamBitwise) {
   }
 }
 
+// The row ops inside the GEMV's launch (GpuLoadOptions::gemv_row_ops: the q norm after wq_a; the
+// kv norm, RoPE and FP8 simulation after wkv; the DSpark main_proj's norm and its stages' rows)
+// give the logits of the separate launches, bitwise, eager, in patched graphs and with the side
+// branches (wq_a's and wkv's launches then run at the same time, each with its own ticket).
+TEST_P(GpuGraphDecode, GemvRowOpsEqualSeparateLaunchesBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool row_ops, GpuBranches br) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.gemv_row_ops = row_ops;
+    o.branches = br;
+    auto m = load_model_gpu(dir, p.numerics, 0, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto separate = load_with(false, false, GpuBranches::kOff), eager = load_with(false, true, GpuBranches::kOff),
+       graphs = load_with(true, true, GpuBranches::kOff), branches = load_with(true, true, GpuBranches::kOn);
+  ASSERT_TRUE(separate && eager && graphs && branches);
+  const auto a = decode_run(*separate, 11), b = decode_run(*eager, 11), c = decode_run(*graphs, 11),
+             e = decode_run(*branches, 11);
+  const int64_t V = separate->config().vocab_size;
+  EXPECT_TRUE(bitwise_equal(a, b)) << "eager, row ops vs separate: max|d| " << compare_logits(a, b, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(a, c)) << "graphs, row ops vs eager separate: max|d| " << compare_logits(a, c, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(a, e)) << "graphs + branches, row ops vs eager separate: max|d| "
+                                   << compare_logits(a, e, V).max_abs;
+  const GpuGraphStats s = stats(*graphs);
+  print_stats((std::string(p.config) + " graphs + row ops").c_str(), s);
+  EXPECT_GE(s.patched, s.eligible * 8 / 10);
+  EXPECT_EQ(s.eager_fallbacks, 0);
+}
+
 // The tensor-core linears (GpuLoadOptions::tensor_core_linears: wo_a and the LM head on the BF16
 // tensor cores), alone and with the tensor-core decode attention (decode_attention_tensor), keep
 // batch invariance: a sequence decoded next to another gets the logits it gets alone, bit for

@@ -22,6 +22,7 @@
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
@@ -333,6 +334,166 @@ TEST(CudaBlockLinear, FusedBf16RoundingsEqualQuantSimThenGemv) {
     }
   }
   EXPECT_GT(compared, 150);
+}
+
+// block_linear_rows_cuda: the linear and its row ops in one launch give the bits of
+// block_linear_cuda followed by the standalone norm, RoPE and FP8-simulation kernels (which have
+// their own CPU-twin tests), for every k split and chunk, rows of 1 to 8 chunks (the last one
+// partial), 1-40 tokens, each combination of the ops, and a second launch on the same ticket.
+TEST(CudaGemvRowOps, EqualsTheLinearThenTheStandaloneKernels) {
+  FS_REQUIRE_GPU();
+  namespace cd = detail;
+  struct TuningReset {
+    ~TuningReset() { detail::set_gemv_tuning(0, 0); }
+  } reset_tuning;
+  struct Shape {
+    WeightFormat f;
+    int64_t n, k, wb, ab;
+  };
+  const Shape shapes[] = {{WeightFormat::kFp8, 512, 640, 32, 32},    {WeightFormat::kFp8, 1024, 2304, 32, 32},
+                          {WeightFormat::kFp4, 512, 2304, 32, 32},   {WeightFormat::kFp8, 1000, 640, 32, 32},
+                          {WeightFormat::kFp8, 3000, 256, 32, 32},   {WeightFormat::kFp8, 4096, 512, 32, 32},
+                          {WeightFormat::kFp8, 8192, 128, 32, 32},   {WeightFormat::kFp8, 512, 1024, 128, 128}};
+  struct Ops {
+    bool norm, weighted, norm_bf16;
+    int64_t n_vec, rope_dim;  // rope_dim 0: no RoPE
+    bool rope_bf16;
+    int64_t q_tail, q_block;  // FP8 simulation of the first n - q_tail values (q_block 0: none)
+  };
+  const Ops variants[] = {
+      {true, true, true, 1, 64, true, 0, 32},     // V4.1's window KV row (reference numerics)
+      {true, true, false, 1, 64, false, 0, 0},    // the same, standard numerics
+      {true, true, true, 1, 64, true, 64, 64},    // V4's: the FP8 simulation before the RoPE tail
+      {true, false, false, 1, 0, false, 0, 0},    // an unweighted norm only
+      {true, true, true, 1, 0, false, 0, 0},      // q_norm / main_norm
+      {false, false, false, 2, 64, false, 0, 0},  // RoPE of two vectors per row only
+      {false, false, false, 1, 0, false, 0, 128}, // FP8 simulation only
+  };
+  const int64_t row_counts[] = {1, 2, 3, 5, 8, 13, 40};
+  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
+  std::mt19937 rng(777);
+  DeviceBuffer<unsigned> ticket(std::vector<unsigned>(1, 0u));
+  int64_t compared = 0;
+  for (const auto& t : tunings) {
+    cd::set_gemv_tuning(t.first, t.second);
+    for (const Shape& c : shapes) {
+      const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb);
+      DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+      std::vector<float> nw(size_t(c.n));
+      for (auto& v : nw) v = 0.5f + float(rng() % 1024) / 1024.0f;
+      DeviceBuffer<float> dnw(nw);
+      for (int64_t m : row_counts) {
+        if (t.first != 0 && m > 8) continue;  // forced tunings: decode row counts
+        std::vector<float> x = random_block_activations(rng, m, c.k);
+        DeviceBuffer<float> dx(x);
+        std::vector<int64_t> pos(size_t(m));
+        for (auto& q : pos) q = int64_t(rng() % 200000);
+        DeviceBuffer<int64_t> dpos(pos);
+        for (const Ops& o : variants) {
+          const int64_t vec = c.n / o.n_vec;
+          if (o.rope_dim > 0 && (c.n % o.n_vec != 0 || vec % 2 != 0 || vec < o.rope_dim)) continue;
+          const int64_t q_prefix = o.q_block > 0 ? (c.n - o.q_tail) / o.q_block * o.q_block : 0;
+          if (o.q_block > 0 && q_prefix <= 0) continue;
+          std::vector<float> inv_freq(size_t(std::max<int64_t>(o.rope_dim / 2, 1)));
+          for (size_t i = 0; i < inv_freq.size(); ++i)
+            inv_freq[i] = float(std::pow(10000.0, -2.0 * double(i) / double(std::max<int64_t>(o.rope_dim, 2))));
+          DeviceBuffer<float> dfreq(inv_freq);
+          SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " n=" << c.n << " k=" << c.k << " m=" << m
+                                            << " norm=" << o.norm << " rope=" << o.rope_dim << "x" << o.n_vec
+                                            << " q=" << q_prefix << "/" << o.q_block << " split=" << t.first
+                                            << " chunk=" << t.second);
+          BlockLinearParams p;
+          p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
+          p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.bf16_round_out = o.norm_bf16;
+          const size_t ny = size_t(m * c.n);
+          DeviceBuffer<float> y_ref(ny), y_fused(ny), y_again(ny);
+          p.y = y_ref.get();
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+          const float eps = 1e-6f;
+          if (o.norm)
+            ASSERT_EQ(cd::launch_model_rms_norm(y_ref.get(), o.weighted ? dnw.get() : nullptr, y_ref.get(), m, c.n, eps,
+                                                o.norm_bf16, nullptr),
+                      cudaSuccess);
+          if (o.rope_dim > 0)
+            ASSERT_EQ(cd::launch_rope(y_ref.get(), dpos.get(), dfreq.get(), m, o.n_vec, vec, o.rope_dim, false,
+                                      o.rope_bf16, nullptr),
+                      cudaSuccess);
+          if (q_prefix > 0)
+            ASSERT_EQ(cd::launch_quant_sim(y_ref.get(), m, c.n, q_prefix, o.q_block, cd::QuantSim::kFp8, nullptr),
+                      cudaSuccess);
+          LinearRowOps r;
+          r.ticket = ticket.get();
+          r.norm = o.norm, r.norm_bf16 = o.norm_bf16, r.norm_w = o.weighted ? dnw.get() : nullptr, r.eps = eps;
+          if (o.rope_dim > 0) {
+            r.pos = dpos.get(), r.inv_freq = dfreq.get(), r.n_vec = o.n_vec, r.vec = vec, r.rope_dim = o.rope_dim;
+            r.rope_bf16 = o.rope_bf16;
+          }
+          r.q_prefix = q_prefix, r.q_block = o.q_block;
+          p.y = y_fused.get();
+          FS_ASSERT_OK(block_linear_rows_cuda(p, r, nullptr));
+          p.y = y_again.get();
+          FS_ASSERT_OK(block_linear_rows_cuda(p, r, nullptr));
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto want = y_ref.to_host(), got = y_fused.to_host(), again = y_again.to_host();
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_EQ(0, std::memcmp(&want[i], &got[i], sizeof(float)))
+                << "row " << i / size_t(c.n) << " value " << i % size_t(c.n) << ": fused " << got[i]
+                << ", separate " << want[i];
+          ASSERT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << "second launch";
+          ASSERT_EQ(ticket.to_host()[0], 0u) << "the ticket is reset for the next launch";
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 300);
+}
+
+TEST(CudaGemvRowOps, RejectsWhatTheEpilogueCannotTake) {
+  unsigned* ticket = reinterpret_cast<unsigned*>(uintptr_t(256));  // never dereferenced: every call is refused
+  float dummy = 0;
+  uint8_t code = 0;
+  auto params = [&] {
+    BlockLinearParams p;
+    p.x = &dummy, p.w = &code, p.w_scale = &code, p.y = &dummy;
+    p.m = 1, p.n = 512, p.k = 256;
+    return p;
+  };
+  auto ops = [&] {
+    LinearRowOps r;
+    r.ticket = ticket, r.norm = true;
+    return r;
+  };
+  auto refused = [&](BlockLinearParams p, LinearRowOps r, const char* what) {
+    const Status st = block_linear_rows_cuda(p, r, nullptr);
+    EXPECT_FALSE(st.ok()) << what;
+  };
+  LinearRowOps r = ops();
+  r.ticket = nullptr;
+  refused(params(), r, "no ticket");
+  BlockLinearParams p = params();
+  p.bf16_out = true;
+  refused(p, ops(), "BF16 output");
+  p = params(), p.w_up = &code, p.w_up_scale = &code;
+  refused(p, ops(), "gated");
+  p = params(), p.xq = &code, p.xs = &dummy;
+  refused(p, ops(), "pre-quantised x");
+  p = params(), p.m = 0;
+  refused(p, ops(), "no rows");
+  p = params(), p.m = kRowOpsMaxRows + 1;
+  refused(p, ops(), "too many rows");
+  p = params(), p.n = kRowOpsMaxDim + 32;
+  refused(p, ops(), "too wide");
+  r = ops(), r.rope_dim = 64, r.pos = reinterpret_cast<const int64_t*>(&code), r.inv_freq = &dummy, r.vec = 500;
+  refused(params(), r, "RoPE vectors that do not tile the row");
+  r.vec = 512, r.rope_dim = 63;
+  refused(params(), r, "odd RoPE width");
+  r = ops(), r.q_prefix = 512, r.q_block = 16;
+  refused(params(), r, "FP8 blocks of 16");
+  r.q_block = 32, r.q_prefix = 100;
+  refused(params(), r, "a prefix of partial blocks");
+  r.q_prefix = 544;
+  refused(params(), r, "a prefix beyond the row");
 }
 
 TEST(CudaBlockLinear, RejectsBadShapesWithNamedField) {

@@ -314,6 +314,7 @@ class GpuModel final : public Model, public Backend {
   bool has(const Vec& w) const override { return d(w) != nullptr; }
   Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) override;
   Status linear(const LinearCall& c) override;
+  Status linear_rows(const LinearCall& c, const RowOps& r) override;
   Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
                         const Tensor& z, bool bf16) override;
   Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
@@ -474,6 +475,12 @@ class GpuModel final : public Model, public Backend {
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
+  bool gemv_row_ops_ = false;                   // GpuLoadOptions::gemv_row_ops
+  // The tickets of the GEMV launches with row ops (block_linear_rows_cuda), one per weight matrix
+  // (a matrix's launches never overlap; two matrices' may, on two branches), zeroed at load.
+  static constexpr size_t kRowOpsTickets = 1024;
+  DevArray<unsigned> row_ops_tickets_;
+  std::unordered_map<const float*, unsigned*> row_ops_ticket_;
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).

@@ -600,6 +600,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, m->device_));
     m->sm90a_ = major == 9 && minor == 0;
   }
+  m->gemv_row_ops_ = opts.gemv_row_ops;
+  if (m->gemv_row_ops_) FS_RETURN_IF_ERROR(m->row_ops_tickets_.zeros(kRowOpsTickets));
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
                // matrices are sliced as they go up)
     m->shard_ = *shard;

@@ -193,6 +193,12 @@ struct GpuLoadOptions {
   // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
   // --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
+  // Decode-sized steps (rows below gemv_prequant_min_rows): the row ops that follow a dense
+  // block-scaled linear (Backend::linear_rows: wq_a's q norm; wkv's kv norm, RoPE and FP8
+  // simulation; the DSpark main_proj's norm and its stages' wkv rows) run inside the GEMV's launch
+  // (its last CTA, ops/cuda/gemv/gemv.h block_linear_rows_cuda) instead of as launches of their
+  // own: the same bits. The CLI's --gemv-row-ops on | off.
+  bool gemv_row_ops = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

@@ -100,6 +100,37 @@ Status GpuModel::linear(const LinearCall& c) {
                 c.x_bf16 && c.out >= kTensorCoreLinearMinOut);
 }
 
+// A decode-sized dense block-scaled linear (the launch linear() would make through linear_native:
+// no prefill GEMM rows, x quantised inside the GEMV) with its row ops in the GEMV's launch; any
+// other linear, or without GpuLoadOptions::gemv_row_ops, runs the ops one after another.
+Status GpuModel::linear_rows(const LinearCall& c, const RowOps& r) {
+  const NativeMatrix* nw = gemv_row_ops_ && c.w ? native(d(*c.w)) : nullptr;
+  const bool fuse = nw && nw->fast && c.act_block == nw->act_block && c.in == nw->k && c.out == nw->n &&
+                    c.rows >= 1 && c.rows < gemv_prequant_min_rows_ && c.rows <= ops::cuda::kRowOpsMaxRows &&
+                    !dense_gemm_takes_rows(c.rows) && c.out <= ops::cuda::kRowOpsMaxDim &&
+                    (!r.norm_w || d(*r.norm_w)) && (r.rope_dim == 0 || (r.inv_freq && d(*r.inv_freq)));
+  if (!fuse) return Backend::linear_rows(c, r);
+  unsigned*& ticket = row_ops_ticket_[d(*c.w)];
+  if (!ticket) {
+    if (row_ops_ticket_.size() > kRowOpsTickets) {  // more matrices than tickets: these run unfused
+      row_ops_ticket_.erase(d(*c.w));
+      return Backend::linear_rows(c, r);
+    }
+    ticket = row_ops_tickets_.get() + (row_ops_ticket_.size() - 1);
+  }
+  ops::BlockLinearParams p;
+  p.x = c.x.f32(), p.w = nw->codes.get(), p.w_scale = nw->scales.get(), p.y = c.y.f32();
+  p.m = c.rows, p.n = c.out, p.k = c.in, p.format = nw->format, p.w_block = nw->w_block, p.act_block = c.act_block;
+  p.bf16_in = c.bf16_in, p.bf16_round_out = c.bf16_out;
+  ops::cuda::LinearRowOps o;
+  o.ticket = ticket;
+  o.norm = r.norm, o.norm_bf16 = r.norm_bf16, o.norm_w = r.norm_w ? d(*r.norm_w) : nullptr, o.eps = r.eps;
+  o.pos = r.rope_dim > 0 ? r.pos.i64() : nullptr, o.inv_freq = r.rope_dim > 0 ? d(*r.inv_freq) : nullptr;
+  o.n_vec = r.n_vec, o.vec = r.vec, o.rope_dim = r.rope_dim, o.rope_bf16 = r.rope_bf16;
+  o.q_prefix = r.q_prefix, o.q_block = r.q_block;
+  return ops::cuda::block_linear_rows_cuda(p, o, stream_);
+}
+
 // The prefill GEMM of a BF16 matrix over BF16-valued inputs (the compressor's and the indexer's
 // projections in reference numerics: LinearCall::x_bf16 or bf16_in): rows [dense_row0_, T) packed
 // to BF16 (exact, or the bf16_in rounding) through gemm_fp8_cuda with w_bf16 (the exact products

@@ -33,6 +33,7 @@
 
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
+#include "ops/cuda/model/row_ops.cuh"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
@@ -296,6 +297,100 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
   store_out(a, out_row, row, v);
 }
 
+// The row ops of GemvArgs::post over y [m, n] by one CTA (the launch's last): warp w owns chunk
+// w % mc of row w / mc of each pass (mc = the row's kSumChunk chunks), with the value layout of
+// rms_norm_kernel (lane l: values 128i + 4l + q of the chunk), so the row's values stay in
+// registers from the load through the norm (rms_norm_kernel's sums and scaling), RoPE (a pair
+// (2j, 2j + 1) lies in one lane's four values: q = 0, 1 or 2, 3) and the FP8 simulation (a block
+// of q_block values is q_block / 4 adjacent lanes: its |max| by shuffles, order-free) to the
+// store. y was written by other CTAs of the launch: read through L2 (ld.cg) after the ticket's
+// fence. Not inlined: the GEMV loops keep their registers.
+__device__ __noinline__ void gemv_row_post(const GemvRowPost& p, float* y, int64_t m, int n) {
+  __shared__ double csq[kWarps];
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int mc = int((n + kSumChunk - 1) / kSumChunk), rpp = kWarps / mc;
+  const int rw = warp / mc, c = warp % mc;
+  const int64_t off = int64_t(c) * kSumChunk, len = n - off < kSumChunk ? n - off : kSumChunk;
+  for (int64_t r0 = 0; r0 < m; r0 += rpp) {
+    const int64_t row = r0 + rw;
+    const bool live = rw < rpp && row < m;  // warp-uniform
+    float* yr = y + (live ? row : 0) * n + off;
+    float xv[32], wv[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t k = 128 * i + 4 * lane + q;
+        xv[4 * i + q] = live && k < len ? __ldcg(yr + k) : 0.0f;
+        wv[4 * i + q] = live && p.norm_w && k < len ? ld_weight(p.norm_w + off + k) : 0.0f;
+      }
+    if (p.norm) {
+      const double v = dev_norm_chunk_sumsq(xv, len, live);
+      if (lane == 0) csq[warp] = v;
+      __syncthreads();
+      if (live) {
+        const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < mc ? csq[rw * mc + lane] : 0.0, mc), 0);
+        const float ri = dev_norm_inv_rms(ss, n, p.eps);
+#pragma unroll
+        for (int k = 0; k < 32; ++k) xv[k] = dev_norm_value(xv[k], ri, p.norm_w, wv[k], p.norm_bf16);
+      }
+      __syncthreads();  // csq is reused by the next pass
+    }
+    if (!live) continue;
+    if (p.rope_dim > 0) {
+      const float pf = float(p.pos[row]);
+      const int lo = p.vec - p.rope_dim;  // a vector's first rotated value
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; q += 2) {
+          const int64_t k = 128 * i + 4 * lane + q;
+          const int d = int((off + k) % p.vec);
+          if (k >= len || d < lo) continue;
+          float cs, sn;
+          dev_rope_trig(pf, p.inv_freq[(d - lo) / 2], false, cs, sn);
+          dev_rope_rotate(xv[4 * i + q], xv[4 * i + q + 1], cs, sn, p.rope_bf16);
+        }
+    }
+    if (p.q_prefix > 0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t k = 128 * i + 4 * lane;  // the lane's four values lie in one block
+        const bool in = k < len && off + k < p.q_prefix;
+        float amax = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) amax = in ? fmaxf(amax, fabsf(xv[4 * i + q])) : amax;
+        for (int o = 1; o < p.q_block / 4; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, unsigned(o)));
+        const float sc = dev_qsim_fp8_scale(amax);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (in) xv[4 * i + q] = dev_qsim_fp8(xv[4 * i + q], sc);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (128 * i + 4 * lane + q < len) yr[128 * i + 4 * lane + q] = xv[4 * i + q];
+  }
+}
+
+// After a dense launch's outputs: each CTA that stored outputs (cluster rank 0 of each row tile)
+// takes a ticket; the last one runs the row ops over all of y and resets the ticket for the next
+// launch (stream order: no launch of the same ticket overlaps this one).
+__device__ __forceinline__ void gemv_post_tail(const GemvArgs& a, int rank, int split) {
+  if (rank != 0) return;
+  __shared__ bool last;
+  __threadfence();  // this CTA's stores are visible device-wide before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.post.ticket, 1u) == unsigned(gridDim.x / split - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  gemv_row_post(a.post, static_cast<float*>(a.y), a.m, a.n);
+  if (threadIdx.x == 0) *a.post.ticket = 0u;
+}
+
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators;
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
@@ -410,6 +505,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
 #endif
     __syncthreads();
   }
+  if (a.post.ticket && !a.group_start) gemv_post_tail(a, rank, split);
 }
 
 // ---- Tiled passes for prefill (pre-quantised x) --------------------------------------------------

@@ -7,6 +7,24 @@
 
 namespace flashseek::ops::cuda::detail {
 
+// Row ops on a dense launch's FP32 output y [m, n], run by the launch's last CTA after every
+// output is stored (ops/cuda/model/row_ops.cuh: the standalone kernels' arithmetic), in this
+// order: the RMS norm of each row (norm), RoPE of the last rope_dim values of each of the row's
+// n_vec vectors of vec values (rope_dim > 0), the FP8 simulation of the first q_prefix values in
+// blocks of q_block (q_prefix > 0). n <= kRowPostMaxDim.
+struct GemvRowPost {
+  unsigned* ticket = nullptr;  // null: no row ops. 0 before the launch; the last CTA resets it
+  bool norm = false, norm_bf16 = false;
+  const float* norm_w = nullptr;  // null: unweighted
+  float eps = 0;
+  const int64_t* pos = nullptr;  // [m] positions of the rows (RoPE)
+  const float* inv_freq = nullptr;
+  int n_vec = 1, vec = 0, rope_dim = 0;
+  bool rope_bf16 = false;
+  int q_prefix = 0, q_block = 0;
+};
+constexpr int kRowPostMaxDim = 8192;  // 8 chunks of 1024: one warp of the last CTA per chunk
+
 struct GemvArgs {
   const float* x;
   // Optional: x already quantised by launch_gemv_quantize (codes [rows, k], scales [rows, k/32]);
@@ -27,6 +45,7 @@ struct GemvArgs {
   bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
   bool bf16_round_gu;   // gated: the gate and up sums rounded to BF16 (RNE) before the SwiGLU
   float limit;
+  GemvRowPost post;  // dense launches only
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.

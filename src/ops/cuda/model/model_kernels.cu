@@ -19,6 +19,7 @@
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/row_ops.cuh"
 
 namespace flashseek::ops::cuda::detail {
 
@@ -53,8 +54,8 @@ __global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t
   float amax = 0;
   for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(b[i]));
   if (kind == QuantSim::kFp8) {
-    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    const float sc = dev_qsim_fp8_scale(amax);
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_qsim_fp8(b[i], sc);
     return;
   }
   float sc;
@@ -80,8 +81,8 @@ __global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, in
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (kind == QuantSim::kFp8) {
-    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-    for (int64_t i = lane; i < block; i += 32) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
+    const float sc = dev_qsim_fp8_scale(amax);
+    for (int64_t i = lane; i < block; i += 32) b[i] = dev_qsim_fp8(b[i], sc);
     return;
   }
   float sc;
@@ -1239,19 +1240,6 @@ __global__ void __launch_bounds__(kTiledThreads, 1) linear_tiled_kernel(LinearAr
   }
 }
 
-// The stride-doubling chunk tree of sum_order.h (c[i] += c[i + st] for i = 0, 2st, 4st.. with
-// i + st < m) over lanes: lane c holds chunk sum c (m <= 32), lane 0 returns the root. Each lane
-// that adds holds c[i] and receives c[i + st], so every addition is the serial tree's.
-template <typename Acc>
-__device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
-  const int lane = int(threadIdx.x & 31);
-  for (int st = 1; st < m; st *= 2) {
-    const Acc o = __shfl_down_sync(0xffffffffu, v, unsigned(st));
-    if ((lane & (2 * st - 1)) == 0 && lane + st < m) v = v + o;
-  }
-  return v;
-}
-
 // ops::rms_norm: double sum of squares in the sum_order.h order, FP32 scaling. Warp c of a row
 // owns chunk c (a short row is one chunk): its values (and the weights) stay in registers from
 // the sum of squares to the scaled store, so x and w are read once, in one round of 16-byte loads
@@ -1304,28 +1292,15 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
         }
     }
   }
-  double p[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (live && 128 * i + 4 * lane + q < len)
-        p[q] = __dadd_rn(p[q], __dmul_rn(double(xv[4 * i + q]), double(xv[4 * i + q])));
-  double v = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const double v = dev_norm_chunk_sumsq(xv, len, live);
   if (lane == 0) csq[warp] = v;
   __syncthreads();
   if (!live) return;
   // Every warp of the row folds the row's chunk sums itself (the same additions): no second barrier.
   const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
-  const float ri = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
+  const float ri = dev_norm_inv_rms(ss, dim, eps);
 #pragma unroll
-  for (int k = 0; k < 32; ++k) {  // scaled in place
-    float t = __fmul_rn(xv[k], ri);
-    if (wr) t = __fmul_rn(t, wv[k]);
-    xv[k] = bf16 ? dev_round_bf16(t) : t;
-  }
+  for (int k = 0; k < 32; ++k) xv[k] = dev_norm_value(xv[k], ri, wr, wv[k], bf16);  // scaled in place
   if (vec) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
