@@ -39,6 +39,7 @@ struct BackendOpts {
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";
+  std::string gemv_bulk = "off";      // on | off (GpuLoadOptions::gemv_bulk)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
   // the bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant.
   std::string bf16_linears = "tensor";
@@ -46,8 +47,8 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --bf16-linears, --prefill-attention,
-// --decode-attention and --index-scores to `cmd`.
+// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --gemv-bulk, --bf16-linears,
+// --prefill-attention, --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.

@@ -219,6 +219,27 @@ TEST_P(GpuGraphDecode, SideBranchesEqualOneStreamBitwise) {
   }
 }
 
+// The decode GEMVs fed by bulk copies (GpuLoadOptions::gemv_bulk) give the logits of the warps'
+// own loads, bitwise, in patched graphs and eager.
+TEST_P(GpuGraphDecode, GemvBulkEqualsWarpLoadsBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool bulk) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.gemv_bulk = bulk;
+    auto m = load_model_gpu(dir, p.numerics, 0, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto warp_loads = load_with(false, false), eager = load_with(false, true), graphs = load_with(true, true);
+  ASSERT_TRUE(warp_loads && eager && graphs);
+  const auto a = decode_run(*warp_loads, 13), b = decode_run(*eager, 13), c = decode_run(*graphs, 13);
+  const int64_t V = warp_loads->config().vocab_size;
+  EXPECT_TRUE(bitwise_equal(a, b)) << "eager, bulk vs warp loads: max|d| " << compare_logits(a, b, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(a, c)) << "graphs, bulk vs eager warp loads: max|d| " << compare_logits(a, c, V).max_abs;
+}
+
 // The tensor-core linears (GpuLoadOptions::tensor_core_linears: wo_a and the LM head on the BF16
 // tensor cores), alone and with the tensor-core decode attention (decode_attention_tensor), keep
 // batch invariance: a sequence decoded next to another gets the logits it gets alone, bit for

@@ -193,6 +193,11 @@ struct GpuLoadOptions {
   // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
   // --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
+  // The block-scaled decode GEMVs (at most 8 tokens per pass) stream their weights into shared
+  // memory by bulk copies, a ring of rounds in flight per CTA (ops/cuda/gemv/gemv.cu
+  // gemv_bulk_kernel), instead of each warp loading its own: the same bits. Not yet run on a
+  // GPU (bench/RESULTS.md, session 28). The CLI's --gemv-bulk on | off.
+  bool gemv_bulk = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

@@ -40,6 +40,8 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
                      "block_linear kernel launch");
 }
 
+void set_gemv_bulk(bool on) { detail::set_gemv_bulk(on); }
+
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   FS_RETURN_IF_ERROR(validate(p));
   FS_RETURN_IF_ERROR(check_int_dims("expert_gemv", p.n, p.k));
