@@ -1090,7 +1090,9 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
 // warps' own loads: dense FP8 / FP4 (activation blocks 32 and 128, weight blocks 32 and 128, odd
 // n), 1-8 tokens quantised inside (BF16-rounded or not) or pre-quantised, gate and up fused; and
 // grouped experts (FP4 and FP8, gated, a group of another rank, a group of 10 pairs that takes two
-// passes, x quantised inside or pre-quantised); for every forced k split and chunk.
+// passes, x quantised inside or pre-quantised); for every forced k split and chunk (the launches
+// the bulk path declines, 4-block chunks and gated FP8 matrices quantising x inside, compare the
+// warp kernel with itself).
 TEST(CudaGemvBulk, SameBitsAsWarpLoads) {
   FS_REQUIRE_GPU();
   struct DenseCase {

@@ -461,20 +461,20 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
 }
 
 // A lane's activations of one chunk as loaded (quantised at use): FP32 x (8 values per block,
-// as quant_x loads them) or, with GemvArgs::xq, 2 code words and the scale per block.
-template <int kChunk>
+// as quant_x loads them) or, with GemvArgs::xq (kXq), 2 code words and the scale per block.
+template <int kChunk, bool kXq>
 struct XRaw {
-  uint32_t w[kChunk][8];
+  uint32_t w[kChunk][kXq ? 3 : 8];
 };
 
-template <int kChunk>
-__device__ __forceinline__ void load_xraw(const GemvArgs& a, int64_t xrow, int kb0, int q, XRaw<kChunk>& r) {
+template <int kChunk, bool kXq>
+__device__ __forceinline__ void load_xraw(const GemvArgs& a, int64_t xrow, int kb0, int q, XRaw<kChunk, kXq>& r) {
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) r.w[j][i] = 0u;
+    for (int i = 0; i < (kXq ? 3 : 8); ++i) r.w[j][i] = 0u;
     if (xrow < 0) continue;  // absent token: zero codes and scale (xq) or zeros quantised (x)
-    if (a.xq) {  // plain loads: xq / xs are step-written (runtime/pdl.cuh)
+    if constexpr (kXq) {  // plain loads: xq / xs are step-written (runtime/pdl.cuh)
       const uint2 u = *reinterpret_cast<const uint2*>(a.xq + xrow * a.k + (kb0 + j) * 32 + q * 8);
       r.w[j][0] = u.x, r.w[j][1] = u.y;
       r.w[j][2] = __float_as_uint(a.xs[xrow * (a.k / 32) + kb0 + j]);
@@ -489,25 +489,27 @@ __device__ __forceinline__ void load_xraw(const GemvArgs& a, int64_t xrow, int k
 }
 
 // XRaw -> the MMA's B fragment and block scales: load_xq's values, or quant_x's arithmetic.
-template <int kChunk>
-__device__ __forceinline__ void xraw_operands(const GemvArgs& a, const XRaw<kChunk>& r, bool present,
+template <int kChunk, bool kXq>
+__device__ __forceinline__ void xraw_operands(const GemvArgs& a, const XRaw<kChunk, kXq>& r, bool present,
                                               uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
-  if (a.xq) {
+  if constexpr (kXq) {
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) B[j][0] = r.w[j][0], B[j][1] = r.w[j][1], xs[j] = __uint_as_float(r.w[j][2]);
     return;
-  }
+  } else {
   float v[kChunk][8];
 #pragma unroll
   for (int j = 0; j < kChunk; ++j)
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[j][i] = a.bf16_in ? dev_round_bf16(__uint_as_float(r.w[j][i])) : __uint_as_float(r.w[j][i]);
   quant_vals<kChunk>(v, present, a.act_block, B, xs);
+  }
 }
 
-template <bool kFp4, int kChunk, bool kGated>
+// kXq: the launch reads pre-quantised activations (GemvArgs::xq), else it quantises x.
+template <bool kFp4, int kChunk, bool kGated, bool kXq>
 __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int split) {
-  pdl_prologue();
+  pdl_launch_early();  // a dense launch streams its first rounds of weights before the wait
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using R = BulkRing<kFp4, kChunk, kGated>;
   constexpr int kMats = R::kMats;
@@ -519,24 +521,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;
   const int row0 = tile * kRows;
-  int64_t start = 0, count = a.m;
   const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
-  if (a.group_start) {
-    start = a.group_start[blockIdx.y];
-    count = a.group_start[blockIdx.y + 1] - start;
-    const int64_t e = a.group_expert[blockIdx.y];
-    if (e < 0) {  // pairs routed to another rank's expert: their outputs are 0 (gemv_kernel)
-      if (rank == 0)
-        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
-          const int row = row0 + int(o % kRows);
-          if (row >= a.n) continue;
-          store_out(a, start + o / kRows, row, 0.0f);
-        }
-      return;
-    }
-    w += e * a.e_stride, ws += e * a.e_sstride;
-    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
-  }
   const int nkb = a.k / 32;
   const int n_chunks = nkb / kChunk;
   const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
@@ -564,25 +549,53 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
     bulk_g2s(dst, w + off, bytes, full0 + 8 * s);
     if constexpr (kGated) bulk_g2s(dst + kRows * R::kPitch, wu + off, bytes, full0 + 8 * s);
   };
+  // The CTA's weight scales (plain loads, while the first rounds stream in).
+  auto load_scales = [&]() {
+    if constexpr (kFp4) {
+      for (int o = threadIdx.x; o < kMats * kRows * nb; o += kThreads) {
+        const int mi = o / (kRows * nb), r = (o / nb) % kRows, b = o % nb;
+        const int row = min(row0 + r, a.n - 1);
+        sct[o] = ld_weight((mi ? wsu : ws) + int64_t(row) * nkb + c_begin * kChunk + b);
+      }
+    } else {
+      const int kbw = a.k / a.w_block;
+      for (int o = threadIdx.x; o < kMats * nb; o += kThreads) {
+        const int mi = o / nb, b = o % nb;
+        const uint8_t* srow = (mi ? wsu : ws) + int64_t(row0 / a.w_block) * kbw;
+        sct[o] = ld_weight(srow + ((c_begin * kChunk + b) * 32) / a.w_block);
+      }
+    }
+  };
+  // Dense launches know their weights before the predecessor ends (runtime/pdl.cuh): the first
+  // rounds and the scales go out before the wait. Grouped ones read the step's expert table first.
+  const int early = a.group_start ? 0 : min(rounds, R::kStages);
+  if (warp == 0)
+    for (int i = 0; i < early; ++i) issue(i, i);
+  if (!a.group_start) load_scales();
+  pdl_wait();
+  int64_t start = 0, count = a.m;
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) {  // pairs routed to another rank's expert: their outputs are 0 (gemv_kernel)
+      if (rank == 0)
+        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
+          const int row = row0 + int(o % kRows);
+          if (row >= a.n) continue;
+          store_out(a, start + o / kRows, row, 0.0f);
+        }
+      return;
+    }
+    w += e * a.e_stride, ws += e * a.e_sstride;
+    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  }
   int gr0 = 0;  // global round of this pass's first round
   for (int64_t tt = 0; tt < count; tt += 8) {
-    if (warp == 0)
+    if (warp == 0 && !(tt == 0 && early > 0))  // (the dense first pass's rounds are out already)
       for (int i = 0; i < rounds && i < R::kStages; ++i) issue(i, gr0 + i);
-    if (tt == 0) {  // the CTA's weight scales (plain loads, while the first rounds stream in)
-      if constexpr (kFp4) {
-        for (int o = threadIdx.x; o < kMats * kRows * nb; o += kThreads) {
-          const int mi = o / (kRows * nb), r = (o / nb) % kRows, b = o % nb;
-          const int row = min(row0 + r, a.n - 1);
-          sct[o] = ld_weight((mi ? wsu : ws) + int64_t(row) * nkb + c_begin * kChunk + b);
-        }
-      } else {
-        const int kbw = a.k / a.w_block;
-        for (int o = threadIdx.x; o < kMats * nb; o += kThreads) {
-          const int mi = o / nb, b = o % nb;
-          const uint8_t* srow = (mi ? wsu : ws) + int64_t(row0 / a.w_block) * kbw;
-          sct[o] = ld_weight(srow + ((c_begin * kChunk + b) * 32) / a.w_block);
-        }
-      }
+    if (tt == 0) {
+      if (a.group_start) load_scales();
       __syncthreads();
     }
     const int ntok = count - tt < 8 ? int(count - tt) : 8;
@@ -594,20 +607,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
     float acc[2][4] = {}, accu[2][4] = {};
     auto rounds_loop = [&](auto one) {
       constexpr bool kOne = decltype(one)::value;
-      XRaw<kChunk> nx;
+      XRaw<kChunk, kXq> nx;
       {
         const int c = c_begin + warp;
-        if (c < c_end) load_xraw<kChunk>(a, xr, c * kChunk, q, nx);
+        if (c < c_end) load_xraw<kChunk, kXq>(a, xr, c * kChunk, q, nx);
       }
       for (int i = 0; i < rounds; ++i) {
         const int gr = gr0 + i, s = gr % R::kStages, c = c_begin + i * kWarps + warp;
-        const XRaw<kChunk> cx = nx;
-        if (c + kWarps < c_end) load_xraw<kChunk>(a, xr, (c + kWarps) * kChunk, q, nx);
+        // This chunk's activation operands from the values loaded a round ago, then the next
+        // chunk's loads (so only one chunk of raw values is live).
+        uint32_t B[kChunk][2];
+        float xs[kChunk];
+        if (c < c_end) xraw_operands<kChunk, kXq>(a, nx, xr >= 0, B, xs);
+        if (c + kWarps < c_end) load_xraw<kChunk, kXq>(a, xr, (c + kWarps) * kChunk, q, nx);
         bar_wait(full0 + 8 * s, uint32_t((gr / R::kStages) & 1));
         if (c < c_end) {
-          uint32_t B[kChunk][2];
-          float xs[kChunk];
-          xraw_operands<kChunk>(a, cx, xr >= 0, B, xs);
           const uint8_t* st = ring + s * R::kStageBytes + warp * kChunk * R::kBlockBytes;
           const int cb = (c - c_begin) * kChunk;
 #pragma unroll
@@ -1007,13 +1021,13 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t st
 // and expert strides are 16-byte aligned (bulk copies); false: the caller takes gemv_kernel.
 bool g_bulk = false;
 
-template <bool kFp4, int kChunk, bool kGated>
+template <bool kFp4, int kChunk, bool kGated, bool kXq>
 cudaError_t launch_bulk_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   using R = BulkRing<kFp4, kChunk, kGated>;
   const int tiles = (a.n + kRows - 1) / kRows;
   const int n_chunks = a.k / 32 / kChunk, nb_max = (n_chunks + split - 1) / split * kChunk;
   const size_t smem = size_t(R::kFixedBytes) + size_t(R::kMats) * (kFp4 ? kRows : 1) * size_t(nb_max);
-  auto* kernel = gemv_bulk_kernel<kFp4, kChunk, kGated>;
+  auto* kernel = gemv_bulk_kernel<kFp4, kChunk, kGated, kXq>;
   // The limit is raised once per device to the most any launch of this instantiation asks for
   // (k of at most kTMaxBlocks blocks), never to one launch's size (launch_tiled_k says why).
   static std::atomic<uint64_t> smem_done{0};
@@ -1031,14 +1045,25 @@ bool bulk_ok(const GemvArgs& a, const Tuning& t) {
   if (!g_bulk || device_info().major < 9 || a.k / 32 > (kFp4 ? kTMaxFp4Blocks : kTMaxBlocks)) return false;
   auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!al16(a.w) || (kGated && !al16(a.wu)) || (a.group_start && a.e_stride % 16 != 0)) return false;
+  // Not where the bulk kernel spills at the 128-register cap (ptxas, sm_90a): 4-block chunks and
+  // gated FP8 matrices that quantise x inside (their raw FP32 activations stay live a round), and
+  // gated FP8 matrices in 4-block chunks.
+  if (!a.xq && (t.chunk == 4 || (!kFp4 && kGated))) return false;
+  if (!kFp4 && kGated && t.chunk == 4) return false;
   return t.chunk == 1 || t.chunk == 2 || t.chunk == 4;
+}
+
+template <bool kFp4, bool kGated, bool kXq>
+cudaError_t launch_bulk_x(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  if (t.chunk == 4) return launch_bulk_k<kFp4, 4, kGated, kXq>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_bulk_k<kFp4, 2, kGated, kXq>(a, n_groups, t.split, stream);
+  return launch_bulk_k<kFp4, 1, kGated, kXq>(a, n_groups, t.split, stream);
 }
 
 template <bool kFp4, bool kGated>
 cudaError_t launch_bulk(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  if (t.chunk == 4) return launch_bulk_k<kFp4, 4, kGated>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_bulk_k<kFp4, 2, kGated>(a, n_groups, t.split, stream);
-  return launch_bulk_k<kFp4, 1, kGated>(a, n_groups, t.split, stream);
+  return a.xq ? launch_bulk_x<kFp4, kGated, true>(a, n_groups, t, stream)
+              : launch_bulk_x<kFp4, kGated, false>(a, n_groups, t, stream);
 }
 
 template <bool kFp4, bool kGated, int kNt>
