@@ -568,7 +568,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
   };
   // Dense launches know their weights before the predecessor ends (runtime/pdl.cuh): the first
   // rounds and the scales go out before the wait. Grouped ones read the step's expert table first.
-  const int early = a.group_start ? 0 : min(rounds, R::kStages);
+  // (No token rows: nothing is issued, so no copy is in flight when the CTA exits.)
+  const int early = a.group_start || a.m <= 0 ? 0 : min(rounds, R::kStages);
   if (warp == 0)
     for (int i = 0; i < early; ++i) issue(i, i);
   if (!a.group_start) load_scales();
