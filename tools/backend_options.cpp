@@ -76,9 +76,15 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
-  cmd->add_option("--gemv-row-ops", o.gemv_row_ops,
-                  "GPU backend, decode-sized steps: the norms, RoPE and FP8 simulation after wq_a, wkv and the "
-                  "DSpark draft's main_proj / wkv run inside the linear's GEMV launch: on | off (the same results)")
+  cmd->add_option("--row-epilogues", o.row_epilogues,
+                  "GPU backend: the norms, RoPE and FP8 simulation after wq_a, wkv and the DSpark draft's "
+                  "main_proj / wkv run inside the linear's GEMV launch (decode-sized steps), the attention output's "
+                  "inverse RoPE inside the attention's: on | off (the same results)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gemv-bulk", o.gemv_bulk,
+                  "GPU backend: the decode GEMVs stream their weights into shared memory by bulk copies instead "
+                  "of each warp's own loads: on | off (the same results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--bf16-linears", o.bf16_linears,
@@ -181,7 +187,8 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);
-  g.gemv_row_ops = o.gemv_row_ops == "on";
+  g.row_epilogues = o.row_epilogues == "on";
+  g.gemv_bulk = o.gemv_bulk == "on";
   g.tensor_core_linears = o.bf16_linears == "tensor";
   auto fast = fast_linears_without(o.gpu_exact_linears);
   if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");

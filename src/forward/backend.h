@@ -193,6 +193,8 @@ class Backend {
     return {};
   }
   // z[:, g·out:(g+1)·out] = bf16?(x[:, g·in:(g+1)·in]) · W[g·out:(g+1)·out]ᵀ for g < groups (wo_a).
+  // With bf16 (the reference's BF16 GEMM) x already holds BF16 values (the attention's BF16 output
+  // after a BF16 RoPE), so the input rounding changes nothing and a backend may skip it.
   virtual Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in,
                                 int64_t out, const Tensor& z, bool bf16) = 0;
   virtual Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
@@ -270,6 +272,14 @@ class Backend {
   // with sinks: q [T, H, Dh], the chunk's window rows kv [T, Dh] → o [T, H·Dh] (BF16 when bf16).
   virtual Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
                            const Tensor& o, int64_t H, bool bf16) = 0;
+  // attention(...), then the output's inverse RoPE: rope(o, chunk.pos, inv_freq, T, H, Dh,
+  // rope_dim, inverse, bf16) (v41 §2: before the output projection). A backend may apply the
+  // rotation in the attention's own store (the same bits).
+  virtual Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                  const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) {
+    FS_RETURN_IF_ERROR(attention(layer, chunk, q, kv, sink, o, H, bf16));
+    return rope(o, chunk.pos, inv_freq, chunk.T, H, o.cols / H, rope_dim, true, bf16);  // o: [T, H·Dh]
+  }
   // Window rows kv [T, Dh] into each sequence's ring of `layer` (after the layer's attention).
   virtual Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) = 0;
 

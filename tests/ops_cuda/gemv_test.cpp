@@ -344,7 +344,7 @@ TEST(CudaGemvRowOps, EqualsTheLinearThenTheStandaloneKernels) {
   FS_REQUIRE_GPU();
   namespace cd = detail;
   struct TuningReset {
-    ~TuningReset() { detail::set_gemv_tuning(0, 0); }
+    ~TuningReset() { detail::set_gemv_tuning(0, 0), set_gemv_bulk(false); }
   } reset_tuning;
   struct Shape {
     WeightFormat f;
@@ -370,12 +370,17 @@ TEST(CudaGemvRowOps, EqualsTheLinearThenTheStandaloneKernels) {
       {false, false, false, 1, 0, false, 0, 128}, // FP8 simulation only
   };
   const int64_t row_counts[] = {1, 2, 3, 5, 8, 13, 40};
-  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
+  struct Mode {
+    int split, chunk;
+    bool bulk;  // the bulk-copy decode passes (set_gemv_bulk)
+  };
+  const Mode tunings[] = {{0, 0, false}, {1, 1, false}, {3, 2, false}, {8, 4, false}, {0, 0, true}, {3, 2, true}};
   std::mt19937 rng(777);
   DeviceBuffer<unsigned> ticket(std::vector<unsigned>(1, 0u));
   int64_t compared = 0;
-  for (const auto& t : tunings) {
-    cd::set_gemv_tuning(t.first, t.second);
+  for (const Mode& t : tunings) {
+    cd::set_gemv_tuning(t.split, t.chunk);
+    set_gemv_bulk(t.bulk);
     for (const Shape& c : shapes) {
       const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb);
       DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
@@ -383,10 +388,10 @@ TEST(CudaGemvRowOps, EqualsTheLinearThenTheStandaloneKernels) {
       for (auto& v : nw) v = 0.5f + float(rng() % 1024) / 1024.0f;
       DeviceBuffer<float> dnw(nw);
       for (int64_t m : row_counts) {
-        if (t.first != 0 && m > 8) continue;  // forced tunings: decode row counts
+        if ((t.split != 0 || t.bulk) && m > 8) continue;  // forced tunings, bulk passes: decode row counts
         std::vector<float> x = random_block_activations(rng, m, c.k);
         DeviceBuffer<float> dx(x);
-        std::vector<int64_t> pos(size_t(m));
+        std::vector<int64_t> pos(static_cast<size_t>(m));
         for (auto& q : pos) q = int64_t(rng() % 200000);
         DeviceBuffer<int64_t> dpos(pos);
         for (const Ops& o : variants) {
@@ -400,8 +405,8 @@ TEST(CudaGemvRowOps, EqualsTheLinearThenTheStandaloneKernels) {
           DeviceBuffer<float> dfreq(inv_freq);
           SCOPED_TRACE(::testing::Message() << "fmt=" << int(c.f) << " n=" << c.n << " k=" << c.k << " m=" << m
                                             << " norm=" << o.norm << " rope=" << o.rope_dim << "x" << o.n_vec
-                                            << " q=" << q_prefix << "/" << o.q_block << " split=" << t.first
-                                            << " chunk=" << t.second);
+                                            << " q=" << q_prefix << "/" << o.q_block << " split=" << t.split
+                                            << " chunk=" << t.chunk << " bulk=" << t.bulk);
           BlockLinearParams p;
           p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
           p.x = dx.get(), p.w = dw.get(), p.w_scale = ds.get(), p.bf16_round_out = o.norm_bf16;
@@ -1243,6 +1248,129 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
       for (int64_t q = r.group_start[1]; q < r.group_start[2]; ++q)
         for (int64_t o = 0; o < n; ++o) ASSERT_EQ(tiled[size_t(q * n + o)], 0.0f) << "pair " << q;
     }
+}
+
+// ---- decode passes fed by bulk copies (detail::set_gemv_bulk) ------------------------------------
+
+// The decode GEMV whose weights stream into shared memory by bulk copies gives the bits of the
+// warps' own loads: dense FP8 / FP4 (activation blocks 32 and 128, weight blocks 32 and 128, odd
+// n), 1-8 tokens quantised inside (BF16-rounded or not) or pre-quantised, gate and up fused; and
+// grouped experts (FP4 and FP8, gated, a group of another rank, a group of 10 pairs that takes two
+// passes, x quantised inside or pre-quantised); for every forced k split and chunk (the launches
+// the bulk path declines, 4-block chunks and gated FP8 matrices quantising x inside, compare the
+// warp kernel with itself).
+TEST(CudaGemvBulk, SameBitsAsWarpLoads) {
+  FS_REQUIRE_GPU();
+  struct DenseCase {
+    WeightFormat f;
+    int64_t m, n, k, w_block, act_block;
+    bool gated, preq, bf16_in;
+  };
+  const DenseCase dcases[] = {{WeightFormat::kFp8, 1, 97, 2048, 32, 32, false, false, false},
+                              {WeightFormat::kFp8, 8, 70, 1536, 128, 32, true, false, true},
+                              {WeightFormat::kFp8, 3, 64, 1024, 128, 128, false, false, false},
+                              {WeightFormat::kFp4, 5, 100, 768, 32, 32, true, false, false},
+                              {WeightFormat::kFp8, 6, 33, 512, 32, 32, false, true, false}};
+  auto run = [](bool bulk, auto&& launch, DeviceBuffer<float>& y) {
+    detail::set_gemv_bulk(bulk);  // y starts as NaN (DeviceBuffer's poison): every output is written
+    launch(y.get());
+    detail::set_gemv_bulk(false);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  auto same = [](DeviceBuffer<float>& a, DeviceBuffer<float>& b) {
+    const auto x = a.to_host(), y = b.to_host();
+    ASSERT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+    double mean_abs = 0;
+    for (float v : x) mean_abs += std::fabs(v);
+    ASSERT_GT(mean_abs, 0);
+    ASSERT_FALSE(std::isnan(mean_abs));
+  };
+  for (const DenseCase& c : dcases)
+    for (int split : {1, 3, 8})
+      for (int chunk : {1, 2, 4}) {
+        if (c.act_block == 128 && chunk != 4) continue;  // V4's act_block 128 always takes 4
+        SCOPED_TRACE(::testing::Message() << "dense fmt=" << int(c.f) << " m=" << c.m << " n=" << c.n << " k=" << c.k
+                                          << " gated=" << c.gated << " preq=" << c.preq << " split=" << split
+                                          << " chunk=" << chunk);
+        std::mt19937 rng(uint32_t(c.m * 7 + c.n + c.k + split * 10 + chunk));
+        const Weights wg = random_weights(rng, c.f, c.n, c.k, c.w_block);
+        const Weights wu = random_weights(rng, c.f, c.n, c.k, c.w_block);
+        std::vector<float> x = random_block_activations(rng, c.m, c.k);
+        for (auto& v : x) v *= 0.05f;
+        DeviceBuffer<float> dx(x), y0(size_t(c.m * c.n)), y1(size_t(c.m * c.n)), dxs(size_t(c.m * c.k / 32));
+        DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(c.m * c.k));
+        BlockLinearParams p;
+        p.x = dx.get(), p.m = c.m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.w_block;
+        p.act_block = c.act_block, p.bf16_in = c.bf16_in;
+        p.w = dwg.get(), p.w_scale = dsg.get();
+        if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.swiglu_limit = 7.0f;
+        if (c.preq) {
+          FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.act_block, c.bf16_in, dxq.get(), dxs.get(), nullptr));
+          p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+        }
+        detail::set_gemv_tuning(split, chunk);
+        auto launch = [&](float* y) {
+          p.y = y;
+          FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        };
+        run(false, launch, y0);
+        run(true, launch, y1);
+        detail::set_gemv_tuning(0, 0);
+        same(y0, y1);
+      }
+  for (const WeightFormat f : {WeightFormat::kFp4, WeightFormat::kFp8})
+    for (const bool preq : {false, true})
+      for (int split : {1, 3})
+        for (int chunk : {1, 2, 4}) {
+          SCOPED_TRACE(::testing::Message() << "experts fmt=" << int(f) << " preq=" << preq << " split=" << split
+                                            << " chunk=" << chunk);
+          const int64_t wb = f == WeightFormat::kFp4 ? 32 : 128, n = 130, k = 1024, tokens = 12;
+          const int n_experts = 5;
+          std::mt19937 rng(uint32_t(900 + split * 10 + chunk + (preq ? 100 : 0)));
+          // Groups: expert 3 with tokens 0..9 (two passes of 8), expert 1 (another rank's), expert 0
+          // with token 10, expert 4 with tokens 11 and 2.
+          Routing r;
+          r.group_expert = {3, -1, 0, 4};
+          r.group_start = {0, 10, 11, 12, 14};
+          r.pair_row = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 5, 10, 11, 2};
+          std::uniform_real_distribution<float> wd(0.1f, 1.5f);
+          for (size_t i = 0; i < r.pair_row.size(); ++i) r.pair_weight.push_back(wd(rng));
+          const int64_t pairs = int64_t(r.pair_row.size());
+          const Weights wg = random_weights(rng, f, n * n_experts, k, wb);
+          const Weights wu = random_weights(rng, f, n * n_experts, k, wb);
+          std::vector<float> x = random_block_activations(rng, tokens, k);
+          for (auto& v : x) v *= 0.05f;
+          DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * n)), y1(size_t(pairs * n));
+          DeviceBuffer<float> dxs(size_t(tokens * k / 32));
+          DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(tokens * k));
+          DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+          ExpertGemvParams p;
+          p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get(), p.w_up = dwu.get(), p.w_up_scale = dsu.get();
+          p.expert_stride = weight_code_bytes(f, n, k);
+          p.expert_scale_stride = weight_scale_bytes(f, n, k, wb);
+          p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get(), p.pair_weight = dpw.get();
+          p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+          p.n = n, p.k = k, p.format = f, p.w_block = wb, p.swiglu_limit = 7.0f, p.split_groups = 4;
+          if (preq) {
+            FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), tokens, k, 32, false, dxq.get(), dxs.get(), nullptr));
+            p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+          }
+          detail::set_gemv_tuning(split, chunk);
+          auto launch = [&](float* y) {
+            p.y = y;
+            FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+          };
+          run(false, launch, y0);
+          run(true, launch, y1);
+          // Without the up matrix (the routed down projection's shape).
+          p.w_up = nullptr, p.w_up_scale = nullptr, p.pair_weight = nullptr;
+          DeviceBuffer<float> z0(size_t(pairs * n)), z1(size_t(pairs * n));
+          run(false, launch, z0);
+          run(true, launch, z1);
+          detail::set_gemv_tuning(0, 0);
+          same(y0, y1);
+          same(z0, z1);
+        }
 }
 
 }  // namespace

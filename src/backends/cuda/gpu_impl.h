@@ -354,6 +354,8 @@ class GpuModel final : public Model, public Backend {
   Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
   Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
+  Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
+                          const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) override;
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                    int64_t H, bool bf16) override;
   Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
@@ -475,7 +477,14 @@ class GpuModel final : public Model, public Backend {
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
-  bool gemv_row_ops_ = false;                   // GpuLoadOptions::gemv_row_ops
+  bool row_epilogues_ = false;                  // GpuLoadOptions::row_epilogues
+  // attention_unrope's request to attention(): the output's inverse RoPE (inv_freq, dim) in the
+  // tensor-core attention's store; attention() sets `applied` when its launches take it.
+  struct AttnUnrope {
+    const float* inv_freq = nullptr;
+    int64_t dim = 0;
+    bool applied = false;
+  } attn_unrope_;
   // The tickets of the GEMV launches with row ops (block_linear_rows_cuda), one per weight matrix
   // (a matrix's launches never overlap; two matrices' may, on two branches), zeroed at load.
   static constexpr size_t kRowOpsTickets = 1024;
@@ -486,6 +495,7 @@ class GpuModel final : public Model, public Backend {
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
+  bool gemv_bulk_ = false;                      // GpuLoadOptions::gemv_bulk
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

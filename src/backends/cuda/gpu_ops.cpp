@@ -102,9 +102,9 @@ Status GpuModel::linear(const LinearCall& c) {
 
 // A decode-sized dense block-scaled linear (the launch linear() would make through linear_native:
 // no prefill GEMM rows, x quantised inside the GEMV) with its row ops in the GEMV's launch; any
-// other linear, or without GpuLoadOptions::gemv_row_ops, runs the ops one after another.
+// other linear, or without GpuLoadOptions::row_epilogues, runs the ops one after another.
 Status GpuModel::linear_rows(const LinearCall& c, const RowOps& r) {
-  const NativeMatrix* nw = gemv_row_ops_ && c.w ? native(d(*c.w)) : nullptr;
+  const NativeMatrix* nw = row_epilogues_ && c.w ? native(d(*c.w)) : nullptr;
   const bool fuse = nw && nw->fast && c.act_block == nw->act_block && c.in == nw->k && c.out == nw->n &&
                     c.rows >= 1 && c.rows < gemv_prequant_min_rows_ && c.rows <= ops::cuda::kRowOpsMaxRows &&
                     !dense_gemm_takes_rows(c.rows) && c.out <= ops::cuda::kRowOpsMaxDim &&
@@ -225,11 +225,8 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       (nw->block_rows == 32 || nw->block_rows == 128) && nw->k == in && nw->n == groups * out && in % 128 == 0 &&
       out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
     r_gemm = dense_row0_;
-  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output. The BF16
-  // GEMM's rows need no pass of their own: gemm_bf16_pack_cuda rounds them (RNE, the same bits).
-  const int64_t rounded = r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
-  if (bf16 && rounded > 0)
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rounded, width, width, 1, cd::QuantSim::kBf16, stream_));
+  // BF16 inputs (the reference's BF16 GEMM): x, the attention's BF16 output after a BF16 RoPE,
+  // holds BF16 values already (Backend::grouped_linear), so it is not rounded again.
   if (r_gemm > 0) {
     // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
     // stored matrix.
@@ -237,7 +234,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     la.x = x.f32(), la.x_stride = width, la.x_group = in;
     la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
     la.rows = r_gemm, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
-    la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
+    la.x_bf16 = bf16 && tensor_core_linears_;  // BF16 values: the BF16 tensor-core linear applies (kernel 5)
     set_weight(la, d(w), 0);
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
@@ -985,6 +982,13 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   // The rows no prefill-chunk launch takes: the tensor-core kernel row by row
   // (GpuLoadOptions::decode_attention_tensor), or the staged kernel.
   const bool rows_tc = decode_attention_tensor_ && bf16 && cd::model_prefill_attn_supports(p);
+  // Every row then takes the tensor-core kernels (the prefill segments and run_rows below), whose
+  // store can apply the output's inverse RoPE (attention_unrope).
+  if (attn_unrope_.inv_freq && rows_tc) {
+    p.rope_pos = ctx.pos.i64(), p.rope_inv_freq = attn_unrope_.inv_freq, p.rope_dim = int(attn_unrope_.dim);
+    p.rope_bf16 = bf16;
+    attn_unrope_.applied = true;
+  }
   auto run_rows = [&](const cd::ModelAttnArgs& b, const cd::ModelAttnSeq* dseqs, const int32_t* row_seq) -> Status {
     if (rows_tc) {
       // Key rows of at most kGpuDecodeAttnPoolBytes at a time (forward/memory_plan.h, which the plan counts).
@@ -1006,6 +1010,7 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
       cd::ModelAttnArgs b = p;
       b.q = p.q + sq.row0 * H * Dh, b.out = p.out + sq.row0 * H * Dh, b.kv_chunk = p.kv_chunk + sq.row0 * Dh;
       if (b.topk) b.topk += sq.row0 * b.topk_stride, b.topk_n += sq.row0;
+      if (b.rope_pos) b.rope_pos += sq.row0;
       b.T = sq.T, b.ring = sq.ring, b.ring_size = sq.ring_size, b.start = sq.start;
       if (b.ckv) b.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(b.kv_chunk);  // none yet: never read
       return b;
@@ -1042,6 +1047,21 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
     return run_rows(p, nullptr, nullptr);
   }
   return run_rows(p, attn_seqs_, ctx.row_seq.i32());
+}
+
+// With GpuLoadOptions::row_epilogues the tensor-core attention applies the output's inverse RoPE
+// in its store (the bits of the rope launch after it); otherwise, or on the staged kernels, the
+// rope launch runs after the attention.
+Status GpuModel::attention_unrope(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                  const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) {
+  attn_unrope_ = AttnUnrope{};
+  if (row_epilogues_ && rope_dim > 0) attn_unrope_.inv_freq = d(inv_freq), attn_unrope_.dim = rope_dim;
+  const Status st = attention(l, ctx, q, kv, sink, o, H, bf16);
+  const bool applied = attn_unrope_.applied;
+  attn_unrope_ = AttnUnrope{};
+  FS_RETURN_IF_ERROR(st);
+  if (applied) return {};
+  return rope(o, ctx.pos, inv_freq, ctx.T, H, o.cols / H, rope_dim, true, bf16);
 }
 
 Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {

@@ -70,6 +70,8 @@ Status block_linear_rows_cuda(const BlockLinearParams& p, const LinearRowOps& r,
                      "block_linear_rows kernel launch");
 }
 
+void set_gemv_bulk(bool on) { detail::set_gemv_bulk(on); }
+
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   FS_RETURN_IF_ERROR(validate(p));
   FS_RETURN_IF_ERROR(check_int_dims("expert_gemv", p.n, p.k));

@@ -508,6 +508,300 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   if (a.post.ticket && !a.group_start) gemv_post_tail(a, rank, split);
 }
 
+// ---- Decode passes fed by bulk copies (sm_90) ------------------------------------------------------
+// gemv_kernel's one-tile passes (kNt = 1) with the weights streamed into shared memory by the
+// copy engine (cp.async.bulk, one copy per row and stage) instead of each warp's own loads: the
+// same sums in the same order (warp w of a CTA adds chunks c_begin + w, c_begin + w + kWarps, ...,
+// each through mma_accumulate; the CTA, cluster and epilogue code is gemv_kernel's), so the same
+// bits. A stage holds one round, the kWarps consecutive chunks that the CTA's warps add next, of
+// the CTA's 32 rows (each row's span one bulk copy, its pitch padded so that the fragment reads of
+// lanes g = 0..7 fall on distinct banks); kStages rounds are in flight. Warp 0 is also the
+// producer: after adding its chunk of round i it waits until every warp has released the stage
+// and refills it with round i + kStages. The weight scales of the CTA's k range are read once
+// into shared memory, and each warp loads the activations of its next chunk while adding the
+// current one, so that no global round trip is left inside the loop.
+template <bool kFp4, int kChunk, bool kGated>
+struct BulkRing {
+  static constexpr int kMats = kGated ? 2 : 1;
+  static constexpr int kBlockBytes = kFp4 ? 16 : 32;                // one row's 32-block
+  static constexpr int kSpan = kWarps * kChunk * kBlockBytes;         // a row's bytes of one round
+  static constexpr int kPitch = kSpan + (kFp4 ? 16 : 32);             // bank offset 4 (FP4) / 8 (FP8) words
+  static constexpr int kStageBytes = kMats * kRows * kPitch;
+  static constexpr int kStages = std::max(2, std::min(4, 73728 / kStageBytes));
+  static constexpr int kRedBytes = kMats * kWarps * kRows * 8 * 4;    // red[kMats][kWarps][32 rows x 8 tokens]
+  static constexpr int kFixedBytes = kStages * kStageBytes + kRedBytes + 2 * kStages * 8;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// A lane's activations of one chunk as loaded (quantised at use): FP32 x (8 values per block,
+// as quant_x loads them) or, with GemvArgs::xq (kXq), 2 code words and the scale per block.
+template <int kChunk, bool kXq>
+struct XRaw {
+  uint32_t w[kChunk][kXq ? 3 : 8];
+};
+
+template <int kChunk, bool kXq>
+__device__ __forceinline__ void load_xraw(const GemvArgs& a, int64_t xrow, int kb0, int q, XRaw<kChunk, kXq>& r) {
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+#pragma unroll
+    for (int i = 0; i < (kXq ? 3 : 8); ++i) r.w[j][i] = 0u;
+    if (xrow < 0) continue;  // absent token: zero codes and scale (xq) or zeros quantised (x)
+    if constexpr (kXq) {  // plain loads: xq / xs are step-written (runtime/pdl.cuh)
+      const uint2 u = *reinterpret_cast<const uint2*>(a.xq + xrow * a.k + (kb0 + j) * 32 + q * 8);
+      r.w[j][0] = u.x, r.w[j][1] = u.y;
+      r.w[j][2] = __float_as_uint(a.xs[xrow * (a.k / 32) + kb0 + j]);
+    } else {
+      const float4* p = reinterpret_cast<const float4*>(a.x + xrow * a.k + (kb0 + j) * 32 + q * 8);
+      const float4 lo = p[0], hi = p[1];
+      r.w[j][0] = __float_as_uint(lo.x), r.w[j][1] = __float_as_uint(lo.y), r.w[j][2] = __float_as_uint(lo.z);
+      r.w[j][3] = __float_as_uint(lo.w), r.w[j][4] = __float_as_uint(hi.x), r.w[j][5] = __float_as_uint(hi.y);
+      r.w[j][6] = __float_as_uint(hi.z), r.w[j][7] = __float_as_uint(hi.w);
+    }
+  }
+}
+
+// XRaw -> the MMA's B fragment and block scales: load_xq's values, or quant_x's arithmetic.
+template <int kChunk, bool kXq>
+__device__ __forceinline__ void xraw_operands(const GemvArgs& a, const XRaw<kChunk, kXq>& r, bool present,
+                                              uint32_t (&B)[kChunk][2], float (&xs)[kChunk]) {
+  if constexpr (kXq) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) B[j][0] = r.w[j][0], B[j][1] = r.w[j][1], xs[j] = __uint_as_float(r.w[j][2]);
+    return;
+  } else {
+  float v[kChunk][8];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[j][i] = a.bf16_in ? dev_round_bf16(__uint_as_float(r.w[j][i])) : __uint_as_float(r.w[j][i]);
+  quant_vals<kChunk>(v, present, a.act_block, B, xs);
+  }
+}
+
+// kXq: the launch reads pre-quantised activations (GemvArgs::xq), else it quantises x.
+template <bool kFp4, int kChunk, bool kGated, bool kXq>
+__global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int split) {
+  pdl_launch_early();  // a dense launch streams its first rounds of weights before the wait
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using R = BulkRing<kFp4, kChunk, kGated>;
+  constexpr int kMats = R::kMats;
+  extern __shared__ __align__(128) uint8_t bsm[];
+  uint8_t* ring = bsm;
+  float* red = reinterpret_cast<float*>(bsm + R::kStages * R::kStageBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(bsm + R::kStages * R::kStageBytes + R::kRedBytes);  // full, empty
+  uint8_t* sct = bsm + R::kFixedBytes;  // weight scale bytes of the CTA's k range
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x / split, rank = blockIdx.x % split;
+  const int row0 = tile * kRows;
+  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  const int nkb = a.k / 32;
+  const int n_chunks = nkb / kChunk;
+  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
+  const int rounds = (c_end - c_begin + kWarps - 1) / kWarps;
+  const int nb = (c_end - c_begin) * kChunk;  // k blocks of this CTA
+  const int64_t row_bytes = kFp4 ? a.k / 2 : a.k;
+  const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + R::kStages);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < R::kStages; ++s) bar_init(full0 + 8 * s, 1), bar_init(empty0 + 8 * s, kWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Round `i` of the k range (global round number gr: stage gr % kStages, its (gr / kStages)-th
+  // use) into shared memory; warp 0, every lane one row.
+  auto issue = [&](int i, int gr) {
+    const int s = gr % R::kStages;
+    if (gr >= R::kStages) bar_wait(empty0 + 8 * s, uint32_t((gr / R::kStages - 1) & 1));
+    const int c0 = c_begin + i * kWarps, nch = min(kWarps, c_end - c0);
+    const uint32_t bytes = uint32_t(nch * kChunk * R::kBlockBytes);
+    if (lane == 0) bar_expect(full0 + 8 * s, bytes * kRows * kMats);
+    __syncwarp();
+    const int row = min(row0 + lane, a.n - 1);  // tail rows: loaded, never stored
+    const int64_t off = int64_t(row) * row_bytes + int64_t(c0) * kChunk * R::kBlockBytes;
+    const uint32_t dst = smem_u32(ring + s * R::kStageBytes + lane * R::kPitch);
+    bulk_g2s(dst, w + off, bytes, full0 + 8 * s);
+    if constexpr (kGated) bulk_g2s(dst + kRows * R::kPitch, wu + off, bytes, full0 + 8 * s);
+  };
+  // The CTA's weight scales (plain loads, while the first rounds stream in).
+  auto load_scales = [&]() {
+    if constexpr (kFp4) {
+      for (int o = threadIdx.x; o < kMats * kRows * nb; o += kThreads) {
+        const int mi = o / (kRows * nb), r = (o / nb) % kRows, b = o % nb;
+        const int row = min(row0 + r, a.n - 1);
+        sct[o] = ld_weight((mi ? wsu : ws) + int64_t(row) * nkb + c_begin * kChunk + b);
+      }
+    } else {
+      const int kbw = a.k / a.w_block;
+      for (int o = threadIdx.x; o < kMats * nb; o += kThreads) {
+        const int mi = o / nb, b = o % nb;
+        const uint8_t* srow = (mi ? wsu : ws) + int64_t(row0 / a.w_block) * kbw;
+        sct[o] = ld_weight(srow + ((c_begin * kChunk + b) * 32) / a.w_block);
+      }
+    }
+  };
+  // Dense launches know their weights before the predecessor ends (runtime/pdl.cuh): the first
+  // rounds and the scales go out before the wait. Grouped ones read the step's expert table first.
+  // (No token rows: nothing is issued, so no copy is in flight when the CTA exits.)
+  const int early = a.group_start || a.m <= 0 ? 0 : min(rounds, R::kStages);
+  if (warp == 0)
+    for (int i = 0; i < early; ++i) issue(i, i);
+  if (!a.group_start) load_scales();
+  pdl_wait();
+  int64_t start = 0, count = a.m;
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) {  // pairs routed to another rank's expert: their outputs are 0 (gemv_kernel)
+      if (rank == 0)
+        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
+          const int row = row0 + int(o % kRows);
+          if (row >= a.n) continue;
+          store_out(a, start + o / kRows, row, 0.0f);
+        }
+      return;
+    }
+    w += e * a.e_stride, ws += e * a.e_sstride;
+    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  }
+  int gr0 = 0;  // global round of this pass's first round
+  for (int64_t tt = 0; tt < count; tt += 8) {
+    if (warp == 0 && !(tt == 0 && early > 0))  // (the dense first pass's rounds are out already)
+      for (int i = 0; i < rounds && i < R::kStages; ++i) issue(i, gr0 + i);
+    if (tt == 0) {
+      if (a.group_start) load_scales();
+      __syncthreads();
+    }
+    const int ntok = count - tt < 8 ? int(count - tt) : 8;
+    int64_t xr = -1;  // this lane's token row (slot g)
+    if (g < ntok) {
+      const int64_t p = start + tt + g;
+      xr = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + g;
+    }
+    float acc[2][4] = {}, accu[2][4] = {};
+    auto rounds_loop = [&](auto one) {
+      constexpr bool kOne = decltype(one)::value;
+      XRaw<kChunk, kXq> nx;
+      {
+        const int c = c_begin + warp;
+        if (c < c_end) load_xraw<kChunk, kXq>(a, xr, c * kChunk, q, nx);
+      }
+      for (int i = 0; i < rounds; ++i) {
+        const int gr = gr0 + i, s = gr % R::kStages, c = c_begin + i * kWarps + warp;
+        // This chunk's activation operands from the values loaded a round ago, then the next
+        // chunk's loads (so only one chunk of raw values is live).
+        uint32_t B[kChunk][2];
+        float xs[kChunk];
+        if (c < c_end) xraw_operands<kChunk, kXq>(a, nx, xr >= 0, B, xs);
+        if (c + kWarps < c_end) load_xraw<kChunk, kXq>(a, xr, (c + kWarps) * kChunk, q, nx);
+        bar_wait(full0 + 8 * s, uint32_t((gr / R::kStages) & 1));
+        if (c < c_end) {
+          const uint8_t* st = ring + s * R::kStageBytes + warp * kChunk * R::kBlockBytes;
+          const int cb = (c - c_begin) * kChunk;
+#pragma unroll
+          for (int mi = 0; mi < kMats; ++mi) {
+            uint32_t A[2][kChunk][2][WRaw<kFp4>::kWords], sc[2][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int r = mt * 16 + h * 8 + g;
+                const uint8_t* rp = st + mi * kRows * R::kPitch + r * R::kPitch;
+#pragma unroll
+                for (int j = 0; j < kChunk; ++j) {
+                  if constexpr (kFp4) {
+                    A[mt][j][h][0] = *reinterpret_cast<const uint32_t*>(rp + j * 16 + q * 4);
+                  } else {
+                    const uint2 u = *reinterpret_cast<const uint2*>(rp + j * 32 + q * 8);
+                    A[mt][j][h][0] = u.x, A[mt][j][h][1] = u.y;
+                  }
+                }
+                uint32_t packed = 0;
+                const uint8_t* sp = kFp4 ? sct + (mi * kRows + r) * nb + cb : sct + mi * nb + cb;
+                if constexpr (kChunk == 4) packed = *reinterpret_cast<const uint32_t*>(sp);
+                else if constexpr (kChunk == 2) packed = *reinterpret_cast<const uint16_t*>(sp);
+                else packed = *sp;
+                sc[mt][h] = packed;
+              }
+            if (mi == 0) mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc);
+            else mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, accu);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty0 + 8 * s);
+        if (warp == 0 && i + R::kStages < rounds) issue(i + R::kStages, gr + R::kStages);
+      }
+    };
+    if (ntok == 1) rounds_loop(std::true_type{});
+    else rounds_loop(std::false_type{});
+    gr0 += rounds;
+    // gemv_kernel's reduction and epilogue (kNt = 1).
+    float (*redm)[kWarps][kRows * 8] = reinterpret_cast<float (*)[kWarps][kRows * 8]>(red);
+    {
+      float acc1[1][2][4], accu1[1][2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) acc1[0][mt][x] = acc[mt][x], accu1[0][mt][x] = accu[mt][x];
+      stash<1>(redm[0][warp], acc1, g, q);
+      if constexpr (kGated) stash<1>(redm[kMats - 1][warp], accu1, g, q);
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < kRows * 8; o += kThreads) {
+#pragma unroll
+      for (int mi = 0; mi < kMats; ++mi) {
+        float v = 0;
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) v += redm[mi][wi][o];
+        redm[mi][0][o] = v;
+      }
+    }
+    namespace cg = cooperative_groups;
+    if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
+    if (rank == 0) {
+      for (int o = threadIdx.x; o < kRows * 8; o += kThreads) {
+        const int r = o / 8, t = o % 8, row = row0 + r;
+        if (row >= a.n || t >= ntok) continue;
+        float v = redm[0][0][o], u = kGated ? redm[kMats - 1][0][o] : 0.0f;
+        for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
+          const float* rem = cg::this_cluster().map_shared_rank(&redm[0][0][0], rk);
+          v += rem[o];
+          if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * 8 + o];
+        }
+        const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+        finish_out<kGated>(a, out_row, row, v, u);
+      }
+    }
+    if (split > 1) cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
+    __syncthreads();
+  }
+  if (a.post.ticket && !a.group_start) gemv_post_tail(a, rank, split);
+#endif
+}
+
 // ---- Tiled passes for prefill (pre-quantised x) --------------------------------------------------
 // The same sums as gemv_kernel, bit for bit, laid out as a GEMM: a warp owns 32 output rows x 8·kNt
 // tokens and adds every k block of the matrix itself, in gemv_kernel's order. For each output,
@@ -821,6 +1115,55 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t st
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
+// The bulk-copy decode passes (set_gemv_bulk): kNt = 1 launches on sm_90+ whose weight rows
+// and expert strides are 16-byte aligned (bulk copies); false: the caller takes gemv_kernel.
+bool g_bulk = false;
+
+template <bool kFp4, int kChunk, bool kGated, bool kXq>
+cudaError_t launch_bulk_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
+  using R = BulkRing<kFp4, kChunk, kGated>;
+  const int tiles = (a.n + kRows - 1) / kRows;
+  const int n_chunks = a.k / 32 / kChunk, nb_max = (n_chunks + split - 1) / split * kChunk;
+  const size_t smem = size_t(R::kFixedBytes) + size_t(R::kMats) * (kFp4 ? kRows : 1) * size_t(nb_max);
+  auto* kernel = gemv_bulk_kernel<kFp4, kChunk, kGated, kXq>;
+  // The limit is raised once per device to the most any launch of this instantiation asks for
+  // (k of at most kTMaxBlocks blocks), never to one launch's size (launch_tiled_k says why).
+  static std::atomic<uint64_t> smem_done{0};
+  const size_t smem_max = size_t(R::kFixedBytes) + size_t(R::kMats) * (kFp4 ? kRows * kTMaxFp4Blocks : kTMaxBlocks);
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(kernel), int(smem_max), smem_done);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid(tiles * split, n_groups);
+  if (split == 1) return launch_kernel(kernel, grid, kThreads, smem, stream, a, 1);
+  return launch_kernel_cluster(kernel, grid, kThreads, smem, stream, unsigned(split), a, split);
+}
+
+template <bool kFp4, bool kGated>
+bool bulk_ok(const GemvArgs& a, const Tuning& t) {
+  if (!g_bulk || device_info().major < 9 || a.k / 32 > (kFp4 ? kTMaxFp4Blocks : kTMaxBlocks)) return false;
+  auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!al16(a.w) || (kGated && !al16(a.wu)) || (a.group_start && a.e_stride % 16 != 0)) return false;
+  // Not where the bulk kernel spills at the 128-register cap (ptxas, sm_90a): 4-block chunks and
+  // gated FP8 matrices that quantise x inside (their raw FP32 activations stay live a round), and
+  // gated FP8 matrices in 4-block chunks.
+  if (!a.xq && (t.chunk == 4 || (!kFp4 && kGated))) return false;
+  if (!kFp4 && kGated && t.chunk == 4) return false;
+  return t.chunk == 1 || t.chunk == 2 || t.chunk == 4;
+}
+
+template <bool kFp4, bool kGated, bool kXq>
+cudaError_t launch_bulk_x(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  if (t.chunk == 4) return launch_bulk_k<kFp4, 4, kGated, kXq>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_bulk_k<kFp4, 2, kGated, kXq>(a, n_groups, t.split, stream);
+  return launch_bulk_k<kFp4, 1, kGated, kXq>(a, n_groups, t.split, stream);
+}
+
+template <bool kFp4, bool kGated>
+cudaError_t launch_bulk(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  return a.xq ? launch_bulk_x<kFp4, kGated, true>(a, n_groups, t, stream)
+              : launch_bulk_x<kFp4, kGated, false>(a, n_groups, t, stream);
+}
+
 template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
   if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
@@ -893,6 +1236,7 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
       return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4>(a, n_groups, t.split, stream)
                           : launch_k<kFp4, 1, kGated, 4>(a, n_groups, t.split, stream);
   const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
+  if (!wide && bulk_ok<kFp4, kGated>(a, t)) return launch_bulk<kFp4, kGated>(a, n_groups, t, stream);
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
 
@@ -925,6 +1269,8 @@ __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t t
 }
 
 }  // namespace
+
+void set_gemv_bulk(bool on) { g_bulk = on; }
 
 void set_gemv_tuning(int split, int chunk) {
   g_split_override = split;

@@ -54,4 +54,9 @@ Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_bloc
 // handled in 16-pair tiles.
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 
+// Decode launches (at most 8 tokens per pass) stream their weights into shared memory by bulk
+// copies (sm_90+) instead of each warp's own loads: the same bits. Process-wide, like the PDL
+// switch (GpuLoadOptions::gemv_bulk, set before each forward of a model).
+void set_gemv_bulk(bool on);
+
 }  // namespace flashseek::ops::cuda

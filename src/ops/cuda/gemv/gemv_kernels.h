@@ -63,4 +63,9 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
 
+// The decode GEMV's weights fed by bulk copies into a shared-memory ring (gemv_bulk_kernel: the
+// same bits) instead of each warp's own loads. Process-wide, like the PDL switch: set before
+// each forward of a model (GpuLoadOptions::gemv_bulk) and by tests.
+void set_gemv_bulk(bool on);
+
 }  // namespace flashseek::ops::cuda::detail

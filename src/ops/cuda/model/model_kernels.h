@@ -216,6 +216,14 @@ struct ModelAttnArgs {
   // cannot run). Same bits; tests and the benchmark force one. `cluster` (staged kernel): blocks
   // sharing one (row, head group), 1 / 2 / 4 / 8 (0: by the launch size).
   int kernel = 0, cluster = 0;
+  // Optional, the tensor-core launches only (launch_model_prefill_attention,
+  // launch_model_decode_attention): the output's inverse RoPE in the attention's own store, the
+  // bits of launch_rope(out, rope_pos, rope_inv_freq, T, H, Dh, rope_dim, inverse, rope_bf16)
+  // after it. rope_pos: [T] positions of the rows (rope_dim 0: none).
+  const int64_t* rope_pos = nullptr;
+  const float* rope_inv_freq = nullptr;
+  int rope_dim = 0;
+  bool rope_bf16 = false;
 };
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 
