@@ -318,11 +318,15 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   auto query = [&]() -> Status {
     FS_RETURN_IF_ERROR(b_.linear_rows(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA}),
                                       norm_rows(&A.q_norm)));
-    FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
-    if (!v41) {
-      if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
-      else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
+    const LinearCall qb = lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB});
+    if (v41) {  // RoPE straight after wq_b
+      RowOps r;
+      r.pos = pos, r.inv_freq = &A.rope_inv_freq, r.n_vec = H, r.vec = Dh, r.rope_dim = Dr, r.rope_bf16 = R();
+      return b_.linear_rows(qb, r);
     }
+    FS_RETURN_IF_ERROR(b_.linear(qb));
+    if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
+    else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
     return b_.rope(q, pos, A.rope_inv_freq, T, H, Dh, Dr, false, R());
   };
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics). Reads only `a`, writes

@@ -105,13 +105,15 @@ Status GpuModel::linear(const LinearCall& c) {
 // other linear, or without GpuLoadOptions::row_epilogues, runs the ops one after another.
 Status GpuModel::linear_rows(const LinearCall& c, const RowOps& r) {
   const NativeMatrix* nw = row_epilogues_ && c.w ? native(d(*c.w)) : nullptr;
+  const bool rope_only = r.rope_dim > 0 && !r.norm && r.q_prefix <= 0;  // no ticket, any width
   const bool fuse = nw && nw->fast && c.act_block == nw->act_block && c.in == nw->k && c.out == nw->n &&
                     c.rows >= 1 && c.rows < gemv_prequant_min_rows_ && c.rows <= ops::cuda::kRowOpsMaxRows &&
-                    !dense_gemm_takes_rows(c.rows) && c.out <= ops::cuda::kRowOpsMaxDim &&
+                    !dense_gemm_takes_rows(c.rows) && (rope_only || c.out <= ops::cuda::kRowOpsMaxDim) &&
                     (!r.norm_w || d(*r.norm_w)) && (r.rope_dim == 0 || (r.inv_freq && d(*r.inv_freq)));
   if (!fuse) return Backend::linear_rows(c, r);
-  unsigned*& ticket = row_ops_ticket_[d(*c.w)];
-  if (!ticket) {
+  unsigned* no_ticket = nullptr;
+  unsigned*& ticket = rope_only ? no_ticket : row_ops_ticket_[d(*c.w)];
+  if (!ticket && !rope_only) {
     if (row_ops_ticket_.size() > kRowOpsTickets) {  // more matrices than tickets: these run unfused
       row_ops_ticket_.erase(d(*c.w));
       return Backend::linear_rows(c, r);

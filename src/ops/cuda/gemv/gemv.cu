@@ -297,6 +297,32 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
   store_out(a, out_row, row, v);
 }
 
+// GemvRowPost::rope_tile: a rank-0 CTA stores its outputs in pairs of adjacent rows (2j, 2j + 1),
+// each value as store_out would store it (FP32, BF16-rounded with bf16_round_out), and rotates
+// the pairs that lie in a vector's RoPE tail (rope_kernel's arithmetic) before the store: a pair
+// never straddles two CTAs' rows (row0 and the tail's start are even). sum(o): the output's
+// total over the cluster ranks, as the plain loop forms it.
+template <int kToks, class Sum>
+__device__ __forceinline__ void store_rope_pairs(const GemvArgs& a, int row0, int ntok, int64_t tt, Sum sum) {
+  const GemvRowPost& p = a.post;
+  const int lo = p.vec - p.rope_dim;
+  for (int i = threadIdx.x; i < kRows / 2 * kToks; i += kThreads) {
+    const int r = 2 * (i / kToks), t = i % kToks, row = row0 + r;
+    if (row >= a.n || t >= ntok) continue;  // (n is even: row + 1 < n)
+    const int64_t out_row = tt + t;
+    float v0 = sum(r * kToks + t), v1 = sum((r + 1) * kToks + t);
+    if (a.bf16_round_out) v0 = dev_round_bf16(v0), v1 = dev_round_bf16(v1);
+    const int d = row % p.vec;
+    if (d >= lo) {
+      float cs, sn;
+      dev_rope_trig(float(p.pos[out_row]), p.inv_freq[(d - lo) / 2], false, cs, sn);
+      dev_rope_rotate(v0, v1, cs, sn, p.rope_bf16);
+    }
+    float* y = static_cast<float*>(a.y) + out_row * a.n + row;
+    y[0] = v0, y[1] = v1;
+  }
+}
+
 // The row ops of GemvArgs::post over y [m, n] by one CTA (the launch's last): warp w owns chunk
 // w % mc of row w / mc of each pass (mc = the row's kSumChunk chunks), with the value layout of
 // rms_norm_kernel (lane l: values 128i + 4l + q of the chunk), so the row's values stay in
@@ -481,7 +507,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     namespace cg = cooperative_groups;
     if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
 #endif
-    if (rank == 0) {
+    if (rank == 0 && !kGated && a.post.rope_tile) {
+      store_rope_pairs<kToks>(a, row0, ntok, tt, [&](int o) {
+        float v = red[0][0][o];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int rk = 1; rk < split; ++rk) v += cg::this_cluster().map_shared_rank(&red[0][0][0], rk)[o];
+#endif
+        return v;
+      });
+    } else if (rank == 0) {
       for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
         const int r = o / kToks, t = o % kToks, row = row0 + r;
         if (row >= a.n || t >= ntok) continue;
@@ -781,7 +815,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
     }
     namespace cg = cooperative_groups;
     if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
-    if (rank == 0) {
+    if (rank == 0 && !kGated && a.post.rope_tile) {
+      store_rope_pairs<8>(a, row0, ntok, tt, [&](int o) {
+        float v = redm[0][0][o];
+        for (int rk = 1; rk < split; ++rk) v += cg::this_cluster().map_shared_rank(&redm[0][0][0], rk)[o];
+        return v;
+      });
+    } else if (rank == 0) {
       for (int o = threadIdx.x; o < kRows * 8; o += kThreads) {
         const int r = o / 8, t = o % 8, row = row0 + r;
         if (row >= a.n || t >= ntok) continue;

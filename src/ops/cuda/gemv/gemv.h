@@ -21,7 +21,8 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream);
 // pos[row], forward rotation, BF16 output when rope_bf16; rope_dim 0: none) and the FP8
 // simulation of the first q_prefix values in blocks of q_block (launch_quant_sim kFp8; 0: none).
 // `ticket`: a device counter that is 0 before the launch and 0 again after it; launches that may
-// run at the same time need their own.
+// run at the same time need their own. RoPE alone needs no ticket and no width limit: each CTA
+// rotates the pairs of its own outputs as it stores them.
 struct LinearRowOps {
   unsigned* ticket = nullptr;
   bool norm = false, norm_bf16 = false;
@@ -38,7 +39,7 @@ inline constexpr int64_t kRowOpsMaxRows = 64, kRowOpsMaxDim = 8192;
 
 // block_linear_cuda followed by `r` in the same launch: the bits of block_linear_cuda and the
 // three standalone launches. p: dense (no w_up), FP32 y (not bf16_out), x not pre-quantised,
-// 1 <= m <= kRowOpsMaxRows, n <= kRowOpsMaxDim.
+// 1 <= m <= kRowOpsMaxRows, n <= kRowOpsMaxDim (unless RoPE alone).
 Status block_linear_rows_cuda(const BlockLinearParams& p, const LinearRowOps& r, cudaStream_t stream);
 
 // x [m, k] FP32 → xq [m, k] e4m3 codes + xs [m, k/32] power-of-two scales per act_block

@@ -7,13 +7,15 @@
 
 namespace flashseek::ops::cuda::detail {
 
-// Row ops on a dense launch's FP32 output y [m, n], run by the launch's last CTA after every
-// output is stored (ops/cuda/model/row_ops.cuh: the standalone kernels' arithmetic), in this
-// order: the RMS norm of each row (norm), RoPE of the last rope_dim values of each of the row's
-// n_vec vectors of vec values (rope_dim > 0), the FP8 simulation of the first q_prefix values in
-// blocks of q_block (q_prefix > 0). n <= kRowPostMaxDim.
+// Row ops on a dense launch's FP32 output y [m, n] (ops/cuda/model/row_ops.cuh: the standalone
+// kernels' arithmetic), in this order: the RMS norm of each row (norm), RoPE of the last rope_dim
+// values of each of the row's n_vec vectors of vec values (rope_dim > 0), the FP8 simulation of
+// the first q_prefix values in blocks of q_block (q_prefix > 0). With a ticket the launch's last
+// CTA runs them after every output is stored (n <= kRowPostMaxDim); rope_tile (RoPE alone, no
+// ticket): each CTA rotates its own outputs as it stores them.
 struct GemvRowPost {
-  unsigned* ticket = nullptr;  // null: no row ops. 0 before the launch; the last CTA resets it
+  unsigned* ticket = nullptr;  // 0 before the launch; the last CTA resets it
+  bool rope_tile = false;
   bool norm = false, norm_bf16 = false;
   const float* norm_w = nullptr;  // null: unweighted
   float eps = 0;
