@@ -218,6 +218,14 @@ class Backend {
                              int64_t dim, bool bf16) = 0;
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
+  // A sublayer's input: u = hc_collapse(X, pre) and y = rms_norm(u, norm_w) (both rounded to BF16
+  // when bf16). A backend may form y in one pass without storing u (the same bits in y; u is then
+  // left unwritten, so only y may be read after it).
+  virtual Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w,
+                               const Tensor& y, int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
+    FS_RETURN_IF_ERROR(hc_collapse(X, pre, u, rows, hc, dim, bf16));
+    return rms_norm(u, &norm_w, y, rows, dim, eps, bf16);
+  }
   // Plain mean over the hc streams into y rows of stride y_stride (DSpark taps).
   virtual Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
                          bool bf16) = 0;

@@ -266,8 +266,7 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
                       const Vec& norm_w, const Sublayer& body) -> Status {
     auto mix = [&]() { return mixes(fn, base, scale, pre); };
     auto rest = [&]() -> Status {
-      FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
-      FS_RETURN_IF_ERROR(b_.rms_norm(u, &norm_w, a, T, D, eps, R()));
+      FS_RETURN_IF_ERROR(b_.collapse_norm(X, pre_c, u, norm_w, a, T, hc, D, eps, R()));
       return body(a, f);
     };
     if (v41) {

@@ -81,6 +81,58 @@ TEST(CudaModelOps, QuantSimsMatchCpuBitwise) {
 // a block when short, 5 rows: a block with rows past the end; unaligned rows: scalar loads; 3
 // chunks; 20000 past the register kernel's 16 chunks: the wide kernel); the BF16 head norm over
 // dims up to and past its shared-memory limit.
+// launch_collapse_norm (a sublayer's mHC collapse and RMS norm in one launch) gives y bit for bit
+// as launch_hc_collapse followed by launch_model_rms_norm: rows of one to 16 chunks (full and
+// partial, widths not a multiple of 4), 1-6 streams, 1-33 rows, weighted or not, each BF16
+// rounding, and streams with mixed magnitudes; rows of more than 16 chunks are refused.
+TEST(CudaModelOps, CollapseNormEqualsTheTwoLaunches) {
+  FS_REQUIRE_GPU();
+  const int64_t dims[] = {512, 1000, 1026, 4096, 7168, 16384};
+  const int64_t hcs[] = {1, 4, 6};
+  const int64_t row_counts[] = {1, 2, 3, 5, 8, 33};
+  uint64_t seed = 900;
+  int64_t compared = 0;
+  for (const int64_t dim : dims)
+    for (const int64_t hc : hcs)
+      for (const int64_t rows : row_counts) {
+        if (dim > 4096 && rows > 8) continue;
+        auto x = randn(static_cast<size_t>(rows * hc * dim), ++seed, 2.0f);
+        for (size_t i = 0; i < x.size(); i += 97) x[i] *= 1e4f;  // outliers
+        auto pre = randn(static_cast<size_t>(rows * hc), ++seed, 0.7f);
+        auto w = randn(static_cast<size_t>(dim), ++seed, 0.3f);
+        for (auto& v : w) v += 1.0f;
+        DeviceBuffer<float> dx(x), dpre(pre), dw(w);
+        for (int flags = 0; flags < 8; ++flags) {
+          const bool cbf16 = flags & 1, bf16 = flags & 2, weighted = flags & 4;
+          SCOPED_TRACE(::testing::Message() << "dim=" << dim << " hc=" << hc << " rows=" << rows << " collapse_bf16="
+                                            << cbf16 << " bf16=" << bf16 << " weighted=" << weighted);
+          const size_t ny = static_cast<size_t>(rows * dim);
+          DeviceBuffer<float> u(ny), want(ny), got(ny);
+          const float eps = 1e-6f;
+          ASSERT_EQ(detail::launch_hc_collapse(dx.get(), dpre.get(), u.get(), rows, hc, dim, cbf16, nullptr), cudaSuccess);
+          ASSERT_EQ(detail::launch_model_rms_norm(u.get(), weighted ? dw.get() : nullptr, want.get(), rows, dim, eps, bf16,
+                                                  nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(detail::launch_collapse_norm(dx.get(), dpre.get(), hc, cbf16, weighted ? dw.get() : nullptr, got.get(),
+                                                 rows, dim, eps, bf16, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto a = want.to_host(), b = got.to_host();
+          for (size_t i = 0; i < a.size(); ++i)
+            ASSERT_EQ(0, std::memcmp(&a[i], &b[i], sizeof(float)))
+                << "row " << i / size_t(dim) << " value " << i % size_t(dim) << ": one launch " << b[i] << ", two "
+                << a[i];
+          ++compared;
+        }
+      }
+  EXPECT_GT(compared, 600);
+  DeviceBuffer<float> big(1);
+  EXPECT_EQ(detail::launch_collapse_norm(big.get(), big.get(), 4, false, nullptr, big.get(), 1, 17 * 1024, 1e-6f, false,
+                                         nullptr),
+            cudaErrorInvalidValue)
+      << "rows of more than 16 chunks";
+}
+
 TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   uint64_t seed = 900;

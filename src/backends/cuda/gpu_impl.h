@@ -354,6 +354,8 @@ class GpuModel final : public Model, public Backend {
   Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
   Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
+  Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w, const Tensor& y,
+                       int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
   Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
                           const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) override;
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,

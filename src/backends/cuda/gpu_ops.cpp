@@ -1051,6 +1051,16 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   return run_rows(p, attn_seqs_, ctx.row_seq.i32());
 }
 
+// With GpuLoadOptions::row_epilogues one launch (rows of at most 16 chunks); else the two.
+Status GpuModel::collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w,
+                               const Tensor& y, int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
+  if (!row_epilogues_ || (dim + 1023) / 1024 > 16 || !d(norm_w))
+    return Backend::collapse_norm(X, pre, u, norm_w, y, rows, hc, dim, eps, bf16);
+  FS_CUDA_RETURN_IF_ERROR(
+      cd::launch_collapse_norm(X.f32(), pre.f32(), hc, bf16, d(norm_w), y.f32(), rows, dim, eps, bf16, stream_));
+  return {};
+}
+
 // With GpuLoadOptions::row_epilogues the tensor-core attention applies the output's inverse RoPE
 // in its store (the bits of the rope launch after it); otherwise, or on the staged kernels, the
 // rope launch runs after the attention.

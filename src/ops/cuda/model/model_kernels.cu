@@ -1314,6 +1314,81 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
   }
 }
 
+// hc_collapse then rms_norm in one launch (launch_collapse_norm): rms_norm_kernel's layout, sums
+// and scaling over values formed as hc_collapse_kernel forms them (mul_add over the streams in
+// order, BF16-rounded when cbf16), so y is the bits of the two launches; the collapsed row itself
+// is not stored. x [rows, hc, dim], pre [rows, hc].
+__global__ void __launch_bounds__(kNormThreads) collapse_norm_kernel(const float* x, const float* pre, int64_t hc,
+                                                             bool cbf16, const float* w, float* y, int64_t rows,
+                                                             int64_t dim, float eps, bool bf16) {
+  pdl_prologue();
+  __shared__ double csq[32];
+  const int m = int((dim + kSumChunk - 1) / kSumChunk);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int rw = warp / m, c = warp % m;  // row within the block, chunk
+  const int64_t row = int64_t(blockIdx.x) * norm_rows_per_block(m) + rw;
+  const bool live = row < rows;
+  const int64_t off = int64_t(c) * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
+  const float* xr = x + (live ? row : 0) * hc * dim + off;  // stream 0 of the row, this chunk
+  const float* pr = pre + (live ? row : 0) * hc;
+  const float* wr = w ? w + off : nullptr;
+  float* yr = y + (live ? row : 0) * dim + off;
+  const bool vec = len == kSumChunk && (dim & 3) == 0 &&
+                   ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(yr) |
+                     reinterpret_cast<uintptr_t>(wr)) & 15) == 0;
+  float xv[32], wv[32];
+#pragma unroll
+  for (int k = 0; k < 32; ++k) xv[k] = 0.0f, wv[k] = 0.0f;
+  if (live) {
+    for (int64_t h = 0; h < hc; ++h) {  // s = mul_add(pre[h], x[h], s) in stream order, per value
+      const float ph = pr[h];
+      const float* xh = xr + h * dim;
+      if (vec) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 v = *reinterpret_cast<const float4*>(xh + 128 * i + 4 * lane);
+          xv[4 * i] = mul_add(ph, v.x, xv[4 * i]), xv[4 * i + 1] = mul_add(ph, v.y, xv[4 * i + 1]);
+          xv[4 * i + 2] = mul_add(ph, v.z, xv[4 * i + 2]), xv[4 * i + 3] = mul_add(ph, v.w, xv[4 * i + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int64_t k = 128 * i + 4 * lane + q;
+            if (k < len) xv[4 * i + q] = mul_add(ph, xh[k], xv[4 * i + q]);
+          }
+      }
+    }
+    if (cbf16) {
+#pragma unroll
+      for (int k = 0; k < 32; ++k) xv[k] = dev_round_bf16(xv[k]);
+    }
+    if (wr) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t k = 128 * i + 4 * lane + q;
+          if (k < len) wv[4 * i + q] = ld_weight(wr + k);
+        }
+    }
+  }
+  const double v = dev_norm_chunk_sumsq(xv, len, live);
+  if (lane == 0) csq[warp] = v;
+  __syncthreads();
+  if (!live) return;
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
+  const float ri = dev_norm_inv_rms(ss, dim, eps);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int64_t k = 128 * i + 4 * lane + q;
+      if (k < len) yr[k] = dev_norm_value(xv[4 * i + q], ri, wr, wv[4 * i + q], bf16);
+    }
+}
+
 // Rows of more than kNormMaxChunks chunks: warps loop over the chunks (the same sums), thread 0
 // folds them, every thread scales its values.
 __global__ void rms_norm_wide_kernel(const float* x, const float* w, float* y, int64_t dim, float eps, bool bf16) {
@@ -2618,6 +2693,18 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
 int64_t hc_mixes_work_floats(const HcMixArgs& a) {
   const int64_t n_mix = a.head_only ? a.hc : (2 + a.hc) * a.hc;
   return a.rows * n_mix * ((a.hc * a.dim + kSumChunk - 1) / kSumChunk);
+}
+
+cudaError_t launch_collapse_norm(const float* x, const float* pre, int64_t hc, bool collapse_bf16, const float* w,
+                                 float* y, int64_t rows, int64_t dim, float eps, bool bf16, cudaStream_t s) {
+  if (dim <= 0 || hc <= 0) return cudaErrorInvalidValue;
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  if (m > kNormMaxChunks) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_kernel(collapse_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, pre, hc, collapse_bf16,
+                       w, y, rows, dim, eps, bf16);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,

@@ -136,6 +136,11 @@ int64_t hc_mixes_work_floats(const HcMixArgs& a);
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
+// launch_hc_collapse(x, pre, u, rows, hc, dim, collapse_bf16) then launch_model_rms_norm(u, w, y,
+// rows, dim, eps, bf16) in one launch, the same bits in y (u is not formed in memory). Rows of at
+// most 16 chunks of 1024 values (else cudaErrorInvalidValue: run the two launches).
+cudaError_t launch_collapse_norm(const float* x, const float* pre, int64_t hc, bool collapse_bf16, const float* w,
+                                 float* y, int64_t rows, int64_t dim, float eps, bool bf16, cudaStream_t s);
 // x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
 cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
