@@ -247,6 +247,13 @@ class Backend {
   // Route every row from its gate logits [T, E] (bias or V4 hash ids of `tokens`): sel / wt [T, K].
   virtual Status route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E,
                        int64_t K, const Tensor& sel, const Tensor& wt) = 0;
+  // The router: gate logits by linear(c) (c.y [T, E]), then route(F, c.y, ...). A backend may route
+  // in the linear's own launch (the same bits).
+  virtual Status router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E,
+                        int64_t K, const Tensor& sel, const Tensor& wt) {
+    FS_RETURN_IF_ERROR(linear(c));
+    return route(F, c.y, tokens, T, E, K, sel, wt);
+  }
   // Routed experts of F over the (row, slot) pairs: ybuf [T·K, D]; *row_of: ybuf's row of pair
   // t·K + k when it is not that (left empty otherwise).
   virtual Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,

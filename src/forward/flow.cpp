@@ -499,8 +499,8 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
   // Router and routed experts (the longer chain: the side branch): outputs per (row, slot),
   // summed in slot order (ascending expert id).
   auto routed = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R())));  // FP32 router logits
-    FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
+    // FP32 router logits, then the selection
+    FS_RETURN_IF_ERROR(b_.router(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R()), F, tokens, T, E, K, sel, wt));
     if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
     return b_.routed_experts(F, m, sel, wt, T, E, K, ybuf, &row_of);
   };

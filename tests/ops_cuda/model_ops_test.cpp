@@ -432,6 +432,84 @@ TEST(CudaModelOps, IndexScoresRejectBadArgs) {
   cudaGetLastError();
 }
 
+// A router linear with its route in the same launch (LinearArgs::route: the chunked GEMV's last
+// CTA; short rows take a route launch after the linear) gives the logits, selections and weights
+// of launch_linear then launch_route, bitwise: FP32 and BF16 gates, rows of one chunk and of
+// several, 1-8 tokens, bias or hash routing, each scoring function, and a second launch on the
+// same ticket; inconsistent route arguments are refused.
+TEST(CudaModelOps, LinearWithRouteEqualsLinearThenRoute) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t in, E, K;
+    bool bf16_w;
+  };
+  const Case cases[] = {{4096, 256, 6, true}, {4096, 256, 6, false}, {7168, 64, 8, true}, {1000, 16, 6, false},
+                        {2500, 384, 6, true}, {1024, 32, 1, false}};
+  const int64_t token_counts[] = {1, 2, 5, 8};
+  uint64_t seed = 1200;
+  DeviceBuffer<unsigned> ticket(std::vector<unsigned>(1, 0u));
+  int64_t compared = 0;
+  for (const Case& c : cases)
+    for (const int64_t T : token_counts)
+      for (int mode = 0; mode < 4; ++mode) {  // bit 0: sqrtsoftplus, bit 1: hash routing
+        const bool softplus = mode & 1, hash = mode & 2;
+        SCOPED_TRACE(::testing::Message() << "in=" << c.in << " E=" << c.E << " K=" << c.K << " bf16 gate=" << c.bf16_w
+                                          << " T=" << T << " softplus=" << softplus << " hash=" << hash);
+        auto x = randn(static_cast<size_t>(T * c.in), ++seed);
+        auto w = randn(static_cast<size_t>(c.E * c.in), ++seed, 0.05f);
+        std::vector<uint16_t> wb(w.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+          uint32_t u = 0;
+          std::memcpy(&u, &w[i], 4);
+          wb[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+        auto bias = randn(static_cast<size_t>(c.E), ++seed, 0.1f);
+        std::vector<int32_t> tokens(static_cast<size_t>(T)), tid2eid(static_cast<size_t>(7 * c.K));
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 3 + 1) % 7);
+        for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = int32_t((i * 37 + 5) % size_t(c.E));
+        DeviceBuffer<float> dx(x), dw(w), dbias(bias);
+        DeviceBuffer<uint16_t> dwb(wb);
+        DeviceBuffer<int32_t> dtok(tokens), dtid(tid2eid);
+        const size_t nl = static_cast<size_t>(T * c.E), ns = static_cast<size_t>(T * c.K);
+        DeviceBuffer<float> lg0(nl), lg1(nl), scr0(2 * nl), scr1(2 * nl), wt0(ns), wt1(ns);
+        DeviceBuffer<int32_t> sel0(ns), sel1(ns);
+        cd::LinearArgs la;
+        la.x = dx.get(), la.rows = T, la.in = c.in, la.out = c.E;
+        if (c.bf16_w) {
+          la.wt.dtype = cd::WeightDtype::kBf16, la.wt.data = dwb.get(), la.wt.cols = c.in;
+        } else {
+          la.w = dw.get();
+        }
+        auto route_of = [&](float* lg, float* scr, int32_t* sel, float* wt) {
+          cd::RouteArgs r;
+          r.logits = lg, r.scratch = scr, r.T = T, r.E = c.E, r.K = c.K, r.sel = sel, r.weight = wt;
+          if (hash) r.tid2eid = dtid.get(), r.tokens = dtok.get();
+          else r.bias = dbias.get();
+          r.gate_temp = 1.0f, r.route_scale = 2.5f, r.sqrtsoftplus = softplus, r.norm_topk = true, r.renorm_eps = true;
+          return r;
+        };
+        la.y = lg0.get();
+        ASSERT_EQ(cd::launch_linear(la, nullptr), cudaSuccess);
+        ASSERT_EQ(cd::launch_route(route_of(lg0.get(), scr0.get(), sel0.get(), wt0.get()), nullptr), cudaSuccess);
+        la.y = lg1.get(), la.route = route_of(lg1.get(), scr1.get(), sel1.get(), wt1.get()), la.route_ticket = ticket.get();
+        for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cd::launch_linear(la, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        expect_bitwise(lg0.to_host(), lg1.to_host(), "logits");
+        ASSERT_TRUE(sel0.to_host() == sel1.to_host()) << "selections";
+        expect_bitwise(wt0.to_host(), wt1.to_host(), "routing weights");
+        ASSERT_EQ(ticket.to_host()[0], 0u) << "the ticket is reset";
+        ++compared;
+      }
+  EXPECT_EQ(compared, 6 * 4 * 4);
+  cd::LinearArgs bad;
+  DeviceBuffer<float> one(16);
+  bad.x = one.get(), bad.w = one.get(), bad.y = one.get(), bad.rows = 1, bad.in = 4, bad.out = 4;
+  bad.route_ticket = ticket.get(), bad.route.logits = one.get(), bad.route.T = 1, bad.route.E = 4, bad.route.K = 5;
+  EXPECT_EQ(cd::launch_linear(bad, nullptr), cudaErrorInvalidValue) << "K > E";
+  bad.route.K = 2, bad.route.logits = one.get() + 4;
+  EXPECT_EQ(cd::launch_linear(bad, nullptr), cudaErrorInvalidValue) << "logits that are not y";
+}
+
 // V4 hash routing (tid2eid): a repeated expert id keeps its score in the denominator but gets
 // weight 0 after its first copy, like ops::route.
 TEST(CudaModelOps, RouteHashRepeatedIdMatchesCpu) {

@@ -277,6 +277,9 @@ class GpuModel final : public Model, public Backend {
     return dense_gemm_min_tokens_ > 0 && sm90a_ && rows == step_rows_ && dense_row0_ < rows;
   }
   Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
+  // ops::route's arguments for these logits (route, and router's route in the linear's launch).
+  Result<ops::cuda::detail::RouteArgs> route_args(const FfnWeights& F, const Tensor& logits, const Tensor& tokens,
+                                                  int64_t T, int64_t E, int64_t K, const Tensor& sel, const Tensor& wt);
   // Matrices [e0, e0 + count) of w expanded to BF16 values into scratch `name` (sized exactly, not
   // geometrically: GpuLoadOptions::prefill_gemm_expand_w); row_start (device, [w.count + 1]):
   // skip the matrices no row reaches.
@@ -354,6 +357,8 @@ class GpuModel final : public Model, public Backend {
   Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
   Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
+  Status router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+                const Tensor& sel, const Tensor& wt) override;
   Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w, const Tensor& y,
                        int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
   Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,

@@ -388,8 +388,8 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
 
 // ---- MoE ----
 
-Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-                       const Tensor& sel, const Tensor& wt) {
+Result<cd::RouteArgs> GpuModel::route_args(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T,
+                                            int64_t E, int64_t K, const Tensor& sel, const Tensor& wt) {
   const auto& c = config();
   FS_ASSIGN_OR_RETURN(FfnDev fd, ffn_dev(F));
   FS_ASSIGN_OR_RETURN(float* rs, scratch<float>("route_scratch", T * 2 * E));
@@ -401,7 +401,43 @@ Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& 
   r.norm_topk = c.norm_topk_prob;
   r.renorm_eps = c.is_v41();
   r.sel = sel.i32(), r.weight = wt.f32();
+  return r;
+}
+
+Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+                       const Tensor& sel, const Tensor& wt) {
+  FS_ASSIGN_OR_RETURN(const cd::RouteArgs r, route_args(F, logits, tokens, T, E, K, sel, wt));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
+  return {};
+}
+
+// With GpuLoadOptions::row_epilogues a decode-sized router on the exactness kernels (FP32 logits
+// of unquantised inputs, what linear() runs for it) routes in the linear's launch
+// (LinearArgs::route: the chunked GEMV's last CTA, or a route launch after another kernel).
+Status GpuModel::router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E,
+                        int64_t K, const Tensor& sel, const Tensor& wt) {
+  const float* w = c.w ? d(*c.w) : nullptr;
+  const NativeMatrix* nw = w ? native(w) : nullptr;
+  const bool fuse = row_epilogues_ && w && c.act_block == 0 && !c.bf16_in && c.rows == T && c.out == E && T >= 1 &&
+                    T <= kGpuGraphMaxTokens && !dense_gemm_takes_rows(T) && !(nw && nw->fast) &&
+                    (!nw || (nw->k == c.in && nw->n == c.out));
+  if (!fuse) return Backend::router(c, F, tokens, T, E, K, sel, wt);
+  unsigned*& ticket = row_ops_ticket_[w];
+  if (!ticket) {
+    if (row_ops_ticket_.size() > kRowOpsTickets) {  // more matrices than tickets: unfused
+      row_ops_ticket_.erase(w);
+      return Backend::router(c, F, tokens, T, E, K, sel, wt);
+    }
+    ticket = row_ops_tickets_.get() + (row_ops_ticket_.size() - 1);
+  }
+  cd::LinearArgs a;  // as linear(x, w, ...) builds it for these arguments
+  a.x = c.x.f32(), a.y = c.y.f32(), a.rows = T, a.in = c.in, a.out = E, a.x_row_div = 1;
+  set_weight(a, w, 0);
+  a.bf16_out = c.bf16_out;
+  a.x_bf16 = c.x_bf16 && c.out >= kTensorCoreLinearMinOut && tensor_core_linears_;
+  FS_ASSIGN_OR_RETURN(a.route, route_args(F, c.y, tokens, T, E, K, sel, wt));
+  a.route_ticket = ticket;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
   return {};
 }
 

@@ -19,6 +19,7 @@
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/route_row.cuh"
 #include "ops/cuda/model/row_ops.cuh"
 
 namespace flashseek::ops::cuda::detail {
@@ -520,6 +521,20 @@ __device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t ma
   }
 }
 
+// LinearArgs::route_ticket: every CTA takes a ticket after its outputs are stored; the last one
+// routes every row (route_row, a warp per row, the logits read through L2) and resets the ticket.
+__device__ __noinline__ void route_tail(const LinearArgs& a) {
+  __shared__ bool last;
+  __threadfence();  // this CTA's logits are visible device-wide before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.route_ticket, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t t = threadIdx.x / 32; t < a.route.T; t += blockDim.x / 32) route_row(a.route, t);
+  if (threadIdx.x == 0) *a.route_ticket = 0u;
+}
+
 // Grid: (row groups of R rows, fastest) x (output tiles of G·NO outputs). With sel, R == 1.
 // V: each warp's first weights are loaded before x is staged, and the next task's weights are in
 // flight while a task's lane values and butterflies run.
@@ -589,6 +604,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     const float acc = dev_chunk_tree(csum + q * m, m);
     a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
   }
+  if (a.route_ticket) route_tail(a);
 }
 
 // ---- Streaming GEMV of the chunked linear (in > kSumChunk, at most 8 rows: decode, verify) ------
@@ -2515,8 +2531,10 @@ cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* take
   });
 }
 
-cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
+// *routed: the launch is the chunked GEMV, whose last CTA runs LinearArgs::route.
+cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s, bool* routed = nullptr) {
   const LinearArgs a = with_typed_weight(a0);
+  if (routed) *routed = a.in > kSumChunk;
   if (a.in <= kSumChunk) {
     return with_dtype(a.wt.dtype, cudaErrorInvalidValue, [&](auto f) {
       return launch_short_gemv_typed<decltype(f)::value>(a, s);
@@ -2533,10 +2551,11 @@ cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float*
   return launch_kernel(embed_typed_kernel<F>, blocks_for(T * hc * dim, 256), 256, 0, s, w, tokens, X, T, hc, dim);
 }
 
-}  // namespace
-
-cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
+// launch_linear without the route; *routed (optional): the kernel that ran also routed.
+cudaError_t launch_linear_one(const LinearArgs& a0, cudaStream_t s, bool* routed) {
+  if (routed) *routed = false;
   LinearArgs a = a0;
+  if (!routed) a.route_ticket = nullptr;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 5)
@@ -2568,7 +2587,7 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
     const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
     if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && (chunked || a.rows <= kGemvMaxRows)))
-      return launch_linear_gemv(a, s);
+      return launch_linear_gemv(a, s, routed);
   }
   int64_t blocks = 0;
   size_t smem = 0;
@@ -2588,6 +2607,18 @@ cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   const dim3 grid(unsigned(blocks), unsigned(a.groups));
   if (!chunked) return launch_kernel(linear_short_kernel, grid, kLinThreads, 0, s, a);
   return launch_kernel(linear_chunked_kernel, grid, kLinThreads, smem, s, a);
+}
+
+}  // namespace
+
+cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
+  if (!a0.route_ticket) return launch_linear_one(a0, s, nullptr);
+  if (a0.sel || a0.groups != 1 || (a0.y_stride != 0 && a0.y_stride != a0.out) || a0.route.logits != a0.y ||
+      a0.route.T != a0.rows || a0.route.E != a0.out || a0.route.K <= 0 || a0.route.K > a0.route.E)
+    return cudaErrorInvalidValue;
+  bool routed = false;
+  if (const cudaError_t e = launch_linear_one(a0, s, &routed); e != cudaSuccess || routed) return e;
+  return launch_route(a0.route, s);  // another kernel took the linear: the route launch after it
 }
 
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,

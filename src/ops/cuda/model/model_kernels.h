@@ -47,6 +47,20 @@ struct WeightRef {
   int64_t scale_matrix_bytes = 0;   // ... and between their scales
 };
 
+// ops::route over logits [T, E] (launch_route; also a router linear's tail, LinearArgs::route).
+struct RouteArgs {
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] or nullptr
+  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
+  const int32_t* tokens = nullptr;   // [T]
+  float* scratch = nullptr;       // [T, 2E]
+  int64_t T = 0, E = 0, K = 0;
+  float gate_temp = 1, route_scale = 1;
+  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
+  int32_t* sel = nullptr;         // [T, K] ascending expert ids
+  float* weight = nullptr;        // [T, K]
+};
+
 // ---- linear (ops::linear on pre-quantised x): y[r] = x[r / x_row_div] · W_sel[r]ᵀ -----------
 struct LinearArgs {
   const float* x = nullptr;       // rows of `in` values, row stride x_stride
@@ -83,6 +97,12 @@ struct LinearArgs {
   // Kernel 5 over more than 8 rows: 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, the most that
   // still gives a CTA per SM). Same bits; tests force one.
   int mma_tiles = 0;
+  // Optional (decode-sized router logits): ops::route over y in the same launch. With the
+  // chunked GEMV (in > 1024) its last CTA routes every row after all logits are stored (the
+  // ticket: 0 before the launch and after it, one per concurrently running launch); any other
+  // kernel: launch_route right after it. route.logits must be y.
+  unsigned* route_ticket = nullptr;
+  RouteArgs route;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
@@ -166,18 +186,7 @@ cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, in
                                 int64_t n_slots, int64_t dim, float* out, cudaStream_t s);
 
 // ---- MoE (ops/moe.h) ---------------------------------------------------------------------------
-struct RouteArgs {
-  const float* logits = nullptr;  // [T, E]
-  const float* bias = nullptr;    // [E] or nullptr
-  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
-  const int32_t* tokens = nullptr;   // [T]
-  float* scratch = nullptr;       // [T, 2E]
-  int64_t T = 0, E = 0, K = 0;
-  float gate_temp = 1, route_scale = 1;
-  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
-  int32_t* sel = nullptr;         // [T, K] ascending expert ids
-  float* weight = nullptr;        // [T, K]
-};
+// RouteArgs: with the linear (a router linear may route in its own launch).
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t s);
 // h[r] = bf16?(swiglu(g[r], u[r]) · weight[r]) (weight nullptr: 1).
 cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
