@@ -77,9 +77,10 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
   cmd->add_option("--row-epilogues", o.row_epilogues,
-                  "GPU backend: the norms, RoPE and FP8 simulation after wq_a, wkv and the DSpark draft's "
-                  "main_proj / wkv run inside the linear's GEMV launch (decode-sized steps), the attention output's "
-                  "inverse RoPE inside the attention's: on | off (the same results)")
+                  "GPU backend: row ops in their neighbour's launch (the norms, RoPE and FP8 simulation after wq_a, "
+                  "wq_b, wkv and the DSpark draft's linears, the attention output's inverse RoPE, the mHC collapse "
+                  "with the norm, the router with the route, the MoE combine with the mHC post): on | off (the same "
+                  "results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gemv-bulk", o.gemv_bulk,

@@ -259,6 +259,15 @@ class Backend {
   virtual Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,
                                 int64_t E, int64_t K, const Tensor& ybuf, Tensor* row_of) = 0;
   // out[t] = bf16?(Σ_k ybuf[pair t,k] + ys[t]) in slot order.
+  // An FFN sublayer's end: moe_combine(ybuf, ys, f, T, K, D, bf16, row_of), then hc_post(f, X,
+  // post, comb, T, hc, D, bf16). A backend may do both in one pass without storing f (the same bits
+  // in X; f is then left unwritten).
+  virtual Status moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of,
+                                  const Tensor& X, const Tensor& post, const Tensor& comb, int64_t T, int64_t K,
+                                  int64_t hc, int64_t D, bool bf16) {
+    FS_RETURN_IF_ERROR(moe_combine(ybuf, ys, f, T, K, D, bf16, row_of));
+    return hc_post(f, X, post, comb, T, hc, D, bf16);
+  }
   virtual Status moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K,
                              int64_t D, bool bf16, const Tensor& row_of) = 0;
 

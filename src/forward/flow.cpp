@@ -269,11 +269,19 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
       FS_RETURN_IF_ERROR(b_.collapse_norm(X, pre_c, u, norm_w, a, T, hc, D, eps, R()));
       return body(a, f);
     };
-    if (v41) {
-      FS_RETURN_IF_ERROR(branches(mix, rest, /*lane=*/1));
-    } else {
+    // An MoE body leaves its combine to this hc_post (one op: Backend::moe_combine_post).
+    deferred_combine_.reset();
+    defer_combine_ = true;
+    const Status st = v41 ? branches(mix, rest, /*lane=*/1) : [&]() -> Status {
       FS_RETURN_IF_ERROR(mix());
-      FS_RETURN_IF_ERROR(rest());
+      return rest();
+    }();
+    defer_combine_ = false;
+    FS_RETURN_IF_ERROR(st);
+    if (deferred_combine_) {
+      const DeferredCombine dc = *deferred_combine_;
+      deferred_combine_.reset();
+      return b_.moe_combine_post(dc.ybuf, dc.ys, dc.f, dc.row_of, X, post, comb, dc.T, dc.K, hc, D, R());
     }
     return b_.hc_post(f, X, post, comb, T, hc, D, R());
   };
@@ -517,6 +525,10 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
     return b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1}));
   };
   FS_RETURN_IF_ERROR(branches(routed, shared));
+  if (defer_combine_ && !split) {  // the sublayer's hc_post takes it (block())
+    deferred_combine_ = DeferredCombine{ybuf, ys, out, row_of, T, K};
+    return {};
+  }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !split, row_of));
   return split ? b_.tp_allreduce(out, T * D, R()) : Status{};

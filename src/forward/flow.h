@@ -4,6 +4,7 @@
 // `Backend` (forward/backend.h); the CPU oracle and the CUDA serving path run this same code.
 #pragma once
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -120,6 +121,16 @@ class Forward {
   Result<Tensor> scratch_f(const std::string& name, int64_t rows, int64_t cols = 1) {
     return b_.scratch(name, ElemType::kF32, rows, cols);
   }
+
+  // An FFN sublayer's MoE combine left to the sublayer's hc_post (Backend::moe_combine_post): moe()
+  // records it instead of issuing it while defer_combine_ is set (block(), around an FFN body, one
+  // GPU) and the sublayer issues both as one op.
+  struct DeferredCombine {
+    Tensor ybuf, ys, f, row_of;
+    int64_t T = 0, K = 0;
+  };
+  bool defer_combine_ = false;
+  std::optional<DeferredCombine> deferred_combine_;
 
   FlowParams p_;
   const model::ModelConfig& c_;

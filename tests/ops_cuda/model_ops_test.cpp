@@ -133,6 +133,55 @@ TEST(CudaModelOps, CollapseNormEqualsTheTwoLaunches) {
       << "rows of more than 16 chunks";
 }
 
+// launch_moe_combine_post (an FFN sublayer's MoE combine and mHC post in one launch) updates the
+// streams bit for bit as launch_moe_combine then launch_hc_post: 1-33 rows, 1-8 slots, with and
+// without a row map (expert-sorted outputs, another rank's pairs at -1), each BF16 rounding, odd
+// widths; only four streams are taken.
+TEST(CudaModelOps, MoeCombinePostEqualsTheTwoLaunches) {
+  FS_REQUIRE_GPU();
+  constexpr int64_t hc = 4;
+  const int64_t dims[] = {4096, 1000, 7168, 33};
+  const int64_t row_counts[] = {1, 3, 8, 33};
+  const int64_t slots[] = {1, 6, 8};
+  uint64_t seed = 1500;
+  int64_t compared = 0;
+  for (const int64_t dim : dims)
+    for (const int64_t T : row_counts)
+      for (const int64_t K : slots)
+        for (int flags = 0; flags < 4; ++flags) {
+          const bool bf16 = flags & 1, mapped = flags & 2;
+          SCOPED_TRACE(::testing::Message() << "dim=" << dim << " T=" << T << " K=" << K << " bf16=" << bf16
+                                            << " row_of=" << mapped);
+          const auto y = randn(static_cast<size_t>(T * K * dim), ++seed);
+          const auto ys = randn(static_cast<size_t>(T * dim), ++seed);
+          const auto x0 = randn(static_cast<size_t>(T * hc * dim), ++seed, 3.0f);
+          const auto post = randn(static_cast<size_t>(T * hc), ++seed);
+          const auto comb = randn(static_cast<size_t>(T * hc * hc), ++seed, 0.5f);
+          std::vector<int32_t> row_of(static_cast<size_t>(T * K));
+          for (size_t i = 0; i < row_of.size(); ++i) row_of[i] = int32_t((i * 7 + 3) % row_of.size());
+          for (size_t i = 0; i < row_of.size(); i += 5) row_of[i] = -1;
+          DeviceBuffer<float> dy(y), dys(ys), dpost(post), dcomb(comb), f(static_cast<size_t>(T * dim));
+          DeviceBuffer<float> xa(x0), xb(x0);
+          DeviceBuffer<int32_t> drow(row_of);
+          const int32_t* rmap = mapped ? drow.get() : nullptr;
+          ASSERT_EQ(cd::launch_moe_combine(dy.get(), dys.get(), f.get(), T, K, dim, bf16, nullptr, rmap), cudaSuccess);
+          ASSERT_EQ(cd::launch_hc_post(f.get(), xa.get(), dpost.get(), dcomb.get(), T, hc, dim, bf16, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cd::launch_moe_combine_post(dy.get(), dys.get(), rmap, T, K, xb.get(), dpost.get(), dcomb.get(), hc,
+                                                dim, bf16, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          expect_bitwise(xa.to_host(), xb.to_host(), "streams");
+          ++compared;
+        }
+  EXPECT_EQ(compared, 4 * 4 * 3 * 4);
+  DeviceBuffer<float> one(64);
+  EXPECT_EQ(cd::launch_moe_combine_post(one.get(), one.get(), nullptr, 1, 1, one.get(), one.get(), one.get(), 2, 8,
+                                        false, nullptr),
+            cudaErrorInvalidValue)
+      << "two streams";
+}
+
 TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   uint64_t seed = 900;

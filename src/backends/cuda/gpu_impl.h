@@ -359,6 +359,9 @@ class GpuModel final : public Model, public Backend {
                     const Tensor& out_n) override;
   Status router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
                 const Tensor& sel, const Tensor& wt) override;
+  Status moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of, const Tensor& X,
+                          const Tensor& post, const Tensor& comb, int64_t T, int64_t K, int64_t hc, int64_t D,
+                          bool bf16) override;
   Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w, const Tensor& y,
                        int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
   Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,

@@ -673,6 +673,16 @@ Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor&
   return {};
 }
 
+// With GpuLoadOptions::row_epilogues and four streams: one launch; else the two.
+Status GpuModel::moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of,
+                                  const Tensor& X, const Tensor& post, const Tensor& comb, int64_t T, int64_t K,
+                                  int64_t hc, int64_t D, bool bf16) {
+  if (!row_epilogues_ || hc != 4) return Backend::moe_combine_post(ybuf, ys, f, row_of, X, post, comb, T, K, hc, D, bf16);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine_post(ybuf.f32(), ys.f32(), row_of.empty() ? nullptr : row_of.i32(), T,
+                                                      K, X.f32(), post.f32(), comb.f32(), hc, D, bf16, stream_));
+  return {};
+}
+
 // ---- Engram ----
 
 // The table on the device as stored (--engram-tables device): the row ids go up (int32: load

@@ -1962,6 +1962,38 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
   for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
 }
 
+// moe_combine_kernel's value of (t, d) fed straight into hc_post_fixed_kernel's update of X (the
+// same operations in the same order: launch_moe_combine then launch_hc_post, bit for bit, without
+// storing the combined row). Grid as hc_post_fixed_kernel: row blockIdx.x, columns over
+// blockIdx.y.
+template <int HC>
+__global__ void moe_combine_post_kernel(const float* y, const float* ys, const int32_t* row_of, int64_t K, float* x,
+                                        const float* post, const float* comb, int64_t dim, bool bf16) {
+  pdl_prologue();
+  const int64_t r = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float s = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t p = row_of ? int64_t(row_of[r * K + k]) : r * K + k;
+    s += p >= 0 ? y[p * dim + d] : 0.0f;
+  }
+  s += ys[r * dim + d];
+  const float fv = bf16 ? dev_round_bf16(s) : s;
+  float xs[HC], out[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) xs[j] = x[(r * HC + j) * dim + d];
+  const float* P = comb + r * HC * HC;
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    float v = __fmul_rn(post[r * HC + k], fv);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) v = mul_add(P[j * HC + k], xs[j], v);
+    out[k] = bf16 ? dev_round_bf16(v) : v;
+  }
+#pragma unroll
+  for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
+}
+
 __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                              int64_t dim) {
   pdl_prologue();
@@ -2798,6 +2830,15 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
                           int64_t n, float limit, bool bf16, cudaStream_t s) {
   if (rows * n == 0) return cudaSuccess;
   return launch_kernel(swiglu_kernel, blocks_for(rows * n, 256), 256, 0, s, g, u, h, weight, rows, n, limit, bf16);
+}
+
+cudaError_t launch_moe_combine_post(const float* y, const float* ys, const int32_t* row_of, int64_t T, int64_t K,
+                                    float* x, const float* post, const float* comb, int64_t hc, int64_t dim, bool bf16,
+                                    cudaStream_t s) {
+  if (hc != 4 || T > INT32_MAX || (dim + 255) / 256 > 65535) return cudaErrorInvalidValue;
+  if (T * dim == 0) return cudaSuccess;
+  return launch_kernel(moe_combine_post_kernel<4>, dim3(unsigned(T), unsigned((dim + 255) / 256)), 256, 0, s, y, ys,
+                       row_of, K, x, post, comb, dim, bf16);
 }
 
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,

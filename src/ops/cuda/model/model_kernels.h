@@ -196,6 +196,12 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 // (another rank's expert) adds +0.
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
+// launch_moe_combine(y, ys, f, T, K, dim, bf16, row_of) then launch_hc_post(f, x, post, comb, T, hc,
+// dim, bf16) in one launch, the same bits in x (f not stored). hc == 4 only (else
+// cudaErrorInvalidValue: run the two launches).
+cudaError_t launch_moe_combine_post(const float* y, const float* ys, const int32_t* row_of, int64_t T, int64_t K,
+                                    float* x, const float* post, const float* comb, int64_t hc, int64_t dim, bool bf16,
+                                    cudaStream_t s);
 // ops::group_pairs_by_expert on the device (nothing read back to the host, so it runs under graph
 // capture). A pair whose expert id is out of range (-1: another rank's expert under expert
 // parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,
