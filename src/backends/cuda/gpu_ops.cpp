@@ -228,7 +228,12 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
     r_gemm = dense_row0_;
   // BF16 inputs (the reference's BF16 GEMM): x, the attention's BF16 output after a BF16 RoPE,
-  // holds BF16 values already (Backend::grouped_linear), so it is not rounded again.
+  // holds BF16 values already (Backend::grouped_linear). With GpuLoadOptions::row_epilogues it is
+  // not rounded again (GpuGraphDecode.RowEpiloguesEqualSeparateLaunchesBitwise compares); else
+  // rounded in place (the BF16 GEMM's rows need no pass: gemm_bf16_pack_cuda rounds them).
+  const int64_t rounded = row_epilogues_ ? 0 : r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
+  if (bf16 && rounded > 0)
+    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rounded, width, width, 1, cd::QuantSim::kBf16, stream_));
   if (r_gemm > 0) {
     // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
     // stored matrix.
