@@ -301,7 +301,8 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // each value as store_out would store it (FP32, BF16-rounded with bf16_round_out), and rotates
 // the pairs that lie in a vector's RoPE tail (rope_kernel's arithmetic) before the store: a pair
 // never straddles two CTAs' rows (row0 and the tail's start are even). sum(o): the output's
-// total over the cluster ranks, as the plain loop forms it.
+// total over the cluster ranks, as the plain loop forms it; unlike that loop a thread reads sums
+// that other threads formed, so the caller first synchronises the CTA.
 template <int kToks, class Sum>
 __device__ __forceinline__ void store_rope_pairs(const GemvArgs& a, int row0, int ntok, int64_t tt, Sum sum) {
   const GemvRowPost& p = a.post;
@@ -508,6 +509,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
 #endif
     if (rank == 0 && !kGated && a.post.rope_tile) {
+      // The pairs read sums other threads just formed (split 1 had no barrier since; the cluster
+      // sync above is one for split > 1).
+      __syncthreads();
       store_rope_pairs<kToks>(a, row0, ntok, tt, [&](int o) {
         float v = red[0][0][o];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -816,6 +820,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_bulk_kernel(GemvArgs a, int 
     namespace cg = cooperative_groups;
     if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
     if (rank == 0 && !kGated && a.post.rope_tile) {
+      __syncthreads();  // the pairs read sums other threads just formed
       store_rope_pairs<8>(a, row0, ntok, tt, [&](int o) {
         float v = redm[0][0][o];
         for (int rk = 1; rk < split; ++rk) v += cg::this_cluster().map_shared_rank(&redm[0][0][0], rk)[o];
