@@ -11,8 +11,6 @@ import sys
 
 GLOBAL = re.compile(r"__global__\b")
 PROLOGUE = "pdl_prologue();"
-EARLY = "pdl_launch_early();"
-WAIT = "pdl_wait();"
 INCLUDE = '#include "ops/cuda/runtime/pdl.cuh"'
 
 
@@ -41,19 +39,9 @@ def kernels(text):
 
 
 def first_statement_is_prologue(text, brace):
-    """pdl_prologue(); first, or pdl_launch_early(); first with a pdl_wait(); in the body (a kernel
-    that streams only weights before waiting, runtime/pdl.cuh)."""
     body = text[brace + 1:]
     body = re.sub(r"^\s*(//[^\n]*\n\s*)*", "", body)
-    if body.startswith(PROLOGUE):
-        return True
-    if not body.startswith(EARLY):
-        return False
-    depth, i = 1, 0  # the kernel's body: up to its closing brace
-    while i < len(body) and depth > 0:
-        depth += {"{": 1, "}": -1}.get(body[i], 0)
-        i += 1
-    return WAIT in body[:i]
+    return body.startswith(PROLOGUE)
 
 
 def main(argv):

@@ -76,18 +76,6 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
-  cmd->add_option("--row-epilogues", o.row_epilogues,
-                  "GPU backend: row ops in their neighbour's launch (the norms, RoPE and FP8 simulation after wq_a, "
-                  "wq_b, wkv and the DSpark draft's linears, the attention output's inverse RoPE, the mHC collapse "
-                  "with the norm, the router with the route, the MoE combine with the mHC post): on | off (the same "
-                  "results)")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  cmd->add_option("--gemv-bulk", o.gemv_bulk,
-                  "GPU backend: the decode GEMVs stream their weights into shared memory by bulk copies instead "
-                  "of each warp's own loads: on | off (the same results)")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
                   "CPU's summation order) | tensor (BF16 tensor cores: the same products, another FP32 order)")
@@ -188,8 +176,6 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);
-  g.row_epilogues = o.row_epilogues == "on";
-  g.gemv_bulk = o.gemv_bulk == "on";
   g.tensor_core_linears = o.bf16_linears == "tensor";
   auto fast = fast_linears_without(o.gpu_exact_linears);
   if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");

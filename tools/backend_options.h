@@ -36,11 +36,9 @@ struct BackendOpts {
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
-  std::string row_epilogues = "off";  // on | off (GpuLoadOptions::row_epilogues)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";
-  std::string gemv_bulk = "off";      // on | off (GpuLoadOptions::gemv_bulk)
   // exact | tensor (GpuLoadOptions::tensor_core_linears, whose library default stays off so that
   // the bitwise CPU-order tests keep their kernels). tensor: within the parity bound, row-invariant.
   std::string bf16_linears = "tensor";
@@ -48,8 +46,8 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --row-epilogues, --gemv-bulk,
-// --bf16-linears, --prefill-attention, --decode-attention and --index-scores to `cmd`.
+// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
 // Sizes the CPU thread pool (before the model loads); a clear error for a bad --threads.

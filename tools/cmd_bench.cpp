@@ -25,7 +25,6 @@
 #include "bench/cuda/prefill_bench.h"
 #include "bench/cuda/spec_bench.h"
 #include "bench/cuda/tp_bench.h"
-#include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/runtime/launch.cuh"
 #endif
 
@@ -45,9 +44,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
-  std::string row_epilogues = "off";       // --row-epilogues (GpuLoadOptions::row_epilogues; as run / serve)
   std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
-  std::string gemv_bulk = "off";           // --gemv-bulk (GpuLoadOptions::gemv_bulk; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
@@ -79,11 +76,9 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.branches = gpu_branches(o.branches);
-  lo.row_epilogues = o.row_epilogues == "on";
   auto fast = fast_linears_without(o.exact_linears);
   if (!fast.ok()) return fail(fast.status());
   lo.fast_linears = fast.value();
-  lo.gemv_bulk = o.gemv_bulk == "on";
   lo.tensor_core_linears = o.bf16_linears == "tensor";
   lo.moe_gemm_min_tokens = o.moe_gemm_min_tokens;
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
@@ -316,16 +311,6 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "as run / serve")
       ->check(CLI::IsMember({"off", "on", "priority"}))
       ->capture_default_str();
-  cmd->add_option("--row-epilogues", mo->row_epilogues,
-                  "model bench, GPU: the row ops after wq_a / wkv and the attention inside their launches: on | off, "
-                  "as run / serve")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  cmd->add_option("--gemv-bulk", mo->gemv_bulk,
-                  "model bench, GPU: the decode GEMVs' weights by bulk copies into shared memory: on | off, as run / "
-                  "serve")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
       ->check(CLI::IsMember({"on", "off"}))
@@ -376,7 +361,6 @@ std::function<int()> setup_bench(CLI::App& app) {
       return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
-    ops::cuda::set_gemv_bulk(mo->gemv_bulk == "on");  // the layer slices' block-scaled GEMVs
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

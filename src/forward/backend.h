@@ -122,21 +122,6 @@ struct LinearCall {
   bool x_bf16 = false;
 };
 
-// Row ops on a linear's output y [rows, out] (Backend::linear_rows), in this order, each exactly
-// the op of that name on y: rms_norm(y, norm_w, y, rows, out, eps, norm_bf16) when `norm`;
-// rope(y, pos, *inv_freq, rows, n_vec, vec, rope_dim, false, rope_bf16) when rope_dim > 0;
-// quant_sim(y, rows, out, q_prefix, q_block, kFp8) when q_prefix > 0.
-struct RowOps {
-  bool norm = false, norm_bf16 = false;
-  const Vec* norm_w = nullptr;
-  float eps = 0;
-  Tensor pos;
-  const Vec* inv_freq = nullptr;
-  int64_t n_vec = 1, vec = 0, rope_dim = 0;
-  bool rope_bf16 = false;
-  int64_t q_prefix = 0, q_block = 0;
-};
-
 // mHC mixes of `rows` streams [rows, hc, dim] (ops/mhc.h): pre/post [rows, hc], comb [rows, hc, hc].
 struct HcMixCall {
   Tensor x;
@@ -182,19 +167,7 @@ class Backend {
   // ---- row-wise math ----
   virtual Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) = 0;
   virtual Status linear(const LinearCall& c) = 0;
-  // linear(c), then the row ops `r` on c.y. A backend may run them inside the linear's launch
-  // (the CUDA decode GEMV's last CTA): the same bits as the ops one after another.
-  virtual Status linear_rows(const LinearCall& c, const RowOps& r) {
-    FS_RETURN_IF_ERROR(linear(c));
-    if (r.norm) FS_RETURN_IF_ERROR(rms_norm(c.y, r.norm_w, c.y, c.rows, c.out, r.eps, r.norm_bf16));
-    if (r.rope_dim > 0)
-      FS_RETURN_IF_ERROR(rope(c.y, r.pos, *r.inv_freq, c.rows, r.n_vec, r.vec, r.rope_dim, false, r.rope_bf16));
-    if (r.q_prefix > 0) FS_RETURN_IF_ERROR(quant_sim(c.y, c.rows, c.out, r.q_prefix, r.q_block, QuantSim::kFp8));
-    return {};
-  }
   // z[:, g·out:(g+1)·out] = bf16?(x[:, g·in:(g+1)·in]) · W[g·out:(g+1)·out]ᵀ for g < groups (wo_a).
-  // With bf16 (the reference's BF16 GEMM) x already holds BF16 values (the attention's BF16 output
-  // after a BF16 RoPE), so the input rounding changes nothing and a backend may skip it.
   virtual Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in,
                                 int64_t out, const Tensor& z, bool bf16) = 0;
   virtual Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
@@ -218,14 +191,6 @@ class Backend {
                              int64_t dim, bool bf16) = 0;
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
-  // A sublayer's input: u = hc_collapse(X, pre) and y = rms_norm(u, norm_w) (both rounded to BF16
-  // when bf16). A backend may form y in one pass without storing u (the same bits in y; u is then
-  // left unwritten, so only y may be read after it).
-  virtual Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w,
-                               const Tensor& y, int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
-    FS_RETURN_IF_ERROR(hc_collapse(X, pre, u, rows, hc, dim, bf16));
-    return rms_norm(u, &norm_w, y, rows, dim, eps, bf16);
-  }
   // Plain mean over the hc streams into y rows of stride y_stride (DSpark taps).
   virtual Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
                          bool bf16) = 0;
@@ -247,27 +212,11 @@ class Backend {
   // Route every row from its gate logits [T, E] (bias or V4 hash ids of `tokens`): sel / wt [T, K].
   virtual Status route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E,
                        int64_t K, const Tensor& sel, const Tensor& wt) = 0;
-  // The router: gate logits by linear(c) (c.y [T, E]), then route(F, c.y, ...). A backend may route
-  // in the linear's own launch (the same bits).
-  virtual Status router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E,
-                        int64_t K, const Tensor& sel, const Tensor& wt) {
-    FS_RETURN_IF_ERROR(linear(c));
-    return route(F, c.y, tokens, T, E, K, sel, wt);
-  }
   // Routed experts of F over the (row, slot) pairs: ybuf [T·K, D]; *row_of: ybuf's row of pair
   // t·K + k when it is not that (left empty otherwise).
   virtual Status routed_experts(const FfnWeights& F, const Tensor& m, const Tensor& sel, const Tensor& wt, int64_t T,
                                 int64_t E, int64_t K, const Tensor& ybuf, Tensor* row_of) = 0;
   // out[t] = bf16?(Σ_k ybuf[pair t,k] + ys[t]) in slot order.
-  // An FFN sublayer's end: moe_combine(ybuf, ys, f, T, K, D, bf16, row_of), then hc_post(f, X,
-  // post, comb, T, hc, D, bf16). A backend may do both in one pass without storing f (the same bits
-  // in X; f is then left unwritten).
-  virtual Status moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of,
-                                  const Tensor& X, const Tensor& post, const Tensor& comb, int64_t T, int64_t K,
-                                  int64_t hc, int64_t D, bool bf16) {
-    FS_RETURN_IF_ERROR(moe_combine(ybuf, ys, f, T, K, D, bf16, row_of));
-    return hc_post(f, X, post, comb, T, hc, D, bf16);
-  }
   virtual Status moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor& out, int64_t T, int64_t K,
                              int64_t D, bool bf16, const Tensor& row_of) = 0;
 
@@ -296,14 +245,6 @@ class Backend {
   // with sinks: q [T, H, Dh], the chunk's window rows kv [T, Dh] → o [T, H·Dh] (BF16 when bf16).
   virtual Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
                            const Tensor& o, int64_t H, bool bf16) = 0;
-  // attention(...), then the output's inverse RoPE: rope(o, chunk.pos, inv_freq, T, H, Dh,
-  // rope_dim, inverse, bf16) (v41 §2: before the output projection). A backend may apply the
-  // rotation in the attention's own store (the same bits).
-  virtual Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
-                                  const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) {
-    FS_RETURN_IF_ERROR(attention(layer, chunk, q, kv, sink, o, H, bf16));
-    return rope(o, chunk.pos, inv_freq, chunk.T, H, o.cols / H, rope_dim, true, bf16);  // o: [T, H·Dh]
-  }
   // Window rows kv [T, Dh] into each sequence's ring of `layer` (after the layer's attention).
   virtual Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) = 0;
 

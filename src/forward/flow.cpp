@@ -266,22 +266,15 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
                       const Vec& norm_w, const Sublayer& body) -> Status {
     auto mix = [&]() { return mixes(fn, base, scale, pre); };
     auto rest = [&]() -> Status {
-      FS_RETURN_IF_ERROR(b_.collapse_norm(X, pre_c, u, norm_w, a, T, hc, D, eps, R()));
+      FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
+      FS_RETURN_IF_ERROR(b_.rms_norm(u, &norm_w, a, T, D, eps, R()));
       return body(a, f);
     };
-    // An MoE body leaves its combine to this hc_post (one op: Backend::moe_combine_post).
-    deferred_combine_.reset();
-    defer_combine_ = true;
-    const Status st = v41 ? branches(mix, rest, /*lane=*/1) : [&]() -> Status {
+    if (v41) {
+      FS_RETURN_IF_ERROR(branches(mix, rest, /*lane=*/1));
+    } else {
       FS_RETURN_IF_ERROR(mix());
-      return rest();
-    }();
-    defer_combine_ = false;
-    FS_RETURN_IF_ERROR(st);
-    if (deferred_combine_) {
-      const DeferredCombine dc = *deferred_combine_;
-      deferred_combine_.reset();
-      return b_.moe_combine_post(dc.ybuf, dc.ys, dc.f, dc.row_of, X, post, comb, dc.T, dc.K, hc, D, R());
+      FS_RETURN_IF_ERROR(rest());
     }
     return b_.hc_post(f, X, post, comb, T, hc, D, R());
   };
@@ -289,26 +282,6 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
                               attn));
   FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, L.ffn_norm, ffn));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
-}
-
-RowOps Forward::norm_rows(const Vec* w) const {
-  RowOps r;
-  r.norm = true, r.norm_w = w, r.eps = float(c_.rms_norm_eps), r.norm_bf16 = R();
-  return r;
-}
-
-// A window KV row after wkv: kv_norm, RoPE of its tail, and in reference numerics the FP8
-// simulation (V4.1: the whole row in blocks of 32, the RoPE tail included; V4: the values before
-// the tail in blocks of 64). The same for the DSpark stages' ring rows.
-RowOps Forward::window_kv_rows(const AttentionWeights& A, const Tensor& pos) const {
-  const int64_t Dh = c_.head_dim, Dr = c_.rope_head_dim;
-  RowOps r = norm_rows(&A.kv_norm);
-  r.pos = pos, r.inv_freq = &A.rope_inv_freq, r.n_vec = 1, r.vec = Dh, r.rope_dim = Dr, r.rope_bf16 = R();
-  if (R()) {
-    const bool v41 = c_.is_v41();
-    r.q_prefix = v41 ? Dh : Dh - Dr, r.q_block = v41 ? 32 : 64;
-  }
-  return r;
 }
 
 Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos,
@@ -323,24 +296,24 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE). The longer chain,
   // so the side branch (a backend may favour it).
   auto query = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear_rows(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA}),
-                                      norm_rows(&A.q_norm)));
-    const LinearCall qb = lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB});
-    if (v41) {  // RoPE straight after wq_b
-      RowOps r;
-      r.pos = pos, r.inv_freq = &A.rope_inv_freq, r.n_vec = H, r.vec = Dh, r.rope_dim = Dr, r.rope_bf16 = R();
-      return b_.linear_rows(qb, r);
+    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA})));
+    FS_RETURN_IF_ERROR(b_.rms_norm(qlat, &A.q_norm, qlat, T, Rq, eps, R()));
+    FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
+    if (!v41) {
+      if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
+      else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
     }
-    FS_RETURN_IF_ERROR(b_.linear(qb));
-    if (R()) FS_RETURN_IF_ERROR(b_.rms_norm_bf16_heads(q, T * H, Dh, eps));
-    else FS_RETURN_IF_ERROR(b_.rms_norm(q, nullptr, q, T * H, Dh, eps, false));
     return b_.rope(q, pos, A.rope_inv_freq, T, H, Dh, Dr, false, R());
   };
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics). Reads only `a`, writes
   // only kv: independent of the query.
   auto window_kv = [&]() -> Status {
-    return b_.linear_rows(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv}),
-                          window_kv_rows(A, pos));
+    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
+    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
+    FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
+    if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
+    if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
+    return {};
   };
   return branches(query, [&]() -> Status {
     FS_RETURN_IF_ERROR(window_kv());
@@ -349,10 +322,9 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
 }
 
 Status Forward::output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T,
-                                  int64_t H, int64_t G, const Tensor& o, const Tensor& out, bool bf16_out,
-                                  bool unroped) {
+                                  int64_t H, int64_t G, const Tensor& o, const Tensor& out, bool bf16_out) {
   const int64_t Dh = c_.head_dim, Ro = c_.o_lora_rank, in_g = H * Dh / G;
-  if (!unroped) FS_RETURN_IF_ERROR(b_.rope(o, pos, A.rope_inv_freq, T, H, Dh, c_.rope_head_dim, true, R()));
+  FS_RETURN_IF_ERROR(b_.rope(o, pos, A.rope_inv_freq, T, H, Dh, c_.rope_head_dim, true, R()));
   // Grouped output projection: group g = heads [g·H/G, (g+1)·H/G), z_g = wo_a[g] · o_g (BF16 GEMM
   // in the reference), then wo_b.
   FS_ASSIGN_OR_RETURN(Tensor z, scratch_f(tag, T, G * Ro));
@@ -370,14 +342,13 @@ Status Forward::attention(int l, FwdChunk& ctx, const Tensor& a, const Tensor& o
   FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv, compressors));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
   FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("attn_o", T, H * Dh));
-  FS_RETURN_IF_ERROR(b_.attention_unrope(l, ctx, q, kv, A.attn_sink, o, H, R(), A.rope_inv_freq, c_.rope_head_dim));
+  FS_RETURN_IF_ERROR(b_.attention(l, ctx, q, kv, A.attn_sink, o, H, R()));
   // Only now publish the chunk's window rows (the queries above read older ones from the ring),
   // beside the output projection, which reads no state.
   auto publish = [&]() { return b_.ring_write(l, ctx, kv); };
   return branches(publish, [&]() -> Status {
     // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
-    FS_RETURN_IF_ERROR(
-        output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split(), /*unroped=*/true));
+    FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split()));
     return b_.tp_allreduce(out, T * D, R());
   });
 }
@@ -507,8 +478,8 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
   // Router and routed experts (the longer chain: the side branch): outputs per (row, slot),
   // summed in slot order (ascending expert id).
   auto routed = [&]() -> Status {
-    // FP32 router logits, then the selection
-    FS_RETURN_IF_ERROR(b_.router(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R()), F, tokens, T, E, K, sel, wt));
+    FS_RETURN_IF_ERROR(b_.linear(bf16_x(lin(m, F.gate, T, D, E, logits, 0, false), R())));  // FP32 router logits
+    FS_RETURN_IF_ERROR(b_.route(F, logits, tokens, T, E, K, sel, wt));
     if (split) FS_RETURN_IF_ERROR(b_.tp_remap_experts(sel, wt, TK));  // several GPUs: only this rank's experts
     return b_.routed_experts(F, m, sel, wt, T, E, K, ybuf, &row_of);
   };
@@ -525,10 +496,6 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
     return b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1}));
   };
   FS_RETURN_IF_ERROR(branches(routed, shared));
-  if (defer_combine_ && !split) {  // the sublayer's hc_post takes it (block())
-    deferred_combine_ = DeferredCombine{ybuf, ys, out, row_of, T, K};
-    return {};
-  }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !split, row_of));
   return split ? b_.tp_allreduce(out, T * D, R()) : Status{};
@@ -541,15 +508,18 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
 Status Forward::write_draft_rings(FwdChunk& ctx, const Tensor& taps) {
   const DSparkWeights& W = w_.dspark;
   const int64_t T = ctx.T, D = c_.hidden_size, Dh = c_.head_dim, n_in = int64_t(c_.dspark_target_layer_ids.size()) * D;
+  const float eps = float(c_.rms_norm_eps);
   FS_ASSIGN_OR_RETURN(Tensor cx, scratch_f("dspark_cx", T, D));
   FS_ASSIGN_OR_RETURN(Tensor kv, scratch_f("dspark_kv", T, Dh));
-  FS_RETURN_IF_ERROR(b_.linear_rows(lin(taps, W.main_proj, T, n_in, D, cx, p_.act_block, R(),
-                                        {c_.num_layers, DotOp::kMainProj}),
-                                    norm_rows(&W.main_norm)));
+  FS_RETURN_IF_ERROR(b_.linear(lin(taps, W.main_proj, T, n_in, D, cx, p_.act_block, R(),
+                                   {c_.num_layers, DotOp::kMainProj})));
+  FS_RETURN_IF_ERROR(b_.rms_norm(cx, &W.main_norm, cx, T, D, eps, R()));
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
-    FS_RETURN_IF_ERROR(b_.linear_rows(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv}),
-                                      window_kv_rows(A, ctx.pos)));
+    FS_RETURN_IF_ERROR(b_.linear(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
+    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
+    FS_RETURN_IF_ERROR(b_.rope(kv, ctx.pos, A.rope_inv_freq, T, 1, Dh, c_.rope_head_dim, false, R()));
+    if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));
     FS_RETURN_IF_ERROR(b_.draft_ring_write(int(s), ctx, kv));
   }
   return {};

@@ -4,7 +4,6 @@
 // `Backend` (forward/backend.h); the CPU oracle and the CUDA serving path run this same code.
 #pragma once
 #include <functional>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -67,16 +66,11 @@ class Forward {
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
   // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
   // main branch after the window KV, concurrently with the query.
-  // Row ops after a linear: the RMS norm by weight w (eps, reference rounding), and the window
-  // KV row's norm, RoPE and FP8 simulation (project_qkv, the DSpark rings).
-  RowOps norm_rows(const Vec* w) const;
-  RowOps window_kv_rows(const AttentionWeights& A, const Tensor& pos) const;
   Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
                      int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {});
-  // Inverse RoPE of o [T, H·Dh] at pos (unless `unroped`: Backend::attention_unrope did it), grouped
-  // wo_a, wo_b into out [T, D] (BF16 when bf16_out).
+  // Inverse RoPE of o [T, H·Dh] at pos, grouped wo_a, wo_b into out [T, D] (BF16 when bf16_out).
   Status output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T, int64_t H,
-                           int64_t G, const Tensor& o, const Tensor& out, bool bf16_out, bool unroped = false);
+                           int64_t G, const Tensor& o, const Tensor& out, bool bf16_out);
   // Engram row ids of every row (hashes of each sequence's look-back and tokens) into
   // ctx.engram_ids [n_engram_layers, T, n_cols].
   void engram_ids(FwdChunk& ctx) const;
@@ -121,16 +115,6 @@ class Forward {
   Result<Tensor> scratch_f(const std::string& name, int64_t rows, int64_t cols = 1) {
     return b_.scratch(name, ElemType::kF32, rows, cols);
   }
-
-  // An FFN sublayer's MoE combine left to the sublayer's hc_post (Backend::moe_combine_post): moe()
-  // records it instead of issuing it while defer_combine_ is set (block(), around an FFN body, one
-  // GPU) and the sublayer issues both as one op.
-  struct DeferredCombine {
-    Tensor ybuf, ys, f, row_of;
-    int64_t T = 0, K = 0;
-  };
-  bool defer_combine_ = false;
-  std::optional<DeferredCombine> deferred_combine_;
 
   FlowParams p_;
   const model::ModelConfig& c_;

@@ -219,62 +219,6 @@ TEST_P(GpuGraphDecode, SideBranchesEqualOneStreamBitwise) {
   }
 }
 
-// The row ops in their producer's launch (GpuLoadOptions::row_epilogues: the q norm after wq_a;
-// the kv norm, RoPE and FP8 simulation after wkv; the DSpark main_proj's norm and its stages'
-// rows; with the tensor-core attention, as the CLI runs it, the output's inverse RoPE) give the
-// logits of the separate launches, bitwise, eager, in patched graphs and with the side branches
-// (wq_a's and wkv's launches then run at the same time, each with its own ticket).
-TEST_P(GpuGraphDecode, RowEpiloguesEqualSeparateLaunchesBitwise) {
-  FS_REQUIRE_GPU();
-  const Param p = GetParam();
-  const std::string dir = make_ckpt(p.config);
-  auto load_with = [&](bool graphs, bool row_ops, GpuBranches br) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.row_epilogues = row_ops;
-    o.branches = br;
-    o.decode_attention_tensor = true;  // (reference numerics: the attention's own inverse RoPE)
-    o.prefill_attention = GpuPrefillAttention::kAuto;
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(m).value() : nullptr;
-  };
-  auto separate = load_with(false, false, GpuBranches::kOff), eager = load_with(false, true, GpuBranches::kOff),
-       graphs = load_with(true, true, GpuBranches::kOff), branches = load_with(true, true, GpuBranches::kOn);
-  ASSERT_TRUE(separate && eager && graphs && branches);
-  const auto a = decode_run(*separate, 11), b = decode_run(*eager, 11), c = decode_run(*graphs, 11),
-             e = decode_run(*branches, 11);
-  const int64_t V = separate->config().vocab_size;
-  EXPECT_TRUE(bitwise_equal(a, b)) << "eager, row ops vs separate: max|d| " << compare_logits(a, b, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(a, c)) << "graphs, row ops vs eager separate: max|d| " << compare_logits(a, c, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(a, e)) << "graphs + branches, row ops vs eager separate: max|d| "
-                                   << compare_logits(a, e, V).max_abs;
-  const GpuGraphStats s = stats(*graphs);
-  print_stats((std::string(p.config) + " graphs + row ops").c_str(), s);
-  EXPECT_GE(s.patched, s.eligible * 8 / 10);
-  EXPECT_EQ(s.eager_fallbacks, 0);
-}
-
-// The decode GEMVs fed by bulk copies (GpuLoadOptions::gemv_bulk) give the logits of the warps'
-// own loads, bitwise, in patched graphs and eager.
-TEST_P(GpuGraphDecode, GemvBulkEqualsWarpLoadsBitwise) {
-  FS_REQUIRE_GPU();
-  const Param p = GetParam();
-  const std::string dir = make_ckpt(p.config);
-  auto load_with = [&](bool graphs, bool bulk) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.gemv_bulk = bulk;
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(m).value() : nullptr;
-  };
-  auto warp_loads = load_with(false, false), eager = load_with(false, true), graphs = load_with(true, true);
-  ASSERT_TRUE(warp_loads && eager && graphs);
-  const auto a = decode_run(*warp_loads, 13), b = decode_run(*eager, 13), c = decode_run(*graphs, 13);
-  const int64_t V = warp_loads->config().vocab_size;
-  EXPECT_TRUE(bitwise_equal(a, b)) << "eager, bulk vs warp loads: max|d| " << compare_logits(a, b, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(a, c)) << "graphs, bulk vs eager warp loads: max|d| " << compare_logits(a, c, V).max_abs;
-}
-
 // The tensor-core linears (GpuLoadOptions::tensor_core_linears: wo_a and the LM head on the BF16
 // tensor cores), alone and with the tensor-core decode attention (decode_attention_tensor), keep
 // batch invariance: a sequence decoded next to another gets the logits it gets alone, bit for

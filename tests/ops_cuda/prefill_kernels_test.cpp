@@ -13,7 +13,6 @@
 #include "gpu_util.h"
 #include "ops/attention_pool.h"
 #include "ops/cuda/model/prefill_kernels.h"
-#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {
@@ -177,82 +176,6 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "head dims 64 / 128 / 256 / 512 only";
   bad.heads = 0, bad.dim = 512;
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "no heads";
-}
-
-// The output's inverse RoPE in the attention's store (PrefillAttnArgs::rope_*) gives the bits of
-// the attention followed by launch_rope (inverse), in the in-block and the split form, with and
-// without the BF16 roundings, for the V4.1 and V4 head shapes, an odd rotated width and rows at
-// far-apart positions; rope_dim 0 changes nothing and bad RoPE fields are refused.
-TEST(CudaPrefillAttention, OutputInverseRopeEqualsTheRopeLaunch) {
-  FS_REQUIRE_GPU();
-  struct Shape {
-    int heads, dim, rope_dim, m;
-  };
-  const Shape shapes[] = {{64, 512, 64, 1}, {64, 512, 64, 6}, {64, 512, 64, 40}, {16, 128, 64, 3},
-                          {16, 128, 64, 33}, {80, 256, 2, 5}, {64, 512, 512, 2}};
-  uint32_t seed = 300;
-  for (const Shape& sh : shapes) {
-    std::mt19937 rng(seed++);
-    const int n_idx = 150, n_rows = 400;
-    const size_t nq = size_t(sh.m) * sh.heads * sh.dim;
-    const auto q = randn(rng, nq, 0.3f);
-    const auto kvf = randn(rng, size_t(n_rows) * sh.dim);
-    std::vector<uint16_t> kv(kvf.size());
-    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
-    const auto sink = randn(rng, size_t(sh.heads), 2.0f);
-    std::vector<int32_t> idx(size_t(sh.m) * n_idx);
-    for (auto& v : idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % n_rows);
-    std::vector<int64_t> pos(size_t(sh.m));
-    for (auto& v : pos) v = int64_t(rng() % 1000000);
-    std::vector<float> inv_freq(size_t(sh.rope_dim / 2));
-    for (size_t i = 0; i < inv_freq.size(); ++i)
-      inv_freq[i] = float(std::pow(10000.0, -2.0 * double(i) / double(sh.rope_dim)));
-    DeviceBuffer<float> dq(q), dsink(sink), dfreq(inv_freq);
-    DeviceBuffer<uint16_t> dkv(kv);
-    DeviceBuffer<int32_t> didx(idx);
-    DeviceBuffer<int64_t> dpos(pos);
-    detail::PrefillAttnArgs a;
-    a.q = dq.get(), a.kv = dkv.get(), a.idx = didx.get(), a.sink = dsink.get();
-    a.m = sh.m, a.n_idx = n_idx, a.n_rows = n_rows, a.heads = sh.heads, a.dim = sh.dim, a.scale = 0.05f;
-    for (const bool bf16 : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "H=" << sh.heads << " D=" << sh.dim << " rope=" << sh.rope_dim
-                                        << " m=" << sh.m << " bf16=" << bf16);
-      a.bf16_out = bf16;
-      a.rope_pos = nullptr, a.rope_inv_freq = nullptr, a.rope_dim = 0, a.rope_bf16 = false;
-      DeviceBuffer<float> want(nq), plain(nq), fused(nq), fused_split(nq);
-      a.out = want.get();
-      ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
-      a.out = plain.get();
-      ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
-      ASSERT_EQ(detail::launch_rope(want.get(), dpos.get(), dfreq.get(), sh.m, sh.heads, sh.dim, sh.rope_dim, true, bf16,
-                                    nullptr),
-                cudaSuccess);
-      a.rope_pos = dpos.get(), a.rope_inv_freq = dfreq.get(), a.rope_dim = sh.rope_dim, a.rope_bf16 = bf16;
-      a.out = fused.get();
-      ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto w = want.to_host(), f = fused.to_host(), pl = plain.to_host();
-      for (size_t i = 0; i < w.size(); ++i)
-        ASSERT_EQ(0, std::memcmp(&w[i], &f[i], sizeof(float)))
-            << "in-block form, value " << i << ": fused " << f[i] << ", attention + rope " << w[i];
-      size_t rotated = 0;
-      for (size_t i = 0; i < w.size(); ++i) rotated += std::memcmp(&w[i], &pl[i], sizeof(float)) != 0;
-      EXPECT_GT(rotated, w.size() * size_t(sh.rope_dim) / size_t(sh.dim) / 2) << "the RoPE moved the tails";
-      if (sh.m <= detail::kPrefillAttnSplitMaxRows) {
-        const auto sp = run_split(a, fused_split.get(), nq);
-        ASSERT_EQ(0, std::memcmp(w.data(), sp.data(), w.size() * sizeof(float))) << "split form";
-      }
-    }
-  }
-  detail::PrefillAttnArgs bad;
-  bad.heads = 64, bad.dim = 512, bad.m = 1, bad.rope_dim = 64;
-  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "RoPE without positions";
-  int64_t p0 = 0;
-  float f0 = 1;
-  bad.rope_pos = &p0, bad.rope_inv_freq = &f0, bad.rope_dim = 63;
-  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "an odd rotated width";
-  bad.rope_dim = 514;
-  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "wider than a head";
 }
 
 TEST(CudaPrefillIndexScores, MatchesBf16ReferenceAndMasksUnreachableKeys) {

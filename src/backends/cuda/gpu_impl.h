@@ -277,9 +277,6 @@ class GpuModel final : public Model, public Backend {
     return dense_gemm_min_tokens_ > 0 && sm90a_ && rows == step_rows_ && dense_row0_ < rows;
   }
   Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
-  // ops::route's arguments for these logits (route, and router's route in the linear's launch).
-  Result<ops::cuda::detail::RouteArgs> route_args(const FfnWeights& F, const Tensor& logits, const Tensor& tokens,
-                                                  int64_t T, int64_t E, int64_t K, const Tensor& sel, const Tensor& wt);
   // Matrices [e0, e0 + count) of w expanded to BF16 values into scratch `name` (sized exactly, not
   // geometrically: GpuLoadOptions::prefill_gemm_expand_w); row_start (device, [w.count + 1]):
   // skip the matrices no row reaches.
@@ -317,7 +314,6 @@ class GpuModel final : public Model, public Backend {
   bool has(const Vec& w) const override { return d(w) != nullptr; }
   Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) override;
   Status linear(const LinearCall& c) override;
-  Status linear_rows(const LinearCall& c, const RowOps& r) override;
   Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
                         const Tensor& z, bool bf16) override;
   Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
@@ -357,15 +353,6 @@ class GpuModel final : public Model, public Backend {
   Status cache_commit(FwdChunk& chunk, int layer, Cache which, std::span<const int64_t> seg_n) override;
   Status index_topk(int layer, FwdChunk& chunk, const Tensor& iq, const Tensor& wts, const Tensor& out,
                     const Tensor& out_n) override;
-  Status router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-                const Tensor& sel, const Tensor& wt) override;
-  Status moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of, const Tensor& X,
-                          const Tensor& post, const Tensor& comb, int64_t T, int64_t K, int64_t hc, int64_t D,
-                          bool bf16) override;
-  Status collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w, const Tensor& y,
-                       int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
-  Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
-                          const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) override;
   Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                    int64_t H, bool bf16) override;
   Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
@@ -487,25 +474,11 @@ class GpuModel final : public Model, public Backend {
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
-  bool row_epilogues_ = false;                  // GpuLoadOptions::row_epilogues
-  // attention_unrope's request to attention(): the output's inverse RoPE (inv_freq, dim) in the
-  // tensor-core attention's store; attention() sets `applied` when its launches take it.
-  struct AttnUnrope {
-    const float* inv_freq = nullptr;
-    int64_t dim = 0;
-    bool applied = false;
-  } attn_unrope_;
-  // The tickets of the GEMV launches with row ops (block_linear_rows_cuda), one per weight matrix
-  // (a matrix's launches never overlap; two matrices' may, on two branches), zeroed at load.
-  static constexpr size_t kRowOpsTickets = 1024;
-  DevArray<unsigned> row_ops_tickets_;
-  std::unordered_map<const float*, unsigned*> row_ops_ticket_;
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
-  bool gemv_bulk_ = false;                      // GpuLoadOptions::gemv_bulk
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

@@ -590,7 +590,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
-  m->gemv_bulk_ = opts.gemv_bulk;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -601,8 +600,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, m->device_));
     m->sm90a_ = major == 9 && minor == 0;
   }
-  m->row_epilogues_ = opts.row_epilogues;
-  if (m->row_epilogues_) FS_RETURN_IF_ERROR(m->row_ops_tickets_.zeros(kRowOpsTickets));
   if (shard) {  // one rank of a multi-GPU model: keep only this rank's slice (gpu_tp.cpp; native
                // matrices are sliced as they go up)
     m->shard_ = *shard;
@@ -1135,7 +1132,6 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
 Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   ops::cuda::set_programmatic_launch(programmatic_launch_);
-  ops::cuda::set_gemv_bulk(gemv_bulk_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

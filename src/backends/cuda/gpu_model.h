@@ -193,21 +193,6 @@ struct GpuLoadOptions {
   // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
   // --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
-  // Row ops in the launch that produces their rows instead of launches of their own, the same
-  // bits: in decode-sized steps (rows below gemv_prequant_min_rows) those after a dense
-  // block-scaled linear (Backend::linear_rows: wq_a's q norm; wkv's kv norm, RoPE and FP8
-  // simulation; the DSpark main_proj's norm and its stages' wkv rows) in the GEMV's last CTA
-  // (ops/cuda/gemv/gemv.h block_linear_rows_cuda); the attention output's inverse RoPE
-  // (Backend::attention_unrope) in the tensor-core attention's store (decode_attention_tensor);
-  // a sublayer's collapse and norm (Backend::collapse_norm), the router and the route
-  // (Backend::router), an FFN sublayer's MoE combine and mHC post (Backend::moe_combine_post) in
-  // one launch each. The CLI's --row-epilogues on | off.
-  bool row_epilogues = false;
-  // The block-scaled decode GEMVs (at most 8 tokens per pass) stream their weights into shared
-  // memory by bulk copies, a ring of rounds in flight per CTA (ops/cuda/gemv/gemv.cu
-  // gemv_bulk_kernel), instead of each warp loading its own: the same bits. Not yet run on a
-  // GPU (bench/RESULTS.md, session 28). The CLI's --gemv-bulk on | off.
-  bool gemv_bulk = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

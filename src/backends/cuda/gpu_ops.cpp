@@ -100,39 +100,6 @@ Status GpuModel::linear(const LinearCall& c) {
                 c.x_bf16 && c.out >= kTensorCoreLinearMinOut);
 }
 
-// A decode-sized dense block-scaled linear (the launch linear() would make through linear_native:
-// no prefill GEMM rows, x quantised inside the GEMV) with its row ops in the GEMV's launch; any
-// other linear, or without GpuLoadOptions::row_epilogues, runs the ops one after another.
-Status GpuModel::linear_rows(const LinearCall& c, const RowOps& r) {
-  const NativeMatrix* nw = row_epilogues_ && c.w ? native(d(*c.w)) : nullptr;
-  const bool rope_only = r.rope_dim > 0 && !r.norm && r.q_prefix <= 0;  // no ticket, any width
-  const bool fuse = nw && nw->fast && c.act_block == nw->act_block && c.in == nw->k && c.out == nw->n &&
-                    c.rows >= 1 && c.rows < gemv_prequant_min_rows_ && c.rows <= ops::cuda::kRowOpsMaxRows &&
-                    !dense_gemm_takes_rows(c.rows) && (rope_only || c.out <= ops::cuda::kRowOpsMaxDim) &&
-                    (!r.norm_w || d(*r.norm_w)) && (r.rope_dim == 0 || (r.inv_freq && d(*r.inv_freq)));
-  if (!fuse) return Backend::linear_rows(c, r);
-  unsigned* no_ticket = nullptr;
-  unsigned*& ticket = rope_only ? no_ticket : row_ops_ticket_[d(*c.w)];
-  if (!ticket && !rope_only) {
-    if (row_ops_ticket_.size() > kRowOpsTickets) {  // more matrices than tickets: these run unfused
-      row_ops_ticket_.erase(d(*c.w));
-      return Backend::linear_rows(c, r);
-    }
-    ticket = row_ops_tickets_.get() + (row_ops_ticket_.size() - 1);
-  }
-  ops::BlockLinearParams p;
-  p.x = c.x.f32(), p.w = nw->codes.get(), p.w_scale = nw->scales.get(), p.y = c.y.f32();
-  p.m = c.rows, p.n = c.out, p.k = c.in, p.format = nw->format, p.w_block = nw->w_block, p.act_block = c.act_block;
-  p.bf16_in = c.bf16_in, p.bf16_round_out = c.bf16_out;
-  ops::cuda::LinearRowOps o;
-  o.ticket = ticket;
-  o.norm = r.norm, o.norm_bf16 = r.norm_bf16, o.norm_w = r.norm_w ? d(*r.norm_w) : nullptr, o.eps = r.eps;
-  o.pos = r.rope_dim > 0 ? r.pos.i64() : nullptr, o.inv_freq = r.rope_dim > 0 ? d(*r.inv_freq) : nullptr;
-  o.n_vec = r.n_vec, o.vec = r.vec, o.rope_dim = r.rope_dim, o.rope_bf16 = r.rope_bf16;
-  o.q_prefix = r.q_prefix, o.q_block = r.q_block;
-  return ops::cuda::block_linear_rows_cuda(p, o, stream_);
-}
-
 // The prefill GEMM of a BF16 matrix over BF16-valued inputs (the compressor's and the indexer's
 // projections in reference numerics: LinearCall::x_bf16 or bf16_in): rows [dense_row0_, T) packed
 // to BF16 (exact, or the bf16_in rounding) through gemm_fp8_cuda with w_bf16 (the exact products
@@ -227,11 +194,9 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       (nw->block_rows == 32 || nw->block_rows == 128) && nw->k == in && nw->n == groups * out && in % 128 == 0 &&
       out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
     r_gemm = dense_row0_;
-  // BF16 inputs (the reference's BF16 GEMM): x, the attention's BF16 output after a BF16 RoPE,
-  // holds BF16 values already (Backend::grouped_linear). With GpuLoadOptions::row_epilogues it is
-  // not rounded again (GpuGraphDecode.RowEpiloguesEqualSeparateLaunchesBitwise compares); else
-  // rounded in place (the BF16 GEMM's rows need no pass: gemm_bf16_pack_cuda rounds them).
-  const int64_t rounded = row_epilogues_ ? 0 : r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
+  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output. The BF16
+  // GEMM's rows need no pass of their own: gemm_bf16_pack_cuda rounds them (RNE, the same bits).
+  const int64_t rounded = r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
   if (bf16 && rounded > 0)
     FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rounded, width, width, 1, cd::QuantSim::kBf16, stream_));
   if (r_gemm > 0) {
@@ -241,7 +206,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     la.x = x.f32(), la.x_stride = width, la.x_group = in;
     la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
     la.rows = r_gemm, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
-    la.x_bf16 = bf16 && tensor_core_linears_;  // BF16 values: the BF16 tensor-core linear applies (kernel 5)
+    la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
     set_weight(la, d(w), 0);
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
@@ -393,8 +358,8 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
 
 // ---- MoE ----
 
-Result<cd::RouteArgs> GpuModel::route_args(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T,
-                                            int64_t E, int64_t K, const Tensor& sel, const Tensor& wt) {
+Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
+                       const Tensor& sel, const Tensor& wt) {
   const auto& c = config();
   FS_ASSIGN_OR_RETURN(FfnDev fd, ffn_dev(F));
   FS_ASSIGN_OR_RETURN(float* rs, scratch<float>("route_scratch", T * 2 * E));
@@ -406,43 +371,7 @@ Result<cd::RouteArgs> GpuModel::route_args(const FfnWeights& F, const Tensor& lo
   r.norm_topk = c.norm_topk_prob;
   r.renorm_eps = c.is_v41();
   r.sel = sel.i32(), r.weight = wt.f32();
-  return r;
-}
-
-Status GpuModel::route(const FfnWeights& F, const Tensor& logits, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-                       const Tensor& sel, const Tensor& wt) {
-  FS_ASSIGN_OR_RETURN(const cd::RouteArgs r, route_args(F, logits, tokens, T, E, K, sel, wt));
   FS_CUDA_RETURN_IF_ERROR(cd::launch_route(r, stream_));
-  return {};
-}
-
-// With GpuLoadOptions::row_epilogues a decode-sized router on the exactness kernels (FP32 logits
-// of unquantised inputs, what linear() runs for it) routes in the linear's launch
-// (LinearArgs::route: the chunked GEMV's last CTA, or a route launch after another kernel).
-Status GpuModel::router(const LinearCall& c, const FfnWeights& F, const Tensor& tokens, int64_t T, int64_t E,
-                        int64_t K, const Tensor& sel, const Tensor& wt) {
-  const float* w = c.w ? d(*c.w) : nullptr;
-  const NativeMatrix* nw = w ? native(w) : nullptr;
-  const bool fuse = row_epilogues_ && w && c.act_block == 0 && !c.bf16_in && c.rows == T && c.out == E && T >= 1 &&
-                    T <= kGpuGraphMaxTokens && !dense_gemm_takes_rows(T) && !(nw && nw->fast) &&
-                    (!nw || (nw->k == c.in && nw->n == c.out));
-  if (!fuse) return Backend::router(c, F, tokens, T, E, K, sel, wt);
-  unsigned*& ticket = row_ops_ticket_[w];
-  if (!ticket) {
-    if (row_ops_ticket_.size() > kRowOpsTickets) {  // more matrices than tickets: unfused
-      row_ops_ticket_.erase(w);
-      return Backend::router(c, F, tokens, T, E, K, sel, wt);
-    }
-    ticket = row_ops_tickets_.get() + (row_ops_ticket_.size() - 1);
-  }
-  cd::LinearArgs a;  // as linear(x, w, ...) builds it for these arguments
-  a.x = c.x.f32(), a.y = c.y.f32(), a.rows = T, a.in = c.in, a.out = E, a.x_row_div = 1;
-  set_weight(a, w, 0);
-  a.bf16_out = c.bf16_out;
-  a.x_bf16 = c.x_bf16 && c.out >= kTensorCoreLinearMinOut && tensor_core_linears_;
-  FS_ASSIGN_OR_RETURN(a.route, route_args(F, c.y, tokens, T, E, K, sel, wt));
-  a.route_ticket = ticket;
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
   return {};
 }
 
@@ -675,16 +604,6 @@ Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor&
                              bool bf16, const Tensor& row_of) {
   FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf.f32(), ys.f32(), out.f32(), T, K, D, bf16, stream_,
                                                  row_of.empty() ? nullptr : row_of.i32()));
-  return {};
-}
-
-// With GpuLoadOptions::row_epilogues and four streams: one launch; else the two.
-Status GpuModel::moe_combine_post(const Tensor& ybuf, const Tensor& ys, const Tensor& f, const Tensor& row_of,
-                                  const Tensor& X, const Tensor& post, const Tensor& comb, int64_t T, int64_t K,
-                                  int64_t hc, int64_t D, bool bf16) {
-  if (!row_epilogues_ || hc != 4) return Backend::moe_combine_post(ybuf, ys, f, row_of, X, post, comb, T, K, hc, D, bf16);
-  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine_post(ybuf.f32(), ys.f32(), row_of.empty() ? nullptr : row_of.i32(), T,
-                                                      K, X.f32(), post.f32(), comb.f32(), hc, D, bf16, stream_));
   return {};
 }
 
@@ -1035,13 +954,6 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
   // The rows no prefill-chunk launch takes: the tensor-core kernel row by row
   // (GpuLoadOptions::decode_attention_tensor), or the staged kernel.
   const bool rows_tc = decode_attention_tensor_ && bf16 && cd::model_prefill_attn_supports(p);
-  // Every row then takes the tensor-core kernels (the prefill segments and run_rows below), whose
-  // store can apply the output's inverse RoPE (attention_unrope).
-  if (attn_unrope_.inv_freq && rows_tc) {
-    p.rope_pos = ctx.pos.i64(), p.rope_inv_freq = attn_unrope_.inv_freq, p.rope_dim = int(attn_unrope_.dim);
-    p.rope_bf16 = bf16;
-    attn_unrope_.applied = true;
-  }
   auto run_rows = [&](const cd::ModelAttnArgs& b, const cd::ModelAttnSeq* dseqs, const int32_t* row_seq) -> Status {
     if (rows_tc) {
       // Key rows of at most kGpuDecodeAttnPoolBytes at a time (forward/memory_plan.h, which the plan counts).
@@ -1063,7 +975,6 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
       cd::ModelAttnArgs b = p;
       b.q = p.q + sq.row0 * H * Dh, b.out = p.out + sq.row0 * H * Dh, b.kv_chunk = p.kv_chunk + sq.row0 * Dh;
       if (b.topk) b.topk += sq.row0 * b.topk_stride, b.topk_n += sq.row0;
-      if (b.rope_pos) b.rope_pos += sq.row0;
       b.T = sq.T, b.ring = sq.ring, b.ring_size = sq.ring_size, b.start = sq.start;
       if (b.ckv) b.ckv = sq.ckv ? sq.ckv : static_cast<const void*>(b.kv_chunk);  // none yet: never read
       return b;
@@ -1100,31 +1011,6 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
     return run_rows(p, nullptr, nullptr);
   }
   return run_rows(p, attn_seqs_, ctx.row_seq.i32());
-}
-
-// With GpuLoadOptions::row_epilogues one launch (rows of at most 16 chunks); else the two.
-Status GpuModel::collapse_norm(const Tensor& X, const Tensor& pre, const Tensor& u, const Vec& norm_w,
-                               const Tensor& y, int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
-  if (!row_epilogues_ || (dim + 1023) / 1024 > 16 || !d(norm_w))
-    return Backend::collapse_norm(X, pre, u, norm_w, y, rows, hc, dim, eps, bf16);
-  FS_CUDA_RETURN_IF_ERROR(
-      cd::launch_collapse_norm(X.f32(), pre.f32(), hc, bf16, d(norm_w), y.f32(), rows, dim, eps, bf16, stream_));
-  return {};
-}
-
-// With GpuLoadOptions::row_epilogues the tensor-core attention applies the output's inverse RoPE
-// in its store (the bits of the rope launch after it); otherwise, or on the staged kernels, the
-// rope launch runs after the attention.
-Status GpuModel::attention_unrope(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
-                                  const Tensor& o, int64_t H, bool bf16, const Vec& inv_freq, int64_t rope_dim) {
-  attn_unrope_ = AttnUnrope{};
-  if (row_epilogues_ && rope_dim > 0) attn_unrope_.inv_freq = d(inv_freq), attn_unrope_.dim = rope_dim;
-  const Status st = attention(l, ctx, q, kv, sink, o, H, bf16);
-  const bool applied = attn_unrope_.applied;
-  attn_unrope_ = AttnUnrope{};
-  FS_RETURN_IF_ERROR(st);
-  if (applied) return {};
-  return rope(o, ctx.pos, inv_freq, ctx.T, H, o.cols / H, rope_dim, true, bf16);
 }
 
 Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {

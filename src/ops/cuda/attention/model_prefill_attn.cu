@@ -224,7 +224,6 @@ cudaError_t launch_model_prefill_attention(const ModelAttnArgs& a, const ModelAt
   p.q = a.q, p.kv = pool, p.idx = idx, p.sink = a.sink, p.out = a.out;
   p.m = a.T, p.n_idx = int(n_idx), p.n_rows = int(rows), p.heads = int(a.H), p.dim = int(a.Dh);
   p.scale = a.scale, p.bf16_out = a.bf16;
-  p.rope_pos = a.rope_pos, p.rope_inv_freq = a.rope_inv_freq, p.rope_dim = a.rope_dim, p.rope_bf16 = a.rope_bf16;
   return launch_prefill_attn(p, s);
 }
 
@@ -277,8 +276,6 @@ cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAtt
     p.q = a.q + r0 * a.H * a.Dh, p.kv = pool, p.idx = idx, p.sink = a.sink, p.out = a.out + r0 * a.H * a.Dh;
     p.m = rows, p.n_idx = int(n_idx), p.n_rows = int(rows * n_idx), p.heads = int(a.H), p.dim = int(a.Dh);
     p.scale = a.scale, p.bf16_out = a.bf16;
-    p.rope_pos = a.rope_dim > 0 ? a.rope_pos + r0 : nullptr, p.rope_inv_freq = a.rope_inv_freq;
-    p.rope_dim = a.rope_dim, p.rope_bf16 = a.rope_bf16;
     if (split_bytes > 0) {  // this chunk's partials (a last, shorter chunk takes fewer)
       p.part = part, p.part_bytes = split_bytes;
     }

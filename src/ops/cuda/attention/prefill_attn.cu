@@ -22,7 +22,6 @@
 #include <algorithm>
 
 #include "ops/cuda/model/model_device.cuh"
-#include "ops/cuda/model/row_ops.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
@@ -94,16 +93,6 @@ __device__ __forceinline__ float fold_inv(float m, float l, float sink) {
 }
 // The model's BF16 output (ModelAttnArgs::bf16): round to nearest even, as dev_round_bf16.
 __device__ __forceinline__ float fold_out(float x, bool bf16) { return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
-// The output's inverse RoPE (PrefillAttnArgs::rope_dim) of the pair (v0, v1) at dims (d, d + 1)
-// of row t: rope_kernel's arithmetic (row_ops.cuh) where d lies in the head's rotated tail.
-template <int kD>
-__device__ __forceinline__ void out_unrope(const PrefillAttnArgs& a, int64_t t, int d, float& v0, float& v1) {
-  const int lo = kD - a.rope_dim;
-  if (a.rope_dim == 0 || d < lo) return;
-  float cs, sn;
-  dev_rope_trig(float(a.rope_pos[t]), a.rope_inv_freq[(d - lo) / 2], true, cs, sn);
-  dev_rope_rotate(v0, v1, cs, sn, a.rope_bf16);
-}
 
 // The split form's (max, sum) pairs: after the tile outputs in PrefillAttnArgs::part.
 __device__ __forceinline__ float2* part_ml(const PrefillAttnArgs& a, int n_tiles) {
@@ -290,13 +279,12 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
       const int d = d0 + n * 8 + 2 * c;
-      float v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = fold_out(o[n][e] * inv[e / 2], a.bf16_out);
-      out_unrope<kD>(a, t, d, v[0], v[1]);
-      out_unrope<kD>(a, t, d, v[2], v[3]);
-      if (hr[0] < nh) *reinterpret_cast<float2*>(out + hr[0] * kD + d) = make_float2(v[0], v[1]);
-      if (hr[1] < nh) *reinterpret_cast<float2*>(out + hr[1] * kD + d) = make_float2(v[2], v[3]);
+      if (hr[0] < nh)
+        *reinterpret_cast<float2*>(out + hr[0] * kD + d) =
+            make_float2(fold_out(o[n][0] * inv[0], a.bf16_out), fold_out(o[n][1] * inv[0], a.bf16_out));
+      if (hr[1] < nh)
+        *reinterpret_cast<float2*>(out + hr[1] * kD + d) =
+            make_float2(fold_out(o[n][2] * inv[1], a.bf16_out), fold_out(o[n][3] * inv[1], a.bf16_out));
     }
   }
 }
@@ -338,11 +326,9 @@ __global__ void __launch_bounds__(128) attn_fold_kernel(PrefillAttnArgs a) {
   }
   if (!has_d) return;
   const float inv = fold_inv(m, l, a.sink[h]);
-  float4 v = make_float4(fold_out(o.x * inv, a.bf16_out), fold_out(o.y * inv, a.bf16_out),
-                         fold_out(o.z * inv, a.bf16_out), fold_out(o.w * inv, a.bf16_out));
-  out_unrope<kD>(a, t, d, v.x, v.y);
-  out_unrope<kD>(a, t, d + 2, v.z, v.w);
-  *reinterpret_cast<float4*>(a.out + (t * a.heads + h) * kD + d) = v;
+  *reinterpret_cast<float4*>(a.out + (t * a.heads + h) * kD + d) =
+      make_float4(fold_out(o.x * inv, a.bf16_out), fold_out(o.y * inv, a.bf16_out), fold_out(o.z * inv, a.bf16_out),
+                  fold_out(o.w * inv, a.bf16_out));
 }
 
 template <int kD, int kHG, int kSt>
@@ -385,8 +371,6 @@ size_t prefill_attn_split_bytes(int64_t m, int64_t n_idx, int64_t heads, int64_t
 
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   if (!prefill_attn_supports(a.heads, a.dim) || a.m < 0 || a.m > INT32_MAX || a.n_idx < 0 || a.n_rows < 0)
-    return cudaErrorInvalidValue;
-  if (a.rope_dim < 0 || a.rope_dim > a.dim || a.rope_dim % 2 != 0 || (a.rope_dim > 0 && (!a.rope_pos || !a.rope_inv_freq)))
     return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
   switch (a.dim) {

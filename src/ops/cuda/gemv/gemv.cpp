@@ -40,41 +40,6 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
                      "block_linear kernel launch");
 }
 
-Status block_linear_rows_cuda(const BlockLinearParams& p, const LinearRowOps& r, cudaStream_t stream) {
-  static_assert(kRowOpsMaxDim == detail::kRowPostMaxDim, "one limit");
-  FS_RETURN_IF_ERROR(validate(p));
-  FS_RETURN_IF_ERROR(check_int_dims("block_linear_rows", p.n, p.k));
-  // RoPE alone: each CTA rotates the pairs of its own outputs (no ticket, any width).
-  const bool rope_tile = r.rope_dim > 0 && !r.norm && r.q_prefix <= 0;
-  if (!rope_tile && !r.ticket) return invalid_argument("block_linear_rows: no ticket");
-  if (p.w_up || p.bf16_out || p.xq)
-    return invalid_argument("block_linear_rows: row ops need a dense launch with FP32 output and x not pre-quantised");
-  if (p.m < 1 || p.m > kRowOpsMaxRows || (!rope_tile && p.n > kRowOpsMaxDim))
-    return out_of_range("block_linear_rows: m={} (1..{}), n={} (at most {} with a norm or the FP8 simulation)", p.m,
-                        kRowOpsMaxRows, p.n, kRowOpsMaxDim);
-  if (r.rope_dim < 0 || r.q_prefix < 0) return invalid_argument("block_linear_rows: negative rope_dim or q_prefix");
-  if (r.rope_dim > 0 && (!r.pos || !r.inv_freq || r.vec <= 0 || r.n_vec <= 0 || r.n_vec * r.vec != p.n ||
-                         r.rope_dim > r.vec || r.rope_dim % 2 != 0 || r.vec % 2 != 0))
-    return invalid_argument("block_linear_rows: RoPE over {} x {} values (last {}) of rows of {}", r.n_vec, r.vec,
-                            r.rope_dim, p.n);
-  if (r.q_prefix > 0 && ((r.q_block != 32 && r.q_block != 64 && r.q_block != 128) || r.q_prefix % r.q_block != 0 ||
-                         r.q_prefix > p.n))
-    return invalid_argument("block_linear_rows: FP8 simulation of {} values in blocks of {} (32, 64 or 128) of rows "
-                            "of {}", r.q_prefix, r.q_block, p.n);
-  detail::GemvArgs a{};
-  a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.m = p.m;
-  a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);
-  a.bf16_in = p.bf16_in, a.bf16_round_out = p.bf16_round_out;
-  detail::GemvRowPost& o = a.post;
-  o.ticket = rope_tile ? nullptr : r.ticket, o.rope_tile = rope_tile, o.norm = r.norm, o.norm_bf16 = r.norm_bf16, o.norm_w = r.norm_w, o.eps = r.eps;
-  o.pos = r.pos, o.inv_freq = r.inv_freq, o.n_vec = int(r.n_vec), o.vec = int(r.vec), o.rope_dim = int(r.rope_dim);
-  o.rope_bf16 = r.rope_bf16, o.q_prefix = int(r.q_prefix), o.q_block = int(r.q_block);
-  return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
-                     "block_linear_rows kernel launch");
-}
-
-void set_gemv_bulk(bool on) { detail::set_gemv_bulk(on); }
-
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   FS_RETURN_IF_ERROR(validate(p));
   FS_RETURN_IF_ERROR(check_int_dims("expert_gemv", p.n, p.k));

@@ -7,26 +7,6 @@
 
 namespace flashseek::ops::cuda::detail {
 
-// Row ops on a dense launch's FP32 output y [m, n] (ops/cuda/model/row_ops.cuh: the standalone
-// kernels' arithmetic), in this order: the RMS norm of each row (norm), RoPE of the last rope_dim
-// values of each of the row's n_vec vectors of vec values (rope_dim > 0), the FP8 simulation of
-// the first q_prefix values in blocks of q_block (q_prefix > 0). With a ticket the launch's last
-// CTA runs them after every output is stored (n <= kRowPostMaxDim); rope_tile (RoPE alone, no
-// ticket): each CTA rotates its own outputs as it stores them.
-struct GemvRowPost {
-  unsigned* ticket = nullptr;  // 0 before the launch; the last CTA resets it
-  bool rope_tile = false;
-  bool norm = false, norm_bf16 = false;
-  const float* norm_w = nullptr;  // null: unweighted
-  float eps = 0;
-  const int64_t* pos = nullptr;  // [m] positions of the rows (RoPE)
-  const float* inv_freq = nullptr;
-  int n_vec = 1, vec = 0, rope_dim = 0;
-  bool rope_bf16 = false;
-  int q_prefix = 0, q_block = 0;
-};
-constexpr int kRowPostMaxDim = 8192;  // 8 chunks of 1024: one warp of the last CTA per chunk
-
 struct GemvArgs {
   const float* x;
   // Optional: x already quantised by launch_gemv_quantize (codes [rows, k], scales [rows, k/32]);
@@ -47,7 +27,6 @@ struct GemvArgs {
   bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
   bool bf16_round_gu;   // gated: the gate and up sums rounded to BF16 (RNE) before the SwiGLU
   float limit;
-  GemvRowPost post;  // dense launches only
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
@@ -64,10 +43,5 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
-
-// The decode GEMV's weights fed by bulk copies into a shared-memory ring (gemv_bulk_kernel: the
-// same bits) instead of each warp's own loads. Process-wide, like the PDL switch: set before
-// each forward of a model (GpuLoadOptions::gemv_bulk) and by tests.
-void set_gemv_bulk(bool on);
 
 }  // namespace flashseek::ops::cuda::detail

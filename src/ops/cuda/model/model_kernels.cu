@@ -19,8 +19,6 @@
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
-#include "ops/cuda/model/route_row.cuh"
-#include "ops/cuda/model/row_ops.cuh"
 
 namespace flashseek::ops::cuda::detail {
 
@@ -55,8 +53,8 @@ __global__ void quant_sim_kernel(float* x, int64_t rows, int64_t stride, int64_t
   float amax = 0;
   for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(b[i]));
   if (kind == QuantSim::kFp8) {
-    const float sc = dev_qsim_fp8_scale(amax);
-    for (int64_t i = 0; i < block; ++i) b[i] = dev_qsim_fp8(b[i], sc);
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = 0; i < block; ++i) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
     return;
   }
   float sc;
@@ -82,8 +80,8 @@ __global__ void quant_sim_warp_kernel(float* x, int64_t rows, int64_t stride, in
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (kind == QuantSim::kFp8) {
-    const float sc = dev_qsim_fp8_scale(amax);
-    for (int64_t i = lane; i < block; i += 32) b[i] = dev_qsim_fp8(b[i], sc);
+    const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+    for (int64_t i = lane; i < block; i += 32) b[i] = dev_round_e4m3(fminf(fmaxf(b[i] / sc, -448.0f), 448.0f)) * sc;
     return;
   }
   float sc;
@@ -521,20 +519,6 @@ __device__ __forceinline__ void gemv_task_scalar(const LinearArgs& a, int64_t ma
   }
 }
 
-// LinearArgs::route_ticket: every CTA takes a ticket after its outputs are stored; the last one
-// routes every row (route_row, a warp per row, the logits read through L2) and resets the ticket.
-__device__ __noinline__ void route_tail(const LinearArgs& a) {
-  __shared__ bool last;
-  __threadfence();  // this CTA's logits are visible device-wide before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.route_ticket, 1u) == gridDim.x * gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int64_t t = threadIdx.x / 32; t < a.route.T; t += blockDim.x / 32) route_row(a.route, t);
-  if (threadIdx.x == 0) *a.route_ticket = 0u;
-}
-
 // Grid: (row groups of R rows, fastest) x (output tiles of G·NO outputs). With sel, R == 1.
 // V: each warp's first weights are loaded before x is staged, and the next task's weights are in
 // flight while a task's lane values and butterflies run.
@@ -604,7 +588,6 @@ __global__ void __launch_bounds__(kGemvThreads, 2) linear_gemv_kernel(LinearArgs
     const float acc = dev_chunk_tree(csum + q * m, m);
     a.y[(r0 + i) * a.y_stride + o] = a.bf16_out ? dev_round_bf16(acc) : acc;
   }
-  if (a.route_ticket) route_tail(a);
 }
 
 // ---- Streaming GEMV of the chunked linear (in > kSumChunk, at most 8 rows: decode, verify) ------
@@ -1256,6 +1239,19 @@ __global__ void __launch_bounds__(kTiledThreads, 1) linear_tiled_kernel(LinearAr
   }
 }
 
+// The stride-doubling chunk tree of sum_order.h (c[i] += c[i + st] for i = 0, 2st, 4st.. with
+// i + st < m) over lanes: lane c holds chunk sum c (m <= 32), lane 0 returns the root. Each lane
+// that adds holds c[i] and receives c[i + st], so every addition is the serial tree's.
+template <typename Acc>
+__device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
+  const int lane = int(threadIdx.x & 31);
+  for (int st = 1; st < m; st *= 2) {
+    const Acc o = __shfl_down_sync(0xffffffffu, v, unsigned(st));
+    if ((lane & (2 * st - 1)) == 0 && lane + st < m) v = v + o;
+  }
+  return v;
+}
+
 // ops::rms_norm: double sum of squares in the sum_order.h order, FP32 scaling. Warp c of a row
 // owns chunk c (a short row is one chunk): its values (and the weights) stay in registers from
 // the sum of squares to the scaled store, so x and w are read once, in one round of 16-byte loads
@@ -1308,15 +1304,28 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
         }
     }
   }
-  const double v = dev_norm_chunk_sumsq(xv, len, live);
+  double p[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (live && 128 * i + 4 * lane + q < len)
+        p[q] = __dadd_rn(p[q], __dmul_rn(double(xv[4 * i + q]), double(xv[4 * i + q])));
+  double v = __dadd_rn(__dadd_rn(p[0], p[1]), __dadd_rn(p[2], p[3]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (lane == 0) csq[warp] = v;
   __syncthreads();
   if (!live) return;
   // Every warp of the row folds the row's chunk sums itself (the same additions): no second barrier.
   const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
-  const float ri = dev_norm_inv_rms(ss, dim, eps);
+  const float ri = 1.0f / sqrtf(__fadd_rn(float(ss / double(dim)), eps));
 #pragma unroll
-  for (int k = 0; k < 32; ++k) xv[k] = dev_norm_value(xv[k], ri, wr, wv[k], bf16);  // scaled in place
+  for (int k = 0; k < 32; ++k) {  // scaled in place
+    float t = __fmul_rn(xv[k], ri);
+    if (wr) t = __fmul_rn(t, wv[k]);
+    xv[k] = bf16 ? dev_round_bf16(t) : t;
+  }
   if (vec) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -1328,81 +1337,6 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
       for (int q = 0; q < 4; ++q)
         if (128 * i + 4 * lane + q < len) yr[128 * i + 4 * lane + q] = xv[4 * i + q];
   }
-}
-
-// hc_collapse then rms_norm in one launch (launch_collapse_norm): rms_norm_kernel's layout, sums
-// and scaling over values formed as hc_collapse_kernel forms them (mul_add over the streams in
-// order, BF16-rounded when cbf16), so y is the bits of the two launches; the collapsed row itself
-// is not stored. x [rows, hc, dim], pre [rows, hc].
-__global__ void __launch_bounds__(kNormThreads) collapse_norm_kernel(const float* x, const float* pre, int64_t hc,
-                                                             bool cbf16, const float* w, float* y, int64_t rows,
-                                                             int64_t dim, float eps, bool bf16) {
-  pdl_prologue();
-  __shared__ double csq[32];
-  const int m = int((dim + kSumChunk - 1) / kSumChunk);
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
-  const int rw = warp / m, c = warp % m;  // row within the block, chunk
-  const int64_t row = int64_t(blockIdx.x) * norm_rows_per_block(m) + rw;
-  const bool live = row < rows;
-  const int64_t off = int64_t(c) * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
-  const float* xr = x + (live ? row : 0) * hc * dim + off;  // stream 0 of the row, this chunk
-  const float* pr = pre + (live ? row : 0) * hc;
-  const float* wr = w ? w + off : nullptr;
-  float* yr = y + (live ? row : 0) * dim + off;
-  const bool vec = len == kSumChunk && (dim & 3) == 0 &&
-                   ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(yr) |
-                     reinterpret_cast<uintptr_t>(wr)) & 15) == 0;
-  float xv[32], wv[32];
-#pragma unroll
-  for (int k = 0; k < 32; ++k) xv[k] = 0.0f, wv[k] = 0.0f;
-  if (live) {
-    for (int64_t h = 0; h < hc; ++h) {  // s = mul_add(pre[h], x[h], s) in stream order, per value
-      const float ph = pr[h];
-      const float* xh = xr + h * dim;
-      if (vec) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 v = *reinterpret_cast<const float4*>(xh + 128 * i + 4 * lane);
-          xv[4 * i] = mul_add(ph, v.x, xv[4 * i]), xv[4 * i + 1] = mul_add(ph, v.y, xv[4 * i + 1]);
-          xv[4 * i + 2] = mul_add(ph, v.z, xv[4 * i + 2]), xv[4 * i + 3] = mul_add(ph, v.w, xv[4 * i + 3]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int64_t k = 128 * i + 4 * lane + q;
-            if (k < len) xv[4 * i + q] = mul_add(ph, xh[k], xv[4 * i + q]);
-          }
-      }
-    }
-    if (cbf16) {
-#pragma unroll
-      for (int k = 0; k < 32; ++k) xv[k] = dev_round_bf16(xv[k]);
-    }
-    if (wr) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t k = 128 * i + 4 * lane + q;
-          if (k < len) wv[4 * i + q] = ld_weight(wr + k);
-        }
-    }
-  }
-  const double v = dev_norm_chunk_sumsq(xv, len, live);
-  if (lane == 0) csq[warp] = v;
-  __syncthreads();
-  if (!live) return;
-  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? csq[rw * m + lane] : 0.0, m), 0);
-  const float ri = dev_norm_inv_rms(ss, dim, eps);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int64_t k = 128 * i + 4 * lane + q;
-      if (k < len) yr[k] = dev_norm_value(xv[4 * i + q], ri, wr, wv[4 * i + q], bf16);
-    }
 }
 
 // Rows of more than kNormMaxChunks chunks: warps loop over the chunks (the same sums), thread 0
@@ -1957,38 +1891,6 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
 #pragma unroll
     for (int j = 0; j < HC; ++j) s = mul_add(P[j * HC + k], xs[j], s);
     out[k] = bf16 ? dev_round_bf16(s) : s;
-  }
-#pragma unroll
-  for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
-}
-
-// moe_combine_kernel's value of (t, d) fed straight into hc_post_fixed_kernel's update of X (the
-// same operations in the same order: launch_moe_combine then launch_hc_post, bit for bit, without
-// storing the combined row). Grid as hc_post_fixed_kernel: row blockIdx.x, columns over
-// blockIdx.y.
-template <int HC>
-__global__ void moe_combine_post_kernel(const float* y, const float* ys, const int32_t* row_of, int64_t K, float* x,
-                                        const float* post, const float* comb, int64_t dim, bool bf16) {
-  pdl_prologue();
-  const int64_t r = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  float s = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t p = row_of ? int64_t(row_of[r * K + k]) : r * K + k;
-    s += p >= 0 ? y[p * dim + d] : 0.0f;
-  }
-  s += ys[r * dim + d];
-  const float fv = bf16 ? dev_round_bf16(s) : s;
-  float xs[HC], out[HC];
-#pragma unroll
-  for (int j = 0; j < HC; ++j) xs[j] = x[(r * HC + j) * dim + d];
-  const float* P = comb + r * HC * HC;
-#pragma unroll
-  for (int k = 0; k < HC; ++k) {
-    float v = __fmul_rn(post[r * HC + k], fv);
-#pragma unroll
-    for (int j = 0; j < HC; ++j) v = mul_add(P[j * HC + k], xs[j], v);
-    out[k] = bf16 ? dev_round_bf16(v) : v;
   }
 #pragma unroll
   for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
@@ -2563,10 +2465,8 @@ cudaError_t launch_linear_tiled(const LinearArgs& a0, cudaStream_t s, bool* take
   });
 }
 
-// *routed: the launch is the chunked GEMV, whose last CTA runs LinearArgs::route.
-cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s, bool* routed = nullptr) {
+cudaError_t launch_linear_gemv(const LinearArgs& a0, cudaStream_t s) {
   const LinearArgs a = with_typed_weight(a0);
-  if (routed) *routed = a.in > kSumChunk;
   if (a.in <= kSumChunk) {
     return with_dtype(a.wt.dtype, cudaErrorInvalidValue, [&](auto f) {
       return launch_short_gemv_typed<decltype(f)::value>(a, s);
@@ -2583,11 +2483,10 @@ cudaError_t launch_embed_typed(const WeightRef& w, const int32_t* tokens, float*
   return launch_kernel(embed_typed_kernel<F>, blocks_for(T * hc * dim, 256), 256, 0, s, w, tokens, X, T, hc, dim);
 }
 
-// launch_linear without the route; *routed (optional): the kernel that ran also routed.
-cudaError_t launch_linear_one(const LinearArgs& a0, cudaStream_t s, bool* routed) {
-  if (routed) *routed = false;
+}  // namespace
+
+cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
-  if (!routed) a.route_ticket = nullptr;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
   if (a.in <= 0 || a.out <= 0 || a.x_row_div <= 0 || a.rows > 65535 || a.kernel < 0 || a.kernel > 5)
@@ -2619,7 +2518,7 @@ cudaError_t launch_linear_one(const LinearArgs& a0, cudaStream_t s, bool* routed
     const bool gemv_ok = !chunked || (a.in + kSumChunk - 1) / kSumChunk * kSumChunk <= kGemvMaxXFloats;
     if (a.kernel == 2 && !gemv_ok) return cudaErrorInvalidValue;
     if (a.kernel == 2 || (a.kernel == 0 && gemv_ok && (chunked || a.rows <= kGemvMaxRows)))
-      return launch_linear_gemv(a, s, routed);
+      return launch_linear_gemv(a, s);
   }
   int64_t blocks = 0;
   size_t smem = 0;
@@ -2639,18 +2538,6 @@ cudaError_t launch_linear_one(const LinearArgs& a0, cudaStream_t s, bool* routed
   const dim3 grid(unsigned(blocks), unsigned(a.groups));
   if (!chunked) return launch_kernel(linear_short_kernel, grid, kLinThreads, 0, s, a);
   return launch_kernel(linear_chunked_kernel, grid, kLinThreads, smem, s, a);
-}
-
-}  // namespace
-
-cudaError_t launch_linear(const LinearArgs& a0, cudaStream_t s) {
-  if (!a0.route_ticket) return launch_linear_one(a0, s, nullptr);
-  if (a0.sel || a0.groups != 1 || (a0.y_stride != 0 && a0.y_stride != a0.out) || a0.route.logits != a0.y ||
-      a0.route.T != a0.rows || a0.route.E != a0.out || a0.route.K <= 0 || a0.route.K > a0.route.E)
-    return cudaErrorInvalidValue;
-  bool routed = false;
-  if (const cudaError_t e = launch_linear_one(a0, s, &routed); e != cudaSuccess || routed) return e;
-  return launch_route(a0.route, s);  // another kernel took the linear: the route launch after it
 }
 
 cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
@@ -2758,18 +2645,6 @@ int64_t hc_mixes_work_floats(const HcMixArgs& a) {
   return a.rows * n_mix * ((a.hc * a.dim + kSumChunk - 1) / kSumChunk);
 }
 
-cudaError_t launch_collapse_norm(const float* x, const float* pre, int64_t hc, bool collapse_bf16, const float* w,
-                                 float* y, int64_t rows, int64_t dim, float eps, bool bf16, cudaStream_t s) {
-  if (dim <= 0 || hc <= 0) return cudaErrorInvalidValue;
-  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
-  if (m > kNormMaxChunks) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(collapse_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, pre, hc, collapse_bf16,
-                       w, y, rows, dim, eps, bf16);
-}
-
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s) {
   if (rows * dim == 0) return cudaSuccess;
@@ -2830,15 +2705,6 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
                           int64_t n, float limit, bool bf16, cudaStream_t s) {
   if (rows * n == 0) return cudaSuccess;
   return launch_kernel(swiglu_kernel, blocks_for(rows * n, 256), 256, 0, s, g, u, h, weight, rows, n, limit, bf16);
-}
-
-cudaError_t launch_moe_combine_post(const float* y, const float* ys, const int32_t* row_of, int64_t T, int64_t K,
-                                    float* x, const float* post, const float* comb, int64_t hc, int64_t dim, bool bf16,
-                                    cudaStream_t s) {
-  if (hc != 4 || T > INT32_MAX || (dim + 255) / 256 > 65535) return cudaErrorInvalidValue;
-  if (T * dim == 0) return cudaSuccess;
-  return launch_kernel(moe_combine_post_kernel<4>, dim3(unsigned(T), unsigned((dim + 255) / 256)), 256, 0, s, y, ys,
-                       row_of, K, x, post, comb, dim, bf16);
 }
 
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,

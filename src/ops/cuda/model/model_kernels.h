@@ -47,20 +47,6 @@ struct WeightRef {
   int64_t scale_matrix_bytes = 0;   // ... and between their scales
 };
 
-// ops::route over logits [T, E] (launch_route; also a router linear's tail, LinearArgs::route).
-struct RouteArgs {
-  const float* logits = nullptr;  // [T, E]
-  const float* bias = nullptr;    // [E] or nullptr
-  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
-  const int32_t* tokens = nullptr;   // [T]
-  float* scratch = nullptr;       // [T, 2E]
-  int64_t T = 0, E = 0, K = 0;
-  float gate_temp = 1, route_scale = 1;
-  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
-  int32_t* sel = nullptr;         // [T, K] ascending expert ids
-  float* weight = nullptr;        // [T, K]
-};
-
 // ---- linear (ops::linear on pre-quantised x): y[r] = x[r / x_row_div] · W_sel[r]ᵀ -----------
 struct LinearArgs {
   const float* x = nullptr;       // rows of `in` values, row stride x_stride
@@ -97,12 +83,6 @@ struct LinearArgs {
   // Kernel 5 over more than 8 rows: 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, the most that
   // still gives a CTA per SM). Same bits; tests force one.
   int mma_tiles = 0;
-  // Optional (decode-sized router logits): ops::route over y in the same launch. With the
-  // chunked GEMV (in > 1024) its last CTA routes every row after all logits are stored (the
-  // ticket: 0 before the launch and after it, one per concurrently running launch); any other
-  // kernel: launch_route right after it. route.logits must be y.
-  unsigned* route_ticket = nullptr;
-  RouteArgs route;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
 // rows one warp per 1024-value chunk; each output row independent of the others (batch invariant).
@@ -156,11 +136,6 @@ int64_t hc_mixes_work_floats(const HcMixArgs& a);
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
-// launch_hc_collapse(x, pre, u, rows, hc, dim, collapse_bf16) then launch_model_rms_norm(u, w, y,
-// rows, dim, eps, bf16) in one launch, the same bits in y (u is not formed in memory). Rows of at
-// most 16 chunks of 1024 values (else cudaErrorInvalidValue: run the two launches).
-cudaError_t launch_collapse_norm(const float* x, const float* pre, int64_t hc, bool collapse_bf16, const float* w,
-                                 float* y, int64_t rows, int64_t dim, float eps, bool bf16, cudaStream_t s);
 // x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
 cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
@@ -186,7 +161,18 @@ cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, in
                                 int64_t n_slots, int64_t dim, float* out, cudaStream_t s);
 
 // ---- MoE (ops/moe.h) ---------------------------------------------------------------------------
-// RouteArgs: with the linear (a router linear may route in its own launch).
+struct RouteArgs {
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] or nullptr
+  const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
+  const int32_t* tokens = nullptr;   // [T]
+  float* scratch = nullptr;       // [T, 2E]
+  int64_t T = 0, E = 0, K = 0;
+  float gate_temp = 1, route_scale = 1;
+  bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
+  int32_t* sel = nullptr;         // [T, K] ascending expert ids
+  float* weight = nullptr;        // [T, K]
+};
 cudaError_t launch_route(const RouteArgs& a, cudaStream_t s);
 // h[r] = bf16?(swiglu(g[r], u[r]) · weight[r]) (weight nullptr: 1).
 cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
@@ -196,12 +182,6 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 // (another rank's expert) adds +0.
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
-// launch_moe_combine(y, ys, f, T, K, dim, bf16, row_of) then launch_hc_post(f, x, post, comb, T, hc,
-// dim, bf16) in one launch, the same bits in x (f not stored). hc == 4 only (else
-// cudaErrorInvalidValue: run the two launches).
-cudaError_t launch_moe_combine_post(const float* y, const float* ys, const int32_t* row_of, int64_t T, int64_t K,
-                                    float* x, const float* post, const float* comb, int64_t hc, int64_t dim, bool bf16,
-                                    cudaStream_t s);
 // ops::group_pairs_by_expert on the device (nothing read back to the host, so it runs under graph
 // capture). A pair whose expert id is out of range (-1: another rank's expert under expert
 // parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,
@@ -236,14 +216,6 @@ struct ModelAttnArgs {
   // cannot run). Same bits; tests and the benchmark force one. `cluster` (staged kernel): blocks
   // sharing one (row, head group), 1 / 2 / 4 / 8 (0: by the launch size).
   int kernel = 0, cluster = 0;
-  // Optional, the tensor-core launches only (launch_model_prefill_attention,
-  // launch_model_decode_attention): the output's inverse RoPE in the attention's own store, the
-  // bits of launch_rope(out, rope_pos, rope_inv_freq, T, H, Dh, rope_dim, inverse, rope_bf16)
-  // after it. rope_pos: [T] positions of the rows (rope_dim 0: none).
-  const int64_t* rope_pos = nullptr;
-  const float* rope_inv_freq = nullptr;
-  int rope_dim = 0;
-  bool rope_bf16 = false;
 };
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 

@@ -5,13 +5,16 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/model/model_kernels.h"
-#include "ops/cuda/model/row_ops.cuh"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 
 namespace flashseek::ops::cuda::detail {
 namespace {
+
+__device__ __forceinline__ float round_bf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 // A block per (row, kRopeThreads pairs of the row's n_vec x rope_dim/2): the row's cos / sin per
 // frequency once per block (in double, rounded to FP32, a shared-memory table) instead of once
@@ -30,12 +33,20 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
   float a = 0, b = 0;
   if (live) a = v[0], b = v[1];
   const float p = float(pos[r]);
-  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) dev_rope_trig(p, inv_freq[f], inverse, trig[f], trig[half + f]);
+  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) {
+    const float ang = __fmul_rn(p, inv_freq[f]);
+    const float sn = float(sin(double(ang)));
+    trig[f] = float(cos(double(ang)));
+    trig[half + f] = inverse ? -sn : sn;
+  }
   __syncthreads();
   if (!live) return;
-  dev_rope_rotate(a, b, trig[i], trig[half + i], bf16_out);
-  v[0] = a;
-  v[1] = b;
+  const float cs = trig[i], sn = trig[half + i];
+  float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+  float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+  if (bf16_out) ra = round_bf16(ra), rb = round_bf16(rb);
+  v[0] = ra;
+  v[1] = rb;
 }
 
 }  // namespace

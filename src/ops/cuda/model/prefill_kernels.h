@@ -64,13 +64,6 @@ struct PrefillAttnArgs {
   bool bf16_out = false;          // round the output to BF16 (the model's ModelAttnArgs::bf16)
   float* part = nullptr;          // split form: [m, tiles, heads, dim] tile outputs, then [m, tiles,
   size_t part_bytes = 0;          //   heads] (max, sum) pairs (16-byte aligned; part_bytes: its size)
-  // Optional: the inverse RoPE of each head's last rope_dim values of row t at rope_pos[t], applied
-  // to the stored output (after its BF16 rounding), BF16-rounded when rope_bf16: launch_rope's
-  // bits (inverse) on the output. rope_dim 0: none.
-  const int64_t* rope_pos = nullptr;
-  const float* rope_inv_freq = nullptr;
-  int rope_dim = 0;
-  bool rope_bf16 = false;
 };
 bool prefill_attn_supports(int64_t heads, int64_t dim);
 // The most rows a launch may have to take the split form.

@@ -21,22 +21,6 @@ __device__ __forceinline__ void pdl_prologue() {
 #endif
 }
 
-// The prologue in two halves, for a kernel whose first work reads only weights (data no kernel of
-// the step writes, read with ld_weight or the copy engine): it may start with pdl_launch_early()
-// instead of pdl_prologue(), stream weights while its predecessor finishes, and must call
-// pdl_wait() before it reads or writes anything else (scripts/check_pdl_prologue.py checks the
-// pair is there).
-__device__ __forceinline__ void pdl_launch_early() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // The read-only (non-coherent, ld.global.nc) load: for weights and tables uploaded at load time
 // only, never for data a kernel of the step writes (see above). The only __ldg of src/ops/cuda
 // (scripts/check_nc_loads.py).
