@@ -11,13 +11,14 @@
 # --prefill-attention auto|staged: the run's prefill attention (auto, the default: the tensor-core
 # kernel for chunks of 64+ rows; staged: the exact-order kernel), to compare the two.
 # --extra "ARGS": more `run` options (e.g. "--moe-gemm-min-tokens 64"), word-split.
+# --csv PATH: also keep ncu's CSV (every kernel of the run, in launch order) at PATH.
 # Usage: scripts/gpu-profile-decode.sh [--layers 8] [--experts 16] [--gpus 0] [--context 8] [--prefill]
-#        [--chunk C] [--prefill-attention auto|staged] [--extra "ARGS"]
+#        [--chunk C] [--prefill-attention auto|staged] [--extra "ARGS"] [--csv PATH]
 # FLASHSEEK_BIN selects the binary (default build/bin/flashseek); needs ncu on the PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0 extra=
+layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0 extra= csv=
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
@@ -28,6 +29,7 @@ while [ $# -gt 0 ]; do
     --chunk) chunk="$2"; shift 2 ;;
     --prefill-attention) pfattn="$2"; shift 2 ;;
     --extra) extra="$2"; shift 2 ;;
+    --csv) csv="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,4 +47,5 @@ ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units ba
   "$bin" run --load-format dummy --config "$work/config.json" --num-layers "$layers" --gpus "$gpus" \
   --prompt-ids @"$work/prompt.json" --max-tokens "$tokens" --ignore-eos --speculative off \
   --prefill-chunk "$chunk" --max-step-tokens "$chunk" --gpu-graphs off --max-context "$maxctx" --prefill-attention "$pfattn" $extra >"$work/ncu.csv" 2>"$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
+[ -z "$csv" ] || cp "$work/ncu.csv" "$csv"
 python3 "$here/ncu_step_profile.py" "$work/ncu.csv" "$which"
