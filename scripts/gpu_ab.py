@@ -19,7 +19,9 @@ alone (e.g. `build/bin/flashseek::--gemv-prequant-min-rows 1`). A shape is a bat
 
 The engine's cost of one layer (issue 13): `--layers 8,12` runs every shape at both layer counts
 and prints (step(12) - step(8)) / 4 per variant, the marginal time of a layer with the LM head,
-sampling, embedding and the DSpark rings cancelled out. With the release config, the 8-layer
+sampling, embedding and the DSpark rings cancelled out: of the two medians, and per round (each
+round's 12-layer run minus its 8-layer run; a machine's runs differ by a few per cent, which the
+difference amplifies, and the per-round median with its range shows how much). With the release config, the 8-layer
 model keeps one layer of every role (0,1,2,3,20,21,24,25) and the 12-layer one adds layers 4-7,
 ratio-2 layers that read layer 2's compressed KV and top-k (no compressor, no indexer, no
 Engram): the layer that the layer slice (`flashseek bench --tokens 1,6`, "graph replay
@@ -169,24 +171,30 @@ def tables(res, sl=None):
     shapes = list(dict.fromkeys(s for s, _ in res))
     if len(layers) > 1:
         lo, hi = layers[0], layers[-1]
-        lines.append(f"\nthe engine's marginal layer: (step at {hi} layers - step at {lo}) / {hi - lo}, "
-                     "medians, us per layer" + ("; the layer slice's graph replay per layer in the same rounds"
-                                                 if sl else ""))
-        lines.append("| shape | variant | us per layer |" + (" slice us per layer | engine / slice |" if sl else ""))
-        lines.append("|---|---|---|" + ("---|---|" if sl else ""))
+        lines.append(f"\nthe engine's marginal layer: (step at {hi} layers - step at {lo}) / {hi - lo}, us per layer: "
+                     "of the two medians, and per round (each round's two runs of the variant, minutes apart "
+                     "at most, so that drift between rounds cancels): their median and range" +
+                     ("; the layer slice's graph replay per layer in the same rounds" if sl else ""))
+        lines.append("| shape | variant | of the medians | per round: median (range) |" +
+                     (" slice us per layer | engine / slice (medians) | engine / slice (per round) |" if sl else ""))
+        lines.append("|---|---|---|---|" + ("---|---|---|" if sl else ""))
         for s in shapes:
             for label in res[(s, lo)]:
                 a = statistics.median(ms for ms, _ in res[(s, lo)][label])
                 b = statistics.median(ms for ms, _ in res[(s, hi)][label])
                 us = (b - a) * 1000.0 / (hi - lo)
-                row = f"| {s} | {label} | {us:.1f} |"
+                per = [(rb - ra) * 1000.0 / (hi - lo)
+                       for (ra, _), (rb, _) in zip(res[(s, lo)][label], res[(s, hi)][label])]
+                pm = statistics.median(per)
+                row = f"| {s} | {label} | {us:.1f} | {pm:.1f} ({min(per):.1f} - {max(per):.1f}) |"
                 m = shape_tokens(s)
                 if sl:
                     if m in sl:
                         ref = statistics.median(sl[m])
-                        row += f" {ref:.1f} ({' / '.join(f'{x:.1f}' for x in sl[m])}) | {us / ref:.3f}x |"
+                        row += (f" {ref:.1f} ({' / '.join(f'{x:.1f}' for x in sl[m])}) | {us / ref:.3f}x |"
+                                f" {pm / ref:.3f}x |")
                     else:
-                        row += " - | - |"
+                        row += " - | - | - |"
                 lines.append(row)
     return "\n".join(lines)
 
@@ -261,9 +269,14 @@ def self_test():
         assert sl == {1: [250.0, 250.0], 6: [500.0, 500.0]}, sl
         assert [ms for ms, _ in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
         t = tables(res, sl)
-        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 / 250.0) | 1.000x |" in t, t
-        assert "| v6 | fakebench --fast | 250.0 | 500.0 (500.0 / 500.0) | 0.500x |" in t, t
-        assert "| 16 | fakebench | 250.0 | - | - |" in t, t
+        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
+        assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
+        assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | - | - | - |" in t, t
+        # Per round: round r's runs at both layer counts, paired (here rounds of 3.0 / 4.2 and
+        # 3.4 / 4.4 ms: 300 and 250 us per layer), against the medians' (4.3 - 3.2) / 4 = 275.
+        fake_res = {("1", 8): {"x": [(3.0, None), (3.4, None)]}, ("1", 12): {"x": [(4.2, None), (4.4, None)]}}
+        t = tables(fake_res, {1: [250.0]})
+        assert "| 1 | x | 275.0 | 275.0 (250.0 - 300.0) | 250.0 (250.0) | 1.100x | 1.100x |" in t, t
         try:
             run_slice(fslice, [], 4096, [1, 9], 30)  # the stand-in prints no row past M = 8
             raise AssertionError("a slice run without a row for an M asked for must fail")

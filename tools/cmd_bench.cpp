@@ -44,6 +44,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
+  std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
@@ -76,6 +77,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.branches = gpu_branches(o.branches);
+  lo.stack_query_kv = o.stack_qkv == "on";
   auto fast = fast_linears_without(o.exact_linears);
   if (!fast.ok()) return fail(fast.status());
   lo.fast_linears = fast.value();
@@ -200,6 +202,8 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
     std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions\n",
                 static_cast<long long>(st->dense_gemm_linears), static_cast<long long>(st->moe_gemm_layers),
                 static_cast<long long>(st->weight_expansions));
+  if (auto st = forward::gpu_graph_stats(m); st.ok() && st->paired_linears > 0)
+    std::printf("stacked wq_a + wkv: %lld launches\n", static_cast<long long>(st->paired_linears));
   // The HBM floor of a step: the weight bytes it must read (every matrix but the embedding table
   // and the Engram tables, of which it reads a row each; the routed experts by the distinct
   // experts its tokens touch, in expectation under uniform top-k routing), over the device's
@@ -310,6 +314,9 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
                   "as run / serve")
       ->check(CLI::IsMember({"off", "on", "priority"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-stack-qkv", mo->stack_qkv, std::string("model bench: ") + kStackQkvHelp + ", as run / serve")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")

@@ -167,7 +167,13 @@ class Backend {
   // ---- row-wise math ----
   virtual Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) = 0;
   virtual Status linear(const LinearCall& c) = 0;
+  // a and b (the same input x, rows, in, activation block and roundings; other matrices and
+  // outputs) as one launch where the backend keeps the two matrices stacked: true when done, false
+  // when the caller must run linear(a) and linear(b) itself (the default: nothing run).
+  virtual Result<bool> linear_pair(const LinearCall& a, const LinearCall& b) { return false; }
   // z[:, g·out:(g+1)·out] = bf16?(x[:, g·in:(g+1)·in]) · W[g·out:(g+1)·out]ᵀ for g < groups (wo_a).
+  // With bf16, x holds BF16 values already (the flow passes the attention output, BF16 when bf16,
+  // after its BF16-rounded inverse RoPE), so bf16(x) == x and a backend need not round x again.
   virtual Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in,
                                 int64_t out, const Tensor& z, bool bf16) = 0;
   virtual Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,

@@ -293,10 +293,15 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   FS_ASSIGN_OR_RETURN(qlat, scratch_f(tag + "qlat", T, Rq));
   FS_ASSIGN_OR_RETURN(q, scratch_f(tag + "q", T, H * Dh));
   FS_ASSIGN_OR_RETURN(kv, scratch_f(tag + "kv", T, Dh));
+  // wq_a and wkv read the same input: one launch where the backend keeps them stacked
+  // (Backend::linear_pair), else each at the head of its branch below.
+  const LinearCall q_a = lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA});
+  const LinearCall w_kv = lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv});
+  FS_ASSIGN_OR_RETURN(const bool paired, b_.linear_pair(q_a, w_kv));
   // Query: q = RoPE(wq_b(q_norm(wq_a a))) (+ V4's per-head norm before RoPE). The longer chain,
   // so the side branch (a backend may favour it).
   auto query = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wq_a, T, D, Rq, qlat, p_.act_block, R(), {A.block, DotOp::kWqA})));
+    if (!paired) FS_RETURN_IF_ERROR(b_.linear(q_a));
     FS_RETURN_IF_ERROR(b_.rms_norm(qlat, &A.q_norm, qlat, T, Rq, eps, R()));
     FS_RETURN_IF_ERROR(b_.linear(lin(qlat, A.wq_b, T, Rq, H * Dh, q, p_.act_block, R(), {A.block, DotOp::kWqB})));
     if (!v41) {
@@ -308,7 +313,7 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // Window KV: kv_norm(wkv a), RoPE, FP8 simulation (reference numerics). Reads only `a`, writes
   // only kv: independent of the query.
   auto window_kv = [&]() -> Status {
-    FS_RETURN_IF_ERROR(b_.linear(lin(a, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
+    if (!paired) FS_RETURN_IF_ERROR(b_.linear(w_kv));
     FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
     FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
     if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included

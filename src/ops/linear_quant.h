@@ -49,6 +49,16 @@ struct BlockLinearParams {
   // L = swiglu_limit (<= 0: no clamp), the model's swiglu; with bf16_round_gate_up g and u are
   // first rounded to BF16 (RNE), as two linears with bf16_round_out would give them. bf16_out /
   // bf16_round_out apply to the SwiGLU result. Each sum keeps the order of the one-matrix launch.
+  // Optional: two matrices stacked in one [n, k] launch (CUDA only; the CPU twin writes the same
+  // rows the same way): rows [0, n - n2) go to y as an [m, n - n2] output, rows [n - n2, n) to y2
+  // as an [m, n2] one (same element type). Used for wq_a + wkv, which read the same input: one
+  // launch streams both matrices with one grid shape. n2 == 0 (y2 null): every row to y.
+  void* y2 = nullptr;
+  int64_t n2 = 0;
+  // Optional (CUDA only): the row count that picks the k split and chunking (ops/cuda/gemv.cu
+  // pick_tuning) instead of n, so that a matrix launched alone sums its rows in the order of the
+  // stacked launch it is part of (the same bits either way). 0: n.
+  int64_t tune_n = 0;
   const uint8_t* w_up = nullptr;
   const uint8_t* w_up_scale = nullptr;
   float swiglu_limit = 0;

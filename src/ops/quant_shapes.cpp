@@ -45,6 +45,10 @@ Status validate(const BlockLinearParams& p) {
   if (bool(p.w_up) != bool(p.w_up_scale))
     return invalid_argument("block_linear: w_up and w_up_scale must be set together");
   if (p.bf16_round_gate_up && !p.w_up) return invalid_argument("block_linear: bf16_round_gate_up needs w_up");
+  if (bool(p.y2) != (p.n2 != 0) || p.n2 < 0 || p.n2 >= p.n)
+    return invalid_argument("block_linear: y2 and n2 must be set together, 0 < n2 < n (n={}, n2={})", p.n, p.n2);
+  if (p.tune_n < 0 || p.tune_n >= (int64_t(1) << 30))
+    return invalid_argument("block_linear: tune_n={} outside [0, 2^30)", p.tune_n);
   return check_dims("block_linear", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 

@@ -15,6 +15,8 @@
 // `_attntc` cases run the attention on the tensor cores (GpuLoadOptions::prefill_attention kAuto
 // for chunks of 64+ rows, decode_attention_tensor for every other row): the same properties hold,
 // the 260-token prompt's one chunk (the prefill kernel) against chunks of 37 (the row kernel).
+// The `_stack` cases keep wq_a + wkv stacked (GpuLoadOptions::stack_query_kv): one launch for
+// both, the same properties.
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -36,6 +38,7 @@ struct Param {
   bool native;
   bool gemms = false;  // the prefill GEMMs from 64 tokens per sequence
   bool attn_tc = false;  // the tensor-core attention for prefill chunks and for every other row
+  bool stack = false;    // wq_a + wkv stacked (GpuLoadOptions::stack_query_kv)
 };
 
 std::vector<int32_t> random_tokens(uint64_t seed, int64_t n, int64_t vocab) {
@@ -82,6 +85,7 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   opt.weights = p.native ? GpuWeights::kNative : GpuWeights::kFp32;
   if (p.gemms) opt.moe_gemm_min_tokens = opt.dense_gemm_min_tokens = 64;
   if (p.attn_tc) opt.prefill_attention = GpuPrefillAttention::kAuto, opt.decode_attention_tensor = true;
+  opt.stack_query_kv = p.stack;
   auto loaded = load_model_gpu(dir, Numerics::kReference, 0, opt);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model& m = *loaded.value();
@@ -162,17 +166,24 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
     EXPECT_GT(st.value().dense_gemm_linears, 0) << "the dense prefill GEMM never ran";
     if (std::string(p.config) == "tiny-v4") EXPECT_GT(st.value().moe_gemm_layers, 0) << "the MoE prefill GEMM never ran";
   }
+  if (p.stack) {  // the stacked launches ran
+    const auto st = gpu_graph_stats(m);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_GT(st.value().paired_linears, 0) << "no stacked wq_a + wkv launch";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuBatch,
                          ::testing::Values(Param{"tiny-v41", true}, Param{"tiny-v4", true}, Param{"tiny-v41", false},
                                            Param{"tiny-v4", false}, Param{"tiny-v41", true, true},
                                            Param{"tiny-v4", true, true}, Param{"tiny-v41", true, false, true},
-                                           Param{"tiny-v4", true, false, true}, Param{"tiny-v41", true, true, true}),
+                                           Param{"tiny-v4", true, false, true}, Param{"tiny-v41", true, true, true},
+                                           Param{"tiny-v41", true, false, true, true},
+                                           Param{"tiny-v4", true, true, true, true}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(std::string(info.param.config) == "tiny-v41" ? "v41" : "v4") +
                                   (info.param.native ? "_native" : "_fp32") + (info.param.gemms ? "_gemm" : "") +
-                                  (info.param.attn_tc ? "_attntc" : "");
+                                  (info.param.attn_tc ? "_attntc" : "") + (info.param.stack ? "_stack" : "");
                          });
 
 // GpuLoadOptions::gemv_tiled_min_rows only picks the kernel of the block-scaled GEMVs above

@@ -54,10 +54,11 @@ void print_against_bound(const Ckpt& c, const char* how, const ParityStats& s, c
                 static_cast<long long>(f.position), f.ref_gap, f.max_diff);
 }
 
-// Three settings: the exactness kernels; GpuLoadOptions::tensor_core_linears (wo_a and the LM
+// Four settings: the exactness kernels; GpuLoadOptions::tensor_core_linears (wo_a and the LM
 // head on the BF16 tensor cores in another FP32 order); and with it the tensor-core attention
 // everywhere (prefill_attention kAuto for the 410-row prefill, decode_attention_tensor for the
-// decode rows: the CLI's settings). Each within the bound, prefill and decode; and the
+// decode rows: the CLI's settings); and with those wq_a + wkv stacked (stack_query_kv: one GEMV
+// launch, another k split). Each within the bound, prefill and decode; and the
 // tensor-core settings keep prefill == decode exactly where the exactness kernels do (the
 // linears' order never depends on the row count; a prefill row of the tensor-core attention is
 // the bits of the same row decoded).
@@ -67,12 +68,14 @@ TEST_P(GpuSensitivity, CudaNoWorseThanCpuSelfSensitivity) {
   const Measured& m = measured(c);
   ASSERT_EQ(m.ref.size(), size_t(kTokens * m.vocab));
   const ParityStats& bound = m.sens.worst;
-  bool same[3] = {false, false, false};
-  constexpr const char* kModes[3] = {"", ", tensor-core linears", ", tensor-core linears + attention"};
-  for (const int tc : {0, 1, 2}) {
+  bool same[4] = {false, false, false, false};
+  constexpr const char* kModes[4] = {"", ", tensor-core linears", ", tensor-core linears + attention",
+                                     ", tensor-core linears + attention + stacked wq_a / wkv"};
+  for (const int tc : {0, 1, 2, 3}) {
     GpuLoadOptions o;
     o.tensor_core_linears = tc >= 1;
-    if (tc == 2) o.prefill_attention = GpuPrefillAttention::kAuto, o.decode_attention_tensor = true;
+    if (tc >= 2) o.prefill_attention = GpuPrefillAttention::kAuto, o.decode_attention_tensor = true;
+    o.stack_query_kv = tc == 3;
     auto gpu = load_model_gpu(m.dir, Numerics::kReference, 0, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
     std::vector<float> by_chunk[2];
@@ -87,13 +90,21 @@ TEST_P(GpuSensitivity, CudaNoWorseThanCpuSelfSensitivity) {
       EXPECT_LE(s.p99, bound.p99) << how << ": p99 max|dlogit| above the CPU self-sensitivity";
       EXPECT_GE(s.argmax_agreement(), bound.argmax_agreement()) << how << ": argmax agreement below the CPU's";
     }
+    if (tc == 3) {  // the stack ran (wq_a and wkv of these checkpoints fit it)
+      auto st = gpu_graph_stats(*gpu.value());
+      ASSERT_TRUE(st.ok()) << st.status().to_string();
+      EXPECT_GT(st.value().paired_linears, 0) << "no stacked wq_a + wkv launch";
+    }
     same[tc] = by_chunk[0].size() == by_chunk[1].size() &&
                std::memcmp(by_chunk[0].data(), by_chunk[1].data(), by_chunk[0].size() * sizeof(float)) == 0;
   }
-  std::printf("[parity] %s prefill == decode bitwise: exactness linears %s, tensor-core linears %s, + attention %s\n",
-              c.tag().c_str(), same[0] ? "yes" : "no", same[1] ? "yes" : "no", same[2] ? "yes" : "no");
+  std::printf("[parity] %s prefill == decode bitwise: exactness linears %s, tensor-core linears %s, + attention %s, "
+              "+ stacked wq_a / wkv %s\n",
+              c.tag().c_str(), same[0] ? "yes" : "no", same[1] ? "yes" : "no", same[2] ? "yes" : "no",
+              same[3] ? "yes" : "no");
   EXPECT_EQ(same[1], same[0]) << "the tensor-core linears changed whether prefill equals decode";
   EXPECT_EQ(same[2], same[0]) << "the tensor-core attention changed whether prefill equals decode";
+  EXPECT_EQ(same[3], same[0]) << "the stacked wq_a / wkv changed whether prefill equals decode";
 }
 
 const auto ckpt_name = [](const ::testing::TestParamInfo<Ckpt>& info) {

@@ -534,6 +534,97 @@ TEST(CudaBlockLinear, EveryKSplitAndChunkMatchesTwin) {
   detail::set_gemv_tuning(0, 0);
 }
 
+// Two matrices stacked in one launch (BlockLinearParams::y2 / n2, wq_a + wkv in the model): the
+// first matrix's rows land in y, the second's in y2, each bit for bit what that matrix launched
+// alone gives with the stack's tuning shape (tune_n): dense and prequantised inputs (the token
+// passes and the tiled kernel), BF16-rounded outputs, V4's 128-blocks. The CPU twin's split
+// output equals its one-output rows exactly, and the GPU is within the twin's bound.
+TEST(CudaBlockLinear, StackedPairEqualsTheTwoLaunches) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n1, n2, k, block;
+    bool round_out, prequant;
+  };
+  const Case cases[] = {
+      {1, 96, 33, 640, 32, false, false},  {6, 96, 33, 640, 32, true, false}, {8, 1280, 512, 1024, 32, true, false},
+      {40, 64, 70, 384, 32, false, true},  {200, 128, 17, 512, 32, true, true}, {5, 256, 100, 512, 128, false, false},
+  };
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n1=" << c.n1 << " n2=" << c.n2 << " k=" << c.k
+                                      << " block=" << c.block << " round=" << c.round_out << " xq=" << c.prequant);
+    std::mt19937 rng(seed++);
+    const int64_t n = c.n1 + c.n2;
+    const Weights w = random_weights(rng, WeightFormat::kFp8, n, c.k, c.block);
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    BlockLinearParams p;
+    p.m = c.m, p.n = n, p.k = c.k, p.format = WeightFormat::kFp8, p.w_block = c.block, p.act_block = c.block;
+    p.bf16_round_out = c.round_out;
+    // CPU twin: the stacked launch's split output against its one-output rows.
+    std::vector<float> whole(size_t(c.m * n)), y1(size_t(c.m * c.n1)), y2(size_t(c.m * c.n2));
+    p.x = x.data(), p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = whole.data();
+    FS_ASSERT_OK(block_linear_ref(p));
+    p.y = y1.data(), p.y2 = y2.data(), p.n2 = c.n2;
+    FS_ASSERT_OK(block_linear_ref(p));
+    for (int64_t t = 0; t < c.m; ++t)
+      for (int64_t r = 0; r < n; ++r) {
+        const float split = r < c.n1 ? y1[size_t(t * c.n1 + r)] : y2[size_t(t * c.n2 + r - c.n1)];
+        ASSERT_EQ(std::memcmp(&split, &whole[size_t(t * n + r)], 4), 0) << "cpu token " << t << " row " << r;
+      }
+    // GPU: the stacked launch, then each matrix alone with the stack's tuning shape.
+    DeviceBuffer<float> dx(x), dy1(y1.size()), dy2(y2.size()), da(y1.size()), db(y2.size());
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+    DeviceBuffer<uint8_t> dxq(size_t(c.m * c.k));
+    DeviceBuffer<float> dxs(size_t(c.m * c.k / 32));
+    if (c.prequant) FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.block, false, dxq.get(), dxs.get(), nullptr));
+    BlockLinearParams g = p;
+    g.x = dx.get(), g.w = dw.get(), g.w_scale = ds.get(), g.y = dy1.get(), g.y2 = dy2.get(), g.tune_n = n;
+    if (c.prequant) g.xq = dxq.get(), g.xs = dxs.get(), g.tiled = c.m >= 192;
+    FS_ASSERT_OK(block_linear_cuda(g, nullptr));
+    BlockLinearParams ga = g, gb = g;
+    ga.y2 = gb.y2 = nullptr, ga.n2 = gb.n2 = 0;
+    ga.n = c.n1, ga.y = da.get();
+    gb.n = c.n2, gb.y = db.get();
+    gb.w = dw.get() + c.n1 * c.k, gb.w_scale = ds.get() + (c.n1 / c.block) * (c.k / c.block);
+    FS_ASSERT_OK(block_linear_cuda(ga, nullptr));
+    FS_ASSERT_OK(block_linear_cuda(gb, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> s1 = dy1.to_host(), s2 = dy2.to_host(), a = da.to_host(), b = db.to_host();
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::memcmp(&s1[i], &a[i], 4), 0) << "first matrix, output " << i << ": " << s1[i] << " vs " << a[i];
+    for (size_t i = 0; i < b.size(); ++i)
+      ASSERT_EQ(std::memcmp(&s2[i], &b[i], 4), 0) << "second matrix, output " << i << ": " << s2[i] << " vs " << b[i];
+    // Within the twin's bound (the error scale: the twin on |x|, |W|).
+    std::vector<float> xa(x), bound(whole.size());
+    for (auto& v : xa) v = std::fabs(v);
+    const std::vector<uint8_t> wa = abs_codes(w.codes, WeightFormat::kFp8);
+    BlockLinearParams pb = p;
+    pb.y2 = nullptr, pb.n2 = 0, pb.bf16_round_out = false;
+    pb.x = xa.data(), pb.w = wa.data(), pb.y = bound.data();
+    FS_ASSERT_OK(block_linear_ref(pb));
+    const double ulp = c.round_out ? 1.0 / 128 : 0;  // one BF16 rounding step apart at most
+    for (int64_t t = 0; t < c.m; ++t)
+      for (int64_t r = 0; r < n; ++r) {
+        const float got = r < c.n1 ? s1[size_t(t * c.n1 + r)] : s2[size_t(t * c.n2 + r - c.n1)];
+        const double ref = whole[size_t(t * n + r)], mag = bound[size_t(t * n + r)];
+        ASSERT_LE(std::fabs(got - ref), 1e-4 * mag + ulp * std::fabs(ref) + 1e-30) << "token " << t << " row " << r;
+      }
+  }
+  // Bad stacks are refused with the field named.
+  BlockLinearParams bad;
+  float dummy = 0;
+  uint8_t byte = 0;
+  bad.x = &dummy, bad.y = &dummy, bad.w = &byte, bad.w_scale = &byte, bad.m = 1, bad.n = 64, bad.k = 64;
+  bad.n2 = 8;  // y2 missing
+  EXPECT_NE(validate(bad).message().find("y2"), std::string::npos);
+  bad.y2 = &dummy, bad.n2 = 64;  // nothing left for y
+  EXPECT_NE(validate(bad).message().find("n2"), std::string::npos);
+  bad.n2 = 8, bad.tune_n = -1;
+  EXPECT_NE(validate(bad).message().find("tune_n"), std::string::npos);
+  bad.tune_n = 72;
+  EXPECT_TRUE(validate(bad).ok()) << validate(bad).message();
+}
+
 TEST(CudaExpertGemv, FusedSwigluEveryKSplit) {
   FS_REQUIRE_GPU();
   for (int split : {1, 2, 3, 8}) {

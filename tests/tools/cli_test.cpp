@@ -53,5 +53,21 @@ TEST(Cli, ExactLinearRolesAreChecked) {
   }
 }
 
+// --gpu-stack-qkv takes on | off on every command that has it; anything else is refused with the
+// accepted values named.
+TEST(Cli, StackQkvValuesAreChecked) {
+  for (const char* cmd : {"run", "serve", "bench"}) {
+    auto bad = run_command(flashseek_bin() + " " + cmd + " --gpu-stack-qkv yes 2>&1");
+    EXPECT_NE(bad.exit_code, 0) << cmd << ": " << bad.output;
+    EXPECT_NE(bad.output.find("--gpu-stack-qkv"), std::string::npos) << cmd << ": " << bad.output;
+    // Accepted values: whatever the command then lacks (a checkpoint), the option is not what it
+    // complains about.
+    for (const char* v : {"on", "off"}) {
+      auto good = run_command(flashseek_bin() + " " + cmd + " --gpu-stack-qkv " + v + " --ckpt /nonexistent 2>&1");
+      EXPECT_EQ(good.output.find("--gpu-stack-qkv"), std::string::npos) << cmd << " " << v << ": " << good.output;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashseek

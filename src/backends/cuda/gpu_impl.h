@@ -102,10 +102,20 @@ struct NativeMatrix {
   int64_t n = 0, k = 0, block_rows = 1, block_cols = 1, w_block = 32, act_block = 0, count = 1;
   int64_t code_bytes = 0, scale_bytes = 0;  // of one matrix
   bool fast = false;
+  // Part of a stacked pair (GpuModel::stack_query_kv): the second matrix owns no memory and reads
+  // its rows inside the first one's allocation (codes_view / scales_view); both launch with the
+  // stack's row count as their tuning shape (BlockLinearParams::tune_n), so a matrix launched
+  // alone sums in the stacked launch's order. stacked_with: the first matrix's partner.
+  const uint8_t* codes_view = nullptr;
+  const uint8_t* scales_view = nullptr;
+  int64_t tune_n = 0;
+  const NativeMatrix* stacked_with = nullptr;
+  const uint8_t* cptr() const { return codes_view ? codes_view : codes.get(); }
+  const uint8_t* sptr() const { return scales_view ? scales_view : scales.get(); }
   // The exactness kernels' view of matrix 0 (rows from row0).
   ops::cuda::detail::WeightRef ref(int64_t row0 = 0) const {
     ops::cuda::detail::WeightRef r;
-    r.dtype = dtype, r.data = codes.get(), r.scale = scales.get(), r.cols = k;
+    r.dtype = dtype, r.data = cptr(), r.scale = sptr(), r.cols = k;
     r.block_rows = block_rows, r.block_cols = block_cols, r.row0 = row0;
     r.matrix_bytes = code_bytes, r.scale_matrix_bytes = scale_bytes;
     return r;
@@ -236,6 +246,11 @@ class GpuModel final : public Model, public Backend {
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
+  // GpuLoadOptions::stack_query_kv: each layer's wq_a and wkv, where both are block-scaled FP8
+  // matrices over the same input width whose scale rows concatenate, moved into one allocation
+  // (wq_a's rows, then wkv's; the originals freed: the device holds the same bytes) and re-keyed;
+  // wkv becomes a view into it. Layers that do not fit keep two matrices (stacked_pairs_ counts).
+  Status stack_query_kv();
   // p's input quantised once before the block-scaled GEMV (GpuLoadOptions::gemv_prequant_min_rows).
   Status prequantize(ops::BlockLinearParams& p);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
@@ -314,6 +329,7 @@ class GpuModel final : public Model, public Backend {
   bool has(const Vec& w) const override { return d(w) != nullptr; }
   Status embed(const Vec& table, const Tensor& tokens, const Tensor& X, int64_t T, int64_t hc, int64_t D) override;
   Status linear(const LinearCall& c) override;
+  Result<bool> linear_pair(const LinearCall& a, const LinearCall& b) override;
   Status grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int64_t groups, int64_t in, int64_t out,
                         const Tensor& z, bool bf16) override;
   Status rms_norm(const Tensor& x, const Vec* w, const Tensor& y, int64_t rows, int64_t dim, float eps,
@@ -473,6 +489,7 @@ class GpuModel final : public Model, public Backend {
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
+  int64_t stacked_pairs_ = 0;                    // layers whose wq_a + wkv are stacked (stack_query_kv)
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the

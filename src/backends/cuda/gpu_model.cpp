@@ -635,6 +635,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   } else {
     FS_RETURN_IF_ERROR(m->upload_weights());
   }
+  if (m->native_ && opts.stack_query_kv) FS_RETURN_IF_ERROR(m->stack_query_kv());
   {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_ops.cpp moe_native)
     std::vector<int32_t> ids(size_t(std::max<int64_t>(c.n_routed_experts, 1)));
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
@@ -642,6 +643,59 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   }
   m->print_weight_report();
   return m;
+}
+
+Status GpuModel::stack_query_kv() {
+  namespace cd = ops::cuda::detail;
+  // Every stager copy has landed before the device-to-device copies below read the matrices.
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  const auto standard = [](const NativeMatrix& m) {
+    return m.fast && m.count == 1 && m.dtype == cd::WeightDtype::kFp8 && m.format == ops::WeightFormat::kFp8 &&
+           m.block_rows == m.w_block && m.block_cols == m.w_block && !m.codes_view &&
+           m.code_bytes == ops::weight_code_bytes(m.format, m.n, m.k) &&
+           m.scale_bytes == ops::weight_scale_bytes(m.format, m.n, m.k, m.w_block) &&
+           int64_t(m.codes.capacity()) == m.code_bytes && int64_t(m.scales.capacity()) == m.scale_bytes;
+  };
+  int64_t layers = 0;
+  for (LayerWeights& L : w_.layers) {
+    AttentionWeights& A = L.attn;
+    const auto ia = native_key_.find(&A.wq_a), ib = native_key_.find(&A.wkv);
+    if (ia == native_key_.end() || ib == native_key_.end()) continue;
+    ++layers;
+    NativeMatrix* a = native_w_.count(ia->second) ? &native_w_.at(ia->second) : nullptr;
+    NativeMatrix* b = native_w_.count(ib->second) ? &native_w_.at(ib->second) : nullptr;
+    // The scale rows concatenate only when wq_a ends on a whole scale block.
+    if (!a || !b || !standard(*a) || !standard(*b) || a->k != b->k || a->w_block != b->w_block ||
+        a->act_block != b->act_block || a->n % a->w_block != 0 || a->n + b->n >= (int64_t(1) << 30))
+      continue;
+    DevArray<uint8_t> codes, scales;
+    FS_RETURN_IF_ERROR(codes.reserve(size_t(a->code_bytes + b->code_bytes), false));
+    FS_RETURN_IF_ERROR(scales.reserve(size_t(a->scale_bytes + b->scale_bytes), false));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(codes.get(), a->codes.get(), size_t(a->code_bytes), cudaMemcpyDeviceToDevice));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(codes.get() + a->code_bytes, b->codes.get(), size_t(b->code_bytes),
+                                       cudaMemcpyDeviceToDevice));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(scales.get(), a->scales.get(), size_t(a->scale_bytes), cudaMemcpyDeviceToDevice));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(scales.get() + a->scale_bytes, b->scales.get(), size_t(b->scale_bytes),
+                                       cudaMemcpyDeviceToDevice));
+    // Re-keyed node by node: the matrices keep their addresses (stacked_with stays valid).
+    auto ha = native_w_.extract(ia->second), hb = native_w_.extract(ib->second);
+    NativeMatrix &ma = ha.mapped(), &mb = hb.mapped();
+    ma.codes = std::move(codes), ma.scales = std::move(scales);  // the old arrays are freed at scope end
+    {  // wkv's own arrays freed: it reads its rows in ma's allocation from here on
+      DevArray<uint8_t> dead_codes = std::move(mb.codes), dead_scales = std::move(mb.scales);
+    }
+    mb.codes_view = ma.codes.get() + ma.code_bytes, mb.scales_view = ma.scales.get() + ma.scale_bytes;
+    ma.tune_n = mb.tune_n = ma.n + mb.n;
+    ma.stacked_with = &mb;
+    ha.key() = reinterpret_cast<const float*>(ma.cptr()), hb.key() = reinterpret_cast<const float*>(mb.cptr());
+    ia->second = ha.key(), ib->second = hb.key();
+    native_w_.insert(std::move(ha)), native_w_.insert(std::move(hb));
+    ++stacked_pairs_;
+  }
+  if (shard_.rank == 0)
+    std::fprintf(stderr, "flashseek gpu: wq_a + wkv stacked in %lld of %lld layers\n",
+                 static_cast<long long>(stacked_pairs_), static_cast<long long>(layers));
+  return {};
 }
 
 Status GpuModel::up(Vec& v) {
@@ -1090,9 +1144,9 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   // touched, y is FP32 holding the BF16-rounded values; the same bits as a kBf16 quant_sim on a
   // copy of x before and on y after.
   ops::BlockLinearParams p;
-  p.x = x, p.w = nw.codes.get(), p.w_scale = nw.scales.get(), p.y = y;
+  p.x = x, p.w = nw.cptr(), p.w_scale = nw.sptr(), p.y = y;
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
-  p.bf16_in = bf16_in, p.bf16_round_out = bf16_out;
+  p.bf16_in = bf16_in, p.bf16_round_out = bf16_out, p.tune_n = nw.tune_n;
   FS_RETURN_IF_ERROR(prequantize(p));
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   return {};

@@ -193,6 +193,14 @@ struct GpuLoadOptions {
   // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
   // --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
+  // Each attention layer's wq_a and wkv (the same input, FP8 block-scaled GEMVs of one shape
+  // family) kept as one stacked [q_lora_rank + head_dim, hidden] matrix on the device (the same
+  // bytes, one allocation; GpuModel::stack_query_kv), so that a decode step streams both in one
+  // GEMV launch (Backend::linear_pair) instead of two narrower ones. Both then sum in the stacked
+  // launch's order wherever they run (BlockLinearParams::tune_n): the same bits on every path,
+  // another FP32 order than without the stack (within the parity bound). On by default; the
+  // CLI's --gpu-stack-qkv on | off.
+  bool stack_query_kv = true;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;
@@ -229,6 +237,8 @@ struct GpuGraphStats {
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM
   // (GpuLoadOptions::dense_gemm_min_tokens).
   int64_t dense_gemm_linears = 0;
+  // wq_a + wkv launches run as one stacked GEMV (GpuLoadOptions::stack_query_kv).
+  int64_t paired_linears = 0;
   // Weight matrices (routed experts: chunks of them) expanded to BF16 for a prefill GEMM
   // (GpuLoadOptions::prefill_gemm_expand_w).
   int64_t weight_expansions = 0;

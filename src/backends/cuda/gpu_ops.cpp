@@ -100,6 +100,30 @@ Status GpuModel::linear(const LinearCall& c) {
                 c.x_bf16 && c.out >= kTensorCoreLinearMinOut);
 }
 
+// wq_a + wkv stacked at load (GpuModel::stack_query_kv): one block-scaled GEMV launch over the
+// stacked matrix, wq_a's rows to a.y and wkv's to b.y. Not for rows the prefill GEMM takes
+// (linear_gemm runs those per matrix), nor when the two calls differ in anything but matrix and
+// output.
+Result<bool> GpuModel::linear_pair(const LinearCall& a, const LinearCall& b) {
+  if (!a.w || !b.w || dense_gemm_takes_rows(a.rows)) return false;
+  const NativeMatrix* na = native(d(*a.w));
+  const NativeMatrix* nb = native(d(*b.w));
+  if (!na || !nb || na->stacked_with != nb || !na->fast || !nb->fast) return false;
+  if (a.x.data != b.x.data || a.rows != b.rows || a.in != b.in || a.act_block != b.act_block ||
+      a.bf16_out != b.bf16_out || a.bf16_in != b.bf16_in || a.act_block != na->act_block || a.in != na->k ||
+      a.out != na->n || b.out != nb->n)
+    return false;
+  ops::BlockLinearParams p;
+  p.x = a.x.f32(), p.w = na->cptr(), p.w_scale = na->sptr(), p.y = a.y.f32();
+  p.y2 = b.y.f32(), p.n2 = nb->n, p.tune_n = na->tune_n;
+  p.m = a.rows, p.n = na->n + nb->n, p.k = a.in, p.format = na->format, p.w_block = na->w_block;
+  p.act_block = a.act_block, p.bf16_in = a.bf16_in, p.bf16_round_out = a.bf16_out;
+  FS_RETURN_IF_ERROR(prequantize(p));
+  FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
+  ++gstats_.paired_linears;
+  return true;
+}
+
 // The prefill GEMM of a BF16 matrix over BF16-valued inputs (the compressor's and the indexer's
 // projections in reference numerics: LinearCall::x_bf16 or bf16_in): rows [dense_row0_, T) packed
 // to BF16 (exact, or the bf16_in rounding) through gemm_fp8_cuda with w_bf16 (the exact products
@@ -117,7 +141,7 @@ Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix&
   FS_RETURN_IF_ERROR(ops::cuda::gemm_bf16_pack_cuda(c.x.f32() + r0 * in, m * in, reinterpret_cast<uint16_t*>(xb), stream_));
   ops::GemmFp8Params g;
   g.xq = xb, g.x_bf16 = true, g.w_bf16 = true;
-  g.w = nw.codes.get(), g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
+  g.w = nw.cptr(), g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
   g.m = m, g.n = out, g.k = in;
   FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(g, stream_));
   ++gstats_.dense_gemm_linears;
@@ -169,7 +193,7 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
                                                        /*bf16_round_in=*/c.bf16_in, /*bf16_values=*/bv));
   ops::GemmFp8Params g;
   g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv;
-  g.w = nw->codes.get(), g.w_scale = nw->scales.get();
+  g.w = nw->cptr(), g.w_scale = nw->sptr();
   if (prefill_gemm_expand_w_) {
     FS_ASSIGN_OR_RETURN(g.w, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
     g.w_scale = nullptr, g.w_bf16 = true;
@@ -194,11 +218,9 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       (nw->block_rows == 32 || nw->block_rows == 128) && nw->k == in && nw->n == groups * out && in % 128 == 0 &&
       out % nw->block_rows == 0 && nw->scale_bytes == (nw->n / nw->block_rows) * (in / nw->block_rows))
     r_gemm = dense_row0_;
-  // BF16 inputs (the reference's BF16 GEMM), rounded in place: x is the attention output. The BF16
-  // GEMM's rows need no pass of their own: gemm_bf16_pack_cuda rounds them (RNE, the same bits).
-  const int64_t rounded = r_gemm < rows && prefill_gemm_bf16_ ? r_gemm : rows;
-  if (bf16 && rounded > 0)
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_quant_sim(x.f32(), rounded, width, width, 1, cd::QuantSim::kBf16, stream_));
+  // BF16 inputs (the reference's BF16 GEMM): x holds BF16 values already (Backend::grouped_linear:
+  // the attention output after its BF16 inverse RoPE), which the exactness and tensor-core
+  // linears and the f16 / BF16 GEMM codes below take exactly, so no rounding pass.
   if (r_gemm > 0) {
     // One launch for every group: group g uses rows [g·out, (g+1)·out) of the FP32 copy or the
     // stored matrix.
@@ -206,7 +228,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     la.x = x.f32(), la.x_stride = width, la.x_group = in;
     la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
     la.rows = r_gemm, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
-    la.x_bf16 = bf16 && tensor_core_linears_;  // rounded above: the BF16 tensor-core linear applies (kernel 5)
+    la.x_bf16 = bf16 && tensor_core_linears_;  // BF16 values: the BF16 tensor-core linear applies (kernel 5)
     set_weight(la, d(w), 0);
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }
@@ -230,7 +252,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
       ops::GemmFp8Params p;
       p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;
       p.x_stride = width;
-      p.w = nw->codes.get() + g * out * in, p.w_scale = nw->scales.get() + (g * out / wb) * (in / wb);
+      p.w = nw->cptr() + g * out * in, p.w_scale = nw->sptr() + (g * out / wb) * (in / wb);
       if (wexp) p.w = wexp + g * out * in * 2, p.w_scale = nullptr, p.w_bf16 = true;
       p.y = z.f32() + r_gemm * groups * out + g * out, p.y_stride = groups * out, p.bf16_round_out = bf16;
       p.m = m, p.n = out, p.k = in, p.w_block = wb, p.act_block = 32;
@@ -348,8 +370,8 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
                      uc.out == inter && uc.in == gc.in && gc.bf16_out == uc.bf16_out && !gc.bf16_in && !uc.bf16_in;
   if (!fused) return Backend::gated_linear(gc, uc, h, rows, inter, limit, bf16);
   ops::BlockLinearParams p;
-  p.x = gc.x.f32(), p.w = ng->codes.get(), p.w_scale = ng->scales.get(), p.y = h.f32();
-  p.w_up = nu->codes.get(), p.w_up_scale = nu->scales.get();
+  p.x = gc.x.f32(), p.w = ng->cptr(), p.w_scale = ng->sptr(), p.y = h.f32();
+  p.w_up = nu->cptr(), p.w_up_scale = nu->sptr();
   p.m = rows, p.n = inter, p.k = gc.in, p.format = ng->format, p.w_block = ng->w_block, p.act_block = gc.act_block;
   p.swiglu_limit = limit, p.bf16_round_gate_up = gc.bf16_out, p.bf16_round_out = bf16;
   FS_RETURN_IF_ERROR(prequantize(p));
@@ -481,9 +503,9 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   auto run = [&](const NativeMatrix& w, const float* x, const int32_t* rows, int64_t n_out, int64_t k, float* y,
                  const NativeMatrix* up = nullptr) -> Status {
     ops::ExpertGemvParams q;
-    q.x = x, q.w = w.codes.get(), q.w_scale = w.scales.get();
+    q.x = x, q.w = w.cptr(), q.w_scale = w.sptr();
     if (up) {
-      q.w_up = up->codes.get(), q.w_up_scale = up->scales.get();
+      q.w_up = up->cptr(), q.w_up_scale = up->sptr();
       q.pair_weight = pw, q.swiglu_limit = float(c.swiglu_limit), q.bf16_round_gate_up = R;
     }
     q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
@@ -521,7 +543,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     // (bf16_round_out: the RNE rounding a kBf16 quant_sim would apply afterwards).
     auto gemm = [&](const NativeMatrix& w, int64_t n_out, int64_t k, float* y) -> Status {
       ops::GemmFp8GroupedParams q;
-      q.xq = xq, q.xs = xs, q.w = w.codes.get(), q.w_scale = w.scales.get(), q.row_start = gstart, q.y = y;
+      q.xq = xq, q.xs = xs, q.w = w.cptr(), q.w_scale = w.sptr(), q.row_start = gstart, q.y = y;
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
       q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R;
       if (bv) q.xs = nullptr;
@@ -573,7 +595,7 @@ Result<const uint8_t*> GpuModel::expand_weight(const NativeMatrix& w, int64_t e0
   auto& a = scratch_[name];
   FS_RETURN_IF_ERROR(a.reserve(size_t(values) * 2, false, /*geometric=*/false));
   ops::GemmExpandBf16Params p;
-  p.w = w.codes.get() + e0 * w.code_bytes, p.w_scale = w.scales.get() + e0 * w.scale_bytes;
+  p.w = w.cptr() + e0 * w.code_bytes, p.w_scale = w.sptr() + e0 * w.scale_bytes;
   p.y = reinterpret_cast<uint16_t*>(a.get());
   p.count = count, p.n = w.n, p.k = w.k, p.w_format = w.format;
   p.w_block = w.w_block;

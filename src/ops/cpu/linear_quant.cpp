@@ -51,8 +51,12 @@ Status block_linear_ref(const BlockLinearParams& p) {
         swiglu(&v, &u, &h, 1, p.swiglu_limit, 1.0f);
         v = h;
       }
-      if (p.bf16_out) static_cast<uint16_t*>(p.y)[t * p.n + r] = f32_to_bf16(v);
-      else static_cast<float*>(p.y)[t * p.n + r] = p.bf16_round_out ? round_bf16(v) : v;
+      // Rows [0, n - n2) to y, the rest to y2 (stacked matrices), each with its own row stride.
+      const int64_t n1 = p.n - p.n2;
+      void* y = r < n1 ? p.y : p.y2;
+      const int64_t at = r < n1 ? t * n1 + r : t * p.n2 + (r - n1);
+      if (p.bf16_out) static_cast<uint16_t*>(y)[at] = f32_to_bf16(v);
+      else static_cast<float*>(y)[at] = p.bf16_round_out ? round_bf16(v) : v;
     }
   }
   return {};

@@ -274,10 +274,15 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 
 // Output (out_row, row) of the launch: FP32, BF16 with bf16_out, or FP32 holding the BF16-rounded
 // value with bf16_round_out.
+// Stacked matrices (a.y2): rows from a.ny on go to y2, each output with its own row stride.
 __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, int row, float v) {
-  if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[out_row * a.n + row] = __float2bfloat16_rn(v);
-  else if (a.bf16_round_out) reinterpret_cast<float*>(a.y)[out_row * a.n + row] = dev_round_bf16(v);  // quant_sim kBf16, fused
-  else reinterpret_cast<float*>(a.y)[out_row * a.n + row] = v;
+  void* y = a.y;
+  int64_t at = out_row * a.n + row;
+  if (a.y2 && row >= a.ny) y = a.y2, at = out_row * (a.n - a.ny) + (row - a.ny);
+  else if (a.y2) at = out_row * a.ny + row;
+  if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
+  else if (a.bf16_round_out) reinterpret_cast<float*>(y)[at] = dev_round_bf16(v);  // quant_sim kBf16, fused
+  else reinterpret_cast<float*>(y)[at] = v;
 }
 
 // The epilogue of one output's sums (v; gated: gate v, up u): SwiGLU with the pair's routing
@@ -778,7 +783,8 @@ cudaError_t launch_tiled(const GemvArgs& a, int n_groups, const Tuning& t, cudaS
 template <bool kFp4, bool kGated>
 cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t groups = a.group_start && a.split_groups > 0 ? a.split_groups : n_groups;
-  const int64_t tiles = int64_t((a.n + kRows - 1) / kRows) * groups;
+  const int64_t tune_n = a.tune_n > 0 ? a.tune_n : a.n;  // a stacked launch's shape (GemvArgs::tune_n)
+  const int64_t tiles = int64_t((tune_n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, tiles, device_info());
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.

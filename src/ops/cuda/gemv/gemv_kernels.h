@@ -19,6 +19,12 @@ struct GemvArgs {
   const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens
   const float* pair_weight;
   void* y;
+  // Stacked matrices (BlockLinearParams::y2): rows [ny, n) go to y2 ([m, n - ny]), rows [0, ny)
+  // to y ([m, ny]). y2 null: every row to y ([m, n]), ny unused.
+  void* y2;
+  int ny;
+  // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
+  int tune_n;
   int64_t m;
   int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
   int n, k, w_block, act_block;
