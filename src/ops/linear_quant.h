@@ -52,7 +52,8 @@ struct BlockLinearParams {
   // Optional: two matrices stacked in one [n, k] launch (CUDA only; the CPU twin writes the same
   // rows the same way): rows [0, n - n2) go to y as an [m, n - n2] output, rows [n - n2, n) to y2
   // as an [m, n2] one (same element type). Used for wq_a + wkv, which read the same input: one
-  // launch streams both matrices with one grid shape. n2 == 0 (y2 null): every row to y.
+  // launch streams both matrices with one grid shape. n2 == 0 (y2 null): every row to y. CUDA:
+  // FP8, no w_up, no xq, m <= 8 (the decode GEMV's one-pass kernels).
   void* y2 = nullptr;
   int64_t n2 = 0;
   // Optional (CUDA only): the row count that picks the k split and chunking (ops/cuda/gemv.cu

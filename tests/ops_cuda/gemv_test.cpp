@@ -536,27 +536,30 @@ TEST(CudaBlockLinear, EveryKSplitAndChunkMatchesTwin) {
 
 // Two matrices stacked in one launch (BlockLinearParams::y2 / n2, wq_a + wkv in the model): the
 // first matrix's rows land in y, the second's in y2, each bit for bit what that matrix launched
-// alone gives with the stack's tuning shape (tune_n): dense and prequantised inputs (the token
-// passes and the tiled kernel), BF16-rounded outputs, V4's 128-blocks. The CPU twin's split
-// output equals its one-output rows exactly, and the GPU is within the twin's bound.
+// alone gives with the stack's tuning shape (tune_n), also over more tokens through the token
+// passes and the tiled kernel on pre-quantised x (which the model runs for wider steps), with
+// BF16-rounded outputs and V4's 128-blocks. The CPU twin's split output equals its one-output
+// rows exactly, and the GPU is within the twin's bound. Launches the stacked kernels do not take
+// (more than 8 tokens, pre-quantised x, FP4) are refused.
 TEST(CudaBlockLinear, StackedPairEqualsTheTwoLaunches) {
   FS_REQUIRE_GPU();
   struct Case {
     int64_t m, n1, n2, k, block;
-    bool round_out, prequant;
+    bool round_out;
   };
   const Case cases[] = {
-      {1, 96, 33, 640, 32, false, false},  {6, 96, 33, 640, 32, true, false}, {8, 1280, 512, 1024, 32, true, false},
-      {40, 64, 70, 384, 32, false, true},  {200, 128, 17, 512, 32, true, true}, {5, 256, 100, 512, 128, false, false},
+      {1, 96, 33, 640, 32, false}, {6, 96, 33, 640, 32, true},    {8, 1280, 512, 1024, 32, true},
+      {3, 64, 70, 384, 32, false}, {8, 128, 17, 512, 32, true},    {5, 256, 100, 512, 128, false},
   };
   uint32_t seed = 700;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n1=" << c.n1 << " n2=" << c.n2 << " k=" << c.k
-                                      << " block=" << c.block << " round=" << c.round_out << " xq=" << c.prequant);
+                                      << " block=" << c.block << " round=" << c.round_out);
     std::mt19937 rng(seed++);
-    const int64_t n = c.n1 + c.n2;
+    const int64_t n = c.n1 + c.n2, wide = 200;  // wide: tokens of the alone launches over xq
     const Weights w = random_weights(rng, WeightFormat::kFp8, n, c.k, c.block);
-    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    const std::vector<float> xw = random_block_activations(rng, wide, c.k);
+    const std::vector<float> x(xw.begin(), xw.begin() + c.m * c.k);  // the stacked launch's tokens
     BlockLinearParams p;
     p.m = c.m, p.n = n, p.k = c.k, p.format = WeightFormat::kFp8, p.w_block = c.block, p.act_block = c.block;
     p.bf16_round_out = c.round_out;
@@ -571,29 +574,37 @@ TEST(CudaBlockLinear, StackedPairEqualsTheTwoLaunches) {
         const float split = r < c.n1 ? y1[size_t(t * c.n1 + r)] : y2[size_t(t * c.n2 + r - c.n1)];
         ASSERT_EQ(std::memcmp(&split, &whole[size_t(t * n + r)], 4), 0) << "cpu token " << t << " row " << r;
       }
-    // GPU: the stacked launch, then each matrix alone with the stack's tuning shape.
-    DeviceBuffer<float> dx(x), dy1(y1.size()), dy2(y2.size()), da(y1.size()), db(y2.size());
-    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
-    DeviceBuffer<uint8_t> dxq(size_t(c.m * c.k));
-    DeviceBuffer<float> dxs(size_t(c.m * c.k / 32));
-    if (c.prequant) FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.block, false, dxq.get(), dxs.get(), nullptr));
+    // GPU: the stacked launch; then each matrix alone with the stack's tuning shape, over the same
+    // tokens (x quantised inside) and over `wide` tokens of pre-quantised x (token passes, tiled).
+    DeviceBuffer<float> dx(xw), dy1(y1.size()), dy2(y2.size());
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dxq(size_t(wide * c.k));
+    DeviceBuffer<float> dxs(size_t(wide * c.k / 32));
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), wide, c.k, c.block, false, dxq.get(), dxs.get(), nullptr));
     BlockLinearParams g = p;
     g.x = dx.get(), g.w = dw.get(), g.w_scale = ds.get(), g.y = dy1.get(), g.y2 = dy2.get(), g.tune_n = n;
-    if (c.prequant) g.xq = dxq.get(), g.xs = dxs.get(), g.tiled = c.m >= 192;
     FS_ASSERT_OK(block_linear_cuda(g, nullptr));
-    BlockLinearParams ga = g, gb = g;
-    ga.y2 = gb.y2 = nullptr, ga.n2 = gb.n2 = 0;
-    ga.n = c.n1, ga.y = da.get();
-    gb.n = c.n2, gb.y = db.get();
-    gb.w = dw.get() + c.n1 * c.k, gb.w_scale = ds.get() + (c.n1 / c.block) * (c.k / c.block);
-    FS_ASSERT_OK(block_linear_cuda(ga, nullptr));
-    FS_ASSERT_OK(block_linear_cuda(gb, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> s1 = dy1.to_host(), s2 = dy2.to_host(), a = da.to_host(), b = db.to_host();
-    for (size_t i = 0; i < a.size(); ++i)
-      ASSERT_EQ(std::memcmp(&s1[i], &a[i], 4), 0) << "first matrix, output " << i << ": " << s1[i] << " vs " << a[i];
-    for (size_t i = 0; i < b.size(); ++i)
-      ASSERT_EQ(std::memcmp(&s2[i], &b[i], 4), 0) << "second matrix, output " << i << ": " << s2[i] << " vs " << b[i];
+    const std::vector<float> s1 = dy1.to_host(), s2 = dy2.to_host();
+    for (const int mode : {0, 1, 2}) {  // alone: x inside, token passes over xq, tiled over xq
+      SCOPED_TRACE(::testing::Message() << "alone, mode " << mode);
+      const int64_t m = mode == 0 ? c.m : mode == 1 ? 40 : wide;
+      BlockLinearParams ga = g;
+      ga.y2 = nullptr, ga.n2 = 0, ga.m = m;
+      if (mode > 0) ga.xq = dxq.get(), ga.xs = dxs.get(), ga.tiled = mode == 2;
+      BlockLinearParams gb = ga;
+      DeviceBuffer<float> da(size_t(m * c.n1)), db(size_t(m * c.n2));
+      ga.n = c.n1, ga.y = da.get();
+      gb.n = c.n2, gb.y = db.get();
+      gb.w = dw.get() + c.n1 * c.k, gb.w_scale = ds.get() + (c.n1 / c.block) * (c.k / c.block);
+      FS_ASSERT_OK(block_linear_cuda(ga, nullptr));
+      FS_ASSERT_OK(block_linear_cuda(gb, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> a = da.to_host(), b = db.to_host();
+      for (size_t i = 0; i < s1.size(); ++i)  // the first c.m tokens' rows
+        ASSERT_EQ(std::memcmp(&s1[i], &a[i], 4), 0) << "first matrix, output " << i << ": " << s1[i] << " vs " << a[i];
+      for (size_t i = 0; i < s2.size(); ++i)
+        ASSERT_EQ(std::memcmp(&s2[i], &b[i], 4), 0) << "second matrix, output " << i << ": " << s2[i] << " vs " << b[i];
+    }
     // Within the twin's bound (the error scale: the twin on |x|, |W|).
     std::vector<float> xa(x), bound(whole.size());
     for (auto& v : xa) v = std::fabs(v);
@@ -609,6 +620,12 @@ TEST(CudaBlockLinear, StackedPairEqualsTheTwoLaunches) {
         const double ref = whole[size_t(t * n + r)], mag = bound[size_t(t * n + r)];
         ASSERT_LE(std::fabs(got - ref), 1e-4 * mag + ulp * std::fabs(ref) + 1e-30) << "token " << t << " row " << r;
       }
+    // What the stacked kernels do not take is refused, naming the limit.
+    BlockLinearParams over = g;
+    over.m = 9;
+    EXPECT_NE(block_linear_cuda(over, nullptr).message().find("at most 8 token rows"), std::string::npos);
+    over.m = c.m, over.xq = dxq.get(), over.xs = dxs.get();
+    EXPECT_FALSE(block_linear_cuda(over, nullptr).ok());
   }
   // Bad stacks are refused with the field named.
   BlockLinearParams bad;

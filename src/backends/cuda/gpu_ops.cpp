@@ -101,11 +101,14 @@ Status GpuModel::linear(const LinearCall& c) {
 }
 
 // wq_a + wkv stacked at load (GpuModel::stack_query_kv): one block-scaled GEMV launch over the
-// stacked matrix, wq_a's rows to a.y and wkv's to b.y. Not for rows the prefill GEMM takes
-// (linear_gemm runs those per matrix), nor when the two calls differ in anything but matrix and
-// output.
+// stacked matrix, wq_a's rows to a.y and wkv's to b.y, for decode-sized steps (at most
+// kGpuGraphMaxTokens rows, x quantised inside the launch). Wider steps (prefill chunks, many
+// sequences) run the two matrices alone, in the same summation order (tune_n), as do two calls
+// that differ in anything but matrix and output.
 Result<bool> GpuModel::linear_pair(const LinearCall& a, const LinearCall& b) {
-  if (!a.w || !b.w || dense_gemm_takes_rows(a.rows)) return false;
+  if (!a.w || !b.w || a.rows > kGpuGraphMaxTokens || a.rows >= gemv_prequant_min_rows_ ||
+      dense_gemm_takes_rows(a.rows))
+    return false;
   const NativeMatrix* na = native(d(*a.w));
   const NativeMatrix* nb = native(d(*b.w));
   if (!na || !nb || na->stacked_with != nb || !na->fast || !nb->fast) return false;
@@ -118,7 +121,6 @@ Result<bool> GpuModel::linear_pair(const LinearCall& a, const LinearCall& b) {
   p.y2 = b.y.f32(), p.n2 = nb->n, p.tune_n = na->tune_n;
   p.m = a.rows, p.n = na->n + nb->n, p.k = a.in, p.format = na->format, p.w_block = na->w_block;
   p.act_block = a.act_block, p.bf16_in = a.bf16_in, p.bf16_round_out = a.bf16_out;
-  FS_RETURN_IF_ERROR(prequantize(p));
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   ++gstats_.paired_linears;
   return true;

@@ -273,13 +273,17 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 }
 
 // Output (out_row, row) of the launch: FP32, BF16 with bf16_out, or FP32 holding the BF16-rounded
-// value with bf16_round_out.
-// Stacked matrices (a.y2): rows from a.ny on go to y2, each output with its own row stride.
+// value with bf16_round_out. kStacked (a.y2 set; only the instantiations launch_stacked runs, so
+// that the others keep their registers): rows from a.ny on go to y2, each output with its own
+// row stride.
+template <bool kStacked = false>
 __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, int row, float v) {
   void* y = a.y;
   int64_t at = out_row * a.n + row;
-  if (a.y2 && row >= a.ny) y = a.y2, at = out_row * (a.n - a.ny) + (row - a.ny);
-  else if (a.y2) at = out_row * a.ny + row;
+  if constexpr (kStacked) {
+    if (row >= a.ny) y = a.y2, at = out_row * (a.n - a.ny) + (row - a.ny);
+    else at = out_row * a.ny + row;
+  }
   if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
   else if (a.bf16_round_out) reinterpret_cast<float*>(y)[at] = dev_round_bf16(v);  // quant_sim kBf16, fused
   else reinterpret_cast<float*>(y)[at] = v;
@@ -287,7 +291,7 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, in
 
 // The epilogue of one output's sums (v; gated: gate v, up u): SwiGLU with the pair's routing
 // weight when gated, then store_out.
-template <bool kGated>
+template <bool kGated, bool kStacked = false>
 __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, int row, float v, float u) {
   if constexpr (kGated) {
     if (a.bf16_round_gu) v = dev_round_bf16(v), u = dev_round_bf16(u);  // two launches' bf16_round_out
@@ -298,7 +302,7 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
     // by up to 2 ulp, which can move the down projection's FP8 activation codes).
     v = __fmul_rn(__fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, dev_exp(-v))), u), pw);
   }
-  store_out(a, out_row, row, v);
+  store_out<kStacked>(a, out_row, row, v);
 }
 
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
@@ -306,7 +310,7 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
-template <bool kFp4, int kChunk, bool kGated, int kNt>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
   constexpr int kToks = 8 * kNt;
@@ -404,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         }
 #endif
         const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-        finish_out<kGated>(a, out_row, row, v, u);
+        finish_out<kGated, kStacked>(a, out_row, row, v, u);
       }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -721,11 +725,11 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo&
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt>;
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked>;
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
@@ -786,6 +790,17 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tune_n = a.tune_n > 0 ? a.tune_n : a.n;  // a stacked launch's shape (GemvArgs::tune_n)
   const int64_t tiles = int64_t((tune_n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, tiles, device_info());
+  // Stacked matrices (GemvArgs::y2): FP8, one dense matrix, one 8-token pass over x quantised
+  // inside (block_linear_cuda checks it), the one-pass kernels with the split store.
+  if (a.y2) {
+    if constexpr (!kFp4 && !kGated) {
+      if (a.group_start || a.xq || a.m > 8) return cudaErrorInvalidValue;
+      if (t.chunk == 4) return launch_k<kFp4, 4, kGated, 1, true>(a, n_groups, t.split, stream);
+      if (t.chunk == 2) return launch_k<kFp4, 2, kGated, 1, true>(a, n_groups, t.split, stream);
+      return launch_k<kFp4, 1, kGated, 1, true>(a, n_groups, t.split, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
   // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks, FP4

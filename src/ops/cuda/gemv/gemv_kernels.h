@@ -19,12 +19,6 @@ struct GemvArgs {
   const int32_t *group_expert, *group_start, *pair_row;  // group_start null: dense, m tokens
   const float* pair_weight;
   void* y;
-  // Stacked matrices (BlockLinearParams::y2): rows [ny, n) go to y2 ([m, n - ny]), rows [0, ny)
-  // to y ([m, ny]). y2 null: every row to y ([m, n]), ny unused.
-  void* y2;
-  int ny;
-  // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
-  int tune_n;
   int64_t m;
   int64_t split_groups;  // grouped: groups assumed when choosing the k split (0: n_groups)
   int n, k, w_block, act_block;
@@ -33,6 +27,13 @@ struct GemvArgs {
   bool bf16_round_out;  // y FP32, each value rounded to BF16 (RNE) and widened back (not with bf16_out)
   bool bf16_round_gu;   // gated: the gate and up sums rounded to BF16 (RNE) before the SwiGLU
   float limit;
+  // (Last, so that the other fields keep the kernel-parameter offsets they had before.)
+  // Stacked matrices (BlockLinearParams::y2): rows [ny, n) go to y2 ([m, n - ny]), rows [0, ny)
+  // to y ([m, ny]). y2 null: every row to y ([m, n]), ny unused.
+  void* y2;
+  int ny;
+  // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
+  int tune_n;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
