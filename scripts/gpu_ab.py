@@ -13,6 +13,9 @@ are compared (bench/RESULTS.md, sessions 24-25).
                     [--prompt-tokens 1024] [--reps 10] [--gpus 0] [--timeout 120]
                     [--slice BIN[::ARGS]] VARIANT [VARIANT ...]
 
+Every other round runs the layer counts and the variants in reverse order (drift within a round
+then favours none).
+
 VARIANT: a flashseek binary, optionally followed by '::' and bench arguments for that variant
 alone (e.g. `build/bin/flashseek::--gemv-prequant-min-rows 1`). A shape is a batch size (1, 16,
 64) or vN for one sequence's N-token verify block (`--batch 1 --step-tokens N`).
@@ -138,9 +141,12 @@ def measure(variants, shapes, rounds, base_args, timeout, log=print, layers=None
     res = {(s, n): {v[0]: [] for v in variants} for s in shapes for n in layers}
     sl = {}
     for r in range(1, rounds + 1):
+        # Every other round runs the layer counts and the variants in reverse order, so that a
+        # drift within a round (clocks, heat) favours no variant and biases no marginal layer.
+        flip = r % 2 == 0
         for s in shapes:
-            for n in layers:
-                for label, path, extra in variants:
+            for n in (layers[::-1] if flip else layers):
+                for label, path, extra in (variants[::-1] if flip else variants):
                     ms, fl = run_once([path, "bench"] + base_args + ["--num-layers", str(n)] + parse_shape(s) + extra,
                                       timeout)
                     res[(s, n)][label].append((ms, fl))
@@ -254,6 +260,14 @@ def self_test():
                                           "print('|---|---|---|')\n"
                                           "print('| 1 | 4096 | 12.00 |')\n")
         variants = [parse_variant(fake), parse_variant(fake + "::--fast")]
+        order = []
+        res, sl = measure(variants, ["1"], 2, ["--load-format", "dummy"], 30, log=order.append, layers=[8, 12])
+        # Round 2 runs the layer counts and the variants in reverse order.
+        assert [o.split(":")[0] for o in order] == [
+            "round 1 shape    1 layers 8 fakebench", "round 1 shape    1 layers 8 fakebench --fast",
+            "round 1 shape    1 layers 12 fakebench", "round 1 shape    1 layers 12 fakebench --fast",
+            "round 2 shape    1 layers 12 fakebench --fast", "round 2 shape    1 layers 12 fakebench",
+            "round 2 shape    1 layers 8 fakebench --fast", "round 2 shape    1 layers 8 fakebench"], order
         res, sl = measure(variants, ["1", "v6"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None)
         assert not sl, sl
         assert [ms for ms, _ in res[("1", 8)]["fakebench"]] == [3.7, 3.7], res
