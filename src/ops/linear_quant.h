@@ -53,7 +53,7 @@ struct BlockLinearParams {
   // rows the same way): rows [0, n - n2) go to y as an [m, n - n2] output, rows [n - n2, n) to y2
   // as an [m, n2] one (same element type). Used for wq_a + wkv, which read the same input: one
   // launch streams both matrices with one grid shape. n2 == 0 (y2 null): every row to y. CUDA:
-  // FP8, no w_up, no xq, m <= 8 (the decode GEMV's one-pass kernels).
+  // FP8, no w_up, no xq, m <= kStackedLinearMaxRows (the decode GEMV's one-pass kernels).
   void* y2 = nullptr;
   int64_t n2 = 0;
   // Optional (CUDA only): the row count that picks the k split and chunking (ops/cuda/gemv.cu
@@ -65,6 +65,10 @@ struct BlockLinearParams {
   float swiglu_limit = 0;
   bool bf16_round_gate_up = false;
 };
+
+// The most token rows of a stacked CUDA launch (BlockLinearParams::y2): the GEMV's one 8-token
+// pass, the only kernels that carry the split store.
+inline constexpr int64_t kStackedLinearMaxRows = 8;
 
 // Shape rules shared by both backends: k a multiple of 32, of act_block and (FP8) of w_block;
 // act_block in {32, 128}; w_block in {32, 128}; non-null pointers.

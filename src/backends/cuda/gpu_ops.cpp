@@ -102,11 +102,11 @@ Status GpuModel::linear(const LinearCall& c) {
 
 // wq_a + wkv stacked at load (GpuModel::stack_query_kv): one block-scaled GEMV launch over the
 // stacked matrix, wq_a's rows to a.y and wkv's to b.y, for decode-sized steps (at most
-// kGpuGraphMaxTokens rows, x quantised inside the launch). Wider steps (prefill chunks, many
+// ops::kStackedLinearMaxRows rows, x quantised inside the launch). Wider steps (prefill chunks, many
 // sequences) run the two matrices alone, in the same summation order (tune_n), as do two calls
 // that differ in anything but matrix and output.
 Result<bool> GpuModel::linear_pair(const LinearCall& a, const LinearCall& b) {
-  if (!a.w || !b.w || a.rows > kGpuGraphMaxTokens || a.rows >= gemv_prequant_min_rows_ ||
+  if (!a.w || !b.w || a.rows > ops::kStackedLinearMaxRows || a.rows >= gemv_prequant_min_rows_ ||
       dense_gemm_takes_rows(a.rows))
     return false;
   const NativeMatrix* na = native(d(*a.w));

@@ -32,9 +32,9 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
   FS_RETURN_IF_ERROR(check_int_dims("block_linear", p.n, p.k));
   // Stacked matrices: decode-sized launches of one FP8 matrix only (the GEMV's one-pass kernels
   // carry the split store; wider launches run the two matrices alone with tune_n, the same bits).
-  if (p.y2 && (p.format != WeightFormat::kFp8 || p.w_up || p.xq || p.m > 8))
-    return invalid_argument("block_linear: a stacked launch (y2) takes one FP8 matrix, at most 8 token rows and "
-                            "no pre-quantised x (m={})", p.m);
+  if (p.y2 && (p.format != WeightFormat::kFp8 || p.w_up || p.xq || p.m > kStackedLinearMaxRows))
+    return invalid_argument("block_linear: a stacked launch (y2) takes one FP8 matrix, at most {} token rows and "
+                            "no pre-quantised x (m={})", kStackedLinearMaxRows, p.m);
   detail::GemvArgs a{};
   a.x = p.x, a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.m = p.m;
   a.n = int(p.n), a.k = int(p.k), a.w_block = int(p.w_block), a.act_block = int(p.act_block);

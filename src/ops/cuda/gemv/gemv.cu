@@ -273,9 +273,9 @@ __device__ __forceinline__ void stash(float* red, const float (&acc)[kNt][2][4],
 }
 
 // Output (out_row, row) of the launch: FP32, BF16 with bf16_out, or FP32 holding the BF16-rounded
-// value with bf16_round_out. kStacked (a.y2 set; only the instantiations launch_stacked runs, so
-// that the others keep their registers): rows from a.ny on go to y2, each output with its own
-// row stride.
+// value with bf16_round_out. kStacked (a.y2 set; only the instantiations that launch() picks for
+// stacked matrices, so that the others keep their registers): rows from a.ny on go to y2, each
+// output with its own row stride.
 template <bool kStacked = false>
 __device__ __forceinline__ void store_out(const GemvArgs& a, int64_t out_row, int row, float v) {
   void* y = a.y;
@@ -790,11 +790,10 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tune_n = a.tune_n > 0 ? a.tune_n : a.n;  // a stacked launch's shape (GemvArgs::tune_n)
   const int64_t tiles = int64_t((tune_n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, tiles, device_info());
-  // Stacked matrices (GemvArgs::y2): FP8, one dense matrix, one 8-token pass over x quantised
-  // inside (block_linear_cuda checks it), the one-pass kernels with the split store.
+  // Stacked matrices (GemvArgs::y2; block_linear_cuda admits only one dense FP8 matrix over at
+  // most kStackedLinearMaxRows tokens quantised inside): the one-pass kernels with the split store.
   if (a.y2) {
     if constexpr (!kFp4 && !kGated) {
-      if (a.group_start || a.xq || a.m > 8) return cudaErrorInvalidValue;
       if (t.chunk == 4) return launch_k<kFp4, 4, kGated, 1, true>(a, n_groups, t.split, stream);
       if (t.chunk == 2) return launch_k<kFp4, 2, kGated, 1, true>(a, n_groups, t.split, stream);
       return launch_k<kFp4, 1, kGated, 1, true>(a, n_groups, t.split, stream);
