@@ -78,6 +78,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gpu-stack-qkv", o.gpu_stack_qkv, kStackQkvHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-row-fusion", o.gpu_row_fusion, kRowFusionHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
@@ -152,6 +155,9 @@ void add_exact_linears_option(CLI::App* cmd, std::string& value) {
       ->capture_default_str();
 }
 
+const char* const kRowFusionHelp =
+    "GPU backend: small row ops that follow one another run as one kernel where one exists (the window "
+    "KV rows' norm, RoPE and FP8 simulation): on | off (the same results)";
 const char* const kStackQkvHelp =
     "GPU backend, native weights: each layer's wq_a and wkv kept as one stacked matrix (the same bytes) "
     "and run as one GEMV launch at decode: on | off (another FP32 summation order of those two "
@@ -185,6 +191,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
+  g.row_fusion = o.gpu_row_fusion == "on";
   g.tensor_core_linears = o.bf16_linears == "tensor";
   auto fast = fast_linears_without(o.gpu_exact_linears);
   if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");

@@ -131,6 +131,24 @@ struct HcMixCall {
   Tensor pre, post, comb;
 };
 
+// x [rows, dim] in place: rms_norm with weight w, the forward RoPE of each row's last rope_dim
+// values at pos, then (quant_block > 0) the FP8 simulation of the first quant_prefix values in
+// blocks of quant_block: the window KV rows' (and the DSpark rings') chain.
+struct NormRopeQuantCall {
+  Tensor x, pos;
+  const Vec *w = nullptr, *inv_freq = nullptr;
+  int64_t rows = 0, dim = 0, rope_dim = 0, quant_prefix = 0, quant_block = 0;
+  float eps = 0;
+  bool bf16 = false;  // the norm's and the RoPE's outputs rounded to BF16 (reference numerics)
+};
+
+// The arguments of Backend::moe_combine: out [T, D] = bf16?(Σ_k ybuf[pair t,k] + ys[t]).
+struct MoeCombineCall {
+  Tensor ybuf, ys, out, row_of;
+  int64_t T = 0, K = 0, D = 0;
+  bool bf16 = false;
+};
+
 // Which cache of a layer state an op appends to.
 enum class Cache { kCkv, kIkeys };
 // Which compressor of a layer feeds it.
@@ -185,6 +203,13 @@ class Backend {
   virtual Status quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block,
                            QuantSim kind) = 0;
   virtual Status hadamard(const Tensor& x, int64_t rows, int64_t dim) = 0;
+  // The three ops of NormRopeQuantCall in turn; a backend may run them as one (the same bits).
+  virtual Status norm_rope_quant(const NormRopeQuantCall& c) {
+    FS_RETURN_IF_ERROR(rms_norm(c.x, c.w, c.x, c.rows, c.dim, c.eps, c.bf16));
+    FS_RETURN_IF_ERROR(rope(c.x, c.pos, *c.inv_freq, c.rows, 1, c.dim, c.rope_dim, false, c.bf16));
+    if (c.quant_block > 0) return quant_sim(c.x, c.rows, c.dim, c.quant_prefix, c.quant_block, QuantSim::kFp8);
+    return {};
+  }
   // x = bf16?(x · s) over n elements.
   virtual Status scale(const Tensor& x, int64_t n, float s, bool bf16) = 0;
   // z[t] += ape[pos[t] mod ratio] (rows of `width`).
@@ -197,6 +222,13 @@ class Backend {
                              int64_t dim, bool bf16) = 0;
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
+  // The FFN's combine, then the block's stream update from it: moe_combine(c), then
+  // hc_post(c.out, X, post, comb, c.T, hc, c.D, bf16). A backend may run them as one (the same bits).
+  virtual Status moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb,
+                                  int64_t hc, bool bf16) {
+    FS_RETURN_IF_ERROR(moe_combine(c.ybuf, c.ys, c.out, c.T, c.K, c.D, c.bf16, c.row_of));
+    return hc_post(c.out, X, post, comb, c.T, hc, c.D, bf16);
+  }
   // Plain mean over the hc streams into y rows of stride y_stride (DSpark taps).
   virtual Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
                          bool bf16) = 0;

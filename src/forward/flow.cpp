@@ -118,11 +118,13 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
         FS_RETURN_IF_ERROR(b_.hc_mean(X, dst, n_taps * D, T, hc, D, R()));
       }
     }
+    std::optional<MoeCombineCall> combine;  // the FFN's combine, run with the block's stream update
     FS_RETURN_IF_ERROR(block(
         LW, "", T, X, pre_in, [&](const Tensor& a, const Tensor& f) { return attention(l, ctx, a, f); },
         [&](const Tensor& a, const Tensor& f) {
-          return moe(LW.ffn, "moe_", ctx.tokens, T, c_.n_routed_experts, c_.n_experts_per_tok, a, f);
-        }));
+          return moe(LW.ffn, "moe_", ctx.tokens, T, c_.n_routed_experts, c_.n_experts_per_tok, a, f, true, &combine);
+        },
+        &combine));
   }
 
   // The rows that leave as logits: every row of an all_logits item, else its last one; gathered
@@ -239,7 +241,7 @@ Status Forward::engram(int layer, FwdChunk& ctx, const Tensor& X) {
 }
 
 Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
-                      const Sublayer& attn, const Sublayer& ffn) {
+                      const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine) {
   const bool v41 = c_.is_v41();
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   const float eps = float(c_.rms_norm_eps);
@@ -263,7 +265,7 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
   // read what the mixes write: the mixes run beside them (a lane-1 branch, joined before hc_post).
   // V4 collapses by the fresh pre: one chain.
   auto sublayer = [&](const Vec& fn, const Vec& base, const Vec& scale, const Tensor& pre, const Tensor& pre_c,
-                      const Vec& norm_w, const Sublayer& body) -> Status {
+                      const Vec& norm_w, const Sublayer& body, std::optional<MoeCombineCall>* pending) -> Status {
     auto mix = [&]() { return mixes(fn, base, scale, pre); };
     auto rest = [&]() -> Status {
       FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
@@ -276,11 +278,17 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
       FS_RETURN_IF_ERROR(mix());
       FS_RETURN_IF_ERROR(rest());
     }
+    if (pending && pending->has_value()) {  // the body left its combine (into f) to this update
+      const MoeCombineCall c = **pending;
+      pending->reset();
+      return b_.moe_combine_post(c, X, post, comb, hc, R());
+    }
     return b_.hc_post(f, X, post, comb, T, hc, D, R());
   };
   FS_RETURN_IF_ERROR(sublayer(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, v41 ? pre_in : pre_a, L.attn_norm,
-                              attn));
-  FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, L.ffn_norm, ffn));
+                              attn, nullptr));
+  FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, L.ffn_norm, ffn,
+                              ffn_combine));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
 }
 
@@ -314,16 +322,24 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // only kv: independent of the query.
   auto window_kv = [&]() -> Status {
     if (!paired) FS_RETURN_IF_ERROR(b_.linear(w_kv));
-    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
-    FS_RETURN_IF_ERROR(b_.rope(kv, pos, A.rope_inv_freq, T, 1, Dh, Dr, false, R()));
-    if (R() && v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));  // RoPE tail included
-    if (R() && !v41) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh - Dr, 64, QuantSim::kFp8));
-    return {};
+    return b_.norm_rope_quant(kv_rows(A, kv, pos, T));
   };
   return branches(query, [&]() -> Status {
     FS_RETURN_IF_ERROR(window_kv());
     return beside ? beside() : Status{};
   });
+}
+
+NormRopeQuantCall Forward::kv_rows(const AttentionWeights& A, const Tensor& kv, const Tensor& pos, int64_t T) const {
+  const bool v41 = c_.is_v41();
+  NormRopeQuantCall c;
+  c.x = kv, c.pos = pos, c.w = &A.kv_norm, c.inv_freq = &A.rope_inv_freq;
+  c.rows = T, c.dim = c_.head_dim, c.rope_dim = c_.rope_head_dim, c.eps = float(c_.rms_norm_eps), c.bf16 = R();
+  if (R()) {  // V4.1: the RoPE tail included
+    c.quant_prefix = v41 ? c.dim : c.dim - c.rope_dim;
+    c.quant_block = v41 ? 32 : 64;
+  }
+  return c;
 }
 
 Status Forward::output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T,
@@ -470,7 +486,7 @@ Status Forward::index_select(int l, FwdChunk& ctx, const Tensor& a, const Tensor
 }
 
 Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-                    const Tensor& m, const Tensor& out, bool sharded) {
+                    const Tensor& m, const Tensor& out, bool sharded, std::optional<MoeCombineCall>* defer) {
   const int64_t D = c_.hidden_size, I = c_.moe_inter_dim, TK = T * K;
   const bool split = sharded && b_.split();
   const float limit = float(c_.swiglu_limit);
@@ -501,6 +517,12 @@ Status Forward::moe(const FfnWeights& F, const std::string& tag, const Tensor& t
     return b_.linear(lin(h, F.s_w2, T, I, D, ys, p_.act_block, R(), {F.block, DotOp::kW2, -1}));
   };
   FS_RETURN_IF_ERROR(branches(routed, shared));
+  if (defer && !split) {
+    MoeCombineCall c;
+    c.ybuf = ybuf, c.ys = ys, c.out = out, c.row_of = row_of, c.T = T, c.K = K, c.D = D, c.bf16 = R();
+    *defer = c;
+    return {};
+  }
   // Several GPUs: each rank's combine is a partial sum; BF16 rounding after the all-reduce.
   FS_RETURN_IF_ERROR(b_.moe_combine(ybuf, ys, out, T, K, D, R() && !split, row_of));
   return split ? b_.tp_allreduce(out, T * D, R()) : Status{};
@@ -522,9 +544,7 @@ Status Forward::write_draft_rings(FwdChunk& ctx, const Tensor& taps) {
   for (size_t s = 0; s < W.stages.size(); ++s) {
     const AttentionWeights& A = W.stages[s].attn;
     FS_RETURN_IF_ERROR(b_.linear(lin(cx, A.wkv, T, D, Dh, kv, p_.act_block, R(), {A.block, DotOp::kWkv})));
-    FS_RETURN_IF_ERROR(b_.rms_norm(kv, &A.kv_norm, kv, T, Dh, eps, R()));
-    FS_RETURN_IF_ERROR(b_.rope(kv, ctx.pos, A.rope_inv_freq, T, 1, Dh, c_.rope_head_dim, false, R()));
-    if (R()) FS_RETURN_IF_ERROR(b_.quant_sim(kv, T, Dh, Dh, 32, QuantSim::kFp8));
+    FS_RETURN_IF_ERROR(b_.norm_rope_quant(kv_rows(A, kv, ctx.pos, T)));
     FS_RETURN_IF_ERROR(b_.draft_ring_write(int(s), ctx, kv));
   }
   return {};

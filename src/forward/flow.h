@@ -4,6 +4,7 @@
 // `Backend` (forward/backend.h); the CPU oracle and the CUDA serving path run this same code.
 #pragma once
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -60,9 +61,11 @@ class Forward {
   // One mHC block around two sublayers (attention, then FFN) on X [T, hc, D]; pre_in [T, hc] is
   // the incoming pre (V4.1 chaining) and becomes this block's FFN pre. `tag` prefixes the scratch
   // names (drafts keep their own buffers).
+  // `ffn_combine` (optional): where the FFN sublayer may leave its MoE combine (moe()'s `defer`),
+  // which the block then runs with its stream update (Backend::moe_combine_post).
   using Sublayer = std::function<Status(const Tensor& a, const Tensor& out)>;
   Status block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
-               const Sublayer& attn, const Sublayer& ffn);
+               const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine = nullptr);
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
   // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
   // main branch after the window KV, concurrently with the query.
@@ -78,8 +81,10 @@ class Forward {
   // backbone's experts, split across tensor-parallel ranks (remapped, combine all-reduced); false
   // for the drafts (DSpark stages, the MTP block), whose weights are whole on the one rank that
   // runs them.
+  // `defer` (optional; not with a split combine, which is all-reduced): the combine is not run but
+  // stored there for the caller, which runs it (block(): with the stream update).
   Status moe(const FfnWeights& F, const std::string& tag, const Tensor& tokens, int64_t T, int64_t E, int64_t K,
-             const Tensor& m, const Tensor& out, bool sharded = true);
+             const Tensor& m, const Tensor& out, bool sharded = true, std::optional<MoeCombineCall>* defer = nullptr);
   // side() on a side branch of `lane` and main_part() on the main branch, then the join
   // (Backend::side_begin): the two must be independent (neither writes what the other reads or
   // writes). The join is issued whatever fails, so the backend never keeps an open branch. Lane 0
@@ -111,6 +116,10 @@ class Forward {
                         std::span<const int64_t> seg_n);
   Status index_select(int layer, FwdChunk& ctx, const Tensor& a, const Tensor& qlat);
   Status write_draft_rings(FwdChunk& ctx, const Tensor& taps);
+  // The window KV rows' chain on kv [T, head_dim] (attention A's kv_norm): RMS norm, RoPE, and in
+  // reference numerics the FP8 simulation (V4.1: every dim in blocks of 32; V4: the non-RoPE dims
+  // in blocks of 64).
+  NormRopeQuantCall kv_rows(const AttentionWeights& A, const Tensor& kv, const Tensor& pos, int64_t T) const;
   Status draft_attention(int stage, FwdSeg& seg, const Tensor& pos, const Tensor& a, const Tensor& out);
   Result<Tensor> scratch_f(const std::string& name, int64_t rows, int64_t cols = 1) {
     return b_.scratch(name, ElemType::kF32, rows, cols);

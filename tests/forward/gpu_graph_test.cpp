@@ -183,6 +183,36 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
   EXPECT_EQ(s.eager_fallbacks, 0);
 }
 
+// Row fusion (GpuLoadOptions::row_fusion, on by default: Backend::norm_rope_quant in one launch,
+// Backend::moe_combine_post in one launch) runs the same expressions in the same order as the
+// separate kernels, so the logits are bitwise those with it off, over the prefills (eager) and
+// the decode steps of one and of two sequences, eager and in patched graphs.
+TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool fuse) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.row_fusion = fuse;
+    auto m = load_model_gpu(dir, p.numerics, 0, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
+  ASSERT_TRUE(plain && fused && fused_graphs);
+  const int64_t V = plain->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*plain, 13, n), b = decode_run(*fused, 13, n), c = decode_run(*fused_graphs, 13, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fusion on vs off: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fusion vs eager off: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const GpuGraphStats s = stats(*fused_graphs);
+  EXPECT_GE(s.patched, s.eligible * 8 / 10);
+  EXPECT_EQ(s.eager_fallbacks, 0);
+}
+
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
 // the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
 // stream, run the same kernels on the same inputs, so the logits are bitwise those of one

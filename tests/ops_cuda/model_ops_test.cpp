@@ -22,7 +22,9 @@
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/quant.h"
+#include "ops/rope.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 
 namespace flashseek::ops::cuda {
 namespace {
@@ -158,6 +160,90 @@ TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
   }
 }
 
+// The window KV rows' chain in one launch (launch_norm_rope_quant) against the CPU twins in turn
+// (ops::rms_norm, ops::apply_rope, ops::fp8_quant_dequant of the row prefix) and against the three
+// CUDA launches, memcmp-equal: dims from 4 to the 1024 limit (partial warps: 100, 516), RoPE over
+// none, 64 or every value, quantisation off, over the whole row or a prefix, in blocks of 4 to
+// 128; weighted or not, BF16 or not; 1, 3 and 37 rows at positions up to 2^20 (a zero row, a tiny
+// block, an outlier). Shapes outside the kernel are refused (and the backend then runs the three).
+TEST(CudaModelOps, NormRopeQuantEqualsTheThreeOps) {
+  FS_REQUIRE_GPU();
+  uint64_t seed = 4200;
+  struct Q { int64_t prefix, block; };
+  int cases = 0;
+  for (int64_t dim : {4, 100, 512, 516, 1024}) {
+    for (int64_t rope : {int64_t(0), int64_t(64), dim}) {
+      if (rope > dim) continue;
+      std::vector<Q> quants = {{0, 0}, {dim, 4}};
+      for (int64_t b : {32, 64, 128}) {
+        if (dim % b == 0) quants.push_back({dim, b});
+        if ((dim - rope) % b == 0 && dim - rope > 0) quants.push_back({dim - rope, b});
+      }
+      for (const Q& qz : quants) {
+        for (int64_t rows : {1, 3, 37}) {
+          for (int variant = 0; variant < 2; ++variant) {
+            const bool bf16 = variant == 1, weighted = variant == 0 || rows == 3;
+            auto x = randn(static_cast<size_t>(rows * dim), ++seed, 2.0f);
+            if (rows > 1) std::fill(x.begin() + dim, x.begin() + 2 * dim, 0.0f);  // a zero row
+            for (int64_t i = 0; i < std::min<int64_t>(dim, 32); ++i) x[static_cast<size_t>(i)] *= 1e-30f;
+            x[static_cast<size_t>(rows * dim - 1)] = 3e4f;
+            const auto g = randn(static_cast<size_t>(dim), ++seed);
+            std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(rope / 2, 1)));
+            for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+            std::vector<int64_t> pos(static_cast<size_t>(rows));
+            for (int64_t r = 0; r < rows; ++r) pos[static_cast<size_t>(r)] = (r * 7919 + seed * 31) % (int64_t(1) << 20);
+            std::vector<float> ref(x.size());
+            rms_norm({x.data(), weighted ? g.data() : nullptr, ref.data(), rows, dim, 1e-6f, bf16});
+            if (rope > 0) apply_rope({ref.data(), pos.data(), inv.data(), rows, 1, dim, rope, false, bf16});
+            if (qz.block > 0)
+              for (int64_t r = 0; r < rows; ++r) fp8_quant_dequant(ref.data() + r * dim, 1, qz.prefix, qz.block);
+            DeviceBuffer<float> dx(x), dx3(x), dg(g), dinv(inv);
+            DeviceBuffer<int64_t> dpos(pos);
+            const float* w = weighted ? dg.get() : nullptr;
+            ASSERT_TRUE(cd::norm_rope_quant_supports(dx.get(), dim, rope, qz.prefix, qz.block));
+            FS_ASSERT_OK(cuda_status(cd::launch_norm_rope_quant(dx.get(), w, dpos.get(), dinv.get(), rows, dim, rope,
+                                                                1e-6f, bf16, qz.prefix, qz.block, 0),
+                                     "norm_rope_quant"));
+            FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(dx3.get(), w, dx3.get(), rows, dim, 1e-6f, bf16, 0), "norm"));
+            if (rope > 0)
+              FS_ASSERT_OK(cuda_status(
+                  cd::launch_rope(dx3.get(), dpos.get(), dinv.get(), rows, 1, dim, rope, false, bf16, 0), "rope"));
+            if (qz.block > 0)
+              FS_ASSERT_OK(cuda_status(
+                  cd::launch_quant_sim(dx3.get(), rows, dim, qz.prefix, qz.block, cd::QuantSim::kFp8, 0), "quant"));
+            const std::string tag = "dim " + std::to_string(dim) + " rope " + std::to_string(rope) + " quant " +
+                                    std::to_string(qz.prefix) + "/" + std::to_string(qz.block) + " rows " +
+                                    std::to_string(rows) + " variant " + std::to_string(variant);
+            const auto got = dx.to_host();
+            expect_bitwise(got, ref, (tag + " vs CPU").c_str());
+            expect_bitwise(got, dx3.to_host(), (tag + " vs three launches").c_str());
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 200);
+  // Refusals: a row past the limit, not a multiple of 4, an odd RoPE width, a block that is no
+  // power of two or does not divide the prefix, an unaligned row.
+  DeviceBuffer<float> d(std::vector<float>(2048, 1.0f));
+  DeviceBuffer<int64_t> dpos(std::vector<int64_t>(2, 0));
+  DeviceBuffer<float> dinv(std::vector<float>(512, 1.0f));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 1028, 64, 0, 0));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 102, 64, 0, 0));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 512, 63, 0, 0));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 512, 64, 480, 48));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 512, 64, 496, 32));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get(), 512, 64, 512, 256));
+  EXPECT_FALSE(cd::norm_rope_quant_supports(d.get() + 1, 512, 64, 0, 0));
+  EXPECT_NE(cd::launch_norm_rope_quant(d.get(), nullptr, dpos.get(), dinv.get(), 1, 1028, 64, 1e-6f, false, 0, 0, 0),
+            cudaSuccess);
+  EXPECT_NE(cd::launch_norm_rope_quant(d.get(), nullptr, nullptr, dinv.get(), 1, 512, 64, 1e-6f, false, 0, 0, 0),
+            cudaSuccess);
+  EXPECT_NE(cd::launch_norm_rope_quant(d.get(), d.get() + 1, dpos.get(), dinv.get(), 1, 512, 64, 1e-6f, false, 0, 0, 0),
+            cudaSuccess);
+}
+
 TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {
   FS_REQUIRE_GPU();
   const int64_t T = 5, K = 3, in = 203, out = 37, E = 4;
@@ -203,6 +289,53 @@ TEST(CudaModelOps, HcPostEveryStreamCountMatchesCpu) {
                                  "post"));
         expect_bitwise(dx.to_host(), xo, ("hc_post hc " + std::to_string(hc) + " dim " + std::to_string(dim)).c_str());
       }
+}
+
+// The MoE combine and the stream update in one launch (launch_moe_combine_post) against the two
+// launches and the CPU's hc_post of the combined rows, memcmp-equal: 1, 3 and 9 rows, 1 and 6
+// slots, with and without a row map (some pairs on another rank: -1), widths that leave partial
+// blocks, each BF16 rounding on or off; the combined rows are stored as launch_moe_combine stores
+// them. Other stream counts are refused (the backend then runs the two).
+TEST(CudaModelOps, MoeCombinePostEqualsTheTwoLaunches) {
+  FS_REQUIRE_GPU();
+  constexpr int64_t hc = 4;
+  uint64_t seed = 4700;
+  for (const int64_t T : {1, 3, 9})
+    for (const int64_t K : {1, 6})
+      for (const int64_t dim : {96, 257, 4096})
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool mapped = variant & 1, bf16 = variant & 2;
+          const auto y = randn(static_cast<size_t>(T * K * dim), ++seed), ys = randn(static_cast<size_t>(T * dim), ++seed);
+          const auto x = randn(static_cast<size_t>(T * hc * dim), ++seed);
+          const auto post = randn(static_cast<size_t>(T * hc), ++seed), comb = randn(static_cast<size_t>(T * hc * hc), ++seed);
+          std::vector<int32_t> row_of(static_cast<size_t>(T * K));
+          for (int64_t i = 0; i < T * K; ++i)  // a permutation, every fifth pair elsewhere
+            row_of[static_cast<size_t>(i)] = i % 5 == 4 ? -1 : int32_t((i * 7 + 3) % (T * K));
+          DeviceBuffer<float> dy(y), dys(ys), dpost(post), dcomb(comb);
+          DeviceBuffer<float> dx1(x), dx2(x), dout1(ys.size()), dout2(ys.size());
+          DeviceBuffer<int32_t> drow(row_of);
+          const int32_t* rmap = mapped ? drow.get() : nullptr;
+          FS_ASSERT_OK(cuda_status(cd::launch_moe_combine_post(dy.get(), dys.get(), dout1.get(), T, K, dim, bf16, rmap,
+                                                               dx1.get(), dpost.get(), dcomb.get(), hc, !bf16, 0),
+                                   "combine_post"));
+          FS_ASSERT_OK(cuda_status(cd::launch_moe_combine(dy.get(), dys.get(), dout2.get(), T, K, dim, bf16, 0, rmap),
+                                   "combine"));
+          FS_ASSERT_OK(cuda_status(
+              cd::launch_hc_post(dout2.get(), dx2.get(), dpost.get(), dcomb.get(), T, hc, dim, !bf16, 0), "post"));
+          const std::string tag = "T " + std::to_string(T) + " K " + std::to_string(K) + " dim " + std::to_string(dim) +
+                                  " variant " + std::to_string(variant);
+          const auto f = dout2.to_host();
+          expect_bitwise(dout1.to_host(), f, (tag + " combined rows").c_str());
+          expect_bitwise(dx1.to_host(), dx2.to_host(), (tag + " streams").c_str());
+          std::vector<float> xo(x.size());
+          hc_post(f.data(), x.data(), post.data(), comb.data(), xo.data(), T, hc, dim, !bf16);
+          expect_bitwise(dx1.to_host(), xo, (tag + " streams vs CPU").c_str());
+        }
+  EXPECT_FALSE(cd::moe_combine_post_supports(1, 3, 96));
+  EXPECT_FALSE(cd::moe_combine_post_supports(1, 4, 0));
+  EXPECT_NE(cd::launch_moe_combine_post(nullptr, nullptr, nullptr, 1, 1, 96, false, nullptr, nullptr, nullptr, nullptr,
+                                        5, false, 0),
+            cudaSuccess);
 }
 
 TEST(CudaModelOps, HcMixesCollapsePostMatchCpu) {

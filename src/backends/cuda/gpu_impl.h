@@ -338,6 +338,9 @@ class GpuModel final : public Model, public Backend {
   Status rope(const Tensor& x, const Tensor& pos, const Vec& inv_freq, int64_t rows, int64_t n_vec, int64_t vec,
               int64_t rope_dim, bool inverse, bool bf16) override;
   Status quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block, QuantSim kind) override;
+  Status norm_rope_quant(const NormRopeQuantCall& c) override;
+  Status moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t hc,
+                          bool bf16) override;
   Status hadamard(const Tensor& x, int64_t rows, int64_t dim) override;
   Status scale(const Tensor& x, int64_t n, float s, bool bf16) override;
   Status add_ape(const Tensor& z, const Vec& ape, const Tensor& pos, int64_t rows, int64_t width,
@@ -489,6 +492,7 @@ class GpuModel final : public Model, public Backend {
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
+  bool row_fusion_ = true;                       // GpuLoadOptions::row_fusion
   int64_t stacked_pairs_ = 0;                    // layers whose wq_a + wkv are stacked (stack_query_kv)
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w

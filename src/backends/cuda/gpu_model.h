@@ -201,6 +201,10 @@ struct GpuLoadOptions {
   // another FP32 order than without the stack (within the parity bound). On by default; the
   // CLI's --gpu-stack-qkv on | off.
   bool stack_query_kv = true;
+  // Small row ops of a step that follow one another run as one kernel where one exists, with the
+  // same bits (Backend::norm_rope_quant: the window KV rows' norm, RoPE and FP8 simulation in one
+  // launch instead of three). On by default; the CLI's --gpu-row-fusion on | off.
+  bool row_fusion = true;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

@@ -288,6 +288,19 @@ Status GpuModel::quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t 
   return {};
 }
 
+// One launch where the kernel takes the shape (ops/cuda/model/small_kernels.h), else the three ops.
+Status GpuModel::norm_rope_quant(const NormRopeQuantCall& c) {
+  if (!row_fusion_ || !c.inv_freq || !cd::norm_rope_quant_supports(c.x.f32(), c.dim, c.rope_dim, c.quant_prefix,
+                                                                  c.quant_block))
+    return Backend::norm_rope_quant(c);
+  const float* w = c.w ? d(*c.w) : nullptr;
+  if (w && (reinterpret_cast<uintptr_t>(w) & 15) != 0) return Backend::norm_rope_quant(c);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_norm_rope_quant(c.x.f32(), w, c.pos.i64(), d(*c.inv_freq), c.rows, c.dim,
+                                                     c.rope_dim, c.eps, c.bf16, c.quant_prefix, c.quant_block,
+                                                     stream_));
+  return {};
+}
+
 Status GpuModel::hadamard(const Tensor& x, int64_t rows, int64_t dim) {
   FS_CUDA_RETURN_IF_ERROR(cd::launch_hadamard(x.f32(), rows, dim, stream_));
   return {};
@@ -628,6 +641,16 @@ Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor&
                              bool bf16, const Tensor& row_of) {
   FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine(ybuf.f32(), ys.f32(), out.f32(), T, K, D, bf16, stream_,
                                                  row_of.empty() ? nullptr : row_of.i32()));
+  return {};
+}
+
+// One launch for hc = 4 (ops/cuda/model/model_kernels.h), else the two ops.
+Status GpuModel::moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb,
+                                  int64_t hc, bool bf16) {
+  if (!row_fusion_ || !cd::moe_combine_post_supports(c.T, hc, c.D)) return Backend::moe_combine_post(c, X, post, comb, hc, bf16);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine_post(c.ybuf.f32(), c.ys.f32(), c.out.f32(), c.T, c.K, c.D, c.bf16,
+                                                      c.row_of.empty() ? nullptr : c.row_of.i32(), X.f32(),
+                                                      post.f32(), comb.f32(), hc, bf16, stream_));
   return {};
 }
 

@@ -1896,6 +1896,38 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
   for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
 }
 
+// moe_combine_kernel's sum for (row r, column d), stored to out, then hc_post_fixed_kernel's
+// update of the HC streams from it: the two kernels' expressions in their order.
+template <int HC>
+__global__ void moe_combine_post_kernel(const float* y, const float* ys, float* out, int64_t K, int64_t dim, bool bf16,
+                                        const int32_t* row_of, float* x, const float* post, const float* comb,
+                                        bool post_bf16) {
+  pdl_prologue();
+  const int64_t t = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float xs[HC], o[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) xs[j] = x[(t * HC + j) * dim + d];  // issued before the combine's loads
+  float s = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
+    s += r >= 0 ? y[r * dim + d] : 0.0f;
+  }
+  s += ys[t * dim + d];
+  const float fv = bf16 ? dev_round_bf16(s) : s;
+  out[t * dim + d] = fv;
+  const float* P = comb + t * HC * HC;
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    float v = __fmul_rn(post[t * HC + k], fv);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) v = mul_add(P[j * HC + k], xs[j], v);
+    o[k] = post_bf16 ? dev_round_bf16(v) : v;
+  }
+#pragma unroll
+  for (int k = 0; k < HC; ++k) x[(t * HC + k) * dim + d] = o[k];
+}
+
 __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
                              int64_t dim) {
   pdl_prologue();
@@ -2711,6 +2743,19 @@ cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int6
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of) {
   if (T * dim == 0) return cudaSuccess;
   return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16, row_of);
+}
+
+bool moe_combine_post_supports(int64_t T, int64_t hc, int64_t dim) {
+  return hc == 4 && T >= 0 && T <= INT32_MAX && dim > 0 && (dim + 255) / 256 <= 65535;
+}
+
+cudaError_t launch_moe_combine_post(const float* y, const float* ys, float* out, int64_t T, int64_t K, int64_t dim,
+                                    bool bf16, const int32_t* row_of, float* x, const float* post, const float* comb,
+                                    int64_t hc, bool post_bf16, cudaStream_t s) {
+  if (!moe_combine_post_supports(T, hc, dim) || K < 0) return cudaErrorInvalidValue;
+  if (T == 0) return cudaSuccess;
+  return launch_kernel(moe_combine_post_kernel<4>, dim3(unsigned(T), unsigned((dim + 255) / 256)), 256, 0, s, y, ys,
+                       out, K, dim, bf16, row_of, x, post, comb, post_bf16);
 }
 
 int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts) {

@@ -182,6 +182,13 @@ cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float*
 // (another rank's expert) adds +0.
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of = nullptr);
+// launch_moe_combine into out, then launch_hc_post(out, x, post, comb, T, hc, dim, post_bf16), in
+// one launch (each combined value goes from the register that stores it to the stream update):
+// the same bits. hc must be 4 (moe_combine_post_supports); rows of at most 65535 · 256 values.
+bool moe_combine_post_supports(int64_t T, int64_t hc, int64_t dim);
+cudaError_t launch_moe_combine_post(const float* y, const float* ys, float* out, int64_t T, int64_t K, int64_t dim,
+                                    bool bf16, const int32_t* row_of, float* x, const float* post, const float* comb,
+                                    int64_t hc, bool post_bf16, cudaStream_t s);
 // ops::group_pairs_by_expert on the device (nothing read back to the host, so it runs under graph
 // capture). A pair whose expert id is out of range (-1: another rank's expert under expert
 // parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,

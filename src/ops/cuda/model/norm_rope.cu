@@ -4,6 +4,7 @@
 // (launch_model_rms_norm: the CPU's double sum of squares in its order), bitwise as well.
 #include <cuda_bf16.h>
 
+#include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
@@ -49,7 +50,111 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
   v[1] = rb;
 }
 
+// ops::rms_norm, ops::apply_rope (forward, one vector per row) and the FP8 simulation of a row
+// prefix (ops::fp8_quant_dequant) in one launch, for the window KV rows (<= kSumChunk values): one
+// block per row, warp i holding values 128i + 4·lane + q, the layout of rms_norm_kernel's one
+// chunk. The squares go through shared memory to warp 0, which adds them in rms_norm_kernel's
+// per-lane order and folds the lanes as it does (lane 0's sum); the RoPE table is made as
+// rope_kernel makes it, while the loads are in flight; a quantisation block is qblock / 4 lanes of
+// one warp (its max by shuffles: order-free). Every value takes the three kernels' expressions, so
+// the bits are theirs, from one launch of ~dim / 4 threads instead of three.
+constexpr int kNrqMaxWarps = int(kSumChunk / 128);
+__global__ void __launch_bounds__(kNrqMaxWarps * 32) norm_rope_quant_kernel(float* x, const float* w, const int64_t* pos,
+                                                                           const float* inv_freq, int dim, int rope_dim,
+                                                                           float eps, bool bf16, int qprefix, int qblock) {
+  pdl_prologue();
+  __shared__ double sq[kNrqMaxWarps][32][4];
+  __shared__ float trig[kSumChunk];  // [half] cos, [half] sin
+  __shared__ float r_inv;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), nwarps = int(blockDim.x / 32);
+  const int k0 = 128 * warp + 4 * lane;  // dim % 4 == 0: the four values are all in the row or all out
+  const bool live = k0 < dim;
+  float* xr = x + int64_t(blockIdx.x) * dim;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  if (live) {
+    v = *reinterpret_cast<const float4*>(xr + k0);  // not __ldg: written by the step's previous kernel
+    if (w) g = ld_weight(reinterpret_cast<const float4*>(w + k0));
+  }
+  const int half = rope_dim / 2, roff = dim - rope_dim;
+  const float p = half > 0 ? float(pos[blockIdx.x]) : 0.0f;
+  for (int f = int(threadIdx.x); f < half; f += int(blockDim.x)) {
+    const float ang = __fmul_rn(p, ld_weight(inv_freq + f));
+    trig[f] = float(cos(double(ang)));
+    trig[half + f] = float(sin(double(ang)));
+  }
+  if (live) {
+    sq[warp][lane][0] = __dmul_rn(double(v.x), double(v.x)), sq[warp][lane][1] = __dmul_rn(double(v.y), double(v.y));
+    sq[warp][lane][2] = __dmul_rn(double(v.z), double(v.z)), sq[warp][lane][3] = __dmul_rn(double(v.w), double(v.w));
+  }
+  __syncthreads();
+  if (warp == 0) {
+    double s[4] = {0, 0, 0, 0};
+    for (int i = 0; i < nwarps; ++i)
+      if (128 * i + 4 * lane < dim)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) s[q] = __dadd_rn(s[q], sq[i][lane][q]);
+    double t = __dadd_rn(__dadd_rn(s[0], s[1]), __dadd_rn(s[2], s[3]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t = __dadd_rn(t, __shfl_xor_sync(0xffffffffu, t, o));
+    if (lane == 0) r_inv = 1.0f / sqrtf(__fadd_rn(float(t / double(dim)), eps));
+  }
+  __syncthreads();
+  const float ri = r_inv;
+  float e[4] = {v.x, v.y, v.z, v.w};
+  const float gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float t = __fmul_rn(e[q], ri);
+    if (w) t = __fmul_rn(t, gw[q]);
+    e[q] = bf16 ? dev_round_bf16(t) : t;
+  }
+  if (k0 >= roff) {  // roff even: the pairs (k, k + 1) are (q, q + 1) for q = 0, 2
+#pragma unroll
+    for (int q = 0; q < 4; q += 2) {
+      const int i = (k0 + q - roff) / 2;
+      const float cs = trig[i], sn = trig[half + i];
+      float ra = __fsub_rn(__fmul_rn(e[q], cs), __fmul_rn(e[q + 1], sn));
+      float rb = __fadd_rn(__fmul_rn(e[q], sn), __fmul_rn(e[q + 1], cs));
+      if (bf16) ra = round_bf16(ra), rb = round_bf16(rb);
+      e[q] = ra, e[q + 1] = rb;
+    }
+  }
+  if (qblock > 0) {  // a block is the lanes [lane - lane % (qblock / 4), +qblock / 4) of this warp
+    const bool in = k0 < qprefix;
+    float amax = 0;
+    if (in)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) amax = fmaxf(amax, fabsf(e[q]));
+    for (int o = qblock / 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (in) {
+      const float sc = dev_pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) e[q] = dev_round_e4m3(fminf(fmaxf(e[q] / sc, -448.0f), 448.0f)) * sc;
+    }
+  }
+  if (live) *reinterpret_cast<float4*>(xr + k0) = make_float4(e[0], e[1], e[2], e[3]);
+}
+
 }  // namespace
+
+bool norm_rope_quant_supports(const float* x, int64_t dim, int64_t rope_dim, int64_t qprefix, int64_t qblock) {
+  const bool quant_ok = qblock == 0 || (qblock >= 4 && qblock <= 128 && (qblock & (qblock - 1)) == 0 &&
+                                        qprefix >= 0 && qprefix <= dim && qprefix % qblock == 0);
+  return x && (reinterpret_cast<uintptr_t>(x) & 15) == 0 && dim >= 4 && dim <= kSumChunk && dim % 4 == 0 &&
+         rope_dim >= 0 && rope_dim <= dim && rope_dim % 2 == 0 && quant_ok;
+}
+
+cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
+                                   int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t qprefix,
+                                   int64_t qblock, cudaStream_t stream) {
+  if (rows < 0 || rows > INT32_MAX || !norm_rope_quant_supports(x, dim, rope_dim, qprefix, qblock) ||
+      (w && (reinterpret_cast<uintptr_t>(w) & 15) != 0) || (rope_dim > 0 && (!pos || !inv_freq)))
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int threads = int((dim + 127) / 128) * 32;
+  return launch_kernel(norm_rope_quant_kernel, unsigned(rows), threads, 0, stream, x, w, pos, inv_freq, int(dim),
+                       int(rope_dim), eps, bf16, int(qprefix), int(qblock));
+}
 
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                             float eps, bool bf16_out, cudaStream_t stream) {

@@ -14,6 +14,17 @@ cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int
                         int64_t n_vec, int64_t vec_dim, int64_t rope_dim, bool inverse,
                         bool bf16_out, cudaStream_t stream);
 
+// x[r] = quant?(rope(rms_norm(x[r]; w))) for the window KV rows: ops::rms_norm, then the forward
+// RoPE of the last rope_dim values at pos[r], then (qblock > 0) the FP8 simulation of the first
+// qprefix values in blocks of qblock; the bits of launch_model_rms_norm, launch_rope and
+// launch_quant_sim in turn, in one launch. For what norm_rope_quant_supports admits (rows of
+// 4..1024 values, a multiple of 4, 16-byte aligned; qblock 0 or a power of two in 4..128 dividing
+// qprefix; w, when given, 16-byte aligned).
+bool norm_rope_quant_supports(const float* x, int64_t dim, int64_t rope_dim, int64_t qprefix, int64_t qblock);
+cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
+                                   int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t qprefix,
+                                   int64_t qblock, cudaStream_t stream);
+
 struct AttnArgs {
   const float* q;
   const uint16_t* kv;
