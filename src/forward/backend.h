@@ -283,6 +283,15 @@ class Backend {
   // with sinks: q [T, H, Dh], the chunk's window rows kv [T, Dh] → o [T, H·Dh] (BF16 when bf16).
   virtual Status attention(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
                            const Tensor& o, int64_t H, bool bf16) = 0;
+  // attention(), then the inverse RoPE of each head's last rope_dim values of o (heads of Dh) at
+  // the chunk's positions, rounded to BF16 when bf16: the output as the output projection reads
+  // it. A backend may apply the rotation inside the attention (the same bits).
+  virtual Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                  const Tensor& o, int64_t H, int64_t Dh, bool bf16, const Vec& inv_freq,
+                                  int64_t rope_dim) {
+    FS_RETURN_IF_ERROR(attention(layer, chunk, q, kv, sink, o, H, bf16));
+    return rope(o, chunk.pos, inv_freq, chunk.T, H, Dh, rope_dim, true, bf16);
+  }
   // Window rows kv [T, Dh] into each sequence's ring of `layer` (after the layer's attention).
   virtual Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) = 0;
 

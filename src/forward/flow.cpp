@@ -343,9 +343,10 @@ NormRopeQuantCall Forward::kv_rows(const AttentionWeights& A, const Tensor& kv, 
 }
 
 Status Forward::output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T,
-                                  int64_t H, int64_t G, const Tensor& o, const Tensor& out, bool bf16_out) {
+                                  int64_t H, int64_t G, const Tensor& o, const Tensor& out, bool bf16_out,
+                                  bool unroped) {
   const int64_t Dh = c_.head_dim, Ro = c_.o_lora_rank, in_g = H * Dh / G;
-  FS_RETURN_IF_ERROR(b_.rope(o, pos, A.rope_inv_freq, T, H, Dh, c_.rope_head_dim, true, R()));
+  if (!unroped) FS_RETURN_IF_ERROR(b_.rope(o, pos, A.rope_inv_freq, T, H, Dh, c_.rope_head_dim, true, R()));
   // Grouped output projection: group g = heads [g·H/G, (g+1)·H/G), z_g = wo_a[g] · o_g (BF16 GEMM
   // in the reference), then wo_b.
   FS_ASSIGN_OR_RETURN(Tensor z, scratch_f(tag, T, G * Ro));
@@ -363,13 +364,13 @@ Status Forward::attention(int l, FwdChunk& ctx, const Tensor& a, const Tensor& o
   FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv, compressors));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
   FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("attn_o", T, H * Dh));
-  FS_RETURN_IF_ERROR(b_.attention(l, ctx, q, kv, A.attn_sink, o, H, R()));
+  FS_RETURN_IF_ERROR(b_.attention_unrope(l, ctx, q, kv, A.attn_sink, o, H, Dh, R(), A.rope_inv_freq, c_.rope_head_dim));
   // Only now publish the chunk's window rows (the queries above read older ones from the ring),
   // beside the output projection, which reads no state.
   auto publish = [&]() { return b_.ring_write(l, ctx, kv); };
   return branches(publish, [&]() -> Status {
     // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
-    FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split()));
+    FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split(), true));
     return b_.tp_allreduce(out, T * D, R());
   });
 }

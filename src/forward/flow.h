@@ -71,9 +71,10 @@ class Forward {
   // main branch after the window KV, concurrently with the query.
   Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
                      int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {});
-  // Inverse RoPE of o [T, H·Dh] at pos, grouped wo_a, wo_b into out [T, D] (BF16 when bf16_out).
+  // Inverse RoPE of o [T, H·Dh] at pos (unless `unroped`: o has it already), grouped wo_a, wo_b
+  // into out [T, D] (BF16 when bf16_out).
   Status output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T, int64_t H,
-                           int64_t G, const Tensor& o, const Tensor& out, bool bf16_out);
+                           int64_t G, const Tensor& o, const Tensor& out, bool bf16_out, bool unroped = false);
   // Engram row ids of every row (hashes of each sequence's look-back and tokens) into
   // ctx.engram_ids [n_engram_layers, T, n_cols].
   void engram_ids(FwdChunk& ctx) const;

@@ -184,8 +184,8 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
 }
 
 // Row fusion (GpuLoadOptions::row_fusion, on by default: Backend::norm_rope_quant in one launch,
-// Backend::moe_combine_post in one launch) runs the same expressions in the same order as the
-// separate kernels, so the logits are bitwise those with it off, over the prefills (eager) and
+// Backend::moe_combine_post in one launch, Backend::attention_unrope's rotation in the decode
+// attention's launch) runs the same expressions in the same order as the separate kernels, so the logits are bitwise those with it off, over the prefills (eager) and
 // the decode steps of one and of two sequences, eager and in patched graphs.
 TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   FS_REQUIRE_GPU();

@@ -13,6 +13,8 @@
 #include "gpu_util.h"
 #include "ops/attention_pool.h"
 #include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
+#include "ops/rope.h"
 
 namespace flashseek::ops::cuda {
 namespace {
@@ -176,6 +178,72 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "head dims 64 / 128 / 256 / 512 only";
   bad.heads = 0, bad.dim = 512;
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "no heads";
+}
+
+// The inverse RoPE inside the attention launch (PrefillAttnArgs::unrope_pos): in the split form's
+// fold and, for the in-block forms, by the rotation launched after the kernel, the output is
+// bitwise the plain launch's followed by launch_rope (inverse; BF16 or not), the CPU's
+// ops::apply_rope of the plain output as well: 1, 6 and 40 rows (the last: no split form), head
+// dims 512 and 128 with RoPE over 64 of them and over all, positions up to 2^20. Bad RoPE
+// arguments are refused.
+TEST(CudaPrefillAttention, InverseRopeInTheLaunchEqualsRopeAfter) {
+  FS_REQUIRE_GPU();
+  uint32_t seed = 300;
+  for (const int kD : {512, 128})
+    for (const int rope : {64, kD})
+      for (const int m : {1, 6, 40})
+        for (const bool bf16 : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "D=" << kD << " rope=" << rope << " m=" << m << " bf16=" << bf16);
+          constexpr int kH = 16, kNIdx = 150, kRows = 300;
+          std::mt19937 rng(seed++);
+          const auto q = randn(rng, size_t(m) * kH * kD, 0.3f);
+          const auto kvf = randn(rng, size_t(kRows) * kD);
+          std::vector<uint16_t> kv(kvf.size());
+          for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
+          const auto sink = randn(rng, kH, 2.0f);
+          std::vector<int32_t> idx(size_t(m) * kNIdx);
+          for (auto& v : idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % kRows);
+          std::vector<int64_t> pos(static_cast<size_t>(m));
+          for (auto& p : pos) p = int64_t(rng() % (1u << 20));
+          std::vector<float> inv(static_cast<size_t>(rope / 2));
+          for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+          DeviceBuffer<float> dq(q), dsink(sink), dinv(inv), plain(q.size()), fused(q.size());
+          DeviceBuffer<uint16_t> dkv(kv);
+          DeviceBuffer<int32_t> didx(idx);
+          DeviceBuffer<int64_t> dpos(pos);
+          detail::PrefillAttnArgs a;
+          a.q = dq.get(), a.kv = dkv.get(), a.idx = didx.get(), a.sink = dsink.get();
+          a.m = m, a.n_idx = kNIdx, a.n_rows = kRows, a.heads = kH, a.dim = kD, a.scale = 0.05f, a.bf16_out = bf16;
+          detail::PrefillAttnArgs b = a;
+          b.unrope_pos = dpos.get(), b.unrope_inv_freq = dinv.get(), b.unrope_dim = rope;
+          std::vector<float> want, got;
+          if (m <= detail::kPrefillAttnSplitMaxRows) {
+            want = run_split(a, plain.get(), q.size());
+            got = run_split(b, fused.get(), q.size());
+          } else {
+            a.out = plain.get(), b.out = fused.get();
+            ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+            ASSERT_EQ(detail::launch_prefill_attn(b, nullptr), cudaSuccess);
+            want = plain.to_host(), got = fused.to_host();
+          }
+          std::vector<float> cpu = want;
+          apply_rope({cpu.data(), pos.data(), inv.data(), m, kH, kD, rope, true, bf16});
+          ASSERT_EQ(detail::launch_rope(plain.get(), dpos.get(), dinv.get(), m, kH, kD, rope, true, bf16, nullptr),
+                    cudaSuccess);
+          want = plain.to_host();
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float))) << "vs launch_rope";
+          ASSERT_EQ(0, std::memcmp(cpu.data(), got.data(), got.size() * sizeof(float))) << "vs the CPU";
+        }
+  detail::PrefillAttnArgs bad;
+  bad.heads = 16, bad.dim = 128, bad.m = 1;
+  int64_t pos = 0;
+  bad.unrope_pos = &pos, bad.unrope_dim = 64;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "no frequencies";
+  const float inv = 1.0f;
+  bad.unrope_inv_freq = &inv, bad.unrope_dim = 63;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "odd RoPE width";
+  bad.unrope_dim = 256;
+  EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "RoPE wider than the head";
 }
 
 TEST(CudaPrefillIndexScores, MatchesBf16ReferenceAndMasksUnreachableKeys) {

@@ -948,6 +948,25 @@ Status GpuModel::index_topk_seg(int l, FwdSeg& seg, const Tensor& iq, const Tens
 // sequences as descriptors), or the plain launch for a single sequence; same bits either way.
 Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                            int64_t H, bool bf16) {
+  bool unroped = false;
+  return attention_impl(l, ctx, q, kv, sink, o, H, bf16, nullptr, &unroped);
+}
+
+// With row fusion: the rotation inside the decode attention's launch where every row takes it.
+Status GpuModel::attention_unrope(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                  const Tensor& o, int64_t H, int64_t Dh, bool bf16, const Vec& inv_freq,
+                                  int64_t rope_dim) {
+  if (!row_fusion_ || rope_dim <= 0) return Backend::attention_unrope(l, ctx, q, kv, sink, o, H, Dh, bf16, inv_freq, rope_dim);
+  cd::ModelAttnArgs un;
+  un.unrope_pos = ctx.pos.i64(), un.unrope_inv_freq = d(inv_freq), un.unrope_dim = rope_dim;
+  bool unroped = false;
+  FS_RETURN_IF_ERROR(attention_impl(l, ctx, q, kv, sink, o, H, bf16, &un, &unroped));
+  return unroped ? Status{} : rope(o, ctx.pos, inv_freq, ctx.T, H, Dh, rope_dim, true, bf16);
+}
+
+Status GpuModel::attention_impl(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
+                                const Tensor& o, int64_t H, bool bf16, const cd::ModelAttnArgs* un, bool* unroped) {
+  *unroped = false;
   const auto& c = config();
   const auto& role = c.role(l);
   const int64_t W = c.window, Dh = c.head_dim;
@@ -1052,6 +1071,10 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
       }
       return {};
     }
+  }
+  if (un && rows_tc) {  // every row below takes launch_model_decode_attention: the rotation in it
+    p.unrope_pos = un->unrope_pos, p.unrope_inv_freq = un->unrope_inv_freq, p.unrope_dim = un->unrope_dim;
+    *unroped = true;
   }
   if (seqs.size() == 1) {
     p.ring = seqs[0].ring, p.ring_size = seqs[0].ring_size, p.start = seqs[0].start;

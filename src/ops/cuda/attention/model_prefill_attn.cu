@@ -276,6 +276,8 @@ cudaError_t launch_model_decode_attention(const ModelAttnArgs& a, const ModelAtt
     p.q = a.q + r0 * a.H * a.Dh, p.kv = pool, p.idx = idx, p.sink = a.sink, p.out = a.out + r0 * a.H * a.Dh;
     p.m = rows, p.n_idx = int(n_idx), p.n_rows = int(rows * n_idx), p.heads = int(a.H), p.dim = int(a.Dh);
     p.scale = a.scale, p.bf16_out = a.bf16;
+    if (a.unrope_pos)
+      p.unrope_pos = a.unrope_pos + r0, p.unrope_inv_freq = a.unrope_inv_freq, p.unrope_dim = int(a.unrope_dim);
     if (split_bytes > 0) {  // this chunk's partials (a last, shorter chunk takes fewer)
       p.part = part, p.part_bytes = split_bytes;
     }

@@ -23,6 +23,7 @@
 
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
@@ -326,9 +327,22 @@ __global__ void __launch_bounds__(128) attn_fold_kernel(PrefillAttnArgs a) {
   }
   if (!has_d) return;
   const float inv = fold_inv(m, l, a.sink[h]);
-  *reinterpret_cast<float4*>(a.out + (t * a.heads + h) * kD + d) =
-      make_float4(fold_out(o.x * inv, a.bf16_out), fold_out(o.y * inv, a.bf16_out), fold_out(o.z * inv, a.bf16_out),
-                  fold_out(o.w * inv, a.bf16_out));
+  float e[4] = {fold_out(o.x * inv, a.bf16_out), fold_out(o.y * inv, a.bf16_out), fold_out(o.z * inv, a.bf16_out),
+                fold_out(o.w * inv, a.bf16_out)};
+  const int roff = kD - a.unrope_dim;  // even: the pairs (d, d + 1), (d + 2, d + 3)
+  if (a.unrope_pos && d >= roff) {  // rope_kernel's inverse rotation of the stored values
+    const float p = float(a.unrope_pos[t]);
+#pragma unroll
+    for (int q = 0; q < 4; q += 2) {
+      const float ang = __fmul_rn(p, ld_weight(a.unrope_inv_freq + (d + q - roff) / 2));
+      const float cs = float(cos(double(ang))), sn = -float(sin(double(ang)));
+      float ra = __fsub_rn(__fmul_rn(e[q], cs), __fmul_rn(e[q + 1], sn));
+      float rb = __fadd_rn(__fmul_rn(e[q], sn), __fmul_rn(e[q + 1], cs));
+      if (a.bf16_out) ra = fold_out(ra, true), rb = fold_out(rb, true);
+      e[q] = ra, e[q + 1] = rb;
+    }
+  }
+  *reinterpret_cast<float4*>(a.out + (t * a.heads + h) * kD + d) = make_float4(e[0], e[1], e[2], e[3]);
 }
 
 template <int kD, int kHG, int kSt>
@@ -341,8 +355,12 @@ cudaError_t launch_shape(const PrefillAttnArgs& a, cudaStream_t s) {
                              : dim3(unsigned(a.m), head_blocks);
   if (cudaError_t e =
           launch_kernel(prefill_attn_kernel<kD, kHG, kSt>, grid, dim3(kHG * 64), size_t(kSmemOf<kD, kHG, kSt>), s, a);
-      e != cudaSuccess || kSt != 1)
+      e != cudaSuccess)
     return e;
+  if (kSt != 1)
+    return a.unrope_pos ? launch_rope(a.out, a.unrope_pos, a.unrope_inv_freq, a.m, a.heads, kD, a.unrope_dim, true,
+                                      a.bf16_out, s)
+                        : cudaSuccess;
   return launch_kernel(attn_fold_kernel<kD>, dim3(unsigned(a.heads), unsigned(a.m)), dim3(std::max(32, kD / 4)), 0, s,
                        a);
 }
@@ -371,6 +389,8 @@ size_t prefill_attn_split_bytes(int64_t m, int64_t n_idx, int64_t heads, int64_t
 
 cudaError_t launch_prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   if (!prefill_attn_supports(a.heads, a.dim) || a.m < 0 || a.m > INT32_MAX || a.n_idx < 0 || a.n_rows < 0)
+    return cudaErrorInvalidValue;
+  if (a.unrope_pos && (!a.unrope_inv_freq || a.unrope_dim <= 0 || a.unrope_dim > a.dim || a.unrope_dim % 2 != 0))
     return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
   switch (a.dim) {

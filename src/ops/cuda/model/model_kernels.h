@@ -223,6 +223,11 @@ struct ModelAttnArgs {
   // cannot run). Same bits; tests and the benchmark force one. `cluster` (staged kernel): blocks
   // sharing one (row, head group), 1 / 2 / 4 / 8 (0: by the launch size).
   int kernel = 0, cluster = 0;
+  // launch_model_decode_attention only (PrefillAttnArgs::unrope_pos): the inverse RoPE of each
+  // head's last unrope_dim output values at unrope_pos[row], as launch_rope applies it.
+  const int64_t* unrope_pos = nullptr;
+  const float* unrope_inv_freq = nullptr;
+  int64_t unrope_dim = 0;
 };
 cudaError_t launch_model_attention(const ModelAttnArgs& a, cudaStream_t s);
 

@@ -64,6 +64,12 @@ struct PrefillAttnArgs {
   bool bf16_out = false;          // round the output to BF16 (the model's ModelAttnArgs::bf16)
   float* part = nullptr;          // split form: [m, tiles, heads, dim] tile outputs, then [m, tiles,
   size_t part_bytes = 0;          //   heads] (max, sum) pairs (16-byte aligned; part_bytes: its size)
+  // With unrope_pos: the output then takes the inverse RoPE of each head's last unrope_dim values
+  // at position unrope_pos[row] (launch_rope's bits, rounded to BF16 with bf16_out): in the split
+  // form's fold, else by a launch_rope after the kernel.
+  const int64_t* unrope_pos = nullptr;
+  const float* unrope_inv_freq = nullptr;  // [unrope_dim / 2]
+  int unrope_dim = 0;
 };
 bool prefill_attn_supports(int64_t heads, int64_t dim);
 // The most rows a launch may have to take the split form.
