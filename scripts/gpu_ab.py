@@ -30,6 +30,9 @@ ratio-2 layers that read layer 2's compressed KV and top-k (no compressor, no in
 Engram): the layer that the layer slice (`flashseek bench --tokens 1,6`, "graph replay
 us/layer") measures. `--slice BIN` runs that slice once per round (`--contexts` = the prompt
 length) and sets the engine's marginal layer against it at the shapes it measures (1 and vN).
+The marginal table also differences the bench's host time per step (its graph line's "host ... ms":
+the flow, the backend and the launch tape before the step's graph runs, while the GPU waits), so
+the host's share of a layer shows beside the whole.
 
 `--self-test` checks the parsing and the tables against a stand-in binary (no GPU needed).
 """
@@ -44,6 +47,8 @@ import tempfile
 
 MEDIAN = re.compile(r"median ([0-9.]+) ms/step")
 FLOOR = re.compile(r"the step is ([0-9.]+) % of it")
+# The bench's graph line: host time per step until its final sync (flow, backend, tape, patches).
+HOST = re.compile(r"; host ([0-9.]+) ms, sync wait")
 # The layer slice's summary table: "| M | kernel sum us | graph replay us/layer | ..." rows.
 SLICE_HEAD = "| M | kernel sum us | graph replay us/layer |"
 
@@ -123,18 +128,18 @@ def run_slice(path, extra, contexts, tokens, timeout):
 
 
 def run_once(cmd, timeout):
-    """(median ms/step, % of the HBM floor or None) printed by one bench run."""
+    """(median ms/step, % of the HBM floor or None, host ms per step or None) printed by one bench run."""
     rc, out = run_cmd(cmd, timeout)
     m = MEDIAN.search(out)
     if rc != 0 or not m:
         tail = "\n".join(out.strip().splitlines()[-8:])
         raise RuntimeError(f"exit {rc}, no 'median ... ms/step' line: {shlex.join(cmd)}\n{tail}")
-    f = FLOOR.search(out)
-    return float(m.group(1)), (float(f.group(1)) if f else None)
+    f, h = FLOOR.search(out), HOST.search(out)
+    return float(m.group(1)), (float(f.group(1)) if f else None), (float(h.group(1)) if h else None)
 
 
 def measure(variants, shapes, rounds, base_args, timeout, log=print, layers=None, slice_=None):
-    """({(shape, layers): {label: [(ms, floor %), ...]}}, {M: [slice us, ...]}) over `rounds`
+    """({(shape, layers): {label: [(ms, floor %, host ms), ...]}}, {M: [slice us, ...]}) over `rounds`
     interleaved rounds. base_args carry no --num-layers: each of `layers` is added per run.
     slice_ = (path, extra args, contexts, [M, ...]) or None."""
     layers = layers or [8]
@@ -147,9 +152,9 @@ def measure(variants, shapes, rounds, base_args, timeout, log=print, layers=None
         for s in shapes:
             for n in (layers[::-1] if flip else layers):
                 for label, path, extra in (variants[::-1] if flip else variants):
-                    ms, fl = run_once([path, "bench"] + base_args + ["--num-layers", str(n)] + parse_shape(s) + extra,
-                                      timeout)
-                    res[(s, n)][label].append((ms, fl))
+                    ms, fl, host = run_once([path, "bench"] + base_args + ["--num-layers", str(n)] + parse_shape(s) +
+                                            extra, timeout)
+                    res[(s, n)][label].append((ms, fl, host))
                     log(f"round {r} shape {s:>4} layers {n} {label}: {ms:.3f} ms/step" +
                         ("" if fl is None else f" ({fl:.1f} % of the floor)"))
         if slice_:
@@ -168,31 +173,37 @@ def tables(res, sl=None):
         lines.append("|---|---|---|---|---|")
         first = None
         for label, runs in by.items():
-            med = statistics.median(ms for ms, _ in runs)
+            med = statistics.median(r[0] for r in runs)
             first = med if first is None else first
-            fl = [f for _, f in runs if f is not None]
+            fl = [r[1] for r in runs if r[1] is not None]
             fls = f"{statistics.median(fl):.1f}" if fl else "-"
-            lines.append(f"| {label} | {' / '.join(f'{ms:.3f}' for ms, _ in runs)} | {med:.3f} | {med / first:.3f}x | {fls} |")
+            lines.append(f"| {label} | {' / '.join(f'{r[0]:.3f}' for r in runs)} | {med:.3f} | {med / first:.3f}x | {fls} |")
     layers = sorted({n for _, n in res})
     shapes = list(dict.fromkeys(s for s, _ in res))
     if len(layers) > 1:
         lo, hi = layers[0], layers[-1]
         lines.append(f"\nthe engine's marginal layer: (step at {hi} layers - step at {lo}) / {hi - lo}, us per layer: "
                      "of the two medians, and per round (each round's two runs of the variant, minutes apart "
-                     "at most, so that drift between rounds cancels): their median and range" +
+                     "at most, so that drift between rounds cancels): their median and range; of that, the "
+                     "host's time per step (the bench's 'host ... ms': flow, backend and launch tape before "
+                     "the graph runs) per round" +
                      ("; the layer slice's graph replay per layer in the same rounds" if sl else ""))
-        lines.append("| shape | variant | of the medians | per round: median (range) |" +
+        lines.append("| shape | variant | of the medians | per round: median (range) | host, per round |" +
                      (" slice us per layer | engine / slice (medians) | engine / slice (per round) |" if sl else ""))
-        lines.append("|---|---|---|---|" + ("---|---|---|" if sl else ""))
+        lines.append("|---|---|---|---|---|" + ("---|---|---|" if sl else ""))
         for s in shapes:
             for label in res[(s, lo)]:
-                a = statistics.median(ms for ms, _ in res[(s, lo)][label])
-                b = statistics.median(ms for ms, _ in res[(s, hi)][label])
+                a = statistics.median(r[0] for r in res[(s, lo)][label])
+                b = statistics.median(r[0] for r in res[(s, hi)][label])
                 us = (b - a) * 1000.0 / (hi - lo)
-                per = [(rb - ra) * 1000.0 / (hi - lo)
-                       for (ra, _), (rb, _) in zip(res[(s, lo)][label], res[(s, hi)][label])]
+                pairs = list(zip(res[(s, lo)][label], res[(s, hi)][label]))
+                per = [(rb[0] - ra[0]) * 1000.0 / (hi - lo) for ra, rb in pairs]
                 pm = statistics.median(per)
-                row = f"| {s} | {label} | {us:.1f} | {pm:.1f} ({min(per):.1f} - {max(per):.1f}) |"
+                # Host ms per step: the third field, where the bench printed it (graphs on).
+                hosts = [(rb[2] - ra[2]) * 1000.0 / (hi - lo) for ra, rb in pairs
+                         if len(ra) > 2 and len(rb) > 2 and ra[2] is not None and rb[2] is not None]
+                hs = f"{statistics.median(hosts):.1f}" if hosts and len(hosts) == len(pairs) else "-"
+                row = f"| {s} | {label} | {us:.1f} | {pm:.1f} ({min(per):.1f} - {max(per):.1f}) | {hs} |"
                 m = shape_tokens(s)
                 if sl:
                     if m in sl:
@@ -236,6 +247,9 @@ def self_test():
                                         "n = int(a[a.index('--num-layers') + 1])\n"
                                         "ms = 3.0 + b * 0.2 + t * 0.5 - (0.5 if '--fast' in a else 0.0) + (n - 8) * 0.25\n"
                                         "print(f'median {ms:.3f} ms/step over 10 steps')\n"
+                                        "print(f'decode steps: 10 graph launches (9 patched, 1 new executables), 0 eager; '\n"
+                                        "      f'host {0.1 + n * 0.02:.3f} ms, sync wait 3.000 ms per step; patched steps: '\n"
+                                        "      f'tape 0.100 ms, 17 node updates + launch 0.050 ms per step')\n"
                                         "print(f'HBM floor: 1.0 ms at the measured copy bandwidth 4200 GB/s; '\n"
                                         "      f'the step is {100.0 / ms:.1f} % of it')\n")
         broken = stand_in(d, "broken", "#!/bin/sh\necho 'no numbers here'\nexit 3\n")
@@ -270,8 +284,9 @@ def self_test():
             "round 2 shape    1 layers 8 fakebench --fast", "round 2 shape    1 layers 8 fakebench"], order
         res, sl = measure(variants, ["1", "v6"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None)
         assert not sl, sl
-        assert [ms for ms, _ in res[("1", 8)]["fakebench"]] == [3.7, 3.7], res
-        assert [ms for ms, _ in res[("v6", 8)]["fakebench --fast"]] == [5.7, 5.7], res
+        assert [r[0] for r in res[("1", 8)]["fakebench"]] == [3.7, 3.7], res
+        assert [r[0] for r in res[("v6", 8)]["fakebench --fast"]] == [5.7, 5.7], res
+        assert [r[2] for r in res[("1", 8)]["fakebench"]] == [0.26, 0.26], res
         assert abs(res[("1", 8)]["fakebench"][0][1] - 27.0) < 0.05, res
         t = tables(res)
         assert "| fakebench --fast | 3.200 / 3.200 | 3.200 | 0.865x |" in t, t
@@ -281,16 +296,17 @@ def self_test():
         res, sl = measure(variants, ["1", "v6", "16"], 2, ["--load-format", "dummy"], 30, log=lambda *_: None,
                           layers=[8, 12], slice_=(fslice, [], 4096, [1, 6]))
         assert sl == {1: [250.0, 250.0], 6: [500.0, 500.0]}, sl
-        assert [ms for ms, _ in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
+        assert [r[0] for r in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
         t = tables(res, sl)
-        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
-        assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
-        assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | - | - | - |" in t, t
+        # Host: (0.1 + 12 * 0.02 - (0.1 + 8 * 0.02)) / 4 ms = 20 us per layer.
+        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
+        assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
+        assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | - | - | - |" in t, t
         # Per round: round r's runs at both layer counts, paired (here rounds of 3.0 / 4.2 and
         # 3.4 / 4.4 ms: 300 and 250 us per layer), against the medians' (4.3 - 3.2) / 4 = 275.
         fake_res = {("1", 8): {"x": [(3.0, None), (3.4, None)]}, ("1", 12): {"x": [(4.2, None), (4.4, None)]}}
         t = tables(fake_res, {1: [250.0]})
-        assert "| 1 | x | 275.0 | 275.0 (250.0 - 300.0) | 250.0 (250.0) | 1.100x | 1.100x |" in t, t
+        assert "| 1 | x | 275.0 | 275.0 (250.0 - 300.0) | - | 250.0 (250.0) | 1.100x | 1.100x |" in t, t
         try:
             run_slice(fslice, [], 4096, [1, 9], 30)  # the stand-in prints no row past M = 8
             raise AssertionError("a slice run without a row for an M asked for must fail")

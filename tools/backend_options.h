@@ -37,7 +37,7 @@ struct BackendOpts {
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
-  std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
+  std::string gpu_row_fusion = "off"; // on | off (GpuLoadOptions::row_fusion)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";

@@ -163,16 +163,17 @@ TEST(CudaModelOps, RowKernelsOddShapesMatchCpuBitwise) {
 // The window KV rows' chain in one launch (launch_norm_rope_quant) against the CPU twins in turn
 // (ops::rms_norm, ops::apply_rope, ops::fp8_quant_dequant of the row prefix) and against the three
 // CUDA launches, memcmp-equal: dims from 4 to the 1024 limit (partial warps: 100, 516), RoPE over
-// none, 64 or every value, quantisation off, over the whole row or a prefix, in blocks of 4 to
-// 128; weighted or not, BF16 or not; 1, 3 and 37 rows at positions up to 2^20 (a zero row, a tiny
-// block, an outlier). Shapes outside the kernel are refused (and the backend then runs the three).
+// none, 62 (the rotated values start in the middle of a thread's four), 64 or every value;
+// quantisation off, over the whole row or a prefix, in blocks of 4 to 128; weighted or not, BF16
+// or not; 1, 3 and 37 rows at positions up to 2^20 (a zero row, a tiny block, an outlier). Shapes
+// outside the kernel are refused (and the backend then runs the three).
 TEST(CudaModelOps, NormRopeQuantEqualsTheThreeOps) {
   FS_REQUIRE_GPU();
   uint64_t seed = 4200;
   struct Q { int64_t prefix, block; };
   int cases = 0;
   for (int64_t dim : {4, 100, 512, 516, 1024}) {
-    for (int64_t rope : {int64_t(0), int64_t(64), dim}) {
+    for (int64_t rope : {int64_t(0), int64_t(62), int64_t(64), dim}) {  // 62: pairs start mid float4
       if (rope > dim) continue;
       std::vector<Q> quants = {{0, 0}, {dim, 4}};
       for (int64_t b : {32, 64, 128}) {

@@ -53,18 +53,20 @@ TEST(Cli, ExactLinearRolesAreChecked) {
   }
 }
 
-// --gpu-stack-qkv takes on | off on every command that has it; anything else is refused with the
-// accepted values named.
-TEST(Cli, StackQkvValuesAreChecked) {
-  for (const char* cmd : {"run", "serve", "bench"}) {
-    auto bad = run_command(flashseek_bin() + " " + cmd + " --gpu-stack-qkv yes 2>&1");
-    EXPECT_NE(bad.exit_code, 0) << cmd << ": " << bad.output;
-    EXPECT_NE(bad.output.find("--gpu-stack-qkv"), std::string::npos) << cmd << ": " << bad.output;
-    // Accepted values: whatever the command then lacks (a checkpoint), the option is not what it
-    // complains about.
-    for (const char* v : {"on", "off"}) {
-      auto good = run_command(flashseek_bin() + " " + cmd + " --gpu-stack-qkv " + v + " --ckpt /nonexistent 2>&1");
-      EXPECT_EQ(good.output.find("--gpu-stack-qkv"), std::string::npos) << cmd << " " << v << ": " << good.output;
+// --gpu-stack-qkv and --gpu-row-fusion take on | off on every command that has them; anything
+// else is refused with the option named.
+TEST(Cli, OnOffGpuOptionValuesAreChecked) {
+  for (const std::string opt : {"--gpu-stack-qkv", "--gpu-row-fusion"}) {
+    for (const char* cmd : {"run", "serve", "bench"}) {
+      auto bad = run_command(flashseek_bin() + " " + cmd + " " + opt + " yes 2>&1");
+      EXPECT_NE(bad.exit_code, 0) << cmd << " " << opt << ": " << bad.output;
+      EXPECT_NE(bad.output.find(opt), std::string::npos) << cmd << ": " << bad.output;
+      // Accepted values: whatever the command then lacks (a checkpoint), the option is not what it
+      // complains about.
+      for (const char* v : {"on", "off"}) {
+        auto good = run_command(flashseek_bin() + " " + cmd + " " + opt + " " + v + " --ckpt /nonexistent 2>&1");
+        EXPECT_EQ(good.output.find(opt), std::string::npos) << cmd << " " << opt << " " << v << ": " << good.output;
+      }
     }
   }
 }

@@ -201,10 +201,13 @@ struct GpuLoadOptions {
   // another FP32 order than without the stack (within the parity bound). On by default; the
   // CLI's --gpu-stack-qkv on | off.
   bool stack_query_kv = true;
-  // Small row ops of a step that follow one another run as one kernel where one exists, with the
-  // same bits (Backend::norm_rope_quant: the window KV rows' norm, RoPE and FP8 simulation in one
-  // launch instead of three). On by default; the CLI's --gpu-row-fusion on | off.
-  bool row_fusion = true;
+  // Small row ops of a step that follow one another run as one launch where a kernel exists, with
+  // the same bits: the window KV rows' norm, RoPE and FP8 simulation (Backend::norm_rope_quant),
+  // the MoE combine with the block's stream update (Backend::moe_combine_post), the attention
+  // output's inverse RoPE inside the tensor-core decode attention (Backend::attention_unrope).
+  // Off by default until measured on a GPU (bench/RESULTS.md, session 33). The CLI's
+  // --gpu-row-fusion on | off.
+  bool row_fusion = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;

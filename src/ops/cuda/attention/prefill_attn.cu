@@ -330,10 +330,11 @@ __global__ void __launch_bounds__(128) attn_fold_kernel(PrefillAttnArgs a) {
   float e[4] = {fold_out(o.x * inv, a.bf16_out), fold_out(o.y * inv, a.bf16_out), fold_out(o.z * inv, a.bf16_out),
                 fold_out(o.w * inv, a.bf16_out)};
   const int roff = kD - a.unrope_dim;  // even: the pairs (d, d + 1), (d + 2, d + 3)
-  if (a.unrope_pos && d >= roff) {  // rope_kernel's inverse rotation of the stored values
+  if (a.unrope_pos && d + 2 >= roff) {  // rope_kernel's inverse rotation of the stored values
     const float p = float(a.unrope_pos[t]);
 #pragma unroll
     for (int q = 0; q < 4; q += 2) {
+      if (d + q < roff) continue;  // roff % 4 == 2: this thread's first pair is not rotated
       const float ang = __fmul_rn(p, ld_weight(a.unrope_inv_freq + (d + q - roff) / 2));
       const float cs = float(cos(double(ang))), sn = -float(sin(double(ang)));
       float ra = __fsub_rn(__fmul_rn(e[q], cs), __fmul_rn(e[q + 1], sn));
