@@ -647,7 +647,8 @@ Status GpuModel::moe_combine(const Tensor& ybuf, const Tensor& ys, const Tensor&
 // One launch for hc = 4 (ops/cuda/model/model_kernels.h), else the two ops.
 Status GpuModel::moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb,
                                   int64_t hc, bool bf16) {
-  if (!row_fusion_ || !cd::moe_combine_post_supports(c.T, hc, c.D)) return Backend::moe_combine_post(c, X, post, comb, hc, bf16);
+  if (!row_fusion_ || !cd::moe_combine_post_supports(c.T, hc, c.D))
+    return Backend::moe_combine_post(c, X, post, comb, hc, bf16);
   FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_combine_post(c.ybuf.f32(), c.ys.f32(), c.out.f32(), c.T, c.K, c.D, c.bf16,
                                                       c.row_of.empty() ? nullptr : c.row_of.i32(), X.f32(),
                                                       post.f32(), comb.f32(), hc, bf16, stream_));
@@ -956,7 +957,8 @@ Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& 
 Status GpuModel::attention_unrope(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
                                   const Tensor& o, int64_t H, int64_t Dh, bool bf16, const Vec& inv_freq,
                                   int64_t rope_dim) {
-  if (!row_fusion_ || rope_dim <= 0) return Backend::attention_unrope(l, ctx, q, kv, sink, o, H, Dh, bf16, inv_freq, rope_dim);
+  if (!row_fusion_ || rope_dim <= 0)
+    return Backend::attention_unrope(l, ctx, q, kv, sink, o, H, Dh, bf16, inv_freq, rope_dim);
   cd::ModelAttnArgs un;
   un.unrope_pos = ctx.pos.i64(), un.unrope_inv_freq = d(inv_freq), un.unrope_dim = rope_dim;
   bool unroped = false;
