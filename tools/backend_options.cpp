@@ -157,8 +157,8 @@ void add_exact_linears_option(CLI::App* cmd, std::string& value) {
 
 const char* const kRowFusionHelp =
     "GPU backend: small row ops that follow one another run as one launch where a kernel exists (the "
-    "window KV rows' norm, RoPE and FP8 simulation; the MoE combine with the mHC stream update; the "
-    "attention output's inverse RoPE inside the decode attention): on | off (the same results)";
+    "window KV rows' norm, RoPE, FP8 simulation and ring write; the MoE combine with the mHC stream "
+    "update; the attention output's inverse RoPE inside the decode attention): on | off (the same results)";
 const char* const kStackQkvHelp =
     "GPU backend, native weights: each layer's wq_a and wkv kept as one stacked matrix (the same bytes) "
     "and run as one GEMV launch at decode: on | off (another FP32 summation order of those two "

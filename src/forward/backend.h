@@ -293,7 +293,16 @@ class Backend {
     return rope(o, chunk.pos, inv_freq, chunk.T, H, Dh, rope_dim, true, bf16);
   }
   // Window rows kv [T, Dh] into each sequence's ring of `layer` (after the layer's attention).
+  // window_kv_rows: norm_rope_quant(c) on the chunk's window KV rows of `layer`, and where the
+  // backend can, their ring write (ring_write's bytes) in the same work, before the layer's
+  // attention: true then, and the caller issues no ring_write. A backend may do so only when no
+  // slot it writes is one the attention reads (the attention takes the chunk's own rows from kv,
+  // older ones from the ring: a ring of at least window + T − 1 slots).
   virtual Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) = 0;
+  virtual Result<bool> window_kv_rows(int layer, FwdChunk& chunk, const NormRopeQuantCall& c) {
+    FS_RETURN_IF_ERROR(norm_rope_quant(c));
+    return false;
+  }
 
   // ---- DSpark draft (v41 §5) ----
   // Whether this backend keeps the draft rings (and proposes).

@@ -294,7 +294,7 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
 
 Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos,
                             int64_t T, int64_t H, Tensor& qlat, Tensor& q, Tensor& kv,
-                            const std::function<Status()>& beside) {
+                            const std::function<Status()>& beside, FwdChunk* ctx, int layer, bool* published) {
   const bool v41 = c_.is_v41();
   const int64_t D = c_.hidden_size, Dh = c_.head_dim, Dr = c_.rope_head_dim, Rq = c_.q_lora_rank;
   const float eps = float(c_.rms_norm_eps);
@@ -322,7 +322,10 @@ Status Forward::project_qkv(const AttentionWeights& A, const std::string& tag, c
   // only kv: independent of the query.
   auto window_kv = [&]() -> Status {
     if (!paired) FS_RETURN_IF_ERROR(b_.linear(w_kv));
-    return b_.norm_rope_quant(kv_rows(A, kv, pos, T));
+    const NormRopeQuantCall rows = kv_rows(A, kv, pos, T);
+    if (!published) return b_.norm_rope_quant(rows);
+    FS_ASSIGN_OR_RETURN(*published, b_.window_kv_rows(layer, *ctx, rows));
+    return Status{};
   };
   return branches(query, [&]() -> Status {
     FS_RETURN_IF_ERROR(window_kv());
@@ -361,13 +364,15 @@ Status Forward::attention(int l, FwdChunk& ctx, const Tensor& a, const Tensor& o
   // The compressors read only `a` (their state and caches are not the query's or the window's):
   // beside the query. The indexer reads the query's latent: after the join.
   auto compressors = [&]() -> Status { return A.has_compressor ? compress(l, ctx, a) : Status{}; };
-  FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv, compressors));
+  bool published = false;  // the window rows already in the ring (Backend::window_kv_rows)
+  FS_RETURN_IF_ERROR(project_qkv(A, "", a, ctx.pos, T, H, qlat, q, kv, compressors, &ctx, l, &published));
   if (A.has_indexer) FS_RETURN_IF_ERROR(index_select(l, ctx, a, qlat));
   FS_ASSIGN_OR_RETURN(Tensor o, scratch_f("attn_o", T, H * Dh));
   FS_RETURN_IF_ERROR(b_.attention_unrope(l, ctx, q, kv, A.attn_sink, o, H, Dh, R(), A.rope_inv_freq, c_.rope_head_dim));
   // Only now publish the chunk's window rows (the queries above read older ones from the ring),
-  // beside the output projection, which reads no state.
-  auto publish = [&]() { return b_.ring_write(l, ctx, kv); };
+  // beside the output projection, which reads no state; unless the backend wrote them with the
+  // window KV rows' own work (into slots this attention does not read).
+  auto publish = [&]() { return published ? Status{} : b_.ring_write(l, ctx, kv); };
   return branches(publish, [&]() -> Status {
     // Several GPUs: each rank's wo_b output is a partial sum; BF16 rounding after the all-reduce.
     FS_RETURN_IF_ERROR(output_projection(A, "attn_z", ctx.pos, T, H, b_.groups(), o, out, R() && !b_.split(), true));

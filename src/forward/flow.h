@@ -68,9 +68,12 @@ class Forward {
                const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine = nullptr);
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
   // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
-  // main branch after the window KV, concurrently with the query.
+  // main branch after the window KV, concurrently with the query. `published` (optional, with
+  // `ctx` and `layer`): the window KV rows go through Backend::window_kv_rows, and *published
+  // says whether the backend also wrote them to the layer's ring.
   Status project_qkv(const AttentionWeights& A, const std::string& tag, const Tensor& a, const Tensor& pos, int64_t T,
-                     int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {});
+                     int64_t H, Tensor& qlat, Tensor& q, Tensor& kv, const std::function<Status()>& beside = {},
+                     FwdChunk* ctx = nullptr, int layer = -1, bool* published = nullptr);
   // Inverse RoPE of o [T, H·Dh] at pos (unless `unroped`: o has it already), grouped wo_a, wo_b
   // into out [T, D] (BF16 when bf16_out).
   Status output_projection(const AttentionWeights& A, const std::string& tag, const Tensor& pos, int64_t T, int64_t H,

@@ -106,6 +106,29 @@ std::vector<float> decode_run(Model& m, uint64_t seed, int n = 2) {
   return out;
 }
 
+// After a prompt, `blocks` verify blocks of 6 tokens (all logits), each followed by a rollback
+// of 0..5 of them, as DSpark speculation does. Returns every block's logits.
+constexpr int64_t kVerifyBlocks = 80;
+std::vector<float> verify_run(Model& m, int64_t blocks) {
+  const int64_t V = m.config().vocab_size, B = 6;
+  auto st = m.new_sequence();
+  const auto prompt = random_tokens(kPrompt, V, 77);
+  const auto toks = random_tokens(blocks * B, V, 78);
+  std::vector<float> out;
+  BatchItem pi{st.get(), prompt, false};
+  EXPECT_TRUE(m.forward({&pi, 1}, out).ok());
+  for (int64_t k = 0; k < blocks; ++k) {
+    BatchItem it{st.get(), std::span<const int32_t>(toks.data() + k * B, size_t(B)), true};
+    const Status s = m.forward({&it, 1}, out);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    if (!s.ok()) break;
+    const int64_t drop = k % B;  // accepted 6 - drop of the block
+    const Status r = m.rollback(*st, st->length() - drop);
+    EXPECT_TRUE(r.ok()) << r.to_string();
+  }
+  return out;
+}
+
 class GpuGraphDecode : public ::testing::TestWithParam<Param> {};
 
 TEST_P(GpuGraphDecode, GraphsOnEqualGraphsOffBitwise) {
@@ -183,10 +206,12 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
   EXPECT_EQ(s.eager_fallbacks, 0);
 }
 
-// Row fusion (GpuLoadOptions::row_fusion, on by default: Backend::norm_rope_quant in one launch,
-// Backend::moe_combine_post in one launch, Backend::attention_unrope's rotation in the decode
-// attention's launch) runs the same expressions in the same order as the separate kernels, so the logits are bitwise those with it off, over the prefills (eager) and
-// the decode steps of one and of two sequences, eager and in patched graphs.
+// Row fusion (GpuLoadOptions::row_fusion: Backend::norm_rope_quant in one launch, with the ring
+// write for one sequence (Backend::window_kv_rows), Backend::moe_combine_post in one launch,
+// Backend::attention_unrope's rotation in the decode attention's launch) runs the same
+// expressions in the same order as the separate kernels, so the logits are bitwise those with it
+// off, over the prefills (eager), the decode steps of one and of two sequences and verify blocks
+// with rollbacks, eager and in graphs.
 TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   FS_REQUIRE_GPU();
   const Param p = GetParam();
@@ -208,8 +233,15 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
     EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fusion vs eager off: max|d| "
                                      << compare_logits(a, c, V).max_abs;
   }
+  // Verify blocks with rollbacks: 6 rows written to the ring before the attention (one sequence,
+  // the ring's spare slots), rolled back and overwritten.
+  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
+  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager, fusion on vs off: max|d| "
+                                     << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs + fusion vs eager off: max|d| "
+                                     << compare_logits(va, vc, V).max_abs;
   const GpuGraphStats s = stats(*fused_graphs);
-  EXPECT_GE(s.patched, s.eligible * 8 / 10);
   EXPECT_EQ(s.eager_fallbacks, 0);
 }
 
@@ -288,30 +320,12 @@ TEST_P(GpuGraphDecode, VerifyBlocksWithRollbackBitwise) {
   const std::string dir = make_ckpt(p.config);
   auto on = load(dir, p.numerics, true), off = load(dir, p.numerics, false);
   ASSERT_TRUE(on && off);
-  const int64_t V = on->config().vocab_size, kBlocks = 80, B = 6;
-  auto run = [&](Model& m) {
-    auto st = m.new_sequence();
-    const auto prompt = random_tokens(kPrompt, V, 77);
-    const auto toks = random_tokens(kBlocks * B, V, 78);
-    std::vector<float> out;
-    BatchItem pi{st.get(), prompt, false};
-    EXPECT_TRUE(m.forward({&pi, 1}, out).ok());
-    for (int64_t k = 0; k < kBlocks; ++k) {
-      BatchItem it{st.get(), std::span<const int32_t>(toks.data() + k * B, size_t(B)), true};
-      const Status s = m.forward({&it, 1}, out);
-      EXPECT_TRUE(s.ok()) << s.to_string();
-      if (!s.ok()) break;
-      const int64_t drop = k % B;  // accepted 6 - drop of the block
-      const Status r = m.rollback(*st, st->length() - drop);
-      EXPECT_TRUE(r.ok()) << r.to_string();
-    }
-    return out;
-  };
-  const auto a = run(*off), b = run(*on);
+  const int64_t V = on->config().vocab_size;
+  const auto a = verify_run(*off, kVerifyBlocks), b = verify_run(*on, kVerifyBlocks);
   EXPECT_TRUE(bitwise_equal(a, b)) << "graph logits differ from eager: max|d| " << compare_logits(a, b, V).max_abs;
   const GpuGraphStats so = stats(*on);
   print_stats("verify blocks, on", so);
-  EXPECT_EQ(so.eligible, kBlocks);
+  EXPECT_EQ(so.eligible, kVerifyBlocks);
   EXPECT_GE(so.launches, so.eligible * 9 / 10);
   // Blocks start at every compressor phase (rollbacks), so their op sequences vary more than
   // decode steps do: the share of patched blocks is printed, not asserted.

@@ -23,6 +23,7 @@
 #include "ops/norm.h"
 #include "ops/quant.h"
 #include "ops/rope.h"
+#include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 
@@ -243,6 +244,76 @@ TEST(CudaModelOps, NormRopeQuantEqualsTheThreeOps) {
             cudaSuccess);
   EXPECT_NE(cd::launch_norm_rope_quant(d.get(), d.get() + 1, dpos.get(), dinv.get(), 1, 512, 64, 1e-6f, false, 0, 0, 0),
             cudaSuccess);
+}
+
+// The same launch writing each finished row to its ring slot (NormRopeQuantRing) gives the ring
+// bytes of launch_cache_pack_ring over the three ops' rows, and the same rows: FP32 rows, V4.1's
+// ring (FP8 + E8M0 over every value in blocks of 32: one warp per unit, 16 units at 512 values,
+// so the block has more warps than value warps) and V4's (FP8 in blocks of 64 over the non-RoPE
+// values, the BF16 tail by one more warp); 1, 6 and 9 consecutive positions from 0 and from
+// 1,000,003 (slots wrapping), the ring as many slots as rows or more; the other slots keep their
+// bytes. A ring smaller than the rows or of another width is refused.
+TEST(CudaModelOps, NormRopeQuantWritesTheRingAsThePackKernel) {
+  FS_REQUIRE_GPU();
+  uint64_t seed = 5100;
+  for (const int64_t dim : {64, 512, 1024}) {
+    const int64_t rope = 64;
+    const std::vector<std::pair<ops::CacheRowFormat, int64_t>> formats = {  // format, its FP8 simulation block
+        {ops::f32_row_format(dim), 0},
+        {ops::CacheRowFormat{ops::RowCodec::kFp8E8m0, int32_t(dim), int32_t(dim), 32}, 32},
+        {ops::CacheRowFormat{ops::RowCodec::kFp8E8m0, int32_t(dim), int32_t(dim - rope), 64}, 64}};
+    for (const auto& [fmt, qblock] : formats) {
+      if (fmt.compact() && (fmt.coded <= 0 || fmt.coded % fmt.block != 0)) continue;
+      const int64_t qprefix = qblock == 0 ? 0 : fmt.coded;
+      for (const int64_t rows : {1, 6, 9})
+        for (const int64_t start : {int64_t(0), int64_t(1000003)})
+          for (const int64_t spare : {0, 7}) {
+            const int64_t ring_size = rows + spare, stride = fmt.row_bytes();
+            auto x = randn(static_cast<size_t>(rows * dim), ++seed, 2.0f);
+            const auto g = randn(static_cast<size_t>(dim), ++seed);
+            std::vector<float> inv(static_cast<size_t>(rope / 2));
+            for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+            std::vector<int64_t> pos(static_cast<size_t>(rows));
+            for (int64_t r = 0; r < rows; ++r) pos[static_cast<size_t>(r)] = start + r;
+            std::vector<uint8_t> ring0(static_cast<size_t>(ring_size * stride));
+            for (size_t i = 0; i < ring0.size(); ++i) ring0[i] = uint8_t((i * 131 + size_t(seed)) & 0xff);
+            DeviceBuffer<float> dx(x), dx3(x), dg(g), dinv(inv);
+            DeviceBuffer<int64_t> dpos(pos);
+            DeviceBuffer<uint8_t> ring1(ring0), ring2(ring0);
+            cd::NormRopeQuantRing r;
+            r.ring = ring1.get(), r.ring_size = ring_size, r.format = fmt;
+            FS_ASSERT_OK(cuda_status(cd::launch_norm_rope_quant(dx.get(), dg.get(), dpos.get(), dinv.get(), rows, dim,
+                                                                rope, 1e-6f, true, qprefix, qblock, 0, &r),
+                                     "norm_rope_quant + ring"));
+            FS_ASSERT_OK(cuda_status(cd::launch_norm_rope_quant(dx3.get(), dg.get(), dpos.get(), dinv.get(), rows, dim,
+                                                                rope, 1e-6f, true, qprefix, qblock, 0),
+                                     "norm_rope_quant"));
+            FS_ASSERT_OK(cuda_status(cd::launch_cache_pack_ring(fmt, ring2.get(), dx3.get(), dpos.get(), 0, rows,
+                                                                ring_size, nullptr, 0),
+                                     "pack ring"));
+            const std::string tag = "dim " + std::to_string(dim) + " block " + std::to_string(fmt.block) + " coded " +
+                                    std::to_string(fmt.coded) + " rows " + std::to_string(rows) + " start " +
+                                    std::to_string(start) + " ring " + std::to_string(ring_size);
+            expect_bitwise(dx.to_host(), dx3.to_host(), (tag + " rows").c_str());
+            const auto a = ring1.to_host(), b = ring2.to_host();
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size())) << tag << " ring bytes";
+          }
+      // Refusals: fewer slots than rows, a format of another width.
+      DeviceBuffer<float> dx(std::vector<float>(size_t(4 * dim), 1.0f));
+      DeviceBuffer<int64_t> dpos(std::vector<int64_t>{0, 1, 2, 3});
+      DeviceBuffer<float> dinv(std::vector<float>(32, 1.0f));
+      DeviceBuffer<uint8_t> ring(size_t(8 * fmt.row_bytes()));
+      cd::NormRopeQuantRing r;
+      r.ring = ring.get(), r.ring_size = 3, r.format = fmt;
+      EXPECT_NE(cd::launch_norm_rope_quant(dx.get(), nullptr, dpos.get(), dinv.get(), 4, dim, rope, 1e-6f, true, qprefix,
+                                           qblock, 0, &r),
+                cudaSuccess);
+      r.ring_size = 8, r.format.dim = int32_t(dim + 4);
+      EXPECT_NE(cd::launch_norm_rope_quant(dx.get(), nullptr, dpos.get(), dinv.get(), 4, dim, rope, 1e-6f, true, qprefix,
+                                           qblock, 0, &r),
+                cudaSuccess);
+    }
+  }
 }
 
 TEST(CudaModelOps, LinearAndNormMatchCpuBitwise) {

@@ -383,6 +383,7 @@ class GpuModel final : public Model, public Backend {
                         const Tensor& o, int64_t H, bool bf16, const ops::cuda::detail::ModelAttnArgs* un,
                         bool* unroped);
   Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
+  Result<bool> window_kv_rows(int layer, FwdChunk& chunk, const NormRopeQuantCall& c) override;
   bool draft_rings() const override { return has_draft() && w_.has_dspark; }
   Status draft_ring_write(int stage, FwdChunk& chunk, const Tensor& kv) override;
   Status draft_attention(int stage, FwdSeg& seg, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,

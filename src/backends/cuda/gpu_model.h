@@ -202,9 +202,11 @@ struct GpuLoadOptions {
   // CLI's --gpu-stack-qkv on | off.
   bool stack_query_kv = true;
   // Small row ops of a step that follow one another run as one launch where a kernel exists, with
-  // the same bits: the window KV rows' norm, RoPE and FP8 simulation (Backend::norm_rope_quant),
-  // the MoE combine with the block's stream update (Backend::moe_combine_post), the attention
-  // output's inverse RoPE inside the tensor-core decode attention (Backend::attention_unrope).
+  // the same bits: the window KV rows' norm, RoPE and FP8 simulation (Backend::norm_rope_quant)
+  // and, for one sequence whose rows fit the ring's spare slots, their ring write
+  // (Backend::window_kv_rows), the MoE combine with the block's stream update
+  // (Backend::moe_combine_post), the attention output's inverse RoPE inside the tensor-core
+  // decode attention (Backend::attention_unrope).
   // Off by default until measured on a GPU (bench/RESULTS.md, session 33). The CLI's
   // --gpu-row-fusion on | off.
   bool row_fusion = false;

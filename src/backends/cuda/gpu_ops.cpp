@@ -1101,6 +1101,31 @@ Status GpuModel::ring_write(int l, FwdChunk& ctx, const Tensor& kv) {
   return {};
 }
 
+// With row fusion, one sequence whose rows fit the ring's spare slots (ring_size >= window + T − 1:
+// no slot written here is one this layer's attention reads, whose window keys before the chunk
+// come from the ring and the chunk's own from kv): the rows' norm, RoPE, FP8 simulation and ring
+// write in one launch (ring_write's bytes). Otherwise the rows alone; ring_write follows.
+Result<bool> GpuModel::window_kv_rows(int l, FwdChunk& ctx, const NormRopeQuantCall& c) {
+  const FwdSeg* g = ctx.segs.size() == 1 ? &ctx.segs.front() : nullptr;
+  auto* st = g ? static_cast<GpuSequenceState*>(g->st) : nullptr;
+  void* ring = st && size_t(l) < st->layers.size() ? st->layers[size_t(l)].ring.get() : nullptr;
+  const float* w = c.w ? d(*c.w) : nullptr;
+  const bool fuse = row_fusion_ && ring && c.inv_freq && g->T == c.rows && g->row0 == 0 &&
+                    st->ring_size >= config().window + g->T - 1 && cache_fmt_.ring.dim == c.dim &&
+                    cd::cache_row_packable(cache_fmt_.ring) && (!w || (reinterpret_cast<uintptr_t>(w) & 15) == 0) &&
+                    cd::norm_rope_quant_supports(c.x.f32(), c.dim, c.rope_dim, c.quant_prefix, c.quant_block);
+  if (!fuse) {
+    FS_RETURN_IF_ERROR(norm_rope_quant(c));
+    return false;
+  }
+  cd::NormRopeQuantRing r;
+  r.ring = ring, r.ring_size = st->ring_size, r.format = cache_fmt_.ring;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_norm_rope_quant(c.x.f32(), w, g->pos_d.i64(), d(*c.inv_freq), c.rows, c.dim,
+                                                     c.rope_dim, c.eps, c.bf16, c.quant_prefix, c.quant_block,
+                                                     stream_, &r));
+  return true;
+}
+
 // ---- DSpark ----
 
 // Every sequence's rows into its ring of the stage: one launch (sequence descriptors) for several.

@@ -27,6 +27,9 @@ cudaError_t launch_copy_rows_table(const float* const* src, float* const* dst, i
                                    cudaStream_t s);
 // dst [n, f.dim] FP32 ← n packed rows.
 cudaError_t launch_cache_unpack_rows(const CacheRowFormat& f, const void* src, int64_t n, float* dst, cudaStream_t s);
+// Whether the packers above take rows of format f (ops::validate_row_format's rules; the warp
+// layout of cache_pack.cuh divides by the block).
+bool cache_row_packable(const CacheRowFormat& f);
 // launch_ring_write in a row format: ring slot pos[t] % ring_size ← kv[t] for t in [t0, T).
 cudaError_t launch_cache_pack_ring(const CacheRowFormat& f, void* ring, const float* kv, const int64_t* pos,
                                    int64_t t0, int64_t T, int64_t ring_size, int* bad, cudaStream_t s);

@@ -4,6 +4,10 @@
 // (launch_model_rms_norm: the CPU's double sum of squares in its order), bitwise as well.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
+#include "ops/cuda/cache/cache_pack.cuh"
+#include "ops/cuda/cache/cache_rows.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
@@ -57,11 +61,18 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
 // per-lane order and folds the lanes as it does (lane 0's sum); the RoPE table is made as
 // rope_kernel makes it, while the loads are in flight; a quantisation block is qblock / 4 lanes of
 // one warp (its max by shuffles: order-free). Every value takes the three kernels' expressions, so
-// the bits are theirs, from one launch of ~dim / 4 threads instead of three.
-constexpr int kNrqMaxWarps = int(kSumChunk / 128);
-__global__ void __launch_bounds__(kNrqMaxWarps * 32) norm_rope_quant_kernel(float* x, const float* w, const int64_t* pos,
-                                                                           const float* inv_freq, int dim, int rope_dim,
-                                                                           float eps, bool bf16, int qprefix, int qblock) {
+// the bits are theirs, from one launch of ~dim / 4 threads instead of three. With a ring, the
+// block then writes the finished row to ring slot pos % ring_size in format rf, each warp packing
+// units of it as pack_ring_kernel's warps do (the same bytes), so that the ring write needs no
+// launch of its own; the block then has a warp per unit when the row has more units than value
+// warps.
+constexpr int kNrqMaxWarps = int(kSumChunk / 128);  // warps holding values
+constexpr int kNrqMaxThreads = 1024;
+__global__ void __launch_bounds__(kNrqMaxThreads) norm_rope_quant_kernel(float* x, const float* w, const int64_t* pos,
+                                                                        const float* inv_freq, int dim, int rope_dim,
+                                                                        float eps, bool bf16, int qprefix, int qblock,
+                                                                        uint8_t* ring, int64_t ring_size,
+                                                                        CacheRowFormat rf) {
   pdl_prologue();
   __shared__ double sq[kNrqMaxWarps][32][4];
   __shared__ float trig[kSumChunk];  // [half] cos, [half] sin
@@ -89,7 +100,7 @@ __global__ void __launch_bounds__(kNrqMaxWarps * 32) norm_rope_quant_kernel(floa
   __syncthreads();
   if (warp == 0) {
     double s[4] = {0, 0, 0, 0};
-    for (int i = 0; i < nwarps; ++i)
+    for (int i = 0; i < nwarps && i < kNrqMaxWarps; ++i)
       if (128 * i + 4 * lane < dim)
 #pragma unroll
         for (int q = 0; q < 4; ++q) s[q] = __dadd_rn(s[q], sq[i][lane][q]);
@@ -134,6 +145,12 @@ __global__ void __launch_bounds__(kNrqMaxWarps * 32) norm_rope_quant_kernel(floa
     }
   }
   if (live) *reinterpret_cast<float4*>(xr + k0) = make_float4(e[0], e[1], e[2], e[3]);
+  if (ring) {
+    __syncthreads();  // the row as stored above, visible to every warp of the block
+    uint8_t* slot = ring + (pos[blockIdx.x] % ring_size) * cache_row_stride(rf, rf.dim);
+    const int64_t units = row_pack::warps_per_row(rf);
+    for (int64_t u = warp; u < units; u += nwarps) row_pack::pack_row_unit(rf, xr, slot, u, nullptr);
+  }
 }
 
 }  // namespace
@@ -147,14 +164,22 @@ bool norm_rope_quant_supports(const float* x, int64_t dim, int64_t rope_dim, int
 
 cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
                                    int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t qprefix,
-                                   int64_t qblock, cudaStream_t stream) {
+                                   int64_t qblock, cudaStream_t stream, const NormRopeQuantRing* ring) {
   if (rows < 0 || rows > INT32_MAX || !norm_rope_quant_supports(x, dim, rope_dim, qprefix, qblock) ||
       (w && (reinterpret_cast<uintptr_t>(w) & 15) != 0) || (rope_dim > 0 && (!pos || !inv_freq)))
     return cudaErrorInvalidValue;
+  int64_t warps = (dim + 127) / 128;
+  if (ring) {
+    if (!ring->ring || !pos || ring->ring_size < rows || ring->format.dim != dim || !cache_row_packable(ring->format) ||
+        row_pack::warps_per_row(ring->format) > kNrqMaxThreads / 32)
+      return cudaErrorInvalidValue;
+    warps = std::max<int64_t>(warps, row_pack::warps_per_row(ring->format));
+  }
   if (rows == 0) return cudaSuccess;
-  const int threads = int((dim + 127) / 128) * 32;
-  return launch_kernel(norm_rope_quant_kernel, unsigned(rows), threads, 0, stream, x, w, pos, inv_freq, int(dim),
-                       int(rope_dim), eps, bf16, int(qprefix), int(qblock));
+  return launch_kernel(norm_rope_quant_kernel, unsigned(rows), unsigned(warps * 32), 0, stream, x, w, pos, inv_freq,
+                       int(dim), int(rope_dim), eps, bf16, int(qprefix), int(qblock),
+                       ring ? static_cast<uint8_t*>(ring->ring) : nullptr, ring ? ring->ring_size : int64_t(1),
+                       ring ? ring->format : CacheRowFormat{});
 }
 
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "ops/cache_row_format.h"
+
 namespace flashseek::ops::cuda::detail {
 
 cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
@@ -20,10 +22,18 @@ cudaError_t launch_rope(float* x, const int64_t* pos, const float* inv_freq, int
 // launch_quant_sim in turn, in one launch. For what norm_rope_quant_supports admits (rows of
 // 4..1024 values, a multiple of 4, 16-byte aligned; qblock 0 or a power of two in 4..128 dividing
 // qprefix; w, when given, 16-byte aligned).
+// With `ring`: each finished row r is also written to ring slot pos[r] % ring_size in `format`
+// (launch_cache_pack_ring's bytes; rows of one sequence, at most ring_size of them, so no two
+// share a slot), in the same launch.
+struct NormRopeQuantRing {
+  void* ring = nullptr;
+  int64_t ring_size = 0;
+  CacheRowFormat format;  // format.dim == dim, packable (cache_row_packable)
+};
 bool norm_rope_quant_supports(const float* x, int64_t dim, int64_t rope_dim, int64_t qprefix, int64_t qblock);
 cudaError_t launch_norm_rope_quant(float* x, const float* w, const int64_t* pos, const float* inv_freq, int64_t rows,
                                    int64_t dim, int64_t rope_dim, float eps, bool bf16, int64_t qprefix,
-                                   int64_t qblock, cudaStream_t stream);
+                                   int64_t qblock, cudaStream_t stream, const NormRopeQuantRing* ring = nullptr);
 
 struct AttnArgs {
   const float* q;
