@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kNrqMaxThreads) norm_rope_quant_kernel(float* 
     if (w) t = __fmul_rn(t, gw[q]);
     e[q] = bf16 ? dev_round_bf16(t) : t;
   }
-  if (k0 + 2 >= roff) {  // roff even: the pairs (k, k + 1) are (q, q + 1) for q = 0, 2
+  if (live && k0 + 2 >= roff) {  // roff even: the pairs (k, k + 1) are (q, q + 1) for q = 0, 2
 #pragma unroll
     for (int q = 0; q < 4; q += 2) {
       if (k0 + q < roff) continue;  // roff % 4 == 2: this thread's first pair is not rotated
