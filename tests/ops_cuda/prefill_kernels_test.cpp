@@ -45,6 +45,26 @@ float e4m3_value(uint8_t b) {
   return s ? -v : v;
 }
 
+// Random inputs of an attention launch: q [m, heads, dim], BF16 key rows [rows, dim], sinks
+// [heads] and index lists [m, n_idx] (a fifth of the slots padding).
+struct AttnInputs {
+  std::vector<float> q;
+  std::vector<uint16_t> kv;
+  std::vector<float> sink;
+  std::vector<int32_t> idx;
+};
+AttnInputs random_attn_inputs(std::mt19937& rng, int m, int heads, int dim, int n_idx, int rows) {
+  AttnInputs in;
+  in.q = randn(rng, size_t(m) * heads * dim, 0.3f);
+  const auto kvf = randn(rng, size_t(rows) * dim);
+  in.kv.resize(kvf.size());
+  for (size_t i = 0; i < kvf.size(); ++i) in.kv[i] = bf16_bits(kvf[i]);
+  in.sink = randn(rng, size_t(heads), 2.0f);
+  in.idx.resize(size_t(m) * n_idx);
+  for (auto& v : in.idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % uint32_t(rows));
+  return in;
+}
+
 struct AttnCase {
   int m, n_idx, n_rows;
   double pad_frac;
@@ -138,13 +158,7 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   for (const int kD : {512, 128}) {
     constexpr int kM = 40, kNIdx = 150, kRows = 400, kH = 80;
     std::mt19937 rng(uint32_t(90 + kD));
-    const auto q = randn(rng, size_t(kM) * kH * kD, 0.3f);
-    const auto kvf = randn(rng, size_t(kRows) * kD);
-    std::vector<uint16_t> kv(kvf.size());
-    for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
-    const auto sink = randn(rng, kH, 2.0f);
-    std::vector<int32_t> idx(size_t(kM) * kNIdx);
-    for (auto& v : idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % kRows);
+    const auto [q, kv, sink, idx] = random_attn_inputs(rng, kM, kH, kD, kNIdx, kRows);
     DeviceBuffer<float> dq(q), dsink(sink), dall(q.size()), done(q.size());
     DeviceBuffer<uint16_t> dkv(kv);
     DeviceBuffer<int32_t> didx(idx);
@@ -196,13 +210,7 @@ TEST(CudaPrefillAttention, InverseRopeInTheLaunchEqualsRopeAfter) {
           SCOPED_TRACE(::testing::Message() << "D=" << kD << " rope=" << rope << " m=" << m << " bf16=" << bf16);
           constexpr int kH = 16, kNIdx = 150, kRows = 300;
           std::mt19937 rng(seed++);
-          const auto q = randn(rng, size_t(m) * kH * kD, 0.3f);
-          const auto kvf = randn(rng, size_t(kRows) * kD);
-          std::vector<uint16_t> kv(kvf.size());
-          for (size_t i = 0; i < kv.size(); ++i) kv[i] = bf16_bits(kvf[i]);
-          const auto sink = randn(rng, kH, 2.0f);
-          std::vector<int32_t> idx(size_t(m) * kNIdx);
-          for (auto& v : idx) v = rng() % 5 == 0 ? -1 : int32_t(rng() % kRows);
+          const auto [q, kv, sink, idx] = random_attn_inputs(rng, m, kH, kD, kNIdx, kRows);
           std::vector<int64_t> pos(static_cast<size_t>(m));
           for (auto& p : pos) p = int64_t(rng() % (1u << 20));
           std::vector<float> inv(static_cast<size_t>(rope / 2));

@@ -1871,20 +1871,13 @@ __global__ void hc_post_kernel(const float* f, float* x, const float* post, cons
   for (int64_t k = 0; k < hc; ++k) x[(r * hc + k) * dim + d] = out[k];
 }
 
-// hc_post_kernel with the stream count known at compile time (the configs' hc_mult 4): the streams
-// in registers instead of local-memory arrays, row blockIdx.x and columns over blockIdx.y (no
-// 64-bit division per element); the same operations in the same order, so the same bits.
+// Column d of row r's HC streams ← post ⊗ fv + combᵀ xs (ops::hc_post's order), xs their values
+// before the update.
 template <int HC>
-__global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post, const float* comb, int64_t dim,
-                                     bool bf16) {
-  pdl_prologue();
-  const int64_t r = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  float xs[HC], out[HC];
-#pragma unroll
-  for (int j = 0; j < HC; ++j) xs[j] = x[(r * HC + j) * dim + d];
+__device__ __forceinline__ void hc_post_column(float* x, const float* post, const float* comb, int64_t r, int64_t dim,
+                                               int64_t d, const float (&xs)[HC], float fv, bool bf16) {
   const float* P = comb + r * HC * HC;
-  const float fv = f[r * dim + d];
+  float out[HC];
 #pragma unroll
   for (int k = 0; k < HC; ++k) {
     float s = __fmul_rn(post[r * HC + k], fv);
@@ -1896,7 +1889,35 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
   for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
 }
 
-// moe_combine_kernel's sum for (row r, column d), stored to out, then hc_post_fixed_kernel's
+// hc_post_kernel with the stream count known at compile time (the configs' hc_mult 4): the streams
+// in registers instead of local-memory arrays, row blockIdx.x and columns over blockIdx.y (no
+// 64-bit division per element); the same operations in the same order, so the same bits.
+template <int HC>
+__global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post, const float* comb, int64_t dim,
+                                     bool bf16) {
+  pdl_prologue();
+  const int64_t r = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float xs[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) xs[j] = x[(r * HC + j) * dim + d];
+  hc_post_column<HC>(x, post, comb, r, dim, d, xs, f[r * dim + d], bf16);
+}
+
+// The MoE combine of (row t, column d) in slot order (ops::moe_combine before its rounding): row_of
+// maps pair (t, k) to its row of y (outputs in expert-sorted order), else t·K + k; a negative row
+// (another rank's expert) adds +0, as the exactness path writes such an output.
+__device__ __forceinline__ float moe_combine_sum(const float* y, const float* ys, const int32_t* row_of, int64_t t,
+                                                 int64_t K, int64_t dim, int64_t d) {
+  float s = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
+    s += r >= 0 ? y[r * dim + d] : 0.0f;
+  }
+  return s + ys[t * dim + d];
+}
+
+// moe_combine_kernel's value for (row t, column d), stored to out, then hc_post_fixed_kernel's
 // update of the HC streams from it: the two kernels' expressions in their order.
 template <int HC>
 __global__ void moe_combine_post_kernel(const float* y, const float* ys, float* out, int64_t K, int64_t dim, bool bf16,
@@ -1905,27 +1926,13 @@ __global__ void moe_combine_post_kernel(const float* y, const float* ys, float* 
   pdl_prologue();
   const int64_t t = blockIdx.x, d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (d >= dim) return;
-  float xs[HC], o[HC];
+  float xs[HC];
 #pragma unroll
   for (int j = 0; j < HC; ++j) xs[j] = x[(t * HC + j) * dim + d];  // issued before the combine's loads
-  float s = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
-    s += r >= 0 ? y[r * dim + d] : 0.0f;
-  }
-  s += ys[t * dim + d];
+  const float s = moe_combine_sum(y, ys, row_of, t, K, dim, d);
   const float fv = bf16 ? dev_round_bf16(s) : s;
   out[t * dim + d] = fv;
-  const float* P = comb + t * HC * HC;
-#pragma unroll
-  for (int k = 0; k < HC; ++k) {
-    float v = __fmul_rn(post[t * HC + k], fv);
-#pragma unroll
-    for (int j = 0; j < HC; ++j) v = mul_add(P[j * HC + k], xs[j], v);
-    o[k] = post_bf16 ? dev_round_bf16(v) : v;
-  }
-#pragma unroll
-  for (int k = 0; k < HC; ++k) x[(t * HC + k) * dim + d] = o[k];
+  hc_post_column<HC>(x, post, comb, t, dim, d, xs, fv, post_bf16);
 }
 
 __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
@@ -2069,15 +2076,7 @@ __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, 
   pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= T * dim) return;
-  const int64_t t = id / dim, d = id % dim;
-  float s = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    // row_of < 0: a pair routed to another rank's expert (expert parallel), whose output is +0 as
-    // the exactness path writes it.
-    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
-    s += r >= 0 ? y[r * dim + d] : 0.0f;
-  }
-  s += ys[id];
+  const float s = moe_combine_sum(y, ys, row_of, id / dim, K, dim, id % dim);
   out[id] = bf16 ? dev_round_bf16(s) : s;
 }
 
