@@ -138,7 +138,22 @@ const Range kState{reinterpret_cast<uintptr_t>(&g_state_token), reinterpret_cast
 // The CPU ops, issued as the CUDA backend would issue them (see the file comment).
 class HazardOps final : public Backend {
  public:
-  HazardOps(CpuOps& in, HazardLog& log) : in_(in), log_(log) {}
+  // early_ring_window >= 0 (the model's window): window_kv_rows writes the window rows to the ring
+  // with their norm, before the attention, where the CUDA backend's row fusion does
+  // (GpuModel::window_kv_rows: one sequence whose rows fit the ring's spare slots).
+  HazardOps(CpuOps& in, HazardLog& log, int64_t early_ring_window = -1)
+      : in_(in), log_(log), early_window_(early_ring_window) {}
+
+  Result<bool> window_kv_rows(int layer, FwdChunk& chunk, const NormRopeQuantCall& c) override {
+    FS_RETURN_IF_ERROR(norm_rope_quant(c));
+    if (early_window_ < 0 || chunk.segs.size() != 1) return false;
+    const auto* st = static_cast<const ModelState*>(chunk.segs.front().st);
+    if (st->ring_size < early_window_ + chunk.T - 1) return false;
+    FS_RETURN_IF_ERROR(ring_write(layer, chunk, c.x));
+    ++early_rings_;
+    return true;
+  }
+  int early_rings() const { return early_rings_; }
 
   Status side_begin(int lane) override { return log_.begin(lane), Status{}; }
   Status side_end(int lane) override { return log_.end(lane), Status{}; }
@@ -367,6 +382,8 @@ class HazardOps final : public Backend {
  private:
   CpuOps& in_;
   HazardLog& log_;
+  int64_t early_window_ = -1;
+  int early_rings_ = 0;
 };
 
 // The checker itself: an unordered write / read pair is found, ordered or read-only pairs are not.
@@ -437,8 +454,10 @@ void PrintTo(const Param& p, std::ostream* os) {
 
 class BranchHazard : public ::testing::TestWithParam<Param> {};
 
-// A prefill chunk, then decode steps of two sequences together and of one with a 3-token block:
-// no unordered conflict, the lanes used where the flow marks them, the plain model's bits.
+// Prefill chunks (one after context), then decode steps of two sequences together, of one with
+// a 3-token block and of one alone: no unordered conflict, the lanes used where the flow marks them, the plain model's
+// bits; the same with the window rows' ring write moved before the attention where the CUDA
+// backend's row fusion moves it.
 TEST_P(BranchHazard, BranchesTouchDisjointMemory) {
   const Param p = GetParam();
   auto loaded = CpuModel::load(parity_test::checkpoint({p.config}), p.numerics);
@@ -446,19 +465,23 @@ TEST_P(BranchHazard, BranchesTouchDisjointMemory) {
   CpuModel& m = *loaded.value();
   const auto& c = m.config();
   Rng r(5);
-  std::vector<int32_t> prompt(37), other(23);
+  std::vector<int32_t> prompt(37), other(23), more(20);
   for (auto& t : prompt) t = int32_t(r.below(uint64_t(c.vocab_size)));
   for (auto& t : other) t = int32_t(r.below(uint64_t(c.vocab_size)));
+  for (auto& t : more) t = int32_t(r.below(uint64_t(c.vocab_size)));
   const std::vector<int32_t> step_a{int32_t(r.below(uint64_t(c.vocab_size)))},
       step_b{int32_t(r.below(uint64_t(c.vocab_size)))}, block{3, 9, 27};
 
   HazardLog log;
+  bool early_ring = false;  // the second hazard run: the window rows' ring write with their norm
+  int early_rings = 0;
   auto hazard_forward = [&](std::span<BatchItem> batch, std::vector<float>& logits) -> Status {
     CpuOps ops(m);
-    HazardOps h(ops, log);
+    HazardOps h(ops, log, early_ring ? c.window : -1);
     Forward f(m.flow_params(), h);
     const Status s = f.forward(batch, logits);
     EXPECT_TRUE(log.idle()) << "a lane was left open";
+    early_rings += h.early_rings();
     return s;
   };
   auto plain_forward = [&](std::span<BatchItem> batch, std::vector<float>& logits) {
@@ -477,13 +500,16 @@ TEST_P(BranchHazard, BranchesTouchDisjointMemory) {
   auto run = [&](auto&& fwd, auto&& propose) {
     std::vector<float> logits;
     auto a = m.new_sequence(), b = m.new_sequence();
-    BatchItem pa{a.get(), prompt, false}, pb{b.get(), other, false};
+    BatchItem pa{a.get(), prompt, false}, pb{b.get(), other, false}, pc{b.get(), more, false};
     EXPECT_TRUE(fwd(std::span<BatchItem>(&pa, 1), logits).ok());
     EXPECT_TRUE(fwd(std::span<BatchItem>(&pb, 1), logits).ok());
+    EXPECT_TRUE(fwd(std::span<BatchItem>(&pc, 1), logits).ok());  // a chunk after context: too long for early
     BatchItem two[2] = {{a.get(), step_a, false}, {b.get(), step_b, false}};
     EXPECT_TRUE(fwd(std::span<BatchItem>(two, 2), logits).ok());
     BatchItem blk{a.get(), block, true};
     EXPECT_TRUE(fwd(std::span<BatchItem>(&blk, 1), logits).ok());
+    BatchItem one{b.get(), step_a, false};
+    EXPECT_TRUE(fwd(std::span<BatchItem>(&one, 1), logits).ok());
     if (c.is_v41()) {
       auto d = propose(*a);
       EXPECT_TRUE(d.ok()) << d.status().to_string();
@@ -499,12 +525,24 @@ TEST_P(BranchHazard, BranchesTouchDisjointMemory) {
   // Each forward: lane-0 branches in every attention (the query beside the window KV, the ring
   // write beside the output projection) and MoE (routed beside shared), and V4.1 a lane-1 branch
   // per sublayer (the mixes beside it), also in each proposal stage.
-  const int forwards = 4, L = int(c.num_layers);
+  const int forwards = 6, L = int(c.num_layers);
   EXPECT_GE(log.lane_forks(0), forwards * 3 * L);
   if (c.is_v41())
     EXPECT_EQ(log.lane_forks(1), forwards * 2 * L + 2 * int(c.num_mtp_layers));
   else
     EXPECT_EQ(log.lane_forks(1), 0);
+
+  // Again with the window rows written to the ring before the attention where a backend may
+  // (one sequence of at most ring_size - window + 1 rows: the 3-token block and the one-token
+  // step): no conflict (the query beside them reads no state), the plain model's bits.
+  HazardLog early_log;
+  std::swap(log, early_log);
+  early_ring = true;
+  const std::vector<float> early = run(hazard_forward, hazard_propose);
+  for (const std::string& h : log.hazards()) ADD_FAILURE() << "early ring write: " << h;
+  EXPECT_EQ(early_rings, 2 * L);
+  ASSERT_EQ(early.size(), plain.size());
+  EXPECT_EQ(std::memcmp(early.data(), plain.data(), early.size() * 4), 0) << "the early ring writes changed the logits";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, BranchHazard,
