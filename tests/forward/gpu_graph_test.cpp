@@ -58,10 +58,13 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::unique_ptr<Model> load(const std::string& dir, Numerics n, bool graphs, bool patch = true) {
-  auto m = load_model_gpu(dir, n, 0, graph_options(graphs, patch));
+std::unique_ptr<Model> load(const std::string& dir, Numerics n, const GpuLoadOptions& o) {
+  auto m = load_model_gpu(dir, n, 0, o);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return m.ok() ? std::move(m).value() : nullptr;
+}
+std::unique_ptr<Model> load(const std::string& dir, Numerics n, bool graphs, bool patch = true) {
+  return load(dir, n, graph_options(graphs, patch));
 }
 
 GpuGraphStats stats(const Model& m) {
@@ -186,11 +189,7 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
     o.programmatic_launch = pdl;
     return o;
   };
-  auto load_with = [&](const GpuLoadOptions& o) {
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(m).value() : nullptr;
-  };
+  auto load_with = [&](const GpuLoadOptions& o) { return load(dir, p.numerics, o); };
   auto graph_pdl = load_with(opts(true, true)), graph_plain = load_with(opts(true, false));
   auto eager_pdl = load_with(opts(false, true)), eager_plain = load_with(opts(false, false));
   ASSERT_TRUE(graph_pdl && graph_plain && eager_pdl && eager_plain);
@@ -219,9 +218,7 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   auto load_with = [&](bool graphs, bool fuse) {
     GpuLoadOptions o = graph_options(graphs);
     o.row_fusion = fuse;
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(m).value() : nullptr;
+    return load(dir, p.numerics, o);
   };
   auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
   ASSERT_TRUE(plain && fused && fused_graphs);
@@ -258,9 +255,7 @@ TEST_P(GpuGraphDecode, SideBranchesEqualOneStreamBitwise) {
   auto load_with = [&](bool graphs, GpuBranches br) {
     GpuLoadOptions o = graph_options(graphs);
     o.branches = br;
-    auto m = load_model_gpu(dir, p.numerics, 0, o);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(m).value() : nullptr;
+    return load(dir, p.numerics, o);
   };
   auto one_stream = load_with(false, GpuBranches::kOff);
   ASSERT_TRUE(one_stream);

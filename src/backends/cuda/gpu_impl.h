@@ -377,11 +377,12 @@ class GpuModel final : public Model, public Backend {
   Status attention_unrope(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
                           const Tensor& o, int64_t H, int64_t Dh, bool bf16, const Vec& inv_freq,
                           int64_t rope_dim) override;
-  // attention() with, where `un` is given and every row takes the tensor-core decode attention,
-  // the inverse RoPE in its launch (ModelAttnArgs::unrope_pos): *unroped says whether it did.
+  // attention() with, where unrope_pos is given and every row takes the tensor-core decode
+  // attention, the inverse RoPE in its launch (ModelAttnArgs::unrope_pos): *unroped says whether
+  // it did.
   Status attention_impl(int layer, FwdChunk& chunk, const Tensor& q, const Tensor& kv, const Vec& sink,
-                        const Tensor& o, int64_t H, bool bf16, const ops::cuda::detail::ModelAttnArgs* un,
-                        bool* unroped);
+                        const Tensor& o, int64_t H, bool bf16, const int64_t* unrope_pos,
+                        const float* unrope_inv_freq, int64_t unrope_dim, bool* unroped);
   Status ring_write(int layer, FwdChunk& chunk, const Tensor& kv) override;
   Result<bool> window_kv_rows(int layer, FwdChunk& chunk, const NormRopeQuantCall& c) override;
   bool draft_rings() const override { return has_draft() && w_.has_dspark; }

@@ -207,8 +207,7 @@ struct GpuLoadOptions {
   // (Backend::window_kv_rows), the MoE combine with the block's stream update
   // (Backend::moe_combine_post), the attention output's inverse RoPE inside the tensor-core
   // decode attention (Backend::attention_unrope).
-  // Off by default until measured on a GPU (bench/RESULTS.md, session 33). The CLI's
-  // --gpu-row-fusion on | off.
+  // Off by default. The CLI's --gpu-row-fusion on | off.
   bool row_fusion = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).

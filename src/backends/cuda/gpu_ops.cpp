@@ -950,7 +950,7 @@ Status GpuModel::index_topk_seg(int l, FwdSeg& seg, const Tensor& iq, const Tens
 Status GpuModel::attention(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink, const Tensor& o,
                            int64_t H, bool bf16) {
   bool unroped = false;
-  return attention_impl(l, ctx, q, kv, sink, o, H, bf16, nullptr, &unroped);
+  return attention_impl(l, ctx, q, kv, sink, o, H, bf16, nullptr, nullptr, 0, &unroped);
 }
 
 // With row fusion: the rotation inside the decode attention's launch where every row takes it.
@@ -959,15 +959,14 @@ Status GpuModel::attention_unrope(int l, FwdChunk& ctx, const Tensor& q, const T
                                   int64_t rope_dim) {
   if (!row_fusion_ || rope_dim <= 0)
     return Backend::attention_unrope(l, ctx, q, kv, sink, o, H, Dh, bf16, inv_freq, rope_dim);
-  cd::ModelAttnArgs un;
-  un.unrope_pos = ctx.pos.i64(), un.unrope_inv_freq = d(inv_freq), un.unrope_dim = rope_dim;
   bool unroped = false;
-  FS_RETURN_IF_ERROR(attention_impl(l, ctx, q, kv, sink, o, H, bf16, &un, &unroped));
+  FS_RETURN_IF_ERROR(attention_impl(l, ctx, q, kv, sink, o, H, bf16, ctx.pos.i64(), d(inv_freq), rope_dim, &unroped));
   return unroped ? Status{} : rope(o, ctx.pos, inv_freq, ctx.T, H, Dh, rope_dim, true, bf16);
 }
 
 Status GpuModel::attention_impl(int l, FwdChunk& ctx, const Tensor& q, const Tensor& kv, const Vec& sink,
-                                const Tensor& o, int64_t H, bool bf16, const cd::ModelAttnArgs* un, bool* unroped) {
+                                const Tensor& o, int64_t H, bool bf16, const int64_t* unrope_pos,
+                                const float* unrope_inv_freq, int64_t unrope_dim, bool* unroped) {
   *unroped = false;
   const auto& c = config();
   const auto& role = c.role(l);
@@ -1074,8 +1073,8 @@ Status GpuModel::attention_impl(int l, FwdChunk& ctx, const Tensor& q, const Ten
       return {};
     }
   }
-  if (un && rows_tc) {  // every row below takes launch_model_decode_attention: the rotation in it
-    p.unrope_pos = un->unrope_pos, p.unrope_inv_freq = un->unrope_inv_freq, p.unrope_dim = un->unrope_dim;
+  if (unrope_pos && rows_tc) {  // every row below takes launch_model_decode_attention: the rotation in it
+    p.unrope_pos = unrope_pos, p.unrope_inv_freq = unrope_inv_freq, p.unrope_dim = unrope_dim;
     *unroped = true;
   }
   if (seqs.size() == 1) {

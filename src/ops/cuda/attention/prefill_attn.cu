@@ -335,12 +335,9 @@ __global__ void __launch_bounds__(128) attn_fold_kernel(PrefillAttnArgs a) {
 #pragma unroll
     for (int q = 0; q < 4; q += 2) {
       if (d + q < roff) continue;  // roff % 4 == 2: this thread's first pair is not rotated
-      const float ang = __fmul_rn(p, ld_weight(a.unrope_inv_freq + (d + q - roff) / 2));
-      const float cs = float(cos(double(ang))), sn = -float(sin(double(ang)));
-      float ra = __fsub_rn(__fmul_rn(e[q], cs), __fmul_rn(e[q + 1], sn));
-      float rb = __fadd_rn(__fmul_rn(e[q], sn), __fmul_rn(e[q + 1], cs));
-      if (a.bf16_out) ra = fold_out(ra, true), rb = fold_out(rb, true);
-      e[q] = ra, e[q + 1] = rb;
+      float cs, sn;
+      dev_rope_trig(p, ld_weight(a.unrope_inv_freq + (d + q - roff) / 2), true, cs, sn);
+      dev_rope_pair(e[q], e[q + 1], cs, sn, a.bf16_out);
     }
   }
   *reinterpret_cast<float4*>(a.out + (t * a.heads + h) * kD + d) = make_float4(e[0], e[1], e[2], e[3]);

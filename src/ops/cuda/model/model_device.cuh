@@ -28,6 +28,24 @@ __device__ __forceinline__ float dev_round_bf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// ops::apply_rope's angle of position p at one frequency: cos and sin taken in double and rounded
+// to FP32 (sn negated for the inverse rotation).
+__device__ __forceinline__ void dev_rope_trig(float p, float inv_freq, bool inverse, float& cs, float& sn) {
+  const float ang = __fmul_rn(p, inv_freq);
+  const float s = float(sin(double(ang)));
+  cs = float(cos(double(ang)));
+  sn = inverse ? -s : s;
+}
+
+// ops::apply_rope's rotation of the pair (a, b) by (cs, sn): unfused products and sums, as the CPU
+// (built with -ffp-contract=off) computes them; both rounded to BF16 when bf16.
+__device__ __forceinline__ void dev_rope_pair(float& a, float& b, float cs, float sn, bool bf16) {
+  float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+  float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+  if (bf16) ra = dev_round_bf16(ra), rb = dev_round_bf16(rb);
+  a = ra, b = rb;
+}
+
 // core/numeric.h round_e4m3: RNE to e4m3, saturating at ±448.
 __device__ __forceinline__ float dev_round_e4m3(float x) {
   if (isnan(x)) return x;

@@ -1,6 +1,6 @@
 // RMSNorm and RoPE kernels, written to match the CPU reference's rounding: the RoPE products are
-// kept unfused (__fmul_rn/__fadd_rn) and cos/sin are taken in double and rounded to FP32, as
-// ops::apply_rope does, so results are bitwise equal to the CPU; RMSNorm is the model's kernel
+// kept unfused and cos/sin are taken in double and rounded to FP32, as ops::apply_rope does
+// (model_device.cuh dev_rope_trig / dev_rope_pair), so results are bitwise equal to the CPU; RMSNorm is the model's kernel
 // (launch_model_rms_norm: the CPU's double sum of squares in its order), bitwise as well.
 #include <cuda_bf16.h>
 
@@ -16,10 +16,6 @@
 
 namespace flashseek::ops::cuda::detail {
 namespace {
-
-__device__ __forceinline__ float round_bf16(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
-}
 
 // A block per (row, kRopeThreads pairs of the row's n_vec x rope_dim/2): the row's cos / sin per
 // frequency once per block (in double, rounded to FP32, a shared-memory table) instead of once
@@ -38,20 +34,12 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
   float a = 0, b = 0;
   if (live) a = v[0], b = v[1];
   const float p = float(pos[r]);
-  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) {
-    const float ang = __fmul_rn(p, inv_freq[f]);
-    const float sn = float(sin(double(ang)));
-    trig[f] = float(cos(double(ang)));
-    trig[half + f] = inverse ? -sn : sn;
-  }
+  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) dev_rope_trig(p, inv_freq[f], inverse, trig[f], trig[half + f]);
   __syncthreads();
   if (!live) return;
-  const float cs = trig[i], sn = trig[half + i];
-  float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-  float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-  if (bf16_out) ra = round_bf16(ra), rb = round_bf16(rb);
-  v[0] = ra;
-  v[1] = rb;
+  dev_rope_pair(a, b, trig[i], trig[half + i], bf16_out);
+  v[0] = a;
+  v[1] = b;
 }
 
 // ops::rms_norm, ops::apply_rope (forward, one vector per row) and the FP8 simulation of a row
@@ -88,11 +76,8 @@ __global__ void __launch_bounds__(kNrqMaxThreads) norm_rope_quant_kernel(float* 
   }
   const int half = rope_dim / 2, roff = dim - rope_dim;
   const float p = half > 0 ? float(pos[blockIdx.x]) : 0.0f;
-  for (int f = int(threadIdx.x); f < half; f += int(blockDim.x)) {
-    const float ang = __fmul_rn(p, ld_weight(inv_freq + f));
-    trig[f] = float(cos(double(ang)));
-    trig[half + f] = float(sin(double(ang)));
-  }
+  for (int f = int(threadIdx.x); f < half; f += int(blockDim.x))
+    dev_rope_trig(p, ld_weight(inv_freq + f), false, trig[f], trig[half + f]);
   if (live) {
     sq[warp][lane][0] = __dmul_rn(double(v.x), double(v.x)), sq[warp][lane][1] = __dmul_rn(double(v.y), double(v.y));
     sq[warp][lane][2] = __dmul_rn(double(v.z), double(v.z)), sq[warp][lane][3] = __dmul_rn(double(v.w), double(v.w));
@@ -124,11 +109,7 @@ __global__ void __launch_bounds__(kNrqMaxThreads) norm_rope_quant_kernel(float* 
     for (int q = 0; q < 4; q += 2) {
       if (k0 + q < roff) continue;  // roff % 4 == 2: this thread's first pair is not rotated
       const int i = (k0 + q - roff) / 2;
-      const float cs = trig[i], sn = trig[half + i];
-      float ra = __fsub_rn(__fmul_rn(e[q], cs), __fmul_rn(e[q + 1], sn));
-      float rb = __fadd_rn(__fmul_rn(e[q], sn), __fmul_rn(e[q + 1], cs));
-      if (bf16) ra = round_bf16(ra), rb = round_bf16(rb);
-      e[q] = ra, e[q + 1] = rb;
+      dev_rope_pair(e[q], e[q + 1], trig[i], trig[half + i], bf16);
     }
   }
   if (qblock > 0) {  // a block is the lanes [lane - lane % (qblock / 4), +qblock / 4) of this warp
