@@ -112,11 +112,11 @@ if [ "${FLASHSEEK_MODEL_BENCH:-1}" = 1 ]; then
 fi
 # Issue 13's measure: the engine's marginal batch-1 layer ((step at 12 layers - step at 8) / 4, per
 # round and of the medians) against the layer slice's in the same rounds, the CLI's defaults against
-# --gpu-row-fusion on (scripts/gpu_ab.py) -> marginal.md. FLASHSEEK_MARGINAL_ROUNDS rounds (0, the
+# one stream without row fusion (scripts/gpu_ab.py) -> marginal.md. FLASHSEEK_MARGINAL_ROUNDS rounds (0, the
 # default: skipped; 10 rounds of shapes 1 and v6 take ~4-5 min on an H100).
 if [ "${FLASHSEEK_MARGINAL_ROUNDS:-0}" -gt 0 ]; then
   python3 scripts/gpu_ab.py --rounds "$FLASHSEEK_MARGINAL_ROUNDS" --layers 8,12 --shapes 1,v6 --prompt-tokens 4096 \
-    --slice "$fs_bin" "$fs_bin" "$fs_bin::--gpu-row-fusion on" >"$out/marginal_run.txt" 2>&1 || model_rc=1
+    --slice "$fs_bin" "$fs_bin" "$fs_bin::--gpu-row-fusion off --gpu-branches off" >"$out/marginal_run.txt" 2>&1 || model_rc=1
   sed -n '/^shape /,$p' "$out/marginal_run.txt" >"$out/marginal.md"
 fi
 # Baseline in the same run: transformers' DeepseekV4ForCausalLM (or the torch bf16 layer when

@@ -35,9 +35,9 @@ struct BackendOpts {
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
-  std::string gpu_branches = "off";   // off | on | priority (GpuLoadOptions::branches)
+  std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
-  std::string gpu_row_fusion = "off"; // on | off (GpuLoadOptions::row_fusion)
+  std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";

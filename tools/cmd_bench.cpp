@@ -43,9 +43,9 @@ struct ModelBenchOpts {
   int step_tokens = 1;                     // tokens per sequence in each timed step (6: a verify block)
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
-  std::string branches = "off";            // --gpu-branches (GpuLoadOptions::branches; as run / serve)
+  std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
-  std::string row_fusion = "off";          // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
+  std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
   std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)

@@ -210,36 +210,54 @@ TEST_P(GpuGraphDecode, ProgrammaticLaunchOnEqualsOffBitwise) {
 // Backend::attention_unrope's rotation in the decode attention's launch) runs the same
 // expressions in the same order as the separate kernels, so the logits are bitwise those with it
 // off, over the prefills (eager), the decode steps of one and of two sequences and verify blocks
-// with rollbacks, eager and in graphs.
+// with rollbacks, eager and in graphs, alone and with the side branches (the CLI runs both). With
+// the library's attention and linears, and (reference numerics) with the CLI's: the tensor-core
+// decode and prefill attention, whose fold takes the inverse RoPE, and the BF16 tensor-core linears.
 TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   FS_REQUIRE_GPU();
   const Param p = GetParam();
   const std::string dir = make_ckpt(p.config);
-  auto load_with = [&](bool graphs, bool fuse) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.row_fusion = fuse;
-    return load(dir, p.numerics, o);
-  };
-  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
-  ASSERT_TRUE(plain && fused && fused_graphs);
-  const int64_t V = plain->config().vocab_size;
-  for (int n : {1, 2}) {
-    const auto a = decode_run(*plain, 13, n), b = decode_run(*fused, 13, n), c = decode_run(*fused_graphs, 13, n);
-    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fusion on vs off: max|d| "
-                                     << compare_logits(a, b, V).max_abs;
-    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fusion vs eager off: max|d| "
-                                     << compare_logits(a, c, V).max_abs;
+  for (const bool cli_paths : {false, true}) {
+    if (cli_paths && p.numerics != Numerics::kReference) continue;  // the tensor-core paths need it
+    const std::string paths = cli_paths ? "CLI paths" : "library paths";
+    auto load_with = [&](bool graphs, bool fuse, GpuBranches br) {
+      GpuLoadOptions o = graph_options(graphs);
+      o.row_fusion = fuse;
+      o.branches = br;
+      if (cli_paths) {
+        o.decode_attention_tensor = true;
+        o.prefill_attention = GpuPrefillAttention::kAuto;
+        o.tensor_core_linears = true;
+      }
+      return load(dir, p.numerics, o);
+    };
+    auto plain = load_with(false, false, GpuBranches::kOff), fused = load_with(false, true, GpuBranches::kOff);
+    auto fused_graphs = load_with(true, true, GpuBranches::kOff), fused_branches = load_with(true, true, GpuBranches::kOn);
+    ASSERT_TRUE(plain && fused && fused_graphs && fused_branches);
+    const int64_t V = plain->config().vocab_size;
+    for (int n : {1, 2}) {
+      const auto a = decode_run(*plain, 13, n), b = decode_run(*fused, 13, n), c = decode_run(*fused_graphs, 13, n);
+      const auto d = decode_run(*fused_branches, 13, n);
+      EXPECT_TRUE(bitwise_equal(a, b)) << paths << ", " << n << " sequence(s), eager, fusion on vs off: max|d| "
+                                       << compare_logits(a, b, V).max_abs;
+      EXPECT_TRUE(bitwise_equal(a, c)) << paths << ", " << n << " sequence(s), graphs + fusion vs eager off: max|d| "
+                                       << compare_logits(a, c, V).max_abs;
+      EXPECT_TRUE(bitwise_equal(a, d)) << paths << ", " << n
+                                       << " sequence(s), graphs + fusion + branches vs eager off: max|d| "
+                                       << compare_logits(a, d, V).max_abs;
+    }
+    // Verify blocks with rollbacks: 6 rows written to the ring before the attention (one sequence,
+    // the ring's spare slots), rolled back and overwritten.
+    const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
+    const auto vc = verify_run(*fused_graphs, kVerifyBlocks), vd = verify_run(*fused_branches, kVerifyBlocks);
+    EXPECT_TRUE(bitwise_equal(va, vb)) << paths << ", verify blocks, eager, fusion on vs off: max|d| "
+                                       << compare_logits(va, vb, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(va, vc)) << paths << ", verify blocks, graphs + fusion vs eager off: max|d| "
+                                       << compare_logits(va, vc, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(va, vd)) << paths << ", verify blocks, graphs + fusion + branches vs eager off: max|d| "
+                                       << compare_logits(va, vd, V).max_abs;
+    for (const auto* m : {fused_graphs.get(), fused_branches.get()}) EXPECT_EQ(stats(*m).eager_fallbacks, 0) << paths;
   }
-  // Verify blocks with rollbacks: 6 rows written to the ring before the attention (one sequence,
-  // the ring's spare slots), rolled back and overwritten.
-  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
-  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
-  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager, fusion on vs off: max|d| "
-                                     << compare_logits(va, vb, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs + fusion vs eager off: max|d| "
-                                     << compare_logits(va, vc, V).max_abs;
-  const GpuGraphStats s = stats(*fused_graphs);
-  EXPECT_EQ(s.eager_fallbacks, 0);
 }
 
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,

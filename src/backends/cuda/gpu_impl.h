@@ -502,7 +502,7 @@ class GpuModel final : public Model, public Backend {
   int64_t dense_gemm_min_tokens_ = 0;           // GpuLoadOptions::dense_gemm_min_tokens
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
-  bool row_fusion_ = false;                      // GpuLoadOptions::row_fusion
+  bool row_fusion_ = true;                       // GpuLoadOptions::row_fusion
   int64_t stacked_pairs_ = 0;                    // layers whose wq_a + wkv are stacked (stack_query_kv)
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w

@@ -190,8 +190,8 @@ struct GpuLoadOptions {
   // decode-sized steps (at most kGpuGraphMaxTokens rows) run on a stream per lane, concurrently
   // with the main branch (in a CUDA graph: parallel branches). The same kernels on the same
   // inputs: the same bits. kPriority: the side streams at the device's highest priority, so that
-  // their blocks are scheduled before the main branch's waiting ones. Off by default. The CLI's
-  // --gpu-branches off | on | priority.
+  // their blocks are scheduled before the main branch's waiting ones. Off by default (the
+  // CLI's default is on). The CLI's --gpu-branches off | on | priority.
   GpuBranches branches = GpuBranches::kOff;
   // Each attention layer's wq_a and wkv (the same input, FP8 block-scaled GEMVs of one shape
   // family) kept as one stacked [q_lora_rank + head_dim, hidden] matrix on the device (the same
@@ -207,8 +207,8 @@ struct GpuLoadOptions {
   // (Backend::window_kv_rows), the MoE combine with the block's stream update
   // (Backend::moe_combine_post), the attention output's inverse RoPE inside the tensor-core
   // decode attention (Backend::attention_unrope).
-  // Off by default. The CLI's --gpu-row-fusion on | off.
-  bool row_fusion = false;
+  // On by default. The CLI's --gpu-row-fusion on | off.
+  bool row_fusion = true;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;
