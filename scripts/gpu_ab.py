@@ -30,9 +30,12 @@ ratio-2 layers that read layer 2's compressed KV and top-k (no compressor, no in
 Engram): the layer that the layer slice (`flashseek bench --tokens 1,6`, "graph replay
 us/layer") measures. `--slice BIN` runs that slice once per round (`--contexts` = the prompt
 length) and sets the engine's marginal layer against it at the shapes it measures (1 and vN).
-The marginal table also differences the bench's host time per step (its graph line's "host ... ms":
-the flow, the backend and the launch tape before the step's graph runs, while the GPU waits), so
-the host's share of a layer shows beside the whole.
+The marginal table also differences the host time of the bench's patched steps (its graph line's
+"patched steps: tape ... ms, ... node updates + launch ... ms": the flow, the backend and the
+launch tape, then the node updates, before the step's graph runs while the GPU waits), so the
+host's share of a layer shows beside the whole. The line's all-steps "host ... ms" is not used
+where that split is printed: it averages in the steps recorded rather than patched (a capture and
+an instantiation of the whole step), which vary from run to run.
 
 `--self-test` checks the parsing and the tables against a stand-in binary (no GPU needed).
 """
@@ -47,8 +50,10 @@ import tempfile
 
 MEDIAN = re.compile(r"median ([0-9.]+) ms/step")
 FLOOR = re.compile(r"the step is ([0-9.]+) % of it")
-# The bench's graph line: host time per step until its final sync (flow, backend, tape, patches).
+# The bench's graph line: host time per step until its final sync (flow, backend, tape, patches),
+# over all timed steps; and of the patched steps alone, the tape and the node updates + launch.
 HOST = re.compile(r"; host ([0-9.]+) ms, sync wait")
+PATCHED = re.compile(r"\(([0-9]+) patched,.*patched steps: tape ([0-9.]+) ms, [0-9.]+ node updates \+ launch ([0-9.]+) ms")
 # The layer slice's summary table: "| M | kernel sum us | graph replay us/layer | ..." rows.
 SLICE_HEAD = "| M | kernel sum us | graph replay us/layer |"
 
@@ -134,8 +139,18 @@ def run_once(cmd, timeout):
     if rc != 0 or not m:
         tail = "\n".join(out.strip().splitlines()[-8:])
         raise RuntimeError(f"exit {rc}, no 'median ... ms/step' line: {shlex.join(cmd)}\n{tail}")
-    f, h = FLOOR.search(out), HOST.search(out)
-    return float(m.group(1)), (float(f.group(1)) if f else None), (float(h.group(1)) if h else None)
+    f = FLOOR.search(out)
+    return float(m.group(1)), (float(f.group(1)) if f else None), host_ms(out)
+
+
+def host_ms(out):
+    """Host ms per step of a bench run: its patched steps' tape + node updates + launch where any
+    step was patched, else the all-steps average; None without a graph line."""
+    p = PATCHED.search(out)
+    if p and int(p.group(1)) > 0:
+        return float(p.group(2)) + float(p.group(3))
+    h = HOST.search(out)
+    return float(h.group(1)) if h else None
 
 
 def measure(variants, shapes, rounds, base_args, timeout, log=print, layers=None, slice_=None):
@@ -185,8 +200,8 @@ def tables(res, sl=None):
         lines.append(f"\nthe engine's marginal layer: (step at {hi} layers - step at {lo}) / {hi - lo}, us per layer: "
                      "of the two medians, and per round (each round's two runs of the variant, minutes apart "
                      "at most, so that drift between rounds cancels): their median and range; of that, the "
-                     "host's time per step (the bench's 'host ... ms': flow, backend and launch tape before "
-                     "the graph runs) per round" +
+                     "host's time per patched step (the bench's 'tape' + 'node updates + launch': flow, backend, "
+                     "launch tape and node updates before the graph runs) per round" +
                      ("; the layer slice's graph replay per layer in the same rounds" if sl else ""))
         lines.append("| shape | variant | of the medians | per round: median (range) | host, per round |" +
                      (" slice us per layer | engine / slice (medians) | engine / slice (per round) |" if sl else ""))
@@ -249,7 +264,7 @@ def self_test():
                                         "print(f'median {ms:.3f} ms/step over 10 steps')\n"
                                         "print(f'decode steps: 10 graph launches (9 patched, 1 new executables), 0 eager; '\n"
                                         "      f'host {0.1 + n * 0.02:.3f} ms, sync wait 3.000 ms per step; patched steps: '\n"
-                                        "      f'tape 0.100 ms, 17 node updates + launch 0.050 ms per step')\n"
+                                        "      f'tape {0.08 + n * 0.01:.3f} ms, 17 node updates + launch 0.050 ms per step')\n"
                                         "print(f'HBM floor: 1.0 ms at the measured copy bandwidth 4200 GB/s; '\n"
                                         "      f'the step is {100.0 / ms:.1f} % of it')\n")
         broken = stand_in(d, "broken", "#!/bin/sh\necho 'no numbers here'\nexit 3\n")
@@ -286,8 +301,12 @@ def self_test():
         assert not sl, sl
         assert [r[0] for r in res[("1", 8)]["fakebench"]] == [3.7, 3.7], res
         assert [r[0] for r in res[("v6", 8)]["fakebench --fast"]] == [5.7, 5.7], res
-        assert [r[2] for r in res[("1", 8)]["fakebench"]] == [0.26, 0.26], res
+        assert [round(r[2], 6) for r in res[("1", 8)]["fakebench"]] == [0.21, 0.21], res  # tape + launch
         assert abs(res[("1", 8)]["fakebench"][0][1] - 27.0) < 0.05, res
+        line = ("decode steps: 10 graph launches ({} patched, 10 new executables), 0 eager; host 1.500 ms, sync wait "
+                "3.000 ms per step; patched steps: tape 0.300 ms, 12 node updates + launch 0.040 ms per step")
+        assert abs(host_ms(line.format(9)) - 0.34) < 1e-9 and host_ms(line.format(0)) == 1.5, line
+        assert host_ms("median 3.0 ms/step") is None
         t = tables(res)
         assert "| fakebench --fast | 3.200 / 3.200 | 3.200 | 0.865x |" in t, t
         assert "marginal" not in t, t
@@ -299,9 +318,9 @@ def self_test():
         assert [r[0] for r in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
         t = tables(res, sl)
         # Host: (0.1 + 12 * 0.02 - (0.1 + 8 * 0.02)) / 4 ms = 20 us per layer.
-        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
-        assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
-        assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 20.0 | - | - | - |" in t, t
+        assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
+        assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
+        assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | - | - | - |" in t, t
         # Per round: round r's runs at both layer counts, paired (here rounds of 3.0 / 4.2 and
         # 3.4 / 4.4 ms: 300 and 250 us per layer), against the medians' (4.3 - 3.2) / 4 = 275.
         fake_res = {("1", 8): {"x": [(3.0, None), (3.4, None)]}, ("1", 12): {"x": [(4.2, None), (4.4, None)]}}
