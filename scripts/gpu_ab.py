@@ -317,7 +317,7 @@ def self_test():
         assert sl == {1: [250.0, 250.0], 6: [500.0, 500.0]}, sl
         assert [r[0] for r in res[("1", 12)]["fakebench"]] == [4.7, 4.7], res
         t = tables(res, sl)
-        # Host: (0.1 + 12 * 0.02 - (0.1 + 8 * 0.02)) / 4 ms = 20 us per layer.
+        # Host of the patched steps: tape (0.08 + 12 * 0.01 - (0.08 + 8 * 0.01)) / 4 ms = 10 us per layer.
         assert "| 1 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | 250.0 (250.0 / 250.0) | 1.000x | 1.000x |" in t, t
         assert "| v6 | fakebench --fast | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | 500.0 (500.0 / 500.0) | 0.500x | 0.500x |" in t, t
         assert "| 16 | fakebench | 250.0 | 250.0 (250.0 - 250.0) | 10.0 | - | - | - |" in t, t
