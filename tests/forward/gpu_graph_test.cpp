@@ -232,7 +232,8 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
       return load(dir, p.numerics, o);
     };
     auto plain = load_with(false, false, GpuBranches::kOff), fused = load_with(false, true, GpuBranches::kOff);
-    auto fused_graphs = load_with(true, true, GpuBranches::kOff), fused_branches = load_with(true, true, GpuBranches::kOn);
+    auto fused_graphs = load_with(true, true, GpuBranches::kOff);
+    auto fused_branches = load_with(true, true, GpuBranches::kOn);
     ASSERT_TRUE(plain && fused && fused_graphs && fused_branches);
     const int64_t V = plain->config().vocab_size;
     for (int n : {1, 2}) {

@@ -1,7 +1,8 @@
 // RMSNorm and RoPE kernels, written to match the CPU reference's rounding: the RoPE products are
 // kept unfused and cos/sin are taken in double and rounded to FP32, as ops::apply_rope does
-// (model_device.cuh dev_rope_trig / dev_rope_pair), so results are bitwise equal to the CPU; RMSNorm is the model's kernel
-// (launch_model_rms_norm: the CPU's double sum of squares in its order), bitwise as well.
+// (model_device.cuh dev_rope_trig / dev_rope_pair), so results are bitwise equal to the CPU;
+// RMSNorm is the model's kernel (launch_model_rms_norm: the CPU's double sum of squares in its
+// order), bitwise as well.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -34,7 +35,8 @@ __global__ void rope_kernel(float* x, const int64_t* pos, const float* inv_freq,
   float a = 0, b = 0;
   if (live) a = v[0], b = v[1];
   const float p = float(pos[r]);
-  for (int64_t f = threadIdx.x; f < half; f += blockDim.x) dev_rope_trig(p, inv_freq[f], inverse, trig[f], trig[half + f]);
+  for (int64_t f = threadIdx.x; f < half; f += blockDim.x)
+    dev_rope_trig(p, inv_freq[f], inverse, trig[f], trig[half + f]);
   __syncthreads();
   if (!live) return;
   dev_rope_pair(a, b, trig[i], trig[half + i], bf16_out);
