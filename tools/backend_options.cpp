@@ -52,8 +52,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "promoted with its scales) | bf16 (activations and weights as BF16 values, scales folded in, each "
                   "32-block's sum added in FP32) | bf16-expanded (bf16 with each weight matrix expanded to BF16 once "
                   "per GEMM into scratch that the memory plan counts, instead of per tile inside it: the same "
-                  "bits as bf16); the same precision, all within the parity bound")
-      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
+                  "bits as bf16) | bf16-direct (bf16-expanded with the tensor core summing the whole of k, no "
+                  "FP32 addition per 32-block: another FP32 order); all within the parity bound")
+      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded", "bf16-direct"}))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
@@ -187,7 +188,8 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
-  g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
+  g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded" || o.prefill_gemm_operands == "bf16-direct";
+  g.prefill_gemm_direct = o.prefill_gemm_operands == "bf16-direct";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

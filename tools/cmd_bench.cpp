@@ -52,7 +52,7 @@ struct ModelBenchOpts {
   int64_t dense_gemm_min_tokens = 128;     // --dense-gemm-min-tokens (GpuLoadOptions::dense_gemm_min_tokens)
   int64_t gemv_tiled_min_rows = 192;       // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   int64_t gemv_prequant_min_rows = 9;      // --gemv-prequant-min-rows (GpuLoadOptions::gemv_prequant_min_rows)
-  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w)
+  // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w, prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-expanded";
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
@@ -89,7 +89,8 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
-  lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded";
+  lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded" || o.prefill_gemm_operands == "bf16-direct";
+  lo.prefill_gemm_direct = o.prefill_gemm_operands == "bf16-direct";
   lo.engram_on_device = o.engram_tables == "device";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
@@ -308,8 +309,9 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
-                  "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded, as run / serve")
-      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded"}))
+                  "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded | bf16-direct, as "
+                  "run / serve")
+      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded", "bf16-direct"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,

@@ -69,7 +69,7 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanCli& o);
 // backend's loader does; `engram_on_device` (--engram-tables device): the Engram tables count
 // against every GPU's memory instead of host memory; `numerics` sets the GPU caches' row formats;
 // `step_tokens` is the engine's step budget (--max-step-tokens), which sizes the step's workspace;
-// `prefill_weight_expansion` (--prefill-gemm-operands bf16-expanded) adds the GEMMs' BF16 weight
+// `prefill_weight_expansion` (--prefill-gemm-operands bf16-expanded / bf16-direct) adds the GEMMs' BF16 weight
 // scratch to it.
 Status check_memory_plan_for(const ModelSource& src, const MemoryPlanCli& o, const std::string& gpus,
                              int64_t max_batch, int64_t max_context, bool native_weights,

@@ -413,7 +413,9 @@ Result<std::string> gemm_bench(const std::string& skip) {
 
 // The prefill GEMM's operand modes (GemmFp8Params::x_f16 / x_bf16) against kernel 6's e4m3 mode
 // on the serving path's shapes, TFLOP/s, and two timing diagnostics (wrong results, cost split only): without the FP32 promotion (skip_promote
-// 1) and without the converter warps' expansion of W (skip_promote 2).
+// 1) and without the converter warps' expansion of W (skip_promote 2). "bf16 exp." columns: W
+// expanded to BF16 once (w_bf16, the serving path's bf16-expanded), block-summed or, "direct", the
+// whole of k summed on the tensor core (bf16_direct, bf16-direct).
 Result<std::string> gemm16_bench() {
   cudaDeviceProp prop{};
   FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
@@ -430,10 +432,12 @@ Result<std::string> gemm16_bench() {
     const char* name;
     int mode;  // 0 e4m3, 1 f16, 2 bf16
     int skip;
+    bool wexp = false, direct = false;
   };
   const Col cols[] = {{"e4m3 (k6)", 0, 0},      {"f16", 1, 0},          {"f16 no-promote", 1, 1},
                       {"f16 no-convert", 1, 2}, {"f16 neither", 1, 3},  {"bf16", 2, 0},
-                      {"bf16 no-convert", 2, 2}};
+                      {"bf16 no-convert", 2, 2}, {"bf16 direct", 2, 0, false, true},
+                      {"bf16 exp.", 2, 0, true, false}, {"bf16 exp. direct", 2, 0, true, true}};
   std::string md = fmt::format("\n### Prefill GEMM operand modes, TFLOP/s ({}, {} SMs)\n\n| shape | m | n | k |",
                                prop.name, prop.multiProcessorCount);
   for (const auto& c : cols) md += fmt::format(" {} |", c.name);
@@ -455,9 +459,13 @@ Result<std::string> gemm16_bench() {
     FS_ASSIGN_OR_RETURN(uint8_t* dq16, ar.alloc<uint8_t>(2 * s.m * s.k));
     FS_ASSIGN_OR_RETURN(uint8_t* dqb, ar.alloc<uint8_t>(2 * s.m * s.k));
     FS_ASSIGN_OR_RETURN(float* dxs, ar.alloc<float>(s.m * s.k / 32));
+    FS_ASSIGN_OR_RETURN(uint16_t* dwe, ar.alloc<uint16_t>(s.n * s.k));
     FS_RETURN_IF_ERROR(upload(dx, x));
     FS_RETURN_IF_ERROR(upload(dw, w));
     FS_RETURN_IF_ERROR(upload(dws, ws));
+    GemmExpandBf16Params ep;
+    ep.w = dw, ep.w_scale = dws, ep.y = dwe, ep.n = s.n, ep.k = s.k, ep.w_block = 32;
+    FS_RETURN_IF_ERROR(gemm_expand_bf16_cuda(ep, nullptr));
     FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dq8, dxs, nullptr));
     FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dq16, dxs, nullptr, true));
     FS_RETURN_IF_ERROR(gemm_fp8_quantize_cuda(dx, ActDtype::kF32, s.m, s.k, 32, dqb, dxs, nullptr, false, false, true));
@@ -470,6 +478,8 @@ Result<std::string> gemm16_bench() {
       a.m = int(s.m), a.n = int(s.n), a.k = int(s.k), a.w_block = 32, a.variant = 6;
       a.x_f16 = c.mode == 1, a.x_bf16 = c.mode == 2;
       a.skip_promote = c.skip;  // bit 0: no promotion, bit 1: no expansion
+      a.bf16_direct = c.direct;
+      if (c.wexp) a.w = reinterpret_cast<const uint8_t*>(dwe), a.ws = nullptr, a.w_bf16 = true;
       auto launch = [&] { return detail::launch_gemm_fp8(a, nullptr); };
       FS_CUDA_RETURN_IF_ERROR(launch());
       FS_ASSIGN_OR_RETURN(const double us, time_us([&] { (void)launch(); }, 10));

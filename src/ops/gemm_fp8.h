@@ -49,6 +49,12 @@ struct GemmFp8Params {
   // compressor's and the indexer's projections in reference numerics), w_scale is not read: the
   // exact BF16 products summed in FP32 as above. The CUDA kernel loads W as it is (no expansion).
   bool w_bf16 = false;
+  // x_bf16 only: the tensor core accumulates the whole of k (each 16-deep BF16 step adds into the
+  // FP32 accumulator) instead of each 32-block's sum being added in FP32 by the threads: the same
+  // exact products summed in the tensor core's order, without the per-block FP32 additions that
+  // hold back the next block's steps. Rows stay independent of m (no split over k), so a row's
+  // bits do not depend on the other rows of the launch. The twin's numbers are unchanged.
+  bool bf16_direct = false;
   // x_f16 / x_bf16 only: row strides of xq (x_f16: its scales x_stride / 32) and y in elements; 0:
   // k and n. A column slice of a wider matrix (the groups of a grouped linear), x_stride a
   // multiple of 128.
@@ -86,6 +92,7 @@ inline Status validate(const GemmFp8Params& p) {
   if (p.x_f16 && !p.xq) return invalid_argument("gemm_fp8: x_f16 needs the pre-quantised xq (f16 codes)");
   if (p.x_bf16 && !p.xq) return invalid_argument("gemm_fp8: x_bf16 needs xq (BF16 values)");
   if (p.x_bf16 && p.x_f16) return invalid_argument("gemm_fp8: x_f16 and x_bf16 exclude each other");
+  if (p.bf16_direct && !p.x_bf16) return invalid_argument("gemm_fp8: bf16_direct needs the x_bf16 mode");
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("gemm_fp8: bf16_out and bf16_round_out exclude each other");
   if ((p.x_stride != 0 || p.y_stride != 0) && !p.x_f16 && !p.x_bf16)
@@ -163,6 +170,8 @@ struct GemmFp8GroupedParams {
   // experts expanded once by gemm_expand_bf16), loaded as they are: the x_bf16 mode's numbers
   // without the per-tile expansion.
   bool w_bf16 = false;
+  // x_bf16 only: the whole of k accumulated on the tensor core (GemmFp8Params::bf16_direct).
+  bool bf16_direct = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
@@ -171,6 +180,7 @@ inline Status validate(const GemmFp8GroupedParams& p) {
         "gemm_fp8_grouped: xq, xs (but with x_bf16), w, w_scale (but with w_bf16), row_start and y must be set");
   if (p.x_bf16 && p.x_f16) return invalid_argument("gemm_fp8_grouped: x_f16 and x_bf16 exclude each other");
   if (p.w_bf16 && !p.x_bf16) return invalid_argument("gemm_fp8_grouped: w_bf16 needs the x_bf16 mode");
+  if (p.bf16_direct && !p.x_bf16) return invalid_argument("gemm_fp8_grouped: bf16_direct needs the x_bf16 mode");
   if (p.groups <= 0 || p.groups > 1024)
     return invalid_argument("gemm_fp8_grouped: groups={} must be in 1..1024", p.groups);
   if (p.rows < 0 || p.n <= 0) return invalid_argument("gemm_fp8_grouped: rows={}, n={}", p.rows, p.n);

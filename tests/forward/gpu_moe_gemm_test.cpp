@@ -40,7 +40,8 @@ using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
 // expert GEMV for every chunk); *gemm_layers: the MoE layers that ran the grouped GEMMs.
 // *dense_linears: the FP8 token linears that ran the dense GEMM (dense_gemm_min_tokens).
 // operands: 0 f16 (the default), 1 bf16 (GpuLoadOptions::prefill_gemm_bf16), 2 bf16 with the
-// weights expanded once per GEMM (prefill_gemm_expand_w).
+// weights expanded once per GEMM (prefill_gemm_expand_w), 3 that with the whole of k summed on the
+// tensor core (prefill_gemm_direct).
 std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers,
                                   int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr,
                                   int operands = 0, int64_t* expansions = nullptr) {
@@ -48,7 +49,8 @@ std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_t
   o.moe_gemm_min_tokens = moe_gemm_min_tokens;
   o.dense_gemm_min_tokens = dense_gemm_min_tokens;
   o.prefill_gemm_bf16 = operands >= 1;
-  o.prefill_gemm_expand_w = operands == 2;
+  o.prefill_gemm_expand_w = operands >= 2;
+  o.prefill_gemm_direct = operands == 3;
   *gemm_layers = -1;
   auto gpu = load_model_gpu(dir, Numerics::kReference, 0, o);
   EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
@@ -164,6 +166,30 @@ TEST_P(GpuPrefillGemm, ExpandedBf16WeightsAreTheBf16ModesBitsAndWithinBound) {
   const bool tight = c.tie_free && c.well_conditioned;
   check_within(vs_gemv, m.sens.worst, "bf16-expanded vs gemv path", tight);
   check_within(vs_ref, m.sens.worst, "bf16-expanded vs cpu", tight);
+}
+
+// --prefill-gemm-operands bf16-direct: the expanded weights' GEMMs with the whole of k summed on
+// the tensor core (another FP32 order of the same exact products than the block sums) must run
+// and stay within the parity bound of the GEMV path and of the CPU, as the block-summed modes do.
+TEST_P(GpuPrefillGemm, DirectBf16WithinBoundOfGemvAndCpu) {
+  FS_REQUIRE_GPU();
+  const Ckpt c = GetParam();
+  const Measured& m = measured(c);
+  int64_t layers = 0, dense = 0, gemv_layers = 0, expansions = -1;
+  const std::vector<float> direct = prefill_logits(m.dir, 64, &layers, 64, &dense, 3, &expansions),
+                           gemv = prefill_logits(m.dir, 0, &gemv_layers);
+  ASSERT_EQ(direct.size(), m.ref.size());
+  ASSERT_EQ(gemv.size(), m.ref.size());
+  EXPECT_GT(layers, 0) << "the MoE GEMM did not run";
+  EXPECT_GT(dense, 0) << "the dense GEMM did not run";
+  EXPECT_GE(expansions, 3 * layers + 1) << "the weights were not expanded";
+  const ParityStats vs_gemv = stats(gemv, direct, m.vocab), vs_ref = stats(m.ref, direct, m.vocab);
+  const std::string tag = c.tag() + "+bf16-direct";
+  print_stats(tag, "gemm-path vs gemv-path", vs_gemv, m.sens.worst);
+  print_stats(tag, "gemm-path vs cpu", vs_ref, m.sens.worst);
+  const bool tight = c.tie_free && c.well_conditioned;
+  check_within(vs_gemv, m.sens.worst, "bf16-direct vs gemv path", tight);
+  check_within(vs_ref, m.sens.worst, "bf16-direct vs cpu", tight);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,

@@ -968,6 +968,192 @@ TEST(CudaGemmFp8, ExpandedWeightsGiveTheInKernelExpansionsBits) {
   EXPECT_FALSE(gemm_expand_bf16_cuda(bad, nullptr).ok());
 }
 
+// The bf16_direct mode's tolerance: the twin's FP32 dot and the tensor core's 16-deep steps as in
+// bf16_gemm_tol, plus one truncation of the FP32 accumulator per 16-deep step (k/16 of them, each
+// below 2^-23 of the running sum, itself below Σ|x·w|), counted twice for margin.
+double bf16_direct_tol(int64_t k) { return bf16_gemm_tol(k) + double(k / 16) * std::ldexp(1.0, -22); }
+
+// The e4m3 codes whose values are integers of magnitude <= 8 (zero included).
+std::vector<uint8_t> small_integer_e4m3_codes() {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c) {
+    const float v = e4m3_to_f32(uint8_t(c));
+    if (std::isfinite(v) && std::fabs(v) <= 8.0f && v == std::floor(v)) codes.push_back(uint8_t(c));
+  }
+  return codes;
+}
+
+// bf16_direct (--prefill-gemm-operands bf16-direct): the x_bf16 GEMMs with the whole of k summed on
+// the tensor core. Dense FP8 weights expanded in the kernel and pre-expanded (w_bf16), grouped FP4
+// experts (some without rows) both ways: within bf16_direct_tol of the twin (mean below 2^-17 ·
+// Σ|x·w|), pre-expanded == in-kernel expansion bitwise (the same values in the same order), a
+// row's bits independent of the other rows of the launch (the first rows alone give the same
+// bits), each grouped expert's rows the dense launch's bits on that expert alone, deterministic;
+// and on integer data whose every partial sum is exact in FP32, the twin's bits exactly.
+TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(4242);
+  struct D {
+    int64_t m, n, k, wb;
+  };
+  for (const D c : {D{1, 1, 128, 32}, D{7, 33, 256, 32}, D{300, 4096, 1024, 128}, D{513, 257, 7168, 128},
+                    D{1000, 1536, 4096, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "dense m " << c.m << " n " << c.n << " k " << c.k << " wb " << c.wb);
+    const int64_t ab = c.wb, ns = (c.n + c.wb - 1) / c.wb * (c.k / c.wb);
+    const std::vector<uint8_t> w = random_fp8_codes(rng, size_t(c.n * c.k)), ws = random_e8m0_scales(rng, size_t(ns));
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    DeviceBuffer<float> dx(x), dxs(size_t(c.m * c.k / 32)), dy1(size_t(c.m * c.n)), dy2(size_t(c.m * c.n)),
+        dy3(size_t(c.m * c.n));
+    DeviceBuffer<uint16_t> dxb(size_t(c.m * c.k)), dwe(size_t(c.n * c.k));
+    DeviceBuffer<uint8_t> dw(w), dws(ws);
+    ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dy3.ok() && dxb.ok() && dwe.ok() && dw.ok() &&
+                dws.ok());
+    FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, c.m, c.k, ab, reinterpret_cast<uint8_t*>(dxb.get()),
+                                        dxs.get(), nullptr, false, false, /*bf16_values=*/true));
+    GemmExpandBf16Params ep;
+    ep.w = dw.get(), ep.w_scale = dws.get(), ep.y = dwe.get(), ep.n = c.n, ep.k = c.k, ep.w_block = c.wb;
+    FS_ASSERT_OK(gemm_expand_bf16_cuda(ep, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> xb = dxb.to_host();
+    std::vector<uint16_t> xba(xb);
+    for (auto& h : xba) h &= 0x7fff;
+    std::vector<uint8_t> wa(w);
+    for (auto& b : wa) b &= 0x7f;
+    GemmFp8Params hp;
+    hp.m = c.m, hp.n = c.n, hp.k = c.k, hp.w_block = c.wb, hp.act_block = ab, hp.x_bf16 = true, hp.bf16_direct = true;
+    std::vector<float> ref(size_t(c.m * c.n)), bound(ref.size());
+    hp.xq = reinterpret_cast<const uint8_t*>(xb.data()), hp.w = w.data(), hp.w_scale = ws.data(), hp.y = ref.data();
+    FS_ASSERT_OK(gemm_fp8_ref(hp));
+    hp.xq = reinterpret_cast<const uint8_t*>(xba.data()), hp.w = wa.data(), hp.y = bound.data();
+    FS_ASSERT_OK(gemm_fp8_ref(hp));
+    GemmFp8Params p = hp;
+    p.xq = reinterpret_cast<const uint8_t*>(dxb.get()), p.w = dw.get(), p.w_scale = dws.get(), p.y = dy1.get();
+    GemmFp8Params pe = p;
+    pe.w = reinterpret_cast<const uint8_t*>(dwe.get()), pe.w_scale = nullptr, pe.w_bf16 = true, pe.y = dy2.get();
+    for (auto* y : {&dy1, &dy2, &dy3}) ASSERT_EQ(cudaMemset(y->get(), 0xff, size_t(c.m * c.n) * 4), cudaSuccess);
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    FS_ASSERT_OK(gemm_fp8_cuda(pe, nullptr));
+    GemmFp8Params head = pe;  // the first rows alone
+    head.m = c.m / 2 + 1, head.y = dy3.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(head, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host();
+    const double tol = bf16_direct_tol(c.k);
+    double worst = 0, mean = 0;
+    for (size_t i = 0; i < y1.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y1[i])) << "output " << i << " not written or not finite";
+      const double err = std::fabs(double(y1[i]) - ref[i]), rel = err / (double(bound[i]) + 1e-30);
+      ASSERT_LE(err, tol * double(bound[i]) + 1e-30)
+          << "row " << i / c.n << " col " << i % c.n << " gpu " << y1[i] << " ref " << ref[i];
+      worst = std::max(worst, rel), mean += rel / double(y1.size());
+    }
+    EXPECT_LE(mean, std::ldexp(1.0, -17)) << "mean |error| / Σ|x·w|";
+    std::printf("bf16_direct dense m=%lld n=%lld k=%lld wb=%lld: |err| / Σ|x·w| worst %.2e mean %.2e (bound %.2e)\n",
+                (long long)c.m, (long long)c.n, (long long)c.k, (long long)c.wb, worst, mean, tol);
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "pre-expanded W != in-kernel expansion";
+    ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), size_t(head.m * c.n) * 4)) << "a row's bits depend on the launch's m";
+    FS_ASSERT_OK(gemm_fp8_cuda(pe, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(dy2.to_host(), y1) << "not deterministic";
+  }
+
+  // Grouped FP4 experts (some without rows), in-kernel expansion and pre-expanded.
+  const int64_t n = 256, k = 384, kb = k / 32;
+  const std::vector<int32_t> sizes = {0, 130, 1, 0, 257, 64, 0, 3};
+  const int64_t G = int64_t(sizes.size());
+  std::vector<int32_t> starts(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + sizes[size_t(g)];
+  const int64_t rows = starts.back();
+  std::vector<uint8_t> w4(size_t(G * n * k / 2));
+  for (auto& b : w4) b = uint8_t(rng());
+  const std::vector<uint8_t> s4 = random_e8m0_scales(rng, size_t(G * n * kb));
+  const std::vector<float> x = random_block_activations(rng, rows, k);
+  DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n)),
+      dy3(size_t(257 * n));
+  DeviceBuffer<uint16_t> dxb(size_t(rows * k)), dwe(size_t(G * n * k));
+  DeviceBuffer<uint8_t> dw4(w4), ds4(s4);
+  DeviceBuffer<int32_t> dst(starts);
+  ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dy3.ok() && dxb.ok() && dwe.ok() && dw4.ok() &&
+              ds4.ok() && dst.ok());
+  GemmExpandBf16Params ep;
+  ep.w = dw4.get(), ep.w_scale = ds4.get(), ep.y = dwe.get(), ep.count = G, ep.n = n, ep.k = k, ep.w_block = 32;
+  ep.w_format = WeightFormat::kFp4;
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(ep, nullptr));
+  FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, reinterpret_cast<uint8_t*>(dxb.get()),
+                                      dxs.get(), nullptr, false, false, /*bf16_values=*/true));
+  GemmFp8GroupedParams g;
+  g.xq = reinterpret_cast<const uint8_t*>(dxb.get()), g.x_bf16 = true, g.bf16_direct = true, g.row_start = dst.get();
+  g.groups = G, g.rows = rows, g.n = n, g.k = k, g.w_block = 32;
+  GemmFp8GroupedParams g4 = g, gb = g;
+  g4.w = dw4.get(), g4.w_scale = ds4.get(), g4.w_format = WeightFormat::kFp4, g4.y = dy1.get();
+  gb.w = reinterpret_cast<const uint8_t*>(dwe.get()), gb.w_bf16 = true, gb.y = dy2.get();
+  for (auto* y : {&dy1, &dy2}) ASSERT_EQ(cudaMemset(y->get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(g4, nullptr));
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gb, nullptr));
+  // Expert 4 (257 rows) alone through the dense launch over its expanded matrix.
+  GemmFp8Params one;
+  one.xq = reinterpret_cast<const uint8_t*>(dxb.get() + int64_t(starts[4]) * k), one.x_bf16 = true;
+  one.bf16_direct = true, one.w_bf16 = true, one.w = reinterpret_cast<const uint8_t*>(dwe.get() + 4 * n * k);
+  one.y = dy3.get(), one.m = sizes[4], one.n = n, one.k = k;
+  FS_ASSERT_OK(gemm_fp8_cuda(one, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host();
+  ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "grouped: pre-expanded W != in-kernel expansion";
+  ASSERT_EQ(0, std::memcmp(y1.data() + int64_t(starts[4]) * n, y3.data(), y3.size() * 4))
+      << "grouped expert != the dense launch on its rows";
+  {
+    const std::vector<uint16_t> xb = dxb.to_host();
+    std::vector<uint16_t> xba(xb);
+    for (auto& h : xba) h &= 0x7fff;
+    std::vector<uint8_t> w4a(w4);
+    for (auto& b : w4a) b &= 0x77;  // e2m1 magnitudes (sign bits 3 and 7 cleared)
+    std::vector<float> ref(size_t(rows * n)), bound(ref.size());
+    GemmFp8GroupedParams h = g4;
+    h.xq = reinterpret_cast<const uint8_t*>(xb.data()), h.w = w4.data(), h.w_scale = s4.data();
+    h.row_start = starts.data(), h.y = ref.data();
+    FS_ASSERT_OK(gemm_fp8_grouped_ref(h));
+    h.xq = reinterpret_cast<const uint8_t*>(xba.data()), h.w = w4a.data(), h.y = bound.data();
+    FS_ASSERT_OK(gemm_fp8_grouped_ref(h));
+    const double tol = bf16_direct_tol(k);
+    for (size_t i = 0; i < y1.size(); ++i)
+      ASSERT_LE(std::fabs(double(y1[i]) - ref[i]), tol * double(bound[i]) + 1e-30)
+          << "grouped row " << i / n << " col " << i % n << " gpu " << y1[i] << " ref " << ref[i];
+  }
+
+  // Integers: x in [-8, 8] (BF16 values), W codes of integers in [-8, 8] with scale 1, k = 2048:
+  // every partial sum is an integer below 2^17, exact in FP32 in any order.
+  {
+    const int64_t m = 131, nn = 200, kk = 2048;
+    const std::vector<uint8_t> ints = small_integer_e4m3_codes();
+    ASSERT_GE(ints.size(), 17u);
+    std::vector<uint8_t> w(size_t(nn * kk)), ws(size_t((nn + 31) / 32 * (kk / 32)), 127);
+    for (auto& b : w) b = ints[rng() % ints.size()];
+    std::vector<uint16_t> xb(size_t(m * kk));
+    for (auto& h : xb) h = f32_to_bf16(float(int(rng() % 17) - 8));
+    std::vector<float> ref(size_t(m * nn));
+    GemmFp8Params hp;
+    hp.m = m, hp.n = nn, hp.k = kk, hp.w_block = 32, hp.act_block = 32, hp.x_bf16 = true, hp.bf16_direct = true;
+    hp.xq = reinterpret_cast<const uint8_t*>(xb.data()), hp.w = w.data(), hp.w_scale = ws.data(), hp.y = ref.data();
+    FS_ASSERT_OK(gemm_fp8_ref(hp));
+    DeviceBuffer<uint16_t> dxi(xb);
+    DeviceBuffer<uint8_t> dwi(w), dwsi(ws);
+    DeviceBuffer<float> dyi(ref.size());
+    ASSERT_TRUE(dxi.ok() && dwi.ok() && dwsi.ok() && dyi.ok());
+    GemmFp8Params p = hp;
+    p.xq = reinterpret_cast<const uint8_t*>(dxi.get()), p.w = dwi.get(), p.w_scale = dwsi.get(), p.y = dyi.get();
+    FS_ASSERT_OK(gemm_fp8_cuda(p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(dyi.to_host(), ref) << "exact integer sums differ from the twin";
+  }
+
+  GemmFp8Params bad;
+  std::vector<uint8_t> one8(128);
+  std::vector<float> out(4);
+  bad.m = 1, bad.n = 1, bad.k = 128, bad.w = one8.data(), bad.w_scale = one8.data(), bad.y = out.data();
+  bad.xq = one8.data(), bad.xs = out.data(), bad.bf16_direct = true;
+  EXPECT_NE(validate(bad).message().find("bf16_direct"), std::string::npos);
+}
+
 // BF16-valued activations in the x_f16 mode (wo_a's grouped linear on the serving path): the f16
 // block quantisation (gemm_f16_quantize_cuda) bitwise equal to its twin, exact on BF16 values
 // (code · scale == x for every value at least 2^-30 of its block's amax, zero blocks included); then a column slice per

@@ -588,7 +588,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->gemv_tiled_min_rows_ = opts.gemv_tiled_min_rows;
   m->gemv_prequant_min_rows_ = opts.gemv_prequant_min_rows;
   m->row_fusion_ = opts.row_fusion;
-  m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w;
+  m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w || opts.prefill_gemm_direct;
+  m->prefill_gemm_direct_ = opts.prefill_gemm_direct;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->tensor_core_linears_ = opts.tensor_core_linears;

@@ -159,6 +159,13 @@ struct GpuLoadOptions {
   // for each 128-row m-tile. The scratch is counted by the memory plan
   // (MemoryPlanOptions::prefill_weight_expansion).
   bool prefill_gemm_expand_w = false;
+  // With the BF16 operands (implies prefill_gemm_bf16; the CLI's --prefill-gemm-operands
+  // bf16-direct, which expands the weights as well): the tensor core accumulates the whole of k
+  // (GemmFp8Params::bf16_direct) instead of each 32-block's sum being added in FP32, for the FP8 /
+  // FP4 prefill GEMMs and the BF16 matrices' GEMMs alike. The same exact products in another FP32
+  // order: within the parity bound, not the block-summed modes' bits. A row's bits still do not
+  // depend on the other rows of its launch.
+  bool prefill_gemm_direct = false;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

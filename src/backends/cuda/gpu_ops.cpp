@@ -129,8 +129,8 @@ Result<bool> GpuModel::linear_pair(const LinearCall& a, const LinearCall& b) {
 // The prefill GEMM of a BF16 matrix over BF16-valued inputs (the compressor's and the indexer's
 // projections in reference numerics: LinearCall::x_bf16 or bf16_in): rows [dense_row0_, T) packed
 // to BF16 (exact, or the bf16_in rounding) through gemm_fp8_cuda with w_bf16 (the exact products
-// summed in FP32, 32-block partial sums on the tensor core); rows before it through the
-// exactness kernel as at decode.
+// summed in FP32: 32-block partial sums on the tensor core, or with prefill_gemm_direct the whole
+// of k there); rows before it through the exactness kernel as at decode.
 Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw) {
   if (c.act_block != 0 || !(c.x_bf16 || c.bf16_in)) return false;
   if (nw.dtype != cd::WeightDtype::kBf16 || nw.count != 1 || nw.k != c.in || nw.n != c.out || c.in % 128 != 0)
@@ -142,7 +142,7 @@ Result<bool> GpuModel::linear_gemm_bf16(const LinearCall& c, const NativeMatrix&
   FS_ASSIGN_OR_RETURN(uint8_t* xb, scratch<uint8_t>("dense_gemm_xb", m * in * 2));  // BF16 values
   FS_RETURN_IF_ERROR(ops::cuda::gemm_bf16_pack_cuda(c.x.f32() + r0 * in, m * in, reinterpret_cast<uint16_t*>(xb), stream_));
   ops::GemmFp8Params g;
-  g.xq = xb, g.x_bf16 = true, g.w_bf16 = true;
+  g.xq = xb, g.x_bf16 = true, g.w_bf16 = true, g.bf16_direct = prefill_gemm_direct_;
   g.w = nw.cptr(), g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
   g.m = m, g.n = out, g.k = in;
   FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_cuda(g, stream_));
@@ -194,7 +194,7 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
                                                        xq, xs, stream_, /*f16_codes=*/!bv,
                                                        /*bf16_round_in=*/c.bf16_in, /*bf16_values=*/bv));
   ops::GemmFp8Params g;
-  g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv;
+  g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv, g.bf16_direct = bv && prefill_gemm_direct_;
   g.w = nw->cptr(), g.w_scale = nw->sptr();
   if (prefill_gemm_expand_w_) {
     FS_ASSIGN_OR_RETURN(g.w, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
@@ -253,6 +253,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     for (int64_t g = 0; g < groups; ++g) {
       ops::GemmFp8Params p;
       p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;
+      p.bf16_direct = bv && prefill_gemm_direct_;
       p.x_stride = width;
       p.w = nw->cptr() + g * out * in, p.w_scale = nw->sptr() + (g * out / wb) * (in / wb);
       if (wexp) p.w = wexp + g * out * in * 2, p.w_scale = nullptr, p.w_bf16 = true;
@@ -560,7 +561,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       ops::GemmFp8GroupedParams q;
       q.xq = xq, q.xs = xs, q.w = w.cptr(), q.w_scale = w.sptr(), q.row_start = gstart, q.y = y;
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
-      q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R;
+      q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R, q.bf16_direct = bv && prefill_gemm_direct_;
       if (bv) q.xs = nullptr;
       if (!prefill_gemm_expand_w_) return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
       // The experts in chunks of whole matrices (at most kMoeExpandChunkBytes of BF16 values), each

@@ -689,11 +689,16 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
 // kWb (with kBv; GemmFp8Args::w_bf16): W is a BF16 matrix (grouped: group g's from row g · n of the
 // stack), brought by the TMA straight into the swizzled W slot like X (no converter work: warps
 // 1-3 leave).
+// kDirect (with kBv; GemmFp8Args::bf16_direct): the stage's four BF16 wgmmas accumulate into acc
+// itself; the stage stays in flight while the next one is waited for and issued, and its slot
+// goes back to the producer once the wgmma group after it has been committed (wait<1>), so the
+// tensor core never waits on the threads' FP32 block additions.
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
-          bool kWb = false>
+          bool kWb = false, bool kDirect = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kBv || kF16, "BF16 operands use the f16 pipeline's stages");
+  static_assert(!kDirect || kBv, "direct accumulation: BF16 operands (scales folded in) only");
   static_assert(!kWb || (kBv && !kFp4), "BF16 weights: BF16-value GEMM only");
   static_assert(!kGrouped || kPersist, "the grouped tile loop is persistent");
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
@@ -1041,12 +1046,30 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
     // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
+    [[maybe_unused]] int in_flight = -1;  // kDirect: the slot whose wgmmas may still be running
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
       mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
       if (idle) {
         release(slot);
+        continue;
+      }
+      if constexpr (kDirect) {
+        fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int h = 0; h < kStageK / 16; ++h) {  // 16-deep steps: 32 bytes each along the swizzled rows
+          const uint32_t ko = uint32_t(h * 32);
+          const uint64_t da = smem_desc(sa_u + uint32_t(slot * kWsABytes + cw * 8192) + ko, 16u, 1024u, 1u);
+          const uint64_t db = smem_desc(sb_u + uint32_t(slot * kWsBBytes) + ko, 16u, 1024u, 1u);
+          wgmma_m64n128k16_bf16(acc, da, db, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's group has retired: its slot can be refilled
+        fence_regs(acc);
+        if (in_flight >= 0) release(in_flight);
+        in_flight = slot;
         continue;
       }
       float4 x0{}, x1{};
@@ -1134,6 +1157,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         promote(t1, slot, 3, x0.w, x1.w);
       }
       release(slot);
+    }
+    if constexpr (kDirect) {
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (in_flight >= 0) release(in_flight);
     }
 
     // Epilogue: thread holds rows lr0, lr0+8 and columns nt*8 + 2q, +1 for nt = 0..15.
@@ -1254,7 +1282,7 @@ int sm_count() {
 }
 
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
-          bool kWb = false>
+          bool kWb = false, bool kDirect = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
@@ -1285,7 +1313,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb>), smem,
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect>), smem,
           attr_set);
       e != cudaSuccess)
     return e;
@@ -1294,7 +1322,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -1303,8 +1331,12 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
   if (a.groups != 0) {
     if (a.variant != 6 || a.groups < 0 || a.groups > kGemmFp8MaxGroups || !a.row_start)
       return cudaErrorInvalidValue;
+    if (a.bf16_direct && !a.x_bf16) return cudaErrorInvalidValue;
+    if (a.w_bf16 && a.bf16_direct) return launch_ws<true, true, true, false, true, true, true, true>(a, stream);
     if (a.w_bf16) return a.x_bf16 ? launch_ws<true, true, true, false, true, true, true>(a, stream) : cudaErrorInvalidValue;
+    if (a.w_fp4 && a.bf16_direct) return launch_ws<true, true, true, true, true, true, false, true>(a, stream);
     if (a.w_fp4 && a.x_bf16) return launch_ws<true, true, true, true, true, true>(a, stream);
+    if (a.bf16_direct) return launch_ws<true, true, true, false, true, true, false, true>(a, stream);
     if (a.x_bf16) return launch_ws<true, true, true, false, true, true>(a, stream);
     if (a.w_fp4 && a.x_f16) return launch_ws<true, true, true, true, true>(a, stream);
     if (a.w_fp4) return launch_ws<true, true, true, true>(a, stream);
@@ -1312,7 +1344,10 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
     return launch_ws<true, true, true>(a, stream);
   }
   if (a.w_fp4) return cudaErrorInvalidValue;  // FP4 weights: grouped only
+  if (a.bf16_direct && !a.x_bf16) return cudaErrorInvalidValue;
+  if (a.w_bf16 && a.bf16_direct) return launch_ws<true, true, false, false, true, true, true, true>(a, stream);
   if (a.w_bf16) return a.x_bf16 ? launch_ws<true, true, false, false, true, true, true>(a, stream) : cudaErrorInvalidValue;
+  if (a.bf16_direct) return launch_ws<true, true, false, false, true, true, false, true>(a, stream);
   if (a.x_bf16) return launch_ws<true, true, false, false, true, true>(a, stream);
   if (a.x_f16) return launch_ws<true, true, false, false, true>(a, stream);  // kernel 6's schedule
   switch (a.variant) {

@@ -45,6 +45,9 @@ struct GemmFp8Args {
   // x_bf16: w holds [n, k] (grouped: [groups · n, k]) BF16 values (ws unused), loaded by the TMA
   // as they are.
   bool w_bf16;
+  // x_bf16: every 16-deep step accumulates into the tile's FP32 accumulator on the tensor core
+  // (GemmFp8Params::bf16_direct), no per-32-block scratch sums.
+  bool bf16_direct;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
   // x_f16 / x_bf16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
