@@ -125,6 +125,19 @@ std::string ckpt_name(const ::testing::TestParamInfo<Ckpt>& info) {
   return t;
 }
 
+// The logits of an operand mode's GEMM path against the GEMV path's and the CPU's, printed and
+// held to the checkpoint's bound (tie-free well-conditioned ones to the tight limits as well).
+void check_mode_within(const Ckpt& c, const Measured& m, const std::vector<float>& gemv, const std::vector<float>& got,
+                       const std::string& mode) {
+  const ParityStats vs_gemv = stats(gemv, got, m.vocab), vs_ref = stats(m.ref, got, m.vocab);
+  const std::string tag = c.tag() + "+" + mode;
+  print_stats(tag, "gemm-path vs gemv-path", vs_gemv, m.sens.worst);
+  print_stats(tag, "gemm-path vs cpu", vs_ref, m.sens.worst);
+  const bool tight = c.tie_free && c.well_conditioned;
+  check_within(vs_gemv, m.sens.worst, (mode + " vs gemv path").c_str(), tight);
+  check_within(vs_ref, m.sens.worst, (mode + " vs cpu").c_str(), tight);
+}
+
 class GpuPrefillGemm : public ::testing::TestWithParam<Ckpt> {};
 
 TEST_P(GpuPrefillGemm, DenseAndMoeWithinCpuSelfSensitivityOfGemvAndCpu) {
@@ -159,13 +172,7 @@ TEST_P(GpuPrefillGemm, ExpandedBf16WeightsAreTheBf16ModesBitsAndWithinBound) {
   EXPECT_GE(exp_e, 3 * layers_e + 1) << "the weights were not expanded";
   EXPECT_EQ(0, std::memcmp(bf16.data(), expanded.data(), bf16.size() * sizeof(float)))
       << "expanded weights changed the bf16 mode's logits";
-  const ParityStats vs_gemv = stats(gemv, expanded, m.vocab), vs_ref = stats(m.ref, expanded, m.vocab);
-  const std::string tag = c.tag() + "+bf16-expanded";
-  print_stats(tag, "gemm-path vs gemv-path", vs_gemv, m.sens.worst);
-  print_stats(tag, "gemm-path vs cpu", vs_ref, m.sens.worst);
-  const bool tight = c.tie_free && c.well_conditioned;
-  check_within(vs_gemv, m.sens.worst, "bf16-expanded vs gemv path", tight);
-  check_within(vs_ref, m.sens.worst, "bf16-expanded vs cpu", tight);
+  check_mode_within(c, m, gemv, expanded, "bf16-expanded");
 }
 
 // --prefill-gemm-operands bf16-direct: the expanded weights' GEMMs with the whole of k summed on
@@ -183,13 +190,7 @@ TEST_P(GpuPrefillGemm, DirectBf16WithinBoundOfGemvAndCpu) {
   EXPECT_GT(layers, 0) << "the MoE GEMM did not run";
   EXPECT_GT(dense, 0) << "the dense GEMM did not run";
   EXPECT_GE(expansions, 3 * layers + 1) << "the weights were not expanded";
-  const ParityStats vs_gemv = stats(gemv, direct, m.vocab), vs_ref = stats(m.ref, direct, m.vocab);
-  const std::string tag = c.tag() + "+bf16-direct";
-  print_stats(tag, "gemm-path vs gemv-path", vs_gemv, m.sens.worst);
-  print_stats(tag, "gemm-path vs cpu", vs_ref, m.sens.worst);
-  const bool tight = c.tie_free && c.well_conditioned;
-  check_within(vs_gemv, m.sens.worst, "bf16-direct vs gemv path", tight);
-  check_within(vs_ref, m.sens.worst, "bf16-direct vs cpu", tight);
+  check_mode_within(c, m, gemv, direct, "bf16-direct");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,

@@ -861,6 +861,25 @@ TEST(CudaGemmFp8, Bf16WeightsMatchCpuTwin) {
   EXPECT_NE(validate(bad).message().find("x_bf16"), std::string::npos);
 }
 
+// Eight FP4 experts [256, 384], some without rows: the row starts, e2m1 codes (two per byte), one
+// E8M0 scale per row and 32-block, and the stacked activations of all rows.
+struct Fp4Experts {
+  static constexpr int64_t n = 256, k = 384;
+  std::vector<int32_t> sizes{0, 130, 1, 0, 257, 64, 0, 3}, starts;
+  int64_t G = 0, rows = 0;
+  std::vector<uint8_t> w4, s4;
+  std::vector<float> x;
+  explicit Fp4Experts(std::mt19937& rng) : G(int64_t(sizes.size())) {
+    starts.assign(size_t(G + 1), 0);
+    for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + sizes[size_t(g)];
+    rows = starts.back();
+    w4.resize(size_t(G * n * k / 2));
+    for (auto& b : w4) b = uint8_t(rng());
+    s4 = random_e8m0_scales(rng, size_t(G * n * (k / 32)));
+    x = random_block_activations(rng, rows, k);
+  }
+};
+
 // The weight expansion (gemm_expand_bf16_cuda) and the x_bf16 GEMMs over its output (w_bf16): the
 // expansion equals its twin bit for bit (FP8 with both tile sizes, odd n, scales up to 2^60 so the
 // two-multiply expansion runs; FP4 with experts skipped by row_start left as they were), and the
@@ -913,16 +932,11 @@ TEST(CudaGemmFp8, ExpandedWeightsGiveTheInKernelExpansionsBits) {
   }
 
   // Grouped FP4 experts, some without rows.
-  const int64_t n = 256, k = 384, kb = k / 32;
-  const std::vector<int32_t> sizes = {0, 130, 1, 0, 257, 64, 0, 3};
-  const int64_t G = int64_t(sizes.size());
-  std::vector<int32_t> starts(size_t(G + 1), 0);
-  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + sizes[size_t(g)];
-  const int64_t rows = starts.back();
-  std::vector<uint8_t> w4(size_t(G * n * k / 2));
-  for (auto& b : w4) b = uint8_t(rng());
-  const std::vector<uint8_t> s4 = random_e8m0_scales(rng, size_t(G * n * kb));
-  const std::vector<float> x = random_block_activations(rng, rows, k);
+  const Fp4Experts e(rng);
+  const int64_t n = e.n, k = e.k, G = e.G, rows = e.rows;
+  const std::vector<int32_t>& starts = e.starts;
+  const std::vector<uint8_t>&w4 = e.w4, &s4 = e.s4;
+  const std::vector<float>& x = e.x;
   DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n)),
       dy3(size_t(rows * n));
   DeviceBuffer<uint16_t> dxb(size_t(rows * k)), dwe(size_t(G * n * k));
@@ -1058,20 +1072,13 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
   }
 
   // Grouped FP4 experts (some without rows), in-kernel expansion and pre-expanded.
-  const int64_t n = 256, k = 384, kb = k / 32;
-  const std::vector<int32_t> sizes = {0, 130, 1, 0, 257, 64, 0, 3};
-  const int64_t G = int64_t(sizes.size());
-  std::vector<int32_t> starts(size_t(G + 1), 0);
-  for (int64_t g = 0; g < G; ++g) starts[size_t(g + 1)] = starts[size_t(g)] + sizes[size_t(g)];
-  const int64_t rows = starts.back();
-  std::vector<uint8_t> w4(size_t(G * n * k / 2));
-  for (auto& b : w4) b = uint8_t(rng());
-  const std::vector<uint8_t> s4 = random_e8m0_scales(rng, size_t(G * n * kb));
-  const std::vector<float> x = random_block_activations(rng, rows, k);
-  DeviceBuffer<float> dx(x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n)),
+  const Fp4Experts e(rng);
+  const int64_t n = e.n, k = e.k, G = e.G, rows = e.rows;
+  const std::vector<int32_t>& starts = e.starts;
+  DeviceBuffer<float> dx(e.x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n)),
       dy3(size_t(257 * n));
   DeviceBuffer<uint16_t> dxb(size_t(rows * k)), dwe(size_t(G * n * k));
-  DeviceBuffer<uint8_t> dw4(w4), ds4(s4);
+  DeviceBuffer<uint8_t> dw4(e.w4), ds4(e.s4);
   DeviceBuffer<int32_t> dst(starts);
   ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dy3.ok() && dxb.ok() && dwe.ok() && dw4.ok() &&
               ds4.ok() && dst.ok());
@@ -1094,7 +1101,7 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
   GemmFp8Params one;
   one.xq = reinterpret_cast<const uint8_t*>(dxb.get() + int64_t(starts[4]) * k), one.x_bf16 = true;
   one.bf16_direct = true, one.w_bf16 = true, one.w = reinterpret_cast<const uint8_t*>(dwe.get() + 4 * n * k);
-  one.y = dy3.get(), one.m = sizes[4], one.n = n, one.k = k;
+  one.y = dy3.get(), one.m = e.sizes[4], one.n = n, one.k = k;
   FS_ASSERT_OK(gemm_fp8_cuda(one, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host();
@@ -1105,11 +1112,11 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
     const std::vector<uint16_t> xb = dxb.to_host();
     std::vector<uint16_t> xba(xb);
     for (auto& h : xba) h &= 0x7fff;
-    std::vector<uint8_t> w4a(w4);
+    std::vector<uint8_t> w4a(e.w4);
     for (auto& b : w4a) b &= 0x77;  // e2m1 magnitudes (sign bits 3 and 7 cleared)
     std::vector<float> ref(size_t(rows * n)), bound(ref.size());
     GemmFp8GroupedParams h = g4;
-    h.xq = reinterpret_cast<const uint8_t*>(xb.data()), h.w = w4.data(), h.w_scale = s4.data();
+    h.xq = reinterpret_cast<const uint8_t*>(xb.data()), h.w = e.w4.data(), h.w_scale = e.s4.data();
     h.row_start = starts.data(), h.y = ref.data();
     FS_ASSERT_OK(gemm_fp8_grouped_ref(h));
     h.xq = reinterpret_cast<const uint8_t*>(xba.data()), h.w = w4a.data(), h.y = bound.data();
