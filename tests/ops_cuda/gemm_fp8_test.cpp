@@ -1065,7 +1065,8 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
     std::printf("bf16_direct dense m=%lld n=%lld k=%lld wb=%lld: |err| / Σ|x·w| worst %.2e mean %.2e (bound %.2e)\n",
                 (long long)c.m, (long long)c.n, (long long)c.k, (long long)c.wb, worst, mean, tol);
     ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "pre-expanded W != in-kernel expansion";
-    ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), size_t(head.m * c.n) * 4)) << "a row's bits depend on the launch's m";
+    ASSERT_EQ(0, std::memcmp(y1.data(), y3.data(), size_t(head.m * c.n) * 4))
+        << "a row's bits depend on the launch's m";
     FS_ASSERT_OK(gemm_fp8_cuda(pe, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(dy2.to_host(), y1) << "not deterministic";

@@ -1313,8 +1313,8 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect>), smem,
-          attr_set);
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect>),
+          smem, attr_set);
       e != cudaSuccess)
     return e;
   // Grouped: the tile count lives on the device (from row_start); a block per SM, at most one
