@@ -54,7 +54,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "per GEMM into scratch that the memory plan counts, instead of per tile inside it: the same "
                   "bits as bf16) | bf16-direct (bf16-expanded with the tensor core summing the whole of k, no "
                   "FP32 addition per 32-block: another FP32 order); all within the parity bound")
-      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded", "bf16-direct"}))
+      ->check(CLI::IsMember(kPrefillGemmOperands))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
@@ -171,6 +171,12 @@ forward::GpuBranches gpu_branches(const std::string& value) {
                                : forward::GpuBranches::kOn;
 }
 
+void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g) {
+  g.prefill_gemm_bf16 = operands != "f16";
+  g.prefill_gemm_expand_w = operands == "bf16-expanded" || operands == "bf16-direct";
+  g.prefill_gemm_direct = operands == "bf16-direct";
+}
+
 Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   forward::GpuLoadOptions g;
   g.graphs = o.gpu_graphs == "off"      ? forward::GpuGraphs::kOff
@@ -187,9 +193,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
-  g.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
-  g.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded" || o.prefill_gemm_operands == "bf16-direct";
-  g.prefill_gemm_direct = o.prefill_gemm_operands == "bf16-direct";
+  apply_prefill_gemm_operands(o.prefill_gemm_operands, g);
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

@@ -3,6 +3,7 @@
 // ThreadPool / GpuLoadOptions / EngineOptions settings (no environment variables inside src/).
 #pragma once
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -60,6 +61,11 @@ Status apply_threads(const BackendOpts& o);
 Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o);
 // --gpu-branches off | on | priority (checked by CLI11).
 forward::GpuBranches gpu_branches(const std::string& value);
+
+// --prefill-gemm-operands: its choices, and what each sets in GpuLoadOptions (prefill_gemm_bf16,
+// prefill_gemm_expand_w, prefill_gemm_direct); run, serve and the model bench share both.
+inline const std::vector<std::string> kPrefillGemmOperands = {"f16", "bf16", "bf16-expanded", "bf16-direct"};
+void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g);
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

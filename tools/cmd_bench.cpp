@@ -88,9 +88,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.dense_gemm_min_tokens = o.dense_gemm_min_tokens;
   lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
-  lo.prefill_gemm_bf16 = o.prefill_gemm_operands != "f16";
-  lo.prefill_gemm_expand_w = o.prefill_gemm_operands == "bf16-expanded" || o.prefill_gemm_operands == "bf16-direct";
-  lo.prefill_gemm_direct = o.prefill_gemm_operands == "bf16-direct";
+  apply_prefill_gemm_operands(o.prefill_gemm_operands, lo);
   lo.engram_on_device = o.engram_tables == "device";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
@@ -311,7 +309,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--prefill-gemm-operands", mo->prefill_gemm_operands,
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded | bf16-direct, as "
                   "run / serve")
-      ->check(CLI::IsMember({"f16", "bf16", "bf16-expanded", "bf16-direct"}))
+      ->check(CLI::IsMember(kPrefillGemmOperands))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,
