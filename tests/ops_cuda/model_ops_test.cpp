@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "core/numeric.h"
 #include "core/rng.h"
 #include "gpu_util.h"
 #include "ops/attention.h"
@@ -408,6 +409,116 @@ TEST(CudaModelOps, MoeCombinePostEqualsTheTwoLaunches) {
   EXPECT_NE(cd::launch_moe_combine_post(nullptr, nullptr, nullptr, 1, 1, 96, false, nullptr, nullptr, nullptr, nullptr,
                                         5, false, 0),
             cudaSuccess);
+}
+
+// The four-column kernels of prefill-sized launches (model_kernels.cu kVecMinValues: 2^20 values
+// and more, widths that are a multiple of 4, 16-byte aligned operands) against the scalar kernels,
+// which the same launch takes when the operands sit 4 bytes off alignment, and against the CPU
+// where the op has a twin: collapse, hc_post, SwiGLU (weights, clamp, BF16 rounding on and off),
+// the MoE combine and the combine + post (row maps with other ranks' pairs), memcmp-equal. Widths
+// of 4096 and 1028 (a partial column block), row counts just past the threshold.
+TEST(CudaModelOps, FourColumnKernelsEqualScalarKernelsAndCpu) {
+  FS_REQUIRE_GPU();
+  constexpr int64_t hc = 4, kMin = int64_t(1) << 20;
+  uint64_t seed = 9100;
+  // A device copy of v at offset 0 (aligned) or 1 float (4 bytes off: the scalar kernels).
+  struct Pair {
+    DeviceBuffer<float> a, u;
+    explicit Pair(const std::vector<float>& v) : a(v), u(pad(v)) {}
+    static std::vector<float> pad(const std::vector<float>& v) {
+      std::vector<float> p(v.size() + 1, 0.0f);
+      std::copy(v.begin(), v.end(), p.begin() + 1);
+      return p;
+    }
+    float* at(bool vec) { return vec ? a.get() : u.get() + 1; }
+    std::vector<float> host(bool vec) {
+      auto h = vec ? a.to_host() : u.to_host();
+      if (!vec) h.erase(h.begin());
+      return h;
+    }
+  };
+  for (const int64_t dim : {4096, 1028}) {
+    const int64_t rows = kMin / dim + 3;
+    const std::string tag = " dim " + std::to_string(dim);
+    for (const bool bf16 : {false, true}) {
+      const auto x = randn(static_cast<size_t>(rows * hc * dim), ++seed), f = randn(static_cast<size_t>(rows * dim), ++seed);
+      const auto pre = randn(static_cast<size_t>(rows * hc), ++seed), post = randn(pre.size(), ++seed);
+      const auto comb = randn(static_cast<size_t>(rows * hc * hc), ++seed);
+      std::vector<float> u(static_cast<size_t>(rows * dim)), xo(x.size());
+      hc_collapse(x.data(), pre.data(), u.data(), rows, hc, dim, bf16);
+      hc_post(f.data(), x.data(), post.data(), comb.data(), xo.data(), rows, hc, dim, bf16);
+      DeviceBuffer<float> dpre(pre), dpost(post), dcomb(comb);
+      for (const bool vec : {true, false}) {
+        const std::string t = tag + (vec ? " aligned" : " offset") + (bf16 ? " bf16" : "");
+        Pair dx(x), df(f), du(u);
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_collapse(dx.at(vec), dpre.get(), du.at(vec), rows, hc, dim, bf16, 0),
+                                 "collapse"));
+        expect_bitwise(du.host(vec), u, ("collapse" + t).c_str());
+        FS_ASSERT_OK(cuda_status(
+            cd::launch_hc_post(df.at(vec), dx.at(vec), dpost.get(), dcomb.get(), rows, hc, dim, bf16, 0), "post"));
+        expect_bitwise(dx.host(vec), xo, ("hc_post" + t).c_str());
+      }
+    }
+    // The MoE combine and combine + post: the four-column kernels against the scalar ones.
+    constexpr int64_t K = 6;
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool mapped = variant & 1, bf16 = variant & 2;
+      const int64_t T = rows;
+      const auto y = randn(static_cast<size_t>(T * K * dim), ++seed), ys = randn(static_cast<size_t>(T * dim), ++seed);
+      const auto x = randn(static_cast<size_t>(T * hc * dim), ++seed);
+      const auto post = randn(static_cast<size_t>(T * hc), ++seed), comb = randn(static_cast<size_t>(T * hc * hc), ++seed);
+      std::vector<int32_t> row_of(static_cast<size_t>(T * K));
+      for (int64_t i = 0; i < T * K; ++i) row_of[static_cast<size_t>(i)] = i % 5 == 4 ? -1 : int32_t((i * 7 + 3) % (T * K));
+      DeviceBuffer<int32_t> drow(row_of);
+      DeviceBuffer<float> dpost(post), dcomb(comb);
+      const int32_t* rmap = mapped ? drow.get() : nullptr;
+      std::vector<float> out[2], xs[2], out2[2];
+      for (const bool vec : {true, false}) {
+        Pair dy(y), dys(ys), dx(x), dout(ys), dout2(ys);
+        FS_ASSERT_OK(cuda_status(cd::launch_moe_combine(dy.at(vec), dys.at(vec), dout.at(vec), T, K, dim, bf16, 0, rmap),
+                                 "combine"));
+        FS_ASSERT_OK(cuda_status(cd::launch_moe_combine_post(dy.at(vec), dys.at(vec), dout2.at(vec), T, K, dim, bf16,
+                                                             rmap, dx.at(vec), dpost.get(), dcomb.get(), hc, !bf16, 0),
+                                 "combine_post"));
+        out[vec] = dout.host(vec), out2[vec] = dout2.host(vec), xs[vec] = dx.host(vec);
+      }
+      const std::string t = tag + " variant " + std::to_string(variant);
+      expect_bitwise(out[1], out[0], ("moe_combine" + t).c_str());
+      expect_bitwise(out2[1], out[0], ("combine_post rows" + t).c_str());
+      expect_bitwise(xs[1], xs[0], ("combine_post streams" + t).c_str());
+      std::vector<float> xo(x.size());
+      hc_post(out[0].data(), x.data(), post.data(), comb.data(), xo.data(), T, hc, dim, !bf16);
+      expect_bitwise(xs[1], xo, ("combine_post streams vs CPU" + t).c_str());
+    }
+  }
+  // SwiGLU over [rows, n]: n = 2048 and 1540 (not a multiple of 8), routing weights or none, the
+  // clamp on or off, BF16 rounding on or off; values of scale 3 so that the clamp bites.
+  for (const int64_t n : {2048, 1540}) {
+    const int64_t rows = kMin / n + 5;
+    const auto g = randn(static_cast<size_t>(rows * n), ++seed, 3.0f), up = randn(g.size(), ++seed, 3.0f);
+    const auto wt = randn(static_cast<size_t>(rows), ++seed);
+    DeviceBuffer<float> dwt(wt);
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool weighted = variant & 1, bf16 = variant & 2;
+      const float limit = (variant & 4) ? 1.5f : 0.0f;
+      std::vector<float> h(g.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const size_t o = static_cast<size_t>(r * n);
+        swiglu(g.data() + o, up.data() + o, h.data() + o, n, limit, weighted ? wt[static_cast<size_t>(r)] : 1.0f);
+      }
+      if (bf16)
+        for (auto& v : h) v = round_bf16(v);
+      for (const bool vec : {true, false}) {
+        Pair dg(g), du(up), dh(g);
+        FS_ASSERT_OK(cuda_status(cd::launch_swiglu(dg.at(vec), du.at(vec), dh.at(vec), weighted ? dwt.get() : nullptr,
+                                                   rows, n, limit, bf16, 0),
+                                 "swiglu"));
+        expect_bitwise(dh.host(vec), h,
+                       ("swiglu n " + std::to_string(n) + " variant " + std::to_string(variant) + (vec ? " aligned" : " offset"))
+                           .c_str());
+      }
+    }
+  }
 }
 
 TEST(CudaModelOps, HcMixesCollapsePostMatchCpu) {
@@ -869,7 +980,8 @@ TEST(CudaModelOps, HcMixesRowTilesMatchRowKernelBitwise) {
   FS_REQUIRE_GPU();
   struct Case { int64_t rows, hc, dim; bool cpu = true; };
   for (const Case c : {Case{300, 4, 5120}, Case{37, 4, 1000}, Case{129, 3, 1284}, Case{17, 2, 514}, Case{70, 3, 343},
-                       Case{64, 4, 4096, false}, Case{16, 4, 4096, false}, Case{1000, 4, 4096, false}}) {
+                       Case{40, 6, 700}, Case{64, 4, 4096, false}, Case{16, 4, 4096, false},
+                       Case{1000, 4, 4096, false}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << " rows, hc " << c.hc << ", dim " << c.dim);
     const int64_t rows = c.rows, hc = c.hc, dim = c.dim, n_mix = (2 + hc) * hc;
     const auto x = randn(static_cast<size_t>(rows * hc * dim), 50 + uint64_t(dim), 2.0f);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <initializer_list>
 #include <numeric>
 #include <type_traits>
 
@@ -1551,6 +1552,51 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
   hc_mix_epilogue(a, mu, P, row);
 }
 
+// hc_mixes_kernel's dots_ready pass (after the row tiles) where hc·hc <= 32: kReadyRows rows per
+// block, so that an SM holds many rows' loads and epilogues at once (hc_mixes_kernel gives each
+// row a 512-thread block whose warps then wait for the row's one-warp Sinkhorn). The warps take the
+// block's rows' chunks of the flat sum of squares (warp_sumsq_chunk, as there), one thread per row
+// folds them (dev_chunk_tree) and scales the row's dots, then warps 2k and 2k + 1 run row k's
+// epilogue (hc_mix_epilogue's Sinkhorn warp and pre / post warp). Same operations, same bits.
+constexpr int kReadyRows = 4, kReadyThreads = 64 * kReadyRows;
+__global__ void __launch_bounds__(kReadyThreads) hc_mixes_ready_kernel(HcMixArgs a) {
+  pdl_prologue();
+  extern __shared__ double rsm[];
+  __shared__ float rs[kReadyRows];
+  const int64_t hc = a.hc, flat = hc * a.dim, n_mix = a.head_only ? hc : (2 + hc) * hc;
+  const int64_t m = (flat + kSumChunk - 1) / kSumChunk;
+  double* sq = rsm;                                              // [kReadyRows][m]
+  float* mu = reinterpret_cast<float*>(rsm + kReadyRows * m);    // [kReadyRows][n_mix]
+  const int64_t row0 = int64_t(blockIdx.x) * kReadyRows;
+  const int nr = int(a.rows - row0 < kReadyRows ? a.rows - row0 : kReadyRows);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  for (int64_t item = warp; item < nr * m; item += kReadyThreads / 32) {
+    const int64_t k = item / m, c = item % m, off = c * kSumChunk;
+    const double v = warp_sumsq_chunk(a.x + (row0 + k) * flat + off, flat - off < kSumChunk ? flat - off : kSumChunk);
+    if (lane == 0) sq[k * m + c] = v;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < nr) {
+    const double ss = m > 1 ? dev_chunk_tree(sq + threadIdx.x * m, m) : sq[threadIdx.x * m];
+    rs[threadIdx.x] = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < nr * n_mix; i += kReadyThreads) {
+    const int64_t k = i / n_mix;
+    mu[i] = __fmul_rn(*hc_dot_slot(a, row0 + k, i % n_mix), rs[k]);
+  }
+  __syncthreads();
+  const int k = warp / 2;
+  if (k >= nr) return;
+  const float* mk = mu + k * n_mix;
+  if (warp % 2 == 1) {
+    if (lane < hc) hc_pre_post(a, mk, row0 + k, lane);
+  } else if (!a.head_only) {
+    if (hc == 4) hc_sinkhorn_warp<4>(a, mk, row0 + k);
+    else hc_sinkhorn_warp<0>(a, mk, row0 + k);
+  }
+}
+
 // The row's mix dots and flat sum of squares split by chunk over a cluster (decode: few rows,
 // flat = hc·dim > kSumChunk, m <= kSplitMaxChunks chunks). Block b of the row's cluster owns the
 // chunks b, b + csize, ..; for each it stages the chunk of x in shared memory (one round of loads,
@@ -2078,6 +2124,159 @@ __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, 
   if (id >= T * dim) return;
   const float s = moe_combine_sum(y, ys, row_of, id / dim, K, dim, id % dim);
   out[id] = bf16 ? dev_round_bf16(s) : s;
+}
+
+// Four adjacent columns per thread (prefill-sized launches, launch_* below): the elementwise
+// kernels above with 16-byte loads and stores, the row and column taken once per four values
+// instead of a 64-bit division per value, and a row's per-row operands (mixes, routing weight)
+// loaded once for the four. Every value gets the scalar kernel's operations in its order, so
+// the same bits; the scalar kernels stay for small launches (decode), unaligned operands and
+// widths that are not a multiple of 4.
+constexpr int kVecThreads = 256;
+constexpr int64_t kVecMinValues = int64_t(1) << 20;  // below: the scalar kernels (decode-sized launches)
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void st4(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void unpack4(const float4& v, float (&o)[4]) { o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w; }
+
+// hc_collapse_kernel, hc known: row blockIdx.x, columns 4·(blockIdx.y·blockDim.x + threadIdx.x)..
+template <int HC>
+__global__ void __launch_bounds__(kVecThreads) hc_collapse_vec_kernel(const float* x, const float* pre, float* u,
+                                                                      int64_t dim, bool bf16) {
+  pdl_prologue();
+  const int64_t r = blockIdx.x, d = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (d >= dim) return;
+  float xs[HC][4], p[HC];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) unpack4(ld4(x + (r * HC + i) * dim + d), xs[i]), p[i] = pre[r * HC + i];
+  float o[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < HC; ++i) s = mul_add(p[i], xs[i][c], s);
+    o[c] = bf16 ? dev_round_bf16(s) : s;
+  }
+  st4(u + r * dim + d, o);
+}
+
+// Columns d..d+3 of row r's HC streams ← post ⊗ fv + combᵀ xs, hc_post_column's expressions per
+// column (xs[j][c]: stream j, column d + c, before the update).
+template <int HC>
+__device__ __forceinline__ void hc_post_columns4(float* x, const float* post, const float* comb, int64_t r,
+                                                 int64_t dim, int64_t d, const float (&xs)[HC][4],
+                                                 const float (&fv)[4], bool bf16) {
+  const float* P = comb + r * HC * HC;
+  float pc[HC][HC], po[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    po[k] = post[r * HC + k];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) pc[j][k] = P[j * HC + k];
+  }
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    float o[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float s = __fmul_rn(po[k], fv[c]);
+#pragma unroll
+      for (int j = 0; j < HC; ++j) s = mul_add(pc[j][k], xs[j][c], s);
+      o[c] = bf16 ? dev_round_bf16(s) : s;
+    }
+    st4(x + (r * HC + k) * dim + d, o);
+  }
+}
+
+// hc_post_fixed_kernel, four columns per thread.
+template <int HC>
+__global__ void __launch_bounds__(kVecThreads) hc_post_vec_kernel(const float* f, float* x, const float* post,
+                                                                  const float* comb, int64_t dim, bool bf16) {
+  pdl_prologue();
+  const int64_t r = blockIdx.x, d = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (d >= dim) return;
+  float xs[HC][4], fv[4];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) unpack4(ld4(x + (r * HC + j) * dim + d), xs[j]);
+  unpack4(ld4(f + r * dim + d), fv);
+  hc_post_columns4<HC>(x, post, comb, r, dim, d, xs, fv, bf16);
+}
+
+// swiglu_kernel, values 4·id.. of the flat [rows, n] (n % 4 == 0: one row).
+__global__ void __launch_bounds__(kVecThreads) swiglu_vec_kernel(const float* g, const float* u, float* h,
+                                                                 const float* weight, int64_t rows, int64_t n,
+                                                                 float limit, bool bf16) {
+  pdl_prologue();
+  const int64_t i0 = 4 * (int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (i0 >= rows * n) return;
+  float gv[4], uv[4], o[4];
+  unpack4(ld4(g + i0), gv);
+  unpack4(ld4(u + i0), uv);
+  const float w = weight ? weight[i0 / n] : 1.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float a = gv[c], b = uv[c];
+    if (limit > 0) {
+      a = fminf(a, limit);
+      b = fminf(fmaxf(b, -limit), limit);
+    }
+    const float v = __fmul_rn(__fmul_rn(a / (1.0f + dev_exp(-a)), b), w);
+    o[c] = bf16 ? dev_round_bf16(v) : v;
+  }
+  st4(h + i0, o);
+}
+
+// moe_combine_sum for columns d..d+3 of row t (one source row per slot serves all four).
+__device__ __forceinline__ void moe_combine_sum4(const float* y, const float* ys, const int32_t* row_of, int64_t t,
+                                                 int64_t K, int64_t dim, int64_t d, float (&s)[4]) {
+  s[0] = s[1] = s[2] = s[3] = 0.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (r >= 0) unpack4(ld4(y + r * dim + d), v);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[c] += v[c];
+  }
+  float b[4];
+  unpack4(ld4(ys + t * dim + d), b);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s[c] = s[c] + b[c];
+}
+
+// moe_combine_kernel, row blockIdx.x, four columns per thread.
+__global__ void __launch_bounds__(kVecThreads) moe_combine_vec_kernel(const float* y, const float* ys, float* out,
+                                                                      int64_t K, int64_t dim, bool bf16,
+                                                                      const int32_t* row_of) {
+  pdl_prologue();
+  const int64_t t = blockIdx.x, d = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (d >= dim) return;
+  float s[4];
+  moe_combine_sum4(y, ys, row_of, t, K, dim, d, s);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s[c] = bf16 ? dev_round_bf16(s[c]) : s[c];
+  st4(out + t * dim + d, s);
+}
+
+// moe_combine_post_kernel, four columns per thread.
+template <int HC>
+__global__ void __launch_bounds__(kVecThreads) moe_combine_post_vec_kernel(const float* y, const float* ys, float* out,
+                                                                           int64_t K, int64_t dim, bool bf16,
+                                                                           const int32_t* row_of, float* x,
+                                                                           const float* post, const float* comb,
+                                                                           bool post_bf16) {
+  pdl_prologue();
+  const int64_t t = blockIdx.x, d = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (d >= dim) return;
+  float xs[HC][4];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) unpack4(ld4(x + (t * HC + j) * dim + d), xs[j]);  // issued before the combine's loads
+  float fv[4];
+  moe_combine_sum4(y, ys, row_of, t, K, dim, d, fv);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) fv[c] = bf16 ? dev_round_bf16(fv[c]) : fv[c];
+  st4(out + t * dim + d, fv);
+  hc_post_columns4<HC>(x, post, comb, t, dim, d, xs, fv, post_bf16);
 }
 
 // Grouping routed pairs by expert, a stable counting sort. One block (few pairs): expert counts
@@ -2647,6 +2846,11 @@ cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s) {
                           : slices == 4 ? launch_hc_mix_dots_tiled<4>(a, n_mix, m, s)
                                         : launch_hc_mix_dots_tiled<2>(a, n_mix, m, s);
     if (e != cudaSuccess) return e;
+    if (a.hc * a.hc <= 32 && (a.rows + kReadyRows - 1) / kReadyRows <= INT32_MAX) {
+      const size_t rsmem = size_t(kReadyRows) * (size_t(m) * sizeof(double) + size_t(n_mix) * sizeof(float));
+      return launch_kernel(hc_mixes_ready_kernel, unsigned((a.rows + kReadyRows - 1) / kReadyRows), kReadyThreads,
+                           rsmem, s, a);
+    }
     return launch_kernel(hc_mixes_kernel, unsigned(a.rows), kMixThreads, smem, s, a, 1, true);
   }
   if (split_ok && a.kernel != 1) {
@@ -2676,9 +2880,25 @@ int64_t hc_mixes_work_floats(const HcMixArgs& a) {
   return a.rows * n_mix * ((a.hc * a.dim + kSumChunk - 1) / kSumChunk);
 }
 
+// Whether a launch of `rows` rows of `width` values takes the four-column kernels: large enough
+// (prefill), whole float4s per row, a grid of (rows, column blocks) that fits, 16-byte aligned.
+static bool vec_launch(int64_t rows, int64_t width, std::initializer_list<const void*> ptrs) {
+  if (rows * width < kVecMinValues || width % 4 != 0 || rows > INT32_MAX ||
+      (width / 4 + kVecThreads - 1) / kVecThreads > 65535)
+    return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+static dim3 vec_grid(int64_t rows, int64_t width) {
+  return dim3(unsigned(rows), unsigned((width / 4 + kVecThreads - 1) / kVecThreads));
+}
+
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s) {
   if (rows * dim == 0) return cudaSuccess;
+  if (hc == 4 && vec_launch(rows, dim, {x, u}))
+    return launch_kernel(hc_collapse_vec_kernel<4>, vec_grid(rows, dim), kVecThreads, 0, s, x, pre, u, dim, bf16);
   return launch_kernel(hc_collapse_kernel, blocks_for(rows * dim, 256), 256, 0, s, x, pre, u, rows, hc, dim, bf16);
 }
 
@@ -2686,6 +2906,8 @@ cudaError_t launch_hc_post(const float* f, float* x, const float* post, const fl
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s) {
   if (hc > kMaxHc) return cudaErrorInvalidValue;
   if (rows * dim == 0) return cudaSuccess;
+  if (hc == 4 && vec_launch(rows, dim, {f, x}))
+    return launch_kernel(hc_post_vec_kernel<4>, vec_grid(rows, dim), kVecThreads, 0, s, f, x, post, comb, dim, bf16);
   if (hc == 4 && rows <= INT32_MAX && (dim + 255) / 256 <= 65535)
     return launch_kernel(hc_post_fixed_kernel<4>, dim3(unsigned(rows), unsigned((dim + 255) / 256)), 256, 0, s, f, x,
                          post, comb, dim, bf16);
@@ -2735,12 +2957,18 @@ cudaError_t launch_softmax_pool(const float* const* v, const float* const* z, in
 cudaError_t launch_swiglu(const float* g, const float* u, float* h, const float* weight, int64_t rows,
                           int64_t n, float limit, bool bf16, cudaStream_t s) {
   if (rows * n == 0) return cudaSuccess;
+  // The flat values in groups of four (n % 4 == 0: a group never straddles two rows' weights).
+  if (vec_launch(rows, n, {g, u, h}) && rows * n / 4 / kVecThreads < INT32_MAX)
+    return launch_kernel(swiglu_vec_kernel, blocks_for(rows * n / 4, kVecThreads), kVecThreads, 0, s, g, u, h, weight,
+                         rows, n, limit, bf16);
   return launch_kernel(swiglu_kernel, blocks_for(rows * n, 256), 256, 0, s, g, u, h, weight, rows, n, limit, bf16);
 }
 
 cudaError_t launch_moe_combine(const float* y, const float* ys, float* out, int64_t T, int64_t K,
                                int64_t dim, bool bf16, cudaStream_t s, const int32_t* row_of) {
   if (T * dim == 0) return cudaSuccess;
+  if (vec_launch(T, dim, {y, ys, out}))
+    return launch_kernel(moe_combine_vec_kernel, vec_grid(T, dim), kVecThreads, 0, s, y, ys, out, K, dim, bf16, row_of);
   return launch_kernel(moe_combine_kernel, blocks_for(T * dim, 256), 256, 0, s, y, ys, out, T, K, dim, bf16, row_of);
 }
 
@@ -2753,6 +2981,9 @@ cudaError_t launch_moe_combine_post(const float* y, const float* ys, float* out,
                                     int64_t hc, bool post_bf16, cudaStream_t s) {
   if (!moe_combine_post_supports(T, hc, dim) || K < 0) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
+  if (vec_launch(T, dim, {y, ys, out, x}))
+    return launch_kernel(moe_combine_post_vec_kernel<4>, vec_grid(T, dim), kVecThreads, 0, s, y, ys, out, K, dim, bf16,
+                         row_of, x, post, comb, post_bf16);
   return launch_kernel(moe_combine_post_kernel<4>, dim3(unsigned(T), unsigned((dim + 255) / 256)), 256, 0, s, y, ys,
                        out, K, dim, bf16, row_of, x, post, comb, post_bf16);
 }
