@@ -1736,12 +1736,11 @@ struct HcTile {
   static constexpr int kStages = kSlices >= 4 ? 3 : 4;
   static constexpr int kStageF4 = kSlices * kTileSliceF4;
   static constexpr size_t kRingBytes = size_t(kStages) * kStageF4 * sizeof(float4);
-  static constexpr int kItems = (kStageF4 + kTileThreads - 1) / kTileThreads;  // copies per thread
 };
 
-__device__ __forceinline__ void hc_cp_async16(float4* dst, const float* src) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+// 16 bytes from src into shared address d; ok false: 16 zero bytes (source size 0, src not read).
+__device__ __forceinline__ void hc_cp_async16_zfill(uint32_t d, const float* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
 }
 
 // Chunk groups (cpg < m): CTA (tile, mix block, group) adds chunks [group·cpg, +cpg) only and
@@ -1752,7 +1751,6 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
   pdl_prologue();
   using T = HcTile<kSlices>;
   extern __shared__ float4 tsm[];
-  __shared__ const float* slot_src[kTileSlots];  // row of each staged slot (nullptr: zeros)
   float4* ring = tsm;                                                // [stages][slices][slots][32]
   float* csum = reinterpret_cast<float*>(tsm + T::kStages * T::kStageF4);  // [16 x 12][m]
   const int64_t flat = a.hc * a.dim, m = (flat + kSumChunk - 1) / kSumChunk;
@@ -1763,31 +1761,37 @@ __global__ void __launch_bounds__(kTileThreads, 1) hc_mix_dots_tiled_kernel(HcMi
   const int mix0 = int(tm % mix_blocks) * kTileMix;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid & 31;
   const int wr = (warp % 4) * 4, wm = (warp / 4) * 6;
-  if (tid < kTileSlots) {
-    const float* src = nullptr;
-    if (tid < kTileRows) {
-      if (row0 + tid < a.rows) src = a.x + (row0 + tid) * flat;
-    } else if (mix0 + tid - kTileRows < n_mix) {
-      src = a.fn + int64_t(mix0 + tid - kTileRows) * flat;
-    }
-    slot_src[tid] = src;
-  }
-  __syncthreads();
-  auto load = [&](int64_t st) {  // stage st: slices st·kSlices.. (chunk st·kSlices / 8) into its slot
-    if (st < stages) {
-      const int64_t col0 = (st * kSlices / 8) * kSumChunk + (st * kSlices % 8) * 128;
-      float4* buf = ring + (st % T::kStages) * T::kStageF4;
+  // Thread (warp g, lane q) copies float4 q of slots g, g + 8, g + 16, g + 24 (< kTileSlots) of
+  // each staged slice: their row pointers are taken once, and a missing row or a column past flat
+  // (flat % 4 == 0: whole float4s) is a zero-filling copy (cp.async with source size 0).
+  constexpr int kSlotGroups = kTileThreads / 32, kSlotsPer = (kTileSlots + kSlotGroups - 1) / kSlotGroups;
+  const float* src[kSlotsPer];
 #pragma unroll
-      for (int k = 0; k < T::kItems; ++k) {
-        const int i = tid + k * kTileThreads;  // [slice][slot][32]
-        if (T::kStageF4 % kTileThreads == 0 || i < T::kStageF4) {
-          const int in_slice = i % kTileSliceF4;
-          const float* src = slot_src[in_slice / 32];
-          const int64_t col = col0 + (i / kTileSliceF4) * 128 + 4 * (in_slice % 32);
-          if (src && col < flat) hc_cp_async16(buf + i, src + col);
-          else buf[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int j = 0; j < kSlotsPer; ++j) {
+    const int slot = warp + kSlotGroups * j;
+    src[j] = nullptr;
+    if (slot < kTileRows) {
+      if (row0 + slot < a.rows) src[j] = a.x + (row0 + slot) * flat;
+    } else if (slot < kTileSlots && mix0 + slot - kTileRows < n_mix) {
+      src[j] = a.fn + int64_t(mix0 + slot - kTileRows) * flat;
+    }
+  }
+  const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring));
+  auto load = [&](int64_t st) {  // stage st: columns [st·kSlices·128, +kSlices·128) into its slot
+    if (st < stages) {
+      const int64_t col0 = st * (kSlices * 128) + 4 * lane;
+      const uint32_t buf = ring_s + uint32_t((st % T::kStages) * T::kStageF4 * 16);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl)
+#pragma unroll
+        for (int j = 0; j < kSlotsPer; ++j) {
+          const int slot = warp + kSlotGroups * j;
+          if (kTileSlots % kSlotGroups == 0 || slot < kTileSlots) {
+            const int64_t col = col0 + sl * 128;
+            const bool ok = src[j] != nullptr && col < flat;
+            hc_cp_async16_zfill(buf + uint32_t((sl * kTileSliceF4 + slot * 32 + lane) * 16), ok ? src[j] + col : a.fn, ok);
+          }
         }
-      }
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
