@@ -34,7 +34,7 @@ struct BackendOpts {
   int64_t gemv_prequant_min_rows = 9;  // GpuLoadOptions::gemv_prequant_min_rows
   // f16 | bf16 | bf16-expanded | bf16-direct (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w,
   // prefill_gemm_direct)
-  std::string prefill_gemm_operands = "bf16-expanded";
+  std::string prefill_gemm_operands = "bf16-direct";
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)

@@ -54,7 +54,7 @@ struct ModelBenchOpts {
   int64_t gemv_tiled_min_rows = 192;       // --gemv-tiled-min-rows (GpuLoadOptions::gemv_tiled_min_rows)
   int64_t gemv_prequant_min_rows = 9;      // --gemv-prequant-min-rows (GpuLoadOptions::gemv_prequant_min_rows)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w, prefill_gemm_direct)
-  std::string prefill_gemm_operands = "bf16-expanded";
+  std::string prefill_gemm_operands = "bf16-direct";
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 

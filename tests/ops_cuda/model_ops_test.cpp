@@ -414,8 +414,9 @@ TEST(CudaModelOps, MoeCombinePostEqualsTheTwoLaunches) {
 // The four-column kernels of prefill-sized launches (model_kernels.cu kVecMinValues: 2^20 values
 // and more, widths that are a multiple of 4, 16-byte aligned operands) against the scalar kernels,
 // which the same launch takes when the operands sit 4 bytes off alignment, and against the CPU
-// where the op has a twin: collapse, hc_post, SwiGLU (weights, clamp, BF16 rounding on and off),
-// the MoE combine and the combine + post (row maps with other ranks' pairs), memcmp-equal. Widths
+// where the op has a twin: collapse, hc_post, SwiGLU (weights, clamp, BF16 rounding on and off; vs
+// the CPU within the exp caveat below), the MoE combine and the combine + post (row maps with
+// other ranks' pairs), memcmp-equal. Widths
 // of 4096 and 1028 (a partial column block), row counts just past the threshold.
 TEST(CudaModelOps, FourColumnKernelsEqualScalarKernelsAndCpu) {
   FS_REQUIRE_GPU();
@@ -508,15 +509,28 @@ TEST(CudaModelOps, FourColumnKernelsEqualScalarKernelsAndCpu) {
       }
       if (bf16)
         for (auto& v : h) v = round_bf16(v);
+      std::vector<float> out[2];
       for (const bool vec : {true, false}) {
         Pair dg(g), du(up), dh(g);
         FS_ASSERT_OK(cuda_status(cd::launch_swiglu(dg.at(vec), du.at(vec), dh.at(vec), weighted ? dwt.get() : nullptr,
                                                    rows, n, limit, bf16, 0),
                                  "swiglu"));
-        expect_bitwise(dh.host(vec), h,
-                       ("swiglu n " + std::to_string(n) + " variant " + std::to_string(variant) + (vec ? " aligned" : " offset"))
-                           .c_str());
+        out[vec] = dh.host(vec);
       }
+      const std::string t = "swiglu n " + std::to_string(n) + " variant " + std::to_string(variant);
+      expect_bitwise(out[1], out[0], (t + " four-column vs scalar").c_str());
+      // Against the CPU: the device's exp (through double) and glibc's expf part by one ulp near a
+      // rounding midpoint (~1 value in 4000 here), which a product carries on: at most 1 ulp, in at
+      // most 1 value in 1000 (expect_near_cpu's rule).
+      size_t off = 0;
+      for (size_t i = 0; i < h.size(); ++i) {
+        if (std::memcmp(&out[1][i], &h[i], 4) == 0) continue;
+        int32_t a, b;
+        std::memcpy(&a, &out[1][i], 4), std::memcpy(&b, &h[i], 4);
+        EXPECT_LE(std::abs(int64_t(a) - int64_t(b)), 1) << t << " [" << i << "] " << out[1][i] << " vs " << h[i];
+        ++off;
+      }
+      EXPECT_LE(off, h.size() / 1000) << t << ": " << off << " values off the CPU twin";
     }
   }
 }
@@ -963,6 +977,8 @@ TEST(CudaModelOps, HcMixesChunkedMatchCpuBitwise) {
 // too (HcMixArgs::work: the chunks split over CTAs, then folded), against the row kernel bitwise;
 // their CPU comparison is left to the cases above (in the 1000-row case a near-midpoint expf's
 // 1-ulp difference grows to 5 ulp through Sinkhorn).
+// 40 x 6 x 700 (hc·hc = 36: the block-wide Sinkhorn after the tiles' dots) against the row kernel
+// only: through the hc-6 Sinkhorn the exp difference reaches 2-4 ulp in ~2 % of comb's values.
 void expect_near_cpu(const std::vector<float>& gpu, const std::vector<float>& cpu, const char* what) {
   ASSERT_EQ(gpu.size(), cpu.size()) << what;
   size_t off = 0;
@@ -980,7 +996,7 @@ TEST(CudaModelOps, HcMixesRowTilesMatchRowKernelBitwise) {
   FS_REQUIRE_GPU();
   struct Case { int64_t rows, hc, dim; bool cpu = true; };
   for (const Case c : {Case{300, 4, 5120}, Case{37, 4, 1000}, Case{129, 3, 1284}, Case{17, 2, 514}, Case{70, 3, 343},
-                       Case{40, 6, 700}, Case{64, 4, 4096, false}, Case{16, 4, 4096, false},
+                       Case{40, 6, 700, false}, Case{64, 4, 4096, false}, Case{16, 4, 4096, false},
                        Case{1000, 4, 4096, false}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << " rows, hc " << c.hc << ", dim " << c.dim);
     const int64_t rows = c.rows, hc = c.hc, dim = c.dim, n_mix = (2 + hc) * hc;
