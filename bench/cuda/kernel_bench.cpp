@@ -493,6 +493,85 @@ Result<std::string> gemm16_bench() {
 
 }  // namespace
 
+// Whether the wgmma GEMM's whole-k BF16 steps (bf16_direct) and mma.sync m16n8k16 steps in the
+// same order (launch_mma_steps: the attention kernels' S = Q·Kᵀ sequence) give the same bits: the
+// question a wgmma attention that must keep the mma.sync kernels' bits turns on. BF16 data of
+// two kinds (uniform in ±1; signs and exponents spread over 2^±12, so that the tensor core's
+// alignment of products to the largest shows), both GEMMs and the block-summed BF16 mode against
+// mma.sync (outputs with equal bits, largest distance in ulp), and each against the exact dot in
+// double (|err| / Σ|x·w|, a check that every fragment layout is right).
+Result<std::string> mma_order_bench() {
+  cudaDeviceProp prop{};
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  struct Shape {
+    int m, n, k;
+  };
+  const Shape shapes[] = {{128, 128, 128}, {128, 128, 512}, {256, 256, 4096}, {128, 64, 7168}};
+  std::string md = fmt::format(
+      "\n### wgmma (bf16_direct) vs mma.sync m16n8k16 step order, BF16 ({})\n\n"
+      "| m | n | k | data | direct == mma.sync | max ulp | block-summed == mma.sync | max ulp | |err|/Σ direct | "
+      "mma.sync | block |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+      prop.name);
+  auto ulp = [](float a, float b) {
+    int32_t ia, ib;
+    std::memcpy(&ia, &a, 4), std::memcpy(&ib, &b, 4);
+    if ((ia < 0) != (ib < 0)) return int64_t(std::abs(int64_t(ia & 0x7fffffff)) + std::abs(int64_t(ib & 0x7fffffff)));
+    return std::abs(int64_t(ia) - int64_t(ib));
+  };
+  for (const auto& sh : shapes)
+    for (int spread = 0; spread < 2; ++spread) {
+      uint64_t seed = 0x51ed + uint64_t(sh.k) * 7 + uint64_t(spread);
+      auto value = [&]() -> uint16_t {
+        const uint64_t r = splitmix(seed);
+        const float v = spread ? std::ldexp(1.0f + float(r % 128) / 128.0f, int((r >> 8) % 25) - 12) * ((r >> 16) & 1 ? -1.0f : 1.0f)
+                               : float(int64_t(r % 2001) - 1000) * 1e-3f;
+        return f32_to_bf16(v);
+      };
+      std::vector<uint16_t> x(size_t(sh.m) * sh.k), w(size_t(sh.n) * sh.k);
+      for (auto& v : x) v = value();
+      for (auto& v : w) v = value();
+      bench::Arena ar;
+      FS_ASSIGN_OR_RETURN(uint16_t* dx, ar.alloc<uint16_t>(int64_t(x.size())));
+      FS_ASSIGN_OR_RETURN(uint16_t* dw, ar.alloc<uint16_t>(int64_t(w.size())));
+      FS_ASSIGN_OR_RETURN(float* dy, ar.alloc<float>(int64_t(sh.m) * sh.n * 3));
+      FS_RETURN_IF_ERROR(upload(dx, x));
+      FS_RETURN_IF_ERROR(upload(dw, w));
+      const int64_t mn = int64_t(sh.m) * sh.n;
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_mma_steps(dx, dw, dy, sh.m, sh.n, sh.k, nullptr));
+      for (int direct = 0; direct < 2; ++direct) {
+        GemmFp8Params p;
+        p.xq = reinterpret_cast<const uint8_t*>(dx), p.x_bf16 = true;
+        p.w = reinterpret_cast<const uint8_t*>(dw), p.w_bf16 = true, p.bf16_direct = direct == 1;
+        p.y = dy + (direct ? 1 : 2) * mn, p.m = sh.m, p.n = sh.n, p.k = sh.k, p.w_block = 32, p.act_block = 32;
+        FS_RETURN_IF_ERROR(gemm_fp8_cuda(p, nullptr));
+      }
+      FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      std::vector<float> y(size_t(mn) * 3);
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+      int64_t same[2] = {0, 0}, far[2] = {0, 0};
+      double err[3] = {0, 0, 0};
+      for (int64_t i = 0; i < mn; ++i) {
+        const int64_t r = i / sh.n, col = i % sh.n;
+        double exact = 0, mag = 0;
+        for (int64_t kk = 0; kk < sh.k; ++kk) {
+          const double t = double(bf16_to_f32(x[size_t(r * sh.k + kk)])) * double(bf16_to_f32(w[size_t(col * sh.k + kk)]));
+          exact += t, mag += std::fabs(t);
+        }
+        const float ym = y[size_t(i)];
+        for (int j = 0; j < 3; ++j) err[j] = std::max(err[j], std::fabs(double(y[size_t(j * mn + i)]) - exact) / (mag + 1e-300));
+        for (int j = 0; j < 2; ++j) {
+          const float yj = y[size_t((j + 1) * mn + i)];
+          const int64_t u = ulp(yj, ym);
+          same[j] += u == 0, far[j] = std::max(far[j], u);
+        }
+      }
+      md += fmt::format("| {} | {} | {} | {} | {} / {} | {} | {} / {} | {} | {:.1e} | {:.1e} | {:.1e} |\n", sh.m, sh.n,
+                        sh.k, spread ? "spread 2^±12" : "uniform ±1", same[0], mn, far[0], same[1], mn, far[1], err[1],
+                        err[0], err[2]);
+    }
+  return md;
+}
+
 Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
   std::string why;
   if (!cuda_device_available(&why)) return Status(StatusCode::kUnavailable, "bench: " + why);
@@ -505,6 +584,9 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       out += md + "\n";
     } else if (k == "gemm16") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm16_bench());
+      out += md;
+    } else if (k == "mma-order") {
+      FS_ASSIGN_OR_RETURN(std::string md, mma_order_bench());
       out += md;
     } else if (k == "gemm") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm_bench(opt.skip_variants));
@@ -520,7 +602,7 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       FS_ASSIGN_OR_RETURN(std::string pack, cache_pack_bench(opt.reps));
       out += md + "\n" + pack + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, topk, exact, h2d)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, mma-order, topk, exact, h2d)", k);
     }
   }
   return out;

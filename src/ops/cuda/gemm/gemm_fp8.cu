@@ -1411,6 +1411,39 @@ cudaError_t launch_pack_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_
   return cudaGetLastError();
 }
 
+// y = x · Wᵀ over BF16 values by mma.sync m16n8k16 (FP32 accumulation), one warp per 16 x 8 output
+// tile, the k16 steps in ascending order from a zero accumulator, fragments loaded from global
+// memory: the step sequence of the attention kernels' S = Q·Kᵀ (dev_mma_bf16_16816), as a plain
+// GEMM, to set against the wgmma GEMM's bf16_direct steps (bench --kernels mma-order). Fragment
+// layout (row.col): lane (g = lane / 4, c = lane % 4) holds x rows g, g + 8 at k pairs 2c, 2c + 8
+// and W row (output column) g at k pairs 2c, 2c + 8; the accumulator is rows g, g + 8 x columns
+// 2c, 2c + 1.
+__global__ void __launch_bounds__(128) mma_steps_kernel(const uint32_t* x, const uint32_t* w, float* y, int m, int n,
+                                                         int k) {
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, c = lane & 3;
+  const int64_t tiles_n = n / 8, tm = warp / tiles_n, tn = warp % tiles_n;
+  if (tm >= m / 16) return;  // whole warps
+  const int64_t r0 = tm * 16 + g, r1 = r0 + 8, col = tn * 8 + g, k2 = k / 2;  // k2: BF16 pairs per row
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int kk = 0; kk < k / 2; kk += 8) {  // 16 k values = 8 pairs per step
+    const uint32_t a[4] = {x[r0 * k2 + kk + c], x[r1 * k2 + kk + c], x[r0 * k2 + kk + c + 4], x[r1 * k2 + kk + c + 4]};
+    const uint32_t b[2] = {w[col * k2 + kk + c], w[col * k2 + kk + c + 4]};
+    dev_mma_bf16_16816(acc, a, b);
+  }
+  y[r0 * n + tn * 8 + 2 * c] = acc[0], y[r0 * n + tn * 8 + 2 * c + 1] = acc[1];
+  y[r1 * n + tn * 8 + 2 * c] = acc[2], y[r1 * n + tn * 8 + 2 * c + 1] = acc[3];
+}
+
+cudaError_t launch_mma_steps(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k, cudaStream_t stream) {
+  const int64_t warps = int64_t(m / 16) * (n / 8);
+  const int64_t blocks = (warps * 32 + 127) / 128;
+  if (blocks > 0)
+    mma_steps_kernel<<<unsigned(blocks), 128, 0, stream>>>(reinterpret_cast<const uint32_t*>(x),
+                                                           reinterpret_cast<const uint32_t*>(w), y, m, n, k);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_expand_bf16(const GemmExpandArgs& a, cudaStream_t stream) {
   const int64_t total8 = a.count * a.n * a.k / 8;
   const int64_t want = (total8 + 255) / 256;

@@ -82,6 +82,9 @@ cudaError_t launch_quantize_fp8(const void* x, bool bf16, int64_t m, int64_t k, 
                                 bool round_bf16 = false, bool bf16_values = false);
 // FP32 [n] (n a multiple of 4) → BF16 bits, round to nearest even (exact on BF16 values).
 cudaError_t launch_pack_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+// y [m, n] = x [m, k] · w [n, k]ᵀ, BF16 bits in, by mma.sync m16n8k16 steps in ascending k from
+// zero (m % 16 == 0, n % 8 == 0, k % 16 == 0, 4-byte aligned rows); see gemm_fp8.cu.
+cudaError_t launch_mma_steps(const uint16_t* x, const uint16_t* w, float* y, int m, int n, int k, cudaStream_t stream);
 // FP32 x [m, k] → f16 codes [m, k] and a power-of-two scale per 32 values, s = 2^(ceil(log2(amax))
 // - 15) (1 for a zero block): code = f16_rn(x / s). CPU twin: ops::quantize_f16_blocks_ref.
 cudaError_t launch_quantize_f16(const float* x, int64_t m, int64_t k, uint16_t* xq, float* xs,
