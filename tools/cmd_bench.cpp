@@ -14,6 +14,7 @@
 #include "backends/cuda/gpu_model.h"
 #include "forward/model.h"
 #include "model/counts.h"
+#include "model/flops.h"
 #include "tools/backend_options.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -194,6 +195,15 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   if (prefills.size() > 1)
     std::printf(", median of %zu (%.3f .. %.3f s)", prefills.size(), sorted_prefills.front(), sorted_prefills.back());
   std::printf("\n");
+  // The prefill's arithmetic as perf-budget.md §4.1 counts it (model/flops.h): each prompt from
+  // position 0 through the model's layers; the LM head's last row is left out.
+  const model::PrefillFlops pf = model::prefill_flops(c, 0, o.prompt);
+  const double pf_flops = pf.total() * double(o.batch), pf_rate = prefill_s > 0 ? pf_flops / prefill_s / 1e12 : 0.0;
+  if (o.prompt > 0)
+    std::printf("prefill work: %.4g TFLOP (matrices %.4g, attention %.4g, index scores %.4g), %.4g TFLOP/s over the "
+                "median wall time\n",
+                pf_flops / 1e12, pf.linear * o.batch / 1e12, pf.attention * o.batch / 1e12, pf.index * o.batch / 1e12,
+                pf_rate);
   std::printf("decode: batch %d x %d tokens, median %.3f ms/step over %d steps (%.3f ms per layer, %.1f tok/s "
               "aggregate)%s\n",
               o.batch, o.step_tokens, med * 1e3, reps, med * 1e3 / double(std::max<int64_t>(c.num_layers, 1)),
@@ -242,6 +252,16 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
     std::printf("HBM floor: %.3f ms at the measured copy bandwidth %.0f GB/s; the step is %.1f %% of it "
                 "(%.2fx the floor)\n",
                 floor_ms, gbps, med > 0 ? 100.0 * floor_ms / (med * 1e3) : 0.0, floor_ms > 0 ? med * 1e3 / floor_ms : 0.0);
+    // The prefill against the FP8 ceiling the prefill reports use (the e4m3 GEMM at 8192³, timed now).
+    if (o.prompt > 0) {
+      double ceiling = 0;
+      if (Status st = ops::cuda::measure_fp8_ceiling(5, &ceiling); st.ok())
+        std::printf("FP8 ceiling: gemm_fp8 at 8192^3 %.0f TFLOP/s (measured now); the prefill's %.1f TFLOP/s are %.1f %% "
+                    "of it\n",
+                    ceiling, pf_rate, ceiling > 0 ? 100.0 * pf_rate / ceiling : 0.0);
+      else
+        std::printf("FP8 ceiling not measured: %s\n", st.message().c_str());
+    }
   }
 #endif
   return 0;

@@ -132,6 +132,23 @@ Result<float*> floats(Arena& ar, int64_t n, uint64_t seed, float scale = 1.0f) {
 
 }  // namespace
 
+Status measure_fp8_ceiling(int reps, double* tflops, double* med_us, double* min_us) {
+  Arena ca;
+  Fp8Mat sq;
+  FS_RETURN_IF_ERROR(make_fp8(ca, sq, 8192, 8192, 2, 17));
+  Q8 xq;
+  FS_RETURN_IF_ERROR(make_q8(ca, xq, 8192, 8192));
+  FS_ASSIGN_OR_RETURN(float* y, ca.alloc<float>(8192 * 8192));
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  double med = 0, mn = 0;
+  FS_RETURN_IF_ERROR(time_op([&](int r) { return gemm(xq, sq, r, y, 8192); }, std::max(reps, 1), &med, &mn, 3));
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  *tflops = 2.0 * 8192.0 * 8192.0 * 8192.0 / (med * 1e-6) / 1e12;
+  if (med_us) *med_us = med;
+  if (min_us) *min_us = mn;
+  return {};
+}
+
 Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   std::string why;
   if (!cuda_device_available(&why)) return Status(StatusCode::kUnavailable, "bench needs a GPU: " + why);
@@ -197,16 +214,10 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
 
   // ---- FP8 ceiling: the default gemm_fp8 kernel at M = N = K = 8192 ------------------------------
   {
-    Arena ca;
-    Fp8Mat sq;
-    FS_RETURN_IF_ERROR(make_fp8(ca, sq, 8192, 8192, 2, 17));
-    Q8 xq;
-    FS_RETURN_IF_ERROR(make_q8(ca, xq, 8192, 8192));
-    FS_ASSIGN_OR_RETURN(float* y, ca.alloc<float>(8192 * 8192));
-    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     double med = 0, mn = 0;
-    FS_RETURN_IF_ERROR(time_op([&](int r) { return gemm(xq, sq, r, y, 8192); }, std::max(opt.reps, 5), &med, &mn, 3));
-    rep.ceiling_tflops = 2.0 * 8192.0 * 8192.0 * 8192.0 / (med * 1e-6) / 1e12;
+    FS_RETURN_IF_ERROR(measure_fp8_ceiling(std::max(opt.reps, 5), &rep.ceiling_tflops, &med, &mn));
+    Fp8Mat sq;  // the shape only (its bytes)
+    sq.n = 8192, sq.k = 8192;
     PrefillKernel k = extra("ceiling: gemm_fp8 8192x8192x8192 (pre-quantised x, FP32 out)", "info", 0, 0,
                             gemm_bytes(sq, 8192), 2.0 * 8192.0 * 8192.0 * 8192.0, true);
     k.median_us = med, k.min_us = mn;

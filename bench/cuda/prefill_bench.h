@@ -58,6 +58,12 @@ struct PrefillBenchReport {
 
 Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt);
 
+// The FP8 ceiling of the prefill reports: the default gemm_fp8 kernel (e4m3, pre-quantised x, FP32
+// out) at M = N = K = 8192, median over `reps` timed batches of 3 launches (weights alternate
+// between two copies); TFLOP/s, and the median / min µs per launch when asked. Needs an sm_90a
+// device (gemm_fp8_cuda's kUnimplemented otherwise).
+Status measure_fp8_ceiling(int reps, double* tflops, double* med_us = nullptr, double* min_us = nullptr);
+
 // Markdown: per kernel, per layer, the per-step projection per context, and the prompt projection.
 std::string format_prefill_bench(const PrefillBenchReport& r, const PrefillBenchOptions& opt);
 

@@ -235,6 +235,20 @@ TEST(BenchLoadFormat, ChunkedPrefillAndVerifyBlocks) {
   auto bad = testing::run_command(testing::flashseek_bin() +
                                   " bench --load-format dummy --config tiny-v41 --step-tokens 0 2>&1");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
+  // The prefill's arithmetic (model/flops.h) does not depend on the chunking; --prefill-reps times
+  // the same prompts again on fresh sequences (the same logits) and prints the median's spread.
+  auto work = [&](const std::string& out) {
+    const std::string l = line(out, "prefill work: ");
+    return l.substr(0, l.find(','));  // the counts, without the rate
+  };
+  EXPECT_FALSE(work(one).empty()) << one;
+  EXPECT_EQ(work(one), work(chunked)) << one << chunked;
+  const std::string reps = run("--prefill-reps 3");
+  EXPECT_EQ(line(one, "logits checksum"), line(reps, "logits checksum")) << reps;
+  EXPECT_NE(line(reps, "prefill: ").find(", median of 3 ("), std::string::npos) << reps;
+  auto no_reps = testing::run_command(testing::flashseek_bin() +
+                                      " bench --load-format dummy --config tiny-v41 --prefill-reps 0 2>&1");
+  EXPECT_NE(no_reps.exit_code, 0) << no_reps.output;
 }
 
 }  // namespace
