@@ -56,6 +56,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "FP32 addition per 32-block: another FP32 order); all within the parity bound")
       ->check(CLI::IsMember(kPrefillGemmOperands))
       ->capture_default_str();
+  cmd->add_option("--moe-expand-min-rows", o.moe_expand_min_rows, std::string("GPU backend: ") + kMoeExpandMinRowsHelp)
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -171,6 +174,12 @@ forward::GpuBranches gpu_branches(const std::string& value) {
                                : forward::GpuBranches::kOn;
 }
 
+const char* const kMoeExpandMinRowsHelp =
+    "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
+    "expanded to BF16 once per GEMM only when the step has at least this many routed rows per expert on average "
+    "(pairs / experts); below it each weight tile is expanded inside the GEMM, sparing the expansion's memory "
+    "traffic when each expert has few rows. The same bits either way; 0: always expanded";
+
 void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g) {
   g.prefill_gemm_bf16 = operands != "f16";
   g.prefill_gemm_expand_w = operands == "bf16-expanded" || operands == "bf16-direct";
@@ -194,6 +203,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   apply_prefill_gemm_operands(o.prefill_gemm_operands, g);
+  g.moe_expand_min_rows = o.moe_expand_min_rows;
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

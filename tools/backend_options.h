@@ -35,6 +35,7 @@ struct BackendOpts {
   // f16 | bf16 | bf16-expanded | bf16-direct (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w,
   // prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-direct";
+  int64_t moe_expand_min_rows = 0;     // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
@@ -50,7 +51,7 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --moe-expand-min-rows, --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-exact-linears, --bf16-linears, --prefill-attention,
 // --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
@@ -66,6 +67,8 @@ forward::GpuBranches gpu_branches(const std::string& value);
 // prefill_gemm_expand_w, prefill_gemm_direct); run, serve and the model bench share both.
 inline const std::vector<std::string> kPrefillGemmOperands = {"f16", "bf16", "bf16-expanded", "bf16-direct"};
 void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g);
+// The help text of --moe-expand-min-rows (run, serve and `bench`'s model bench).
+extern const char* const kMoeExpandMinRowsHelp;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

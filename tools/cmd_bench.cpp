@@ -56,6 +56,7 @@ struct ModelBenchOpts {
   int64_t gemv_prequant_min_rows = 9;      // --gemv-prequant-min-rows (GpuLoadOptions::gemv_prequant_min_rows)
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w, prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-direct";
+  int64_t moe_expand_min_rows = 0;         // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -91,6 +92,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.gemv_tiled_min_rows = o.gemv_tiled_min_rows;
   lo.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   apply_prefill_gemm_operands(o.prefill_gemm_operands, lo);
+  lo.moe_expand_min_rows = o.moe_expand_min_rows;
   lo.engram_on_device = o.engram_tables == "device";
   const auto t0 = clock::now();
   auto model = forward::load_model_for(
@@ -348,6 +350,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "model bench, GPU: the FP8/FP4 prefill GEMMs' operands, f16 | bf16 | bf16-expanded | bf16-direct, as "
                   "run / serve")
       ->check(CLI::IsMember(kPrefillGemmOperands))
+      ->capture_default_str();
+  cmd->add_option("--moe-expand-min-rows", mo->moe_expand_min_rows,
+                  std::string("model bench, GPU: ") + kMoeExpandMinRowsHelp + ", as run / serve")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,

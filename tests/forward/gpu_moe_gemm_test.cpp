@@ -44,8 +44,10 @@ using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
 // tensor core (prefill_gemm_direct).
 std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers,
                                   int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr,
-                                  int operands = 0, int64_t* expansions = nullptr) {
+                                  int operands = 0, int64_t* expansions = nullptr,
+                                  int64_t moe_expand_min_rows = 0) {
   GpuLoadOptions o;
+  o.moe_expand_min_rows = moe_expand_min_rows;
   o.moe_gemm_min_tokens = moe_gemm_min_tokens;
   o.dense_gemm_min_tokens = dense_gemm_min_tokens;
   o.prefill_gemm_bf16 = operands >= 1;
@@ -191,6 +193,17 @@ TEST_P(GpuPrefillGemm, DirectBf16WithinBoundOfGemvAndCpu) {
   EXPECT_GT(dense, 0) << "the dense GEMM did not run";
   EXPECT_GE(expansions, 3 * layers + 1) << "the weights were not expanded";
   check_mode_within(c, m, gemv, direct, "bf16-direct");
+  // --moe-expand-min-rows above the step's rows per expert: the routed experts' GEMMs expand each
+  // weight tile inside the kernel instead (no expansion launches for them), with the same bits.
+  int64_t layers_k = 0, dense_k = 0, expansions_k = -1;
+  const std::vector<float> in_kernel =
+      prefill_logits(m.dir, 64, &layers_k, 64, &dense_k, 3, &expansions_k, int64_t(1) << 30);
+  ASSERT_EQ(in_kernel.size(), direct.size());
+  EXPECT_EQ(layers_k, layers);
+  EXPECT_EQ(dense_k, dense);
+  EXPECT_LE(expansions_k, expansions - 3 * layers) << "the routed experts were still expanded";
+  EXPECT_EQ(0, std::memcmp(in_kernel.data(), direct.data(), direct.size() * sizeof(float)))
+      << "in-kernel expansion changed the bf16-direct logits";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,

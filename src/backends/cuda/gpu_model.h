@@ -166,6 +166,13 @@ struct GpuLoadOptions {
   // order: within the parity bound, not the block-summed modes' bits. A row's bits still do not
   // depend on the other rows of its launch.
   bool prefill_gemm_direct = false;
+  // With prefill_gemm_expand_w: the routed experts' grouped GEMMs take the expanded weights only
+  // when the step has at least this many routed rows per expert on average (pairs / experts);
+  // below it each W tile is expanded inside the GEMM (the same values in the same order, so the
+  // same bits), which spares the expansion's memory traffic when each expert has few rows (the
+  // release's 384 experts give an 8k chunk ~128 rows each). 0: always the expanded weights. The
+  // CLI's --moe-expand-min-rows.
+  int64_t moe_expand_min_rows = 0;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

@@ -563,7 +563,9 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.groups = E, q.rows = TK, q.n = n_out, q.k = k, q.w_block = 32, q.w_format = ops::WeightFormat::kFp4;
       q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R, q.bf16_direct = bv && prefill_gemm_direct_;
       if (bv) q.xs = nullptr;
-      if (!prefill_gemm_expand_w_) return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+      // Few rows per expert (GpuLoadOptions::moe_expand_min_rows): each tile expanded in the GEMM.
+      const bool expand = prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E);
+      if (!expand) return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
       // The experts in chunks of whole matrices (at most kMoeExpandChunkBytes of BF16 values), each
       // chunk expanded (the experts without rows skipped) and run as its own grouped GEMM: groups
       // [e0, e0 + ce) through row_start + e0 (the rows stay absolute).
