@@ -636,6 +636,32 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const Bf16Scale& s) 
   };
   return make_uint4(pair(v), pair(v >> 8), pair(v >> 16), pair(v >> 24));
 }
+// The same conversion for the many chunks that share one scale (s.two false): the eight
+// magnitudes' BF16 values · scale made once (each the bf16x2 product e2m1x8_to_bf16 forms for that
+// code), their low and high bytes as two byte-permute tables; a chunk is then four table lookups
+// (the codes' magnitude bits as selectors), four interleaves and the sign bits ORed in. A negative
+// code's product is the positive one's with the sign bit set (a product's rounding does not depend
+// on the signs; -0 included), so the bits are e2m1x8_to_bf16's.
+struct E2m1Bf16Table {
+  uint32_t lo0, lo1, hi0, hi1;  // bytes of magnitudes 0-3 / 4-7: low bytes, high bytes
+};
+__device__ __forceinline__ E2m1Bf16Table e2m1_bf16_table(const Bf16Scale& s) {
+  const uint32_t t01 = bf16x2_mul(0x00400000u, s.m1), t23 = bf16x2_mul(0x00c00080u, s.m1);  // m << 6
+  const uint32_t t45 = bf16x2_mul(0x01400100u, s.m1), t67 = bf16x2_mul(0x01c00180u, s.m1);
+  return {__byte_perm(t01, t23, 0x6420u), __byte_perm(t45, t67, 0x6420u), __byte_perm(t01, t23, 0x7531u),
+          __byte_perm(t45, t67, 0x7531u)};
+}
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const E2m1Bf16Table& t) {
+  const uint32_t idx = v & 0x77777777u, sg = v & 0x88888888u;
+  const uint32_t la = __byte_perm(t.lo0, t.lo1, idx), ha = __byte_perm(t.hi0, t.hi1, idx);
+  const uint32_t lb = __byte_perm(t.lo0, t.lo1, idx >> 16), hb = __byte_perm(t.hi0, t.hi1, idx >> 16);
+  // Word j: value 2j (nibble 2j) in the low half, 2j + 1 in the high half; sign bits 4·(2j) + 3
+  // and 4·(2j + 1) + 3 of v to bits 15 and 31.
+  return make_uint4(__byte_perm(la, ha, 0x5140u) | ((sg << 12) & 0x8000u) | ((sg << 24) & 0x80000000u),
+                    __byte_perm(la, ha, 0x7362u) | ((sg << 4) & 0x8000u) | ((sg << 16) & 0x80000000u),
+                    __byte_perm(lb, hb, 0x5140u) | ((sg >> 4) & 0x8000u) | ((sg << 8) & 0x80000000u),
+                    __byte_perm(lb, hb, 0x7362u) | ((sg >> 12) & 0x8000u) | (sg & 0x80000000u));
+}
 #endif  // FS_GEMM_FP8_SM90
 
 // Stored weights → BF16 values · scale (GemmExpandArgs), eight values per thread and step with the
@@ -900,10 +926,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           if (a.skip_promote & 2) {
             // Timing diagnostic only (wrong results): no expansion.
           } else if constexpr (kBv && kFp4) {
-            for_chunks([&](int r, int c) {
-              return e2m1x8_to_bf16(*reinterpret_cast<const uint32_t*>(raw + r * 32 + c * 4),
-                                    bf16_scale(sw[(c >> 2) * kWsBN + r], 0x1p126f));
-            });
+            // Units (row r, 32-block b): the four chunks of one row's 32-block share its scale, so
+            // the thread takes them together, the 16 raw bytes in one load and the scale's table
+            // made once (e2m1_bf16_table; a scale past 2^1 takes the two-multiply path per chunk).
+#pragma unroll 1
+            for (int u = ct; u < kWsBN * 2; u += 32 * kWs4ConvWarps) {
+              const int r = u & (kWsBN - 1), b = u / kWsBN;
+              const Bf16Scale sc = bf16_scale(sw[b * kWsBN + r], 0x1p126f);
+              const uint32_t* src = reinterpret_cast<const uint32_t*>(raw + r * 32 + b * 16);
+              uint8_t* row = dst + r * 128;
+              const int sw4 = (4 * b) ^ (r & 7);  // chunk 4b + i lands at 16-byte column sw4 ^ i
+              if (sc.two) {
+#pragma unroll 1
+                for (int i = 0; i < 4; ++i)
+                  *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(src[i], sc);
+              } else {
+                const E2m1Bf16Table t = e2m1_bf16_table(sc);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                  *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(src[i], t);
+              }
+            }
           } else if constexpr (kBv) {
             for_chunks([&](int r, int c) {
               return e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(raw + r * 64 + c * 8),
