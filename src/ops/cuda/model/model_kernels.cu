@@ -1385,6 +1385,11 @@ __device__ __forceinline__ float* hc_dot_slot(const HcMixArgs& a, int64_t r, int
   return a.comb + r * hc * hc + mix - 2 * hc;
 }
 
+// The mixes' inverse RMS of a row from its double sum of squares over `flat` values (ops::hc_mixes).
+__device__ __forceinline__ float hc_inv_rms(double ss, int64_t flat, float eps) {
+  return 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), eps));
+}
+
 // The pre / post mixes of entry i < hc of row r from the scaled dots mu (ops::hc_mixes).
 __device__ __forceinline__ float hc_sigm(float v) { return 1.0f / (1.0f + dev_exp(-v)); }
 __device__ __forceinline__ void hc_pre_post(const HcMixArgs& a, const float* mu, int64_t r, int i) {
@@ -1430,18 +1435,26 @@ __device__ __forceinline__ void hc_sinkhorn_warp(const HcMixArgs& a, const float
   if (own) a.comb[r * int64_t(hc) * hc + lane] = pv;
 }
 
+// hc·hc <= 32: row r's epilogue by two warps, the Sinkhorn warp (shuffles) and the pre / post warp
+// (lanes < hc); `sinkhorn` says which of the two the calling warp is (all its lanes call).
+__device__ __forceinline__ void hc_mix_epilogue_warp(const HcMixArgs& a, const float* mu, int64_t r, bool sinkhorn) {
+  const int lane = int(threadIdx.x & 31);
+  if (!sinkhorn) {
+    if (lane < a.hc) hc_pre_post(a, mu, r, lane);
+  } else if (!a.head_only) {
+    if (a.hc == 4) hc_sinkhorn_warp<4>(a, mu, r);
+    else hc_sinkhorn_warp<0>(a, mu, r);
+  }
+}
+
 // pre, post and comb of row r from mu [n_mix] (shared memory, complete); every thread of the block
 // calls it (blockDim >= 64). hc·hc <= 32: warp 1 the pre/post mixes, warp 0 Sinkhorn by shuffles;
 // larger hc: one thread per comb entry with a block barrier per step (P [hc, hc] shared scratch).
 __device__ void hc_mix_epilogue(const HcMixArgs& a, const float* mu, float* P, int64_t r) {
   const int64_t hc = a.hc;
   if (hc * hc <= 32) {
-    const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
-    if (warp == 1 && lane < hc) hc_pre_post(a, mu, r, lane);
-    if (warp == 0 && !a.head_only) {
-      if (hc == 4) hc_sinkhorn_warp<4>(a, mu, r);
-      else hc_sinkhorn_warp<0>(a, mu, r);
-    }
+    const int warp = int(threadIdx.x / 32);
+    if (warp < 2) hc_mix_epilogue_warp(a, mu, r, warp == 0);
     return;
   }
   if (threadIdx.x < hc) hc_pre_post(a, mu, r, int(threadIdx.x));
@@ -1543,7 +1556,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_mixes_kernel(HcMixArgs a, int 
   __syncthreads();
   if (threadIdx.x == 0) {
     const double ss = m > 1 ? dev_chunk_tree(sq, m) : sq[0];
-    rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+    rs = hc_inv_rms(ss, flat, a.norm_eps);
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n_mix; i += blockDim.x)
@@ -1578,7 +1591,7 @@ __global__ void __launch_bounds__(kReadyThreads) hc_mixes_ready_kernel(HcMixArgs
   __syncthreads();
   if (int(threadIdx.x) < nr) {
     const double ss = m > 1 ? dev_chunk_tree(sq + threadIdx.x * m, m) : sq[threadIdx.x * m];
-    rs[threadIdx.x] = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+    rs[threadIdx.x] = hc_inv_rms(ss, flat, a.norm_eps);
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < nr * n_mix; i += kReadyThreads) {
@@ -1587,14 +1600,7 @@ __global__ void __launch_bounds__(kReadyThreads) hc_mixes_ready_kernel(HcMixArgs
   }
   __syncthreads();
   const int k = warp / 2;
-  if (k >= nr) return;
-  const float* mk = mu + k * n_mix;
-  if (warp % 2 == 1) {
-    if (lane < hc) hc_pre_post(a, mk, row0 + k, lane);
-  } else if (!a.head_only) {
-    if (hc == 4) hc_sinkhorn_warp<4>(a, mk, row0 + k);
-    else hc_sinkhorn_warp<0>(a, mk, row0 + k);
-  }
+  if (k < nr) hc_mix_epilogue_warp(a, mu + k * n_mix, row0 + k, warp % 2 == 0);
 }
 
 // The row's mix dots and flat sum of squares split by chunk over a cluster (decode: few rows,
@@ -1706,7 +1712,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32) hc_mixes_split_kernel(HcM
   // The chunk trees: every warp folds the sums of squares itself (the same additions), then its
   // mixes' dots, a warp per mix.
   const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? sq[lane] : 0.0, m), 0);
-  const float rs = 1.0f / sqrtf(__fadd_rn(float(ss / double(flat)), a.norm_eps));
+  const float rs = hc_inv_rms(ss, flat, a.norm_eps);
   for (int64_t mix = warp; mix < n_mix; mix += n_warps) {
     const float d = warp_chunk_tree(lane < m ? part[mix * m + lane] : 0.0f, m);
     if (lane == 0) mu[mix] = __fmul_rn(d, rs);
@@ -1921,6 +1927,17 @@ __global__ void hc_post_kernel(const float* f, float* x, const float* post, cons
   for (int64_t k = 0; k < hc; ++k) x[(r * hc + k) * dim + d] = out[k];
 }
 
+// Stream k of one column after the update: post_k · fv + Σ_j comb[j][k] · xs[j] in ops::hc_post's
+// order (P: the row's comb [HC, HC]; xs: the column's streams before the update).
+template <int HC>
+__device__ __forceinline__ float hc_post_value(const float* P, float post_k, const float (&xs)[HC], float fv, int k,
+                                               bool bf16) {
+  float s = __fmul_rn(post_k, fv);
+#pragma unroll
+  for (int j = 0; j < HC; ++j) s = mul_add(P[j * HC + k], xs[j], s);
+  return bf16 ? dev_round_bf16(s) : s;
+}
+
 // Column d of row r's HC streams ← post ⊗ fv + combᵀ xs (ops::hc_post's order), xs their values
 // before the update.
 template <int HC>
@@ -1929,12 +1946,7 @@ __device__ __forceinline__ void hc_post_column(float* x, const float* post, cons
   const float* P = comb + r * HC * HC;
   float out[HC];
 #pragma unroll
-  for (int k = 0; k < HC; ++k) {
-    float s = __fmul_rn(post[r * HC + k], fv);
-#pragma unroll
-    for (int j = 0; j < HC; ++j) s = mul_add(P[j * HC + k], xs[j], s);
-    out[k] = bf16 ? dev_round_bf16(s) : s;
-  }
+  for (int k = 0; k < HC; ++k) out[k] = hc_post_value<HC>(P, post[r * HC + k], xs, fv, k, bf16);
 #pragma unroll
   for (int k = 0; k < HC; ++k) x[(r * HC + k) * dim + d] = out[k];
 }
@@ -1957,14 +1969,41 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
 // The MoE combine of (row t, column d) in slot order (ops::moe_combine before its rounding): row_of
 // maps pair (t, k) to its row of y (outputs in expert-sorted order), else t·K + k; a negative row
 // (another rank's expert) adds +0, as the exactness path writes such an output.
-__device__ __forceinline__ float moe_combine_sum(const float* y, const float* ys, const int32_t* row_of, int64_t t,
-                                                 int64_t K, int64_t dim, int64_t d) {
-  float s = 0;
+// W adjacent columns d.. at once (W = 4: one 16-byte load per source row; the four-column kernels).
+template <int W>
+__device__ __forceinline__ void load_cols(const float* p, float (&v)[W]) {
+  if constexpr (W == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int c = 0; c < W; ++c) v[c] = p[c];
+  }
+}
+template <int W>
+__device__ __forceinline__ void moe_combine_sum_cols(const float* y, const float* ys, const int32_t* row_of, int64_t t,
+                                                     int64_t K, int64_t dim, int64_t d, float (&s)[W]) {
+#pragma unroll
+  for (int c = 0; c < W; ++c) s[c] = 0.0f;
   for (int64_t k = 0; k < K; ++k) {
     const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
-    s += r >= 0 ? y[r * dim + d] : 0.0f;
+    float v[W];
+#pragma unroll
+    for (int c = 0; c < W; ++c) v[c] = 0.0f;
+    if (r >= 0) load_cols<W>(y + r * dim + d, v);
+#pragma unroll
+    for (int c = 0; c < W; ++c) s[c] += v[c];
   }
-  return s + ys[t * dim + d];
+  float b[W];
+  load_cols<W>(ys + t * dim + d, b);
+#pragma unroll
+  for (int c = 0; c < W; ++c) s[c] = s[c] + b[c];
+}
+__device__ __forceinline__ float moe_combine_sum(const float* y, const float* ys, const int32_t* row_of, int64_t t,
+                                                 int64_t K, int64_t dim, int64_t d) {
+  float s[1];
+  moe_combine_sum_cols<1>(y, ys, row_of, t, K, dim, d, s);
+  return s[0];
 }
 
 // moe_combine_kernel's value for (row t, column d), stored to out, then hc_post_fixed_kernel's
@@ -2107,18 +2146,22 @@ __global__ void softmax_pool_kernel(const float* const* v, const float* const* z
   out[g * dim + d] = acc;
 }
 
+// ops::swiglu's value (the clamp when limit > 0, then silu(g) · u · w, unfused), BF16-rounded when asked.
+__device__ __forceinline__ float dev_swiglu(float gv, float uv, float limit, float w, bool bf16) {
+  if (limit > 0) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+  }
+  const float v = __fmul_rn(__fmul_rn(gv / (1.0f + dev_exp(-gv)), uv), w);
+  return bf16 ? dev_round_bf16(v) : v;
+}
+
 __global__ void swiglu_kernel(const float* g, const float* u, float* h, const float* weight, int64_t rows,
                               int64_t n, float limit, bool bf16) {
   pdl_prologue();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * n) return;
-  float gv = g[id], uv = u[id];
-  if (limit > 0) {
-    gv = fminf(gv, limit);
-    uv = fminf(fmaxf(uv, -limit), limit);
-  }
-  const float v = __fmul_rn(__fmul_rn(gv / (1.0f + dev_exp(-gv)), uv), weight ? weight[id / n] : 1.0f);
-  h[id] = bf16 ? dev_round_bf16(v) : v;
+  h[id] = dev_swiglu(g[id], u[id], limit, weight ? weight[id / n] : 1.0f, bf16);
 }
 
 __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, int64_t T, int64_t K,
@@ -2138,11 +2181,9 @@ __global__ void moe_combine_kernel(const float* y, const float* ys, float* out, 
 // widths that are not a multiple of 4.
 constexpr int kVecThreads = 256;
 constexpr int64_t kVecMinValues = int64_t(1) << 20;  // below: the scalar kernels (decode-sized launches)
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ void st4(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
-__device__ __forceinline__ void unpack4(const float4& v, float (&o)[4]) { o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w; }
 
 // hc_collapse_kernel, hc known: row blockIdx.x, columns 4·(blockIdx.y·blockDim.x + threadIdx.x)..
 template <int HC>
@@ -2153,7 +2194,7 @@ __global__ void __launch_bounds__(kVecThreads) hc_collapse_vec_kernel(const floa
   if (d >= dim) return;
   float xs[HC][4], p[HC];
 #pragma unroll
-  for (int i = 0; i < HC; ++i) unpack4(ld4(x + (r * HC + i) * dim + d), xs[i]), p[i] = pre[r * HC + i];
+  for (int i = 0; i < HC; ++i) load_cols<4>(x + (r * HC + i) * dim + d, xs[i]), p[i] = pre[r * HC + i];
   float o[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -2171,23 +2212,20 @@ template <int HC>
 __device__ __forceinline__ void hc_post_columns4(float* x, const float* post, const float* comb, int64_t r,
                                                  int64_t dim, int64_t d, const float (&xs)[HC][4],
                                                  const float (&fv)[4], bool bf16) {
-  const float* P = comb + r * HC * HC;
-  float pc[HC][HC], po[HC];
+  float pc[HC * HC], po[HC];  // the row's mixes, loaded once for the four columns
 #pragma unroll
-  for (int k = 0; k < HC; ++k) {
-    po[k] = post[r * HC + k];
+  for (int k = 0; k < HC; ++k) po[k] = post[r * HC + k];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) pc[j][k] = P[j * HC + k];
-  }
+  for (int i = 0; i < HC * HC; ++i) pc[i] = comb[r * HC * HC + i];
 #pragma unroll
   for (int k = 0; k < HC; ++k) {
     float o[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      float s = __fmul_rn(po[k], fv[c]);
+      float col[HC];
 #pragma unroll
-      for (int j = 0; j < HC; ++j) s = mul_add(pc[j][k], xs[j][c], s);
-      o[c] = bf16 ? dev_round_bf16(s) : s;
+      for (int j = 0; j < HC; ++j) col[j] = xs[j][c];
+      o[c] = hc_post_value<HC>(pc, po[k], col, fv[c], k, bf16);
     }
     st4(x + (r * HC + k) * dim + d, o);
   }
@@ -2202,8 +2240,8 @@ __global__ void __launch_bounds__(kVecThreads) hc_post_vec_kernel(const float* f
   if (d >= dim) return;
   float xs[HC][4], fv[4];
 #pragma unroll
-  for (int j = 0; j < HC; ++j) unpack4(ld4(x + (r * HC + j) * dim + d), xs[j]);
-  unpack4(ld4(f + r * dim + d), fv);
+  for (int j = 0; j < HC; ++j) load_cols<4>(x + (r * HC + j) * dim + d, xs[j]);
+  load_cols<4>(f + r * dim + d, fv);
   hc_post_columns4<HC>(x, post, comb, r, dim, d, xs, fv, bf16);
 }
 
@@ -2215,37 +2253,12 @@ __global__ void __launch_bounds__(kVecThreads) swiglu_vec_kernel(const float* g,
   const int64_t i0 = 4 * (int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
   if (i0 >= rows * n) return;
   float gv[4], uv[4], o[4];
-  unpack4(ld4(g + i0), gv);
-  unpack4(ld4(u + i0), uv);
+  load_cols<4>(g + i0, gv);
+  load_cols<4>(u + i0, uv);
   const float w = weight ? weight[i0 / n] : 1.0f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    float a = gv[c], b = uv[c];
-    if (limit > 0) {
-      a = fminf(a, limit);
-      b = fminf(fmaxf(b, -limit), limit);
-    }
-    const float v = __fmul_rn(__fmul_rn(a / (1.0f + dev_exp(-a)), b), w);
-    o[c] = bf16 ? dev_round_bf16(v) : v;
-  }
+  for (int c = 0; c < 4; ++c) o[c] = dev_swiglu(gv[c], uv[c], limit, w, bf16);
   st4(h + i0, o);
-}
-
-// moe_combine_sum for columns d..d+3 of row t (one source row per slot serves all four).
-__device__ __forceinline__ void moe_combine_sum4(const float* y, const float* ys, const int32_t* row_of, int64_t t,
-                                                 int64_t K, int64_t dim, int64_t d, float (&s)[4]) {
-  s[0] = s[1] = s[2] = s[3] = 0.0f;
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t r = row_of ? int64_t(row_of[t * K + k]) : t * K + k;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (r >= 0) unpack4(ld4(y + r * dim + d), v);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) s[c] += v[c];
-  }
-  float b[4];
-  unpack4(ld4(ys + t * dim + d), b);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) s[c] = s[c] + b[c];
 }
 
 // moe_combine_kernel, row blockIdx.x, four columns per thread.
@@ -2256,7 +2269,7 @@ __global__ void __launch_bounds__(kVecThreads) moe_combine_vec_kernel(const floa
   const int64_t t = blockIdx.x, d = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
   if (d >= dim) return;
   float s[4];
-  moe_combine_sum4(y, ys, row_of, t, K, dim, d, s);
+  moe_combine_sum_cols<4>(y, ys, row_of, t, K, dim, d, s);
 #pragma unroll
   for (int c = 0; c < 4; ++c) s[c] = bf16 ? dev_round_bf16(s[c]) : s[c];
   st4(out + t * dim + d, s);
@@ -2274,9 +2287,9 @@ __global__ void __launch_bounds__(kVecThreads) moe_combine_post_vec_kernel(const
   if (d >= dim) return;
   float xs[HC][4];
 #pragma unroll
-  for (int j = 0; j < HC; ++j) unpack4(ld4(x + (t * HC + j) * dim + d), xs[j]);  // issued before the combine's loads
+  for (int j = 0; j < HC; ++j) load_cols<4>(x + (t * HC + j) * dim + d, xs[j]);  // issued before the combine's loads
   float fv[4];
-  moe_combine_sum4(y, ys, row_of, t, K, dim, d, fv);
+  moe_combine_sum_cols<4>(y, ys, row_of, t, K, dim, d, fv);
 #pragma unroll
   for (int c = 0; c < 4; ++c) fv[c] = bf16 ? dev_round_bf16(fv[c]) : fv[c];
   st4(out + t * dim + d, fv);
