@@ -57,7 +57,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember(kPrefillGemmOperands))
       ->capture_default_str();
   cmd->add_option("--moe-expand-min-rows", o.moe_expand_min_rows, std::string("GPU backend: ") + kMoeExpandMinRowsHelp)
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->check(CLI::Range(int64_t(0), kMaxMoeExpandMinRows))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "

@@ -67,8 +67,9 @@ forward::GpuBranches gpu_branches(const std::string& value);
 // prefill_gemm_expand_w, prefill_gemm_direct); run, serve and the model bench share both.
 inline const std::vector<std::string> kPrefillGemmOperands = {"f16", "bf16", "bf16-expanded", "bf16-direct"};
 void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g);
-// The help text of --moe-expand-min-rows (run, serve and `bench`'s model bench).
+// The help text and upper bound of --moe-expand-min-rows (run, serve and `bench`'s model bench).
 extern const char* const kMoeExpandMinRowsHelp;
+inline constexpr int64_t kMaxMoeExpandMinRows = int64_t(1) << 40;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

@@ -353,7 +353,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--moe-expand-min-rows", mo->moe_expand_min_rows,
                   std::string("model bench, GPU: ") + kMoeExpandMinRowsHelp + ", as run / serve")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->check(CLI::Range(int64_t(0), kMaxMoeExpandMinRows))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,
