@@ -652,15 +652,16 @@ __device__ __forceinline__ E2m1Bf16Table e2m1_bf16_table(const Bf16Scale& s) {
           __byte_perm(t45, t67, 0x7531u)};
 }
 __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t v, const E2m1Bf16Table& t) {
-  const uint32_t idx = v & 0x77777777u, sg = v & 0x88888888u;
+  const uint32_t idx = v & 0x77777777u;
   const uint32_t la = __byte_perm(t.lo0, t.lo1, idx), ha = __byte_perm(t.hi0, t.hi1, idx);
   const uint32_t lb = __byte_perm(t.lo0, t.lo1, idx >> 16), hb = __byte_perm(t.hi0, t.hi1, idx >> 16);
-  // Word j: value 2j (nibble 2j) in the low half, 2j + 1 in the high half; sign bits 4·(2j) + 3
-  // and 4·(2j + 1) + 3 of v to bits 15 and 31.
-  return make_uint4(__byte_perm(la, ha, 0x5140u) | ((sg << 12) & 0x8000u) | ((sg << 24) & 0x80000000u),
-                    __byte_perm(la, ha, 0x7362u) | ((sg << 4) & 0x8000u) | ((sg << 16) & 0x80000000u),
-                    __byte_perm(lb, hb, 0x5140u) | ((sg >> 4) & 0x8000u) | ((sg << 8) & 0x80000000u),
-                    __byte_perm(lb, hb, 0x7362u) | ((sg >> 12) & 0x8000u) | (sg & 0x80000000u));
+  // Word j: value 2j (nibble 2j) in the low half, 2j + 1 in the high half. The signs: bit 7 of
+  // byte b of v << 4 is value 2b's, of v value 2b + 1's, so one byte-permute puts word j's two
+  // sign bits at bits 15 and 31 (bytes 1 and 3 from byte j of each), ORed in under one mask.
+  const uint32_t s_even = v << 4;
+  const auto sign = [&](uint32_t sel) { return __byte_perm(s_even, v, sel) & 0x80008000u; };
+  return make_uint4(__byte_perm(la, ha, 0x5140u) | sign(0x4000u), __byte_perm(la, ha, 0x7362u) | sign(0x5010u),
+                    __byte_perm(lb, hb, 0x5140u) | sign(0x6020u), __byte_perm(lb, hb, 0x7362u) | sign(0x7030u));
 }
 #endif  // FS_GEMM_FP8_SM90
 
@@ -694,6 +695,28 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
   }
 #endif
 }
+
+// One unit (row r, 32-block b) of an FP4 stage (64 k) expanded into the BF16 W slot: the four
+// 16-byte chunks of the row's 32-block share its scale, so they are made together, the 16 raw
+// bytes (e2m1, row stride 32 bytes) read once and the scale's table made once
+// (e2m1_bf16_table; a scale past 2^1 takes the two-multiply path per chunk). sw: the stage's W
+// scales [32-block][kWsBN rows]; dst: the slot, rows of 128 bytes with the TMA's 128-byte swizzle.
+#ifdef FS_GEMM_FP8_SM90
+__device__ __forceinline__ void fp4_bf16_unit(const uint8_t* raw, uint8_t* dst, const float* sw, int r, int b) {
+  const Bf16Scale sc = bf16_scale(sw[b * kWsBN + r], 0x1p126f);
+  const uint32_t* v = reinterpret_cast<const uint32_t*>(raw + r * 32 + b * 16);
+  uint8_t* row = dst + r * 128;
+  const int sw4 = (4 * b) ^ (r & 7);  // chunk 4b + i lands at 16-byte column sw4 ^ i
+  if (sc.two) {  // rare (scales past 2^1): kept rolled, for the converter warps' 40 registers
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(v[i], sc);
+  } else {
+    const E2m1Bf16Table t = e2m1_bf16_table(sc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(v[i], t);
+  }
+}
+#endif  // FS_GEMM_FP8_SM90
 
 // kPipe2: two scratch accumulators per consumer warpgroup, the wgmma of 32-block kb+1 in flight
 // while kb is promoted; else two 32-blocks per batch, waited for, then promoted (the schedule of
@@ -730,6 +753,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   static_assert(!kFp4 || kGrouped, "FP4 weights: grouped GEMM only");
   static_assert(!kF16 || kPipe2, "f16 operands: the overlapped schedule only");
   constexpr bool kConv = kFp4 || kF16;                                            // converter pipeline
+  // kCc (FP4 weights, BF16 values, direct accumulation): the 256 consumer threads expand each
+  // stage themselves, one (row, 32-block) unit each, while the previous stage's wgmmas run;
+  // warps 1-3 of the producer warpgroup only publish the stage's W scales. Three converter warps
+  // left the tensor cores waiting on the expansion; the same values land in the slot either way.
+  constexpr bool kCc = kFp4 && kBv && kDirect;
   constexpr int S = kF16 ? kWsHStages : kFp4 ? kWs4Stages : kWsStages;           // ring slots
   constexpr int kSwSlot = kF16 ? kWsHSwFloats : kFp4 ? kWs4SwFloats : 16;        // W scales per slot
   constexpr int kRawSlot = kF16 ? (kFp4 ? kWsHRawBytes : kWsH8RawBytes) : kFp4 ? kWs4RawBytes : 0;  // raw W bytes per slot
@@ -898,7 +926,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
           }
           float* sw = ssw + slot * kSwSlot;
-          if constexpr (kBv) {
+          if constexpr (kBv && !kCc) {
             // The stage's scales first (rows ct, ct + 96; 32-blocks 0 and 1), read back per chunk
             // below by any of the 96 converter threads (named barrier 1). A slot's scales are
             // rewritten S stages later, after S more of these barriers, so no reader is left.
@@ -925,28 +953,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           };
           if (a.skip_promote & 2) {
             // Timing diagnostic only (wrong results): no expansion.
+          } else if constexpr (kCc) {
+            // The consumers expand the stage (below); these warps only publish its scales.
           } else if constexpr (kBv && kFp4) {
-            // Units (row r, 32-block b): the four chunks of one row's 32-block share its scale, so
-            // the thread takes them together, the 16 raw bytes in one load and the scale's table
-            // made once (e2m1_bf16_table; a scale past 2^1 takes the two-multiply path per chunk).
 #pragma unroll 1
-            for (int u = ct; u < kWsBN * 2; u += 32 * kWs4ConvWarps) {
-              const int r = u & (kWsBN - 1), b = u / kWsBN;
-              const Bf16Scale sc = bf16_scale(sw[b * kWsBN + r], 0x1p126f);
-              const uint32_t* src = reinterpret_cast<const uint32_t*>(raw + r * 32 + b * 16);
-              uint8_t* row = dst + r * 128;
-              const int sw4 = (4 * b) ^ (r & 7);  // chunk 4b + i lands at 16-byte column sw4 ^ i
-              if (sc.two) {
-#pragma unroll 1
-                for (int i = 0; i < 4; ++i)
-                  *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(src[i], sc);
-              } else {
-                const E2m1Bf16Table t = e2m1_bf16_table(sc);
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                  *reinterpret_cast<uint4*>(row + ((sw4 ^ i) << 4)) = e2m1x8_to_bf16(src[i], t);
-              }
-            }
+            for (int u = ct; u < kWsBN * 2; u += 32 * kWs4ConvWarps)
+              fp4_bf16_unit(raw, dst, sw, u & (kWsBN - 1), u / kWsBN);
           } else if constexpr (kBv) {
             for_chunks([&](int r, int c) {
               return e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(raw + r * 64 + c * 8),
@@ -963,7 +975,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                                 e2m1x4_to_e4m3(v.y >> 16));
             });
           }
-          if constexpr (!kBv) {
+          if constexpr (!kBv || kCc) {  // kCc: after the raw wait, so the consumers are done with the slot
 #pragma unroll
             for (int i = 0; i < kStageK / 32; ++i) {
               sw[i * kWsBN + ct] = e8m0f(uint8_t(w0 >> (8 * i)));
@@ -1089,11 +1101,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
     // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
-    [[maybe_unused]] int in_flight = -1;  // kDirect: the slot whose wgmmas may still be running
+    // kDirect: the slots whose wgmmas may still be running (kCc keeps two stages queued on the
+    // tensor cores, so that a stage's expansion hides behind two stages of wgmmas).
+    [[maybe_unused]] int in_flight = -1, in_flight2 = -1;
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
       mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
+      if constexpr (kCc) {
+        // Every consumer thread (an idle warpgroup's too: the W slot is the whole tile's) expands
+        // its unit, then all 256 meet (named barrier 2) before either warpgroup's wgmma reads it.
+        mbar_wait(raw_bar(slot), uint32_t((it / S) & 1));
+        const int u = tid - 128;
+        if (!(a.skip_promote & 2))  // timing diagnostic only (wrong results): no expansion
+          fp4_bf16_unit(sraw + slot * kRawSlot, sb + slot * kWsBBytes, ssw + slot * kSwSlot, u & (kWsBN - 1), u / kWsBN);
+        fence_proxy_async();  // the generic-proxy stores, visible to the wgmma (async proxy)
+        asm volatile("bar.sync 2, 256;\n" ::: "memory");
+      }
       if (idle) {
         release(slot);
         continue;
@@ -1109,9 +1133,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           wgmma_m64n128k16_bf16(acc, da, db, 1);
         }
         wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's group has retired: its slot can be refilled
-        fence_regs(acc);
-        if (in_flight >= 0) release(in_flight);
+        if constexpr (kCc) {
+          wgmma_wait<2>();  // the group two stages back has retired: its slot can be refilled
+          fence_regs(acc);
+          if (in_flight2 >= 0) release(in_flight2);
+          in_flight2 = in_flight;
+        } else {
+          wgmma_wait<1>();  // the previous stage's group has retired: its slot can be refilled
+          fence_regs(acc);
+          if (in_flight >= 0) release(in_flight);
+        }
         in_flight = slot;
         continue;
       }
@@ -1204,6 +1235,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if constexpr (kDirect) {
       wgmma_wait<0>();
       fence_regs(acc);
+      if (in_flight2 >= 0) release(in_flight2);
       if (in_flight >= 0) release(in_flight);
     }
 
