@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "core/numeric.h"
@@ -19,6 +20,7 @@
 #include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/sampling/sample.h"
 #include "ops/gemm_fp8.h"
 #include "ops/indexer.h"
@@ -491,6 +493,99 @@ Result<std::string> gemm16_bench() {
   return md;
 }
 
+// The routed experts' grouped GEMM at the release's 384 experts (top-6 of uniform random routing,
+// as an 8k or 32k prefill chunk gives them: ~128 or ~512 rows per expert), the serving path's
+// bf16-direct modes: W expanded inside the kernel (FP4 → BF16 per tile; `--moe-expand-min-rows`)
+// against W expanded once by gemm_expand_bf16 (the expansion and the GEMM timed apart and
+// together), plus a timing diagnostic (wrong results, cost split only): the in-kernel mode
+// without the expansion (skip_promote 2). "tiles": the 128-row tiles the groups need over the
+// rows' own count (the tensor-core work of part-filled tail tiles).
+Result<std::string> moe_gemm_bench() {
+  cudaDeviceProp prop{};
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  constexpr int64_t kExperts = 384, kTopK = 6;
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{"routed gate (or up) [2304,5120]", 2304, 5120}, {"routed down [5120,2304]", 5120, 2304}};
+  std::string md = fmt::format(
+      "\n### Routed-expert grouped GEMM, {} experts, top-{} ({}, {} SMs), TFLOP/s (ms)\n\n"
+      "| shape | tokens | rows/expert | tiles | in-kernel | in-kernel no-convert | expansion alone | pre-expanded GEMM | "
+      "pre-expanded + expansion |\n|---|---|---|---|---|---|---|---|---|\n",
+      kExperts, kTopK, prop.name, prop.multiProcessorCount);
+  for (const int64_t tokens : {int64_t(8192), int64_t(32768)})
+    for (const auto& sh : shapes) {
+      uint64_t seed = 0x6e0e + uint64_t(tokens) * 3 + uint64_t(sh.n);
+      // Each token's top-6 distinct experts, uniform: the groups' row counts.
+      std::vector<int32_t> count(kExperts, 0), ids(kExperts);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int64_t i = 0; i < kTopK; ++i) {
+          std::swap(ids[size_t(i)], ids[size_t(i + int64_t(splitmix(seed) % uint64_t(kExperts - i)))]);
+          ++count[size_t(ids[size_t(i)])];
+        }
+      }
+      std::vector<int32_t> starts(kExperts + 1, 0);
+      int64_t tiled = 0;
+      for (int64_t e = 0; e < kExperts; ++e) {
+        starts[size_t(e + 1)] = starts[size_t(e)] + count[size_t(e)];
+        tiled += (count[size_t(e)] + 127) / 128 * 128;
+      }
+      const int64_t rows = tokens * kTopK, n = sh.n, k = sh.k;
+      // W codes: random bytes made on the device (every byte is two valid e2m1 codes); scales in
+      // 2^-3 .. 2^0 (the conversion's common one-multiply path); X: a block of BF16 values in ±1
+      // repeated over the rows.
+      std::vector<uint8_t> s4(size_t(kExperts * n * (k / 32)));
+      for (auto& v : s4) v = uint8_t(124 + splitmix(seed) % 4);
+      const int64_t xblock = std::min<int64_t>(rows * k, int64_t(1) << 22);
+      std::vector<uint16_t> xb(static_cast<size_t>(xblock));
+      for (auto& v : xb) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
+      bench::Arena ar;
+      FS_ASSIGN_OR_RETURN(uint8_t* dw4, ar.alloc<uint8_t>(kExperts * n * k / 2));
+      FS_ASSIGN_OR_RETURN(uint8_t* ds4, ar.alloc<uint8_t>(int64_t(s4.size())));
+      FS_ASSIGN_OR_RETURN(uint16_t* dx, ar.alloc<uint16_t>(rows * k));
+      FS_ASSIGN_OR_RETURN(uint16_t* dwe, ar.alloc<uint16_t>(kExperts * n * k));
+      FS_ASSIGN_OR_RETURN(int32_t* dst, ar.alloc<int32_t>(kExperts + 1));
+      FS_ASSIGN_OR_RETURN(float* dy, ar.alloc<float>(rows * n));
+      FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_bytes(dw4, kExperts * n * k / 2, seed, 0, nullptr));
+      FS_RETURN_IF_ERROR(upload(ds4, s4));
+      FS_RETURN_IF_ERROR(upload(dx, xb));
+      for (int64_t at = xblock; at < rows * k; at += xblock)
+        FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dx + at, dx, size_t(std::min(xblock, rows * k - at)) * 2, cudaMemcpyDeviceToDevice));
+      FS_RETURN_IF_ERROR(upload(dst, starts));
+      GemmExpandBf16Params ep;
+      ep.w = dw4, ep.w_scale = ds4, ep.y = dwe, ep.count = kExperts, ep.n = n, ep.k = k, ep.w_block = 32;
+      ep.w_format = WeightFormat::kFp4;
+      auto grouped = [&](bool pre, int skip) {
+        detail::GemmFp8Args a{};
+        a.xq = reinterpret_cast<const uint8_t*>(dx), a.w = pre ? reinterpret_cast<const uint8_t*>(dwe) : dw4;
+        a.ws = pre ? nullptr : ds4, a.y = dy, a.m = int(rows), a.n = int(n), a.k = int(k), a.w_block = 32;
+        a.variant = 6, a.skip_promote = skip, a.row_start = dst, a.groups = int(kExperts);
+        a.w_fp4 = !pre, a.x_bf16 = true, a.w_bf16 = pre, a.bf16_direct = true;
+        return detail::launch_gemm_fp8(a, nullptr);
+      };
+      FS_RETURN_IF_ERROR(gemm_expand_bf16_cuda(ep, nullptr));
+      FS_CUDA_RETURN_IF_ERROR(grouped(false, 0));
+      FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      FS_ASSIGN_OR_RETURN(const double t_in, time_us([&] { (void)grouped(false, 0); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_nc, time_us([&] { (void)grouped(false, 2); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_ex, time_us([&] { (void)gemm_expand_bf16_cuda(ep, nullptr); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_pre, time_us([&] { (void)grouped(true, 0); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_both, time_us([&] {
+                            (void)gemm_expand_bf16_cuda(ep, nullptr);
+                            (void)grouped(true, 0);
+                          }, 10));
+      FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      const double flop = 2.0 * double(rows) * double(n) * double(k);
+      auto cell = [&](double us) { return fmt::format("{:.0f} ({:.2f})", flop / us * 1e-6, us * 1e-3); };
+      md += fmt::format("| {} | {} | {:.0f} | {:.2f}x | {} | {} | {:.2f} ms | {} | {} |\n", sh.name, tokens,
+                        double(rows) / double(kExperts), double(tiled) / double(rows), cell(t_in), cell(t_nc),
+                        t_ex * 1e-3, cell(t_pre), cell(t_both));
+    }
+  return md;
+}
+
 }  // namespace
 
 // Whether the wgmma GEMM's whole-k BF16 steps (bf16_direct) and mma.sync m16n8k16 steps in the
@@ -585,6 +680,9 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     } else if (k == "gemm16") {
       FS_ASSIGN_OR_RETURN(std::string md, gemm16_bench());
       out += md;
+    } else if (k == "moe") {
+      FS_ASSIGN_OR_RETURN(std::string md, moe_gemm_bench());
+      out += md;
     } else if (k == "mma-order") {
       FS_ASSIGN_OR_RETURN(std::string md, mma_order_bench());
       out += md;
@@ -602,7 +700,7 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       FS_ASSIGN_OR_RETURN(std::string pack, cache_pack_bench(opt.reps));
       out += md + "\n" + pack + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, mma-order, topk, exact, h2d)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, moe, mma-order, topk, exact, h2d)", k);
     }
   }
   return out;
