@@ -149,6 +149,17 @@ Status measure_fp8_ceiling(int reps, double* tflops, double* med_us, double* min
   return {};
 }
 
+Status measure_device_limits(int device, double* copy_gbps, double* fp8_tflops) {
+  int prev = 0;
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&prev));
+  FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  Status st = measure_copy(copy_gbps);
+  if (st.ok() && fp8_tflops) st = measure_fp8_ceiling(5, fp8_tflops);
+  const cudaError_t back = cudaSetDevice(prev);
+  if (!st.ok()) return st;
+  return cuda_status(back, "cudaSetDevice (restoring the current device)");
+}
+
 Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt) {
   std::string why;
   if (!cuda_device_available(&why)) return Status(StatusCode::kUnavailable, "bench needs a GPU: " + why);

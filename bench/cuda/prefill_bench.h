@@ -64,6 +64,11 @@ Result<PrefillBenchReport> run_prefill_bench(const PrefillBenchOptions& opt);
 // device (gemm_fp8_cuda's kUnimplemented otherwise).
 Status measure_fp8_ceiling(int reps, double* tflops, double* med_us = nullptr, double* min_us = nullptr);
 
+// The limits the model bench judges its numbers by, measured on `device` before the model takes
+// its memory (the current device is restored): the copy bandwidth (measure_copy) and, when
+// `fp8_tflops` is given, the FP8 ceiling (measure_fp8_ceiling, 5 reps).
+Status measure_device_limits(int device, double* copy_gbps, double* fp8_tflops);
+
 // Markdown: per kernel, per layer, the per-step projection per context, and the prompt projection.
 std::string format_prefill_bench(const PrefillBenchReport& r, const PrefillBenchOptions& opt);
 
