@@ -59,6 +59,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--moe-expand-min-rows", o.moe_expand_min_rows, std::string("GPU backend: ") + kMoeExpandMinRowsHelp)
       ->check(CLI::Range(int64_t(0), kMaxMoeExpandMinRows))
       ->capture_default_str();
+  cmd->add_option("--moe-w-registers", o.moe_w_registers, std::string("GPU backend: ") + kMoeWRegistersHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -174,6 +177,11 @@ forward::GpuBranches gpu_branches(const std::string& value) {
                                : forward::GpuBranches::kOn;
 }
 
+const char* const kMoeWRegistersHelp =
+    "the routed experts' in-kernel expansion (steps below --moe-expand-min-rows) with the GEMM's operands "
+    "swapped, each weight tile expanded into the tensor core's register operand instead of shared memory; the "
+    "same bits";
+
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
     "expanded to BF16 once per GEMM only when the step has at least this many routed rows per expert on average "
@@ -204,6 +212,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   apply_prefill_gemm_operands(o.prefill_gemm_operands, g);
   g.moe_expand_min_rows = o.moe_expand_min_rows;
+  g.moe_w_in_registers = o.moe_w_registers == "on";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

@@ -17,7 +17,7 @@ namespace flashseek::tools {
 // --moe-expand-min-rows' bound and default: near where `flashseek bench --kernels moe` finds the
 // in-kernel expansion and the expansion once per GEMM equally fast on Hopper (bench/RESULTS.md).
 inline constexpr int64_t kMaxMoeExpandMinRows = int64_t(1) << 40;
-inline constexpr int64_t kDefaultMoeExpandMinRows = 384;
+inline constexpr int64_t kDefaultMoeExpandMinRows = 1024;
 
 struct BackendOpts {
   int threads = 0;                     // CPU threads (0: the hardware's)
@@ -41,6 +41,7 @@ struct BackendOpts {
   // prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-direct";
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
+  std::string moe_w_registers = "on";   // on | off: GpuLoadOptions::moe_w_in_registers
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
@@ -74,6 +75,8 @@ inline const std::vector<std::string> kPrefillGemmOperands = {"f16", "bf16", "bf
 void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOptions& g);
 // The help text and upper bound of --moe-expand-min-rows (run, serve and `bench`'s model bench).
 extern const char* const kMoeExpandMinRowsHelp;
+// The help text of --moe-w-registers (run, serve and `bench`'s model bench).
+extern const char* const kMoeWRegistersHelp;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

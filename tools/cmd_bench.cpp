@@ -58,6 +58,7 @@ struct ModelBenchOpts {
   // --prefill-gemm-operands (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w, prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-direct";
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
+  std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -94,6 +95,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.gemv_prequant_min_rows = o.gemv_prequant_min_rows;
   apply_prefill_gemm_operands(o.prefill_gemm_operands, lo);
   lo.moe_expand_min_rows = o.moe_expand_min_rows;
+  lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
   // The copy bandwidth (the HBM floor's) and the FP8 ceiling (the prefill's), measured on the first
@@ -363,6 +365,10 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--moe-expand-min-rows", mo->moe_expand_min_rows,
                   std::string("model bench, GPU: ") + kMoeExpandMinRowsHelp + ", as run / serve")
       ->check(CLI::Range(int64_t(0), kMaxMoeExpandMinRows))
+      ->capture_default_str();
+  cmd->add_option("--moe-w-registers", mo->moe_w_registers,
+                  std::string("model bench, GPU: ") + kMoeWRegistersHelp + ", as run / serve")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,

@@ -495,8 +495,9 @@ Result<std::string> gemm16_bench() {
 
 // The routed experts' grouped GEMM at the release's 384 experts (top-6 of uniform random routing,
 // as an 8k or 32k prefill chunk gives them: ~128 or ~512 rows per expert), the serving path's
-// bf16-direct modes: W expanded inside the kernel (FP4 → BF16 per tile; `--moe-expand-min-rows`)
-// against W expanded once by gemm_expand_bf16 (the expansion and the GEMM timed apart and
+// bf16-direct modes: W expanded inside the kernel (FP4 → BF16 per tile; `--moe-expand-min-rows`),
+// into shared memory or, operands swapped, into the wgmma's register fragments
+// (w_in_registers), against W expanded once by gemm_expand_bf16 (the expansion and the GEMM timed apart and
 // together), plus a timing diagnostic (wrong results, cost split only): the in-kernel mode
 // without the expansion (skip_promote 2). "tiles": the 128-row tiles the groups need over the
 // rows' own count (the tensor-core work of part-filled tail tiles).
@@ -511,8 +512,9 @@ Result<std::string> moe_gemm_bench() {
   const Shape shapes[] = {{"routed gate (or up) [2304,5120]", 2304, 5120}, {"routed down [5120,2304]", 5120, 2304}};
   std::string md = fmt::format(
       "\n### Routed-expert grouped GEMM, {} experts, top-{} ({}, {} SMs), TFLOP/s (ms)\n\n"
-      "| shape | tokens | rows/expert | tiles | in-kernel | in-kernel no-convert | expansion alone | pre-expanded GEMM | "
-      "pre-expanded + expansion |\n|---|---|---|---|---|---|---|---|---|\n",
+      "| shape | tokens | rows/expert | tiles | in-kernel | in-kernel no-convert | W in registers | W in registers "
+      "no-convert | expansion alone | pre-expanded GEMM | pre-expanded + expansion |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n",
       kExperts, kTopK, prop.name, prop.multiProcessorCount);
   for (const int64_t tokens : {int64_t(8192), int64_t(32768)})
     for (const auto& sh : shapes) {
@@ -557,12 +559,12 @@ Result<std::string> moe_gemm_bench() {
       GemmExpandBf16Params ep;
       ep.w = dw4, ep.w_scale = ds4, ep.y = dwe, ep.count = kExperts, ep.n = n, ep.k = k, ep.w_block = 32;
       ep.w_format = WeightFormat::kFp4;
-      auto grouped = [&](bool pre, int skip) {
+      auto grouped = [&](bool pre, int skip, bool regs = false) {
         detail::GemmFp8Args a{};
         a.xq = reinterpret_cast<const uint8_t*>(dx), a.w = pre ? reinterpret_cast<const uint8_t*>(dwe) : dw4;
         a.ws = pre ? nullptr : ds4, a.y = dy, a.m = int(rows), a.n = int(n), a.k = int(k), a.w_block = 32;
         a.variant = 6, a.skip_promote = skip, a.row_start = dst, a.groups = int(kExperts);
-        a.w_fp4 = !pre, a.x_bf16 = true, a.w_bf16 = pre, a.bf16_direct = true;
+        a.w_fp4 = !pre, a.x_bf16 = true, a.w_bf16 = pre, a.bf16_direct = true, a.w_in_registers = regs;
         return detail::launch_gemm_fp8(a, nullptr);
       };
       FS_RETURN_IF_ERROR(gemm_expand_bf16_cuda(ep, nullptr));
@@ -570,6 +572,8 @@ Result<std::string> moe_gemm_bench() {
       FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       FS_ASSIGN_OR_RETURN(const double t_in, time_us([&] { (void)grouped(false, 0); }, 10));
       FS_ASSIGN_OR_RETURN(const double t_nc, time_us([&] { (void)grouped(false, 2); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_rg, time_us([&] { (void)grouped(false, 0, true); }, 10));
+      FS_ASSIGN_OR_RETURN(const double t_rn, time_us([&] { (void)grouped(false, 2, true); }, 10));
       FS_ASSIGN_OR_RETURN(const double t_ex, time_us([&] { (void)gemm_expand_bf16_cuda(ep, nullptr); }, 10));
       FS_ASSIGN_OR_RETURN(const double t_pre, time_us([&] { (void)grouped(true, 0); }, 10));
       FS_ASSIGN_OR_RETURN(const double t_both, time_us([&] {
@@ -579,9 +583,9 @@ Result<std::string> moe_gemm_bench() {
       FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       const double flop = 2.0 * double(rows) * double(n) * double(k);
       auto cell = [&](double us) { return fmt::format("{:.0f} ({:.2f})", flop / us * 1e-6, us * 1e-3); };
-      md += fmt::format("| {} | {} | {:.0f} | {:.2f}x | {} | {} | {:.2f} ms | {} | {} |\n", sh.name, tokens,
+      md += fmt::format("| {} | {} | {:.0f} | {:.2f}x | {} | {} | {} | {} | {:.2f} ms | {} | {} |\n", sh.name, tokens,
                         double(rows) / double(kExperts), double(tiled) / double(rows), cell(t_in), cell(t_nc),
-                        t_ex * 1e-3, cell(t_pre), cell(t_both));
+                        cell(t_rg), cell(t_rn), t_ex * 1e-3, cell(t_pre), cell(t_both));
     }
   return md;
 }

@@ -172,6 +172,9 @@ struct GemmFp8GroupedParams {
   bool w_bf16 = false;
   // x_bf16 only: the whole of k accumulated on the tensor core (GemmFp8Params::bf16_direct).
   bool bf16_direct = false;
+  // kFp4 with bf16_direct: the CUDA kernel computes Yᵀ = W · Xᵀ, expanding W into the tensor
+  // core's register operand instead of shared memory (the same values and sums; the twin ignores it).
+  bool w_in_registers = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {

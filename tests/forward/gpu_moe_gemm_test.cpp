@@ -45,9 +45,10 @@ using namespace parity_test;  // NOLINT: test helpers (parity_test_util.h)
 std::vector<float> prefill_logits(const std::string& dir, int64_t moe_gemm_min_tokens, int64_t* gemm_layers,
                                   int64_t dense_gemm_min_tokens = 0, int64_t* dense_linears = nullptr,
                                   int operands = 0, int64_t* expansions = nullptr,
-                                  int64_t moe_expand_min_rows = 0) {
+                                  int64_t moe_expand_min_rows = 0, bool moe_w_in_registers = false) {
   GpuLoadOptions o;
   o.moe_expand_min_rows = moe_expand_min_rows;
+  o.moe_w_in_registers = moe_w_in_registers;
   o.moe_gemm_min_tokens = moe_gemm_min_tokens;
   o.dense_gemm_min_tokens = dense_gemm_min_tokens;
   o.prefill_gemm_bf16 = operands >= 1;
@@ -204,6 +205,14 @@ TEST_P(GpuPrefillGemm, DirectBf16WithinBoundOfGemvAndCpu) {
   EXPECT_LE(expansions_k, expansions - 3 * layers) << "the routed experts were still expanded";
   EXPECT_EQ(0, std::memcmp(in_kernel.data(), direct.data(), direct.size() * sizeof(float)))
       << "in-kernel expansion changed the bf16-direct logits";
+  // The same with the operands swapped (--moe-w-registers: W expanded into register fragments).
+  int64_t layers_r = 0, dense_r = 0, expansions_r = -1;
+  const std::vector<float> in_regs =
+      prefill_logits(m.dir, 64, &layers_r, 64, &dense_r, 3, &expansions_r, int64_t(1) << 30, true);
+  ASSERT_EQ(in_regs.size(), direct.size());
+  EXPECT_EQ(layers_r, layers);
+  EXPECT_EQ(0, std::memcmp(in_regs.data(), direct.data(), direct.size() * sizeof(float)))
+      << "W in registers changed the bf16-direct logits";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPrefillGemm,

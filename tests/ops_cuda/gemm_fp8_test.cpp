@@ -1095,9 +1095,15 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
   GemmFp8GroupedParams g4 = g, gb = g;
   g4.w = dw4.get(), g4.w_scale = ds4.get(), g4.w_format = WeightFormat::kFp4, g4.y = dy1.get();
   gb.w = reinterpret_cast<const uint8_t*>(dwe.get()), gb.w_bf16 = true, gb.y = dy2.get();
-  for (auto* y : {&dy1, &dy2}) ASSERT_EQ(cudaMemset(y->get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+  // The swapped-operand kernel (W expanded into register fragments) on the same problem.
+  DeviceBuffer<float> dy4(size_t(rows * n));
+  ASSERT_TRUE(dy4.ok());
+  GemmFp8GroupedParams gr = g4;
+  gr.w_in_registers = true, gr.y = dy4.get();
+  for (auto* y : {&dy1, &dy2, &dy4}) ASSERT_EQ(cudaMemset(y->get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
   FS_ASSERT_OK(gemm_fp8_grouped_cuda(g4, nullptr));
   FS_ASSERT_OK(gemm_fp8_grouped_cuda(gb, nullptr));
+  FS_ASSERT_OK(gemm_fp8_grouped_cuda(gr, nullptr));
   // Expert 4 (257 rows) alone through the dense launch over its expanded matrix.
   GemmFp8Params one;
   one.xq = reinterpret_cast<const uint8_t*>(dxb.get() + int64_t(starts[4]) * k), one.x_bf16 = true;
@@ -1105,8 +1111,16 @@ TEST(CudaGemmFp8, Bf16DirectWithinBoundRowInvariantAndExactOnIntegers) {
   one.y = dy3.get(), one.m = e.sizes[4], one.n = n, one.k = k;
   FS_ASSERT_OK(gemm_fp8_cuda(one, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host();
+  const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host(), y3 = dy3.to_host(), y4 = dy4.to_host();
   ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "grouped: pre-expanded W != in-kernel expansion";
+  {
+    int64_t differ = 0, first = -1;
+    for (size_t i = 0; i < y1.size(); ++i)
+      if (std::memcmp(&y1[i], &y4[i], 4) != 0 && differ++ == 0) first = int64_t(i);
+    ASSERT_EQ(differ, 0) << "grouped: W in registers (swapped operands) != in-kernel expansion; first at row "
+                         << first / n << " col " << first % n << ": " << (first >= 0 ? y4[size_t(first)] : 0.0f)
+                         << " vs " << (first >= 0 ? y1[size_t(first)] : 0.0f);
+  }
   ASSERT_EQ(0, std::memcmp(y1.data() + int64_t(starts[4]) * n, y3.data(), y3.size() * 4))
       << "grouped expert != the dense launch on its rows";
   {

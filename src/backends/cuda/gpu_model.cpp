@@ -592,6 +592,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->prefill_gemm_direct_ = opts.prefill_gemm_direct;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
   m->moe_expand_min_rows_ = std::max<int64_t>(opts.moe_expand_min_rows, 0);
+  m->moe_w_in_registers_ = opts.moe_w_in_registers;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the

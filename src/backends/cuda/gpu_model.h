@@ -173,6 +173,10 @@ struct GpuLoadOptions {
   // release's 384 experts give an 8k chunk ~128 rows each). 0: always the expanded weights. The
   // CLI's --moe-expand-min-rows.
   int64_t moe_expand_min_rows = 0;
+  // The routed experts' in-kernel expansion (above) with the operands swapped: W expanded into the
+  // tensor core's register operand instead of shared memory (gemm_fp8_grouped w_in_registers; the
+  // same sums). The CLI's --moe-w-registers.
+  bool moe_w_in_registers = true;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

@@ -565,7 +565,10 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       if (bv) q.xs = nullptr;
       // Few rows per expert (GpuLoadOptions::moe_expand_min_rows): each tile expanded in the GEMM.
       const bool expand = prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E);
-      if (!expand) return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+      if (!expand) {
+        q.w_in_registers = moe_w_in_registers_;
+        return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
+      }
       // The experts in chunks of whole matrices (at most kMoeExpandChunkBytes of BF16 values), each
       // chunk expanded (the experts without rows skipped) and run as its own grouped GEMM: groups
       // [e0, e0 + ce) through row_start + e0 (the rows stay absolute).

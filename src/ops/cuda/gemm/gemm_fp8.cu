@@ -591,6 +591,24 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16(uint2 v) {
 FS_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16")
 FS_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16")
 #undef FS_WGMMA_M64N128K16
+// D (+)= A · B, BF16, A from registers (four .b32 of the warpgroup's fragment: this thread's
+// rows lane/4 and lane/4 + 8 of its warp's 16, columns 2·(lane%4) + {0, 1} and + 8, the even
+// column in the low half), B from shared memory (k-major). The A registers are read-write
+// operands so that they stay allocated until the caller's wait retires the wgmma.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[64], uint32_t (&ra)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+      "}\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), FS_R8(32), FS_R8(40), FS_R8(48), FS_R8(56), "+r"(ra[0]),
+        "+r"(ra[1]), "+r"(ra[2]), "+r"(ra[3])
+      : "l"(db));
+}
 #undef FS_R8
 // BF16 expansion with the weight's scale folded in (x_bf16). The codes' bits are first placed in
 // BF16 fields, which gives each value times a fixed power of two (2^-120 for e4m3, 2^-126 for
@@ -743,7 +761,7 @@ __device__ __forceinline__ void fp4_bf16_unit(const uint8_t* raw, uint8_t* dst, 
 // goes back to the producer once the wgmma group after it has been committed (wait<1>), so the
 // tensor core never waits on the threads' FP32 block additions.
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
-          bool kWb = false, bool kDirect = false>
+          bool kWb = false, bool kDirect = false, bool kSw = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_fp8_ws_kernel(const __grid_constant__ WsParams P) {
   static_assert(!kBv || kF16, "BF16 operands use the f16 pipeline's stages");
@@ -758,6 +776,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // warps 1-3 of the producer warpgroup only publish the stage's W scales. Three converter warps
   // left the tensor cores waiting on the expansion; the same values land in the slot either way.
   constexpr bool kCc = kFp4 && kBv && kDirect;
+  // kSw (with kCc; GemmFp8Args::w_in_registers): the operands swapped, Yᵀ = W · Xᵀ: each consumer
+  // warpgroup expands its 64 W rows of the stage straight into wgmma A-fragment registers and
+  // the X tile (the tile's 128 rows) is the shared-memory B operand, so no expanded W is stored,
+  // fenced or shared behind a barrier, and each stage's shared-memory traffic drops by the W
+  // slot's writes and second read (the operand reads and the TMA's writes had used up the
+  // shared-memory bandwidth).
+  static_assert(!kSw || kCc, "swapped operands: FP4 weights, BF16 values, direct accumulation, grouped");
   constexpr int S = kF16 ? kWsHStages : kFp4 ? kWs4Stages : kWsStages;           // ring slots
   constexpr int kSwSlot = kF16 ? kWsHSwFloats : kFp4 ? kWs4SwFloats : 16;        // W scales per slot
   constexpr int kRawSlot = kF16 ? (kFp4 ? kWsHRawBytes : kWsH8RawBytes) : kFp4 ? kWs4RawBytes : 0;  // raw W bytes per slot
@@ -1022,8 +1047,106 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     return;
   }
 
-  // Consumer warpgroups 1 and 2: rows (wg-1)·64 .. +63 of the tile, all 128 columns.
   setmaxnreg_inc<232>();
+  if constexpr (kSw) {
+    // Consumer warpgroup cw: W rows n0 + cw·64 .. +63 of the tile (the wgmma's M) against the
+    // tile's 128 X rows (its N). This thread's W rows wr0 and wr0 + 8; per stage (64 k) its A
+    // fragments of the four k16 steps come from bytes q, q + 4, ..., q + 28 of each row's 32 raw
+    // bytes (byte j: k 2j, 2j + 1; word w = bytes 4w..4w+3: k 8w..8w+7), one BF16 pair per byte,
+    // made in two register sets so that a stage is expanded while the previous one's wgmmas run.
+    const int cw = wg - 1, q = lane & 3;
+    const int wr0 = cw * 64 + warp * 16 + (lane >> 2);
+    const uint32_t selq = uint32_t(q) | (uint32_t(q + 4) << 4);  // byte q of x, byte q of y
+    // The stage's A fragments: f[h][0..3] = (wr0, k 16h + 2q..), (wr0 + 8, same), (wr0, + 8), (wr0 + 8, + 8).
+    auto expand = [&](int slot, uint32_t(&f)[4][4]) {
+      const uint8_t* raw = sraw + slot * kRawSlot;
+      const float* sw = ssw + slot * kSwSlot;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wr0 + 8 * r;
+        const uint4 w03 = *reinterpret_cast<const uint4*>(raw + row * 32);
+        const uint4 w47 = *reinterpret_cast<const uint4*>(raw + row * 32 + 16);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {  // 32-block b: words 4b..4b+3, k16 steps 2b and 2b + 1
+          const uint4 w = b ? w47 : w03;
+          const uint32_t v = __byte_perm(__byte_perm(w.x, w.y, selq), __byte_perm(w.z, w.w, selq), 0x5410u);
+          const Bf16Scale sc = bf16_scale(sw[b * kWsBN + row], 0x1p126f);
+          const uint4 o = sc.two ? e2m1x8_to_bf16(v, sc) : e2m1x8_to_bf16(v, e2m1_bf16_table(sc));
+          f[2 * b][r] = o.x, f[2 * b][2 + r] = o.y, f[2 * b + 1][r] = o.z, f[2 * b + 1][2 + r] = o.w;
+        }
+      }
+    };
+    auto fence_frag = [](uint32_t(&f)[4][4]) {
+#pragma unroll
+      for (int h = 0; h < 4; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[h][i])::"memory");
+    };
+    auto release = [&](int slot) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar(slot));
+    };
+    float acc[64];
+    uint32_t fa[4][4], fb[4][4];
+    int it = 0;
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+      int m0, n0, g, m_end;
+      tile_origin(tile, m0, n0, g, m_end);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+      int in_flight = -1;
+      // One stage into f: wait for its bytes, expand, issue its four k16 wgmmas, then retire the
+      // previous stage's (wait<1>) and hand that slot back; `other` is the previous stage's set.
+      auto stage = [&](uint32_t(&f)[4][4], uint32_t(&other)[4][4]) {
+        const int slot = it % S;
+        mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
+        mbar_wait(raw_bar(slot), uint32_t((it / S) & 1));
+        if (!(a.skip_promote & 2)) expand(slot, f);  // timing diagnostic only (wrong results): no expansion
+        fence_regs(acc);
+        fence_frag(f);
+        wgmma_fence();
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+          wgmma_m64n128k16_bf16_rs(acc, f[h], smem_desc(sa_u + uint32_t(slot * kWsABytes + h * 32), 16u, 1024u, 1u));
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc);
+        fence_frag(other);
+        if (in_flight >= 0) release(in_flight);
+        in_flight = slot;
+        ++it;
+      };
+#pragma unroll 1
+      for (int s = 0; s < nst; s += 2) {
+        stage(fa, fb);
+        if (s + 1 < nst) stage(fb, fa);
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      fence_frag(fa);
+      fence_frag(fb);
+      if (in_flight >= 0) release(in_flight);
+      // Epilogue: acc[nt·4 + 2h + j] = Yᵀ[W row wr0 + 8h][X row nt·8 + 2q + j].
+      const int64_t ldy = a.ldy > 0 ? a.ldy : a.n;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int r = m0 + nt * 8 + 2 * q + j, c = n0 + wr0 + 8 * h;
+            if (r >= m_end || c >= a.n) continue;
+            float v = acc[nt * 4 + 2 * h + j];
+            if (a.bf16_round_out) v = bf16_round_dev(v);
+            const int64_t o = int64_t(r) * ldy + c;
+            if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[o] = __float2bfloat16_rn(v);
+            else reinterpret_cast<float*>(a.y)[o] = v;
+          }
+    }
+    return;
+  }
+  // Consumer warpgroups 1 and 2: rows (wg-1)·64 .. +63 of the tile, all 128 columns.
   const int cw = wg - 1;
   const int g = lane >> 2;
   const int lr0 = cw * 64 + warp * 16 + g;  // this thread's tile rows lr0 and lr0 + 8
@@ -1108,7 +1231,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
       mbar_wait(full_bar(slot), uint32_t((it / S) & 1));
-      if constexpr (kCc) {
+      if constexpr (kCc && !kSw) {
         // Every consumer thread (an idle warpgroup's too: the W slot is the whole tile's) expands
         // its unit, then all 256 meet (named barrier 2) before either warpgroup's wgmma reads it.
         mbar_wait(raw_bar(slot), uint32_t((it / S) & 1));
@@ -1357,7 +1480,7 @@ int sm_count() {
 }
 
 template <bool kPipe2, bool kPersist, bool kGrouped = false, bool kFp4 = false, bool kF16 = false, bool kBv = false,
-          bool kWb = false, bool kDirect = false>
+          bool kWb = false, bool kDirect = false, bool kSw = false>
 cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   WsParams P;
   P.a = a;
@@ -1388,7 +1511,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
                        : kFp4 ? kWs4SmemBytes : kGrouped ? kWsGroupedSmemBytes : kWsSmemBytes;
   static std::atomic<uint64_t> attr_set{0};  // per device (smem_limit.cuh)
   if (const cudaError_t e = ensure_smem_limit(
-          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect>),
+          reinterpret_cast<const void*>(gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect, kSw>),
           smem, attr_set);
       e != cudaSuccess)
     return e;
@@ -1397,7 +1520,7 @@ cudaError_t launch_ws(const GemmFp8Args& a, cudaStream_t stream) {
   const int64_t tiles = kGrouped ? (int64_t(a.m) / kWsBM + a.groups) * ((a.n + kWsBN - 1) / kWsBN)
                                  : int64_t((a.m + kWsBM - 1) / kWsBM) * ((a.n + kWsBN - 1) / kWsBN);
   const int grid = kPersist ? int(tiles < sm_count() ? tiles : sm_count()) : int(tiles);
-  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect><<<grid, kWsThreads, smem, stream>>>(P);
+  gemm_fp8_ws_kernel<kPipe2, kPersist, kGrouped, kFp4, kF16, kBv, kWb, kDirect, kSw><<<grid, kWsThreads, smem, stream>>>(P);
   return cudaGetLastError();
 }
 }  // namespace
@@ -1409,6 +1532,8 @@ cudaError_t launch_gemm_fp8(const GemmFp8Args& a, cudaStream_t stream) {
     if (a.bf16_direct && !a.x_bf16) return cudaErrorInvalidValue;
     if (a.w_bf16 && a.bf16_direct) return launch_ws<true, true, true, false, true, true, true, true>(a, stream);
     if (a.w_bf16) return a.x_bf16 ? launch_ws<true, true, true, false, true, true, true>(a, stream) : cudaErrorInvalidValue;
+    if (a.w_fp4 && a.bf16_direct && a.w_in_registers)
+      return launch_ws<true, true, true, true, true, true, false, true, true>(a, stream);
     if (a.w_fp4 && a.bf16_direct) return launch_ws<true, true, true, true, true, true, false, true>(a, stream);
     if (a.w_fp4 && a.x_bf16) return launch_ws<true, true, true, true, true, true>(a, stream);
     if (a.bf16_direct) return launch_ws<true, true, true, false, true, true, false, true>(a, stream);

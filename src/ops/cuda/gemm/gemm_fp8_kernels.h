@@ -50,6 +50,9 @@ struct GemmFp8Args {
   bool bf16_direct;
   // FP32 output (bf16_out false) holding each value rounded to BF16.
   bool bf16_round_out;
+  // Grouped FP4 with bf16_direct: the operands swapped (Yᵀ = W · Xᵀ), W expanded by the consumer
+  // warpgroups into wgmma register fragments (GemmFp8GroupedParams::w_in_registers).
+  bool w_in_registers;
   // x_f16 / x_bf16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
   int ldx, ldy;
 };
