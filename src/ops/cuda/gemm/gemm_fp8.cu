@@ -1048,6 +1048,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   setmaxnreg_inc<232>();
+  // A consumer warp is done with a ring slot (the stage's wgmmas retired).
+  auto release = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(slot));
+  };
   if constexpr (kSw) {
     // Consumer warpgroup cw: W rows n0 + cw·64 .. +63 of the tile (the wgmma's M) against the
     // tile's 128 X rows (its N). This thread's W rows wr0 and wr0 + 8; per stage (64 k) its A
@@ -1081,10 +1086,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int h = 0; h < 4; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[h][i])::"memory");
-    };
-    auto release = [&](int slot) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_bar(slot));
     };
     float acc[64];
     uint32_t fa[4][4], fb[4][4];
@@ -1207,10 +1208,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const float4* p = reinterpret_cast<const float4*>(ssx + slot * kWsBM * 4);
     x0 = p[lr0];
     x1 = p[lr0 + 8];
-  };
-  auto release = [&](int slot) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(slot));
   };
 
   int it = 0;  // stages consumed so far (all tiles), in the producer's order
