@@ -22,7 +22,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${FLASHSEEK_BIN:-$here/../build/bin/flashseek}"
-layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0 extra= csv= bench=0
+layers=8 experts=16 gpus=0 context=8 which=last pfattn=auto chunk=0 extra='' csv='' bench=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift 2 ;;
