@@ -14,8 +14,8 @@
 
 namespace flashseek::tools {
 
-// --moe-expand-min-rows' bound and default: near where `flashseek bench --kernels moe` finds the
-// in-kernel expansion and the expansion once per GEMM equally fast on Hopper (bench/RESULTS.md).
+// --moe-expand-min-rows' bound and default (rows per expert below which the routed experts'
+// weights are expanded inside the GEMM; `flashseek bench --kernels moe` compares the two ways).
 inline constexpr int64_t kMaxMoeExpandMinRows = int64_t(1) << 40;
 inline constexpr int64_t kDefaultMoeExpandMinRows = 1024;
 
@@ -57,7 +57,7 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --moe-expand-min-rows, --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --moe-expand-min-rows, --moe-w-registers, --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-exact-linears, --bf16-linears, --prefill-attention,
 // --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 

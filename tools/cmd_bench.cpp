@@ -98,9 +98,8 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
-  // The copy bandwidth (the HBM floor's) and the FP8 ceiling (the prefill's), measured on the first
-  // of --gpus before the model takes its memory: with the release's 384 experts the weights and
-  // the GEMMs' workspace leave no room for the ceiling's 8192³ operands afterwards.
+  // The copy bandwidth (for the HBM floor) and the FP8 ceiling (for the prefill), measured on the
+  // first of --gpus before the load, so that their buffers do not compete with the model's memory.
   double copy_gbps = 0, fp8_tflops = 0;
   std::string limits_error;
   if (!o.gpus.empty()) {

@@ -1221,9 +1221,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // group, e.g. 129-192 rows) keeps in step with the ring (waits, releases) but issues no
     // tensor-core work, leaving the tensor cores to the other warpgroup; it stores nothing.
     const bool idle = kGrouped && m0 + cw * 64 >= m_end;
-    // kDirect: the slots whose wgmmas may still be running (kCc keeps two stages queued on the
-    // tensor cores, so that a stage's expansion hides behind two stages of wgmmas).
-    [[maybe_unused]] int in_flight = -1, in_flight2 = -1;
+    [[maybe_unused]] int in_flight = -1;  // kDirect: the slot whose wgmmas may still be running
 #pragma unroll 1
     for (int s = 0; s < nst; ++s, ++it) {
       const int slot = it % S;
@@ -1253,16 +1251,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           wgmma_m64n128k16_bf16(acc, da, db, 1);
         }
         wgmma_commit();
-        if constexpr (kCc) {
-          wgmma_wait<2>();  // the group two stages back has retired: its slot can be refilled
-          fence_regs(acc);
-          if (in_flight2 >= 0) release(in_flight2);
-          in_flight2 = in_flight;
-        } else {
-          wgmma_wait<1>();  // the previous stage's group has retired: its slot can be refilled
-          fence_regs(acc);
-          if (in_flight >= 0) release(in_flight);
-        }
+        wgmma_wait<1>();  // the previous stage's group has retired: its slot can be refilled
+        fence_regs(acc);
+        if (in_flight >= 0) release(in_flight);
         in_flight = slot;
         continue;
       }
@@ -1355,7 +1346,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if constexpr (kDirect) {
       wgmma_wait<0>();
       fence_regs(acc);
-      if (in_flight2 >= 0) release(in_flight2);
       if (in_flight >= 0) release(in_flight);
     }
 
