@@ -783,6 +783,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // slot's writes and second read (the operand reads and the TMA's writes had used up the
   // shared-memory bandwidth).
   static_assert(!kSw || kCc, "swapped operands: FP4 weights, BF16 values, direct accumulation, grouped");
+  // Rows of X per grouped tile: kSw takes up to 256 (two 128-row TMA boxes, the second in the
+  // otherwise unused W slot, two wgmma accumulators sharing the W registers), so that a group of
+  // up to 256 rows expands each W tile once; the second half is skipped (no load, no wgmma) when
+  // the group ends within the first.
+  constexpr int kBMt = kSw ? 2 * kWsBM : kWsBM;
   constexpr int S = kF16 ? kWsHStages : kFp4 ? kWs4Stages : kWsStages;           // ring slots
   constexpr int kSwSlot = kF16 ? kWsHSwFloats : kFp4 ? kWs4SwFloats : 16;        // W scales per slot
   constexpr int kRawSlot = kF16 ? (kFp4 ? kWsHRawBytes : kWsH8RawBytes) : kFp4 ? kWs4RawBytes : 0;  // raw W bytes per slot
@@ -827,7 +832,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           row_pref[g] = rs;
           if (g < a.groups) {
             const int re = min(max(a.row_start[g + 1], rs), a.m);
-            cnt = (re - rs + kWsBM - 1) / kWsBM * tiles_n;
+            cnt = (re - rs + kBMt - 1) / kBMt * tiles_n;
           }
         }
 #pragma unroll
@@ -856,8 +861,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       g = lo;
       const int rs = row_pref[g];
       m_end = max(min(row_pref[g + 1], a.m), rs);
-      const int tm = (m_end - rs + kWsBM - 1) / kWsBM, local = pid - tile_pref[g];
-      m0 = rs + (local % tm) * kWsBM;
+      const int tm = (m_end - rs + kBMt - 1) / kBMt, local = pid - tile_pref[g];
+      m0 = rs + (local % tm) * kBMt;
       n0 = (local / tm) * kWsBN;
     } else {
       const int in_group = kGroupM * tiles_n;
@@ -898,9 +903,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           for (int s = 0; s < nst; ++s, ++it) {
             const int slot = it % S, round = it / S;
             if (round > 0) mbar_wait(empty_bar(slot), uint32_t((round - 1) & 1));
-            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWb ? kWsABytes + kWsBBytes : kBv ? kWsABytes : kWs4TxBytes));
+            const bool x2 = kSw && m0 + kWsBM < m_end;  // kSw: the tile's second 128 rows
+            mbar_arrive_expect_tx(full_bar(slot), uint32_t(kWb  ? kWsABytes + kWsBBytes
+                                                           : x2 ? 2 * kWsABytes
+                                                           : kBv ? kWsABytes
+                                                                 : kWs4TxBytes));
             // X: 128 bytes of each row per stage (128 e4m3, or 64 f16 / BF16 values).
             tma_load_2d(sa_u + uint32_t(slot * kWsABytes), &P.ta, full_bar(slot), s * 128, m0);
+            if (x2) tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.ta, full_bar(slot), s * 128, m0 + kWsBM);
             if constexpr (kWb) {  // W: 64 BF16 values of each row, swizzled, onto the full barrier
               tma_load_2d(sb_u + uint32_t(slot * kWsBBytes), &P.tb, full_bar(slot), s * 128, g * a.n + n0);
               continue;
@@ -1087,15 +1097,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[h][i])::"memory");
     };
-    float acc[64];
+    float acc[64], acc2[64];  // the tile's X rows m0 .. +127 and m0 + 128 .. +255
     uint32_t fa[4][4], fb[4][4];
     int it = 0;
 #pragma unroll 1
     for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
       int m0, n0, g, m_end;
       tile_origin(tile, m0, n0, g, m_end);
+      const bool x2 = m0 + kWsBM < m_end;  // the second half holds rows of the group (uniform per tile)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < 64; ++i) acc[i] = 0.0f, acc2[i] = 0.0f;
       int in_flight = -1;
       // One stage into f: wait for its bytes, expand, issue its four k16 wgmmas, then retire the
       // previous stage's (wait<1>) and hand that slot back; `other` is the previous stage's set.
@@ -1105,14 +1116,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         mbar_wait(raw_bar(slot), uint32_t((it / S) & 1));
         if (!(a.skip_promote & 2)) expand(slot, f);  // timing diagnostic only (wrong results): no expansion
         fence_regs(acc);
+        fence_regs(acc2);
         fence_frag(f);
         wgmma_fence();
 #pragma unroll
-        for (int h = 0; h < 4; ++h)
+        for (int h = 0; h < 4; ++h) {
           wgmma_m64n128k16_bf16_rs(acc, f[h], smem_desc(sa_u + uint32_t(slot * kWsABytes + h * 32), 16u, 1024u, 1u));
+          if (x2)
+            wgmma_m64n128k16_bf16_rs(acc2, f[h], smem_desc(sb_u + uint32_t(slot * kWsBBytes + h * 32), 16u, 1024u, 1u));
+        }
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(acc);
+        fence_regs(acc2);
         fence_frag(other);
         if (in_flight >= 0) release(in_flight);
         in_flight = slot;
@@ -1125,25 +1141,31 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       wgmma_wait<0>();
       fence_regs(acc);
+      fence_regs(acc2);
       fence_frag(fa);
       fence_frag(fb);
       if (in_flight >= 0) release(in_flight);
-      // Epilogue: acc[nt·4 + 2h + j] = Yᵀ[W row wr0 + 8h][X row nt·8 + 2q + j].
+      // Epilogue: acc[nt·4 + 2h + j] = Yᵀ[W row wr0 + 8h][X row m0 + nt·8 + 2q + j]; acc2 the
+      // same 128 rows further.
       const int64_t ldy = a.ldy > 0 ? a.ldy : a.n;
+      auto store = [&](const float(&d)[64], int rbase) {
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
+        for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int r = m0 + nt * 8 + 2 * q + j, c = n0 + wr0 + 8 * h;
-            if (r >= m_end || c >= a.n) continue;
-            float v = acc[nt * 4 + 2 * h + j];
-            if (a.bf16_round_out) v = bf16_round_dev(v);
-            const int64_t o = int64_t(r) * ldy + c;
-            if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[o] = __float2bfloat16_rn(v);
-            else reinterpret_cast<float*>(a.y)[o] = v;
-          }
+            for (int j = 0; j < 2; ++j) {
+              const int r = rbase + nt * 8 + 2 * q + j, c = n0 + wr0 + 8 * h;
+              if (r >= m_end || c >= a.n) continue;
+              float v = d[nt * 4 + 2 * h + j];
+              if (a.bf16_round_out) v = bf16_round_dev(v);
+              const int64_t o = int64_t(r) * ldy + c;
+              if (a.bf16_out) reinterpret_cast<__nv_bfloat16*>(a.y)[o] = __float2bfloat16_rn(v);
+              else reinterpret_cast<float*>(a.y)[o] = v;
+            }
+      };
+      store(acc, m0);
+      if (x2) store(acc2, m0 + kWsBM);
     }
     return;
   }
