@@ -20,6 +20,7 @@
 #include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/cuda/sampling/sample.h"
 #include "ops/gemm_fp8.h"
@@ -590,6 +591,62 @@ Result<std::string> moe_gemm_bench() {
   return md;
 }
 
+// The prefill attention (launch_prefill_attn) at the V4.1 shape, 64 heads of 512, for an 8k
+// chunk: its warpgroup kernel against the m16n8k16 one (PrefillAttnArgs::mma_sync) on the same
+// inputs, time and the outputs with equal bits; key lists of 640 slots (the window's 128 and
+// the top-k's 512) and of 128 (a window-only layer), a tenth of the slots padding.
+Result<std::string> attn_bench() {
+  cudaDeviceProp prop{};
+  FS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  constexpr int64_t kM = 8192, kH = 64, kD = 512, kRows = 16384;
+  std::string md = fmt::format(
+      "\n### Prefill attention, {} rows x {} heads x {} dims ({}, {} SMs), µs (TFLOP/s)\n\n"
+      "| key slots | m16n8k16 | wgmma | speedup | equal outputs |\n|---|---|---|---|---|\n",
+      kM, kH, kD, prop.name, prop.multiProcessorCount);
+  for (const int n_idx : {640, 128}) {
+    uint64_t seed = 0xa77e + uint64_t(n_idx);
+    std::vector<float> q(static_cast<size_t>(kM * kH * kD)), sink(static_cast<size_t>(kH));
+    for (auto& v : q) v = float(int64_t(splitmix(seed) % 2001) - 1000) * 3e-4f;
+    for (auto& v : sink) v = float(int64_t(splitmix(seed) % 2001) - 1000) * 2e-3f;
+    std::vector<uint16_t> kv(size_t(kRows * kD));
+    for (auto& v : kv) v = f32_to_bf16(float(int64_t(splitmix(seed) % 2001) - 1000) * 1e-3f);
+    std::vector<int32_t> idx(size_t(kM * n_idx));
+    for (auto& v : idx) v = splitmix(seed) % 10 == 0 ? -1 : int32_t(splitmix(seed) % uint64_t(kRows));
+    bench::Arena ar;
+    FS_ASSIGN_OR_RETURN(float* dq, ar.alloc<float>(int64_t(q.size())));
+    FS_ASSIGN_OR_RETURN(float* dsink, ar.alloc<float>(kH));
+    FS_ASSIGN_OR_RETURN(uint16_t* dkv, ar.alloc<uint16_t>(int64_t(kv.size())));
+    FS_ASSIGN_OR_RETURN(int32_t* didx, ar.alloc<int32_t>(int64_t(idx.size())));
+    FS_ASSIGN_OR_RETURN(float* dout_a, ar.alloc<float>(int64_t(q.size())));
+    FS_ASSIGN_OR_RETURN(float* dout_b, ar.alloc<float>(int64_t(q.size())));
+    FS_RETURN_IF_ERROR(upload(dq, q));
+    FS_RETURN_IF_ERROR(upload(dsink, sink));
+    FS_RETURN_IF_ERROR(upload(dkv, kv));
+    FS_RETURN_IF_ERROR(upload(didx, idx));
+    detail::PrefillAttnArgs a;
+    a.q = dq, a.kv = dkv, a.idx = didx, a.sink = dsink, a.m = kM, a.n_idx = n_idx, a.n_rows = int(kRows);
+    a.heads = int(kH), a.dim = int(kD), a.scale = 1.0f / std::sqrt(float(kD)), a.bf16_out = true;
+    detail::PrefillAttnArgs b = a;
+    a.out = dout_a, a.mma_sync = true;
+    b.out = dout_b;
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_prefill_attn(a, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(detail::launch_prefill_attn(b, nullptr));
+    FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    std::vector<float> ha(q.size()), hb(q.size());
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(ha.data(), dout_a, ha.size() * 4, cudaMemcpyDeviceToHost));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(hb.data(), dout_b, hb.size() * 4, cudaMemcpyDeviceToHost));
+    int64_t equal = 0;
+    for (size_t i = 0; i < ha.size(); ++i) equal += std::memcmp(&ha[i], &hb[i], 4) == 0;
+    FS_ASSIGN_OR_RETURN(const double t_a, time_us([&] { (void)detail::launch_prefill_attn(a, nullptr); }, 5));
+    FS_ASSIGN_OR_RETURN(const double t_b, time_us([&] { (void)detail::launch_prefill_attn(b, nullptr); }, 5));
+    FS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    const double flop = 4.0 * double(kM) * double(kH) * double(n_idx) * double(kD);
+    md += fmt::format("| {} | {:.0f} ({:.0f}) | {:.0f} ({:.0f}) | {:.2f}x | {} / {} |\n", n_idx, t_a,
+                      flop / t_a * 1e-6, t_b, flop / t_b * 1e-6, t_a / t_b, equal, ha.size());
+  }
+  return md;
+}
+
 }  // namespace
 
 // Whether the wgmma GEMM's whole-k BF16 steps (bf16_direct) and mma.sync m16n8k16 steps in the
@@ -687,6 +744,9 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
     } else if (k == "moe") {
       FS_ASSIGN_OR_RETURN(std::string md, moe_gemm_bench());
       out += md;
+    } else if (k == "attn") {
+      FS_ASSIGN_OR_RETURN(std::string md, attn_bench());
+      out += md;
     } else if (k == "mma-order") {
       FS_ASSIGN_OR_RETURN(std::string md, mma_order_bench());
       out += md;
@@ -704,7 +764,7 @@ Result<std::string> run_kernel_bench(const KernelBenchOptions& opt) {
       FS_ASSIGN_OR_RETURN(std::string pack, cache_pack_bench(opt.reps));
       out += md + "\n" + pack + "\n";
     } else {
-      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, moe, mma-order, topk, exact, h2d)", k);
+      return invalid_argument("bench: --kernels: unknown benchmark '{}' (sampling, gemm, gemm16, moe, attn, mma-order, topk, exact, h2d)", k);
     }
   }
   return out;

@@ -96,6 +96,7 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
       {3, 300, 400, 0.1, true},  // whole tiles without a valid key between valid ones
       {1, 64, 100, 0.0, true},   // the last tile without a valid key
       {10, 12, 40, 0.2},         // V4 tiny: 8 window + 4 selected slots, one tile
+      {48, 640, 3000, 0.1},      // the V4.1 shape over 32 rows (the warpgroup kernel on sm_90a)
   };
   uint32_t seed = 7;
   // The V4.1 shape, and V4's tiny one (16 heads of 128: one 16-head block; lists of one tile).
@@ -155,7 +156,7 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   // The block shape (64-head blocks over 33+ rows, 16-head blocks with a deeper key ring for
   // fewer) changes no bit: 40 rows in one launch == each row launched alone; 80 heads (a partial
   // head block in either shape) and head dim 128 as well.
-  for (const int kD : {512, 128}) {
+  for (const int kD : {512, 256, 128}) {
     constexpr int kM = 40, kNIdx = 150, kRows = 400, kH = 80;
     std::mt19937 rng(uint32_t(90 + kD));
     const auto [q, kv, sink, idx] = random_attn_inputs(rng, kM, kH, kD, kNIdx, kRows);
@@ -192,6 +193,67 @@ TEST(CudaPrefillAttention, MatchesCpuWithPartialTilesAndPadding) {
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "head dims 64 / 128 / 256 / 512 only";
   bad.heads = 0, bad.dim = 512;
   EXPECT_EQ(detail::launch_prefill_attn(bad, nullptr), cudaErrorInvalidValue) << "no heads";
+}
+
+// Launches of more than 32 rows take the warpgroup (wgmma) kernel on an sm_90a device (head dims
+// 128 / 256 / 512): the same bits as the m16n8k16 kernel (PrefillAttnArgs::mma_sync) for the same
+// launch, with odd head counts (a partial 64-head block), key lists of 1 to 700 slots (partial
+// tiles, tiles without a valid key, rows whose every key is padding), BF16 output or not, the
+// inverse RoPE, and q spread over 2^±8 so that the tensor cores' alignment of products shows.
+TEST(CudaPrefillAttention, WarpgroupKernelGivesTheMmaSyncBits) {
+  FS_REQUIRE_GPU();
+  struct Case { int m, heads, dim, n_idx, rows; bool odd_tiles_absent; };
+  const Case cases[] = {
+      {33, 64, 512, 640, 3000, false}, {70, 80, 512, 700, 900, true}, {41, 16, 512, 1, 5, false},
+      {35, 64, 256, 95, 300, false},   {50, 130, 256, 33, 40, true},  {33, 64, 128, 31, 200, false},
+      {64, 8, 128, 200, 250, true},
+  };
+  uint32_t seed = 500;
+  for (const auto& c : cases)
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << c.m << " H=" << c.heads << " D=" << c.dim << " n_idx=" << c.n_idx
+                                        << " bf16=" << bf16);
+      std::mt19937 rng(seed++);
+      auto [q, kv, sink, idx] = random_attn_inputs(rng, c.m, c.heads, c.dim, c.n_idx, c.rows);
+      std::uniform_int_distribution<int> ex(-8, 8);
+      for (auto& v : q) v = std::ldexp(v, ex(rng));
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (c.odd_tiles_absent && (i % size_t(c.n_idx)) / 32 % 2 == 1) idx[i] = -1;
+        if (rng() % 50 == 0) idx[i] = c.rows + int32_t(rng() % 7);  // past the rows: padding
+      }
+      for (int k = 0; k < c.n_idx; ++k) idx[size_t(c.m - 1) * size_t(c.n_idx) + size_t(k)] = -1;  // no key at all
+      const int rope = 64;
+      std::vector<int64_t> pos(static_cast<size_t>(c.m));
+      for (auto& p : pos) p = int64_t(rng() % (1u << 20));
+      std::vector<float> inv(static_cast<size_t>(rope / 2));
+      for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+      DeviceBuffer<float> dq(q), dsink(sink), dinv(inv), d_mma(q.size()), d_wg(q.size());
+      DeviceBuffer<uint16_t> dkv(kv);
+      DeviceBuffer<int32_t> didx(idx);
+      DeviceBuffer<int64_t> dpos(pos);
+      for (const bool unrope : {false, true}) {
+        detail::PrefillAttnArgs a;
+        a.q = dq.get(), a.kv = dkv.get(), a.idx = didx.get(), a.sink = dsink.get();
+        a.m = c.m, a.n_idx = c.n_idx, a.n_rows = c.rows, a.heads = c.heads, a.dim = c.dim;
+        a.scale = 1.0f / std::sqrt(float(c.dim)), a.bf16_out = bf16;
+        if (unrope) a.unrope_pos = dpos.get(), a.unrope_inv_freq = dinv.get(), a.unrope_dim = rope;
+        detail::PrefillAttnArgs b = a;
+        a.mma_sync = true, a.out = d_mma.get();
+        b.out = d_wg.get();
+        ASSERT_EQ(detail::launch_prefill_attn(a, nullptr), cudaSuccess);
+        ASSERT_EQ(detail::launch_prefill_attn(b, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto want = d_mma.to_host(), got = d_wg.to_host();
+        size_t differ = 0, first = want.size();
+        for (size_t i = 0; i < want.size(); ++i)
+          if (std::memcmp(&want[i], &got[i], 4) != 0) ++differ, first = std::min(first, i);
+        ASSERT_EQ(differ, 0u) << "unrope " << unrope << ": first at " << first << " (" << want[first] << " vs "
+                              << got[first] << ")";
+        // The last row has no valid key: zero output.
+        for (size_t i = size_t(c.m - 1) * size_t(c.heads) * size_t(c.dim); i < got.size(); ++i)
+          ASSERT_EQ(got[i], 0.0f) << "output " << i;
+      }
+    }
 }
 
 // The inverse RoPE inside the attention launch (PrefillAttnArgs::unrope_pos): in the split form's

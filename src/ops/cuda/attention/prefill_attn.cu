@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
@@ -290,6 +291,291 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
   }
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FS_ATTN_WGMMA 1
+#endif
+
+// The in-block form on the warpgroup tensor cores (sm_90a; head dims 128 / 256 / 512, blocks of
+// 64 heads): the same warps, tiles, order and arithmetic as prefill_attn_kernel<kD, 4, kSt>, so
+// the same bits (wgmma's whole-k BF16 steps sum as the m16n8k16 steps do; CudaPrefillAttention.*
+// compares the launches bitwise). Warpgroup w (warps 4w .. 4w + 3, the other kernel's dim half w)
+// computes the tile's S = Q·Kᵀ as one m64n32k16 chain over the head dim (Q's 64 heads as M, the
+// tile's 32 keys as N), which leaves on each thread the elements the four m16n8 tiles leave there
+// (rows g, g + 8 of its warp's 16; columns 8j + 2c + {0, 1}); P, packed as there, is the register
+// A operand of O_t = P·V, V being the same key rows read as an MN-major B operand, in passes of 64
+// dims from a zero accumulator. Q and the key tiles sit in shared memory in 128-byte swizzled
+// 64-dim chunks (row r's 16-byte piece p at position p ^ (r % 8)), which serves S (k-major) and
+// O_t (dims-major) alike.
+namespace wg {
+constexpr int kSt = 3;  // key-ring stages
+template <int kD>
+constexpr int kSmem = (64 + kSt * kKt) * kD * 2 + 1024;  // + 1024: the base rounded up for the swizzle
+
+#ifdef FS_ATTN_WGMMA
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {  // 128-byte swizzle
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+}
+#define FS_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// D += A · B, A and B k-major in shared memory.
+__device__ __forceinline__ void mma_s(float (&d)[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;\n"
+      : FS_R8(0), FS_R8(8)
+      : "l"(da), "l"(db));
+}
+// D += A · B, A from registers (the m16n8k16 A fragment of each warp's 16 rows), B MN-major in
+// shared memory (transposed). The A registers are read-write so that they stay allocated until
+// the wait retires the wgmma.
+__device__ __forceinline__ void mma_o(float (&d)[32], uint32_t (&ra)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : FS_R8(0), FS_R8(8), FS_R8(16), FS_R8(24), "+r"(ra[0]), "+r"(ra[1]), "+r"(ra[2]), "+r"(ra[3])
+      : "l"(db));
+}
+#undef FS_R8
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from reading accumulators before the wait (the asm statements above do not
+// name them as outputs of the wait).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Byte offset of row r's 16-byte piece p (8 values) in a block of 64-dim chunks of `rows` rows.
+__device__ __forceinline__ uint32_t sw_off(int r, int p, int rows) {
+  return uint32_t((p >> 3) * rows * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
+}
+
+// load_tile for the swizzled stage at `base` (256 threads), the tile's key rows already checked
+// in rows_s (-1: absent; see kernel()).
+template <int kD>
+__device__ __forceinline__ void load_tile(const PrefillAttnArgs& a, const int* rows_s, uint32_t base, int* valid_s) {
+  constexpr int kP = kD / 8;  // 16-byte pieces per row
+  static_assert(kKt * kP % 256 == 0, "whole pieces per thread");
+#pragma unroll 2
+  for (int u = 0; u < kKt * kP / 256; ++u) {
+    const int i = int(threadIdx.x) + u * 256;
+    const int j = i / kP, p = i % kP;
+    const int r = rows_s[j];
+    if (p == 0) valid_s[j] = r >= 0;
+    cp16(base + sw_off(j, p, kKt), a.kv + (r >= 0 ? int64_t(r) * kD + p * 8 : 0), r >= 0);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Key row of slot s of query t: -1 when s is past the list or the row is absent.
+__device__ __forceinline__ int key_row(const PrefillAttnArgs& a, int64_t t, int s) {
+  const int r = s < a.n_idx ? a.idx[t * a.n_idx + s] : -1;
+  return r >= 0 && r < a.n_rows ? r : -1;
+}
+#endif  // FS_ATTN_WGMMA
+
+template <int kD>
+__global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
+#ifdef FS_ATTN_WGMMA
+  pdl_prologue();
+  constexpr int kH = 64, kThreads = 256;
+  constexpr int kN = kD / 16;        // n-tiles of 8 dims in a warpgroup's half of kD
+  constexpr int kPass = kD / 128;    // passes of 64 dims over that half
+  constexpr int kQBytes = kH * kD * 2, kKBytes = kKt * kD * 2;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw_u = uint32_t(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024 - (raw_u & 1023)) & 1023);
+  const uint32_t q_u = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t k_u0 = q_u + uint32_t(kQBytes);
+  // rows_s: the key rows of the next kSt tiles, read from the list one iteration before their
+  // gather, so that no thread waits on the list's load before it issues its copies.
+  __shared__ int valid_s[kSt][kKt], rows_s[kSt][kKt];
+  const int64_t t = blockIdx.x;
+  const int hb = int(blockIdx.y) * kH, nh = a.heads - hb < kH ? a.heads - hb : kH;
+  const int n_tiles = (a.n_idx + kKt - 1) / kKt;
+  if (threadIdx.x < kSt * kKt) rows_s[threadIdx.x / kKt][threadIdx.x % kKt] = key_row(a, t, int(threadIdx.x));
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kSt - 1; ++i) {
+    if (i < n_tiles) load_tile<kD>(a, rows_s[i], k_u0 + uint32_t(i * kKBytes), valid_s[i]);
+    else asm volatile("cp.async.commit_group;\n" ::);
+  }
+  {  // Q → BF16 shared, swizzled (heads past nh: zero); 4 values per float4, all loads of a
+     // thread in flight at once (kD 512: 32)
+    constexpr int kR = kH * kD / 4 / kThreads < 32 ? kH * kD / 4 / kThreads : 32;
+    static_assert(kH * kD / 4 % (kR * kThreads) == 0, "whole rounds of loads per thread");
+    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
+    for (int i0 = 0; i0 < kH * kD / 4; i0 += kR * kThreads) {
+      float4 v[kR];
+#pragma unroll
+      for (int u = 0; u < kR; ++u) {
+        const int i = i0 + u * kThreads + int(threadIdx.x);
+        v[u] = i * 4 / kD < nh ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < kR; ++u) {
+        const int e = (i0 + u * kThreads + int(threadIdx.x)) * 4, h = e / kD, d = e % kD;
+        *reinterpret_cast<uint2*>(smem + sw_off(h, d >> 3, kH) + (d & 7) * 2) =
+            make_uint2(dev_pack_bf16x2(v[u].x, v[u].y), dev_pack_bf16x2(v[u].z, v[u].w));
+      }
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int wgi = warp >> 2, h0 = (warp & 3) * 16, d0 = wgi * (kD / 2);
+  const bool warp_last = warp == kThreads / 32 - 1;
+  const int hr[2] = {h0 + g, h0 + g + 8};
+  float o[kN][4];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0, 0};
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int st = tile % kSt, ahead = tile + kSt - 1;
+    if (ahead < n_tiles) load_tile<kD>(a, rows_s[ahead % kSt], k_u0 + uint32_t((ahead % kSt) * kKBytes), valid_s[ahead % kSt]);
+    else asm volatile("cp.async.commit_group;\n" ::);
+    // The last warp reads tile ahead + 1's key rows now and stores them at the iteration's end
+    // (into slot st, whose rows were gathered kSt - 1 iterations ago).
+    const int next_row = warp_last ? key_row(a, t, (ahead + 1) * kKt + lane) : -1;
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSt - 1));
+    // The tile's (and, first time, Q's) generic-proxy writes, visible to the tensor cores' reads.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (__any_sync(0xffffffffu, valid_s[st][lane] != 0)) {  // the same answer in every warp
+      const uint32_t k_u = k_u0 + uint32_t(st * kKBytes);
+      float sa[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sa[i] = 0.0f;
+      fence();
+      // The descriptors' address fields advance by (byte offset) / 16. The empty asm makes dq
+      // opaque per tile, so that the compiler does not hoist Q's kD / 16 descriptors out of the
+      // tile loop into registers.
+      uint64_t dq = desc(q_u, 16, 1024);
+      const uint64_t dk = desc(k_u, 16, 1024);
+      asm volatile("" : "+l"(dq));
+#pragma unroll
+      for (int kk = 0; kk < kD; kk += 16) {
+        const uint32_t kb = uint32_t((kk & 63) * 2);  // the k16 slice inside the 128-byte rows
+        mma_s(sa, dq + (((kk >> 6) * kH * 128 + kb) >> 4), dk + (((kk >> 6) * kKt * 128 + kb) >> 4));
+      }
+      commit_wait();
+      fence_regs(sa);
+      float s[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = sa[4 * j + e];
+      // From here to the fold: prefill_attn_kernel's statements, in its order.
+      float mt[2] = {-INFINITY, -INFINITY}, lt[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * 8 + 2 * c + (e & 1);
+          s[j][e] = valid_s[st][key] ? s[j][e] * a.scale : -INFINITY;
+          mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          s[j][e] = mt[r] == -INFINITY ? 0.0f : expf(s[j][e] - mt[r]);
+          lt[r] += s[j][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 1);
+        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 2);
+      }
+      float fa[2] = {0.0f, 0.0f}, fb[2] = {0.0f, 0.0f};
+      bool fold[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) fold[r] = tile_fold(m_run[r], l_run[r], mt[r], lt[r], fa[r], fb[r]);
+      uint32_t pf[2][4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        pf[kk][0] = dev_pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pf[kk][1] = dev_pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pf[kk][2] = dev_pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pf[kk][3] = dev_pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int ps = 0; ps < kPass; ++ps) {  // O_t in passes of 64 dims: d0 + 64·ps .. +63 (chunk d0 / 64 + ps)
+        float ot[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) ot[i] = 0.0f;
+        fence();
+        const uint32_t v_u = k_u + uint32_t((d0 / 64 + ps) * kKt * 128);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) mma_o(ot, pf[kk], desc(v_u + uint32_t(kk * 16 * 128), uint32_t(kKt * 128), 1024));
+        commit_wait();
+        fence_regs(ot);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            if (fold[r]) o[ps * 8 + n][e] = fold_o(o[ps * 8 + n][e], ot[4 * n + e], fa[r], fb[r]);
+          }
+      }
+    }
+    if (warp_last) rows_s[st][lane] = next_row;
+    __syncthreads();  // every warp is done with stage st before it is refilled
+  }
+  float* out = a.out + (t * a.heads + hb) * kD;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) inv[r] = hr[r] >= nh ? 0.0f : fold_inv(m_run[r], l_run[r], a.sink[hb + hr[r]]);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const int d = d0 + n * 8 + 2 * c;
+    if (hr[0] < nh)
+      *reinterpret_cast<float2*>(out + hr[0] * kD + d) =
+          make_float2(fold_out(o[n][0] * inv[0], a.bf16_out), fold_out(o[n][1] * inv[0], a.bf16_out));
+    if (hr[1] < nh)
+      *reinterpret_cast<float2*>(out + hr[1] * kD + d) =
+          make_float2(fold_out(o[n][2] * inv[1], a.bf16_out), fold_out(o[n][3] * inv[1], a.bf16_out));
+  }
+#endif  // FS_ATTN_WGMMA
+}
+
+// Whether the current device runs the kernel above (compute capability 9.0: built for sm_90a),
+// cached per device.
+bool device_ok() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  if (const int c = cache[dev].load(std::memory_order_acquire); c != 0) return c == 2;
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  major == 9 && minor == 0;
+  cache[dev].store(ok ? 2 : 1, std::memory_order_release);
+  return ok;
+}
+
+template <int kD>
+cudaError_t launch(const PrefillAttnArgs& a, cudaStream_t s) {
+  static std::atomic<uint64_t> attr{0};
+  const void* fn = reinterpret_cast<const void*>(kernel<kD>);
+  if (const cudaError_t e = ensure_smem_limit(fn, kSmem<kD>, attr); e != cudaSuccess) return e;
+  const dim3 grid(unsigned(a.m), unsigned((a.heads + 63) / 64));
+  if (cudaError_t e = launch_kernel(kernel<kD>, grid, dim3(256), size_t(kSmem<kD>), s, a); e != cudaSuccess) return e;
+  return a.unrope_pos ? launch_rope(a.out, a.unrope_pos, a.unrope_inv_freq, a.m, a.heads, kD, a.unrope_dim, true,
+                                    a.bf16_out, s)
+                      : cudaSuccess;
+}
+}  // namespace wg
+
 // The split form's second pass: one block per (head, row), 4 dims per thread; folds the tiles'
 // partials in tile order with tile_fold / fold_o, then normalises as the in-block form. Loads
 // run 8 tiles ahead of the fold (a tile without a valid key: its outputs are never written and
@@ -371,7 +657,10 @@ template <int kD>
 cudaError_t launch_d(const PrefillAttnArgs& a, cudaStream_t s) {
   if (a.m <= kPrefillAttnSplitMaxRows && a.n_idx > 0 && a.part && a.part_bytes >= prefill_attn_split_bytes(a.m, a.n_idx, a.heads, a.dim))
     return launch_shape<kD, 1, 1>(a, s);
-  return a.m <= kFewRows ? launch_shape<kD, 1, 4>(a, s) : launch_shape<kD, 4, 2>(a, s);
+  if (a.m <= kFewRows) return launch_shape<kD, 1, 4>(a, s);
+  if constexpr (kD >= 128)
+    if (!a.mma_sync && wg::device_ok()) return wg::launch<kD>(a, s);
+  return launch_shape<kD, 4, 2>(a, s);
 }
 
 }  // namespace

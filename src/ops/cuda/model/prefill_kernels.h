@@ -70,6 +70,10 @@ struct PrefillAttnArgs {
   const int64_t* unrope_pos = nullptr;
   const float* unrope_inv_freq = nullptr;  // [unrope_dim / 2]
   int unrope_dim = 0;
+  // Launches of more than 32 rows on an sm_90a device take the warpgroup (wgmma) kernel for head
+  // dims 128 / 256 / 512, else the m16n8k16 one; both give the same bits. mma_sync forces the
+  // latter (the tests' and `bench --kernels attn`'s comparison).
+  bool mma_sync = false;
 };
 bool prefill_attn_supports(int64_t heads, int64_t dim);
 // The most rows a launch may have to take the split form.
