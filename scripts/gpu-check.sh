@@ -95,8 +95,10 @@ fi
 "$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
 bench_rc=$?
 # The routed experts' grouped GEMM at the release's 384 experts (in-kernel FP4 expansion against
-# the expansion once per GEMM: --moe-expand-min-rows' crossover) -> bench.md.
+# the expansion once per GEMM: --moe-expand-min-rows' crossover) and the prefill attention's
+# warpgroup kernel against its m16n8k16 one (time, equal bits) -> bench.md.
 "$fs_bin" bench --kernels moe >> "$out/bench.md" || bench_rc=1
+"$fs_bin" bench --kernels attn >> "$out/bench.md" || bench_rc=1
 # The engine's model at real V4.1 widths (dummy weights, 8 layers of every role, 16 experts, the
 # CLI's defaults): decode steps at 4k context for batch 1, a 6-token verify block and batch 8, and
 # at 1k context for batch 16 and 64 (bench/RESULTS.md's batch sweeps), each with the HBM floor of
