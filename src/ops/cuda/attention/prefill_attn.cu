@@ -96,6 +96,95 @@ __device__ __forceinline__ float fold_inv(float m, float l, float sink) {
 // The model's BF16 output (ModelAttnArgs::bf16): round to nearest even, as dev_round_bf16.
 __device__ __forceinline__ float fold_out(float x, bool bf16) { return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
 
+// The tile's statistics for the thread's rows g and g + 8 (r = 0, 1) from its S elements
+// s[j][e] (key 8j + 2c + (e & 1), row g + 8·(e / 2); the m16n8 tiles' layout, which the
+// warpgroup kernel's accumulator shares): scaled, absent keys −inf, the max m_t over the thread's
+// keys in order and then the quad's by shuffles, p = exp(s − m_t) in place, l_t = Σ p in the same
+// order. Both kernels call it, so that they take the same bits.
+__device__ __forceinline__ void tile_stats(float (&s)[4][4], const int* valid, int c, float scale, float (&mt)[2],
+                                           float (&lt)[2]) {
+  mt[0] = mt[1] = -INFINITY, lt[0] = lt[1] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = j * 8 + 2 * c + (e & 1);
+      s[j][e] = valid[key] ? s[j][e] * scale : -INFINITY;
+      mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      s[j][e] = mt[r] == -INFINITY ? 0.0f : expf(s[j][e] - mt[r]);
+      lt[r] += s[j][e];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 1);
+    lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 2);
+  }
+}
+// The probabilities as BF16 A fragments of P·V, pf[kk] for keys 16·kk .. +15.
+__device__ __forceinline__ void pack_p(const float (&s)[4][4], uint32_t (&pf)[2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    pf[kk][0] = dev_pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+    pf[kk][1] = dev_pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+    pf[kk][2] = dev_pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[kk][3] = dev_pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+// The in-block forms' output: rows hr[0], hr[1] (heads past nh: none) of the thread's kN n-tiles
+// of dims from d0, normalised (fold_inv with the sink) and rounded when asked.
+template <int kD, int kN>
+__device__ __forceinline__ void store_rows(const PrefillAttnArgs& a, int64_t t, int hb, int nh, const int (&hr)[2],
+                                           int d0, int c, const float (&m_run)[2], const float (&l_run)[2],
+                                           const float (&o)[kN][4]) {
+  float* out = a.out + (t * a.heads + hb) * kD;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) inv[r] = hr[r] >= nh ? 0.0f : fold_inv(m_run[r], l_run[r], a.sink[hb + hr[r]]);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const int d = d0 + n * 8 + 2 * c;
+    if (hr[0] < nh)
+      *reinterpret_cast<float2*>(out + hr[0] * kD + d) =
+          make_float2(fold_out(o[n][0] * inv[0], a.bf16_out), fold_out(o[n][1] * inv[0], a.bf16_out));
+    if (hr[1] < nh)
+      *reinterpret_cast<float2*>(out + hr[1] * kD + d) =
+          make_float2(fold_out(o[n][2] * inv[1], a.bf16_out), fold_out(o[n][3] * inv[1], a.bf16_out));
+  }
+}
+
+// Q rows of this block's kH heads (from head hb; past nh: zero) as BF16 pairs: each thread loads
+// kR float4 at a time, then hands put(h, d, first pair, second pair) the values of head h, dims
+// d .. d + 3.
+template <int kD, int kH, int kThreads, int kR, class Put>
+__device__ __forceinline__ void load_q(const PrefillAttnArgs& a, int64_t t, int hb, int nh, Put put) {
+  static_assert(kH * kD / 4 % (kR * kThreads) == 0, "whole rounds of loads per thread");
+  const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
+  for (int i0 = 0; i0 < kH * kD / 4; i0 += kR * kThreads) {
+    float4 v[kR];
+#pragma unroll
+    for (int u = 0; u < kR; ++u) {
+      const int i = i0 + u * kThreads + int(threadIdx.x);
+      v[u] = i * 4 / kD < nh ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kR; ++u) {
+      const int e = (i0 + u * kThreads + int(threadIdx.x)) * 4;
+      put(e / kD, e % kD, dev_pack_bf16x2(v[u].x, v[u].y), dev_pack_bf16x2(v[u].z, v[u].w));
+    }
+  }
+}
+
 // The split form's (max, sum) pairs: after the tile outputs in PrefillAttnArgs::part.
 __device__ __forceinline__ float2* part_ml(const PrefillAttnArgs& a, int n_tiles) {
   return reinterpret_cast<float2*>(a.part + a.m * n_tiles * a.heads * int64_t(a.dim));
@@ -125,25 +214,11 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
     if (i < n_tiles) load_tile<kD, kThreads>(a, t, i, k_s0 + i * kKt * kLd, valid_s[i]);
     else asm volatile("cp.async.commit_group;\n" ::);
   }
-  {  // Q → BF16 shared (heads past nh: zero), kR loads in flight per thread
-    constexpr int kR = kD / 16 < 8 ? kD / 16 : 8;  // kD / 16: float4 loads per thread
-    static_assert(kH * kD / 4 % (kR * kThreads) == 0, "whole rounds of loads per thread");
-    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
-    for (int i0 = 0; i0 < kH * kD / 4; i0 += kR * kThreads) {
-      float4 v[kR];
-#pragma unroll
-      for (int u = 0; u < kR; ++u) {
-        const int i = i0 + u * kThreads + int(threadIdx.x);
-        v[u] = i * 4 / kD < nh ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < kR; ++u) {
-        const int e = (i0 + u * kThreads + int(threadIdx.x)) * 4, h = e / kD, d = e % kD;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * kLd + d);
-        dst[0] = dev_pack_bf16x2(v[u].x, v[u].y), dst[1] = dev_pack_bf16x2(v[u].z, v[u].w);
-      }
-    }
-  }
+  // Q → BF16 shared (heads past nh: zero), kR loads in flight per thread (kD / 16 float4 each)
+  load_q<kD, kH, kThreads, (kD / 16 < 8 ? kD / 16 : 8)>(a, t, hb, nh, [&](int h, int d, uint32_t lo, uint32_t hi) {
+    uint32_t* dst = reinterpret_cast<uint32_t*>(q_s + h * kLd + d);
+    dst[0] = lo, dst[1] = hi;
+  });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int h0 = (warp % kHG) * 16, d0 = (warp / kHG) * (kD / 2);
   const int hr[2] = {h0 + g, h0 + g + 8};
@@ -180,35 +255,8 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
           dev_mma_bf16_16816(s[j], af, bf);
         }
       }
-      // The tile's statistics per row (r: rows g and g + 8): max, then p = exp(s − m_t) and
-      // l_t = Σ p (the thread's keys in order, then the quad's by shuffles).
-      float mt[2] = {-INFINITY, -INFINITY}, lt[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = j * 8 + 2 * c + (e & 1);
-          s[j][e] = valid_s[st][key] ? s[j][e] * a.scale : -INFINITY;
-          mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          s[j][e] = mt[r] == -INFINITY ? 0.0f : expf(s[j][e] - mt[r]);
-          lt[r] += s[j][e];
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 1);
-        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 2);
-      }
+      float mt[2], lt[2];
+      tile_stats(s, valid_s[st], c, a.scale, mt, lt);
       float fa[2] = {0.0f, 0.0f}, fb[2] = {0.0f, 0.0f};
       bool fold[2] = {false, false};
       if constexpr (kSplit) {  // the tile's statistics, once per (row, head): dim half 0, lane c == 0
@@ -222,13 +270,7 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
         for (int r = 0; r < 2; ++r) fold[r] = tile_fold(m_run[r], l_run[r], mt[r], lt[r], fa[r], fb[r]);
       }
       uint32_t pf[2][4];
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {  // keys 16·kk .. +15
-        pf[kk][0] = dev_pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-        pf[kk][1] = dev_pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-        pf[kk][2] = dev_pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pf[kk][3] = dev_pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
+      pack_p(s, pf);
       const uint32_t k_base = uint32_t(__cvta_generic_to_shared(k_s));
       float* po = kSplit ? a.part + ((t * n_tiles + tile) * a.heads + hb) * kD : nullptr;
 #pragma unroll
@@ -274,20 +316,7 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
     __syncthreads();  // every warp is done with stage st before it is refilled
   }
   if constexpr (!kSplit) {
-    float* out = a.out + (t * a.heads + hb) * kD;
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) inv[r] = hr[r] >= nh ? 0.0f : fold_inv(m_run[r], l_run[r], a.sink[hb + hr[r]]);
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      const int d = d0 + n * 8 + 2 * c;
-      if (hr[0] < nh)
-        *reinterpret_cast<float2*>(out + hr[0] * kD + d) =
-            make_float2(fold_out(o[n][0] * inv[0], a.bf16_out), fold_out(o[n][1] * inv[0], a.bf16_out));
-      if (hr[1] < nh)
-        *reinterpret_cast<float2*>(out + hr[1] * kD + d) =
-            make_float2(fold_out(o[n][2] * inv[1], a.bf16_out), fold_out(o[n][3] * inv[1], a.bf16_out));
-    }
+    store_rows<kD, kN>(a, t, hb, nh, hr, d0, c, m_run, l_run, o);
   }
 }
 
@@ -404,26 +433,12 @@ __global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
     if (i < n_tiles) load_tile<kD>(a, rows_s[i], k_u0 + uint32_t(i * kKBytes), valid_s[i]);
     else asm volatile("cp.async.commit_group;\n" ::);
   }
-  {  // Q → BF16 shared, swizzled (heads past nh: zero); 4 values per float4, all loads of a
-     // thread in flight at once (kD 512: 32)
-    constexpr int kR = kH * kD / 4 / kThreads < 32 ? kH * kD / 4 / kThreads : 32;
-    static_assert(kH * kD / 4 % (kR * kThreads) == 0, "whole rounds of loads per thread");
-    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + hb) * kD);
-    for (int i0 = 0; i0 < kH * kD / 4; i0 += kR * kThreads) {
-      float4 v[kR];
-#pragma unroll
-      for (int u = 0; u < kR; ++u) {
-        const int i = i0 + u * kThreads + int(threadIdx.x);
-        v[u] = i * 4 / kD < nh ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < kR; ++u) {
-        const int e = (i0 + u * kThreads + int(threadIdx.x)) * 4, h = e / kD, d = e % kD;
-        *reinterpret_cast<uint2*>(smem + sw_off(h, d >> 3, kH) + (d & 7) * 2) =
-            make_uint2(dev_pack_bf16x2(v[u].x, v[u].y), dev_pack_bf16x2(v[u].z, v[u].w));
-      }
-    }
-  }
+  // Q → BF16 shared, swizzled (heads past nh: zero), all loads of a thread in flight at once
+  // (kD 512: 32 float4)
+  load_q<kD, kH, kThreads, (kH * kD / 4 / kThreads < 32 ? kH * kD / 4 / kThreads : 32)>(
+      a, t, hb, nh, [&](int h, int d, uint32_t lo, uint32_t hi) {
+        *reinterpret_cast<uint2*>(smem + sw_off(h, d >> 3, kH) + (d & 7) * 2) = make_uint2(lo, hi);
+      });
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int wgi = warp >> 2, h0 = (warp & 3) * 16, d0 = wgi * (kD / 2);
   const bool warp_last = warp == kThreads / 32 - 1;
@@ -467,46 +482,14 @@ __global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = sa[4 * j + e];
-      // From here to the fold: prefill_attn_kernel's statements, in its order.
-      float mt[2] = {-INFINITY, -INFINITY}, lt[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = j * 8 + 2 * c + (e & 1);
-          s[j][e] = valid_s[st][key] ? s[j][e] * a.scale : -INFINITY;
-          mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          s[j][e] = mt[r] == -INFINITY ? 0.0f : expf(s[j][e] - mt[r]);
-          lt[r] += s[j][e];
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 1);
-        lt[r] += __shfl_xor_sync(0xffffffffu, lt[r], 2);
-      }
+      float mt[2], lt[2];
+      tile_stats(s, valid_s[st], c, a.scale, mt, lt);
       float fa[2] = {0.0f, 0.0f}, fb[2] = {0.0f, 0.0f};
       bool fold[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) fold[r] = tile_fold(m_run[r], l_run[r], mt[r], lt[r], fa[r], fb[r]);
       uint32_t pf[2][4];
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        pf[kk][0] = dev_pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-        pf[kk][1] = dev_pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-        pf[kk][2] = dev_pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pf[kk][3] = dev_pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
+      pack_p(s, pf);
 #pragma unroll
       for (int ps = 0; ps < kPass; ++ps) {  // O_t in passes of 64 dims: d0 + 64·ps .. +63 (chunk d0 / 64 + ps)
         float ot[32];
@@ -530,20 +513,7 @@ __global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
     if (warp_last) rows_s[st][lane] = next_row;
     __syncthreads();  // every warp is done with stage st before it is refilled
   }
-  float* out = a.out + (t * a.heads + hb) * kD;
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) inv[r] = hr[r] >= nh ? 0.0f : fold_inv(m_run[r], l_run[r], a.sink[hb + hr[r]]);
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const int d = d0 + n * 8 + 2 * c;
-    if (hr[0] < nh)
-      *reinterpret_cast<float2*>(out + hr[0] * kD + d) =
-          make_float2(fold_out(o[n][0] * inv[0], a.bf16_out), fold_out(o[n][1] * inv[0], a.bf16_out));
-    if (hr[1] < nh)
-      *reinterpret_cast<float2*>(out + hr[1] * kD + d) =
-          make_float2(fold_out(o[n][2] * inv[1], a.bf16_out), fold_out(o[n][3] * inv[1], a.bf16_out));
-  }
+  store_rows<kD, kN>(a, t, hb, nh, hr, d0, c, m_run, l_run, o);
 #endif  // FS_ATTN_WGMMA
 }
 
