@@ -12,6 +12,13 @@ set(FLASHSEEK_CUDA_ARCHS "90a" CACHE STRING "CUDA architectures (e.g. 90a;100a;1
 # its time on.
 option(FLASHSEEK_CUDA_LINEINFO "Device code with line information for source-level profiles" OFF)
 if(FLASHSEEK_CUDA)
+  # Hopper without the "a" suffix would compile the sm_90a-only kernels (the wgmma GEMM, the
+  # prefill attention's warpgroup kernel) as empty bodies, which an H100 / H200 would then run.
+  foreach(_fs_arch IN LISTS FLASHSEEK_CUDA_ARCHS)
+    if(_fs_arch MATCHES "^90($|-)")
+      message(FATAL_ERROR "FLASHSEEK_CUDA_ARCHS: use 90a for Hopper, not ${_fs_arch} (the wgmma kernels need sm_90a)")
+    endif()
+  endforeach()
   set(CMAKE_CUDA_ARCHITECTURES ${FLASHSEEK_CUDA_ARCHS})
   enable_language(CUDA)
   # CMake 3.25 does not know a CUDA20 dialect for nvcc (and would inherit CXX_STANDARD 20):
