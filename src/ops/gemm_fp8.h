@@ -246,4 +246,18 @@ inline Status validate(const GemmExpandBf16Params& p) {
 // CPU twin of gemm_expand_bf16_cuda: f32_to_bf16(value · scale) per weight.
 Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p);
 
+// The reference's FP4 → FP8 re-pack of an MXFP4 matrix (spec model-v4.md, "FP4 experts"), the
+// form in which the routed experts can run on the e4m3 tensor cores with one scale per 128 x 128
+// block: per block (rows r0 .. r0 + 127, k k0 .. k0 + 127) the scale exponent E = the largest of
+// the block's 32-group scale exponents − 6 (at least 0), and each value e2m1 · 2^(s − E) as an e4m3
+// code (at most 6 · 2^6 = 384 < 448), so that code · 2^(E − 127) is the stored value.
+//   w4 [n, k / 2] e2m1 (low nibble = even k), s32 [n, k / 32] E8M0; k a multiple of 128.
+//   w8 [n, k] e4m3, s128 [ceil(n / 128), k / 128] E8M0.
+// Returns the number of values e4m3 cannot hold exactly (they fall between or below its subnormal
+// steps when a group's scale lies more than 2^14 or so below its block's largest; NaN scales,
+// 0xFF, count for their 32 values, which are written as NaN): 0 means code · block scale equals
+// every stored value.
+Result<int64_t> repack_fp4_to_fp8_128(const uint8_t* w4, const uint8_t* s32, int64_t n, int64_t k, uint8_t* w8,
+                                      uint8_t* s128);
+
 }  // namespace flashseek::ops

@@ -7,6 +7,7 @@
 // The CUDA op against this twin: tests/ops_cuda/gemm_fp8_test.cpp (CudaGemmFp8.ExpandedWeights*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,6 +130,74 @@ TEST(GemmExpandBf16, RefusesBadShapes) {
   EXPECT_TRUE(bad([](GemmExpandBf16Params& p) { p.w_format = WeightFormat::kFp4; }));  // FP4: w_block 32
   EXPECT_TRUE(bad([](GemmExpandBf16Params& p) { p.count = int64_t(1) << 21; }));
   EXPECT_TRUE(bad([](GemmExpandBf16Params& p) { p.n = int64_t(1) << 29, p.k = int64_t(1) << 29; }));
+}
+
+// The reference's FP4 → FP8 re-pack (repack_fp4_to_fp8_128): with every 32-group scale within
+// 2^14 of its 128 x 128 block's largest, code · block scale equals every stored value exactly
+// (n = 257: a partial last row block; k = 384: three k blocks), the block scale is the largest
+// group exponent − 6, and the count of inexact values is 0.
+TEST(RepackFp4ToFp8, ExactWhereTheScalesSpanLessThanFourteenBinades) {
+  std::mt19937 rng(11);
+  const int64_t n = 257, k = 384;
+  std::vector<uint8_t> w4(size_t(n * k / 2)), s32(size_t(n * k / 32));
+  for (auto& b : w4) b = uint8_t(rng());
+  for (auto& v : s32) v = uint8_t(110 + rng() % 15);  // 110 .. 124: 14 binades
+  std::vector<uint8_t> w8(size_t(n * k), 0xAA), s128(size_t((n + 127) / 128 * (k / 128)), 0xAA);
+  const auto r = repack_fp4_to_fp8_128(w4.data(), s32.data(), n, k, w8.data(), s128.data());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, 0);
+  for (int64_t rb = 0; rb < (n + 127) / 128; ++rb)
+    for (int64_t b = 0; b < k / 128; ++b) {
+      int e_max = 0;
+      for (int64_t i = rb * 128; i < std::min(n, rb * 128 + 128); ++i)
+        for (int64_t g = 4 * b; g < 4 * b + 4; ++g) e_max = std::max(e_max, int(s32[size_t(i * (k / 32) + g)]));
+      ASSERT_EQ(int(s128[size_t(rb * (k / 128) + b)]), e_max - 6) << "row block " << rb << " k block " << b;
+    }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const double stored = double(e2m1_to_f32(uint8_t((w4[size_t(i * (k / 2) + j / 2)] >> (4 * (j & 1))) & 15))) *
+                            std::ldexp(1.0, int(s32[size_t(i * (k / 32) + j / 32)]) - 127);
+      const double repacked = double(e4m3_to_f32(w8[size_t(i * k + j)])) *
+                              std::ldexp(1.0, int(s128[size_t(i / 128 * (k / 128) + j / 128)]) - 127);
+      ASSERT_EQ(stored, repacked) << "row " << i << " k " << j;
+    }
+}
+
+// Groups far below their block's largest scale lose values (counted, not hidden): a group 20
+// binades down (every nonzero value under e4m3's smallest step) is counted value for value, one 8
+// down stays exact; NaN scales count their 32 values and write NaN codes; a block whose largest
+// exponent is under 6 takes scale exponent 0; bad shapes and missing buffers are refused.
+TEST(RepackFp4ToFp8, CountsWhatE4m3CannotHold) {
+  std::mt19937 rng(12);
+  const int64_t n = 3, k = 128;
+  std::vector<uint8_t> w4(size_t(n * k / 2)), s32(size_t(n * k / 32), 127);
+  for (auto& b : w4) b = uint8_t(rng());
+  s32[1] = 127 - 20;  // row 0, group 1
+  s32[2] = 127 - 8;   // row 0, group 2
+  s32[4 + 3] = 0xFF;  // row 1, group 3
+  int64_t want = 32;  // the NaN group
+  for (int64_t j = 32; j < 64; ++j) want += ((w4[size_t(j / 2)] >> (4 * (j & 1))) & 7) != 0;
+  std::vector<uint8_t> w8(size_t(n * k)), s128(1);
+  auto r = repack_fp4_to_fp8_128(w4.data(), s32.data(), n, k, w8.data(), s128.data());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, want);
+  EXPECT_EQ(int(s128[0]), 127 - 6);
+  for (int64_t j = 96; j < 128; ++j) EXPECT_EQ(w8[size_t(k + j)], 0x7F) << "NaN code at row 1, k " << j;
+  for (int64_t j = 64; j < 96; ++j) {  // group 2: e2m1 · 2^-2, exact
+    const float v = e2m1_to_f32(uint8_t((w4[size_t(j / 2)] >> (4 * (j & 1))) & 15));
+    EXPECT_EQ(e4m3_to_f32(w8[size_t(j)]), std::ldexp(v, -2)) << "k " << j;
+  }
+  // Largest exponent 3: block scale exponent 0, values e2m1 · 2^3, exact.
+  std::vector<uint8_t> small(s32.size(), 3);
+  r = repack_fp4_to_fp8_128(w4.data(), small.data(), n, k, w8.data(), s128.data());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 0);
+  EXPECT_EQ(int(s128[0]), 0);
+  EXPECT_FALSE(repack_fp4_to_fp8_128(w4.data(), s32.data(), n, 96, w8.data(), s128.data()).ok()) << "k % 128";
+  EXPECT_FALSE(repack_fp4_to_fp8_128(w4.data(), s32.data(), 0, k, w8.data(), s128.data()).ok()) << "no rows";
+  EXPECT_FALSE(repack_fp4_to_fp8_128(nullptr, s32.data(), n, k, w8.data(), s128.data()).ok()) << "no w4";
+  EXPECT_FALSE(repack_fp4_to_fp8_128(w4.data(), s32.data(), int64_t(1) << 30, k, w8.data(), s128.data()).ok())
+      << "too large";
 }
 
 }  // namespace

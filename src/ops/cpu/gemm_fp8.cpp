@@ -2,6 +2,8 @@
 // dequantise W, FP32 dot per output. Same numbers as block_linear_ref for FP32 inputs.
 #include "ops/gemm_fp8.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/numeric.h"
@@ -162,6 +164,43 @@ Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p) {
     }
   }
   return {};
+}
+
+Result<int64_t> repack_fp4_to_fp8_128(const uint8_t* w4, const uint8_t* s32, int64_t n, int64_t k, uint8_t* w8,
+                                      uint8_t* s128) {
+  if (!w4 || !s32 || !w8 || !s128) return invalid_argument("repack_fp4_to_fp8_128: w4, s32, w8 and s128 must be set");
+  if (n <= 0 || k <= 0 || k % 128 != 0)
+    return invalid_argument("repack_fp4_to_fp8_128: n={} must be positive, k={} a positive multiple of 128", n, k);
+  if (n >= (int64_t(1) << 30) || k >= (int64_t(1) << 30) || n > (int64_t(1) << 40) / k)
+    return out_of_range("repack_fp4_to_fp8_128: n={}, k={} too large", n, k);
+  const int64_t kg = k / 32, kb = k / 128;
+  int64_t inexact = 0;
+  for (int64_t rb = 0; rb * 128 < n; ++rb) {
+    const int64_t r0 = rb * 128, r1 = std::min(n, r0 + 128);
+    for (int64_t b = 0; b < kb; ++b) {
+      int e_max = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t g = 4 * b; g < 4 * b + 4; ++g)
+          if (s32[r * kg + g] != 0xFF) e_max = std::max(e_max, int(s32[r * kg + g]));
+      const int e = std::max(e_max - 6, 0);
+      s128[rb * kb + b] = uint8_t(e);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t i = 128 * b; i < 128 * b + 128; ++i) {
+          const uint8_t sg = s32[r * kg + i / 32];
+          const uint8_t nib = uint8_t((w4[r * (k / 2) + i / 2] >> (4 * (i & 1))) & 15);
+          if (sg == 0xFF) {
+            w8[r * k + i] = 0x7F;  // e4m3 NaN
+            ++inexact;
+            continue;
+          }
+          const float v = std::ldexp(e2m1_to_f32(nib), int(sg) - e);  // e2m1 · 2^(s − E): |v| <= 384
+          const uint8_t code = f32_to_e4m3(v);
+          w8[r * k + i] = code;
+          if (e4m3_to_f32(code) != v) ++inexact;
+        }
+    }
+  }
+  return inexact;
 }
 
 }  // namespace flashseek::ops

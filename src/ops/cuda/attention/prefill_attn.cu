@@ -409,8 +409,8 @@ __device__ __forceinline__ int key_row(const PrefillAttnArgs& a, int64_t t, int 
 
 template <int kD>
 __global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
-#ifdef FS_ATTN_WGMMA
   pdl_prologue();
+#ifdef FS_ATTN_WGMMA
   constexpr int kH = 64, kThreads = 256;
   constexpr int kN = kD / 16;        // n-tiles of 8 dims in a warpgroup's half of kD
   constexpr int kPass = kD / 128;    // passes of 64 dims over that half
