@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "backends/cuda/gpu_model.h"
+#include "backends/cuda/gpu_tp.h"
 #include "forward/model.h"
 #include "model/counts.h"
 #include "model/flops.h"
@@ -73,6 +73,13 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
     std::cerr << "bench: " << st.message() << "\n";
     return 1;
   };
+  // A bad --gpus list is refused before any weights are made.
+  [[maybe_unused]] std::vector<int> devices;
+  if (!o.gpus.empty()) {
+    auto d = forward::parse_gpu_list(o.gpus);
+    if (!d.ok()) return fail(d.status());
+    devices = std::move(d).value();
+  }
   auto source = resolve_model_source(o.source, o.seed);
   if (!source.ok()) return fail(source.status());
   if (Status st = materialize_model_source(*source, o.source, o.seed); !st.ok()) return fail(st);
@@ -98,15 +105,14 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
-  // The copy bandwidth (for the HBM floor) and the FP8 ceiling (for the prefill), measured on the
-  // first of --gpus before the load, so that their buffers do not compete with the model's memory.
+  // The copy bandwidth (the HBM floor's rate) and the FP8 ceiling (the prefill's yardstick) of the
+  // first of --gpus, taken before the load: their buffers must not compete with the model's memory.
   double copy_gbps = 0, fp8_tflops = 0;
   std::string limits_error;
-  if (!o.gpus.empty()) {
-    const int dev = std::atoi(o.gpus.c_str());  // "0,1,...": the first device (validated by the load)
-    if (Status st = ops::cuda::measure_device_limits(dev, &copy_gbps, o.prompt > 0 ? &fp8_tflops : nullptr); !st.ok())
+  if (!devices.empty())
+    if (Status st = ops::cuda::measure_device_limits(devices.front(), &copy_gbps, o.prompt > 0 ? &fp8_tflops : nullptr);
+        !st.ok())
       limits_error = st.message();
-  }
 #endif
   const auto t0 = clock::now();
   auto model = forward::load_model_for(

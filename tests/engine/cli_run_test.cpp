@@ -301,6 +301,8 @@ TEST_F(CliRun, BadBackendOptionsFailWithAMessage) {
   expect_fail("bench", "--load-format dummy --moe-expand-min-rows x", "--moe-expand-min-rows: Value x not in range");
   expect_fail("run", ck + "--moe-w-registers 1", "--moe-w-registers: 1 not in {on,off}");
   expect_fail("bench", "--load-format dummy --moe-w-registers yes", "--moe-w-registers: yes not in {on,off}");
+  // The model bench refuses a bad --gpus list with the list parser's message.
+  expect_fail("bench", "--ckpt " + ckpt() + " --gpus 0,x", "--gpus 0,x: expected device numbers separated by commas");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --threads 5000", "--threads 5000: expected 1..1024");
   expect_fail("serve", "--ckpt " + ckpt() + " --port 0 --gpu-graphs 1", "--gpu-graphs: 1 not in {on,record,off}");
 }
