@@ -773,15 +773,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   constexpr bool kConv = kFp4 || kF16;                                            // converter pipeline
   // kCc (FP4 weights, BF16 values, direct accumulation): the 256 consumer threads expand each
   // stage themselves, one (row, 32-block) unit each, while the previous stage's wgmmas run;
-  // warps 1-3 of the producer warpgroup only publish the stage's W scales. Three converter warps
-  // left the tensor cores waiting on the expansion; the same values land in the slot either way.
+  // warps 1-3 of the producer warpgroup only publish the stage's W scales, so the expansion is
+  // spread over all 256 consumer threads instead of three warps; the same values land in the slot.
   constexpr bool kCc = kFp4 && kBv && kDirect;
   // kSw (with kCc; GemmFp8Args::w_in_registers): the operands swapped, Yᵀ = W · Xᵀ: each consumer
   // warpgroup expands its 64 W rows of the stage straight into wgmma A-fragment registers and
   // the X tile (the tile's 128 rows) is the shared-memory B operand, so no expanded W is stored,
   // fenced or shared behind a barrier, and each stage's shared-memory traffic drops by the W
-  // slot's writes and second read (the operand reads and the TMA's writes had used up the
-  // shared-memory bandwidth).
+  // slot's writes and second read (shared-memory bandwidth, which the operand reads and the TMA's
+  // writes otherwise use up).
   static_assert(!kSw || kCc, "swapped operands: FP4 weights, BF16 values, direct accumulation, grouped");
   // Rows of X per grouped tile: kSw takes up to 256 (two 128-row TMA boxes, the second in the
   // otherwise unused W slot, two wgmma accumulators sharing the W registers), so that a group of
