@@ -32,13 +32,4 @@ void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit
 bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                            int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos);
 
-// The groups of group_pairs_by_expert without the experts that got no pair, for a grouped launch
-// of n_groups groups where pairs are fewer than experts (a batch of decode rows over many
-// experts): group g < (experts with pairs) is the g-th such expert in id order, compact_expert[g]
-// its id and [compact_start[g], compact_start[g + 1]) its sorted positions; the groups after them
-// are empty (compact_expert -1, start = the pair count). False when more experts have pairs than
-// n_groups.
-bool compact_expert_groups(const int32_t* group_start, int64_t n_experts, int64_t n_groups, int32_t* compact_start,
-                           int32_t* compact_expert);
-
 }  // namespace flashseek::ops

@@ -127,26 +127,6 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
     for (int i = 0; i < kSeqs; ++i)
       EXPECT_TRUE(same_bits(got[size_t(i)], want[size_t(i)])) << "step " << step << " sequence " << i;
   }
-  // Steps of 2 and 3 one-token decodes: with native experts their routed pairs, no more than the
-  // experts, are grouped in the compact form (GpuModel::moe_native); the same bits as alone.
-  for (int n : {2, 3}) {
-    std::vector<std::pair<SequenceState*, std::vector<int32_t>>> items;
-    std::vector<std::vector<float>> want;
-    for (int i = 1; i <= n; ++i) {
-      const auto toks = random_tokens(7000 + uint64_t(10 * n + i), 1, V);
-      want.push_back(run_step(m, {{alone[size_t(i)].get(), toks}}, true).at(0));
-      items.emplace_back(batched[size_t(i)].get(), toks);
-    }
-    const auto got = run_step(m, items, true);
-    ASSERT_EQ(got.size(), size_t(n));
-    for (int i = 0; i < n; ++i)
-      EXPECT_TRUE(same_bits(got[size_t(i)], want[size_t(i)])) << n << "-sequence step, sequence " << i + 1;
-  }
-  if (p.native) {
-    const auto st = gpu_graph_stats(m);
-    ASSERT_TRUE(st.ok()) << st.status().to_string();
-    EXPECT_GT(st.value().moe_compact_groupings, 0) << "no routed pairs grouped in the compact form";
-  }
   // A new sequence's prefill in the same step as the others' decode (only last rows returned).
   {
     auto fresh_alone = m.new_sequence(), fresh = m.new_sequence();

@@ -116,30 +116,4 @@ TEST(MoeGroup, StablePermutationByExpert) {
   EXPECT_FALSE(group_pairs_by_expert(bad.data(), w.data(), 2, E, k, gs.data(), row.data(), sw.data(), pos.data()));
 }
 
-// The compact groups: the experts with pairs in id order with their ranges, then empty groups;
-// refused when the experts with pairs outnumber the groups.
-TEST(MoeGroup, CompactGroupsSkipExpertsWithoutPairs) {
-  const int64_t k = 2, E = 9;
-  const std::vector<int32_t> sel{7, 2, 7, 0, 2, 5};  // experts 0, 2, 5, 7 get pairs
-  const std::vector<float> w(sel.size(), 1.0f);
-  std::vector<int32_t> gs(E + 1), row(sel.size()), pos(sel.size());
-  std::vector<float> sw(sel.size());
-  ASSERT_TRUE(group_pairs_by_expert(sel.data(), w.data(), int64_t(sel.size()), E, k, gs.data(), row.data(), sw.data(),
-                                    pos.data()));
-  const int64_t G = int64_t(sel.size());
-  std::vector<int32_t> cs(size_t(G + 1), 99), ce(size_t(G), 99);
-  ASSERT_TRUE(compact_expert_groups(gs.data(), E, G, cs.data(), ce.data()));
-  EXPECT_EQ(ce, (std::vector<int32_t>{0, 2, 5, 7, -1, -1}));
-  EXPECT_EQ(cs, (std::vector<int32_t>{0, 1, 3, 4, 6, 6, 6}));
-  for (int64_t g = 0; g < 4; ++g) {  // each group's range is its expert's
-    EXPECT_EQ(cs[size_t(g)], gs[size_t(ce[size_t(g)])]);
-    EXPECT_EQ(cs[size_t(g) + 1], gs[size_t(ce[size_t(g)]) + 1]);
-  }
-  std::vector<int32_t> cs4(5), ce4(4);
-  EXPECT_TRUE(compact_expert_groups(gs.data(), E, 4, cs4.data(), ce4.data()));  // exactly as many groups as experts with pairs
-  EXPECT_EQ(cs4.back(), int32_t(sel.size()));
-  std::vector<int32_t> cs3(4), ce3(3);
-  EXPECT_FALSE(compact_expert_groups(gs.data(), E, 3, cs3.data(), ce3.data()));
-}
-
 }  // namespace flashseek::ops

@@ -1418,30 +1418,6 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
     // Stability: within an expert, pairs keep their slot order.
     for (int64_t p = 1; p < c.pairs; ++p)
       if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
-    // The compact groups (min(pairs, experts) of them, and 3 more), with the same sort.
-    for (const int64_t nc : {std::min(c.pairs, c.experts), std::min(c.pairs, c.experts) + 3}) {
-      std::vector<int32_t> cs(static_cast<size_t>(nc + 1)), ce(static_cast<size_t>(nc));
-      ASSERT_TRUE(compact_expert_groups(gs.data(), c.experts, nc, cs.data(), ce.data()));
-      DeviceBuffer<int32_t> dcs(cs.size()), dce(ce.size());
-      ASSERT_EQ(cudaMemset(dgs.get(), 0xff, gs.size() * 4), cudaSuccess);
-      ASSERT_EQ(cudaMemset(dpos.get(), 0xff, pos.size() * 4), cudaSuccess);
-      FS_ASSERT_OK(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(), drow.get(),
-                                                    dsw.get(), dpos.get(), dbad.get(), 0, dcounts.get(), dcs.get(),
-                                                    dce.get(), nc),
-                               "moe_group compact"));
-      EXPECT_EQ(dcs.to_host(), cs) << c.pairs << " pairs, " << nc << " compact groups";
-      EXPECT_EQ(dce.to_host(), ce) << c.pairs << " pairs, " << nc << " compact groups";
-      EXPECT_EQ(dgs.to_host(), gs) << c.pairs << " pairs, compact";
-      EXPECT_EQ(dpos.to_host(), pos) << c.pairs << " pairs, compact";
-    }
-  }
-  {  // fewer compact groups than min(pairs, experts): refused
-    DeviceBuffer<int32_t> s4(std::vector<int32_t>{0, 1, 2, 3}), g4(5), r4(4), p4(4), cs4(4), ce4(3);
-    DeviceBuffer<float> w4(std::vector<float>(4, 1.0f)), sw4(4);
-    EXPECT_NE(cuda_status(cd::launch_moe_group(s4.get(), w4.get(), 4, 4, 1, g4.get(), r4.get(), sw4.get(), p4.get(),
-                                               nullptr, 0, nullptr, cs4.get(), ce4.get(), 3),
-                          "moe_group compact").code(),
-              StatusCode::kOk);
   }
   std::vector<int32_t> bad_sel{0, 5, 1};
   std::vector<float> w(3, 1.0f);

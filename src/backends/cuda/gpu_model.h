@@ -265,9 +265,6 @@ struct GpuGraphStats {
   int64_t dense_gemm_linears = 0;
   // wq_a + wkv launches run as one stacked GEMV (GpuLoadOptions::stack_query_kv).
   int64_t paired_linears = 0;
-  // MoE layers whose routed pairs, fewer than the experts, were grouped by expert in the compact
-  // form (GpuModel::moe_native).
-  int64_t moe_compact_groupings = 0;
   // Weight matrices (routed experts: chunks of them) expanded to BF16 for a prefill GEMM
   // (GpuLoadOptions::prefill_gemm_expand_w).
   int64_t weight_expansions = 0;

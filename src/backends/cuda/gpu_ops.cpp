@@ -456,16 +456,12 @@ Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tens
 
 // Routed experts in the checkpoint's format through the grouped expert GEMV (ops/cuda/gemv.h),
 // with the rounding points of the FP32 path (BF16 gate/up, clamped SwiGLU with the routing
-// weight, BF16 h, BF16 expert outputs). One token (a sequence's decode step), or few pairs over
-// many experts: every (token, slot) pair is its own group in slot order. More pairs than experts
-// (batches, prefill chunks): the pairs are grouped by expert on the device
+// weight, BF16 h, BF16 expert outputs). Few pairs (decode): every (token, slot) pair is its own group in slot order.
+// More pairs than experts (batches, prefill chunks): the pairs are grouped by expert on the device
 // (ops::group_pairs_by_expert) so each expert's matrices are read once for all its tokens, and the
-// combine reads each pair's row from its sorted position. Fewer pairs than experts, but enough
-// that some expert likely gets two ((T·K)² >= 2E, the birthday bound: a batch of decode rows or a
-// verify block over the release's 384 experts): the same grouping in its compact form
-// (ops::compact_expert_groups: one group per expert with pairs, at most T·K groups), so a repeated
-// expert is read once, not once per pair. All give the same bits for a pair: its dot products run
-// in the same order (the k split is fixed by split_groups, tokens are independent MMA columns).
+// combine reads each pair's row from its sorted position. Both give the same bits for a pair: its
+// dot products run in the same order (the k split is fixed by split_groups, tokens are
+// independent MMA columns).
 Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
                             const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of, bool gemm,
                             const char* tag) {
@@ -475,12 +471,11 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   const NativeMatrix &n1 = *native(ek[0]), &n2 = *native(ek[1]), &n3 = *native(ek[2]);
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
   const bool grouped = TK > E;
-  const bool compact = !grouped && T > 1 && TK * TK >= 2 * E;
   const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
   const float* pw = wt;
   int64_t n_groups = TK;
   *row_of = nullptr;
-  if (grouped || compact) {
+  if (grouped) {
     FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
     FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_grp_row", TK));
     FS_ASSIGN_OR_RETURN(float* d_w, scratch<float>("moe_grp_w", TK));
@@ -488,15 +483,9 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
     // The route kernel only emits ids in [0, E): no range flag to read back.
     FS_ASSIGN_OR_RETURN(int32_t* d_counts, scratch<int32_t>("moe_grp_counts", cd::moe_group_scratch_ints(TK, E)));
-    int32_t *d_cstart = nullptr, *d_cexpert = nullptr;
-    if (compact) {
-      FS_ASSIGN_OR_RETURN(d_cstart, scratch<int32_t>("moe_grp_cstart", TK + 1));
-      FS_ASSIGN_OR_RETURN(d_cexpert, scratch<int32_t>("moe_grp_cexpert", TK));
-    }
-    FS_CUDA_RETURN_IF_ERROR(cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_,
-                                                 d_counts, d_cstart, d_cexpert, TK));
+    FS_CUDA_RETURN_IF_ERROR(
+        cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, d_counts));
     gstart = d_gstart, gexpert = expert_ids_.get(), prow = d_prow, pw = d_w, n_groups = E;
-    if (compact) gstart = d_cstart, gexpert = d_cexpert, n_groups = TK, ++gstats_.moe_compact_groupings;
     *row_of = d_pos;
   } else {
     std::vector<int32_t> hstart(static_cast<size_t>(TK + 1)), hrow(static_cast<size_t>(TK));

@@ -275,7 +275,6 @@ class TpModel final : public Model {
       t.moe_gemm_layers += s.moe_gemm_layers;
       t.dense_gemm_linears += s.dense_gemm_linears;
       t.paired_linears += s.paired_linears;
-      t.moe_compact_groupings += s.moe_compact_groupings;
       t.weight_expansions += s.weight_expansions;
     }
     return t;

@@ -88,18 +88,4 @@ bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pa
   return true;
 }
 
-bool compact_expert_groups(const int32_t* group_start, int64_t n_experts, int64_t n_groups, int32_t* compact_start,
-                           int32_t* compact_expert) {
-  int64_t g = 0;
-  for (int64_t e = 0; e < n_experts; ++e) {
-    if (group_start[e + 1] == group_start[e]) continue;
-    if (g == n_groups) return false;
-    compact_start[g] = group_start[e], compact_expert[g] = int32_t(e);
-    ++g;
-  }
-  for (; g < n_groups; ++g) compact_start[g] = group_start[n_experts], compact_expert[g] = -1;
-  compact_start[n_groups] = group_start[n_experts];
-  return true;
-}
-
 }  // namespace flashseek::ops

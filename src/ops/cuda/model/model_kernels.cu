@@ -2361,29 +2361,22 @@ __device__ void moe_count_range(const int32_t* sel, int begin, int end, int n_ex
   __syncthreads();
 }
 
-// With compact_start (nullable): also ops::compact_expert_groups' n_compact groups (n_compact at
-// least min(n_pairs, n_experts), so every expert with pairs has one).
 __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
                                  int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                                 int32_t* bad, int32_t* compact_start, int32_t* compact_expert, int n_compact) {
+                                 int32_t* bad) {
   pdl_prologue();
   __shared__ int32_t next[kMoeGroupMaxExperts];
   __shared__ int32_t tile[kMoeGroupThreads];
   moe_count_range(sel, 0, n_pairs, n_experts, next, bad);
   if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
-    int run = 0, g = 0;
+    int run = 0;
     for (int e = 0; e < n_experts; ++e) {
       const int c = next[e];
       group_start[e] = run;
       next[e] = run;
-      if (compact_start && c > 0) compact_start[g] = run, compact_expert[g] = e, ++g;
       run += c;
     }
     group_start[n_experts] = run;
-    if (compact_start) {
-      for (; g < n_compact; ++g) compact_start[g] = run, compact_expert[g] = -1;
-      compact_start[n_compact] = run;
-    }
   }
   __syncthreads();
   moe_scatter_tiles(sel, weight, 0, n_pairs, n_experts, k, next, tile, pair_row, sorted_weight, slot_pos);
@@ -3018,16 +3011,12 @@ int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts) {
 
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s, int32_t* counts, int32_t* compact_start,
-                             int32_t* compact_expert, int64_t n_compact) {
+                             int32_t* bad, cudaStream_t s, int32_t* counts) {
   if (n_experts <= 0 || n_experts > kMoeGroupMaxExperts || k <= 0 || n_pairs < 0 || n_pairs > INT32_MAX)
     return cudaErrorInvalidValue;
-  if (compact_start && (!compact_expert || n_compact < std::min(n_pairs, n_experts) || n_compact > INT32_MAX))
-    return cudaErrorInvalidValue;
-  if (!counts || n_pairs <= kMoeGroupChunk || compact_start)
+  if (!counts || n_pairs <= kMoeGroupChunk)
     return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts),
-                         int(k), group_start, pair_row, sorted_weight, slot_pos, bad, compact_start, compact_expert,
-                         int(n_compact));
+                         int(k), group_start, pair_row, sorted_weight, slot_pos, bad);
   const int chunks = int((n_pairs + kMoeGroupChunk - 1) / kMoeGroupChunk);
   if (const cudaError_t e = launch_kernel(moe_count_kernel, chunks, kMoeGroupThreads, 0, s, sel, int(n_pairs),
                                           int(n_experts), counts, bad);

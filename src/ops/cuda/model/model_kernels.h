@@ -193,14 +193,11 @@ cudaError_t launch_moe_combine_post(const float* y, const float* ys, float* out,
 // capture). A pair whose expert id is out of range (-1: another rank's expert under expert
 // parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,
 // or with `counts` (moe_group_scratch_ints(n_pairs, n_experts) ints of device scratch) a block per
-// chunk of 2048 pairs when there are more: the same results. With compact_start (nullable; one
-// block then): also ops::compact_expert_groups' lists, compact_start [n_compact + 1] and
-// compact_expert [n_compact], n_compact >= min(n_pairs, n_experts).
+// chunk of 2048 pairs when there are more: the same results.
 int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts);
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s, int32_t* counts = nullptr, int32_t* compact_start = nullptr,
-                             int32_t* compact_expert = nullptr, int64_t n_compact = 0);
+                             int32_t* bad, cudaStream_t s, int32_t* counts = nullptr);
 
 // ---- attention (attention/model_attn.cu), indexer (indexer/index_kernels.cu), router (route.cu) --
 // One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
