@@ -65,6 +65,21 @@ AttnInputs random_attn_inputs(std::mt19937& rng, int m, int heads, int dim, int 
   return in;
 }
 
+// Inputs of the inverse RoPE inside a launch (PrefillAttnArgs::unrope_pos): a random position
+// below 2^20 per row and the inverse frequencies of `rope` rotated dims at base 10000.
+struct UnropeInputs {
+  std::vector<int64_t> pos;
+  std::vector<float> inv;
+};
+UnropeInputs random_unrope_inputs(std::mt19937& rng, int m, int rope) {
+  UnropeInputs u;
+  u.pos.resize(static_cast<size_t>(m));
+  for (auto& p : u.pos) p = int64_t(rng() % (1u << 20));
+  u.inv.resize(static_cast<size_t>(rope / 2));
+  for (size_t f = 0; f < u.inv.size(); ++f) u.inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+  return u;
+}
+
 struct AttnCase {
   int m, n_idx, n_rows;
   double pad_frac;
@@ -223,10 +238,7 @@ TEST(CudaPrefillAttention, WarpgroupKernelGivesTheMmaSyncBits) {
       }
       for (int k = 0; k < c.n_idx; ++k) idx[size_t(c.m - 1) * size_t(c.n_idx) + size_t(k)] = -1;  // no key at all
       const int rope = 64;
-      std::vector<int64_t> pos(static_cast<size_t>(c.m));
-      for (auto& p : pos) p = int64_t(rng() % (1u << 20));
-      std::vector<float> inv(static_cast<size_t>(rope / 2));
-      for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+      const auto [pos, inv] = random_unrope_inputs(rng, c.m, rope);
       DeviceBuffer<float> dq(q), dsink(sink), dinv(inv), d_mma(q.size()), d_wg(q.size());
       DeviceBuffer<uint16_t> dkv(kv);
       DeviceBuffer<int32_t> didx(idx);
@@ -273,10 +285,7 @@ TEST(CudaPrefillAttention, InverseRopeInTheLaunchEqualsRopeAfter) {
           constexpr int kH = 16, kNIdx = 150, kRows = 300;
           std::mt19937 rng(seed++);
           const auto [q, kv, sink, idx] = random_attn_inputs(rng, m, kH, kD, kNIdx, kRows);
-          std::vector<int64_t> pos(static_cast<size_t>(m));
-          for (auto& p : pos) p = int64_t(rng() % (1u << 20));
-          std::vector<float> inv(static_cast<size_t>(rope / 2));
-          for (size_t f = 0; f < inv.size(); ++f) inv[f] = float(std::pow(10000.0, -2.0 * double(f) / double(rope)));
+          const auto [pos, inv] = random_unrope_inputs(rng, m, rope);
           DeviceBuffer<float> dq(q), dsink(sink), dinv(inv), plain(q.size()), fused(q.size());
           DeviceBuffer<uint16_t> dkv(kv);
           DeviceBuffer<int32_t> didx(idx);

@@ -25,6 +25,7 @@
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/model/prefill_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
+#include "ops/cuda/runtime/device_caps.h"
 #include "ops/cuda/runtime/launch.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
@@ -320,6 +321,14 @@ __global__ void __launch_bounds__(kHG * 64, 1) prefill_attn_kernel(PrefillAttnAr
   }
 }
 
+// The in-block forms' inverse RoPE (PrefillAttnArgs::unrope_pos): rope_kernel's rotation launched
+// after the attention, over its output (the split form's fold applies it itself).
+cudaError_t unrope_after(const PrefillAttnArgs& a, int dim, cudaStream_t s) {
+  return a.unrope_pos ? launch_rope(a.out, a.unrope_pos, a.unrope_inv_freq, a.m, a.heads, dim, a.unrope_dim, true,
+                                    a.bf16_out, s)
+                      : cudaSuccess;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FS_ATTN_WGMMA 1
 #endif
@@ -517,22 +526,6 @@ __global__ void __launch_bounds__(256, 1) kernel(PrefillAttnArgs a) {
 #endif  // FS_ATTN_WGMMA
 }
 
-// Whether the current device runs the kernel above (compute capability 9.0: built for sm_90a),
-// cached per device.
-bool device_ok() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  if (const int c = cache[dev].load(std::memory_order_acquire); c != 0) return c == 2;
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  cache[dev].store(ok ? 2 : 1, std::memory_order_release);
-  return ok;
-}
-
 template <int kD>
 cudaError_t launch(const PrefillAttnArgs& a, cudaStream_t s) {
   static std::atomic<uint64_t> attr{0};
@@ -540,9 +533,7 @@ cudaError_t launch(const PrefillAttnArgs& a, cudaStream_t s) {
   if (const cudaError_t e = ensure_smem_limit(fn, kSmem<kD>, attr); e != cudaSuccess) return e;
   const dim3 grid(unsigned(a.m), unsigned((a.heads + 63) / 64));
   if (cudaError_t e = launch_kernel(kernel<kD>, grid, dim3(256), size_t(kSmem<kD>), s, a); e != cudaSuccess) return e;
-  return a.unrope_pos ? launch_rope(a.out, a.unrope_pos, a.unrope_inv_freq, a.m, a.heads, kD, a.unrope_dim, true,
-                                    a.bf16_out, s)
-                      : cudaSuccess;
+  return unrope_after(a, kD, s);
 }
 }  // namespace wg
 
@@ -611,10 +602,7 @@ cudaError_t launch_shape(const PrefillAttnArgs& a, cudaStream_t s) {
           launch_kernel(prefill_attn_kernel<kD, kHG, kSt>, grid, dim3(kHG * 64), size_t(kSmemOf<kD, kHG, kSt>), s, a);
       e != cudaSuccess)
     return e;
-  if (kSt != 1)
-    return a.unrope_pos ? launch_rope(a.out, a.unrope_pos, a.unrope_inv_freq, a.m, a.heads, kD, a.unrope_dim, true,
-                                      a.bf16_out, s)
-                        : cudaSuccess;
+  if (kSt != 1) return unrope_after(a, kD, s);
   return launch_kernel(attn_fold_kernel<kD>, dim3(unsigned(a.heads), unsigned(a.m)), dim3(std::max(32, kD / 4)), 0, s,
                        a);
 }
@@ -629,7 +617,7 @@ cudaError_t launch_d(const PrefillAttnArgs& a, cudaStream_t s) {
     return launch_shape<kD, 1, 1>(a, s);
   if (a.m <= kFewRows) return launch_shape<kD, 1, 4>(a, s);
   if constexpr (kD >= 128)
-    if (!a.mma_sync && wg::device_ok()) return wg::launch<kD>(a, s);
+    if (!a.mma_sync && current_device_is_sm90a()) return wg::launch<kD>(a, s);
   return launch_shape<kD, 4, 2>(a, s);
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "ops/cuda/runtime/cuda_check.h"
+#include "ops/cuda/runtime/device_caps.h"
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
 
 namespace flashseek::ops::cuda {
@@ -20,6 +21,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 // The wgmma kernel exists only for compute capability 9.0 (built for sm_90a).
 Status check_device() {
+  if (detail::current_device_is_sm90a()) return {};
   int dev = 0, major = 0, minor = 0;
   FS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   FS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
