@@ -41,7 +41,8 @@ def kernels(text):
 def first_statement_is_prologue(text, brace):
     body = text[brace + 1:]
     body = re.sub(r"^\s*(//[^\n]*\n\s*)*", "", body)
-    return body.startswith(PROLOGUE)
+    # pdl_prologue(prefetch) with a lambda that only prefetches constants (pdl.cuh).
+    return body.startswith(PROLOGUE) or body.startswith("pdl_prologue([")
 
 
 def main(argv):

@@ -62,6 +62,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--moe-w-registers", o.moe_w_registers, std::string("GPU backend: ") + kMoeWRegistersHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--moe-compact-groups", o.moe_compact_groups, std::string("GPU backend: ") + kMoeCompactGroupsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -72,6 +75,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gpu-pdl", o.gpu_pdl,
                   "GPU backend: programmatic dependent launch, each kernel's launch overlapping the previous "
                   "kernel's end: on | off (the same results)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gemv-l2-prefetch", o.gemv_l2_prefetch, std::string("GPU backend: ") + kGemvL2PrefetchHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
@@ -182,6 +188,15 @@ const char* const kMoeWRegistersHelp =
     "swapped, each weight tile expanded into the tensor core's register operand instead of shared memory; the "
     "same bits";
 
+const char* const kGemvL2PrefetchHelp =
+    "the decode GEMVs' thread blocks ask the L2 for their whole weight tile when they start (dense matrices "
+    "while the previous kernel ends): on | off (the same results)";
+
+const char* const kMoeCompactGroupsHelp =
+    "decode-sized steps of several tokens with fewer routed pairs than experts (batches, verify blocks) group "
+    "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
+    "expert's matrices are read once; the same bits either way";
+
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
     "expanded to BF16 once per GEMM only when the step has at least this many routed rows per expert on average "
@@ -213,8 +228,10 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   apply_prefill_gemm_operands(o.prefill_gemm_operands, g);
   g.moe_expand_min_rows = o.moe_expand_min_rows;
   g.moe_w_in_registers = o.moe_w_registers == "on";
+  g.moe_compact_groups = o.moe_compact_groups == "on";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
+  g.gemv_l2_prefetch = o.gemv_l2_prefetch == "on";
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

@@ -27,6 +27,7 @@
 #include "bench/cuda/prefill_bench.h"
 #include "bench/cuda/spec_bench.h"
 #include "bench/cuda/tp_bench.h"
+#include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/runtime/launch.cuh"
 #endif
 
@@ -46,6 +47,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
+  std::string gemv_l2_prefetch = "off";    // --gemv-l2-prefetch (GpuLoadOptions::gemv_l2_prefetch)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -59,6 +61,7 @@ struct ModelBenchOpts {
   std::string prefill_gemm_operands = "bf16-direct";
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
   std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
+  std::string moe_compact_groups = "on";   // --moe-compact-groups (GpuLoadOptions::moe_compact_groups)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -89,6 +92,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
+  lo.gemv_l2_prefetch = o.gemv_l2_prefetch == "on";
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -103,6 +107,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   apply_prefill_gemm_operands(o.prefill_gemm_operands, lo);
   lo.moe_expand_min_rows = o.moe_expand_min_rows;
   lo.moe_w_in_registers = o.moe_w_registers == "on";
+  lo.moe_compact_groups = o.moe_compact_groups == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
   // The copy bandwidth (the HBM floor's rate) and the FP8 ceiling (the prefill's yardstick) of the
@@ -246,9 +251,10 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
                 double(g1->patched_nodes - g0->patched_nodes) / np, double(g1->apply_ns - g0->apply_ns) / np * 1e-6);
   }
   if (auto st = forward::gpu_graph_stats(m); st.ok())
-    std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions\n",
+    std::printf("prefill GEMMs: %lld dense linears, %lld MoE layers, %lld weight expansions; MoE layers "
+                "grouped in compact form: %lld\n",
                 static_cast<long long>(st->dense_gemm_linears), static_cast<long long>(st->moe_gemm_layers),
-                static_cast<long long>(st->weight_expansions));
+                static_cast<long long>(st->weight_expansions), static_cast<long long>(st->moe_compact_groupings));
   if (auto st = forward::gpu_graph_stats(m); st.ok() && st->paired_linears > 0)
     std::printf("stacked wq_a + wkv: %lld launches\n", static_cast<long long>(st->paired_linears));
   // The HBM floor of a step: the weight bytes it must read (every matrix but the embedding table
@@ -375,6 +381,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   std::string("model bench, GPU: ") + kMoeWRegistersHelp + ", as run / serve")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--moe-compact-groups", mo->moe_compact_groups,
+                  std::string("model bench, GPU: ") + kMoeCompactGroupsHelp + ", as run / serve")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,
                   "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
@@ -389,6 +399,10 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gemv-l2-prefetch", mo->gemv_l2_prefetch,
+                  std::string("GPU (the model bench and the layer slices): ") + kGemvL2PrefetchHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
@@ -440,6 +454,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
+    ops::cuda::set_gemv_l2_prefetch(mo->gemv_l2_prefetch == "on");
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

@@ -32,4 +32,14 @@ void swiglu(const float* gate, const float* up, float* h, int64_t n, float limit
 bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                            int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos);
 
+// group_pairs_by_expert's groups in compact form (a step with fewer pairs than experts, where
+// most experts have no pair): one group per expert that has pairs, in ascending expert order
+// (the same sorted positions), then empty groups of expert -1 at the end, n_slots groups in all
+// (a launch's fixed group count; n_slots >= the experts with pairs, which n_pairs bounds).
+// group_start: [n_experts + 1] as group_pairs_by_expert writes it. Outputs: out_start
+// [n_slots + 1], out_expert [n_slots]. Returns the number of experts with pairs, or -1 when
+// n_slots is too small (outputs then unspecified).
+int64_t compact_expert_groups(const int32_t* group_start, int64_t n_experts, int64_t n_slots, int32_t* out_start,
+                              int32_t* out_expert);
+
 }  // namespace flashseek::ops

@@ -4,7 +4,7 @@
 // checkpoint's block-scaled formats through the GEMV kernels) on tiny-v41 and tiny-v4:
 // * prefills of different lengths in one step == each alone;
 // * decode steps of 5 sequences together (with a 6-token verify block and a new prefill in the
-//   same step) == each alone;
+//   same step) == each alone, and of 2 and 3 sequences (the routed pairs grouped in compact form);
 // * a 6-token verify block == the same tokens decoded one at a time, and a long prompt in one
 //   chunk == the same prompt in odd chunks.
 // With the prefill GEMMs on (GpuLoadOptions::moe_gemm_min_tokens / dense_gemm_min_tokens 64, the
@@ -127,6 +127,25 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
     for (int i = 0; i < kSeqs; ++i)
       EXPECT_TRUE(same_bits(got[size_t(i)], want[size_t(i)])) << "step " << step << " sequence " << i;
   }
+  // Decode steps of 2 and 3 sequences: fewer routed pairs than experts (tiny-v4: 8 experts, 2 per
+  // token; tiny-v41: 4), which the block-scaled path groups in compact form
+  // (GpuLoadOptions::moe_compact_groups) where each alone is ungrouped.
+  const int64_t compact_before = p.native ? gpu_graph_stats(m).value().moe_compact_groupings : 0;
+  for (const int n : {2, 3}) {
+    std::vector<std::pair<SequenceState*, std::vector<int32_t>>> items;
+    std::vector<std::vector<float>> want;
+    for (int i = 1; i <= n; ++i) {
+      const auto toks = random_tokens(3000 + uint64_t(n * kSeqs + i), 1, V);
+      want.push_back(run_step(m, {{alone[size_t(i)].get(), toks}}, true).at(0));
+      items.emplace_back(batched[size_t(i)].get(), toks);
+    }
+    const auto got = run_step(m, items, true);
+    ASSERT_EQ(got.size(), size_t(n));
+    for (int i = 0; i < n; ++i)
+      EXPECT_TRUE(same_bits(got[size_t(i)], want[size_t(i)])) << n << "-sequence step, sequence " << i + 1;
+  }
+  if (p.native)
+    EXPECT_GT(gpu_graph_stats(m).value().moe_compact_groupings, compact_before) << "no compact grouping ran";
   // A new sequence's prefill in the same step as the others' decode (only last rows returned).
   {
     auto fresh_alone = m.new_sequence(), fresh = m.new_sequence();

@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "ops/moe.h"
 #include "test_util.h"
 
@@ -114,6 +116,46 @@ TEST(MoeGroup, StablePermutationByExpert) {
   for (int c : seen) EXPECT_EQ(c, 1);
   const std::vector<int32_t> bad{0, 5};
   EXPECT_FALSE(group_pairs_by_expert(bad.data(), w.data(), 2, E, k, gs.data(), row.data(), sw.data(), pos.data()));
+}
+
+// The compact groups cover exactly the experts that have pairs, in ascending order, each with
+// its pairs' range of the full grouping; the slots after them are empty groups of expert -1; too
+// few slots is refused. Random selections over many experts, and the edge cases: no pairs, every
+// pair on one expert, as many touched experts as slots.
+TEST(MoeGroup, CompactGroupsSkipExpertsWithoutPairs) {
+  Rng rng(77);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t E = 1 + int64_t(rng.below(400)), k = 1 + int64_t(rng.below(8));
+    const int64_t T = int64_t(rng.below(9)), P = T * k;
+    std::vector<int32_t> sel(size_t(P));
+    const int mode = int(rng.below(3));  // 0: uniform, 1: one expert, 2: two hot experts
+    for (auto& e : sel)
+      e = int32_t(mode == 1 ? E - 1 : mode == 2 ? int64_t(rng.below(2)) * (E - 1) : int64_t(rng.below(uint64_t(E))));
+    std::vector<float> w(size_t(P), 1.0f), sw(size_t(P));
+    std::vector<int32_t> gs(size_t(E + 1)), row(size_t(P)), pos(size_t(P));
+    ASSERT_TRUE(group_pairs_by_expert(sel.data(), w.data(), P, E, k, gs.data(), row.data(), sw.data(), pos.data()));
+    std::vector<int32_t> want_e;
+    for (int64_t e = 0; e < E; ++e)
+      if (gs[size_t(e + 1)] > gs[size_t(e)]) want_e.push_back(int32_t(e));
+    const int64_t touched = int64_t(want_e.size());
+    ASSERT_LE(touched, std::min(P, E));
+    const int64_t slots = touched + int64_t(rng.below(5));
+    std::vector<int32_t> cs(size_t(slots + 1), -7), ce(size_t(slots), -7);
+    ASSERT_EQ(compact_expert_groups(gs.data(), E, slots, cs.data(), ce.data()), touched);
+    for (int64_t g = 0; g < slots; ++g) {
+      if (g < touched) {
+        const int32_t e = want_e[size_t(g)];
+        EXPECT_EQ(ce[size_t(g)], e);
+        EXPECT_EQ(cs[size_t(g)], gs[size_t(e)]);
+        EXPECT_EQ(cs[size_t(g + 1)], gs[size_t(e + 1)]) << "group " << g << " ends where its expert's pairs end";
+      } else {
+        EXPECT_EQ(ce[size_t(g)], -1);
+        EXPECT_EQ(cs[size_t(g)], int32_t(P));
+      }
+    }
+    EXPECT_EQ(cs[size_t(slots)], int32_t(P));
+    if (touched > 0) EXPECT_EQ(compact_expert_groups(gs.data(), E, touched - 1, cs.data(), ce.data()), -1);
+  }
 }
 
 }  // namespace flashseek::ops

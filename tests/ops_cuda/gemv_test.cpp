@@ -1192,5 +1192,90 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
     }
 }
 
+// The decode GEMV's L2 prefetch (set_gemv_l2_prefetch) only asks the L2 for bytes the CTA then
+// loads: the outputs are the same bits as without it. Dense FP8 (w_block 32 and 128) and FP4
+// matrices of odd shapes, one to nine rows; grouped FP4 experts, gated (fused SwiGLU) and not,
+// with trailing empty groups of expert -1 (the compact grouping's form) and a group of another
+// rank's expert; under the automatic tuning and forced k splits / chunk widths.
+TEST(CudaGemvL2Prefetch, SameBitsAsWithout) {
+  FS_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_l2_prefetch(false); }
+  } reset;
+  struct Dense {
+    WeightFormat f;
+    int64_t n, k, wb;
+  };
+  const Dense dense[] = {{WeightFormat::kFp8, 77, 640, 32}, {WeightFormat::kFp8, 129, 1024, 128},
+                         {WeightFormat::kFp4, 45, 2304, 32}, {WeightFormat::kFp4, 31, 160, 32}};
+  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
+  std::mt19937 rng(9090);
+  int64_t compared = 0;
+  for (const auto& t : tunings) {
+    detail::set_gemv_tuning(t.first, t.second);
+    for (const Dense& c : dense)
+      for (const int64_t m : {int64_t(1), int64_t(6), int64_t(9)}) {
+        SCOPED_TRACE(::testing::Message() << "dense fmt=" << int(c.f) << " n=" << c.n << " k=" << c.k << " m=" << m
+                                          << " split=" << t.first << " chunk=" << t.second);
+        const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb);
+        DeviceBuffer<float> dx(random_block_activations(rng, m, c.k)), y0(size_t(m * c.n)), y1(size_t(m * c.n));
+        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+        BlockLinearParams p;
+        p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.wb;
+        p.w = dw.get(), p.w_scale = ds.get(), p.x = dx.get();
+        detail::set_gemv_l2_prefetch(false);
+        p.y = y0.get();
+        FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        detail::set_gemv_l2_prefetch(true);
+        p.y = y1.get();
+        FS_ASSERT_OK(block_linear_cuda(p, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto a = y0.to_host(), b = y1.to_host();
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+        ++compared;
+      }
+    for (const bool gated : {false, true})
+      for (const int tokens : {2, 6}) {
+        SCOPED_TRACE(::testing::Message() << "experts gated=" << gated << " tokens=" << tokens
+                                          << " split=" << t.first << " chunk=" << t.second);
+        const int topk = 6, n_experts = 40;
+        const int64_t n = 96, k = 1024;
+        Routing r = random_routing(rng, tokens, topk, n_experts);
+        r.group_expert[0] = -1;  // another rank's expert: zeros
+        for (int e = 0; e < 3; ++e) r.group_expert.push_back(-1), r.group_start.push_back(r.group_start.back());
+        const int64_t pairs = int64_t(r.pair_row.size());
+        const Weights wg = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+        const Weights wu = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+        std::vector<float> x = random_block_activations(rng, tokens, k);
+        for (auto& v : x) v *= 0.05f;
+        DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * n)), y1(size_t(pairs * n));
+        DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales);
+        DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+        ExpertGemvParams p;
+        p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
+        p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+        p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+        p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+        p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = n_experts;
+        p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.split_groups = topk;
+        if (gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
+        detail::set_gemv_l2_prefetch(false);
+        p.y = y0.get();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        detail::set_gemv_l2_prefetch(true);
+        p.y = y1.get();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto a = y0.to_host(), b = y1.to_host();
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+        double mean_abs = 0;
+        for (float v : b) mean_abs += std::fabs(v);
+        ASSERT_GT(mean_abs, 0);
+        ++compared;
+      }
+  }
+  EXPECT_EQ(compared, 4 * (4 * 3 + 2 * 2));
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda

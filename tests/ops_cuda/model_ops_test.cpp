@@ -1415,6 +1415,32 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
       EXPECT_EQ(dsw.to_host(), sw) << c.pairs << " pairs, chunked " << bool(counts);
       EXPECT_EQ(dbad.to_host()[0], 0);
     }
+    // The compact lists (ops::compact_expert_groups, the CPU twin) beside the same grouping, with
+    // the fewest slots allowed and with spare ones; too few slots is refused.
+    for (const int64_t spare : {int64_t(0), int64_t(3)}) {
+      const int64_t slots = std::min(c.pairs, c.experts) + spare;
+      std::vector<int32_t> cs(size_t(slots + 1)), ce(size_t(slots));
+      ASSERT_GE(compact_expert_groups(gs.data(), c.experts, slots, cs.data(), ce.data()), 0);
+      DeviceBuffer<int32_t> dcs(cs.size()), dce(ce.size());
+      ASSERT_EQ(cudaMemset(dcs.get(), 0xff, cs.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dpos.get(), 0xff, pos.size() * 4), cudaSuccess);
+      const cd::MoeCompactGroups compact{dcs.get(), dce.get(), slots};
+      FS_ASSERT_OK(cuda_status(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(),
+                                                    drow.get(), dsw.get(), dpos.get(), dbad.get(), 0, dcounts.get(),
+                                                    &compact),
+                               "moe_group compact"));
+      EXPECT_EQ(dcs.to_host(), cs) << c.pairs << " pairs, " << slots << " slots";
+      EXPECT_EQ(dce.to_host(), ce) << c.pairs << " pairs, " << slots << " slots";
+      EXPECT_EQ(dgs.to_host(), gs) << c.pairs << " pairs, compact";
+      EXPECT_EQ(dpos.to_host(), pos) << c.pairs << " pairs, compact";
+      EXPECT_EQ(drow.to_host(), row) << c.pairs << " pairs, compact";
+      if (slots > 0) {
+        const cd::MoeCompactGroups few{dcs.get(), dce.get(), std::min(c.pairs, c.experts) - 1};
+        EXPECT_EQ(cd::launch_moe_group(dsel.get(), dw.get(), c.pairs, c.experts, c.k, dgs.get(), drow.get(),
+                                       dsw.get(), dpos.get(), dbad.get(), 0, nullptr, &few),
+                  cudaErrorInvalidValue);
+      }
+    }
     // Stability: within an expert, pairs keep their slot order.
     for (int64_t p = 1; p < c.pairs; ++p)
       if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);

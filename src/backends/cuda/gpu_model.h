@@ -177,10 +177,23 @@ struct GpuLoadOptions {
   // tensor core's register operand instead of shared memory (gemm_fp8_grouped w_in_registers; the
   // same sums). The CLI's --moe-w-registers.
   bool moe_w_in_registers = true;
+  // Routed pairs of a decode-sized step with several tokens (batches, verify blocks) but fewer
+  // pairs than experts, where two pairs likely share an expert ((T·K)² >= 2E, the birthday
+  // bound), are grouped by expert in compact form (ops::compact_expert_groups: a group per expert
+  // that has pairs), so that each touched expert's matrices are streamed once for all its pairs
+  // instead of once per pair. A pair's sums are the same bits either way (the GEMV's k split is
+  // fixed by the one-token step's group count; tokens are independent MMA columns); only the
+  // bytes read change. On by default; the CLI's --moe-compact-groups on | off.
+  bool moe_compact_groups = true;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
   bool programmatic_launch = true;
+  // The decode GEMVs' CTAs ask the L2 for their whole weight tile when they start (dense matrices
+  // while the previous kernel ends, under programmatic launch), so that their warps' dependent
+  // chunk loads wait on the L2 instead of DRAM. The same loads and sums: the same bits.
+  // Process-wide, set before each forward of this model. The CLI's --gemv-l2-prefetch.
+  bool gemv_l2_prefetch = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's
@@ -260,6 +273,8 @@ struct GpuGraphStats {
   int64_t tape_ns = 0, apply_ns = 0;
   // MoE layers whose routed experts ran as grouped GEMMs (GpuLoadOptions::moe_gemm_min_tokens).
   int64_t moe_gemm_layers = 0;
+  // MoE layers whose routed pairs were grouped in compact form (GpuLoadOptions::moe_compact_groups).
+  int64_t moe_compact_groupings = 0;
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM
   // (GpuLoadOptions::dense_gemm_min_tokens).
   int64_t dense_gemm_linears = 0;

@@ -459,9 +459,12 @@ Status GpuModel::routed_experts(const FfnWeights& F, const Tensor& m, const Tens
 // weight, BF16 h, BF16 expert outputs). Few pairs (decode): every (token, slot) pair is its own group in slot order.
 // More pairs than experts (batches, prefill chunks): the pairs are grouped by expert on the device
 // (ops::group_pairs_by_expert) so each expert's matrices are read once for all its tokens, and the
-// combine reads each pair's row from its sorted position. Both give the same bits for a pair: its
-// dot products run in the same order (the k split is fixed by split_groups, tokens are
-// independent MMA columns).
+// combine reads each pair's row from its sorted position. Fewer pairs than experts from several
+// tokens, where two pairs likely share an expert (GpuLoadOptions::moe_compact_groups): the same
+// grouping in compact form (ops::compact_expert_groups), TK groups of which the experts with pairs
+// come first and the rest are empty, so the launch spans TK groups rather than E. All give the
+// same bits for a pair: its dot products run in the same order (the k split is fixed by
+// split_groups, tokens are independent MMA columns).
 Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, int64_t E, int64_t K, const float* m,
                             const int32_t* sel, const float* wt, float* ybuf, const int32_t** row_of, bool gemm,
                             const char* tag) {
@@ -471,11 +474,14 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   const NativeMatrix &n1 = *native(ek[0]), &n2 = *native(ek[1]), &n3 = *native(ek[2]);
   FS_ASSIGN_OR_RETURN(float* h, scratch<float>("moe_h", TK * I));
   const bool grouped = TK > E;
+  // The birthday bound: with (T·K)² >= 2E a repeated expert is expected among T·K uniform picks.
+  // One token's K pairs never repeat an expert, so T = 1 stays ungrouped.
+  const bool compact = !grouped && moe_compact_groups_ && T > 1 && TK * TK >= 2 * E;
   const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
   const float* pw = wt;
   int64_t n_groups = TK;
   *row_of = nullptr;
-  if (grouped) {
+  if (grouped || compact) {
     FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
     FS_ASSIGN_OR_RETURN(int32_t* d_prow, scratch<int32_t>("moe_grp_row", TK));
     FS_ASSIGN_OR_RETURN(float* d_w, scratch<float>("moe_grp_w", TK));
@@ -483,9 +489,21 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
     // The route kernel only emits ids in [0, E): no range flag to read back.
     FS_ASSIGN_OR_RETURN(int32_t* d_counts, scratch<int32_t>("moe_grp_counts", cd::moe_group_scratch_ints(TK, E)));
-    FS_CUDA_RETURN_IF_ERROR(
-        cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, d_counts));
-    gstart = d_gstart, gexpert = expert_ids_.get(), prow = d_prow, pw = d_w, n_groups = E;
+    if (compact) {
+      // TK slots: at least the experts with pairs (TK < E here).
+      FS_ASSIGN_OR_RETURN(int32_t* c_start, scratch<int32_t>("moe_cmp_start", TK + 1));
+      FS_ASSIGN_OR_RETURN(int32_t* c_expert, scratch<int32_t>("moe_cmp_expert", TK));
+      const cd::MoeCompactGroups cg{c_start, c_expert, TK};
+      FS_CUDA_RETURN_IF_ERROR(
+          cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, nullptr, &cg));
+      gstart = c_start, gexpert = c_expert, n_groups = TK;
+      ++gstats_.moe_compact_groupings;
+    } else {
+      FS_CUDA_RETURN_IF_ERROR(
+          cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, d_counts));
+      gstart = d_gstart, gexpert = expert_ids_.get(), n_groups = E;
+    }
+    prow = d_prow, pw = d_w;
     *row_of = d_pos;
   } else {
     std::vector<int32_t> hstart(static_cast<size_t>(TK + 1)), hrow(static_cast<size_t>(TK));

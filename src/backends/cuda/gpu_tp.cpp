@@ -273,6 +273,7 @@ class TpModel final : public Model {
       t.tape_ns += s.tape_ns, t.apply_ns += s.apply_ns;
       t.eager_fallbacks += s.eager_fallbacks;
       t.moe_gemm_layers += s.moe_gemm_layers;
+      t.moe_compact_groupings += s.moe_compact_groupings;
       t.dense_gemm_linears += s.dense_gemm_linears;
       t.paired_linears += s.paired_linears;
       t.weight_expansions += s.weight_expansions;

@@ -88,4 +88,20 @@ bool group_pairs_by_expert(const int32_t* sel, const float* weight, int64_t n_pa
   return true;
 }
 
+int64_t compact_expert_groups(const int32_t* group_start, int64_t n_experts, int64_t n_slots, int32_t* out_start,
+                              int32_t* out_expert) {
+  int64_t g = 0;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    if (group_start[e + 1] == group_start[e]) continue;
+    if (g == n_slots) return -1;
+    out_start[g] = group_start[e];
+    out_expert[g] = int32_t(e);
+    ++g;
+  }
+  const int64_t touched = g;
+  for (; g < n_slots; ++g) out_start[g] = group_start[n_experts], out_expert[g] = -1;
+  out_start[n_slots] = group_start[n_experts];
+  return touched;
+}
+
 }  // namespace flashseek::ops

@@ -2361,22 +2361,28 @@ __device__ void moe_count_range(const int32_t* sel, int begin, int end, int n_ex
   __syncthreads();
 }
 
+// cstart / cexpert (nullable): the compact lists of cslots groups (launch_moe_group's `compact`).
 __global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
                                  int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                                 int32_t* bad) {
+                                 int32_t* bad, int32_t* cstart, int32_t* cexpert, int cslots) {
   pdl_prologue();
   __shared__ int32_t next[kMoeGroupMaxExperts];
   __shared__ int32_t tile[kMoeGroupThreads];
   moe_count_range(sel, 0, n_pairs, n_experts, next, bad);
   if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
-    int run = 0;
+    int run = 0, g = 0;
     for (int e = 0; e < n_experts; ++e) {
       const int c = next[e];
       group_start[e] = run;
       next[e] = run;
+      if (cstart && c > 0 && g < cslots) cstart[g] = run, cexpert[g++] = e;  // g < cslots: the launch checked
       run += c;
     }
     group_start[n_experts] = run;
+    if (cstart) {
+      for (; g < cslots; ++g) cstart[g] = run, cexpert[g] = -1;
+      cstart[cslots] = run;
+    }
   }
   __syncthreads();
   moe_scatter_tiles(sel, weight, 0, n_pairs, n_experts, k, next, tile, pair_row, sorted_weight, slot_pos);
@@ -3011,12 +3017,18 @@ int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts) {
 
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s, int32_t* counts) {
+                             int32_t* bad, cudaStream_t s, int32_t* counts, const MoeCompactGroups* compact) {
   if (n_experts <= 0 || n_experts > kMoeGroupMaxExperts || k <= 0 || n_pairs < 0 || n_pairs > INT32_MAX)
     return cudaErrorInvalidValue;
-  if (!counts || n_pairs <= kMoeGroupChunk)
+  // Every expert with pairs needs a slot: at most min(n_pairs, n_experts) of them.
+  if (compact && (!compact->start || !compact->expert || compact->slots < std::min(n_pairs, n_experts) ||
+                  compact->slots > INT32_MAX - 1))
+    return cudaErrorInvalidValue;
+  if (!counts || n_pairs <= kMoeGroupChunk || compact)
     return launch_kernel(moe_group_kernel, 1, kMoeGroupThreads, 0, s, sel, weight, int(n_pairs), int(n_experts),
-                         int(k), group_start, pair_row, sorted_weight, slot_pos, bad);
+                         int(k), group_start, pair_row, sorted_weight, slot_pos, bad,
+                         compact ? compact->start : nullptr, compact ? compact->expert : nullptr,
+                         compact ? int(compact->slots) : 0);
   const int chunks = int((n_pairs + kMoeGroupChunk - 1) / kMoeGroupChunk);
   if (const cudaError_t e = launch_kernel(moe_count_kernel, chunks, kMoeGroupThreads, 0, s, sel, int(n_pairs),
                                           int(n_experts), counts, bad);

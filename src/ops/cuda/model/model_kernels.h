@@ -194,10 +194,19 @@ cudaError_t launch_moe_combine_post(const float* y, const float* ys, float* out,
 // parallelism) joins no group and gets slot_pos -1; bad (nullable) is then set to 1. One block,
 // or with `counts` (moe_group_scratch_ints(n_pairs, n_experts) ints of device scratch) a block per
 // chunk of 2048 pairs when there are more: the same results.
+// With `compact` (nullable) it also writes ops::compact_expert_groups's lists of the grouping:
+// compact->slots groups (at least min(n_pairs, n_experts)), the experts with pairs first. It then
+// runs as one block whatever `counts` (compact groups serve steps with fewer pairs than experts).
+struct MoeCompactGroups {
+  int32_t* start = nullptr;   // [slots + 1]
+  int32_t* expert = nullptr;  // [slots]
+  int64_t slots = 0;
+};
 int64_t moe_group_scratch_ints(int64_t n_pairs, int64_t n_experts);
 cudaError_t launch_moe_group(const int32_t* sel, const float* weight, int64_t n_pairs, int64_t n_experts, int64_t k,
                              int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                             int32_t* bad, cudaStream_t s, int32_t* counts = nullptr);
+                             int32_t* bad, cudaStream_t s, int32_t* counts = nullptr,
+                             const MoeCompactGroups* compact = nullptr);
 
 // ---- attention (attention/model_attn.cu), indexer (indexer/index_kernels.cu), router (route.cu) --
 // One query row t (position start + t) attends [window oldest first ‖ compressed rows] with sinks
