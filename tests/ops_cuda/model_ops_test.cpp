@@ -1419,7 +1419,7 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
     // the fewest slots allowed and with spare ones; too few slots is refused.
     for (const int64_t spare : {int64_t(0), int64_t(3)}) {
       const int64_t slots = std::min(c.pairs, c.experts) + spare;
-      std::vector<int32_t> cs(size_t(slots + 1)), ce(size_t(slots));
+      std::vector<int32_t> cs(static_cast<size_t>(slots + 1)), ce(static_cast<size_t>(slots));
       ASSERT_GE(compact_expert_groups(gs.data(), c.experts, slots, cs.data(), ce.data()), 0);
       DeviceBuffer<int32_t> dcs(cs.size()), dce(ce.size());
       ASSERT_EQ(cudaMemset(dcs.get(), 0xff, cs.size() * 4), cudaSuccess);
