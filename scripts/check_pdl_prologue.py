@@ -41,8 +41,7 @@ def kernels(text):
 def first_statement_is_prologue(text, brace):
     body = text[brace + 1:]
     body = re.sub(r"^\s*(//[^\n]*\n\s*)*", "", body)
-    # pdl_prologue(prefetch) with a lambda that only prefetches constants (pdl.cuh).
-    return body.startswith(PROLOGUE) or body.startswith("pdl_prologue([")
+    return body.startswith(PROLOGUE)
 
 
 def main(argv):

@@ -45,7 +45,6 @@ struct BackendOpts {
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
-  std::string gemv_l2_prefetch = "off";  // on | off (GpuLoadOptions::gemv_l2_prefetch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
   std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
@@ -81,8 +80,6 @@ extern const char* const kMoeExpandMinRowsHelp;
 extern const char* const kMoeWRegistersHelp;
 // The help text of --moe-compact-groups (run, serve and `bench`'s model bench).
 extern const char* const kMoeCompactGroupsHelp;
-// The help text of --gemv-l2-prefetch (run, serve, and `bench`'s model bench and layer slices).
-extern const char* const kGemvL2PrefetchHelp;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

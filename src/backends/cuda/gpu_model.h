@@ -189,11 +189,6 @@ struct GpuLoadOptions {
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
   bool programmatic_launch = true;
-  // The decode GEMVs' CTAs ask the L2 for their whole weight tile when they start (dense matrices
-  // while the previous kernel ends, under programmatic launch), so that their warps' dependent
-  // chunk loads wait on the L2 instead of DRAM. The same loads and sums: the same bits.
-  // Process-wide, set before each forward of this model. The CLI's --gemv-l2-prefetch.
-  bool gemv_l2_prefetch = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's

@@ -63,6 +63,4 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
                      "expert_gemv kernel launch");
 }
 
-void set_gemv_l2_prefetch(bool on) { detail::set_gemv_l2_prefetch(on); }
-
 }  // namespace flashseek::ops::cuda

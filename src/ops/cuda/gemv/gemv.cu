@@ -29,7 +29,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "ops/cuda/gemv/gemv_kernels.h"
@@ -99,43 +98,6 @@ __device__ __forceinline__ unsigned int ld_stream(const unsigned int* p) {
   asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
   return v;
 }
-
-// Asks the L2 for [p, p + bytes) in one bulk request (sm_90; p 16-byte aligned, bytes % 16 == 0),
-// so that the CTA's later loads of those bytes wait on the L2 rather than on DRAM: a warp's
-// chunk loads are dependent round trips, and one request per row puts the CTA's whole tile in
-// flight at once. A hint only: it writes no register and no memory.
-__device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// Row row0 + r of one matrix over k blocks [kb0, kb1): its weight bytes, and its scale line(s)
-// (FP4: a byte per row and block; FP8: one scale row per 32-row tile, by thread r == 0).
-template <bool kFp4>
-__device__ __forceinline__ void prefetch_row_l2(const GemvArgs& a, const uint8_t* w, const uint8_t* ws, int row0,
-                                                int r, int kb0, int kb1) {
-  const int row = row0 + r;
-  if (row >= a.n || kb1 <= kb0) return;
-  constexpr int kBlockBytes = kFp4 ? 16 : 32;
-  const uint8_t* p = w + int64_t(row) * (kFp4 ? a.k / 2 : a.k) + int64_t(kb0) * kBlockBytes;
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) prefetch_l2_bulk(p, uint32_t(kb1 - kb0) * kBlockBytes);
-  if constexpr (kFp4) {
-    const uint8_t* s0 = ws + int64_t(row) * (a.k / 32) + kb0;
-    const uint8_t* s1 = s0 + (kb1 - kb0 - 1);
-    prefetch_l2_line(s0);
-    if ((reinterpret_cast<uintptr_t>(s0) >> 7) != (reinterpret_cast<uintptr_t>(s1) >> 7)) prefetch_l2_line(s1);
-  } else if (r == 0) {
-    prefetch_l2_line(ws + int64_t(row0 / a.w_block) * (a.k / a.w_block) + (kb0 * 32) / a.w_block);
-  }
-}
-
-// gemv_kernel's CTA (row tile, cluster rank from blockIdx) asks the L2 for every weight byte its
-// warps will read: one thread per (matrix, row). w / ws / wu / wsu: the group's expert resolved.
-template <bool kFp4, int kChunk, bool kGated>
-__device__ __forceinline__ void prefetch_cta_l2(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
-                                                const uint8_t* wu, const uint8_t* wsu, int split);
 
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
 // tile); else streamed (ld_stream: decode reads them once).
@@ -348,24 +310,9 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
-template <bool kFp4, int kChunk, bool kGated>
-__device__ __forceinline__ void prefetch_cta_l2(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
-                                                const uint8_t* wu, const uint8_t* wsu, int split) {
-  const int tile = int(blockIdx.x) / split, rank = int(blockIdx.x) % split;
-  const int n_chunks = a.k / 32 / kChunk;
-  const int kb0 = rank * n_chunks / split * kChunk, kb1 = (rank + 1) * n_chunks / split * kChunk;
-  const int t = int(threadIdx.x);
-  if (t < kRows) prefetch_row_l2<kFp4>(a, w, ws, tile * kRows, t, kb0, kb1);
-  else if (kGated && t < 2 * kRows) prefetch_row_l2<kFp4>(a, wu, wsu, tile * kRows, t - kRows, kb0, kb1);
-}
-
 template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
-  // A dense matrix's tile is asked of the L2 while the previous kernel ends (weights: no kernel
-  // of the step writes them); a grouped launch's once its group's expert is known, below.
-  pdl_prologue([&] {
-    if (a.l2_prefetch && !a.group_start) prefetch_cta_l2<kFp4, kChunk, kGated>(a, a.w, a.ws, a.wu, a.wsu, split);
-  });
+  pdl_prologue();
   constexpr int kToks = 8 * kNt;
   __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -389,7 +336,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     }
     w += e * a.e_stride, ws += e * a.e_sstride;
     if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
-    if (a.l2_prefetch && count > 0) prefetch_cta_l2<kFp4, kChunk, kGated>(a, w, ws, wu, wsu, split);
   }
   const int n_chunks = a.k / 32 / kChunk;
   const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
@@ -736,7 +682,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
 //   bit for bit.
 // * weights are loaded straight into registers (no shared-memory staging ring).
 int g_split_override = 0, g_chunk_override = 0;
-std::atomic<bool> g_l2_prefetch{false};
 
 struct Tuning {
   int chunk = 1, split = 1;
@@ -905,9 +850,6 @@ __global__ void __launch_bounds__(256) quantize_kernel(const float* x, int64_t t
 
 }  // namespace
 
-void set_gemv_l2_prefetch(bool on) { g_l2_prefetch.store(on, std::memory_order_relaxed); }
-bool gemv_l2_prefetch() { return g_l2_prefetch.load(std::memory_order_relaxed); }
-
 void set_gemv_tuning(int split, int chunk) {
   g_split_override = split;
   g_chunk_override = chunk == 1 || chunk == 2 || chunk == 4 ? chunk : 0;
@@ -923,9 +865,7 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
                        bf16_in, xq, xs);
 }
 
-cudaError_t launch_gemv(const GemvArgs& args, int n_groups, bool fp4, cudaStream_t stream) {
-  GemvArgs a = args;
-  a.l2_prefetch = g_l2_prefetch.load(std::memory_order_relaxed);
+cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {
   const bool gated = a.wu != nullptr;
   if (fp4) return gated ? launch<true, true>(a, n_groups, stream) : launch<true, false>(a, n_groups, stream);
   return gated ? launch<false, true>(a, n_groups, stream) : launch<false, false>(a, n_groups, stream);

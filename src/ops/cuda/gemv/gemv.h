@@ -27,8 +27,4 @@ Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_bloc
 // handled in 16-pair tiles.
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 
-// Process-wide (GpuLoadOptions::gemv_l2_prefetch sets it before each forward): the decode GEMVs'
-// CTAs ask the L2 for their whole weight tile when they start. The same loads and sums.
-void set_gemv_l2_prefetch(bool on);
-
 }  // namespace flashseek::ops::cuda

@@ -34,9 +34,6 @@ struct GemvArgs {
   int ny;
   // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
   int tune_n;
-  // Set by launch_gemv from set_gemv_l2_prefetch (callers leave it false): each decode CTA first
-  // asks the L2 for its whole weight tile (gemv.cu, prefetch_cta_l2).
-  bool l2_prefetch;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
@@ -53,10 +50,5 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
-
-// Process-wide: the decode GEMV's CTAs prefetch their weight tile to L2 at their start (dense
-// matrices before waiting for the previous kernel). Loads and sums are unchanged: the same bits.
-void set_gemv_l2_prefetch(bool on);
-bool gemv_l2_prefetch();
 
 }  // namespace flashseek::ops::cuda::detail

@@ -14,21 +14,11 @@
 
 namespace flashseek::ops::cuda {
 
-// prefetch_constants runs between the two: it may only prefetch (or read) data that no kernel of
-// the step writes (weights), e.g. ask the L2 for a weight tile while the previous kernel ends.
-template <class F>
-__device__ __forceinline__ void pdl_prologue(F&& prefetch_constants) {
+__device__ __forceinline__ void pdl_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  prefetch_constants();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ void pdl_prologue() {
-  pdl_prologue([] {});
 }
 
 // The read-only (non-coherent, ld.global.nc) load: for weights and tables uploaded at load time
