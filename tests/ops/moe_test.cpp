@@ -127,12 +127,12 @@ TEST(MoeGroup, CompactGroupsSkipExpertsWithoutPairs) {
   for (int trial = 0; trial < 200; ++trial) {
     const int64_t E = 1 + int64_t(rng.below(400)), k = 1 + int64_t(rng.below(8));
     const int64_t T = int64_t(rng.below(9)), P = T * k;
-    std::vector<int32_t> sel(size_t(P));
+    std::vector<int32_t> sel(static_cast<size_t>(P));
     const int mode = int(rng.below(3));  // 0: uniform, 1: one expert, 2: two hot experts
     for (auto& e : sel)
       e = int32_t(mode == 1 ? E - 1 : mode == 2 ? int64_t(rng.below(2)) * (E - 1) : int64_t(rng.below(uint64_t(E))));
-    std::vector<float> w(size_t(P), 1.0f), sw(size_t(P));
-    std::vector<int32_t> gs(size_t(E + 1)), row(size_t(P)), pos(size_t(P));
+    std::vector<float> w(static_cast<size_t>(P), 1.0f), sw(static_cast<size_t>(P));
+    std::vector<int32_t> gs(static_cast<size_t>(E + 1)), row(static_cast<size_t>(P)), pos(static_cast<size_t>(P));
     ASSERT_TRUE(group_pairs_by_expert(sel.data(), w.data(), P, E, k, gs.data(), row.data(), sw.data(), pos.data()));
     std::vector<int32_t> want_e;
     for (int64_t e = 0; e < E; ++e)
@@ -140,7 +140,7 @@ TEST(MoeGroup, CompactGroupsSkipExpertsWithoutPairs) {
     const int64_t touched = int64_t(want_e.size());
     ASSERT_LE(touched, std::min(P, E));
     const int64_t slots = touched + int64_t(rng.below(5));
-    std::vector<int32_t> cs(size_t(slots + 1), -7), ce(size_t(slots), -7);
+    std::vector<int32_t> cs(static_cast<size_t>(slots + 1), -7), ce(static_cast<size_t>(slots), -7);
     ASSERT_EQ(compact_expert_groups(gs.data(), E, slots, cs.data(), ce.data()), touched);
     for (int64_t g = 0; g < slots; ++g) {
       if (g < touched) {
