@@ -66,7 +66,7 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--moe-compact-grid", o.moe_compact_grid, std::string("GPU backend: ") + kMoeCompactGridHelp)
-      ->check(CLI::IsMember({"expected", "all"}))
+      ->check(CLI::IsMember({"all", "expected"}))
       ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
@@ -194,9 +194,9 @@ const char* const kMoeCompactGroupsHelp =
     "expert's matrices are read once; the same bits either way";
 
 const char* const kMoeCompactGridHelp =
-    "the compact groups' GEMVs launch a row of thread blocks per expert a uniform routing is expected to "
-    "touch, each row also running the groups one grid further (expected), or a row per group, most of them "
-    "empty at large batches (all); the same results";
+    "the compact groups' GEMVs launch a row of thread blocks per group, most of them empty at large batches "
+    "(all), or per expert a uniform routing is expected to touch, each row also running the groups one grid "
+    "further (expected; not yet measured on a GPU); the same results";
 
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
@@ -230,7 +230,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.moe_expand_min_rows = o.moe_expand_min_rows;
   g.moe_w_in_registers = o.moe_w_registers == "on";
   g.moe_compact_groups = o.moe_compact_groups == "on";
-  g.moe_compact_grid_expected = o.moe_compact_grid != "all";
+  g.moe_compact_grid_expected = o.moe_compact_grid == "expected";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

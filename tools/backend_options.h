@@ -43,7 +43,7 @@ struct BackendOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
   std::string moe_w_registers = "on";   // on | off: GpuLoadOptions::moe_w_in_registers
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
-  std::string moe_compact_grid = "expected";  // expected | all: GpuLoadOptions::moe_compact_grid_expected
+  std::string moe_compact_grid = "all";  // all | expected: GpuLoadOptions::moe_compact_grid_expected
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
