@@ -1192,5 +1192,72 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
     }
 }
 
+// ExpertGemvParams::grid_groups: fewer CTA rows than groups, each row also running the groups one
+// grid further, gives the same bits as a row per group. Compact-form groups (the experts with
+// pairs, one of them another rank's expert, then empty groups of expert -1), gated (fused SwiGLU)
+// and not, one to nine tokens, under the automatic tuning and forced k splits; out-of-range
+// values are refused.
+TEST(CudaExpertGemv, FewerGridRowsGiveTheSameBits) {
+  FS_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() { detail::set_gemv_tuning(0, 0); }
+  } reset;
+  std::mt19937 rng(5150);
+  int64_t compared = 0;
+  for (const std::pair<int, int> t : {std::pair<int, int>{0, 0}, std::pair<int, int>{3, 2}}) {
+    detail::set_gemv_tuning(t.first, t.second);
+    for (const bool gated : {false, true})
+      for (const int tokens : {1, 4, 9}) {
+        const int topk = 6, n_experts = 40;
+        const int64_t n = 96, k = 1024;
+        Routing r = random_routing(rng, tokens, topk, n_experts);
+        r.group_expert[0] = -1;  // another rank's expert: zeros
+        while (int64_t(r.group_expert.size()) < int64_t(tokens) * topk)
+          r.group_expert.push_back(-1), r.group_start.push_back(r.group_start.back());
+        const int64_t pairs = int64_t(r.pair_row.size()), groups = int64_t(r.group_expert.size());
+        const Weights wg = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+        const Weights wu = random_weights(rng, WeightFormat::kFp4, n * n_experts, k, 32);
+        std::vector<float> x = random_block_activations(rng, tokens, k);
+        for (auto& v : x) v *= 0.05f;
+        DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * n)), y1(size_t(pairs * n));
+        DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales);
+        DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+        ExpertGemvParams p;
+        p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
+        p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+        p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+        p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+        p.n_groups = groups, p.n_pairs = pairs, p.n_experts = n_experts;
+        p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.split_groups = topk;
+        if (gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
+        p.y = y0.get();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto want = y0.to_host();
+        double mean_abs = 0;
+        for (float v : want) mean_abs += std::fabs(v);
+        ASSERT_GT(mean_abs, 0);
+        for (const int64_t rows : {int64_t(1), int64_t(2), (groups + 1) / 2, groups - 1}) {
+          if (rows < 1) continue;
+          SCOPED_TRACE(::testing::Message() << "gated=" << gated << " tokens=" << tokens << " groups=" << groups
+                                            << " rows=" << rows << " split=" << t.first);
+          ASSERT_EQ(cudaMemset(y1.get(), 0xff, size_t(pairs * n) * sizeof(float)), cudaSuccess);
+          p.grid_groups = rows, p.y = y1.get();
+          FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto got = y1.to_host();
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+          ++compared;
+        }
+        p.grid_groups = groups + 1;
+        EXPECT_FALSE(expert_gemv_cuda(p, nullptr).ok());
+        p.grid_groups = -1;
+        EXPECT_FALSE(expert_gemv_cuda(p, nullptr).ok());
+        p.grid_groups = 0;
+      }
+  }
+  EXPECT_GT(compared, 30);
+}
+
 }  // namespace
 }  // namespace flashseek::ops::cuda
