@@ -196,7 +196,7 @@ const char* const kMoeCompactGroupsHelp =
 const char* const kMoeCompactGridHelp =
     "the compact groups' GEMVs launch a row of thread blocks per group, most of them empty at large batches "
     "(all), or per expert a uniform routing is expected to touch, each row also running the groups one grid "
-    "further (expected; not yet measured on a GPU); the same results";
+    "further (expected); the same results";
 
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "

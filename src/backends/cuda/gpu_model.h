@@ -188,8 +188,8 @@ struct GpuLoadOptions {
   // The compact groups' GEMV launches as CTA rows for the experts a uniform routing is expected
   // to touch, E·(1 - (1 - 1/E)^(T·K)) (each row also runs the groups one grid further), instead
   // of a row per each of the T·K groups, most of them empty at large batches: the same sums,
-  // fewer CTAs that only read an empty group's start. Off by default until it has been measured
-  // on a GPU (bench/RESULTS.md, session 41). The CLI's --moe-compact-grid all | expected.
+  // fewer CTAs that only read an empty group's start. Off by default. The CLI's
+  // --moe-compact-grid all | expected.
   bool moe_compact_grid_expected = false;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either

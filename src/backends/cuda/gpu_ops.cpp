@@ -488,7 +488,6 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     FS_ASSIGN_OR_RETURN(int32_t* d_pos, scratch<int32_t>(tag, TK));
     if (expert_ids_.capacity() < size_t(E)) return internal_error("moe: expert id table not uploaded");
     // The route kernel only emits ids in [0, E): no range flag to read back.
-    FS_ASSIGN_OR_RETURN(int32_t* d_counts, scratch<int32_t>("moe_grp_counts", cd::moe_group_scratch_ints(TK, E)));
     if (compact) {
       // TK slots: at least the experts with pairs (TK < E here).
       FS_ASSIGN_OR_RETURN(int32_t* c_start, scratch<int32_t>("moe_cmp_start", TK + 1));
@@ -505,6 +504,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       }
       ++gstats_.moe_compact_groupings;
     } else {
+      FS_ASSIGN_OR_RETURN(int32_t* d_counts, scratch<int32_t>("moe_grp_counts", cd::moe_group_scratch_ints(TK, E)));
       FS_CUDA_RETURN_IF_ERROR(
           cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, d_counts));
       gstart = d_gstart, gexpert = expert_ids_.get(), n_groups = E;

@@ -311,8 +311,8 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
 // kGroupLoop (grouped launches of GemvArgs::grid_groups rows): CTA row y runs groups y, y +
-// gridDim.y, ...; a separate instantiation, so that the kernels of one group per row keep their
-// registers (the loop around the body costs some, and spills in 4-block chunks).
+// gridDim.y, ...; a separate instantiation, so that the kernels of one group per row keep the
+// register allocation they have without a loop around their body.
 template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kGroupLoop = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
