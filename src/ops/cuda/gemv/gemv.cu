@@ -310,10 +310,7 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
-// kGroupLoop (grouped launches of GemvArgs::grid_groups rows): CTA row y runs groups y, y +
-// gridDim.y, ...; a separate instantiation, so that the kernels of one group per row keep the
-// register allocation they have without a loop around their body.
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kGroupLoop = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
   constexpr int kToks = 8 * kNt;
@@ -321,115 +318,106 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
   const int row0 = tile * kRows;
-  // One group (dense: the whole launch). With kGroupLoop the whole cluster shares blockIdx.y, so
-  // its CTAs run the same groups (their cluster syncs match).
-  auto one_group = [&](int gy) {
-    int64_t start = 0, count = a.m;
-    const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
-    if (a.group_start) {
-      start = a.group_start[gy];
-      count = a.group_start[gy + 1] - start;
-      const int64_t e = a.group_expert[gy];
-      if (e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
-        if (rank == 0)
-          for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
-            const int row = row0 + int(o % kRows);
-            const int64_t out_row = start + o / kRows;
-            if (row >= a.n) continue;
-            store_out(a, out_row, row, 0.0f);
-          }
-        return;
-      }
-      w += e * a.e_stride, ws += e * a.e_sstride;
-      if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  int64_t start = 0, count = a.m;
+  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
+      if (rank == 0)  // the whole cluster shares blockIdx.y, so every CTA of it returns here
+        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
+          const int row = row0 + int(o % kRows);
+          const int64_t out_row = start + o / kRows;
+          if (row >= a.n) continue;
+          store_out(a, out_row, row, 0.0f);
+        }
+      return;
     }
-    const int n_chunks = a.k / 32 / kChunk;
-    const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
-    constexpr int kMats = kGated ? 2 : 1;
-    for (int64_t tt = 0; tt < count; tt += kToks) {
-      const int ntok = count - tt < kToks ? int(count - tt) : kToks;
-      int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
+    w += e * a.e_stride, ws += e * a.e_sstride;
+    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  }
+  const int n_chunks = a.k / 32 / kChunk;
+  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
+  constexpr int kMats = kGated ? 2 : 1;
+  for (int64_t tt = 0; tt < count; tt += kToks) {
+    const int ntok = count - tt < kToks ? int(count - tt) : kToks;
+    int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int slot = nt * 8 + g;
-        xr[nt] = -1;
-        if (slot < ntok) {
-          const int64_t p = start + tt + slot;
-          xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
+    for (int nt = 0; nt < kNt; ++nt) {
+      const int slot = nt * 8 + g;
+      xr[nt] = -1;
+      if (slot < ntok) {
+        const int64_t p = start + tt + slot;
+        xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
+      }
+    }
+    float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
+    using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
+    // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
+    auto chunks = [&](auto one) {
+      constexpr bool kOne = decltype(one)::value;
+      for (int c = c_begin + warp; c < c_end; c += kWarps) {
+        const int kb0 = c * kChunk;
+        Words A, AU;
+        uint32_t sc[2][2], scu[2][2];
+        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
+          uint32_t B[kChunk][2];
+          float xs[kChunk];
+          if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
+          else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
+          mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
+          if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
         }
       }
-      float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
-      using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
-      // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
-      auto chunks = [&](auto one) {
-        constexpr bool kOne = decltype(one)::value;
-        for (int c = c_begin + warp; c < c_end; c += kWarps) {
-          const int kb0 = c * kChunk;
-          Words A, AU;
-          uint32_t sc[2][2], scu[2][2];
-          load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-          if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+    };
+    // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
+    if (kNt == 1 && !(kGated && kChunk == 4) && ntok == 1) chunks(std::true_type{});
+    else chunks(std::false_type{});
+    stash<kNt>(red[0][warp], acc, g, q);
+    if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
+    __syncthreads();
+    // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
+    for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
 #pragma unroll
-          for (int nt = 0; nt < kNt; ++nt) {
-            if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
-            uint32_t B[kChunk][2];
-            float xs[kChunk];
-            if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-            else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
-            mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
-            if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
-          }
-        }
-      };
-      // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
-      if (kNt == 1 && !(kGated && kChunk == 4) && ntok == 1) chunks(std::true_type{});
-      else chunks(std::false_type{});
-      stash<kNt>(red[0][warp], acc, g, q);
-      if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
-      __syncthreads();
-      // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
+      for (int mi = 0; mi < kMats; ++mi) {
+        float v = 0;
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
+        red[mi][0][o] = v;
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
+#endif
+    if (rank == 0) {
       for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-#pragma unroll
-        for (int mi = 0; mi < kMats; ++mi) {
-          float v = 0;
-#pragma unroll
-          for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
-          red[mi][0][o] = v;
+        const int r = o / kToks, t = o % kToks, row = row0 + r;
+        if (row >= a.n || t >= ntok) continue;
+        float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
+          const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
+          v += rem[o];
+          if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
         }
-      }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      namespace cg = cooperative_groups;
-      if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
 #endif
-      if (rank == 0) {
-        for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-          const int r = o / kToks, t = o % kToks, row = row0 + r;
-          if (row >= a.n || t >= ntok) continue;
-          float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
-            const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
-            v += rem[o];
-            if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
-          }
-#endif
-          const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-          finish_out<kGated, kStacked>(a, out_row, row, v, u);
-        }
+        const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+        finish_out<kGated, kStacked>(a, out_row, row, v, u);
       }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (split > 1) {
-        cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
-        continue;
-      }
-#endif
-      __syncthreads();
     }
-  };
-  if constexpr (kGroupLoop) {
-    for (int gy = int(blockIdx.y); gy < a.n_groups; gy += int(gridDim.y)) one_group(gy);
-  } else {
-    one_group(int(blockIdx.y));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
+      continue;
+    }
+#endif
+    __syncthreads();
   }
 }
 
@@ -737,20 +725,20 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo&
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kGroupLoop = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked, kGroupLoop>;
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked>;
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
-template <bool kFp4, bool kGated, int kNt, bool kGroupLoop = false>
+template <bool kFp4, bool kGated, int kNt>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, false, kGroupLoop>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, false, kGroupLoop>(a, n_groups, t.split, stream);
-  return launch_k<kFp4, 1, kGated, kNt, false, kGroupLoop>(a, n_groups, t.split, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
 }
 
 // Dynamic shared memory of gemv_tiled_kernel: the scale bytes of its rows for every k block.
@@ -820,8 +808,6 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
                         reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (!a.wu || reinterpret_cast<uintptr_t>(a.wu) % 16 == 0) &&
                         (!a.group_start || a.e_stride % 16 == 0);
   if (a.xq && !small && tiled_ok && a.tiled) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
-  // The GEMV's CTA rows: GemvArgs::grid_groups of them, each looping over its further groups.
-  const int rows = a.group_start && a.grid_groups > 0 && a.grid_groups < n_groups ? a.grid_groups : n_groups;
   // Pre-quantised x without the tiled kernel: 32-token passes where the groups average more than
   // 16 tokens, for one matrix (32 tokens of gate and up would need 64 KB of shared memory) in
   // chunks of at most 2 blocks (4-block chunks would spill).
@@ -831,10 +817,6 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
       return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4>(a, n_groups, t.split, stream)
                           : launch_k<kFp4, 1, kGated, 4>(a, n_groups, t.split, stream);
   const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
-  // Fewer rows than groups: the looping instantiation (decode-sized groups only: one or two
-  // 8-token passes).
-  if (rows < n_groups)
-    return wide ? launch_nt<kFp4, kGated, 2, true>(a, rows, t, stream) : launch_nt<kFp4, kGated, 1, true>(a, rows, t, stream);
   return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
 }
 
@@ -883,9 +865,7 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
                        bf16_in, xq, xs);
 }
 
-cudaError_t launch_gemv(const GemvArgs& args, int n_groups, bool fp4, cudaStream_t stream) {
-  GemvArgs a = args;
-  a.n_groups = n_groups;
+cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream) {
   const bool gated = a.wu != nullptr;
   if (fp4) return gated ? launch<true, true>(a, n_groups, stream) : launch<true, false>(a, n_groups, stream);
   return gated ? launch<false, true>(a, n_groups, stream) : launch<false, false>(a, n_groups, stream);
