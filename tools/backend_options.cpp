@@ -65,9 +65,6 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--moe-compact-groups", o.moe_compact_groups, std::string("GPU backend: ") + kMoeCompactGroupsHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--moe-compact-grid", o.moe_compact_grid, std::string("GPU backend: ") + kMoeCompactGridHelp)
-      ->check(CLI::IsMember({"all", "expected"}))
-      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -193,11 +190,6 @@ const char* const kMoeCompactGroupsHelp =
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
     "expert's matrices are read once; the same bits either way";
 
-const char* const kMoeCompactGridHelp =
-    "the compact groups' GEMVs launch a row of thread blocks per group, most of them empty at large batches "
-    "(all), or per expert a uniform routing is expected to touch, each row also running the groups one grid "
-    "further (expected); the same results";
-
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
     "expanded to BF16 once per GEMM only when the step has at least this many routed rows per expert on average "
@@ -230,7 +222,6 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.moe_expand_min_rows = o.moe_expand_min_rows;
   g.moe_w_in_registers = o.moe_w_registers == "on";
   g.moe_compact_groups = o.moe_compact_groups == "on";
-  g.moe_compact_grid_expected = o.moe_compact_grid == "expected";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.branches = gpu_branches(o.gpu_branches);

@@ -43,7 +43,6 @@ struct BackendOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
   std::string moe_w_registers = "on";   // on | off: GpuLoadOptions::moe_w_in_registers
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
-  std::string moe_compact_grid = "all";  // all | expected: GpuLoadOptions::moe_compact_grid_expected
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
@@ -81,7 +80,6 @@ extern const char* const kMoeExpandMinRowsHelp;
 extern const char* const kMoeWRegistersHelp;
 // The help text of --moe-compact-groups (run, serve and `bench`'s model bench).
 extern const char* const kMoeCompactGroupsHelp;
-extern const char* const kMoeCompactGridHelp;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

@@ -60,7 +60,6 @@ struct ModelBenchOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
   std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
   std::string moe_compact_groups = "on";   // --moe-compact-groups (GpuLoadOptions::moe_compact_groups)
-  std::string moe_compact_grid = "all";    // --moe-compact-grid (GpuLoadOptions::moe_compact_grid_expected)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -106,7 +105,6 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_expand_min_rows = o.moe_expand_min_rows;
   lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.moe_compact_groups = o.moe_compact_groups == "on";
-  lo.moe_compact_grid_expected = o.moe_compact_grid == "expected";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
   // The copy bandwidth (the HBM floor's rate) and the FP8 ceiling (the prefill's yardstick) of the
@@ -383,10 +381,6 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--moe-compact-groups", mo->moe_compact_groups,
                   std::string("model bench, GPU: ") + kMoeCompactGroupsHelp + ", as run / serve")
       ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  cmd->add_option("--moe-compact-grid", mo->moe_compact_grid,
-                  std::string("model bench, GPU: ") + kMoeCompactGridHelp + ", as run / serve")
-      ->check(CLI::IsMember({"all", "expected"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,

@@ -47,10 +47,6 @@ struct ExpertGemvParams {
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
   bool tiled = true;  // BlockLinearParams::tiled
-  // CUDA only: the groups launched as CTA rows (0: n_groups); each CTA row then also runs groups
-  // g + grid_groups, g + 2·grid_groups, ... (the compact form's trailing empty groups cost a
-  // group-start read each instead of a row of CTAs). Not with the tiled kernel (it launches all).
-  int64_t grid_groups = 0;
 };
 
 // Host-checkable rules (index arrays live on the device and are not read here).

@@ -16,8 +16,7 @@
 // for chunks of 64+ rows, decode_attention_tensor for every other row): the same properties hold,
 // the 260-token prompt's one chunk (the prefill kernel) against chunks of 37 (the row kernel).
 // The `_stack` cases keep wq_a + wkv stacked (GpuLoadOptions::stack_query_kv): one launch for
-// both, the same properties; they also launch the compact groups' GEMVs with fewer CTA rows
-// (GpuLoadOptions::moe_compact_grid_expected).
+// both, the same properties.
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -87,9 +86,6 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
   if (p.gemms) opt.moe_gemm_min_tokens = opt.dense_gemm_min_tokens = 64;
   if (p.attn_tc) opt.prefill_attention = GpuPrefillAttention::kAuto, opt.decode_attention_tensor = true;
   opt.stack_query_kv = p.stack;
-  // The `_stack` cases also launch the compact groups' GEMVs with a CTA row per expected touched
-  // expert (GpuLoadOptions::moe_compact_grid_expected: rows looping over further groups).
-  opt.moe_compact_grid_expected = p.stack;
   auto loaded = load_model_gpu(dir, Numerics::kReference, 0, opt);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model& m = *loaded.value();

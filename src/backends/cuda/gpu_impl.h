@@ -510,7 +510,6 @@ class GpuModel final : public Model, public Backend {
   int64_t moe_expand_min_rows_ = 0;             // GpuLoadOptions::moe_expand_min_rows
   bool moe_w_in_registers_ = true;              // GpuLoadOptions::moe_w_in_registers
   bool moe_compact_groups_ = true;              // GpuLoadOptions::moe_compact_groups
-  bool moe_compact_grid_expected_ = false;      // GpuLoadOptions::moe_compact_grid_expected
   // The forward running now (run_items): its rows (-1 between forwards) and the first row of the
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;

@@ -594,7 +594,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_expand_min_rows_ = std::max<int64_t>(opts.moe_expand_min_rows, 0);
   m->moe_w_in_registers_ = opts.moe_w_in_registers;
   m->moe_compact_groups_ = opts.moe_compact_groups;
-  m->moe_compact_grid_expected_ = opts.moe_compact_grid_expected;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the

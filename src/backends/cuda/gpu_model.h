@@ -185,12 +185,6 @@ struct GpuLoadOptions {
   // fixed by the one-token step's group count; tokens are independent MMA columns); only the
   // bytes read change. On by default; the CLI's --moe-compact-groups on | off.
   bool moe_compact_groups = true;
-  // The compact groups' GEMV launches as CTA rows for the experts a uniform routing is expected
-  // to touch, E·(1 - (1 - 1/E)^(T·K)) (each row also runs the groups one grid further), instead
-  // of a row per each of the T·K groups, most of them empty at large batches: the same sums,
-  // fewer CTAs that only read an empty group's start. Off by default. The CLI's
-  // --moe-compact-grid all | expected.
-  bool moe_compact_grid_expected = false;
   // Programmatic dependent launch of the model's kernels (ops/cuda/runtime/launch.cuh): each
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.

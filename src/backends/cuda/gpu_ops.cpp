@@ -479,7 +479,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
   const bool compact = !grouped && moe_compact_groups_ && T > 1 && TK * TK >= 2 * E;
   const int32_t *gstart = nullptr, *gexpert = nullptr, *prow = nullptr;
   const float* pw = wt;
-  int64_t n_groups = TK, grid_groups = 0;
+  int64_t n_groups = TK;
   *row_of = nullptr;
   if (grouped || compact) {
     FS_ASSIGN_OR_RETURN(int32_t* d_gstart, scratch<int32_t>("moe_grp_start", E + 1));
@@ -496,12 +496,6 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       FS_CUDA_RETURN_IF_ERROR(
           cd::launch_moe_group(sel, wt, TK, E, K, d_gstart, d_prow, d_w, d_pos, nullptr, stream_, nullptr, &cg));
       gstart = c_start, gexpert = c_expert, n_groups = TK;
-      if (moe_compact_grid_expected_) {
-        // CTA rows for the experts that T·K uniform picks touch in expectation; the rows loop over
-        // the groups beyond (the experts with pairs come first, then the empty groups).
-        const double expected = double(E) * (1.0 - std::pow(1.0 - 1.0 / double(E), double(TK)));
-        grid_groups = std::clamp<int64_t>(int64_t(std::ceil(expected)), 1, TK);
-      }
       ++gstats_.moe_compact_groupings;
     } else {
       FS_ASSIGN_OR_RETURN(int32_t* d_counts, scratch<int32_t>("moe_grp_counts", cd::moe_group_scratch_ints(TK, E)));
@@ -555,7 +549,6 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.n_groups = n_groups, q.n_pairs = TK, q.n_experts = E, q.n = n_out, q.k = k;
     q.format = w.format, q.w_block = w.w_block, q.act_block = w.act_block;
     q.split_groups = K;  // the k split of a one-token step, whatever the batch (batch invariance)
-    q.grid_groups = grid_groups;
     q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };

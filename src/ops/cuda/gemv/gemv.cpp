@@ -59,9 +59,6 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.split_groups = p.split_groups;
   a.bf16_round_out = p.bf16_round_out, a.bf16_round_gu = p.bf16_round_gate_up;
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled;
-  if (p.grid_groups < 0 || p.grid_groups > p.n_groups)
-    return invalid_argument("expert_gemv: grid_groups={} must be in 0..n_groups ({})", p.grid_groups, p.n_groups);
-  a.grid_groups = int(p.grid_groups);
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");
 }

@@ -34,9 +34,6 @@ struct GemvArgs {
   int ny;
   // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
   int tune_n;
-  // Grouped, not tiled: CTA rows launched (0: every group); row y runs groups y, y + grid_groups,
-  // ... below n_groups (set by launch_gemv).
-  int grid_groups, n_groups;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
