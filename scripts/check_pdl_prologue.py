@@ -41,7 +41,9 @@ def kernels(text):
 def first_statement_is_prologue(text, brace):
     body = text[brace + 1:]
     body = re.sub(r"^\s*(//[^\n]*\n\s*)*", "", body)
-    return body.startswith(PROLOGUE)
+    # pdl_prologue([...] { ... }), or a declaration initialised by it: a function that reads only
+    # weights before the wait (pdl.cuh).
+    return body.startswith(PROLOGUE) or re.match(r"((const\s+)?[\w:<>]+\s+\w+\s*=\s*)?pdl_prologue\(\[", body) is not None
 
 
 def main(argv):

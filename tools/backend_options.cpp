@@ -91,6 +91,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gpu-row-fusion", o.gpu_row_fusion, kRowFusionHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-post-mixes", o.gpu_post_mixes, kPostMixesHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
@@ -169,6 +172,9 @@ const char* const kRowFusionHelp =
     "GPU backend: small row ops that follow one another run as one launch where a kernel exists (the "
     "window KV rows' norm, RoPE, FP8 simulation and ring write; the MoE combine with the mHC stream "
     "update; the attention output's inverse RoPE inside the decode attention): on | off (the same results)";
+const char* const kPostMixesHelp =
+    "GPU backend: in decode-sized steps the attention's mHC stream update and the FFN's mHC mixes of the "
+    "updated streams run as one launch: on | off (the same results)";
 const char* const kStackQkvHelp =
     "GPU backend, native weights: each layer's wq_a and wkv kept as one stacked matrix (the same bytes) "
     "and run as one GEMV launch at decode: on | off (another FP32 summation order of those two "
@@ -227,6 +233,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";
+  g.post_mixes_fusion = o.gpu_post_mixes == "on";
   g.tensor_core_linears = o.bf16_linears == "tensor";
   auto fast = fast_linears_without(o.gpu_exact_linears);
   if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");

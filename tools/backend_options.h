@@ -48,6 +48,7 @@ struct BackendOpts {
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
   std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
+  std::string gpu_post_mixes = "off";  // on | off (GpuLoadOptions::post_mixes_fusion)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";
@@ -58,7 +59,7 @@ struct BackendOpts {
 
 // Adds --threads, --gpu-graphs, --tp-comm, --device-sampling, --gpu-graphs-log, --moe-gemm-min-tokens,
 // --dense-gemm-min-tokens, --gemv-tiled-min-rows, --gemv-prequant-min-rows, --prefill-gemm-operands,
-// --moe-expand-min-rows, --moe-w-registers, --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-exact-linears, --bf16-linears, --prefill-attention,
+// --moe-expand-min-rows, --moe-w-registers, --engram-tables, --gpu-pdl, --gpu-branches, --gpu-stack-qkv, --gpu-row-fusion, --gpu-post-mixes, --gpu-exact-linears, --bf16-linears, --prefill-attention,
 // --decode-attention and --index-scores to `cmd`.
 void add_backend_options(CLI::App* cmd, BackendOpts& o);
 
@@ -84,6 +85,8 @@ extern const char* const kMoeCompactGroupsHelp;
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).
 extern const char* const kRowFusionHelp;
+// The help text of --gpu-post-mixes (run, serve and `bench`'s model bench).
+extern const char* const kPostMixesHelp;
 // --gpu-exact-linears: "none" or comma-separated role names (gpu_linear_role_name) → the
 // GpuLoadOptions::fast_linears mask without those roles; a clear error for an unknown name.
 Result<uint32_t> fast_linears_without(const std::string& exact_roles);

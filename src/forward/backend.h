@@ -222,6 +222,18 @@ class Backend {
                              int64_t dim, bool bf16) = 0;
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
+  // A sublayer's stream update, then the next sublayer's mixes of the updated streams: hc_post,
+  // then hc_mixes(next) (next.x is X; next.post / next.comb are not `post` / `comb`). A backend may
+  // run them as one (the same bits); the flow hands it the mixes only where fuses_post_mixes(rows).
+  virtual Status hc_post_mixes(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
+                               int64_t hc, int64_t dim, bool bf16, const HcMixCall& next) {
+    FS_RETURN_IF_ERROR(hc_post(f, X, post, comb, rows, hc, dim, bf16));
+    return hc_mixes(next);
+  }
+  virtual bool fuses_post_mixes(int64_t rows) const {
+    (void)rows;
+    return false;
+  }
   // The FFN's combine, then the block's stream update from it: moe_combine(c), then
   // hc_post(c.out, X, post, comb, c.T, hc, c.D, bf16). A backend may run them as one (the same bits).
   virtual Status moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb,

@@ -249,30 +249,43 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
   FS_ASSIGN_OR_RETURN(Tensor pre_f, scratch_f(tag + "pre_f", T, hc));
   FS_ASSIGN_OR_RETURN(Tensor post, scratch_f(tag + "post", T, hc));
   FS_ASSIGN_OR_RETURN(Tensor comb, scratch_f(tag + "comb", T, hc * hc));
+  // A backend that runs the attention's stream update and the FFN's mixes as one op
+  // (Backend::hc_post_mixes) reads the attention's post and comb while it writes the FFN's: the
+  // FFN's go to their own buffers then.
+  const bool fuse = b_.fuses_post_mixes(T);
+  Tensor post_f = post, comb_f = comb;
+  if (fuse) {
+    FS_ASSIGN_OR_RETURN(post_f, scratch_f(tag + "post_f", T, hc));
+    FS_ASSIGN_OR_RETURN(comb_f, scratch_f(tag + "comb_f", T, hc * hc));
+  }
   FS_ASSIGN_OR_RETURN(Tensor u, scratch_f(tag + "u", T, D));
   FS_ASSIGN_OR_RETURN(Tensor a, scratch_f(tag + "a", T, D));
   FS_ASSIGN_OR_RETURN(Tensor f, scratch_f(tag + "f", T, D));
-  auto mixes = [&](const Vec& fn, const Vec& base, const Vec& scale, const Tensor& pre) {
+  auto mix_call = [&](const Vec& fn, const Vec& base, const Vec& scale, const Tensor& pre, const Tensor& po,
+                      const Tensor& co) {
     HcMixCall m;
     m.x = X, m.fn = &fn, m.base = &base, m.scale = &scale, m.rows = T, m.hc = hc, m.dim = D;
     m.norm_eps = eps, m.hc_eps = float(c_.hc_eps), m.sinkhorn_iters = c_.hc_sinkhorn_iters;
-    m.pre = pre, m.post = post, m.comb = comb;
-    return b_.hc_mixes(m);
+    m.pre = pre, m.post = po, m.comb = co;
+    return m;
   };
   // One sublayer: its mixes (pre, post, comb from X), the collapse of X by `pre_c`, the norm, the
   // sublayer, then hc_post with the mixes' post and comb. V4.1 applies the previous sublayer's pre
   // weights to the current stream (v41 §2 item 1), so there the collapse, norm and sublayer do not
   // read what the mixes write: the mixes run beside them (a lane-1 branch, joined before hc_post).
   // V4 collapses by the fresh pre: one chain.
+  // `mixed`: the sublayer's mixes already ran (with the previous stream update, hc_post_mixes);
+  // `next` (optional): the next sublayer's mixes, handed to this sublayer's stream update.
   auto sublayer = [&](const Vec& fn, const Vec& base, const Vec& scale, const Tensor& pre, const Tensor& pre_c,
-                      const Vec& norm_w, const Sublayer& body, std::optional<MoeCombineCall>* pending) -> Status {
-    auto mix = [&]() { return mixes(fn, base, scale, pre); };
+                      const Tensor& po, const Tensor& co, const Vec& norm_w, const Sublayer& body,
+                      std::optional<MoeCombineCall>* pending, bool mixed, const HcMixCall* next) -> Status {
+    auto mix = [&]() { return mixed ? Status{} : b_.hc_mixes(mix_call(fn, base, scale, pre, po, co)); };
     auto rest = [&]() -> Status {
       FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
       FS_RETURN_IF_ERROR(b_.rms_norm(u, &norm_w, a, T, D, eps, R()));
       return body(a, f);
     };
-    if (v41) {
+    if (v41 && !mixed) {
       FS_RETURN_IF_ERROR(branches(mix, rest, /*lane=*/1));
     } else {
       FS_RETURN_IF_ERROR(mix());
@@ -281,14 +294,16 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
     if (pending && pending->has_value()) {  // the body left its combine (into f) to this update
       const MoeCombineCall c = **pending;
       pending->reset();
-      return b_.moe_combine_post(c, X, post, comb, hc, R());
+      return b_.moe_combine_post(c, X, po, co, hc, R());
     }
-    return b_.hc_post(f, X, post, comb, T, hc, D, R());
+    if (next) return b_.hc_post_mixes(f, X, po, co, T, hc, D, R(), *next);
+    return b_.hc_post(f, X, po, co, T, hc, D, R());
   };
-  FS_RETURN_IF_ERROR(sublayer(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, v41 ? pre_in : pre_a, L.attn_norm,
-                              attn, nullptr));
-  FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, L.ffn_norm, ffn,
-                              ffn_combine));
+  const HcMixCall ffn_mixes = mix_call(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+  FS_RETURN_IF_ERROR(sublayer(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, v41 ? pre_in : pre_a, post, comb,
+                              L.attn_norm, attn, nullptr, false, fuse ? &ffn_mixes : nullptr));
+  FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, post_f, comb_f,
+                              L.ffn_norm, ffn, ffn_combine, fuse, nullptr));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
 }
 

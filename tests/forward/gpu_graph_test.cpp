@@ -261,6 +261,45 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   }
 }
 
+// The attention's stream update with the FFN's mHC mixes in one launch
+// (GpuLoadOptions::post_mixes_fusion, Backend::hc_post_mixes; the kernel takes hidden sizes that
+// are whole 1024-value chunks, so the tiny config widened to 1024) forms the same sums in the same
+// order as hc_post then the mixes, so the logits are bitwise those with it off, eager and in
+// patched graphs, over decode steps of one and two sequences and verify blocks with rollbacks;
+// and the fused launch did run (not the fallback).
+TEST_P(GpuGraphDecode, PostMixesFusionOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  auto cfg = model::builtin_config(p.config);
+  ASSERT_TRUE(cfg.ok());
+  model::ModelConfig wide = cfg.value();
+  wide.hidden_size = 1024;
+  const std::string dir = tiny_checkpoint(std::string("fs_gpugraph_wide_") + p.config, wide, 23);
+  auto load_with = [&](bool graphs, bool fuse) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.post_mixes_fusion = fuse;
+    return load(dir, p.numerics, o);
+  };
+  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
+  ASSERT_TRUE(plain && fused && fused_graphs);
+  const int64_t V = plain->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*plain, 31, n), b = decode_run(*fused, 31, n), c = decode_run(*fused_graphs, 31, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fused vs two launches: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fused vs eager two launches: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
+  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_EQ(stats(*plain).post_mixes_fused, 0);
+  EXPECT_GT(stats(*fused).post_mixes_fused, 0);
+  EXPECT_GT(stats(*fused_graphs).post_mixes_fused, 0);
+  EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
+}
+
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
 // the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
 // stream, run the same kernels on the same inputs, so the logits are bitwise those of one

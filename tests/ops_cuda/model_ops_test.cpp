@@ -1146,6 +1146,78 @@ TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
   EXPECT_NE(cd::launch_hc_mixes(bad, 0), cudaSuccess) << "more than 16 blocks per row";
 }
 
+// The attention's stream update and the FFN's mixes of the updated streams in one launch
+// (launch_hc_post_mixes) against hc_post then the mixes (the automatic kernel, the chunk-split one
+// at these sizes): the same bits in the streams, pre, post and comb, with and without BF16 rounding,
+// for 1-8 rows and three widths; twice in a row (the per-row tickets reset themselves); the
+// shapes and buffers it does not take are refused.
+TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
+  FS_REQUIRE_GPU();
+  constexpr int64_t hc = 4, n_mix = (2 + hc) * hc, kTickets = 8;
+  DeviceBuffer<int32_t> tickets(std::vector<int32_t>(size_t(kTickets), 0));
+  int64_t compared = 0;
+  for (const int64_t dim : {int64_t(1024), int64_t(5120), int64_t(8192)})
+    for (const int64_t rows : {int64_t(1), int64_t(3), int64_t(8)})
+      for (const bool bf16 : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << rows << " rows, dim " << dim << ", bf16 " << bf16);
+        const uint64_t seed = 700 + uint64_t(dim) + uint64_t(rows) * 7 + (bf16 ? 1 : 0);
+        const auto x = randn(static_cast<size_t>(rows * hc * dim), seed, 2.0f);
+        const auto f = randn(static_cast<size_t>(rows * dim), seed + 1, 1.5f);
+        const auto post = randn(static_cast<size_t>(rows * hc), seed + 2);
+        const auto comb = randn(static_cast<size_t>(rows * hc * hc), seed + 3, 0.5f);
+        const auto fn = randn(static_cast<size_t>(n_mix * hc * dim), seed + 4, 0.02f);
+        const auto base = randn(static_cast<size_t>(n_mix), seed + 5);
+        const std::vector<float> scale = {0.7f, 1.3f, 2.1f};
+        DeviceBuffer<float> df(f), dpost(post), dcomb(comb), dfn(fn), db(base), ds(scale);
+        DeviceBuffer<float> x1(x), x2(x);
+        const size_t nm = size_t(rows * hc), nc = size_t(rows * hc * hc);
+        DeviceBuffer<float> pre1(nm), post1(nm), comb1(nc), pre2(nm), post2(nm), comb2(nc);
+        for (float* q : {pre1.get(), post1.get(), comb1.get(), pre2.get(), post2.get(), comb2.get()})
+          ASSERT_EQ(cudaMemset(q, 0xff, (q == comb1.get() || q == comb2.get() ? nc : nm) * 4), cudaSuccess);
+        cd::HcMixArgs a;
+        a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
+        a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.sinkhorn_iters = 20;
+        // Reference: the two launches.
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_post(df.get(), x1.get(), dpost.get(), dcomb.get(), rows, hc, dim, bf16, 0),
+                                 "post"));
+        a.x = x1.get(), a.pre = pre1.get(), a.post = post1.get(), a.comb = comb1.get();
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
+        cd::HcPostMixArgs p;
+        p.f = df.get(), p.x = x2.get(), p.post = dpost.get(), p.comb = dcomb.get(), p.bf16 = bf16, p.mix = a;
+        p.mix.x = x2.get(), p.mix.pre = pre2.get(), p.mix.post = post2.get(), p.mix.comb = comb2.get();
+        DeviceBuffer<float> work(static_cast<size_t>(cd::hc_post_mixes_work_floats(rows, dim)));
+        p.work = work.get(), p.tickets = tickets.get();
+        ASSERT_TRUE(cd::hc_post_mixes_supported(p, kTickets));
+        for (int rep = 0; rep < 2; ++rep) {
+          if (rep == 1) ASSERT_EQ(cudaMemcpy(x2.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          FS_ASSERT_OK(cuda_status(cd::launch_hc_post_mixes(p, kTickets, 0), "post + mixes"));
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          expect_bitwise(x2.to_host(), x1.to_host(), "streams");
+          expect_bitwise(pre2.to_host(), pre1.to_host(), "pre");
+          expect_bitwise(post2.to_host(), post1.to_host(), "post");
+          expect_bitwise(comb2.to_host(), comb1.to_host(), "comb (Sinkhorn)");
+          for (const int32_t t : tickets.to_host()) ASSERT_EQ(t, 0) << "a ticket left set";
+          ++compared;
+        }
+        // Refused: the mixes writing the update's own post / comb, too few tickets, a width that is
+        // not whole chunks, another stream count.
+        cd::HcPostMixArgs q = p;
+        q.mix.post = const_cast<float*>(p.post);
+        EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
+        EXPECT_NE(cd::launch_hc_post_mixes(q, kTickets, 0), cudaSuccess);
+        q = p, q.mix.comb = const_cast<float*>(p.comb);
+        EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
+        EXPECT_FALSE(cd::hc_post_mixes_supported(p, rows - 1));
+        q = p, q.mix.dim = dim + 4;
+        EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
+        q = p, q.mix.hc = 2;
+        EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
+        q = p, q.mix.head_only = true;
+        EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
+      }
+  EXPECT_EQ(compared, 36);
+}
+
 // Radix-select top-k on 128k+ candidates with heavy ties (a few distinct values, -0 and +0),
 // non-finite entries, k larger than the candidates, and the block-candidate mode over 16k blocks.
 TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {

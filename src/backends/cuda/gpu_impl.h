@@ -339,6 +339,9 @@ class GpuModel final : public Model, public Backend {
               int64_t rope_dim, bool inverse, bool bf16) override;
   Status quant_sim(const Tensor& x, int64_t rows, int64_t cols, int64_t prefix, int64_t block, QuantSim kind) override;
   Status norm_rope_quant(const NormRopeQuantCall& c) override;
+  Status hc_post_mixes(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
+                       int64_t hc, int64_t dim, bool bf16, const HcMixCall& next) override;
+  bool fuses_post_mixes(int64_t rows) const override;
   Status moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t hc,
                           bool bf16) override;
   Status hadamard(const Tensor& x, int64_t rows, int64_t dim) override;
@@ -470,6 +473,7 @@ class GpuModel final : public Model, public Backend {
   std::unordered_map<const Vec*, const float*> native_key_;
   std::unordered_map<const float*, NativeMatrix> native_w_;
   DevArray<int32_t> expert_ids_;  // 0 … E−1: group expert ids of the grouped expert GEMV
+  DevArray<int32_t> hcpm_tickets_;  // hc_post_mixes: a zeroed ticket per row (kGpuGraphMaxTokens)
   std::unordered_set<std::string> deferred_;  // matrices load_weights left for upload (w_.deferred_matrices)
   std::unordered_set<std::string> uploaded_;  // of which uploaded
   GpuWeightReport report_;
@@ -503,6 +507,7 @@ class GpuModel final : public Model, public Backend {
   int64_t gemv_tiled_min_rows_ = 192;           // GpuLoadOptions::gemv_tiled_min_rows
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool row_fusion_ = true;                       // GpuLoadOptions::row_fusion
+  bool post_mixes_fusion_ = false;               // GpuLoadOptions::post_mixes_fusion
   int64_t stacked_pairs_ = 0;                    // layers whose wq_a + wkv are stacked (stack_query_kv)
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w

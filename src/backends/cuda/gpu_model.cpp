@@ -588,6 +588,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->gemv_tiled_min_rows_ = opts.gemv_tiled_min_rows;
   m->gemv_prequant_min_rows_ = opts.gemv_prequant_min_rows;
   m->row_fusion_ = opts.row_fusion;
+  m->post_mixes_fusion_ = opts.post_mixes_fusion;
   m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w || opts.prefill_gemm_direct;
   m->prefill_gemm_direct_ = opts.prefill_gemm_direct;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;
@@ -646,6 +647,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
     FS_RETURN_IF_ERROR(m->expert_ids_.upload(ids.data(), size_t(c.n_routed_experts)));
   }
+  // The per-row tickets of the fused stream update + mixes (hc_post_mixes): zero between launches
+  // (each launch's last block resets its rows').
+  if (m->post_mixes_fusion_) FS_RETURN_IF_ERROR(m->hcpm_tickets_.zeros(size_t(kGpuGraphMaxTokens)));
   m->print_weight_report();
   return m;
 }

@@ -235,6 +235,12 @@ struct GpuLoadOptions {
   // decode attention (Backend::attention_unrope).
   // On by default. The CLI's --gpu-row-fusion on | off.
   bool row_fusion = true;
+  // Decode-sized steps (at most kGpuGraphMaxTokens rows, hc 4, hidden_size a multiple of 1024) run
+  // the attention's mHC stream update and the FFN's mixes of the updated streams as one launch
+  // (Backend::hc_post_mixes; cd::launch_hc_post_mixes): the same bits as hc_post then hc_mixes, one
+  // launch and the mixes' separate read of the streams fewer per layer. Off by default until
+  // measured; the CLI's --gpu-post-mixes on | off.
+  bool post_mixes_fusion = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;
@@ -270,6 +276,8 @@ struct GpuGraphStats {
   int64_t moe_gemm_layers = 0;
   // MoE layers whose routed pairs were grouped in compact form (GpuLoadOptions::moe_compact_groups).
   int64_t moe_compact_groupings = 0;
+  // Stream updates run with the next sublayer's mixes as one launch (GpuLoadOptions::post_mixes_fusion).
+  int64_t post_mixes_fused = 0;
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM
   // (GpuLoadOptions::dense_gemm_min_tokens).
   int64_t dense_gemm_linears = 0;

@@ -351,6 +351,33 @@ Status GpuModel::hc_post(const Tensor& f, const Tensor& X, const Tensor& post, c
   return {};
 }
 
+bool GpuModel::fuses_post_mixes(int64_t rows) const {
+  return post_mixes_fusion_ && rows >= 1 && rows <= kGpuGraphMaxTokens && on_lane_ < 0;
+}
+
+// One launch where the kernel takes the call (cd::hc_post_mixes_supported), else the two ops.
+Status GpuModel::hc_post_mixes(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
+                               int64_t hc, int64_t dim, bool bf16, const HcMixCall& next) {
+  if (fuses_post_mixes(rows) && next.rows == rows && next.hc == hc && next.dim == dim && next.x.data == X.data) {
+    cd::HcPostMixArgs p;
+    p.f = f.f32(), p.x = X.f32(), p.post = post.f32(), p.comb = comb.f32(), p.bf16 = bf16;
+    cd::HcMixArgs& m = p.mix;
+    m.x = X.f32(), m.fn = d(*next.fn), m.base = d(*next.base), m.scale = d(*next.scale), m.rows = rows, m.hc = hc;
+    m.dim = dim, m.norm_eps = next.norm_eps, m.hc_eps = next.hc_eps, m.sinkhorn_iters = next.sinkhorn_iters;
+    m.pre = next.pre.f32(), m.post = next.post.f32(), m.comb = next.comb.f32();
+    p.tickets = hcpm_tickets_.get();
+    const int64_t n_tickets = int64_t(hcpm_tickets_.capacity());
+    FS_ASSIGN_OR_RETURN(p.work, scratch<float>("hc_post_mix_work", cd::hc_post_mixes_work_floats(rows, dim)));
+    if (cd::hc_post_mixes_supported(p, n_tickets)) {
+      FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post_mixes(p, n_tickets, stream_));
+      ++gstats_.post_mixes_fused;
+      return {};
+    }
+  }
+  FS_RETURN_IF_ERROR(hc_post(f, X, post, comb, rows, hc, dim, bf16));
+  return hc_mixes(next);
+}
+
 // The mean is an hc collapse with weights 1/hc (exactly the CPU's sum / hc when hc is a power of
 // two), into a [rows, dim] buffer, then copied to rows of stride y_stride.
 Status GpuModel::hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,

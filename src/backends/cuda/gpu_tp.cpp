@@ -274,6 +274,7 @@ class TpModel final : public Model {
       t.eager_fallbacks += s.eager_fallbacks;
       t.moe_gemm_layers += s.moe_gemm_layers;
       t.moe_compact_groupings += s.moe_compact_groupings;
+      t.post_mixes_fused += s.post_mixes_fused;
       t.dense_gemm_linears += s.dense_gemm_linears;
       t.paired_linears += s.paired_linears;
       t.weight_expansions += s.weight_expansions;

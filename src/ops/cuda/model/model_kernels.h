@@ -139,6 +139,23 @@ cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64
 // x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
 cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
+// launch_hc_post(f, x, post, comb, mix.rows, mix.hc, mix.dim, bf16), then launch_hc_mixes(mix) of
+// the updated x, as one launch with the same bits (mix.x unused). Only where
+// hc_post_mixes_supported: hc 4, not head_only, dim a multiple of 1024 up to 8192, 1..n_tickets
+// rows, f / x / mix.fn 16-byte aligned, mix's post and comb other buffers than post and comb.
+struct HcPostMixArgs {
+  const float* f = nullptr;
+  float* x = nullptr;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+  bool bf16 = false;
+  HcMixArgs mix;
+  float* work = nullptr;        // hc_post_mixes_work_floats(rows, dim) floats (8-byte aligned)
+  int32_t* tickets = nullptr;   // [n_tickets], zero before the launch (and left zero by it)
+};
+bool hc_post_mixes_supported(const HcPostMixArgs& p, int64_t n_tickets);
+int64_t hc_post_mixes_work_floats(int64_t rows, int64_t dim);
+cudaError_t launch_hc_post_mixes(const HcPostMixArgs& p, int64_t n_tickets, cudaStream_t s);
 
 // ---- embedding, Engram gate, ring write, compressor ape --------------------------------------
 cudaError_t launch_embed(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,

@@ -12,13 +12,34 @@
 // kernel of the step writes.
 #pragma once
 
+#include <type_traits>
+
 namespace flashseek::ops::cuda {
 
-__device__ __forceinline__ void pdl_prologue() {
+// With an argument, the function runs between the two and its result is returned: it may only
+// read data that no kernel of the step writes (weights, with ld_weight), e.g. request a weight
+// tile while the previous kernel ends.
+template <class F>
+__device__ __forceinline__ auto pdl_prologue(F&& before_wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  if constexpr (std::is_void_v<decltype(before_wait())>) {
+    before_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  } else {
+    auto v = before_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    return v;
+  }
+}
+
+__device__ __forceinline__ void pdl_prologue() {
+  pdl_prologue([] {});
 }
 
 // The read-only (non-coherent, ld.global.nc) load: for weights and tables uploaded at load time
