@@ -24,9 +24,10 @@ bdir="${FLASHSEEK_CUDA_BUILD:-build-cuda}"
 if [ "$mode" = pack ]; then
   set -e
   cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a >/dev/null
-  ninja -C "$bdir" -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda test_forward flashseek ${FLASHSEEK_PACK_TARGETS:-}
+  ninja -C "$bdir" -j"${FLASHSEEK_JOBS:-2}" test_ops_cuda test_forward flashseek gemv_stream_probe ${FLASHSEEK_PACK_TARGETS:-}
   rm -rf "$bdir/pack" && mkdir -p "$bdir/pack/bin" "$bdir/pack/lib"
-  cp "$bdir/tests/test_ops_cuda" "$bdir/tests/test_forward" "$bdir/bin/flashseek" "$bdir/pack/bin/"
+  cp "$bdir/tests/test_ops_cuda" "$bdir/tests/test_forward" "$bdir/bin/flashseek" "$bdir/bench/cuda/gemv_stream_probe" \
+    "$bdir/pack/bin/"
   for t in ${FLASHSEEK_PACK_TARGETS:-}; do
     f=$(find "$bdir/tests" "$bdir/bin" "$bdir/bench" -maxdepth 1 -type f -name "$t" 2>/dev/null | head -1)
     [ -n "$f" ] && cp "$f" "$bdir/pack/bin/"
@@ -67,12 +68,13 @@ if [ "${FLASHSEEK_GPU_PREBUILT:-0}" = 1 ]; then
   echo "FLASHSEEK_GPU_PREBUILT=1: skipping the build here"
 elif cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSEEK_CUDA_ARCHS=90a \
      >"$out/configure.txt" 2>&1; then
-  if ninja -C build-gpu -j16 test_ops_cuda test_forward flashseek >"$out/build.txt" 2>&1; then
+  if ninja -C build-gpu -j16 test_ops_cuda test_forward flashseek gemv_stream_probe >"$out/build.txt" 2>&1; then
     bin_dir=build-gpu
     # Kernel tests (Cuda*) and the whole-model GPU parity tests (GpuParity*, GpuModel*).
     (cd build-gpu && ctest -R 'Cuda|Gpu' --output-on-failure) 2>&1 | tee "$out/tests.txt"
     test_rc=${PIPESTATUS[0]}
     fs_bin=build-gpu/bin/flashseek
+    probe_bin=build-gpu/bench/cuda/gemv_stream_probe
   else
     echo "build on this machine failed (see build.txt)"; tail -20 "$out/build.txt"
   fi
@@ -90,6 +92,7 @@ if [ -z "$bin_dir" ]; then
     --gtest_filter='*Gpu*' 2>&1 | tee -a "$out/tests.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || test_rc=1
   fs_bin="$pack/bin/flashseek"
+  probe_bin="$pack/bin/gemv_stream_probe"
 fi
 
 "$fs_bin" bench ${FLASHSEEK_BENCH_ARGS:-} --out "$out/bench.md"
@@ -99,6 +102,8 @@ bench_rc=$?
 # warpgroup kernel against its m16n8k16 one (time, equal bits) -> bench.md.
 "$fs_bin" bench --kernels moe >> "$out/bench.md" || bench_rc=1
 "$fs_bin" bench --kernels attn >> "$out/bench.md" || bench_rc=1
+# The decode GEMVs' access pattern streamed with no model math (bench/cuda/probes/gemv_stream_probe.cu).
+if [ -x "${probe_bin:-}" ]; then "$probe_bin" >> "$out/bench.md" || bench_rc=1; fi
 # The engine's model at real V4.1 widths (dummy weights, 8 layers of every role, 16 experts, the
 # CLI's defaults): decode steps at 4k context for batch 1, a 6-token verify block and batch 8, and
 # at 1k context for batch 16 and 64 (bench/RESULTS.md's batch sweeps), each with the HBM floor of

@@ -173,7 +173,7 @@ const char* const kRowFusionHelp =
     "window KV rows' norm, RoPE, FP8 simulation and ring write; the MoE combine with the mHC stream "
     "update; the attention output's inverse RoPE inside the decode attention): on | off (the same results)";
 const char* const kPostMixesHelp =
-    "GPU backend: in decode-sized steps the attention's mHC stream update and the FFN's mHC mixes of the "
+    "GPU backend: in decode-sized steps each mHC stream update and the next sublayer's mHC mixes of the "
     "updated streams run as one launch: on | off (the same results)";
 const char* const kStackQkvHelp =
     "GPU backend, native weights: each layer's wq_a and wkv kept as one stacked matrix (the same bytes) "

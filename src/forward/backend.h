@@ -230,6 +230,12 @@ class Backend {
     FS_RETURN_IF_ERROR(hc_post(f, X, post, comb, rows, hc, dim, bf16));
     return hc_mixes(next);
   }
+  // moe_combine_post, then hc_mixes(next) of the updated streams (as hc_post_mixes).
+  virtual Status moe_combine_post_mixes(const MoeCombineCall& c, const Tensor& X, const Tensor& post,
+                                        const Tensor& comb, int64_t hc, bool bf16, const HcMixCall& next) {
+    FS_RETURN_IF_ERROR(moe_combine_post(c, X, post, comb, hc, bf16));
+    return hc_mixes(next);
+  }
   virtual bool fuses_post_mixes(int64_t rows) const {
     (void)rows;
     return false;

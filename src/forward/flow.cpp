@@ -108,6 +108,7 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
   if (w_.has_dspark && b_.draft_rings()) {
     FS_ASSIGN_OR_RETURN(taps, scratch_f("dspark_taps", T, n_taps * D));
   }
+  bool attn_mixed = false;  // this block's attention mixes ran with the previous block's last update
   for (int l = 0; l < int(L); ++l) {
     const LayerWeights& LW = w_.layers[size_t(l)];
     if (LW.has_engram) FS_RETURN_IF_ERROR(engram(l, ctx, X));
@@ -119,12 +120,17 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
       }
     }
     std::optional<MoeCombineCall> combine;  // the FFN's combine, run with the block's stream update
+    // Where the backend runs a stream update with the next sublayer's mixes (fuses_post_mixes), the
+    // block's FFN update also forms the next block's attention mixes, unless an Engram module
+    // changes the streams in between.
+    const bool fuse_next = b_.fuses_post_mixes(T) && l + 1 < int(L) && !w_.layers[size_t(l) + 1].has_engram;
     FS_RETURN_IF_ERROR(block(
         LW, "", T, X, pre_in, [&](const Tensor& a, const Tensor& f) { return attention(l, ctx, a, f); },
         [&](const Tensor& a, const Tensor& f) {
           return moe(LW.ffn, "moe_", ctx.tokens, T, c_.n_routed_experts, c_.n_experts_per_tok, a, f, true, &combine);
         },
-        &combine));
+        &combine, attn_mixed, fuse_next ? &w_.layers[size_t(l) + 1] : nullptr));
+    attn_mixed = fuse_next;
   }
 
   // The rows that leave as logits: every row of an all_logits item, else its last one; gathered
@@ -241,7 +247,8 @@ Status Forward::engram(int layer, FwdChunk& ctx, const Tensor& X) {
 }
 
 Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
-                      const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine) {
+                      const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine,
+                      bool attn_mixed, const LayerWeights* next_layer) {
   const bool v41 = c_.is_v41();
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   const float eps = float(c_.rms_norm_eps);
@@ -294,16 +301,24 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
     if (pending && pending->has_value()) {  // the body left its combine (into f) to this update
       const MoeCombineCall c = **pending;
       pending->reset();
+      if (next) return b_.moe_combine_post_mixes(c, X, po, co, hc, R(), *next);
       return b_.moe_combine_post(c, X, po, co, hc, R());
     }
     if (next) return b_.hc_post_mixes(f, X, po, co, T, hc, D, R(), *next);
     return b_.hc_post(f, X, po, co, T, hc, D, R());
   };
   const HcMixCall ffn_mixes = mix_call(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+  // The next block's attention mixes (the same scratch: this block is done with pre_a, post and
+  // comb by its FFN's update).
+  std::optional<HcMixCall> next_mixes;
+  if (fuse && next_layer) {
+    const LayerWeights& N = *next_layer;
+    next_mixes = mix_call(N.hc_attn_fn, N.hc_attn_base, N.hc_attn_scale, pre_a, post, comb);
+  }
   FS_RETURN_IF_ERROR(sublayer(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, v41 ? pre_in : pre_a, post, comb,
-                              L.attn_norm, attn, nullptr, false, fuse ? &ffn_mixes : nullptr));
+                              L.attn_norm, attn, nullptr, attn_mixed, fuse ? &ffn_mixes : nullptr));
   FS_RETURN_IF_ERROR(sublayer(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, v41 ? pre_a : pre_f, post_f, comb_f,
-                              L.ffn_norm, ffn, ffn_combine, fuse, nullptr));
+                              L.ffn_norm, ffn, ffn_combine, fuse, next_mixes ? &*next_mixes : nullptr));
   return b_.copy(pre_in, pre_f, size_t(T * hc) * 4);
 }
 

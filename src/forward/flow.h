@@ -64,8 +64,12 @@ class Forward {
   // `ffn_combine` (optional): where the FFN sublayer may leave its MoE combine (moe()'s `defer`),
   // which the block then runs with its stream update (Backend::moe_combine_post).
   using Sublayer = std::function<Status(const Tensor& a, const Tensor& out)>;
+  // attn_mixed: the attention's mixes already ran (the previous block's last stream update formed
+  // them); next_layer (optional, where the backend fuses_post_mixes): the next block's weights, whose
+  // attention mixes this block's last update forms.
   Status block(const LayerWeights& L, const std::string& tag, int64_t T, const Tensor& X, const Tensor& pre_in,
-               const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine = nullptr);
+               const Sublayer& attn, const Sublayer& ffn, std::optional<MoeCombineCall>* ffn_combine = nullptr,
+               bool attn_mixed = false, const LayerWeights* next_layer = nullptr);
   // Query and window KV of an attention: qlat [T, Rq], q [T, H, Dh] and kv [T, Dh] RoPE'd at pos.
   // `beside` (optional): more work that reads only `a` (the layer's compressors), issued on the
   // main branch after the window KV, concurrently with the query. `published` (optional, with

@@ -1146,11 +1146,13 @@ TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
   EXPECT_NE(cd::launch_hc_mixes(bad, 0), cudaSuccess) << "more than 16 blocks per row";
 }
 
-// The attention's stream update and the FFN's mixes of the updated streams in one launch
+// A stream update and the next sublayer's mixes of the updated streams in one launch
 // (launch_hc_post_mixes) against hc_post then the mixes (the automatic kernel, the chunk-split one
-// at these sizes): the same bits in the streams, pre, post and comb, with and without BF16 rounding,
-// for 1-8 rows and three widths; twice in a row (the per-row tickets reset themselves); the
-// shapes and buffers it does not take are refused.
+// at these sizes), and with the MoE combine as the update's input against moe_combine_post then
+// the mixes (slot rows through row_of, one of them another rank's: +0): the same bits in the
+// streams, the combined rows, pre, post and comb, with and without BF16 rounding, for 1-8 rows and
+// three widths; twice in a row (the per-row tickets reset themselves); the shapes and buffers it
+// does not take are refused.
 TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
   FS_REQUIRE_GPU();
   constexpr int64_t hc = 4, n_mix = (2 + hc) * hc, kTickets = 8;
@@ -1168,7 +1170,16 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
         const auto fn = randn(static_cast<size_t>(n_mix * hc * dim), seed + 4, 0.02f);
         const auto base = randn(static_cast<size_t>(n_mix), seed + 5);
         const std::vector<float> scale = {0.7f, 1.3f, 2.1f};
+        const bool combine = dim != 5120 || rows == 3;  // with the MoE combine as f (both forms at 5120)
+        const int64_t K = 3;
+        const auto y = randn(static_cast<size_t>(rows * K * dim), seed + 6);
+        const auto ys = randn(static_cast<size_t>(rows * dim), seed + 7);
+        std::vector<int32_t> row_of(static_cast<size_t>(rows * K));
+        for (int64_t s = 0; s < rows * K; ++s) row_of[size_t(s)] = int32_t((s * 7 + 1) % (rows * K));
+        row_of[0] = -1;  // another rank's expert: adds +0
         DeviceBuffer<float> df(f), dpost(post), dcomb(comb), dfn(fn), db(base), ds(scale);
+        DeviceBuffer<float> dy(y), dys(ys), out1(static_cast<size_t>(rows * dim)), out2(static_cast<size_t>(rows * dim));
+        DeviceBuffer<int32_t> drow(row_of);
         DeviceBuffer<float> x1(x), x2(x);
         const size_t nm = size_t(rows * hc), nc = size_t(rows * hc * hc);
         DeviceBuffer<float> pre1(nm), post1(nm), comb1(nc), pre2(nm), post2(nm), comb2(nc);
@@ -1178,12 +1189,21 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
         a.fn = dfn.get(), a.base = db.get(), a.scale = ds.get(), a.rows = rows, a.hc = hc, a.dim = dim;
         a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.sinkhorn_iters = 20;
         // Reference: the two launches.
-        FS_ASSERT_OK(cuda_status(cd::launch_hc_post(df.get(), x1.get(), dpost.get(), dcomb.get(), rows, hc, dim, bf16, 0),
-                                 "post"));
+        if (combine)
+          FS_ASSERT_OK(cuda_status(cd::launch_moe_combine_post(dy.get(), dys.get(), out1.get(), rows, K, dim, !bf16,
+                                                               drow.get(), x1.get(), dpost.get(), dcomb.get(), hc, bf16, 0),
+                                   "combine + post"));
+        else
+          FS_ASSERT_OK(cuda_status(cd::launch_hc_post(df.get(), x1.get(), dpost.get(), dcomb.get(), rows, hc, dim, bf16, 0),
+                                   "post"));
         a.x = x1.get(), a.pre = pre1.get(), a.post = post1.get(), a.comb = comb1.get();
         FS_ASSERT_OK(cuda_status(cd::launch_hc_mixes(a, 0), "mixes"));
         cd::HcPostMixArgs p;
         p.f = df.get(), p.x = x2.get(), p.post = dpost.get(), p.comb = dcomb.get(), p.bf16 = bf16, p.mix = a;
+        if (combine) {
+          p.f = nullptr, p.y = dy.get(), p.ys = dys.get(), p.row_of = drow.get(), p.K = K, p.out = out2.get();
+          p.combine_bf16 = !bf16;
+        }
         p.mix.x = x2.get(), p.mix.pre = pre2.get(), p.mix.post = post2.get(), p.mix.comb = comb2.get();
         DeviceBuffer<float> work(static_cast<size_t>(cd::hc_post_mixes_work_floats(rows, dim)));
         p.work = work.get(), p.tickets = tickets.get();
@@ -1193,6 +1213,7 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
           FS_ASSERT_OK(cuda_status(cd::launch_hc_post_mixes(p, kTickets, 0), "post + mixes"));
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           expect_bitwise(x2.to_host(), x1.to_host(), "streams");
+          if (combine) expect_bitwise(out2.to_host(), out1.to_host(), "combined rows");
           expect_bitwise(pre2.to_host(), pre1.to_host(), "pre");
           expect_bitwise(post2.to_host(), post1.to_host(), "post");
           expect_bitwise(comb2.to_host(), comb1.to_host(), "comb (Sinkhorn)");
@@ -1215,7 +1236,7 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
         q = p, q.mix.head_only = true;
         EXPECT_FALSE(cd::hc_post_mixes_supported(q, kTickets));
       }
-  EXPECT_EQ(compared, 36);
+  EXPECT_EQ(compared, 36);  // 3 widths x 3 row counts x BF16 off / on x 2 launches
 }
 
 // Radix-select top-k on 128k+ candidates with heavy ties (a few distinct values, -0 and +0),

@@ -243,6 +243,11 @@ class GpuModel final : public Model, public Backend {
   const float* d(const Vec& v) const;
   template <typename T>
   Result<T*> scratch(const std::string& name, int64_t n);
+  // hc_post_mixes / moe_combine_post_mixes in one launch where it takes the call (true), else
+  // nothing launched (false); `combine` set: f is that combine's output.
+  Result<bool> post_mixes_launch(const Tensor& f, const MoeCombineCall* combine, const Tensor& X, const Tensor& post,
+                                 const Tensor& comb, int64_t rows, int64_t hc, int64_t dim, bool bf16,
+                                 const HcMixCall& next);
   void log_fallback(const std::string& what, const std::string& why);
   Status linear_native(const NativeMatrix& nw, const float* x, int64_t rows, int64_t in, int64_t out, float* y,
                        int64_t act_block, bool bf16_out, bool bf16_in, const int32_t* sel, int64_t x_row_div);
@@ -341,6 +346,8 @@ class GpuModel final : public Model, public Backend {
   Status norm_rope_quant(const NormRopeQuantCall& c) override;
   Status hc_post_mixes(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                        int64_t hc, int64_t dim, bool bf16, const HcMixCall& next) override;
+  Status moe_combine_post_mixes(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb,
+                                int64_t hc, bool bf16, const HcMixCall& next) override;
   bool fuses_post_mixes(int64_t rows) const override;
   Status moe_combine_post(const MoeCombineCall& c, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t hc,
                           bool bf16) override;

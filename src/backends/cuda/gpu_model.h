@@ -236,10 +236,10 @@ struct GpuLoadOptions {
   // On by default. The CLI's --gpu-row-fusion on | off.
   bool row_fusion = true;
   // Decode-sized steps (at most kGpuGraphMaxTokens rows, hc 4, hidden_size a multiple of 1024) run
-  // the attention's mHC stream update and the FFN's mixes of the updated streams as one launch
-  // (Backend::hc_post_mixes; cd::launch_hc_post_mixes): the same bits as hc_post then hc_mixes, one
-  // launch and the mixes' separate read of the streams fewer per layer. Off by default until
-  // measured; the CLI's --gpu-post-mixes on | off.
+  // each mHC stream update and the next sublayer's mixes of the updated streams as one launch
+  // (Backend::hc_post_mixes / moe_combine_post_mixes; cd::launch_hc_post_mixes): the same bits as
+  // the update then hc_mixes, two launches and the mixes' separate reads of the streams fewer per
+  // layer. Off by default until measured; the CLI's --gpu-post-mixes on | off.
   bool post_mixes_fusion = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).

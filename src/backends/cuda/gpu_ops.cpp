@@ -355,27 +355,45 @@ bool GpuModel::fuses_post_mixes(int64_t rows) const {
   return post_mixes_fusion_ && rows >= 1 && rows <= kGpuGraphMaxTokens && on_lane_ < 0;
 }
 
-// One launch where the kernel takes the call (cd::hc_post_mixes_supported), else the two ops.
+// One launch where the kernel takes the call (cd::hc_post_mixes_supported); false: not taken.
+// `combine` (optional): f is that MoE combine (moe_combine_post's), else `f`.
+Result<bool> GpuModel::post_mixes_launch(const Tensor& f, const MoeCombineCall* combine, const Tensor& X,
+                                         const Tensor& post, const Tensor& comb, int64_t rows, int64_t hc, int64_t dim,
+                                         bool bf16, const HcMixCall& next) {
+  if (!fuses_post_mixes(rows) || next.rows != rows || next.hc != hc || next.dim != dim || next.x.data != X.data)
+    return false;
+  cd::HcPostMixArgs p;
+  p.x = X.f32(), p.post = post.f32(), p.comb = comb.f32(), p.bf16 = bf16;
+  if (combine) {
+    if (!row_fusion_ || combine->T != rows || combine->D != dim) return false;
+    p.y = combine->ybuf.f32(), p.ys = combine->ys.f32(), p.out = combine->out.f32(), p.K = combine->K;
+    p.row_of = combine->row_of.empty() ? nullptr : combine->row_of.i32(), p.combine_bf16 = combine->bf16;
+  } else {
+    p.f = f.f32();
+  }
+  cd::HcMixArgs& m = p.mix;
+  m.x = X.f32(), m.fn = d(*next.fn), m.base = d(*next.base), m.scale = d(*next.scale), m.rows = rows, m.hc = hc;
+  m.dim = dim, m.norm_eps = next.norm_eps, m.hc_eps = next.hc_eps, m.sinkhorn_iters = next.sinkhorn_iters;
+  m.pre = next.pre.f32(), m.post = next.post.f32(), m.comb = next.comb.f32();
+  p.tickets = hcpm_tickets_.get();
+  const int64_t n_tickets = int64_t(hcpm_tickets_.capacity());
+  FS_ASSIGN_OR_RETURN(p.work, scratch<float>("hc_post_mix_work", cd::hc_post_mixes_work_floats(rows, dim)));
+  if (!cd::hc_post_mixes_supported(p, n_tickets)) return false;
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post_mixes(p, n_tickets, stream_));
+  ++gstats_.post_mixes_fused;
+  return true;
+}
+
 Status GpuModel::hc_post_mixes(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                                int64_t hc, int64_t dim, bool bf16, const HcMixCall& next) {
-  if (fuses_post_mixes(rows) && next.rows == rows && next.hc == hc && next.dim == dim && next.x.data == X.data) {
-    cd::HcPostMixArgs p;
-    p.f = f.f32(), p.x = X.f32(), p.post = post.f32(), p.comb = comb.f32(), p.bf16 = bf16;
-    cd::HcMixArgs& m = p.mix;
-    m.x = X.f32(), m.fn = d(*next.fn), m.base = d(*next.base), m.scale = d(*next.scale), m.rows = rows, m.hc = hc;
-    m.dim = dim, m.norm_eps = next.norm_eps, m.hc_eps = next.hc_eps, m.sinkhorn_iters = next.sinkhorn_iters;
-    m.pre = next.pre.f32(), m.post = next.post.f32(), m.comb = next.comb.f32();
-    p.tickets = hcpm_tickets_.get();
-    const int64_t n_tickets = int64_t(hcpm_tickets_.capacity());
-    FS_ASSIGN_OR_RETURN(p.work, scratch<float>("hc_post_mix_work", cd::hc_post_mixes_work_floats(rows, dim)));
-    if (cd::hc_post_mixes_supported(p, n_tickets)) {
-      FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_post_mixes(p, n_tickets, stream_));
-      ++gstats_.post_mixes_fused;
-      return {};
-    }
-  }
-  FS_RETURN_IF_ERROR(hc_post(f, X, post, comb, rows, hc, dim, bf16));
-  return hc_mixes(next);
+  FS_ASSIGN_OR_RETURN(const bool fused, post_mixes_launch(f, nullptr, X, post, comb, rows, hc, dim, bf16, next));
+  return fused ? Status{} : Backend::hc_post_mixes(f, X, post, comb, rows, hc, dim, bf16, next);
+}
+
+Status GpuModel::moe_combine_post_mixes(const MoeCombineCall& c, const Tensor& X, const Tensor& post,
+                                        const Tensor& comb, int64_t hc, bool bf16, const HcMixCall& next) {
+  FS_ASSIGN_OR_RETURN(const bool fused, post_mixes_launch(c.out, &c, X, post, comb, c.T, hc, c.D, bf16, next));
+  return fused ? Status{} : Backend::moe_combine_post_mixes(c, X, post, comb, hc, bf16, next);
 }
 
 // The mean is an hc collapse with weights 1/hc (exactly the CPU's sum / hc when hc is a power of

@@ -1966,122 +1966,6 @@ __global__ void hc_post_fixed_kernel(const float* f, float* x, const float* post
   hc_post_column<HC>(x, post, comb, r, dim, d, xs, f[r * dim + d], bf16);
 }
 
-// hc_post, then the next sublayer's mixes of the updated streams, in one launch (decode rows; hc
-// 4, dim a multiple of kSumChunk, at most kSplitMaxChunks chunks). Grid: rows x dim / kSumChunk x 4
-// blocks, a cluster per column block: block (row r, column block b, rank i) owns stream i's
-// columns [b·kSumChunk, +kSumChunk), which are the row's flat chunk c = i·dim / kSumChunk + b. It
-// reads the column block of all four streams and f, forms its stream's update (hc_post_value, as
-// hc_post_fixed_kernel) into shared memory and, once every block of its cluster has read the old
-// streams (the cluster barrier), stores it. Its warps then take the chunk's items as
-// hc_mixes_split_kernel's do (warp 0 the double sum of squares, warp 1 + j mix j's dot: the same
-// lane partials and butterfly) and store the chunk sums to `work`; the row's last block to finish
-// (a ticket per row, reset by that block) folds them in the chunk tree, scales them and runs the
-// epilogue as the split kernel's rank 0 does. So the same bits as hc_post then hc_mixes. The mixes'
-// fn rows are weights: each warp requests its row's chunk before the PDL wait.
-constexpr int kPmHc = 4, kPmMix = (2 + kPmHc) * kPmHc, kPmWarps = kPmMix + 1;
-// Block (row r, column block b, rank i) of hc_post_mixes_kernel's grid and its flat chunk c.
-struct PmBlock {
-  int i, b, c;
-  int64_t r;
-  __device__ __forceinline__ explicit PmBlock(int64_t dim) {
-    const unsigned nb = unsigned(dim / kSumChunk);
-    i = int(blockIdx.x % kPmHc), b = int(blockIdx.x / kPmHc % nb), r = int64_t(blockIdx.x / (kPmHc * nb));
-    c = i * int(nb) + b;
-  }
-};
-struct PmFn {
-  float4 v[8];
-};
-__global__ void __launch_bounds__(kPmWarps * 32) hc_post_mixes_kernel(HcPostMixArgs p) {
-  const PmFn fn = pdl_prologue([&] {  // warp w >= 1: its mix's fn row over the block's chunk
-    PmFn v{};
-    const int w = int(threadIdx.x / 32);
-    if (w >= 1) {
-      const int64_t flat = kPmHc * p.mix.dim;
-      const float* fr = p.mix.fn + int64_t(w - 1) * flat + int64_t(PmBlock(p.mix.dim).c) * kSumChunk + 4 * (threadIdx.x & 31);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) v.v[s] = ld_weight(reinterpret_cast<const float4*>(fr + 128 * s));
-    }
-    return v;
-  });
-  const float4 (&fv)[8] = fn.v;
-  constexpr int HC = kPmHc;
-  const HcMixArgs& a = p.mix;
-  const int64_t dim = a.dim, flat = HC * dim;
-  const int m = int(HC * (dim / kSumChunk));
-  const PmBlock blk(dim);
-  const int i = blk.i, c = blk.c;
-  const int64_t r = blk.r, d0 = int64_t(blk.b) * kSumChunk;
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), t = int(threadIdx.x);
-  __shared__ __align__(16) float xn[kSumChunk];
-  __shared__ float mu[kPmMix];
-  __shared__ bool last;
-  namespace cg = cooperative_groups;
-  float4 out = make_float4(0, 0, 0, 0);
-  if (t < kSumChunk / 4) {  // plain loads: x, f, post and comb are step-written
-    const int64_t d = d0 + 4 * t;
-    float4 s4[HC];
-#pragma unroll
-    for (int j = 0; j < HC; ++j) s4[j] = *reinterpret_cast<const float4*>(p.x + (r * HC + j) * dim + d);
-    const float4 f4 = *reinterpret_cast<const float4*>(p.f + r * dim + d);
-    const float* P = p.comb + r * HC * HC;
-    const float pk = p.post[r * HC + i];
-    const float xs0[HC] = {s4[0].x, s4[1].x, s4[2].x, s4[3].x}, xs1[HC] = {s4[0].y, s4[1].y, s4[2].y, s4[3].y};
-    const float xs2[HC] = {s4[0].z, s4[1].z, s4[2].z, s4[3].z}, xs3[HC] = {s4[0].w, s4[1].w, s4[2].w, s4[3].w};
-    out.x = hc_post_value<HC>(P, pk, xs0, f4.x, i, p.bf16);
-    out.y = hc_post_value<HC>(P, pk, xs1, f4.y, i, p.bf16);
-    out.z = hc_post_value<HC>(P, pk, xs2, f4.z, i, p.bf16);
-    out.w = hc_post_value<HC>(P, pk, xs3, f4.w, i, p.bf16);
-    reinterpret_cast<float4*>(xn)[t] = out;
-  }
-  cg::this_cluster().sync();  // the cluster's blocks have read the old streams; xn is complete
-  if (t < kSumChunk / 4) *reinterpret_cast<float4*>(p.x + (r * HC + i) * dim + d0 + 4 * t) = out;
-  double* wsq = reinterpret_cast<double*>(p.work) + r * m;               // [rows][m]
-  float* wpart = p.work + 2 * a.rows * m + r * int64_t(kPmMix) * m;      // [rows][n_mix][m]
-  if (warp == 0) {  // the chunk's double sum of squares
-    double q4[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const double v = double(xn[128 * s + 4 * lane + q]);
-        q4[q] = __dadd_rn(q4[q], __dmul_rn(v, v));
-      }
-    double v = __dadd_rn(__dadd_rn(q4[0], q4[1]), __dadd_rn(q4[2], q4[3]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) wsq[c] = v;
-  } else {  // mix warp - 1's chunk dot
-    float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const float4 xv = reinterpret_cast<const float4*>(xn)[32 * s + lane];
-      p0 = mul_add(fv[s].x, xv.x, p0), p1 = mul_add(fv[s].y, xv.y, p1);
-      p2 = mul_add(fv[s].z, xv.z, p2), p3 = mul_add(fv[s].w, xv.w, p3);
-    }
-    float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) wpart[(warp - 1) * m + c] = v;
-  }
-  if (lane == 0) __threadfence();  // the chunk sum is visible to the row's last block
-  __syncthreads();
-  if (t == 0) last = atomicAdd(p.tickets + r, 1) == m - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The row's last block: the chunk trees, the scaling, then the epilogue (the split kernel's rank 0).
-  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? __ldcg(wsq + lane) : 0.0, m), 0);
-  const float rs = hc_inv_rms(ss, flat, a.norm_eps);
-  if (warp < kPmMix) {
-    const float dsum = warp_chunk_tree(lane < m ? __ldcg(wpart + warp * m + lane) : 0.0f, m);
-    if (lane == 0) mu[warp] = __fmul_rn(dsum, rs);
-  }
-  if (t == 0) p.tickets[r] = 0;  // for the next launch (the row's other blocks are done with it)
-  __syncthreads();
-  hc_mix_epilogue(a, mu, xn, r);
-}
-
 // The MoE combine of (row t, column d) in slot order (ops::moe_combine before its rounding): row_of
 // maps pair (t, k) to its row of y (outputs in expert-sorted order), else t·K + k; a negative row
 // (another rank's expert) adds +0, as the exactness path writes such an output.
@@ -2138,6 +2022,134 @@ __global__ void moe_combine_post_kernel(const float* y, const float* ys, float* 
   const float fv = bf16 ? dev_round_bf16(s) : s;
   out[t * dim + d] = fv;
   hc_post_column<HC>(x, post, comb, t, dim, d, xs, fv, post_bf16);
+}
+
+// hc_post, then the next sublayer's mixes of the updated streams, in one launch (decode rows; hc
+// 4, dim a multiple of kSumChunk, at most kSplitMaxChunks chunks). Grid: rows x dim / kSumChunk x 4
+// blocks, a cluster per column block: block (row r, column block b, rank i) owns stream i's
+// columns [b·kSumChunk, +kSumChunk), which are the row's flat chunk c = i·dim / kSumChunk + b. It
+// reads the column block of all four streams and f, forms its stream's update (hc_post_value, as
+// hc_post_fixed_kernel) into shared memory and, once every block of its cluster has read the old
+// streams (the cluster barrier), stores it. Its warps then take the chunk's items as
+// hc_mixes_split_kernel's do (warp 0 the double sum of squares, warp 1 + j mix j's dot: the same
+// lane partials and butterfly) and store the chunk sums to `work`; the row's last block to finish
+// (a ticket per row, reset by that block) folds them in the chunk tree, scales them and runs the
+// epilogue as the split kernel's rank 0 does. So the same bits as hc_post then hc_mixes. The mixes'
+// fn rows are weights: each warp requests its row's chunk before the PDL wait. With p.y the
+// update's f is the MoE combine of those columns (moe_combine_post_kernel's sum and rounding; the
+// rank-0 block stores it to p.out), so the launch is moe_combine_post then the mixes.
+constexpr int kPmHc = 4, kPmMix = (2 + kPmHc) * kPmHc, kPmWarps = kPmMix + 1;
+// Block (row r, column block b, rank i) of hc_post_mixes_kernel's grid and its flat chunk c.
+struct PmBlock {
+  int i, b, c;
+  int64_t r;
+  __device__ __forceinline__ explicit PmBlock(int64_t dim) {
+    const unsigned nb = unsigned(dim / kSumChunk);
+    i = int(blockIdx.x % kPmHc), b = int(blockIdx.x / kPmHc % nb), r = int64_t(blockIdx.x / (kPmHc * nb));
+    c = i * int(nb) + b;
+  }
+};
+struct PmFn {
+  float4 v[8];
+};
+__global__ void __launch_bounds__(kPmWarps * 32) hc_post_mixes_kernel(HcPostMixArgs p) {
+  const PmFn fn = pdl_prologue([&] {  // warp w >= 1: its mix's fn row over the block's chunk
+    PmFn v{};
+    const int w = int(threadIdx.x / 32);
+    if (w >= 1) {
+      const int64_t flat = kPmHc * p.mix.dim;
+      const float* fr = p.mix.fn + int64_t(w - 1) * flat + int64_t(PmBlock(p.mix.dim).c) * kSumChunk + 4 * (threadIdx.x & 31);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) v.v[s] = ld_weight(reinterpret_cast<const float4*>(fr + 128 * s));
+    }
+    return v;
+  });
+  const float4 (&fv)[8] = fn.v;
+  constexpr int HC = kPmHc;
+  const HcMixArgs& a = p.mix;
+  const int64_t dim = a.dim, flat = HC * dim;
+  const int m = int(HC * (dim / kSumChunk));
+  const PmBlock blk(dim);
+  const int i = blk.i, c = blk.c;
+  const int64_t r = blk.r, d0 = int64_t(blk.b) * kSumChunk;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), t = int(threadIdx.x);
+  __shared__ __align__(16) float xn[kSumChunk];
+  __shared__ float mu[kPmMix];
+  __shared__ bool last;
+  namespace cg = cooperative_groups;
+  float4 out = make_float4(0, 0, 0, 0);
+  if (t < kSumChunk / 4) {  // plain loads: x, f, post and comb are step-written
+    const int64_t d = d0 + 4 * t;
+    float4 s4[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) s4[j] = *reinterpret_cast<const float4*>(p.x + (r * HC + j) * dim + d);
+    float4 f4;
+    if (p.y) {
+      float fv[4];
+      moe_combine_sum_cols<4>(p.y, p.ys, p.row_of, r, p.K, dim, d, fv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) fv[q] = p.combine_bf16 ? dev_round_bf16(fv[q]) : fv[q];
+      f4 = make_float4(fv[0], fv[1], fv[2], fv[3]);
+      if (i == 0) *reinterpret_cast<float4*>(p.out + r * dim + d) = f4;
+    } else {
+      f4 = *reinterpret_cast<const float4*>(p.f + r * dim + d);
+    }
+    const float* P = p.comb + r * HC * HC;
+    const float pk = p.post[r * HC + i];
+    const float xs0[HC] = {s4[0].x, s4[1].x, s4[2].x, s4[3].x}, xs1[HC] = {s4[0].y, s4[1].y, s4[2].y, s4[3].y};
+    const float xs2[HC] = {s4[0].z, s4[1].z, s4[2].z, s4[3].z}, xs3[HC] = {s4[0].w, s4[1].w, s4[2].w, s4[3].w};
+    out.x = hc_post_value<HC>(P, pk, xs0, f4.x, i, p.bf16);
+    out.y = hc_post_value<HC>(P, pk, xs1, f4.y, i, p.bf16);
+    out.z = hc_post_value<HC>(P, pk, xs2, f4.z, i, p.bf16);
+    out.w = hc_post_value<HC>(P, pk, xs3, f4.w, i, p.bf16);
+    reinterpret_cast<float4*>(xn)[t] = out;
+  }
+  cg::this_cluster().sync();  // the cluster's blocks have read the old streams; xn is complete
+  if (t < kSumChunk / 4) *reinterpret_cast<float4*>(p.x + (r * HC + i) * dim + d0 + 4 * t) = out;
+  double* wsq = reinterpret_cast<double*>(p.work) + r * m;               // [rows][m]
+  float* wpart = p.work + 2 * a.rows * m + r * int64_t(kPmMix) * m;      // [rows][n_mix][m]
+  if (warp == 0) {  // the chunk's double sum of squares
+    double q4[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const double v = double(xn[128 * s + 4 * lane + q]);
+        q4[q] = __dadd_rn(q4[q], __dmul_rn(v, v));
+      }
+    double v = __dadd_rn(__dadd_rn(q4[0], q4[1]), __dadd_rn(q4[2], q4[3]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) wsq[c] = v;
+  } else {  // mix warp - 1's chunk dot
+    float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const float4 xv = reinterpret_cast<const float4*>(xn)[32 * s + lane];
+      p0 = mul_add(fv[s].x, xv.x, p0), p1 = mul_add(fv[s].y, xv.y, p1);
+      p2 = mul_add(fv[s].z, xv.z, p2), p3 = mul_add(fv[s].w, xv.w, p3);
+    }
+    float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) wpart[(warp - 1) * m + c] = v;
+  }
+  if (lane == 0) __threadfence();  // the chunk sum is visible to the row's last block
+  __syncthreads();
+  if (t == 0) last = atomicAdd(p.tickets + r, 1) == m - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The row's last block: the chunk trees, the scaling, then the epilogue (the split kernel's rank 0).
+  const double ss = __shfl_sync(0xffffffffu, warp_chunk_tree(lane < m ? __ldcg(wsq + lane) : 0.0, m), 0);
+  const float rs = hc_inv_rms(ss, flat, a.norm_eps);
+  if (warp < kPmMix) {
+    const float dsum = warp_chunk_tree(lane < m ? __ldcg(wpart + warp * m + lane) : 0.0f, m);
+    if (lane == 0) mu[warp] = __fmul_rn(dsum, rs);
+  }
+  if (t == 0) p.tickets[r] = 0;  // for the next launch (the row's other blocks are done with it)
+  __syncthreads();
+  hc_mix_epilogue(a, mu, xn, r);
 }
 
 __global__ void embed_kernel(const float* embed, const int32_t* tokens, float* X, int64_t T, int64_t hc,
@@ -3056,9 +3068,10 @@ cudaError_t launch_hc_post(const float* f, float* x, const float* post, const fl
 bool hc_post_mixes_supported(const HcPostMixArgs& p, int64_t n_tickets) {
   const HcMixArgs& a = p.mix;
   const auto al16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  const bool f_ok = p.y ? p.ys && p.out && p.K >= 0 && al16(p.y) && al16(p.ys) && al16(p.out) : al16(p.f);
   return a.hc == kPmHc && !a.head_only && a.dim > 0 && a.dim % kSumChunk == 0 &&
          kPmHc * a.dim / kSumChunk <= kSplitMaxChunks && a.rows >= 1 && a.rows <= n_tickets &&
-         a.rows * kPmHc * (a.dim / kSumChunk) <= INT32_MAX && al16(p.f) && al16(p.x) && al16(a.fn) && p.work &&
+         a.rows * kPmHc * (a.dim / kSumChunk) <= INT32_MAX && f_ok && al16(p.x) && al16(a.fn) && p.work &&
          p.tickets && a.post != p.post && a.comb != p.comb;
 }
 

@@ -140,11 +140,19 @@ cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64
 cudaError_t launch_hc_post(const float* f, float* x, const float* post, const float* comb, int64_t rows,
                            int64_t hc, int64_t dim, bool bf16, cudaStream_t s);
 // launch_hc_post(f, x, post, comb, mix.rows, mix.hc, mix.dim, bf16), then launch_hc_mixes(mix) of
-// the updated x, as one launch with the same bits (mix.x unused). Only where
-// hc_post_mixes_supported: hc 4, not head_only, dim a multiple of 1024 up to 8192, 1..n_tickets
-// rows, f / x / mix.fn 16-byte aligned, mix's post and comb other buffers than post and comb.
+// the updated x, as one launch with the same bits (mix.x unused); with y set, f is the MoE combine
+// instead: launch_moe_combine_post(y, ys, out, rows, K, dim, combine_bf16, row_of, x, post, comb,
+// 4, bf16), then the mixes. Only where hc_post_mixes_supported: hc 4, not head_only, dim a
+// multiple of 1024 up to 8192, 1..n_tickets rows, f (or y, ys, out) / x / mix.fn 16-byte aligned,
+// mix's post and comb other buffers than post and comb.
 struct HcPostMixArgs {
   const float* f = nullptr;
+  const float* y = nullptr;        // the combine's expert outputs (moe_combine_post), or nullptr
+  const float* ys = nullptr;
+  const int32_t* row_of = nullptr;
+  int64_t K = 0;
+  float* out = nullptr;            // the combined rows, stored as moe_combine_post stores them
+  bool combine_bf16 = false;
   float* x = nullptr;
   const float* post = nullptr;
   const float* comb = nullptr;
