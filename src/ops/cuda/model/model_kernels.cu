@@ -2108,18 +2108,8 @@ __global__ void __launch_bounds__(kPmWarps * 32) hc_post_mixes_kernel(HcPostMixA
   if (t < kSumChunk / 4) *reinterpret_cast<float4*>(p.x + (r * HC + i) * dim + d0 + 4 * t) = out;
   double* wsq = reinterpret_cast<double*>(p.work) + r * m;               // [rows][m]
   float* wpart = p.work + 2 * a.rows * m + r * int64_t(kPmMix) * m;      // [rows][n_mix][m]
-  if (warp == 0) {  // the chunk's double sum of squares
-    double q4[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const double v = double(xn[128 * s + 4 * lane + q]);
-        q4[q] = __dadd_rn(q4[q], __dmul_rn(v, v));
-      }
-    double v = __dadd_rn(__dadd_rn(q4[0], q4[1]), __dadd_rn(q4[2], q4[3]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (warp == 0) {  // the chunk's double sum of squares (xn: 16-byte aligned, a whole chunk)
+    const double v = warp_sumsq_chunk(xn, kSumChunk);
     if (lane == 0) wsq[c] = v;
   } else {  // mix warp - 1's chunk dot
     float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
