@@ -43,7 +43,8 @@ def first_statement_is_prologue(text, brace):
     body = re.sub(r"^\s*(//[^\n]*\n\s*)*", "", body)
     # pdl_prologue([...] { ... }), or a declaration initialised by it: a function that reads only
     # weights before the wait (pdl.cuh).
-    return body.startswith(PROLOGUE) or re.match(r"((const\s+)?[\w:<>]+\s+\w+\s*=\s*)?pdl_prologue\(\[", body) is not None
+    with_function = r"((const\s+)?[\w:<>]+\s+\w+\s*=\s*)?pdl_prologue\(\["
+    return body.startswith(PROLOGUE) or re.match(with_function, body) is not None
 
 
 def main(argv):

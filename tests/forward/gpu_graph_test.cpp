@@ -261,10 +261,11 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   }
 }
 
-// The attention's stream update with the FFN's mHC mixes in one launch
-// (GpuLoadOptions::post_mixes_fusion, Backend::hc_post_mixes; the kernel takes hidden sizes that
-// are whole 1024-value chunks, so the tiny config widened to 1024) forms the same sums in the same
-// order as hc_post then the mixes, so the logits are bitwise those with it off, eager and in
+// Each stream update with the next sublayer's mHC mixes in one launch
+// (GpuLoadOptions::post_mixes_fusion: Backend::hc_post_mixes for the attention's update and the
+// FFN's mixes, moe_combine_post_mixes for the FFN's update and the next block's attention mixes;
+// the kernel takes hidden sizes that are whole 1024-value chunks, so the tiny config widened to
+// 1024) forms the same sums in the same order as the update then the mixes, so the logits are bitwise those with it off, eager and in
 // patched graphs, over decode steps of one and two sequences and verify blocks with rollbacks;
 // and the fused launch did run (not the fallback).
 TEST_P(GpuGraphDecode, PostMixesFusionOnEqualsOffBitwise) {

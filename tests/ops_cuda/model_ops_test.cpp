@@ -1152,7 +1152,8 @@ TEST(CudaModelOps, HcMixesChunkSplitMatchesRowKernelBitwise) {
 // the mixes (slot rows through row_of, one of them another rank's: +0): the same bits in the
 // streams, the combined rows, pre, post and comb, with and without BF16 rounding, for 1-8 rows and
 // three widths; twice in a row (the per-row tickets reset themselves); the shapes and buffers it
-// does not take are refused.
+// does not take are refused. Without the combine, also against the CPU twins (ops::hc_post then
+// ops::hc_mixes): the streams bit for bit, the mixes within the GPU mixes' bound (one ulp).
 TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
   FS_REQUIRE_GPU();
   constexpr int64_t hc = 4, n_mix = (2 + hc) * hc, kTickets = 8;
@@ -1214,6 +1215,16 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           expect_bitwise(x2.to_host(), x1.to_host(), "streams");
           if (combine) expect_bitwise(out2.to_host(), out1.to_host(), "combined rows");
+          if (!combine && rep == 0) {
+            std::vector<float> xc(x.size()), cpre(nm), cpost(nm), ccomb(nc);
+            hc_post(f.data(), x.data(), post.data(), comb.data(), xc.data(), rows, hc, dim, bf16);
+            hc_mixes({xc.data(), fn.data(), base.data(), scale.data(), rows, hc, dim, 1e-6f, 1e-6f, 20, cpre.data(),
+                      cpost.data(), ccomb.data()});
+            expect_bitwise(x2.to_host(), xc, "streams vs CPU");
+            expect_near_cpu(pre2.to_host(), cpre, "pre vs CPU");
+            expect_near_cpu(post2.to_host(), cpost, "post vs CPU");
+            expect_near_cpu(comb2.to_host(), ccomb, "comb vs CPU");
+          }
           expect_bitwise(pre2.to_host(), pre1.to_host(), "pre");
           expect_bitwise(post2.to_host(), post1.to_host(), "post");
           expect_bitwise(comb2.to_host(), comb1.to_host(), "comb (Sinkhorn)");

@@ -241,13 +241,33 @@ __device__ __forceinline__ float dev_dot_f32(const float* a, const float* b, int
   return dev_dot_f32_ld(a, F32Loader{b}, n);
 }
 
+// A chunk dot's end: the lane's partials (p0 + p1) + (p2 + p3), then the xor butterfly (every
+// lane returns the chunk sum).
+__device__ __forceinline__ float warp_fold_partials(float p0, float p1, float p2, float p3) {
+  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One whole chunk's dot from values the lanes hold: lane l's av[i] / bv[i] are values 128i + 4l ..
+// 128i + 4l + 3 (warp_dot_chunk's order).
+__device__ __forceinline__ float warp_dot_chunk_f4(const float4 (&av)[8], const float4 (&bv)[8]) {
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    p0 = mul_add(av[i].x, bv[i].x, p0), p1 = mul_add(av[i].y, bv[i].y, p1);
+    p2 = mul_add(av[i].z, bv[i].z, p2), p3 = mul_add(av[i].w, bv[i].w, p3);
+  }
+  return warp_fold_partials(p0, p1, p2, p3);
+}
+
 // One chunk of the chunked dot by a whole warp (every lane returns the chunk sum): lane l holds
 // partials 4l..4l+3 (16-byte loads when a and b are 16-byte aligned), then the xor butterfly.
 // Plain loads for both: either operand may be step-written (x is a in linear_chunked_kernel, b in
 // hc_mixes_kernel), and ld.global.nc can read stale values under PDL (runtime/pdl.cuh).
 __device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, int64_t len) {
   const int lane = int(threadIdx.x & 31);
-  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
   if (len == kSumChunk && ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0) {
     float4 av[8], bv[8];
 #pragma unroll
@@ -255,23 +275,16 @@ __device__ __forceinline__ float warp_dot_chunk(const float* a, const float* b, 
       av[i] = *reinterpret_cast<const float4*>(a + 128 * i + 4 * lane);
       bv[i] = *reinterpret_cast<const float4*>(b + 128 * i + 4 * lane);
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      p0 = mul_add(av[i].x, bv[i].x, p0), p1 = mul_add(av[i].y, bv[i].y, p1);
-      p2 = mul_add(av[i].z, bv[i].z, p2), p3 = mul_add(av[i].w, bv[i].w, p3);
-    }
-  } else {
-    for (int64_t i = 4 * lane; i < len; i += 128) {
-      p0 = mul_add(a[i], b[i], p0);
-      if (i + 1 < len) p1 = mul_add(a[i + 1], b[i + 1], p1);
-      if (i + 2 < len) p2 = mul_add(a[i + 2], b[i + 2], p2);
-      if (i + 3 < len) p3 = mul_add(a[i + 3], b[i + 3], p3);
-    }
+    return warp_dot_chunk_f4(av, bv);
   }
-  float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  for (int64_t i = 4 * lane; i < len; i += 128) {
+    p0 = mul_add(a[i], b[i], p0);
+    if (i + 1 < len) p1 = mul_add(a[i + 1], b[i + 1], p1);
+    if (i + 2 < len) p2 = mul_add(a[i + 2], b[i + 2], p2);
+    if (i + 3 < len) p3 = mul_add(a[i + 3], b[i + 3], p3);
+  }
+  return warp_fold_partials(p0, p1, p2, p3);
 }
 
 // The same for the double sum of squares of one chunk (x is step-written: plain loads).

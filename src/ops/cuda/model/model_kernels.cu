@@ -2058,7 +2058,8 @@ __global__ void __launch_bounds__(kPmWarps * 32) hc_post_mixes_kernel(HcPostMixA
     const int w = int(threadIdx.x / 32);
     if (w >= 1) {
       const int64_t flat = kPmHc * p.mix.dim;
-      const float* fr = p.mix.fn + int64_t(w - 1) * flat + int64_t(PmBlock(p.mix.dim).c) * kSumChunk + 4 * (threadIdx.x & 31);
+      const int64_t off = int64_t(PmBlock(p.mix.dim).c) * kSumChunk;
+      const float* fr = p.mix.fn + int64_t(w - 1) * flat + off + 4 * (threadIdx.x & 31);
 #pragma unroll
       for (int s = 0; s < 8; ++s) v.v[s] = ld_weight(reinterpret_cast<const float4*>(fr + 128 * s));
     }
@@ -2112,16 +2113,10 @@ __global__ void __launch_bounds__(kPmWarps * 32) hc_post_mixes_kernel(HcPostMixA
     const double v = warp_sumsq_chunk(xn, kSumChunk);
     if (lane == 0) wsq[c] = v;
   } else {  // mix warp - 1's chunk dot
-    float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+    float4 xv[8];
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const float4 xv = reinterpret_cast<const float4*>(xn)[32 * s + lane];
-      p0 = mul_add(fv[s].x, xv.x, p0), p1 = mul_add(fv[s].y, xv.y, p1);
-      p2 = mul_add(fv[s].z, xv.z, p2), p3 = mul_add(fv[s].w, xv.w, p3);
-    }
-    float v = __fadd_rn(__fadd_rn(p0, p1), __fadd_rn(p2, p3));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int s = 0; s < 8; ++s) xv[s] = reinterpret_cast<const float4*>(xn)[32 * s + lane];
+    const float v = warp_dot_chunk_f4(fv, xv);
     if (lane == 0) wpart[(warp - 1) * m + c] = v;
   }
   if (lane == 0) __threadfence();  // the chunk sum is visible to the row's last block
