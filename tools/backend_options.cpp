@@ -77,6 +77,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "kernel's end: on | off (the same results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gemv-persistent", o.gemv_persistent, std::string("GPU backend: ") + kGemvPersistentHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
                   "compressors, the ring write beside the output projection, the routed beside the shared "
@@ -191,6 +194,10 @@ const char* const kMoeWRegistersHelp =
     "swapped, each weight tile expanded into the tensor core's register operand instead of shared memory; the "
     "same bits";
 
+const char* const kGemvPersistentHelp =
+    "the decode GEMVs on a persistent grid (two CTAs per SM, each walking several row tiles with the next "
+    "tile's first weights loaded during the current tile's reduction): on | off (the same results)";
+
 const char* const kMoeCompactGroupsHelp =
     "decode-sized steps of several tokens with fewer routed pairs than experts (batches, verify blocks) group "
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
@@ -230,6 +237,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.moe_compact_groups = o.moe_compact_groups == "on";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
+  g.gemv_persistent = o.gemv_persistent == "on";
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

@@ -27,6 +27,7 @@
 #include "bench/cuda/prefill_bench.h"
 #include "bench/cuda/spec_bench.h"
 #include "bench/cuda/tp_bench.h"
+#include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/runtime/launch.cuh"
 #endif
 
@@ -46,6 +47,7 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
+  std::string gemv_persistent = "off";     // --gemv-persistent (GpuLoadOptions::gemv_persistent)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -91,6 +93,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
+  lo.gemv_persistent = o.gemv_persistent == "on";
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -403,6 +406,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gemv-persistent", mo->gemv_persistent,
+                  std::string("GPU (the model bench and the layer slices): ") + kGemvPersistentHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -452,6 +459,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
+    ops::cuda::set_gemv_persistent(mo->gemv_persistent == "on");
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

@@ -596,6 +596,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_w_in_registers_ = opts.moe_w_in_registers;
   m->moe_compact_groups_ = opts.moe_compact_groups;
   m->programmatic_launch_ = opts.programmatic_launch;
+  m->gemv_persistent_ = opts.gemv_persistent;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -1195,6 +1196,7 @@ std::unique_ptr<SequenceState> GpuModel::new_sequence() const {
 Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits) {
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   ops::cuda::set_programmatic_launch(programmatic_launch_);
+  ops::cuda::set_gemv_persistent(gemv_persistent_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

@@ -189,6 +189,11 @@ struct GpuLoadOptions {
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
   bool programmatic_launch = true;
+  // The decode GEMVs (ops/cuda/gemv) on a persistent grid: at most two CTAs per SM, each walking
+  // several 32-row tiles and loading its next tile's first weight chunk during the current one's
+  // block reduction, instead of a CTA per tile. The same sums: the same bits. Process-wide, set
+  // before each forward of this model. The CLI's --gemv-persistent.
+  bool gemv_persistent = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's

@@ -63,4 +63,6 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
                      "expert_gemv kernel launch");
 }
 
+void set_gemv_persistent(bool on) { detail::set_gemv_persistent(on); }
+
 }  // namespace flashseek::ops::cuda

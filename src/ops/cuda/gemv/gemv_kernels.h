@@ -34,6 +34,8 @@ struct GemvArgs {
   int ny;
   // The row count that picks the tuning (pick_tuning) instead of n; 0: n.
   int tune_n;
+  // Set by launch_gemv (callers leave it 0): the launch's group count (dense: 1).
+  int n_groups;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
@@ -50,5 +52,12 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
+
+// Process-wide: the decode GEMVs (gemv_kernel) run on a persistent grid of at most `max_ctas`
+// CTAs (0: two per SM), each walking several 32-row units with the next unit's first weight chunk
+// loaded ahead; off: a CTA (cluster) per unit. The same sums, the same bits.
+void set_gemv_persistent(bool on, int max_ctas = 0);
+// Launches that took the persistent grid so far (process-wide; tests check that a case took it).
+uint64_t gemv_persistent_launches();
 
 }  // namespace flashseek::ops::cuda::detail
