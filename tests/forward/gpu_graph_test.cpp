@@ -23,6 +23,7 @@
 #if FLASHSEEK_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/runtime/comm.h"
 #endif
 
@@ -299,6 +300,45 @@ TEST_P(GpuGraphDecode, PostMixesFusionOnEqualsOffBitwise) {
   EXPECT_GT(stats(*fused).post_mixes_fused, 0);
   EXPECT_GT(stats(*fused_graphs).post_mixes_fused, 0);
   EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
+}
+
+// The decode GEMVs on a persistent grid (GpuLoadOptions::gemv_persistent; the grid capped at 3
+// CTAs, so that the tiny matrices' units are walked by few CTAs, across row tiles and expert
+// groups) form every output as the default grid does: the logits are bitwise those with it off,
+// eager and in patched graphs (whose GEMV nodes then carry the smaller grid), over decode steps
+// of one and two sequences and verify blocks with rollbacks; and the persistent kernel did run.
+TEST_P(GpuGraphDecode, PersistentGemvOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+#if FLASHSEEK_HAVE_CUDA
+  struct Reset {
+    ~Reset() { ops::cuda::detail::set_gemv_persistent_cap(0), ops::cuda::detail::set_gemv_persistent(false); }
+  } reset;
+  ops::cuda::detail::set_gemv_persistent_cap(3);
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool persistent) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.gemv_persistent = persistent;
+    return load(dir, p.numerics, o);
+  };
+  auto plain = load_with(false, false), pers = load_with(false, true), pers_graphs = load_with(true, true);
+  ASSERT_TRUE(plain && pers && pers_graphs);
+  const int64_t V = plain->config().vocab_size;
+  const uint64_t launches0 = ops::cuda::detail::gemv_persistent_launches();
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*plain, 23, n), b = decode_run(*pers, 23, n), c = decode_run(*pers_graphs, 23, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, persistent vs default grid: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + persistent vs eager default: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*pers, kVerifyBlocks);
+  const auto vc = verify_run(*pers_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_GT(ops::cuda::detail::gemv_persistent_launches(), launches0);
+  EXPECT_EQ(stats(*pers_graphs).eager_fallbacks, 0);
+#endif
 }
 
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,

@@ -1206,7 +1206,7 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
 TEST(CudaGemvPersistent, SameBitsAsOneCtaPerTile) {
   FS_REQUIRE_GPU();
   struct Reset {
-    ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_persistent(false); }
+    ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_persistent(false), detail::set_gemv_persistent_cap(0); }
   } reset;
   auto same = [](DeviceBuffer<float>& y0, DeviceBuffer<float>& y1) {
     const auto a = y0.to_host(), b = y1.to_host();
@@ -1221,7 +1221,8 @@ TEST(CudaGemvPersistent, SameBitsAsOneCtaPerTile) {
     detail::set_gemv_persistent(false);
     FS_ASSERT_OK(launch(y0.get()));
     ASSERT_EQ(cudaMemset(y1.get(), 0xff, n * sizeof(float)), cudaSuccess);
-    detail::set_gemv_persistent(true, cap);
+    detail::set_gemv_persistent(true);
+    detail::set_gemv_persistent_cap(cap);
     FS_ASSERT_OK(launch(y1.get()));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   };

@@ -1096,10 +1096,9 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
                        bf16_in, xq, xs);
 }
 
-void set_gemv_persistent(bool on, int max_ctas) {
-  g_persistent = on;
-  g_persistent_ctas = std::max(0, max_ctas);
-}
+void set_gemv_persistent(bool on) { g_persistent = on; }
+
+void set_gemv_persistent_cap(int max_ctas) { g_persistent_ctas = std::max(0, max_ctas); }
 
 uint64_t gemv_persistent_launches() { return g_persistent_launches.load(std::memory_order_relaxed); }
 

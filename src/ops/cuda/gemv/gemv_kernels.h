@@ -53,10 +53,13 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
 
-// Process-wide: the decode GEMVs (gemv_kernel) run on a persistent grid of at most `max_ctas`
-// CTAs (0: two per SM), each walking several 32-row units with the next unit's first weight chunk
-// loaded ahead; off: a CTA (cluster) per unit. The same sums, the same bits.
-void set_gemv_persistent(bool on, int max_ctas = 0);
+// Process-wide: the decode GEMVs' one-tile passes run on a persistent grid (gemv_persist_kernel),
+// each CTA walking several 32-row units with the next unit's first weight chunk loaded ahead; off:
+// gemv_kernel, a CTA (cluster) per unit. The same sums, the same bits.
+void set_gemv_persistent(bool on);
+// Tests only: the persistent grid's CTA cap (0, the default: two per SM), so that small matrices
+// walk several units. Process-wide, not thread-safe.
+void set_gemv_persistent_cap(int max_ctas);
 // Launches that took the persistent grid so far (process-wide; tests check that a case took it).
 uint64_t gemv_persistent_launches();
 
