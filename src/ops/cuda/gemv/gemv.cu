@@ -370,6 +370,53 @@ __device__ __forceinline__ GemvMats unit_mats(const GemvArgs& a, int e) {
   return m;
 }
 
+// The end of a pass (after every warp stashed its sums in red): the CTA's sum over its warps in
+// a fixed order, the cluster ranks' sums in rank order (distributed shared memory), the epilogue
+// and stores by rank 0; returns once red may be overwritten.
+template <bool kGated, int kNt, bool kStacked>
+__device__ __forceinline__ void reduce_store(const GemvArgs& a, float (&red)[kGated ? 2 : 1][kWarps][kRows * 8 * kNt],
+                                             int rank, int split, int row0, int64_t start, int64_t tt, int ntok) {
+  constexpr int kToks = 8 * kNt, kMats = kGated ? 2 : 1;
+  __syncthreads();
+  // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
+  for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
+#pragma unroll
+    for (int mi = 0; mi < kMats; ++mi) {
+      float v = 0;
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
+      red[mi][0][o] = v;
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
+#endif
+  if (rank == 0) {
+    for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
+      const int r = o / kToks, t = o % kToks, row = row0 + r;
+      if (row >= a.n || t >= ntok) continue;
+      float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
+        const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
+        v += rem[o];
+        if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
+      }
+#endif
+      const int64_t out_row = a.group_start ? start + tt + t : tt + t;
+      finish_out<kGated, kStacked>(a, out_row, row, v, u);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split > 1) {
+    cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
+    return;
+  }
+#endif
+  __syncthreads();
+}
+
 // Grid: x = row tile * split + k slice (a cluster of `split` CTAs per row tile), y = group.
 // kNt: 8-token MMA tiles per pass (1 when every group holds <= 8 tokens: half the accumulators;
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
@@ -445,44 +492,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     else chunks(std::false_type{});
     stash<kNt>(red[0][warp], acc, g, q);
     if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
-    __syncthreads();
-    // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
-    for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-#pragma unroll
-      for (int mi = 0; mi < kMats; ++mi) {
-        float v = 0;
-#pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
-        red[mi][0][o] = v;
-      }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
-#endif
-    if (rank == 0) {
-      for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-        const int r = o / kToks, t = o % kToks, row = row0 + r;
-        if (row >= a.n || t >= ntok) continue;
-        float v = red[0][0][o], u = kGated ? red[kMats - 1][0][o] : 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
-          const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
-          v += rem[o];
-          if constexpr (kGated) u += rem[(kMats - 1) * kWarps * kRows * kToks + o];
-        }
-#endif
-        const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-        finish_out<kGated, kStacked>(a, out_row, row, v, u);
-      }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (split > 1) {
-      cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
-      continue;
-    }
-#endif
-    __syncthreads();
+    reduce_store<kGated, kNt, kStacked>(a, red, rank, split, row0, start, tt, ntok);
   }
 }
 
@@ -575,60 +585,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, i
         if constexpr (kGated) load_w<kFp4, kChunk, false, true>(a, nm.wu, nm.wsu, nx->row0, kb0, g, q, AU, scu);
         pre = true;
       }
-      __syncthreads();
-      // This CTA's sum over its warps (fixed order), kept in red[*][0] (each thread owns its `o`s).
-      for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-#pragma unroll
-        for (int mi = 0; mi < kMats; ++mi) {
-          float v = 0;
-#pragma unroll
-          for (int wi = 0; wi < kWarps; ++wi) v += red[mi][wi][o];
-          red[mi][0][o] = v;
-        }
-      }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      namespace cg = cooperative_groups;
-      if (split > 1) cg::this_cluster().sync();  // every rank's partial is in its shared memory
-#endif
-      if (rank == 0) {
-        for (int o = threadIdx.x; o < kRows * kToks; o += kThreads) {
-          const int r = o / kToks, t = o % kToks, row = row0 + r;
-          if (row >= a.n || t >= ntok) continue;
-          float v = red[0][0][o], u2 = kGated ? red[kMats - 1][0][o] : 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          for (int rk = 1; rk < split; ++rk) {  // rank order: deterministic
-            const float* rem = cg::this_cluster().map_shared_rank(&red[0][0][0], rk);
-            v += rem[o];
-            if constexpr (kGated) u2 += rem[(kMats - 1) * kWarps * kRows * kToks + o];
-          }
-#endif
-          const int64_t out_row = a.group_start ? start + tt + t : tt + t;
-          finish_out<kGated, kStacked>(a, out_row, row, v, u2);
-        }
-      }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (split > 1) {
-        cg::this_cluster().sync();  // rank 0 has read the partials before they are overwritten
-        continue;
-      }
-#endif
-      __syncthreads();
+      reduce_store<kGated, kNt, kStacked>(a, red, rank, split, row0, start, tt, ntok);
     }
   };
-  {
-    int u = int(blockIdx.x) / split;
-    if (u >= n_units) return;
-    GemvUnit cur = gemv_unit(a, u / tiles, u % tiles);
-    for (;;) {
-      const int v = u + unit_stride;
-      if (v >= n_units) {
-        run_unit(cur, nullptr);
-        break;
-      }
-      const GemvUnit nxt = gemv_unit(a, v / tiles, v % tiles);
-      run_unit(cur, &nxt);
-      u = v, cur = nxt;
+  int u = int(blockIdx.x) / split;
+  if (u >= n_units) return;
+  GemvUnit cur = gemv_unit(a, u / tiles, u % tiles);
+  for (;;) {
+    const int v = u + unit_stride;
+    if (v >= n_units) {
+      run_unit(cur, nullptr);
+      break;
     }
+    const GemvUnit nxt = gemv_unit(a, v / tiles, v % tiles);
+    run_unit(cur, &nxt);
+    u = v, cur = nxt;
   }
 }
 
