@@ -100,7 +100,7 @@ __device__ __forceinline__ unsigned int ld_stream(const unsigned int* p) {
   return v;
 }
 // The same loads as volatile asm: issued where they stand, never sunk past the block reduction
-// that a persistent CTA runs while its next unit's first chunk is in flight (gemv_kernel).
+// that a persistent CTA runs while its next unit's first chunk is in flight (gemv_persist_kernel).
 __device__ __forceinline__ uint2 ld_stream_pinned(const uint2* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, i
   auto run_unit = [&](const GemvUnit& un, const GemvUnit* nx) {
     const int row0 = un.row0;
     const int64_t start = un.start, count = a.group_start ? int64_t(un.count) : a.m;
-    const GemvMats mats = unit_mats<kGated>(a, un.e);
+    const GemvMats mats = unit_mats<kGated>(a, max(un.e, 0));  // (used only where e >= 0)
     if (un.e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
       if (rank == 0)  // the whole cluster shares the unit, so every CTA of it skips it
         for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
