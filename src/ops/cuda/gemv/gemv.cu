@@ -370,6 +370,43 @@ __device__ __forceinline__ GemvMats unit_mats(const GemvArgs& a, int e) {
   return m;
 }
 
+// The input row of each of this thread's token slots in a pass (tokens tt.. of the unit's
+// start..; -1: no token).
+template <int kNt>
+__device__ __forceinline__ void pass_rows(const GemvArgs& a, int64_t start, int64_t tt, int ntok, int g,
+                                          int64_t (&xr)[kNt]) {
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    const int slot = nt * 8 + g;
+    xr[nt] = -1;
+    if (slot < ntok) {
+      const int64_t p = start + tt + slot;
+      xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
+    }
+  }
+}
+
+// One chunk's MMAs for every 8-token tile of the pass: the tile's x codes (pre-quantised or
+// quantised here) times the chunk's weights (and up weights, gated) into the accumulators.
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kOne>
+__device__ __forceinline__ void chunk_mma(const GemvArgs& a, const int64_t (&xr)[kNt], int ntok, int kb0, int q,
+                                          const uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                          const uint32_t (&sc)[2][2],
+                                          const uint32_t (&AU)[2][kChunk][2][WRaw<kFp4>::kWords],
+                                          const uint32_t (&scu)[2][2], float (&acc)[kNt][2][4],
+                                          float (&accu)[kNt][2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
+    uint32_t B[kChunk][2];
+    float xs[kChunk];
+    if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
+    else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
+    mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
+    if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
+  }
+}
+
 // The end of a pass (after every warp stashed its sums in red): the CTA's sum over its warps in
 // a fixed order, the cluster ranks' sums in rank order (distributed shared memory), the epilogue
 // and stores by rank 0; returns once red may be overwritten.
@@ -455,15 +492,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   for (int64_t tt = 0; tt < count; tt += kToks) {
     const int ntok = count - tt < kToks ? int(count - tt) : kToks;
     int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      const int slot = nt * 8 + g;
-      xr[nt] = -1;
-      if (slot < ntok) {
-        const int64_t p = start + tt + slot;
-        xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
-      }
-    }
+    pass_rows<kNt>(a, start, tt, ntok, g, xr);
     float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
     using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
     // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
@@ -475,16 +504,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         uint32_t sc[2][2], scu[2][2];
         load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
         if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
-          uint32_t B[kChunk][2];
-          float xs[kChunk];
-          if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-          else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
-          mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
-          if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
-        }
+        chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
       }
     };
     // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
@@ -539,15 +559,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, i
     for (int64_t tt = 0; tt < count; tt += kToks) {
       const int ntok = count - tt < kToks ? int(count - tt) : kToks;
       int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int slot = nt * 8 + g;
-        xr[nt] = -1;
-        if (slot < ntok) {
-          const int64_t p = start + tt + slot;
-          xr[nt] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + slot;
-        }
-      }
+      pass_rows<kNt>(a, start, tt, ntok, g, xr);
       float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
       // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
       auto chunks = [&](auto one) {
@@ -559,16 +571,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, i
             if constexpr (kGated) load_w<kFp4, kChunk>(a, mats.wu, mats.wsu, row0, kb0, g, q, AU, scu);
           }
           pre = false;
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt) {
-            if (nt * 8 >= ntok) break;  // warp-uniform: no token in this or any later tile
-            uint32_t B[kChunk][2];
-            float xs[kChunk];
-            if (a.xq) load_xq<kChunk>(a, xr[nt], kb0, q, B, xs);
-            else quant_x<kChunk>(xr[nt] >= 0 ? a.x + xr[nt] * a.k : nullptr, kb0, q, a.act_block, a.bf16_in, B, xs);
-            mma_accumulate<kFp4, kChunk, kOne>(A, sc, B, xs, q, acc[nt]);
-            if constexpr (kGated) mma_accumulate<kFp4, kChunk, kOne>(AU, scu, B, xs, q, accu[nt]);
-          }
+          chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
         }
       };
       // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
