@@ -370,6 +370,16 @@ __device__ __forceinline__ GemvMats unit_mats(const GemvArgs& a, int e) {
   return m;
 }
 
+// Zero outputs for a group of another rank's expert: rows row0.. of its `count` pairs from start.
+__device__ __forceinline__ void store_zeros(const GemvArgs& a, int row0, int64_t start, int64_t count) {
+  for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
+    const int row = row0 + int(o % kRows);
+    const int64_t out_row = start + o / kRows;
+    if (row >= a.n) continue;
+    store_out(a, out_row, row, 0.0f);
+  }
+}
+
 // The input row of each of this thread's token slots in a pass (tokens tt.. of the unit's
 // start..; -1: no token).
 template <int kNt>
@@ -474,13 +484,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     count = a.group_start[blockIdx.y + 1] - start;
     const int64_t e = a.group_expert[blockIdx.y];
     if (e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
-      if (rank == 0)  // the whole cluster shares blockIdx.y, so every CTA of it returns here
-        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
-          const int row = row0 + int(o % kRows);
-          const int64_t out_row = start + o / kRows;
-          if (row >= a.n) continue;
-          store_out(a, out_row, row, 0.0f);
-        }
+      if (rank == 0) store_zeros(a, row0, start, count);  // the whole cluster shares blockIdx.y: all return
       return;
     }
     w += e * a.e_stride, ws += e * a.e_sstride;
@@ -547,13 +551,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, i
     const int64_t start = un.start, count = a.group_start ? int64_t(un.count) : a.m;
     const GemvMats mats = unit_mats<kGated>(a, max(un.e, 0));  // (used only where e >= 0)
     if (un.e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
-      if (rank == 0)  // the whole cluster shares the unit, so every CTA of it skips it
-        for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
-          const int row = row0 + int(o % kRows);
-          const int64_t out_row = start + o / kRows;
-          if (row >= a.n) continue;
-          store_out(a, out_row, row, 0.0f);
-        }
+      if (rank == 0) store_zeros(a, row0, start, count);  // the whole cluster shares the unit: all skip it
       return;
     }
     for (int64_t tt = 0; tt < count; tt += kToks) {
