@@ -97,6 +97,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gpu-post-mixes", o.gpu_post_mixes, kPostMixesHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-collapse-norm", o.gpu_collapse_norm, kCollapseNormHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_exact_linears_option(cmd, o.gpu_exact_linears);
   cmd->add_option("--bf16-linears", o.bf16_linears,
                   "GPU backend, reference numerics: the linears of BF16 inputs (wo_a, the LM head): exact (the "
@@ -178,6 +181,9 @@ const char* const kRowFusionHelp =
 const char* const kPostMixesHelp =
     "GPU backend: in decode-sized steps each mHC stream update and the next sublayer's mHC mixes of the "
     "updated streams run as one launch: on | off (the same results)";
+const char* const kCollapseNormHelp =
+    "GPU backend: each sublayer's input (the mHC collapse of the streams, then the RMS norm) formed by one "
+    "launch: on | off (the same results)";
 const char* const kStackQkvHelp =
     "GPU backend, native weights: each layer's wq_a and wkv kept as one stacked matrix (the same bytes) "
     "and run as one GEMV launch at decode: on | off (another FP32 summation order of those two "
@@ -242,6 +248,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";
   g.post_mixes_fusion = o.gpu_post_mixes == "on";
+  g.collapse_norm_fusion = o.gpu_collapse_norm == "on";
   g.tensor_core_linears = o.bf16_linears == "tensor";
   auto fast = fast_linears_without(o.gpu_exact_linears);
   if (!fast.ok()) return fast.status().with_context("--gpu-exact-linears");

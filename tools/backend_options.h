@@ -50,6 +50,7 @@ struct BackendOpts {
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
   std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
   std::string gpu_post_mixes = "off";  // on | off (GpuLoadOptions::post_mixes_fusion)
+  std::string gpu_collapse_norm = "off";  // on | off (GpuLoadOptions::collapse_norm_fusion)
   // Roles of GpuLinearRole (comma-separated names, or "none") kept on the exactness kernels
   // (GpuLoadOptions::fast_linears without them): a debug / A-B knob.
   std::string gpu_exact_linears = "none";
@@ -90,6 +91,8 @@ extern const char* const kStackQkvHelp;
 extern const char* const kRowFusionHelp;
 // The help text of --gpu-post-mixes (run, serve and `bench`'s model bench).
 extern const char* const kPostMixesHelp;
+// The help text of --gpu-collapse-norm (run, serve and `bench`'s model bench).
+extern const char* const kCollapseNormHelp;
 // --gpu-exact-linears: "none" or comma-separated role names (gpu_linear_role_name) → the
 // GpuLoadOptions::fast_linears mask without those roles; a clear error for an unknown name.
 Result<uint32_t> fast_linears_without(const std::string& exact_roles);

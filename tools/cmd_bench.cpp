@@ -52,6 +52,7 @@ struct ModelBenchOpts {
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
   std::string post_mixes = "off";          // --gpu-post-mixes (GpuLoadOptions::post_mixes_fusion; as run / serve)
+  std::string collapse_norm = "off";       // --gpu-collapse-norm (GpuLoadOptions::collapse_norm_fusion; as run / serve)
   std::string exact_linears = "none";      // --gpu-exact-linears (GpuLoadOptions::fast_linears; as run / serve)
   std::string bf16_linears = "tensor";     // --bf16-linears (GpuLoadOptions::tensor_core_linears; as run / serve)
   int64_t moe_gemm_min_tokens = 128;       // --moe-gemm-min-tokens (GpuLoadOptions::moe_gemm_min_tokens)
@@ -98,6 +99,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
   lo.post_mixes_fusion = o.post_mixes == "on";
+  lo.collapse_norm_fusion = o.collapse_norm == "on";
   auto fast = fast_linears_without(o.exact_linears);
   if (!fast.ok()) return fail(fast.status());
   lo.fast_linears = fast.value();
@@ -400,6 +402,10 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gpu-post-mixes", mo->post_mixes, std::string("model bench: ") + kPostMixesHelp + ", as run / serve")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-collapse-norm", mo->collapse_norm,
+                  std::string("model bench: ") + kCollapseNormHelp + ", as run / serve")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--gpu-pdl", mo->pdl,

@@ -222,6 +222,14 @@ class Backend {
                              int64_t dim, bool bf16) = 0;
   virtual Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) = 0;
+  // A sublayer's input: hc_collapse(X, pre, u), then rms_norm(u, w, y). `u` is scratch for the
+  // collapsed rows; a backend may form y without it (the same bits; u's contents are then
+  // unspecified). y may be u; neither may alias X.
+  virtual Status hc_collapse_norm(const Tensor& X, const Tensor& pre, const Vec* w, const Tensor& u, const Tensor& y,
+                                  int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
+    FS_RETURN_IF_ERROR(hc_collapse(X, pre, u, rows, hc, dim, bf16));
+    return rms_norm(u, w, y, rows, dim, eps, bf16);
+  }
   // A sublayer's stream update, then the next sublayer's mixes of the updated streams: hc_post,
   // then hc_mixes(next) (next.x is X; next.post / next.comb are not `post` / `comb`). A backend may
   // run them as one (the same bits); the flow hands it the mixes only where fuses_post_mixes(rows).

@@ -172,8 +172,7 @@ Status Forward::forward(std::span<BatchItem> batch, std::vector<float>& logits) 
       FS_RETURN_IF_ERROR(b_.hc_head_pre(m));
       pre = ph;
     }
-    FS_RETURN_IF_ERROR(b_.hc_collapse(Xr, pre, y, nr, hc, D, R()));
-    FS_RETURN_IF_ERROR(b_.rms_norm(y, &w_.norm, y, nr, D, eps, R()));
+    FS_RETURN_IF_ERROR(b_.hc_collapse_norm(Xr, pre, &w_.norm, y, y, nr, hc, D, eps, R()));
     return b_.linear(head_call(y, w_.head, nr, D, Vr, lg, R()));
   };
   // The DSpark rings' writes read only the taps (and write only the rings): beside the head.
@@ -288,8 +287,7 @@ Status Forward::block(const LayerWeights& L, const std::string& tag, int64_t T, 
                       std::optional<MoeCombineCall>* pending, bool mixed, const HcMixCall* next) -> Status {
     auto mix = [&]() { return mixed ? Status{} : b_.hc_mixes(mix_call(fn, base, scale, pre, po, co)); };
     auto rest = [&]() -> Status {
-      FS_RETURN_IF_ERROR(b_.hc_collapse(X, pre_c, u, T, hc, D, R()));
-      FS_RETURN_IF_ERROR(b_.rms_norm(u, &norm_w, a, T, D, eps, R()));
+      FS_RETURN_IF_ERROR(b_.hc_collapse_norm(X, pre_c, &norm_w, u, a, T, hc, D, eps, R()));
       return body(a, f);
     };
     if (v41 && !mixed) {

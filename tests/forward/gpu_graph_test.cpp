@@ -302,6 +302,40 @@ TEST_P(GpuGraphDecode, PostMixesFusionOnEqualsOffBitwise) {
   EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
 }
 
+// Each sublayer's input by one launch (GpuLoadOptions::collapse_norm_fusion: the mHC collapse and
+// the RMS norm of Backend::hc_collapse_norm, and the LM head's) forms the same values as the two
+// launches: the logits are bitwise those with it off, eager and in patched graphs, over the
+// prompts' prefill, decode steps of one and two sequences, and verify blocks with rollbacks; and
+// the fused launch did run.
+TEST_P(GpuGraphDecode, CollapseNormFusionOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool fuse) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.collapse_norm_fusion = fuse;
+    return load(dir, p.numerics, o);
+  };
+  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
+  ASSERT_TRUE(plain && fused && fused_graphs);
+  const int64_t V = plain->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*plain, 37, n), b = decode_run(*fused, 37, n), c = decode_run(*fused_graphs, 37, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fused vs two launches: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fused vs eager two launches: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
+  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_EQ(stats(*plain).collapse_norm_fused, 0);
+  EXPECT_GT(stats(*fused).collapse_norm_fused, 0);
+  EXPECT_GT(stats(*fused_graphs).collapse_norm_fused, 0);
+  EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
+}
+
 // The decode GEMVs on a persistent grid (GpuLoadOptions::gemv_persistent; the grid capped at 3
 // CTAs, so that the tiny matrices' units are walked by few CTAs, across row tiles and expert
 // groups) form every output as the default grid does: the logits are bitwise those with it off,

@@ -1250,6 +1250,63 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
   EXPECT_EQ(compared, 36);  // 3 widths x 3 row counts x BF16 off / on x 2 launches
 }
 
+// The fused collapse + norm (launch_hc_collapse_norm) against the two launches it replaces and
+// the CPU ops, bit for bit: widths with a partial chunk and non-multiples of 4 (the scalar path),
+// a misaligned stream block (scalar path at a vector width), 1-3 rows per block (short rows) and
+// many rows, BF16 off / on, with and without the norm weight; streams spanning +-2^±6 so the sum of
+// squares is not trivially conditioned; the output starts as NaN bits so an unwritten value fails.
+TEST(CudaModelOps, HcCollapseNormEqualsCollapseThenNormBitwise) {
+  FS_REQUIRE_GPU();
+  const int64_t hc = 4;
+  int64_t compared = 0;
+  struct Case { int64_t rows, dim; bool misalign; };
+  const Case cases[] = {{1, 5120, false}, {2, 5120, false}, {7, 5120, false}, {1, 1024, false}, {3, 1024, false},
+                        {5, 1000, false}, {2, 7, false},     {1, 16384, false}, {3, 4099, false}, {130, 5120, false},
+                        {1, 5120, true},  {4, 2048, true},   {9, 513, false}};
+  for (const Case& c : cases)
+    for (const bool bf16 : {false, true})
+      for (const bool weighted : {true, false}) {
+        const int64_t rows = c.rows, dim = c.dim;
+        SCOPED_TRACE(::testing::Message() << rows << " rows, dim " << dim << (c.misalign ? " misaligned" : "")
+                                          << ", bf16 " << bf16 << ", weight " << weighted);
+        const uint64_t seed = 900 + uint64_t(dim) * 3 + uint64_t(rows) + (bf16 ? 1 : 0);
+        auto x = randn(static_cast<size_t>(rows * hc * dim), seed, 1.0f);
+        Rng r(seed + 9);
+        for (auto& v : x) v = std::ldexp(v, int(r.below(13)) - 6);
+        const auto pre = randn(static_cast<size_t>(rows * hc), seed + 1);
+        const auto w = randn(static_cast<size_t>(dim), seed + 2);
+        const float eps = bf16 ? 1e-20f : 1e-6f;
+        // CPU: the two ops.
+        std::vector<float> u(static_cast<size_t>(rows * dim)), ref(u.size());
+        hc_collapse(x.data(), pre.data(), u.data(), rows, hc, dim, bf16);
+        rms_norm({u.data(), weighted ? w.data() : nullptr, ref.data(), rows, dim, eps, bf16});
+        // The streams one float past a 16-byte boundary where misaligned.
+        const size_t off = c.misalign ? 1 : 0;
+        std::vector<float> xs(off, 0.0f);
+        xs.insert(xs.end(), x.begin(), x.end());
+        DeviceBuffer<float> dx(xs), dpre(pre), dw(w), du(u.size()), dy1(u.size()), dy2(u.size());
+        const float* X = dx.get() + off;
+        const float* W = weighted ? dw.get() : nullptr;
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_collapse(X, dpre.get(), du.get(), rows, hc, dim, bf16, 0), "collapse"));
+        FS_ASSERT_OK(cuda_status(cd::launch_model_rms_norm(du.get(), W, dy1.get(), rows, dim, eps, bf16, 0), "norm"));
+        ASSERT_EQ(cudaMemset(dy2.get(), 0xff, u.size() * 4), cudaSuccess);
+        ASSERT_TRUE(cd::hc_collapse_norm_supported(hc, dim));
+        FS_ASSERT_OK(cuda_status(cd::launch_hc_collapse_norm(X, dpre.get(), W, dy2.get(), rows, hc, dim, eps, bf16, 0),
+                                 "collapse + norm"));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        expect_bitwise(dy2.to_host(), dy1.to_host(), "fused vs the two launches");
+        expect_bitwise(dy2.to_host(), ref, "fused vs CPU");
+        ++compared;
+      }
+  EXPECT_EQ(compared, 13 * 4);
+  // Refused: other stream counts, rows wider than 16 chunks, an empty row.
+  EXPECT_FALSE(cd::hc_collapse_norm_supported(2, 5120));
+  EXPECT_FALSE(cd::hc_collapse_norm_supported(4, 16385));
+  EXPECT_FALSE(cd::hc_collapse_norm_supported(4, 0));
+  EXPECT_NE(cd::launch_hc_collapse_norm(nullptr, nullptr, nullptr, nullptr, 1, 3, 1024, 1e-6f, false, 0), cudaSuccess);
+  EXPECT_EQ(cd::launch_hc_collapse_norm(nullptr, nullptr, nullptr, nullptr, 0, 4, 1024, 1e-6f, false, 0), cudaSuccess);
+}
+
 // Radix-select top-k on 128k+ candidates with heavy ties (a few distinct values, -0 and +0),
 // non-finite entries, k larger than the candidates, and the block-candidate mode over 16k blocks.
 TEST(CudaModelOps, IndexTopkLargeWithTiesMatchesCpu) {

@@ -359,6 +359,8 @@ class GpuModel final : public Model, public Backend {
   Status hc_head_pre(const HcMixCall& c) override;
   Status hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y, int64_t rows, int64_t hc, int64_t dim,
                      bool bf16) override;
+  Status hc_collapse_norm(const Tensor& X, const Tensor& pre, const Vec* w, const Tensor& u, const Tensor& y,
+                          int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) override;
   Status hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows, int64_t hc,
                  int64_t dim, bool bf16) override;
   Status hc_mean(const Tensor& X, const Tensor& y, int64_t y_stride, int64_t rows, int64_t hc, int64_t dim,
@@ -515,6 +517,7 @@ class GpuModel final : public Model, public Backend {
   int64_t gemv_prequant_min_rows_ = 9;          // GpuLoadOptions::gemv_prequant_min_rows
   bool row_fusion_ = true;                       // GpuLoadOptions::row_fusion
   bool post_mixes_fusion_ = false;               // GpuLoadOptions::post_mixes_fusion
+  bool collapse_norm_fusion_ = false;            // GpuLoadOptions::collapse_norm_fusion
   int64_t stacked_pairs_ = 0;                    // layers whose wq_a + wkv are stacked (stack_query_kv)
   bool prefill_gemm_bf16_ = false;              // GpuLoadOptions::prefill_gemm_bf16
   bool prefill_gemm_expand_w_ = false;          // GpuLoadOptions::prefill_gemm_expand_w

@@ -589,6 +589,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->gemv_prequant_min_rows_ = opts.gemv_prequant_min_rows;
   m->row_fusion_ = opts.row_fusion;
   m->post_mixes_fusion_ = opts.post_mixes_fusion;
+  m->collapse_norm_fusion_ = opts.collapse_norm_fusion;
   m->prefill_gemm_bf16_ = opts.prefill_gemm_bf16 || opts.prefill_gemm_expand_w || opts.prefill_gemm_direct;
   m->prefill_gemm_direct_ = opts.prefill_gemm_direct;
   m->prefill_gemm_expand_w_ = opts.prefill_gemm_expand_w;

@@ -246,6 +246,11 @@ struct GpuLoadOptions {
   // the update then hc_mixes, two launches and the mixes' separate reads of the streams fewer per
   // layer. Off by default until measured; the CLI's --gpu-post-mixes on | off.
   bool post_mixes_fusion = false;
+  // Each sublayer's input (the mHC collapse of the streams, then the RMS norm) formed by one launch
+  // (Backend::hc_collapse_norm; cd::launch_hc_collapse_norm; hc 4, hidden_size up to 16,384): the
+  // same bits, the collapsed row kept in registers. Off by default until measured; the CLI's
+  // --gpu-collapse-norm on | off.
+  bool collapse_norm_fusion = false;
 };
 // The largest GpuLoadOptions::gemv_tiled_min_rows accepted (larger values: never the tiled kernel).
 inline constexpr int64_t kMaxGemvTiledMinRows = int64_t(1) << 40;
@@ -283,6 +288,8 @@ struct GpuGraphStats {
   int64_t moe_compact_groupings = 0;
   // Stream updates run with the next sublayer's mixes as one launch (GpuLoadOptions::post_mixes_fusion).
   int64_t post_mixes_fused = 0;
+  // Sublayer inputs collapsed and normed by one launch (GpuLoadOptions::collapse_norm_fusion).
+  int64_t collapse_norm_fused = 0;
   // FP8 token linears that ran (some of) their rows through the FP8 GEMM
   // (GpuLoadOptions::dense_gemm_min_tokens).
   int64_t dense_gemm_linears = 0;

@@ -344,6 +344,16 @@ Status GpuModel::hc_collapse(const Tensor& X, const Tensor& pre, const Tensor& y
   return {};
 }
 
+Status GpuModel::hc_collapse_norm(const Tensor& X, const Tensor& pre, const Vec* w, const Tensor& u,
+                                  const Tensor& y, int64_t rows, int64_t hc, int64_t dim, float eps, bool bf16) {
+  if (!collapse_norm_fusion_ || !cd::hc_collapse_norm_supported(hc, dim))
+    return Backend::hc_collapse_norm(X, pre, w, u, y, rows, hc, dim, eps, bf16);
+  FS_CUDA_RETURN_IF_ERROR(cd::launch_hc_collapse_norm(X.f32(), pre.f32(), w ? d(*w) : nullptr, y.f32(), rows, hc, dim,
+                                                      eps, bf16, stream_));
+  ++gstats_.collapse_norm_fused;
+  return {};
+}
+
 Status GpuModel::hc_post(const Tensor& f, const Tensor& X, const Tensor& post, const Tensor& comb, int64_t rows,
                          int64_t hc, int64_t dim, bool bf16) {
   FS_CUDA_RETURN_IF_ERROR(

@@ -275,6 +275,7 @@ class TpModel final : public Model {
       t.moe_gemm_layers += s.moe_gemm_layers;
       t.moe_compact_groupings += s.moe_compact_groupings;
       t.post_mixes_fused += s.post_mixes_fused;
+      t.collapse_norm_fused += s.collapse_norm_fused;
       t.dense_gemm_linears += s.dense_gemm_linears;
       t.paired_linears += s.paired_linears;
       t.weight_expansions += s.weight_expansions;

@@ -1263,8 +1263,12 @@ __device__ __forceinline__ Acc warp_chunk_tree(Acc v, int m) {
 constexpr int kNormMaxChunks = 16, kNormThreads = 512;
 __host__ __device__ constexpr int norm_rows_per_block(int64_t m) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
 
+// kHc > 0 (launch_hc_collapse_norm): the row's values are first formed as hc_collapse_vec_kernel
+// forms them, u = bf16?(Σ_i pre[r,i] · x[r,i,:]) with x the row's kHc streams, in registers (the
+// same expressions: the same bits), so the collapsed row never goes through global memory.
+template <int kHc = 0>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, float* y, int64_t rows,
-                                                        int64_t dim, float eps, bool bf16) {
+                                                        int64_t dim, float eps, bool bf16, const float* pre = nullptr) {
   pdl_prologue();
   __shared__ double csq[32];
   const int m = int((dim + kSumChunk - 1) / kSumChunk);
@@ -1273,19 +1277,39 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
   const int64_t row = int64_t(blockIdx.x) * norm_rows_per_block(m) + rw;
   const bool live = row < rows;
   const int64_t off = int64_t(c) * kSumChunk, len = dim - off < kSumChunk ? dim - off : kSumChunk;
-  const float* xr = x + (live ? row : 0) * dim + off;
+  constexpr int kStreams = kHc > 0 ? kHc : 1;
+  const float* xr = x + (live ? row : 0) * kStreams * dim + off;  // stream i of the row: xr + i · dim
   const float* wr = w ? w + off : nullptr;
   float* yr = y + (live ? row : 0) * dim + off;
-  const bool vec = len == kSumChunk &&
+  const bool vec = len == kSumChunk && (kHc == 0 || dim % 4 == 0) &&
                    ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(yr) |
                      reinterpret_cast<uintptr_t>(wr)) & 15) == 0;
   float xv[32], wv[32];  // [i][q]: value 128i + 4·lane + q of the chunk
+  float pr[kStreams];    // kHc: the row's collapse weights
+  if constexpr (kHc > 0) {
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) pr[i] = live ? pre[row * kHc + i] : 0.0f;
+  }
   if (live) {
     if (vec) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(xr + 128 * i + 4 * lane);  // not __ldg: y may alias x
-        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        if constexpr (kHc == 0) {
+          const float4 v = *reinterpret_cast<const float4*>(xr + 128 * i + 4 * lane);  // not __ldg: y may alias x
+          xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        } else {
+          float4 v[kHc];
+#pragma unroll
+          for (int j = 0; j < kHc; ++j) v[j] = *reinterpret_cast<const float4*>(xr + j * dim + 128 * i + 4 * lane);
+          float s[4] = {0, 0, 0, 0};
+#pragma unroll
+          for (int j = 0; j < kHc; ++j) {
+            s[0] = mul_add(pr[j], v[j].x, s[0]), s[1] = mul_add(pr[j], v[j].y, s[1]);
+            s[2] = mul_add(pr[j], v[j].z, s[2]), s[3] = mul_add(pr[j], v[j].w, s[3]);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) xv[4 * i + q] = bf16 ? dev_round_bf16(s[q]) : s[q];
+        }
       }
       if (wr) {
 #pragma unroll
@@ -1300,7 +1324,16 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, 
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int64_t k = 128 * i + 4 * lane + q;
-          xv[4 * i + q] = k < len ? xr[k] : 0.0f;
+          if constexpr (kHc == 0) {
+            xv[4 * i + q] = k < len ? xr[k] : 0.0f;
+          } else {
+            float s = 0;
+            if (k < len) {
+#pragma unroll
+              for (int j = 0; j < kHc; ++j) s = mul_add(pr[j], xr[j * dim + k], s);
+            }
+            xv[4 * i + q] = bf16 ? dev_round_bf16(s) : s;
+          }
           wv[4 * i + q] = wr && k < len ? wr[k] : 0.0f;
         }
     }
@@ -2914,7 +2947,8 @@ cudaError_t launch_model_rms_norm(const float* x, const float* w, float* y, int6
   if (m <= kNormMaxChunks) {
     const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-    return launch_kernel(rms_norm_kernel, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps, bf16);
+    return launch_kernel(rms_norm_kernel<0>, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps,
+                         bf16, static_cast<const float*>(nullptr));
   }
   const size_t smem = size_t(m) * sizeof(double);
   if (smem > 48 * 1024 || rows > INT32_MAX) return cudaErrorInvalidValue;
@@ -3028,6 +3062,21 @@ static bool vec_launch(int64_t rows, int64_t width, std::initializer_list<const 
 }
 static dim3 vec_grid(int64_t rows, int64_t width) {
   return dim3(unsigned(rows), unsigned((width / 4 + kVecThreads - 1) / kVecThreads));
+}
+
+bool hc_collapse_norm_supported(int64_t hc, int64_t dim) {
+  return hc == 4 && dim > 0 && (dim + kSumChunk - 1) / kSumChunk <= kNormMaxChunks;
+}
+
+cudaError_t launch_hc_collapse_norm(const float* x, const float* pre, const float* w, float* y, int64_t rows,
+                                    int64_t hc, int64_t dim, float eps, bool bf16, cudaStream_t s) {
+  if (!hc_collapse_norm_supported(hc, dim)) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t m = (dim + kSumChunk - 1) / kSumChunk;
+  const int64_t rpb = norm_rows_per_block(m), blocks = (rows + rpb - 1) / rpb;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_kernel(rms_norm_kernel<4>, unsigned(blocks), unsigned(32 * m * rpb), 0, s, x, w, y, rows, dim, eps,
+                       bf16, pre);
 }
 
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,

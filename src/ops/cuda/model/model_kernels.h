@@ -134,6 +134,12 @@ int64_t hc_mixes_work_floats(const HcMixArgs& a);
 // the short dot order). Row tiles (`tiled`, many rows): the mix dots by a row-tiled kernel (same
 // order), then a block per row for the sum of squares, the scaling and Sinkhorn.
 cudaError_t launch_hc_mixes(const HcMixArgs& a, cudaStream_t s);
+// launch_hc_collapse then launch_model_rms_norm (y ← rms_norm(collapse(x, pre)) · w) in one launch,
+// bit for bit, without the collapsed row in global memory: hc 4 and rows of at most 16 chunks of
+// kSumChunk values (hc_collapse_norm_supported; else cudaErrorInvalidValue). y must not alias x.
+bool hc_collapse_norm_supported(int64_t hc, int64_t dim);
+cudaError_t launch_hc_collapse_norm(const float* x, const float* pre, const float* w, float* y, int64_t rows,
+                                    int64_t hc, int64_t dim, float eps, bool bf16, cudaStream_t s);
 cudaError_t launch_hc_collapse(const float* x, const float* pre, float* u, int64_t rows, int64_t hc,
                                int64_t dim, bool bf16, cudaStream_t s);
 // x [rows, hc, dim] ← post ⊗ f + combᵀ x (in place safe).
