@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #define CK(x)                                                                              \
@@ -72,6 +74,59 @@ __device__ __forceinline__ void load_chunk(Chunk<kMats, kBlocks, kFp4>& ch, cons
       }
 }
 
+__device__ __forceinline__ uint4 ld_s128(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Rotates r left by q (r'[i] = r[(i + q) & 3]) with selects (no local memory).
+__device__ __forceinline__ void rotl4(uint32_t (&r)[4], int q) {
+  if (q & 1) { const uint32_t t = r[0]; r[0] = r[1], r[1] = r[2], r[2] = r[3], r[3] = t; }
+  if (q & 2) { uint32_t t = r[0]; r[0] = r[2], r[2] = t; t = r[1], r[1] = r[3], r[3] = t; }
+}
+
+// FP4 "wide": lane q of a row's quad loads 16 bytes, block kb + q of the row (4 words), and the
+// quad transposes them so that lane q holds word q of blocks kb..kb+3: the 4-byte loads' register
+// layout (gemv_kernel's fragments) from a quarter of the load instructions, each reading whole
+// 32-byte sectors. Per 4 words: one 16-byte load, 4 shuffles and 16 selects.
+__device__ __forceinline__ void load_wide4(uint32_t* dst, const uint8_t* row_kb, int q) {
+  const uint4 v = ld_s128(reinterpret_cast<const uint4*>(row_kb + q * 16));
+  uint32_t r[4] = {v.x, v.y, v.z, v.w};
+  rotl4(r, q);  // r[s] = word (q + s) & 3 of block q: the word that lane (q + s) & 3 wants
+  const int base = (threadIdx.x & 31) & ~3;
+  uint32_t got[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) got[s] = __shfl_sync(0xffffffffu, r[s], base | ((q - s) & 3));
+  // got[s] = word q of block (q - s) & 3; out[b] = got[(q - b) & 3], i.e. got reversed then rotated.
+  uint32_t o[4] = {got[0], got[3], got[2], got[1]};  // o[i] = got[(-i) & 3]
+  rotl4(o, (4 - q) & 3);                              // o'[b] = o[(b - q) & 3] = got[(q - b) & 3]
+#pragma unroll
+  for (int b = 0; b < 4; ++b) dst[b] = o[b];
+}
+
+template <int kMats, int kBlocks>
+struct WideChunk {
+  static constexpr int kWords = kMats * 4 * kBlocks;
+  uint32_t v[kWords];
+};
+
+template <int kMats, int kBlocks>
+__device__ __forceinline__ void load_chunk_wide(WideChunk<kMats, kBlocks>& ch, const uint8_t* const (&w)[2],
+                                                int64_t row_bytes, int row0, int kb0, int g, int q) {
+  static_assert(kBlocks % 4 == 0, "wide loads take 4 blocks a lane");
+  int i = 0;
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int j = 0; j < kBlocks; j += 4, i += 4)
+        load_wide4(ch.v + i, w[m] + int64_t(row0 + r * 8 + g) * row_bytes + int64_t(kb0 + j) * 16, q);
+}
+
 template <int kMath, int kWords>
 __device__ __forceinline__ uint32_t fold(const uint32_t (&v)[kWords], uint32_t acc) {
 #pragma unroll
@@ -85,7 +140,9 @@ __device__ __forceinline__ uint32_t fold(const uint32_t (&v)[kWords], uint32_t a
 }
 
 // Grid: x = 32-row tile of the group, y = group (expert); matrices of one group are consecutive.
-template <int kMats, int kBlocks, bool kFp4, int kMath, bool kDb>
+// z = k slice of `gridDim.z` (gemv_kernel's cluster split: chunks [z·n/split, (z+1)·n/split)).
+// kWide: FP4 words loaded 16 bytes a lane and transposed in the quad (load_wide4).
+template <int kMats, int kBlocks, bool kFp4, int kMath, bool kDb, bool kWide = false>
 __global__ void __launch_bounds__(256) gemv_probe(const uint8_t* base, int64_t rows, int64_t row_bytes,
                                                    uint32_t* out) {
   extern __shared__ uint8_t pad[];  // occupancy control only
@@ -95,28 +152,34 @@ __global__ void __launch_bounds__(256) gemv_probe(const uint8_t* base, int64_t r
   const uint8_t* const w[2] = {base + int64_t(blockIdx.y) * kMats * mat_bytes,
                                base + (int64_t(blockIdx.y) * kMats + (kMats - 1)) * mat_bytes};
   constexpr int kBlockBytes = kFp4 ? 16 : 32;
-  const int n_chunks = int(row_bytes / kBlockBytes) / kBlocks;
+  const int all_chunks = int(row_bytes / kBlockBytes) / kBlocks;
+  const int c_begin = int(blockIdx.z) * all_chunks / int(gridDim.z);
+  const int n_chunks = (int(blockIdx.z) + 1) * all_chunks / int(gridDim.z);
   uint32_t acc = 0;
-  using C = Chunk<kMats, kBlocks, kFp4>;
+  using C = std::conditional_t<kWide, WideChunk<kMats, kBlocks>, Chunk<kMats, kBlocks, kFp4>>;
+  auto load = [&](C& ch, int kb0) {
+    if constexpr (kWide) load_chunk_wide(ch, w, row_bytes, row0, kb0, g, q);
+    else load_chunk(ch, w, row_bytes, row0, kb0, g, q);
+  };
   if constexpr (kDb) {
-    int c = warp;
+    int c = c_begin + warp;
     C cur, nxt;
-    if (c < n_chunks) load_chunk(cur, w, row_bytes, row0, c * kBlocks, g, q);
+    if (c < n_chunks) load(cur, c * kBlocks);
     for (; c < n_chunks; c += 8) {
-      if (c + 8 < n_chunks) load_chunk(nxt, w, row_bytes, row0, (c + 8) * kBlocks, g, q);
+      if (c + 8 < n_chunks) load(nxt, (c + 8) * kBlocks);
       acc = fold<kMath>(cur.v, acc);
 #pragma unroll
       for (int i = 0; i < C::kWords; ++i) cur.v[i] = nxt.v[i];
     }
   } else {
-    for (int c = warp; c < n_chunks; c += 8) {
+    for (int c = c_begin + warp; c < n_chunks; c += 8) {
       C cur;
-      load_chunk(cur, w, row_bytes, row0, c * kBlocks, g, q);
+      load(cur, c * kBlocks);
       acc = fold<kMath>(cur.v, acc);
     }
   }
   if (acc == 0x12345678u) pad[0] = 1;  // never in practice; keeps pad referenced
-  out[(int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 256 + threadIdx.x] = acc;
+  out[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 256 + threadIdx.x] = acc;
 }
 
 __global__ void read_ref(const uint4* p, int64_t n, uint32_t* out) {
@@ -158,22 +221,25 @@ float time_ms(F&& launch, int reps) {
   return ms / reps;
 }
 
-template <int kMats, int kBlocks, bool kFp4, int kMath, bool kDb>
-void run(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, int ctas_per_sm, double ref_gbps) {
-  auto kern = gemv_probe<kMats, kBlocks, kFp4, kMath, kDb>;
+template <int kMats, int kBlocks, bool kFp4, int kMath, bool kDb, bool kWide = false>
+void run(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, int ctas_per_sm, double ref_gbps,
+         int split = 1) {
+  auto kern = gemv_probe<kMats, kBlocks, kFp4, kMath, kDb, kWide>;
   const size_t smem = (g_smem_max / ctas_per_sm) - 2048;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int occ = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 256, smem));
   cudaFuncAttributes fa{};
   CK(cudaFuncGetAttributes(&fa, kern));
-  const dim3 grid(unsigned(s.rows / 32), unsigned(s.groups));
+  const dim3 grid(unsigned(s.rows / 32), unsigned(s.groups), unsigned(split));
   const double bytes = double(s.groups) * s.mats * s.rows * s.row_bytes;
   const float ms = time_ms([&](int i) { kern<<<grid, 256, smem>>>(buf[i % kCopies], s.rows, s.row_bytes, out); }, 20);
   CK(cudaGetLastError());
   const double gbps = bytes / (ms * 1e-3) / 1e9;
-  std::printf("| %s | %s %d-block | %d | %s | %d (%d regs) | %.2f | %.0f | %.0f %% |\n", s.name, kFp4 ? "FP4" : "FP8", kBlocks,
-              kMath, kDb ? "yes" : "no", occ, fa.numRegs, ms * 1e3, gbps, 100.0 * gbps / ref_gbps);
+  std::printf("| %s | %s %d-block%s%s | %d | %s | %d (%d regs) | %.2f | %.0f | %.0f %% |\n", s.name,
+              kFp4 ? "FP4" : "FP8", kBlocks, kWide ? ", 16-byte loads + quad transpose" : "",
+              split > 1 ? (split == 2 ? ", split 2" : split == 3 ? ", split 3" : ", split 4") : "", kMath,
+              kDb ? "yes" : "no", occ, fa.numRegs, ms * 1e3, gbps, 100.0 * gbps / ref_gbps);
 }
 
 template <int kMats, int kBlocks, bool kFp4>
@@ -190,7 +256,21 @@ void sweep(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, double
 
 }  // namespace
 
-int main() {
+// The FP4 load width at gemv_kernel's FP4 shapes: 4-byte loads (the kernel's) against 16-byte
+// loads transposed in the quad, at the kernels' splits and 2 CTAs per SM, ~33 instructions per word.
+template <int kMats>
+void wide_sweep(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, double ref) {
+  for (int split : {1, 2, 3}) {
+    run<kMats, 2, true, 33, false>(s, buf, out, 2, ref, split);
+    run<kMats, 4, true, 33, false>(s, buf, out, 2, ref, split);
+    run<kMats, 4, true, 33, false, true>(s, buf, out, 2, ref, split);
+    run<kMats, 4, true, 33, true, true>(s, buf, out, 2, ref, split);
+    run<kMats, 8, true, 33, false, true>(s, buf, out, 2, ref, split);
+  }
+}
+
+int main(int argc, char** argv) {
+  const bool wide_only = argc > 1 && std::string(argv[1]) == "--wide";
   cudaDeviceProp p{};
   CK(cudaGetDeviceProperties(&p, 0));
   g_sms = p.multiProcessorCount;
@@ -219,11 +299,16 @@ int main() {
   std::printf("read reference: %.1f MB in %.2f us = %.0f GB/s\n\n", max_bytes / 1e6, ref_ms * 1e3, ref);
   std::printf("| matrix | chunk | math instr / word | next chunk in registers | CTAs per SM | us | GB/s | %% of read ref |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  sweep<2, 2, true>(shapes[0], buf, out, ref);
-  sweep<1, 2, true>(shapes[1], buf, out, ref);
-  sweep<1, 4, true>(shapes[1], buf, out, ref);
-  sweep<1, 4, false>(shapes[2], buf, out, ref);
-  sweep<1, 4, false>(shapes[3], buf, out, ref);
+  if (wide_only) {
+    wide_sweep<2>(shapes[0], buf, out, ref);
+    wide_sweep<1>(shapes[1], buf, out, ref);
+  } else {
+    sweep<2, 2, true>(shapes[0], buf, out, ref);
+    sweep<1, 2, true>(shapes[1], buf, out, ref);
+    sweep<1, 4, true>(shapes[1], buf, out, ref);
+    sweep<1, 4, false>(shapes[2], buf, out, ref);
+    sweep<1, 4, false>(shapes[3], buf, out, ref);
+  }
   for (auto& b : buf) CK(cudaFree(b));
   CK(cudaFree(out));
   return 0;

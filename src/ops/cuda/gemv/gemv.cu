@@ -112,6 +112,54 @@ __device__ __forceinline__ unsigned int ld_stream_pinned(const unsigned int* p) 
   return v;
 }
 
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_stream_pinned(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// r'[i] = r[(i + s) & 3] by selects (no local memory).
+__device__ __forceinline__ void rotl4(uint32_t (&r)[4], int s) {
+  if (s & 1) {
+    const uint32_t t = r[0];
+    r[0] = r[1], r[1] = r[2], r[2] = r[3], r[3] = t;
+  }
+  if (s & 2) {
+    uint32_t t = r[0];
+    r[0] = r[2], r[2] = t;
+    t = r[1], r[1] = r[3], r[3] = t;
+  }
+}
+
+// FP4, 4-block chunks: the four threads q of a row's quad each load 16 bytes, block kb0 + q of the
+// row (one load, whole 32-byte sectors, instead of four 4-byte loads that each use half a sector),
+// then exchange words so that thread q holds word q of blocks kb0..kb0+3, out[j]: the registers
+// the 4-byte loads give (the same fragments, the same bits). Every lane of the warp takes part.
+template <bool kPinned>
+__device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, uint32_t (&out)[4]) {
+  const auto* p = reinterpret_cast<const uint4*>(row_kb0 + q * 16);
+  const uint4 v = kPinned ? ld_stream_pinned(p) : ld_stream(p);
+  uint32_t r[4] = {v.x, v.y, v.z, v.w};
+  rotl4(r, q);  // r[s]: word (q + s) & 3 of block q, the word thread (q + s) & 3 wants from it
+  const int quad = int(threadIdx.x & 31) & ~3;
+  uint32_t got[4];  // got[s]: word q of block (q - s) & 3
+#pragma unroll
+  for (int s = 0; s < 4; ++s) got[s] = __shfl_sync(0xffffffffu, r[s], quad | ((q - s) & 3));
+  uint32_t o[4] = {got[0], got[3], got[2], got[1]};  // o[i] = got[(-i) & 3]
+  rotl4(o, (4 - q) & 3);                              // o[j] = got[(q - j) & 3]: word q of block j
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] = o[j];
+}
+
 // Weight scale bytes, pinned as ld_stream_pinned (T: uint8_t, unsigned short or unsigned int).
 template <class T>
 __device__ __forceinline__ T ld_scale_pinned(const T* p) {
@@ -164,6 +212,13 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
           for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_scale<kPinned>(sp + j)) << (8 * j);
         }
       }
+      if constexpr (kFp4 && kChunk == 4 && !kKeep) {
+        // Rows are k / 2 bytes (k a multiple of 32) and blocks 16: every load is 16-byte aligned.
+        uint32_t q4[4];
+        load_fp4_quad4<kPinned>(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
+      } else {
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
         const int kb = kb0 + j;
@@ -176,6 +231,7 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
           A[mt][j][h][0] = u.x;
           A[mt][j][h][1] = u.y;
         }
+      }
       }
       sc[mt][h] = packed;
     }
@@ -993,6 +1049,12 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   const int64_t tune_n = a.tune_n > 0 ? a.tune_n : a.n;  // a stacked launch's shape (GemvArgs::tune_n)
   const int64_t tiles = int64_t((tune_n + kRows - 1) / kRows) * groups;
   const Tuning t = pick_tuning(a, kFp4, tiles, device_info());
+  // FP4 4-block chunks load 16 bytes a thread (load_fp4_quad4): the matrices must start 16-byte
+  // aligned (device allocations and whole-row offsets always do).
+  if (kFp4 && t.chunk == 4 &&
+      ((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 != 0 ||
+       (a.group_start && a.e_stride % 16 != 0)))
+    return cudaErrorInvalidValue;
   // Stacked matrices (GemvArgs::y2; block_linear_cuda admits only one dense FP8 matrix over at
   // most kStackedLinearMaxRows tokens quantised inside): the one-pass kernels with the split store.
   if (a.y2) {
