@@ -8,7 +8,9 @@
 // ~9 per FP8 word), and writes one word per thread so nothing is optimised away. Variants:
 // * occupancy: CTAs per SM forced by dynamic shared memory (the real kernels: 2, register-bound);
 // * db: the next chunk's words loaded before this chunk's math (register double buffering);
-// * the reference: a grid-stride 16-byte read of the same bytes (the copy-like ceiling).
+// * the reference: a grid-stride 16-byte read of the same bytes (the copy-like ceiling);
+// * `--wide`: the load width alone — the kernels' 4-byte (FP4) / 8-byte (FP8) loads against
+//   16-byte loads whose words the quad's threads exchange into the same registers, at k splits 1-3.
 // Each matrix is one of four copies read in turn, so that nothing is served from L2.
 // Build: part of the CUDA build (bench/cuda/CMakeLists.txt); run on the GPU box with no arguments.
 #include <cuda_runtime.h>
@@ -107,24 +109,44 @@ __device__ __forceinline__ void load_wide4(uint32_t* dst, const uint8_t* row_kb,
   for (int b = 0; b < 4; ++b) dst[b] = o[b];
 }
 
-template <int kMats, int kBlocks>
+// FP8 "wide": lane q of a row's quad loads 16 bytes at 16q of the row's two blocks (block q / 2,
+// words 4(q % 2)..+3); lane q wants words 2q, 2q+1 of both blocks (the 8-byte loads' layout), which
+// lane 2b + q / 2 holds at 2(q % 2), 2(q % 2) + 1. Per 4 words: one 16-byte load, 8 shuffles.
+__device__ __forceinline__ void load_wide8(uint32_t* dst, const uint8_t* row_kb, int q) {
+  const uint4 v = ld_s128(reinterpret_cast<const uint4*>(row_kb + q * 16));
+  const int quad = (threadIdx.x & 31) & ~3;
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    const int src = quad | (2 * b + (q >> 1));
+    const uint32_t x0 = __shfl_sync(0xffffffffu, v.x, src), x1 = __shfl_sync(0xffffffffu, v.y, src);
+    const uint32_t x2 = __shfl_sync(0xffffffffu, v.z, src), x3 = __shfl_sync(0xffffffffu, v.w, src);
+    dst[2 * b] = (q & 1) ? x2 : x0;
+    dst[2 * b + 1] = (q & 1) ? x3 : x1;
+  }
+}
+
+template <int kMats, int kBlocks, bool kFp4 = true>
 struct WideChunk {
-  static constexpr int kWords = kMats * 4 * kBlocks;
+  static constexpr int kWords = kMats * 4 * kBlocks * (kFp4 ? 1 : 2);
   uint32_t v[kWords];
 };
 
-template <int kMats, int kBlocks>
-__device__ __forceinline__ void load_chunk_wide(WideChunk<kMats, kBlocks>& ch, const uint8_t* const (&w)[2],
+template <int kMats, int kBlocks, bool kFp4>
+__device__ __forceinline__ void load_chunk_wide(WideChunk<kMats, kBlocks, kFp4>& ch, const uint8_t* const (&w)[2],
                                                 int64_t row_bytes, int row0, int kb0, int g, int q) {
-  static_assert(kBlocks % 4 == 0, "wide loads take 4 blocks a lane");
+  constexpr int kStep = kFp4 ? 4 : 2;  // blocks per 16-byte load of a quad
+  static_assert(kBlocks % kStep == 0, "wide loads take 4 FP4 / 2 FP8 blocks a quad");
   int i = 0;
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int j = 0; j < kBlocks; j += 4, i += 4)
-        load_wide4(ch.v + i, w[m] + int64_t(row0 + r * 8 + g) * row_bytes + int64_t(kb0 + j) * 16, q);
+      for (int j = 0; j < kBlocks; j += kStep, i += 4) {
+        const uint8_t* row = w[m] + int64_t(row0 + r * 8 + g) * row_bytes;
+        if constexpr (kFp4) load_wide4(ch.v + i, row + int64_t(kb0 + j) * 16, q);
+        else load_wide8(ch.v + i, row + int64_t(kb0 + j) * 32, q);
+      }
 }
 
 template <int kMath, int kWords>
@@ -156,7 +178,7 @@ __global__ void __launch_bounds__(256) gemv_probe(const uint8_t* base, int64_t r
   const int c_begin = int(blockIdx.z) * all_chunks / int(gridDim.z);
   const int n_chunks = (int(blockIdx.z) + 1) * all_chunks / int(gridDim.z);
   uint32_t acc = 0;
-  using C = std::conditional_t<kWide, WideChunk<kMats, kBlocks>, Chunk<kMats, kBlocks, kFp4>>;
+  using C = std::conditional_t<kWide, WideChunk<kMats, kBlocks, kFp4>, Chunk<kMats, kBlocks, kFp4>>;
   auto load = [&](C& ch, int kb0) {
     if constexpr (kWide) load_chunk_wide(ch, w, row_bytes, row0, kb0, g, q);
     else load_chunk(ch, w, row_bytes, row0, kb0, g, q);
@@ -237,7 +259,7 @@ void run(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, int ctas
   CK(cudaGetLastError());
   const double gbps = bytes / (ms * 1e-3) / 1e9;
   std::printf("| %s | %s %d-block%s%s | %d | %s | %d (%d regs) | %.2f | %.0f | %.0f %% |\n", s.name,
-              kFp4 ? "FP4" : "FP8", kBlocks, kWide ? ", 16-byte loads + quad transpose" : "",
+              kFp4 ? "FP4" : "FP8", kBlocks, kWide ? ", 16-byte loads + quad exchange" : "",
               split > 1 ? (split == 2 ? ", split 2" : split == 3 ? ", split 3" : ", split 4") : "", kMath,
               kDb ? "yes" : "no", occ, fa.numRegs, ms * 1e3, gbps, 100.0 * gbps / ref_gbps);
 }
@@ -266,6 +288,16 @@ void wide_sweep(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, d
     run<kMats, 4, true, 33, false, true>(s, buf, out, 2, ref, split);
     run<kMats, 4, true, 33, true, true>(s, buf, out, 2, ref, split);
     run<kMats, 8, true, 33, false, true>(s, buf, out, 2, ref, split);
+  }
+}
+
+// The FP8 load width at the dense FP8 shapes: 8-byte loads (the kernel's) against 16-byte loads
+// exchanged in the quad, 4-block chunks, ~9 instructions per word.
+void wide_sweep_fp8(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, double ref) {
+  for (int split : {1, 2}) {
+    run<1, 4, false, 9, false>(s, buf, out, 2, ref, split);
+    run<1, 4, false, 9, false, true>(s, buf, out, 2, ref, split);
+    run<1, 4, false, 9, true, true>(s, buf, out, 2, ref, split);
   }
 }
 
@@ -302,6 +334,8 @@ int main(int argc, char** argv) {
   if (wide_only) {
     wide_sweep<2>(shapes[0], buf, out, ref);
     wide_sweep<1>(shapes[1], buf, out, ref);
+    wide_sweep_fp8(shapes[2], buf, out, ref);
+    wide_sweep_fp8(shapes[3], buf, out, ref);
   } else {
     sweep<2, 2, true>(shapes[0], buf, out, ref);
     sweep<1, 2, true>(shapes[1], buf, out, ref);
