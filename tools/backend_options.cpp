@@ -80,6 +80,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gemv-persistent", o.gemv_persistent, std::string("GPU backend: ") + kGemvPersistentHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gemv-fp4-chunk", o.gemv_fp4_chunk, std::string("GPU backend: ") + kGemvFp4ChunkHelp)
+      ->check(CLI::IsMember({0, 2, 4}))
+      ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
                   "compressors, the ring write beside the output projection, the routed beside the shared "
@@ -204,6 +207,11 @@ const char* const kGemvPersistentHelp =
     "the decode GEMVs on a persistent grid (two CTAs per SM, each walking several row tiles with the next "
     "tile's first weights loaded during the current tile's reduction): on | off (the same results)";
 
+const char* const kGemvFp4ChunkHelp =
+    "k blocks per warp iteration of the FP4 decode GEMVs (the routed experts): 0 (automatic: 2), 2, or 4 "
+    "(each row's whole 16-byte blocks in one load per thread); another summation order, within the parity "
+    "bound";
+
 const char* const kMoeCompactGroupsHelp =
     "decode-sized steps of several tokens with fewer routed pairs than experts (batches, verify blocks) group "
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
@@ -244,6 +252,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.gemv_persistent = o.gemv_persistent == "on";
+  g.gemv_fp4_chunk = o.gemv_fp4_chunk;
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

@@ -48,6 +48,7 @@ struct ModelBenchOpts {
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   std::string gemv_persistent = "off";     // --gemv-persistent (GpuLoadOptions::gemv_persistent)
+  int gemv_fp4_chunk = 0;                  // --gemv-fp4-chunk (GpuLoadOptions::gemv_fp4_chunk)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -95,6 +96,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.gemv_persistent = o.gemv_persistent == "on";
+  lo.gemv_fp4_chunk = o.gemv_fp4_chunk;
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -416,6 +418,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   std::string("GPU (the model bench and the layer slices): ") + kGemvPersistentHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gemv-fp4-chunk", mo->gemv_fp4_chunk,
+                  std::string("GPU (the model bench and the layer slices): ") + kGemvFp4ChunkHelp)
+      ->check(CLI::IsMember({0, 2, 4}))
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -466,6 +472,7 @@ std::function<int()> setup_bench(CLI::App& app) {
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
     ops::cuda::set_gemv_persistent(mo->gemv_persistent == "on");
+    ops::cuda::set_gemv_fp4_chunk(mo->gemv_fp4_chunk);
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

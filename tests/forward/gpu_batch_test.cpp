@@ -20,6 +20,8 @@
 // Skips visibly without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -292,6 +294,64 @@ TEST_P(GpuGemvPasses, PrequantisedDecodeInputsGiveTheSameBits) {
     ASSERT_EQ(gb.size(), ib.size());
     for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(same_bits(ga[i], gb[i])) << "step " << step << " item " << i;
   }
+}
+
+// GpuLoadOptions::gemv_fp4_chunk 4 (the FP4 GEMVs in 4-block chunks, each quad loading whole
+// 16-byte blocks) is another summation order of the routed experts, and the prefill kernels follow
+// it: a prompt in one chunk equals it in odd chunks, and a 6-token verify block equals its tokens
+// decoded one by one, bit for bit; its logits stay near the default's (a gross-error guard: words
+// exchanged wrongly in the quad would still give prefill == decode; the op tests
+// CudaBlockLinear.EveryKSplitAndChunkMatchesTwin / CudaExpertGemv.FusedSwigluEveryKSplit hold the
+// 4-block FP4 GEMV to its CPU twin); values other than 0, 2 and 4 are refused before any device
+// work.
+TEST_P(GpuGemvPasses, Fp4FourBlockChunksKeepPrefillEqualDecode) {
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = tiny_checkpoint(std::string("fs_gemvfp4c_") + GetParam(), cfg.value(), 7);
+  GpuLoadOptions bad;
+  bad.weights = GpuWeights::kNative;
+  bad.gemv_fp4_chunk = 3;
+  const auto refused = load_model_gpu(dir, Numerics::kReference, 0, bad);
+  ASSERT_FALSE(refused.ok());
+  if (refused.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << "this build has no CUDA backend";
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().to_string();
+  FS_REQUIRE_GPU();
+  GpuLoadOptions four, automatic;
+  four.weights = automatic.weights = GpuWeights::kNative;
+  four.gemv_fp4_chunk = 4;
+  auto a = load_model_gpu(dir, Numerics::kReference, 0, four);
+  auto d = load_model_gpu(dir, Numerics::kReference, 0, automatic);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  Model& m = *a.value();
+  const int64_t V = m.config().vocab_size;
+  const auto prompt = random_tokens(61, 90, V);
+  auto whole = m.new_sequence(), chunked = m.new_sequence();
+  const auto pw = run_step(m, {{whole.get(), prompt}}, true).at(0);
+  std::vector<float> pc;
+  for (size_t off = 0; off < prompt.size(); off += 13) {
+    const std::vector<int32_t> part(prompt.begin() + int64_t(off), prompt.begin() + int64_t(std::min(off + 13, prompt.size())));
+    const auto r = run_step(m, {{chunked.get(), part}}, true).at(0);
+    pc.insert(pc.end(), r.begin(), r.end());
+  }
+  EXPECT_TRUE(same_bits(pw, pc)) << "90-token prompt in one chunk vs chunks of 13";
+  auto b = whole->clone(), c = whole->clone();
+  const auto block = random_tokens(62, 6, V);
+  const auto vb = run_step(m, {{b.get(), block}}, true).at(0);
+  std::vector<float> one_by_one;
+  for (int32_t t : block) {
+    const auto r = run_step(m, {{c.get(), std::vector<int32_t>{t}}}, true).at(0);
+    one_by_one.insert(one_by_one.end(), r.begin(), r.end());
+  }
+  EXPECT_TRUE(same_bits(vb, one_by_one)) << "verify block vs decode";
+  // Against the default order: close, not equal in general (the tiny configs' FP4 experts may sum
+  // in one chunk either way, so equality is allowed).
+  auto e = d.value()->new_sequence();
+  const auto pd = run_step(*d.value(), {{e.get(), prompt}}, true).at(0);
+  ASSERT_EQ(pd.size(), pw.size());
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < pd.size(); ++i) scale = std::max(scale, double(std::fabs(pd[i]))), diff = std::max(diff, double(std::fabs(pd[i] - pw[i])));
+  EXPECT_LT(diff, 0.05 * std::max(scale, 1.0)) << "4-block chunks moved the logits by " << diff << " (scale " << scale << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuGemvPasses, ::testing::Values("tiny-v41", "tiny-v4"),

@@ -511,6 +511,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("dense_gemm_min_tokens {}: expected >= 0 (0: off)", opts.dense_gemm_min_tokens);
   if (opts.gemv_tiled_min_rows < 0 || opts.gemv_tiled_min_rows > kMaxGemvTiledMinRows)  // times groups stays in int64
     return invalid_argument("gemv_tiled_min_rows {}: expected 0..{}", opts.gemv_tiled_min_rows, kMaxGemvTiledMinRows);
+  if (opts.gemv_fp4_chunk != 0 && opts.gemv_fp4_chunk != 2 && opts.gemv_fp4_chunk != 4)
+    return invalid_argument("gemv_fp4_chunk {}: expected 0 (automatic), 2 or 4", opts.gemv_fp4_chunk);
   if (opts.gemv_prequant_min_rows < 1 || opts.gemv_prequant_min_rows > kMaxGemvTiledMinRows)
     return invalid_argument("gemv_prequant_min_rows {}: expected 1..{}", opts.gemv_prequant_min_rows,
                             kMaxGemvTiledMinRows);
@@ -598,6 +600,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_compact_groups_ = opts.moe_compact_groups;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_persistent_ = opts.gemv_persistent;
+  m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -1198,6 +1201,7 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   ops::cuda::set_programmatic_launch(programmatic_launch_);
   ops::cuda::set_gemv_persistent(gemv_persistent_);
+  ops::cuda::set_gemv_fp4_chunk(gemv_fp4_chunk_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

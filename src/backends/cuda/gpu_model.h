@@ -194,6 +194,10 @@ struct GpuLoadOptions {
   // block reduction, instead of a CTA per tile. The same sums: the same bits. Process-wide, set
   // before each forward of this model. The CLI's --gemv-persistent.
   bool gemv_persistent = false;
+  // The FP4 GEMVs' (the routed experts') k blocks per warp iteration: 0 automatic (2), 2 or 4 (each
+  // quad of threads loading a row's whole 16-byte blocks). Another summation order, within the
+  // parity bound; process-wide, set before each forward of this model. The CLI's --gemv-fp4-chunk.
+  int gemv_fp4_chunk = 0;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's

@@ -65,4 +65,6 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
 
 void set_gemv_persistent(bool on) { detail::set_gemv_persistent(on); }
 
+void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }
+
 }  // namespace flashseek::ops::cuda

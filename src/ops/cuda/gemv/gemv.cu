@@ -921,6 +921,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
 //   bit for bit.
 // * weights are loaded straight into registers (no shared-memory staging ring).
 int g_split_override = 0, g_chunk_override = 0;
+// set_gemv_fp4_chunk: k blocks per warp iteration of the FP4 matrices (0: automatic, 2).
+int g_fp4_chunk = 0;
 // set_gemv_persistent: off, or the persistent grid's CTA cap (0: two per SM).
 bool g_persistent = false;
 int g_persistent_ctas = 0;
@@ -961,6 +963,7 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo&
   int want = 2;
   if (a.act_block == 128) want = 4;
   else if (g_chunk_override > 0) want = g_chunk_override;
+  else if (fp4 && g_fp4_chunk > 0) want = g_fp4_chunk;
   else if (!fp4 && nkb / (4 * t.split) >= 2 * kWarps) want = 4;
   while (want > 1 && nkb % want != 0) want /= 2;
   t.chunk = want;
@@ -1131,6 +1134,8 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 }
 
 void set_gemv_persistent(bool on) { g_persistent = on; }
+
+void set_gemv_fp4_chunk(int chunk) { g_fp4_chunk = chunk == 2 || chunk == 4 ? chunk : 0; }
 
 void set_gemv_persistent_cap(int max_ctas) { g_persistent_ctas = std::max(0, max_ctas); }
 

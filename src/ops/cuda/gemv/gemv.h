@@ -32,4 +32,10 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 // first weight chunk loaded during the current one's reduction). The same sums, the same bits.
 void set_gemv_persistent(bool on);
 
+// Process-wide (GpuLoadOptions::gemv_fp4_chunk sets it before each forward): the k blocks per warp
+// iteration of the FP4 GEMVs (the routed experts), 2 or 4 (4: each quad loads whole 16-byte
+// blocks); anything else: automatic (2). Another summation order; the prefill kernels follow it,
+// so prefill == decode still holds bit for bit.
+void set_gemv_fp4_chunk(int chunk);
+
 }  // namespace flashseek::ops::cuda

@@ -60,6 +60,9 @@ void set_gemv_persistent(bool on);
 // Tests only: the persistent grid's CTA cap (0, the default: two per SM), so that small matrices
 // walk several units. Process-wide, not thread-safe.
 void set_gemv_persistent_cap(int max_ctas);
+// Process-wide: the FP4 GEMVs' k blocks per warp iteration, 2 or 4; anything else: automatic.
+// set_gemv_tuning's chunk, where set, wins.
+void set_gemv_fp4_chunk(int chunk);
 // Launches that took the persistent grid so far (process-wide; tests check that a case took it).
 uint64_t gemv_persistent_launches();
 
