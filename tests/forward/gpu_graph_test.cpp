@@ -262,6 +262,42 @@ TEST_P(GpuGraphDecode, RowFusionOnEqualsOffBitwise) {
   }
 }
 
+// Three loads of `dir`: with an option off (eager), on (eager) and on in patched graphs (`set`
+// switches it on); the logits of decode steps of one and two sequences and of verify blocks with
+// rollbacks must be the off model's bits, and the graphs must replay without eager fallbacks.
+// Returns the models (null where a load failed: reported) for the caller's launch counts.
+struct OnOff {
+  std::unique_ptr<Model> off, on, on_graphs;
+  bool ok() const { return off && on && on_graphs; }
+};
+template <class Set>
+OnOff expect_option_bitwise(const std::string& dir, Numerics numerics, Set set, uint64_t seed, const char* what) {
+  auto load_with = [&](bool graphs, bool on) {
+    GpuLoadOptions o = graph_options(graphs);
+    if (on) set(o);
+    return load(dir, numerics, o);
+  };
+  OnOff m{load_with(false, false), load_with(false, true), load_with(true, true)};
+  if (!m.ok()) {
+    ADD_FAILURE() << what << ": a model did not load";
+    return m;
+  }
+  const int64_t V = m.off->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*m.off, seed, n), b = decode_run(*m.on, seed, n), c = decode_run(*m.on_graphs, seed, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << what << ", " << n << " sequence(s), eager, on vs off: max|d| "
+                                     << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << what << ", " << n << " sequence(s), graphs + on vs eager off: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*m.off, kVerifyBlocks), vb = verify_run(*m.on, kVerifyBlocks);
+  const auto vc = verify_run(*m.on_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << what << ", verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << what << ", verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_EQ(stats(*m.on_graphs).eager_fallbacks, 0) << what;
+  return m;
+}
+
 // Each stream update with the next sublayer's mHC mixes in one launch
 // (GpuLoadOptions::post_mixes_fusion: Backend::hc_post_mixes for the attention's update and the
 // FFN's mixes, moe_combine_post_mixes for the FFN's update and the next block's attention mixes;
@@ -277,29 +313,12 @@ TEST_P(GpuGraphDecode, PostMixesFusionOnEqualsOffBitwise) {
   model::ModelConfig wide = cfg.value();
   wide.hidden_size = 1024;
   const std::string dir = tiny_checkpoint(std::string("fs_gpugraph_wide_") + p.config, wide, 23);
-  auto load_with = [&](bool graphs, bool fuse) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.post_mixes_fusion = fuse;
-    return load(dir, p.numerics, o);
-  };
-  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
-  ASSERT_TRUE(plain && fused && fused_graphs);
-  const int64_t V = plain->config().vocab_size;
-  for (int n : {1, 2}) {
-    const auto a = decode_run(*plain, 31, n), b = decode_run(*fused, 31, n), c = decode_run(*fused_graphs, 31, n);
-    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fused vs two launches: max|d| "
-                                     << compare_logits(a, b, V).max_abs;
-    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fused vs eager two launches: max|d| "
-                                     << compare_logits(a, c, V).max_abs;
-  }
-  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
-  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
-  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
-  EXPECT_EQ(stats(*plain).post_mixes_fused, 0);
-  EXPECT_GT(stats(*fused).post_mixes_fused, 0);
-  EXPECT_GT(stats(*fused_graphs).post_mixes_fused, 0);
-  EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
+  const OnOff m = expect_option_bitwise(
+      dir, p.numerics, [](GpuLoadOptions& o) { o.post_mixes_fusion = true; }, 31, "post + mixes fusion");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(stats(*m.off).post_mixes_fused, 0);
+  EXPECT_GT(stats(*m.on).post_mixes_fused, 0);
+  EXPECT_GT(stats(*m.on_graphs).post_mixes_fused, 0);
 }
 
 // Each sublayer's input by one launch (GpuLoadOptions::collapse_norm_fusion: the mHC collapse and
@@ -311,29 +330,12 @@ TEST_P(GpuGraphDecode, CollapseNormFusionOnEqualsOffBitwise) {
   FS_REQUIRE_GPU();
   const Param p = GetParam();
   const std::string dir = make_ckpt(p.config);
-  auto load_with = [&](bool graphs, bool fuse) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.collapse_norm_fusion = fuse;
-    return load(dir, p.numerics, o);
-  };
-  auto plain = load_with(false, false), fused = load_with(false, true), fused_graphs = load_with(true, true);
-  ASSERT_TRUE(plain && fused && fused_graphs);
-  const int64_t V = plain->config().vocab_size;
-  for (int n : {1, 2}) {
-    const auto a = decode_run(*plain, 37, n), b = decode_run(*fused, 37, n), c = decode_run(*fused_graphs, 37, n);
-    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, fused vs two launches: max|d| "
-                                     << compare_logits(a, b, V).max_abs;
-    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + fused vs eager two launches: max|d| "
-                                     << compare_logits(a, c, V).max_abs;
-  }
-  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*fused, kVerifyBlocks);
-  const auto vc = verify_run(*fused_graphs, kVerifyBlocks);
-  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
-  EXPECT_EQ(stats(*plain).collapse_norm_fused, 0);
-  EXPECT_GT(stats(*fused).collapse_norm_fused, 0);
-  EXPECT_GT(stats(*fused_graphs).collapse_norm_fused, 0);
-  EXPECT_EQ(stats(*fused_graphs).eager_fallbacks, 0);
+  const OnOff m = expect_option_bitwise(
+      dir, p.numerics, [](GpuLoadOptions& o) { o.collapse_norm_fusion = true; }, 37, "collapse + norm fusion");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(stats(*m.off).collapse_norm_fused, 0);
+  EXPECT_GT(stats(*m.on).collapse_norm_fused, 0);
+  EXPECT_GT(stats(*m.on_graphs).collapse_norm_fused, 0);
 }
 
 // The decode GEMVs on a persistent grid (GpuLoadOptions::gemv_persistent; the grid capped at 3
@@ -351,30 +353,13 @@ TEST_P(GpuGraphDecode, PersistentGemvOnEqualsOffBitwise) {
   ops::cuda::detail::set_gemv_persistent_cap(3);
   const Param p = GetParam();
   const std::string dir = make_ckpt(p.config);
-  auto load_with = [&](bool graphs, bool persistent) {
-    GpuLoadOptions o = graph_options(graphs);
-    o.gemv_persistent = persistent;
-    return load(dir, p.numerics, o);
-  };
-  auto plain = load_with(false, false), pers = load_with(false, true), pers_graphs = load_with(true, true);
-  ASSERT_TRUE(plain && pers && pers_graphs);
-  const int64_t V = plain->config().vocab_size;
   const uint64_t launches0 = ops::cuda::detail::gemv_persistent_launches();
-  for (int n : {1, 2}) {
-    const auto a = decode_run(*plain, 23, n), b = decode_run(*pers, 23, n), c = decode_run(*pers_graphs, 23, n);
-    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, persistent vs default grid: max|d| "
-                                     << compare_logits(a, b, V).max_abs;
-    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + persistent vs eager default: max|d| "
-                                     << compare_logits(a, c, V).max_abs;
-  }
-  const auto va = verify_run(*plain, kVerifyBlocks), vb = verify_run(*pers, kVerifyBlocks);
-  const auto vc = verify_run(*pers_graphs, kVerifyBlocks);
-  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
-  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  const OnOff m = expect_option_bitwise(
+      dir, p.numerics, [](GpuLoadOptions& o) { o.gemv_persistent = true; }, 23, "persistent GEMV grid");
+  ASSERT_TRUE(m.ok());
   // Exact numerics run the linears on the exactness kernels, not the block-scaled GEMVs: there the
   // comparison above holds trivially and no persistent launch is expected.
   if (p.numerics == Numerics::kReference) EXPECT_GT(ops::cuda::detail::gemv_persistent_launches(), launches0);
-  EXPECT_EQ(stats(*pers_graphs).eager_fallbacks, 0);
 #endif
 }
 
