@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -1192,6 +1193,122 @@ TEST(CudaGemvPrequant, TiledIsTheGemvsBitsForEveryTuning) {
     }
 }
 
+// Every kind of GEMV launch — dense FP8 / FP4, gated, V4's 128-blocks, stacked, grouped experts
+// with another rank's and empty groups, multi-pass groups, pre-quantised x — at forced tunings
+// (split, chunk), once with `variant(false)` into y0 and once with `variant(true)` into y1, which
+// starts as NaN bits so that an output no CTA wrote fails: the same bits. Adds the launches
+// compared to *compared (4 x (3 x 8 + 3 + 6) - 6: act_block 128 skips the 1- and 2-block chunk
+// tunings).
+void compare_gemv_variants(const std::function<void(bool)>& variant, std::mt19937& rng, int64_t* compared) {
+  auto same = [](DeviceBuffer<float>& y0, DeviceBuffer<float>& y1) {
+    const auto a = y0.to_host(), b = y1.to_host();
+    double mean_abs = 0;
+    for (float v : a) mean_abs += std::fabs(v);
+    EXPECT_GT(mean_abs, 0);
+    return 0 == std::memcmp(a.data(), b.data(), a.size() * sizeof(float));
+  };
+  // Runs `launch` with the variant off into y0 and with it on into y1 (NaN bits before).
+  auto both = [&variant](auto&& launch, DeviceBuffer<float>& y0, DeviceBuffer<float>& y1, size_t n) {
+    variant(false);
+    FS_ASSERT_OK(launch(y0.get()));
+    ASSERT_EQ(cudaMemset(y1.get(), 0xff, n * sizeof(float)), cudaSuccess);
+    variant(true);
+    FS_ASSERT_OK(launch(y1.get()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  struct Dense {
+    WeightFormat f;
+    int64_t n, k, wb, ab;
+    bool gated;
+  };
+  const Dense dense[] = {{WeightFormat::kFp8, 77, 640, 32, 32, false},   {WeightFormat::kFp8, 129, 1024, 128, 128, false},
+                         {WeightFormat::kFp8, 64, 1536, 128, 32, false}, {WeightFormat::kFp4, 45, 2304, 32, 32, false},
+                         {WeightFormat::kFp4, 31, 160, 32, 32, false},   {WeightFormat::kFp4, 96, 1280, 32, 32, false},
+                         {WeightFormat::kFp8, 70, 768, 128, 32, true},   {WeightFormat::kFp4, 33, 1152, 32, 32, true}};
+  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
+  for (const auto& t : tunings) {
+    detail::set_gemv_tuning(t.first, t.second);
+    for (const Dense& c : dense)
+      for (const int64_t m : {int64_t(1), int64_t(6), int64_t(9)}) {
+        if (c.ab == 128 && t.second != 0 && t.second != 4) continue;  // act_block 128 takes 4-block chunks
+        SCOPED_TRACE(::testing::Message() << "dense fmt=" << int(c.f) << " n=" << c.n << " k=" << c.k << " wb=" << c.wb
+                                          << " ab=" << c.ab << " gated=" << c.gated << " m=" << m << " split="
+                                          << t.first << " chunk=" << t.second);
+        const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb), wu = random_weights(rng, c.f, c.n, c.k, c.wb);
+        std::vector<float> x = random_block_activations(rng, m, c.k);
+        if (c.gated)
+          for (auto& v : x) v *= 0.05f;
+        DeviceBuffer<float> dx(x), y0(size_t(m * c.n)), y1(size_t(m * c.n));
+        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dwu(wu.codes), dsu(wu.scales);
+        BlockLinearParams p;
+        p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
+        p.w = dw.get(), p.w_scale = ds.get(), p.x = dx.get();
+        if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.swiglu_limit = 7.0f;
+        both([&](float* y) { p.y = y; return block_linear_cuda(p, nullptr); }, y0, y1, size_t(m * c.n));
+        ASSERT_TRUE(same(y0, y1));
+        ++*compared;
+      }
+    for (const int64_t m : {int64_t(1), int64_t(5), int64_t(8)}) {  // stacked: rows [0, 96) to y, the rest to y2
+      SCOPED_TRACE(::testing::Message() << "stacked m=" << m << " split=" << t.first << " chunk=" << t.second
+                                       );
+      const int64_t n1 = 96, n2 = 41, n = n1 + n2, k = 1024;
+      const Weights w = random_weights(rng, WeightFormat::kFp8, n, k, 32);
+      DeviceBuffer<float> dx(random_block_activations(rng, m, k)), y0(size_t(m * n)), y1(size_t(m * n));
+      DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
+      BlockLinearParams p;
+      p.m = m, p.n = n, p.k = k, p.format = WeightFormat::kFp8, p.w_block = 32, p.act_block = 32, p.n2 = n2;
+      p.w = dw.get(), p.w_scale = ds.get(), p.x = dx.get();
+      both([&](float* y) { p.y = y, p.y2 = y + m * n1; return block_linear_cuda(p, nullptr); }, y0, y1, size_t(m * n));
+      ASSERT_TRUE(same(y0, y1));
+      ++*compared;
+    }
+    struct Grouped {
+      int tokens, topk, n_experts, empty;
+      bool gated, preq;
+    };
+    // {12, 2, 3, 10}: 24 pairs over at most 3 experts, padded with 10 empty groups so that the
+    // groups average at most 8 tokens: a group of more than 8 tokens takes several passes.
+    const Grouped grouped[] = {{2, 6, 40, 3, false, false}, {6, 6, 40, 3, true, false}, {1, 6, 40, 0, true, false},
+                               {12, 2, 3, 10, true, false}, {12, 2, 3, 10, false, false}, {4, 6, 40, 2, false, true}};
+    for (const Grouped& c : grouped) {
+      SCOPED_TRACE(::testing::Message() << "experts gated=" << c.gated << " tokens=" << c.tokens << " topk=" << c.topk
+                                        << " experts=" << c.n_experts << " preq=" << c.preq << " split=" << t.first
+                                        << " chunk=" << t.second);
+      const int64_t n = 96, k = 1024;
+      Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
+      if (c.n_experts > 3) r.group_expert[1] = -1;  // another rank's expert between two of ours: zeros
+      for (int e = 0; e < c.empty; ++e)  // empty groups, of no expert and of expert 0
+        r.group_expert.push_back(e % 2 ? 0 : -1), r.group_start.push_back(r.group_start.back());
+      const int64_t pairs = int64_t(r.pair_row.size());
+      const Weights wg = random_weights(rng, WeightFormat::kFp4, n * c.n_experts, k, 32);
+      const Weights wu = random_weights(rng, WeightFormat::kFp4, n * c.n_experts, k, 32);
+      std::vector<float> x = random_block_activations(rng, c.tokens, k);
+      for (auto& v : x) v *= 0.05f;
+      DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * n)), y1(size_t(pairs * n));
+      DeviceBuffer<float> dxs(size_t(c.tokens * k / 32));
+      DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(c.tokens * k));
+      DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+      ExpertGemvParams p;
+      p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
+      p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
+      p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
+      p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
+      p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
+      p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.split_groups = c.topk;
+      if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
+      if (c.preq) {
+        FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.tokens, k, 32, false, dxq.get(), dxs.get(), nullptr));
+        p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+      }
+      ASSERT_LE(pairs, 8 * p.n_groups) << "decode-sized groups: the one-tile passes";
+      both([&](float* y) { p.y = y; return expert_gemv_cuda(p, nullptr); }, y0, y1, size_t(pairs * n));
+      ASSERT_TRUE(same(y0, y1));
+      ++*compared;
+    }
+  }
+}
+constexpr int64_t kGemvVariantLaunches = 4 * (3 * 8 + 3 + 6) - 2 * 3;
+
 // The decode GEMV on a persistent grid (set_gemv_persistent: fewer CTAs, each walking several
 // 32-row units and loading the next unit's first weight chunk during the current one's reduction)
 // forms every unit's sums as the default grid does: the outputs are the same bits. Grids of 2 and
@@ -1208,125 +1325,33 @@ TEST(CudaGemvPersistent, SameBitsAsOneCtaPerTile) {
   struct Reset {
     ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_persistent(false), detail::set_gemv_persistent_cap(0); }
   } reset;
-  auto same = [](DeviceBuffer<float>& y0, DeviceBuffer<float>& y1) {
-    const auto a = y0.to_host(), b = y1.to_host();
-    double mean_abs = 0;
-    for (float v : a) mean_abs += std::fabs(v);
-    EXPECT_GT(mean_abs, 0);
-    return 0 == std::memcmp(a.data(), b.data(), a.size() * sizeof(float));
-  };
-  int cap = 0;
-  // Runs `launch` on the default grid into y0 and on a persistent grid of `cap` CTAs into y1.
-  auto both = [&cap](auto&& launch, DeviceBuffer<float>& y0, DeviceBuffer<float>& y1, size_t n) {
-    detail::set_gemv_persistent(false);
-    FS_ASSERT_OK(launch(y0.get()));
-    ASSERT_EQ(cudaMemset(y1.get(), 0xff, n * sizeof(float)), cudaSuccess);
-    detail::set_gemv_persistent(true);
-    detail::set_gemv_persistent_cap(cap);
-    FS_ASSERT_OK(launch(y1.get()));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  };
-  struct Dense {
-    WeightFormat f;
-    int64_t n, k, wb, ab;
-    bool gated;
-  };
-  const Dense dense[] = {{WeightFormat::kFp8, 77, 640, 32, 32, false},   {WeightFormat::kFp8, 129, 1024, 128, 128, false},
-                         {WeightFormat::kFp8, 64, 1536, 128, 32, false}, {WeightFormat::kFp4, 45, 2304, 32, 32, false},
-                         {WeightFormat::kFp4, 31, 160, 32, 32, false},   {WeightFormat::kFp4, 96, 1280, 32, 32, false},
-                         {WeightFormat::kFp8, 70, 768, 128, 32, true},   {WeightFormat::kFp4, 33, 1152, 32, 32, true}};
-  const std::pair<int, int> tunings[] = {{0, 0}, {1, 1}, {3, 2}, {8, 4}};
   std::mt19937 rng(4243);
   const uint64_t launches0 = detail::gemv_persistent_launches();
   int64_t compared = 0;
-  for (const int c_cap : {2, 5}) {
-    cap = c_cap;
-    for (const auto& t : tunings) {
-      detail::set_gemv_tuning(t.first, t.second);
-      for (const Dense& c : dense)
-        for (const int64_t m : {int64_t(1), int64_t(6), int64_t(9)}) {
-          if (c.ab == 128 && t.second != 0 && t.second != 4) continue;  // act_block 128 takes 4-block chunks
-          SCOPED_TRACE(::testing::Message() << "dense fmt=" << int(c.f) << " n=" << c.n << " k=" << c.k << " wb=" << c.wb
-                                            << " ab=" << c.ab << " gated=" << c.gated << " m=" << m << " split="
-                                            << t.first << " chunk=" << t.second << " ctas=" << cap);
-          const Weights w = random_weights(rng, c.f, c.n, c.k, c.wb), wu = random_weights(rng, c.f, c.n, c.k, c.wb);
-          std::vector<float> x = random_block_activations(rng, m, c.k);
-          if (c.gated)
-            for (auto& v : x) v *= 0.05f;
-          DeviceBuffer<float> dx(x), y0(size_t(m * c.n)), y1(size_t(m * c.n));
-          DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dwu(wu.codes), dsu(wu.scales);
-          BlockLinearParams p;
-          p.m = m, p.n = c.n, p.k = c.k, p.format = c.f, p.w_block = c.wb, p.act_block = c.ab;
-          p.w = dw.get(), p.w_scale = ds.get(), p.x = dx.get();
-          if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.swiglu_limit = 7.0f;
-          both([&](float* y) { p.y = y; return block_linear_cuda(p, nullptr); }, y0, y1, size_t(m * c.n));
-          ASSERT_TRUE(same(y0, y1));
-          ++compared;
-        }
-      for (const int64_t m : {int64_t(1), int64_t(5), int64_t(8)}) {  // stacked: rows [0, 96) to y, the rest to y2
-        SCOPED_TRACE(::testing::Message() << "stacked m=" << m << " split=" << t.first << " chunk=" << t.second
-                                          << " ctas=" << cap);
-        const int64_t n1 = 96, n2 = 41, n = n1 + n2, k = 1024;
-        const Weights w = random_weights(rng, WeightFormat::kFp8, n, k, 32);
-        DeviceBuffer<float> dx(random_block_activations(rng, m, k)), y0(size_t(m * n)), y1(size_t(m * n));
-        DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales);
-        BlockLinearParams p;
-        p.m = m, p.n = n, p.k = k, p.format = WeightFormat::kFp8, p.w_block = 32, p.act_block = 32, p.n2 = n2;
-        p.w = dw.get(), p.w_scale = ds.get(), p.x = dx.get();
-        both([&](float* y) { p.y = y, p.y2 = y + m * n1; return block_linear_cuda(p, nullptr); }, y0, y1, size_t(m * n));
-        ASSERT_TRUE(same(y0, y1));
-        ++compared;
-      }
-      struct Grouped {
-        int tokens, topk, n_experts, empty;
-        bool gated, preq;
-      };
-      // {12, 2, 3, 10}: 24 pairs over at most 3 experts, padded with 10 empty groups so that the
-      // groups average at most 8 tokens: a group of more than 8 tokens takes several passes.
-      const Grouped grouped[] = {{2, 6, 40, 3, false, false}, {6, 6, 40, 3, true, false}, {1, 6, 40, 0, true, false},
-                                 {12, 2, 3, 10, true, false}, {12, 2, 3, 10, false, false}, {4, 6, 40, 2, false, true}};
-      for (const Grouped& c : grouped) {
-        SCOPED_TRACE(::testing::Message() << "experts gated=" << c.gated << " tokens=" << c.tokens << " topk=" << c.topk
-                                          << " experts=" << c.n_experts << " preq=" << c.preq << " split=" << t.first
-                                          << " chunk=" << t.second << " ctas=" << cap);
-        const int64_t n = 96, k = 1024;
-        Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
-        if (c.n_experts > 3) r.group_expert[1] = -1;  // another rank's expert between two of ours: zeros
-        for (int e = 0; e < c.empty; ++e)  // empty groups, of no expert and of expert 0
-          r.group_expert.push_back(e % 2 ? 0 : -1), r.group_start.push_back(r.group_start.back());
-        const int64_t pairs = int64_t(r.pair_row.size());
-        const Weights wg = random_weights(rng, WeightFormat::kFp4, n * c.n_experts, k, 32);
-        const Weights wu = random_weights(rng, WeightFormat::kFp4, n * c.n_experts, k, 32);
-        std::vector<float> x = random_block_activations(rng, c.tokens, k);
-        for (auto& v : x) v *= 0.05f;
-        DeviceBuffer<float> dx(x), dpw(r.pair_weight), y0(size_t(pairs * n)), y1(size_t(pairs * n));
-        DeviceBuffer<float> dxs(size_t(c.tokens * k / 32));
-        DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dxq(size_t(c.tokens * k));
-        DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
-        ExpertGemvParams p;
-        p.x = dx.get(), p.w = dwg.get(), p.w_scale = dsg.get();
-        p.expert_stride = weight_code_bytes(WeightFormat::kFp4, n, k);
-        p.expert_scale_stride = weight_scale_bytes(WeightFormat::kFp4, n, k, 32);
-        p.group_expert = dge.get(), p.group_start = dgs.get(), p.pair_row = dpr.get();
-        p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
-        p.n = n, p.k = k, p.format = WeightFormat::kFp4, p.split_groups = c.topk;
-        if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get(), p.swiglu_limit = 7.0f;
-        if (c.preq) {
-          FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.tokens, k, 32, false, dxq.get(), dxs.get(), nullptr));
-          p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
-        }
-        ASSERT_LE(pairs, 8 * p.n_groups) << "decode-sized groups: the one-tile passes";
-        both([&](float* y) { p.y = y; return expert_gemv_cuda(p, nullptr); }, y0, y1, size_t(pairs * n));
-        ASSERT_TRUE(same(y0, y1));
-        ++compared;
-      }
-    }
+  for (const int cap : {2, 5}) {
+    SCOPED_TRACE(::testing::Message() << "persistent grid of " << cap << " CTAs");
+    compare_gemv_variants(
+        [cap](bool on) { detail::set_gemv_persistent(on), detail::set_gemv_persistent_cap(on ? cap : 0); }, rng,
+        &compared);
   }
-  EXPECT_EQ(compared, 2 * (4 * (3 * 8 + 3 + 6) - 2 * 3));  // act_block 128 skips the 1- and 2-block chunk tunings
+  EXPECT_EQ(compared, 2 * kGemvVariantLaunches);
   // A launch takes the persistent grid where its passes hold one 8-token tile (not the 9-token
   // ones) and it has more units than the grid's clusters (not the one-tile matrices, nor some of
   // the two-tile ones at 5 CTAs): about 150 of the 252.
   EXPECT_GT(detail::gemv_persistent_launches() - launches0, uint64_t(100));
+}
+
+// The FP8 one-tile passes on 16-byte loads (set_gemv_fp8_wide: each row's quad exchanging words
+// into the 8-byte loads' registers) give every launch kind's outputs bit for bit.
+TEST(CudaGemvWideLoads, Fp8SameBitsAsEightByteLoads) {
+  FS_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_fp8_wide(false); }
+  } reset;
+  std::mt19937 rng(4244);
+  int64_t compared = 0;
+  compare_gemv_variants([](bool on) { detail::set_gemv_fp8_wide(on); }, rng, &compared);
+  EXPECT_EQ(compared, kGemvVariantLaunches);
 }
 
 }  // namespace

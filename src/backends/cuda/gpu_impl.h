@@ -531,6 +531,7 @@ class GpuModel final : public Model, public Backend {
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   bool gemv_persistent_ = false;                // GpuLoadOptions::gemv_persistent
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
+  bool gemv_fp8_wide_ = false;                   // GpuLoadOptions::gemv_fp8_wide
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

@@ -601,6 +601,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_persistent_ = opts.gemv_persistent;
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
+  m->gemv_fp8_wide_ = opts.gemv_fp8_wide;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -1202,6 +1203,7 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
   ops::cuda::set_programmatic_launch(programmatic_launch_);
   ops::cuda::set_gemv_persistent(gemv_persistent_);
   ops::cuda::set_gemv_fp4_chunk(gemv_fp4_chunk_);
+  ops::cuda::set_gemv_fp8_wide(gemv_fp8_wide_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

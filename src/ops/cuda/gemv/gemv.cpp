@@ -67,4 +67,6 @@ void set_gemv_persistent(bool on) { detail::set_gemv_persistent(on); }
 
 void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }
 
+void set_gemv_fp8_wide(bool on) { detail::set_gemv_fp8_wide(on); }
+
 }  // namespace flashseek::ops::cuda
