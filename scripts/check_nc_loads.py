@@ -17,8 +17,7 @@ import re
 import sys
 
 # (file name, function) pairs whose inline asm may use ld.global.nc: weight streams only.
-ALLOWED = {("gemv.cu", "ld_stream"), ("gemv.cu", "ld_stream_pinned"), ("gemv.cu", "ld_scale_pinned"),
-           ("linear_mma.cu", "load_weights")}
+ALLOWED = {("gemv.cu", "ld_stream"), ("linear_mma.cu", "load_weights")}
 FUNC = re.compile(r"__device__[^;{]*?\b(\w+)\s*\(")
 CONST_RESTRICT = re.compile(r"\bconst\b[^,;()]*\*\s*(const\s+)?__restrict__")
 

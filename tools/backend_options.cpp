@@ -77,9 +77,6 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
                   "kernel's end: on | off (the same results)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--gemv-persistent", o.gemv_persistent, std::string("GPU backend: ") + kGemvPersistentHelp)
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--gemv-fp4-chunk", o.gemv_fp4_chunk, std::string("GPU backend: ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
       ->capture_default_str();
@@ -206,10 +203,6 @@ const char* const kMoeWRegistersHelp =
     "swapped, each weight tile expanded into the tensor core's register operand instead of shared memory; the "
     "same bits";
 
-const char* const kGemvPersistentHelp =
-    "the decode GEMVs on a persistent grid (two CTAs per SM, each walking several row tiles with the next "
-    "tile's first weights loaded during the current tile's reduction): on | off (the same results)";
-
 const char* const kGemvFp4ChunkHelp =
     "k blocks per warp iteration of the FP4 decode GEMVs (the routed experts): 0 (automatic: 2), 2, or 4 "
     "(each row's whole 16-byte blocks in one load per thread); another summation order, within the parity "
@@ -258,7 +251,6 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.moe_compact_groups = o.moe_compact_groups == "on";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
-  g.gemv_persistent = o.gemv_persistent == "on";
   g.gemv_fp4_chunk = o.gemv_fp4_chunk;
   g.gemv_fp8_wide = o.gemv_fp8_wide == "on";
   g.branches = gpu_branches(o.gpu_branches);

@@ -47,7 +47,6 @@ struct BackendOpts {
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
-  std::string gemv_persistent = "off";  // on | off (GpuLoadOptions::gemv_persistent)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
   std::string gpu_stack_qkv = "on";   // on | off (GpuLoadOptions::stack_query_kv)
   std::string gpu_row_fusion = "on";  // on | off (GpuLoadOptions::row_fusion)
@@ -83,8 +82,6 @@ void apply_prefill_gemm_operands(const std::string& operands, forward::GpuLoadOp
 extern const char* const kMoeExpandMinRowsHelp;
 // The help text of --moe-w-registers (run, serve and `bench`'s model bench).
 extern const char* const kMoeWRegistersHelp;
-// The help text of --gemv-persistent (run, serve, and `bench`'s model bench and layer slices).
-extern const char* const kGemvPersistentHelp;
 // The help text of --gemv-fp4-chunk (run, serve, and `bench`'s model bench and layer slices).
 extern const char* const kGemvFp4ChunkHelp;
 // The help text of --gemv-fp8-wide (run, serve, and `bench`'s model bench and layer slices).

@@ -47,7 +47,6 @@ struct ModelBenchOpts {
   int prefill_chunk = 8192;                // most tokens in one prefill forward
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
-  std::string gemv_persistent = "off";     // --gemv-persistent (GpuLoadOptions::gemv_persistent)
   int gemv_fp4_chunk = 0;                  // --gemv-fp4-chunk (GpuLoadOptions::gemv_fp4_chunk)
   std::string gemv_fp8_wide = "off";       // --gemv-fp8-wide (GpuLoadOptions::gemv_fp8_wide)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
@@ -96,7 +95,6 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.prefill_attention = prefill_attention(o.prefill_attention);
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
-  lo.gemv_persistent = o.gemv_persistent == "on";
   lo.gemv_fp4_chunk = o.gemv_fp4_chunk;
   lo.gemv_fp8_wide = o.gemv_fp8_wide == "on";
   lo.branches = gpu_branches(o.branches);
@@ -416,10 +414,6 @@ std::function<int()> setup_bench(CLI::App& app) {
                   "GPU: programmatic dependent launch of the kernels (the model bench and the layer slices): on | off")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--gemv-persistent", mo->gemv_persistent,
-                  std::string("GPU (the model bench and the layer slices): ") + kGemvPersistentHelp)
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--gemv-fp4-chunk", mo->gemv_fp4_chunk,
                   std::string("GPU (the model bench and the layer slices): ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
@@ -477,7 +471,6 @@ std::function<int()> setup_bench(CLI::App& app) {
       return run_model_bench(*mo, o->reps);
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
-    ops::cuda::set_gemv_persistent(mo->gemv_persistent == "on");
     ops::cuda::set_gemv_fp4_chunk(mo->gemv_fp4_chunk);
     ops::cuda::set_gemv_fp8_wide(mo->gemv_fp8_wide == "on");
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h

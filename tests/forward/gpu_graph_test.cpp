@@ -338,31 +338,6 @@ TEST_P(GpuGraphDecode, CollapseNormFusionOnEqualsOffBitwise) {
   EXPECT_GT(stats(*m.on_graphs).collapse_norm_fused, 0);
 }
 
-// The decode GEMVs on a persistent grid (GpuLoadOptions::gemv_persistent; the grid capped at 3
-// CTAs, so that the tiny matrices' units are walked by few CTAs, across row tiles and expert
-// groups) form every output as the default grid does: the logits are bitwise those with it off,
-// eager and in patched graphs (whose GEMV nodes then carry the smaller grid), over decode steps
-// of one and two sequences and verify blocks with rollbacks; and, in reference numerics (whose
-// linears are the block-scaled GEMVs), the persistent kernel did run.
-TEST_P(GpuGraphDecode, PersistentGemvOnEqualsOffBitwise) {
-  FS_REQUIRE_GPU();
-#if FLASHSEEK_HAVE_CUDA
-  struct Reset {
-    ~Reset() { ops::cuda::detail::set_gemv_persistent_cap(0), ops::cuda::detail::set_gemv_persistent(false); }
-  } reset;
-  ops::cuda::detail::set_gemv_persistent_cap(3);
-  const Param p = GetParam();
-  const std::string dir = make_ckpt(p.config);
-  const uint64_t launches0 = ops::cuda::detail::gemv_persistent_launches();
-  const OnOff m = expect_option_bitwise(
-      dir, p.numerics, [](GpuLoadOptions& o) { o.gemv_persistent = true; }, 23, "persistent GEMV grid");
-  ASSERT_TRUE(m.ok());
-  // Exact numerics run the linears on the exactness kernels, not the block-scaled GEMVs: there the
-  // comparison above holds trivially and no persistent launch is expected.
-  if (p.numerics == Numerics::kReference) EXPECT_GT(ops::cuda::detail::gemv_persistent_launches(), launches0);
-#endif
-}
-
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
 // the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
 // stream, run the same kernels on the same inputs, so the logits are bitwise those of one

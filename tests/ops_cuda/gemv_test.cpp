@@ -1309,38 +1309,6 @@ void compare_gemv_variants(const std::function<void(bool)>& variant, std::mt1993
 }
 constexpr int64_t kGemvVariantLaunches = 4 * (3 * 8 + 3 + 6) - 2 * 3;
 
-// The decode GEMV on a persistent grid (set_gemv_persistent: fewer CTAs, each walking several
-// 32-row units and loading the next unit's first weight chunk during the current one's reduction)
-// forms every unit's sums as the default grid does: the outputs are the same bits. Grids of 2 and
-// 5 CTAs (clusters of the forced splits: one cluster) walk units across tiles and groups; the
-// persistent grid runs one-tile passes only (up to 8 tokens a group), wider ones keep theirs. Dense
-// FP8 (w_block 32 and 128, V4's act_block 128) and FP4 matrices of odd shapes (tail rows, FP4
-// scale rows that start off a word), one to nine tokens (nine: the wide passes); gated dense
-// launches; stacked matrices (y2); grouped FP4 experts, gated or not, with groups of another
-// rank's expert (-1, zeros) and empty groups between them, a group of more than eight tokens
-// (several passes) and pre-quantised x; under the automatic tuning and forced k splits
-// (clusters) and chunk widths. y1 starts as NaN bits, so a unit no CTA ran fails the comparison.
-TEST(CudaGemvPersistent, SameBitsAsOneCtaPerTile) {
-  FS_REQUIRE_GPU();
-  struct Reset {
-    ~Reset() { detail::set_gemv_tuning(0, 0), detail::set_gemv_persistent(false), detail::set_gemv_persistent_cap(0); }
-  } reset;
-  std::mt19937 rng(4243);
-  const uint64_t launches0 = detail::gemv_persistent_launches();
-  int64_t compared = 0;
-  for (const int cap : {2, 5}) {
-    SCOPED_TRACE(::testing::Message() << "persistent grid of " << cap << " CTAs");
-    compare_gemv_variants(
-        [cap](bool on) { detail::set_gemv_persistent(on), detail::set_gemv_persistent_cap(on ? cap : 0); }, rng,
-        &compared);
-  }
-  EXPECT_EQ(compared, 2 * kGemvVariantLaunches);
-  // A launch takes the persistent grid where its passes hold one 8-token tile (not the 9-token
-  // ones) and it has more units than the grid's clusters (not the one-tile matrices, nor some of
-  // the two-tile ones at 5 CTAs): about 150 of the 252.
-  EXPECT_GT(detail::gemv_persistent_launches() - launches0, uint64_t(100));
-}
-
 // The FP8 one-tile passes on 16-byte loads (set_gemv_fp8_wide: each row's quad exchanging words
 // into the 8-byte loads' registers) give every launch kind's outputs bit for bit.
 TEST(CudaGemvWideLoads, Fp8SameBitsAsEightByteLoads) {

@@ -529,7 +529,6 @@ class GpuModel final : public Model, public Backend {
   // sequences that take the dense / MoE prefill GEMMs (step_rows_: none).
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
-  bool gemv_persistent_ = false;                // GpuLoadOptions::gemv_persistent
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
   bool gemv_fp8_wide_ = false;                   // GpuLoadOptions::gemv_fp8_wide
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears

@@ -189,11 +189,6 @@ struct GpuLoadOptions {
   // kernel's launch and block scheduling overlap its predecessor's end. The same results either
   // way; process-wide, set before each forward of this model. The CLI's --gpu-pdl.
   bool programmatic_launch = true;
-  // The decode GEMVs (ops/cuda/gemv) on a persistent grid: at most two CTAs per SM, each walking
-  // several 32-row tiles and loading its next tile's first weight chunk during the current one's
-  // block reduction, instead of a CTA per tile. The same sums: the same bits. Process-wide, set
-  // before each forward of this model. The CLI's --gemv-persistent.
-  bool gemv_persistent = false;
   // The FP4 GEMVs' (the routed experts') k blocks per warp iteration: 0 automatic (2), 2 or 4 (each
   // quad of threads loading a row's whole 16-byte blocks). Another summation order, within the
   // parity bound; process-wide, set before each forward of this model. The CLI's --gemv-fp4-chunk.

@@ -63,8 +63,6 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
                      "expert_gemv kernel launch");
 }
 
-void set_gemv_persistent(bool on) { detail::set_gemv_persistent(on); }
-
 void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }
 
 void set_gemv_fp8_wide(bool on) { detail::set_gemv_fp8_wide(on); }

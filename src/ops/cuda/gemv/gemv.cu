@@ -99,31 +99,12 @@ __device__ __forceinline__ unsigned int ld_stream(const unsigned int* p) {
   asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
   return v;
 }
-// The same loads as volatile asm: issued where they stand, never sunk past the block reduction
-// that a persistent CTA runs while its next unit's first chunk is in flight (gemv_persist_kernel).
-__device__ __forceinline__ uint2 ld_stream_pinned(const uint2* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ unsigned int ld_stream_pinned(const unsigned int* p) {
-  unsigned int v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_stream_pinned(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
   return v;
 }
 
@@ -144,10 +125,8 @@ __device__ __forceinline__ void rotl4(uint32_t (&r)[4], int s) {
 // row (one load, whole 32-byte sectors, instead of four 4-byte loads that each use half a sector),
 // then exchange words so that thread q holds word q of blocks kb0..kb0+3, out[j]: the registers
 // the 4-byte loads give (the same fragments, the same bits). Every lane of the warp takes part.
-template <bool kPinned>
 __device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, uint32_t (&out)[4]) {
-  const auto* p = reinterpret_cast<const uint4*>(row_kb0 + q * 16);
-  const uint4 v = kPinned ? ld_stream_pinned(p) : ld_stream(p);
+  const uint4 v = ld_stream(reinterpret_cast<const uint4*>(row_kb0 + q * 16));
   uint32_t r[4] = {v.x, v.y, v.z, v.w};
   rotl4(r, q);  // r[s]: word (q + s) & 3 of block q, the word thread (q + s) & 3 wants from it
   const int quad = int(threadIdx.x & 31) & ~3;
@@ -164,10 +143,8 @@ __device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, ui
 // q / 2, words 4(q % 2)..+3) and takes words 2q, 2q + 1 of each block, the registers the two 8-byte
 // loads give (lane 2b + q / 2 holds them at 2(q % 2), 2(q % 2) + 1): half the load instructions,
 // 8 shuffles per 4 words. Every lane of the warp takes part.
-template <bool kPinned>
 __device__ __forceinline__ void load_fp8_quad2(const uint8_t* row_kb0, int q, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  const auto* p = reinterpret_cast<const uint4*>(row_kb0 + q * 16);
-  const uint4 v = kPinned ? ld_stream_pinned(p) : ld_stream(p);
+  const uint4 v = ld_stream(reinterpret_cast<const uint4*>(row_kb0 + q * 16));
   const int quad = int(threadIdx.x & 31) & ~3;
   uint32_t o[2][2];
 #pragma unroll
@@ -181,25 +158,10 @@ __device__ __forceinline__ void load_fp8_quad2(const uint8_t* row_kb0, int q, ui
   b0[0] = o[0][0], b0[1] = o[0][1], b1[0] = o[1][0], b1[1] = o[1][1];
 }
 
-// Weight scale bytes, pinned as ld_stream_pinned (T: uint8_t, unsigned short or unsigned int).
-template <class T>
-__device__ __forceinline__ T ld_scale_pinned(const T* p) {
-  uint32_t v;
-  if constexpr (sizeof(T) == 1) asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(v) : "l"(p));
-  else if constexpr (sizeof(T) == 2) asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(v) : "l"(p));
-  else asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return T(v);
-}
-template <bool kPinned, class T>
-__device__ __forceinline__ T ld_scale(const T* p) {
-  if constexpr (kPinned) return ld_scale_pinned(p);
-  else return ld_weight(p);
-}
-
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
-// tile); else streamed (ld_stream: decode reads them once; kPinned: ld_stream_pinned). kWide (FP8,
-// even chunks, streamed): 16-byte loads exchanged in the quad (load_fp8_quad2), the same registers.
-template <bool kFp4, int kChunk, bool kKeep = false, bool kPinned = false, bool kWide = false>
+// tile); else streamed (ld_stream: decode reads them once). kWide (FP8, even chunks, streamed):
+// 16-byte loads exchanged in the quad (load_fp8_quad2), the same registers.
+template <bool kFp4, int kChunk, bool kKeep = false, bool kWide = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
                                        uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
@@ -215,7 +177,7 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
       const uint8_t* sp = srow + ((kb0 + j) * 32) / a.w_block;
-      sc8 |= uint32_t(kPinned ? ld_scale_pinned(sp) : *sp) << (8 * j);
+      sc8 |= uint32_t(*sp) << (8 * j);
     }
   }
 #pragma unroll
@@ -227,34 +189,34 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
       if constexpr (kFp4) {
         const uint8_t* sp = ws + int64_t(row) * nkb + kb0;
         if (wide_sc) {
-          if constexpr (kChunk == 4) packed = ld_scale<kPinned>(reinterpret_cast<const unsigned int*>(sp));
-          else if constexpr (kChunk == 2) packed = ld_scale<kPinned>(reinterpret_cast<const unsigned short*>(sp));
+          if constexpr (kChunk == 4) packed = ld_weight(reinterpret_cast<const unsigned int*>(sp));
+          else if constexpr (kChunk == 2) packed = ld_weight(reinterpret_cast<const unsigned short*>(sp));
         } else {
 #pragma unroll
-          for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_scale<kPinned>(sp + j)) << (8 * j);
+          for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_weight(sp + j)) << (8 * j);
         }
       }
       if constexpr (kFp4 && kChunk == 4 && !kKeep) {
         // Rows are k / 2 bytes (k a multiple of 32) and blocks 16: every load is 16-byte aligned.
         uint32_t q4[4];
-        load_fp4_quad4<kPinned>(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
+        load_fp4_quad4(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
 #pragma unroll
         for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
       } else if constexpr (!kFp4 && kWide && kChunk % 2 == 0 && !kKeep) {
         // Rows are k bytes (k a multiple of 32): every 64-byte pair of blocks is 16-byte aligned.
 #pragma unroll
         for (int j = 0; j < kChunk; j += 2)
-          load_fp8_quad2<kPinned>(w + int64_t(row) * a.k + (kb0 + j) * 32, q, A[mt][j][h], A[mt][j + 1][h]);
+          load_fp8_quad2(w + int64_t(row) * a.k + (kb0 + j) * 32, q, A[mt][j][h], A[mt][j + 1][h]);
       } else {
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
         const int kb = kb0 + j;
         if constexpr (kFp4) {
           const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
-          A[mt][j][h][0] = kKeep ? ld_weight(p) : kPinned ? ld_stream_pinned(p) : ld_stream(p);
+          A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
         } else {
           const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
-          const uint2 u = kKeep ? ld_weight(p) : kPinned ? ld_stream_pinned(p) : ld_stream(p);
+          const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
           A[mt][j][h][0] = u.x;
           A[mt][j][h][1] = u.y;
         }
@@ -419,40 +381,6 @@ __device__ __forceinline__ void finish_out(const GemvArgs& a, int64_t out_row, i
   store_out<kStacked>(a, out_row, row, v);
 }
 
-// One unit of a GEMV launch: a 32-row tile of one group's matrix (dense: group 0, every token).
-// Four registers (a persistent CTA holds its next unit's across the current one); the weight
-// pointers come from unit_mats.
-struct GemvUnit {
-  int row0, start, count;  // grouped: the group's pairs (dense: unused, a.m tokens)
-  int e;  // the group's expert (dense: 0; < 0: another rank's, its outputs are zeros)
-};
-
-__device__ __forceinline__ GemvUnit gemv_unit(const GemvArgs& a, int grp, int tile) {
-  GemvUnit v;
-  v.row0 = tile * kRows;
-  v.start = 0, v.count = 1, v.e = 0;
-  if (a.group_start) {
-    v.start = a.group_start[grp];
-    v.count = a.group_start[grp + 1] - v.start;
-    v.e = a.group_expert[grp];
-  }
-  return v;
-}
-
-// The unit's matrices (gate, its scales, up, its scales; e >= 0).
-struct GemvMats {
-  const uint8_t *w, *ws, *wu, *wsu;
-};
-template <bool kGated>
-__device__ __forceinline__ GemvMats unit_mats(const GemvArgs& a, int e) {
-  GemvMats m{a.w, a.ws, a.wu, a.wsu};
-  if (a.group_start) {
-    m.w += e * a.e_stride, m.ws += e * a.e_sstride;
-    if constexpr (kGated) m.wu += e * a.e_stride, m.wsu += e * a.e_sstride;
-  }
-  return m;
-}
-
 // Zero outputs for a group of another rank's expert: rows row0.. of its `count` pairs from start.
 __device__ __forceinline__ void store_zeros(const GemvArgs& a, int row0, int64_t start, int64_t count) {
   for (int64_t o = threadIdx.x; o < int64_t(kRows) * count; o += kThreads) {
@@ -590,8 +518,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         const int kb0 = c * kChunk;
         Words A, AU;
         uint32_t sc[2][2], scu[2][2];
-        load_w<kFp4, kChunk, false, false, kWide>(a, w, ws, row0, kb0, g, q, A, sc);
-        if constexpr (kGated) load_w<kFp4, kChunk, false, false, kWide>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+        load_w<kFp4, kChunk, false, kWide>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk, false, kWide>(a, wu, wsu, row0, kb0, g, q, AU, scu);
         chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
       }
     };
@@ -601,90 +529,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
     stash<kNt>(red[0][warp], acc, g, q);
     if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
     reduce_store<kGated, kNt, kStacked>(a, red, rank, split, row0, start, tt, ntok);
-  }
-}
-
-// gemv_kernel's one-tile passes (kNt 1: decode, <= 8 tokens a group) on a persistent grid
-// (set_gemv_persistent): at most a wave of clusters (x = cluster * split + k slice, y = 1), each
-// walking units (32-row tile, group) u, u + clusters, ... (u = group * tiles + tile), so that the
-// CTA's start is paid once per SM, and loading its next unit's first weight chunk (volatile
-// loads: not sunk past the barriers) before the current unit's block and cluster reductions,
-// which then overlap that round trip. Per unit the k slices and the warps' chunks depend on the
-// cluster rank and the matrix only, and every pass is gemv_kernel's code: the same sums, the same
-// bits. A separate kernel, so that gemv_kernel keeps its registers.
-template <bool kFp4, int kChunk, bool kGated, bool kStacked = false>
-__global__ void __launch_bounds__(kThreads, 2) gemv_persist_kernel(GemvArgs a, int split) {
-  pdl_prologue();
-  constexpr int kNt = 1, kToks = 8;
-  __shared__ float red[kGated ? 2 : 1][kWarps][kRows * kToks];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int rank = blockIdx.x % split;  // rank == cluster block rank
-  const int n_chunks = a.k / 32 / kChunk;
-  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
-  constexpr int kMats = kGated ? 2 : 1;
-  using Words = uint32_t[2][kChunk][2][WRaw<kFp4>::kWords];
-  Words A, AU;
-  uint32_t sc[2][2], scu[2][2];
-  bool pre = false;  // A / AU / sc / scu hold this unit's first chunk (c_begin + warp), loaded ahead
-  const int tiles = (a.n + kRows - 1) / kRows;
-  const int n_units = tiles * a.n_groups, unit_stride = int(gridDim.x) / split;
-  // One unit: its passes, each ending in the block (and cluster) reduction and the stores. `nx`:
-  // this cluster's next unit (nullptr: none).
-  auto run_unit = [&](const GemvUnit& un, const GemvUnit* nx) {
-    const int row0 = un.row0;
-    const int64_t start = un.start, count = a.group_start ? int64_t(un.count) : a.m;
-    const GemvMats mats = unit_mats<kGated>(a, max(un.e, 0));  // (used only where e >= 0)
-    if (un.e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
-      if (rank == 0) store_zeros(a, row0, start, count);  // the whole cluster shares the unit: all skip it
-      return;
-    }
-    for (int64_t tt = 0; tt < count; tt += kToks) {
-      const int ntok = count - tt < kToks ? int(count - tt) : kToks;
-      int64_t xr[kNt];  // input row of each of this thread's token slots (-1: none)
-      pass_rows<kNt>(a, start, tt, ntok, g, xr);
-      float acc[kNt][2][4] = {}, accu[kNt][2][4] = {};
-      // The warp's chunks; `one`: std::true_type when the pass holds a single token (kOne).
-      auto chunks = [&](auto one) {
-        constexpr bool kOne = decltype(one)::value;
-        for (int c = c_begin + warp; c < c_end; c += kWarps) {
-          const int kb0 = c * kChunk;
-          if (!pre) {
-            load_w<kFp4, kChunk>(a, mats.w, mats.ws, row0, kb0, g, q, A, sc);
-            if constexpr (kGated) load_w<kFp4, kChunk>(a, mats.wu, mats.wsu, row0, kb0, g, q, AU, scu);
-          }
-          pre = false;
-          chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
-        }
-      };
-      // (Not with 4-block chunks of gate and up: the second copy of the loop would spill.)
-      if (kNt == 1 && !(kGated && kChunk == 4) && ntok == 1) chunks(std::true_type{});
-      else chunks(std::false_type{});
-      stash<kNt>(red[0][warp], acc, g, q);
-      if constexpr (kGated) stash<kNt>(red[kMats - 1][warp], accu, g, q);
-      // The unit's last pass: the next unit's first chunk is requested now and lands during the
-      // reductions below.
-      if (nx && tt + kToks >= count && c_begin + warp < c_end && nx->e >= 0 && nx->count > 0) {
-        const int kb0 = (c_begin + warp) * kChunk;
-        const GemvMats nm = unit_mats<kGated>(a, nx->e);
-        load_w<kFp4, kChunk, false, true>(a, nm.w, nm.ws, nx->row0, kb0, g, q, A, sc);
-        if constexpr (kGated) load_w<kFp4, kChunk, false, true>(a, nm.wu, nm.wsu, nx->row0, kb0, g, q, AU, scu);
-        pre = true;
-      }
-      reduce_store<kGated, kNt, kStacked>(a, red, rank, split, row0, start, tt, ntok);
-    }
-  };
-  int u = int(blockIdx.x) / split;
-  if (u >= n_units) return;
-  GemvUnit cur = gemv_unit(a, u / tiles, u % tiles);
-  for (;;) {
-    const int v = u + unit_stride;
-    if (v >= n_units) {
-      run_unit(cur, nullptr);
-      break;
-    }
-    const GemvUnit nxt = gemv_unit(a, v / tiles, v % tiles);
-    run_unit(cur, &nxt);
-    u = v, cur = nxt;
   }
 }
 
@@ -953,10 +797,6 @@ int g_split_override = 0, g_chunk_override = 0;
 int g_fp4_chunk = 0;
 // set_gemv_fp8_wide: the FP8 one-tile passes on 16-byte loads.
 bool g_fp8_wide = false;
-// set_gemv_persistent: off, or the persistent grid's CTA cap (0: two per SM).
-bool g_persistent = false;
-int g_persistent_ctas = 0;
-std::atomic<uint64_t> g_persistent_launches{0};
 
 struct Tuning {
   int chunk = 1, split = 1;
@@ -1004,7 +844,7 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo&
 template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
-  dim3 grid(tiles * split, n_groups);
+  const dim3 grid(tiles * split, n_groups);
   auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked>;
   // FP8 one-tile passes of 2- and 4-block chunks on 16-byte loads (set_gemv_fp8_wide; matrices that
   // start 16-byte aligned, as device allocations and whole-row offsets do): the same bits.
@@ -1012,22 +852,6 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t st
     const bool aligned = (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 == 0 &&
                          (!a.group_start || a.e_stride % 16 == 0);
     if (g_fp8_wide && aligned) kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked, true>;
-  }
-  // Persistent (one-token-tile passes only: the wider passes' kernels would spill with the next
-  // unit's chunk held across the reduction): at most a wave of clusters (two CTAs per SM, the
-  // kernel's launch bound), each walking the units u, u + clusters, ...; only where there are more
-  // units than clusters.
-  if constexpr (kNt == 1) {
-    if (g_persistent) {
-      const int64_t units = int64_t(tiles) * n_groups;
-      const int64_t cap = g_persistent_ctas > 0 ? g_persistent_ctas : 2 * int64_t(std::max(device_info().sms, 1));
-      const int64_t clusters = std::max<int64_t>(1, cap / split);
-      if (units > clusters && units < (int64_t(1) << 31)) {  // (the kernel counts units in int)
-        grid = dim3(unsigned(clusters * split), 1);
-        kernel = gemv_persist_kernel<kFp4, kChunk, kGated, kStacked>;
-        g_persistent_launches.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
   }
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
@@ -1170,15 +994,10 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
                        bf16_in, xq, xs);
 }
 
-void set_gemv_persistent(bool on) { g_persistent = on; }
 
 void set_gemv_fp4_chunk(int chunk) { g_fp4_chunk = chunk == 2 || chunk == 4 ? chunk : 0; }
 
 void set_gemv_fp8_wide(bool on) { g_fp8_wide = on; }
-
-void set_gemv_persistent_cap(int max_ctas) { g_persistent_ctas = std::max(0, max_ctas); }
-
-uint64_t gemv_persistent_launches() { return g_persistent_launches.load(std::memory_order_relaxed); }
 
 cudaError_t launch_gemv(const GemvArgs& args, int n_groups, bool fp4, cudaStream_t stream) {
   GemvArgs a = args;

@@ -27,11 +27,6 @@ Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_bloc
 // handled in 16-pair tiles.
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 
-// Process-wide (GpuLoadOptions::gemv_persistent sets it before each forward): the decode GEMVs run
-// on a persistent grid (at most two CTAs per SM, each walking several row tiles, the next tile's
-// first weight chunk loaded during the current one's reduction). The same sums, the same bits.
-void set_gemv_persistent(bool on);
-
 // Process-wide (GpuLoadOptions::gemv_fp4_chunk sets it before each forward): the k blocks per warp
 // iteration of the FP4 GEMVs (the routed experts), 2 or 4 (4: each quad loads whole 16-byte
 // blocks); anything else: automatic (2). Another summation order; the prefill kernels follow it,

@@ -53,20 +53,11 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 // automatic choice. Process-wide, not thread-safe.
 void set_gemv_tuning(int split, int chunk);
 
-// Process-wide: the decode GEMVs' one-tile passes run on a persistent grid (gemv_persist_kernel),
-// each CTA walking several 32-row units with the next unit's first weight chunk loaded ahead; off:
-// gemv_kernel, a CTA (cluster) per unit. The same sums, the same bits.
-void set_gemv_persistent(bool on);
-// Tests only: the persistent grid's CTA cap (0, the default: two per SM), so that small matrices
-// walk several units. Process-wide, not thread-safe.
-void set_gemv_persistent_cap(int max_ctas);
 // Process-wide: the FP4 GEMVs' k blocks per warp iteration, 2 or 4; anything else: automatic.
 // set_gemv_tuning's chunk, where set, wins.
 void set_gemv_fp4_chunk(int chunk);
 // Process-wide: the FP8 GEMVs' one-tile passes (decode) of 2- and 4-block chunks load 16 bytes a
 // thread and exchange words in the quad (load_fp8_quad2) instead of 8-byte loads. The same bits.
 void set_gemv_fp8_wide(bool on);
-// Launches that took the persistent grid so far (process-wide; tests check that a case took it).
-uint64_t gemv_persistent_launches();
 
 }  // namespace flashseek::ops::cuda::detail
