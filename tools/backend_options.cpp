@@ -80,9 +80,6 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gemv-fp4-chunk", o.gemv_fp4_chunk, std::string("GPU backend: ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
       ->capture_default_str();
-  cmd->add_option("--gemv-fp8-wide", o.gemv_fp8_wide, std::string("GPU backend: ") + kGemvFp8WideHelp)
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
                   "compressors, the ring write beside the output projection, the routed beside the shared "
@@ -208,10 +205,6 @@ const char* const kGemvFp4ChunkHelp =
     "(each row's whole 16-byte blocks in one load per thread); another summation order, within the parity "
     "bound";
 
-const char* const kGemvFp8WideHelp =
-    "the FP8 decode GEMVs on 16-byte loads, each row's quad of threads exchanging words into the 8-byte "
-    "loads' registers: on | off (the same results)";
-
 const char* const kMoeCompactGroupsHelp =
     "decode-sized steps of several tokens with fewer routed pairs than experts (batches, verify blocks) group "
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
@@ -252,7 +245,6 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.gemv_fp4_chunk = o.gemv_fp4_chunk;
-  g.gemv_fp8_wide = o.gemv_fp8_wide == "on";
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

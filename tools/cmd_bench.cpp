@@ -48,7 +48,6 @@ struct ModelBenchOpts {
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   int gemv_fp4_chunk = 0;                  // --gemv-fp4-chunk (GpuLoadOptions::gemv_fp4_chunk)
-  std::string gemv_fp8_wide = "off";       // --gemv-fp8-wide (GpuLoadOptions::gemv_fp8_wide)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -96,7 +95,6 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.gemv_fp4_chunk = o.gemv_fp4_chunk;
-  lo.gemv_fp8_wide = o.gemv_fp8_wide == "on";
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -418,10 +416,6 @@ std::function<int()> setup_bench(CLI::App& app) {
                   std::string("GPU (the model bench and the layer slices): ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
       ->capture_default_str();
-  cmd->add_option("--gemv-fp8-wide", mo->gemv_fp8_wide,
-                  std::string("GPU (the model bench and the layer slices): ") + kGemvFp8WideHelp)
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -472,7 +466,6 @@ std::function<int()> setup_bench(CLI::App& app) {
 #if FLASHSEEK_HAVE_CUDA
     ops::cuda::set_programmatic_launch(mo->pdl != "off");
     ops::cuda::set_gemv_fp4_chunk(mo->gemv_fp4_chunk);
-    ops::cuda::set_gemv_fp8_wide(mo->gemv_fp8_wide == "on");
     if (!o->kernels.empty()) {  // bench/cuda/kernel_bench.h
       ops::cuda::KernelBenchOptions ko;
       ko.kernels.clear();

@@ -530,7 +530,6 @@ class GpuModel final : public Model, public Backend {
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
-  bool gemv_fp8_wide_ = false;                   // GpuLoadOptions::gemv_fp8_wide
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

@@ -600,7 +600,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_compact_groups_ = opts.moe_compact_groups;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
-  m->gemv_fp8_wide_ = opts.gemv_fp8_wide;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -1201,7 +1200,6 @@ Status GpuModel::forward(std::span<BatchItem> batch, std::vector<float>& logits)
   FS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   ops::cuda::set_programmatic_launch(programmatic_launch_);
   ops::cuda::set_gemv_fp4_chunk(gemv_fp4_chunk_);
-  ops::cuda::set_gemv_fp8_wide(gemv_fp8_wide_);
   const int64_t V = config().vocab_size;
   bool small = graphs_ && !batch.empty();
   for (auto& item : batch) {  // checks first: a capture never starts on bad input

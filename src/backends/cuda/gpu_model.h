@@ -193,10 +193,6 @@ struct GpuLoadOptions {
   // quad of threads loading a row's whole 16-byte blocks). Another summation order, within the
   // parity bound; process-wide, set before each forward of this model. The CLI's --gemv-fp4-chunk.
   int gemv_fp4_chunk = 0;
-  // The FP8 decode GEMVs (one-tile passes, 2- and 4-block chunks) on 16-byte loads, the words
-  // exchanged in each row's quad of threads into the 8-byte loads' registers: the same bits.
-  // Process-wide, set before each forward of this model. The CLI's --gemv-fp8-wide.
-  bool gemv_fp8_wide = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's

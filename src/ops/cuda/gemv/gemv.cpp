@@ -65,6 +65,4 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
 
 void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }
 
-void set_gemv_fp8_wide(bool on) { detail::set_gemv_fp8_wide(on); }
-
 }  // namespace flashseek::ops::cuda

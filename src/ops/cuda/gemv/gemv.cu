@@ -139,29 +139,9 @@ __device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, ui
   for (int j = 0; j < 4; ++j) out[j] = o[j];
 }
 
-// FP8, two blocks (64 bytes) of a row: thread q of the row's quad loads the 16 bytes at 16q (block
-// q / 2, words 4(q % 2)..+3) and takes words 2q, 2q + 1 of each block, the registers the two 8-byte
-// loads give (lane 2b + q / 2 holds them at 2(q % 2), 2(q % 2) + 1): half the load instructions,
-// 8 shuffles per 4 words. Every lane of the warp takes part.
-__device__ __forceinline__ void load_fp8_quad2(const uint8_t* row_kb0, int q, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  const uint4 v = ld_stream(reinterpret_cast<const uint4*>(row_kb0 + q * 16));
-  const int quad = int(threadIdx.x & 31) & ~3;
-  uint32_t o[2][2];
-#pragma unroll
-  for (int b = 0; b < 2; ++b) {
-    const int src = quad | (2 * b + (q >> 1));
-    const uint32_t x0 = __shfl_sync(0xffffffffu, v.x, src), x1 = __shfl_sync(0xffffffffu, v.y, src);
-    const uint32_t x2 = __shfl_sync(0xffffffffu, v.z, src), x3 = __shfl_sync(0xffffffffu, v.w, src);
-    o[b][0] = (q & 1) ? x2 : x0;
-    o[b][1] = (q & 1) ? x3 : x1;
-  }
-  b0[0] = o[0][0], b0[1] = o[0][1], b1[0] = o[1][0], b1[1] = o[1][1];
-}
-
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
-// tile); else streamed (ld_stream: decode reads them once). kWide (FP8, even chunks, streamed):
-// 16-byte loads exchanged in the quad (load_fp8_quad2), the same registers.
-template <bool kFp4, int kChunk, bool kKeep = false, bool kWide = false>
+// tile); else streamed (ld_stream: decode reads them once).
+template <bool kFp4, int kChunk, bool kKeep = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
                                        uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
@@ -202,11 +182,6 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
         load_fp4_quad4(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
 #pragma unroll
         for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
-      } else if constexpr (!kFp4 && kWide && kChunk % 2 == 0 && !kKeep) {
-        // Rows are k bytes (k a multiple of 32): every 64-byte pair of blocks is 16-byte aligned.
-#pragma unroll
-        for (int j = 0; j < kChunk; j += 2)
-          load_fp8_quad2(w + int64_t(row) * a.k + (kb0 + j) * 32, q, A[mt][j][h], A[mt][j + 1][h]);
       } else {
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
@@ -480,8 +455,7 @@ __device__ __forceinline__ void reduce_store(const GemvArgs& a, float (&red)[kGa
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
-// kWide (FP8 one-tile passes, set_gemv_fp8_wide): the weights on 16-byte loads (load_fp8_quad2).
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kWide = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
   constexpr int kToks = 8 * kNt;
@@ -518,8 +492,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         const int kb0 = c * kChunk;
         Words A, AU;
         uint32_t sc[2][2], scu[2][2];
-        load_w<kFp4, kChunk, false, kWide>(a, w, ws, row0, kb0, g, q, A, sc);
-        if constexpr (kGated) load_w<kFp4, kChunk, false, kWide>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
         chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
       }
     };
@@ -795,8 +769,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(GemvArgs a, int
 int g_split_override = 0, g_chunk_override = 0;
 // set_gemv_fp4_chunk: k blocks per warp iteration of the FP4 matrices (0: automatic, 2).
 int g_fp4_chunk = 0;
-// set_gemv_fp8_wide: the FP8 one-tile passes on 16-byte loads.
-bool g_fp8_wide = false;
 
 struct Tuning {
   int chunk = 1, split = 1;
@@ -846,13 +818,6 @@ cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t st
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
   auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked>;
-  // FP8 one-tile passes of 2- and 4-block chunks on 16-byte loads (set_gemv_fp8_wide; matrices that
-  // start 16-byte aligned, as device allocations and whole-row offsets do): the same bits.
-  if constexpr (!kFp4 && kNt == 1 && kChunk % 2 == 0) {
-    const bool aligned = (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 == 0 &&
-                         (!a.group_start || a.e_stride % 16 == 0);
-    if (g_fp8_wide && aligned) kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked, true>;
-  }
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
@@ -996,8 +961,6 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 
 
 void set_gemv_fp4_chunk(int chunk) { g_fp4_chunk = chunk == 2 || chunk == 4 ? chunk : 0; }
-
-void set_gemv_fp8_wide(bool on) { g_fp8_wide = on; }
 
 cudaError_t launch_gemv(const GemvArgs& args, int n_groups, bool fp4, cudaStream_t stream) {
   GemvArgs a = args;

@@ -33,9 +33,4 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 // so prefill == decode still holds bit for bit.
 void set_gemv_fp4_chunk(int chunk);
 
-// Process-wide (GpuLoadOptions::gemv_fp8_wide sets it before each forward): the FP8 decode GEMVs
-// (one-tile passes, 2- and 4-block chunks) load 16 bytes a thread, exchanging words in each row's
-// quad of threads into the 8-byte loads' registers. The same sums, the same bits.
-void set_gemv_fp8_wide(bool on);
-
 }  // namespace flashseek::ops::cuda

@@ -56,8 +56,5 @@ void set_gemv_tuning(int split, int chunk);
 // Process-wide: the FP4 GEMVs' k blocks per warp iteration, 2 or 4; anything else: automatic.
 // set_gemv_tuning's chunk, where set, wins.
 void set_gemv_fp4_chunk(int chunk);
-// Process-wide: the FP8 GEMVs' one-tile passes (decode) of 2- and 4-block chunks load 16 bytes a
-// thread and exchange words in the quad (load_fp8_quad2) instead of 8-byte loads. The same bits.
-void set_gemv_fp8_wide(bool on);
 
 }  // namespace flashseek::ops::cuda::detail
