@@ -23,14 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "bench/cuda/probes/probe_util.h"
 
 namespace {
 
@@ -226,22 +219,7 @@ constexpr int kCopies = 4;
 int g_sms = 0;
 size_t g_smem_max = 0;
 
-template <class F>
-float time_ms(F&& launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch(i);
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) launch(i);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms / reps;
-}
+using probe::time_ms;
 
 template <int kMats, int kBlocks, bool kFp4, int kMath, bool kDb, bool kWide = false>
 void run(const Shape& s, uint8_t* const (&buf)[kCopies], uint32_t* out, int ctas_per_sm, double ref_gbps,

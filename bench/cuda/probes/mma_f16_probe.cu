@@ -22,29 +22,13 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "bench/cuda/probes/probe_util.h"
+#include "ops/cuda/gemv/fp4_expand.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(s));
-  return d;
-}
-
-// The GEMV's expansion (ops/cuda/gemv/gemv.cu): eight e2m1 nibbles -> eight e4m3 bytes.
-__device__ __forceinline__ void fp4x8_to_e4m3x8(uint32_t v, uint32_t& lo, uint32_t& hi) {
-  const uint32_t m = v & 0x77777777u, a = v << 4;
-  lo = prmt(0x3C383000u, 0x4C484440u, m) | (prmt(a, v, 0xD9C8u) & 0x80808080u);
-  hi = prmt(0x3C383000u, 0x4C484440u, m >> 16) | (prmt(a, v, 0xFBEAu) & 0x80808080u);
-}
+using flashseek::ops::cuda::detail::fp4x8_to_e4m3x8;  // the GEMV's expansion
+using flashseek::ops::cuda::detail::prmt;
 
 // The same eight values as f16: each e2m1 value's f16 has a zero low byte, so a table prmt of the
 // high bytes (0, 0.5, 1, 1.5, 2, 3, 4, 6) with the sign ORed in gives four high bytes, and two
@@ -210,22 +194,6 @@ __global__ void __launch_bounds__(256, 2) cost_kernel(const uint32_t* seed, int 
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 
-template <class F>
-float time_ms(F&& launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  launch();
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) launch();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms / reps;
-}
 
 uint32_t rand_e4m3x4(std::mt19937& g, bool narrow) {
   uint32_t r = 0;
@@ -292,11 +260,11 @@ int main() {
   std::printf("\n| inner body (gated FP4, chunk 2, batch 1) | ms | ns per warp iteration per SM sub-partition | vs e4m3 |\n|---|---|---|---|\n");
   float base = 0;
   for (int v = 0; v < 2; ++v) {
-    auto launch = [&] {
+    auto launch = [&](int) {
       if (v == 0) cost_kernel<false><<<blocks, 256>>>(seed, iters, dout);
       else cost_kernel<true><<<blocks, 256>>>(seed, iters, dout);
     };
-    const float ms = time_ms(launch, 5);
+    const float ms = probe::time_ms(launch, 5);
     CK(cudaGetLastError());
     if (v == 0) base = ms;
     // 16 warps per SM over 4 sub-partitions: 4 warps each; per warp iteration per sub-partition.
