@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "bench/cuda/probes/probe_util.h"
@@ -118,14 +117,8 @@ __device__ __forceinline__ void load_wide8(uint32_t* dst, const uint8_t* row_kb,
   }
 }
 
-template <int kMats, int kBlocks, bool kFp4 = true>
-struct WideChunk {
-  static constexpr int kWords = kMats * 4 * kBlocks * (kFp4 ? 1 : 2);
-  uint32_t v[kWords];
-};
-
 template <int kMats, int kBlocks, bool kFp4>
-__device__ __forceinline__ void load_chunk_wide(WideChunk<kMats, kBlocks, kFp4>& ch, const uint8_t* const (&w)[2],
+__device__ __forceinline__ void load_chunk_wide(Chunk<kMats, kBlocks, kFp4>& ch, const uint8_t* const (&w)[2],
                                                 int64_t row_bytes, int row0, int kb0, int g, int q) {
   constexpr int kStep = kFp4 ? 4 : 2;  // blocks per 16-byte load of a quad
   static_assert(kBlocks % kStep == 0, "wide loads take 4 FP4 / 2 FP8 blocks a quad");
@@ -171,7 +164,7 @@ __global__ void __launch_bounds__(256) gemv_probe(const uint8_t* base, int64_t r
   const int c_begin = int(blockIdx.z) * all_chunks / int(gridDim.z);
   const int n_chunks = (int(blockIdx.z) + 1) * all_chunks / int(gridDim.z);
   uint32_t acc = 0;
-  using C = std::conditional_t<kWide, WideChunk<kMats, kBlocks, kFp4>, Chunk<kMats, kBlocks, kFp4>>;
+  using C = Chunk<kMats, kBlocks, kFp4>;  // the same registers either way
   auto load = [&](C& ch, int kb0) {
     if constexpr (kWide) load_chunk_wide(ch, w, row_bytes, row0, kb0, g, q);
     else load_chunk(ch, w, row_bytes, row0, kb0, g, q);

@@ -46,7 +46,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 32;  // output rows per block
 
-
 __device__ __forceinline__ float e8m0f(uint8_t e) { return __uint_as_float(uint32_t(e) << 23); }
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -165,18 +164,18 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
         for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
       } else {
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        const int kb = kb0 + j;
-        if constexpr (kFp4) {
-          const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
-          A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
-        } else {
-          const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
-          const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
-          A[mt][j][h][0] = u.x;
-          A[mt][j][h][1] = u.y;
+        for (int j = 0; j < kChunk; ++j) {
+          const int kb = kb0 + j;
+          if constexpr (kFp4) {
+            const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
+            A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
+          } else {
+            const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
+            const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
+            A[mt][j][h][0] = u.x;
+            A[mt][j][h][1] = u.y;
+          }
         }
-      }
       }
       sc[mt][h] = packed;
     }
@@ -939,7 +938,6 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
   return launch_kernel(quantize_kernel, dim3(unsigned(std::min(want, cap))), 256, 0, stream, x, total8, act_block,
                        bf16_in, xq, xs);
 }
-
 
 void set_gemv_fp4_chunk(int chunk) { g_fp4_chunk = chunk == 2 || chunk == 4 ? chunk : 0; }
 
