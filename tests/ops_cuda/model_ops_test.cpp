@@ -1604,7 +1604,9 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
     }
     // Stability: within an expert, pairs keep their slot order.
     for (int64_t p = 1; p < c.pairs; ++p)
-      if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
+      if (sel[size_t(p)] == sel[size_t(p - 1)]) {
+        EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
+      }
   }
   std::vector<int32_t> bad_sel{0, 5, 1};
   std::vector<float> w(3, 1.0f);
