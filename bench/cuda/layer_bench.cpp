@@ -275,6 +275,7 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
       p.expert_stride = n * k / 2, p.expert_scale_stride = n * k / 32;
       p.group_expert = rt.ge[c], p.group_start = rt.gs[c], p.n_groups = rt.n_groups[c];
       p.pair_row = wu ? rt.pr[c] : nullptr, p.pair_weight = wu ? rt.pair_weight : nullptr;
+      p.w_packed = opt.fp4_fragments;
     }
     return expert_gemv_cuda(p, g_st);
   };

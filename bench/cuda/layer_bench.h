@@ -17,6 +17,9 @@ struct LayerBenchOptions {
   int layers = 40;        // projection
   int graph_layers = 8;   // decode layers captured per CUDA graph (weights rotate across them)
   bool gemv_sweep = false;  // also time the GEMVs at every forced k split (1..8)
+  // The routed experts' FP4 matrices read in the GEMV fragment order (ops/fp4_fragments.h;
+  // ExpertGemvParams::w_packed). The weights are random bytes, so one buffer serves either layout.
+  bool fp4_fragments = false;
 };
 
 struct KernelTiming {

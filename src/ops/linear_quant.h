@@ -78,6 +78,14 @@ Status validate(const BlockLinearParams& p);
 int64_t weight_code_bytes(WeightFormat f, int64_t n, int64_t k);
 int64_t weight_scale_bytes(WeightFormat f, int64_t n, int64_t k, int64_t w_block);
 
+// An FP4 matrix [n, k] between the row-major layout and the decode GEMV's fragment order
+// (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0): codes n·k/2 bytes and scales n·k/32 bytes each
+// way, `out` not overlapping `in`. (ops/fp4_fragments.cpp)
+Status pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
+                          uint8_t* out_scales);
+Status unpack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
+                            uint8_t* out_scales);
+
 // CPU twin (ops/cpu/linear_quant.cpp): dequantise, (round x to BF16,) quantise x, FP32 dot per
 // output (, rounded to BF16).
 Status block_linear_ref(const BlockLinearParams& p);

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "ops/attention_pool.h"
+#include "ops/fp4_fragments.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 
@@ -66,6 +67,9 @@ Status validate(const ExpertGemvParams& p) {
   if (p.n_experts > 1 && (p.expert_stride <= 0 || p.expert_scale_stride <= 0))
     return invalid_argument("expert_gemv: expert_stride/expert_scale_stride must be set for {} experts",
                             p.n_experts);
+  if (p.w_packed && (p.format != WeightFormat::kFp4 || !fp4_fragment_shape_ok(p.n, p.k)))
+    return invalid_argument("expert_gemv: w_packed (the FP4 fragment order) needs FP4 weights, n={} a multiple of 32 "
+                            "and k={} of 64", p.n, p.k);
   return check_dims("expert_gemv", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 

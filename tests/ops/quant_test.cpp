@@ -1,10 +1,14 @@
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/numeric.h"
+#include "ops/fp4_fragments.h"
 #include "ops/linear_quant.h"
 #include "ops/moe.h"
 #include "ops/moe_quant.h"
@@ -202,6 +206,100 @@ TEST(BlockLinearRef, GatedIsSwigluOfTheTwoLinears) {
   EXPECT_FALSE(block_linear_ref(bad).ok()) << "bf16_round_gate_up without w_up";
   bad.bf16_round_gate_up = false, bad.w_up = wu.data();
   EXPECT_FALSE(block_linear_ref(bad).ok()) << "w_up without its scales";
+}
+
+// The FP4 fragment order (ops/fp4_fragments.h): a bijection of code words and scale bytes (every
+// output byte written once, the round trip is the identity), each word and scale where the layout
+// says, the lane-major units the GEMV's loads assume (lane l's 16 bytes of a block at 32l + 16j of
+// its unit), and refusals of bad shapes and overlapping buffers.
+TEST(Fp4Fragments, PackIsTheStatedPermutationAndUnpackInvertsIt) {
+  Rng rng(91);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{32, 64}, {96, 320}, {64, 2304}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<uint8_t> codes(size_t(n * k / 2)), scales(size_t(n * k / 32));
+    for (auto& c : codes) c = uint8_t(rng.below(256));
+    for (auto& c : scales) c = uint8_t(rng.below(256));
+    std::vector<uint8_t> pc(codes.size(), 0), ps(scales.size(), 0), mark_c(codes.size(), 0xAB), mark_s(scales.size(), 0xAB);
+    ASSERT_TRUE(pack_fp4_fragments(codes.data(), scales.data(), n, k, pc.data(), ps.data()).ok());
+    // Every destination written: pack a second time over a marked buffer, compare.
+    ASSERT_TRUE(pack_fp4_fragments(codes.data(), scales.data(), n, k, mark_c.data(), mark_s.data()).ok());
+    EXPECT_EQ(pc, mark_c);
+    EXPECT_EQ(ps, mark_s);
+    std::vector<int> hits(pc.size() / 4, 0);
+    for (int64_t row = 0; row < n; ++row)
+      for (int64_t kb = 0; kb < k / 32; ++kb) {
+        ASSERT_EQ(ps[size_t(fp4_fragment_scale(row, kb, k))], scales[size_t(row * (k / 32) + kb)]);
+        for (int q = 0; q < 4; ++q) {
+          const int64_t f = fp4_fragment_word(row, kb, q, k);
+          ASSERT_EQ(f % 4, 0);
+          ++hits[size_t(f / 4)];
+          ASSERT_EQ(0, std::memcmp(&pc[size_t(f)], &codes[size_t(row * (k / 2) + kb * 16 + q * 4)], 4));
+          // The GEMV's view: thread (g, q) of the row's tile reads block kb's 4 words as one 16-byte
+          // vector, word 2mt + h for row 16mt + 8h + g.
+          const int64_t r = row % 32, g = r % 8, unit = (row / 32) * (k / 64) + kb / 2;
+          const int64_t vec = (unit * 32 + 4 * g + q) * 32 + (kb % 2) * 16;
+          ASSERT_EQ(f, vec + 4 * (2 * (r / 16) + (r / 8) % 2));
+        }
+      }
+    for (const int h : hits) ASSERT_EQ(h, 1);
+    std::vector<uint8_t> uc(codes.size()), us(scales.size());
+    ASSERT_TRUE(unpack_fp4_fragments(pc.data(), ps.data(), n, k, uc.data(), us.data()).ok());
+    EXPECT_EQ(uc, codes);
+    EXPECT_EQ(us, scales);
+  }
+  std::vector<uint8_t> a(32 * 64), b(a.size()), s(256), t(256);
+  EXPECT_FALSE(pack_fp4_fragments(a.data(), s.data(), 33, 64, b.data(), t.data()).ok()) << "n not a multiple of 32";
+  EXPECT_FALSE(pack_fp4_fragments(a.data(), s.data(), 32, 96, b.data(), t.data()).ok()) << "k not a multiple of 64";
+  EXPECT_FALSE(pack_fp4_fragments(a.data(), s.data(), 32, 64, a.data() + 8, t.data()).ok()) << "overlap";
+  EXPECT_FALSE(unpack_fp4_fragments(a.data(), nullptr, 32, 64, b.data(), t.data()).ok()) << "null scales";
+}
+
+// The expert twin reads w_packed experts as the same matrices: bitwise the row-major outputs
+// (gated and one-matrix, another rank's expert, an empty group); the flag needs FP4 and the
+// fragment shape.
+TEST(Fp4Fragments, ExpertTwinReadsPackedExpertsAsTheSameMatrices) {
+  Rng rng(92);
+  const int64_t n = 64, k = 128, experts = 3, m = 4;
+  const int64_t cb = n * k / 2, sb = n * k / 32;
+  std::vector<uint8_t> wg(size_t(experts * cb)), wu(wg.size()), sg(size_t(experts * sb)), su(sg.size());
+  for (auto* v : {&wg, &wu}) for (auto& c : *v) c = uint8_t(rng.below(256));
+  for (auto* v : {&sg, &su}) for (auto& c : *v) c = uint8_t(120 + rng.below(8));
+  std::vector<uint8_t> pg(wg.size()), pu(wu.size()), psg(sg.size()), psu(su.size());
+  for (int64_t e = 0; e < experts; ++e) {
+    ASSERT_TRUE(pack_fp4_fragments(&wg[size_t(e * cb)], &sg[size_t(e * sb)], n, k, &pg[size_t(e * cb)], &psg[size_t(e * sb)]).ok());
+    ASSERT_TRUE(pack_fp4_fragments(&wu[size_t(e * cb)], &su[size_t(e * sb)], n, k, &pu[size_t(e * cb)], &psu[size_t(e * sb)]).ok());
+  }
+  const auto x = randn(rng, m * k, 1.0);
+  const std::vector<int32_t> ge = {2, -1, 0, 1}, gs = {0, 2, 3, 3, 6}, pr = {0, 3, 1, 2, 0, 1};
+  for (const bool gated : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "gated " << gated);
+    ExpertGemvParams q;
+    q.x = x.data(), q.group_expert = ge.data(), q.group_start = gs.data(), q.pair_row = pr.data();
+    q.n_groups = 4, q.n_pairs = 6, q.n_experts = experts, q.n = n, q.k = k, q.format = WeightFormat::kFp4;
+    q.expert_stride = cb, q.expert_scale_stride = sb, q.swiglu_limit = 7.0f;
+    std::vector<float> want(size_t(6 * n)), got(want.size(), -1.0f);
+    q.w = wg.data(), q.w_scale = sg.data(), q.y = want.data();
+    if (gated) q.w_up = wu.data(), q.w_up_scale = su.data();
+    ASSERT_TRUE(expert_gemv_ref(q, m).ok());
+    q.w = pg.data(), q.w_scale = psg.data(), q.y = got.data(), q.w_packed = true;
+    if (gated) q.w_up = pu.data(), q.w_up_scale = psu.data();
+    ASSERT_TRUE(expert_gemv_ref(q, m).ok());
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4));
+    double nz = 0;
+    for (const float v : want) nz += v != 0;
+    EXPECT_GT(nz, double(4 * n)) << "the case computes little";
+  }
+  ExpertGemvParams bad;
+  float dummy = 0;
+  uint8_t byte = 0;
+  int32_t zero = 0;
+  bad.x = &dummy, bad.y = &dummy, bad.w = &byte, bad.w_scale = &byte, bad.group_expert = &zero, bad.group_start = &zero;
+  bad.n_groups = 1, bad.n_pairs = 1, bad.n_experts = 1, bad.n = 32, bad.k = 96, bad.w_packed = true;
+  EXPECT_NE(validate(bad).message().find("w_packed"), std::string::npos) << "k = 96";
+  bad.k = 64, bad.format = WeightFormat::kFp8, bad.w_block = 32;
+  EXPECT_NE(validate(bad).message().find("w_packed"), std::string::npos) << "FP8";
+  bad.format = WeightFormat::kFp4;
+  EXPECT_TRUE(validate(bad).ok()) << validate(bad).message();
 }
 
 }  // namespace flashseek::ops

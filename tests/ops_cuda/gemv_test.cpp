@@ -731,6 +731,96 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
   }
 }
 
+// FP4 experts in the fragment order (ExpertGemvParams::w_packed, ops/fp4_fragments.h): bitwise
+// the row-major launch's outputs at every k split and chunk, for decode groups (one-token passes,
+// the gated SwiGLU), a verify block, groups of more than 8 pairs (16-token passes), another rank's
+// expert, the down projection over per-pair rows, and pre-quantised x in groups of more than 16
+// rows (32-token passes; the row-major launch without the tiled kernel, which packed launches
+// never take). Every output written and finite. Packed launches that break the layout's rules
+// are refused.
+TEST(CudaGemvPacked, SameBitsAsRowMajor) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int tokens, topk, n_experts;
+    int64_t n, k;
+    bool gated, per_pair, xq, other_rank;
+  };
+  const Case cases[] = {
+      {1, 6, 13, 96, 512, true, false, false, false},    // decode
+      {6, 6, 16, 64, 2304, true, false, false, true},    // verify block, one group another rank's
+      {20, 2, 3, 160, 192, true, false, false, false},   // groups of > 8 pairs
+      {5, 3, 7, 128, 2304, false, true, false, false},   // down: per-pair rows
+      {40, 2, 2, 64, 256, false, false, true, false},    // pre-quantised x, 32-token passes
+  };
+  const WeightFormat f = WeightFormat::kFp4;
+  int compared = 0;
+  for (const Case& c : cases) {
+    std::mt19937 rng(uint32_t(c.tokens * 131 + c.n + c.k));
+    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
+    if (c.other_rank) r.group_expert[1] = -1;
+    const int64_t cb = weight_code_bytes(f, c.n, c.k), sb = weight_scale_bytes(f, c.n, c.k, 32);
+    const Weights wg = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
+    const Weights wu = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
+    Weights pg = wg, pu = wu;
+    for (int e = 0; e < c.n_experts; ++e) {
+      FS_ASSERT_OK(pack_fp4_fragments(wg.codes.data() + e * cb, wg.scales.data() + e * sb, c.n, c.k,
+                                      pg.codes.data() + e * cb, pg.scales.data() + e * sb));
+      FS_ASSERT_OK(pack_fp4_fragments(wu.codes.data() + e * cb, wu.scales.data() + e * sb, c.n, c.k,
+                                      pu.codes.data() + e * cb, pu.scales.data() + e * sb));
+    }
+    const int64_t pairs = int64_t(r.pair_row.size()), rows = c.per_pair ? pairs : c.tokens;
+    std::vector<float> x = random_block_activations(rng, rows, c.k);
+    for (auto& v : x) v *= 0.05f;
+    DeviceBuffer<float> dx(x), dpw(r.pair_weight), dxs(size_t(rows * c.k / 32));
+    DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales);
+    DeviceBuffer<uint8_t> dpg(pg.codes), dpsg(pg.scales), dpu(pu.codes), dpsu(pu.scales), dxq(size_t(rows * c.k));
+    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+    if (c.xq) FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, c.k, 32, false, dxq.get(), dxs.get(), nullptr));
+    for (int split : {0, 1, 2, 3, 8})
+      for (int chunk : {0, 1, 2, 4}) {
+        SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n << " k=" << c.k << " gated="
+                                          << c.gated << " xq=" << c.xq << " split=" << split << " chunk=" << chunk);
+        detail::set_gemv_tuning(split, chunk);
+        ExpertGemvParams p;
+        p.x = dx.get(), p.group_expert = dge.get(), p.group_start = dgs.get();
+        p.pair_row = c.per_pair ? nullptr : dpr.get();
+        p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
+        p.n = c.n, p.k = c.k, p.format = f, p.expert_stride = cb, p.expert_scale_stride = sb, p.swiglu_limit = 7.0f;
+        if (c.xq) p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+        DeviceBuffer<float> d0(size_t(pairs * c.n)), d1(size_t(pairs * c.n));
+        p.w = dwg.get(), p.w_scale = dsg.get(), p.y = d0.get();
+        if (c.gated) p.w_up = dwu.get(), p.w_up_scale = dsu.get(), p.pair_weight = dpw.get();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        p.w = dpg.get(), p.w_scale = dpsg.get(), p.y = d1.get(), p.w_packed = true;
+        if (c.gated) p.w_up = dpu.get(), p.w_up_scale = dpsu.get();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> a = d0.to_host(), b = d1.to_host();
+        int64_t nonzero = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(b[i])) << "output " << i << " not written";
+          ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "output " << i << ": row-major " << a[i] << " packed " << b[i];
+          nonzero += b[i] != 0;
+        }
+        ASSERT_GT(nonzero, int64_t(a.size() / 2));
+        ++compared;
+      }
+    // Refusals: an expert stride off the 16-byte grid, a shape outside the fragment order.
+    detail::set_gemv_tuning(0, 0);
+    ExpertGemvParams bad;
+    DeviceBuffer<float> dy(size_t(pairs * c.n));
+    bad.x = dx.get(), bad.group_expert = dge.get(), bad.group_start = dgs.get(), bad.pair_row = dpr.get();
+    bad.n_groups = int64_t(r.group_expert.size()), bad.n_pairs = pairs, bad.n_experts = c.n_experts;
+    bad.n = c.n, bad.k = c.k, bad.format = f, bad.w = dpg.get(), bad.w_scale = dpsg.get(), bad.y = dy.get();
+    bad.expert_stride = cb - 8, bad.expert_scale_stride = sb, bad.w_packed = true;
+    EXPECT_FALSE(expert_gemv_cuda(bad, nullptr).ok()) << "expert stride not a multiple of 16";
+    bad.expert_stride = cb, bad.n = c.n - 32 + 8;
+    EXPECT_FALSE(expert_gemv_cuda(bad, nullptr).ok()) << "n not a multiple of 32";
+  }
+  detail::set_gemv_tuning(0, 0);
+  EXPECT_EQ(compared, 5 * 20);
+}
+
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {
   std::vector<float> x(64, 1.0f), y(64);
   std::vector<uint8_t> w(64 * 32, 0x22), s(64 * 2, 127);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "ops/linear_quant.h"
 #include "ops/moe.h"
 
 namespace flashseek::ops {
@@ -34,11 +35,26 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
   FS_RETURN_IF_ERROR(validate(p));
   FS_RETURN_IF_ERROR(check_indices(p, x_rows));
   std::vector<float> g(static_cast<size_t>(p.n)), u(static_cast<size_t>(p.n));
+  // w_packed: each group's matrices back in row-major form (one expert at a time).
+  const int64_t cb = weight_code_bytes(p.format, p.n, p.k), sb = weight_scale_bytes(p.format, p.n, p.k, p.w_block);
+  std::vector<uint8_t> rw, rs, ru, rus;
+  if (p.w_packed) rw.resize(size_t(cb)), rs.resize(size_t(sb)), ru.resize(size_t(cb)), rus.resize(size_t(sb));
   for (int64_t grp = 0; grp < p.n_groups; ++grp) {
     const int64_t e = p.group_expert[grp];
     if (e < 0) {  // another rank's expert (expert parallel): the group's outputs are 0
       std::fill(p.y + p.group_start[grp] * p.n, p.y + p.group_start[grp + 1] * p.n, 0.0f);
       continue;
+    }
+    const uint8_t *w = p.w + e * p.expert_stride, *ws = p.w_scale + e * p.expert_scale_stride;
+    const uint8_t *wu = p.w_up ? p.w_up + e * p.expert_stride : nullptr;
+    const uint8_t *wus = p.w_up ? p.w_up_scale + e * p.expert_scale_stride : nullptr;
+    if (p.w_packed && p.group_start[grp] < p.group_start[grp + 1]) {
+      FS_RETURN_IF_ERROR(unpack_fp4_fragments(w, ws, p.n, p.k, rw.data(), rs.data()));
+      w = rw.data(), ws = rs.data();
+      if (wu) {
+        FS_RETURN_IF_ERROR(unpack_fp4_fragments(wu, wus, p.n, p.k, ru.data(), rus.data()));
+        wu = ru.data(), wus = rus.data();
+      }
     }
     for (int64_t i = p.group_start[grp]; i < p.group_start[grp + 1]; ++i) {
       const int64_t row = p.pair_row ? p.pair_row[i] : i;
@@ -46,14 +62,12 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
       lp.x = p.x + row * p.k;
       lp.m = 1, lp.n = p.n, lp.k = p.k;
       lp.format = p.format, lp.w_block = p.w_block, lp.act_block = p.act_block;
-      lp.w = p.w + e * p.expert_stride;
-      lp.w_scale = p.w_scale + e * p.expert_scale_stride;
+      lp.w = w, lp.w_scale = ws;
       lp.y = p.w_up ? g.data() : p.y + i * p.n;
       lp.bf16_round_out = p.w_up ? p.bf16_round_gate_up : p.bf16_round_out;
       FS_RETURN_IF_ERROR(block_linear_ref(lp));
       if (!p.w_up) continue;
-      lp.w = p.w_up + e * p.expert_stride;
-      lp.w_scale = p.w_up_scale + e * p.expert_scale_stride;
+      lp.w = wu, lp.w_scale = wus;
       lp.y = u.data();
       FS_RETURN_IF_ERROR(block_linear_ref(lp));
       swiglu(g.data(), u.data(), p.y + i * p.n, p.n, p.swiglu_limit,

@@ -119,14 +119,52 @@ __device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, ui
   for (int j = 0; j < 4; ++j) out[j] = o[j];
 }
 
+// FP4 in the fragment order (ops/fp4_fragments.h: n % 32 == 0, k % 64 == 0): the registers of
+// load_w's row-major loads, each block's 4 words in one 16-byte load (a warp reads 512 contiguous
+// bytes) and each block pair's scale bytes in one 8-byte load.
+template <int kChunk, bool kKeep>
+__device__ __forceinline__ void load_w_packed(const GemvArgs& a, const uint8_t* w, const uint8_t* ws, int row0,
+                                              int kb0, int g, uint32_t (&A)[2][kChunk][2][1], uint32_t (&sc)[2][2]) {
+  const int64_t unit0 = int64_t(row0 / 32) * (a.k / 64);  // the tile's first (tile, pair) unit
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    const int kb = kb0 + j;
+    const auto* p = reinterpret_cast<const uint4*>(w + ((unit0 + kb / 2) * 32 + lane) * 32 + (kb % 2) * 16);
+    const uint4 v = kKeep ? ld_weight(p) : ld_stream(p);
+    A[0][j][0][0] = v.x, A[0][j][1][0] = v.y, A[1][j][0][0] = v.z, A[1][j][1][0] = v.w;
+  }
+  constexpr int kPairs = kChunk >= 2 ? kChunk / 2 : 1;  // kChunk >= 2: kb0 is even
+  uint32_t packed[2][2] = {};
+#pragma unroll
+  for (int pp = 0; pp < kPairs; ++pp) {
+    const uint2 s = ld_weight(reinterpret_cast<const uint2*>(ws + ((unit0 + kb0 / 2 + pp) * 8 + g) * 8));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // i = 2mt + h: bytes 2i (block 2p), 2i + 1 (block 2p + 1)
+      const uint32_t two = ((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu;
+      if constexpr (kChunk == 1) packed[i / 2][i % 2] = (two >> (8 * (kb0 % 2))) & 0xffu;
+      else packed[i / 2][i % 2] |= two << (16 * pp);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[mt][h] = packed[mt][h];
+}
+
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
-// tile); else streamed (ld_stream: decode reads them once).
-template <bool kFp4, int kChunk, bool kKeep = false>
+// tile); else streamed (ld_stream: decode reads them once). kPacked: FP4 in the fragment order.
+template <bool kFp4, int kChunk, bool kKeep = false, bool kPacked = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
                                        uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
                                        uint32_t (&sc)[2][2]) {
   static_assert(kChunk <= 4, "scale exponents are packed 4 per register");
+  if constexpr (kPacked) {
+    static_assert(kFp4, "the fragment order is an FP4 layout");
+    load_w_packed<kChunk, kKeep>(a, w, ws, row0, kb0, g, A, sc);
+    return;
+  }
   const int nkb = a.k / 32;
   // FP4: a row's kChunk scale bytes in one load where they are aligned (nkb % kChunk == 0).
   const bool wide_sc = kChunk > 1 && nkb % kChunk == 0 && reinterpret_cast<uintptr_t>(ws) % kChunk == 0;
@@ -435,7 +473,7 @@ __device__ __forceinline__ void reduce_store(const GemvArgs& a, float (&red)[kGa
 // 4 for wide launches over pre-quantised x, whose passes then re-read each weight tile half as
 // often). With GemvArgs::xq the passes read the codes and scales instead of quantising x.
 // (Pre-quantised x, prefill: also gemv_tiled_kernel below, the same sums.)
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kPacked = false>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split) {
   pdl_prologue();
   constexpr int kToks = 8 * kNt;
@@ -472,8 +510,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
         const int kb0 = c * kChunk;
         Words A, AU;
         uint32_t sc[2][2], scu[2][2];
-        load_w<kFp4, kChunk>(a, w, ws, row0, kb0, g, q, A, sc);
-        if constexpr (kGated) load_w<kFp4, kChunk>(a, wu, wsu, row0, kb0, g, q, AU, scu);
+        load_w<kFp4, kChunk, false, kPacked>(a, w, ws, row0, kb0, g, q, A, sc);
+        if constexpr (kGated) load_w<kFp4, kChunk, false, kPacked>(a, wu, wsu, row0, kb0, g, q, AU, scu);
         chunk_mma<kFp4, kChunk, kGated, kNt, kOne>(a, xr, ntok, kb0, q, A, sc, AU, scu, acc, accu);
       }
     };
@@ -793,20 +831,20 @@ Tuning pick_tuning(const GemvArgs& a, bool fp4, int64_t tiles, const DeviceInfo&
   return t;
 }
 
-template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false>
+template <bool kFp4, int kChunk, bool kGated, int kNt, bool kStacked = false, bool kPacked = false>
 cudaError_t launch_k(const GemvArgs& a, int n_groups, int split, cudaStream_t stream) {
   const int tiles = (a.n + kRows - 1) / kRows;
   const dim3 grid(tiles * split, n_groups);
-  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked>;
+  auto* kernel = gemv_kernel<kFp4, kChunk, kGated, kNt, kStacked, kPacked>;
   if (split == 1) return launch_kernel(kernel, grid, kThreads, 0, stream, a, 1);
   return launch_kernel_cluster(kernel, grid, kThreads, 0, stream, unsigned(split), a, split);
 }
 
-template <bool kFp4, bool kGated, int kNt>
+template <bool kFp4, bool kGated, int kNt, bool kPacked = false>
 cudaError_t launch_nt(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
-  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt>(a, n_groups, t.split, stream);
-  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt>(a, n_groups, t.split, stream);
-  return launch_k<kFp4, 1, kGated, kNt>(a, n_groups, t.split, stream);
+  if (t.chunk == 4) return launch_k<kFp4, 4, kGated, kNt, false, kPacked>(a, n_groups, t.split, stream);
+  if (t.chunk == 2) return launch_k<kFp4, 2, kGated, kNt, false, kPacked>(a, n_groups, t.split, stream);
+  return launch_k<kFp4, 1, kGated, kNt, false, kPacked>(a, n_groups, t.split, stream);
 }
 
 // Dynamic shared memory of gemv_tiled_kernel: the scale bytes of its rows for every k block.
@@ -847,6 +885,22 @@ cudaError_t launch_tiled(const GemvArgs& a, int n_groups, const Tuning& t, cudaS
   return launch_tiled_k<kFp4, kGated, kGated ? 2 : 4>(a, n_groups, t, stream);
 }
 
+// The one-pass kernels (gemv_kernel) for launch(); kPacked: FP4 in the fragment order.
+// Pre-quantised x without the tiled kernel: 32-token passes where the groups average more than
+// 16 tokens, for one matrix (32 tokens of gate and up would need 64 KB of shared memory) in
+// chunks of at most 2 blocks (4-block chunks would spill).
+template <bool kFp4, bool kGated, bool kPacked>
+cudaError_t launch_passes(const GemvArgs& a, int n_groups, const Tuning& t, bool small, cudaStream_t stream) {
+  const int64_t per_group = a.group_start ? (a.m + n_groups - 1) / n_groups : a.m;
+  if constexpr (!kGated)
+    if (a.xq && per_group > 16 && t.chunk <= 2)
+      return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4, false, kPacked>(a, n_groups, t.split, stream)
+                          : launch_k<kFp4, 1, kGated, 4, false, kPacked>(a, n_groups, t.split, stream);
+  const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
+  return wide ? launch_nt<kFp4, kGated, 2, kPacked>(a, n_groups, t, stream)
+              : launch_nt<kFp4, kGated, 1, kPacked>(a, n_groups, t, stream);
+}
+
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
 // several passes (correct, re-reading the weight tile), so wide batches use 16-token passes
 // (32 over pre-quantised x, below), except with 4-block chunks of one FP8 matrix quantised inside
@@ -875,6 +929,18 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
+  // FP4 in the fragment order: the one-pass kernels only (the tiled kernel reads row-major tiles).
+  if (a.w_packed) {
+    if constexpr (kFp4) {
+      if (a.n % kRows != 0 || a.k % 64 != 0) return cudaErrorInvalidValue;
+      if ((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 != 0 ||
+          (reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.wsu)) % 8 != 0 ||
+          (a.group_start && (a.e_stride % 16 != 0 || a.e_sstride % 8 != 0)))
+        return cudaErrorInvalidValue;
+      return launch_passes<kFp4, kGated, true>(a, n_groups, t, small, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
   // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks, FP4
   // kTMaxFp4Blocks: its scale table holds a byte per row and block.)
@@ -882,16 +948,7 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
                         reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (!a.wu || reinterpret_cast<uintptr_t>(a.wu) % 16 == 0) &&
                         (!a.group_start || a.e_stride % 16 == 0);
   if (a.xq && !small && tiled_ok && a.tiled) return launch_tiled<kFp4, kGated>(a, n_groups, t, stream);
-  // Pre-quantised x without the tiled kernel: 32-token passes where the groups average more than
-  // 16 tokens, for one matrix (32 tokens of gate and up would need 64 KB of shared memory) in
-  // chunks of at most 2 blocks (4-block chunks would spill).
-  const int64_t per_group = a.group_start ? (a.m + n_groups - 1) / n_groups : a.m;
-  if constexpr (!kGated)
-    if (a.xq && per_group > 16 && t.chunk <= 2)
-      return t.chunk == 2 ? launch_k<kFp4, 2, kGated, 4>(a, n_groups, t.split, stream)
-                          : launch_k<kFp4, 1, kGated, 4>(a, n_groups, t.split, stream);
-  const bool wide = !small && (a.xq || !(t.chunk == 4 && a.act_block != 128));
-  return wide ? launch_nt<kFp4, kGated, 2>(a, n_groups, t, stream) : launch_nt<kFp4, kGated, 1>(a, n_groups, t, stream);
+  return launch_passes<kFp4, kGated, false>(a, n_groups, t, small, stream);
 }
 
 // One thread per 8 consecutive values of the flattened [m, k] (k % 32 == 0, so a quad of lanes

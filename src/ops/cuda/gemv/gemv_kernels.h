@@ -36,6 +36,8 @@ struct GemvArgs {
   int tune_n;
   // Set by launch_gemv (callers leave it 0): the launch's group count (dense: 1).
   int n_groups;
+  // FP4 w / wu (codes and scales) in the fragment order (ops/fp4_fragments.h): ExpertGemvParams::w_packed.
+  bool w_packed;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
