@@ -1494,7 +1494,7 @@ TEST(CudaModelOps, IndexTopkClusterMatchesCpu) {
   if (ran16 == 0) std::cout << "[topk] clusters of 16 blocks are not available on this device: only 8 tested\n";
 }
 
-// The warp-per-token router at V4.1 width (384 experts, top-6) with tied scores.
+// The block-per-token router at V4.1 width (384 experts, top-6) with tied scores.
 TEST(CudaModelOps, RouteWideMatchesCpu) {
   FS_REQUIRE_GPU();
   const int64_t T = 7, E = 384, K = 6;
@@ -1604,7 +1604,9 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
     }
     // Stability: within an expert, pairs keep their slot order.
     for (int64_t p = 1; p < c.pairs; ++p)
-      if (sel[size_t(p)] == sel[size_t(p - 1)]) EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
+      if (sel[size_t(p)] == sel[size_t(p - 1)]) {
+        EXPECT_EQ(pos[size_t(p)], pos[size_t(p - 1)] + 1);
+      }
   }
   std::vector<int32_t> bad_sel{0, 5, 1};
   std::vector<float> w(3, 1.0f);
@@ -1636,6 +1638,46 @@ TEST(CudaModelOps, MoeGroupPairsMatchesCpu) {
                                              nullptr, 0),
                         "moe_group").code(),
             StatusCode::kOk);
+}
+
+// The router where 2E floats do not fit its shared memory (E = 6001: the scores and keys go to the
+// caller's scratch) and over many tokens (one block each), both scoring functions: the CPU's
+// choices and weights.
+TEST(CudaModelOps, RouteScratchAndManyTokensMatchCpu) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t T, E, K;
+  };
+  for (const Case c : {Case{3, 6001, 8}, Case{300, 384, 6}}) {
+    auto logits = randn(static_cast<size_t>(c.T * c.E), 91);
+    for (int64_t e = 0; e < c.E; e += 7) logits[static_cast<size_t>(e)] = 1.75f;  // ties in token 0
+    const auto bias = randn(static_cast<size_t>(c.E), 92, 0.01f);
+    for (bool softplus : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << c.T << " E=" << c.E << " softplus=" << softplus);
+      DeviceBuffer<float> dl(logits), db(bias), dscr(static_cast<size_t>(c.T * 2 * c.E)), dw(static_cast<size_t>(c.T * c.K));
+      DeviceBuffer<int32_t> dsel(static_cast<size_t>(c.T * c.K));
+      cd::RouteArgs a;
+      a.logits = dl.get(), a.bias = softplus ? db.get() : nullptr, a.scratch = dscr.get(), a.T = c.T, a.E = c.E, a.K = c.K;
+      a.gate_temp = 1.25f, a.route_scale = 1.5f, a.sqrtsoftplus = softplus, a.norm_topk = true, a.renorm_eps = softplus;
+      a.sel = dsel.get(), a.weight = dw.get();
+      FS_ASSERT_OK(cuda_status(cd::launch_route(a, 0), "route"));
+      const auto sel = dsel.to_host();
+      const auto wt = dw.to_host();
+      for (int64_t t = 0; t < c.T; ++t) {
+        std::vector<int32_t> rs(static_cast<size_t>(c.K));
+        std::vector<float> rw(static_cast<size_t>(c.K));
+        RouteParams p{logits.data() + t * c.E, softplus ? bias.data() : nullptr, nullptr, c.E, c.K};
+        p.gate_temp = 1.25f, p.route_scale = 1.5f, p.sqrtsoftplus = softplus, p.norm_topk = true;
+        p.renorm_eps = softplus, p.sel = rs.data(), p.weight = rw.data();
+        route(p);
+        for (int64_t i = 0; i < c.K; ++i) {
+          const size_t gi = static_cast<size_t>(t * c.K + i);
+          ASSERT_EQ(rs[static_cast<size_t>(i)], sel[gi]) << "t " << t << " slot " << i;
+          ASSERT_NEAR(rw[static_cast<size_t>(i)], wt[gi], 1e-6f * std::fabs(rw[static_cast<size_t>(i)]) + 1e-12f) << "t " << t;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

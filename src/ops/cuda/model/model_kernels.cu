@@ -2508,27 +2508,49 @@ __device__ void moe_count_range(const int32_t* sel, int begin, int end, int n_ex
 }
 
 // cstart / cexpert (nullable): the compact lists of cslots groups (launch_moe_group's `compact`).
-__global__ void moe_group_kernel(const int32_t* sel, const float* weight, int n_pairs, int n_experts, int k,
-                                 int32_t* group_start, int32_t* pair_row, float* sorted_weight, int32_t* slot_pos,
-                                 int32_t* bad, int32_t* cstart, int32_t* cexpert, int cslots) {
+// The expert offsets and the compact slots come from two block scans (thread t owns experts
+// t · kMoeScanItems ..): integer sums, so the same lists as one thread walking the experts.
+__global__ void __launch_bounds__(kMoeGroupThreads) moe_group_kernel(const int32_t* sel, const float* weight,
+                                                                   int n_pairs, int n_experts, int k,
+                                                                   int32_t* group_start, int32_t* pair_row,
+                                                                   float* sorted_weight, int32_t* slot_pos, int32_t* bad,
+                                                                   int32_t* cstart, int32_t* cexpert, int cslots) {
   pdl_prologue();
+  using Scan = cub::BlockScan<int32_t, kMoeGroupThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int32_t next[kMoeGroupMaxExperts];
   __shared__ int32_t tile[kMoeGroupThreads];
   moe_count_range(sel, 0, n_pairs, n_experts, next, bad);
-  if (threadIdx.x == 0) {  // exclusive scan: next[e] = first sorted position of expert e
-    int run = 0, g = 0;
-    for (int e = 0; e < n_experts; ++e) {
-      const int c = next[e];
-      group_start[e] = run;
-      next[e] = run;
-      if (cstart && c > 0 && g < cslots) cstart[g] = run, cexpert[g++] = e;  // g < cslots: the launch checked
-      run += c;
-    }
-    group_start[n_experts] = run;
-    if (cstart) {
-      for (; g < cslots; ++g) cstart[g] = run, cexpert[g] = -1;
-      cstart[cslots] = run;
-    }
+  int32_t pos[kMoeScanItems], slot[kMoeScanItems];
+#pragma unroll
+  for (int i = 0; i < kMoeScanItems; ++i) {
+    const int e = int(threadIdx.x) * kMoeScanItems + i;
+    pos[i] = e < n_experts ? next[e] : 0;
+    slot[i] = pos[i] > 0 ? 1 : 0;
+  }
+  int32_t total = 0, used = 0;
+  Scan(scan_tmp).ExclusiveSum(pos, pos, total);  // pos[i]: the first sorted position of expert e
+  __syncthreads();                               // scan_tmp is reused
+  Scan(scan_tmp).ExclusiveSum(slot, slot, used);  // slot[i]: expert e's compact slot when it has pairs
+#pragma unroll
+  for (int i = 0; i < kMoeScanItems; ++i) {
+    const int e = int(threadIdx.x) * kMoeScanItems + i;
+    if (e >= n_experts) continue;
+    // (next[e] still holds the count: expert e has pairs iff the next offset moved.)
+    const bool has = next[e] > 0;
+    if (cstart && has && slot[i] < cslots) cstart[slot[i]] = pos[i], cexpert[slot[i]] = e;  // the launch checked
+    group_start[e] = pos[i];
+  }
+  __syncthreads();  // every count was read before next[] becomes the offsets
+#pragma unroll
+  for (int i = 0; i < kMoeScanItems; ++i) {
+    const int e = int(threadIdx.x) * kMoeScanItems + i;
+    if (e < n_experts) next[e] = pos[i];
+  }
+  if (threadIdx.x == 0) group_start[n_experts] = total;
+  if (cstart) {
+    for (int g = min(used, cslots) + int(threadIdx.x); g < cslots; g += kMoeGroupThreads) cstart[g] = total, cexpert[g] = -1;
+    if (threadIdx.x == 0) cstart[cslots] = total;
   }
   __syncthreads();
   moe_scatter_tiles(sel, weight, 0, n_pairs, n_experts, k, next, tile, pair_row, sorted_weight, slot_pos);

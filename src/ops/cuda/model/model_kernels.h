@@ -197,7 +197,7 @@ struct RouteArgs {
   const float* bias = nullptr;    // [E] or nullptr
   const int32_t* tid2eid = nullptr;  // [vocab, K] hash routing (with tokens) or nullptr
   const int32_t* tokens = nullptr;   // [T]
-  float* scratch = nullptr;       // [T, 2E]
+  float* scratch = nullptr;       // [T, 2E]; used only where 2E floats exceed the kernel's shared memory
   int64_t T = 0, E = 0, K = 0;
   float gate_temp = 1, route_scale = 1;
   bool sqrtsoftplus = false, norm_topk = false, renorm_eps = false;
