@@ -224,6 +224,9 @@ struct GemmExpandBf16Params {
   int64_t w_block = 128;
   WeightFormat w_format = WeightFormat::kFp8;
   const int32_t* row_start = nullptr;
+  // kFp4: w and w_scale in the GEMV fragment order (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0):
+  // the same values out.
+  bool w_fragments = false;
 };
 
 inline Status validate(const GemmExpandBf16Params& p) {
@@ -235,6 +238,9 @@ inline Status validate(const GemmExpandBf16Params& p) {
     return invalid_argument("gemm_expand_bf16: the weight format must be kFp8 or kFp4");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
     return invalid_argument("gemm_expand_bf16: FP4 weights have one scale per 1 x 32 block (w_block={})", p.w_block);
+  if (p.w_fragments && (p.w_format != WeightFormat::kFp4 || p.n % 32 != 0 || p.k % 64 != 0))
+    return invalid_argument("gemm_expand_bf16: w_fragments (the FP4 fragment order) needs FP4 weights, n={} a multiple "
+                            "of 32 and k={} of 64", p.n, p.k);
   if (p.w_format == WeightFormat::kFp8 && ((p.w_block != 32 && p.w_block != 128) || p.k % p.w_block != 0))
     return invalid_argument("gemm_expand_bf16: w_block={} must be 32 or 128 and divide k={}", p.w_block, p.k);
   if (p.count > (int64_t(1) << 20) || p.n >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30) ||

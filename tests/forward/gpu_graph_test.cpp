@@ -338,6 +338,46 @@ TEST_P(GpuGraphDecode, CollapseNormFusionOnEqualsOffBitwise) {
   EXPECT_GT(stats(*m.on_graphs).collapse_norm_fused, 0);
 }
 
+// The routed experts in the FP4 fragment order (GpuLoadOptions::fp4_fragments): the GEMVs read
+// the same values in the same order and the prefill GEMM the same values (expanded from the
+// fragment order), so the logits are bitwise those of the row-major experts, eager and in patched
+// graphs, over decode steps of one and two sequences and verify blocks with rollbacks, with the
+// prompts prefilled through the grouped GEMMs where the config takes them (moe_gemm_min_tokens 1,
+// BF16-direct operands: with the fragments the experts expanded first, without them in the
+// kernel with W in registers). The experts' stacks were packed, gate, up and down together.
+TEST_P(GpuGraphDecode, Fp4FragmentsOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool on) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.moe_gemm_min_tokens = 1;
+    o.prefill_gemm_bf16 = o.prefill_gemm_direct = true;
+    o.fp4_fragments = on;
+    return load(dir, p.numerics, o);
+  };
+  auto off = load_with(false, false), on = load_with(false, true), on_graphs = load_with(true, true);
+  ASSERT_TRUE(off && on && on_graphs);
+  const int64_t V = off->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*off, 41, n), b = decode_run(*on, 41, n), c = decode_run(*on_graphs, 41, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, on vs off: max|d| " << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + on vs eager off: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*off, kVerifyBlocks), vb = verify_run(*on, kVerifyBlocks);
+  const auto vc = verify_run(*on_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_EQ(stats(*on_graphs).eager_fallbacks, 0);
+  EXPECT_EQ(stats(*off).fp4_fragment_stacks, 0);
+  for (const auto* m : {on.get(), on_graphs.get()}) {
+    EXPECT_GT(stats(*m).fp4_fragment_stacks, 0);
+    EXPECT_EQ(stats(*m).fp4_fragment_stacks % 3, 0) << "gate, up and down are packed together";
+  }
+  EXPECT_EQ(stats(*on).moe_gemm_layers > 0, stats(*off).moe_gemm_layers > 0) << "the same prefill route";
+}
+
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
 // the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
 // stream, run the same kernels on the same inputs, so the logits are bitwise those of one

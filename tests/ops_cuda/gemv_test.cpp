@@ -19,9 +19,11 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/block_scaled_data.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/gemm_fp8.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
@@ -819,6 +821,72 @@ TEST(CudaGemvPacked, SameBitsAsRowMajor) {
   }
   detail::set_gemv_tuning(0, 0);
   EXPECT_EQ(compared, 5 * 20);
+}
+
+// The device pack (the model's load-time pass over a stack of experts) == the host pack, byte for
+// byte; refusals of bad shapes, misaligned codes and overlapping buffers.
+TEST(CudaGemvPacked, DevicePackEqualsHostPack) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{32, 64}, {3 * 96, 320}, {2 * 2304, 5120}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<uint8_t> codes(size_t(n * k / 2)), scales(size_t(n * k / 32));
+    for (auto& c : codes) c = uint8_t(rng());
+    for (auto& c : scales) c = uint8_t(rng());
+    std::vector<uint8_t> hc(codes.size()), hs(scales.size());
+    FS_ASSERT_OK(pack_fp4_fragments(codes.data(), scales.data(), n, k, hc.data(), hs.data()));
+    DeviceBuffer<uint8_t> dc(codes), ds(scales), oc(codes.size()), os(scales.size());
+    FS_ASSERT_OK(pack_fp4_fragments_cuda(dc.get(), ds.get(), n, k, oc.get(), os.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(oc.to_host() == hc);
+    EXPECT_TRUE(os.to_host() == hs);
+  }
+  DeviceBuffer<uint8_t> a(4096), b(4096), s(256), t(256);
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 40, 64, b.get(), t.get(), nullptr).ok()) << "n";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 32, 32, b.get(), t.get(), nullptr).ok()) << "k";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get() + 4, s.get(), 32, 64, b.get(), t.get(), nullptr).ok()) << "alignment";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 32, 64, a.get() + 512, t.get(), nullptr).ok()) << "overlap";
+}
+
+// The BF16 expansion of FP4 experts in the fragment order (GemmExpandBf16Params::w_fragments, the
+// prefill GEMM's route for packed experts) == the row-major expansion, BF16 for BF16, on the
+// device and in the CPU twin, with skipped (row-less) matrices; and refused off the layout's shapes.
+TEST(CudaGemvPacked, ExpandBf16ReadsTheFragmentOrder) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  const int64_t count = 3, n = 64, k = 192;
+  Weights w = random_weights(rng, WeightFormat::kFp4, count * n, k, 32);
+  Weights pk = w;
+  FS_ASSERT_OK(pack_fp4_fragments(w.codes.data(), w.scales.data(), count * n, k, pk.codes.data(), pk.scales.data()));
+  const std::vector<int32_t> rs = {0, 4, 4, 9};  // matrix 1 has no rows: skipped
+  GemmExpandBf16Params p;
+  p.count = count, p.n = n, p.k = k, p.w_format = WeightFormat::kFp4, p.w_block = 32;
+  std::vector<uint16_t> cpu_rm(size_t(count * n * k), 0x7fff), cpu_fr(cpu_rm);
+  p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = cpu_rm.data(), p.row_start = rs.data();
+  FS_ASSERT_OK(gemm_expand_bf16_ref(p));
+  p.w = pk.codes.data(), p.w_scale = pk.scales.data(), p.y = cpu_fr.data(), p.w_fragments = true;
+  FS_ASSERT_OK(gemm_expand_bf16_ref(p));
+  EXPECT_TRUE(cpu_rm == cpu_fr);
+  DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dpw(pk.codes), dps(pk.scales);
+  DeviceBuffer<uint16_t> y0(cpu_rm.size()), y1(cpu_rm.size());
+  DeviceBuffer<int32_t> drs(rs);
+  GemmExpandBf16Params g = p;
+  g.row_start = drs.get();
+  g.w = dw.get(), g.w_scale = ds.get(), g.y = y0.get(), g.w_fragments = false;
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(g, nullptr));
+  g.w = dpw.get(), g.w_scale = dps.get(), g.y = y1.get(), g.w_fragments = true;
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(g, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> a = y0.to_host(), b = y1.to_host();
+  for (int64_t e : {0, 2})  // the expanded matrices: equal to each other and to the twin
+    for (int64_t i = e * n * k; i < (e + 1) * n * k; ++i) {
+      ASSERT_EQ(a[size_t(i)], b[size_t(i)]) << "value " << i;
+      ASSERT_EQ(a[size_t(i)], cpu_rm[size_t(i)]) << "value " << i;
+    }
+  g.n = 48;
+  EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "n not a multiple of 32";
+  g.n = n, g.w_format = WeightFormat::kFp8;
+  EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "FP8";
 }
 
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {

@@ -102,6 +102,9 @@ struct NativeMatrix {
   int64_t n = 0, k = 0, block_rows = 1, block_cols = 1, w_block = 32, act_block = 0, count = 1;
   int64_t code_bytes = 0, scale_bytes = 0;  // of one matrix
   bool fast = false;
+  // FP4 codes and scales of every matrix in the fragment order (ops/fp4_fragments.h;
+  // GpuLoadOptions::fp4_fragments): read with ExpertGemvParams::w_packed and the GEMM's w_fragments.
+  bool fragments = false;
   // Part of a stacked pair (GpuModel::stack_query_kv): the second matrix owns no memory and reads
   // its rows inside the first one's allocation (codes_view / scales_view); both launch with the
   // stack's row count as their tuning shape (BlockLinearParams::tune_n), so a matrix launched
@@ -256,6 +259,9 @@ class GpuModel final : public Model, public Backend {
   // (wq_a's rows, then wkv's; the originals freed: the device holds the same bytes) and re-keyed;
   // wkv becomes a view into it. Layers that do not fit keep two matrices (stacked_pairs_ counts).
   Status stack_query_kv();
+  // The queued expert stacks (fragment_pending_) into the FP4 fragment order, in place, through a
+  // bounded scratch copy (GpuLoadOptions::fp4_fragments).
+  Status pack_expert_fragments();
   // p's input quantised once before the block-scaled GEMV (GpuLoadOptions::gemv_prequant_min_rows).
   Status prequantize(ops::BlockLinearParams& p);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
@@ -530,6 +536,10 @@ class GpuModel final : public Model, public Backend {
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
+  bool fp4_fragments_ = false;                   // GpuLoadOptions::fp4_fragments
+  // Expert stacks to put in the fragment order once the upload has landed (up_experts queues them,
+  // pack_expert_fragments packs them).
+  std::vector<const float*> fragment_pending_;
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

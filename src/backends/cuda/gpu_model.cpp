@@ -82,6 +82,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/engram.h"
+#include "ops/fp4_fragments.h"
 
 namespace flashseek::forward {
 
@@ -600,6 +601,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_compact_groups_ = opts.moe_compact_groups;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
+  m->fp4_fragments_ = opts.fp4_fragments && m->native_;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -646,6 +648,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_RETURN_IF_ERROR(m->upload_weights());
   }
   if (m->native_ && opts.stack_query_kv) FS_RETURN_IF_ERROR(m->stack_query_kv());
+  FS_RETURN_IF_ERROR(m->pack_expert_fragments());
   {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_ops.cpp moe_native)
     std::vector<int32_t> ids(size_t(std::max<int64_t>(c.n_routed_experts, 1)));
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
@@ -923,6 +926,40 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
   // The block-scaled expert GEMV runs all three or none (moe_native).
   const bool all_fast = native(keys[0])->fast && native(keys[1])->fast && native(keys[2])->fast;
   for (const float* k : keys) native_w_.at(k).fast = all_fast;
+  // The fragment order for all three or none (the gated launch reads gate and up one way).
+  bool frag = fp4_fragments_ && all_fast;
+  for (const float* k : keys) {
+    const NativeMatrix& m = native_w_.at(k);
+    frag = frag && m.format == ops::WeightFormat::kFp4 && ops::fp4_fragment_shape_ok(m.n, m.k) &&
+           m.code_bytes == m.n * (m.k / 2) && m.scale_bytes == m.n * (m.k / 32);
+  }
+  if (frag) fragment_pending_.insert(fragment_pending_.end(), keys.begin(), keys.end());
+  return {};
+}
+
+Status GpuModel::pack_expert_fragments() {
+  // In place, a chunk of experts at a time: the chunk's bytes copied to scratch, packed back.
+  constexpr int64_t kChunkBytes = int64_t(256) << 20;
+  DevArray<uint8_t> tmp_c, tmp_s;
+  for (const float* key : fragment_pending_) {
+    NativeMatrix& m = native_w_.at(key);
+    const int64_t per = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(m.code_bytes, 1));
+    FS_RETURN_IF_ERROR(tmp_c.reserve(size_t(std::min(per, m.count) * m.code_bytes), false));
+    FS_RETURN_IF_ERROR(tmp_s.reserve(size_t(std::min(per, m.count) * m.scale_bytes), false));
+    for (int64_t e0 = 0; e0 < m.count; e0 += per) {
+      const int64_t cnt = std::min(per, m.count - e0);
+      uint8_t* c = m.codes.get() + e0 * m.code_bytes;
+      uint8_t* s = m.scales.get() + e0 * m.scale_bytes;
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp_c.get(), c, size_t(cnt * m.code_bytes), cudaMemcpyDeviceToDevice));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp_s.get(), s, size_t(cnt * m.scale_bytes), cudaMemcpyDeviceToDevice));
+      // A stack of experts is one matrix of count · n rows in the order: tiles never cross experts.
+      FS_RETURN_IF_ERROR(ops::cuda::pack_fp4_fragments_cuda(tmp_c.get(), tmp_s.get(), cnt * m.n, m.k, c, s, nullptr));
+    }
+    m.fragments = true;
+    ++gstats_.fp4_fragment_stacks;
+  }
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  fragment_pending_.clear();
   return {};
 }
 

@@ -598,6 +598,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.pair_weight = pw, q.swiglu_limit = float(c.swiglu_limit), q.bf16_round_gate_up = R;
     }
     q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
+    q.w_packed = w.fragments;  // the gated launch: gate and up are packed together (up_experts)
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;
@@ -607,7 +608,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
-  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E)) {
+  // (Experts in the fragment order take the grouped GEMM only through the BF16 expansion.)
+  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E) && (!n1.fragments || prefill_gemm_bf16_)) {
     // Prefill chunks (GpuLoadOptions::moe_gemm_min_tokens): the same function through the grouped
     // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
     // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
@@ -637,7 +639,10 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R, q.bf16_direct = bv && prefill_gemm_direct_;
       if (bv) q.xs = nullptr;
       // Few rows per expert (GpuLoadOptions::moe_expand_min_rows): each tile expanded in the GEMM.
-      const bool expand = prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E);
+      // Experts in the fragment order (GpuLoadOptions::fp4_fragments): always expanded first (the
+      // GEMM's in-kernel expansion reads row-major tiles).
+      const bool expand =
+          w.fragments || (prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E));
       if (!expand) {
         q.w_in_registers = moe_w_in_registers_;
         return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
@@ -696,6 +701,7 @@ Result<const uint8_t*> GpuModel::expand_weight(const NativeMatrix& w, int64_t e0
   if (w.format == ops::WeightFormat::kFp8 && (w.block_rows != w.w_block || w.block_cols != w.w_block))
     return internal_error("expand_weight: FP8 scales of {}x{} blocks are not w_block tiles", w.block_rows, w.block_cols);
   p.row_start = row_start ? row_start + e0 : nullptr;
+  p.w_fragments = w.fragments;
   FS_RETURN_IF_ERROR(ops::cuda::gemm_expand_bf16_cuda(p, stream_));
   ++gstats_.weight_expansions;
   return reinterpret_cast<const uint8_t*>(a.get());

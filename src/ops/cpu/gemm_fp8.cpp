@@ -8,6 +8,7 @@
 
 #include "core/numeric.h"
 #include "core/thread_pool.h"
+#include "ops/fp4_fragments.h"
 #include "ops/linear.h"
 #include "ops/quant.h"
 
@@ -153,8 +154,11 @@ Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p) {
       for (int64_t i = 0; i < p.k; ++i) {
         float v, s;
         if (fp4) {
-          v = e2m1_to_f32(uint8_t((p.w[row * (p.k / 2) + i / 2] >> (4 * (i & 1))) & 15));
-          s = e8m0_to_f32(p.w_scale[row * (p.k / 32) + i / 32]);
+          // Byte i/2 of the row: row-major, or byte (i % 8) / 2 of word (i % 32) / 8 of block i / 32.
+          const int64_t at = p.w_fragments ? fp4_fragment_word(row, i / 32, int(i % 32) / 8, p.k) + (i % 8) / 2
+                                           : row * (p.k / 2) + i / 2;
+          v = e2m1_to_f32(uint8_t((p.w[at] >> (4 * (i & 1))) & 15));
+          s = e8m0_to_f32(p.w_scale[p.w_fragments ? fp4_fragment_scale(row, i / 32, p.k) : row * (p.k / 32) + i / 32]);
         } else {
           v = e4m3_to_f32(p.w[row * p.k + i]);
           s = e8m0_to_f32(p.w_scale[(e * nsb + r / p.w_block) * kbw + i / p.w_block]);

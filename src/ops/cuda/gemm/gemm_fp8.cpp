@@ -99,7 +99,7 @@ Status gemm_expand_bf16_cuda(const GemmExpandBf16Params& p, cudaStream_t stream)
   FS_RETURN_IF_ERROR(check_device());
   detail::GemmExpandArgs a{};
   a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.count = p.count, a.n = p.n, a.k = p.k;
-  a.w_block = int(p.w_block), a.fp4 = fp4, a.row_start = p.row_start;
+  a.w_block = int(p.w_block), a.fp4 = fp4, a.row_start = p.row_start, a.fragments = p.w_fragments;
   return cuda_status(detail::launch_expand_bf16(a, stream), "gemm_expand_bf16 kernel launch");
 }
 

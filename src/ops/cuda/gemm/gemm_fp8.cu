@@ -45,6 +45,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/fp4_fragments.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
@@ -702,8 +703,11 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
     const int64_t row = t / k8, i = (t % k8) * 8;  // row of [count · n], first k of the eight
     uint4 out;
     if (a.fp4) {
-      const uint32_t v = ld_weight(reinterpret_cast<const uint32_t*>(a.w + row * (a.k / 2) + i / 2));
-      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + row * (a.k / 32) + i / 32)), 0x1p126f));
+      // The eight values are code word (i % 32) / 8 of block i / 32 (row-major: bytes i/2 .. i/2 + 3).
+      const int64_t wat = a.fragments ? fp4_fragment_word(row, i / 32, int(i % 32) / 8, a.k) : row * (a.k / 2) + i / 2;
+      const int64_t sat = a.fragments ? fp4_fragment_scale(row, i / 32, a.k) : row * (a.k / 32) + i / 32;
+      const uint32_t v = ld_weight(reinterpret_cast<const uint32_t*>(a.w + wat));
+      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + sat)), 0x1p126f));
     } else {
       const int64_t r = row - e * a.n;
       const uint2 v = ld_weight(reinterpret_cast<const uint2*>(a.w + row * a.k + i));

@@ -70,6 +70,7 @@ struct GemmExpandArgs {
   int w_block;
   bool fp4;
   const int32_t* row_start;
+  bool fragments;  // FP4 in the fragment order (GemmExpandBf16Params::w_fragments)
 };
 cudaError_t launch_expand_bf16(const GemmExpandArgs& a, cudaStream_t stream);
 

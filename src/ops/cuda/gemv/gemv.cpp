@@ -3,6 +3,7 @@
 
 #include "ops/cuda/runtime/cuda_check.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/fp4_fragments.h"
 
 namespace flashseek::ops::cuda {
 
@@ -61,6 +62,24 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled, a.w_packed = p.w_packed;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");
+}
+
+Status pack_fp4_fragments_cuda(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
+                               uint8_t* out_scales, cudaStream_t stream) {
+  if (!codes || !scales || !out_codes || !out_scales)
+    return invalid_argument("pack_fp4_fragments_cuda: codes, scales and both outputs must be set");
+  if (!fp4_fragment_shape_ok(n, k))
+    return invalid_argument("pack_fp4_fragments_cuda: n={} must be a positive multiple of 32 and k={} of 64", n, k);
+  if ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out_codes)) % 16 != 0)
+    return invalid_argument("pack_fp4_fragments_cuda: codes must be 16-byte aligned");
+  const uintptr_t cb = uintptr_t(n * (k / 2)), sb = uintptr_t(n * (k / 32));
+  auto overlap = [](const void* a, uintptr_t na, const void* b, uintptr_t nb) {
+    return uintptr_t(a) < uintptr_t(b) + nb && uintptr_t(b) < uintptr_t(a) + na;
+  };
+  if (overlap(codes, cb, out_codes, cb) || overlap(scales, sb, out_scales, sb) || overlap(out_codes, cb, out_scales, sb))
+    return invalid_argument("pack_fp4_fragments_cuda: the outputs overlap the inputs or each other");
+  return cuda_status(detail::launch_pack_fp4_fragments(codes, scales, n, k, out_codes, out_scales, stream),
+                     "pack_fp4_fragments kernel launch");
 }
 
 void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }

@@ -50,6 +50,11 @@ cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t 
 cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, bool bf16_in, uint8_t* xq,
                                  float* xs, cudaStream_t stream);
 
+// codes [n, k/2] + scales [n, k/32] (row-major, codes 16-byte aligned) → the fragment order
+// (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0; outputs not overlapping the inputs).
+cudaError_t launch_pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k,
+                                      uint8_t* out_codes, uint8_t* out_scales, cudaStream_t stream);
+
 // Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
 // automatic choice. Process-wide, not thread-safe.

@@ -1,0 +1,38 @@
+// The FP4 fragment order on the device (ops/fp4_fragments.h): one thread per (row, 32-block),
+// moving the block's four code words and its scale byte. The twin of ops::pack_fp4_fragments.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/fp4_fragments.h"
+
+namespace flashseek::ops::cuda::detail {
+namespace {
+
+__global__ void pack_fp4_fragments_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                          int64_t n, int64_t k, uint8_t* __restrict__ out_codes,
+                                          uint8_t* __restrict__ out_scales) {
+  const int64_t nkb = k / 32, total = n * nkb;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / nkb, kb = i % nkb;
+    out_scales[fp4_fragment_scale(row, kb, k)] = scales[i];
+    const uint4 v = *reinterpret_cast<const uint4*>(codes + row * (k / 2) + kb * 16);  // 16-byte aligned
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) *reinterpret_cast<uint32_t*>(out_codes + fp4_fragment_word(row, kb, q, k)) = w[q];
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k,
+                                      uint8_t* out_codes, uint8_t* out_scales, cudaStream_t stream) {
+  const int64_t total = n * (k / 32);
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, 65535);
+  pack_fp4_fragments_kernel<<<unsigned(blocks), 256, 0, stream>>>(codes, scales, n, k, out_codes, out_scales);
+  return cudaGetLastError();
+}
+
+}  // namespace flashseek::ops::cuda::detail
