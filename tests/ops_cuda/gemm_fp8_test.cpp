@@ -1257,7 +1257,9 @@ TEST(CudaGemmFp8, F16BlockQuantAndStridedSlices) {
       const bool rounded = c / n == 1;
       const double tol = std::ldexp(double(bound[i]), -16) + (rounded ? std::fabs(ref[i]) / 128 : 0.0) + 1e-30;
       ASSERT_LE(std::fabs(double(y[i]) - ref[i]), tol) << "row " << r << " col " << c << " gpu " << y[i] << " ref " << ref[i];
-      if (rounded) ASSERT_EQ(y[i], round_bf16(y[i])) << "row " << r << " col " << c;
+      if (rounded) {
+        ASSERT_EQ(y[i], round_bf16(y[i])) << "row " << r << " col " << c;
+      }
     }
   // The same slices in the x_bf16 mode (wo_a's path): x packed to BF16 (exact: BF16 values), one
   // GEMM per group with the row strides, against the twin on the same values.
