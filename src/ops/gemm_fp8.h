@@ -175,6 +175,11 @@ struct GemmFp8GroupedParams {
   // kFp4 with bf16_direct: the CUDA kernel computes Yᵀ = W · Xᵀ, expanding W into the tensor
   // core's register operand instead of shared memory (the same values and sums; the twin ignores it).
   bool w_in_registers = false;
+  // kFp4 in the x_f16 / x_bf16 modes: w and w_scale in the GEMV fragment order
+  // (ops/fp4_fragments.h; n % 128 == 0 here: whole 128-row tiles): the same values, so the same
+  // outputs. The CUDA kernel copies each stage's four 1,024-byte units and puts them back in row
+  // order in shared memory.
+  bool w_fragments = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
@@ -193,6 +198,9 @@ inline Status validate(const GemmFp8GroupedParams& p) {
     return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
   if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
     return invalid_argument("gemm_fp8_grouped: the weight format must be kFp8 or kFp4");
+  if (p.w_fragments && (p.w_format != WeightFormat::kFp4 || p.w_bf16 || !(p.x_f16 || p.x_bf16) || p.n % 128 != 0))
+    return invalid_argument("gemm_fp8_grouped: w_fragments (the FP4 fragment order) needs FP4 weights in the x_f16 or "
+                            "x_bf16 mode and n={} a multiple of 128", p.n);
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("gemm_fp8_grouped: bf16_out and bf16_round_out exclude each other");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)

@@ -608,8 +608,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
-  // (Experts in the fragment order take the grouped GEMM only through the BF16 expansion.)
-  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E) && (!n1.fragments || prefill_gemm_bf16_)) {
+  // (Experts in the fragment order: the GEMM takes whole 128-row tiles of them.)
+  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E) && (!n1.fragments || (n1.n % 128 == 0 && n2.n % 128 == 0))) {
     // Prefill chunks (GpuLoadOptions::moe_gemm_min_tokens): the same function through the grouped
     // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
     // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
@@ -639,10 +639,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.x_f16 = !bv, q.x_bf16 = bv, q.bf16_round_out = R, q.bf16_direct = bv && prefill_gemm_direct_;
       if (bv) q.xs = nullptr;
       // Few rows per expert (GpuLoadOptions::moe_expand_min_rows): each tile expanded in the GEMM.
-      // Experts in the fragment order (GpuLoadOptions::fp4_fragments): always expanded first (the
-      // GEMM's in-kernel expansion reads row-major tiles).
-      const bool expand =
-          w.fragments || (prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E));
+      const bool expand = prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E);
+      q.w_fragments = w.fragments;  // GpuLoadOptions::fp4_fragments (both routes read the order)
       if (!expand) {
         q.w_in_registers = moe_w_in_registers_;
         return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
@@ -654,7 +652,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       for (int64_t e0 = 0; e0 < E; e0 += ce) {
         const int64_t cnt = std::min(ce, E - e0);
         FS_ASSIGN_OR_RETURN(q.w, expand_weight(w, e0, cnt, gstart, "moe_gemm_wexp"));
-        q.w_scale = nullptr, q.w_bf16 = true, q.row_start = gstart + e0, q.groups = cnt;
+        q.w_scale = nullptr, q.w_bf16 = true, q.w_fragments = false, q.row_start = gstart + e0, q.groups = cnt;
         FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_grouped_cuda(q, stream_));
       }
       return {};

@@ -524,6 +524,42 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// A plain (non-tensor) bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
+// to shared memory, completing on the mbarrier `bar` like the tensor copies.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// The raw W bytes of one 64-k stage of 128 rows, copied as the fragment order's four 1,024-byte
+// units (ops/fp4_fragments.h: 32-row tile i, lane slot L = 4g + q owning 32 bytes: the 16 of block
+// j at 32L + 16j, word 2mt + h of them being bytes 4q..4q+3 of row 16mt + 8h + g), put back in row
+// order in place (row r's 32 bytes at 32r: word 4j + q), as the tensor copy of the row-major
+// layout leaves them. The 96 threads `ct` of the converter warps each hold up to three of the 256
+// 16-byte vectors between two named barriers (id 1), so no vector is overwritten before it is read.
+__device__ __forceinline__ void fragments_to_rows(uint8_t* raw, int ct) {
+  uint4 v[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int u = ct + 96 * i;
+    if (u < 256) v[i] = *reinterpret_cast<const uint4*>(raw + u * 16);
+  }
+  asm volatile("bar.sync 1, 96;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int u = ct + 96 * i;
+    if (u >= 256) continue;
+    const int tile = u >> 6, lane_slot = (u >> 1) & 31, j = u & 1, g = lane_slot >> 2, q = lane_slot & 3;
+    uint8_t* base = raw + (tile * 32 + g) * 32 + (4 * j + q) * 4;  // row tile·32 + g (mt = h = 0)
+    *reinterpret_cast<uint32_t*>(base) = v[i].x;                   // row + 0
+    *reinterpret_cast<uint32_t*>(base + 8 * 32) = v[i].y;          // row + 8  (h = 1)
+    *reinterpret_cast<uint32_t*>(base + 16 * 32) = v[i].z;         // row + 16 (mt = 1)
+    *reinterpret_cast<uint32_t*>(base + 24 * 32) = v[i].w;         // row + 24
+  }
+  asm volatile("bar.sync 1, 96;\n" ::: "memory");
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -922,8 +958,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             if constexpr (!kBv)
               tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
-            tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), kFp4 ? s * (kStageK / 2) : s * kStageK,
-                        g * a.n + n0);
+            if (kF16 && kFp4 && a.w_fragments) {
+              // The fragment order (n % 128 == 0): units (32-row tile t0 + i, block pair s).
+              const int64_t t0 = (int64_t(g) * a.n + n0) / 32, pairs = a.k / 64;
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                bulk_load(sraw_u + uint32_t(slot * kRawSlot + i * 1024), a.w + ((t0 + i) * pairs + s) * 1024, 1024u,
+                          raw_bar(slot));
+            } else {
+              tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot),
+                          kFp4 ? s * (kStageK / 2) : s * kStageK, g * a.n + n0);
+            }
           }
         }
         return;
@@ -958,8 +1003,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             w0 = uint32_t(ld_weight(sc0 + b0)) | (uint32_t(ld_weight(sc0 + b1)) << 8);
             w1 = ct < 32 ? uint32_t(ld_weight(sc1 + b0)) | (uint32_t(ld_weight(sc1 + b1)) << 8) : 0u;
           } else if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
-            w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
-            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
+            if (a.w_fragments) {  // the pair's two scale bytes are adjacent in the fragment order too
+              w0 = ld_weight(reinterpret_cast<const uint16_t*>(a.ws + fp4_fragment_scale(int64_t(g) * a.n + r0, 2 * s, a.k)));
+              w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(
+                                 a.ws + fp4_fragment_scale(int64_t(g) * a.n + r1, 2 * s, a.k)))
+                           : 0u;
+            } else {
+              w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
+              w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
+            }
           } else {
             w0 = ld_weight(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
             w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
@@ -977,6 +1029,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWs4ConvWarps) : "memory");
           }
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
+          if constexpr (kF16 && kFp4)
+            if (a.w_fragments) fragments_to_rows(sraw + slot * kRawSlot, ct);
           const uint8_t* raw = sraw + slot * kRawSlot;
           uint8_t* dst = sb + slot * kWsBBytes;
           // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,
