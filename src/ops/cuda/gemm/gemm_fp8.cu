@@ -536,28 +536,29 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 // units (ops/fp4_fragments.h: 32-row tile i, lane slot L = 4g + q owning 32 bytes: the 16 of block
 // j at 32L + 16j, word 2mt + h of them being bytes 4q..4q+3 of row 16mt + 8h + g), put back in row
 // order in place (row r's 32 bytes at 32r: word 4j + q), as the tensor copy of the row-major
-// layout leaves them. The 96 threads `ct` of the converter warps each hold up to three of the 256
-// 16-byte vectors between two named barriers (id 1), so no vector is overwritten before it is read.
+// layout leaves them. A tile's unit and its rows occupy the same 1,024 bytes, so the 96 threads
+// `ct` of the converter warps move two tiles a round (128 16-byte vectors, at most two a thread,
+// under their 40-register cap), reading all before writing any (named barrier 1).
 __device__ __forceinline__ void fragments_to_rows(uint8_t* raw, int ct) {
-  uint4 v[3];
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    uint8_t* base2 = raw + half * 2048;
+    const bool two = ct < 32;  // vectors ct and ct + 96 of the round's 128
+    const uint4 a = *reinterpret_cast<const uint4*>(base2 + ct * 16);
+    uint4 b = a;
+    if (two) b = *reinterpret_cast<const uint4*>(base2 + (ct + 96) * 16);
+    asm volatile("bar.sync 1, 96;\n" ::: "memory");
 #pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    const int u = ct + 96 * i;
-    if (u < 256) v[i] = *reinterpret_cast<const uint4*>(raw + u * 16);
+    for (int i = 0; i < 2; ++i) {
+      if (i == 1 && !two) break;
+      const int u = ct + 96 * i;
+      const uint4 v = i ? b : a;
+      const int tile = u >> 6, lane_slot = (u >> 1) & 31, j = u & 1, g = lane_slot >> 2, q = lane_slot & 3;
+      uint32_t* w = reinterpret_cast<uint32_t*>(base2 + (tile * 32 + g) * 32 + (4 * j + q) * 4);  // mt = h = 0
+      w[0] = v.x, w[8 * 8] = v.y, w[16 * 8] = v.z, w[24 * 8] = v.w;  // rows + 0, + 8, + 16, + 24 (8 words a row)
+    }
+    asm volatile("bar.sync 1, 96;\n" ::: "memory");
   }
-  asm volatile("bar.sync 1, 96;\n" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    const int u = ct + 96 * i;
-    if (u >= 256) continue;
-    const int tile = u >> 6, lane_slot = (u >> 1) & 31, j = u & 1, g = lane_slot >> 2, q = lane_slot & 3;
-    uint8_t* base = raw + (tile * 32 + g) * 32 + (4 * j + q) * 4;  // row tile·32 + g (mt = h = 0)
-    *reinterpret_cast<uint32_t*>(base) = v[i].x;                   // row + 0
-    *reinterpret_cast<uint32_t*>(base + 8 * 32) = v[i].y;          // row + 8  (h = 1)
-    *reinterpret_cast<uint32_t*>(base + 16 * 32) = v[i].z;         // row + 16 (mt = 1)
-    *reinterpret_cast<uint32_t*>(base + 24 * 32) = v[i].w;         // row + 24
-  }
-  asm volatile("bar.sync 1, 96;\n" ::: "memory");
 }
 
 template <int N>
@@ -989,10 +990,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         int m0, n0, g, m_end;
         tile_origin(tile, m0, n0, g, m_end);
         const int r0 = min(n0 + ct, a.n - 1), r1 = min(n0 + ct + 96, a.n - 1);
-        const uint8_t* sc0 = kFp4 ? a.ws + (int64_t(g) * a.n + r0) * kb_row
-                                  : a.ws + (int64_t(g) * nsb + r0 / a.w_block) * wkb;
-        const uint8_t* sc1 = kFp4 ? a.ws + (int64_t(g) * a.n + r1) * kb_row
-                                  : a.ws + (int64_t(g) * nsb + r1 / a.w_block) * wkb;
+        // FP4 in the fragment order (64-k stages): stage s's two scale bytes of a row at the row's
+        // pair-0 place + 64·s (ops/fp4_fragments.h), row-major at the row + 2·s.
+        const bool frag = kF16 && kFp4 && a.w_fragments;
+        const uint8_t* sc0 = !kFp4 ? a.ws + (int64_t(g) * nsb + r0 / a.w_block) * wkb
+                             : frag ? a.ws + fp4_fragment_scale(int64_t(g) * a.n + r0, 0, a.k)
+                                    : a.ws + (int64_t(g) * a.n + r0) * kb_row;
+        const uint8_t* sc1 = !kFp4 ? a.ws + (int64_t(g) * nsb + r1 / a.w_block) * wkb
+                             : frag ? a.ws + fp4_fragment_scale(int64_t(g) * a.n + r1, 0, a.k)
+                                    : a.ws + (int64_t(g) * a.n + r1) * kb_row;
+        const int sstep = frag ? 64 : 2;
 #pragma unroll 1
         for (int s = 0; s < nst; ++s, ++it) {
           const int slot = it % S, round = it / S;
@@ -1003,15 +1010,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             w0 = uint32_t(ld_weight(sc0 + b0)) | (uint32_t(ld_weight(sc0 + b1)) << 8);
             w1 = ct < 32 ? uint32_t(ld_weight(sc1 + b0)) | (uint32_t(ld_weight(sc1 + b1)) << 8) : 0u;
           } else if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
-            if (a.w_fragments) {  // the pair's two scale bytes are adjacent in the fragment order too
-              w0 = ld_weight(reinterpret_cast<const uint16_t*>(a.ws + fp4_fragment_scale(int64_t(g) * a.n + r0, 2 * s, a.k)));
-              w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(
-                                 a.ws + fp4_fragment_scale(int64_t(g) * a.n + r1, 2 * s, a.k)))
-                           : 0u;
-            } else {
-              w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
-              w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
-            }
+            w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * sstep));
+            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * sstep)) : 0u;
           } else {
             w0 = ld_weight(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
             w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
@@ -1029,8 +1029,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWs4ConvWarps) : "memory");
           }
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
-          if constexpr (kF16 && kFp4)
-            if (a.w_fragments) fragments_to_rows(sraw + slot * kRawSlot, ct);
+          if (frag) fragments_to_rows(sraw + slot * kRawSlot, ct);
           const uint8_t* raw = sraw + slot * kRawSlot;
           uint8_t* dst = sb + slot * kWsBBytes;
           // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,
