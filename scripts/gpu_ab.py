@@ -68,6 +68,18 @@ def parse_variant(text):
     return label, path, extra
 
 
+def unique_labels(variants):
+    """Labels that collide (two binaries of one name, e.g. an A/B of two builds) take the path as
+    given, then a position suffix, so no two variants share a table row."""
+    def relabel(vs, make):
+        counts = {}
+        for label, _, _ in vs:
+            counts[label] = counts.get(label, 0) + 1
+        return [(make(i, v) if counts[v[0]] > 1 else v[0], v[1], v[2]) for i, v in enumerate(vs)]
+    vs = relabel(variants, lambda i, v: v[1] + ("" if not v[2] else " " + " ".join(v[2])))
+    return relabel(vs, lambda i, v: f"{v[0]} #{i + 1}")
+
+
 def parse_shape(text):
     """'1' / '64' -> batch args; 'v6' -> one sequence's 6-token verify block."""
     if text.startswith("v") and text[1:].isdigit() and int(text[1:]) >= 1:
@@ -288,6 +300,13 @@ def self_test():
                                           "print('| M | context | step ms |')\n"
                                           "print('|---|---|---|')\n"
                                           "print('| 1 | 4096 | 12.00 |')\n")
+        # Two binaries of one name get their paths as labels; the same one twice, positions.
+        two = unique_labels([parse_variant("/a/flashseek"), parse_variant("/b/flashseek::--x 1")])
+        assert [v[0] for v in two] == ["flashseek", "flashseek --x 1"], two
+        two = unique_labels([parse_variant("/a/flashseek"), parse_variant("/b/flashseek")])
+        assert [v[0] for v in two] == ["/a/flashseek", "/b/flashseek"], two
+        two = unique_labels([parse_variant("/a/flashseek"), parse_variant("/a/flashseek")])
+        assert [v[0] for v in two] == ["/a/flashseek #1", "/a/flashseek #2"], two
         variants = [parse_variant(fake), parse_variant(fake + "::--fast")]
         order = []
         res, sl = measure(variants, ["1"], 2, ["--load-format", "dummy"], 30, log=order.append, layers=[8, 12])
@@ -374,7 +393,7 @@ def main():
     if a.rounds < 1 or a.experts < 1 or a.reps < 1 or a.prompt_tokens < 1:
         ap.error("--rounds, --experts, --reps and --prompt-tokens must be >= 1")
     try:
-        variants = [parse_variant(v) for v in a.variants]
+        variants = unique_labels([parse_variant(v) for v in a.variants])
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
         for s in shapes:
             parse_shape(s)

@@ -146,8 +146,9 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
     for (int i = 0; i < n; ++i)
       EXPECT_TRUE(same_bits(got[size_t(i)], want[size_t(i)])) << n << "-sequence step, sequence " << i + 1;
   }
-  if (p.native)
+  if (p.native) {
     EXPECT_GT(gpu_graph_stats(m).value().moe_compact_groupings, compact_before) << "no compact grouping ran";
+  }
   // A new sequence's prefill in the same step as the others' decode (only last rows returned).
   {
     auto fresh_alone = m.new_sequence(), fresh = m.new_sequence();
@@ -185,7 +186,9 @@ TEST_P(GpuBatch, StepResultsDoNotDependOnTheOtherItems) {
     const auto st = gpu_graph_stats(m);
     ASSERT_TRUE(st.ok()) << st.status().to_string();
     EXPECT_GT(st.value().dense_gemm_linears, 0) << "the dense prefill GEMM never ran";
-    if (std::string(p.config) == "tiny-v4") EXPECT_GT(st.value().moe_gemm_layers, 0) << "the MoE prefill GEMM never ran";
+    if (std::string(p.config) == "tiny-v4") {
+      EXPECT_GT(st.value().moe_gemm_layers, 0) << "the MoE prefill GEMM never ran";
+    }
   }
   if (p.stack) {  // the stacked launches ran
     const auto st = gpu_graph_stats(m);

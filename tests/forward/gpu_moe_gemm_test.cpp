@@ -100,7 +100,9 @@ void run_case(const std::string& tag, const std::string& dir, const std::vector<
   EXPECT_EQ(gemv_layers, 0) << "threshold 0 ran the GEMM path";
   EXPECT_EQ(gemv_dense, 0) << "threshold 0 ran the dense GEMM";
   EXPECT_GT(gemm_layers, 0) << "the GEMM path did not run";
-  if (dense) EXPECT_GT(gemm_dense, 0) << "the dense GEMM did not run";
+  if (dense) {
+    EXPECT_GT(gemm_dense, 0) << "the dense GEMM did not run";
+  }
   std::printf("[parity] %s gemm path: %lld MoE layers, %lld dense GEMM linears, logits %s the GEMV path's\n",
               tag.c_str(), static_cast<long long>(gemm_layers), static_cast<long long>(gemm_dense),
               std::memcmp(gemv.data(), gemm.data(), gemv.size() * sizeof(float)) == 0 ? "bitwise equal to" : "differ from");

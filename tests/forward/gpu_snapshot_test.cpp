@@ -185,7 +185,9 @@ TEST_P(GpuSnapshot, CpuStateRoundTripsThroughTheDevice) {
     expect_same_state(**x, **back, /*ignore_mtp=*/true);
     // The CUDA backend keeps V4's MTP state (its live ring rows and newest history row: GpuMtp.*
     // compares them bit for bit); a state without one comes back without one.
-    if (n > 0) EXPECT_EQ((*back)->mtp_ring.size(), (*x)->mtp_ring.size());
+    if (n > 0) {
+      EXPECT_EQ((*back)->mtp_ring.size(), (*x)->mtp_ring.size());
+    }
     if (n > 0) {
       auto gs = build_state(G, tokens, n);  // the same tokens on the GPU from scratch
       const auto lg = continue_from(G, *gs, tokens, n), lc = continue_from(G, **y, tokens, n);

@@ -182,7 +182,9 @@ TEST(BlockLinearRef, GatedIsSwigluOfTheTwoLinears) {
         if (round) want[i] = round_bf16(want[i]);
         clamped += limit > 0 && (g[i] > limit || std::fabs(u[i]) > limit);
       }
-      if (limit > 0) EXPECT_GT(clamped, 0) << "the clamp never binds";
+      if (limit > 0) {
+        EXPECT_GT(clamped, 0) << "the clamp never binds";
+      }
       p.w = wg.data(), p.w_up = wu.data(), p.w_up_scale = ws.data(), p.swiglu_limit = limit;
       p.bf16_round_gate_up = round, p.y = got.data();
       ASSERT_TRUE(block_linear_ref(p).ok());
