@@ -310,6 +310,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::string contexts = "4096,131072";
     int graph_layers = 8;
     bool gemv_sweep = false;
+    std::string fp8_fragments = "off";
     int tp = 0;
     int prefill = 0;
     std::string kernels;
@@ -432,6 +433,10 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--contexts", o->contexts, "comma-separated context lengths for the indexer");
   cmd->add_option("--graph-layers", o->graph_layers, "decode layers per captured CUDA graph (0: no graph)");
   cmd->add_flag("--gemv-sweep", o->gemv_sweep, "also time the GEMVs at every forced k split");
+  cmd->add_option("--gemv-fp8-fragments", o->fp8_fragments,
+                  "layer slices: the dense FP8 matrices and the shared expert in the GEMV fragment order (on | off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--tp", o->tp,
                   "multi-GPU mode: measured tensor/expert-parallel layer slice on 1, 2, 4.. N GPUs (eager and "
                   "CUDA graphs with the NCCL all-reduces), NCCL collectives on N GPUs, 8-GPU step projection "
@@ -560,6 +565,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     opt.reps = o->reps, opt.layers = o->layers;
     opt.graph_layers = o->graph_layers, opt.gemv_sweep = o->gemv_sweep;
     opt.fp4_fragments = mo->fp4_fragments == "on";
+    opt.fp8_fragments = o->fp8_fragments == "on";
     auto rep = ops::cuda::run_layer_bench(opt);
     if (!rep.ok()) {
       std::cerr << "bench: " << rep.status().to_string() << "\n";

@@ -887,6 +887,103 @@ TEST(CudaGemvPacked, ExpandBf16ReadsTheFragmentOrder) {
   EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "n not a multiple of 32";
   g.n = n, g.w_format = WeightFormat::kFp8;
   EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "FP8";
+// FP8 matrices in the fragment order (BlockLinearParams / ExpertGemvParams::w_packed): bitwise the
+// row-major launch's outputs at every k split and chunk, for both scale tiles (32, 128), one-token
+// and verify-sized launches, 16-token passes, pre-quantised x in 32-token passes (the row-major
+// launch without the tiled kernel), and the shared expert's gated launch; every output written;
+// the twin reads the packed matrix as the same matrix. A stacked launch (y2) and rows off the
+// 32-row grid are refused with w_packed.
+TEST(CudaGemvPacked, Fp8SameBitsAsRowMajor) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k, block;
+    bool xq;
+  };
+  int compared = 0;
+  for (const Case c : {Case{1, 96, 256, 32, false}, Case{6, 1280, 1024, 128, false}, Case{20, 160, 384, 32, false},
+                       Case{40, 64, 256, 32, true}}) {
+    std::mt19937 rng(uint32_t(c.m * 7 + c.n + c.k));
+    const Weights w = random_weights(rng, WeightFormat::kFp8, c.n, c.k, c.block);
+    std::vector<uint8_t> pk(w.codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(w.codes.data(), c.n, c.k, pk.data()));
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    DeviceBuffer<float> dx(x), dxs(size_t(c.m * c.k / 32));
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dp(pk), dxq(size_t(c.m * c.k));
+    if (c.xq) FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.block, false, dxq.get(), dxs.get(), nullptr));
+    BlockLinearParams p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.format = WeightFormat::kFp8, p.w_block = c.block, p.act_block = c.block;
+    p.x = dx.get(), p.w_scale = ds.get();
+    if (c.xq) p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+    for (int split : {0, 1, 2, 3, 8})
+      for (int chunk : {0, 1, 2, 4}) {
+        if (c.block == 128 && chunk != 0 && chunk != 4) continue;  // V4's act_block 128 takes 4 only
+        SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " block=" << c.block
+                                          << " split=" << split << " chunk=" << chunk);
+        detail::set_gemv_tuning(split, chunk);
+        DeviceBuffer<float> d0(size_t(c.m * c.n)), d1(size_t(c.m * c.n));
+        BlockLinearParams a = p, b = p;
+        a.w = dw.get(), a.y = d0.get();
+        b.w = dp.get(), b.y = d1.get(), b.w_packed = true;
+        FS_ASSERT_OK(block_linear_cuda(a, nullptr));
+        FS_ASSERT_OK(block_linear_cuda(b, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> ya = d0.to_host(), yb = d1.to_host();
+        for (size_t i = 0; i < ya.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(yb[i])) << "output " << i << " not written";
+          ASSERT_EQ(std::memcmp(&ya[i], &yb[i], 4), 0) << "output " << i << ": " << ya[i] << " vs " << yb[i];
+        }
+        ++compared;
+      }
+    detail::set_gemv_tuning(0, 0);
+    // The twin on the packed matrix: the row-major twin's bits.
+    BlockLinearParams h = p;
+    h.xq = nullptr, h.xs = nullptr;
+    std::vector<float> ra(size_t(c.m * c.n)), rb(ra.size());
+    h.x = x.data(), h.w = w.codes.data(), h.w_scale = w.scales.data(), h.y = ra.data();
+    FS_ASSERT_OK(block_linear_ref(h));
+    h.w = pk.data(), h.y = rb.data(), h.w_packed = true;
+    FS_ASSERT_OK(block_linear_ref(h));
+    ASSERT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4));
+    // Refusals: a stacked output; rows off the 32-row grid.
+    BlockLinearParams bad = p;
+    DeviceBuffer<float> dy(size_t(c.m * c.n)), dy2(size_t(c.m * c.n));
+    bad.w = dp.get(), bad.y = dy.get(), bad.w_packed = true, bad.xq = nullptr, bad.xs = nullptr;
+    bad.y2 = dy2.get(), bad.n2 = 32;
+    EXPECT_FALSE(block_linear_cuda(bad, nullptr).ok()) << "y2";
+    bad.y2 = nullptr, bad.n2 = 0, bad.n = c.n - 8;
+    EXPECT_FALSE(block_linear_cuda(bad, nullptr).ok()) << "n % 32";
+  }
+  EXPECT_GE(compared, 50);
+  // The shared expert's gated launch (one group of every token), FP8 gate and up packed.
+  {
+    std::mt19937 rng(77);
+    const int64_t n = 128, k = 512, m = 6;
+    const Weights wg = random_weights(rng, WeightFormat::kFp8, n, k, 32), wu = random_weights(rng, WeightFormat::kFp8, n, k, 32);
+    std::vector<uint8_t> pg(wg.codes.size()), pu(wu.codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(wg.codes.data(), n, k, pg.data()));
+    FS_ASSERT_OK(pack_fp8_fragments(wu.codes.data(), n, k, pu.data()));
+    std::vector<float> x = random_block_activations(rng, m, k);
+    for (auto& v : x) v *= 0.05f;
+    const std::vector<int32_t> ge = {0}, gs = {0, int32_t(m)};
+    DeviceBuffer<float> dx(x), d0(size_t(m * n)), d1(size_t(m * n));
+    DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dpg(pg), dpu(pu);
+    DeviceBuffer<int32_t> dge(ge), dgs(gs);
+    ExpertGemvParams q;
+    q.x = dx.get(), q.group_expert = dge.get(), q.group_start = dgs.get(), q.n_groups = 1, q.n_pairs = m;
+    q.n_experts = 1, q.n = n, q.k = k, q.format = WeightFormat::kFp8, q.swiglu_limit = 7.0f;
+    q.w_scale = dsg.get(), q.w_up_scale = dsu.get();
+    ExpertGemvParams a = q, b = q;
+    a.w = dwg.get(), a.w_up = dwu.get(), a.y = d0.get();
+    b.w = dpg.get(), b.w_up = dpu.get(), b.y = d1.get(), b.w_packed = true;
+    FS_ASSERT_OK(expert_gemv_cuda(a, nullptr));
+    FS_ASSERT_OK(expert_gemv_cuda(b, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> ya = d0.to_host(), yb = d1.to_host();
+    for (size_t i = 0; i < ya.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(yb[i])) << i;
+      ASSERT_EQ(std::memcmp(&ya[i], &yb[i], 4), 0) << "shared expert output " << i;
+    }
+  }
 }
 
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {

@@ -42,7 +42,7 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
   a.bf16_out = p.bf16_out, a.bf16_in = p.bf16_in, a.bf16_round_out = p.bf16_round_out;
   a.wu = p.w_up, a.wsu = p.w_up_scale, a.limit = p.swiglu_limit, a.bf16_round_gu = p.bf16_round_gate_up;
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled;
-  a.y2 = p.y2, a.ny = int(p.n - p.n2), a.tune_n = int(p.tune_n);
+  a.y2 = p.y2, a.ny = int(p.n - p.n2), a.tune_n = int(p.tune_n), a.w_packed = p.w_packed;
   return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
                      "block_linear kernel launch");
 }

@@ -36,7 +36,8 @@ struct GemvArgs {
   int tune_n;
   // Set by launch_gemv (callers leave it 0): the launch's group count (dense: 1).
   int n_groups;
-  // FP4 w / wu (codes and scales) in the fragment order (ops/fp4_fragments.h): ExpertGemvParams::w_packed.
+  // w / wu in the fragment order (ops/fp4_fragments.h; FP4: codes and scales, FP8: codes):
+  // BlockLinearParams / ExpertGemvParams::w_packed.
   bool w_packed;
 };
 
