@@ -887,6 +887,8 @@ TEST(CudaGemvPacked, ExpandBf16ReadsTheFragmentOrder) {
   EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "n not a multiple of 32";
   g.n = n, g.w_format = WeightFormat::kFp8;
   EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "FP8";
+}
+
 // FP8 matrices in the fragment order (BlockLinearParams / ExpertGemvParams::w_packed): bitwise the
 // row-major launch's outputs at every k split and chunk, for both scale tiles (32, 128), one-token
 // and verify-sized launches, 16-token passes, pre-quantised x in 32-token passes (the row-major
