@@ -65,6 +65,7 @@ struct ModelBenchOpts {
   std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
   std::string moe_compact_groups = "on";   // --moe-compact-groups (GpuLoadOptions::moe_compact_groups)
   std::string fp4_fragments = "off";       // --gpu-fp4-fragments (GpuLoadOptions::fp4_fragments; layer slices too)
+  std::string fp8_fragments = "off";       // --gpu-fp8-fragments (GpuLoadOptions::fp8_fragments)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -114,6 +115,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.moe_compact_groups = o.moe_compact_groups == "on";
   lo.fp4_fragments = o.fp4_fragments == "on";
+  lo.fp8_fragments = o.fp8_fragments == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
   // The copy bandwidth (the HBM floor's rate) and the FP8 ceiling (the prefill's yardstick) of the
@@ -394,6 +396,9 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-fp4-fragments", mo->fp4_fragments,
                   std::string("GPU (the model bench and the layer slices): ") + kFp4FragmentsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-fp8-fragments", mo->fp8_fragments, std::string("model bench, GPU: ") + kFp8FragmentsHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);

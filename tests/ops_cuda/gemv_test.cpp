@@ -848,6 +848,34 @@ TEST(CudaGemvPacked, DevicePackEqualsHostPack) {
   EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 32, 64, a.get() + 512, t.get(), nullptr).ok()) << "overlap";
 }
 
+// The FP8 device pack and unpack (the model's load-time pass over dense FP8 matrices, and the
+// row-major copy its prefill GEMMs read) == the host pack / unpack, byte for byte, and unpack
+// inverts pack; refusals of bad shapes, misaligned codes and overlapping buffers.
+TEST(CudaGemvPacked, Fp8DevicePackAndUnpackEqualHost) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{32, 32}, {96, 416}, {7 * 32, 1056}, {1024, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<uint8_t> codes(size_t(n * k));
+    for (auto& c : codes) c = uint8_t(rng());
+    std::vector<uint8_t> hp(codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(codes.data(), n, k, hp.data()));
+    DeviceBuffer<uint8_t> dc(codes), dp(codes.size()), du(codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments_cuda(dc.get(), n, k, dp.get(), nullptr));
+    FS_ASSERT_OK(unpack_fp8_fragments_cuda(dp.get(), n, k, du.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dp.to_host() == hp) << "device pack != host pack";
+    EXPECT_TRUE(du.to_host() == codes) << "unpack(pack(w)) != w";
+    EXPECT_FALSE(hp == codes) << "the order moved nothing";
+  }
+  DeviceBuffer<uint8_t> a(8192), b(8192);
+  EXPECT_FALSE(pack_fp8_fragments_cuda(a.get(), 40, 64, b.get(), nullptr).ok()) << "n";
+  EXPECT_FALSE(unpack_fp8_fragments_cuda(a.get(), 32, 48, b.get(), nullptr).ok()) << "k";
+  EXPECT_FALSE(pack_fp8_fragments_cuda(a.get() + 4, 32, 64, b.get(), nullptr).ok()) << "alignment";
+  EXPECT_FALSE(unpack_fp8_fragments_cuda(a.get(), 32, 64, a.get() + 1024, nullptr).ok()) << "overlap";
+  EXPECT_FALSE(pack_fp8_fragments_cuda(nullptr, 32, 64, b.get(), nullptr).ok()) << "null";
+}
+
 // The BF16 expansion of FP4 experts in the fragment order (GemmExpandBf16Params::w_fragments, the
 // prefill GEMM's route for packed experts) == the row-major expansion, BF16 for BF16, on the
 // device and in the CPU twin, with skipped (row-less) matrices; and refused off the layout's shapes.
