@@ -273,7 +273,8 @@ class GpuModel final : public Model, public Backend {
   Result<const uint8_t*> row_major_codes(const NativeMatrix& w, const std::string& name);
   // A block-scaled GEMV launch of w whose codes pointer is `codes`: FP8 codes in the fragment
   // order are read as they are (packed set) by the one-pass kernels, or, where the launch may take
-  // the tiled kernel (row-major tiles), from a row-major copy (row_major_codes into `name`).
+  // the tiled kernel (`tiled`: pre-quantised x and BlockLinearParams::tiled; row-major tiles), from
+  // a row-major copy (row_major_codes into `name`).
   Status read_fragments(const NativeMatrix& w, const uint8_t*& codes, bool& packed, bool tiled, const std::string& name);
   // p's input quantised once before the block-scaled GEMV (GpuLoadOptions::gemv_prequant_min_rows).
   Status prequantize(ops::BlockLinearParams& p);

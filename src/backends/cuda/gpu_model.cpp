@@ -1246,7 +1246,7 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
   p.bf16_in = bf16_in, p.bf16_round_out = bf16_out, p.tune_n = nw.tune_n;
   FS_RETURN_IF_ERROR(prequantize(p));
-  FS_RETURN_IF_ERROR(read_fragments(nw, p.w, p.w_packed, p.tiled, "linear_w_rows"));
+  FS_RETURN_IF_ERROR(read_fragments(nw, p.w, p.w_packed, p.xq && p.tiled, "linear_w_rows"));
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   return {};
 }

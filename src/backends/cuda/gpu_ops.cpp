@@ -451,8 +451,9 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
   p.swiglu_limit = limit, p.bf16_round_gate_up = gc.bf16_out, p.bf16_round_out = bf16;
   FS_RETURN_IF_ERROR(prequantize(p));
   bool packed_up = false;
-  FS_RETURN_IF_ERROR(read_fragments(*ng, p.w, p.w_packed, p.tiled, "linear_w_rows"));
-  FS_RETURN_IF_ERROR(read_fragments(*nu, p.w_up, packed_up, p.tiled, "linear_wu_rows"));
+  const bool tiled = p.xq && p.tiled;  // BlockLinearParams::tiled means something with xq only
+  FS_RETURN_IF_ERROR(read_fragments(*ng, p.w, p.w_packed, tiled, "linear_w_rows"));
+  FS_RETURN_IF_ERROR(read_fragments(*nu, p.w_up, packed_up, tiled, "linear_wu_rows"));
   return ops::cuda::block_linear_cuda(p, stream_);
 }
 
