@@ -44,7 +44,7 @@ struct BackendOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
   std::string moe_w_registers = "on";   // on | off: GpuLoadOptions::moe_w_in_registers
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
-  std::string fp4_fragments = "off";      // on | off: GpuLoadOptions::fp4_fragments
+  std::string fp4_fragments = "on";       // on | off: GpuLoadOptions::fp4_fragments
   std::string fp8_fragments = "off";      // on | off: GpuLoadOptions::fp8_fragments
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)

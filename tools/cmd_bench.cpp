@@ -64,7 +64,7 @@ struct ModelBenchOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
   std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
   std::string moe_compact_groups = "on";   // --moe-compact-groups (GpuLoadOptions::moe_compact_groups)
-  std::string fp4_fragments = "off";       // --gpu-fp4-fragments (GpuLoadOptions::fp4_fragments; layer slices too)
+  std::string fp4_fragments = "on";        // --gpu-fp4-fragments (GpuLoadOptions::fp4_fragments; layer slices too)
   std::string fp8_fragments = "off";       // --gpu-fp8-fragments (GpuLoadOptions::fp8_fragments)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
