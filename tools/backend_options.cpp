@@ -65,6 +65,12 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--moe-compact-groups", o.moe_compact_groups, std::string("GPU backend: ") + kMoeCompactGroupsHelp)
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-fp4-fragments", o.fp4_fragments, std::string("GPU backend: ") + kFp4FragmentsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-fp8-fragments", o.fp8_fragments, std::string("GPU backend: ") + kFp8FragmentsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--engram-tables", o.engram_tables,
                   "where the Engram tables live on a GPU backend: host (rows gathered from the checkpoint in host "
                   "memory and copied up each step) | device (each table uploaded as stored, rows gathered on the "
@@ -210,6 +216,17 @@ const char* const kMoeCompactGroupsHelp =
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
     "expert's matrices are read once; the same bits either way";
 
+const char* const kFp4FragmentsHelp =
+    "the routed experts' FP4 matrices stored in the decode GEMV's fragment order (each thread's weight words of "
+    "a block one 16-byte load, a warp's load 512 contiguous bytes), packed on the device after the upload; "
+    "the same bits either way: on | off";
+
+const char* const kFp8FragmentsHelp =
+    "the dense FP8 matrices of the decode GEMVs (attention projections but the stacked wq_a + wkv, the shared "
+    "expert, Engram's wkv, the indexer's wq_b) stored in the FP8 fragment order (a thread's pieces of a block "
+    "two 16-byte loads), packed on the device after the upload; prefill GEMMs read a row-major copy unpacked "
+    "per launch; the same bits either way: on | off";
+
 const char* const kMoeExpandMinRowsHelp =
     "with --prefill-gemm-operands bf16-expanded or bf16-direct, the routed experts' prefill GEMMs read weights "
     "expanded to BF16 once per GEMM only when the step has at least this many routed rows per expert on average "
@@ -242,6 +259,8 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.moe_expand_min_rows = o.moe_expand_min_rows;
   g.moe_w_in_registers = o.moe_w_registers == "on";
   g.moe_compact_groups = o.moe_compact_groups == "on";
+  g.fp4_fragments = o.fp4_fragments == "on";
+  g.fp8_fragments = o.fp8_fragments == "on";
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.gemv_fp4_chunk = o.gemv_fp4_chunk;

@@ -44,6 +44,8 @@ struct BackendOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // GpuLoadOptions::moe_expand_min_rows (0: always expanded)
   std::string moe_w_registers = "on";   // on | off: GpuLoadOptions::moe_w_in_registers
   std::string moe_compact_groups = "on";  // on | off: GpuLoadOptions::moe_compact_groups
+  std::string fp4_fragments = "on";       // on | off: GpuLoadOptions::fp4_fragments
+  std::string fp8_fragments = "off";      // on | off: GpuLoadOptions::fp8_fragments
   std::string index_scores = "auto";  // auto | fp32 (GpuLoadOptions::index_scores_kernel 0 | 3)
   std::string gpu_pdl = "on";         // on | off (GpuLoadOptions::programmatic_launch)
   std::string gpu_branches = "on";    // off | on | priority (GpuLoadOptions::branches)
@@ -85,6 +87,10 @@ extern const char* const kMoeWRegistersHelp;
 extern const char* const kGemvFp4ChunkHelp;
 // The help text of --moe-compact-groups (run, serve and `bench`'s model bench).
 extern const char* const kMoeCompactGroupsHelp;
+// The help text of --gpu-fp4-fragments (run, serve, and `bench`'s model bench and layer slices).
+extern const char* const kFp4FragmentsHelp;
+// The help text of --gpu-fp8-fragments (run, serve and `bench`'s model bench).
+extern const char* const kFp8FragmentsHelp;
 // The help text of --gpu-stack-qkv (run, serve and `bench`'s model bench).
 extern const char* const kStackQkvHelp;
 // The help text of --gpu-row-fusion (run, serve and `bench`'s model bench).

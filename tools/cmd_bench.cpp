@@ -64,6 +64,8 @@ struct ModelBenchOpts {
   int64_t moe_expand_min_rows = kDefaultMoeExpandMinRows;  // --moe-expand-min-rows (GpuLoadOptions::moe_expand_min_rows)
   std::string moe_w_registers = "on";      // --moe-w-registers (GpuLoadOptions::moe_w_in_registers)
   std::string moe_compact_groups = "on";   // --moe-compact-groups (GpuLoadOptions::moe_compact_groups)
+  std::string fp4_fragments = "on";        // --gpu-fp4-fragments (GpuLoadOptions::fp4_fragments; layer slices too)
+  std::string fp8_fragments = "off";       // --gpu-fp8-fragments (GpuLoadOptions::fp8_fragments)
   std::string engram_tables = "host";      // --engram-tables (GpuLoadOptions::engram_on_device)
 };
 
@@ -112,6 +114,8 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.moe_expand_min_rows = o.moe_expand_min_rows;
   lo.moe_w_in_registers = o.moe_w_registers == "on";
   lo.moe_compact_groups = o.moe_compact_groups == "on";
+  lo.fp4_fragments = o.fp4_fragments == "on";
+  lo.fp8_fragments = o.fp8_fragments == "on";
   lo.engram_on_device = o.engram_tables == "device";
 #if FLASHSEEK_HAVE_CUDA
   // The copy bandwidth (the HBM floor's rate) and the FP8 ceiling (the prefill's yardstick) of the
@@ -308,7 +312,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::string contexts = "4096,131072";
     int graph_layers = 8;
     bool gemv_sweep = false;
-    std::string fp4_fragments = "off";
+    std::string fp8_fragments = "off";
     int tp = 0;
     int prefill = 0;
     std::string kernels;
@@ -390,6 +394,13 @@ std::function<int()> setup_bench(CLI::App& app) {
                   std::string("model bench, GPU: ") + kMoeCompactGroupsHelp + ", as run / serve")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--gpu-fp4-fragments", mo->fp4_fragments,
+                  std::string("GPU (the model bench and the layer slices): ") + kFp4FragmentsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-fp8-fragments", mo->fp8_fragments, std::string("model bench, GPU: ") + kFp8FragmentsHelp)
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_exact_linears_option(cmd, mo->exact_linears);
   cmd->add_option("--gpu-branches", mo->branches,
                   "model bench, GPU: a decode step's independent parts on side streams: off | on | priority, "
@@ -427,8 +438,8 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--contexts", o->contexts, "comma-separated context lengths for the indexer");
   cmd->add_option("--graph-layers", o->graph_layers, "decode layers per captured CUDA graph (0: no graph)");
   cmd->add_flag("--gemv-sweep", o->gemv_sweep, "also time the GEMVs at every forced k split");
-  cmd->add_option("--gemv-fp4-fragments", o->fp4_fragments,
-                  "layer slices: the routed experts' FP4 matrices in the GEMV fragment order (on | off)")
+  cmd->add_option("--gemv-fp8-fragments", o->fp8_fragments,
+                  "layer slices: the dense FP8 matrices and the shared expert in the GEMV fragment order (on | off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--tp", o->tp,
@@ -558,7 +569,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     }
     opt.reps = o->reps, opt.layers = o->layers;
     opt.graph_layers = o->graph_layers, opt.gemv_sweep = o->gemv_sweep;
-    opt.fp4_fragments = o->fp4_fragments == "on";
+    opt.fp4_fragments = mo->fp4_fragments == "on";
+    opt.fp8_fragments = o->fp8_fragments == "on";
     auto rep = ops::cuda::run_layer_bench(opt);
     if (!rep.ok()) {
       std::cerr << "bench: " << rep.status().to_string() << "\n";

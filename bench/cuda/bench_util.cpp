@@ -106,10 +106,10 @@ Status make_routings(Arena& ar, Routings& r, int m, int count, uint64_t seed, in
   return cuda_status(detail::launch_fill_floats(r.pair_weight, m * topk, seed, 1.0f, nullptr), "fill");
 }
 
-Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m) {
+Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m, bool packed) {
   BlockLinearParams p;
   const int c = copy % int(w.w.size());
-  p.x = x, p.w = w.w[c], p.w_scale = w.s[c], p.y = y, p.m = m, p.n = w.n, p.k = w.k;
+  p.x = x, p.w = w.w[c], p.w_scale = w.s[c], p.y = y, p.m = m, p.n = w.n, p.k = w.k, p.w_packed = packed;
   return block_linear_cuda(p, g_st);
 }
 

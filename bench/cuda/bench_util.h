@@ -84,6 +84,8 @@ Status make_routings(Arena& ar, Routings& r, int m, int count, uint64_t seed, in
                      int64_t topk = 6);
 
 // y [m, w.n] = x [m, w.k] · W(copy)ᵀ with the FP8 block-scaled GEMV/GEMM on g_st.
-Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m);
+// packed: the codes read in the GEMV fragment order (BlockLinearParams::w_packed; the benches'
+// weights are random bytes, so one buffer serves either layout for timing).
+Status lin(const Fp8Mat& w, int copy, const float* x, float* y, int m, bool packed = false);
 
 }  // namespace flashseek::ops::cuda::bench

@@ -165,6 +165,10 @@ struct IndexActs {
 Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int m,
                     LayerBenchReport& rep) {
   std::vector<KernelTiming>& out = rep.kernels;
+  // The dense FP8 GEMVs, in the fragment order with opt.fp8_fragments (hides bench::lin).
+  auto lin = [&](const Fp8Mat& w, int copy, const float* x, float* y, int rows) {
+    return bench::lin(w, copy, x, y, rows, opt.fp8_fragments);
+  };
   Arena ar;
   Acts a{};
   FS_RETURN_IF_ERROR(make_acts(ar, a, m, sms));
@@ -267,7 +271,7 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
     p.x = x, p.w = w, p.w_scale = ws, p.w_up = wu, p.w_up_scale = wus, p.y = y, p.n = n, p.k = k;
     p.swiglu_limit = 10.0f;
     if (shared) {  // one group holding every token
-      p.format = WeightFormat::kFp8, p.n_experts = 1, p.n_groups = 1, p.n_pairs = m;
+      p.format = WeightFormat::kFp8, p.n_experts = 1, p.n_groups = 1, p.n_pairs = m, p.w_packed = opt.fp8_fragments;
       p.group_expert = a.sh_ge, p.group_start = a.sh_gs, p.pair_row = a.sh_pr;
     } else {
       const int c = r % int(rt.ge.size());

@@ -15,7 +15,13 @@
 // So the first 16 bytes of a lane's 32 are its words of block 2p, the next 16 those of 2p + 1,
 // and a lane's scales of a block pair are one 8-byte load.
 //
-// This header: the layout only (shared with CUDA code); host pack / unpack: ops/linear_quant.h.
+// FP8 matrices (e4m3 codes [n, k], n % 32 == 0) have the same order at the FP8 fragment's grain:
+// units of 1,024 bytes per (32-row tile t, 32-block kb), in the order (t, kb); lane l = 4g + q owns
+// 32 bytes, four 8-byte pieces s = 2mt + h, piece s being bytes 8q..8q+7 of block kb of row
+// 16mt + 8h + g (the two words gemv_kernel's thread (g, q) loads for its A fragment). The scales
+// (one per w_block × w_block tile) stay as they are.
+//
+// This header: the layouts only (shared with CUDA code); host pack / unpack: ops/linear_quant.h.
 #pragma once
 #include <cstdint>
 
@@ -47,6 +53,16 @@ FS_FRAG_HD inline constexpr int64_t fp4_fragment_scale(int64_t row, int64_t kb, 
   const int64_t mt = r / 16, h = (r / 8) % 2, g = r % 8;
   const int64_t unit = t * pairs + kb / 2;
   return (unit * 8 + g) * 8 + 2 * (2 * mt + h) + kb % 2;
+}
+
+// FP8: shape rule, and the byte offset of the 8-byte piece q (bytes 8q..8q+7) of block kb of row
+// `row` (row-major offset: row · k + 32kb + 8q).
+FS_FRAG_HD inline constexpr bool fp8_fragment_shape_ok(int64_t n, int64_t k) {
+  return n > 0 && k > 0 && n % 32 == 0 && k % 32 == 0;
+}
+FS_FRAG_HD inline constexpr int64_t fp8_fragment_piece(int64_t row, int64_t kb, int q, int64_t k) {
+  const int64_t t = row / 32, r = row % 32, mt = r / 16, h = (r / 8) % 2, g = r % 8;
+  return ((t * (k / 32) + kb) * 32 + 4 * g + q) * 32 + 8 * (2 * mt + h);
 }
 
 }  // namespace flashseek::ops

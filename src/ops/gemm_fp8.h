@@ -175,6 +175,11 @@ struct GemmFp8GroupedParams {
   // kFp4 with bf16_direct: the CUDA kernel computes Yᵀ = W · Xᵀ, expanding W into the tensor
   // core's register operand instead of shared memory (the same values and sums; the twin ignores it).
   bool w_in_registers = false;
+  // kFp4 in the x_f16 / x_bf16 modes: w and w_scale in the GEMV fragment order
+  // (ops/fp4_fragments.h; n % 128 == 0 here: whole 128-row tiles): the same values, so the same
+  // outputs. The CUDA kernel copies each stage's four 1,024-byte units and puts them back in row
+  // order in shared memory.
+  bool w_fragments = false;
 };
 
 inline Status validate(const GemmFp8GroupedParams& p) {
@@ -193,6 +198,9 @@ inline Status validate(const GemmFp8GroupedParams& p) {
     return invalid_argument("gemm_fp8_grouped: w_block={} must be 32 or 128", p.w_block);
   if (p.w_format != WeightFormat::kFp8 && p.w_format != WeightFormat::kFp4)
     return invalid_argument("gemm_fp8_grouped: the weight format must be kFp8 or kFp4");
+  if (p.w_fragments && (p.w_format != WeightFormat::kFp4 || p.w_bf16 || !(p.x_f16 || p.x_bf16) || p.n % 128 != 0))
+    return invalid_argument("gemm_fp8_grouped: w_fragments (the FP4 fragment order) needs FP4 weights in the x_f16 or "
+                            "x_bf16 mode and n={} a multiple of 128", p.n);
   if (p.bf16_out && p.bf16_round_out)
     return invalid_argument("gemm_fp8_grouped: bf16_out and bf16_round_out exclude each other");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
@@ -224,6 +232,9 @@ struct GemmExpandBf16Params {
   int64_t w_block = 128;
   WeightFormat w_format = WeightFormat::kFp8;
   const int32_t* row_start = nullptr;
+  // kFp4: w and w_scale in the GEMV fragment order (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0):
+  // the same values out.
+  bool w_fragments = false;
 };
 
 inline Status validate(const GemmExpandBf16Params& p) {
@@ -235,6 +246,9 @@ inline Status validate(const GemmExpandBf16Params& p) {
     return invalid_argument("gemm_expand_bf16: the weight format must be kFp8 or kFp4");
   if (p.w_format == WeightFormat::kFp4 && p.w_block != 32)
     return invalid_argument("gemm_expand_bf16: FP4 weights have one scale per 1 x 32 block (w_block={})", p.w_block);
+  if (p.w_fragments && (p.w_format != WeightFormat::kFp4 || p.n % 32 != 0 || p.k % 64 != 0))
+    return invalid_argument("gemm_expand_bf16: w_fragments (the FP4 fragment order) needs FP4 weights, n={} a multiple "
+                            "of 32 and k={} of 64", p.n, p.k);
   if (p.w_format == WeightFormat::kFp8 && ((p.w_block != 32 && p.w_block != 128) || p.k % p.w_block != 0))
     return invalid_argument("gemm_expand_bf16: w_block={} must be 32 or 128 and divide k={}", p.w_block, p.k);
   if (p.count > (int64_t(1) << 20) || p.n >= (int64_t(1) << 30) || p.k >= (int64_t(1) << 30) ||

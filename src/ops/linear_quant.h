@@ -8,6 +8,7 @@
 // E8M0 scale per 32 inputs of a row.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/status.h"
 
@@ -64,6 +65,11 @@ struct BlockLinearParams {
   const uint8_t* w_up_scale = nullptr;
   float swiglu_limit = 0;
   bool bf16_round_gate_up = false;
+  // w (and w_up) in the GEMV fragment order (ops/fp4_fragments.h): FP8 codes with n % 32 == 0
+  // (scales as they are), or FP4 codes and scales with n % 32 == 0 and k % 64 == 0. The same
+  // sums, bit for bit; the CUDA launch runs the one-pass GEMV kernels only (not the tiled kernel,
+  // not the stacked y2 launch).
+  bool w_packed = false;
 };
 
 // The most token rows of a stacked CUDA launch (BlockLinearParams::y2): the GEMV's one 8-token
@@ -85,6 +91,13 @@ Status pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n
                           uint8_t* out_scales);
 Status unpack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
                             uint8_t* out_scales);
+// The same for FP8 codes [n, k] (n % 32 == 0; ops/fp4_fragments.h); the scales keep their layout.
+Status pack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes);
+Status unpack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes);
+// The CPU twins' view of a matrix in the fragment order: its row-major codes (and FP4 scales) in
+// `codes` / `scales`, `w` / `ws` set to them (FP8 scales keep their layout: `ws` stays).
+Status unpack_weight_fragments(WeightFormat f, int64_t n, int64_t k, std::vector<uint8_t>& codes,
+                               std::vector<uint8_t>& scales, const uint8_t*& w, const uint8_t*& ws);
 
 // CPU twin (ops/cpu/linear_quant.cpp): dequantise, (round x to BF16,) quantise x, FP32 dot per
 // output (, rounded to BF16).

@@ -47,9 +47,10 @@ struct ExpertGemvParams {
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
   bool tiled = true;  // BlockLinearParams::tiled
-  // FP4 only: every expert's w / w_up codes and scales in the GEMV fragment order
-  // (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0) instead of row-major. The same sums, bit for
-  // bit; the CUDA launch then runs the one-pass GEMV kernels only (never the tiled prefill kernel).
+  // Every expert's w / w_up in the GEMV fragment order (ops/fp4_fragments.h) instead of row-major:
+  // FP4 codes and scales (n % 32 == 0, k % 64 == 0) or FP8 codes (n % 32 == 0; scales as they are).
+  // The same sums, bit for bit; the CUDA launch then runs the one-pass GEMV kernels only (never
+  // the tiled prefill kernel).
   bool w_packed = false;
 };
 

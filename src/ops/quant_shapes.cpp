@@ -50,6 +50,10 @@ Status validate(const BlockLinearParams& p) {
     return invalid_argument("block_linear: y2 and n2 must be set together, 0 < n2 < n (n={}, n2={})", p.n, p.n2);
   if (p.tune_n < 0 || p.tune_n >= (int64_t(1) << 30))
     return invalid_argument("block_linear: tune_n={} outside [0, 2^30)", p.tune_n);
+  if (p.w_packed && (p.y2 || !(p.format == WeightFormat::kFp4 ? fp4_fragment_shape_ok(p.n, p.k)
+                                                                 : fp8_fragment_shape_ok(p.n, p.k))))
+    return invalid_argument("block_linear: w_packed (the fragment order) needs n={} a multiple of 32 (and, FP4, k={} of "
+                            "64), and no stacked output (y2)", p.n, p.k);
   return check_dims("block_linear", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 
@@ -67,9 +71,9 @@ Status validate(const ExpertGemvParams& p) {
   if (p.n_experts > 1 && (p.expert_stride <= 0 || p.expert_scale_stride <= 0))
     return invalid_argument("expert_gemv: expert_stride/expert_scale_stride must be set for {} experts",
                             p.n_experts);
-  if (p.w_packed && (p.format != WeightFormat::kFp4 || !fp4_fragment_shape_ok(p.n, p.k)))
-    return invalid_argument("expert_gemv: w_packed (the FP4 fragment order) needs FP4 weights, n={} a multiple of 32 "
-                            "and k={} of 64", p.n, p.k);
+  if (p.w_packed && !(p.format == WeightFormat::kFp4 ? fp4_fragment_shape_ok(p.n, p.k) : fp8_fragment_shape_ok(p.n, p.k)))
+    return invalid_argument("expert_gemv: w_packed (the fragment order) needs n={} a multiple of 32 (and, FP4, k={} "
+                            "of 64)", p.n, p.k);
   return check_dims("expert_gemv", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 

@@ -338,6 +338,107 @@ TEST_P(GpuGraphDecode, CollapseNormFusionOnEqualsOffBitwise) {
   EXPECT_GT(stats(*m.on_graphs).collapse_norm_fused, 0);
 }
 
+// The routed experts in the FP4 fragment order (GpuLoadOptions::fp4_fragments): the GEMVs read
+// the same values in the same order and the prefill GEMM the same values (expanded from the
+// fragment order), so the logits are bitwise those of the row-major experts, eager and in patched
+// graphs, over decode steps of one and two sequences and verify blocks with rollbacks, with the
+// prompts prefilled through the grouped GEMMs where the config takes them (moe_gemm_min_tokens 1,
+// BF16-direct operands: with the fragments the experts expanded first, without them in the
+// kernel with W in registers). The experts' stacks were packed, gate, up and down together.
+TEST_P(GpuGraphDecode, Fp4FragmentsOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  auto load_with = [&](bool graphs, bool on) {
+    GpuLoadOptions o = graph_options(graphs);
+    o.moe_gemm_min_tokens = 1;
+    o.prefill_gemm_bf16 = o.prefill_gemm_direct = true;
+    o.fp4_fragments = on;
+    return load(dir, p.numerics, o);
+  };
+  auto off = load_with(false, false), on = load_with(false, true), on_graphs = load_with(true, true);
+  ASSERT_TRUE(off && on && on_graphs);
+  const int64_t V = off->config().vocab_size;
+  for (int n : {1, 2}) {
+    const auto a = decode_run(*off, 41, n), b = decode_run(*on, 41, n), c = decode_run(*on_graphs, 41, n);
+    EXPECT_TRUE(bitwise_equal(a, b)) << n << " sequence(s), eager, on vs off: max|d| " << compare_logits(a, b, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(a, c)) << n << " sequence(s), graphs + on vs eager off: max|d| "
+                                     << compare_logits(a, c, V).max_abs;
+  }
+  const auto va = verify_run(*off, kVerifyBlocks), vb = verify_run(*on, kVerifyBlocks);
+  const auto vc = verify_run(*on_graphs, kVerifyBlocks);
+  EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+  EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+  EXPECT_EQ(stats(*on_graphs).eager_fallbacks, 0);
+  EXPECT_EQ(stats(*off).fp4_fragment_stacks, 0);
+  for (const auto* m : {on.get(), on_graphs.get()}) {
+    // Exact numerics run the experts through the exactness kernels: nothing to pack.
+    if (p.numerics == Numerics::kReference) {
+      EXPECT_GT(stats(*m).fp4_fragment_stacks, 0);
+    } else {
+      EXPECT_EQ(stats(*m).fp4_fragment_stacks, 0);
+    }
+    EXPECT_EQ(stats(*m).fp4_fragment_stacks % 3, 0) << "gate, up and down are packed together";
+  }
+  EXPECT_EQ(stats(*on).moe_gemm_layers > 0, stats(*off).moe_gemm_layers > 0) << "the same prefill route";
+}
+
+// The dense FP8 matrices in the FP8 fragment order (GpuLoadOptions::fp8_fragments): the decode
+// GEMVs read the same values in the same order, and the readers of row-major tiles (the tiled
+// GEMV, the prefill GEMM) a row-major copy unpacked per launch, so the logits are bitwise those of
+// the row-major matrices: eager and in patched graphs over decode steps of two sequences and
+// verify blocks with rollbacks, with the prompts through the token passes (pre-quantised x), the
+// tiled GEMV (gemv_tiled_min_rows 0) and the prefill GEMM (dense_gemm_min_tokens 1). Reference
+// numerics pack the GEMVs' matrices; exact numerics have none to pack.
+TEST_P(GpuGraphDecode, Fp8FragmentsOnEqualsOffBitwise) {
+  FS_REQUIRE_GPU();
+  const Param p = GetParam();
+  const std::string dir = make_ckpt(p.config);
+  const bool ref = p.numerics == Numerics::kReference;
+  struct Route {
+    const char* name;
+    int64_t tiled_min_rows, dense_gemm_min_tokens;
+    bool unpacks;  // the prompts' launches read a row-major copy
+  };
+  for (const Route r : {Route{"token passes", 192, 0, false}, Route{"tiled GEMV", 0, 0, true},
+                        Route{"prefill GEMM", 192, 1, true}}) {
+    SCOPED_TRACE(r.name);
+    auto load_with = [&](bool graphs, bool on) {
+      GpuLoadOptions o = graph_options(graphs);
+      o.gemv_tiled_min_rows = r.tiled_min_rows;
+      o.dense_gemm_min_tokens = r.dense_gemm_min_tokens;
+      o.prefill_gemm_bf16 = o.prefill_gemm_direct = true;
+      o.fp8_fragments = on;
+      return load(dir, p.numerics, o);
+    };
+    const bool first = r.unpacks == false;  // graphs and verify blocks once
+    auto off = load_with(false, false), on = load_with(false, true);
+    ASSERT_TRUE(off && on);
+    const int64_t V = off->config().vocab_size;
+    const auto a = decode_run(*off, 43, 2), b = decode_run(*on, 43, 2);
+    EXPECT_TRUE(bitwise_equal(a, b)) << "eager, on vs off: max|d| " << compare_logits(a, b, V).max_abs;
+    const GpuGraphStats so = stats(*off), sn = stats(*on);
+    EXPECT_EQ(so.fp8_fragment_matrices, 0);
+    EXPECT_EQ(so.fp8_fragment_unpacks, 0);
+    if (ref) {
+      EXPECT_GT(sn.fp8_fragment_matrices, 0);
+      EXPECT_EQ(sn.fp8_fragment_unpacks > 0, r.unpacks);
+    } else {
+      EXPECT_EQ(sn.fp8_fragment_matrices, 0) << "exact numerics run no block-scaled GEMV";
+    }
+    if (!first) continue;
+    auto on_graphs = load_with(true, true);
+    ASSERT_TRUE(on_graphs);
+    const auto c = decode_run(*on_graphs, 43, 2);
+    EXPECT_TRUE(bitwise_equal(a, c)) << "graphs + on vs eager off: max|d| " << compare_logits(a, c, V).max_abs;
+    const auto va = verify_run(*off, kVerifyBlocks), vb = verify_run(*on, kVerifyBlocks);
+    const auto vc = verify_run(*on_graphs, kVerifyBlocks);
+    EXPECT_TRUE(bitwise_equal(va, vb)) << "verify blocks, eager: max|d| " << compare_logits(va, vb, V).max_abs;
+    EXPECT_TRUE(bitwise_equal(va, vc)) << "verify blocks, graphs: max|d| " << compare_logits(va, vc, V).max_abs;
+    EXPECT_EQ(stats(*on_graphs).eager_fallbacks, 0);
+  }
+}
+
 // Side branches (GpuLoadOptions::branches): the query beside the window KV and the compressors,
 // the routed experts beside the shared expert, the DSpark rings beside the LM head, on a second
 // stream, run the same kernels on the same inputs, so the logits are bitwise those of one

@@ -256,9 +256,51 @@ TEST(Fp4Fragments, PackIsTheStatedPermutationAndUnpackInvertsIt) {
   EXPECT_FALSE(unpack_fp4_fragments(a.data(), nullptr, 32, 64, b.data(), t.data()).ok()) << "null scales";
 }
 
+// The FP8 fragment order: each 8-byte piece where the layout says (the GEMV's two 16-byte loads
+// per thread and block: pieces 2mt + h of rows 16mt + 8h + g), a bijection, the round trip the
+// identity; the linear twin on a packed matrix gives the row-major twin's bits; refusals.
+TEST(Fp4Fragments, Fp8PieceOrderAndTheLinearTwin) {
+  Rng rng(93);
+  const int64_t n = 64, k = 96, m = 3;
+  std::vector<uint8_t> codes(size_t(n * k));
+  for (auto& c : codes) c = uint8_t(rng.below(256) & 0xf7);  // no NaN codes
+  std::vector<uint8_t> pk(codes.size());
+  ASSERT_TRUE(pack_fp8_fragments(codes.data(), n, k, pk.data()).ok());
+  std::vector<int> hits(codes.size() / 8, 0);
+  for (int64_t row = 0; row < n; ++row)
+    for (int64_t kb = 0; kb < k / 32; ++kb)
+      for (int q = 0; q < 4; ++q) {
+        const int64_t f = fp8_fragment_piece(row, kb, q, k), r = row % 32;
+        ASSERT_EQ(f % 8, 0);
+        ++hits[size_t(f / 8)];
+        ASSERT_EQ(0, std::memcmp(&pk[size_t(f)], &codes[size_t(row * k + kb * 32 + q * 8)], 8));
+        const int64_t vec = (((row / 32) * (k / 32) + kb) * 32 + 4 * (r % 8) + q) * 32;  // the lane's 32 bytes
+        ASSERT_EQ(f, vec + 8 * (2 * (r / 16) + (r / 8) % 2));
+      }
+  for (const int h : hits) ASSERT_EQ(h, 1);
+  std::vector<uint8_t> back(codes.size());
+  ASSERT_TRUE(unpack_fp8_fragments(pk.data(), n, k, back.data()).ok());
+  EXPECT_EQ(back, codes);
+  std::vector<uint8_t> ws(size_t((n / 32) * (k / 32)));
+  for (auto& c : ws) c = uint8_t(120 + rng.below(8));
+  const auto x = randn(rng, m * k, 2.0);
+  BlockLinearParams p;
+  p.m = m, p.n = n, p.k = k, p.x = x.data(), p.w_scale = ws.data();
+  std::vector<float> a(size_t(m * n)), b(a.size());
+  p.w = codes.data(), p.y = a.data();
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  p.w = pk.data(), p.y = b.data(), p.w_packed = true;
+  ASSERT_TRUE(block_linear_ref(p).ok());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_FALSE(pack_fp8_fragments(codes.data(), 40, 96, pk.data()).ok()) << "n % 32";
+  EXPECT_FALSE(pack_fp8_fragments(codes.data(), 32, 96, codes.data() + 8).ok()) << "overlap";
+  p.n = 48;
+  EXPECT_NE(validate(p).message().find("w_packed"), std::string::npos) << "n % 32";
+}
+
 // The expert twin reads w_packed experts as the same matrices: bitwise the row-major outputs
-// (gated and one-matrix, another rank's expert, an empty group); the flag needs FP4 and the
-// fragment shape.
+// (gated and one-matrix, another rank's expert, an empty group); the flag needs the fragment
+// order's shape.
 TEST(Fp4Fragments, ExpertTwinReadsPackedExpertsAsTheSameMatrices) {
   Rng rng(92);
   const int64_t n = 64, k = 128, experts = 3, m = 4;
@@ -298,8 +340,10 @@ TEST(Fp4Fragments, ExpertTwinReadsPackedExpertsAsTheSameMatrices) {
   bad.x = &dummy, bad.y = &dummy, bad.w = &byte, bad.w_scale = &byte, bad.group_expert = &zero, bad.group_start = &zero;
   bad.n_groups = 1, bad.n_pairs = 1, bad.n_experts = 1, bad.n = 32, bad.k = 96, bad.w_packed = true;
   EXPECT_NE(validate(bad).message().find("w_packed"), std::string::npos) << "k = 96";
-  bad.k = 64, bad.format = WeightFormat::kFp8, bad.w_block = 32;
-  EXPECT_NE(validate(bad).message().find("w_packed"), std::string::npos) << "FP8";
+  bad.k = 64, bad.n = 40, bad.format = WeightFormat::kFp8, bad.w_block = 32;
+  EXPECT_NE(validate(bad).message().find("w_packed"), std::string::npos) << "FP8, n = 40";
+  bad.n = 32;
+  EXPECT_TRUE(validate(bad).ok()) << "FP8: " << validate(bad).message();
   bad.format = WeightFormat::kFp4;
   EXPECT_TRUE(validate(bad).ok()) << validate(bad).message();
 }

@@ -30,6 +30,7 @@
 #include "gpu_util.h"
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
 #include "ops/gemm_fp8.h"
+#include "ops/linear_quant.h"
 #include "ops/quant.h"
 
 namespace flashseek::ops::cuda {
@@ -980,6 +981,79 @@ TEST(CudaGemmFp8, ExpandedWeightsGiveTheInKernelExpansionsBits) {
   GemmExpandBf16Params bad = ep;
   bad.y = dwe.get() + 1;  // not 16-byte aligned
   EXPECT_FALSE(gemm_expand_bf16_cuda(bad, nullptr).ok());
+}
+
+// Grouped FP4 experts in the GEMV fragment order (GemmFp8GroupedParams::w_fragments: the model's
+// experts with --gpu-fp4-fragments): every in-kernel route (x_f16, x_bf16 with the converter warps'
+// expansion, bf16_direct with the consumers' expansion, and with W in registers) gives the
+// row-major experts' bits, some experts without rows; the twin reads the order as the same
+// matrices; shapes the kernel does not take (n % 128) and the pre-expanded mode are refused.
+TEST(CudaGemmFp8, GroupedFp4FragmentOrderGivesTheRowMajorBits) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const Fp4Experts e(rng);
+  const int64_t n = e.n, k = e.k, G = e.G, rows = e.rows;
+  std::vector<uint8_t> pw(e.w4.size()), ps(e.s4.size());
+  FS_ASSERT_OK(pack_fp4_fragments(e.w4.data(), e.s4.data(), G * n, k, pw.data(), ps.data()));
+  DeviceBuffer<float> dx(e.x), dxs(size_t(rows * k / 32)), dy1(size_t(rows * n)), dy2(size_t(rows * n));
+  DeviceBuffer<uint16_t> dxb(size_t(rows * k));
+  DeviceBuffer<uint8_t> dw4(e.w4), ds4(e.s4), dpw(pw), dps(ps);
+  DeviceBuffer<int32_t> dst(e.starts);
+  ASSERT_TRUE(dx.ok() && dxs.ok() && dy1.ok() && dy2.ok() && dxb.ok() && dw4.ok() && ds4.ok() && dpw.ok() && dps.ok());
+  struct Mode {
+    const char* name;
+    bool bf16, direct, regs;
+  };
+  int compared = 0;
+  for (const Mode md : {Mode{"x_f16", false, false, false}, Mode{"x_bf16", true, false, false},
+                        Mode{"bf16_direct", true, true, false}, Mode{"bf16_direct, W in registers", true, true, true}}) {
+    SCOPED_TRACE(md.name);
+    FS_ASSERT_OK(gemm_fp8_quantize_cuda(dx.get(), ActDtype::kF32, rows, k, 32, reinterpret_cast<uint8_t*>(dxb.get()),
+                                        dxs.get(), nullptr, /*f16_codes=*/!md.bf16, false, /*bf16_values=*/md.bf16));
+    GemmFp8GroupedParams g;
+    g.xq = reinterpret_cast<const uint8_t*>(dxb.get()), g.xs = md.bf16 ? nullptr : dxs.get();
+    g.x_f16 = !md.bf16, g.x_bf16 = md.bf16, g.bf16_direct = md.direct, g.w_in_registers = md.regs;
+    g.row_start = dst.get(), g.groups = G, g.rows = rows, g.n = n, g.k = k, g.w_block = 32;
+    g.w_format = WeightFormat::kFp4;
+    GemmFp8GroupedParams f = g;
+    g.w = dw4.get(), g.w_scale = ds4.get(), g.y = dy1.get();
+    f.w = dpw.get(), f.w_scale = dps.get(), f.y = dy2.get(), f.w_fragments = true;
+    ASSERT_EQ(cudaMemset(dy1.get(), 0xff, size_t(rows * n) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dy2.get(), 0xee, size_t(rows * n) * 4), cudaSuccess);
+    FS_ASSERT_OK(gemm_fp8_grouped_cuda(g, nullptr));
+    FS_ASSERT_OK(gemm_fp8_grouped_cuda(f, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> y1 = dy1.to_host(), y2 = dy2.to_host();
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_TRUE(std::isfinite(y1[i])) << i;
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "fragment order != row-major";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+  // The twin: the packed experts are the same matrices (x_f16 codes, a few rows of two experts).
+  {
+    const std::vector<int32_t> st = {0, 2, 2, 5};  // three experts, the middle one without rows
+    const int64_t r = 5, g3 = 3;
+    std::vector<uint16_t> xh(size_t(r * k));
+    std::vector<float> xs(size_t(r * k / 32));
+    for (auto& v : xh) v = f32_to_f16(float(int(rng() % 9) - 4));
+    for (auto& v : xs) v = std::ldexp(1.0f, int(rng() % 5) - 2);
+    GemmFp8GroupedParams h;
+    h.xq = reinterpret_cast<const uint8_t*>(xh.data()), h.xs = xs.data(), h.x_f16 = true;
+    h.row_start = st.data(), h.groups = g3, h.rows = r, h.n = n, h.k = k, h.w_format = WeightFormat::kFp4;
+    std::vector<float> a(size_t(r * n)), b(a.size());
+    h.w = e.w4.data(), h.w_scale = e.s4.data(), h.y = a.data();
+    FS_ASSERT_OK(gemm_fp8_grouped_ref(h));
+    h.w = pw.data(), h.w_scale = ps.data(), h.y = b.data(), h.w_fragments = true;
+    FS_ASSERT_OK(gemm_fp8_grouped_ref(h));
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  }
+  GemmFp8GroupedParams bad;
+  bad.xq = reinterpret_cast<const uint8_t*>(dxb.get()), bad.x_bf16 = true, bad.row_start = dst.get();
+  bad.groups = G, bad.rows = rows, bad.n = 96, bad.k = k, bad.w_format = WeightFormat::kFp4;
+  bad.w = dpw.get(), bad.w_scale = dps.get(), bad.y = dy2.get(), bad.w_fragments = true;
+  EXPECT_FALSE(gemm_fp8_grouped_cuda(bad, nullptr).ok()) << "n = 96";
+  bad.n = n, bad.w_bf16 = true;
+  EXPECT_FALSE(gemm_fp8_grouped_cuda(bad, nullptr).ok()) << "w_bf16";
 }
 
 // The bf16_direct mode's tolerance: the twin's FP32 dot and the tensor core's 16-deep steps as in

@@ -19,9 +19,11 @@
 #include "core/numeric.h"
 #include "gpu_util.h"
 #include "ops/block_scaled_data.h"
+#include "ops/cuda/gemm/gemm_fp8.h"
 #include "ops/cuda/gemv/gemv.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_kernels.h"
+#include "ops/gemm_fp8.h"
 #include "ops/linear_quant.h"
 #include "ops/moe_quant.h"
 #include "ops/quant.h"
@@ -819,6 +821,199 @@ TEST(CudaGemvPacked, SameBitsAsRowMajor) {
   }
   detail::set_gemv_tuning(0, 0);
   EXPECT_EQ(compared, 5 * 20);
+}
+
+// The device pack (the model's load-time pass over a stack of experts) == the host pack, byte for
+// byte; refusals of bad shapes, misaligned codes and overlapping buffers.
+TEST(CudaGemvPacked, DevicePackEqualsHostPack) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{32, 64}, {3 * 96, 320}, {2 * 2304, 5120}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<uint8_t> codes(size_t(n * k / 2)), scales(size_t(n * k / 32));
+    for (auto& c : codes) c = uint8_t(rng());
+    for (auto& c : scales) c = uint8_t(rng());
+    std::vector<uint8_t> hc(codes.size()), hs(scales.size());
+    FS_ASSERT_OK(pack_fp4_fragments(codes.data(), scales.data(), n, k, hc.data(), hs.data()));
+    DeviceBuffer<uint8_t> dc(codes), ds(scales), oc(codes.size()), os(scales.size());
+    FS_ASSERT_OK(pack_fp4_fragments_cuda(dc.get(), ds.get(), n, k, oc.get(), os.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(oc.to_host() == hc);
+    EXPECT_TRUE(os.to_host() == hs);
+  }
+  DeviceBuffer<uint8_t> a(4096), b(4096), s(256), t(256);
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 40, 64, b.get(), t.get(), nullptr).ok()) << "n";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 32, 32, b.get(), t.get(), nullptr).ok()) << "k";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get() + 4, s.get(), 32, 64, b.get(), t.get(), nullptr).ok()) << "alignment";
+  EXPECT_FALSE(pack_fp4_fragments_cuda(a.get(), s.get(), 32, 64, a.get() + 512, t.get(), nullptr).ok()) << "overlap";
+}
+
+// The FP8 device pack and unpack (the model's load-time pass over dense FP8 matrices, and the
+// row-major copy its prefill GEMMs read) == the host pack / unpack, byte for byte, and unpack
+// inverts pack; refusals of bad shapes, misaligned codes and overlapping buffers.
+TEST(CudaGemvPacked, Fp8DevicePackAndUnpackEqualHost) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{32, 32}, {96, 416}, {7 * 32, 1056}, {1024, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
+    std::vector<uint8_t> codes(size_t(n * k));
+    for (auto& c : codes) c = uint8_t(rng());
+    std::vector<uint8_t> hp(codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(codes.data(), n, k, hp.data()));
+    DeviceBuffer<uint8_t> dc(codes), dp(codes.size()), du(codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments_cuda(dc.get(), n, k, dp.get(), nullptr));
+    FS_ASSERT_OK(unpack_fp8_fragments_cuda(dp.get(), n, k, du.get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dp.to_host() == hp) << "device pack != host pack";
+    EXPECT_TRUE(du.to_host() == codes) << "unpack(pack(w)) != w";
+    EXPECT_FALSE(hp == codes) << "the order moved nothing";
+  }
+  DeviceBuffer<uint8_t> a(8192), b(8192);
+  EXPECT_FALSE(pack_fp8_fragments_cuda(a.get(), 40, 64, b.get(), nullptr).ok()) << "n";
+  EXPECT_FALSE(unpack_fp8_fragments_cuda(a.get(), 32, 48, b.get(), nullptr).ok()) << "k";
+  EXPECT_FALSE(pack_fp8_fragments_cuda(a.get() + 4, 32, 64, b.get(), nullptr).ok()) << "alignment";
+  EXPECT_FALSE(unpack_fp8_fragments_cuda(a.get(), 32, 64, a.get() + 1024, nullptr).ok()) << "overlap";
+  EXPECT_FALSE(pack_fp8_fragments_cuda(nullptr, 32, 64, b.get(), nullptr).ok()) << "null";
+}
+
+// The BF16 expansion of FP4 experts in the fragment order (GemmExpandBf16Params::w_fragments, the
+// prefill GEMM's route for packed experts) == the row-major expansion, BF16 for BF16, on the
+// device and in the CPU twin, with skipped (row-less) matrices; and refused off the layout's shapes.
+TEST(CudaGemvPacked, ExpandBf16ReadsTheFragmentOrder) {
+  FS_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  const int64_t count = 3, n = 64, k = 192;
+  Weights w = random_weights(rng, WeightFormat::kFp4, count * n, k, 32);
+  Weights pk = w;
+  FS_ASSERT_OK(pack_fp4_fragments(w.codes.data(), w.scales.data(), count * n, k, pk.codes.data(), pk.scales.data()));
+  const std::vector<int32_t> rs = {0, 4, 4, 9};  // matrix 1 has no rows: skipped
+  GemmExpandBf16Params p;
+  p.count = count, p.n = n, p.k = k, p.w_format = WeightFormat::kFp4, p.w_block = 32;
+  std::vector<uint16_t> cpu_rm(size_t(count * n * k), 0x7fff), cpu_fr(cpu_rm);
+  p.w = w.codes.data(), p.w_scale = w.scales.data(), p.y = cpu_rm.data(), p.row_start = rs.data();
+  FS_ASSERT_OK(gemm_expand_bf16_ref(p));
+  p.w = pk.codes.data(), p.w_scale = pk.scales.data(), p.y = cpu_fr.data(), p.w_fragments = true;
+  FS_ASSERT_OK(gemm_expand_bf16_ref(p));
+  EXPECT_TRUE(cpu_rm == cpu_fr);
+  DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dpw(pk.codes), dps(pk.scales);
+  DeviceBuffer<uint16_t> y0(cpu_rm.size()), y1(cpu_rm.size());
+  DeviceBuffer<int32_t> drs(rs);
+  GemmExpandBf16Params g = p;
+  g.row_start = drs.get();
+  g.w = dw.get(), g.w_scale = ds.get(), g.y = y0.get(), g.w_fragments = false;
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(g, nullptr));
+  g.w = dpw.get(), g.w_scale = dps.get(), g.y = y1.get(), g.w_fragments = true;
+  FS_ASSERT_OK(gemm_expand_bf16_cuda(g, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> a = y0.to_host(), b = y1.to_host();
+  for (int64_t e : {0, 2})  // the expanded matrices: equal to each other and to the twin
+    for (int64_t i = e * n * k; i < (e + 1) * n * k; ++i) {
+      ASSERT_EQ(a[size_t(i)], b[size_t(i)]) << "value " << i;
+      ASSERT_EQ(a[size_t(i)], cpu_rm[size_t(i)]) << "value " << i;
+    }
+  g.n = 48;
+  EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "n not a multiple of 32";
+  g.n = n, g.w_format = WeightFormat::kFp8;
+  EXPECT_FALSE(gemm_expand_bf16_cuda(g, nullptr).ok()) << "FP8";
+}
+
+// FP8 matrices in the fragment order (BlockLinearParams / ExpertGemvParams::w_packed): bitwise the
+// row-major launch's outputs at every k split and chunk, for both scale tiles (32, 128), one-token
+// and verify-sized launches, 16-token passes, pre-quantised x in 32-token passes (the row-major
+// launch without the tiled kernel), and the shared expert's gated launch; every output written;
+// the twin reads the packed matrix as the same matrix. A stacked launch (y2) and rows off the
+// 32-row grid are refused with w_packed.
+TEST(CudaGemvPacked, Fp8SameBitsAsRowMajor) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k, block;
+    bool xq;
+  };
+  int compared = 0;
+  for (const Case c : {Case{1, 96, 256, 32, false}, Case{6, 1280, 1024, 128, false}, Case{20, 160, 384, 32, false},
+                       Case{40, 64, 256, 32, true}}) {
+    std::mt19937 rng(uint32_t(c.m * 7 + c.n + c.k));
+    const Weights w = random_weights(rng, WeightFormat::kFp8, c.n, c.k, c.block);
+    std::vector<uint8_t> pk(w.codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(w.codes.data(), c.n, c.k, pk.data()));
+    const std::vector<float> x = random_block_activations(rng, c.m, c.k);
+    DeviceBuffer<float> dx(x), dxs(size_t(c.m * c.k / 32));
+    DeviceBuffer<uint8_t> dw(w.codes), ds(w.scales), dp(pk), dxq(size_t(c.m * c.k));
+    if (c.xq) FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), c.m, c.k, c.block, false, dxq.get(), dxs.get(), nullptr));
+    BlockLinearParams p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.format = WeightFormat::kFp8, p.w_block = c.block, p.act_block = c.block;
+    p.x = dx.get(), p.w_scale = ds.get();
+    if (c.xq) p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false;
+    for (int split : {0, 1, 2, 3, 8})
+      for (int chunk : {0, 1, 2, 4}) {
+        if (c.block == 128 && chunk != 0 && chunk != 4) continue;  // V4's act_block 128 takes 4 only
+        SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " block=" << c.block
+                                          << " split=" << split << " chunk=" << chunk);
+        detail::set_gemv_tuning(split, chunk);
+        DeviceBuffer<float> d0(size_t(c.m * c.n)), d1(size_t(c.m * c.n));
+        BlockLinearParams a = p, b = p;
+        a.w = dw.get(), a.y = d0.get();
+        b.w = dp.get(), b.y = d1.get(), b.w_packed = true;
+        FS_ASSERT_OK(block_linear_cuda(a, nullptr));
+        FS_ASSERT_OK(block_linear_cuda(b, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> ya = d0.to_host(), yb = d1.to_host();
+        for (size_t i = 0; i < ya.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(yb[i])) << "output " << i << " not written";
+          ASSERT_EQ(std::memcmp(&ya[i], &yb[i], 4), 0) << "output " << i << ": " << ya[i] << " vs " << yb[i];
+        }
+        ++compared;
+      }
+    detail::set_gemv_tuning(0, 0);
+    // The twin on the packed matrix: the row-major twin's bits.
+    BlockLinearParams h = p;
+    h.xq = nullptr, h.xs = nullptr;
+    std::vector<float> ra(size_t(c.m * c.n)), rb(ra.size());
+    h.x = x.data(), h.w = w.codes.data(), h.w_scale = w.scales.data(), h.y = ra.data();
+    FS_ASSERT_OK(block_linear_ref(h));
+    h.w = pk.data(), h.y = rb.data(), h.w_packed = true;
+    FS_ASSERT_OK(block_linear_ref(h));
+    ASSERT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4));
+    // Refusals: a stacked output; rows off the 32-row grid.
+    BlockLinearParams bad = p;
+    DeviceBuffer<float> dy(size_t(c.m * c.n)), dy2(size_t(c.m * c.n));
+    bad.w = dp.get(), bad.y = dy.get(), bad.w_packed = true, bad.xq = nullptr, bad.xs = nullptr;
+    bad.y2 = dy2.get(), bad.n2 = 32;
+    EXPECT_FALSE(block_linear_cuda(bad, nullptr).ok()) << "y2";
+    bad.y2 = nullptr, bad.n2 = 0, bad.n = c.n - 8;
+    EXPECT_FALSE(block_linear_cuda(bad, nullptr).ok()) << "n % 32";
+  }
+  EXPECT_GE(compared, 50);
+  // The shared expert's gated launch (one group of every token), FP8 gate and up packed.
+  {
+    std::mt19937 rng(77);
+    const int64_t n = 128, k = 512, m = 6;
+    const Weights wg = random_weights(rng, WeightFormat::kFp8, n, k, 32), wu = random_weights(rng, WeightFormat::kFp8, n, k, 32);
+    std::vector<uint8_t> pg(wg.codes.size()), pu(wu.codes.size());
+    FS_ASSERT_OK(pack_fp8_fragments(wg.codes.data(), n, k, pg.data()));
+    FS_ASSERT_OK(pack_fp8_fragments(wu.codes.data(), n, k, pu.data()));
+    std::vector<float> x = random_block_activations(rng, m, k);
+    for (auto& v : x) v *= 0.05f;
+    const std::vector<int32_t> ge = {0}, gs = {0, int32_t(m)};
+    DeviceBuffer<float> dx(x), d0(size_t(m * n)), d1(size_t(m * n));
+    DeviceBuffer<uint8_t> dwg(wg.codes), dsg(wg.scales), dwu(wu.codes), dsu(wu.scales), dpg(pg), dpu(pu);
+    DeviceBuffer<int32_t> dge(ge), dgs(gs);
+    ExpertGemvParams q;
+    q.x = dx.get(), q.group_expert = dge.get(), q.group_start = dgs.get(), q.n_groups = 1, q.n_pairs = m;
+    q.n_experts = 1, q.n = n, q.k = k, q.format = WeightFormat::kFp8, q.swiglu_limit = 7.0f;
+    q.w_scale = dsg.get(), q.w_up_scale = dsu.get();
+    ExpertGemvParams a = q, b = q;
+    a.w = dwg.get(), a.w_up = dwu.get(), a.y = d0.get();
+    b.w = dpg.get(), b.w_up = dpu.get(), b.y = d1.get(), b.w_packed = true;
+    FS_ASSERT_OK(expert_gemv_cuda(a, nullptr));
+    FS_ASSERT_OK(expert_gemv_cuda(b, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> ya = d0.to_host(), yb = d1.to_host();
+    for (size_t i = 0; i < ya.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(yb[i])) << i;
+      ASSERT_EQ(std::memcmp(&ya[i], &yb[i], 4), 0) << "shared expert output " << i;
+    }
+  }
 }
 
 TEST(CudaExpertGemv, TwinRejectsBadIndices) {

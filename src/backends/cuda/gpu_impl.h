@@ -102,6 +102,11 @@ struct NativeMatrix {
   int64_t n = 0, k = 0, block_rows = 1, block_cols = 1, w_block = 32, act_block = 0, count = 1;
   int64_t code_bytes = 0, scale_bytes = 0;  // of one matrix
   bool fast = false;
+  // Codes in the fragment order (ops/fp4_fragments.h). FP4 (GpuLoadOptions::fp4_fragments): codes
+  // and scales of every matrix, read with ExpertGemvParams::w_packed and the GEMM's w_fragments.
+  // FP8 (GpuLoadOptions::fp8_fragments; dense, count 1): the codes only, read with
+  // BlockLinearParams::w_packed by the one-pass GEMVs; every other reader takes row_major_codes.
+  bool fragments = false;
   // Part of a stacked pair (GpuModel::stack_query_kv): the second matrix owns no memory and reads
   // its rows inside the first one's allocation (codes_view / scales_view); both launch with the
   // stack's row count as their tuning shape (BlockLinearParams::tune_n), so a matrix launched
@@ -256,6 +261,21 @@ class GpuModel final : public Model, public Backend {
   // (wq_a's rows, then wkv's; the originals freed: the device holds the same bytes) and re-keyed;
   // wkv becomes a view into it. Layers that do not fit keep two matrices (stacked_pairs_ counts).
   Status stack_query_kv();
+  // The queued expert stacks (fragment_pending_) into the FP4 fragment order, in place, through a
+  // bounded scratch copy (GpuLoadOptions::fp4_fragments).
+  Status pack_expert_fragments();
+  // The dense FP8 matrices the GEMVs read into the FP8 fragment order, in place through a scratch
+  // copy (GpuLoadOptions::fp8_fragments); after stack_query_kv, whose stacked pairs stay row-major.
+  Status pack_dense_fragments();
+  // Matrix 0's codes in row-major order: cptr(), or for FP8 codes in the fragment order a copy
+  // unpacked into the scratch buffer `name` (for the readers of row-major tiles: the prefill GEMM,
+  // the tiled GEMV, the weight expansion, the exactness kernels).
+  Result<const uint8_t*> row_major_codes(const NativeMatrix& w, const std::string& name);
+  // A block-scaled GEMV launch of w whose codes pointer is `codes`: FP8 codes in the fragment
+  // order are read as they are (packed set) by the one-pass kernels, or, where the launch may take
+  // the tiled kernel (`tiled`: pre-quantised x and BlockLinearParams::tiled; row-major tiles), from
+  // a row-major copy (row_major_codes into `name`).
+  Status read_fragments(const NativeMatrix& w, const uint8_t*& codes, bool& packed, bool tiled, const std::string& name);
   // p's input quantised once before the block-scaled GEMV (GpuLoadOptions::gemv_prequant_min_rows).
   Status prequantize(ops::BlockLinearParams& p);
   // y [rows, out] = q(x) · Wᵀ with the CPU backend's linear options.
@@ -299,9 +319,10 @@ class GpuModel final : public Model, public Backend {
   Result<bool> linear_gemm_bf16(const LinearCall& c, const NativeMatrix& nw);
   // Matrices [e0, e0 + count) of w expanded to BF16 values into scratch `name` (sized exactly, not
   // geometrically: GpuLoadOptions::prefill_gemm_expand_w); row_start (device, [w.count + 1]):
-  // skip the matrices no row reaches.
+  // skip the matrices no row reaches. row_major: FP8 codes in the fragment order read from this
+  // row-major copy (row_major_codes).
   Result<const uint8_t*> expand_weight(const NativeMatrix& w, int64_t e0, int64_t count, const int32_t* row_start,
-                                       const std::string& name);
+                                       const std::string& name, const uint8_t* row_major = nullptr);
   // The device work of compressor_feed for every sequence of a chunk, planned on the host: the
   // pool kernel's slot tables (v then z rows of each completed group), then two passes of row
   // copies (a: rollback history and previous windows, b: the open groups' rows; b writes rows that
@@ -530,6 +551,11 @@ class GpuModel final : public Model, public Backend {
   int64_t step_rows_ = -1, dense_row0_ = 0, moe_row0_ = 0;
   bool programmatic_launch_ = true;             // GpuLoadOptions::programmatic_launch
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
+  bool fp4_fragments_ = false;                   // GpuLoadOptions::fp4_fragments
+  bool fp8_fragments_ = false;                   // GpuLoadOptions::fp8_fragments
+  // Expert stacks to put in the fragment order once the upload has landed (up_experts queues them,
+  // pack_expert_fragments packs them).
+  std::vector<const float*> fragment_pending_;
   bool tensor_core_linears_ = false;            // GpuLoadOptions::tensor_core_linears
   bool decode_attention_tensor_ = false;        // GpuLoadOptions::decode_attention_tensor
   bool sm90a_ = false;                          // the device runs the wgmma GEMMs (gemm_fp8.h)

@@ -82,6 +82,7 @@ Result<std::unique_ptr<Model>> load_model_for(const std::string& dir, Numerics n
 #include "ops/cuda/model/model_kernels.h"
 #include "ops/cuda/model/small_kernels.h"
 #include "ops/engram.h"
+#include "ops/fp4_fragments.h"
 
 namespace flashseek::forward {
 
@@ -600,6 +601,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->moe_compact_groups_ = opts.moe_compact_groups;
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
+  m->fp4_fragments_ = opts.fp4_fragments && m->native_;
+  m->fp8_fragments_ = opts.fp8_fragments && m->native_;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
   // exact-order attention stays with them, as the exactness linears do.
@@ -646,6 +649,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     FS_RETURN_IF_ERROR(m->upload_weights());
   }
   if (m->native_ && opts.stack_query_kv) FS_RETURN_IF_ERROR(m->stack_query_kv());
+  FS_RETURN_IF_ERROR(m->pack_expert_fragments());
+  FS_RETURN_IF_ERROR(m->pack_dense_fragments());
   {  // group expert ids 0 … E−1 of the grouped expert GEMV (gpu_ops.cpp moe_native)
     std::vector<int32_t> ids(size_t(std::max<int64_t>(c.n_routed_experts, 1)));
     for (size_t e = 0; e < ids.size(); ++e) ids[e] = int32_t(e);
@@ -923,7 +928,85 @@ Status GpuModel::up_experts(std::vector<Vec>& w1, std::vector<Vec>& w2, std::vec
   // The block-scaled expert GEMV runs all three or none (moe_native).
   const bool all_fast = native(keys[0])->fast && native(keys[1])->fast && native(keys[2])->fast;
   for (const float* k : keys) native_w_.at(k).fast = all_fast;
+  // The fragment order for all three or none (the gated launch reads gate and up one way).
+  bool frag = fp4_fragments_ && all_fast;
+  for (const float* k : keys) {
+    const NativeMatrix& m = native_w_.at(k);
+    frag = frag && m.format == ops::WeightFormat::kFp4 && ops::fp4_fragment_shape_ok(m.n, m.k) &&
+           m.code_bytes == m.n * (m.k / 2) && m.scale_bytes == m.n * (m.k / 32);
+  }
+  if (frag) fragment_pending_.insert(fragment_pending_.end(), keys.begin(), keys.end());
   return {};
+}
+
+Status GpuModel::pack_expert_fragments() {
+  // In place, a chunk of experts at a time: the chunk's bytes copied to scratch, packed back.
+  constexpr int64_t kChunkBytes = int64_t(256) << 20;
+  DevArray<uint8_t> tmp_c, tmp_s;
+  for (const float* key : fragment_pending_) {
+    NativeMatrix& m = native_w_.at(key);
+    const int64_t per = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(m.code_bytes, 1));
+    FS_RETURN_IF_ERROR(tmp_c.reserve(size_t(std::min(per, m.count) * m.code_bytes), false));
+    FS_RETURN_IF_ERROR(tmp_s.reserve(size_t(std::min(per, m.count) * m.scale_bytes), false));
+    for (int64_t e0 = 0; e0 < m.count; e0 += per) {
+      const int64_t cnt = std::min(per, m.count - e0);
+      uint8_t* c = m.codes.get() + e0 * m.code_bytes;
+      uint8_t* s = m.scales.get() + e0 * m.scale_bytes;
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp_c.get(), c, size_t(cnt * m.code_bytes), cudaMemcpyDeviceToDevice));
+      FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp_s.get(), s, size_t(cnt * m.scale_bytes), cudaMemcpyDeviceToDevice));
+      // A stack of experts is one matrix of count · n rows in the order: tiles never cross experts.
+      FS_RETURN_IF_ERROR(ops::cuda::pack_fp4_fragments_cuda(tmp_c.get(), tmp_s.get(), cnt * m.n, m.k, c, s, nullptr));
+    }
+    m.fragments = true;
+    ++gstats_.fp4_fragment_stacks;
+  }
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  fragment_pending_.clear();
+  return {};
+}
+
+Status GpuModel::pack_dense_fragments() {
+  if (!fp8_fragments_) return {};
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // every upload has landed
+  DevArray<uint8_t> tmp;
+  for (auto& [key, m] : native_w_) {
+    // Dense block-scaled FP8 matrices that own their codes (not a stacked pair, whose launch reads
+    // row-major rows: neither the matrix holding the pair nor the one viewing into it).
+    if (!m.fast || m.count != 1 || m.fragments || m.format != ops::WeightFormat::kFp8 ||
+        m.dtype != cd::WeightDtype::kFp8 || m.stacked_with || m.codes_view || !ops::fp8_fragment_shape_ok(m.n, m.k) ||
+        m.code_bytes != m.n * m.k || int64_t(m.codes.capacity()) < m.code_bytes)
+      continue;
+    bool viewed = false;  // another matrix reads its rows inside this one's allocation
+    for (const auto& [k2, o] : native_w_) viewed = viewed || o.stacked_with == &m;
+    if (viewed) continue;
+    FS_RETURN_IF_ERROR(tmp.reserve(size_t(m.code_bytes), false));
+    FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp.get(), m.codes.get(), size_t(m.code_bytes), cudaMemcpyDeviceToDevice));
+    FS_RETURN_IF_ERROR(ops::cuda::pack_fp8_fragments_cuda(tmp.get(), m.n, m.k, m.codes.get(), nullptr));
+    m.fragments = true;
+    ++gstats_.fp8_fragment_matrices;
+  }
+  FS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return {};
+}
+
+Status GpuModel::read_fragments(const NativeMatrix& w, const uint8_t*& codes, bool& packed, bool tiled,
+                                const std::string& name) {
+  if (!w.fragments || w.format != ops::WeightFormat::kFp8) return {};
+  if (!tiled) {
+    packed = true;
+    return {};
+  }
+  FS_ASSIGN_OR_RETURN(codes, row_major_codes(w, name));
+  return {};
+}
+
+Result<const uint8_t*> GpuModel::row_major_codes(const NativeMatrix& w, const std::string& name) {
+  if (!w.fragments || w.format != ops::WeightFormat::kFp8) return w.cptr();
+  if (w.count != 1) return internal_error("row_major_codes: a stack of {} FP8 matrices in the fragment order", w.count);
+  FS_ASSIGN_OR_RETURN(uint8_t* out, scratch<uint8_t>(name, w.code_bytes));
+  FS_RETURN_IF_ERROR(ops::cuda::unpack_fp8_fragments_cuda(w.cptr(), w.n, w.k, out, stream_));
+  ++gstats_.fp8_fragment_unpacks;
+  return static_cast<const uint8_t*>(out);
 }
 
 int64_t GpuModel::weight_bytes() const { return report_.stored_bytes + report_.fp32_bytes; }
@@ -1106,6 +1189,8 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
     return linear_native(*nw, x, rows, in, out, y, act_block, bf16_out, bf16_in, sel, x_row_div);
   if (nw && (in != nw->k || out != nw->n))
     return internal_error("gpu linear: stored {}x{} matrix used as {}x{}", nw->n, nw->k, out, in);
+  if (nw && nw->fragments)  // the exactness kernels read row-major rows
+    return internal_error("gpu linear: a {}x{} matrix in the fragment order reached the exactness kernel", nw->n, nw->k);
   if (act_block > 0 || bf16_in) {
     if (act_block > 0 && in % act_block != 0)
       return invalid_argument("gpu linear: input width {} is not a multiple of the activation block {}", in, act_block);
@@ -1161,6 +1246,7 @@ Status GpuModel::linear_native(const NativeMatrix& nw, const float* x, int64_t r
   p.m = rows, p.n = out, p.k = in, p.format = nw.format, p.w_block = nw.w_block, p.act_block = act_block;
   p.bf16_in = bf16_in, p.bf16_round_out = bf16_out, p.tune_n = nw.tune_n;
   FS_RETURN_IF_ERROR(prequantize(p));
+  FS_RETURN_IF_ERROR(read_fragments(nw, p.w, p.w_packed, p.xq && p.tiled, "linear_w_rows"));
   FS_RETURN_IF_ERROR(ops::cuda::block_linear_cuda(p, stream_));
   return {};
 }

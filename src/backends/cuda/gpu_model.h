@@ -193,6 +193,21 @@ struct GpuLoadOptions {
   // quad of threads loading a row's whole 16-byte blocks). Another summation order, within the
   // parity bound; process-wide, set before each forward of this model. The CLI's --gemv-fp4-chunk.
   int gemv_fp4_chunk = 0;
+  // The routed experts' FP4 matrices stored in the decode GEMV's fragment order
+  // (ops/fp4_fragments.h), packed on the device once they are uploaded: each thread's weight words
+  // of a block are one 16-byte load and a warp's load is 512 contiguous bytes. The same bits
+  // (the GEMVs and the prefill GEMMs read the same values in the same order); experts whose
+  // shapes the order does not take (rows % 32, k % 64) stay row-major. false here (the tests'
+  // row-major reference; GpuGraphDecode.Fp4FragmentsOnEqualsOffBitwise holds both to the same
+  // bits); the CLI's --gpu-fp4-fragments sets it on by default (decode faster, bench/RESULTS.md).
+  bool fp4_fragments = false;
+  // The dense FP8 matrices the block-scaled GEMVs read (the attention projections, the shared
+  // expert, Engram's wkv, the indexer's wq_b; not the stacked wq_a + wkv) stored in the FP8
+  // fragment order (ops/fp4_fragments.h): a thread's pieces of a block are two 16-byte loads. The
+  // decode GEMVs read the order; the prefill GEMM and the tiled GEMV read a row-major copy unpacked
+  // into scratch per launch (a chunk's GEMM takes ~40x that copy's time). The same bits either
+  // way. The CLI's --gpu-fp8-fragments.
+  bool fp8_fragments = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
   // BF16 tensor cores (ops/cuda/model/linear_mma.cu: the exact products in another FP32 order, the
   // same at every row count) instead of the exactness kernels (the CPU's order). The CLI's
@@ -285,6 +300,12 @@ struct GpuGraphStats {
   int64_t moe_gemm_layers = 0;
   // MoE layers whose routed pairs were grouped in compact form (GpuLoadOptions::moe_compact_groups).
   int64_t moe_compact_groupings = 0;
+  // Routed expert matrices (one stack of all experts each) put in the FP4 fragment order at load
+  // (GpuLoadOptions::fp4_fragments).
+  int64_t fp4_fragment_stacks = 0;
+  // Dense FP8 matrices put in the FP8 fragment order at load (GpuLoadOptions::fp8_fragments), and
+  // the launches that read a row-major copy of one unpacked into scratch.
+  int64_t fp8_fragment_matrices = 0, fp8_fragment_unpacks = 0;
   // Stream updates run with the next sublayer's mixes as one launch (GpuLoadOptions::post_mixes_fusion).
   int64_t post_mixes_fused = 0;
   // Sublayer inputs collapsed and normed by one launch (GpuLoadOptions::collapse_norm_fusion).

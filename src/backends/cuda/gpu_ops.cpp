@@ -195,9 +195,10 @@ Result<bool> GpuModel::linear_gemm(const LinearCall& c) {
                                                        /*bf16_round_in=*/c.bf16_in, /*bf16_values=*/bv));
   ops::GemmFp8Params g;
   g.xq = xq, g.xs = bv ? nullptr : xs, g.x_f16 = !bv, g.x_bf16 = bv, g.bf16_direct = bv && prefill_gemm_direct_;
-  g.w = nw->cptr(), g.w_scale = nw->sptr();
+  FS_ASSIGN_OR_RETURN(g.w, row_major_codes(*nw, "dense_gemm_wrows"));  // GpuLoadOptions::fp8_fragments
+  g.w_scale = nw->sptr();
   if (prefill_gemm_expand_w_) {
-    FS_ASSIGN_OR_RETURN(g.w, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
+    FS_ASSIGN_OR_RETURN(g.w, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp", g.w));
     g.w_scale = nullptr, g.w_bf16 = true;
   }
   g.y = c.y.f32() + r0 * out, g.bf16_round_out = c.bf16_out;
@@ -248,14 +249,16 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
                                                            reinterpret_cast<uint16_t*>(xq), xs, stream_));
     const uint8_t* wexp = nullptr;  // prefill_gemm_expand_w: the whole matrix in BF16, group g from row g · out
     if (prefill_gemm_expand_w_) {
-      FS_ASSIGN_OR_RETURN(wexp, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp"));
+      FS_ASSIGN_OR_RETURN(const uint8_t* rows_w, row_major_codes(*nw, "dense_gemm_wrows"));
+      FS_ASSIGN_OR_RETURN(wexp, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp", rows_w));
     }
+    FS_ASSIGN_OR_RETURN(const uint8_t* w_rows, row_major_codes(*nw, "dense_gemm_wrows"));
     for (int64_t g = 0; g < groups; ++g) {
       ops::GemmFp8Params p;
       p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;
       p.bf16_direct = bv && prefill_gemm_direct_;
       p.x_stride = width;
-      p.w = nw->cptr() + g * out * in, p.w_scale = nw->sptr() + (g * out / wb) * (in / wb);
+      p.w = w_rows + g * out * in, p.w_scale = nw->sptr() + (g * out / wb) * (in / wb);
       if (wexp) p.w = wexp + g * out * in * 2, p.w_scale = nullptr, p.w_bf16 = true;
       p.y = z.f32() + r_gemm * groups * out + g * out, p.y_stride = groups * out, p.bf16_round_out = bf16;
       p.m = m, p.n = out, p.k = in, p.w_block = wb, p.act_block = 32;
@@ -438,7 +441,8 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
                      ng->w_block == nu->w_block && ng->n == nu->n && ng->k == nu->k && ng->n == inter &&
                      ng->k == gc.in && gc.act_block == ng->act_block && ng->act_block == nu->act_block &&
                      gc.x.f32() == uc.x.f32() && gc.rows == rows && uc.rows == rows && gc.out == inter &&
-                     uc.out == inter && uc.in == gc.in && gc.bf16_out == uc.bf16_out && !gc.bf16_in && !uc.bf16_in;
+                     uc.out == inter && uc.in == gc.in && gc.bf16_out == uc.bf16_out && !gc.bf16_in && !uc.bf16_in &&
+                     ng->fragments == nu->fragments;
   if (!fused) return Backend::gated_linear(gc, uc, h, rows, inter, limit, bf16);
   ops::BlockLinearParams p;
   p.x = gc.x.f32(), p.w = ng->cptr(), p.w_scale = ng->sptr(), p.y = h.f32();
@@ -446,6 +450,10 @@ Status GpuModel::gated_linear(const LinearCall& gc, const LinearCall& uc, const 
   p.m = rows, p.n = inter, p.k = gc.in, p.format = ng->format, p.w_block = ng->w_block, p.act_block = gc.act_block;
   p.swiglu_limit = limit, p.bf16_round_gate_up = gc.bf16_out, p.bf16_round_out = bf16;
   FS_RETURN_IF_ERROR(prequantize(p));
+  bool packed_up = false;
+  const bool tiled = p.xq && p.tiled;  // BlockLinearParams::tiled means something with xq only
+  FS_RETURN_IF_ERROR(read_fragments(*ng, p.w, p.w_packed, tiled, "linear_w_rows"));
+  FS_RETURN_IF_ERROR(read_fragments(*nu, p.w_up, packed_up, tiled, "linear_wu_rows"));
   return ops::cuda::block_linear_cuda(p, stream_);
 }
 
@@ -598,6 +606,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       q.pair_weight = pw, q.swiglu_limit = float(c.swiglu_limit), q.bf16_round_gate_up = R;
     }
     q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
+    q.w_packed = w.fragments;  // the gated launch: gate and up are packed together (up_experts)
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;
@@ -607,7 +616,8 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     q.bf16_round_out = R;  // reference numerics: each output rounded to BF16 in the GEMV's epilogue
     return ops::cuda::expert_gemv_cuda(q, stream_);
   };
-  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E)) {
+  // (Experts in the fragment order: the GEMM takes whole 128-row tiles of them.)
+  if (grouped && gemm && moe_gemm_path(n1, n2, n3, E) && (!n1.fragments || (n1.n % 128 == 0 && n2.n % 128 == 0))) {
     // Prefill chunks (GpuLoadOptions::moe_gemm_min_tokens): the same function through the grouped
     // FP8 GEMM over the FP4 experts. x quantised once per token (fq8, the expert GEMV's
     // act_block), rows gathered into the expert-sorted pair order, gate and up GEMMs, the BF16
@@ -638,6 +648,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       if (bv) q.xs = nullptr;
       // Few rows per expert (GpuLoadOptions::moe_expand_min_rows): each tile expanded in the GEMM.
       const bool expand = prefill_gemm_expand_w_ && (moe_expand_min_rows_ == 0 || TK >= moe_expand_min_rows_ * E);
+      q.w_fragments = w.fragments;  // GpuLoadOptions::fp4_fragments (both routes read the order)
       if (!expand) {
         q.w_in_registers = moe_w_in_registers_;
         return ops::cuda::gemm_fp8_grouped_cuda(q, stream_);
@@ -649,7 +660,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
       for (int64_t e0 = 0; e0 < E; e0 += ce) {
         const int64_t cnt = std::min(ce, E - e0);
         FS_ASSIGN_OR_RETURN(q.w, expand_weight(w, e0, cnt, gstart, "moe_gemm_wexp"));
-        q.w_scale = nullptr, q.w_bf16 = true, q.row_start = gstart + e0, q.groups = cnt;
+        q.w_scale = nullptr, q.w_bf16 = true, q.w_fragments = false, q.row_start = gstart + e0, q.groups = cnt;
         FS_RETURN_IF_ERROR(ops::cuda::gemm_fp8_grouped_cuda(q, stream_));
       }
       return {};
@@ -684,18 +695,22 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
 }
 
 Result<const uint8_t*> GpuModel::expand_weight(const NativeMatrix& w, int64_t e0, int64_t count,
-                                               const int32_t* row_start, const std::string& name) {
+                                               const int32_t* row_start, const std::string& name,
+                                               const uint8_t* row_major) {
   const int64_t values = count * w.n * w.k;
   auto& a = scratch_[name];
   FS_RETURN_IF_ERROR(a.reserve(size_t(values) * 2, false, /*geometric=*/false));
   ops::GemmExpandBf16Params p;
-  p.w = w.cptr() + e0 * w.code_bytes, p.w_scale = w.sptr() + e0 * w.scale_bytes;
+  const bool fp8_frag = w.fragments && w.format == ops::WeightFormat::kFp8;  // read through row_major
+  if (fp8_frag && !row_major) return internal_error("expand_weight: FP8 codes in the fragment order need a row-major copy");
+  p.w = (fp8_frag ? row_major : w.cptr()) + e0 * w.code_bytes, p.w_scale = w.sptr() + e0 * w.scale_bytes;
   p.y = reinterpret_cast<uint16_t*>(a.get());
   p.count = count, p.n = w.n, p.k = w.k, p.w_format = w.format;
   p.w_block = w.w_block;
   if (w.format == ops::WeightFormat::kFp8 && (w.block_rows != w.w_block || w.block_cols != w.w_block))
     return internal_error("expand_weight: FP8 scales of {}x{} blocks are not w_block tiles", w.block_rows, w.block_cols);
   p.row_start = row_start ? row_start + e0 : nullptr;
+  p.w_fragments = w.fragments && !fp8_frag;
   FS_RETURN_IF_ERROR(ops::cuda::gemm_expand_bf16_cuda(p, stream_));
   ++gstats_.weight_expansions;
   return reinterpret_cast<const uint8_t*>(a.get());

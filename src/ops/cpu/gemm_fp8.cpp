@@ -8,6 +8,7 @@
 
 #include "core/numeric.h"
 #include "core/thread_pool.h"
+#include "ops/fp4_fragments.h"
 #include "ops/linear.h"
 #include "ops/quant.h"
 
@@ -104,10 +105,16 @@ Status gemm_fp8_grouped_ref(const GemmFp8GroupedParams& p) {
                                  : (p.x_f16 ? f16_to_f32(xh[r0 * p.k + i]) : e4m3_to_f32(p.xq[r0 * p.k + i])) *
                                        p.xs[r0 * kb + i / 32];
       for (int64_t r = 0; r < p.n; ++r) {
-        const uint8_t* c = p.w + (g * p.n + r) * (p.k / 2);
-        const uint8_t* s = p.w_scale + (g * p.n + r) * kb;
-        for (int64_t i = 0; i < p.k; ++i)
-          wrow[size_t(i)] = e2m1_to_f32(uint8_t((c[i / 2] >> (4 * (i & 1))) & 15)) * e8m0_to_f32(s[i / 32]);
+        const int64_t row = g * p.n + r;
+        const uint8_t* c = p.w + row * (p.k / 2);
+        const uint8_t* s = p.w_scale + row * kb;
+        for (int64_t i = 0; i < p.k; ++i) {
+          // w_fragments: byte (i % 8) / 2 of code word (i % 32) / 8 of block i / 32 (ops/fp4_fragments.h).
+          const uint8_t byte = p.w_fragments ? p.w[fp4_fragment_word(row, i / 32, int(i % 32) / 8, p.k) + (i % 8) / 2]
+                                             : c[i / 2];
+          const uint8_t sc = p.w_fragments ? p.w_scale[fp4_fragment_scale(row, i / 32, p.k)] : s[i / 32];
+          wrow[size_t(i)] = e2m1_to_f32(uint8_t((byte >> (4 * (i & 1))) & 15)) * e8m0_to_f32(sc);
+        }
         for (int64_t t = r0; t < r1; ++t) {
           const float v = dot_f32(xq.data() + (t - r0) * p.k, wrow.data(), p.k);
           if (p.bf16_out)
@@ -153,8 +160,11 @@ Status gemm_expand_bf16_ref(const GemmExpandBf16Params& p) {
       for (int64_t i = 0; i < p.k; ++i) {
         float v, s;
         if (fp4) {
-          v = e2m1_to_f32(uint8_t((p.w[row * (p.k / 2) + i / 2] >> (4 * (i & 1))) & 15));
-          s = e8m0_to_f32(p.w_scale[row * (p.k / 32) + i / 32]);
+          // Byte i/2 of the row: row-major, or byte (i % 8) / 2 of word (i % 32) / 8 of block i / 32.
+          const int64_t at = p.w_fragments ? fp4_fragment_word(row, i / 32, int(i % 32) / 8, p.k) + (i % 8) / 2
+                                           : row * (p.k / 2) + i / 2;
+          v = e2m1_to_f32(uint8_t((p.w[at] >> (4 * (i & 1))) & 15));
+          s = e8m0_to_f32(p.w_scale[p.w_fragments ? fp4_fragment_scale(row, i / 32, p.k) : row * (p.k / 32) + i / 32]);
         } else {
           v = e4m3_to_f32(p.w[row * p.k + i]);
           s = e8m0_to_f32(p.w_scale[(e * nsb + r / p.w_block) * kbw + i / p.w_block]);

@@ -32,6 +32,14 @@ void dequant_row(const BlockLinearParams& p, int64_t r, float* out) {
 
 Status block_linear_ref(const BlockLinearParams& p) {
   FS_RETURN_IF_ERROR(validate(p));
+  if (p.w_packed) {  // the fragment order holds the same matrices: the twin reads them row-major
+    BlockLinearParams q = p;
+    q.w_packed = false;
+    std::vector<uint8_t> c, s, cu, su;
+    FS_RETURN_IF_ERROR(unpack_weight_fragments(p.format, p.n, p.k, c, s, q.w, q.w_scale));
+    if (p.w_up) FS_RETURN_IF_ERROR(unpack_weight_fragments(p.format, p.n, p.k, cu, su, q.w_up, q.w_up_scale));
+    return block_linear_ref(q);
+  }
   std::vector<float> xq(p.x, p.x + p.m * p.k);
   if (p.bf16_in)
     for (float& v : xq) v = round_bf16(v);

@@ -36,9 +36,7 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
   FS_RETURN_IF_ERROR(check_indices(p, x_rows));
   std::vector<float> g(static_cast<size_t>(p.n)), u(static_cast<size_t>(p.n));
   // w_packed: each group's matrices back in row-major form (one expert at a time).
-  const int64_t cb = weight_code_bytes(p.format, p.n, p.k), sb = weight_scale_bytes(p.format, p.n, p.k, p.w_block);
   std::vector<uint8_t> rw, rs, ru, rus;
-  if (p.w_packed) rw.resize(size_t(cb)), rs.resize(size_t(sb)), ru.resize(size_t(cb)), rus.resize(size_t(sb));
   for (int64_t grp = 0; grp < p.n_groups; ++grp) {
     const int64_t e = p.group_expert[grp];
     if (e < 0) {  // another rank's expert (expert parallel): the group's outputs are 0
@@ -49,12 +47,8 @@ Status expert_gemv_ref(const ExpertGemvParams& p, int64_t x_rows) {
     const uint8_t *wu = p.w_up ? p.w_up + e * p.expert_stride : nullptr;
     const uint8_t *wus = p.w_up ? p.w_up_scale + e * p.expert_scale_stride : nullptr;
     if (p.w_packed && p.group_start[grp] < p.group_start[grp + 1]) {
-      FS_RETURN_IF_ERROR(unpack_fp4_fragments(w, ws, p.n, p.k, rw.data(), rs.data()));
-      w = rw.data(), ws = rs.data();
-      if (wu) {
-        FS_RETURN_IF_ERROR(unpack_fp4_fragments(wu, wus, p.n, p.k, ru.data(), rus.data()));
-        wu = ru.data(), wus = rus.data();
-      }
+      FS_RETURN_IF_ERROR(unpack_weight_fragments(p.format, p.n, p.k, rw, rs, w, ws));
+      if (wu) FS_RETURN_IF_ERROR(unpack_weight_fragments(p.format, p.n, p.k, ru, rus, wu, wus));
     }
     for (int64_t i = p.group_start[grp]; i < p.group_start[grp + 1]; ++i) {
       const int64_t row = p.pair_row ? p.pair_row[i] : i;

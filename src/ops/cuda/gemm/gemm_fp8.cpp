@@ -99,7 +99,7 @@ Status gemm_expand_bf16_cuda(const GemmExpandBf16Params& p, cudaStream_t stream)
   FS_RETURN_IF_ERROR(check_device());
   detail::GemmExpandArgs a{};
   a.w = p.w, a.ws = p.w_scale, a.y = p.y, a.count = p.count, a.n = p.n, a.k = p.k;
-  a.w_block = int(p.w_block), a.fp4 = fp4, a.row_start = p.row_start;
+  a.w_block = int(p.w_block), a.fp4 = fp4, a.row_start = p.row_start, a.fragments = p.w_fragments;
   return cuda_status(detail::launch_expand_bf16(a, stream), "gemm_expand_bf16 kernel launch");
 }
 
@@ -127,6 +127,7 @@ Status gemm_fp8_grouped_cuda(const GemmFp8GroupedParams& p, cudaStream_t stream)
   a.bf16_out = p.bf16_out, a.bf16_round_out = p.bf16_round_out, a.variant = 6, a.desc_swap = 0, a.skip_promote = 0;
   a.row_start = p.row_start, a.groups = int(p.groups), a.w_fp4 = fp4 && !p.w_bf16, a.x_f16 = p.x_f16, a.x_bf16 = p.x_bf16;
   a.w_bf16 = p.w_bf16, a.bf16_direct = p.bf16_direct, a.w_in_registers = p.w_in_registers && fp4;
+  a.w_fragments = p.w_fragments;
   return cuda_status(detail::launch_gemm_fp8(a, stream), "gemm_fp8_grouped kernel launch");
 }
 

@@ -45,6 +45,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/gemm/gemm_fp8_kernels.h"
+#include "ops/fp4_fragments.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
@@ -523,6 +524,43 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// A plain (non-tensor) bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
+// to shared memory, completing on the mbarrier `bar` like the tensor copies.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// The raw W bytes of one 64-k stage of 128 rows, copied as the fragment order's four 1,024-byte
+// units (ops/fp4_fragments.h: 32-row tile i, lane slot L = 4g + q owning 32 bytes: the 16 of block
+// j at 32L + 16j, word 2mt + h of them being bytes 4q..4q+3 of row 16mt + 8h + g), put back in row
+// order in place (row r's 32 bytes at 32r: word 4j + q), as the tensor copy of the row-major
+// layout leaves them. A tile's unit and its rows occupy the same 1,024 bytes, so the 96 threads
+// `ct` of the converter warps move two tiles a round (128 16-byte vectors, at most two a thread,
+// under their 40-register cap), reading all before writing any (named barrier 1).
+__device__ __forceinline__ void fragments_to_rows(uint8_t* raw, int ct) {
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    uint8_t* base2 = raw + half * 2048;
+    const bool two = ct < 32;  // vectors ct and ct + 96 of the round's 128
+    const uint4 a = *reinterpret_cast<const uint4*>(base2 + ct * 16);
+    uint4 b = a;
+    if (two) b = *reinterpret_cast<const uint4*>(base2 + (ct + 96) * 16);
+    asm volatile("bar.sync 1, 96;\n" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (i == 1 && !two) break;
+      const int u = ct + 96 * i;
+      const uint4 v = i ? b : a;
+      const int tile = u >> 6, lane_slot = (u >> 1) & 31, j = u & 1, g = lane_slot >> 2, q = lane_slot & 3;
+      uint32_t* w = reinterpret_cast<uint32_t*>(base2 + (tile * 32 + g) * 32 + (4 * j + q) * 4);  // mt = h = 0
+      w[0] = v.x, w[8 * 8] = v.y, w[16 * 8] = v.z, w[24 * 8] = v.w;  // rows + 0, + 8, + 16, + 24 (8 words a row)
+    }
+    asm volatile("bar.sync 1, 96;\n" ::: "memory");
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -702,8 +740,11 @@ __global__ void __launch_bounds__(256) expand_bf16_kernel(const GemmExpandArgs a
     const int64_t row = t / k8, i = (t % k8) * 8;  // row of [count · n], first k of the eight
     uint4 out;
     if (a.fp4) {
-      const uint32_t v = ld_weight(reinterpret_cast<const uint32_t*>(a.w + row * (a.k / 2) + i / 2));
-      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + row * (a.k / 32) + i / 32)), 0x1p126f));
+      // The eight values are code word (i % 32) / 8 of block i / 32 (row-major: bytes i/2 .. i/2 + 3).
+      const int64_t wat = a.fragments ? fp4_fragment_word(row, i / 32, int(i % 32) / 8, a.k) : row * (a.k / 2) + i / 2;
+      const int64_t sat = a.fragments ? fp4_fragment_scale(row, i / 32, a.k) : row * (a.k / 32) + i / 32;
+      const uint32_t v = ld_weight(reinterpret_cast<const uint32_t*>(a.w + wat));
+      out = e2m1x8_to_bf16(v, bf16_scale(e8m0f(ld_weight(a.ws + sat)), 0x1p126f));
     } else {
       const int64_t r = row - e * a.n;
       const uint2 v = ld_weight(reinterpret_cast<const uint2*>(a.w + row * a.k + i));
@@ -918,8 +959,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             if constexpr (!kBv)
               tma_load_2d(ssx_u + uint32_t(slot * kWsSxBytes), &P.tsx, full_bar(slot), kF16 ? (s >> 1) * 4 : s * 4, m0);
             mbar_arrive_expect_tx(raw_bar(slot), uint32_t(kRawSlot));
-            tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot), kFp4 ? s * (kStageK / 2) : s * kStageK,
-                        g * a.n + n0);
+            if (kF16 && kFp4 && a.w_fragments) {
+              // The fragment order (n % 128 == 0): units (32-row tile t0 + i, block pair s).
+              const int64_t t0 = (int64_t(g) * a.n + n0) / 32, pairs = a.k / 64;
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                bulk_load(sraw_u + uint32_t(slot * kRawSlot + i * 1024), a.w + ((t0 + i) * pairs + s) * 1024, 1024u,
+                          raw_bar(slot));
+            } else {
+              tma_load_2d(sraw_u + uint32_t(slot * kRawSlot), &P.tb, raw_bar(slot),
+                          kFp4 ? s * (kStageK / 2) : s * kStageK, g * a.n + n0);
+            }
           }
         }
         return;
@@ -940,10 +990,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         int m0, n0, g, m_end;
         tile_origin(tile, m0, n0, g, m_end);
         const int r0 = min(n0 + ct, a.n - 1), r1 = min(n0 + ct + 96, a.n - 1);
-        const uint8_t* sc0 = kFp4 ? a.ws + (int64_t(g) * a.n + r0) * kb_row
-                                  : a.ws + (int64_t(g) * nsb + r0 / a.w_block) * wkb;
-        const uint8_t* sc1 = kFp4 ? a.ws + (int64_t(g) * a.n + r1) * kb_row
-                                  : a.ws + (int64_t(g) * nsb + r1 / a.w_block) * wkb;
+        // FP4 in the fragment order (64-k stages): stage s's two scale bytes of a row at the row's
+        // pair-0 place + 64·s (ops/fp4_fragments.h), row-major at the row + 2·s.
+        const bool frag = kF16 && kFp4 && a.w_fragments;
+        const uint8_t* sc0 = !kFp4 ? a.ws + (int64_t(g) * nsb + r0 / a.w_block) * wkb
+                             : frag ? a.ws + fp4_fragment_scale(int64_t(g) * a.n + r0, 0, a.k)
+                                    : a.ws + (int64_t(g) * a.n + r0) * kb_row;
+        const uint8_t* sc1 = !kFp4 ? a.ws + (int64_t(g) * nsb + r1 / a.w_block) * wkb
+                             : frag ? a.ws + fp4_fragment_scale(int64_t(g) * a.n + r1, 0, a.k)
+                                    : a.ws + (int64_t(g) * a.n + r1) * kb_row;
+        const int sstep = frag ? 64 : 2;
 #pragma unroll 1
         for (int s = 0; s < nst; ++s, ++it) {
           const int slot = it % S, round = it / S;
@@ -954,8 +1010,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             w0 = uint32_t(ld_weight(sc0 + b0)) | (uint32_t(ld_weight(sc0 + b1)) << 8);
             w1 = ct < 32 ? uint32_t(ld_weight(sc1 + b0)) | (uint32_t(ld_weight(sc1 + b1)) << 8) : 0u;
           } else if constexpr (kF16) {  // the stage's two 32-blocks: one 2-byte load per row
-            w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * 2));
-            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * 2)) : 0u;
+            w0 = ld_weight(reinterpret_cast<const uint16_t*>(sc0 + s * sstep));
+            w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint16_t*>(sc1 + s * sstep)) : 0u;
           } else {
             w0 = ld_weight(reinterpret_cast<const uint32_t*>(sc0 + s * 4));
             w1 = ct < 32 ? ld_weight(reinterpret_cast<const uint32_t*>(sc1 + s * 4)) : 0u;
@@ -973,6 +1029,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kWs4ConvWarps) : "memory");
           }
           mbar_wait(raw_bar(slot), uint32_t(round & 1));
+          if (frag) fragments_to_rows(sraw + slot * kRawSlot, ct);
           const uint8_t* raw = sraw + slot * kRawSlot;
           uint8_t* dst = sb + slot * kWsBBytes;
           // Chunk j = (row j/8, 16-byte output chunk j%8 = values 8·(j%8) ... +7 of the stage,

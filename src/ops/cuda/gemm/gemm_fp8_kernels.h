@@ -55,6 +55,8 @@ struct GemmFp8Args {
   bool w_in_registers;
   // x_f16 / x_bf16, not grouped: row strides of X (and its scales: ldx / 32) and Y in elements; 0: k / n.
   int ldx, ldy;
+  // Grouped FP4 in the f16 / BF16 pipeline: W in the fragment order (GemmFp8GroupedParams::w_fragments).
+  bool w_fragments;
 };
 
 constexpr int kGemmFp8MaxGroups = 1024;
@@ -70,6 +72,7 @@ struct GemmExpandArgs {
   int w_block;
   bool fp4;
   const int32_t* row_start;
+  bool fragments;  // FP4 in the fragment order (GemmExpandBf16Params::w_fragments)
 };
 cudaError_t launch_expand_bf16(const GemmExpandArgs& a, cudaStream_t stream);
 

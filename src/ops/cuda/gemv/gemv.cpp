@@ -3,6 +3,7 @@
 
 #include "ops/cuda/runtime/cuda_check.h"
 #include "ops/cuda/gemv/gemv_kernels.h"
+#include "ops/fp4_fragments.h"
 
 namespace flashseek::ops::cuda {
 
@@ -41,7 +42,7 @@ Status block_linear_cuda(const BlockLinearParams& p, cudaStream_t stream) {
   a.bf16_out = p.bf16_out, a.bf16_in = p.bf16_in, a.bf16_round_out = p.bf16_round_out;
   a.wu = p.w_up, a.wsu = p.w_up_scale, a.limit = p.swiglu_limit, a.bf16_round_gu = p.bf16_round_gate_up;
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled;
-  a.y2 = p.y2, a.ny = int(p.n - p.n2), a.tune_n = int(p.tune_n);
+  a.y2 = p.y2, a.ny = int(p.n - p.n2), a.tune_n = int(p.tune_n), a.w_packed = p.w_packed;
   return cuda_status(detail::launch_gemv(a, 1, p.format == WeightFormat::kFp4, stream),
                      "block_linear kernel launch");
 }
@@ -61,6 +62,47 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled, a.w_packed = p.w_packed;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");
+}
+
+Status pack_fp4_fragments_cuda(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
+                               uint8_t* out_scales, cudaStream_t stream) {
+  if (!codes || !scales || !out_codes || !out_scales)
+    return invalid_argument("pack_fp4_fragments_cuda: codes, scales and both outputs must be set");
+  if (!fp4_fragment_shape_ok(n, k))
+    return invalid_argument("pack_fp4_fragments_cuda: n={} must be a positive multiple of 32 and k={} of 64", n, k);
+  if ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out_codes)) % 16 != 0)
+    return invalid_argument("pack_fp4_fragments_cuda: codes must be 16-byte aligned");
+  const uintptr_t cb = uintptr_t(n * (k / 2)), sb = uintptr_t(n * (k / 32));
+  auto overlap = [](const void* a, uintptr_t na, const void* b, uintptr_t nb) {
+    return uintptr_t(a) < uintptr_t(b) + nb && uintptr_t(b) < uintptr_t(a) + na;
+  };
+  if (overlap(codes, cb, out_codes, cb) || overlap(scales, sb, out_scales, sb) || overlap(out_codes, cb, out_scales, sb))
+    return invalid_argument("pack_fp4_fragments_cuda: the outputs overlap the inputs or each other");
+  return cuda_status(detail::launch_pack_fp4_fragments(codes, scales, n, k, out_codes, out_scales, stream),
+                     "pack_fp4_fragments kernel launch");
+}
+
+namespace {
+Status permute_fp8(const char* what, const uint8_t* codes, int64_t n, int64_t k, bool pack, uint8_t* out,
+                   cudaStream_t stream) {
+  if (!codes || !out) return invalid_argument("{}: codes and output must be set", what);
+  if (!fp8_fragment_shape_ok(n, k))
+    return invalid_argument("{}: n={} and k={} must be positive multiples of 32", what, n, k);
+  if ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out)) % 8 != 0)
+    return invalid_argument("{}: codes must be 8-byte aligned", what);
+  const uintptr_t b = uintptr_t(n * k);
+  if (uintptr_t(codes) < uintptr_t(out) + b && uintptr_t(out) < uintptr_t(codes) + b)
+    return invalid_argument("{}: the output overlaps the input", what);
+  return cuda_status(detail::launch_permute_fp8_fragments(codes, n, k, pack, out, stream), what);
+}
+}  // namespace
+
+Status pack_fp8_fragments_cuda(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes, cudaStream_t stream) {
+  return permute_fp8("pack_fp8_fragments_cuda", codes, n, k, true, out_codes, stream);
+}
+
+Status unpack_fp8_fragments_cuda(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes, cudaStream_t stream) {
+  return permute_fp8("unpack_fp8_fragments_cuda", codes, n, k, false, out_codes, stream);
 }
 
 void set_gemv_fp4_chunk(int chunk) { detail::set_gemv_fp4_chunk(chunk); }

@@ -153,15 +153,16 @@ __device__ __forceinline__ void load_w_packed(const GemvArgs& a, const uint8_t* 
 }
 
 // kKeep: weights cached normally (prefill passes re-read a block's weight rows for every token
-// tile); else streamed (ld_stream: decode reads them once). kPacked: FP4 in the fragment order.
+// tile); else streamed (ld_stream: decode reads them once). kPacked: the fragment order
+// (ops/fp4_fragments.h; FP8: each block's two 8-byte pieces of the thread's four rows in two
+// 16-byte loads).
 template <bool kFp4, int kChunk, bool kKeep = false, bool kPacked = false>
 __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, const uint8_t* ws,
                                        int row0, int kb0, int g, int q,
                                        uint32_t (&A)[2][kChunk][2][WRaw<kFp4>::kWords],
                                        uint32_t (&sc)[2][2]) {
   static_assert(kChunk <= 4, "scale exponents are packed 4 per register");
-  if constexpr (kPacked) {
-    static_assert(kFp4, "the fragment order is an FP4 layout");
+  if constexpr (kPacked && kFp4) {
     load_w_packed<kChunk, kKeep>(a, w, ws, row0, kb0, g, A, sc);
     return;
   }
@@ -178,44 +179,59 @@ __device__ __forceinline__ void load_w(const GemvArgs& a, const uint8_t* w, cons
       sc8 |= uint32_t(*sp) << (8 * j);
     }
   }
+  if constexpr (kPacked && !kFp4) {  // FP8 in the fragment order (n % 32 == 0: no tail rows)
+    const int lane = int(threadIdx.x & 31);
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+    for (int j = 0; j < kChunk; ++j) {
+      const auto* p = reinterpret_cast<const uint4*>(w + ((int64_t(row0 / 32) * nkb + kb0 + j) * 32 + lane) * 32);
+      const uint4 v0 = kKeep ? ld_weight(p) : ld_stream(p), v1 = kKeep ? ld_weight(p + 1) : ld_stream(p + 1);
+      A[0][j][0][0] = v0.x, A[0][j][0][1] = v0.y, A[0][j][1][0] = v0.z, A[0][j][1][1] = v0.w;  // rows g, g + 8
+      A[1][j][0][0] = v1.x, A[1][j][0][1] = v1.y, A[1][j][1][0] = v1.z, A[1][j][1][1] = v1.w;  // g + 16, g + 24
+    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);  // tail rows: loaded, never stored
-      uint32_t packed = sc8;
-      if constexpr (kFp4) {
-        const uint8_t* sp = ws + int64_t(row) * nkb + kb0;
-        if (wide_sc) {
-          if constexpr (kChunk == 4) packed = ld_weight(reinterpret_cast<const unsigned int*>(sp));
-          else if constexpr (kChunk == 2) packed = ld_weight(reinterpret_cast<const unsigned short*>(sp));
-        } else {
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_weight(sp + j)) << (8 * j);
-        }
-      }
-      if constexpr (kFp4 && kChunk == 4 && !kKeep) {
-        // Rows are k / 2 bytes (k a multiple of 32) and blocks 16: every load is 16-byte aligned.
-        uint32_t q4[4];
-        load_fp4_quad4(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
+      for (int h = 0; h < 2; ++h) sc[mt][h] = sc8;
+  } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
-      } else {
+    for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int j = 0; j < kChunk; ++j) {
-          const int kb = kb0 + j;
-          if constexpr (kFp4) {
-            const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
-            A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
+      for (int h = 0; h < 2; ++h) {
+        const int row = min(row0 + mt * 16 + h * 8 + g, a.n - 1);  // tail rows: loaded, never stored
+        uint32_t packed = sc8;
+        if constexpr (kFp4) {
+          const uint8_t* sp = ws + int64_t(row) * nkb + kb0;
+          if (wide_sc) {
+            if constexpr (kChunk == 4) packed = ld_weight(reinterpret_cast<const unsigned int*>(sp));
+            else if constexpr (kChunk == 2) packed = ld_weight(reinterpret_cast<const unsigned short*>(sp));
           } else {
-            const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
-            const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
-            A[mt][j][h][0] = u.x;
-            A[mt][j][h][1] = u.y;
+#pragma unroll
+            for (int j = 0; j < kChunk; ++j) packed |= uint32_t(ld_weight(sp + j)) << (8 * j);
           }
         }
+        if constexpr (kFp4 && kChunk == 4 && !kKeep) {
+          // Rows are k / 2 bytes (k a multiple of 32) and blocks 16: every load is 16-byte aligned.
+          uint32_t q4[4];
+          load_fp4_quad4(w + int64_t(row) * (a.k / 2) + kb0 * 16, q, q4);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) A[mt][j][h][0] = q4[j];
+        } else {
+#pragma unroll
+          for (int j = 0; j < kChunk; ++j) {
+            const int kb = kb0 + j;
+            if constexpr (kFp4) {
+              const auto* p = reinterpret_cast<const unsigned int*>(w + int64_t(row) * (a.k / 2) + kb * 16 + q * 4);
+              A[mt][j][h][0] = kKeep ? ld_weight(p) : ld_stream(p);
+            } else {
+              const auto* p = reinterpret_cast<const uint2*>(w + int64_t(row) * a.k + kb * 32 + q * 8);
+              const uint2 u = kKeep ? ld_weight(p) : ld_stream(p);
+              A[mt][j][h][0] = u.x;
+              A[mt][j][h][1] = u.y;
+            }
+          }
+        }
+        sc[mt][h] = packed;
       }
-      sc[mt][h] = packed;
     }
   }
 }
@@ -921,6 +937,7 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
   // Stacked matrices (GemvArgs::y2; block_linear_cuda admits only one dense FP8 matrix over at
   // most kStackedLinearMaxRows tokens quantised inside): the one-pass kernels with the split store.
   if (a.y2) {
+    if (a.w_packed) return cudaErrorInvalidValue;  // the stacked kernels read row-major rows
     if constexpr (!kFp4 && !kGated) {
       if (t.chunk == 4) return launch_k<kFp4, 4, kGated, 1, true>(a, n_groups, t.split, stream);
       if (t.chunk == 2) return launch_k<kFp4, 2, kGated, 1, true>(a, n_groups, t.split, stream);
@@ -929,17 +946,14 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   const bool small = a.group_start ? a.m <= 8 * int64_t(n_groups) : a.m <= 8;
-  // FP4 in the fragment order: the one-pass kernels only (the tiled kernel reads row-major tiles).
+  // The fragment order: the one-pass kernels only (the tiled kernel reads row-major tiles).
   if (a.w_packed) {
-    if constexpr (kFp4) {
-      if (a.n % kRows != 0 || a.k % 64 != 0) return cudaErrorInvalidValue;
-      if ((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 != 0 ||
-          (reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.wsu)) % 8 != 0 ||
-          (a.group_start && (a.e_stride % 16 != 0 || a.e_sstride % 8 != 0)))
-        return cudaErrorInvalidValue;
-      return launch_passes<kFp4, kGated, true>(a, n_groups, t, small, stream);
-    }
-    return cudaErrorInvalidValue;
+    if (a.n % kRows != 0 || (kFp4 && a.k % 64 != 0)) return cudaErrorInvalidValue;
+    if ((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.wu)) % 16 != 0 ||
+        (kFp4 && (reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.wsu)) % 8 != 0) ||
+        (a.group_start && (a.e_stride % 16 != 0 || (kFp4 && a.e_sstride % 8 != 0))))
+      return cudaErrorInvalidValue;
+    return launch_passes<kFp4, kGated, true>(a, n_groups, t, small, stream);
   }
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
   // (16-byte cp.async: codes and weights 16-byte aligned; at most kTMaxBlocks k blocks, FP4

@@ -27,6 +27,20 @@ Status gemv_quantize_cuda(const float* x, int64_t m, int64_t k, int64_t act_bloc
 // handled in 16-pair tiles.
 Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream);
 
+// An FP4 matrix (or a stack of experts' matrices, n = experts · rows) from the row-major layout
+// to the GEMV fragment order (ops/fp4_fragments.h; ExpertGemvParams::w_packed): n % 32 == 0,
+// k % 64 == 0, codes 16-byte aligned, the outputs apart from the inputs. The device twin of
+// ops::pack_fp4_fragments.
+Status pack_fp4_fragments_cuda(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
+                               uint8_t* out_scales, cudaStream_t stream);
+
+// FP8 e4m3 codes [n, k] (or a stack of matrices, n = matrices · rows) to the FP8 fragment order
+// (BlockLinearParams::w_packed; the scales keep their layout) and back: n % 32 == 0, k % 32 == 0,
+// codes 8-byte aligned, the output apart from the input. The device twins of
+// ops::pack_fp8_fragments / ops::unpack_fp8_fragments.
+Status pack_fp8_fragments_cuda(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes, cudaStream_t stream);
+Status unpack_fp8_fragments_cuda(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes, cudaStream_t stream);
+
 // Process-wide (GpuLoadOptions::gemv_fp4_chunk sets it before each forward): the k blocks per warp
 // iteration of the FP4 GEMVs (the routed experts), 2 or 4 (4: each quad loads whole 16-byte
 // blocks); anything else: automatic (2). Another summation order; the prefill kernels follow it,

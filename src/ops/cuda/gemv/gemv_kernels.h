@@ -36,7 +36,8 @@ struct GemvArgs {
   int tune_n;
   // Set by launch_gemv (callers leave it 0): the launch's group count (dense: 1).
   int n_groups;
-  // FP4 w / wu (codes and scales) in the fragment order (ops/fp4_fragments.h): ExpertGemvParams::w_packed.
+  // w / wu in the fragment order (ops/fp4_fragments.h; FP4: codes and scales, FP8: codes):
+  // BlockLinearParams / ExpertGemvParams::w_packed.
   bool w_packed;
 };
 
@@ -49,6 +50,15 @@ cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t 
 // GEMV's GemvArgs::bf16_in does).
 cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_block, bool bf16_in, uint8_t* xq,
                                  float* xs, cudaStream_t stream);
+
+// codes [n, k/2] + scales [n, k/32] (row-major, codes 16-byte aligned) → the fragment order
+// (ops/fp4_fragments.h; n % 32 == 0, k % 64 == 0; outputs not overlapping the inputs).
+cudaError_t launch_pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k,
+                                      uint8_t* out_codes, uint8_t* out_scales, cudaStream_t stream);
+// e4m3 codes [n, k] (8-byte aligned) → the FP8 fragment order (pack) or back (n % 32 == 0,
+// k % 32 == 0; out not overlapping codes).
+cudaError_t launch_permute_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, bool pack, uint8_t* out,
+                                         cudaStream_t stream);
 
 // Benchmarking and tests only: force the k split (cluster size, clamped to 1..8) and the k blocks
 // per warp iteration (1, 2 or 4; V4's act_block 128 always takes 4); 0 / 0 restore the
