@@ -13,9 +13,9 @@
 namespace flashseek::ops::cuda::detail {
 namespace {
 
-__global__ void pack_fp4_fragments_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                          int64_t n, int64_t k, uint8_t* __restrict__ out_codes,
-                                          uint8_t* __restrict__ out_scales) {
+__global__ void pack_fp4_fragments_kernel(const uint8_t* codes, const uint8_t* scales,
+                                          int64_t n, int64_t k, uint8_t* out_codes,
+                                          uint8_t* out_scales) {
   const int64_t nkb = k / 32, total = n * nkb;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / nkb, kb = i % nkb;
@@ -31,8 +31,8 @@ __global__ void pack_fp4_fragments_kernel(const uint8_t* __restrict__ codes, con
 // pieces of the row-major side (coalesced there; the fragment side's writes or reads are 8-byte
 // pieces 32 bytes apart, four threads filling a lane's 32 bytes).
 template <bool kPack>
-__global__ void permute_fp8_fragments_kernel(const uint8_t* __restrict__ in, int64_t n, int64_t k,
-                                             uint8_t* __restrict__ out) {
+__global__ void permute_fp8_fragments_kernel(const uint8_t* in, int64_t n, int64_t k,
+                                             uint8_t* out) {
   const int64_t per_row = k / 8, total = n * per_row;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / per_row, piece = i % per_row;
