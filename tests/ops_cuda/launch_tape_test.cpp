@@ -109,9 +109,13 @@ TEST(LaunchTape, ShapeDependsOnOpSequenceNotArguments) {
   float* x = reinterpret_cast<float*>(uintptr_t(0x7000));
   auto run = [&](int64_t rows, bool scale_first) {
     PatchScope scope(s);
-    if (scale_first) EXPECT_EQ(detail::launch_scale(x, rows * 8, 0.5f, false, s), cudaSuccess);
+    if (scale_first) {
+      EXPECT_EQ(detail::launch_scale(x, rows * 8, 0.5f, false, s), cudaSuccess);
+    }
     EXPECT_EQ(detail::launch_hadamard(x, rows, 8, s), cudaSuccess);
-    if (!scale_first) EXPECT_EQ(detail::launch_scale(x, rows * 8, 0.5f, false, s), cudaSuccess);
+    if (!scale_first) {
+      EXPECT_EQ(detail::launch_scale(x, rows * 8, 0.5f, false, s), cudaSuccess);
+    }
     return launch_tape().shape;
   };
   const uint64_t a = run(1, true), b = run(5, true), c = run(1, false);

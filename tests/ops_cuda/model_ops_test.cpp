@@ -1210,7 +1210,9 @@ TEST(CudaModelOps, HcPostMixesEqualsPostThenMixesBitwise) {
         p.work = work.get(), p.tickets = tickets.get();
         ASSERT_TRUE(cd::hc_post_mixes_supported(p, kTickets));
         for (int rep = 0; rep < 2; ++rep) {
-          if (rep == 1) ASSERT_EQ(cudaMemcpy(x2.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          if (rep == 1) {
+            ASSERT_EQ(cudaMemcpy(x2.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          }
           FS_ASSERT_OK(cuda_status(cd::launch_hc_post_mixes(p, kTickets, 0), "post + mixes"));
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           expect_bitwise(x2.to_host(), x1.to_host(), "streams");
