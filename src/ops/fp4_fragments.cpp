@@ -51,15 +51,6 @@ void permute8(const uint8_t* codes, int64_t n, int64_t k, uint8_t* oc) {
       }
 }
 
-Status check8(const char* op, const uint8_t* codes, int64_t n, int64_t k, const uint8_t* oc) {
-  if (!codes || !oc) return invalid_argument("{}: codes and the output must be set", op);
-  if (!fp8_fragment_shape_ok(n, k))
-    return invalid_argument("{}: n={} must be a positive multiple of 32 and k={} of 32", op, n, k);
-  const uintptr_t cb = uintptr_t(n * k);
-  if (uintptr_t(codes) < uintptr_t(oc) + cb && uintptr_t(oc) < uintptr_t(codes) + cb)
-    return invalid_argument("{}: the output overlaps the input", op);
-  return {};
-}
 }  // namespace
 
 Status unpack_weight_fragments(WeightFormat f, int64_t n, int64_t k, std::vector<uint8_t>& codes,
@@ -76,14 +67,24 @@ Status unpack_weight_fragments(WeightFormat f, int64_t n, int64_t k, std::vector
   return {};
 }
 
+Status check_fp8_fragment_args(const char* op, const uint8_t* codes, int64_t n, int64_t k, const uint8_t* oc) {
+  if (!codes || !oc) return invalid_argument("{}: codes and the output must be set", op);
+  if (!fp8_fragment_shape_ok(n, k))
+    return invalid_argument("{}: n={} must be a positive multiple of 32 and k={} of 32", op, n, k);
+  const uintptr_t cb = uintptr_t(n * k);
+  if (uintptr_t(codes) < uintptr_t(oc) + cb && uintptr_t(oc) < uintptr_t(codes) + cb)
+    return invalid_argument("{}: the output overlaps the input", op);
+  return {};
+}
+
 Status pack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes) {
-  FS_RETURN_IF_ERROR(check8("pack_fp8_fragments", codes, n, k, out_codes));
+  FS_RETURN_IF_ERROR(check_fp8_fragment_args("pack_fp8_fragments", codes, n, k, out_codes));
   permute8<true>(codes, n, k, out_codes);
   return {};
 }
 
 Status unpack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes) {
-  FS_RETURN_IF_ERROR(check8("unpack_fp8_fragments", codes, n, k, out_codes));
+  FS_RETURN_IF_ERROR(check_fp8_fragment_args("unpack_fp8_fragments", codes, n, k, out_codes));
   permute8<false>(codes, n, k, out_codes);
   return {};
 }

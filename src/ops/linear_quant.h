@@ -92,6 +92,9 @@ Status pack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n
 Status unpack_fp4_fragments(const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k, uint8_t* out_codes,
                             uint8_t* out_scales);
 // The same for FP8 codes [n, k] (n % 32 == 0; ops/fp4_fragments.h); the scales keep their layout.
+// check_fp8_fragment_args: the checks every FP8 pack / unpack makes (both set, the shape rule, the
+// output apart from the input), named after `op`; the device versions share it.
+Status check_fp8_fragment_args(const char* op, const uint8_t* codes, int64_t n, int64_t k, const uint8_t* out);
 Status pack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes);
 Status unpack_fp8_fragments(const uint8_t* codes, int64_t n, int64_t k, uint8_t* out_codes);
 // The CPU twins' view of a matrix in the fragment order: its row-major codes (and FP4 scales) in

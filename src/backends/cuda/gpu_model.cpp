@@ -971,14 +971,12 @@ Status GpuModel::pack_dense_fragments() {
   DevArray<uint8_t> tmp;
   for (auto& [key, m] : native_w_) {
     // Dense block-scaled FP8 matrices that own their codes (not a stacked pair, whose launch reads
-    // row-major rows: neither the matrix holding the pair nor the one viewing into it).
+    // row-major rows: neither the matrix holding the pair, stacked_with, nor the one viewing into
+    // it, codes_view).
     if (!m.fast || m.count != 1 || m.fragments || m.format != ops::WeightFormat::kFp8 ||
         m.dtype != cd::WeightDtype::kFp8 || m.stacked_with || m.codes_view || !ops::fp8_fragment_shape_ok(m.n, m.k) ||
         m.code_bytes != m.n * m.k || int64_t(m.codes.capacity()) < m.code_bytes)
       continue;
-    bool viewed = false;  // another matrix reads its rows inside this one's allocation
-    for (const auto& [k2, o] : native_w_) viewed = viewed || o.stacked_with == &m;
-    if (viewed) continue;
     FS_RETURN_IF_ERROR(tmp.reserve(size_t(m.code_bytes), false));
     FS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tmp.get(), m.codes.get(), size_t(m.code_bytes), cudaMemcpyDeviceToDevice));
     FS_RETURN_IF_ERROR(ops::cuda::pack_fp8_fragments_cuda(tmp.get(), m.n, m.k, m.codes.get(), nullptr));

@@ -197,9 +197,9 @@ struct GpuLoadOptions {
   // (ops/fp4_fragments.h), packed on the device once they are uploaded: each thread's weight words
   // of a block are one 16-byte load and a warp's load is 512 contiguous bytes. The same bits
   // (the GEMVs and the prefill GEMMs read the same values in the same order); experts whose
-  // shapes the order does not take (rows % 32, k % 64) stay row-major. false here (the tests'
-  // row-major reference; GpuGraphDecode.Fp4FragmentsOnEqualsOffBitwise holds both to the same
-  // bits); the CLI's --gpu-fp4-fragments sets it on by default (decode faster, bench/RESULTS.md).
+  // shapes the order does not take (rows % 32, k % 64) stay row-major. false here: the tests'
+  // row-major reference (GpuGraphDecode.Fp4FragmentsOnEqualsOffBitwise holds both to the same
+  // bits). The CLI's --gpu-fp4-fragments, on by default there.
   bool fp4_fragments = false;
   // The dense FP8 matrices the block-scaled GEMVs read (the attention projections, the shared
   // expert, Engram's wkv, the indexer's wq_b; not the stacked wq_a + wkv) stored in the FP8

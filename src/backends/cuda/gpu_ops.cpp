@@ -247,12 +247,11 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     else
       FS_RETURN_IF_ERROR(ops::cuda::gemm_f16_quantize_cuda(x.f32() + r_gemm * width, m, width,
                                                            reinterpret_cast<uint16_t*>(xq), xs, stream_));
+    FS_ASSIGN_OR_RETURN(const uint8_t* w_rows, row_major_codes(*nw, "dense_gemm_wrows"));
     const uint8_t* wexp = nullptr;  // prefill_gemm_expand_w: the whole matrix in BF16, group g from row g · out
     if (prefill_gemm_expand_w_) {
-      FS_ASSIGN_OR_RETURN(const uint8_t* rows_w, row_major_codes(*nw, "dense_gemm_wrows"));
-      FS_ASSIGN_OR_RETURN(wexp, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp", rows_w));
+      FS_ASSIGN_OR_RETURN(wexp, expand_weight(*nw, 0, 1, nullptr, "dense_gemm_wexp", w_rows));
     }
-    FS_ASSIGN_OR_RETURN(const uint8_t* w_rows, row_major_codes(*nw, "dense_gemm_wrows"));
     for (int64_t g = 0; g < groups; ++g) {
       ops::GemmFp8Params p;
       p.xq = xq + g * in * 2, p.xs = bv ? nullptr : xs + g * (in / 32), p.x_f16 = !bv, p.x_bf16 = bv;

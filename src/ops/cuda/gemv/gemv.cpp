@@ -85,14 +85,9 @@ Status pack_fp4_fragments_cuda(const uint8_t* codes, const uint8_t* scales, int6
 namespace {
 Status permute_fp8(const char* what, const uint8_t* codes, int64_t n, int64_t k, bool pack, uint8_t* out,
                    cudaStream_t stream) {
-  if (!codes || !out) return invalid_argument("{}: codes and output must be set", what);
-  if (!fp8_fragment_shape_ok(n, k))
-    return invalid_argument("{}: n={} and k={} must be positive multiples of 32", what, n, k);
+  FS_RETURN_IF_ERROR(check_fp8_fragment_args(what, codes, n, k, out));
   if ((reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(out)) % 8 != 0)
     return invalid_argument("{}: codes must be 8-byte aligned", what);
-  const uintptr_t b = uintptr_t(n * k);
-  if (uintptr_t(codes) < uintptr_t(out) + b && uintptr_t(out) < uintptr_t(codes) + b)
-    return invalid_argument("{}: the output overlaps the input", what);
   return cuda_status(detail::launch_permute_fp8_fragments(codes, n, k, pack, out, stream), what);
 }
 }  // namespace
