@@ -205,7 +205,7 @@ struct GpuLoadOptions {
   // expert, Engram's wkv, the indexer's wq_b; not the stacked wq_a + wkv) stored in the FP8
   // fragment order (ops/fp4_fragments.h): a thread's pieces of a block are two 16-byte loads. The
   // decode GEMVs read the order; the prefill GEMM and the tiled GEMV read a row-major copy unpacked
-  // into scratch per launch (a chunk's GEMM takes ~40x that copy's time). The same bits either
+  // into scratch per launch (one copy of the matrix per prefill GEMM). The same bits either
   // way. The CLI's --gpu-fp8-fragments.
   bool fp8_fragments = false;
   // Reference numerics: the linears whose inputs are BF16 values (wo_a, the LM head) run on the
