@@ -86,6 +86,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gemv-fp4-chunk", o.gemv_fp4_chunk, std::string("GPU backend: ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
       ->capture_default_str();
+  cmd->add_option("--gemv-fp4-ring", o.gemv_fp4_ring, std::string("GPU backend: ") + kGemvFp4RingHelp)
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
                   "compressors, the ring write beside the output projection, the routed beside the shared "
@@ -211,6 +214,11 @@ const char* const kGemvFp4ChunkHelp =
     "(each row's whole 16-byte blocks in one load per thread); another summation order, within the parity "
     "bound";
 
+const char* const kGemvFp4RingHelp =
+    "the routed experts' decode GEMVs (with --gpu-fp4-fragments on) stream their weights through a "
+    "shared-memory ring of this many stages (1..8, bulk copies) instead of loading them into registers; 0 off; "
+    "the same bits either way";
+
 const char* const kMoeCompactGroupsHelp =
     "decode-sized steps of several tokens with fewer routed pairs than experts (batches, verify blocks) group "
     "the pairs by expert when two likely share one ((tokens x top-k)^2 >= 2 x experts), so each touched "
@@ -264,6 +272,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.index_scores_kernel = o.index_scores == "fp32" ? 3 : 0;
   g.programmatic_launch = o.gpu_pdl != "off";
   g.gemv_fp4_chunk = o.gemv_fp4_chunk;
+  g.gemv_ring_stages = o.gemv_fp4_ring;
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

@@ -48,6 +48,7 @@ struct ModelBenchOpts {
   int prefill_reps = 1;                    // timed prefills (fresh sequences each; the median reported)
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   int gemv_fp4_chunk = 0;                  // --gemv-fp4-chunk (GpuLoadOptions::gemv_fp4_chunk)
+  int gemv_fp4_ring = 0;                   // --gemv-fp4-ring (GpuLoadOptions::gemv_ring_stages; layer slices too)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -97,6 +98,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.decode_attention_tensor = o.decode_attention == "tensor";
   lo.programmatic_launch = o.pdl != "off";
   lo.gemv_fp4_chunk = o.gemv_fp4_chunk;
+  lo.gemv_ring_stages = o.gemv_fp4_ring;
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -428,6 +430,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                   std::string("GPU (the model bench and the layer slices): ") + kGemvFp4ChunkHelp)
       ->check(CLI::IsMember({0, 2, 4}))
       ->capture_default_str();
+  cmd->add_option("--gemv-fp4-ring", mo->gemv_fp4_ring,
+                  std::string("GPU (the model bench and the layer slices): ") + kGemvFp4RingHelp)
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");
   cmd->add_option("--layers", o->layers, "layers for the projection");
@@ -570,6 +576,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     opt.reps = o->reps, opt.layers = o->layers;
     opt.graph_layers = o->graph_layers, opt.gemv_sweep = o->gemv_sweep;
     opt.fp4_fragments = mo->fp4_fragments == "on";
+    opt.gemv_ring_stages = mo->gemv_fp4_ring;
     opt.fp8_fragments = o->fp8_fragments == "on";
     auto rep = ops::cuda::run_layer_bench(opt);
     if (!rep.ok()) {

@@ -100,6 +100,8 @@ Status make_slice(Arena& ar, Slice& sl, double l2) {
 // Activations of one token count.
 struct Acts {
   float *x, *qa, *q, *o, *y, *h, *hp, *ws;
+  uint8_t* xq;  // the routed GEMVs' pre-quantised inputs (the ring kernel reads them, as in the model)
+  float* xs;
   int32_t *sh_ge, *sh_gs, *sh_pr;  // shared expert: one group of all tokens
   int64_t* pos;
   int32_t* idx;
@@ -115,6 +117,9 @@ Status make_acts(Arena& ar, Acts& a, int m, int sms) {
     FS_ASSIGN_OR_RETURN(*fs[i], ar.alloc<float>(sizes[i]));
     FS_CUDA_RETURN_IF_ERROR(detail::launch_fill_floats(*fs[i], sizes[i], 10 + i, 1.0f, nullptr));
   }
+  const int64_t xq_bytes = m * kTopK * std::max(kHidden, kInter);
+  FS_ASSIGN_OR_RETURN(a.xq, ar.alloc<uint8_t>(xq_bytes));
+  FS_ASSIGN_OR_RETURN(a.xs, ar.alloc<float>(xq_bytes / 32));
   a.splits = sparse_attn_auto_splits(m, kWindow + kTopIdx, sms);
   FS_ASSIGN_OR_RETURN(a.ws, ar.alloc<float>(sparse_attn_workspace_floats(m, a.splits, kHeads, kHeadDim)));
   std::vector<int64_t> pos(static_cast<size_t>(m));
@@ -280,6 +285,12 @@ Status bench_tokens(const Slice& sl, const LayerBenchOptions& opt, int sms, int 
       p.group_expert = rt.ge[c], p.group_start = rt.gs[c], p.n_groups = rt.n_groups[c];
       p.pair_row = wu ? rt.pr[c] : nullptr, p.pair_weight = wu ? rt.pair_weight : nullptr;
       p.w_packed = opt.fp4_fragments;
+      p.ring_stages = opt.gemv_ring_stages;
+      if (p.ring_stages > 0) {  // the ring reads pre-quantised x: one quantise launch first, as in the model
+        const int64_t rows = wu ? m : m * kTopK;
+        FS_RETURN_IF_ERROR(gemv_quantize_cuda(x, rows, k, p.act_block, false, a.xq, a.xs, g_st));
+        p.xq = a.xq, p.xs = a.xs;
+      }
     }
     return expert_gemv_cuda(p, g_st);
   };

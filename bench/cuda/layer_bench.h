@@ -20,6 +20,8 @@ struct LayerBenchOptions {
   // The routed experts' FP4 matrices read in the GEMV fragment order (ops/fp4_fragments.h;
   // ExpertGemvParams::w_packed). The weights are random bytes, so one buffer serves either layout.
   bool fp4_fragments = false;
+  // With fp4_fragments: the routed GEMVs' ring stages (ExpertGemvParams::ring_stages; 0 off).
+  int gemv_ring_stages = 0;
   // The dense FP8 matrices and the shared expert read in the FP8 fragment order (the same trick).
   bool fp8_fragments = false;
 };

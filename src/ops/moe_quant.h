@@ -52,6 +52,10 @@ struct ExpertGemvParams {
   // The same sums, bit for bit; the CUDA launch then runs the one-pass GEMV kernels only (never
   // the tiled prefill kernel).
   bool w_packed = false;
+  // With w_packed FP4, decode-sized launches (at most 8 pairs per group on average) over xq: the
+  // weights streamed through a shared-memory ring of this many stages (1..8) instead of loaded
+  // into registers; 0 off. The same bits (CUDA only; the twin ignores it).
+  int ring_stages = 0;
 };
 
 // Host-checkable rules (index arrays live on the device and are not read here).

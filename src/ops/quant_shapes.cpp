@@ -74,6 +74,8 @@ Status validate(const ExpertGemvParams& p) {
   if (p.w_packed && !(p.format == WeightFormat::kFp4 ? fp4_fragment_shape_ok(p.n, p.k) : fp8_fragment_shape_ok(p.n, p.k)))
     return invalid_argument("expert_gemv: w_packed (the fragment order) needs n={} a multiple of 32 (and, FP4, k={} "
                             "of 64)", p.n, p.k);
+  if (p.ring_stages < 0 || p.ring_stages > 8)
+    return invalid_argument("expert_gemv: ring_stages={} outside 0..8", p.ring_stages);
   return check_dims("expert_gemv", p.n, p.k, p.w_block, p.act_block, p.format);
 }
 

@@ -823,6 +823,97 @@ TEST(CudaGemvPacked, SameBitsAsRowMajor) {
   EXPECT_EQ(compared, 5 * 20);
 }
 
+// The ring kernel (ExpertGemvParams::ring_stages: the packed FP4 weights streamed through a
+// shared-memory ring by bulk copies) gives the register kernel's bits at every stage count and k
+// split: decode (one token, gated), a verify block with another rank's expert, groups of more than
+// 8 pairs (several passes through the ring), the down projection over per-pair rows; k splits
+// whose ranks start at odd chunks (the x scales' 16-byte superset copies). Each ring launch is
+// counted (it ran), and a launch it does not take (x not pre-quantised) still gives the bits.
+TEST(CudaGemvPacked, RingSameBitsAsRegisters) {
+  FS_REQUIRE_GPU();
+  struct Case {
+    int tokens, topk, n_experts;
+    int64_t n, k;
+    bool gated, per_pair, other_rank;
+  };
+  const Case cases[] = {
+      {1, 6, 13, 96, 512, true, false, false},     // decode
+      {6, 6, 16, 64, 2304, true, false, true},     // verify block, one group another rank's
+      {16, 1, 2, 160, 384, true, false, false},    // 8 pairs a group on average: some take 2+ passes
+      {5, 3, 7, 128, 2304, false, true, false},    // down: per-pair rows
+  };
+  const WeightFormat f = WeightFormat::kFp4;
+  int compared = 0;
+  for (const Case& c : cases) {
+    std::mt19937 rng(uint32_t(c.tokens * 71 + c.n + c.k));
+    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
+    if (c.other_rank) r.group_expert[1] = -1;
+    const int64_t cb = weight_code_bytes(f, c.n, c.k), sb = weight_scale_bytes(f, c.n, c.k, 32);
+    Weights pg = random_weights(rng, f, c.n * c.n_experts, c.k, 32), pu = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
+    const int64_t pairs = int64_t(r.pair_row.size()), rows = c.per_pair ? pairs : c.tokens;
+    int64_t most = 0;
+    for (size_t g = 0; g + 1 < r.group_start.size(); ++g) most = std::max<int64_t>(most, r.group_start[g + 1] - r.group_start[g]);
+    if (c.tokens == 16) {
+      ASSERT_GT(most, 8) << "the routing should give a group of several passes";
+    }
+    std::vector<float> x = random_block_activations(rng, rows, c.k);
+    for (auto& v : x) v *= 0.05f;
+    DeviceBuffer<float> dx(x), dpw(r.pair_weight), dxs(size_t(rows * c.k / 32));
+    DeviceBuffer<uint8_t> dpg(pg.codes), dpsg(pg.scales), dpu(pu.codes), dpsu(pu.scales), dxq(size_t(rows * c.k));
+    DeviceBuffer<int32_t> dge(r.group_expert), dgs(r.group_start), dpr(r.pair_row);
+    FS_ASSERT_OK(gemv_quantize_cuda(dx.get(), rows, c.k, 32, false, dxq.get(), dxs.get(), nullptr));
+    for (int split : {0, 1, 3, 8}) {
+      detail::set_gemv_tuning(split, 2);
+      ExpertGemvParams p;
+      p.x = dx.get(), p.group_expert = dge.get(), p.group_start = dgs.get();
+      p.pair_row = c.per_pair ? nullptr : dpr.get();
+      p.n_groups = int64_t(r.group_expert.size()), p.n_pairs = pairs, p.n_experts = c.n_experts;
+      p.n = c.n, p.k = c.k, p.format = f, p.expert_stride = cb, p.expert_scale_stride = sb, p.swiglu_limit = 7.0f;
+      p.xq = dxq.get(), p.xs = dxs.get(), p.tiled = false, p.w_packed = true;
+      p.w = dpg.get(), p.w_scale = dpsg.get();
+      if (c.gated) p.w_up = dpu.get(), p.w_up_scale = dpsu.get(), p.pair_weight = dpw.get();
+      DeviceBuffer<float> d0(std::vector<float>(size_t(pairs * c.n), std::nanf("")));
+      p.y = d0.get();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> want = d0.to_host();
+      for (int stages : {1, 2, 3, 8}) {
+        SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n << " k=" << c.k
+                                          << " gated=" << c.gated << " split=" << split << " stages=" << stages);
+        DeviceBuffer<float> d1(std::vector<float>(size_t(pairs * c.n), std::nanf("")));
+        p.y = d1.get(), p.ring_stages = stages;
+        const int64_t before = detail::gemv_ring_launches();
+        FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(detail::gemv_ring_launches(), before + 1) << "the ring kernel did not run";
+        const std::vector<float> got = d1.to_host();
+        int64_t nonzero = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written";
+          ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0) << "output " << i << ": registers " << want[i] << " ring " << got[i];
+          nonzero += got[i] != 0;
+        }
+        ASSERT_GT(nonzero, int64_t(want.size() / 2));
+        ++compared;
+      }
+      // x quantised inside (no xq): the ring does not apply; the register kernel's bits.
+      DeviceBuffer<float> d2(std::vector<float>(size_t(pairs * c.n), std::nanf("")));
+      p.y = d2.get(), p.ring_stages = 4, p.xq = nullptr, p.xs = nullptr;
+      const int64_t before = detail::gemv_ring_launches();
+      FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(detail::gemv_ring_launches(), before);
+      EXPECT_TRUE(d2.to_host() == want);
+      p.xq = dxq.get(), p.xs = dxs.get(), p.ring_stages = 9;
+      EXPECT_FALSE(expert_gemv_cuda(p, nullptr).ok()) << "9 ring stages";
+      p.ring_stages = -1;
+      EXPECT_FALSE(expert_gemv_cuda(p, nullptr).ok()) << "-1 ring stages";
+    }
+  }
+  detail::set_gemv_tuning(0, 0);
+  EXPECT_EQ(compared, 4 * 4 * 4);
+}
+
 // The device pack (the model's load-time pass over a stack of experts) == the host pack, byte for
 // byte; refusals of bad shapes, misaligned codes and overlapping buffers.
 TEST(CudaGemvPacked, DevicePackEqualsHostPack) {

@@ -512,6 +512,8 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("dense_gemm_min_tokens {}: expected >= 0 (0: off)", opts.dense_gemm_min_tokens);
   if (opts.gemv_tiled_min_rows < 0 || opts.gemv_tiled_min_rows > kMaxGemvTiledMinRows)  // times groups stays in int64
     return invalid_argument("gemv_tiled_min_rows {}: expected 0..{}", opts.gemv_tiled_min_rows, kMaxGemvTiledMinRows);
+  if (opts.gemv_ring_stages < 0 || opts.gemv_ring_stages > 8)
+    return invalid_argument("gemv_ring_stages {}: expected 0 (off) .. 8", opts.gemv_ring_stages);
   if (opts.gemv_fp4_chunk != 0 && opts.gemv_fp4_chunk != 2 && opts.gemv_fp4_chunk != 4)
     return invalid_argument("gemv_fp4_chunk {}: expected 0 (automatic), 2 or 4", opts.gemv_fp4_chunk);
   if (opts.gemv_prequant_min_rows < 1 || opts.gemv_prequant_min_rows > kMaxGemvTiledMinRows)
@@ -602,6 +604,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->programmatic_launch_ = opts.programmatic_launch;
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
   m->fp4_fragments_ = opts.fp4_fragments && m->native_;
+  m->gemv_ring_stages_ = opts.gemv_ring_stages;
   m->fp8_fragments_ = opts.fp8_fragments && m->native_;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the

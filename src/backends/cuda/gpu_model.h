@@ -201,6 +201,10 @@ struct GpuLoadOptions {
   // row-major reference (GpuGraphDecode.Fp4FragmentsOnEqualsOffBitwise holds both to the same
   // bits). The CLI's --gpu-fp4-fragments, on by default there.
   bool fp4_fragments = false;
+  // With fp4_fragments: the routed experts' decode GEMVs stream their weights through a
+  // shared-memory ring of this many stages (1..8, bulk copies; ExpertGemvParams::ring_stages)
+  // instead of loading them into registers; 0 off. The same bits. The CLI's --gemv-fp4-ring.
+  int gemv_ring_stages = 0;
   // The dense FP8 matrices the block-scaled GEMVs read (the attention projections, the shared
   // expert, Engram's wkv, the indexer's wq_b; not the stacked wq_a + wkv) stored in the FP8
   // fragment order (ops/fp4_fragments.h): a thread's pieces of a block are two 16-byte loads. The

@@ -606,6 +606,7 @@ Status GpuModel::moe_native(const std::array<const float*, 3>& ek, int64_t T, in
     }
     q.xq = xq_cur.first, q.xs = xq_cur.second, q.tiled = tiled;
     q.w_packed = w.fragments;  // the gated launch: gate and up are packed together (up_experts)
+    q.ring_stages = gemv_ring_stages_;
     q.expert_stride = w.code_bytes, q.expert_scale_stride = w.scale_bytes;
     q.group_expert = gexpert, q.group_start = gstart, q.pair_row = rows;
     q.y = y;

@@ -59,7 +59,7 @@ Status expert_gemv_cuda(const ExpertGemvParams& p, cudaStream_t stream) {
   a.limit = p.swiglu_limit;
   a.split_groups = p.split_groups;
   a.bf16_round_out = p.bf16_round_out, a.bf16_round_gu = p.bf16_round_gate_up;
-  a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled, a.w_packed = p.w_packed;
+  a.xq = p.xq, a.xs = p.xs, a.tiled = p.tiled, a.w_packed = p.w_packed, a.ring = p.ring_stages;
   return cuda_status(detail::launch_gemv(a, int(p.n_groups), p.format == WeightFormat::kFp4, stream),
                      "expert_gemv kernel launch");
 }

@@ -540,6 +540,180 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   }
 }
 
+// ---- The FP4 fragment-order decode GEMV through a shared-memory ring ---------------------------
+// gemv_kernel's sums for packed FP4 weights, 2-block chunks, 8-token passes over pre-quantised x
+// (GemvArgs::ring > 0): the registers that gemv_kernel loads per chunk come from shared memory
+// instead, where one thread streams them by bulk copies (cp.async.bulk, completing on a stage's
+// mbarrier) `ring` stages ahead. In the fragment order a CTA's next kWarps chunks of a matrix are
+// one contiguous run of kWarps 1,024-byte units (and kWarps 64-byte scale units), and a token's
+// codes and scales for them are contiguous too, so a stage is 2·kMats + 2·tokens bulk copies of a few KB,
+// and the bytes a CTA has in flight no longer depend on how many registers its warps can spare.
+// Warp w takes chunk c_begin + w + kWarps·i from stage i, as gemv_kernel's loop does, and the same
+// chunk_mma arithmetic, stash and reduce_store follow: the same bits.
+constexpr int kRingChunk = 2;                                     // k blocks per chunk
+constexpr int kRingUnit = 1024;                                   // weight bytes per chunk (a 32-row tile's block pair)
+constexpr int kRingScaleUnit = 64;                                // weight scale bytes per chunk
+constexpr int kRingXq = kWarps * kRingChunk * 32;                 // a token's code bytes per stage
+constexpr int kRingXs = kWarps * kRingChunk * 4 + 16;             // its scale bytes (+ 16: the copy's alignment slack)
+constexpr int kRingMaxStages = 8;
+
+template <bool kGated>
+struct RingLayout {
+  static constexpr int kMats = kGated ? 2 : 1;
+  static constexpr int kW = kWarps * kRingUnit, kS = kWarps * kRingScaleUnit;
+  static constexpr int kStage = kMats * (kW + kS) + 8 * (kRingXq + kRingXs);  // bytes per stage (16-aligned)
+  static constexpr int kRed = kMats * kWarps * kRows * 8 * 4;                   // reduce_store's red
+  static size_t bytes(int stages) { return size_t(kRed) + size_t(stages) * (kStage + 8); }
+};
+static_assert(RingLayout<true>::kStage % 16 == 0 && RingLayout<false>::kStage % 16 == 0, "stage alignment");
+
+__device__ __forceinline__ void ring_mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ring_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void ring_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// `bytes` (a multiple of 16, both ends 16-byte aligned) from global to shared memory, completing on `bar`.
+__device__ __forceinline__ void ring_bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+template <bool kGated>
+__global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int split) {
+  pdl_prologue();
+  using L = RingLayout<kGated>;
+  constexpr int kMats = L::kMats;
+  extern __shared__ __align__(128) uint8_t rsm[];
+  auto& red = *reinterpret_cast<float(*)[kMats][kWarps][kRows * 8]>(rsm);
+  uint8_t* ring = rsm + L::kRed;
+  const int stages = a.ring;
+  const uint32_t bar0 = uint32_t(__cvta_generic_to_shared(ring + size_t(stages) * L::kStage));
+  const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x / split, rank = blockIdx.x % split;
+  const int row0 = tile * kRows;
+  int64_t start = 0, count = a.m;
+  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
+  if (a.group_start) {
+    start = a.group_start[blockIdx.y];
+    count = a.group_start[blockIdx.y + 1] - start;
+    const int64_t e = a.group_expert[blockIdx.y];
+    if (e < 0) {
+      if (rank == 0) store_zeros(a, row0, start, count);
+      return;
+    }
+    w += e * a.e_stride, ws += e * a.e_sstride;
+    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) ring_mbar_init(bar0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int n_chunks = a.k / 32 / kRingChunk;
+  const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
+  const int n_st = (c_end - c_begin + kWarps - 1) / kWarps;  // stages per pass
+  const int64_t unit0 = int64_t(row0 / 32) * (a.k / 64);     // the tile's first (tile, pair) unit
+  const uint8_t* mats_w[2] = {w, wu};
+  const uint8_t* mats_s[2] = {ws, wsu};
+  uint32_t use = 0;  // stages used by earlier passes: stage st of a pass is use + st (slot, parity)
+  __shared__ int64_t trow[8];  // the pass's input rows (read by the issuing thread)
+  for (int64_t tt = 0; tt < count; tt += 8) {
+    const int ntok = count - tt < 8 ? int(count - tt) : 8;
+    if (int(threadIdx.x) < ntok) {
+      const int64_t p = start + tt + threadIdx.x;
+      trow[threadIdx.x] = a.group_start ? (a.pair_row ? a.pair_row[p] : p) : tt + threadIdx.x;
+    }
+    __syncthreads();
+    // Stage st of this pass into its slot (thread 0): every matrix's units and scale units of
+    // chunks c0.., then each token's codes and (16-byte aligned superset of) scales.
+    auto issue = [&](int st) {
+      const int c0 = c_begin + st * kWarps, nch = c_end - c0 < kWarps ? c_end - c0 : kWarps;
+      const uint32_t slot = (use + uint32_t(st)) % uint32_t(stages), bar = bar0 + 8 * slot;
+      const uint32_t dst = ring_s + slot * L::kStage;
+      const int64_t xs0 = int64_t(c0) * kRingChunk * 4, xs_lo = xs0 & ~int64_t(15);
+      const uint32_t xs_bytes = uint32_t((xs0 + int64_t(nch) * kRingChunk * 4 + 15 - xs_lo) & ~int64_t(15));
+      ring_expect_tx(bar, uint32_t(kMats * nch * (kRingUnit + kRingScaleUnit)) +
+                              uint32_t(ntok) * (uint32_t(nch) * kRingChunk * 32 + xs_bytes));
+#pragma unroll
+      for (int mi = 0; mi < kMats; ++mi) {
+        ring_bulk(dst + mi * (L::kW + L::kS), mats_w[mi] + (unit0 + c0) * kRingUnit, uint32_t(nch * kRingUnit), bar);
+        ring_bulk(dst + mi * (L::kW + L::kS) + L::kW, mats_s[mi] + (unit0 + c0) * kRingScaleUnit,
+                  uint32_t(nch * kRingScaleUnit), bar);
+      }
+      for (int t = 0; t < ntok; ++t) {
+        const int64_t row = trow[t];
+        const uint32_t xd = dst + kMats * (L::kW + L::kS) + t * (kRingXq + kRingXs);
+        ring_bulk(xd, a.xq + row * a.k + int64_t(c0) * kRingChunk * 32, uint32_t(nch * kRingChunk * 32), bar);
+        ring_bulk(xd + kRingXq, reinterpret_cast<const uint8_t*>(a.xs + row * (a.k / 32)) + xs_lo, xs_bytes, bar);
+      }
+    };
+    if (threadIdx.x == 0)
+      for (int st = 0; st < stages && st < n_st; ++st) issue(st);
+    float acc[1][2][4] = {}, accu[1][2][4] = {};
+    auto run = [&](auto one) {
+      constexpr bool kOne = decltype(one)::value;
+      for (int st = 0; st < n_st; ++st) {
+        const uint32_t u = use + uint32_t(st), slot = u % uint32_t(stages);
+        ring_mbar_wait(bar0 + 8 * slot, (u / uint32_t(stages)) & 1u);
+        const int c = c_begin + st * kWarps + warp;
+        if (c < c_end) {
+          const uint8_t* sb = ring + size_t(slot) * L::kStage;
+          uint32_t A[kMats][2][kRingChunk][2][1], sc[kMats][2][2];
+#pragma unroll
+          for (int mi = 0; mi < kMats; ++mi) {  // load_w_packed's registers, from the stage
+            const uint8_t* unit = sb + mi * (L::kW + L::kS) + warp * kRingUnit + lane * 32;
+#pragma unroll
+            for (int j = 0; j < kRingChunk; ++j) {
+              const uint4 v = *reinterpret_cast<const uint4*>(unit + j * 16);
+              A[mi][0][j][0][0] = v.x, A[mi][0][j][1][0] = v.y, A[mi][1][j][0][0] = v.z, A[mi][1][j][1][0] = v.w;
+            }
+            const uint2 s = *reinterpret_cast<const uint2*>(sb + mi * (L::kW + L::kS) + L::kW + warp * kRingScaleUnit + g * 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sc[mi][i / 2][i % 2] = ((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu;
+          }
+          uint32_t B[kRingChunk][2] = {};
+          float xsv[kRingChunk] = {};
+          if (g < ntok) {  // load_xq's values, from the stage (this thread's token slot g)
+            const uint8_t* xd = sb + kMats * (L::kW + L::kS) + g * (kRingXq + kRingXs);
+            const int64_t xs_skip = (int64_t(c_begin + st * kWarps) * kRingChunk * 4) & 15;
+#pragma unroll
+            for (int j = 0; j < kRingChunk; ++j) {
+              const uint2 v = *reinterpret_cast<const uint2*>(xd + (warp * kRingChunk + j) * 32 + q * 8);
+              B[j][0] = v.x, B[j][1] = v.y;
+              xsv[j] = *reinterpret_cast<const float*>(xd + kRingXq + xs_skip + (warp * kRingChunk + j) * 4);
+            }
+          }
+          mma_accumulate<true, kRingChunk, kOne>(A[0], sc[0], B, xsv, q, acc[0]);
+          if constexpr (kGated) mma_accumulate<true, kRingChunk, kOne>(A[kMats - 1], sc[kMats - 1], B, xsv, q, accu[0]);
+        }
+        __syncthreads();  // every warp is done with the slot: refill it
+        if (threadIdx.x == 0 && st + stages < n_st) issue(st + stages);
+      }
+    };
+    if (ntok == 1) run(std::true_type{});
+    else run(std::false_type{});
+    use += uint32_t(n_st);
+    stash<1>(red[0][warp], acc, g, q);
+    if constexpr (kGated) stash<1>(red[kMats - 1][warp], accu, g, q);
+    reduce_store<kGated, 1, false>(a, red, rank, split, row0, start, tt, ntok);
+  }
+}
+
 // ---- Tiled passes for prefill (pre-quantised x) --------------------------------------------------
 // The same sums as gemv_kernel, bit for bit, laid out as a GEMM: a warp owns 32 output rows x 8·kNt
 // tokens and adds every k block of the matrix itself, in gemv_kernel's order. For each output,
@@ -917,6 +1091,32 @@ cudaError_t launch_passes(const GemvArgs& a, int n_groups, const Tuning& t, bool
               : launch_nt<kFp4, kGated, 1, kPacked>(a, n_groups, t, stream);
 }
 
+// The ring kernel's conditions beyond the fragment order's: 2-block chunks, pre-quantised x, and
+// every bulk copy's ends 16-byte aligned (codes and scales of matrices, experts and token rows).
+bool ring_applies(const GemvArgs& a, const Tuning& t) {
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return t.chunk == kRingChunk && a.xq && a.xs && a.k % 128 == 0 && a.ring <= kRingMaxStages && al(a.xq) && al(a.xs) &&
+         al(a.w) && al(a.ws) && al(a.wu) && al(a.wsu) && (!a.group_start || (a.e_stride % 16 == 0 && a.e_sstride % 16 == 0));
+}
+
+std::atomic<int64_t> g_ring_launches{0};
+
+template <bool kGated>
+cudaError_t launch_ring(const GemvArgs& a, int n_groups, const Tuning& t, cudaStream_t stream) {
+  g_ring_launches.fetch_add(1, std::memory_order_relaxed);
+  const int tiles = (a.n + kRows - 1) / kRows;
+  const dim3 grid(tiles * t.split, n_groups);
+  auto* kernel = gemv_ring_kernel<kGated>;
+  static std::atomic<uint64_t> smem_done{0};  // raised once to the most stages' size
+  if (const cudaError_t e = ensure_smem_limit(reinterpret_cast<const void*>(kernel),
+                                              int(RingLayout<kGated>::bytes(kRingMaxStages)), smem_done);
+      e != cudaSuccess)
+    return e;
+  const size_t smem = RingLayout<kGated>::bytes(a.ring);
+  if (t.split == 1) return launch_kernel(kernel, grid, kThreads, smem, stream, a, 1);
+  return launch_kernel_cluster(kernel, grid, kThreads, smem, stream, unsigned(t.split), a, t.split);
+}
+
 // One 8-token tile per pass when groups average <= 8 tokens (decode); larger groups then take
 // several passes (correct, re-reading the weight tile), so wide batches use 16-token passes
 // (32 over pre-quantised x, below), except with 4-block chunks of one FP8 matrix quantised inside
@@ -953,6 +1153,7 @@ cudaError_t launch(const GemvArgs& a, int n_groups, cudaStream_t stream) {
         (kFp4 && (reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.wsu)) % 8 != 0) ||
         (a.group_start && (a.e_stride % 16 != 0 || (kFp4 && a.e_sstride % 8 != 0))))
       return cudaErrorInvalidValue;
+    if (kFp4 && a.ring > 0 && small && ring_applies(a, t)) return launch_ring<kGated>(a, n_groups, t, stream);
     return launch_passes<kFp4, kGated, true>(a, n_groups, t, small, stream);
   }
   // Pre-quantised activations (prefill-sized launches): the tiled kernel, the same sums.
@@ -1011,6 +1212,8 @@ cudaError_t launch_gemv_quantize(const float* x, int64_t m, int64_t k, int act_b
 }
 
 void set_gemv_fp4_chunk(int chunk) { g_fp4_chunk = chunk == 2 || chunk == 4 ? chunk : 0; }
+
+int64_t gemv_ring_launches() { return g_ring_launches.load(std::memory_order_relaxed); }
 
 cudaError_t launch_gemv(const GemvArgs& args, int n_groups, bool fp4, cudaStream_t stream) {
   GemvArgs a = args;

@@ -39,10 +39,18 @@ struct GemvArgs {
   // w / wu in the fragment order (ops/fp4_fragments.h; FP4: codes and scales, FP8: codes):
   // BlockLinearParams / ExpertGemvParams::w_packed.
   bool w_packed;
+  // FP4 fragment order, decode passes (groups of at most 8 tokens on average) over xq with 2-block
+  // chunks: the weights streamed through a shared-memory ring of this many stages by bulk copies
+  // (1..8; 0: loaded into registers; the same bits). Where the ring does not apply (alignment,
+  // other tunings) the register kernel runs.
+  int ring;
 };
 
 // Launches the kernel for `n_groups` groups (1 when dense); returns the launch error.
 cudaError_t launch_gemv(const GemvArgs& a, int n_groups, bool fp4, cudaStream_t stream);
+// Launches of the ring kernel (GemvArgs::ring) since the process started: tests check that the
+// ring ran where they expect it.
+int64_t gemv_ring_launches();
 
 // x [m, k] FP32 (16-byte aligned, k % 32 == 0, k % act_block == 0) → xq [m, k] e4m3 codes and
 // xs [m, k/32] power-of-two scales (per act_block, repeated over its 32-blocks), bit for bit what
