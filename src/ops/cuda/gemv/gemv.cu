@@ -36,6 +36,7 @@
 #include "ops/cuda/gemv/gemv_kernels.h"
 #include "ops/cuda/model/model_device.cuh"
 #include "ops/cuda/runtime/launch.cuh"
+#include "ops/cuda/runtime/mbarrier.cuh"
 #include "ops/cuda/runtime/pdl.cuh"
 #include "ops/cuda/runtime/smem_limit.cuh"
 
@@ -567,34 +568,10 @@ struct RingLayout {
 };
 static_assert(RingLayout<true>::kStage % 16 == 0 && RingLayout<false>::kStage % 16 == 0, "stage alignment");
 
-__device__ __forceinline__ void ring_mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void ring_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void ring_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` (a multiple of 16, both ends 16-byte aligned) from global to shared memory, completing on `bar`.
-__device__ __forceinline__ void ring_bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 template <bool kGated>
 __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int split) {
   pdl_prologue();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier tx counts (ring_applies: sm_90+)
   using L = RingLayout<kGated>;
   constexpr int kMats = L::kMats;
   extern __shared__ __align__(128) uint8_t rsm[];
@@ -620,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
     if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
   }
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) ring_mbar_init(bar0 + 8 * s, 1);
+    for (int s = 0; s < stages; ++s) mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -647,19 +624,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
       const uint32_t dst = ring_s + slot * L::kStage;
       const int64_t xs0 = int64_t(c0) * kRingChunk * 4, xs_lo = xs0 & ~int64_t(15);
       const uint32_t xs_bytes = uint32_t((xs0 + int64_t(nch) * kRingChunk * 4 + 15 - xs_lo) & ~int64_t(15));
-      ring_expect_tx(bar, uint32_t(kMats * nch * (kRingUnit + kRingScaleUnit)) +
+      mbar_arrive_expect_tx(bar, uint32_t(kMats * nch * (kRingUnit + kRingScaleUnit)) +
                               uint32_t(ntok) * (uint32_t(nch) * kRingChunk * 32 + xs_bytes));
 #pragma unroll
       for (int mi = 0; mi < kMats; ++mi) {
-        ring_bulk(dst + mi * (L::kW + L::kS), mats_w[mi] + (unit0 + c0) * kRingUnit, uint32_t(nch * kRingUnit), bar);
-        ring_bulk(dst + mi * (L::kW + L::kS) + L::kW, mats_s[mi] + (unit0 + c0) * kRingScaleUnit,
+        bulk_load(dst + mi * (L::kW + L::kS), mats_w[mi] + (unit0 + c0) * kRingUnit, uint32_t(nch * kRingUnit), bar);
+        bulk_load(dst + mi * (L::kW + L::kS) + L::kW, mats_s[mi] + (unit0 + c0) * kRingScaleUnit,
                   uint32_t(nch * kRingScaleUnit), bar);
       }
       for (int t = 0; t < ntok; ++t) {
         const int64_t row = trow[t];
         const uint32_t xd = dst + kMats * (L::kW + L::kS) + t * (kRingXq + kRingXs);
-        ring_bulk(xd, a.xq + row * a.k + int64_t(c0) * kRingChunk * 32, uint32_t(nch * kRingChunk * 32), bar);
-        ring_bulk(xd + kRingXq, reinterpret_cast<const uint8_t*>(a.xs + row * (a.k / 32)) + xs_lo, xs_bytes, bar);
+        bulk_load(xd, a.xq + row * a.k + int64_t(c0) * kRingChunk * 32, uint32_t(nch * kRingChunk * 32), bar);
+        bulk_load(xd + kRingXq, reinterpret_cast<const uint8_t*>(a.xs + row * (a.k / 32)) + xs_lo, xs_bytes, bar);
       }
     };
     if (threadIdx.x == 0)
@@ -669,7 +646,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
       constexpr bool kOne = decltype(one)::value;
       for (int st = 0; st < n_st; ++st) {
         const uint32_t u = use + uint32_t(st), slot = u % uint32_t(stages);
-        ring_mbar_wait(bar0 + 8 * slot, (u / uint32_t(stages)) & 1u);
+        mbar_wait(bar0 + 8 * slot, (u / uint32_t(stages)) & 1u);
         const int c = c_begin + st * kWarps + warp;
         if (c < c_end) {
           const uint8_t* sb = ring + size_t(slot) * L::kStage;
@@ -712,6 +689,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
     if constexpr (kGated) stash<1>(red[kMats - 1][warp], accu, g, q);
     reduce_store<kGated, 1, false>(a, red, rank, split, row0, start, tt, ntok);
   }
+#endif
 }
 
 // ---- Tiled passes for prefill (pre-quantised x) --------------------------------------------------
@@ -1095,7 +1073,7 @@ cudaError_t launch_passes(const GemvArgs& a, int n_groups, const Tuning& t, bool
 // every bulk copy's ends 16-byte aligned (codes and scales of matrices, experts and token rows).
 bool ring_applies(const GemvArgs& a, const Tuning& t) {
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return t.chunk == kRingChunk && a.xq && a.xs && a.k % 128 == 0 && a.ring <= kRingMaxStages && al(a.xq) && al(a.xs) &&
+  return device_info().major >= 9 && t.chunk == kRingChunk && a.xq && a.xs && a.k % 128 == 0 && a.ring <= kRingMaxStages && al(a.xq) && al(a.xs) &&
          al(a.w) && al(a.ws) && al(a.wu) && al(a.wsu) && (!a.group_start || (a.e_stride % 16 == 0 && a.e_sstride % 16 == 0));
 }
 
