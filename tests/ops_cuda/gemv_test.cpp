@@ -733,6 +733,37 @@ TEST(CudaExpertGemv, ErrorAgainstTheExactDotInUnitsOfTheAbsoluteSum) {
   }
 }
 
+// A case of the packed-expert tests: the routing (group 1's expert another rank's where asked) and
+// random FP4 gate and up stacks of n_experts [n, k] matrices with their code and scale strides.
+struct Fp4Case {
+  Routing r;
+  int64_t cb, sb;
+  Weights wg, wu;
+};
+Fp4Case make_fp4_case(std::mt19937& rng, int tokens, int topk, int n_experts, int64_t n, int64_t k, bool other_rank) {
+  const WeightFormat f = WeightFormat::kFp4;
+  Fp4Case c;
+  c.r = random_routing(rng, tokens, topk, n_experts);
+  if (other_rank) c.r.group_expert[1] = -1;
+  c.cb = weight_code_bytes(f, n, k), c.sb = weight_scale_bytes(f, n, k, 32);
+  c.wg = random_weights(rng, f, n * n_experts, k, 32);
+  c.wu = random_weights(rng, f, n * n_experts, k, 32);
+  return c;
+}
+
+// got == want bit for bit, every output finite (a caller that fills the output with NaN first
+// catches a missing store) and more than half of them nonzero.
+void expect_written_bitwise(const std::vector<float>& want, const std::vector<float>& got, const char* a, const char* b) {
+  ASSERT_EQ(want.size(), got.size());
+  int64_t nonzero = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written";
+    ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0) << "output " << i << ": " << a << " " << want[i] << " " << b << " " << got[i];
+    nonzero += got[i] != 0;
+  }
+  ASSERT_GT(nonzero, int64_t(want.size() / 2));
+}
+
 // FP4 experts in the fragment order (ExpertGemvParams::w_packed, ops/fp4_fragments.h): bitwise
 // the row-major launch's outputs at every k split and chunk, for decode groups (one-token passes,
 // the gated SwiGLU), a verify block, groups of more than 8 pairs (16-token passes), another rank's
@@ -758,11 +789,10 @@ TEST(CudaGemvPacked, SameBitsAsRowMajor) {
   int compared = 0;
   for (const Case& c : cases) {
     std::mt19937 rng(uint32_t(c.tokens * 131 + c.n + c.k));
-    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
-    if (c.other_rank) r.group_expert[1] = -1;
-    const int64_t cb = weight_code_bytes(f, c.n, c.k), sb = weight_scale_bytes(f, c.n, c.k, 32);
-    const Weights wg = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
-    const Weights wu = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
+    const Fp4Case fc = make_fp4_case(rng, c.tokens, c.topk, c.n_experts, c.n, c.k, c.other_rank);
+    const Routing& r = fc.r;
+    const int64_t cb = fc.cb, sb = fc.sb;
+    const Weights &wg = fc.wg, &wu = fc.wu;
     Weights pg = wg, pu = wu;
     for (int e = 0; e < c.n_experts; ++e) {
       FS_ASSERT_OK(pack_fp4_fragments(wg.codes.data() + e * cb, wg.scales.data() + e * sb, c.n, c.k,
@@ -797,14 +827,7 @@ TEST(CudaGemvPacked, SameBitsAsRowMajor) {
         if (c.gated) p.w_up = dpu.get(), p.w_up_scale = dpsu.get();
         FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const std::vector<float> a = d0.to_host(), b = d1.to_host();
-        int64_t nonzero = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(b[i])) << "output " << i << " not written";
-          ASSERT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "output " << i << ": row-major " << a[i] << " packed " << b[i];
-          nonzero += b[i] != 0;
-        }
-        ASSERT_GT(nonzero, int64_t(a.size() / 2));
+        ASSERT_NO_FATAL_FAILURE(expect_written_bitwise(d0.to_host(), d1.to_host(), "row-major", "packed"));
         ++compared;
       }
     // Refusals: an expert stride off the 16-byte grid, a shape outside the fragment order.
@@ -846,10 +869,11 @@ TEST(CudaGemvPacked, RingSameBitsAsRegisters) {
   int compared = 0;
   for (const Case& c : cases) {
     std::mt19937 rng(uint32_t(c.tokens * 71 + c.n + c.k));
-    Routing r = random_routing(rng, c.tokens, c.topk, c.n_experts);
-    if (c.other_rank) r.group_expert[1] = -1;
-    const int64_t cb = weight_code_bytes(f, c.n, c.k), sb = weight_scale_bytes(f, c.n, c.k, 32);
-    Weights pg = random_weights(rng, f, c.n * c.n_experts, c.k, 32), pu = random_weights(rng, f, c.n * c.n_experts, c.k, 32);
+    // Random bytes serve as the fragment order directly (the ring and the register kernel read them alike).
+    const Fp4Case fc = make_fp4_case(rng, c.tokens, c.topk, c.n_experts, c.n, c.k, c.other_rank);
+    const Routing& r = fc.r;
+    const int64_t cb = fc.cb, sb = fc.sb;
+    const Weights &pg = fc.wg, &pu = fc.wu;
     const int64_t pairs = int64_t(r.pair_row.size()), rows = c.per_pair ? pairs : c.tokens;
     int64_t most = 0;
     for (size_t g = 0; g + 1 < r.group_start.size(); ++g) most = std::max<int64_t>(most, r.group_start[g + 1] - r.group_start[g]);
@@ -886,14 +910,7 @@ TEST(CudaGemvPacked, RingSameBitsAsRegisters) {
         FS_ASSERT_OK(expert_gemv_cuda(p, nullptr));
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_EQ(detail::gemv_ring_launches(), before + 1) << "the ring kernel did not run";
-        const std::vector<float> got = d1.to_host();
-        int64_t nonzero = 0;
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " not written";
-          ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0) << "output " << i << ": registers " << want[i] << " ring " << got[i];
-          nonzero += got[i] != 0;
-        }
-        ASSERT_GT(nonzero, int64_t(want.size() / 2));
+        ASSERT_NO_FATAL_FAILURE(expect_written_bitwise(want, d1.to_host(), "registers", "ring"));
         ++compared;
       }
       // x quantised inside (no xq): the ring does not apply; the register kernel's bits.

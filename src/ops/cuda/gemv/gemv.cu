@@ -401,6 +401,30 @@ __device__ __forceinline__ void store_zeros(const GemvArgs& a, int row0, int64_t
   }
 }
 
+// The CTA's tokens and matrices: dense, all m tokens of w / wu; grouped, group blockIdx.y's pairs
+// and its expert's matrices. false: the pairs are routed to another rank's expert (expert
+// parallel), whose outputs rank 0 has stored as zeros (the whole cluster shares blockIdx.y, so
+// every rank returns).
+struct CtaGroup {
+  int64_t start, count;
+  const uint8_t *w, *ws, *wu, *wsu;
+};
+template <bool kGated>
+__device__ __forceinline__ bool cta_group(const GemvArgs& a, int rank, int row0, CtaGroup& c) {
+  c.start = 0, c.count = a.m, c.w = a.w, c.ws = a.ws, c.wu = a.wu, c.wsu = a.wsu;
+  if (!a.group_start) return true;
+  c.start = a.group_start[blockIdx.y];
+  c.count = a.group_start[blockIdx.y + 1] - c.start;
+  const int64_t e = a.group_expert[blockIdx.y];
+  if (e < 0) {
+    if (rank == 0) store_zeros(a, row0, c.start, c.count);
+    return false;
+  }
+  c.w += e * a.e_stride, c.ws += e * a.e_sstride;
+  if constexpr (kGated) c.wu += e * a.e_stride, c.wsu += e * a.e_sstride;
+  return true;
+}
+
 // The input row of each of this thread's token slots in a pass (tokens tt.. of the unit's
 // start..; -1: no token).
 template <int kNt>
@@ -498,19 +522,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(GemvArgs a, int split
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;  // rank == cluster block rank
   const int row0 = tile * kRows;
-  int64_t start = 0, count = a.m;
-  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
-  if (a.group_start) {
-    start = a.group_start[blockIdx.y];
-    count = a.group_start[blockIdx.y + 1] - start;
-    const int64_t e = a.group_expert[blockIdx.y];
-    if (e < 0) {  // pairs routed to another rank's expert (expert parallel): their outputs are 0
-      if (rank == 0) store_zeros(a, row0, start, count);  // the whole cluster shares blockIdx.y: all return
-      return;
-    }
-    w += e * a.e_stride, ws += e * a.e_sstride;
-    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
-  }
+  CtaGroup grp;
+  if (!cta_group<kGated>(a, rank, row0, grp)) return;
+  const int64_t start = grp.start, count = grp.count;
+  const uint8_t *w = grp.w, *ws = grp.ws, *wu = grp.wu, *wsu = grp.wsu;
   const int n_chunks = a.k / 32 / kChunk;
   const int c_begin = rank * n_chunks / split, c_end = (rank + 1) * n_chunks / split;
   constexpr int kMats = kGated ? 2 : 1;
@@ -583,19 +598,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / split, rank = blockIdx.x % split;
   const int row0 = tile * kRows;
-  int64_t start = 0, count = a.m;
-  const uint8_t *w = a.w, *ws = a.ws, *wu = a.wu, *wsu = a.wsu;
-  if (a.group_start) {
-    start = a.group_start[blockIdx.y];
-    count = a.group_start[blockIdx.y + 1] - start;
-    const int64_t e = a.group_expert[blockIdx.y];
-    if (e < 0) {
-      if (rank == 0) store_zeros(a, row0, start, count);
-      return;
-    }
-    w += e * a.e_stride, ws += e * a.e_sstride;
-    if constexpr (kGated) wu += e * a.e_stride, wsu += e * a.e_sstride;
-  }
+  CtaGroup grp;
+  if (!cta_group<kGated>(a, rank, row0, grp)) return;
+  const int64_t start = grp.start, count = grp.count;
+  const uint8_t *w = grp.w, *ws = grp.ws, *wu = grp.wu, *wsu = grp.wsu;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
