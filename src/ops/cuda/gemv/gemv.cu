@@ -123,6 +123,19 @@ __device__ __forceinline__ void load_fp4_quad4(const uint8_t* row_kb0, int q, ui
 // FP4 in the fragment order (ops/fp4_fragments.h: n % 32 == 0, k % 64 == 0): the registers of
 // load_w's row-major loads, each block's 4 words in one 16-byte load (a warp reads 512 contiguous
 // bytes) and each block pair's scale bytes in one 8-byte load.
+// A fragment-order unit's 16 bytes of block j for this lane (ops/fp4_fragments.h): the packed FP4
+// words of its rows g, g + 8 (tile 0) and g + 16, g + 24 (tile 1).
+template <int kChunk>
+__device__ __forceinline__ void fp4_unit_words(const uint4& v, int j, uint32_t (&A)[2][kChunk][2][1]) {
+  A[0][j][0][0] = v.x, A[0][j][1][0] = v.y, A[1][j][0][0] = v.z, A[1][j][1][0] = v.w;
+}
+// A block pair's 8 scale bytes of this lane's rows (bytes 2i, 2i + 1: row i = 2mt + h, blocks 2p,
+// 2p + 1) into the packed per-row scale words, pair pp at bits 16pp.
+__device__ __forceinline__ void fp4_pair_scales(const uint2& s, int pp, uint32_t (&packed)[2][2]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) packed[i / 2][i % 2] |= (((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu) << (16 * pp);
+}
+
 template <int kChunk, bool kKeep>
 __device__ __forceinline__ void load_w_packed(const GemvArgs& a, const uint8_t* w, const uint8_t* ws, int row0,
                                               int kb0, int g, uint32_t (&A)[2][kChunk][2][1], uint32_t (&sc)[2][2]) {
@@ -132,19 +145,21 @@ __device__ __forceinline__ void load_w_packed(const GemvArgs& a, const uint8_t* 
   for (int j = 0; j < kChunk; ++j) {
     const int kb = kb0 + j;
     const auto* p = reinterpret_cast<const uint4*>(w + ((unit0 + kb / 2) * 32 + lane) * 32 + (kb % 2) * 16);
-    const uint4 v = kKeep ? ld_weight(p) : ld_stream(p);
-    A[0][j][0][0] = v.x, A[0][j][1][0] = v.y, A[1][j][0][0] = v.z, A[1][j][1][0] = v.w;
+    fp4_unit_words<kChunk>(kKeep ? ld_weight(p) : ld_stream(p), j, A);
   }
   constexpr int kPairs = kChunk >= 2 ? kChunk / 2 : 1;  // kChunk >= 2: kb0 is even
   uint32_t packed[2][2] = {};
 #pragma unroll
   for (int pp = 0; pp < kPairs; ++pp) {
     const uint2 s = ld_weight(reinterpret_cast<const uint2*>(ws + ((unit0 + kb0 / 2 + pp) * 8 + g) * 8));
+    if constexpr (kChunk == 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // i = 2mt + h: bytes 2i (block 2p), 2i + 1 (block 2p + 1)
-      const uint32_t two = ((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu;
-      if constexpr (kChunk == 1) packed[i / 2][i % 2] = (two >> (8 * (kb0 % 2))) & 0xffu;
-      else packed[i / 2][i % 2] |= two << (16 * pp);
+      for (int i = 0; i < 4; ++i) {  // i = 2mt + h: bytes 2i (block 2p), 2i + 1 (block 2p + 1)
+        const uint32_t two = ((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu;
+        packed[i / 2][i % 2] = (two >> (8 * (kb0 % 2))) & 0xffu;
+      }
+    } else {
+      fp4_pair_scales(s, pp, packed);
     }
   }
 #pragma unroll
@@ -661,13 +676,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_ring_kernel(GemvArgs a, int 
           for (int mi = 0; mi < kMats; ++mi) {  // load_w_packed's registers, from the stage
             const uint8_t* unit = sb + mi * (L::kW + L::kS) + warp * kRingUnit + lane * 32;
 #pragma unroll
-            for (int j = 0; j < kRingChunk; ++j) {
-              const uint4 v = *reinterpret_cast<const uint4*>(unit + j * 16);
-              A[mi][0][j][0][0] = v.x, A[mi][0][j][1][0] = v.y, A[mi][1][j][0][0] = v.z, A[mi][1][j][1][0] = v.w;
-            }
-            const uint2 s = *reinterpret_cast<const uint2*>(sb + mi * (L::kW + L::kS) + L::kW + warp * kRingScaleUnit + g * 8);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) sc[mi][i / 2][i % 2] = ((i < 2 ? s.x : s.y) >> (16 * (i % 2))) & 0xffffu;
+            for (int j = 0; j < kRingChunk; ++j) fp4_unit_words<kRingChunk>(*reinterpret_cast<const uint4*>(unit + j * 16), j, A[mi]);
+            sc[mi][0][0] = sc[mi][0][1] = sc[mi][1][0] = sc[mi][1][1] = 0u;
+            fp4_pair_scales(*reinterpret_cast<const uint2*>(sb + mi * (L::kW + L::kS) + L::kW + warp * kRingScaleUnit + g * 8),
+                            0, sc[mi]);
           }
           uint32_t B[kRingChunk][2] = {};
           float xsv[kRingChunk] = {};
@@ -1079,8 +1091,9 @@ cudaError_t launch_passes(const GemvArgs& a, int n_groups, const Tuning& t, bool
 // every bulk copy's ends 16-byte aligned (codes and scales of matrices, experts and token rows).
 bool ring_applies(const GemvArgs& a, const Tuning& t) {
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return device_info().major >= 9 && t.chunk == kRingChunk && a.xq && a.xs && a.k % 128 == 0 && a.ring <= kRingMaxStages && al(a.xq) && al(a.xs) &&
-         al(a.w) && al(a.ws) && al(a.wu) && al(a.wsu) && (!a.group_start || (a.e_stride % 16 == 0 && a.e_sstride % 16 == 0));
+  return device_info().major >= 9 && t.chunk == kRingChunk && a.ring <= kRingMaxStages && a.xq && a.xs &&
+         a.k % 128 == 0 && al(a.xq) && al(a.xs) && al(a.w) && al(a.ws) && al(a.wu) && al(a.wsu) &&
+         (!a.group_start || (a.e_stride % 16 == 0 && a.e_sstride % 16 == 0));
 }
 
 std::atomic<int64_t> g_ring_launches{0};
