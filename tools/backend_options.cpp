@@ -89,6 +89,9 @@ void add_backend_options(CLI::App* cmd, BackendOpts& o) {
   cmd->add_option("--gemv-fp4-ring", o.gemv_fp4_ring, std::string("GPU backend: ") + kGemvFp4RingHelp)
       ->check(CLI::Range(0, 8))
       ->capture_default_str();
+  cmd->add_option("--mma-decode-tiles", o.mma_decode_tiles, std::string("GPU backend: ") + kMmaDecodeTilesHelp)
+      ->check(CLI::IsMember({0, 1, 2, 4}))
+      ->capture_default_str();
   cmd->add_option("--gpu-branches", o.gpu_branches,
                   "GPU backend: the independent parts of a decode step (the query beside the window KV and the "
                   "compressors, the ring write beside the output projection, the routed beside the shared "
@@ -214,6 +217,9 @@ const char* const kGemvFp4ChunkHelp =
     "(each row's whole 16-byte blocks in one load per thread); another summation order, within the parity "
     "bound";
 
+const char* const kMmaDecodeTilesHelp =
+    "the BF16 tensor-core linear (wo_a, the LM head) over at most 8 rows: 16-output tiles per CTA "
+    "(1, 2 or 4; 0 automatic), each CTA staging x once for all of them; the same bits either way";
 const char* const kGemvFp4RingHelp =
     "the routed experts' decode GEMVs (with --gpu-fp4-fragments on) stream their weights through a "
     "shared-memory ring of this many stages (1..8, bulk copies) instead of loading them into registers; 0 off; "
@@ -273,6 +279,7 @@ Result<forward::GpuLoadOptions> gpu_load_options(const BackendOpts& o) {
   g.programmatic_launch = o.gpu_pdl != "off";
   g.gemv_fp4_chunk = o.gemv_fp4_chunk;
   g.gemv_ring_stages = o.gemv_fp4_ring;
+  g.mma_decode_tiles = o.mma_decode_tiles;
   g.branches = gpu_branches(o.gpu_branches);
   g.stack_query_kv = o.gpu_stack_qkv == "on";
   g.row_fusion = o.gpu_row_fusion == "on";

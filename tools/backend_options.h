@@ -39,6 +39,7 @@ struct BackendOpts {
   int64_t gemv_prequant_min_rows = 9;  // GpuLoadOptions::gemv_prequant_min_rows
   int gemv_fp4_chunk = 0;              // GpuLoadOptions::gemv_fp4_chunk (0 automatic, 2, 4)
   int gemv_fp4_ring = 0;               // GpuLoadOptions::gemv_ring_stages (0 off, 1..8)
+  int mma_decode_tiles = 0;            // GpuLoadOptions::mma_decode_tiles (0 automatic, 1, 2, 4)
   // f16 | bf16 | bf16-expanded | bf16-direct (GpuLoadOptions::prefill_gemm_bf16, prefill_gemm_expand_w,
   // prefill_gemm_direct)
   std::string prefill_gemm_operands = "bf16-direct";
@@ -87,6 +88,8 @@ extern const char* const kMoeWRegistersHelp;
 // The help text of --gemv-fp4-chunk (run, serve, and `bench`'s model bench and layer slices).
 extern const char* const kGemvFp4ChunkHelp;
 extern const char* const kGemvFp4RingHelp;
+// The help text of --mma-decode-tiles (run, serve and `bench`'s model bench).
+extern const char* const kMmaDecodeTilesHelp;
 // The help text of --moe-compact-groups (run, serve and `bench`'s model bench).
 extern const char* const kMoeCompactGroupsHelp;
 // The help text of --gpu-fp4-fragments (run, serve, and `bench`'s model bench and layer slices).

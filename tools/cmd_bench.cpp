@@ -49,6 +49,7 @@ struct ModelBenchOpts {
   std::string pdl = "on";                  // --gpu-pdl (GpuLoadOptions::programmatic_launch)
   int gemv_fp4_chunk = 0;                  // --gemv-fp4-chunk (GpuLoadOptions::gemv_fp4_chunk)
   int gemv_fp4_ring = 0;                   // --gemv-fp4-ring (GpuLoadOptions::gemv_ring_stages; layer slices too)
+  int mma_decode_tiles = 0;                // --mma-decode-tiles (GpuLoadOptions::mma_decode_tiles)
   std::string branches = "on";             // --gpu-branches (GpuLoadOptions::branches; as run / serve)
   std::string stack_qkv = "on";            // --gpu-stack-qkv (GpuLoadOptions::stack_query_kv; as run / serve)
   std::string row_fusion = "on";           // --gpu-row-fusion (GpuLoadOptions::row_fusion; as run / serve)
@@ -99,6 +100,7 @@ int run_model_bench(const ModelBenchOpts& o, int reps) {
   lo.programmatic_launch = o.pdl != "off";
   lo.gemv_fp4_chunk = o.gemv_fp4_chunk;
   lo.gemv_ring_stages = o.gemv_fp4_ring;
+  lo.mma_decode_tiles = o.mma_decode_tiles;
   lo.branches = gpu_branches(o.branches);
   lo.stack_query_kv = o.stack_qkv == "on";
   lo.row_fusion = o.row_fusion == "on";
@@ -433,6 +435,9 @@ std::function<int()> setup_bench(CLI::App& app) {
   cmd->add_option("--gemv-fp4-ring", mo->gemv_fp4_ring,
                   std::string("GPU (the model bench and the layer slices): ") + kGemvFp4RingHelp)
       ->check(CLI::Range(0, 8))
+      ->capture_default_str();
+  cmd->add_option("--mma-decode-tiles", mo->mma_decode_tiles, std::string("GPU (the model bench): ") + kMmaDecodeTilesHelp)
+      ->check(CLI::IsMember({0, 1, 2, 4}))
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma-separated token counts (M)");
   cmd->add_option("--reps", o->reps, "timed repetitions per kernel (median reported)");

@@ -299,6 +299,24 @@ TEST_P(GpuGemvPasses, PrequantisedDecodeInputsGiveTheSameBits) {
   }
 }
 
+// GpuLoadOptions::mma_decode_tiles takes 0 (automatic), 1, 2 or 4 output tiles per CTA of the
+// decode tensor-core linear (the op test CudaTypedWeights.TensorCoreLinearWithinReorderingBoundAndRowInvariant
+// holds every count to the same bits); other values are refused before any device work.
+TEST_P(GpuGemvPasses, MmaDecodeTilesOutOfRangeRefused) {
+  auto cfg = model::builtin_config(GetParam());
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = tiny_checkpoint(std::string("fs_mmadt_") + GetParam(), cfg.value(), 7);
+  for (const int bad : {3, -1, 8}) {
+    GpuLoadOptions o;
+    o.weights = GpuWeights::kNative;
+    o.mma_decode_tiles = bad;
+    const auto refused = load_model_gpu(dir, Numerics::kReference, 0, o);
+    ASSERT_FALSE(refused.ok());
+    if (refused.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << "this build has no CUDA backend";
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << bad << ": " << refused.status().to_string();
+  }
+}
+
 // GpuLoadOptions::gemv_fp4_chunk 4 (the FP4 GEMVs in 4-block chunks, each quad loading whole
 // 16-byte blocks) is another summation order of the routed experts, and the prefill kernels follow
 // it: a prompt in one chunk equals it in odd chunks, and a 6-token verify block equals its tokens

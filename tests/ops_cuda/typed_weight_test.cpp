@@ -768,13 +768,13 @@ TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
             p.y = mag.data() + t * G * Ro + g * Ro;
             ops::linear_abs_terms(p);
           }
-        auto run = [&](int64_t T, int64_t x_row0, bool bf16_out, int kernel, int mma_tiles = 0) {
+        auto run = [&](int64_t T, int64_t x_row0, bool bf16_out, int kernel, int mma_tiles = 0, int decode_tiles = 0) {
           DeviceBuffer<float> dy(std::vector<float>(size_t(T * G * Ro), -7.0f));
           cd::LinearArgs a;
           a.x = dx.get() + x_row0 * G * in, a.x_stride = G * in, a.x_group = in;
           a.y = dy.get(), a.y_stride = G * Ro, a.y_group = Ro;
           a.rows = T, a.in = in, a.out = Ro, a.bf16_out = bf16_out, a.groups = G, a.kernel = kernel, a.x_bf16 = true;
-          a.wt = ds.ref(s), a.mma_tiles = mma_tiles;
+          a.wt = ds.ref(s), a.mma_tiles = mma_tiles, a.mma_decode_tiles = decode_tiles;
           EXPECT_TRUE(cd::linear_mma_applies(a));
           EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
           return dy.to_host();
@@ -790,13 +790,17 @@ TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
           if (!(d <= bound) && ++over <= 3) ADD_FAILURE() << tag << " [" << i << "] " << all[i] << " vs " << want[i] << " bound " << bound;
         }
         EXPECT_EQ(over, 0u);
-        // Row counts: 1 (decode), 6 and 8 (the 8-token path), 9 and 33 (the 32-token path), from
-        // several starting rows: each row's outputs are those of the 77-row launch.
+        // Row counts: 1 (decode), 6 and 8 (the 8-token path, 1 / 2 / 4 output tiles per CTA), 9
+        // and 33 (the 32-token path), from several starting rows: each row's outputs are those of
+        // the 77-row launch.
         for (const int64_t T : {1, 6, 8, 9, 33}) {
           const int64_t row0 = T == 1 ? 41 : 3;
-          const std::vector<float> part = run(T, row0, false, 5);
-          expect_bitwise(part, std::vector<float>(all.begin() + row0 * G * Ro, all.begin() + (row0 + T) * G * Ro),
-                         tag + " T=" + std::to_string(T));
+          for (const int dt : {0, 1, 2, 4}) {
+            if (T > 8 && dt != 0) continue;
+            const std::vector<float> part = run(T, row0, false, 5, 0, dt);
+            expect_bitwise(part, std::vector<float>(all.begin() + row0 * G * Ro, all.begin() + (row0 + T) * G * Ro),
+                           tag + " T=" + std::to_string(T) + " decode tiles " + std::to_string(dt));
+          }
         }
         // BF16 output: the rounding of the FP32 result.
         std::vector<float> rounded = all;
@@ -833,6 +837,21 @@ TEST(CudaTypedWeights, TensorCoreLinearWithinReorderingBoundAndRowInvariant) {
   (void)cudaGetLastError();
   a.kernel = 0;
   EXPECT_EQ(cd::launch_linear(a, 0), cudaSuccess);
+  // Output tiles per CTA other than 0 / 1 / 2 / 4 are refused, at decode and above 8 rows.
+  const Stored s2 = make_stored(WeightDtype::kBf16, 16, 128, 1, 1, 1, 8);
+  const DevStored ds2(s2);
+  DeviceBuffer<float> dx2(std::vector<float>(9 * 128, 1.0f)), dy2(std::vector<float>(9 * 16, 0.0f));
+  cd::LinearArgs b;
+  b.x = dx2.get(), b.wt = ds2.ref(s2), b.y = dy2.get(), b.rows = 1, b.in = 128, b.out = 16, b.x_bf16 = true, b.kernel = 5;
+  ASSERT_TRUE(cd::linear_mma_applies(b));
+  EXPECT_EQ(cd::launch_linear(b, 0), cudaSuccess);
+  for (const int bad : {3, -1, 8}) {
+    b.mma_decode_tiles = bad, b.mma_tiles = 0, b.rows = 1;
+    EXPECT_EQ(cd::launch_linear(b, 0), cudaErrorInvalidValue) << bad;
+    b.mma_decode_tiles = 0, b.mma_tiles = bad, b.rows = 9;
+    EXPECT_EQ(cd::launch_linear(b, 0), cudaErrorInvalidValue) << bad;
+  }
+  (void)cudaGetLastError();
 }
 
 }  // namespace

@@ -553,6 +553,7 @@ class GpuModel final : public Model, public Backend {
   int gemv_fp4_chunk_ = 0;                       // GpuLoadOptions::gemv_fp4_chunk
   bool fp4_fragments_ = false;                   // GpuLoadOptions::fp4_fragments
   int gemv_ring_stages_ = 0;                     // GpuLoadOptions::gemv_ring_stages
+  int mma_decode_tiles_ = 0;                     // GpuLoadOptions::mma_decode_tiles
   bool fp8_fragments_ = false;                   // GpuLoadOptions::fp8_fragments
   // Expert stacks to put in the fragment order once the upload has landed (up_experts queues them,
   // pack_expert_fragments packs them).

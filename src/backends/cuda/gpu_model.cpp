@@ -514,6 +514,9 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
     return invalid_argument("gemv_tiled_min_rows {}: expected 0..{}", opts.gemv_tiled_min_rows, kMaxGemvTiledMinRows);
   if (opts.gemv_ring_stages < 0 || opts.gemv_ring_stages > 8)
     return invalid_argument("gemv_ring_stages {}: expected 0 (off) .. 8", opts.gemv_ring_stages);
+  if (opts.mma_decode_tiles != 0 && opts.mma_decode_tiles != 1 && opts.mma_decode_tiles != 2 &&
+      opts.mma_decode_tiles != 4)
+    return invalid_argument("mma_decode_tiles {}: expected 0 (automatic), 1, 2 or 4", opts.mma_decode_tiles);
   if (opts.gemv_fp4_chunk != 0 && opts.gemv_fp4_chunk != 2 && opts.gemv_fp4_chunk != 4)
     return invalid_argument("gemv_fp4_chunk {}: expected 0 (automatic), 2 or 4", opts.gemv_fp4_chunk);
   if (opts.gemv_prequant_min_rows < 1 || opts.gemv_prequant_min_rows > kMaxGemvTiledMinRows)
@@ -605,6 +608,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::load(const std::string& dir, Numeric
   m->gemv_fp4_chunk_ = opts.gemv_fp4_chunk;
   m->fp4_fragments_ = opts.fp4_fragments && m->native_;
   m->gemv_ring_stages_ = opts.gemv_ring_stages;
+  m->mma_decode_tiles_ = opts.mma_decode_tiles;
   m->fp8_fragments_ = opts.fp8_fragments && m->native_;
   m->tensor_core_linears_ = opts.tensor_core_linears;
   // FP32 weight copies are the debug path that reproduces the CPU's order (GpuWeights::kFp32): the
@@ -1207,6 +1211,7 @@ Status GpuModel::linear(const float* x, const float* w, int64_t rows, int64_t in
   set_weight(a, w, 0);
   a.bf16_out = bf16_out;
   a.x_bf16 = x_bf16 && tensor_core_linears_;  // x holds BF16 values: the tensor-core linear may run
+  a.mma_decode_tiles = mma_decode_tiles_;
   FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(a, stream_));
   return {};
 }

@@ -205,6 +205,10 @@ struct GpuLoadOptions {
   // shared-memory ring of this many stages (1..8, bulk copies; ExpertGemvParams::ring_stages)
   // instead of loading them into registers; 0 off. The same bits. The CLI's --gemv-fp4-ring.
   int gemv_ring_stages = 0;
+  // The BF16 tensor-core linear (kernel 5: wo_a, the LM head) over at most 8 rows: 16-output tiles
+  // per CTA, 1 / 2 / 4 (fewer stagings of x per output); 0 automatic. The same bits
+  // (LinearArgs::mma_decode_tiles). The CLI's --mma-decode-tiles.
+  int mma_decode_tiles = 0;
   // The dense FP8 matrices the block-scaled GEMVs read (the attention projections, the shared
   // expert, Engram's wkv, the indexer's wq_b; not the stacked wq_a + wkv) stored in the FP8
   // fragment order (ops/fp4_fragments.h): a thread's pieces of a block are two 16-byte loads. The

@@ -232,6 +232,7 @@ Status GpuModel::grouped_linear(const Tensor& x, const Vec& w, int64_t rows, int
     la.y = z.f32(), la.y_stride = groups * out, la.y_group = out;
     la.rows = r_gemm, la.in = in, la.out = out, la.bf16_out = bf16, la.groups = groups;
     la.x_bf16 = bf16 && tensor_core_linears_;  // BF16 values: the BF16 tensor-core linear applies (kernel 5)
+    la.mma_decode_tiles = mma_decode_tiles_;
     set_weight(la, d(w), 0);
     FS_CUDA_RETURN_IF_ERROR(cd::launch_linear(la, stream_));
   }

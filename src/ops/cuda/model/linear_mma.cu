@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kThreads) linear_mma_kernel(LinearArgs a, int6
   constexpr int kMmas = kE / 4;       // MMAs per step and token tile
   constexpr int kToks = 8 * kNt;
   constexpr int kWb = kFp8 ? 1 : 2;   // bytes per weight value
-  constexpr int kAh = kMt > 2 ? 1 : kMt > 1 ? 2 : kAhead;  // steps in flight (registers: 2·kMt loads per step)
+  // Steps in flight (registers: 2·kMt loads per step; one token tile leaves room for more of them).
+  constexpr int kAh = kNt == 1 ? (kMt > 2 ? 2 : kAhead) : kMt > 2 ? 1 : kMt > 1 ? 2 : kAhead;
   extern __shared__ __align__(16) __nv_bfloat16 xs[];  // [kWarps][kToks][kRowStride]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t group = blockIdx.x / tiles, out0 = (blockIdx.x % tiles) * 16 * kMt;
@@ -260,6 +261,15 @@ int mma_tiles_per_cta(const LinearArgs& a) {
   return 1;
 }
 
+// Output tiles per CTA at decode (at most 8 rows, one token slice): every CTA stages all of x (FP32
+// in, BF16 in shared memory) for its 16·kMt outputs, so at 16 outputs a 6-token step reads more x
+// than weight bytes from L2; more tiles per CTA divide that traffic. LinearArgs::mma_decode_tiles,
+// else 1 (automatic). A choice by shape only: the bits are the same either way.
+int mma_decode_tiles_per_cta(const LinearArgs& a) {
+  if (a.mma_decode_tiles == 2 || a.mma_decode_tiles == 4) return a.mma_decode_tiles;
+  return 1;
+}
+
 }  // namespace
 
 bool linear_mma_applies(const LinearArgs& a) {
@@ -279,10 +289,16 @@ cudaError_t launch_linear_mma(const LinearArgs& a0, cudaStream_t s) {
   LinearArgs a = a0;
   if (a.x_stride == 0) a.x_stride = a.in;
   if (a.y_stride == 0) a.y_stride = a.out;
-  if (!linear_mma_applies(a) || (a.mma_tiles != 0 && a.mma_tiles != 1 && a.mma_tiles != 2 && a.mma_tiles != 4))
-    return cudaErrorInvalidValue;
+  const auto tiles_ok = [](int t) { return t == 0 || t == 1 || t == 2 || t == 4; };
+  if (!linear_mma_applies(a) || !tiles_ok(a.mma_tiles) || !tiles_ok(a.mma_decode_tiles)) return cudaErrorInvalidValue;
   const bool fp8 = a.wt.dtype == WeightDtype::kFp8;
-  if (a.rows <= 8) return fp8 ? launch_mma<true, 1, 1>(a, s) : launch_mma<false, 1, 1>(a, s);
+  if (a.rows <= 8) {
+    switch (mma_decode_tiles_per_cta(a)) {
+      case 4: return fp8 ? launch_mma<true, 1, 4>(a, s) : launch_mma<false, 1, 4>(a, s);
+      case 2: return fp8 ? launch_mma<true, 1, 2>(a, s) : launch_mma<false, 1, 2>(a, s);
+      default: return fp8 ? launch_mma<true, 1, 1>(a, s) : launch_mma<false, 1, 1>(a, s);
+    }
+  }
   switch (mma_tiles_per_cta(a)) {
     case 4: return fp8 ? launch_mma<true, 4, 4>(a, s) : launch_mma<false, 4, 4>(a, s);
     case 2: return fp8 ? launch_mma<true, 4, 2>(a, s) : launch_mma<false, 4, 2>(a, s);
