@@ -263,10 +263,17 @@ int mma_tiles_per_cta(const LinearArgs& a) {
 
 // Output tiles per CTA at decode (at most 8 rows, one token slice): every CTA stages all of x (FP32
 // in, BF16 in shared memory) for its 16·kMt outputs, so at 16 outputs a 6-token step reads more x
-// than weight bytes from L2; more tiles per CTA divide that traffic. LinearArgs::mma_decode_tiles,
-// else 1 (automatic). A choice by shape only: the bits are the same either way.
+// than weight bytes from L2 (wo_a: 98 KB of x per 64 KB of FP8 rows); more tiles per CTA divide
+// that traffic but leave fewer CTAs and fewer loads in flight. LinearArgs::mma_decode_tiles; else
+// (automatic) from kMmaDecodeTilesMinRows rows the most of 4, 2 that still gives a CTA per SM, and
+// 1 below (at one row the single tile is the faster one). A choice by shape only: the same bits.
+constexpr int64_t kMmaDecodeTilesMinRows = 4;
 int mma_decode_tiles_per_cta(const LinearArgs& a) {
-  if (a.mma_decode_tiles == 2 || a.mma_decode_tiles == 4) return a.mma_decode_tiles;
+  if (a.mma_decode_tiles == 1 || a.mma_decode_tiles == 2 || a.mma_decode_tiles == 4) return a.mma_decode_tiles;
+  if (a.rows < kMmaDecodeTilesMinRows) return 1;
+  const int64_t sms = device_sm_count();
+  for (const int mt : {4, 2})
+    if ((a.out + 16 * mt - 1) / (16 * mt) * a.groups >= sms) return mt;
   return 1;
 }
 

@@ -83,8 +83,9 @@ struct LinearArgs {
   // Kernel 5 over more than 8 rows: 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, the most that
   // still gives a CTA per SM). Same bits; tests force one.
   int mma_tiles = 0;
-  // Kernel 5 over at most 8 rows (decode): 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, 1).
-  // Same bits; GpuLoadOptions::mma_decode_tiles, tests.
+  // Kernel 5 over at most 8 rows (decode): 16-output tiles per CTA, 1 / 2 / 4 (0: automatic, 1
+  // below 4 rows, else the most of 4, 2 that still gives a CTA per SM). Same bits;
+  // GpuLoadOptions::mma_decode_tiles, tests.
   int mma_decode_tiles = 0;
 };
 // Sums in ops::dot_f32's order (ops/cpu/sum_order.h): in <= 1024 by 8 lanes per output, longer
