@@ -9,10 +9,10 @@
 // of the same output give the same bits (batch invariance; prefill == decode). Against the CPU's
 // exact order the difference is a reordering of an FP32 sum (tests bound it by K·2^-23·Σ|x·w|).
 //
-// Work: a CTA owns 16 outputs (one group's; 32 or 64 for slices of 32 tokens where that still
-// fills the SMs) and 8·kNt tokens; its kWarps warps split `in` into
-// kWarps equal ranges (always, so the split depends on `in` only) and their partial sums are
-// added in warp order at the end. Each warp's x sub-chunk of kChunk k values for the CTA's tokens
+// Work: a CTA owns 16 outputs (one group's; 32 or 64 where that still fills the SMs, for slices
+// of 32 tokens and for decode steps of 4 to 8 rows) and 8·kNt tokens; its kWarps warps split
+// `in` into kWarps equal ranges (always, so the split depends on `in` only) and their partial
+// sums are added in warp order at the end. Each warp's x sub-chunk of kChunk k values for the CTA's tokens
 // is converted to BF16 in shared memory (rows padded so that the eight token rows of a fragment
 // load fall in different banks). Each thread streams 16 bytes of each of its two weight rows per
 // step (BF16: 8 values, 2 MMAs; FP8: 16 codes, 4 MMAs) with kAhead steps of loads in flight across
