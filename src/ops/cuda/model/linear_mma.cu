@@ -250,31 +250,31 @@ cudaError_t launch_mma(const LinearArgs& a, cudaStream_t s) {
   return launch_kernel(kernel, dim3(unsigned(tiles * a.groups), unsigned(slices)), kThreads, smem, s, a, tiles);
 }
 
-// Output tiles per CTA for token slices of 32: the most of 4, 2, 1 that still gives a CTA per SM
-// (fewer x stagings per output, as long as the SMs stay busy). A choice by shape only: the bits
-// are the same either way.
-int mma_tiles_per_cta(const LinearArgs& a) {
-  if (a.mma_tiles == 1 || a.mma_tiles == 2 || a.mma_tiles == 4) return a.mma_tiles;
-  const int64_t sms = device_sm_count(), slices = (a.rows + 31) / 32;
+// The most of 4, 2, 1 output tiles per CTA that still gives a CTA per SM over `slices` token
+// slices (fewer x stagings per output, as long as the SMs stay busy), or the forced count `forced`
+// (1, 2, 4; 0: automatic). A choice by shape only: the bits are the same either way.
+int tiles_per_cta(const LinearArgs& a, int forced, int64_t slices) {
+  if (forced == 1 || forced == 2 || forced == 4) return forced;
+  const int64_t sms = device_sm_count();
   for (const int mt : {4, 2})
     if ((a.out + 16 * mt - 1) / (16 * mt) * a.groups * slices >= sms) return mt;
   return 1;
 }
 
-// Output tiles per CTA at decode (at most 8 rows, one token slice): every CTA stages all of x (FP32
-// in, BF16 in shared memory) for its 16·kMt outputs, so at 16 outputs a 6-token step reads more x
-// than weight bytes from L2 (wo_a: 98 KB of x per 64 KB of FP8 rows); more tiles per CTA divide
-// that traffic but leave fewer CTAs and fewer loads in flight. LinearArgs::mma_decode_tiles; else
-// (automatic) from kMmaDecodeTilesMinRows rows the most of 4, 2 that still gives a CTA per SM, and
-// 1 below (at one row the single tile is the faster one). A choice by shape only: the same bits.
+// Token slices of 32 (more than 8 rows): LinearArgs::mma_tiles, else tiles_per_cta's rule.
+int mma_tiles_per_cta(const LinearArgs& a) { return tiles_per_cta(a, a.mma_tiles, (a.rows + 31) / 32); }
+
+// Decode (at most 8 rows, one token slice): every CTA stages all of x (FP32 in, BF16 in shared
+// memory) for its 16·kMt outputs, so at 16 outputs a 6-token step reads more x than weight bytes
+// from L2 (wo_a: 98 KB of x per 64 KB of FP8 rows); more tiles per CTA divide that traffic but
+// leave fewer CTAs and fewer loads in flight. LinearArgs::mma_decode_tiles; else (automatic)
+// tiles_per_cta's rule from kMmaDecodeTilesMinRows rows, and 1 below (at one row the single tile
+// is the faster one).
 constexpr int64_t kMmaDecodeTilesMinRows = 4;
 int mma_decode_tiles_per_cta(const LinearArgs& a) {
-  if (a.mma_decode_tiles == 1 || a.mma_decode_tiles == 2 || a.mma_decode_tiles == 4) return a.mma_decode_tiles;
-  if (a.rows < kMmaDecodeTilesMinRows) return 1;
-  const int64_t sms = device_sm_count();
-  for (const int mt : {4, 2})
-    if ((a.out + 16 * mt - 1) / (16 * mt) * a.groups >= sms) return mt;
-  return 1;
+  const bool forced = a.mma_decode_tiles == 1 || a.mma_decode_tiles == 2 || a.mma_decode_tiles == 4;
+  if (!forced && a.rows < kMmaDecodeTilesMinRows) return 1;
+  return tiles_per_cta(a, a.mma_decode_tiles, 1);
 }
 
 }  // namespace
