@@ -2691,7 +2691,8 @@ cudaError_t launch_gemv_r(const LinearArgs& a, bool vec, int64_t n_rg, int G, in
 // The GEMV launch of a chunked linear with a typed weight (the FP32 pointer becomes a kF32 ref).
 // R: the smallest of 1, 2, 4 that holds the rows (1 with sel), as long as R rows of padded x fit
 // kGemvMaxXFloats; G: output groups per block, 8 warp tasks per block at least, more (up to 32)
-// while the grid keeps >= 4 blocks per SM of a large GPU.
+// while the grid keeps >= 4 blocks per SM of a large GPU, fewer where the grid has fewer blocks
+// than the device has SMs.
 template <WeightDtype F>
 cudaError_t launch_gemv_typed(const LinearArgs& a, cudaStream_t s) {
   const int64_t m = (a.in + kSumChunk - 1) / kSumChunk, xlen = m * kSumChunk;
@@ -2705,6 +2706,9 @@ cudaError_t launch_gemv_typed(const LinearArgs& a, cudaStream_t s) {
   const int64_t n_rg = (a.rows + R - 1) / R, groups = (a.out + NO - 1) / NO;
   int G = int((kGemvWarps + m - 1) / m);
   while (2 * G * m <= 32 && (groups + 2 * G - 1) / (2 * G) * n_rg >= 4 * 132) G *= 2;
+  // Few outputs (the router's 384 at one row: 48 blocks of G 2): fewer tasks per block while the
+  // grid leaves SMs idle, so that more SMs stream the rows (each output's sums are the same).
+  while (G > 1 && (groups + G - 1) / G * n_rg < device_sm_count()) G /= 2;
   const int64_t blocks = (groups + G - 1) / G * n_rg;
   const size_t smem = size_t(R * xlen + int64_t(G) * NO * R * m) * sizeof(float);
   if (blocks > INT32_MAX || smem > 100 * 1024) return cudaErrorInvalidValue;
