@@ -136,14 +136,13 @@ void spin(double us) {
 
 // µs of `op` cold and warm (see the file comment).
 template <class Op>
-void measure(const char* label, const Mat& m, Op&& op, double d_us, const PrefetchParams& pp, int reps,
+void measure(const Mat& m, Op&& op, double d_us, const PrefetchParams& pp, int reps,
              double* cold, double* warm) {
   const double base = 1e3 * probe::time_ms([&](int) { spin(d_us); }, reps);
-  const double c_ms = 1e3 * probe::time_ms([&](int i) { spin(d_us), op(i % m.copies); }, reps);
+  const double c_us = 1e3 * probe::time_ms([&](int i) { spin(d_us), op(i % m.copies); }, reps);
   const double pbase = 1e3 * probe::time_ms([&](int i) { prefetch(m, i % m.copies, pp), spin(d_us); }, reps);
-  const double w_ms = 1e3 * probe::time_ms([&](int i) { prefetch(m, i % m.copies, pp), spin(d_us), op(i % m.copies); }, reps);
-  *cold = c_ms - base, *warm = w_ms - pbase;
-  (void)label;
+  const double w_us = 1e3 * probe::time_ms([&](int i) { prefetch(m, i % m.copies, pp), spin(d_us), op(i % m.copies); }, reps);
+  *cold = c_us - base, *warm = w_us - pbase;
 }
 
 }  // namespace
@@ -192,10 +191,10 @@ int main() {
     };
     double c = 0, w = 0;
     for (int rows : {1, 6}) {
-      measure("gemv", m, [&](int cp) { gemv(m, cp, rows); }, 40, all, reps, &c, &w);
+      measure(m, [&](int cp) { gemv(m, cp, rows); }, 40, all, reps, &c, &w);
       row(rows == 1 ? "gemv m=1" : "gemv m=6", c, w, double(m.bytes()));
     }
-    measure("read", m, [&](int cp) { read(m, cp); }, 40, all, reps, &c, &w);
+    measure(m, [&](int cp) { read(m, cp); }, 40, all, reps, &c, &w);
     row("read (codes)", c, w, double(m.code_bytes()));
   }
 
@@ -205,7 +204,7 @@ int main() {
   for (const Mat* m : {&s, &q}) {
     for (double d : {2.0, 5.0, 10.0, 20.0}) {
       double c = 0, w = 0;
-      measure("gemv", *m, [&](int cp) { gemv(*m, cp, 1); }, d, all, reps, &c, &w);
+      measure(*m, [&](int cp) { gemv(*m, cp, 1); }, d, all, reps, &c, &w);
       std::printf("| %s | %.0f | %.2f | %.2f |\n", m->name.c_str(), d, c, w);
     }
   }
@@ -215,7 +214,7 @@ int main() {
       PrefetchParams pp = all;
       pp.ctas = ctas, pp.chunk = chunk;
       double c = 0, w = 0;
-      measure("gemv", s, [&](int cp) { gemv(s, cp, 1); }, 8, pp, reps, &c, &w);
+      measure(s, [&](int cp) { gemv(s, cp, 1); }, 8, pp, reps, &c, &w);
       std::printf("| %d | %lld | %.2f |\n", ctas, (long long)(chunk >> 10), w);
     }
   }
@@ -225,7 +224,7 @@ int main() {
     PrefetchParams pp = all;
     pp.budget = int64_t(mb) << 20;
     double c = 0, w = 0;
-    measure("gemv", q, [&](int cp) { gemv(q, cp, 1); }, 40, pp, reps, &c, &w);
+    measure(q, [&](int cp) { gemv(q, cp, 1); }, 40, pp, reps, &c, &w);
     std::printf("| %d | %.2f |\n", mb, w);
   }
   return 0;
